@@ -1,0 +1,3 @@
+"""postbox: a message-queue service whose only state is PostgreSQL."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,133 @@
+"""The server process: database, migrations, wake-ups, gRPC services, health, shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+
+import asyncpg
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from postbox.v1 import (
+    message_service_pb2,
+    message_service_pb2_grpc,
+    queue_service_pb2,
+    queue_service_pb2_grpc,
+)
+
+from server.config import Settings
+from server.db.engine import Engine
+from server.db.migrate import format_version, migrate
+from server.embedded import EmbeddedPostgres
+from server.errors import ApiError
+from server.services.messages import MessageService
+from server.services.queues import QueueService
+from server.wakeup import WakeHub
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAMES = (
+    queue_service_pb2.DESCRIPTOR.services_by_name["QueueService"].full_name,
+    message_service_pb2.DESCRIPTOR.services_by_name["MessageService"].full_name,
+)
+HEALTH_CHECK_INTERVAL = 1.0
+
+
+async def _watch_health(engine: Engine, servicer: health.aio.HealthServicer) -> None:
+    """SERVING while the database answers, NOT_SERVING while it does not."""
+    serving = None
+    while True:
+        try:
+            await asyncio.wait_for(engine.ping(), HEALTH_CHECK_INTERVAL * 2)
+            now_serving = True
+        except (ApiError, asyncio.TimeoutError):
+            now_serving = False
+        if now_serving != serving:
+            serving = now_serving
+            status = (
+                health_pb2.HealthCheckResponse.SERVING
+                if serving
+                else health_pb2.HealthCheckResponse.NOT_SERVING
+            )
+            for name in ("", *SERVICE_NAMES):
+                await servicer.set(name, status)
+            log.log(
+                logging.INFO if serving else logging.WARNING,
+                "database %s",
+                "answers: SERVING" if serving else "does not answer: NOT_SERVING",
+            )
+        await asyncio.sleep(HEALTH_CHECK_INTERVAL)
+
+
+async def _install_engine(dsn: str) -> None:
+    conn = await asyncpg.connect(dsn)
+    try:
+        version = await migrate(conn)
+    finally:
+        await conn.close()
+    log.info("postbox SQL %s installed", format_version(version))
+
+
+async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
+    """Serves until `stop` is set (or SIGINT/SIGTERM arrives), then shuts down in order."""
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+
+    embedded = None
+    dsn = settings.database_url
+    if dsn is None:
+        embedded = EmbeddedPostgres(settings.data_dir)
+        await asyncio.to_thread(embedded.start)
+        dsn = await embedded.ensure_database()
+    engine = hub = server = health_task = None
+    try:
+        await _install_engine(dsn)
+        engine = await Engine.connect(dsn, pool_size=settings.pool_size)
+        hub = WakeHub(dsn, safety_interval=settings.safety_poll_interval)
+        await hub.start()
+
+        server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", settings.max_request_size),
+                ("grpc.max_send_message_length", settings.max_request_size),
+                ("grpc.so_reuseport", 0),
+            ]
+        )
+        queue_service_pb2_grpc.add_QueueServiceServicer_to_server(
+            QueueService(engine, max_message_size=settings.max_message_size), server
+        )
+        message_service_pb2_grpc.add_MessageServiceServicer_to_server(
+            MessageService(engine, hub), server
+        )
+        health_servicer = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+        reflection.enable_server_reflection(
+            (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+        )
+        address = f"{settings.grpc_host}:{settings.grpc_port}"
+        port = server.add_insecure_port(address)
+        if port == 0:
+            raise OSError(f"cannot listen on {address}")
+        await server.start()
+        health_task = asyncio.create_task(_watch_health(engine, health_servicer))
+        log.info("postbox serving gRPC on %s:%d", settings.grpc_host, port)
+        await stop.wait()
+        log.info("shutting down")
+    finally:
+        if health_task is not None:
+            health_task.cancel()
+        if hub is not None:
+            await hub.close()  # waiting streams end now, with what they have
+        if server is not None:
+            await server.stop(settings.shutdown_grace)
+        if engine is not None:
+            await engine.close()
+        if embedded is not None:
+            await asyncio.to_thread(embedded.stop)
+        log.info("stopped")

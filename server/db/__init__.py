@@ -1,0 +1,1 @@
+"""The database seam: SQL files, migrations, and the engine calls the services make."""

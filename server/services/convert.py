@@ -1,0 +1,91 @@
+"""Conversions between API messages and the values the SQL engine takes and returns."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Mapping
+from datetime import datetime, timedelta
+from typing import Any
+
+from google.protobuf.duration_pb2 import Duration
+from google.protobuf.message import Message as ProtoMessage
+from google.protobuf.timestamp_pb2 import Timestamp
+from postbox.v1 import message_pb2
+
+from server.errors import invalid
+
+
+def optional_timedelta(message: ProtoMessage, field: str) -> timedelta | None:
+    """The Duration field as a timedelta, or None when it is unset."""
+    if not message.HasField(field):
+        return None
+    return getattr(message, field).ToTimedelta()
+
+
+def seconds(duration: Duration) -> float:
+    return duration.seconds + duration.nanos / 1e9
+
+
+def duration(value: timedelta) -> Duration:
+    result = Duration()
+    result.FromTimedelta(value)
+    return result
+
+
+def timestamp(value: datetime | None) -> Timestamp | None:
+    if value is None:
+        return None
+    result = Timestamp()
+    result.FromDatetime(value)
+    return result
+
+
+def attributes_json(attributes: Mapping[str, message_pb2.AttributeValue]) -> str | None:
+    """Attributes in the engine's JSON form; the engine checks names, types and values."""
+    if not attributes:
+        return None
+    encoded: dict[str, dict[str, Any]] = {}
+    for name, value in attributes.items():
+        # JSON in PostgreSQL cannot hold NUL, so say so before it gets there.
+        if "\x00" in name:
+            raise invalid("attribute names must not contain NUL characters")
+        entry: dict[str, Any] = {"data_type": value.data_type}
+        kind = value.WhichOneof("value")
+        if kind == "string_value":
+            if "\x00" in value.string_value:
+                raise invalid(f"attribute {name!r}: string values must not contain NUL characters")
+            entry["string_value"] = value.string_value
+        elif kind == "binary_value":
+            entry["binary_value"] = base64.b64encode(value.binary_value).decode("ascii")
+        encoded[name] = entry
+    return json.dumps(encoded, ensure_ascii=False, separators=(",", ":"))
+
+
+def attributes_from_json(text: str | None) -> dict[str, message_pb2.AttributeValue]:
+    if not text:
+        return {}
+    result = {}
+    for name, entry in json.loads(text).items():
+        if "binary_value" in entry:
+            result[name] = message_pb2.AttributeValue(
+                data_type=entry["data_type"], binary_value=base64.b64decode(entry["binary_value"])
+            )
+        else:
+            result[name] = message_pb2.AttributeValue(
+                data_type=entry["data_type"], string_value=entry["string_value"]
+            )
+    return result
+
+
+def message(row: Mapping[str, Any]) -> message_pb2.Message:
+    """A row of postbox.receive() as an API Message."""
+    return message_pb2.Message(
+        message_id=str(row["message_id"]),
+        body=row["body"],
+        attributes=attributes_from_json(row["attributes"]),
+        enqueue_time=timestamp(row["enqueued_at"]),
+        receive_count=row["receive_count"],
+        first_receive_time=timestamp(row["first_received_at"]),
+        receipt=row["receipt"],
+    )

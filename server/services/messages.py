@@ -1,0 +1,217 @@
+"""MessageService: send, stream-receive, delete and change visibility."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Sequence
+from datetime import timedelta
+
+import grpc
+from postbox.v1 import message_pb2, message_service_pb2_grpc
+from postbox.v1 import message_service_pb2 as pb
+
+from server.db.engine import Engine, Record
+from server.errors import ApiError, invalid
+from server.services import convert
+from server.services.status import reports_errors
+from server.wakeup import WakeHub
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_MESSAGES = 10
+MAX_WAIT = timedelta(seconds=300)
+MAX_IDLE = timedelta(hours=24)
+
+# A long poll ends this much before the client's deadline, so the client gets
+# an orderly (empty) end of stream rather than DEADLINE_EXCEEDED.
+_DEADLINE_MARGIN = 0.05
+
+_OUTCOME_STATUS = {
+    "ok": (grpc.StatusCode.OK, ""),
+    "invalid": (grpc.StatusCode.INVALID_ARGUMENT, "receipt is malformed"),
+    "stale": (
+        grpc.StatusCode.FAILED_PRECONDITION,
+        "receipt is stale: the message was delivered again since",
+    ),
+    "not_found": (grpc.StatusCode.NOT_FOUND, "message is gone (deleted or expired)"),
+}
+
+
+def _batch_results(outcomes: Sequence[str]) -> list[message_pb2.BatchEntryStatus]:
+    results = []
+    for outcome in outcomes:
+        code, text = _OUTCOME_STATUS[outcome]
+        results.append(message_pb2.BatchEntryStatus(code=code.value[0], message=text))
+    return results
+
+
+class MessageService(message_service_pb2_grpc.MessageServiceServicer):
+    def __init__(self, engine: Engine, hub: WakeHub) -> None:
+        self.engine = engine
+        self.hub = hub
+
+    @reports_errors
+    async def Send(
+        self, request: pb.SendRequest, context: grpc.aio.ServicerContext
+    ) -> pb.SendResponse:
+        message_id = await self.engine.send(
+            request.queue,
+            request.body,
+            convert.attributes_json(request.attributes),
+            convert.optional_timedelta(request, "delay"),
+        )
+        self.hub.wake(request.queue)
+        return pb.SendResponse(message_id=str(message_id))
+
+    @reports_errors
+    async def SendBatch(
+        self, request: pb.SendBatchRequest, context: grpc.aio.ServicerContext
+    ) -> pb.SendBatchResponse:
+        bodies, attributes, delays = [], [], []
+        for index, entry in enumerate(request.entries):
+            try:
+                attributes.append(convert.attributes_json(entry.attributes))
+            except ApiError as error:
+                raise invalid(f"entry {index}: {error.message}") from None
+            bodies.append(entry.body)
+            delays.append(convert.optional_timedelta(entry, "delay"))
+        ids = await self.engine.send_batch(
+            request.queue,
+            bodies,
+            attributes if any(a is not None for a in attributes) else None,
+            delays if any(d is not None for d in delays) else None,
+        )
+        self.hub.wake(request.queue)
+        return pb.SendBatchResponse(message_ids=[str(i) for i in ids])
+
+    @reports_errors
+    async def Receive(
+        self, request: pb.ReceiveRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.ReceiveResponse]:
+        queue = request.queue
+        max_messages = request.max_messages or DEFAULT_MAX_MESSAGES
+        visibility_timeout = convert.optional_timedelta(request, "visibility_timeout")
+        continuous = request.mode == pb.RECEIVE_MODE_CONTINUOUS
+        wait = convert.optional_timedelta(request, "wait_time")
+        if wait is not None and not timedelta(0) <= wait <= MAX_WAIT:
+            raise invalid(f"wait_time is {wait}; it must be 0 to {MAX_WAIT.seconds} s")
+        idle = convert.optional_timedelta(request, "idle_timeout")
+        if idle is not None and not timedelta(milliseconds=1) <= idle <= MAX_IDLE:
+            raise invalid(f"idle_timeout is {idle}; it must be 1 ms to 24 h")
+        if request.max_total_messages < 0:
+            raise invalid("max_total_messages must not be negative")
+
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        remaining = request.max_total_messages or None
+        wait_until = None if wait is None else started + wait.total_seconds()
+        idle_until = None if idle is None else started + idle.total_seconds()
+        while not self.hub.closing:
+            generation = self.hub.generation(queue)
+            want = min(max_messages, remaining) if remaining else max_messages
+            rows = await self._claim(queue, want, visibility_timeout)
+            if rows:
+                try:
+                    yield pb.ReceiveResponse(messages=[convert.message(row) for row in rows])
+                except BaseException:
+                    # The stream died with this batch in hand: it never reached the client.
+                    await self._release(queue, rows)
+                    raise
+                if len(rows) == want:
+                    self.hub.wake(queue)  # there may be more: let another stream look too
+                if not continuous:
+                    return
+                if remaining:
+                    remaining -= len(rows)
+                    if remaining == 0:
+                        return
+                if idle is not None:
+                    idle_until = loop.time() + idle.total_seconds()
+                continue
+
+            if continuous:
+                until = idle_until
+            else:
+                if wait_until is None:
+                    queue_row = await self.engine.get_queue(queue)
+                    wait_until = started + queue_row["receive_wait_time"].total_seconds()
+                until = wait_until
+                client_left = context.time_remaining()
+                if client_left is not None:
+                    until = min(until, loop.time() + client_left - _DEADLINE_MARGIN)
+            timeout = None if until is None else until - loop.time()
+            if timeout is not None and timeout <= 0:
+                return
+            next_visible = await self.engine.next_visible_at(queue)
+            if next_visible is not None:
+                self.hub.wake_at(queue, next_visible)
+            await self.hub.wait(queue, generation, timeout)
+
+    async def _claim(
+        self, queue: str, count: int, visibility_timeout: timedelta | None
+    ) -> list[Record]:
+        """Claims messages; if the client goes away meanwhile, gives them back before leaving."""
+        claim = asyncio.ensure_future(self.engine.receive(queue, count, visibility_timeout))
+        try:
+            return await asyncio.shield(claim)
+        except asyncio.CancelledError:
+            try:
+                rows = await claim
+            except Exception:
+                rows = []
+            if rows:
+                await self._release(queue, rows)
+            raise
+
+    async def _release(self, queue: str, rows: Sequence[Record]) -> None:
+        try:
+            await asyncio.shield(self.engine.release(queue, [row["receipt"] for row in rows]))
+        except Exception as exc:  # they become visible when their timeout runs out
+            log.warning(
+                "could not release %d undelivered messages of %r: %r", len(rows), queue, exc
+            )
+        else:
+            self.hub.wake(queue)
+
+    @reports_errors
+    async def Delete(
+        self, request: pb.DeleteRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DeleteResponse:
+        await self.engine.delete(request.queue, request.receipt)
+        return pb.DeleteResponse()
+
+    @reports_errors
+    async def DeleteBatch(
+        self, request: pb.DeleteBatchRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DeleteBatchResponse:
+        outcomes = await self.engine.delete_batch(request.queue, list(request.receipts))
+        return pb.DeleteBatchResponse(results=_batch_results(outcomes))
+
+    @reports_errors
+    async def ChangeVisibility(
+        self, request: pb.ChangeVisibilityRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ChangeVisibilityResponse:
+        timeout = convert.optional_timedelta(request, "visibility_timeout")
+        if timeout is None:
+            raise invalid("visibility_timeout is required (0 makes the message visible at once)")
+        await self.engine.change_visibility(request.queue, request.receipt, timeout)
+        if timeout == timedelta(0):
+            self.hub.wake(request.queue)
+        return pb.ChangeVisibilityResponse()
+
+    @reports_errors
+    async def ChangeVisibilityBatch(
+        self, request: pb.ChangeVisibilityBatchRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ChangeVisibilityBatchResponse:
+        receipts, timeouts = [], []
+        for index, entry in enumerate(request.entries):
+            timeout = convert.optional_timedelta(entry, "visibility_timeout")
+            if timeout is None:
+                raise invalid(f"entry {index}: visibility_timeout is required")
+            receipts.append(entry.receipt)
+            timeouts.append(timeout)
+        outcomes = await self.engine.change_visibility_batch(request.queue, receipts, timeouts)
+        if timedelta(0) in timeouts:
+            self.hub.wake(request.queue)
+        return pb.ChangeVisibilityBatchResponse(results=_batch_results(outcomes))

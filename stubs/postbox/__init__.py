@@ -1,0 +1,1 @@
+"""Generated code of the postbox API (package postbox.v1)."""

@@ -1,0 +1,163 @@
+import datetime
+
+from google.protobuf import duration_pb2 as _duration_pb2
+from postbox.v1 import message_pb2 as _message_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ReceiveMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    RECEIVE_MODE_UNSPECIFIED: _ClassVar[ReceiveMode]
+    RECEIVE_MODE_LONG_POLL: _ClassVar[ReceiveMode]
+    RECEIVE_MODE_CONTINUOUS: _ClassVar[ReceiveMode]
+RECEIVE_MODE_UNSPECIFIED: ReceiveMode
+RECEIVE_MODE_LONG_POLL: ReceiveMode
+RECEIVE_MODE_CONTINUOUS: ReceiveMode
+
+class SendRequest(_message.Message):
+    __slots__ = ("queue", "body", "attributes", "delay")
+    class AttributesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: _message_pb2.AttributeValue
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[_message_pb2.AttributeValue, _Mapping]] = ...) -> None: ...
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    BODY_FIELD_NUMBER: _ClassVar[int]
+    ATTRIBUTES_FIELD_NUMBER: _ClassVar[int]
+    DELAY_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    body: bytes
+    attributes: _containers.MessageMap[str, _message_pb2.AttributeValue]
+    delay: _duration_pb2.Duration
+    def __init__(self, queue: _Optional[str] = ..., body: _Optional[bytes] = ..., attributes: _Optional[_Mapping[str, _message_pb2.AttributeValue]] = ..., delay: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+
+class SendResponse(_message.Message):
+    __slots__ = ("message_id",)
+    MESSAGE_ID_FIELD_NUMBER: _ClassVar[int]
+    message_id: str
+    def __init__(self, message_id: _Optional[str] = ...) -> None: ...
+
+class SendBatchEntry(_message.Message):
+    __slots__ = ("body", "attributes", "delay")
+    class AttributesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: _message_pb2.AttributeValue
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[_message_pb2.AttributeValue, _Mapping]] = ...) -> None: ...
+    BODY_FIELD_NUMBER: _ClassVar[int]
+    ATTRIBUTES_FIELD_NUMBER: _ClassVar[int]
+    DELAY_FIELD_NUMBER: _ClassVar[int]
+    body: bytes
+    attributes: _containers.MessageMap[str, _message_pb2.AttributeValue]
+    delay: _duration_pb2.Duration
+    def __init__(self, body: _Optional[bytes] = ..., attributes: _Optional[_Mapping[str, _message_pb2.AttributeValue]] = ..., delay: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+
+class SendBatchRequest(_message.Message):
+    __slots__ = ("queue", "entries")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    entries: _containers.RepeatedCompositeFieldContainer[SendBatchEntry]
+    def __init__(self, queue: _Optional[str] = ..., entries: _Optional[_Iterable[_Union[SendBatchEntry, _Mapping]]] = ...) -> None: ...
+
+class SendBatchResponse(_message.Message):
+    __slots__ = ("message_ids",)
+    MESSAGE_IDS_FIELD_NUMBER: _ClassVar[int]
+    message_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, message_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ReceiveRequest(_message.Message):
+    __slots__ = ("queue", "max_messages", "visibility_timeout", "wait_time", "mode", "max_total_messages", "idle_timeout")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    MAX_MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    VISIBILITY_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
+    WAIT_TIME_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOTAL_MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    IDLE_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    max_messages: int
+    visibility_timeout: _duration_pb2.Duration
+    wait_time: _duration_pb2.Duration
+    mode: ReceiveMode
+    max_total_messages: int
+    idle_timeout: _duration_pb2.Duration
+    def __init__(self, queue: _Optional[str] = ..., max_messages: _Optional[int] = ..., visibility_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., wait_time: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., mode: _Optional[_Union[ReceiveMode, str]] = ..., max_total_messages: _Optional[int] = ..., idle_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+
+class ReceiveResponse(_message.Message):
+    __slots__ = ("messages",)
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[_message_pb2.Message]
+    def __init__(self, messages: _Optional[_Iterable[_Union[_message_pb2.Message, _Mapping]]] = ...) -> None: ...
+
+class DeleteRequest(_message.Message):
+    __slots__ = ("queue", "receipt")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    RECEIPT_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    receipt: str
+    def __init__(self, queue: _Optional[str] = ..., receipt: _Optional[str] = ...) -> None: ...
+
+class DeleteResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class DeleteBatchRequest(_message.Message):
+    __slots__ = ("queue", "receipts")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    RECEIPTS_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    receipts: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, queue: _Optional[str] = ..., receipts: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class DeleteBatchResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[_message_pb2.BatchEntryStatus]
+    def __init__(self, results: _Optional[_Iterable[_Union[_message_pb2.BatchEntryStatus, _Mapping]]] = ...) -> None: ...
+
+class ChangeVisibilityRequest(_message.Message):
+    __slots__ = ("queue", "receipt", "visibility_timeout")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    RECEIPT_FIELD_NUMBER: _ClassVar[int]
+    VISIBILITY_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    receipt: str
+    visibility_timeout: _duration_pb2.Duration
+    def __init__(self, queue: _Optional[str] = ..., receipt: _Optional[str] = ..., visibility_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+
+class ChangeVisibilityResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ChangeVisibilityBatchEntry(_message.Message):
+    __slots__ = ("receipt", "visibility_timeout")
+    RECEIPT_FIELD_NUMBER: _ClassVar[int]
+    VISIBILITY_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
+    receipt: str
+    visibility_timeout: _duration_pb2.Duration
+    def __init__(self, receipt: _Optional[str] = ..., visibility_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+
+class ChangeVisibilityBatchRequest(_message.Message):
+    __slots__ = ("queue", "entries")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    entries: _containers.RepeatedCompositeFieldContainer[ChangeVisibilityBatchEntry]
+    def __init__(self, queue: _Optional[str] = ..., entries: _Optional[_Iterable[_Union[ChangeVisibilityBatchEntry, _Mapping]]] = ...) -> None: ...
+
+class ChangeVisibilityBatchResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[_message_pb2.BatchEntryStatus]
+    def __init__(self, results: _Optional[_Iterable[_Union[_message_pb2.BatchEntryStatus, _Mapping]]] = ...) -> None: ...

@@ -1,0 +1,100 @@
+"""Fixtures: a PostgreSQL for the run, a fresh database, the real server, and stubs."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import asyncpg
+import grpc
+import pytest
+from postbox.v1 import (
+    message_service_pb2_grpc,
+    queue_service_pb2,
+    queue_service_pb2_grpc,
+)
+from support import ServerProcess, create_database, drop_database, unique_name
+
+
+@pytest.fixture(scope="session")
+def admin_url() -> Iterator[str]:
+    """A PostgreSQL superuser URL: $POSTBOX_TEST_DATABASE_URL, or an embedded server."""
+    url = os.environ.get("POSTBOX_TEST_DATABASE_URL")
+    if url:
+        yield url
+        return
+    from server.embedded import EmbeddedPostgres
+
+    directory = tempfile.mkdtemp(prefix="postbox-test-pg-")
+    embedded = EmbeddedPostgres(Path(directory) / "data")
+    embedded.start()
+    try:
+        yield embedded.uri("postgres")
+    finally:
+        embedded.stop()
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def database_url(admin_url: str) -> Iterator[str]:
+    """A database of this test run, dropped at the end."""
+    url = create_database(admin_url)
+    yield url
+    drop_database(admin_url, url)
+
+
+@pytest.fixture(scope="session")
+def server(database_url: str) -> Iterator[ServerProcess]:
+    process = ServerProcess(database_url, "--safety-poll-interval", "2").start()
+    yield process
+    process.stop()
+
+
+@pytest.fixture(scope="session")
+def channel(server: ServerProcess) -> Iterator[grpc.Channel]:
+    with grpc.insecure_channel(server.target) as channel:
+        yield channel
+
+
+@pytest.fixture(scope="session")
+def queues(channel: grpc.Channel) -> queue_service_pb2_grpc.QueueServiceStub:
+    return queue_service_pb2_grpc.QueueServiceStub(channel)
+
+
+@pytest.fixture(scope="session")
+def messages(channel: grpc.Channel) -> message_service_pb2_grpc.MessageServiceStub:
+    return message_service_pb2_grpc.MessageServiceStub(channel)
+
+
+@pytest.fixture
+def queue(
+    queues: queue_service_pb2_grpc.QueueServiceStub, request: pytest.FixtureRequest
+) -> Iterator[str]:
+    """A new queue for one test, deleted afterwards."""
+    name = unique_name(request.node.name)
+    queues.CreateQueue(
+        queue_service_pb2.CreateQueueRequest(queue=queue_service_pb2.Queue(name=name))
+    )
+    yield name
+    try:
+        queues.DeleteQueue(queue_service_pb2.DeleteQueueRequest(name=name))
+    except grpc.RpcError as error:
+        if error.code() != grpc.StatusCode.NOT_FOUND:
+            raise
+
+
+@pytest.fixture
+async def aio_channel(server: ServerProcess) -> AsyncIterator[grpc.aio.Channel]:
+    async with grpc.aio.insecure_channel(server.target) as channel:
+        yield channel
+
+
+@pytest.fixture
+async def db(database_url: str, server: ServerProcess) -> AsyncIterator[asyncpg.Connection]:
+    """A direct connection to the run's database, with the engine installed by the server."""
+    conn = await asyncpg.connect(database_url)
+    yield conn
+    await conn.close()

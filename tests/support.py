@@ -1,0 +1,147 @@
+"""Test helpers: databases for a run, and the real server in a subprocess."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from datetime import timedelta
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+import grpc
+import pytest
+from google.protobuf.duration_pb2 import Duration
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def with_database(url: str, database: str) -> str:
+    """The same server URL, pointing at another database."""
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(path="/" + database))
+
+
+def run_sql(url: str, *statements: str) -> None:
+    async def run() -> None:
+        conn = await asyncpg.connect(url)
+        try:
+            for statement in statements:
+                await conn.execute(statement)
+        finally:
+            await conn.close()
+
+    asyncio.run(run())
+
+
+def create_database(admin_url: str, prefix: str = "postbox_test") -> str:
+    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    run_sql(admin_url, f'CREATE DATABASE "{name}"')
+    return with_database(admin_url, name)
+
+
+def drop_database(admin_url: str, url: str) -> None:
+    name = urlsplit(url).path.lstrip("/")
+    run_sql(admin_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def seconds(value: float) -> Duration:
+    duration = Duration()
+    duration.FromTimedelta(timedelta(seconds=value))
+    return duration
+
+
+def error_of(call, *args, **kwargs) -> grpc.RpcError:
+    """The RpcError a call fails with (the test fails if it succeeds)."""
+    with pytest.raises(grpc.RpcError) as caught:
+        call(*args, **kwargs)
+    return caught.value
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def unique_name(hint: str) -> str:
+    """A valid queue name derived from a test name."""
+    cleaned = re.sub(r"[^A-Za-z0-9_-]", "_", hint)[:60]
+    return f"{cleaned}_{uuid.uuid4().hex[:8]}"
+
+
+class ServerProcess:
+    """`python -m server serve` against a database, on a free port of 127.0.0.1."""
+
+    def __init__(self, database_url: str, *extra_args: str) -> None:
+        self.database_url = database_url
+        self.extra_args = extra_args
+        self.port = free_port()
+        self.log_path = Path(tempfile.mkstemp(prefix="postbox-server-", suffix=".log")[1])
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 30.0) -> ServerProcess:
+        log = self.log_path.open("ab")
+        self.process = subprocess.Popen(
+            [
+                sys.executable, "-m", "server", "serve",
+                "--database-url", self.database_url,
+                "--grpc-host", "127.0.0.1",
+                "--grpc-port", str(self.port),
+                *self.extra_args,
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )  # fmt: skip
+        self.wait_serving(timeout)
+        return self
+
+    def wait_serving(self, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        with grpc.insecure_channel(self.target) as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+            while True:
+                if self.process is not None and self.process.poll() is not None:
+                    raise RuntimeError(f"server exited early:\n{self.log()}")
+                try:
+                    reply = health.Check(health_pb2.HealthCheckRequest(), timeout=1)
+                    if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                        return
+                except grpc.RpcError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"server not SERVING after {timeout} s:\n{self.log()}")
+                time.sleep(0.05)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, timeout: float = 15.0) -> int | None:
+        if self.process is None or self.process.poll() is not None:
+            return None if self.process is None else self.process.returncode
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            return self.process.wait()
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()

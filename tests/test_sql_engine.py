@@ -1,0 +1,388 @@
+"""The SQL engine on its own, as a psql user sees it: install, upgrade, concurrency, NOTIFY."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import shutil
+import subprocess
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import asyncpg
+import pytest
+from support import create_database, drop_database
+
+from server.db.migrate import Scripts, format_version, installed_version, migrate
+from server.db.sqlfiles import engine_dir
+
+SCHEMA_FINGERPRINT = """
+SELECT 'relation ' || c.relname || ' ' || c.relkind::text || ' ' || c.relpersistence::text || ' '
+       || coalesce(array_to_string(c.reloptions, ','), '')
+FROM pg_class c WHERE c.relnamespace = 'postbox'::regnamespace
+UNION ALL
+SELECT format('column %s.%s #%s %s %s default %s', c.relname, a.attname, a.attnum,
+              format_type(a.atttypid, a.atttypmod), a.attnotnull,
+              pg_get_expr(d.adbin, d.adrelid))
+FROM pg_attribute a
+JOIN pg_class c ON c.oid = a.attrelid AND c.relnamespace = 'postbox'::regnamespace
+LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+WHERE a.attnum > 0 AND NOT a.attisdropped AND c.relkind IN ('r', 'p', 'v', 'c')
+UNION ALL
+SELECT 'index ' || indexdef FROM pg_indexes WHERE schemaname = 'postbox'
+UNION ALL
+SELECT format('constraint %s %s', conname, pg_get_constraintdef(oid))
+FROM pg_constraint WHERE connamespace = 'postbox'::regnamespace
+UNION ALL
+SELECT 'function ' || pg_get_functiondef(p.oid)
+FROM pg_proc p WHERE p.pronamespace = 'postbox'::regnamespace
+UNION ALL
+SELECT 'trigger ' || pg_get_triggerdef(t.oid)
+FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
+WHERE c.relnamespace = 'postbox'::regnamespace AND NOT t.tgisinternal
+ORDER BY 1
+"""
+
+
+async def fingerprint(conn: asyncpg.Connection) -> list[str]:
+    return [row[0] for row in await conn.fetch(SCHEMA_FINGERPRINT)]
+
+
+@pytest.fixture
+async def fresh_db(admin_url: str) -> AsyncIterator[asyncpg.Connection]:
+    """A connection to a new empty database, dropped afterwards."""
+    url = await asyncio.to_thread(create_database, admin_url, "postbox_engine")
+    conn = await asyncpg.connect(url)
+    try:
+        yield conn
+    finally:
+        await conn.close()
+        await asyncio.to_thread(drop_database, admin_url, url)
+
+
+async def test_fresh_install_equals_oldest_install_plus_every_upgrade(admin_url, fresh_db):
+    scripts = Scripts.load()
+    await migrate(fresh_db, scripts)
+    fresh = await fingerprint(fresh_db)
+
+    url = await asyncio.to_thread(create_database, admin_url, "postbox_replay")
+    replay_conn = await asyncpg.connect(url)
+    try:
+        oldest = min(scripts.installs)
+        async with replay_conn.transaction():
+            await replay_conn.execute(scripts.installs[oldest].read_text())
+        for _version, script in scripts.upgrade_path(oldest):
+            async with replay_conn.transaction():
+                await replay_conn.execute(script.read_text())
+        assert await installed_version(replay_conn) == scripts.latest
+        replayed = await fingerprint(replay_conn)
+    finally:
+        await replay_conn.close()
+        await asyncio.to_thread(drop_database, admin_url, url)
+    assert fresh, "the fingerprint saw nothing"
+    assert replayed == fresh
+
+
+async def test_every_version_has_an_install_script_and_a_path_to_latest():
+    scripts = Scripts.load()
+    assert scripts.latest in scripts.installs
+    for version in scripts.installs:
+        path = scripts.upgrade_path(version)
+        assert (path[-1][0] if path else version) == scripts.latest, format_version(version)
+
+
+async def test_migrate_is_idempotent(fresh_db):
+    assert await installed_version(fresh_db) is None
+    first = await migrate(fresh_db)
+    before = await fingerprint(fresh_db)
+    assert await migrate(fresh_db) == first
+    assert await fingerprint(fresh_db) == before
+
+
+async def test_replicas_migrating_together_install_once(admin_url, fresh_db):
+    database = await fresh_db.fetchval("SELECT current_database()")
+    conns = [await asyncpg.connect(admin_url, database=database) for _ in range(4)]
+    try:
+        versions = await asyncio.gather(*(migrate(conn) for conn in conns))
+    finally:
+        for conn in conns:
+            await conn.close()
+    assert len(set(versions)) == 1
+    assert await fresh_db.fetchval("SELECT count(*) FROM postbox.schema_version") == 1
+
+
+def _extension_dir(sharedir: str) -> Path | None:
+    directory = Path(sharedir) / "extension"
+    return directory if directory.is_dir() and os.access(directory, os.W_OK) else None
+
+
+async def test_create_extension_installs_the_same_engine(admin_url, fresh_db):
+    sharedir = await fresh_db.fetchval("SELECT setting FROM pg_config WHERE name = 'SHAREDIR'")
+    target = _extension_dir(sharedir)
+    if target is None:
+        pytest.fail(
+            f"cannot place extension files in {sharedir}/extension (not local or not writable)"
+        )
+    copied = []
+    for source in engine_dir().glob("postbox*"):
+        shutil.copy(source, target / source.name)
+        copied.append(target / source.name)
+    try:
+        await fresh_db.execute("CREATE EXTENSION postbox")
+        as_extension = await fingerprint(fresh_db)
+        version = await fresh_db.fetchval(
+            "SELECT extversion FROM pg_extension WHERE extname = 'postbox'"
+        )
+        assert version == format_version(Scripts.load().latest)
+        dumped = await fresh_db.fetchval(
+            "SELECT array_length(extconfig, 1) FROM pg_extension WHERE extname = 'postbox'"
+        )
+        assert dumped == 3  # schema_version, queues and messages keep their data in pg_dump
+        assert await migrate(fresh_db) == Scripts.load().latest  # recognised as current
+    finally:
+        for path in copied:
+            path.unlink()
+    await fresh_db.execute("DROP EXTENSION postbox CASCADE; DROP SCHEMA IF EXISTS postbox CASCADE")
+    await migrate(fresh_db)
+    assert await fingerprint(fresh_db) == as_extension
+
+
+async def test_psql_installs_the_script_in_one_transaction(admin_url):
+    psql = shutil.which("psql")
+    if psql is None:
+        pytest.fail("psql is needed to prove the scripts install from plain psql")
+    url = await asyncio.to_thread(create_database, admin_url, "postbox_psql")
+    try:
+        script = Scripts.load().installs[Scripts.load().latest]
+        command = [psql, url, "-v", "ON_ERROR_STOP=1", "-1", "-q", "-f", str(script)]
+        result = await asyncio.to_thread(subprocess.run, command, capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr
+        conn = await asyncpg.connect(url)
+        try:
+            await conn.execute("SELECT postbox.create_queue('from_psql')")
+            assert await conn.fetchval("SELECT postbox.send('from_psql', 'hi')") > 0
+            row = await conn.fetchrow("SELECT * FROM postbox.receive('from_psql', 1)")
+            assert row["body"] == b"hi"
+        finally:
+            await conn.close()
+    finally:
+        await asyncio.to_thread(drop_database, admin_url, url)
+
+
+# Two sessions, every interleaving of their steps (pgmq-style isolation tests).
+
+
+class Session:
+    def __init__(self, conn: asyncpg.Connection) -> None:
+        self.conn = conn
+        self.results: list[list[asyncpg.Record]] = []
+
+    async def step(self, sql: str, *args: object) -> None:
+        self.results.append(await self.conn.fetch(sql, *args))
+
+
+async def run_interleaving(steps: list[tuple[Session, str, tuple]]) -> None:
+    """Runs steps in order; a step that blocks on the other session waits for it."""
+    blocked: dict[Session, asyncio.Task[None]] = {}
+    remaining = list(steps)
+    while remaining:
+        runnable = next((s for s in remaining if s[0] not in blocked), None)
+        if runnable is None:
+            # Every remaining step belongs to a blocked session: let them finish.
+            done, _ = await asyncio.wait(blocked.values(), timeout=5)
+            assert done, "deadlock between the two sessions"
+        else:
+            remaining.remove(runnable)
+            session, sql, args = runnable
+            task = asyncio.ensure_future(session.step(sql, *args))
+            done, _ = await asyncio.wait([task], timeout=0.2)
+            if not done:
+                blocked[session] = task
+        for session, task in list(blocked.items()):
+            if task.done():
+                task.result()
+                del blocked[session]
+    if blocked:
+        await asyncio.wait_for(asyncio.gather(*blocked.values()), 5)
+
+
+# Positions of session A's three steps among the six steps of both sessions.
+SCHEDULES = list(itertools.combinations(range(6), 3))
+
+
+def merge(positions: tuple[int, ...], a_steps: list, b_steps: list) -> list:
+    a, b = iter(a_steps), iter(b_steps)
+    return [next(a) if i in positions else next(b) for i in range(len(a_steps) + len(b_steps))]
+
+
+def transaction(session: Session, sql: str, *args: object) -> list[tuple[Session, str, tuple]]:
+    return [(session, "BEGIN", ()), (session, sql, args), (session, "COMMIT", ())]
+
+
+@pytest.fixture
+async def conns(database_url, server) -> AsyncIterator[list[asyncpg.Connection]]:
+    """Three connections: one to set up, and one for each of the two sessions."""
+    opened = [await asyncpg.connect(database_url) for _ in range(3)]
+    yield opened
+    for conn in opened:
+        await conn.close()
+
+
+async def new_queue(conn: asyncpg.Connection, name: str, messages: int) -> None:
+    await conn.execute("SELECT postbox.create_queue($1)", name)
+    for _ in range(messages):
+        await conn.execute("SELECT postbox.send($1, 'x')", name)
+
+
+RECEIVE = "SELECT * FROM postbox.receive($1, 1)"
+DELETE = "SELECT outcome FROM postbox.delete_batch($1, ARRAY[$2])"
+CHANGE = (
+    "SELECT outcome FROM postbox.change_visibility_batch($1, ARRAY[$2], ARRAY[interval '60 s'])"
+)
+
+
+@pytest.mark.parametrize("messages", [1, 2])
+async def test_concurrent_receivers_never_get_the_same_message(conns, messages):
+    setup, conn_a, conn_b = conns
+    for n, positions in enumerate(SCHEDULES):
+        queue = f"iso_recv_{messages}_{n}"
+        await new_queue(setup, queue, messages)
+        a, b = Session(conn_a), Session(conn_b)
+        await run_interleaving(
+            merge(positions, transaction(a, RECEIVE, queue), transaction(b, RECEIVE, queue))
+        )
+        got_a = {r["message_id"] for r in a.results[1]}
+        got_b = {r["message_id"] for r in b.results[1]}
+        assert not got_a & got_b, f"schedule {positions}: both sessions got {got_a}"
+        assert len(got_a) + len(got_b) == messages, f"schedule {positions}"
+
+
+@pytest.mark.parametrize("acknowledge", [DELETE, CHANGE])
+async def test_old_receipt_never_wins_against_a_redelivery(conns, acknowledge):
+    setup, conn_a, conn_b = conns
+    for n, positions in enumerate(SCHEDULES):
+        queue = f"iso_ack_{n}_{'d' if acknowledge is DELETE else 'c'}"
+        await new_queue(setup, queue, 1)
+        # Received once with a zero timeout: visible again, its receipt still current.
+        receipt = await setup.fetchval("SELECT receipt FROM postbox.receive($1, 1, '0 s')", queue)
+        a, b = Session(conn_a), Session(conn_b)
+        await run_interleaving(
+            merge(
+                positions,
+                transaction(a, acknowledge, queue, receipt),
+                transaction(b, RECEIVE, queue),
+            )
+        )
+        outcome = a.results[1][0]["outcome"]
+        redelivered = len(b.results[1]) == 1
+        assert outcome in ("ok", "stale"), f"schedule {positions}: {outcome}"
+        assert (outcome == "ok") != redelivered, f"schedule {positions}: {outcome}, {redelivered}"
+
+
+async def test_one_receipt_deletes_once(conns):
+    setup, conn_a, conn_b = conns
+    for n, positions in enumerate(SCHEDULES):
+        queue = f"iso_del_{n}"
+        await new_queue(setup, queue, 1)
+        receipt = await setup.fetchval("SELECT receipt FROM postbox.receive($1, 1)", queue)
+        a, b = Session(conn_a), Session(conn_b)
+        await run_interleaving(
+            merge(
+                positions,
+                transaction(a, DELETE, queue, receipt),
+                transaction(b, DELETE, queue, receipt),
+            )
+        )
+        outcomes = sorted([a.results[1][0]["outcome"], b.results[1][0]["outcome"]])
+        assert outcomes == ["not_found", "ok"], f"schedule {positions}"
+
+
+# Wake-up notifications.
+
+
+async def notifications_during(conn: asyncpg.Connection, action) -> list[str]:
+    received: list[str] = []
+
+    def listener(_conn, _pid, _channel, payload):
+        received.append(payload)
+
+    await conn.add_listener("postbox", listener)
+    try:
+        await action()
+        await asyncio.sleep(0.2)
+    finally:
+        await conn.remove_listener("postbox", listener)
+    return received
+
+
+async def test_send_notifies_waiters_with_the_queue_name(conns):
+    setup, listener, _ = conns
+    await new_queue(setup, "notify_me", 0)
+    payloads = await notifications_during(
+        listener, lambda: setup.execute("SELECT postbox.send('notify_me', 'x')")
+    )
+    assert payloads == ["notify_me"]
+
+
+async def test_a_batch_notifies_once(conns):
+    setup, listener, _ = conns
+    await new_queue(setup, "notify_batch", 0)
+    payloads = await notifications_during(
+        listener,
+        lambda: setup.execute(
+            "SELECT postbox.send_batch('notify_batch', array_fill('x'::bytea, ARRAY[1000]))"
+        ),
+    )
+    assert payloads == ["notify_batch"]
+
+
+async def test_sends_right_after_a_notification_skip_theirs(conns):
+    setup, listener, _ = conns
+    await new_queue(setup, "notify_throttled", 0)
+    queue_id = await setup.fetchval("SELECT id FROM postbox.queues WHERE name = 'notify_throttled'")
+
+    async def sends_with_fresh_notification() -> None:
+        # As if another sender had notified a moment ago (committed).
+        await setup.execute(
+            "INSERT INTO postbox.notify_throttle VALUES ($1, clock_timestamp() + interval '1 h') "
+            "ON CONFLICT (queue_id) DO UPDATE SET notified_at = excluded.notified_at",
+            queue_id,
+        )
+        for _ in range(5):
+            await setup.execute("SELECT postbox.send('notify_throttled', 'x')")
+
+    assert await notifications_during(listener, sends_with_fresh_notification) == []
+
+    async def sends_after_the_window() -> None:
+        await setup.execute(
+            "UPDATE postbox.notify_throttle SET notified_at = now() - interval '1 s' "
+            "WHERE queue_id = $1",
+            queue_id,
+        )
+        await setup.execute("SELECT postbox.send('notify_throttled', 'x')")
+
+    assert await notifications_during(listener, sends_after_the_window) == ["notify_throttled"]
+
+
+async def test_hostile_names_change_nothing(conns):
+    setup, _, _ = conns
+    before = await fingerprint(setup)
+    queues_before = await setup.fetchval("SELECT count(*) FROM postbox.queues")
+    hostile = [
+        "x'; DROP TABLE postbox.messages; --",
+        'x"); DROP SCHEMA postbox CASCADE; --',
+        "x; SELECT pg_sleep(10)",
+        r"names\with\backslashes",
+        "ä.fifo",
+        "a\nb",
+    ]
+    for name in hostile:
+        with pytest.raises(asyncpg.PostgresError) as caught:
+            await setup.execute("SELECT postbox.create_queue($1)", name)
+        assert caught.value.sqlstate == "PB400"
+        with pytest.raises(asyncpg.PostgresError) as caught:
+            await setup.execute("SELECT postbox.send($1, 'x')", name)
+        assert caught.value.sqlstate == "PB404"
+    assert await fingerprint(setup) == before
+    assert await setup.fetchval("SELECT count(*) FROM postbox.queues") == queues_before

@@ -67,6 +67,33 @@ def error_of(call, *args, **kwargs) -> grpc.RpcError:
     return caught.value
 
 
+def receive(
+    messages, queue: str, count: int = 10, visibility: float | None = None, wait: float = 0
+):
+    """One long-poll Receive through the sync stub: the messages of its batch (or none)."""
+    from postbox.v1 import message_service_pb2 as pb
+
+    request = pb.ReceiveRequest(queue=queue, max_messages=count, wait_time=seconds(wait))
+    if visibility is not None:
+        request.visibility_timeout.CopyFrom(seconds(visibility))
+    return [m for response in messages.Receive(request) for m in response.messages]
+
+
+def create_queue(queues, name: str, **attributes):
+    """Creates a queue with the given Queue fields; returns the created Queue."""
+    from postbox.v1 import queue_service_pb2 as qpb
+
+    return queues.CreateQueue(
+        qpb.CreateQueueRequest(queue=qpb.Queue(name=name, **attributes))
+    ).queue
+
+
+def stats(queues, queue: str):
+    from postbox.v1 import queue_service_pb2 as qpb
+
+    return queues.GetQueue(qpb.GetQueueRequest(name=queue)).queue.stats
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -148,6 +148,39 @@ async def test_create_extension_installs_the_same_engine(admin_url, fresh_db):
     assert await fingerprint(fresh_db) == as_extension
 
 
+async def test_two_maintenance_workers_never_do_the_same_work(admin_url, fresh_db):
+    # A database of its own: no server's worker shares the rows.
+    await migrate(fresh_db)
+    await fresh_db.execute(
+        """SELECT postbox.create_queue('shared', '{"retention": 60, "archive_on_delete": true}')"""
+    )
+    for _ in range(3):
+        await fresh_db.execute(
+            "SELECT postbox.send_batch('shared', array_fill('x'::bytea, ARRAY[1000]))"
+        )
+    await fresh_db.execute(
+        "UPDATE postbox.messages SET enqueued_at = enqueued_at - interval '2 min', "
+        "visible_at = visible_at - interval '2 min'"
+    )
+    database = await fresh_db.fetchval("SELECT current_database()")
+    workers = [await asyncpg.connect(admin_url, database=database) for _ in range(2)]
+    done = [0, 0]
+
+    async def work(index: int) -> None:
+        while (count := await workers[index].fetchval("SELECT postbox.expire_messages(100)")) > 0:
+            done[index] += count
+
+    try:
+        await asyncio.gather(work(0), work(1))
+    finally:
+        for conn in workers:
+            await conn.close()
+    assert done[0] + done[1] == 3000
+    assert min(done) > 0, done  # both took part
+    assert await fresh_db.fetchval("SELECT count(*) FROM postbox.archive") == 3000
+    assert await fresh_db.fetchval("SELECT count(*) FROM postbox.messages") == 0
+
+
 async def test_psql_installs_the_script_in_one_transaction(admin_url):
     psql = shutil.which("psql")
     if psql is None:

@@ -188,3 +188,22 @@ def test_permissions_are_unsupported(sqs_any, sqs_queue):
         Actions=["SendMessage"],
     )
     assert code == "AWS.SimpleQueueService.UnsupportedOperation"
+
+
+def test_tags(sqs_any, request):
+    name = unique_name(request.node.name)
+    url = sqs_any.create_queue(QueueName=name, tags={"team": "core", "env": "test"})["QueueUrl"]
+    try:
+        assert sqs_any.list_queue_tags(QueueUrl=url)["Tags"] == {"team": "core", "env": "test"}
+        sqs_any.tag_queue(QueueUrl=url, Tags={"env": "prod", "cost": "42"})
+        sqs_any.untag_queue(QueueUrl=url, TagKeys=["team", "absent"])
+        assert sqs_any.list_queue_tags(QueueUrl=url)["Tags"] == {"env": "prod", "cost": "42"}
+        sqs_any.untag_queue(QueueUrl=url, TagKeys=["env", "cost"])
+        assert "Tags" not in sqs_any.list_queue_tags(QueueUrl=url)
+        too_many = {f"k{i}": "v" for i in range(51)}
+        assert error_code(sqs_any.tag_queue, QueueUrl=url, Tags=too_many) == (
+            "InvalidParameterValue"
+        )
+        assert "Tags" not in sqs_any.list_queue_tags(QueueUrl=url)
+    finally:
+        sqs_any.delete_queue(QueueUrl=url)

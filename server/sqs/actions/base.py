@@ -57,6 +57,19 @@ class Call:
     def integer(self, name: str, low: int, high: int, default: int | None = None) -> int | None:
         return bounded(self.params, name, low, high, default)
 
+    def page(self) -> dict[str, Any]:
+        """MaxResults and NextToken as the page_size and page_token of a gRPC list call."""
+        return {
+            "page_size": self.integer("MaxResults", 1, 1000) or 1000,
+            "page_token": self.params.get("NextToken", ""),
+        }
+
+    def paged(self, result: Result, next_page_token: str) -> Result:
+        """A list result, with NextToken when the client asked for pages (SQS pages only then)."""
+        if self.params.get("MaxResults") is not None and next_page_token:
+            result["NextToken"] = next_page_token
+        return result
+
 
 def bounded(
     params: dict[str, Any], name: str, low: int, high: int, default: int | None = None

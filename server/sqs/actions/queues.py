@@ -11,6 +11,7 @@ from server.sqs.errors import (
     QUEUE_NAME_EXISTS,
     UNSUPPORTED_OPERATION,
     SqsError,
+    invalid_parameter,
     missing_parameter,
     queue_does_not_exist,
 )
@@ -25,7 +26,14 @@ async def get_queue(call: Call, name: str) -> qpb.Queue:
 async def create_queue(call: Call) -> Result:
     name = call.required("QueueName")
     attributes = call.params.get("Attributes", {})
-    queue, _ = queue_attributes.to_queue(name, attributes)
+    if queue_attributes.is_fifo(name) and attributes.get("FifoQueue", "").lower() != "true":
+        # SQS: a ".fifo" name is a FIFO queue's, and only FifoQueue=true makes one.
+        raise invalid_parameter(
+            "Can only include alphanumeric characters, hyphens, or underscores. 1 to 80 in "
+            "length; FIFO queue names end with .fifo and need the attribute FifoQueue=true."
+        )
+    queue, _ = queue_attributes.to_queue(name, attributes, call.settings)
+    queue.tags.update(call.params.get("tags", {}))
     try:
         await call.backend.call(
             call.backend.queues.CreateQueue, qpb.CreateQueueRequest(queue=queue)
@@ -35,7 +43,8 @@ async def create_queue(call: Call) -> Result:
             raise
         # SQS makes CreateQueue idempotent: the same name with the same attributes
         # answers the existing queue's URL.
-        differing = queue_attributes.conflicting(attributes, await get_queue(call, name))
+        existing = await get_queue(call, name)
+        differing = queue_attributes.conflicting(attributes, existing, call.settings)
         if differing is not None:
             raise SqsError(
                 QUEUE_NAME_EXISTS,
@@ -57,22 +66,14 @@ async def get_queue_url(call: Call) -> Result:
 
 @action("ListQueues")
 async def list_queues(call: Call) -> Result:
-    max_results = call.integer("MaxResults", 1, 1000)
     response = await call.backend.call(
         call.backend.queues.ListQueues,
-        qpb.ListQueuesRequest(
-            page_size=max_results or 1000,
-            page_token=call.params.get("NextToken", ""),
-            name_prefix=call.params.get("QueueNamePrefix", ""),
-        ),
+        qpb.ListQueuesRequest(name_prefix=call.params.get("QueueNamePrefix", ""), **call.page()),
     )
     result: Result = {}
     if response.queues:
         result["QueueUrls"] = [call.queue_url(queue.name) for queue in response.queues]
-    # SQS pages only when the caller asked for a page size.
-    if max_results is not None and response.next_page_token:
-        result["NextToken"] = response.next_page_token
-    return result
+    return call.paged(result, response.next_page_token)
 
 
 @action("DeleteQueue")
@@ -105,12 +106,19 @@ async def set_queue_attributes(call: Call) -> Result:
     attributes = call.params.get("Attributes")
     if not attributes:
         raise missing_parameter("Attribute.1.Name")
-    queue, paths = queue_attributes.to_queue(name, attributes)
+    queue, paths = queue_attributes.to_queue(name, attributes, call.settings)
+    if not paths:  # only attributes postbox fixes (FifoQueue, ...), confirmed as they are
+        await get_queue(call, name)
+        return {}
+    await update_queue(call, queue, paths)
+    return {}
+
+
+async def update_queue(call: Call, queue: qpb.Queue, paths: list[str]) -> None:
     await call.backend.call(
         call.backend.queues.UpdateQueue,
         qpb.UpdateQueueRequest(queue=queue, update_mask=FieldMask(paths=paths)),
     )
-    return {}
 
 
 @action("AddPermission")

@@ -8,13 +8,15 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from postbox.v1 import message_pb2
 from postbox.v1 import message_service_pb2 as pb
 
-from server.sqs import md5, message_attributes, receipts
+from server.sqs import md5, message_attributes, naming, receipts
 from server.sqs.actions.base import Call, Result, action
-from server.sqs.queue_attributes import unknown
+from server.sqs.actions.send import sequence_number
+from server.sqs.queue_attributes import is_fifo, unknown
+from server.sqs.settings import ShimSettings
 
 MAX_WAIT = 20
 # Message system attributes a client may ask for. Those postbox does not record
-# (SenderId, AWSTraceHeader, ...) are accepted and not returned.
+# (SenderId, AWSTraceHeader, SqsManagedSseEnabled) are accepted and not returned.
 SYSTEM_ATTRIBUTES = frozenset(
     {
         "All",
@@ -36,21 +38,31 @@ def _millis(timestamp: Timestamp) -> str:
     return str(timestamp.seconds * 1000 + timestamp.nanos // 1_000_000)
 
 
-def system_attributes(message: message_pb2.Message, names: Collection[str]) -> dict[str, str]:
+def system_attributes(
+    queue: str, message: message_pb2.Message, names: Collection[str], settings: ShimSettings
+) -> dict[str, str]:
     available = {
         "SentTimestamp": _millis(message.enqueue_time),
         "ApproximateReceiveCount": str(message.receive_count),
     }
     if message.HasField("first_receive_time"):
         available["ApproximateFirstReceiveTimestamp"] = _millis(message.first_receive_time)
+    if message.message_group_id:
+        available["MessageGroupId"] = message.message_group_id
+    if message.deduplication_id:
+        available["MessageDeduplicationId"] = message.deduplication_id
+    if is_fifo(queue):
+        available["SequenceNumber"] = sequence_number(message.message_id)
+    if message.dead_letter_source_queue:
+        available["DeadLetterQueueSourceArn"] = naming.queue_arn(
+            settings, message.dead_letter_source_queue
+        )
     if "All" in names:
         return available
     return {name: value for name, value in available.items() if name in names}
 
 
-def as_sqs(
-    queue: str, message: message_pb2.Message, system: Collection[str], wanted: Collection[str]
-) -> Result:
+def as_sqs(call: Call, queue: str, message: message_pb2.Message, system: Collection[str]) -> Result:
     # SQS bodies are text; bytes a gRPC producer sent that are not UTF-8 cannot travel
     # as SQS text and arrive as U+FFFD (the digest covers what is delivered).
     body = message.body.decode("utf-8", errors="replace")
@@ -60,9 +72,10 @@ def as_sqs(
         "MD5OfBody": md5.of_body(body),
         "Body": body,
     }
-    attributes = system_attributes(message, system)
+    attributes = system_attributes(queue, message, system, call.settings)
     if attributes:
         result["Attributes"] = attributes
+    wanted = call.params.get("MessageAttributeNames", [])
     selected = message_attributes.select(message.attributes, wanted)
     if selected:
         result["MessageAttributes"] = message_attributes.to_sqs(selected)
@@ -93,9 +106,8 @@ async def receive_message(call: Call) -> Result:
     responses = await call.backend.stream(
         call.backend.messages.Receive, request, timeout=longest_wait + call.settings.grpc_timeout
     )
-    wanted = call.params.get("MessageAttributeNames", [])
     messages = [
-        as_sqs(queue, message, system, wanted)
+        as_sqs(call, queue, message, system)
         for response in responses
         for message in response.messages
     ]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,7 +72,7 @@ class Call:
 
 
 def bounded(
-    params: dict[str, Any], name: str, low: int, high: int, default: int | None = None
+    params: Mapping[str, Any], name: str, low: int, high: int, default: int | None = None
 ) -> int | None:
     """An integer parameter within SQS's bounds, or `default` when absent."""
     value = params.get(name)

@@ -57,7 +57,7 @@ def prepare(params: Mapping[str, Any], fifo: bool) -> pb.SendBatchEntry:
             "of allowed characters is #x9 | #xA | #xD | #x20 to #xD7FF | #xE000 to #xFFFD | "
             "#x10000 to #x10FFFF",
         )
-    delay = bounded(dict(params), "DelaySeconds", 0, _MAX_DELAY)
+    delay = bounded(params, "DelaySeconds", 0, _MAX_DELAY)
     if params.get("MessageSystemAttributes"):
         raise invalid_parameter(
             "MessageSystemAttributes (AWSTraceHeader) are not supported by postbox."

@@ -1216,11 +1216,16 @@ $$;
 -- The redrive tasks of a dead-letter queue, newest first.
 CREATE OR REPLACE FUNCTION postbox.list_redrive_tasks(dead_letter_queue text, page_size integer DEFAULT 10)
 RETURNS SETOF postbox.redrive_tasks
-LANGUAGE sql STABLE AS $$
-    SELECT * FROM postbox.redrive_tasks
-    WHERE dead_letter_queue_id = (postbox._queue(dead_letter_queue)).id
-    ORDER BY created_at DESC, id
-    LIMIT page_size
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    dlq postbox.queues := postbox._queue(dead_letter_queue);  -- PB404 even when no task exists
+BEGIN
+    RETURN QUERY
+    SELECT * FROM postbox.redrive_tasks t
+    WHERE t.dead_letter_queue_id = dlq.id
+    ORDER BY t.created_at DESC, t.id
+    LIMIT page_size;
+END
 $$;
 
 -- Stops a running redrive; what it moved stays moved. PB404 for an unknown

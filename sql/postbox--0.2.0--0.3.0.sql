@@ -504,17 +504,19 @@ BEGIN
 END
 $$;
 
--- Whether a routing key matches a compiled pattern (see _compile_pattern);
--- dotted is the key with a dot before every word. Plain comparisons for every
--- kind but regex. A plain expression, which the planner inlines.
-CREATE FUNCTION postbox._key_matches(match_kind text, match_text text, dotted text) RETURNS boolean
+-- Whether a routing key ('' for none) matches a compiled pattern (see
+-- _compile_pattern). Plain comparisons for every kind but regex. A plain
+-- expression, which the planner inlines as long as the arguments are plain
+-- columns (an argument used twice must be cheap, or the function is called,
+-- and parsed anew, for every publish).
+CREATE FUNCTION postbox._key_matches(match_kind text, match_text text, routing_key text) RETURNS boolean
 LANGUAGE sql IMMUTABLE AS $$
     SELECT CASE match_kind
         WHEN 'all' THEN true
-        WHEN 'exact' THEN dotted = '.' || match_text
-        WHEN 'prefix' THEN starts_with(dotted || '.', '.' || match_text || '.')
-        WHEN 'suffix' THEN right(dotted, length(match_text) + 1) = '.' || match_text
-        ELSE dotted ~ match_text
+        WHEN 'exact' THEN routing_key = match_text
+        WHEN 'prefix' THEN routing_key = match_text OR starts_with(routing_key, match_text || '.')
+        WHEN 'suffix' THEN routing_key = match_text OR right(routing_key, length(match_text) + 1) = '.' || match_text
+        ELSE CASE WHEN routing_key = '' THEN '' ELSE '.' || routing_key END ~ match_text
     END
 $$;
 
@@ -697,7 +699,12 @@ CREATE FUNCTION postbox.publish_batch(
     ordering_keys text[] DEFAULT NULL, deduplication_ids text[] DEFAULT NULL)
 RETURNS TABLE (publish_id uuid, queues text[], message_ids bigint[], duplicates boolean[],
                webhook_deliveries integer)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+-- Plan each statement once per session. Custom plans (the default for the first
+-- calls, and for good when they look cheaper) re-plan every publish, which
+-- costs more than the publish itself.
+SET plan_cache_mode = force_generic_plan
+AS $$
 #variable_conflict use_column
 DECLARE
     t postbox.topics := postbox._topic(topic_name);
@@ -705,6 +712,7 @@ DECLARE
     published_at timestamptz := clock_timestamp();
     problem text;
     ids uuid[];
+    keys text[];
     dest record;
     subset boolean;
     groups text[];
@@ -749,6 +757,8 @@ BEGIN
     END IF;
     ids := CASE WHEN n = 1 THEN ARRAY[gen_random_uuid()]
                 ELSE ARRAY(SELECT gen_random_uuid() FROM generate_series(1, n)) END;
+    keys := CASE WHEN n = 1 THEN ARRAY[coalesce(routing_keys[1], '')]
+                 ELSE ARRAY(SELECT coalesce(routing_keys[i], '') FROM generate_series(1, n) AS i) END;
 
     PERFORM postbox._lock_topic(t.id, false);
     -- One send_batch per queue, in queue name order (so concurrent publishes
@@ -757,14 +767,12 @@ BEGIN
     BEGIN
         FOR dest IN
             SELECT q.name AS queue, q.fifo, q.content_based_deduplication, min(s.name) AS subscription,
-                   array_agg(DISTINCT e.i ORDER BY e.i) AS entries
+                   array_agg(DISTINCT e.i::integer ORDER BY e.i::integer) AS entries
             FROM postbox.subscriptions s
             JOIN postbox.queues q ON q.id = s.queue_id
-            CROSS JOIN generate_series(1, n) AS e(i)
+            CROSS JOIN unnest(keys) WITH ORDINALITY AS e(k, i)
             WHERE s.topic_id = t.id AND s.queue_id IS NOT NULL
-                  AND postbox._key_matches(s.match_kind, s.match_text,
-                                           CASE WHEN coalesce(routing_keys[e.i], '') = '' THEN ''
-                                                ELSE '.' || routing_keys[e.i] END)
+                  AND postbox._key_matches(s.match_kind, s.match_text, e.k)
             GROUP BY q.id
             ORDER BY q.name
         LOOP
@@ -776,7 +784,7 @@ BEGIN
             dedup := NULL;
             IF dest.fifo OR deduplication_ids IS NOT NULL THEN
                 SELECT CASE WHEN dest.fifo THEN
-                           array_agg(coalesce(ordering_keys[p], nullif(routing_keys[p], ''), topic_name) ORDER BY o)
+                           array_agg(coalesce(ordering_keys[p], nullif(keys[p], ''), topic_name) ORDER BY o)
                        END,
                        array_agg(coalesce(deduplication_ids[p],
                                           CASE WHEN dest.fifo AND NOT dest.content_based_deduplication
@@ -824,25 +832,23 @@ BEGIN
             entry_of[1], quote_literal(refusing), quote_literal(refusing_queue), entry_of[2]);
     END;
 
-    SELECT array_agg(s.id ORDER BY e.i, s.name), array_agg(e.i ORDER BY e.i, s.name),
+    SELECT array_agg(s.id ORDER BY e.i, s.name), array_agg(e.i::integer ORDER BY e.i, s.name),
            (array_agg(format('%ssubscription %s takes webhook messages of at most 1048576 bytes, not %s',
                              postbox._entry_prefix(e.i, n), quote_literal(s.name),
                              postbox.message_size(bodies[e.i], attributes[e.i])) ORDER BY e.i)
                FILTER (WHERE postbox.message_size(bodies[e.i], attributes[e.i]) > 1048576))[1]
     INTO hook_subscriptions, hook_entries, problem
     FROM postbox.subscriptions s
-    CROSS JOIN generate_series(1, n) AS e(i)
+    CROSS JOIN unnest(keys) WITH ORDINALITY AS e(k, i)
     WHERE s.topic_id = t.id AND s.webhook_url IS NOT NULL
-          AND postbox._key_matches(s.match_kind, s.match_text,
-                                   CASE WHEN coalesce(routing_keys[e.i], '') = '' THEN ''
-                                        ELSE '.' || routing_keys[e.i] END);
+          AND postbox._key_matches(s.match_kind, s.match_text, e.k);
     IF problem IS NOT NULL THEN
         PERFORM postbox._invalid(problem);
     END IF;
     IF hook_subscriptions IS NOT NULL THEN
         INSERT INTO postbox.webhook_deliveries (subscription_id, publish_id, published_at, routing_key,
                                                 ordering_key, attributes, body, next_attempt_at)
-        SELECT h.s, ids[h.i], published_at, coalesce(routing_keys[h.i], ''), ordering_keys[h.i],
+        SELECT h.s, ids[h.i], published_at, keys[h.i], ordering_keys[h.i],
                attributes[h.i], bodies[h.i], published_at
         FROM unnest(hook_subscriptions, hook_entries) AS h(s, i);
     END IF;

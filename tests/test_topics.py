@@ -86,8 +86,7 @@ async def test_patterns_match_as_amqp_topic_exchanges_do(db):
     patterns = [".".join(p) for n in range(1, 5) for p in itertools.product(words, repeat=n)]
     keys = [".".join(k) for n in range(5) for k in itertools.product(["a", "b"], repeat=n)]
     rows = await db.fetch(
-        """SELECT p, k, postbox._key_matches(c.match_kind, c.match_text,
-                                             CASE WHEN k = '' THEN '' ELSE '.' || k END) AS hit
+        """SELECT p, k, postbox._key_matches(c.match_kind, c.match_text, k) AS hit
            FROM unnest($1::text[]) AS p, postbox._compile_pattern(p) AS c,
                 unnest($2::text[]) AS k""",
         patterns,
@@ -106,8 +105,8 @@ async def test_patterns_match_as_amqp_topic_exchanges_do(db):
         ("a.*.c", "a.b.b.c", False), ("#", "", True), ("#", "x.y", True), ("*", "", False),
     ]:  # fmt: skip
         got = await db.fetchval(
-            "SELECT postbox._key_matches(c.match_kind, c.match_text, "
-            "CASE WHEN $2 = '' THEN '' ELSE '.' || $2 END) FROM postbox._compile_pattern($1) c",
+            "SELECT postbox._key_matches(c.match_kind, c.match_text, $2) "
+            "FROM postbox._compile_pattern($1) c",
             pattern,
             key,
         )

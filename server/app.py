@@ -16,6 +16,10 @@ from postbox.v1 import (
     message_service_pb2_grpc,
     queue_service_pb2,
     queue_service_pb2_grpc,
+    schedule_service_pb2,
+    schedule_service_pb2_grpc,
+    topic_service_pb2,
+    topic_service_pb2_grpc,
 )
 
 from server.config import Settings
@@ -25,14 +29,20 @@ from server.embedded import EmbeddedPostgres
 from server.errors import ApiError
 from server.services.messages import MessageService
 from server.services.queues import QueueService
+from server.services.schedules import ScheduleService
+from server.services.topics import TopicService
 from server.wakeup import WakeHub
 from server.workers.maintenance import MaintenanceWorker
+from server.workers.scheduler import SchedulerWorker
+from server.workers.webhooks import WebhookWorker
 
 log = logging.getLogger(__name__)
 
 SERVICE_NAMES = (
     queue_service_pb2.DESCRIPTOR.services_by_name["QueueService"].full_name,
     message_service_pb2.DESCRIPTOR.services_by_name["MessageService"].full_name,
+    topic_service_pb2.DESCRIPTOR.services_by_name["TopicService"].full_name,
+    schedule_service_pb2.DESCRIPTOR.services_by_name["ScheduleService"].full_name,
 )
 HEALTH_CHECK_INTERVAL = 1.0
 
@@ -107,6 +117,14 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         message_service_pb2_grpc.add_MessageServiceServicer_to_server(
             MessageService(engine, hub), server
         )
+        webhooks = WebhookWorker(engine)
+        scheduler = SchedulerWorker(engine, on_webhook_deliveries=webhooks.wake)
+        topic_service_pb2_grpc.add_TopicServiceServicer_to_server(
+            TopicService(engine, hub, webhooks.wake), server
+        )
+        schedule_service_pb2_grpc.add_ScheduleServiceServicer_to_server(
+            ScheduleService(engine, scheduler.wake), server
+        )
         health_servicer = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
         reflection.enable_server_reflection(
@@ -125,6 +143,8 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         tasks = [
             asyncio.create_task(_watch_health(engine, health_servicer), name="postbox-health"),
             asyncio.create_task(maintenance.run(), name="postbox-maintenance"),
+            asyncio.create_task(webhooks.run(), name="postbox-webhooks"),
+            asyncio.create_task(scheduler.run(), name="postbox-scheduler"),
         ]
         log.info("postbox serving gRPC on %s:%d", settings.grpc_host, port)
         await stop.wait()

@@ -1339,4 +1339,24 @@ LANGUAGE sql STABLE AS $$
     SELECT min(next_fire_at) FROM postbox.schedules WHERE NOT paused
 $$;
 
+-- Serialises queue deletion against sends: a send holds this lock shared, so a
+-- message is never committed into a queue that a concurrent drop just removed.
+CREATE OR REPLACE FUNCTION postbox._lock_queue(queue_id integer, exclusive boolean) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF exclusive THEN
+        PERFORM pg_advisory_xact_lock(1886350198, queue_id);  -- 1886350198 = 'post'
+    ELSE
+        PERFORM pg_advisory_xact_lock_shared(1886350198, queue_id);
+        -- The sender looked its queue up before it had the lock: a drop that
+        -- committed in between has removed the queue, and only this check, a
+        -- statement later, can see it.
+        IF NOT EXISTS (SELECT FROM postbox.queues q WHERE q.id = queue_id) THEN
+            RAISE EXCEPTION USING ERRCODE = 'PB404',
+                MESSAGE = 'the queue was deleted while the message was being sent';
+        END IF;
+    END IF;
+END
+$$;
+
 INSERT INTO postbox.schema_version (version) VALUES ('0.3.0');

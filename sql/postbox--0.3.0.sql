@@ -638,6 +638,13 @@ BEGIN
         PERFORM pg_advisory_xact_lock(1886350198, queue_id);  -- 1886350198 = 'post'
     ELSE
         PERFORM pg_advisory_xact_lock_shared(1886350198, queue_id);
+        -- The sender looked its queue up before it had the lock: a drop that
+        -- committed in between has removed the queue, and only this check, a
+        -- statement later, can see it.
+        IF NOT EXISTS (SELECT FROM postbox.queues q WHERE q.id = queue_id) THEN
+            RAISE EXCEPTION USING ERRCODE = 'PB404',
+                MESSAGE = 'the queue was deleted while the message was being sent';
+        END IF;
     END IF;
 END
 $$;

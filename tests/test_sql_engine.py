@@ -390,6 +390,27 @@ async def test_fifo_send_racing_a_dead_letter_move_never_orphans_a_message(conns
         assert await _fifo_group(setup, queue) == [(b"new", False)], f"schedule {positions}"
 
 
+async def test_a_send_racing_a_queue_drop_leaves_no_orphans(conns):
+    setup, dropper, sender = conns
+    await new_queue(setup, "dropped_under_a_send", 0)
+    await dropper.execute("BEGIN")
+    await dropper.execute("SELECT postbox.drop_queue('dropped_under_a_send')")
+    # The send finds the queue (the drop has not committed) and waits for its lock.
+    send = sender.execute("SELECT postbox.send('dropped_under_a_send', 'x')")
+    sending = asyncio.ensure_future(send)
+    done, _ = await asyncio.wait([sending], timeout=0.3)
+    assert not done, "the send should wait for the drop"
+    await dropper.execute("COMMIT")
+    with pytest.raises(asyncpg.PostgresError) as caught:
+        await sending
+    assert caught.value.sqlstate == "PB404"
+    orphans = await setup.fetchval(
+        "SELECT count(*) FROM postbox.messages m "
+        "WHERE NOT EXISTS (SELECT FROM postbox.queues q WHERE q.id = m.queue_id)"
+    )
+    assert orphans == 0
+
+
 # Wake-up notifications.
 
 

@@ -36,6 +36,17 @@ SERVICE_NAMES = (
 HEALTH_CHECK_INTERVAL = 1.0
 
 
+def grpc_options(settings: Settings, *, reuse_port: bool = False) -> list[tuple[str, int]]:
+    """Channel options of the gRPC server; the benchmark's empty server uses them too."""
+    return [
+        ("grpc.max_receive_message_length", settings.max_request_size),
+        ("grpc.max_send_message_length", settings.max_request_size),
+        # Off unless several workers share the port on purpose: a second server
+        # started by mistake on a busy port must fail, not silently split traffic.
+        ("grpc.so_reuseport", int(reuse_port)),
+    ]
+
+
 async def _watch_health(engine: Engine, servicer: health.aio.HealthServicer) -> None:
     """SERVING while the database answers, NOT_SERVING while it does not."""
     serving = None
@@ -92,13 +103,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         hub = WakeHub(dsn, safety_interval=settings.safety_poll_interval)
         await hub.start()
 
-        server = grpc.aio.server(
-            options=[
-                ("grpc.max_receive_message_length", settings.max_request_size),
-                ("grpc.max_send_message_length", settings.max_request_size),
-                ("grpc.so_reuseport", 0),
-            ]
-        )
+        server = grpc.aio.server(options=grpc_options(settings))
         queue_service_pb2_grpc.add_QueueServiceServicer_to_server(
             QueueService(engine, max_message_size=settings.max_message_size), server
         )

@@ -73,7 +73,7 @@ async def _watch_health(engine: Engine, servicer: health.aio.HealthServicer) -> 
         await asyncio.sleep(HEALTH_CHECK_INTERVAL)
 
 
-async def _install_engine(dsn: str) -> None:
+async def install_engine(dsn: str) -> None:
     conn = await asyncpg.connect(dsn)
     try:
         version = await migrate(conn)
@@ -98,12 +98,12 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         dsn = await embedded.ensure_database()
     engine = hub = server = health_task = None
     try:
-        await _install_engine(dsn)
+        await install_engine(dsn)
         engine = await Engine.connect(dsn, pool_size=settings.pool_size)
         hub = WakeHub(dsn, safety_interval=settings.safety_poll_interval)
         await hub.start()
 
-        server = grpc.aio.server(options=grpc_options(settings))
+        server = grpc.aio.server(options=grpc_options(settings, reuse_port=settings.reuse_port))
         queue_service_pb2_grpc.add_QueueServiceServicer_to_server(
             QueueService(engine, max_message_size=settings.max_message_size), server
         )

@@ -21,6 +21,7 @@ log = logging.getLogger("postbox")
 
 def _serve(args: argparse.Namespace) -> int:
     from server.app import serve
+    from server.workers import serve_workers
 
     settings = Settings(
         database_url=args.database_url,
@@ -30,7 +31,10 @@ def _serve(args: argparse.Namespace) -> int:
         pool_size=args.pool_size,
         max_message_size=args.max_message_size,
         safety_poll_interval=args.safety_poll_interval,
+        reuse_port=args.reuse_port,
     )
+    if args.workers > 1:
+        return asyncio.run(serve_workers(settings, args.workers, args.log_level))
     asyncio.run(serve(settings))
     return 0
 
@@ -141,6 +145,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="largest message in bytes any queue may accept (default: %(default)s)",
     )
     serve.add_argument("--safety-poll-interval", type=float, default=Settings.safety_poll_interval)
+    serve.add_argument(
+        "--workers",
+        type=int,
+        default=int(os.environ.get("POSTBOX_WORKERS", "1")),
+        help="server processes sharing the port (SO_REUSEPORT), e.g. one per core "
+        "(default: %(default)s)",
+    )
+    # Set by `--workers` on the processes it starts; sharing the port is otherwise an error.
+    serve.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)
     serve.set_defaults(run=_serve)
 
     migrate = verbs.add_parser("migrate", help="install or upgrade the SQL engine in a database")

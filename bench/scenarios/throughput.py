@@ -260,3 +260,29 @@ def _receive_scenario(batch: int) -> None:
 
 for _batch in (1, 10):
     _receive_scenario(_batch)
+
+
+@scenario("workers_scaling", "Send(1) x64 and SendBatch(500) with 2 worker processes vs 1")
+async def workers_scaling(ctx: Context) -> list[Row]:
+    rows = []
+    one, two = ctx.postbox(1), ctx.postbox(2)
+    for label, measure in (
+        ("Send(1) x64", lambda served, queue: single_sends(ctx, served, queue, 64)),
+        (
+            f"SendBatch(500) x{BATCH_CLIENTS}",
+            lambda served, queue: send_batches(ctx, served, queue, 500),
+        ),
+    ):
+        single, _ = await measure(one, await ctx.new_queue(one.target, "w1"))
+        double, cpu = await measure(two, await ctx.new_queue(two.target, "w2"))
+        rows.append(
+            Row(
+                f"{label}, 2 workers",
+                "msgs/s",
+                double.rate,
+                single.rate,
+                "same, 1 worker",
+                note=f"2-worker server CPU {cpu:.0%}",
+            )
+        )
+    return rows

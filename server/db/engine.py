@@ -38,9 +38,11 @@ class Engine:
     async def close(self) -> None:
         await self.pool.close()
 
-    async def _call(self, method: str, name: str, *args: Any) -> Any:
+    async def _call(
+        self, method: str, name: str, *args: Any, conn: asyncpg.Connection | None = None
+    ) -> Any:
         try:
-            return await getattr(self.pool, method)(self._sql[name], *args)
+            return await getattr(conn or self.pool, method)(self._sql[name], *args)
         except Exception as exc:
             raise translate(exc) from exc
 
@@ -83,8 +85,11 @@ class Engine:
         bodies: Sequence[bytes],
         attributes: Sequence[str | None] | None,
         delays: Sequence[timedelta | None] | None,
+        *,
+        conn: asyncpg.Connection | None = None,
     ) -> list[int]:
-        rows = await self._call("fetch", "send_batch", queue, bodies, attributes, delays)
+        """Ids in input order. On `conn` it joins that connection's transaction (group commit)."""
+        rows = await self._call("fetch", "send_batch", queue, bodies, attributes, delays, conn=conn)
         return [row[0] for row in rows]
 
     async def receive(

@@ -12,6 +12,7 @@ from postbox.v1 import message_pb2, message_service_pb2_grpc
 from postbox.v1 import message_service_pb2 as pb
 
 from server.db.engine import Engine, Record
+from server.db.group_commit import GroupCommit, SendEntry
 from server.errors import ApiError, invalid
 from server.services import convert
 from server.services.status import reports_errors
@@ -50,16 +51,19 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
     def __init__(self, engine: Engine, hub: WakeHub) -> None:
         self.engine = engine
         self.hub = hub
+        self.sends = GroupCommit(engine)
 
     @reports_errors
     async def Send(
         self, request: pb.SendRequest, context: grpc.aio.ServicerContext
     ) -> pb.SendResponse:
-        message_id = await self.engine.send(
-            request.queue,
-            request.body,
-            convert.attributes_json(request.attributes),
-            convert.optional_timedelta(request, "delay"),
+        message_id = await self.sends.send(
+            SendEntry(
+                request.queue,
+                request.body,
+                convert.attributes_json(request.attributes),
+                convert.optional_timedelta(request, "delay"),
+            )
         )
         self.hub.wake(request.queue)
         return pb.SendResponse(message_id=str(message_id))

@@ -31,6 +31,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--sustained-seconds", type=float, default=900.0, help="length of the sustained run"
     )
     parser.add_argument(
+        "--sustained-rate", type=float, default=200.0, help="msgs/s of the sustained run"
+    )
+    parser.add_argument(
         "--only",
         nargs="+",
         metavar="SCENARIO",
@@ -48,7 +51,7 @@ async def run(args: argparse.Namespace) -> Report:
         raise SystemExit(f"unknown scenario(s): {', '.join(unknown)}; see --list")
     async with BenchDatabase(args.database_url) as db:
         report.machine = describe_machine(db)
-        ctx = Context(db, args.seconds, args.body_size, args.sustained_seconds)
+        ctx = Context(db, args.seconds, args.body_size, args.sustained_seconds, args.sustained_rate)
         try:
             for name in names:
                 entry = SCENARIOS[name]
@@ -66,6 +69,7 @@ async def run(args: argparse.Namespace) -> Report:
                 await ctx.clean()
         finally:
             ctx.stop_servers()
+            report.extra = ctx.extra
         report.machine["after"] = machine_load()
     return report
 

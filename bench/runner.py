@@ -83,6 +83,9 @@ class Context:
     seconds: float
     body_size: int
     sustained_seconds: float
+    sustained_rate: float
+    # Scenario output beyond the table (e.g. the sustained run's windows), kept in the JSON.
+    extra: dict[str, Any] = field(default_factory=dict)
     _servers: dict[str, Served] = field(default_factory=dict)
     _stack: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
 
@@ -148,6 +151,7 @@ class Report:
     not_measurable: dict[str, str] = field(default_factory=dict)
     failed: dict[str, str] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)

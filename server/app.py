@@ -23,6 +23,7 @@ from server.db.engine import Engine
 from server.db.migrate import format_version, migrate
 from server.embedded import EmbeddedPostgres
 from server.errors import ApiError
+from server.services.decoding import RejectUndecodable
 from server.services.messages import MessageService
 from server.services.queues import QueueService
 from server.wakeup import WakeHub
@@ -103,7 +104,10 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         hub = WakeHub(dsn, safety_interval=settings.safety_poll_interval)
         await hub.start()
 
-        server = grpc.aio.server(options=grpc_options(settings, reuse_port=settings.reuse_port))
+        server = grpc.aio.server(
+            interceptors=[RejectUndecodable()],
+            options=grpc_options(settings, reuse_port=settings.reuse_port),
+        )
         queue_service_pb2_grpc.add_QueueServiceServicer_to_server(
             QueueService(engine, max_message_size=settings.max_message_size), server
         )

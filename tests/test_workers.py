@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import time
@@ -11,9 +12,8 @@ import grpc
 import psutil
 import pytest
 from postbox.v1 import message_service_pb2 as pb
-from postbox.v1 import message_service_pb2_grpc
+from postbox.v1 import message_service_pb2_grpc, queue_service_pb2_grpc
 from postbox.v1 import queue_service_pb2 as qpb
-from postbox.v1 import queue_service_pb2_grpc
 from support import ROOT, ServerProcess
 
 
@@ -37,7 +37,7 @@ async def test_workers_share_the_port_and_each_listens(workers, database_url):
             )
             if len(listeners) >= 2 or time.monotonic() > deadline:
                 break
-            time.sleep(0.1)
+            await asyncio.sleep(0.1)
     finally:
         await conn.close()
     assert len(listeners) >= 2  # the session server of this run listens too
@@ -74,5 +74,5 @@ def test_stopping_the_parent_stops_every_worker(database_url):
     process = ServerProcess(database_url, "--workers", "2").start()
     children = psutil.Process(process.process.pid).children()
     assert process.stop() == 0
-    gone, alive = psutil.wait_procs(children, timeout=10)
+    _, alive = psutil.wait_procs(children, timeout=10)
     assert not alive

@@ -28,6 +28,7 @@ class Stopwatch:
         self.first = time.perf_counter()
         self.all_seen = asyncio.Event()
         self.expected = -1
+        self.redelivered = 0
 
     def body(self, i: int) -> bytes:
         self.started[i] = time.perf_counter()
@@ -35,7 +36,10 @@ class Stopwatch:
 
     def arrived(self, body: bytes) -> None:
         now = time.perf_counter()
-        started = self.started.pop(int(body.split(b":", 1)[0]))
+        started = self.started.pop(int(body.split(b":", 1)[0]), None)
+        if started is None:  # delivered again: its visibility ran out before the delete
+            self.redelivered += 1
+            return
         if started - self.first >= WARMUP:
             self.latencies.append(now - started)
         if self.expected >= 0 and not self.started:

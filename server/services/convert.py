@@ -15,12 +15,26 @@ from postbox.v1 import message_pb2
 
 from server.errors import invalid
 
+# The range google.protobuf.Duration defines (about 10,000 years).
+_MAX_DURATION_SECONDS = 315_576_000_000
+
 
 def optional_timedelta(message: ProtoMessage, field: str) -> timedelta | None:
-    """The Duration field as a timedelta, or None when it is unset."""
+    """The Duration field as a timedelta, None when unset; INVALID_ARGUMENT when malformed."""
     if not message.HasField(field):
         return None
-    return getattr(message, field).ToTimedelta()
+    value = getattr(message, field)
+    # The wire carries any int64/int32: check what Duration allows before converting.
+    if (
+        abs(value.seconds) > _MAX_DURATION_SECONDS
+        or abs(value.nanos) > 999_999_999
+        or value.seconds * value.nanos < 0
+    ):
+        raise invalid(
+            f"{field} is not a valid duration: seconds within ±{_MAX_DURATION_SECONDS:,} and "
+            "nanos within ±999,999,999, both of the same sign"
+        )
+    return value.ToTimedelta()
 
 
 def seconds(duration: Duration) -> float:

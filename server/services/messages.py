@@ -28,6 +28,10 @@ MAX_IDLE = timedelta(hours=24)
 # an orderly (empty) end of stream rather than DEADLINE_EXCEEDED.
 _DEADLINE_MARGIN = 0.05
 
+# While the database is away a continuous stream looks again as soon as the wake-up
+# listener has reconnected, or after this many seconds at the latest.
+_OUTAGE_RETRY = 5.0
+
 _OUTCOME_STATUS = {
     "ok": (grpc.StatusCode.OK, ""),
     "invalid": (grpc.StatusCode.INVALID_ARGUMENT, "receipt is malformed"),
@@ -114,7 +118,11 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
         while not self.hub.closing:
             generation = self.hub.generation(queue)
             want = min(max_messages, remaining) if remaining else max_messages
-            rows = await self._claim(queue, want, visibility_timeout)
+            try:
+                rows = await self._claim(queue, want, visibility_timeout)
+            except ApiError as error:
+                await self._ride_out(error, continuous)
+                continue
             if rows:
                 try:
                     yield pb.ReceiveResponse(messages=[convert.message(row) for row in rows])
@@ -147,10 +155,24 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
             timeout = None if until is None else until - loop.time()
             if timeout is not None and timeout <= 0:
                 return
-            next_visible = await self.engine.next_visible_at(queue)
+            try:
+                next_visible = await self.engine.next_visible_at(queue)
+            except ApiError as error:
+                await self._ride_out(error, continuous)
+                continue
             if next_visible is not None:
                 self.hub.wake_at(queue, next_visible)
             await self.hub.wait(queue, generation, timeout)
+
+    async def _ride_out(self, error: ApiError, continuous: bool) -> None:
+        """A continuous stream outlives a database outage: it waits for the database to
+        answer again and goes on. Any other error, or any error of a long poll, ends it."""
+        if not continuous or error.code != grpc.StatusCode.UNAVAILABLE:
+            raise error
+        if self.hub.listening:
+            # The listener has not noticed the outage yet: do not spin on a dead pool.
+            await asyncio.sleep(1.0)
+        await self.hub.until_listening(_OUTAGE_RETRY)
 
     async def _claim(
         self, queue: str, count: int, visibility_timeout: timedelta | None

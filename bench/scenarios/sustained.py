@@ -97,7 +97,7 @@ async def run(ctx: Context) -> list[Row]:
         observer = asyncio.ensure_future(observe())
         try:
             await fixed_rate(send, rate=ctx.sustained_rate, seconds=ctx.sustained_seconds)
-            await watch.finish(int(ctx.sustained_rate * ctx.sustained_seconds), timeout=60)
+            await watch.finish(int(ctx.sustained_rate * ctx.sustained_seconds), timeout=30)
         finally:
             observer.cancel()
             for task in consumers:
@@ -113,8 +113,12 @@ async def run(ctx: Context) -> list[Row]:
     after = await _table_stats(monitor)
     await monitor.close()
 
+    backlog = len(watch.started)
     first, last = windows[0], windows[-1]
-    pace = f"{len(windows)} windows of {WINDOW:.0f} s at {ctx.sustained_rate:.0f} msg/s"
+    pace = (
+        f"{len(windows)} windows of {WINDOW:.0f} s at {ctx.sustained_rate:.0f} msg/s; "
+        f"{backlog} sent but not received 30 s after the last send"
+    )
     note = (
         f"pinned xid {pinned_xid}; at the end {before['n_dead_tup']:,} dead tuples, heap "
         f"{before['heap_bytes'] / 2**20:.1f} MiB, indexes {before['index_bytes'] / 2**20:.1f} MiB; "

@@ -15,6 +15,7 @@ from server.db.engine import Engine, Record
 from server.db.group_commit import GroupCommit, SendEntry
 from server.errors import ApiError, invalid
 from server.services import convert
+from server.services.prefetch import Prefetch
 from server.services.status import reports_errors
 from server.wakeup import WakeHub
 
@@ -31,6 +32,11 @@ _DEADLINE_MARGIN = 0.05
 # While the database is away a continuous stream looks again as soon as the wake-up
 # listener has reconnected, or after this many seconds at the latest.
 _OUTAGE_RETRY = 5.0
+
+# How long a continuous stream waits for its consumer to settle an older batch
+# before claiming more (see prefetch.py).
+_PATIENCE = 1.0
+_DEFAULT_LEASE = timedelta(seconds=30)  # stands for the queue's when the request has none
 
 _OUTCOME_STATUS = {
     "ok": (grpc.StatusCode.OK, ""),
@@ -56,6 +62,7 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
         self.engine = engine
         self.hub = hub
         self.sends = GroupCommit(engine)
+        self.prefetch = Prefetch()
 
     @reports_errors
     async def Send(
@@ -115,7 +122,14 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
         remaining = request.max_total_messages or None
         wait_until = None if wait is None else started + wait.total_seconds()
         idle_until = None if idle is None else started + idle.total_seconds()
+        window = self.prefetch.open() if continuous else None
+        if window is not None:
+            context.add_done_callback(lambda _: window.close())
+            # Half a lease at most, so an unsettled batch's messages are not yet due again.
+            patience = min(_PATIENCE, (visibility_timeout or _DEFAULT_LEASE).total_seconds() / 2)
         while not self.hub.closing:
+            if window is not None:
+                await window.room(patience)
             generation = self.hub.generation(queue)
             want = min(max_messages, remaining) if remaining else max_messages
             try:
@@ -130,6 +144,8 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
                     # The stream died with this batch in hand: it never reached the client.
                     await self._release(queue, rows)
                     raise
+                if window is not None:
+                    window.delivered(row["receipt"] for row in rows)
                 if len(rows) == want:
                     self.hub.wake(queue)  # there may be more: let another stream look too
                 if not continuous:
@@ -205,6 +221,7 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
         self, request: pb.DeleteRequest, context: grpc.aio.ServicerContext
     ) -> pb.DeleteResponse:
         await self.engine.delete(request.queue, request.receipt)
+        self.prefetch.settled([request.receipt])
         return pb.DeleteResponse()
 
     @reports_errors
@@ -212,6 +229,7 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
         self, request: pb.DeleteBatchRequest, context: grpc.aio.ServicerContext
     ) -> pb.DeleteBatchResponse:
         outcomes = await self.engine.delete_batch(request.queue, list(request.receipts))
+        self.prefetch.settled(request.receipts)  # ok, stale or gone: none is pending now
         return pb.DeleteBatchResponse(results=_batch_results(outcomes))
 
     @reports_errors
@@ -222,6 +240,7 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
         if timeout is None:
             raise invalid("visibility_timeout is required (0 makes the message visible at once)")
         await self.engine.change_visibility(request.queue, request.receipt, timeout)
+        self.prefetch.settled([request.receipt])
         if timeout == timedelta(0):
             self.hub.wake(request.queue)
         return pb.ChangeVisibilityResponse()
@@ -238,6 +257,7 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
             receipts.append(entry.receipt)
             timeouts.append(timeout)
         outcomes = await self.engine.change_visibility_batch(request.queue, receipts, timeouts)
+        self.prefetch.settled(receipts)
         if timedelta(0) in timeouts:
             self.hub.wake(request.queue)
         return pb.ChangeVisibilityBatchResponse(results=_batch_results(outcomes))

@@ -21,7 +21,7 @@ log = logging.getLogger("postbox")
 
 def _serve(args: argparse.Namespace) -> int:
     from server.app import serve
-    from server.workers import serve_workers
+    from server.processes import serve_workers
 
     settings = Settings(
         database_url=args.database_url,
@@ -31,6 +31,8 @@ def _serve(args: argparse.Namespace) -> int:
         pool_size=args.pool_size,
         max_message_size=args.max_message_size,
         safety_poll_interval=args.safety_poll_interval,
+        maintenance_interval=args.maintenance_interval,
+        expiry_interval=args.expiry_interval,
         reuse_port=args.reuse_port,
     )
     if args.workers > 1:
@@ -145,6 +147,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="largest message in bytes any queue may accept (default: %(default)s)",
     )
     serve.add_argument("--safety-poll-interval", type=float, default=Settings.safety_poll_interval)
+    serve.add_argument(
+        "--maintenance-interval",
+        type=float,
+        default=Settings.maintenance_interval,
+        help="seconds between steps of redrive tasks (default: %(default)s)",
+    )
+    serve.add_argument(
+        "--expiry-interval",
+        type=float,
+        default=Settings.expiry_interval,
+        help="seconds between sweeps for expired messages and records (default: %(default)s)",
+    )
     serve.add_argument(
         "--workers",
         type=int,

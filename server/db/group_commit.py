@@ -21,39 +21,15 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
-from datetime import timedelta
 
 import asyncpg
 import grpc
 
-from server.db.engine import Engine
+from server.db.engine import Engine, OutgoingMessage
 from server.db.errors import translate
 from server.errors import ApiError
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class SendEntry:
-    """One message of a Send, as the engine's send_batch takes it. New Send fields go here."""
-
-    queue: str
-    body: bytes
-    attributes: str | None = None
-    delay: timedelta | None = None
-
-
-def send_columns(
-    entries: list[SendEntry],
-) -> tuple[list[bytes], list[str | None] | None, list[timedelta | None] | None]:
-    """Entries as the engine's send_batch columns; a column of only NULLs is left out."""
-    attributes = [e.attributes for e in entries]
-    delays = [e.delay for e in entries]
-    return (
-        [e.body for e in entries],
-        attributes if any(a is not None for a in attributes) else None,
-        delays if any(d is not None for d in delays) else None,
-    )
 
 
 def _entry_fault(error: ApiError) -> bool:
@@ -61,12 +37,17 @@ def _entry_fault(error: ApiError) -> bool:
     return error.code != grpc.StatusCode.UNAVAILABLE
 
 
+# What a send returns: the message id, and whether it was a duplicate (deduplication).
+Sent = tuple[int, bool]
+
+
 @dataclass
 class _Waiting:
-    entry: SendEntry
-    future: asyncio.Future[int] = field(repr=False)
+    queue: str
+    message: OutgoingMessage
+    future: asyncio.Future[Sent] = field(repr=False)
 
-    def settle(self, outcome: int | ApiError) -> None:
+    def settle(self, outcome: Sent | ApiError) -> None:
         if self.future.done():  # the caller went away meanwhile
             return
         if isinstance(outcome, ApiError):
@@ -97,10 +78,10 @@ class GroupCommit:
         self._timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[None]] = set()
 
-    async def send(self, entry: SendEntry) -> int:
-        """Sends one message; returns its id once the transaction holding it has committed."""
+    async def send(self, queue: str, message: OutgoingMessage) -> Sent:
+        """Sends one message; returns (id, duplicate) once its transaction has committed."""
         loop = asyncio.get_running_loop()
-        waiting = _Waiting(entry, loop.create_future())
+        waiting = _Waiting(queue, message, loop.create_future())
         self._waiting.append(waiting)
         if len(self._waiting) >= self._max_size or self._in_flight == 0:
             # Idle database: go now, after the other sends of this loop turn joined.
@@ -145,40 +126,39 @@ class GroupCommit:
             if self._waiting:
                 self._flush()  # the next group filled up while this one committed
 
-    async def _run(self, group: list[_Waiting]) -> list[int | ApiError]:
-        entries = [w.entry for w in group]
+    async def _run(self, group: list[_Waiting]) -> list[Sent | ApiError]:
         async with self._engine.pool.acquire() as conn:
             try:
                 async with conn.transaction():
-                    return list(await self._send_by_queue(conn, entries))
+                    return list(await self._send_by_queue(conn, group))
             except ApiError as error:
-                if not _entry_fault(error) or len(entries) == 1:
+                if not _entry_fault(error) or len(group) == 1:
                     raise
-                log.debug("group of %d rolled back (%s); isolating", len(entries), error.message)
+                log.debug("group of %d rolled back (%s); isolating", len(group), error.message)
             # Rolled back, so nothing was committed: send again, each in a savepoint.
-            outcomes: list[int | ApiError] = []
+            outcomes: list[Sent | ApiError] = []
             async with conn.transaction():
-                for entry in entries:
+                for waiting in group:
                     try:
                         async with conn.transaction():
-                            (message_id,) = await self._send_by_queue(conn, [entry])
-                        outcomes.append(message_id)
+                            (sent,) = await self._send_by_queue(conn, [waiting])
+                        outcomes.append(sent)
                     except ApiError as error:
                         if not _entry_fault(error):
                             raise
                         outcomes.append(error)
             return outcomes
 
-    async def _send_by_queue(self, conn: asyncpg.Connection, entries: list[SendEntry]) -> list[int]:
-        """Ids in entry order; one send_batch per queue, in name order so that
+    async def _send_by_queue(self, conn: asyncpg.Connection, group: list[_Waiting]) -> list[Sent]:
+        """Results in group order; one send_batch per queue, in name order so that
         concurrent groups take the queues' locks in the same order."""
         positions: dict[str, list[int]] = {}
-        for position, entry in enumerate(entries):
-            positions.setdefault(entry.queue, []).append(position)
-        ids = [0] * len(entries)
+        for position, waiting in enumerate(group):
+            positions.setdefault(waiting.queue, []).append(position)
+        results: list[Sent] = [(0, False)] * len(group)
         for queue in sorted(positions):
-            batch = [entries[p] for p in positions[queue]]
-            sent = await self._engine.send_batch(queue, *send_columns(batch), conn=conn)
-            for position, message_id in zip(positions[queue], sent, strict=True):
-                ids[position] = message_id
-        return ids
+            messages = [group[p].message for p in positions[queue]]
+            sent = await self._engine.send_batch(queue, messages, conn=conn)
+            for position, result in zip(positions[queue], sent, strict=True):
+                results[position] = result
+        return results

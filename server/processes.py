@@ -45,6 +45,8 @@ def worker_command(settings: Settings, dsn: str, log_level: str) -> list[str]:
         "--pool-size", str(settings.pool_size),
         "--max-message-size", str(settings.max_message_size),
         "--safety-poll-interval", str(settings.safety_poll_interval),
+        "--maintenance-interval", str(settings.maintenance_interval),
+        "--expiry-interval", str(settings.expiry_interval),
         "--reuse-port",
     ]  # fmt: skip
 

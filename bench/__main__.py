@@ -24,6 +24,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="superuser URL of a PostgreSQL to create the run's database on "
         "(default: an embedded PostgreSQL)",
     )
+    parser.add_argument(
+        "--apply-sql",
+        type=Path,
+        action="append",
+        help="run this SQL file after installing the engine (e.g. bench/proposals/*.sql)",
+    )
     parser.add_argument("--json", type=Path, help="also write the results as JSON to this path")
     parser.add_argument("--seconds", type=float, default=5.0, help="measuring time per figure")
     parser.add_argument("--body-size", type=int, default=100, help="message body bytes")
@@ -32,6 +38,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--sustained-rate", type=float, default=200.0, help="msgs/s of the sustained run"
+    )
+    parser.add_argument(
+        "--no-pin",
+        action="store_true",
+        help="sustained run without the transaction that pins the xmin horizon (for comparison)",
     )
     parser.add_argument(
         "--only",
@@ -49,8 +60,9 @@ async def run(args: argparse.Namespace) -> Report:
     unknown = [name for name in names if name not in SCENARIOS]
     if unknown:
         raise SystemExit(f"unknown scenario(s): {', '.join(unknown)}; see --list")
-    async with BenchDatabase(args.database_url) as db:
+    async with BenchDatabase(args.database_url, args.apply_sql) as db:
         report.machine = describe_machine(db)
+        report.machine["applied_sql"] = [str(p) for p in args.apply_sql or []]
         ctx = Context(db, args.seconds, args.body_size, args.sustained_seconds, args.sustained_rate)
         try:
             for name in names:

@@ -21,8 +21,10 @@ RAW_TABLE = "bench_raw.messages"
 class BenchDatabase:
     """Owns the database of one run: created with the engine installed, dropped at the end."""
 
-    def __init__(self, admin_url: str | None) -> None:
+    def __init__(self, admin_url: str | None, apply_sql: list[Path] | None = None) -> None:
         self._admin_url = admin_url
+        # SQL run after the engine is installed: engine changes measured before they land.
+        self._apply_sql = apply_sql or []
         self._embedded: EmbeddedPostgres | None = None
         self._directory: str | None = None
         self.url = ""
@@ -47,6 +49,8 @@ class BenchDatabase:
         conn = await asyncpg.connect(self.url)
         try:
             await migrate(conn)
+            for path in self._apply_sql:
+                await conn.execute(path.read_text())
             await conn.execute(
                 f"""
                 CREATE SCHEMA bench_raw;

@@ -84,6 +84,7 @@ class Context:
     body_size: int
     sustained_seconds: float
     sustained_rate: float
+    sustained_pin: bool = True
     # Scenario output beyond the table (e.g. the sustained run's windows), kept in the JSON.
     extra: dict[str, Any] = field(default_factory=dict)
     _servers: dict[str, Served] = field(default_factory=dict)

@@ -48,8 +48,10 @@ async def run(ctx: Context) -> list[Row]:
     watch = Stopwatch(ctx.body_size)
     monitor = await asyncpg.connect(ctx.db.url)
     pin = await asyncpg.connect(ctx.db.url)
-    await pin.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
-    pinned_xid = await pin.fetchval("SELECT txid_current()")
+    pinned_xid = None
+    if ctx.sustained_pin:
+        await pin.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        pinned_xid = await pin.fetchval("SELECT txid_current()")
     deleted = 0
     windows: list[dict[str, float]] = []
 
@@ -105,7 +107,8 @@ async def run(ctx: Context) -> list[Row]:
             await asyncio.gather(observer, *consumers, return_exceptions=True)
 
     before = await _table_stats(monitor)
-    await pin.execute("ROLLBACK")
+    if ctx.sustained_pin:
+        await pin.execute("ROLLBACK")
     await pin.close()
     vacuum_started = time.monotonic()
     await monitor.execute("VACUUM postbox.messages")
@@ -114,13 +117,14 @@ async def run(ctx: Context) -> list[Row]:
     await monitor.close()
 
     backlog = len(watch.started)
+    pin_text = f"pinned xid {pinned_xid}" if pinned_xid else "horizon not pinned"
     first, last = windows[0], windows[-1]
     pace = (
         f"{len(windows)} windows of {WINDOW:.0f} s at {ctx.sustained_rate:.0f} msg/s; "
         f"{backlog} sent but not received 30 s after the last send"
     )
     note = (
-        f"pinned xid {pinned_xid}; at the end {before['n_dead_tup']:,} dead tuples, heap "
+        f"{pin_text}; at the end {before['n_dead_tup']:,} dead tuples, heap "
         f"{before['heap_bytes'] / 2**20:.1f} MiB, indexes {before['index_bytes'] / 2**20:.1f} MiB; "
         f"VACUUM after unpinning took {vacuum_seconds:.1f} s and left {after['n_dead_tup']:,} dead"
     )

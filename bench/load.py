@@ -63,8 +63,31 @@ async def closed_loop(
     return Load(counted, seconds, latencies)
 
 
-async def fixed_rate(send: Callable[[int], Awaitable[None]], *, rate: float, seconds: float) -> int:
-    """Starts send(i) every 1/rate seconds for `seconds`, without waiting for earlier ones."""
+@dataclass
+class Paced:
+    """What a fixed-rate run achieved: sends started, over how long."""
+
+    sent: int
+    seconds: float
+
+    @property
+    def rate(self) -> float:
+        return self.sent / self.seconds if self.seconds > 0 else 0.0
+
+
+async def fixed_rate(
+    send: Callable[[int], Awaitable[None]],
+    *,
+    rate: float,
+    seconds: float,
+    max_in_flight: int = 256,
+) -> Paced:
+    """Starts send(i) every 1/rate seconds for `seconds`, without waiting for earlier ones.
+
+    At most `max_in_flight` sends are outstanding: past that the schedule slips
+    (the achieved rate says by how much) rather than piling up calls until gRPC
+    cancels them.
+    """
     loop = asyncio.get_running_loop()
     start = loop.time()
     tasks: set[asyncio.Task[None]] = set()
@@ -73,9 +96,12 @@ async def fixed_rate(send: Callable[[int], Awaitable[None]], *, rate: float, sec
         delay = start + i / rate - loop.time()
         if delay > 0:
             await asyncio.sleep(delay)
+        while len(tasks) >= max_in_flight:
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         task = asyncio.create_task(send(i))
         tasks.add(task)
         task.add_done_callback(tasks.discard)
+    elapsed = loop.time() - start
     if tasks:
         await asyncio.gather(*tasks)
-    return count
+    return Paced(count, elapsed)

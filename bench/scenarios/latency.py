@@ -11,7 +11,7 @@ import grpc
 from postbox.v1 import message_service_pb2 as pb
 
 from bench import raw
-from bench.load import Load, fixed_rate
+from bench.load import Load, Paced, fixed_rate
 from bench.processes import cpu_share
 from bench.runner import Context, Row, message_stub, scenario
 
@@ -55,7 +55,7 @@ class Stopwatch:
         return Load(len(self.latencies), 0.0, self.latencies)
 
 
-async def ours(ctx: Context, seconds: float) -> tuple[Load, float, int]:
+async def ours(ctx: Context, seconds: float) -> tuple[Load, float, int, Paced]:
     served = ctx.postbox()
     queue = await ctx.new_queue(served.target, "latency")
     watch = Stopwatch(ctx.body_size)
@@ -89,17 +89,17 @@ async def ours(ctx: Context, seconds: float) -> tuple[Load, float, int]:
         consuming = asyncio.ensure_future(consume())
         await asyncio.sleep(0.3)  # the stream waits before the first send
         before = served.cpu()
-        sent = await fixed_rate(send, rate=RATE, seconds=seconds)
+        paced = await fixed_rate(send, rate=RATE, seconds=seconds)
         cpu = cpu_share(before, served.cpu())
-        load = await watch.finish(sent)
+        load = await watch.finish(paced.sent)
         unseen = len(watch.started)
         stream.cancel()
         consuming.cancel()
         await asyncio.gather(consuming, *deletes, return_exceptions=True)
-    return load, cpu, unseen
+    return load, cpu, unseen, paced
 
 
-async def theirs(ctx: Context, seconds: float) -> Load:
+async def theirs(ctx: Context, seconds: float) -> tuple[Load, Paced]:
     """The same flow on raw PostgreSQL: INSERT + NOTIFY, a LISTENing consumer that claims."""
     watch = Stopwatch(ctx.body_size)
     pool = await ctx.db.pool(4)
@@ -121,8 +121,8 @@ async def theirs(ctx: Context, seconds: float) -> Load:
 
     consuming = asyncio.ensure_future(consume())
     try:
-        sent = await fixed_rate(send, rate=RATE, seconds=seconds)
-        return await watch.finish(sent)
+        paced = await fixed_rate(send, rate=RATE, seconds=seconds)
+        return await watch.finish(paced.sent), paced
     finally:
         consuming.cancel()
         await asyncio.gather(consuming, return_exceptions=True)
@@ -134,8 +134,8 @@ async def theirs(ctx: Context, seconds: float) -> Load:
 @scenario("send_to_stream_latency", "send->stream latency p50/p99/p999 at 1k msg/s")
 async def run(ctx: Context) -> list[Row]:
     seconds = max(ctx.seconds * 2, 5.0)
-    mine, cpu, mine_unseen = await ours(ctx, seconds)
-    raw_load = await theirs(ctx, seconds)
+    mine, cpu, mine_unseen, mine_paced = await ours(ctx, seconds)
+    raw_load, raw_paced = await theirs(ctx, seconds)
     rows = []
     for label, fraction in (("p50", 0.5), ("p99", 0.99), ("p999", 0.999)):
         row = Row(
@@ -147,7 +147,10 @@ async def run(ctx: Context) -> list[Row]:
         )
         if label == "p50":
             row.target, row.met = "<= 3 ms", row.ours <= 3.0
-            row.note = f"{mine.operations} samples; server CPU {cpu:.0%}"
+            row.note = (
+                f"{mine.operations} samples; sent at {mine_paced.rate:,.0f}/s "
+                f"(raw {raw_paced.rate:,.0f}/s); server CPU {cpu:.0%}"
+            )
             if mine_unseen:
                 row.note += f"; {mine_unseen} not arrived 10 s after the last send"
         rows.append(row)

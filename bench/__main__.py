@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import logging
 import os
+import signal
 import sys
 import time
 import traceback
@@ -86,7 +87,12 @@ async def run(args: argparse.Namespace) -> Report:
     return report
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # asyncio.run then unwinds: servers stop, the database is dropped
+
+
 def main(argv: list[str] | None = None) -> None:
+    signal.signal(signal.SIGTERM, _interrupt)
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     if args.list:

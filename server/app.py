@@ -84,20 +84,28 @@ async def install_engine(dsn: str) -> None:
     log.info("postbox SQL %s installed", format_version(version))
 
 
-async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
-    """Serves until `stop` is set (or SIGINT/SIGTERM arrives), then shuts down in order."""
-    stop = stop or asyncio.Event()
+def stop_on_signals(stop: asyncio.Event) -> None:
+    """SIGINT and SIGTERM set `stop`."""
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
 
-    embedded = None
-    dsn = settings.database_url
-    if dsn is None:
-        embedded = EmbeddedPostgres(settings.data_dir)
-        await asyncio.to_thread(embedded.start)
-        dsn = await embedded.ensure_database()
+
+async def open_database(settings: Settings) -> tuple[str, EmbeddedPostgres | None]:
+    """The database URL to serve from, starting the embedded PostgreSQL when none is given."""
+    if settings.database_url is not None:
+        return settings.database_url, None
+    embedded = EmbeddedPostgres(settings.data_dir)
+    await asyncio.to_thread(embedded.start)
+    return await embedded.ensure_database(), embedded
+
+
+async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
+    """Serves until `stop` is set (or SIGINT/SIGTERM arrives), then shuts down in order."""
+    stop = stop or asyncio.Event()
+    stop_on_signals(stop)
+    dsn, embedded = await open_database(settings)
     engine = hub = server = None
     tasks: list[asyncio.Task[None]] = []
     try:

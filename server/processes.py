@@ -12,15 +12,13 @@ service manager sees the failure instead of a silently smaller server.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import signal
 import socket
 import sys
 
-from server.app import install_engine
+from server.app import install_engine, open_database, stop_on_signals
 from server.config import Settings
-from server.embedded import EmbeddedPostgres
 
 log = logging.getLogger(__name__)
 
@@ -57,17 +55,8 @@ async def serve_workers(settings: Settings, workers: int, log_level: str) -> int
         raise ValueError("--workers needs a fixed --grpc-port for the workers to share")
     _check_port_free(settings.grpc_host, settings.grpc_port)
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop.set)
-
-    embedded = None
-    dsn = settings.database_url
-    if dsn is None:
-        embedded = EmbeddedPostgres(settings.data_dir)
-        await asyncio.to_thread(embedded.start)
-        dsn = await embedded.ensure_database()
+    stop_on_signals(stop)
+    dsn, embedded = await open_database(settings)
     processes: list[asyncio.subprocess.Process] = []
     try:
         await install_engine(dsn)  # once, before the workers race for it

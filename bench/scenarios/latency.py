@@ -16,6 +16,8 @@ from bench.processes import cpu_share
 from bench.runner import Context, Row, message_stub, scenario
 
 RATE = 1000.0
+# Also measured well below saturation, so the figure shows the path, not a queue.
+LOW_RATE = 100.0
 WARMUP = 0.5
 
 
@@ -55,7 +57,7 @@ class Stopwatch:
         return Load(len(self.latencies), 0.0, self.latencies)
 
 
-async def ours(ctx: Context, seconds: float) -> tuple[Load, float, int, Paced]:
+async def ours(ctx: Context, seconds: float, rate: float) -> tuple[Load, float, int, Paced]:
     served = ctx.postbox()
     queue = await ctx.new_queue(served.target, "latency")
     watch = Stopwatch(ctx.body_size)
@@ -89,7 +91,7 @@ async def ours(ctx: Context, seconds: float) -> tuple[Load, float, int, Paced]:
         consuming = asyncio.ensure_future(consume())
         await asyncio.sleep(0.3)  # the stream waits before the first send
         before = served.cpu()
-        paced = await fixed_rate(send, rate=RATE, seconds=seconds)
+        paced = await fixed_rate(send, rate=rate, seconds=seconds)
         cpu = cpu_share(before, served.cpu())
         load = await watch.finish(paced.sent)
         unseen = len(watch.started)
@@ -99,7 +101,7 @@ async def ours(ctx: Context, seconds: float) -> tuple[Load, float, int, Paced]:
     return load, cpu, unseen, paced
 
 
-async def theirs(ctx: Context, seconds: float) -> tuple[Load, Paced]:
+async def theirs(ctx: Context, seconds: float, rate: float) -> tuple[Load, Paced]:
     """The same flow on raw PostgreSQL: INSERT + NOTIFY, a LISTENing consumer that claims."""
     watch = Stopwatch(ctx.body_size)
     pool = await ctx.db.pool(4)
@@ -121,7 +123,7 @@ async def theirs(ctx: Context, seconds: float) -> tuple[Load, Paced]:
 
     consuming = asyncio.ensure_future(consume())
     try:
-        paced = await fixed_rate(send, rate=RATE, seconds=seconds)
+        paced = await fixed_rate(send, rate=rate, seconds=seconds)
         return await watch.finish(paced.sent), paced
     finally:
         consuming.cancel()
@@ -131,27 +133,32 @@ async def theirs(ctx: Context, seconds: float) -> tuple[Load, Paced]:
         await pool.close()
 
 
-@scenario("send_to_stream_latency", "send->stream latency p50/p99/p999 at 1k msg/s")
+@scenario(
+    "send_to_stream_latency",
+    f"send->stream latency p50/p99/p999 at {RATE:,.0f} msg/s (and at {LOW_RATE:,.0f} msg/s)",
+)
 async def run(ctx: Context) -> list[Row]:
     seconds = max(ctx.seconds * 2, 5.0)
-    mine, cpu, mine_unseen, mine_paced = await ours(ctx, seconds)
-    raw_load, raw_paced = await theirs(ctx, seconds)
     rows = []
-    for label, fraction in (("p50", 0.5), ("p99", 0.99), ("p999", 0.999)):
-        row = Row(
-            f"send->stream {label} @1k/s",
-            "ms",
-            mine.latency_ms(fraction),
-            raw_load.latency_ms(fraction),
-            "INSERT+NOTIFY -> LISTEN+SKIP LOCKED",
-        )
-        if label == "p50":
-            row.target, row.met = "<= 3 ms", row.ours <= 3.0
-            row.note = (
-                f"{mine.operations} samples; sent at {mine_paced.rate:,.0f}/s "
-                f"(raw {raw_paced.rate:,.0f}/s); server CPU {cpu:.0%}"
+    for rate in (RATE, LOW_RATE):
+        mine, cpu, mine_unseen, mine_paced = await ours(ctx, seconds, rate)
+        raw_load, raw_paced = await theirs(ctx, seconds, rate)
+        for label, fraction in (("p50", 0.5), ("p99", 0.99), ("p999", 0.999)):
+            row = Row(
+                f"send->stream {label} @{rate:,.0f}/s",
+                "ms",
+                mine.latency_ms(fraction),
+                raw_load.latency_ms(fraction),
+                "INSERT+NOTIFY -> LISTEN+SKIP LOCKED",
             )
-            if mine_unseen:
-                row.note += f"; {mine_unseen} not arrived 10 s after the last send"
-        rows.append(row)
+            if label == "p50":
+                if rate == RATE:
+                    row.target, row.met = "<= 3 ms", row.ours <= 3.0
+                row.note = (
+                    f"{mine.operations} samples; sent at {mine_paced.rate:,.0f}/s "
+                    f"(raw {raw_paced.rate:,.0f}/s); server CPU {cpu:.0%}"
+                )
+                if mine_unseen:
+                    row.note += f"; {mine_unseen} not arrived 10 s after the last send"
+            rows.append(row)
     return rows

@@ -155,4 +155,11 @@ def test_the_shim_still_answers(sqs_shim, sqs):
         half_close=False,
     )
     assert status == 200
-    assert "Traceback" not in sqs_shim.log()
+    # aiohttp logs each unparsable request at ERROR (having answered it 400);
+    # nothing of the shim's own may fail.
+    errors = [
+        line
+        for line in sqs_shim.log().splitlines()
+        if " ERROR " in line and " aiohttp.server: Error handling request" not in line
+    ]
+    assert not errors, errors

@@ -22,7 +22,7 @@ from bench.load import fixed_rate, percentile
 from bench.runner import Context, Row, message_stub, scenario
 from bench.scenarios.latency import Stopwatch
 
-CONSUMERS = 2
+CONSUMERS = 8
 WINDOW = 30.0
 
 TABLE_STATS = """
@@ -110,6 +110,12 @@ async def run(ctx: Context) -> list[Row]:
     if ctx.sustained_pin:
         await pin.execute("ROLLBACK")
     await pin.close()
+    # Whoever still holds the horizon back once the pin is gone (expected: nobody).
+    holders = await monitor.fetch(
+        "SELECT pid, application_name, state, backend_xmin::text, now() - xact_start AS open "
+        "FROM pg_stat_activity WHERE backend_xmin IS NOT NULL AND pid <> pg_backend_pid()"
+    )
+    ctx.extra["horizon_holders_after_unpin"] = [dict(r) for r in holders]
     vacuum_started = time.monotonic()
     await monitor.execute("VACUUM postbox.messages")
     vacuum_seconds = time.monotonic() - vacuum_started

@@ -29,7 +29,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--apply-sql",
         type=Path,
         action="append",
-        help="run this SQL file after installing the engine (e.g. bench/proposals/*.sql)",
+        help="run this SQL file after installing the engine: measure a proposed engine change",
     )
     parser.add_argument("--json", type=Path, help="also write the results as JSON to this path")
     parser.add_argument("--seconds", type=float, default=5.0, help="measuring time per figure")

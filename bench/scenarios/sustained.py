@@ -110,6 +110,18 @@ async def run(ctx: Context) -> list[Row]:
     if ctx.sustained_pin:
         await pin.execute("ROLLBACK")
     await pin.close()
+    # Claims that began under the pin still hold its snapshot for a moment (at the
+    # end of the first runs they did, and the VACUUM removed nothing): wait them out.
+    if pinned_xid is not None:
+        for _ in range(300):
+            held = await monitor.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE pid <> pg_backend_pid() "
+                "AND backend_xmin IS NOT NULL AND age(backend_xmin) >= age($1::text::xid)",
+                str(pinned_xid),
+            )
+            if not held:
+                break
+            await asyncio.sleep(0.1)
     # Whoever still holds the horizon back once the pin is gone (expected: nobody).
     holders = await monitor.fetch(
         "SELECT pid, application_name, state, backend_xmin::text, now() - xact_start AS open "

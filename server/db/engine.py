@@ -110,9 +110,11 @@ class Engine:
     async def close(self) -> None:
         await self.pool.close()
 
-    async def _call(self, method: str, name: str, *args: Any) -> Any:
+    async def _call(
+        self, method: str, name: str, *args: Any, conn: asyncpg.Connection | None = None
+    ) -> Any:
         try:
-            return await getattr(self.pool, method)(self._sql[name], *args)
+            return await getattr(conn or self.pool, method)(self._sql[name], *args)
         except Exception as exc:
             raise translate(exc) from exc
 
@@ -182,14 +184,21 @@ class Engine:
     # Messages.
 
     async def send_batch(
-        self, queue: str, messages: Sequence[OutgoingMessage]
+        self,
+        queue: str,
+        messages: Sequence[OutgoingMessage],
+        *,
+        conn: asyncpg.Connection | None = None,
     ) -> list[tuple[int, bool]]:
-        """(message id, duplicate) per message, in order."""
+        """(message id, duplicate) per message, in order. On `conn` it joins that connection's
+        transaction (group commit)."""
         options = []
         for name in _SEND_OPTIONS:
             values = [getattr(message, name) for message in messages]
             options.append(_optional_column(values))
-        rows = await self._call("fetch", "send_batch", queue, [m.body for m in messages], *options)
+        rows = await self._call(
+            "fetch", "send_batch", queue, [m.body for m in messages], *options, conn=conn
+        )
         return [(row[0], row[1]) for row in rows]
 
     async def receive(

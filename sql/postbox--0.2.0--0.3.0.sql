@@ -1359,4 +1359,15 @@ BEGIN
 END
 $$;
 
+-- How many of these receipts still hold their message in flight (not deleted,
+-- not given back, not delivered again, lease not run out). A continuous stream
+-- asks this when its consumer may have settled messages through another server.
+CREATE OR REPLACE FUNCTION postbox.receipts_in_flight(receipts text[]) RETURNS bigint
+LANGUAGE sql STABLE AS $$
+    SELECT count(*)
+    FROM postbox._parse_receipts(receipts) p
+    JOIN postbox.messages m ON m.id = p.message_id AND m.lease = p.lease
+    WHERE m.visible_at > now() AND m.visible_at <> 'infinity'
+$$;
+
 INSERT INTO postbox.schema_version (version) VALUES ('0.3.0');

@@ -12,7 +12,7 @@ import pytest
 from postbox.v1 import message_service_pb2 as pb
 from postbox.v1 import message_service_pb2_grpc, queue_service_pb2_grpc
 from postbox.v1 import queue_service_pb2 as qpb
-from support import seconds
+from support import ServerProcess, seconds
 
 LONG_POLL = pb.RECEIVE_MODE_LONG_POLL
 CONTINUOUS = pb.RECEIVE_MODE_CONTINUOUS
@@ -247,3 +247,42 @@ async def test_concurrent_consumers_get_every_message_exactly_once(stub, queue):
     await asyncio.wait_for(asyncio.gather(*(consume() for _ in range(consumers))), 120)
     assert len(seen) == total
     assert max(seen.values()) == 1
+
+
+async def test_stream_sees_acks_sent_through_another_server(stub, queue, database_url):
+    # A continuous stream holds at most two unsettled batches; here its consumer
+    # deletes through a second server, as behind a load balancer. The stream must
+    # see those deletes in the database rather than wait out its patience per batch.
+    other = ServerProcess(database_url).start()
+    try:
+        async with grpc.aio.insecure_channel(other.target) as channel:
+            elsewhere = message_service_pb2_grpc.MessageServiceStub(channel)
+            await stub.SendBatch(
+                pb.SendBatchRequest(
+                    queue=queue,
+                    entries=[pb.SendBatchEntry(body=str(i).encode()) for i in range(20)],
+                )
+            )
+            started = time.monotonic()
+            got = 0
+            async for response in stub.Receive(
+                pb.ReceiveRequest(
+                    queue=queue,
+                    mode=CONTINUOUS,
+                    max_messages=1,
+                    max_total_messages=20,
+                    visibility_timeout=seconds(60),
+                )
+            ):
+                got += len(response.messages)
+                await elsewhere.DeleteBatch(
+                    pb.DeleteBatchRequest(
+                        queue=queue, receipts=[m.receipt for m in response.messages]
+                    )
+                )
+            elapsed = time.monotonic() - started
+    finally:
+        other.stop()
+    assert got == 20
+    # Waiting out the patience (about a second per batch) would take some 18 s.
+    assert elapsed < 8, elapsed

@@ -212,6 +212,9 @@ class Engine:
     async def release(self, queue: str, receipts: Sequence[str]) -> int:
         return await self._call("fetchval", "release", queue, receipts)
 
+    async def receipts_in_flight(self, receipts: Sequence[str]) -> int:
+        return await self._call("fetchval", "receipts_in_flight", receipts)
+
     async def delete(self, queue: str, receipt: str) -> None:
         await self._call("execute", "delete", queue, receipt)
 

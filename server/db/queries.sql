@@ -86,6 +86,9 @@ SELECT postbox.change_visibility($1, $2, $3)
 -- name: change_visibility_batch
 SELECT outcome FROM postbox.change_visibility_batch($1, $2, $3) ORDER BY i
 
+-- name: receipts_in_flight
+SELECT postbox.receipts_in_flight($1)
+
 -- name: nack
 SELECT postbox.nack($1, $2, $3, $4)
 

@@ -112,7 +112,7 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
         remaining = request.max_total_messages or None
         wait_until = None if wait is None else started + wait.total_seconds()
         idle_until = None if idle is None else started + idle.total_seconds()
-        window = self.prefetch.open() if continuous else None
+        window = self.prefetch.open(self.engine.receipts_in_flight) if continuous else None
         if window is not None:
             context.add_done_callback(lambda _: window.close())
             # Half a lease at most, so an unsettled batch's messages are not yet due again.

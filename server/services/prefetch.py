@@ -7,11 +7,13 @@ then run out in buffers and send them round again (found by the 16-consumer
 survival test: five deliveries per message with 2 s leases).
 
 So a stream holds at most two unsettled batches: it claims the next one once the
-consumer has settled (deleted, or changed the visibility of) every message of the
-older one through this process. A consumer that settles elsewhere (another
-replica) or never (one that lets leases run out on purpose) is waited for at most
-`patience` seconds per batch; then the older batch is forgotten and the stream
-goes on, so such a consumer gets a batch per `patience` at worst.
+consumer has settled (deleted, nacked, or changed the visibility of) every message
+of the older one. Settling through this process is seen at once. Settling through
+another replica is seen by asking the database which of the batch's receipts still
+hold their message in flight, at growing intervals while the window stays full.
+A consumer that settles never (it lets leases run out on purpose) is waited for at
+most `patience` seconds per batch; then the older batch is forgotten and the
+stream goes on.
 """
 
 from __future__ import annotations
@@ -19,17 +21,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
+
+from server.errors import ApiError
 
 # Batches a stream may have delivered and not yet seen settled.
 BATCHES_AHEAD = 2
+# Seconds between looks at the database while the window stays full: short at
+# first (a consumer on another replica settles as fast as one here), then longer.
+_FIRST_LOOK = 0.05
+_LAST_LOOK = 0.5
+
+InFlight = Callable[[list[str]], Awaitable[int]]
 
 
 class Window:
     """The unsettled batches of one stream, oldest first."""
 
-    def __init__(self, registry: Prefetch) -> None:
+    def __init__(self, registry: Prefetch, in_flight: InFlight) -> None:
         self._registry = registry
+        self._in_flight = in_flight
         self._batches: deque[set[str]] = deque()
         self._settled = asyncio.Event()
 
@@ -47,18 +58,27 @@ class Window:
 
     async def room(self, patience: float) -> None:
         """Returns once fewer than BATCHES_AHEAD batches are unsettled, or after `patience` s."""
-        if len(self._batches) < BATCHES_AHEAD:
-            return
-        self._settled.clear()
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self._wait(), patience)
-        if len(self._batches) >= BATCHES_AHEAD:
-            self._forget(self._batches.popleft())
-
-    async def _wait(self) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + patience
+        look = _FIRST_LOOK
         while len(self._batches) >= BATCHES_AHEAD:
-            await self._settled.wait()
+            left = deadline - loop.time()
+            if left <= 0:
+                self._forget(self._batches.popleft())
+                return
             self._settled.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._settled.wait(), min(look, left))
+            if self._settled.is_set() or len(self._batches) < BATCHES_AHEAD:
+                continue
+            # Nothing settled through this process: perhaps through another one.
+            oldest = self._batches[0]
+            with contextlib.suppress(ApiError):  # the database is away: wait on
+                settled = await self._in_flight(list(oldest)) == 0
+                # Local settles may have retired it meanwhile.
+                if settled and self._batches and self._batches[0] is oldest:
+                    self._forget(self._batches.popleft())
+            look = min(look * 2, _LAST_LOOK)
 
     def _forget(self, batch: set[str]) -> None:
         for receipt in batch:
@@ -75,8 +95,9 @@ class Prefetch:
     def __init__(self) -> None:
         self._owners: dict[str, tuple[Window, set[str]]] = {}
 
-    def open(self) -> Window:
-        return Window(self)
+    def open(self, in_flight: InFlight) -> Window:
+        """A window for a new stream; `in_flight` counts receipts still holding their message."""
+        return Window(self, in_flight)
 
     def settled(self, receipts: Iterable[str]) -> None:
         """The consumer deleted these or changed their visibility: their streams may go on."""

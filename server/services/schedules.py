@@ -29,9 +29,9 @@ def _timing(schedule: pb.Schedule) -> Timing:
             time_zone=schedule.cron.time_zone or DEFAULT_TIME_ZONE,
         )
     if kind == "interval":
-        return Timing(every=schedule.interval.ToTimedelta())
+        return Timing(every=convert.optional_timedelta(schedule, "interval"))
     if kind == "run_at":
-        return Timing(run_at=schedule.run_at.ToDatetime(timezone.utc))
+        return Timing(run_at=convert.optional_datetime(schedule, "run_at"))
     raise invalid("a schedule needs its timing: cron, interval or run_at")
 
 

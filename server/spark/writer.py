@@ -1,0 +1,158 @@
+"""Batch and streaming writers: each task sends its partition through SendBatch.
+
+Every message carries an idempotency id that a retried or speculative attempt of
+the same task computes again: `<write id>:<partition>:<row>` for a batch write,
+`<query id>:<batch id>:<partition>:<row>` for a stream (both ids survive a
+restart from the checkpoint), or the value of the user's dedupe column. The
+server drops a repeat within the queue's deduplication window, so rows that
+an earlier attempt already committed are not sent twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+import pyarrow as pa
+from pyspark import TaskContext
+from pyspark.sql.datasource import (
+    DataSourceArrowWriter,
+    DataSourceStreamArrowWriter,
+    WriterCommitMessage,
+)
+
+from server.spark.client import BatchSender
+from server.spark.encode import Encoder
+from server.spark.options import WritePlan
+
+# Local properties Spark's micro-batch engine sets for the tasks of a batch.
+_QUERY_ID = "sql.streaming.queryId"
+_BATCH_ID = "streaming.sql.batchId"
+
+log = logging.getLogger("postbox.spark")
+if not log.handlers:
+    # Commit and abort run in a Python worker of the driver, whose stderr goes to
+    # the driver's log; without a handler, INFO lines would be dropped.
+    _handler = logging.StreamHandler(sys.stderr)
+    _handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    log.addHandler(_handler)
+    log.setLevel(logging.INFO)
+
+
+@dataclass
+class PartitionResult(WriterCommitMessage):
+    """What one task committed: every message in it was acknowledged by SendBatch."""
+
+    partition: int
+    attempt: int
+    messages: int
+    requests: int
+    retries: int
+
+
+def send_partition(
+    plan: WritePlan, batches: Iterable[pa.RecordBatch], id_prefix: str
+) -> PartitionResult:
+    """Sends one partition; returns only when every message is committed, else raises."""
+    context = TaskContext.get()
+    encoder = Encoder(plan, id_prefix)
+    with plan.connection.open() as channel:
+        sender = BatchSender(channel, plan.connection, plan.retry, plan.max_in_flight)
+        for batch in batches:
+            for request in encoder.requests(batch):
+                sender.submit(request)
+        sender.finish()
+    return PartitionResult(
+        partition=context.partitionId() if context else 0,
+        attempt=context.attemptNumber() if context else 0,
+        messages=sender.messages,
+        requests=sender.batches,
+        retries=sender.retries,
+    )
+
+
+def _task_prefix(*parts: object) -> str:
+    context = TaskContext.get()
+    if context is None:
+        raise RuntimeError("postbox writers run inside Spark tasks")
+    return ":".join(str(p) for p in (*parts, context.partitionId()))
+
+
+def _landed(messages: Iterable[WriterCommitMessage | None]) -> tuple[int, int]:
+    """(messages, partitions) of the tasks that finished."""
+    results = [m for m in messages if isinstance(m, PartitionResult)]
+    return sum(r.messages for r in results), len(results)
+
+
+class PostboxWriter(DataSourceArrowWriter):
+    """`df.write.format("postbox")`: one write id for every task and attempt of the job."""
+
+    def __init__(self, plan: WritePlan) -> None:
+        self.plan = plan
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> PartitionResult:
+        return send_partition(self.plan, iterator, _task_prefix(self.plan.write_id))
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        count, partitions = _landed(messages)
+        log.info(
+            "write %s: %d messages from %d partitions committed to queue %r",
+            self.plan.write_id,
+            count,
+            partitions,
+            self.plan.queue,
+        )
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        count, partitions = _landed(messages)
+        log.error(
+            "write %s failed: %d messages from %d finished partitions were committed to queue"
+            " %r and stay there (a queue has no rollback); rerun with option write_id=%s to"
+            " send only the rest within the queue's deduplication window",
+            self.plan.write_id,
+            count,
+            partitions,
+            self.plan.queue,
+            self.plan.write_id,
+        )
+
+
+class PostboxStreamWriter(DataSourceStreamArrowWriter):
+    """`df.writeStream.format("postbox")`: ids come from the query id and the batch id."""
+
+    def __init__(self, plan: WritePlan) -> None:
+        self.plan = plan
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> PartitionResult:
+        context = TaskContext.get()
+        query_id = context.getLocalProperty(_QUERY_ID) if context else None
+        batch_id = context.getLocalProperty(_BATCH_ID) if context else None
+        if query_id is None or batch_id is None:
+            raise RuntimeError(
+                "the postbox stream writer runs only in a micro-batch streaming query"
+            )
+        return send_partition(self.plan, iterator, _task_prefix(query_id, batch_id))
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        count, partitions = _landed(messages)
+        log.info(
+            "batch %d: %d messages from %d partitions committed to queue %r",
+            batchId,
+            count,
+            partitions,
+            self.plan.queue,
+        )
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        count, partitions = _landed(messages)
+        log.error(
+            "batch %d failed: %d messages from %d finished partitions were committed to"
+            " queue %r; when the query runs the batch again they are not sent twice"
+            " (within the queue's deduplication window)",
+            batchId,
+            count,
+            partitions,
+            self.plan.queue,
+        )

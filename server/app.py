@@ -26,6 +26,7 @@ from server.errors import ApiError
 from server.services.messages import MessageService
 from server.services.queues import QueueService
 from server.wakeup import WakeHub
+from server.workers.maintenance import MaintenanceWorker
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +86,8 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         embedded = EmbeddedPostgres(settings.data_dir)
         await asyncio.to_thread(embedded.start)
         dsn = await embedded.ensure_database()
-    engine = hub = server = health_task = None
+    engine = hub = server = None
+    tasks: list[asyncio.Task[None]] = []
     try:
         await _install_engine(dsn)
         engine = await Engine.connect(dsn, pool_size=settings.pool_size)
@@ -115,13 +117,22 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         if port == 0:
             raise OSError(f"cannot listen on {address}")
         await server.start()
-        health_task = asyncio.create_task(_watch_health(engine, health_servicer))
+        maintenance = MaintenanceWorker(
+            engine,
+            interval=settings.maintenance_interval,
+            expiry_interval=settings.expiry_interval,
+        )
+        tasks = [
+            asyncio.create_task(_watch_health(engine, health_servicer), name="postbox-health"),
+            asyncio.create_task(maintenance.run(), name="postbox-maintenance"),
+        ]
         log.info("postbox serving gRPC on %s:%d", settings.grpc_host, port)
         await stop.wait()
         log.info("shutting down")
     finally:
-        if health_task is not None:
-            health_task.cancel()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         if hub is not None:
             await hub.close()  # waiting streams end now, with what they have
         if server is not None:

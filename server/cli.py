@@ -30,6 +30,8 @@ def _serve(args: argparse.Namespace) -> int:
         pool_size=args.pool_size,
         max_message_size=args.max_message_size,
         safety_poll_interval=args.safety_poll_interval,
+        maintenance_interval=args.maintenance_interval,
+        expiry_interval=args.expiry_interval,
     )
     asyncio.run(serve(settings))
     return 0
@@ -141,6 +143,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="largest message in bytes any queue may accept (default: %(default)s)",
     )
     serve.add_argument("--safety-poll-interval", type=float, default=Settings.safety_poll_interval)
+    serve.add_argument(
+        "--maintenance-interval",
+        type=float,
+        default=Settings.maintenance_interval,
+        help="seconds between steps of redrive tasks (default: %(default)s)",
+    )
+    serve.add_argument(
+        "--expiry-interval",
+        type=float,
+        default=Settings.expiry_interval,
+        help="seconds between sweeps for expired messages and records (default: %(default)s)",
+    )
     serve.set_defaults(run=_serve)
 
     migrate = verbs.add_parser("migrate", help="install or upgrade the SQL engine in a database")

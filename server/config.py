@@ -26,6 +26,10 @@ class Settings:
     # Waiting streams look at their queue at least this often (seconds), even
     # without a wake-up: the net under lost notifications.
     safety_poll_interval: float = 10.0
+    # Seconds between steps of redrive tasks, and between expiry sweeps (retention,
+    # archive retention, deduplication windows).
+    maintenance_interval: float = 1.0
+    expiry_interval: float = 10.0
     # Seconds in-flight calls get to finish on shutdown.
     shutdown_grace: float = 5.0
 

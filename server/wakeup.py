@@ -22,6 +22,7 @@ import asyncpg
 log = logging.getLogger(__name__)
 
 CHANNEL = "postbox"
+_RETRY_LOCKED = 0.02  # seconds
 
 
 @dataclass
@@ -123,7 +124,9 @@ class WakeHub:
         state = self._queues.setdefault(queue, _QueueWaiters())
         loop = asyncio.get_running_loop()
         delay = (when - datetime.now(timezone.utc)).total_seconds()
-        at = loop.time() + max(delay, 0.0) + 0.001  # after, not at, the visibility instant
+        # Just after the visibility instant. A time already past means visible rows
+        # that another session holds locked: look again shortly, not in a busy loop.
+        at = loop.time() + (delay + 0.001 if delay > 0 else _RETRY_LOCKED)
         if state.timer is not None:
             if state.timer_at <= at:
                 return

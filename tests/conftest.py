@@ -49,7 +49,15 @@ def database_url(admin_url: str) -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def server(database_url: str) -> Iterator[ServerProcess]:
-    process = ServerProcess(database_url, "--safety-poll-interval", "2").start()
+    process = ServerProcess(
+        database_url,
+        "--safety-poll-interval",
+        "2",
+        "--maintenance-interval",
+        "0.2",
+        "--expiry-interval",
+        "0.5",
+    ).start()
     yield process
     process.stop()
 

@@ -55,7 +55,7 @@ def test_create_twice_is_already_exists(queues, queue):
     [
         ("", "required"),
         ("a" * 81, "limit is 80"),
-        ("orders.fifo", "reserved for FIFO"),
+        ("orders.fifo.fifo", "may only contain"),
         ("has space", "may only contain"),
         ("semi;colon", "may only contain"),
         ("quote'); DROP TABLE postbox.queues; --", "may only contain"),

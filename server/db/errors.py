@@ -49,7 +49,9 @@ def translate(exc: BaseException) -> ApiError:
         return exc
     state = getattr(exc, "sqlstate", None) or ""
     if state in _ENGINE_CODES:
-        return ApiError(_ENGINE_CODES[state], exc.args[0] if exc.args else str(exc))
+        return ApiError(
+            _ENGINE_CODES[state], exc.args[0] if exc.args else str(exc), paused=state == "PB503"
+        )
     if _is_unavailable(exc):
         log.warning("database call failed: %r", exc)
         return ApiError(grpc.StatusCode.UNAVAILABLE, UNAVAILABLE_MESSAGE)
@@ -60,6 +62,13 @@ def translate(exc: BaseException) -> ApiError:
             grpc.StatusCode.INVALID_ARGUMENT,
             f"a value was rejected: {exc.args[0] if exc.args else exc}; text fields must be "
             "valid UTF-8 without NUL characters",
+        )
+    if state.startswith("23"):
+        # An integrity rule caught a race with a concurrent change (say, a queue
+        # named as dead-letter queue while being deleted).
+        return ApiError(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            "the call conflicted with a concurrent change; read the current state and retry",
         )
     if state in ("40001", "40P01"):
         return ApiError(grpc.StatusCode.ABORTED, "the call conflicted with another; retry it")

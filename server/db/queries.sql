@@ -4,20 +4,36 @@
 -- name: ping
 SELECT 1
 
+-- Queue rows come with the name of their dead-letter queue.
+
 -- name: create_queue
-SELECT * FROM postbox.create_queue($1, $2::jsonb)
+SELECT q.*, (SELECT d.name FROM postbox.queues d WHERE d.id = q.dead_letter_queue_id) AS dead_letter_queue
+FROM postbox.create_queue($1, $2::jsonb) q
 
 -- name: get_queue
-SELECT * FROM postbox.get_queue($1)
+SELECT q.*, (SELECT d.name FROM postbox.queues d WHERE d.id = q.dead_letter_queue_id) AS dead_letter_queue
+FROM postbox.get_queue($1) q
 
 -- name: get_queue_with_stats
-SELECT q.*, s.* FROM postbox.get_queue($1) q, postbox.queue_stats($1) s
+SELECT q.*, (SELECT d.name FROM postbox.queues d WHERE d.id = q.dead_letter_queue_id) AS dead_letter_queue,
+       s.*
+FROM postbox.get_queue($1) q, postbox.queue_stats($1) s
 
 -- name: list_queues
-SELECT * FROM postbox.list_queues($1, $2, $3)
+SELECT q.*, (SELECT d.name FROM postbox.queues d WHERE d.id = q.dead_letter_queue_id) AS dead_letter_queue
+FROM postbox.list_queues($1, $2, $3) q
 
 -- name: update_queue
-SELECT * FROM postbox.update_queue($1, $2::jsonb)
+SELECT q.*, (SELECT d.name FROM postbox.queues d WHERE d.id = q.dead_letter_queue_id) AS dead_letter_queue
+FROM postbox.update_queue($1, $2::jsonb) q
+
+-- name: pause_queue
+SELECT q.*, (SELECT d.name FROM postbox.queues d WHERE d.id = q.dead_letter_queue_id) AS dead_letter_queue
+FROM postbox.pause_queue($1, $2, $3) q
+
+-- name: resume_queue
+SELECT q.*, (SELECT d.name FROM postbox.queues d WHERE d.id = q.dead_letter_queue_id) AS dead_letter_queue
+FROM postbox.resume_queue($1, $2, $3) q
 
 -- name: drop_queue
 SELECT postbox.drop_queue($1)
@@ -25,11 +41,29 @@ SELECT postbox.drop_queue($1)
 -- name: purge_queue
 SELECT postbox.purge_queue($1)
 
--- name: send
-SELECT postbox.send($1, $2, $3::jsonb, $4)
+-- name: list_dead_letter_source_queues
+SELECT name FROM postbox.list_dead_letter_source_queues($1, $2, $3) AS name
+
+-- Redrive task rows come with their queue names.
+
+-- name: start_redrive
+SELECT t.*, (SELECT name FROM postbox.queues WHERE id = t.dead_letter_queue_id) AS dead_letter_queue,
+       (SELECT name FROM postbox.queues WHERE id = t.destination_queue_id) AS destination
+FROM postbox.start_redrive($1, $2, $3, $4) t
+
+-- name: list_redrive_tasks
+SELECT t.*, (SELECT name FROM postbox.queues WHERE id = t.dead_letter_queue_id) AS dead_letter_queue,
+       (SELECT name FROM postbox.queues WHERE id = t.destination_queue_id) AS destination
+FROM postbox.list_redrive_tasks($1, $2) t
+
+-- name: cancel_redrive
+SELECT t.*, (SELECT name FROM postbox.queues WHERE id = t.dead_letter_queue_id) AS dead_letter_queue,
+       (SELECT name FROM postbox.queues WHERE id = t.destination_queue_id) AS destination
+FROM postbox.cancel_redrive($1) t
 
 -- name: send_batch
-SELECT id FROM postbox.send_batch($1, $2, $3::jsonb[], $4) AS id
+SELECT message_id, duplicate
+FROM postbox.send_batch($1, $2, $3::jsonb[], $4, $5, $6, $7, $8, $9)
 
 -- name: receive
 SELECT * FROM postbox.receive($1, $2, $3)
@@ -40,14 +74,37 @@ SELECT postbox.next_visible_at($1)
 -- name: release
 SELECT postbox.release($1, $2)
 
+-- name: delete
+SELECT postbox.delete($1, $2)
+
 -- name: delete_batch
 SELECT outcome FROM postbox.delete_batch($1, $2) ORDER BY i
+
+-- name: change_visibility
+SELECT postbox.change_visibility($1, $2, $3)
 
 -- name: change_visibility_batch
 SELECT outcome FROM postbox.change_visibility_batch($1, $2, $3) ORDER BY i
 
--- name: delete
-SELECT postbox.delete($1, $2)
+-- name: nack
+SELECT postbox.nack($1, $2, $3, $4)
 
--- name: change_visibility
-SELECT postbox.change_visibility($1, $2, $3)
+-- name: peek_messages
+SELECT * FROM postbox.peek_messages($1, $2, $3, $4)
+
+-- name: get_message
+SELECT * FROM postbox.get_message($1, $2)
+
+-- name: list_archived_messages
+SELECT * FROM postbox.list_archived_messages($1, $2, $3)
+
+-- Maintenance jobs: each claims its rows with SKIP LOCKED.
+
+-- name: run_redrives
+SELECT postbox.run_redrives($1)
+
+-- name: expire_messages
+SELECT postbox.expire_messages($1)
+
+-- name: expire_records
+SELECT postbox.expire_records($1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Mapping
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from google.protobuf.duration_pb2 import Duration
@@ -13,6 +13,7 @@ from google.protobuf.message import Message as ProtoMessage
 from google.protobuf.timestamp_pb2 import Timestamp
 from postbox.v1 import message_pb2
 
+from server.db.engine import OutgoingMessage
 from server.errors import invalid
 
 
@@ -78,14 +79,57 @@ def attributes_from_json(text: str | None) -> dict[str, message_pb2.AttributeVal
     return result
 
 
+_STATES = {
+    "visible": message_pb2.MESSAGE_STATE_VISIBLE,
+    "in_flight": message_pb2.MESSAGE_STATE_IN_FLIGHT,
+    "delayed": message_pb2.MESSAGE_STATE_DELAYED,
+}
+STATE_FILTERS = {
+    message_pb2.MESSAGE_STATE_UNSPECIFIED: None,
+    message_pb2.MESSAGE_STATE_VISIBLE: "visible",
+    message_pb2.MESSAGE_STATE_IN_FLIGHT: "in_flight",
+    message_pb2.MESSAGE_STATE_DELAYED: "delayed",
+    message_pb2.MESSAGE_STATE_DEAD: "dead",
+}
+
+
 def message(row: Mapping[str, Any]) -> message_pb2.Message:
-    """A row of postbox.receive() as an API Message."""
-    return message_pb2.Message(
+    """A message row of the engine (receive, peek_messages, ...) as an API Message."""
+    result = message_pb2.Message(
         message_id=str(row["message_id"]),
         body=row["body"],
         attributes=attributes_from_json(row["attributes"]),
         enqueue_time=timestamp(row["enqueued_at"]),
         receive_count=row["receive_count"],
         first_receive_time=timestamp(row["first_received_at"]),
-        receipt=row["receipt"],
+        priority=row["priority"],
+        message_group_id=row["message_group_id"] or "",
+        deduplication_id=row["deduplication_id"] or "",
+        dead_letter_source_queue=row["dead_letter_source"] or "",
+        last_error=row["last_error"] or "",
+    )
+    if "receipt" in row:
+        result.receipt = row["receipt"]
+    if "state" in row:
+        result.state = _STATES[row["state"]]
+        if row["state"] != "visible":
+            result.visible_time.CopyFrom(timestamp(row["visible_at"]))
+    return result
+
+
+def outgoing(entry: Any) -> OutgoingMessage:
+    """A SendRequest or SendBatchEntry as the engine takes it."""
+    if entry.HasField("delay") and entry.HasField("deliver_at"):
+        raise invalid("give delay or deliver_at, not both")
+    return OutgoingMessage(
+        body=entry.body,
+        attributes=attributes_json(entry.attributes),
+        delay=optional_timedelta(entry, "delay"),
+        deliver_at=entry.deliver_at.ToDatetime(timezone.utc)
+        if entry.HasField("deliver_at")
+        else None,
+        message_group_id=entry.message_group_id or None,
+        deduplication_id=entry.deduplication_id or None,
+        dedupe_key=entry.dedupe_key or None,
+        priority=entry.priority or None,
     )

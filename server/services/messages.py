@@ -14,6 +14,7 @@ from postbox.v1 import message_service_pb2 as pb
 from server.db.engine import Engine, Record
 from server.errors import ApiError, invalid
 from server.services import convert
+from server.services.queues import decode_page_token, encode_page_token, page_size_of
 from server.services.status import reports_errors
 from server.wakeup import WakeHub
 
@@ -55,35 +56,28 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
     async def Send(
         self, request: pb.SendRequest, context: grpc.aio.ServicerContext
     ) -> pb.SendResponse:
-        message_id = await self.engine.send(
-            request.queue,
-            request.body,
-            convert.attributes_json(request.attributes),
-            convert.optional_timedelta(request, "delay"),
+        ((message_id, duplicate),) = await self.engine.send_batch(
+            request.queue, [convert.outgoing(request)]
         )
         self.hub.wake(request.queue)
-        return pb.SendResponse(message_id=str(message_id))
+        return pb.SendResponse(message_id=str(message_id), duplicate=duplicate)
 
     @reports_errors
     async def SendBatch(
         self, request: pb.SendBatchRequest, context: grpc.aio.ServicerContext
     ) -> pb.SendBatchResponse:
-        bodies, attributes, delays = [], [], []
+        outgoing = []
         for index, entry in enumerate(request.entries):
             try:
-                attributes.append(convert.attributes_json(entry.attributes))
+                outgoing.append(convert.outgoing(entry))
             except ApiError as error:
                 raise invalid(f"entry {index}: {error.message}") from None
-            bodies.append(entry.body)
-            delays.append(convert.optional_timedelta(entry, "delay"))
-        ids = await self.engine.send_batch(
-            request.queue,
-            bodies,
-            attributes if any(a is not None for a in attributes) else None,
-            delays if any(d is not None for d in delays) else None,
-        )
+        results = await self.engine.send_batch(request.queue, outgoing)
         self.hub.wake(request.queue)
-        return pb.SendBatchResponse(message_ids=[str(i) for i in ids])
+        return pb.SendBatchResponse(
+            message_ids=[str(message_id) for message_id, _ in results],
+            duplicates=[duplicate for _, duplicate in results],
+        )
 
     @reports_errors
     async def Receive(
@@ -107,10 +101,18 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
         remaining = request.max_total_messages or None
         wait_until = None if wait is None else started + wait.total_seconds()
         idle_until = None if idle is None else started + idle.total_seconds()
+        first_poll = True
         while not self.hub.closing:
             generation = self.hub.generation(queue)
             want = min(max_messages, remaining) if remaining else max_messages
-            rows = await self._claim(queue, want, visibility_timeout)
+            try:
+                rows = await self._claim(queue, want, visibility_timeout)
+            except ApiError as error:
+                # A new stream on a paused queue fails; one already waiting waits on.
+                if not error.paused or first_poll:
+                    raise
+                rows = []
+            first_poll = False
             if rows:
                 try:
                     yield pb.ReceiveResponse(messages=[convert.message(row) for row in rows])
@@ -201,6 +203,63 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
         return pb.ChangeVisibilityResponse()
 
     @reports_errors
+    async def Nack(
+        self, request: pb.NackRequest, context: grpc.aio.ServicerContext
+    ) -> pb.NackResponse:
+        await self.engine.nack(
+            request.queue,
+            request.receipt,
+            convert.optional_timedelta(request, "delay"),
+            request.error or None,
+        )
+        self.hub.wake(request.queue)  # a waiting stream sets a timer for the backoff
+        return pb.NackResponse()
+
+    @reports_errors
+    async def PeekMessages(
+        self, request: pb.PeekMessagesRequest, context: grpc.aio.ServicerContext
+    ) -> pb.PeekMessagesResponse:
+        if request.state not in convert.STATE_FILTERS:
+            raise invalid(f"state {request.state} is not a known message state")
+        page_size = page_size_of(request.page_size)
+        after = _message_id(decode_page_token(request.page_token, "PeekMessages") or "0")
+        rows = await self.engine.peek_messages(
+            request.queue, convert.STATE_FILTERS[request.state], after, page_size + 1
+        )
+        response = pb.PeekMessagesResponse(messages=[convert.message(r) for r in rows[:page_size]])
+        if len(rows) > page_size:
+            response.next_page_token = encode_page_token(str(rows[page_size - 1]["message_id"]))
+        return response
+
+    @reports_errors
+    async def GetMessage(
+        self, request: pb.GetMessageRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetMessageResponse:
+        row = await self.engine.get_message(request.queue, _message_id(request.message_id))
+        return pb.GetMessageResponse(message=convert.message(row))
+
+    @reports_errors
+    async def ListArchivedMessages(
+        self, request: pb.ListArchivedMessagesRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListArchivedMessagesResponse:
+        page_size = page_size_of(request.page_size)
+        after = _message_id(decode_page_token(request.page_token, "ListArchivedMessages") or "0")
+        rows = await self.engine.list_archived_messages(request.queue, after, page_size + 1)
+        response = pb.ListArchivedMessagesResponse(
+            messages=[
+                message_pb2.ArchivedMessage(
+                    message=convert.message(row),
+                    archive_time=convert.timestamp(row["archived_at"]),
+                    reason=row["reason"],
+                )
+                for row in rows[:page_size]
+            ]
+        )
+        if len(rows) > page_size:
+            response.next_page_token = encode_page_token(str(rows[page_size - 1]["message_id"]))
+        return response
+
+    @reports_errors
     async def ChangeVisibilityBatch(
         self, request: pb.ChangeVisibilityBatchRequest, context: grpc.aio.ServicerContext
     ) -> pb.ChangeVisibilityBatchResponse:
@@ -215,3 +274,9 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
         if timedelta(0) in timeouts:
             self.hub.wake(request.queue)
         return pb.ChangeVisibilityBatchResponse(results=_batch_results(outcomes))
+
+
+def _message_id(text: str) -> int:
+    if not text.isdigit() or len(text) > 18:
+        raise invalid(f"message id {text!r} is not a message id of this server")
+    return int(text)

@@ -1,10 +1,12 @@
-"""QueueService: queue lifecycle, attributes and live statistics."""
+"""QueueService: queue lifecycle, attributes, statistics, pausing and redrives."""
 
 from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Mapping
+import json
+import uuid
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import grpc
@@ -16,30 +18,135 @@ from server.errors import invalid
 from server.services import convert
 from server.services.status import reports_errors
 
-# Queue attributes a caller may set: API field -> whether it is a Duration. The
-# engine's settings use the same names, durations in seconds.
-SETTINGS = {
-    "visibility_timeout": True,
-    "delivery_delay": True,
-    "retention": True,
-    "max_message_size": False,
-    "receive_wait_time": True,
-}
-
 DEFAULT_PAGE_SIZE = 100
 MAX_PAGE_SIZE = 1000
 
+_PERMISSIONS = {
+    pb.RedriveAllowPolicy.PERMISSION_UNSPECIFIED: "allow_all",
+    pb.RedriveAllowPolicy.PERMISSION_ALLOW_ALL: "allow_all",
+    pb.RedriveAllowPolicy.PERMISSION_DENY_ALL: "deny_all",
+    pb.RedriveAllowPolicy.PERMISSION_BY_QUEUE: "by_queue",
+}
+_PERMISSION_ENUMS = {
+    "allow_all": pb.RedriveAllowPolicy.PERMISSION_ALLOW_ALL,
+    "deny_all": pb.RedriveAllowPolicy.PERMISSION_DENY_ALL,
+    "by_queue": pb.RedriveAllowPolicy.PERMISSION_BY_QUEUE,
+}
+_TASK_STATES = {
+    "running": pb.RedriveTask.STATE_RUNNING,
+    "completed": pb.RedriveTask.STATE_COMPLETED,
+    "cancelled": pb.RedriveTask.STATE_CANCELLED,
+    "failed": pb.RedriveTask.STATE_FAILED,
+}
+
+
+def _duration_setting(queue: pb.Queue, field: str) -> float | None:
+    return convert.seconds(getattr(queue, field)) if queue.HasField(field) else None
+
+
+def _dead_letter_policy(queue: pb.Queue) -> dict[str, Any] | None:
+    if not queue.HasField("dead_letter_policy"):
+        return None
+    policy = queue.dead_letter_policy
+    return {
+        "dead_letter_queue": policy.dead_letter_queue,
+        "max_receive_count": policy.max_receive_count,
+    }
+
+
+def _redrive_allow_policy(queue: pb.Queue) -> dict[str, Any] | None:
+    if not queue.HasField("redrive_allow_policy"):
+        return None
+    policy = queue.redrive_allow_policy
+    if policy.permission not in _PERMISSIONS:
+        raise invalid(
+            f"redrive_allow_policy.permission {policy.permission} is not a known permission"
+        )
+    return {
+        "permission": _PERMISSIONS[policy.permission],
+        "source_queues": list(policy.source_queues),
+    }
+
+
+def _retry_policy(queue: pb.Queue) -> dict[str, Any] | None:
+    if not queue.HasField("retry_policy"):
+        return None
+    policy = queue.retry_policy
+    # Unset bounds keep the engine's defaults.
+    return {
+        name: convert.seconds(getattr(policy, name))
+        for name in ("minimum_backoff", "maximum_backoff")
+        if policy.HasField(name)
+    }
+
+
+# Queue attributes a caller may set: API field -> its value for the engine's
+# settings (same names; seconds for durations; None for "the default").
+SETTINGS: dict[str, Callable[[pb.Queue], Any]] = {
+    "visibility_timeout": lambda q: _duration_setting(q, "visibility_timeout"),
+    "delivery_delay": lambda q: _duration_setting(q, "delivery_delay"),
+    "retention": lambda q: _duration_setting(q, "retention"),
+    "max_message_size": lambda q: q.max_message_size or None,
+    "receive_wait_time": lambda q: _duration_setting(q, "receive_wait_time"),
+    "content_based_deduplication": lambda q: q.content_based_deduplication,
+    "deduplication_window": lambda q: _duration_setting(q, "deduplication_window"),
+    "dead_letter_policy": _dead_letter_policy,
+    "redrive_allow_policy": _redrive_allow_policy,
+    "retry_policy": _retry_policy,
+    "archive_on_delete": lambda q: q.archive_on_delete,
+    "archive_retention": lambda q: _duration_setting(q, "archive_retention"),
+    "max_depth": lambda q: q.max_depth,
+    "receive_rate_limit": lambda q: q.receive_rate_limit,
+    "tags": lambda q: dict(q.tags),
+}
+
+_DURATIONS = (
+    "visibility_timeout",
+    "delivery_delay",
+    "receive_wait_time",
+    "deduplication_window",
+)
+_FOREVER_OR_DURATION = ("retention", "archive_retention")  # NULL in the engine: forever
+
 
 def queue_resource(row: Mapping[str, Any]) -> pb.Queue:
+    """A row of postbox.queues (with its dead_letter_queue name) as an API Queue."""
     queue = pb.Queue(
         name=row["name"],
         max_message_size=row["max_message_size"],
         create_time=convert.timestamp(row["created_at"]),
         update_time=convert.timestamp(row["updated_at"]),
+        fifo=row["fifo"],
+        content_based_deduplication=row["content_based_deduplication"],
+        archive_on_delete=row["archive_on_delete"],
+        max_depth=row["max_depth"] or 0,
+        receive_rate_limit=row["receive_rate_limit"] or 0.0,
+        send_paused=row["send_paused"],
+        receive_paused=row["receive_paused"],
+        tags=json.loads(row["tags"]),
+        redrive_allow_policy=pb.RedriveAllowPolicy(
+            permission=_PERMISSION_ENUMS[row["redrive_permission"]],
+            source_queues=row["redrive_sources"],
+        ),
+        retry_policy=pb.RetryPolicy(
+            minimum_backoff=convert.duration(row["retry_minimum_backoff"]),
+            maximum_backoff=convert.duration(row["retry_maximum_backoff"]),
+        ),
     )
-    for field, is_duration in SETTINGS.items():
-        if is_duration:
+    for field in _DURATIONS:
+        getattr(queue, field).CopyFrom(convert.duration(row[field]))
+    for field in _FOREVER_OR_DURATION:
+        if row[field] is None:
+            getattr(queue, field).SetInParent()  # 0 s: forever
+        else:
             getattr(queue, field).CopyFrom(convert.duration(row[field]))
+    if row["dead_letter_queue"] is not None:
+        queue.dead_letter_policy.CopyFrom(
+            pb.DeadLetterPolicy(
+                dead_letter_queue=row["dead_letter_queue"],
+                max_receive_count=row["max_receive_count"],
+            )
+        )
     if "visible" in row:
         queue.stats.CopyFrom(
             pb.QueueStats(
@@ -52,22 +159,56 @@ def queue_resource(row: Mapping[str, Any]) -> pb.Queue:
     return queue
 
 
+def redrive_task(row: Mapping[str, Any]) -> pb.RedriveTask:
+    return pb.RedriveTask(
+        task_id=str(row["id"]),
+        dead_letter_queue=row["dead_letter_queue"] or "",
+        destination=row["destination"] or "",
+        max_messages=row["max_messages"] or 0,
+        max_messages_per_second=row["rate"] or 0.0,
+        state=_TASK_STATES[row["status"]],
+        moved_messages=row["moved"],
+        messages_to_move=row["to_move"],
+        failure_reason=row["failure_reason"] or "",
+        create_time=convert.timestamp(row["created_at"]),
+        update_time=convert.timestamp(row["updated_at"]),
+    )
+
+
+def page_size_of(
+    requested: int, default: int = DEFAULT_PAGE_SIZE, limit: int = MAX_PAGE_SIZE
+) -> int:
+    page_size = requested or default
+    if not 1 <= page_size <= limit:
+        raise invalid(f"page_size is {page_size}; it must be 1 to {limit}")
+    return page_size
+
+
+def encode_page_token(last: str) -> str:
+    return base64.urlsafe_b64encode(last.encode()).decode("ascii")
+
+
+def decode_page_token(token: str, method: str) -> str:
+    if not token:
+        return ""
+    try:
+        return base64.urlsafe_b64decode(token.encode("ascii")).decode()
+    except (binascii.Error, UnicodeError, ValueError):
+        raise invalid(f"page_token is not a next_page_token of {method}") from None
+
+
 class QueueService(queue_service_pb2_grpc.QueueServiceServicer):
     def __init__(self, engine: Engine, *, max_message_size: int) -> None:
         self.engine = engine
         self.max_message_size = max_message_size
 
-    def _setting(self, queue: pb.Queue, field: str) -> float | int | None:
-        """The value of a settable field for the engine, or None when it is unset."""
-        if SETTINGS[field]:
-            return convert.seconds(getattr(queue, field)) if queue.HasField(field) else None
-        value = getattr(queue, field)
-        if field == "max_message_size" and value > self.max_message_size:
+    def _settings(self, queue: pb.Queue, fields: list[str]) -> dict[str, Any]:
+        if queue.max_message_size > self.max_message_size:
             raise invalid(
-                f"max_message_size is {value} bytes; this server accepts messages of at most "
-                f"{self.max_message_size} bytes"
+                f"max_message_size is {queue.max_message_size} bytes; this server accepts messages "
+                f"of at most {self.max_message_size} bytes"
             )
-        return value or None
+        return {field: SETTINGS[field](queue) for field in fields}
 
     @reports_errors
     async def CreateQueue(
@@ -75,7 +216,7 @@ class QueueService(queue_service_pb2_grpc.QueueServiceServicer):
     ) -> pb.CreateQueueResponse:
         if not request.HasField("queue"):
             raise invalid("queue is required: give at least queue.name")
-        settings = {field: self._setting(request.queue, field) for field in SETTINGS}
+        settings = self._settings(request.queue, list(SETTINGS))
         row = await self.engine.create_queue(request.queue.name, settings)
         return pb.CreateQueueResponse(queue=queue_resource(row))
 
@@ -90,14 +231,12 @@ class QueueService(queue_service_pb2_grpc.QueueServiceServicer):
     async def ListQueues(
         self, request: pb.ListQueuesRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListQueuesResponse:
-        page_size = request.page_size or DEFAULT_PAGE_SIZE
-        if not 1 <= page_size <= MAX_PAGE_SIZE:
-            raise invalid(f"page_size is {page_size}; it must be 1 to {MAX_PAGE_SIZE}")
-        after = _decode_page_token(request.page_token)
+        page_size = page_size_of(request.page_size)
+        after = decode_page_token(request.page_token, "ListQueues")
         rows = await self.engine.list_queues(page_size + 1, after, request.name_prefix)
         response = pb.ListQueuesResponse(queues=[queue_resource(row) for row in rows[:page_size]])
         if len(rows) > page_size:
-            response.next_page_token = _encode_page_token(rows[page_size - 1]["name"])
+            response.next_page_token = encode_page_token(rows[page_size - 1]["name"])
         return response
 
     @reports_errors
@@ -112,8 +251,9 @@ class QueueService(queue_service_pb2_grpc.QueueServiceServicer):
             raise invalid(
                 f"update_mask names {', '.join(unknown)}; only {', '.join(SETTINGS)} can change"
             )
-        settings = {path: self._setting(request.queue, path) for path in paths}
-        row = await self.engine.update_queue(request.queue.name, settings)
+        row = await self.engine.update_queue(
+            request.queue.name, self._settings(request.queue, paths)
+        )
         return pb.UpdateQueueResponse(queue=queue_resource(row))
 
     @reports_errors
@@ -130,15 +270,63 @@ class QueueService(queue_service_pb2_grpc.QueueServiceServicer):
         purged = await self.engine.purge_queue(request.name)
         return pb.PurgeQueueResponse(purged_messages=purged)
 
+    @reports_errors
+    async def PauseQueue(
+        self, request: pb.PauseQueueRequest, context: grpc.aio.ServicerContext
+    ) -> pb.PauseQueueResponse:
+        row = await self.engine.pause_queue(request.name, request.sends, request.receives)
+        return pb.PauseQueueResponse(queue=queue_resource(row))
 
-def _encode_page_token(last_name: str) -> str:
-    return base64.urlsafe_b64encode(last_name.encode()).decode("ascii")
+    @reports_errors
+    async def ResumeQueue(
+        self, request: pb.ResumeQueueRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ResumeQueueResponse:
+        row = await self.engine.resume_queue(request.name, request.sends, request.receives)
+        return pb.ResumeQueueResponse(queue=queue_resource(row))
 
+    @reports_errors
+    async def ListDeadLetterSourceQueues(
+        self, request: pb.ListDeadLetterSourceQueuesRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListDeadLetterSourceQueuesResponse:
+        page_size = page_size_of(request.page_size)
+        after = decode_page_token(request.page_token, "ListDeadLetterSourceQueues")
+        names = await self.engine.list_dead_letter_source_queues(request.name, page_size + 1, after)
+        response = pb.ListDeadLetterSourceQueuesResponse(queue_names=names[:page_size])
+        if len(names) > page_size:
+            response.next_page_token = encode_page_token(names[page_size - 1])
+        return response
 
-def _decode_page_token(token: str) -> str:
-    if not token:
-        return ""
-    try:
-        return base64.urlsafe_b64decode(token.encode("ascii")).decode()
-    except (binascii.Error, UnicodeError, ValueError):
-        raise invalid("page_token is not a next_page_token of ListQueues") from None
+    @reports_errors
+    async def RedriveMessages(
+        self, request: pb.RedriveMessagesRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RedriveMessagesResponse:
+        if request.max_messages < 0 or request.max_messages_per_second < 0:
+            raise invalid("max_messages and max_messages_per_second must not be negative")
+        row = await self.engine.start_redrive(
+            request.dead_letter_queue,
+            request.destination or None,
+            request.max_messages or None,
+            request.max_messages_per_second or None,
+        )
+        return pb.RedriveMessagesResponse(task=redrive_task(row))
+
+    @reports_errors
+    async def ListRedriveTasks(
+        self, request: pb.ListRedriveTasksRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListRedriveTasksResponse:
+        page_size = page_size_of(request.page_size, default=10, limit=100)
+        rows = await self.engine.list_redrive_tasks(request.dead_letter_queue, page_size)
+        return pb.ListRedriveTasksResponse(tasks=[redrive_task(row) for row in rows])
+
+    @reports_errors
+    async def CancelRedriveTask(
+        self, request: pb.CancelRedriveTaskRequest, context: grpc.aio.ServicerContext
+    ) -> pb.CancelRedriveTaskResponse:
+        try:
+            task_id = uuid.UUID(request.task_id)
+        except ValueError:
+            raise invalid(
+                f"task_id {request.task_id!r} is not a task id of RedriveMessages"
+            ) from None
+        row = await self.engine.cancel_redrive(task_id)
+        return pb.CancelRedriveTaskResponse(task=redrive_task(row))

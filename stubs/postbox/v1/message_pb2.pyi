@@ -2,12 +2,26 @@ import datetime
 
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class MessageState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    MESSAGE_STATE_UNSPECIFIED: _ClassVar[MessageState]
+    MESSAGE_STATE_VISIBLE: _ClassVar[MessageState]
+    MESSAGE_STATE_IN_FLIGHT: _ClassVar[MessageState]
+    MESSAGE_STATE_DELAYED: _ClassVar[MessageState]
+    MESSAGE_STATE_DEAD: _ClassVar[MessageState]
+MESSAGE_STATE_UNSPECIFIED: MessageState
+MESSAGE_STATE_VISIBLE: MessageState
+MESSAGE_STATE_IN_FLIGHT: MessageState
+MESSAGE_STATE_DELAYED: MessageState
+MESSAGE_STATE_DEAD: MessageState
 
 class AttributeValue(_message.Message):
     __slots__ = ("data_type", "string_value", "binary_value")
@@ -20,7 +34,7 @@ class AttributeValue(_message.Message):
     def __init__(self, data_type: _Optional[str] = ..., string_value: _Optional[str] = ..., binary_value: _Optional[bytes] = ...) -> None: ...
 
 class Message(_message.Message):
-    __slots__ = ("message_id", "body", "attributes", "enqueue_time", "receive_count", "first_receive_time", "receipt")
+    __slots__ = ("message_id", "body", "attributes", "enqueue_time", "receive_count", "first_receive_time", "receipt", "priority", "message_group_id", "deduplication_id", "dead_letter_source_queue", "last_error", "state", "visible_time")
     class AttributesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -35,6 +49,13 @@ class Message(_message.Message):
     RECEIVE_COUNT_FIELD_NUMBER: _ClassVar[int]
     FIRST_RECEIVE_TIME_FIELD_NUMBER: _ClassVar[int]
     RECEIPT_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    DEDUPLICATION_ID_FIELD_NUMBER: _ClassVar[int]
+    DEAD_LETTER_SOURCE_QUEUE_FIELD_NUMBER: _ClassVar[int]
+    LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    VISIBLE_TIME_FIELD_NUMBER: _ClassVar[int]
     message_id: str
     body: bytes
     attributes: _containers.MessageMap[str, AttributeValue]
@@ -42,7 +63,24 @@ class Message(_message.Message):
     receive_count: int
     first_receive_time: _timestamp_pb2.Timestamp
     receipt: str
-    def __init__(self, message_id: _Optional[str] = ..., body: _Optional[bytes] = ..., attributes: _Optional[_Mapping[str, AttributeValue]] = ..., enqueue_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., receive_count: _Optional[int] = ..., first_receive_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., receipt: _Optional[str] = ...) -> None: ...
+    priority: int
+    message_group_id: str
+    deduplication_id: str
+    dead_letter_source_queue: str
+    last_error: str
+    state: MessageState
+    visible_time: _timestamp_pb2.Timestamp
+    def __init__(self, message_id: _Optional[str] = ..., body: _Optional[bytes] = ..., attributes: _Optional[_Mapping[str, AttributeValue]] = ..., enqueue_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., receive_count: _Optional[int] = ..., first_receive_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., receipt: _Optional[str] = ..., priority: _Optional[int] = ..., message_group_id: _Optional[str] = ..., deduplication_id: _Optional[str] = ..., dead_letter_source_queue: _Optional[str] = ..., last_error: _Optional[str] = ..., state: _Optional[_Union[MessageState, str]] = ..., visible_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class ArchivedMessage(_message.Message):
+    __slots__ = ("message", "archive_time", "reason")
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    ARCHIVE_TIME_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    message: Message
+    archive_time: _timestamp_pb2.Timestamp
+    reason: str
+    def __init__(self, message: _Optional[_Union[Message, _Mapping]] = ..., archive_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class BatchEntryStatus(_message.Message):
     __slots__ = ("code", "message")

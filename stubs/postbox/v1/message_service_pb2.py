@@ -23,10 +23,11 @@ _sym_db = _symbol_database.Default()
 
 
 from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
+from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 from postbox.v1 import message_pb2 as postbox_dot_v1_dot_message__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n postbox/v1/message_service.proto\x12\npostbox.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x18postbox/v1/message.proto\"\xe0\x01\n\x0bSendRequest\x12\r\n\x05queue\x18\x01 \x01(\t\x12\x0c\n\x04\x62ody\x18\x02 \x01(\x0c\x12;\n\nattributes\x18\x03 \x03(\x0b\x32\'.postbox.v1.SendRequest.AttributesEntry\x12(\n\x05\x64\x65lay\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x1aM\n\x0f\x41ttributesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12)\n\x05value\x18\x02 \x01(\x0b\x32\x1a.postbox.v1.AttributeValue:\x02\x38\x01\"\"\n\x0cSendResponse\x12\x12\n\nmessage_id\x18\x01 \x01(\t\"\xd7\x01\n\x0eSendBatchEntry\x12\x0c\n\x04\x62ody\x18\x01 \x01(\x0c\x12>\n\nattributes\x18\x02 \x03(\x0b\x32*.postbox.v1.SendBatchEntry.AttributesEntry\x12(\n\x05\x64\x65lay\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x1aM\n\x0f\x41ttributesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12)\n\x05value\x18\x02 \x01(\x0b\x32\x1a.postbox.v1.AttributeValue:\x02\x38\x01\"N\n\x10SendBatchRequest\x12\r\n\x05queue\x18\x01 \x01(\t\x12+\n\x07\x65ntries\x18\x02 \x03(\x0b\x32\x1a.postbox.v1.SendBatchEntry\"(\n\x11SendBatchResponse\x12\x13\n\x0bmessage_ids\x18\x01 \x03(\t\"\x8e\x02\n\x0eReceiveRequest\x12\r\n\x05queue\x18\x01 \x01(\t\x12\x14\n\x0cmax_messages\x18\x02 \x01(\x05\x12\x35\n\x12visibility_timeout\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12,\n\twait_time\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12%\n\x04mode\x18\x05 \x01(\x0e\x32\x17.postbox.v1.ReceiveMode\x12\x1a\n\x12max_total_messages\x18\x06 \x01(\x03\x12/\n\x0cidle_timeout\x18\x07 \x01(\x0b\x32\x19.google.protobuf.Duration\"8\n\x0fReceiveResponse\x12%\n\x08messages\x18\x01 \x03(\x0b\x32\x13.postbox.v1.Message\"/\n\rDeleteRequest\x12\r\n\x05queue\x18\x01 \x01(\t\x12\x0f\n\x07receipt\x18\x02 \x01(\t\"\x10\n\x0e\x44\x65leteResponse\"5\n\x12\x44\x65leteBatchRequest\x12\r\n\x05queue\x18\x01 \x01(\t\x12\x10\n\x08receipts\x18\x02 \x03(\t\"D\n\x13\x44\x65leteBatchResponse\x12-\n\x07results\x18\x01 \x03(\x0b\x32\x1c.postbox.v1.BatchEntryStatus\"p\n\x17\x43hangeVisibilityRequest\x12\r\n\x05queue\x18\x01 \x01(\t\x12\x0f\n\x07receipt\x18\x02 \x01(\t\x12\x35\n\x12visibility_timeout\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\"\x1a\n\x18\x43hangeVisibilityResponse\"d\n\x1a\x43hangeVisibilityBatchEntry\x12\x0f\n\x07receipt\x18\x01 \x01(\t\x12\x35\n\x12visibility_timeout\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\"f\n\x1c\x43hangeVisibilityBatchRequest\x12\r\n\x05queue\x18\x01 \x01(\t\x12\x37\n\x07\x65ntries\x18\x02 \x03(\x0b\x32&.postbox.v1.ChangeVisibilityBatchEntry\"N\n\x1d\x43hangeVisibilityBatchResponse\x12-\n\x07results\x18\x01 \x03(\x0b\x32\x1c.postbox.v1.BatchEntryStatus*d\n\x0bReceiveMode\x12\x1c\n\x18RECEIVE_MODE_UNSPECIFIED\x10\x00\x12\x1a\n\x16RECEIVE_MODE_LONG_POLL\x10\x01\x12\x1b\n\x17RECEIVE_MODE_CONTINUOUS\x10\x02\x32\xb9\x04\n\x0eMessageService\x12\x39\n\x04Send\x12\x17.postbox.v1.SendRequest\x1a\x18.postbox.v1.SendResponse\x12H\n\tSendBatch\x12\x1c.postbox.v1.SendBatchRequest\x1a\x1d.postbox.v1.SendBatchResponse\x12\x44\n\x07Receive\x12\x1a.postbox.v1.ReceiveRequest\x1a\x1b.postbox.v1.ReceiveResponse0\x01\x12?\n\x06\x44\x65lete\x12\x19.postbox.v1.DeleteRequest\x1a\x1a.postbox.v1.DeleteResponse\x12N\n\x0b\x44\x65leteBatch\x12\x1e.postbox.v1.DeleteBatchRequest\x1a\x1f.postbox.v1.DeleteBatchResponse\x12]\n\x10\x43hangeVisibility\x12#.postbox.v1.ChangeVisibilityRequest\x1a$.postbox.v1.ChangeVisibilityResponse\x12l\n\x15\x43hangeVisibilityBatch\x12(.postbox.v1.ChangeVisibilityBatchRequest\x1a).postbox.v1.ChangeVisibilityBatchResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n postbox/v1/message_service.proto\x12\npostbox.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18postbox/v1/message.proto\"\xea\x02\n\x0bSendRequest\x12\r\n\x05queue\x18\x01 \x01(\t\x12\x0c\n\x04\x62ody\x18\x02 \x01(\x0c\x12;\n\nattributes\x18\x03 \x03(\x0b\x32\'.postbox.v1.SendRequest.AttributesEntry\x12(\n\x05\x64\x65lay\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12.\n\ndeliver_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x18\n\x10message_group_id\x18\x06 \x01(\t\x12\x18\n\x10\x64\x65\x64uplication_id\x18\x07 \x01(\t\x12\x12\n\ndedupe_key\x18\x08 \x01(\t\x12\x10\n\x08priority\x18\t \x01(\x05\x1aM\n\x0f\x41ttributesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12)\n\x05value\x18\x02 \x01(\x0b\x32\x1a.postbox.v1.AttributeValue:\x02\x38\x01\"5\n\x0cSendResponse\x12\x12\n\nmessage_id\x18\x01 \x01(\t\x12\x11\n\tduplicate\x18\x02 \x01(\x08\"\xe1\x02\n\x0eSendBatchEntry\x12\x0c\n\x04\x62ody\x18\x01 \x01(\x0c\x12>\n\nattributes\x18\x02 \x03(\x0b\x32*.postbox.v1.SendBatchEntry.AttributesEntry\x12(\n\x05\x64\x65lay\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12.\n\ndeliver_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x18\n\x10message_group_id\x18\x05 \x01(\t\x12\x18\n\x10\x64\x65\x64uplication_id\x18\x06 \x01(\t\x12\x12\n\ndedupe_key\x18\x07 \x01(\t\x12\x10\n\x08priority\x18\x08 \x01(\x05\x1aM\n\x0f\x41ttributesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12)\n\x05value\x18\x02 \x01(\x0b\x32\x1a.postbox.v1.AttributeValue:\x02\x38\x01\"N\n\x10SendBatchRequest\x12\r\n\x05queue\x18\x01 \x01(\t\x12+\n\x07\x65ntries\x18\x02 \x03(\x0b\x32\x1a.postbox.v1.SendBatchEntry\"<\n\x11SendBatchResponse\x12\x13\n\x0bmessage_ids\x18\x01 \x03(\t\x12\x12\n\nduplicates\x18\x02 \x03(\x08\"\x8e\x02\n\x0eReceiveRequest\x12\r\n\x05queue\x18\x01 \x01(\t\x12\x14\n\x0cmax_messages\x18\x02 \x01(\x05\x12\x35\n\x12visibility_timeout\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12,\n\twait_time\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12%\n\x04mode\x18\x05 \x01(\x0e\x32\x17.postbox.v1.ReceiveMode\x12\x1a\n\x12max_total_messages\x18\x06 \x01(\x03\x12/\n\x0cidle_timeout\x18\x07 \x01(\x0b\x32\x19.google.protobuf.Duration\"8\n\x0fReceiveResponse\x12%\n\x08messages\x18\x01 \x03(\x0b\x32\x13.postbox.v1.Message\"/\n\rDeleteRequest\x12\r\n\x05queue\x18\x01 \x01(\t\x12\x0f\n\x07receipt\x18\x02 \x01(\t\"\x10\n\x0e\x44\x65leteResponse\"5\n\x12\x44\x65leteBatchRequest\x12\r\n\x05queue\x18\x01 \x01(\t\x12\x10\n\x08receipts\x18\x02 \x03(\t\"D\n\x13\x44\x65leteBatchResponse\x12-\n\x07results\x18\x01 \x03(\x0b\x32\x1c.postbox.v1.BatchEntryStatus\"p\n\x17\x43hangeVisibilityRequest\x12\r\n\x05queue\x18\x01 \x01(\t\x12\x0f\n\x07receipt\x18\x02 \x01(\t\x12\x35\n\x12visibility_timeout\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\"\x1a\n\x18\x43hangeVisibilityResponse\"d\n\x1a\x43hangeVisibilityBatchEntry\x12\x0f\n\x07receipt\x18\x01 \x01(\t\x12\x35\n\x12visibility_timeout\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\"f\n\x1c\x43hangeVisibilityBatchRequest\x12\r\n\x05queue\x18\x01 \x01(\t\x12\x37\n\x07\x65ntries\x18\x02 \x03(\x0b\x32&.postbox.v1.ChangeVisibilityBatchEntry\"N\n\x1d\x43hangeVisibilityBatchResponse\x12-\n\x07results\x18\x01 \x03(\x0b\x32\x1c.postbox.v1.BatchEntryStatus\"f\n\x0bNackRequest\x12\r\n\x05queue\x18\x01 \x01(\t\x12\x0f\n\x07receipt\x18\x02 \x01(\t\x12(\n\x05\x64\x65lay\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\r\n\x05\x65rror\x18\x04 \x01(\t\"\x0e\n\x0cNackResponse\"t\n\x13PeekMessagesRequest\x12\r\n\x05queue\x18\x01 \x01(\t\x12\'\n\x05state\x18\x02 \x01(\x0e\x32\x18.postbox.v1.MessageState\x12\x11\n\tpage_size\x18\x03 \x01(\x05\x12\x12\n\npage_token\x18\x04 \x01(\t\"V\n\x14PeekMessagesResponse\x12%\n\x08messages\x18\x01 \x03(\x0b\x32\x13.postbox.v1.Message\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"6\n\x11GetMessageRequest\x12\r\n\x05queue\x18\x01 \x01(\t\x12\x12\n\nmessage_id\x18\x02 \x01(\t\":\n\x12GetMessageResponse\x12$\n\x07message\x18\x01 \x01(\x0b\x32\x13.postbox.v1.Message\"S\n\x1bListArchivedMessagesRequest\x12\r\n\x05queue\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"f\n\x1cListArchivedMessagesResponse\x12-\n\x08messages\x18\x01 \x03(\x0b\x32\x1b.postbox.v1.ArchivedMessage\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t*d\n\x0bReceiveMode\x12\x1c\n\x18RECEIVE_MODE_UNSPECIFIED\x10\x00\x12\x1a\n\x16RECEIVE_MODE_LONG_POLL\x10\x01\x12\x1b\n\x17RECEIVE_MODE_CONTINUOUS\x10\x02\x32\xff\x06\n\x0eMessageService\x12\x39\n\x04Send\x12\x17.postbox.v1.SendRequest\x1a\x18.postbox.v1.SendResponse\x12H\n\tSendBatch\x12\x1c.postbox.v1.SendBatchRequest\x1a\x1d.postbox.v1.SendBatchResponse\x12\x44\n\x07Receive\x12\x1a.postbox.v1.ReceiveRequest\x1a\x1b.postbox.v1.ReceiveResponse0\x01\x12?\n\x06\x44\x65lete\x12\x19.postbox.v1.DeleteRequest\x1a\x1a.postbox.v1.DeleteResponse\x12N\n\x0b\x44\x65leteBatch\x12\x1e.postbox.v1.DeleteBatchRequest\x1a\x1f.postbox.v1.DeleteBatchResponse\x12]\n\x10\x43hangeVisibility\x12#.postbox.v1.ChangeVisibilityRequest\x1a$.postbox.v1.ChangeVisibilityResponse\x12l\n\x15\x43hangeVisibilityBatch\x12(.postbox.v1.ChangeVisibilityBatchRequest\x1a).postbox.v1.ChangeVisibilityBatchResponse\x12\x39\n\x04Nack\x12\x17.postbox.v1.NackRequest\x1a\x18.postbox.v1.NackResponse\x12Q\n\x0cPeekMessages\x12\x1f.postbox.v1.PeekMessagesRequest\x1a .postbox.v1.PeekMessagesResponse\x12K\n\nGetMessage\x12\x1d.postbox.v1.GetMessageRequest\x1a\x1e.postbox.v1.GetMessageResponse\x12i\n\x14ListArchivedMessages\x12\'.postbox.v1.ListArchivedMessagesRequest\x1a(.postbox.v1.ListArchivedMessagesResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,44 +38,60 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SENDREQUEST_ATTRIBUTESENTRY']._serialized_options = b'8\001'
   _globals['_SENDBATCHENTRY_ATTRIBUTESENTRY']._loaded_options = None
   _globals['_SENDBATCHENTRY_ATTRIBUTESENTRY']._serialized_options = b'8\001'
-  _globals['_RECEIVEMODE']._serialized_start=1660
-  _globals['_RECEIVEMODE']._serialized_end=1760
-  _globals['_SENDREQUEST']._serialized_start=107
-  _globals['_SENDREQUEST']._serialized_end=331
-  _globals['_SENDREQUEST_ATTRIBUTESENTRY']._serialized_start=254
-  _globals['_SENDREQUEST_ATTRIBUTESENTRY']._serialized_end=331
-  _globals['_SENDRESPONSE']._serialized_start=333
-  _globals['_SENDRESPONSE']._serialized_end=367
-  _globals['_SENDBATCHENTRY']._serialized_start=370
-  _globals['_SENDBATCHENTRY']._serialized_end=585
-  _globals['_SENDBATCHENTRY_ATTRIBUTESENTRY']._serialized_start=254
-  _globals['_SENDBATCHENTRY_ATTRIBUTESENTRY']._serialized_end=331
-  _globals['_SENDBATCHREQUEST']._serialized_start=587
-  _globals['_SENDBATCHREQUEST']._serialized_end=665
-  _globals['_SENDBATCHRESPONSE']._serialized_start=667
-  _globals['_SENDBATCHRESPONSE']._serialized_end=707
-  _globals['_RECEIVEREQUEST']._serialized_start=710
-  _globals['_RECEIVEREQUEST']._serialized_end=980
-  _globals['_RECEIVERESPONSE']._serialized_start=982
-  _globals['_RECEIVERESPONSE']._serialized_end=1038
-  _globals['_DELETEREQUEST']._serialized_start=1040
-  _globals['_DELETEREQUEST']._serialized_end=1087
-  _globals['_DELETERESPONSE']._serialized_start=1089
-  _globals['_DELETERESPONSE']._serialized_end=1105
-  _globals['_DELETEBATCHREQUEST']._serialized_start=1107
-  _globals['_DELETEBATCHREQUEST']._serialized_end=1160
-  _globals['_DELETEBATCHRESPONSE']._serialized_start=1162
-  _globals['_DELETEBATCHRESPONSE']._serialized_end=1230
-  _globals['_CHANGEVISIBILITYREQUEST']._serialized_start=1232
-  _globals['_CHANGEVISIBILITYREQUEST']._serialized_end=1344
-  _globals['_CHANGEVISIBILITYRESPONSE']._serialized_start=1346
-  _globals['_CHANGEVISIBILITYRESPONSE']._serialized_end=1372
-  _globals['_CHANGEVISIBILITYBATCHENTRY']._serialized_start=1374
-  _globals['_CHANGEVISIBILITYBATCHENTRY']._serialized_end=1474
-  _globals['_CHANGEVISIBILITYBATCHREQUEST']._serialized_start=1476
-  _globals['_CHANGEVISIBILITYBATCHREQUEST']._serialized_end=1578
-  _globals['_CHANGEVISIBILITYBATCHRESPONSE']._serialized_start=1580
-  _globals['_CHANGEVISIBILITYBATCHRESPONSE']._serialized_end=1658
-  _globals['_MESSAGESERVICE']._serialized_start=1763
-  _globals['_MESSAGESERVICE']._serialized_end=2332
+  _globals['_RECEIVEMODE']._serialized_start=2639
+  _globals['_RECEIVEMODE']._serialized_end=2739
+  _globals['_SENDREQUEST']._serialized_start=140
+  _globals['_SENDREQUEST']._serialized_end=502
+  _globals['_SENDREQUEST_ATTRIBUTESENTRY']._serialized_start=425
+  _globals['_SENDREQUEST_ATTRIBUTESENTRY']._serialized_end=502
+  _globals['_SENDRESPONSE']._serialized_start=504
+  _globals['_SENDRESPONSE']._serialized_end=557
+  _globals['_SENDBATCHENTRY']._serialized_start=560
+  _globals['_SENDBATCHENTRY']._serialized_end=913
+  _globals['_SENDBATCHENTRY_ATTRIBUTESENTRY']._serialized_start=425
+  _globals['_SENDBATCHENTRY_ATTRIBUTESENTRY']._serialized_end=502
+  _globals['_SENDBATCHREQUEST']._serialized_start=915
+  _globals['_SENDBATCHREQUEST']._serialized_end=993
+  _globals['_SENDBATCHRESPONSE']._serialized_start=995
+  _globals['_SENDBATCHRESPONSE']._serialized_end=1055
+  _globals['_RECEIVEREQUEST']._serialized_start=1058
+  _globals['_RECEIVEREQUEST']._serialized_end=1328
+  _globals['_RECEIVERESPONSE']._serialized_start=1330
+  _globals['_RECEIVERESPONSE']._serialized_end=1386
+  _globals['_DELETEREQUEST']._serialized_start=1388
+  _globals['_DELETEREQUEST']._serialized_end=1435
+  _globals['_DELETERESPONSE']._serialized_start=1437
+  _globals['_DELETERESPONSE']._serialized_end=1453
+  _globals['_DELETEBATCHREQUEST']._serialized_start=1455
+  _globals['_DELETEBATCHREQUEST']._serialized_end=1508
+  _globals['_DELETEBATCHRESPONSE']._serialized_start=1510
+  _globals['_DELETEBATCHRESPONSE']._serialized_end=1578
+  _globals['_CHANGEVISIBILITYREQUEST']._serialized_start=1580
+  _globals['_CHANGEVISIBILITYREQUEST']._serialized_end=1692
+  _globals['_CHANGEVISIBILITYRESPONSE']._serialized_start=1694
+  _globals['_CHANGEVISIBILITYRESPONSE']._serialized_end=1720
+  _globals['_CHANGEVISIBILITYBATCHENTRY']._serialized_start=1722
+  _globals['_CHANGEVISIBILITYBATCHENTRY']._serialized_end=1822
+  _globals['_CHANGEVISIBILITYBATCHREQUEST']._serialized_start=1824
+  _globals['_CHANGEVISIBILITYBATCHREQUEST']._serialized_end=1926
+  _globals['_CHANGEVISIBILITYBATCHRESPONSE']._serialized_start=1928
+  _globals['_CHANGEVISIBILITYBATCHRESPONSE']._serialized_end=2006
+  _globals['_NACKREQUEST']._serialized_start=2008
+  _globals['_NACKREQUEST']._serialized_end=2110
+  _globals['_NACKRESPONSE']._serialized_start=2112
+  _globals['_NACKRESPONSE']._serialized_end=2126
+  _globals['_PEEKMESSAGESREQUEST']._serialized_start=2128
+  _globals['_PEEKMESSAGESREQUEST']._serialized_end=2244
+  _globals['_PEEKMESSAGESRESPONSE']._serialized_start=2246
+  _globals['_PEEKMESSAGESRESPONSE']._serialized_end=2332
+  _globals['_GETMESSAGEREQUEST']._serialized_start=2334
+  _globals['_GETMESSAGEREQUEST']._serialized_end=2388
+  _globals['_GETMESSAGERESPONSE']._serialized_start=2390
+  _globals['_GETMESSAGERESPONSE']._serialized_end=2448
+  _globals['_LISTARCHIVEDMESSAGESREQUEST']._serialized_start=2450
+  _globals['_LISTARCHIVEDMESSAGESREQUEST']._serialized_end=2533
+  _globals['_LISTARCHIVEDMESSAGESRESPONSE']._serialized_start=2535
+  _globals['_LISTARCHIVEDMESSAGESRESPONSE']._serialized_end=2637
+  _globals['_MESSAGESERVICE']._serialized_start=2742
+  _globals['_MESSAGESERVICE']._serialized_end=3637
 # @@protoc_insertion_point(module_scope)

@@ -1,6 +1,7 @@
 import datetime
 
 from google.protobuf import duration_pb2 as _duration_pb2
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from postbox.v1 import message_pb2 as _message_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
@@ -21,7 +22,7 @@ RECEIVE_MODE_LONG_POLL: ReceiveMode
 RECEIVE_MODE_CONTINUOUS: ReceiveMode
 
 class SendRequest(_message.Message):
-    __slots__ = ("queue", "body", "attributes", "delay")
+    __slots__ = ("queue", "body", "attributes", "delay", "deliver_at", "message_group_id", "deduplication_id", "dedupe_key", "priority")
     class AttributesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -33,20 +34,32 @@ class SendRequest(_message.Message):
     BODY_FIELD_NUMBER: _ClassVar[int]
     ATTRIBUTES_FIELD_NUMBER: _ClassVar[int]
     DELAY_FIELD_NUMBER: _ClassVar[int]
+    DELIVER_AT_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    DEDUPLICATION_ID_FIELD_NUMBER: _ClassVar[int]
+    DEDUPE_KEY_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
     queue: str
     body: bytes
     attributes: _containers.MessageMap[str, _message_pb2.AttributeValue]
     delay: _duration_pb2.Duration
-    def __init__(self, queue: _Optional[str] = ..., body: _Optional[bytes] = ..., attributes: _Optional[_Mapping[str, _message_pb2.AttributeValue]] = ..., delay: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+    deliver_at: _timestamp_pb2.Timestamp
+    message_group_id: str
+    deduplication_id: str
+    dedupe_key: str
+    priority: int
+    def __init__(self, queue: _Optional[str] = ..., body: _Optional[bytes] = ..., attributes: _Optional[_Mapping[str, _message_pb2.AttributeValue]] = ..., delay: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., deliver_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., message_group_id: _Optional[str] = ..., deduplication_id: _Optional[str] = ..., dedupe_key: _Optional[str] = ..., priority: _Optional[int] = ...) -> None: ...
 
 class SendResponse(_message.Message):
-    __slots__ = ("message_id",)
+    __slots__ = ("message_id", "duplicate")
     MESSAGE_ID_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATE_FIELD_NUMBER: _ClassVar[int]
     message_id: str
-    def __init__(self, message_id: _Optional[str] = ...) -> None: ...
+    duplicate: bool
+    def __init__(self, message_id: _Optional[str] = ..., duplicate: _Optional[bool] = ...) -> None: ...
 
 class SendBatchEntry(_message.Message):
-    __slots__ = ("body", "attributes", "delay")
+    __slots__ = ("body", "attributes", "delay", "deliver_at", "message_group_id", "deduplication_id", "dedupe_key", "priority")
     class AttributesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -57,10 +70,20 @@ class SendBatchEntry(_message.Message):
     BODY_FIELD_NUMBER: _ClassVar[int]
     ATTRIBUTES_FIELD_NUMBER: _ClassVar[int]
     DELAY_FIELD_NUMBER: _ClassVar[int]
+    DELIVER_AT_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    DEDUPLICATION_ID_FIELD_NUMBER: _ClassVar[int]
+    DEDUPE_KEY_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
     body: bytes
     attributes: _containers.MessageMap[str, _message_pb2.AttributeValue]
     delay: _duration_pb2.Duration
-    def __init__(self, body: _Optional[bytes] = ..., attributes: _Optional[_Mapping[str, _message_pb2.AttributeValue]] = ..., delay: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+    deliver_at: _timestamp_pb2.Timestamp
+    message_group_id: str
+    deduplication_id: str
+    dedupe_key: str
+    priority: int
+    def __init__(self, body: _Optional[bytes] = ..., attributes: _Optional[_Mapping[str, _message_pb2.AttributeValue]] = ..., delay: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., deliver_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., message_group_id: _Optional[str] = ..., deduplication_id: _Optional[str] = ..., dedupe_key: _Optional[str] = ..., priority: _Optional[int] = ...) -> None: ...
 
 class SendBatchRequest(_message.Message):
     __slots__ = ("queue", "entries")
@@ -71,10 +94,12 @@ class SendBatchRequest(_message.Message):
     def __init__(self, queue: _Optional[str] = ..., entries: _Optional[_Iterable[_Union[SendBatchEntry, _Mapping]]] = ...) -> None: ...
 
 class SendBatchResponse(_message.Message):
-    __slots__ = ("message_ids",)
+    __slots__ = ("message_ids", "duplicates")
     MESSAGE_IDS_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATES_FIELD_NUMBER: _ClassVar[int]
     message_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, message_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    duplicates: _containers.RepeatedScalarFieldContainer[bool]
+    def __init__(self, message_ids: _Optional[_Iterable[str]] = ..., duplicates: _Optional[_Iterable[bool]] = ...) -> None: ...
 
 class ReceiveRequest(_message.Message):
     __slots__ = ("queue", "max_messages", "visibility_timeout", "wait_time", "mode", "max_total_messages", "idle_timeout")
@@ -161,3 +186,71 @@ class ChangeVisibilityBatchResponse(_message.Message):
     RESULTS_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[_message_pb2.BatchEntryStatus]
     def __init__(self, results: _Optional[_Iterable[_Union[_message_pb2.BatchEntryStatus, _Mapping]]] = ...) -> None: ...
+
+class NackRequest(_message.Message):
+    __slots__ = ("queue", "receipt", "delay", "error")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    RECEIPT_FIELD_NUMBER: _ClassVar[int]
+    DELAY_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    receipt: str
+    delay: _duration_pb2.Duration
+    error: str
+    def __init__(self, queue: _Optional[str] = ..., receipt: _Optional[str] = ..., delay: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., error: _Optional[str] = ...) -> None: ...
+
+class NackResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class PeekMessagesRequest(_message.Message):
+    __slots__ = ("queue", "state", "page_size", "page_token")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    state: _message_pb2.MessageState
+    page_size: int
+    page_token: str
+    def __init__(self, queue: _Optional[str] = ..., state: _Optional[_Union[_message_pb2.MessageState, str]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class PeekMessagesResponse(_message.Message):
+    __slots__ = ("messages", "next_page_token")
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[_message_pb2.Message]
+    next_page_token: str
+    def __init__(self, messages: _Optional[_Iterable[_Union[_message_pb2.Message, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class GetMessageRequest(_message.Message):
+    __slots__ = ("queue", "message_id")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_ID_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    message_id: str
+    def __init__(self, queue: _Optional[str] = ..., message_id: _Optional[str] = ...) -> None: ...
+
+class GetMessageResponse(_message.Message):
+    __slots__ = ("message",)
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    message: _message_pb2.Message
+    def __init__(self, message: _Optional[_Union[_message_pb2.Message, _Mapping]] = ...) -> None: ...
+
+class ListArchivedMessagesRequest(_message.Message):
+    __slots__ = ("queue", "page_size", "page_token")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    page_size: int
+    page_token: str
+    def __init__(self, queue: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class ListArchivedMessagesResponse(_message.Message):
+    __slots__ = ("messages", "next_page_token")
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[_message_pb2.ArchivedMessage]
+    next_page_token: str
+    def __init__(self, messages: _Optional[_Iterable[_Union[_message_pb2.ArchivedMessage, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...

@@ -73,6 +73,26 @@ class MessageServiceStub:
                 request_serializer=postbox_dot_v1_dot_message__service__pb2.ChangeVisibilityBatchRequest.SerializeToString,
                 response_deserializer=postbox_dot_v1_dot_message__service__pb2.ChangeVisibilityBatchResponse.FromString,
                 _registered_method=True)
+        self.Nack = channel.unary_unary(
+                '/postbox.v1.MessageService/Nack',
+                request_serializer=postbox_dot_v1_dot_message__service__pb2.NackRequest.SerializeToString,
+                response_deserializer=postbox_dot_v1_dot_message__service__pb2.NackResponse.FromString,
+                _registered_method=True)
+        self.PeekMessages = channel.unary_unary(
+                '/postbox.v1.MessageService/PeekMessages',
+                request_serializer=postbox_dot_v1_dot_message__service__pb2.PeekMessagesRequest.SerializeToString,
+                response_deserializer=postbox_dot_v1_dot_message__service__pb2.PeekMessagesResponse.FromString,
+                _registered_method=True)
+        self.GetMessage = channel.unary_unary(
+                '/postbox.v1.MessageService/GetMessage',
+                request_serializer=postbox_dot_v1_dot_message__service__pb2.GetMessageRequest.SerializeToString,
+                response_deserializer=postbox_dot_v1_dot_message__service__pb2.GetMessageResponse.FromString,
+                _registered_method=True)
+        self.ListArchivedMessages = channel.unary_unary(
+                '/postbox.v1.MessageService/ListArchivedMessages',
+                request_serializer=postbox_dot_v1_dot_message__service__pb2.ListArchivedMessagesRequest.SerializeToString,
+                response_deserializer=postbox_dot_v1_dot_message__service__pb2.ListArchivedMessagesResponse.FromString,
+                _registered_method=True)
 
 
 class MessageServiceServicer:
@@ -141,6 +161,37 @@ class MessageServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Nack(self, request, context):
+        """Gives a received message back for a retry: visible again after the given
+        delay, or after the queue's retry backoff. The receipt is spent. Same
+        receipt rules as Delete.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PeekMessages(self, request, context):
+        """Browses a queue's messages in id order without claiming them.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetMessage(self, request, context):
+        """Returns one message of a queue without claiming it. NOT_FOUND if it is not
+        there (deleted, expired or never sent).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListArchivedMessages(self, request, context):
+        """Lists a queue's archived messages (see Queue.archive_on_delete) in id order.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MessageServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -178,6 +229,26 @@ def add_MessageServiceServicer_to_server(servicer, server):
                     servicer.ChangeVisibilityBatch,
                     request_deserializer=postbox_dot_v1_dot_message__service__pb2.ChangeVisibilityBatchRequest.FromString,
                     response_serializer=postbox_dot_v1_dot_message__service__pb2.ChangeVisibilityBatchResponse.SerializeToString,
+            ),
+            'Nack': grpc.unary_unary_rpc_method_handler(
+                    servicer.Nack,
+                    request_deserializer=postbox_dot_v1_dot_message__service__pb2.NackRequest.FromString,
+                    response_serializer=postbox_dot_v1_dot_message__service__pb2.NackResponse.SerializeToString,
+            ),
+            'PeekMessages': grpc.unary_unary_rpc_method_handler(
+                    servicer.PeekMessages,
+                    request_deserializer=postbox_dot_v1_dot_message__service__pb2.PeekMessagesRequest.FromString,
+                    response_serializer=postbox_dot_v1_dot_message__service__pb2.PeekMessagesResponse.SerializeToString,
+            ),
+            'GetMessage': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetMessage,
+                    request_deserializer=postbox_dot_v1_dot_message__service__pb2.GetMessageRequest.FromString,
+                    response_serializer=postbox_dot_v1_dot_message__service__pb2.GetMessageResponse.SerializeToString,
+            ),
+            'ListArchivedMessages': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListArchivedMessages,
+                    request_deserializer=postbox_dot_v1_dot_message__service__pb2.ListArchivedMessagesRequest.FromString,
+                    response_serializer=postbox_dot_v1_dot_message__service__pb2.ListArchivedMessagesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -373,6 +444,114 @@ class MessageService:
             '/postbox.v1.MessageService/ChangeVisibilityBatch',
             postbox_dot_v1_dot_message__service__pb2.ChangeVisibilityBatchRequest.SerializeToString,
             postbox_dot_v1_dot_message__service__pb2.ChangeVisibilityBatchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Nack(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/postbox.v1.MessageService/Nack',
+            postbox_dot_v1_dot_message__service__pb2.NackRequest.SerializeToString,
+            postbox_dot_v1_dot_message__service__pb2.NackResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PeekMessages(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/postbox.v1.MessageService/PeekMessages',
+            postbox_dot_v1_dot_message__service__pb2.PeekMessagesRequest.SerializeToString,
+            postbox_dot_v1_dot_message__service__pb2.PeekMessagesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetMessage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/postbox.v1.MessageService/GetMessage',
+            postbox_dot_v1_dot_message__service__pb2.GetMessageRequest.SerializeToString,
+            postbox_dot_v1_dot_message__service__pb2.GetMessageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListArchivedMessages(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/postbox.v1.MessageService/ListArchivedMessages',
+            postbox_dot_v1_dot_message__service__pb2.ListArchivedMessagesRequest.SerializeToString,
+            postbox_dot_v1_dot_message__service__pb2.ListArchivedMessagesResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -4,6 +4,7 @@ from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import field_mask_pb2 as _field_mask_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
@@ -12,7 +13,14 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Queue(_message.Message):
-    __slots__ = ("name", "visibility_timeout", "delivery_delay", "retention", "max_message_size", "receive_wait_time", "create_time", "update_time", "stats")
+    __slots__ = ("name", "visibility_timeout", "delivery_delay", "retention", "max_message_size", "receive_wait_time", "create_time", "update_time", "stats", "fifo", "content_based_deduplication", "deduplication_window", "dead_letter_policy", "redrive_allow_policy", "retry_policy", "archive_on_delete", "archive_retention", "max_depth", "receive_rate_limit", "send_paused", "receive_paused", "tags")
+    class TagsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     NAME_FIELD_NUMBER: _ClassVar[int]
     VISIBILITY_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
     DELIVERY_DELAY_FIELD_NUMBER: _ClassVar[int]
@@ -22,6 +30,19 @@ class Queue(_message.Message):
     CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
     UPDATE_TIME_FIELD_NUMBER: _ClassVar[int]
     STATS_FIELD_NUMBER: _ClassVar[int]
+    FIFO_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_BASED_DEDUPLICATION_FIELD_NUMBER: _ClassVar[int]
+    DEDUPLICATION_WINDOW_FIELD_NUMBER: _ClassVar[int]
+    DEAD_LETTER_POLICY_FIELD_NUMBER: _ClassVar[int]
+    REDRIVE_ALLOW_POLICY_FIELD_NUMBER: _ClassVar[int]
+    RETRY_POLICY_FIELD_NUMBER: _ClassVar[int]
+    ARCHIVE_ON_DELETE_FIELD_NUMBER: _ClassVar[int]
+    ARCHIVE_RETENTION_FIELD_NUMBER: _ClassVar[int]
+    MAX_DEPTH_FIELD_NUMBER: _ClassVar[int]
+    RECEIVE_RATE_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    SEND_PAUSED_FIELD_NUMBER: _ClassVar[int]
+    RECEIVE_PAUSED_FIELD_NUMBER: _ClassVar[int]
+    TAGS_FIELD_NUMBER: _ClassVar[int]
     name: str
     visibility_timeout: _duration_pb2.Duration
     delivery_delay: _duration_pb2.Duration
@@ -31,7 +52,54 @@ class Queue(_message.Message):
     create_time: _timestamp_pb2.Timestamp
     update_time: _timestamp_pb2.Timestamp
     stats: QueueStats
-    def __init__(self, name: _Optional[str] = ..., visibility_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., delivery_delay: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., retention: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_message_size: _Optional[int] = ..., receive_wait_time: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., stats: _Optional[_Union[QueueStats, _Mapping]] = ...) -> None: ...
+    fifo: bool
+    content_based_deduplication: bool
+    deduplication_window: _duration_pb2.Duration
+    dead_letter_policy: DeadLetterPolicy
+    redrive_allow_policy: RedriveAllowPolicy
+    retry_policy: RetryPolicy
+    archive_on_delete: bool
+    archive_retention: _duration_pb2.Duration
+    max_depth: int
+    receive_rate_limit: float
+    send_paused: bool
+    receive_paused: bool
+    tags: _containers.ScalarMap[str, str]
+    def __init__(self, name: _Optional[str] = ..., visibility_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., delivery_delay: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., retention: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_message_size: _Optional[int] = ..., receive_wait_time: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., stats: _Optional[_Union[QueueStats, _Mapping]] = ..., fifo: _Optional[bool] = ..., content_based_deduplication: _Optional[bool] = ..., deduplication_window: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., dead_letter_policy: _Optional[_Union[DeadLetterPolicy, _Mapping]] = ..., redrive_allow_policy: _Optional[_Union[RedriveAllowPolicy, _Mapping]] = ..., retry_policy: _Optional[_Union[RetryPolicy, _Mapping]] = ..., archive_on_delete: _Optional[bool] = ..., archive_retention: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_depth: _Optional[int] = ..., receive_rate_limit: _Optional[float] = ..., send_paused: _Optional[bool] = ..., receive_paused: _Optional[bool] = ..., tags: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class DeadLetterPolicy(_message.Message):
+    __slots__ = ("dead_letter_queue", "max_receive_count")
+    DEAD_LETTER_QUEUE_FIELD_NUMBER: _ClassVar[int]
+    MAX_RECEIVE_COUNT_FIELD_NUMBER: _ClassVar[int]
+    dead_letter_queue: str
+    max_receive_count: int
+    def __init__(self, dead_letter_queue: _Optional[str] = ..., max_receive_count: _Optional[int] = ...) -> None: ...
+
+class RedriveAllowPolicy(_message.Message):
+    __slots__ = ("permission", "source_queues")
+    class Permission(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        PERMISSION_UNSPECIFIED: _ClassVar[RedriveAllowPolicy.Permission]
+        PERMISSION_ALLOW_ALL: _ClassVar[RedriveAllowPolicy.Permission]
+        PERMISSION_DENY_ALL: _ClassVar[RedriveAllowPolicy.Permission]
+        PERMISSION_BY_QUEUE: _ClassVar[RedriveAllowPolicy.Permission]
+    PERMISSION_UNSPECIFIED: RedriveAllowPolicy.Permission
+    PERMISSION_ALLOW_ALL: RedriveAllowPolicy.Permission
+    PERMISSION_DENY_ALL: RedriveAllowPolicy.Permission
+    PERMISSION_BY_QUEUE: RedriveAllowPolicy.Permission
+    PERMISSION_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_QUEUES_FIELD_NUMBER: _ClassVar[int]
+    permission: RedriveAllowPolicy.Permission
+    source_queues: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, permission: _Optional[_Union[RedriveAllowPolicy.Permission, str]] = ..., source_queues: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class RetryPolicy(_message.Message):
+    __slots__ = ("minimum_backoff", "maximum_backoff")
+    MINIMUM_BACKOFF_FIELD_NUMBER: _ClassVar[int]
+    MAXIMUM_BACKOFF_FIELD_NUMBER: _ClassVar[int]
+    minimum_backoff: _duration_pb2.Duration
+    maximum_backoff: _duration_pb2.Duration
+    def __init__(self, minimum_backoff: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., maximum_backoff: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class QueueStats(_message.Message):
     __slots__ = ("visible_messages", "in_flight_messages", "delayed_messages", "oldest_message_age")
@@ -122,3 +190,135 @@ class PurgeQueueResponse(_message.Message):
     PURGED_MESSAGES_FIELD_NUMBER: _ClassVar[int]
     purged_messages: int
     def __init__(self, purged_messages: _Optional[int] = ...) -> None: ...
+
+class PauseQueueRequest(_message.Message):
+    __slots__ = ("name", "sends", "receives")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SENDS_FIELD_NUMBER: _ClassVar[int]
+    RECEIVES_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    sends: bool
+    receives: bool
+    def __init__(self, name: _Optional[str] = ..., sends: _Optional[bool] = ..., receives: _Optional[bool] = ...) -> None: ...
+
+class PauseQueueResponse(_message.Message):
+    __slots__ = ("queue",)
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    queue: Queue
+    def __init__(self, queue: _Optional[_Union[Queue, _Mapping]] = ...) -> None: ...
+
+class ResumeQueueRequest(_message.Message):
+    __slots__ = ("name", "sends", "receives")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SENDS_FIELD_NUMBER: _ClassVar[int]
+    RECEIVES_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    sends: bool
+    receives: bool
+    def __init__(self, name: _Optional[str] = ..., sends: _Optional[bool] = ..., receives: _Optional[bool] = ...) -> None: ...
+
+class ResumeQueueResponse(_message.Message):
+    __slots__ = ("queue",)
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    queue: Queue
+    def __init__(self, queue: _Optional[_Union[Queue, _Mapping]] = ...) -> None: ...
+
+class ListDeadLetterSourceQueuesRequest(_message.Message):
+    __slots__ = ("name", "page_size", "page_token")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    page_size: int
+    page_token: str
+    def __init__(self, name: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class ListDeadLetterSourceQueuesResponse(_message.Message):
+    __slots__ = ("queue_names", "next_page_token")
+    QUEUE_NAMES_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    queue_names: _containers.RepeatedScalarFieldContainer[str]
+    next_page_token: str
+    def __init__(self, queue_names: _Optional[_Iterable[str]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class RedriveTask(_message.Message):
+    __slots__ = ("task_id", "dead_letter_queue", "destination", "max_messages", "max_messages_per_second", "state", "moved_messages", "messages_to_move", "failure_reason", "create_time", "update_time")
+    class State(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        STATE_UNSPECIFIED: _ClassVar[RedriveTask.State]
+        STATE_RUNNING: _ClassVar[RedriveTask.State]
+        STATE_COMPLETED: _ClassVar[RedriveTask.State]
+        STATE_CANCELLED: _ClassVar[RedriveTask.State]
+        STATE_FAILED: _ClassVar[RedriveTask.State]
+    STATE_UNSPECIFIED: RedriveTask.State
+    STATE_RUNNING: RedriveTask.State
+    STATE_COMPLETED: RedriveTask.State
+    STATE_CANCELLED: RedriveTask.State
+    STATE_FAILED: RedriveTask.State
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    DEAD_LETTER_QUEUE_FIELD_NUMBER: _ClassVar[int]
+    DESTINATION_FIELD_NUMBER: _ClassVar[int]
+    MAX_MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    MAX_MESSAGES_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    MOVED_MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_TO_MOVE_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_REASON_FIELD_NUMBER: _ClassVar[int]
+    CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
+    UPDATE_TIME_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    dead_letter_queue: str
+    destination: str
+    max_messages: int
+    max_messages_per_second: float
+    state: RedriveTask.State
+    moved_messages: int
+    messages_to_move: int
+    failure_reason: str
+    create_time: _timestamp_pb2.Timestamp
+    update_time: _timestamp_pb2.Timestamp
+    def __init__(self, task_id: _Optional[str] = ..., dead_letter_queue: _Optional[str] = ..., destination: _Optional[str] = ..., max_messages: _Optional[int] = ..., max_messages_per_second: _Optional[float] = ..., state: _Optional[_Union[RedriveTask.State, str]] = ..., moved_messages: _Optional[int] = ..., messages_to_move: _Optional[int] = ..., failure_reason: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class RedriveMessagesRequest(_message.Message):
+    __slots__ = ("dead_letter_queue", "destination", "max_messages", "max_messages_per_second")
+    DEAD_LETTER_QUEUE_FIELD_NUMBER: _ClassVar[int]
+    DESTINATION_FIELD_NUMBER: _ClassVar[int]
+    MAX_MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    MAX_MESSAGES_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    dead_letter_queue: str
+    destination: str
+    max_messages: int
+    max_messages_per_second: float
+    def __init__(self, dead_letter_queue: _Optional[str] = ..., destination: _Optional[str] = ..., max_messages: _Optional[int] = ..., max_messages_per_second: _Optional[float] = ...) -> None: ...
+
+class RedriveMessagesResponse(_message.Message):
+    __slots__ = ("task",)
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    task: RedriveTask
+    def __init__(self, task: _Optional[_Union[RedriveTask, _Mapping]] = ...) -> None: ...
+
+class ListRedriveTasksRequest(_message.Message):
+    __slots__ = ("dead_letter_queue", "page_size")
+    DEAD_LETTER_QUEUE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    dead_letter_queue: str
+    page_size: int
+    def __init__(self, dead_letter_queue: _Optional[str] = ..., page_size: _Optional[int] = ...) -> None: ...
+
+class ListRedriveTasksResponse(_message.Message):
+    __slots__ = ("tasks",)
+    TASKS_FIELD_NUMBER: _ClassVar[int]
+    tasks: _containers.RepeatedCompositeFieldContainer[RedriveTask]
+    def __init__(self, tasks: _Optional[_Iterable[_Union[RedriveTask, _Mapping]]] = ...) -> None: ...
+
+class CancelRedriveTaskRequest(_message.Message):
+    __slots__ = ("task_id",)
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    def __init__(self, task_id: _Optional[str] = ...) -> None: ...
+
+class CancelRedriveTaskResponse(_message.Message):
+    __slots__ = ("task",)
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    task: RedriveTask
+    def __init__(self, task: _Optional[_Union[RedriveTask, _Mapping]] = ...) -> None: ...

@@ -66,6 +66,36 @@ class QueueServiceStub:
                 request_serializer=postbox_dot_v1_dot_queue__service__pb2.PurgeQueueRequest.SerializeToString,
                 response_deserializer=postbox_dot_v1_dot_queue__service__pb2.PurgeQueueResponse.FromString,
                 _registered_method=True)
+        self.PauseQueue = channel.unary_unary(
+                '/postbox.v1.QueueService/PauseQueue',
+                request_serializer=postbox_dot_v1_dot_queue__service__pb2.PauseQueueRequest.SerializeToString,
+                response_deserializer=postbox_dot_v1_dot_queue__service__pb2.PauseQueueResponse.FromString,
+                _registered_method=True)
+        self.ResumeQueue = channel.unary_unary(
+                '/postbox.v1.QueueService/ResumeQueue',
+                request_serializer=postbox_dot_v1_dot_queue__service__pb2.ResumeQueueRequest.SerializeToString,
+                response_deserializer=postbox_dot_v1_dot_queue__service__pb2.ResumeQueueResponse.FromString,
+                _registered_method=True)
+        self.ListDeadLetterSourceQueues = channel.unary_unary(
+                '/postbox.v1.QueueService/ListDeadLetterSourceQueues',
+                request_serializer=postbox_dot_v1_dot_queue__service__pb2.ListDeadLetterSourceQueuesRequest.SerializeToString,
+                response_deserializer=postbox_dot_v1_dot_queue__service__pb2.ListDeadLetterSourceQueuesResponse.FromString,
+                _registered_method=True)
+        self.RedriveMessages = channel.unary_unary(
+                '/postbox.v1.QueueService/RedriveMessages',
+                request_serializer=postbox_dot_v1_dot_queue__service__pb2.RedriveMessagesRequest.SerializeToString,
+                response_deserializer=postbox_dot_v1_dot_queue__service__pb2.RedriveMessagesResponse.FromString,
+                _registered_method=True)
+        self.ListRedriveTasks = channel.unary_unary(
+                '/postbox.v1.QueueService/ListRedriveTasks',
+                request_serializer=postbox_dot_v1_dot_queue__service__pb2.ListRedriveTasksRequest.SerializeToString,
+                response_deserializer=postbox_dot_v1_dot_queue__service__pb2.ListRedriveTasksResponse.FromString,
+                _registered_method=True)
+        self.CancelRedriveTask = channel.unary_unary(
+                '/postbox.v1.QueueService/CancelRedriveTask',
+                request_serializer=postbox_dot_v1_dot_queue__service__pb2.CancelRedriveTaskRequest.SerializeToString,
+                response_deserializer=postbox_dot_v1_dot_queue__service__pb2.CancelRedriveTaskResponse.FromString,
+                _registered_method=True)
 
 
 class QueueServiceServicer:
@@ -117,6 +147,51 @@ class QueueServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PauseQueue(self, request, context):
+        """Pauses sends and/or receives: they fail with UNAVAILABLE until resumed,
+        while Receive streams already waiting keep waiting.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResumeQueue(self, request, context):
+        """Lets paused sends and/or receives in again.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListDeadLetterSourceQueues(self, request, context):
+        """Lists the queues whose dead_letter_policy names this queue.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RedriveMessages(self, request, context):
+        """Starts moving a dead-letter queue's messages back to their source queues
+        (or to a named queue), receive counts reset, optionally at a limited rate.
+        The move runs in the background; one per dead-letter queue at a time.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListRedriveTasks(self, request, context):
+        """Lists the redrives of a dead-letter queue, newest first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CancelRedriveTask(self, request, context):
+        """Stops a running redrive; messages moved so far stay moved.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_QueueServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -149,6 +224,36 @@ def add_QueueServiceServicer_to_server(servicer, server):
                     servicer.PurgeQueue,
                     request_deserializer=postbox_dot_v1_dot_queue__service__pb2.PurgeQueueRequest.FromString,
                     response_serializer=postbox_dot_v1_dot_queue__service__pb2.PurgeQueueResponse.SerializeToString,
+            ),
+            'PauseQueue': grpc.unary_unary_rpc_method_handler(
+                    servicer.PauseQueue,
+                    request_deserializer=postbox_dot_v1_dot_queue__service__pb2.PauseQueueRequest.FromString,
+                    response_serializer=postbox_dot_v1_dot_queue__service__pb2.PauseQueueResponse.SerializeToString,
+            ),
+            'ResumeQueue': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResumeQueue,
+                    request_deserializer=postbox_dot_v1_dot_queue__service__pb2.ResumeQueueRequest.FromString,
+                    response_serializer=postbox_dot_v1_dot_queue__service__pb2.ResumeQueueResponse.SerializeToString,
+            ),
+            'ListDeadLetterSourceQueues': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListDeadLetterSourceQueues,
+                    request_deserializer=postbox_dot_v1_dot_queue__service__pb2.ListDeadLetterSourceQueuesRequest.FromString,
+                    response_serializer=postbox_dot_v1_dot_queue__service__pb2.ListDeadLetterSourceQueuesResponse.SerializeToString,
+            ),
+            'RedriveMessages': grpc.unary_unary_rpc_method_handler(
+                    servicer.RedriveMessages,
+                    request_deserializer=postbox_dot_v1_dot_queue__service__pb2.RedriveMessagesRequest.FromString,
+                    response_serializer=postbox_dot_v1_dot_queue__service__pb2.RedriveMessagesResponse.SerializeToString,
+            ),
+            'ListRedriveTasks': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListRedriveTasks,
+                    request_deserializer=postbox_dot_v1_dot_queue__service__pb2.ListRedriveTasksRequest.FromString,
+                    response_serializer=postbox_dot_v1_dot_queue__service__pb2.ListRedriveTasksResponse.SerializeToString,
+            ),
+            'CancelRedriveTask': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelRedriveTask,
+                    request_deserializer=postbox_dot_v1_dot_queue__service__pb2.CancelRedriveTaskRequest.FromString,
+                    response_serializer=postbox_dot_v1_dot_queue__service__pb2.CancelRedriveTaskResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -315,6 +420,168 @@ class QueueService:
             '/postbox.v1.QueueService/PurgeQueue',
             postbox_dot_v1_dot_queue__service__pb2.PurgeQueueRequest.SerializeToString,
             postbox_dot_v1_dot_queue__service__pb2.PurgeQueueResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PauseQueue(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/postbox.v1.QueueService/PauseQueue',
+            postbox_dot_v1_dot_queue__service__pb2.PauseQueueRequest.SerializeToString,
+            postbox_dot_v1_dot_queue__service__pb2.PauseQueueResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResumeQueue(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/postbox.v1.QueueService/ResumeQueue',
+            postbox_dot_v1_dot_queue__service__pb2.ResumeQueueRequest.SerializeToString,
+            postbox_dot_v1_dot_queue__service__pb2.ResumeQueueResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListDeadLetterSourceQueues(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/postbox.v1.QueueService/ListDeadLetterSourceQueues',
+            postbox_dot_v1_dot_queue__service__pb2.ListDeadLetterSourceQueuesRequest.SerializeToString,
+            postbox_dot_v1_dot_queue__service__pb2.ListDeadLetterSourceQueuesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RedriveMessages(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/postbox.v1.QueueService/RedriveMessages',
+            postbox_dot_v1_dot_queue__service__pb2.RedriveMessagesRequest.SerializeToString,
+            postbox_dot_v1_dot_queue__service__pb2.RedriveMessagesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListRedriveTasks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/postbox.v1.QueueService/ListRedriveTasks',
+            postbox_dot_v1_dot_queue__service__pb2.ListRedriveTasksRequest.SerializeToString,
+            postbox_dot_v1_dot_queue__service__pb2.ListRedriveTasksResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelRedriveTask(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/postbox.v1.QueueService/CancelRedriveTask',
+            postbox_dot_v1_dot_queue__service__pb2.CancelRedriveTaskRequest.SerializeToString,
+            postbox_dot_v1_dot_queue__service__pb2.CancelRedriveTaskResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,59 @@
+"""Runs the engine's housekeeping: redrive tasks, message expiry, archive and dedupe cleanup.
+
+Every server runs this; the SQL jobs claim their rows with SKIP LOCKED, so replicas
+share the work and never do the same piece twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from server.db.engine import Engine
+from server.errors import ApiError
+
+log = logging.getLogger(__name__)
+
+
+class MaintenanceWorker:
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        interval: float = 1.0,
+        expiry_interval: float = 10.0,
+        batch_size: int = 1000,
+    ) -> None:
+        self.engine = engine
+        # Redrives step every `interval`, so their rate limits see a steady clock.
+        self.interval = interval
+        # Expiry walks every queue with a retention: less often.
+        self.expiry_interval = expiry_interval
+        self.batch_size = batch_size
+
+    async def run(self) -> None:
+        next_expiry = 0.0
+        failing = False
+        while True:
+            try:
+                await self.engine.run_redrives(self.batch_size)
+                if time.monotonic() >= next_expiry:
+                    await self._drain(self.engine.expire_messages)
+                    await self._drain(self.engine.expire_records)
+                    next_expiry = time.monotonic() + self.expiry_interval
+                if failing:
+                    log.info("maintenance works again")
+                failing = False
+            except ApiError as error:
+                if not failing:  # once per outage, not once per tick
+                    log.warning("maintenance failed: %s", error.message)
+                failing = True
+            await asyncio.sleep(self.interval)
+
+    async def _drain(self, job: Callable[[int], Awaitable[int]]) -> None:
+        """Repeats a job while it fills whole batches: each call is one short transaction."""
+        done = self.batch_size
+        while done >= self.batch_size:
+            done = await job(self.batch_size)

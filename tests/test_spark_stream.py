@@ -24,8 +24,19 @@ def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
         time.sleep(0.2)
 
 
-def _committed_batches(checkpoint: Path) -> list[int]:
-    return sorted(int(p.name) for p in (checkpoint / "commits").iterdir() if p.name.isdigit())
+def _batches(checkpoint: Path, log: str) -> list[int]:
+    """Batch ids in the checkpoint's "offsets" (planned) or "commits" (done) log."""
+    return sorted(int(p.name) for p in (checkpoint / log).iterdir() if p.name.isdigit())
+
+
+def _stop_between_batches(query, checkpoint: Path, batches: int) -> None:
+    """Stops once `batches` batches committed, right after a commit, while the query idles."""
+    try:
+        wait_for(lambda: len(_batches(checkpoint, "commits")) >= batches, 120, "batches")
+        done = len(_batches(checkpoint, "commits"))
+        wait_for(lambda: len(_batches(checkpoint, "commits")) > done, 30, "one more batch")
+    finally:
+        query.stop()
 
 
 def _rate_to_queue(spark, server, queue: str, checkpoint: Path):
@@ -41,7 +52,9 @@ def _rate_to_queue(spark, server, queue: str, checkpoint: Path):
         .option("body_column", "body")
         .option("attribute_columns", "lane")
         .option("checkpointLocation", str(checkpoint))
-        .trigger(processingTime="1 second")
+        # Batches take well under the trigger interval, so the query mostly idles
+        # and a stop() right after a commit does not cut a batch short.
+        .trigger(processingTime="2 seconds")
         .start()
     )
 
@@ -50,23 +63,17 @@ def test_stream_from_rate_lands_every_row_once_across_a_restart(
     spark, server, messages, queue, tmp_path
 ):
     checkpoint = tmp_path / "checkpoint"
-    query = _rate_to_queue(spark, server, queue, checkpoint)
-    try:
-        wait_for(lambda: len(_committed_batches(checkpoint)) >= 4, 120, "4 committed batches")
-    finally:
-        query.stop()
+    _stop_between_batches(_rate_to_queue(spark, server, queue, checkpoint), checkpoint, 3)
 
     # Forget that the last batch committed, as if the driver died right before
     # writing its commit: the restarted query runs the batch again, sending rows
-    # that are already in the queue.
-    replayed = _committed_batches(checkpoint)[-1]
+    # that are already in the queue. (Should stop() have cut a batch short after
+    # all, that batch is the one run again.)
+    replayed = _batches(checkpoint, "offsets")[-1]
     for leftover in (checkpoint / "commits").glob(f"*{replayed}*"):
         leftover.unlink()
     query = _rate_to_queue(spark, server, queue, checkpoint)
-    try:
-        wait_for(lambda: _committed_batches(checkpoint)[-1] >= replayed + 2, 120, "2 more batches")
-    finally:
-        query.stop()
+    _stop_between_batches(query, checkpoint, replayed + 2)
     rerun = [p for p in query.recentProgress if p["batchId"] == replayed]
     assert rerun, "the restarted query did not run the uncommitted batch again"
     assert rerun[0]["numInputRows"] > 0
@@ -74,7 +81,7 @@ def test_stream_from_rate_lands_every_row_once_across_a_restart(
     # The rate source's offset is in seconds: committed batches hold values below
     # offset * rows per second. Values of a batch cut short by stop() may have
     # landed too, but none may land twice.
-    last = _committed_batches(checkpoint)[-1]
+    last = _batches(checkpoint, "commits")[-1]
     offset = json.loads((checkpoint / "offsets" / str(last)).read_text().splitlines()[-1])
     committed = offset * ROWS_PER_SECOND
     got = Counter(int(m.body) for m in receive_all(messages, queue))
@@ -143,9 +150,7 @@ def test_reader_delivers_every_message_once_and_deletes_it_after_commit(
     try:
         wait_for(lambda: len(rows) >= len(sent), 120, "3000 rows")
         # Deleted once Spark committed their batches, so the queue empties.
-        wait_for(
-            lambda: stats(queues, queue).in_flight_messages == 0, 30, "deletes after commit"
-        )
+        wait_for(lambda: stats(queues, queue).in_flight_messages == 0, 30, "deletes after commit")
     finally:
         query.stop()
     assert sorted(r.message_id for r in rows) == sorted(sent)

@@ -10,16 +10,16 @@ from pathlib import Path
 
 import grpc
 import pytest
+from postbox.v1 import message_service_pb2 as pb
 from postbox.v1 import queue_service_pb2 as qpb
 from postbox.v1 import queue_service_pb2_grpc
 from pyspark.errors import AnalysisException
 from pyspark.sql import functions as F
 from spark_support import receive_all, stats, writer
+from support import unique_name
 
 
-def test_100k_rows_land_exactly_once_with_bodies_and_attributes(
-    spark, server, messages, queue
-):
+def test_100k_rows_land_exactly_once_with_bodies_and_attributes(spark, server, messages, queue):
     rows = 100_000
     df = spark.range(0, rows, numPartitions=4).select(
         F.concat(F.lit("order-"), F.col("id").cast("string")).alias("body"),
@@ -92,12 +92,10 @@ def _fail_first_attempt_midway(target: str, queue: str, at: int, marker: Path):
         marker.write_text(str(landed.visible_messages))
         raise RuntimeError(f"injected failure at row {value}")
 
-    return F.udf(check, "long")
+    return F.udf(check, "long", useArrow=False)
 
 
-def test_task_failure_mid_partition_leaves_no_duplicate(
-    spark, server, messages, queue, tmp_path
-):
+def test_task_failure_mid_partition_leaves_no_duplicate(spark, server, messages, queue, tmp_path):
     rows, fail_at = 40_000, 15_000
     marker = tmp_path / "landed_before_failure"
     fail = _fail_first_attempt_midway(server.target, queue, fail_at, marker)
@@ -134,6 +132,46 @@ def test_rerun_with_the_same_write_id_sends_nothing_again(spark, server, message
     assert set(got.values()) == {2}
 
 
+def test_fifo_groups_keep_their_order(spark, server, messages, queues):
+    name = unique_name("spark_fifo")[:70] + ".fifo"
+    queues.CreateQueue(qpb.CreateQueueRequest(queue=qpb.Queue(name=name)))
+    df = (
+        spark.range(0, 600, numPartitions=3)
+        .selectExpr("CONCAT('g', id % 4) AS grp", "CAST(id AS STRING) AS body")
+        .repartition(2, "grp")
+        .sortWithinPartitions("grp", F.col("body").cast("long"))
+    )
+    writer(df, server, name, body_column="body", group_column="grp").save()
+
+    seen: dict[str, list[int]] = {}
+    while got := receive_all(messages, name):
+        for m in got:
+            seen.setdefault(f"g{int(m.body) % 4}", []).append(int(m.body))
+        messages.DeleteBatch(pb.DeleteBatchRequest(queue=name, receipts=[m.receipt for m in got]))
+    assert sum(len(v) for v in seen.values()) == 600
+    for values in seen.values():
+        assert values == sorted(values), "a group came out of order"
+
+
+def test_priority_delay_and_deliver_at_columns(spark, server, messages, queues, queue):
+    df = spark.sql(
+        """SELECT * FROM VALUES
+             ('low', 0, CAST(NULL AS INT), CAST(NULL AS TIMESTAMP)),
+             ('high', 9, NULL, NULL),
+             ('later', 0, 3600, NULL),
+             ('at', 0, NULL, current_timestamp() + INTERVAL 1 DAY)
+           AS t(body, prio, wait, at)"""
+    )
+    now = df.where("at IS NULL").drop("at")
+    writer(
+        now, server, queue, body_column="body", priority_column="prio", delay_column="wait"
+    ).save()
+    later = df.where("at IS NOT NULL").select("body", "at")
+    writer(later, server, queue, body_column="body", deliver_at_column="at").save()
+    assert stats(queues, queue).delayed_messages == 2
+    assert [m.body for m in receive_all(messages, queue)] == [b"high", b"low"]
+
+
 @pytest.mark.parametrize(
     ("options", "message"),
     [
@@ -141,6 +179,7 @@ def test_rerun_with_the_same_write_id_sends_nothing_again(spark, server, message
         ({"body_column": "n"}, "column 'n' (body_column) is bigint; it must be string or binary"),
         ({"body_column": "text", "attribute_columns": "n,tags"}, "column 'tags'"),
         ({"body_column": "text", "delay_column": "label"}, "it must be an integer"),
+        ({"body_column": "text", "priority_column": "n", "attribute_columns": "n"}, "by both"),
         ({"body_column": "text", "attribute_columns": "n"}, "'label', 'tags' not mapped"),
         ({"bodycolumn": "text"}, "unknown option 'bodycolumn'"),
         ({"topic": "orders"}, "TopicService.Publish"),

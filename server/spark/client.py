@@ -126,6 +126,8 @@ class BatchSender:
         self._max_in_flight = max_in_flight
         self._in_flight: deque[tuple[pb.SendBatchRequest, grpc.Future]] = deque()
         self.messages = 0
+        # Entries the server had already committed (an earlier attempt sent them).
+        self.duplicates = 0
         self.batches = 0
         self.retries = 0
 
@@ -154,11 +156,12 @@ class BatchSender:
         def count_retry() -> None:
             self.retries += 1
 
-        call_with_retries(
+        response = call_with_retries(
             f"SendBatch of {len(request.entries)} messages to queue {request.queue!r}",
             self._retry,
             wait,
             count_retry,
         )
         self.messages += len(request.entries)
+        self.duplicates += sum(response.duplicates)
         self.batches += 1

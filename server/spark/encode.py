@@ -81,6 +81,7 @@ class Encoder:
         groups = self._column(batch, plan.group_column)
         dedupes = self._column(batch, plan.dedupe_column)
         delays = self._column(batch, plan.delay_column)
+        deliver_ats = self._column(batch, plan.deliver_at_column)
         priorities = self._column(batch, plan.priority_column)
 
         request = pb.SendBatchRequest(queue=plan.queue)
@@ -124,6 +125,8 @@ class Encoder:
                     entry.delay.FromTimedelta(delay)
                 else:
                     entry.delay.seconds = delay
+            if deliver_ats is not None and deliver_ats[row] is not None:
+                entry.deliver_at.FromDatetime(deliver_ats[row])
             if priorities is not None and priorities[row] is not None:
                 entry.priority = priorities[row]
         self.position += batch.num_rows

@@ -24,6 +24,7 @@ from pyspark.sql.types import (
     ShortType,
     StringType,
     StructType,
+    TimestampType,
     VarcharType,
 )
 
@@ -49,6 +50,7 @@ WRITE_OPTIONS = CONNECTION_OPTIONS | {
     "group_column",
     "dedupe_column",
     "delay_column",
+    "deliver_at_column",
     "priority_column",
     "batch_size",
     "max_in_flight",
@@ -90,6 +92,7 @@ class WritePlan:
     group_column: str | None
     dedupe_column: str | None
     delay_column: str | None
+    deliver_at_column: str | None
     priority_column: str | None
     batch_size: int
     max_in_flight: int
@@ -177,7 +180,9 @@ def _connection(options: _Options) -> tuple[Connection, RetryPolicy]:
         try:
             root_certificates = Path(ca_file).read_bytes()
         except OSError as error:
-            raise PostboxOptionError(f"option 'tls_ca_file': cannot read {ca_file}: {error}")
+            raise PostboxOptionError(
+                f"option 'tls_ca_file': cannot read {ca_file}: {error}"
+            ) from None
     connection = Connection(
         target=options.text("target", "localhost:50051") or "",
         auth_token=options.text("auth_token"),
@@ -243,6 +248,9 @@ def write_plan(options: Mapping[str, str], schema: StructType, *, streaming: boo
         (*_INTEGRAL, DayTimeIntervalType),
         "an integer (seconds) or a day-time interval",
     )
+    deliver_at_column = column("deliver_at_column", (TimestampType,), "a timestamp")
+    if delay_column and deliver_at_column:
+        raise PostboxOptionError("give 'delay_column' or 'deliver_at_column', not both")
     priority_column = column("priority_column", _INTEGRAL, "an integer")
 
     attribute_columns = opts.columns("attribute_columns")
@@ -298,6 +306,7 @@ def write_plan(options: Mapping[str, str], schema: StructType, *, streaming: boo
         group_column=group_column,
         dedupe_column=dedupe_column,
         delay_column=delay_column,
+        deliver_at_column=deliver_at_column,
         priority_column=priority_column,
         batch_size=opts.integer("batch_size", MAX_BATCH, 1, MAX_BATCH),
         # In order, one at a time, so a retried batch cannot overtake a later one

@@ -15,6 +15,7 @@ flight for longer than one trigger.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Iterator
 from datetime import timedelta, timezone
@@ -150,18 +151,21 @@ class PostboxStreamReader(SimpleDataSourceStreamReader):
             got = call_with_retries(
                 f"Receive from queue {self.plan.queue!r}",
                 self.plan.retry,
-                lambda request=request: [
-                    m
-                    for response in stub.Receive(
-                        request,
-                        timeout=self.plan.connection.timeout + wait,
-                        metadata=self.plan.connection.metadata,
-                    )
-                    for m in response.messages
-                ],
+                functools.partial(self._receive_once, stub, request),
             )
             if not got:
                 break
             received.extend(got)
             wait = 0.0  # only the first call of a batch waits for messages
         return received
+
+    def _receive_once(
+        self, stub: message_service_pb2_grpc.MessageServiceStub, request: pb.ReceiveRequest
+    ) -> list[Any]:
+        wait = request.wait_time.ToTimedelta().total_seconds()
+        responses = stub.Receive(
+            request,
+            timeout=self.plan.connection.timeout + wait,
+            metadata=self.plan.connection.metadata,
+        )
+        return [m for response in responses for m in response.messages]

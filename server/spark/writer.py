@@ -48,6 +48,8 @@ class PartitionResult(WriterCommitMessage):
     partition: int
     attempt: int
     messages: int
+    # Of `messages`, how many an earlier attempt had already committed.
+    duplicates: int
     requests: int
     retries: int
 
@@ -68,6 +70,7 @@ def send_partition(
         partition=context.partitionId() if context else 0,
         attempt=context.attemptNumber() if context else 0,
         messages=sender.messages,
+        duplicates=sender.duplicates,
         requests=sender.batches,
         retries=sender.retries,
     )
@@ -80,10 +83,15 @@ def _task_prefix(*parts: object) -> str:
     return ":".join(str(p) for p in (*parts, context.partitionId()))
 
 
-def _landed(messages: Iterable[WriterCommitMessage | None]) -> tuple[int, int]:
-    """(messages, partitions) of the tasks that finished."""
+def _landed(messages: Iterable[WriterCommitMessage | None]) -> str:
+    """What the tasks that finished committed, for the driver's log."""
     results = [m for m in messages if isinstance(m, PartitionResult)]
-    return sum(r.messages for r in results), len(results)
+    count = sum(r.messages for r in results)
+    repeats = sum(r.duplicates for r in results)
+    text = f"{count} messages from {len(results)} partitions"
+    if repeats:
+        text += f" ({repeats} of them already committed by an earlier attempt, not sent again)"
+    return text
 
 
 class PostboxWriter(DataSourceArrowWriter):
@@ -96,25 +104,21 @@ class PostboxWriter(DataSourceArrowWriter):
         return send_partition(self.plan, iterator, _task_prefix(self.plan.write_id))
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
-        count, partitions = _landed(messages)
         log.info(
-            "write %s: %d messages from %d partitions committed to queue %r",
+            "write %s to queue %r committed: %s",
             self.plan.write_id,
-            count,
-            partitions,
             self.plan.queue,
+            _landed(messages),
         )
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
-        count, partitions = _landed(messages)
         log.error(
-            "write %s failed: %d messages from %d finished partitions were committed to queue"
-            " %r and stay there (a queue has no rollback); rerun with option write_id=%s to"
-            " send only the rest within the queue's deduplication window",
+            "write %s to queue %r failed; committed and staying there (a queue has no"
+            " rollback): %s. Rerun with option write_id=%s to send only the rest, within"
+            " the queue's deduplication window",
             self.plan.write_id,
-            count,
-            partitions,
             self.plan.queue,
+            _landed(messages),
             self.plan.write_id,
         )
 
@@ -136,23 +140,14 @@ class PostboxStreamWriter(DataSourceStreamArrowWriter):
         return send_partition(self.plan, iterator, _task_prefix(query_id, batch_id))
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        count, partitions = _landed(messages)
-        log.info(
-            "batch %d: %d messages from %d partitions committed to queue %r",
-            batchId,
-            count,
-            partitions,
-            self.plan.queue,
-        )
+        log.info("batch %d to queue %r committed: %s", batchId, self.plan.queue, _landed(messages))
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        count, partitions = _landed(messages)
         log.error(
-            "batch %d failed: %d messages from %d finished partitions were committed to"
-            " queue %r; when the query runs the batch again they are not sent twice"
-            " (within the queue's deduplication window)",
+            "batch %d to queue %r failed; committed before the failure: %s. When the query"
+            " runs the batch again, these are not sent twice (within the queue's"
+            " deduplication window)",
             batchId,
-            count,
-            partitions,
             self.plan.queue,
+            _landed(messages),
         )

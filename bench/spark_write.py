@@ -86,6 +86,7 @@ def spark_session(partitions: int):
     spark = (
         SparkSession.builder.master(f"local[{partitions}]")
         .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
         .config("spark.driver.host", "127.0.0.1")
         .getOrCreate()
     )

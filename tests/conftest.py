@@ -128,6 +128,7 @@ def spark(tmp_path_factory: pytest.TempPathFactory):
         SparkSession.builder.master("local[2,2]")
         .appName("postbox-tests")
         .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.driver.bindAddress", "127.0.0.1")
         .config("spark.sql.shuffle.partitions", "2")

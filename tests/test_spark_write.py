@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -16,7 +17,7 @@ from postbox.v1 import queue_service_pb2_grpc
 from pyspark.errors import AnalysisException
 from pyspark.sql import functions as F
 from spark_support import receive_all, stats, writer
-from support import unique_name
+from support import ServerProcess, unique_name
 
 
 def test_100k_rows_land_exactly_once_with_bodies_and_attributes(spark, server, messages, queue):
@@ -108,6 +109,37 @@ def test_task_failure_mid_partition_leaves_no_duplicate(spark, server, messages,
 
     landed_before = int(marker.read_text())
     assert 0 < landed_before < rows, "the failure did not come mid-partition"
+    got = Counter(int(m.body) for m in receive_all(messages, queue))
+    assert sum(got.values()) == rows
+    assert set(got) == set(range(rows))
+
+
+def test_server_killed_mid_write_is_retried_without_duplicates(
+    spark, database_url, messages, queues, queue
+):
+    rows = 60_000
+    # A server of this test's own on the run's database: it can die while the
+    # session's server keeps serving the checks.
+    doomed = ServerProcess(database_url).start()
+    restarted = threading.Event()
+
+    def kill_and_restart() -> None:
+        deadline = time.monotonic() + 120
+        while stats(queues, queue).visible_messages < 5000 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        doomed.kill()  # calls under way are lost; some may have committed
+        doomed.start()
+        restarted.set()
+
+    killer = threading.Thread(target=kill_and_restart, daemon=True)
+    killer.start()
+    try:
+        df = spark.range(0, rows, numPartitions=2).selectExpr("CAST(id AS STRING) AS body")
+        writer(df, doomed, queue, body_column="body", max_in_flight="8").save()
+        killer.join(60)
+    finally:
+        doomed.stop()
+    assert restarted.is_set()
     got = Counter(int(m.body) for m in receive_all(messages, queue))
     assert sum(got.values()) == rows
     assert set(got) == set(range(rows))

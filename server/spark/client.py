@@ -66,7 +66,7 @@ class Connection:
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """Exponential backoff with full jitter for calls that failed with a RETRYABLE status."""
+    """Exponential backoff, with jitter, for calls that failed with a RETRYABLE status."""
 
     attempts: int = 8
     first_delay: float = 0.2

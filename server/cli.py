@@ -37,6 +37,35 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sqs(args: argparse.Namespace) -> int:
+    from server.sqs.app import serve
+    from server.sqs.settings import ShimSettings
+    from server.sqs.sigv4 import load_credentials
+
+    if len(args.access_key) != len(args.secret_key):
+        print("postbox sqs: give one --secret-key per --access-key", file=sys.stderr)
+        return 2
+    try:
+        credentials = load_credentials(
+            zip(args.access_key, args.secret_key, strict=True), args.credentials_file
+        )
+    except (OSError, ValueError) as error:
+        print(f"postbox sqs: {error}", file=sys.stderr)
+        return 2
+    settings = ShimSettings(
+        host=args.host,
+        port=args.port,
+        grpc_target=args.grpc_target,
+        region=args.region,
+        account_id=args.account_id,
+        public_url=args.public_url,
+        credentials=credentials,
+        max_request_size=args.max_request_size,
+    )
+    asyncio.run(serve(settings))
+    return 0
+
+
 def _migrate(args: argparse.Namespace) -> int:
     import asyncpg
 
@@ -156,6 +185,47 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds between sweeps for expired messages and records (default: %(default)s)",
     )
     serve.set_defaults(run=_serve)
+
+    from server.sqs.settings import ShimSettings
+
+    sqs = verbs.add_parser("sqs", help="serve the Amazon SQS API, calling a postbox server")
+    sqs.add_argument("--host", default=os.environ.get("POSTBOX_SQS_HOST", ShimSettings.host))
+    sqs.add_argument(
+        "--port", type=int, default=int(os.environ.get("POSTBOX_SQS_PORT", ShimSettings.port))
+    )
+    sqs.add_argument(
+        "--grpc-target",
+        default=os.environ.get("POSTBOX_TARGET", ShimSettings.grpc_target),
+        help="address of the postbox gRPC server (default: $POSTBOX_TARGET or %(default)s)",
+    )
+    sqs.add_argument("--region", default=ShimSettings.region, help="region in queue ARNs")
+    sqs.add_argument(
+        "--account-id", default=ShimSettings.account_id, help="account in queue URLs and ARNs"
+    )
+    sqs.add_argument(
+        "--public-url",
+        help="base of queue URLs, e.g. https://sqs.example.com (default: the request's Host)",
+    )
+    sqs.add_argument(
+        "--access-key", action="append", default=[], help="accepted access key id (repeatable)"
+    )
+    sqs.add_argument(
+        "--secret-key", action="append", default=[], help="its secret key, in the same order"
+    )
+    sqs.add_argument(
+        "--credentials-file",
+        action="append",
+        type=Path,
+        default=[],
+        help="AWS-style credentials file; every profile's key pair is accepted (repeatable)",
+    )
+    sqs.add_argument(
+        "--max-request-size",
+        type=int,
+        default=ShimSettings.max_request_size,
+        help="largest request body in bytes (default: %(default)s)",
+    )
+    sqs.set_defaults(run=_sqs)
 
     migrate = verbs.add_parser("migrate", help="install or upgrade the SQL engine in a database")
     migrate.add_argument("--database-url", default=os.environ.get("DATABASE_URL"))

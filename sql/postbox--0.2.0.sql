@@ -631,15 +631,28 @@ LANGUAGE sql IMMUTABLE AS $$
     END
 $$;
 
--- Size of a message as SQS counts it: body plus each attribute's name, type and value.
-CREATE FUNCTION postbox.message_size(body bytea, attributes jsonb) RETURNS bigint
-LANGUAGE sql IMMUTABLE AS $$
-    SELECT octet_length(body) + coalesce((
+-- The attribute part of message_size. PL/pgSQL, so that its plan is cached:
+-- a SQL function with a sub-SELECT is planned anew on every call.
+CREATE FUNCTION postbox._attributes_size(attributes jsonb) RETURNS bigint
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF jsonb_typeof(attributes) IS DISTINCT FROM 'object' THEN
+        RETURN 0;
+    END IF;
+    RETURN coalesce((
         SELECT sum(octet_length(e.key) + octet_length(e.value ->> 'data_type')
                    + coalesce(octet_length(e.value ->> 'string_value'),
                               octet_length(decode(e.value ->> 'binary_value', 'base64')), 0))
-        FROM jsonb_each(attributes) AS e
-        WHERE jsonb_typeof(attributes) = 'object'), 0)
+        FROM jsonb_each(attributes) AS e), 0);
+END
+$$;
+
+-- Size of a message as SQS counts it: body plus each attribute's name, type and
+-- value. A plain expression, which the planner inlines into the caller.
+CREATE FUNCTION postbox.message_size(body bytea, attributes jsonb) RETURNS bigint
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT octet_length(body) + CASE WHEN attributes IS NULL THEN 0
+                                     ELSE postbox._attributes_size(attributes) END
 $$;
 
 -- Wakes receivers waiting on a queue: NOTIFY on channel "postbox" with the
@@ -801,9 +814,12 @@ BEGIN
                 'dedupe_key is for standard queues; FIFO queues deduplicate by deduplication_id'
             WHEN e.k IS NOT NULL AND e.x IS NOT NULL THEN 'give a dedupe_key or a deduplication_id, not both'
             WHEN length(e.k) NOT BETWEEN 1 AND 256 THEN 'dedupe_key must be 1 to 256 characters'
+            WHEN postbox.message_size(e.b, e.a) > q.max_message_size THEN format(
+                'message is %s bytes; the queue takes at most %s (body and attributes)',
+                postbox.message_size(e.b, e.a), q.max_message_size)
         END AS problem
         FROM unnest(bodies, delays, deliver_ats, priorities, message_group_ids, deduplication_ids,
-                    dedupe_keys) WITH ORDINALITY AS e(b, d, t, p, g, x, k, i)
+                    dedupe_keys, attributes) WITH ORDINALITY AS e(b, d, t, p, g, x, k, a, i)
     ) AS c
     WHERE c.problem IS NOT NULL
     ORDER BY c.i
@@ -826,15 +842,6 @@ BEGIN
             jsonb_typeof(a) <> 'object'
             OR (SELECT count(*) FROM jsonb_object_keys(a)) > 10
             OR EXISTS (SELECT FROM jsonb_each(a) AS e WHERE postbox.attribute_problem(e.key, e.value) IS NOT NULL))
-        LIMIT 1;
-    END IF;
-    IF problem IS NULL THEN
-        SELECT postbox._entry_prefix(i, n) || format(
-                   'message is %s bytes; the queue takes at most %s (body and attributes)',
-                   postbox.message_size(b, a), q.max_message_size)
-        INTO problem
-        FROM unnest(bodies, attributes) WITH ORDINALITY AS t(b, a, i)
-        WHERE postbox.message_size(b, a) > q.max_message_size
         LIMIT 1;
     END IF;
     IF problem IS NOT NULL THEN
@@ -966,7 +973,7 @@ LANGUAGE sql AS $$
 $$;
 
 -- Takes up to `wanted` tokens of a rate-limited queue's bucket (capacity: one
--- second of the rate); returns how many it took. Unlimited queues: all.
+-- second of the rate); returns how many it took.
 CREATE FUNCTION postbox._take_receive_tokens(q postbox.queues, wanted integer) RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -975,9 +982,6 @@ DECLARE
     level double precision;
     taken integer;
 BEGIN
-    IF q.receive_rate_limit IS NULL THEN
-        RETURN wanted;
-    END IF;
     INSERT INTO postbox.receive_tokens VALUES (q.id, capacity, at) ON CONFLICT DO NOTHING;
     SELECT least(capacity, t.tokens + q.receive_rate_limit * extract(epoch FROM at - t.refilled_at))
     INTO level
@@ -993,7 +997,7 @@ CREATE FUNCTION postbox._return_receive_tokens(q postbox.queues, unused integer)
 LANGUAGE sql AS $$
     UPDATE postbox.receive_tokens
     SET tokens = least(greatest(1, q.receive_rate_limit), tokens + unused)
-    WHERE queue_id = q.id AND q.receive_rate_limit IS NOT NULL AND unused > 0
+    WHERE queue_id = q.id AND unused > 0
 $$;
 
 -- Removes messages (all of ids, or, with leases, those whose lease still
@@ -1005,24 +1009,33 @@ DECLARE
     removed bigint[];
     groups text[];
 BEGIN
-    WITH gone AS (
-        DELETE FROM postbox.messages m
-        USING unnest(ids, leases) AS t(id, lease)
-        WHERE m.id = t.id AND m.queue_id = q.id AND (t.lease IS NULL OR m.lease = t.lease)
-        RETURNING m.*
-    ), archived AS (
-        INSERT INTO postbox.archive (id, queue_id, receive_count, enqueued_at, first_received_at,
-                                     archived_at, reason, priority, message_group_id, deduplication_id,
-                                     source_queue_id, last_error, attributes, body)
-        SELECT g.id, g.queue_id, g.receive_count, g.enqueued_at, g.first_received_at, clock_timestamp(),
-               why, g.priority, g.message_group_id, g.deduplication_id, g.source_queue_id, g.last_error,
-               g.attributes, g.body
-        FROM gone g
-        WHERE q.archive_on_delete
-    )
-    SELECT array_agg(g.id), array_agg(DISTINCT g.message_group_id) FILTER (WHERE g.message_group_id IS NOT NULL)
-    INTO removed, groups
-    FROM gone g;
+    IF q.archive_on_delete THEN
+        WITH gone AS (
+            DELETE FROM postbox.messages m
+            USING unnest(ids, leases) AS t(id, lease)
+            WHERE m.id = t.id AND m.queue_id = q.id AND (t.lease IS NULL OR m.lease = t.lease)
+            RETURNING m.*
+        ), archived AS (
+            INSERT INTO postbox.archive (id, queue_id, receive_count, enqueued_at, first_received_at,
+                                         archived_at, reason, priority, message_group_id,
+                                         deduplication_id, source_queue_id, last_error, attributes, body)
+            SELECT g.id, g.queue_id, g.receive_count, g.enqueued_at, g.first_received_at,
+                   clock_timestamp(), why, g.priority, g.message_group_id, g.deduplication_id,
+                   g.source_queue_id, g.last_error, g.attributes, g.body
+            FROM gone g
+        )
+        SELECT array_agg(g.id), array_agg(g.message_group_id) INTO removed, groups FROM gone g;
+    ELSE
+        -- The same delete without the archive: a data-modifying CTE costs even
+        -- when it inserts nothing, and this is the path of every plain delete.
+        WITH gone AS (
+            DELETE FROM postbox.messages m
+            USING unnest(ids, leases) AS t(id, lease)
+            WHERE m.id = t.id AND m.queue_id = q.id AND (t.lease IS NULL OR m.lease = t.lease)
+            RETURNING m.id, m.message_group_id
+        )
+        SELECT array_agg(g.id), array_agg(g.message_group_id) INTO removed, groups FROM gone g;
+    END IF;
     IF q.fifo AND groups IS NOT NULL THEN
         PERFORM postbox._lock_groups(q.id, groups);
         PERFORM postbox._promote(q, groups);
@@ -1086,16 +1099,23 @@ CREATE FUNCTION postbox.receive(queue_name text, max_messages integer DEFAULT 1,
 RETURNS TABLE (message_id bigint, body bytea, attributes jsonb, enqueued_at timestamptz,
                receive_count integer, first_received_at timestamptz, receipt text, priority smallint,
                message_group_id text, deduplication_id text, dead_letter_source text, last_error text)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+-- Receive must walk the ready index in order and stop at the first rows it can
+-- claim. With stale statistics the planner may instead fetch every visible row
+-- (a bitmap or sequential scan) and sort them, which on a deep queue, or one
+-- full of dead index entries, costs more than everything else put together.
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+AS $$
 #variable_conflict use_column
 DECLARE
     q postbox.queues := postbox._queue(queue_name);
     timeout interval := coalesce(visibility_timeout, q.visibility_timeout);
     expired_before timestamptz := now() - q.retention;
     allowed integer;
-    deliver bigint[];
-    expired bigint[];
-    dead bigint[];
+    to_deliver bigint[];
+    to_expire bigint[];
+    to_bury bigint[];
 BEGIN
     IF max_messages IS NULL OR max_messages NOT BETWEEN 1 AND 1000 THEN
         PERFORM postbox._invalid(format('max_messages is %s; it must be 1 to 1000', max_messages));
@@ -1110,14 +1130,15 @@ BEGIN
     -- Each round removes what it must not deliver; a few rounds find deliverable
     -- messages behind expired ones, the maintenance worker does the rest.
     FOR attempt IN 1..10 LOOP
-        allowed := postbox._take_receive_tokens(q, max_messages);
+        allowed := CASE WHEN q.receive_rate_limit IS NULL THEN max_messages
+                        ELSE postbox._take_receive_tokens(q, max_messages) END;
         EXIT WHEN allowed = 0;
         SELECT array_agg(p.id) FILTER (WHERE NOT p.gone AND NOT p.dead),
                array_agg(p.id) FILTER (WHERE p.gone),
                array_agg(p.id) FILTER (WHERE p.dead AND NOT p.gone)
-        INTO deliver, expired, dead
+        INTO to_deliver, to_expire, to_bury
         FROM (
-            SELECT * FROM (
+            SELECT * FROM (  -- priority > 0 first, through its partial index
                 SELECT m.id, coalesce(m.enqueued_at < expired_before, false) AS gone,
                        coalesce(m.receive_count >= q.max_receive_count, false) AS dead
                 FROM postbox.messages m
@@ -1126,7 +1147,7 @@ BEGIN
                 LIMIT allowed
                 FOR UPDATE SKIP LOCKED) AS high
             UNION ALL
-            SELECT * FROM (
+            SELECT * FROM (  -- then the rest, in visibility order
                 SELECT m.id, coalesce(m.enqueued_at < expired_before, false),
                        coalesce(m.receive_count >= q.max_receive_count, false)
                 FROM postbox.messages m
@@ -1136,15 +1157,17 @@ BEGIN
                 FOR UPDATE SKIP LOCKED) AS normal
             LIMIT allowed
         ) AS p;
-        IF expired IS NOT NULL THEN
-            PERFORM postbox._remove(q, expired, NULL, 'expired');
+        IF to_expire IS NOT NULL THEN
+            PERFORM postbox._remove(q, to_expire, NULL, 'expired');
         END IF;
-        IF dead IS NOT NULL THEN
-            PERFORM postbox._move(dead, q, (SELECT d FROM postbox.queues d WHERE d.id = q.dead_letter_queue_id),
+        IF to_bury IS NOT NULL THEN
+            PERFORM postbox._move(to_bury, q, (SELECT d FROM postbox.queues d WHERE d.id = q.dead_letter_queue_id),
                                   true);
         END IF;
-        PERFORM postbox._return_receive_tokens(q, allowed - coalesce(cardinality(deliver), 0));
-        IF deliver IS NOT NULL THEN
+        IF q.receive_rate_limit IS NOT NULL THEN
+            PERFORM postbox._return_receive_tokens(q, allowed - coalesce(cardinality(to_deliver), 0));
+        END IF;
+        IF to_deliver IS NOT NULL THEN
             RETURN QUERY
             WITH claimed AS (
                 UPDATE postbox.messages m
@@ -1153,7 +1176,7 @@ BEGIN
                     first_received_at = coalesce(m.first_received_at, clock_timestamp()),
                     lease = gen_random_uuid(),
                     dedupe_key = NULL
-                WHERE m.id = ANY (deliver)
+                WHERE m.id = ANY (to_deliver)
                 RETURNING m.*
             )
             SELECT c.id, c.body, c.attributes, c.enqueued_at, c.receive_count, c.first_received_at,
@@ -1163,7 +1186,7 @@ BEGIN
             ORDER BY c.priority DESC, c.id;
             RETURN;
         END IF;
-        EXIT WHEN expired IS NULL AND dead IS NULL;
+        EXIT WHEN to_expire IS NULL AND to_bury IS NULL;
     END LOOP;
 END
 $$;
@@ -1172,11 +1195,20 @@ $$;
 CREATE FUNCTION postbox._parse_receipts(receipts text[])
 RETURNS TABLE (i bigint, receipt text, message_id bigint, lease uuid)
 LANGUAGE sql IMMUTABLE AS $$
+    -- String functions, not a regular expression: a pattern with counted
+    -- repetitions costs more than the rest of a delete together.
     SELECT t.i, t.r,
-           CASE WHEN m IS NOT NULL THEN m[1]::bigint END,
-           CASE WHEN m IS NOT NULL THEN m[2]::uuid END
-    FROM unnest(receipts) WITH ORDINALITY AS t(r, i)
-    LEFT JOIN LATERAL regexp_match(t.r, '^([0-9]{1,18}):([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})$') AS m ON true
+           CASE WHEN t.ok THEN split_part(t.r, ':', 1)::bigint END,
+           CASE WHEN t.ok THEN split_part(t.r, ':', 2)::uuid END
+    FROM (SELECT r, i,
+                 coalesce(length(split_part(r, ':', 1)) BETWEEN 1 AND 18
+                          AND translate(split_part(r, ':', 1), '0123456789', '') = ''
+                          AND length(r) = length(split_part(r, ':', 1)) + 37
+                          AND translate(split_part(r, ':', 2), '0123456789abcdef', '') = '----'
+                          AND substr(split_part(r, ':', 2), 9, 1) || substr(split_part(r, ':', 2), 14, 1)
+                              || substr(split_part(r, ':', 2), 19, 1) || substr(split_part(r, ':', 2), 24, 1)
+                              = '----', false) AS ok
+          FROM unnest(receipts) WITH ORDINALITY AS u(r, i)) AS t
 $$;
 
 -- Outcome per receipt of an operation that matched `done` of them:
@@ -1372,7 +1404,11 @@ $$;
 -- message becomes visible, or later when the queue's rate limit allows. NULL
 -- when nothing is waiting or receives are paused. Waiting servers set a timer.
 CREATE FUNCTION postbox.next_visible_at(queue_name text) RETURNS timestamptz
-LANGUAGE plpgsql STABLE AS $$
+LANGUAGE plpgsql STABLE
+-- An ordered walk of the ready index, whatever the statistics say (see receive).
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+AS $$
 DECLARE
     q postbox.queues := postbox._queue(queue_name);
     at timestamptz;
@@ -1490,11 +1526,16 @@ $$;
 -- The redrive tasks of a dead-letter queue, newest first.
 CREATE FUNCTION postbox.list_redrive_tasks(dead_letter_queue text, page_size integer DEFAULT 10)
 RETURNS SETOF postbox.redrive_tasks
-LANGUAGE sql STABLE AS $$
-    SELECT * FROM postbox.redrive_tasks
-    WHERE dead_letter_queue_id = (postbox._queue(dead_letter_queue)).id
-    ORDER BY created_at DESC, id
-    LIMIT page_size
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    dlq postbox.queues := postbox._queue(dead_letter_queue);  -- PB404 even when no task exists
+BEGIN
+    RETURN QUERY
+    SELECT * FROM postbox.redrive_tasks t
+    WHERE t.dead_letter_queue_id = dlq.id
+    ORDER BY t.created_at DESC, t.id
+    LIMIT page_size;
+END
 $$;
 
 -- Stops a running redrive; what it moved stays moved. PB404 for an unknown
@@ -1599,7 +1640,11 @@ $$;
 -- visible_at >= enqueued_at; parked FIFO messages are looked up by group.
 -- Receive never delivers an expired message meanwhile. Returns how many.
 CREATE FUNCTION postbox.expire_messages(batch_size integer DEFAULT 1000) RETURNS bigint
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+-- An ordered walk of the ready index, whatever the statistics say (see receive).
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+AS $$
 DECLARE
     q postbox.queues;
     picked bigint[];

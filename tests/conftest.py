@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sys
@@ -17,7 +18,14 @@ from postbox.v1 import (
     queue_service_pb2,
     queue_service_pb2_grpc,
 )
-from support import ServerProcess, create_database, drop_database, unique_name
+from support import (
+    ServerProcess,
+    SqsShimProcess,
+    create_database,
+    drop_database,
+    sqs_client,
+    unique_name,
+)
 
 
 @pytest.fixture(scope="session")
@@ -107,6 +115,40 @@ async def db(database_url: str, server: ServerProcess) -> AsyncIterator[asyncpg.
     conn = await asyncpg.connect(database_url)
     yield conn
     await conn.close()
+
+
+@pytest.fixture(scope="session")
+def sqs_shim(server: ServerProcess) -> Iterator[SqsShimProcess]:
+    process = SqsShimProcess(server.target).start()
+    yield process
+    process.stop()
+
+
+@pytest.fixture(scope="session")
+def sqs(sqs_shim: SqsShimProcess):
+    """A boto3 SQS client on the JSON protocol (current botocore's)."""
+    return sqs_client(sqs_shim.endpoint, "json")
+
+
+@pytest.fixture(scope="session")
+def sqs_query(sqs_shim: SqsShimProcess):
+    """A boto3 SQS client on the query protocol."""
+    return sqs_client(sqs_shim.endpoint, "query")
+
+
+@pytest.fixture(params=["json", "query"])
+def sqs_any(request: pytest.FixtureRequest, sqs, sqs_query):
+    """Each protocol in turn."""
+    return sqs if request.param == "json" else sqs_query
+
+
+@pytest.fixture
+def sqs_queue(sqs, request: pytest.FixtureRequest) -> Iterator[str]:
+    """The URL of a new standard queue for one test, deleted afterwards."""
+    url = sqs.create_queue(QueueName=unique_name(request.node.name))["QueueUrl"]
+    yield url
+    with contextlib.suppress(sqs.exceptions.QueueDoesNotExist):
+        sqs.delete_queue(QueueUrl=url)
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,10 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 import uuid
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -67,6 +70,33 @@ def error_of(call, *args, **kwargs) -> grpc.RpcError:
     return caught.value
 
 
+def receive(
+    messages, queue: str, count: int = 10, visibility: float | None = None, wait: float = 0
+):
+    """One long-poll Receive through the sync stub: the messages of its batch (or none)."""
+    from postbox.v1 import message_service_pb2 as pb
+
+    request = pb.ReceiveRequest(queue=queue, max_messages=count, wait_time=seconds(wait))
+    if visibility is not None:
+        request.visibility_timeout.CopyFrom(seconds(visibility))
+    return [m for response in messages.Receive(request) for m in response.messages]
+
+
+def create_queue(queues, name: str, **attributes):
+    """Creates a queue with the given Queue fields; returns the created Queue."""
+    from postbox.v1 import queue_service_pb2 as qpb
+
+    return queues.CreateQueue(
+        qpb.CreateQueueRequest(queue=qpb.Queue(name=name, **attributes))
+    ).queue
+
+
+def stats(queues, queue: str):
+    from postbox.v1 import queue_service_pb2 as qpb
+
+    return queues.GetQueue(qpb.GetQueueRequest(name=queue)).queue.stats
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -79,54 +109,37 @@ def unique_name(hint: str) -> str:
     return f"{cleaned}_{uuid.uuid4().hex[:8]}"
 
 
-class ServerProcess:
-    """`python -m server serve` against a database, on a free port of 127.0.0.1."""
+class ChildProcess:
+    """A `python -m server ...` subprocess whose output goes to a log file."""
 
-    def __init__(self, database_url: str, *extra_args: str) -> None:
-        self.database_url = database_url
-        self.extra_args = extra_args
+    log_prefix = "postbox-"
+
+    def __init__(self) -> None:
         self.port = free_port()
-        self.log_path = Path(tempfile.mkstemp(prefix="postbox-server-", suffix=".log")[1])
+        self.log_path = Path(tempfile.mkstemp(prefix=self.log_prefix, suffix=".log")[1])
         self.process: subprocess.Popen[bytes] | None = None
 
-    @property
-    def target(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def start(self, timeout: float = 30.0) -> ServerProcess:
+    def spawn(self, *args: str) -> None:
         log = self.log_path.open("ab")
         self.process = subprocess.Popen(
-            [
-                sys.executable, "-m", "server", "serve",
-                "--database-url", self.database_url,
-                "--grpc-host", "127.0.0.1",
-                "--grpc-port", str(self.port),
-                *self.extra_args,
-            ],
+            [sys.executable, "-m", "server", *args],
             stdout=log,
             stderr=subprocess.STDOUT,
             cwd=ROOT,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )  # fmt: skip
-        self.wait_serving(timeout)
-        return self
+        )
 
-    def wait_serving(self, timeout: float = 30.0) -> None:
+    def wait_ready(self, ready: Callable[[], bool], what: str, timeout: float) -> None:
+        """Polls `ready` until it holds; fails at once if the process exits."""
         deadline = time.monotonic() + timeout
-        with grpc.insecure_channel(self.target) as channel:
-            health = health_pb2_grpc.HealthStub(channel)
-            while True:
-                if self.process is not None and self.process.poll() is not None:
-                    raise RuntimeError(f"server exited early:\n{self.log()}")
-                try:
-                    reply = health.Check(health_pb2.HealthCheckRequest(), timeout=1)
-                    if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                        return
-                except grpc.RpcError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"server not SERVING after {timeout} s:\n{self.log()}")
-                time.sleep(0.05)
+        while True:
+            if self.process is not None and self.process.poll() is not None:
+                raise RuntimeError(f"{what} exited early:\n{self.log()}")
+            if ready():
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{what} not ready after {timeout} s:\n{self.log()}")
+            time.sleep(0.05)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -145,3 +158,113 @@ class ServerProcess:
         if self.process is not None and self.process.poll() is None:
             self.process.kill()
             self.process.wait()
+
+
+class ServerProcess(ChildProcess):
+    """`python -m server serve` against a database, on a free port of 127.0.0.1."""
+
+    log_prefix = "postbox-server-"
+
+    def __init__(self, database_url: str, *extra_args: str) -> None:
+        super().__init__()
+        self.database_url = database_url
+        self.extra_args = extra_args
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 30.0) -> ServerProcess:
+        self.spawn(
+            "serve",
+            "--database-url", self.database_url,
+            "--grpc-host", "127.0.0.1",
+            "--grpc-port", str(self.port),
+            *self.extra_args,
+        )  # fmt: skip
+        self.wait_serving(timeout)
+        return self
+
+    def wait_serving(self, timeout: float = 30.0) -> None:
+        with grpc.insecure_channel(self.target) as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+
+            def serving() -> bool:
+                try:
+                    reply = health.Check(health_pb2.HealthCheckRequest(), timeout=1)
+                except grpc.RpcError:
+                    return False
+                return reply.status == health_pb2.HealthCheckResponse.SERVING
+
+            self.wait_ready(serving, "server", timeout)
+
+
+class SqsShimProcess(ChildProcess):
+    """`python -m server sqs` in front of a postbox server, on a free port of 127.0.0.1."""
+
+    log_prefix = "postbox-sqs-"
+
+    def __init__(self, grpc_target: str, *extra_args: str) -> None:
+        super().__init__()
+        self.grpc_target = grpc_target
+        self.extra_args = extra_args
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 30.0) -> SqsShimProcess:
+        self.spawn(
+            "sqs",
+            "--host", "127.0.0.1",
+            "--port", str(self.port),
+            "--grpc-target", self.grpc_target,
+            *self.extra_args,
+        )  # fmt: skip
+        self.wait_ready(self._answers, "shim", timeout)
+        return self
+
+    def _answers(self) -> bool:
+        try:
+            # Any HTTP answer (here MissingAction) means the shim is serving.
+            urllib.request.urlopen(self.endpoint, timeout=1)
+        except urllib.error.HTTPError:
+            return True
+        except OSError:
+            return False
+        return True
+
+
+# A copy of botocore's last SQS model of the query protocol (botocore 1.29.165,
+# Apache-2.0, documentation stripped): current botocore speaks only JSON to SQS, and
+# this model carries the query member names (`Attribute.1.Name`, ...) clients sent.
+SQS_QUERY_MODEL = ROOT / "tests" / "data" / "sqs-query"
+SQS_REGION = "us-east-1"
+SQS_ACCOUNT = "000000000000"
+
+
+def sqs_client(
+    endpoint: str,
+    protocol: str = "json",
+    access_key: str = "postbox-test",
+    secret_key: str = "unchecked",
+):
+    """A real boto3 SQS client for the shim, speaking JSON or the query protocol."""
+    import boto3
+    import botocore.session
+    from botocore.config import Config
+
+    session = botocore.session.get_session()
+    if protocol == "query":
+        session.get_component("data_loader").search_paths.insert(0, str(SQS_QUERY_MODEL))
+    client = boto3.Session(botocore_session=session).client(
+        "sqs",
+        endpoint_url=endpoint,
+        region_name=SQS_REGION,
+        aws_access_key_id=access_key,
+        aws_secret_access_key=secret_key,
+        # No retries: each test sees the shim's first answer.
+        config=Config(retries={"max_attempts": 1, "mode": "standard"}),
+    )
+    assert client.meta.service_model.protocol == protocol
+    return client

@@ -9,20 +9,7 @@ import pytest
 from postbox.v1 import message_pb2 as msg
 from postbox.v1 import message_service_pb2 as pb
 from postbox.v1 import queue_service_pb2 as qpb
-from support import error_of, seconds
-
-
-def receive(
-    messages, queue: str, count: int = 10, visibility: float | None = None
-) -> list[msg.Message]:
-    request = pb.ReceiveRequest(queue=queue, max_messages=count, wait_time=seconds(0))
-    if visibility is not None:
-        request.visibility_timeout.CopyFrom(seconds(visibility))
-    return [m for response in messages.Receive(request) for m in response.messages]
-
-
-def stats(queues, queue: str) -> qpb.QueueStats:
-    return queues.GetQueue(qpb.GetQueueRequest(name=queue)).queue.stats
+from support import error_of, receive, seconds, stats
 
 
 def test_send_then_receive_and_delete(messages, queues, queue):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import statistics
 import time
 from collections import Counter
 
@@ -97,17 +98,22 @@ async def test_bad_receive_requests_are_invalid(stub, queue, fields):
 
 
 async def _wake_latency(stub, queue, send) -> float:
-    """Seconds from a send's commit to the waiting stream's batch."""
-    call = stub.Receive(pb.ReceiveRequest(queue=queue, wait_time=seconds(10)))
-    receiving = asyncio.ensure_future(call.read())
-    await asyncio.sleep(0.3)  # the stream is waiting now
-    assert not receiving.done()
-    await send()
-    sent = time.monotonic()
-    response = await receiving
-    latency = time.monotonic() - sent
-    assert len(response.messages) == 1
-    return latency
+    """Median seconds, over five tries, from a send's commit to the waiting stream's batch.
+
+    The median keeps one scheduling hiccup of a loaded machine from deciding the test.
+    """
+    latencies = []
+    for _ in range(5):
+        call = stub.Receive(pb.ReceiveRequest(queue=queue, wait_time=seconds(10)))
+        receiving = asyncio.ensure_future(call.read())
+        await asyncio.sleep(0.2)  # the stream is waiting now
+        assert not receiving.done()
+        await send()
+        sent = time.monotonic()
+        response = await receiving
+        latencies.append(time.monotonic() - sent)
+        assert len(response.messages) == 1
+    return statistics.median(latencies)
 
 
 async def test_waiting_stream_wakes_on_send_from_another_connection(stub, db, queue):

@@ -148,6 +148,39 @@ async def test_create_extension_installs_the_same_engine(admin_url, fresh_db):
     assert await fingerprint(fresh_db) == as_extension
 
 
+async def test_two_maintenance_workers_never_do_the_same_work(admin_url, fresh_db):
+    # A database of its own: no server's worker shares the rows.
+    await migrate(fresh_db)
+    await fresh_db.execute(
+        """SELECT postbox.create_queue('shared', '{"retention": 60, "archive_on_delete": true}')"""
+    )
+    for _ in range(3):
+        await fresh_db.execute(
+            "SELECT postbox.send_batch('shared', array_fill('x'::bytea, ARRAY[1000]))"
+        )
+    await fresh_db.execute(
+        "UPDATE postbox.messages SET enqueued_at = enqueued_at - interval '2 min', "
+        "visible_at = visible_at - interval '2 min'"
+    )
+    database = await fresh_db.fetchval("SELECT current_database()")
+    workers = [await asyncpg.connect(admin_url, database=database) for _ in range(2)]
+    done = [0, 0]
+
+    async def work(index: int) -> None:
+        while (count := await workers[index].fetchval("SELECT postbox.expire_messages(100)")) > 0:
+            done[index] += count
+
+    try:
+        await asyncio.gather(work(0), work(1))
+    finally:
+        for conn in workers:
+            await conn.close()
+    assert done[0] + done[1] == 3000
+    assert min(done) > 0, done  # both took part
+    assert await fresh_db.fetchval("SELECT count(*) FROM postbox.archive") == 3000
+    assert await fresh_db.fetchval("SELECT count(*) FROM postbox.messages") == 0
+
+
 async def test_psql_installs_the_script_in_one_transaction(admin_url):
     psql = shutil.which("psql")
     if psql is None:
@@ -296,6 +329,65 @@ async def test_one_receipt_deletes_once(conns):
         )
         outcomes = sorted([a.results[1][0]["outcome"], b.results[1][0]["outcome"]])
         assert outcomes == ["not_found", "ok"], f"schedule {positions}"
+
+
+async def _fifo_group(conn: asyncpg.Connection, queue: str) -> list[tuple[bytes, bool]]:
+    """(body, parked) of the queue's group "g" in id order."""
+    rows = await conn.fetch(
+        "SELECT body, visible_at = 'infinity' AS parked FROM postbox.messages "
+        "WHERE queue_id = (SELECT id FROM postbox.queues WHERE name = $1) ORDER BY id",
+        queue,
+    )
+    return [(row["body"], row["parked"]) for row in rows]
+
+
+FIFO_SEND = (
+    "SELECT * FROM postbox.send_batch($1, ARRAY['new'::bytea], message_group_ids => ARRAY['g'], "
+    "deduplication_ids => ARRAY[gen_random_uuid()::text])"
+)
+
+
+async def test_fifo_send_racing_the_heads_delete_never_orphans_a_message(conns):
+    setup, conn_a, conn_b = conns
+    for n, positions in enumerate(SCHEDULES):
+        queue = f"iso_fifo_del_{n}.fifo"
+        await setup.execute("SELECT postbox.create_queue($1)", queue)
+        await setup.execute(FIFO_SEND.replace("'new'", "'head'"), queue)
+        receipt = await setup.fetchval("SELECT receipt FROM postbox.receive($1, 1)", queue)
+        a, b = Session(conn_a), Session(conn_b)
+        await run_interleaving(
+            merge(
+                positions, transaction(a, FIFO_SEND, queue), transaction(b, DELETE, queue, receipt)
+            )
+        )
+        assert b.results[1][0]["outcome"] == "ok"
+        # The new message is the group's only message, so it must be deliverable.
+        assert await _fifo_group(setup, queue) == [(b"new", False)], f"schedule {positions}"
+
+
+async def test_fifo_send_racing_a_dead_letter_move_never_orphans_a_message(conns):
+    setup, conn_a, conn_b = conns
+    for n, positions in enumerate(SCHEDULES):
+        dlq, queue = f"iso_fifo_dlq_{n}.fifo", f"iso_fifo_src_{n}.fifo"
+        await setup.execute("SELECT postbox.create_queue($1)", dlq)
+        await setup.execute(
+            "SELECT postbox.create_queue($1, jsonb_build_object('dead_letter_policy', "
+            "jsonb_build_object('dead_letter_queue', $2::text, 'max_receive_count', 1)))",
+            queue,
+            dlq,
+        )
+        await setup.execute(FIFO_SEND.replace("'new'", "'head'"), queue)
+        await setup.execute(
+            "SELECT * FROM postbox.receive($1, 1, '0 s')", queue
+        )  # once: next moves it
+        a, b = Session(conn_a), Session(conn_b)
+        await run_interleaving(
+            merge(positions, transaction(a, FIFO_SEND, queue), transaction(b, RECEIVE, queue))
+        )
+        # Whoever came first: the head is in the dead-letter queue, and the new
+        # message is either delivered already (in flight) or visible, never parked.
+        assert await _fifo_group(setup, dlq) == [(b"head", False)], f"schedule {positions}"
+        assert await _fifo_group(setup, queue) == [(b"new", False)], f"schedule {positions}"
 
 
 # Wake-up notifications.

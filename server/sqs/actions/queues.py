@@ -1,0 +1,131 @@
+"""Queue actions: create, look up, list, delete, purge, and queue attributes."""
+
+from __future__ import annotations
+
+from google.protobuf.field_mask_pb2 import FieldMask
+from postbox.v1 import queue_service_pb2 as qpb
+
+from server.sqs import queue_attributes
+from server.sqs.actions.base import Call, Result, action
+from server.sqs.errors import (
+    QUEUE_NAME_EXISTS,
+    UNSUPPORTED_OPERATION,
+    SqsError,
+    invalid_parameter,
+    missing_parameter,
+    queue_does_not_exist,
+)
+
+
+async def get_queue(call: Call, name: str) -> qpb.Queue:
+    response = await call.backend.call(call.backend.queues.GetQueue, qpb.GetQueueRequest(name=name))
+    return response.queue
+
+
+@action("CreateQueue")
+async def create_queue(call: Call) -> Result:
+    name = call.required("QueueName")
+    attributes = call.params.get("Attributes", {})
+    if queue_attributes.is_fifo(name) and attributes.get("FifoQueue", "").lower() != "true":
+        # SQS: a ".fifo" name is a FIFO queue's, and only FifoQueue=true makes one.
+        raise invalid_parameter(
+            "Can only include alphanumeric characters, hyphens, or underscores. 1 to 80 in "
+            "length; FIFO queue names end with .fifo and need the attribute FifoQueue=true."
+        )
+    queue, _ = queue_attributes.to_queue(name, attributes, call.settings)
+    queue.tags.update(call.params.get("tags", {}))
+    try:
+        await call.backend.call(
+            call.backend.queues.CreateQueue, qpb.CreateQueueRequest(queue=queue)
+        )
+    except SqsError as error:
+        if error.kind is not QUEUE_NAME_EXISTS:
+            raise
+        # SQS makes CreateQueue idempotent: the same name with the same attributes
+        # answers the existing queue's URL.
+        existing = await get_queue(call, name)
+        differing = queue_attributes.conflicting(attributes, existing, call.settings)
+        if differing is not None:
+            raise SqsError(
+                QUEUE_NAME_EXISTS,
+                f"A queue already exists with the same name and a different value for "
+                f"attribute {differing}",
+            ) from None
+    return {"QueueUrl": call.queue_url(name)}
+
+
+@action("GetQueueUrl")
+async def get_queue_url(call: Call) -> Result:
+    name = call.required("QueueName")
+    owner = call.params.get("QueueOwnerAWSAccountId")
+    if owner is not None and owner != call.settings.account_id:
+        raise queue_does_not_exist()
+    await get_queue(call, name)
+    return {"QueueUrl": call.queue_url(name)}
+
+
+@action("ListQueues")
+async def list_queues(call: Call) -> Result:
+    response = await call.backend.call(
+        call.backend.queues.ListQueues,
+        qpb.ListQueuesRequest(name_prefix=call.params.get("QueueNamePrefix", ""), **call.page()),
+    )
+    result: Result = {}
+    if response.queues:
+        result["QueueUrls"] = [call.queue_url(queue.name) for queue in response.queues]
+    return call.paged(result, response.next_page_token)
+
+
+@action("DeleteQueue")
+async def delete_queue(call: Call) -> Result:
+    await call.backend.call(
+        call.backend.queues.DeleteQueue, qpb.DeleteQueueRequest(name=call.queue())
+    )
+    return {}
+
+
+@action("PurgeQueue")
+async def purge_queue(call: Call) -> Result:
+    await call.backend.call(
+        call.backend.queues.PurgeQueue, qpb.PurgeQueueRequest(name=call.queue())
+    )
+    return {}
+
+
+@action("GetQueueAttributes")
+async def get_queue_attributes(call: Call) -> Result:
+    queue = call.queue()
+    names = call.params.get("AttributeNames", [])
+    described = queue_attributes.describe(await get_queue(call, queue), names, call.settings)
+    return {"Attributes": described} if described else {}
+
+
+@action("SetQueueAttributes")
+async def set_queue_attributes(call: Call) -> Result:
+    name = call.queue()
+    attributes = call.params.get("Attributes")
+    if not attributes:
+        raise missing_parameter("Attribute.1.Name")
+    queue, paths = queue_attributes.to_queue(name, attributes, call.settings)
+    if not paths:  # only attributes postbox fixes (FifoQueue, ...), confirmed as they are
+        await get_queue(call, name)
+        return {}
+    await update_queue(call, queue, paths)
+    return {}
+
+
+async def update_queue(call: Call, queue: qpb.Queue, paths: list[str]) -> None:
+    await call.backend.call(
+        call.backend.queues.UpdateQueue,
+        qpb.UpdateQueueRequest(queue=queue, update_mask=FieldMask(paths=paths)),
+    )
+
+
+@action("AddPermission")
+@action("RemovePermission")
+async def permissions(call: Call) -> Result:
+    raise SqsError(
+        UNSUPPORTED_OPERATION,
+        "postbox queues have no access policies: AddPermission and RemovePermission are not "
+        "supported. Control access with the shim's credentials.",
+    )

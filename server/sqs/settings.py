@@ -1,0 +1,27 @@
+"""Settings of the SQS shim process."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ShimSettings:
+    host: str = "0.0.0.0"
+    port: int = 9324
+    grpc_target: str = "localhost:50051"
+    # Used in queue ARNs and queue URLs, as SQS would.
+    region: str = "us-east-1"
+    account_id: str = "000000000000"
+    # Base of queue URLs, e.g. "https://sqs.example.com"; None: the Host of each request.
+    public_url: str | None = None
+    # access key -> secret key; empty: signatures are not checked.
+    credentials: Mapping[str, str] = field(default_factory=dict)
+    # Largest request body read. A legal request fits: a 1 MiB batch grows by at most
+    # 3x in form encoding (%XX per byte), plus names and attributes.
+    max_request_size: int = 4 * MIB
+    # Seconds a unary gRPC call may take before the shim answers ServiceUnavailable.
+    grpc_timeout: float = 30.0

@@ -1,0 +1,158 @@
+"""AWS Signature Version 4: checking that a request was signed with a known key.
+
+The expected signature is computed with botocore's signer, the code AWS clients sign
+with; only the headers the client says it signed take part, as the protocol demands.
+"""
+
+from __future__ import annotations
+
+import configparser
+import hashlib
+import hmac
+import re
+import time
+from calendar import timegm
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+from botocore.auth import SigV4Auth
+from botocore.awsrequest import AWSRequest
+from botocore.compat import HTTPHeaders
+from botocore.credentials import Credentials
+from multidict import CIMultiDictProxy
+
+from server.sqs.errors import (
+    INCOMPLETE_SIGNATURE,
+    INVALID_CLIENT_TOKEN_ID,
+    MISSING_AUTHENTICATION_TOKEN,
+    REQUEST_EXPIRED,
+    SIGNATURE_DOES_NOT_MATCH,
+    SqsError,
+)
+
+ALGORITHM = "AWS4-HMAC-SHA256"
+MAX_SKEW = 15 * 60
+_AUTHORIZATION = re.compile(
+    r"^AWS4-HMAC-SHA256\s+Credential=(?P<credential>[^,\s]+)\s*,\s*"
+    r"SignedHeaders=(?P<signed>[^,\s]+)\s*,\s*Signature=(?P<signature>[0-9a-f]{64})\s*$"
+)
+_AMZ_DATE = "%Y%m%dT%H%M%SZ"
+_MISMATCH = (
+    "The request signature we calculated does not match the signature you provided. "
+    "Check your AWS Secret Access Key and signing method."
+)
+
+
+def load_credentials(
+    pairs: Iterable[tuple[str, str]], files: Iterable[Path] = ()
+) -> dict[str, str]:
+    """Access key -> secret key, from explicit pairs and AWS-style credentials files.
+
+    A credentials file is the AWS CLI's INI format: every section's
+    aws_access_key_id / aws_secret_access_key pair is accepted.
+    """
+    found = dict(pairs)
+    for path in files:
+        parser = configparser.ConfigParser()
+        if not parser.read(path):
+            raise FileNotFoundError(f"credentials file {path} cannot be read")
+        for section in parser.sections():
+            key = parser.get(section, "aws_access_key_id", fallback=None)
+            secret = parser.get(section, "aws_secret_access_key", fallback=None)
+            if not key or not secret:
+                raise ValueError(
+                    f"credentials file {path}: section [{section}] needs aws_access_key_id "
+                    "and aws_secret_access_key"
+                )
+            found[key] = secret
+    return found
+
+
+class _ExpectedSignature(SigV4Auth):
+    """botocore's signer, restricted to the headers the client signed."""
+
+    def __init__(self, credentials: Credentials, region: str, signed: list[tuple[str, str]]):
+        super().__init__(credentials, "sqs", region)
+        self._signed = signed
+
+    def headers_to_sign(self, request: AWSRequest) -> HTTPHeaders:
+        headers = HTTPHeaders()
+        for name, value in self._signed:
+            headers[name] = value  # repeated names add values, as received
+        return headers
+
+
+class Verifier:
+    def __init__(self, secrets: Mapping[str, str]) -> None:
+        self.secrets = dict(secrets)
+
+    def verify(
+        self, method: str, host: str, raw_path: str, headers: CIMultiDictProxy[str], body: bytes
+    ) -> str:
+        """The access key that signed the request; SqsError when the signature does not hold."""
+        authorization = headers.get("Authorization")
+        if not authorization:
+            raise SqsError(MISSING_AUTHENTICATION_TOKEN, "Request is missing Authentication Token")
+        match = _AUTHORIZATION.match(authorization)
+        if match is None or not authorization.startswith(ALGORITHM):
+            raise SqsError(
+                INCOMPLETE_SIGNATURE,
+                "Authorization header requires 'Credential', 'SignedHeaders' and 'Signature' "
+                f"parameters of algorithm {ALGORITHM}.",
+            )
+        scope = match["credential"].split("/")
+        if len(scope) != 5 or scope[3] != "sqs" or scope[4] != "aws4_request":
+            raise SqsError(
+                INCOMPLETE_SIGNATURE,
+                "Credential should be scoped to a valid region and to service sqs: "
+                f"{match['credential']}",
+            )
+        access_key, date, region = scope[0], scope[1], scope[2]
+        secret = self.secrets.get(access_key)
+        if secret is None:
+            raise SqsError(
+                INVALID_CLIENT_TOKEN_ID, "The security token included in the request is invalid."
+            )
+        amz_date = headers.get("X-Amz-Date", "")
+        signed_at = _timestamp(amz_date)
+        now = time.time()
+        if signed_at < now - MAX_SKEW:
+            raise SqsError(
+                REQUEST_EXPIRED,
+                f"Request has expired: signed at {amz_date}, more than 15 minutes ago.",
+            )
+        if signed_at > now + MAX_SKEW:
+            raise SqsError(
+                SIGNATURE_DOES_NOT_MATCH,
+                f"Signature not yet current: {amz_date} is more than 15 minutes ahead.",
+            )
+        if date != amz_date[:8]:
+            raise SqsError(
+                SIGNATURE_DOES_NOT_MATCH,
+                f"Credential date {date} does not match the X-Amz-Date {amz_date}.",
+            )
+        body_hash = hashlib.sha256(body).hexdigest()
+        if headers.get("X-Amz-Content-SHA256", body_hash) != body_hash:
+            raise SqsError(SIGNATURE_DOES_NOT_MATCH, "X-Amz-Content-SHA256 is not the body's hash.")
+
+        signed_names = match["signed"].split(";")
+        signed = [(name, value) for name in signed_names for value in headers.getall(name, [])]
+        request = AWSRequest(method=method, url=f"http://{host}{raw_path}", data=body)
+        request.context["timestamp"] = amz_date
+        signer = _ExpectedSignature(Credentials(access_key, secret), region, signed)
+        expected = signer.signature(
+            signer.string_to_sign(request, signer.canonical_request(request)), request
+        )
+        if not hmac.compare_digest(expected, match["signature"]):
+            raise SqsError(SIGNATURE_DOES_NOT_MATCH, _MISMATCH)
+        return access_key
+
+
+def _timestamp(amz_date: str) -> float:
+    try:
+        return timegm(time.strptime(amz_date, _AMZ_DATE))
+    except ValueError:
+        raise SqsError(
+            INCOMPLETE_SIGNATURE,
+            "Authorization header requires an X-Amz-Date header of the form YYYYMMDD'T'HHMMSS'Z'.",
+        ) from None

@@ -1,0 +1,228 @@
+"""FIFO groups, deduplication, idempotent enqueue and priority through the real server."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from collections import defaultdict
+
+import grpc
+import pytest
+from postbox.v1 import message_service_pb2 as pb
+from postbox.v1 import message_service_pb2_grpc
+from support import create_queue, error_of, receive, seconds, stats, unique_name
+
+
+@pytest.fixture
+def fifo(queues):
+    return create_queue(queues, unique_name("ordered") + ".fifo").name
+
+
+def send(messages, queue: str, body: bytes, **options) -> pb.SendResponse:
+    return messages.Send(pb.SendRequest(queue=queue, body=body, **options))
+
+
+def test_fifo_queue_is_made_by_its_name(queues, fifo):
+    assert create_queue(queues, unique_name("plain")).fifo is False
+    from postbox.v1 import queue_service_pb2 as qpb
+
+    assert queues.GetQueue(qpb.GetQueueRequest(name=fifo)).queue.fifo is True
+
+
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        ({"deduplication_id": "d"}, "message_group_id"),
+        ({"message_group_id": "g"}, "deduplication_id"),
+        ({"message_group_id": "g", "deduplication_id": "d", "priority": 3}, "priority"),
+        ({"message_group_id": "g", "deduplication_id": "d", "delay": seconds(1)}, "delay"),
+        ({"message_group_id": "g", "deduplication_id": "d", "dedupe_key": "k"}, "dedupe_key"),
+        ({"message_group_id": "g" * 129, "deduplication_id": "d"}, "message_group_id"),
+        ({"message_group_id": "a b", "deduplication_id": "d"}, "message_group_id"),
+        ({"message_group_id": "g", "deduplication_id": "é"}, "deduplication_id"),
+    ],
+)
+def test_fifo_send_rules(messages, queues, fifo, options, says):
+    error = error_of(send, messages, fifo, b"x", **options)
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert says in error.details()
+    assert stats(queues, fifo).visible_messages == 0
+
+
+def test_a_group_is_blocked_while_its_message_is_in_flight(messages, fifo):
+    for body, group in [(b"a1", "A"), (b"a2", "A"), (b"b1", "B"), (b"a3", "A")]:
+        send(messages, fifo, body, message_group_id=group, deduplication_id=body.decode())
+    first = receive(messages, fifo, count=10)
+    assert [m.body for m in first] == [b"a1", b"b1"]  # one head per group
+    assert receive(messages, fifo, count=10) == []
+    a1 = next(m for m in first if m.body == b"a1")
+    messages.Delete(pb.DeleteRequest(queue=fifo, receipt=a1.receipt))
+    (a2,) = receive(messages, fifo, count=10)
+    assert a2.body == b"a2"
+    assert a2.message_group_id == "A"
+
+
+def test_a_timed_out_head_comes_back_before_the_rest_of_its_group(messages, fifo):
+    for body in [b"1", b"2"]:
+        send(messages, fifo, body, message_group_id="G", deduplication_id=body.decode())
+    (head,) = receive(messages, fifo, visibility=0.3)
+    assert head.body == b"1"
+    time.sleep(0.4)
+    (again,) = receive(messages, fifo)
+    assert again.body == b"1"
+    assert again.receive_count == 2
+
+
+async def test_fifo_order_holds_for_8_consumers_and_20_groups(aio_channel, queues):
+    queue = create_queue(queues, unique_name("fifo_load") + ".fifo").name
+    stub = message_service_pb2_grpc.MessageServiceStub(aio_channel)
+    groups, per_group = 20, 25
+    # Interleaved sends, so every batch mixes groups.
+    for round_ in range(per_group):
+        entries = [
+            pb.SendBatchEntry(
+                body=f"{g}:{round_}".encode(),
+                message_group_id=f"g{g}",
+                deduplication_id=f"{g}:{round_}",
+            )
+            for g in range(groups)
+        ]
+        await stub.SendBatch(pb.SendBatchRequest(queue=queue, entries=entries))
+    delivered: dict[str, list[int]] = defaultdict(list)
+    in_flight: set[str] = set()
+    violations: list[str] = []
+
+    async def consume() -> None:
+        call = stub.Receive(
+            pb.ReceiveRequest(
+                queue=queue,
+                mode=pb.RECEIVE_MODE_CONTINUOUS,
+                max_messages=5,
+                idle_timeout=seconds(1.5),
+                visibility_timeout=seconds(60),
+            )
+        )
+        async for response in call:
+            for message in response.messages:
+                group, sequence = message.body.decode().split(":")
+                if group in in_flight:
+                    violations.append(f"group {group} delivered twice at once")
+                in_flight.add(group)
+                delivered[group].append(int(sequence))
+            await asyncio.sleep(0.001)  # "processing"
+            for message in response.messages:
+                in_flight.discard(message.body.decode().split(":")[0])
+            await stub.DeleteBatch(
+                pb.DeleteBatchRequest(queue=queue, receipts=[m.receipt for m in response.messages])
+            )
+
+    await asyncio.wait_for(asyncio.gather(*(consume() for _ in range(8))), 120)
+    assert violations == []
+    assert len(delivered) == groups
+    for group, sequence in delivered.items():
+        assert sequence == list(range(per_group)), group
+
+
+def test_duplicate_within_window_returns_the_original(messages, queues, queue):
+    first = send(messages, queue, b"once", deduplication_id="order-17")
+    again = send(messages, queue, b"twice", deduplication_id="order-17")
+    assert again.message_id == first.message_id
+    assert (first.duplicate, again.duplicate) == (False, True)
+    (got,) = receive(messages, queue, count=10)
+    assert got.body == b"once"
+    assert got.deduplication_id == "order-17"
+    messages.Delete(pb.DeleteRequest(queue=queue, receipt=got.receipt))
+    after_delete = send(messages, queue, b"thrice", deduplication_id="order-17")
+    assert after_delete.duplicate
+    assert after_delete.message_id == first.message_id
+    assert stats(queues, queue).visible_messages == 0
+
+
+def test_deduplication_window_is_configurable(messages, queues):
+    queue = create_queue(queues, unique_name("short_window"), deduplication_window=seconds(1)).name
+    first = send(messages, queue, b"x", deduplication_id="d")
+    assert send(messages, queue, b"x", deduplication_id="d").duplicate
+    time.sleep(1.1)
+    later = send(messages, queue, b"x", deduplication_id="d")
+    assert not later.duplicate
+    assert later.message_id != first.message_id
+
+
+def test_content_based_deduplication_hashes_the_body(messages, queues):
+    queue = create_queue(
+        queues, unique_name("by_content") + ".fifo", content_based_deduplication=True
+    )
+    first = send(messages, queue.name, b"same", message_group_id="g")
+    assert send(messages, queue.name, b"same", message_group_id="g").duplicate
+    assert not send(messages, queue.name, b"other", message_group_id="g").duplicate
+    (got,) = receive(messages, queue.name)
+    assert got.message_id == first.message_id
+    assert got.deduplication_id == hashlib.sha256(b"same").hexdigest()
+
+
+def test_duplicates_inside_one_batch(messages, queue):
+    entries = [
+        pb.SendBatchEntry(body=b, deduplication_id=d)
+        for b, d in [(b"a", "1"), (b"b", "2"), (b"c", "1"), (b"d", None)]
+    ]
+    result = messages.SendBatch(pb.SendBatchRequest(queue=queue, entries=entries))
+    assert list(result.duplicates) == [False, False, True, False]
+    assert result.message_ids[2] == result.message_ids[0]
+    assert sorted(m.body for m in receive(messages, queue, count=10)) == [b"a", b"b", b"d"]
+
+
+def test_dedupe_key_replaces_a_waiting_message(messages, queue):
+    first = send(messages, queue, b"v1", dedupe_key="user:7")
+    second = send(messages, queue, b"v2", dedupe_key="user:7")
+    assert second.message_id == first.message_id
+    assert second.duplicate
+    (got,) = receive(messages, queue, count=10)
+    assert got.body == b"v2"
+    # In flight now: the same key makes a new message.
+    third = send(messages, queue, b"v3", dedupe_key="user:7")
+    assert third.message_id != first.message_id
+    assert not third.duplicate
+    assert [m.body for m in receive(messages, queue, count=10)] == [b"v3"]
+
+
+def test_dedupe_key_in_a_batch_keeps_the_last(messages, queue):
+    entries = [
+        pb.SendBatchEntry(body=b, dedupe_key=k)
+        for b, k in [(b"a1", "a"), (b"b1", "b"), (b"a2", "a")]
+    ]
+    result = messages.SendBatch(pb.SendBatchRequest(queue=queue, entries=entries))
+    assert result.message_ids[0] == result.message_ids[2]
+    assert sorted(m.body for m in receive(messages, queue, count=10)) == [b"a2", b"b1"]
+
+
+def test_dedupe_key_and_deduplication_id_do_not_mix(messages, queue):
+    error = error_of(send, messages, queue, b"x", dedupe_key="k", deduplication_id="d")
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_priority_orders_receives(messages, queue):
+    for body, priority in [(b"low", 0), (b"mid1", 5), (b"top", 9), (b"mid2", 5), (b"low2", 0)]:
+        send(messages, queue, body, priority=priority)
+    assert [m.body for m in receive(messages, queue, count=10)] == [
+        b"top",
+        b"mid1",
+        b"mid2",
+        b"low",
+        b"low2",
+    ]
+
+
+def test_priority_then_visibility_time(messages, queue):
+    send(messages, queue, b"urgent-but-later", priority=9, delay=seconds(0.3))
+    send(messages, queue, b"normal")
+    assert [m.body for m in receive(messages, queue, count=10)] == [b"normal"]
+    time.sleep(0.35)
+    (got,) = receive(messages, queue, count=10)
+    assert got.priority == 9
+
+
+@pytest.mark.parametrize("priority", [-1, 10])
+def test_priority_range(messages, queue, priority):
+    error = error_of(send, messages, queue, b"x", priority=priority)
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT

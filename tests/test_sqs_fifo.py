@@ -1,0 +1,183 @@
+"""FIFO queues through the shim: groups in order, deduplication, SQS's FIFO rules."""
+
+from __future__ import annotations
+
+import pytest
+from botocore.exceptions import ClientError
+from support import unique_name
+
+
+def error_of(call, **kwargs) -> dict:
+    with pytest.raises(ClientError) as caught:
+        call(**kwargs)
+    return caught.value.response["Error"]
+
+
+@pytest.fixture
+def fifo_queue(sqs, request):
+    url = sqs.create_queue(
+        QueueName=unique_name(request.node.name)[:70] + ".fifo",
+        Attributes={"FifoQueue": "true"},
+    )["QueueUrl"]
+    yield url
+    sqs.delete_queue(QueueUrl=url)
+
+
+def drain(client, url: str) -> list[dict]:
+    """Receives and deletes until the queue is empty; the messages in delivery order."""
+    delivered = []
+    while True:
+        messages = client.receive_message(
+            QueueUrl=url, MaxNumberOfMessages=10, AttributeNames=["All"]
+        ).get("Messages", [])
+        if not messages:
+            return delivered
+        delivered += messages
+        for message in messages:
+            client.delete_message(QueueUrl=url, ReceiptHandle=message["ReceiptHandle"])
+
+
+def test_fifo_attributes(sqs_any, fifo_queue):
+    got = sqs_any.get_queue_attributes(QueueUrl=fifo_queue, AttributeNames=["All"])["Attributes"]
+    assert got["FifoQueue"] == "true"
+    assert got["ContentBasedDeduplication"] == "false"
+    assert got["DeduplicationScope"] == "queue"
+    assert got["FifoThroughputLimit"] == "perQueue"
+    sqs_any.set_queue_attributes(
+        QueueUrl=fifo_queue, Attributes={"ContentBasedDeduplication": "true", "FifoQueue": "true"}
+    )
+    got = sqs_any.get_queue_attributes(
+        QueueUrl=fifo_queue, AttributeNames=["ContentBasedDeduplication"]
+    )
+    assert got["Attributes"] == {"ContentBasedDeduplication": "true"}
+
+
+def test_fifo_rules_on_create(sqs_any, sqs_queue, request):
+    name = unique_name(request.node.name)[:60]
+    error = error_of(sqs_any.create_queue, QueueName=f"{name}.fifo")
+    assert error["Code"] == "InvalidParameterValue"
+    error = error_of(sqs_any.create_queue, QueueName=name, Attributes={"FifoQueue": "true"})
+    assert error["Code"] == "InvalidAttributeValue"
+    error = error_of(
+        sqs_any.set_queue_attributes,
+        QueueUrl=sqs_queue,
+        Attributes={"ContentBasedDeduplication": "true"},
+    )
+    assert error["Code"] == "InvalidAttributeName"
+    error = error_of(
+        sqs_any.create_queue,
+        QueueName=f"{name}.fifo",
+        Attributes={"FifoQueue": "true", "DeduplicationScope": "messageGroup"},
+    )
+    assert error["Code"] == "InvalidAttributeValue"
+
+
+def test_groups_are_delivered_in_order(sqs_any, fifo_queue):
+    sent = []
+    for i in range(4):
+        for group in ("a", "b", "c"):
+            body = f"{group}{i}"
+            response = sqs_any.send_message(
+                QueueUrl=fifo_queue,
+                MessageBody=body,
+                MessageGroupId=group,
+                MessageDeduplicationId=body,
+            )
+            sent.append(int(response["SequenceNumber"]))
+    assert sent == sorted(sent)
+    delivered = drain(sqs_any, fifo_queue)
+    for group in ("a", "b", "c"):
+        in_group = [m for m in delivered if m["Attributes"]["MessageGroupId"] == group]
+        assert [m["Body"] for m in in_group] == [f"{group}{i}" for i in range(4)]
+        numbers = [int(m["Attributes"]["SequenceNumber"]) for m in in_group]
+        assert numbers == sorted(numbers)
+    assert {m["Attributes"]["MessageDeduplicationId"] for m in delivered} == {
+        m["Body"] for m in delivered
+    }
+
+
+def test_a_group_waits_while_its_message_is_in_flight(sqs_any, fifo_queue):
+    for body in ("first", "second"):
+        sqs_any.send_message(
+            QueueUrl=fifo_queue, MessageBody=body, MessageGroupId="g", MessageDeduplicationId=body
+        )
+    (first,) = sqs_any.receive_message(QueueUrl=fifo_queue, MaxNumberOfMessages=10)["Messages"]
+    assert first["Body"] == "first"
+    assert "Messages" not in sqs_any.receive_message(QueueUrl=fifo_queue, MaxNumberOfMessages=10)
+    sqs_any.delete_message(QueueUrl=fifo_queue, ReceiptHandle=first["ReceiptHandle"])
+    (second,) = sqs_any.receive_message(QueueUrl=fifo_queue)["Messages"]
+    assert second["Body"] == "second"
+
+
+def test_deduplication_id_drops_repeats_even_after_delete(sqs_any, fifo_queue):
+    kwargs = {"QueueUrl": fifo_queue, "MessageGroupId": "g", "MessageDeduplicationId": "once"}
+    original = sqs_any.send_message(MessageBody="one", **kwargs)
+    repeat = sqs_any.send_message(MessageBody="one", **kwargs)
+    assert repeat["MessageId"] == original["MessageId"]
+    assert [m["Body"] for m in drain(sqs_any, fifo_queue)] == ["one"]
+    sqs_any.send_message(MessageBody="one", **kwargs)
+    assert drain(sqs_any, fifo_queue) == []
+
+
+def test_content_based_deduplication(sqs_any, request):
+    url = sqs_any.create_queue(
+        QueueName=unique_name(request.node.name)[:70] + ".fifo",
+        Attributes={"FifoQueue": "true", "ContentBasedDeduplication": "true"},
+    )["QueueUrl"]
+    try:
+        for body in ("same", "same", "other", "same"):
+            sqs_any.send_message(QueueUrl=url, MessageBody=body, MessageGroupId="g")
+        assert [m["Body"] for m in drain(sqs_any, url)] == ["same", "other"]
+    finally:
+        sqs_any.delete_queue(QueueUrl=url)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "code"),
+    [
+        ({"MessageDeduplicationId": "d"}, "MissingParameter"),
+        ({"MessageGroupId": "g"}, "InvalidParameterValue"),  # no id, no content-based
+        (
+            {"MessageGroupId": "g", "MessageDeduplicationId": "d", "DelaySeconds": 5},
+            "InvalidParameterValue",
+        ),
+        ({"MessageGroupId": "g" * 129, "MessageDeduplicationId": "d"}, "InvalidParameterValue"),
+    ],
+)
+def test_fifo_send_rules(sqs_any, fifo_queue, kwargs, code):
+    assert (
+        error_of(sqs_any.send_message, QueueUrl=fifo_queue, MessageBody="x", **kwargs)["Code"]
+        == code
+    )
+    assert drain(sqs_any, fifo_queue) == []
+
+
+def test_standard_queue_send_rules(sqs_any, sqs_queue):
+    error = error_of(
+        sqs_any.send_message, QueueUrl=sqs_queue, MessageBody="x", MessageDeduplicationId="d"
+    )
+    assert error["Code"] == "InvalidParameterValue"
+    # Standard queues keep a message group id (SQS fair queues) without ordering by it.
+    sqs_any.send_message(QueueUrl=sqs_queue, MessageBody="x", MessageGroupId="tenant-1")
+    (message,) = sqs_any.receive_message(QueueUrl=sqs_queue, AttributeNames=["All"])["Messages"]
+    assert message["Attributes"]["MessageGroupId"] == "tenant-1"
+    assert "SequenceNumber" not in message["Attributes"]
+
+
+def test_fifo_batch_reports_each_entry(sqs_any, fifo_queue):
+    response = sqs_any.send_message_batch(
+        QueueUrl=fifo_queue,
+        Entries=[
+            {"Id": "ok", "MessageBody": "1", "MessageGroupId": "g", "MessageDeduplicationId": "1"},
+            {"Id": "no_group", "MessageBody": "2", "MessageDeduplicationId": "2"},
+            {"Id": "no_dedup", "MessageBody": "3", "MessageGroupId": "g"},
+            {"Id": "ok2", "MessageBody": "4", "MessageGroupId": "g", "MessageDeduplicationId": "4"},
+        ],
+    )
+    assert sorted(e["Id"] for e in response["Successful"]) == ["ok", "ok2"]
+    assert all("SequenceNumber" in e for e in response["Successful"])
+    assert {e["Id"]: e["Code"] for e in response["Failed"]} == {
+        "no_group": "MissingParameter",
+        "no_dedup": "InvalidParameterValue",
+    }
+    assert [m["Body"] for m in drain(sqs_any, fifo_queue)] == ["1", "4"]

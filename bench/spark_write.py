@@ -96,6 +96,61 @@ def spark_session(partitions: int):
     return spark
 
 
+def row_requests(plan, rows: Iterator, prefix: str) -> Iterator[pb.SendBatchRequest]:
+    """What a Row-based writer does with the same plan: one row at a time."""
+    column = plan.body_column
+    request = pb.SendBatchRequest(queue=plan.queue)
+    for position, row in enumerate(rows):
+        request.entries.add(body=row[column].encode(), deduplication_id=f"{prefix}:{position}")
+        if len(request.entries) == plan.batch_size:
+            yield request
+            request = pb.SendBatchRequest(queue=plan.queue)
+    if len(request.entries):
+        yield request
+
+
+def client_cpu(rows: int, size: int) -> tuple[float, float]:
+    """CPU seconds per million rows to turn Arrow batches into requests: (arrow, rows).
+
+    The rows path first converts each batch to Rows as Spark's Python worker does
+    for a DataSourceWriter; no request is sent, so the server does not count.
+    """
+    import pyarrow as pa
+    from pyspark.sql.conversion import ArrowTableToRowsConversion
+    from pyspark.sql.types import StringType, StructField, StructType, _create_row
+
+    from server.spark.encode import Encoder
+    from server.spark.options import write_plan
+
+    schema = StructType([StructField("body", StringType())])
+    plan = write_plan({"queue": "q", "body_column": "body"}, schema, streaming=False)
+    batches = [
+        pa.record_batch({"body": [body(i, size).decode() for i in range(start, start + 10_000)]})
+        for start in range(0, rows, 10_000)
+    ]
+    started = time.process_time()
+    for batch in batches:
+        for _ in Encoder(plan, "w:0").requests(batch):
+            pass
+    arrow = time.process_time() - started
+
+    convert = [ArrowTableToRowsConversion._create_converter(f.dataType) for f in schema.fields]
+    names = schema.fieldNames()
+
+    def as_rows() -> Iterator:
+        for batch in batches:
+            columns = [ArrowTableToRowsConversion._to_pylist(c) for c in batch.columns]
+            for i in range(batch.num_rows):
+                values = [convert[c](columns[c][i]) for c in range(batch.num_columns)]
+                yield _create_row(fields=names, values=values)
+
+    started = time.process_time()
+    for _ in row_requests(plan, as_rows(), "w:0"):
+        pass
+    by_row = time.process_time() - started
+    return arrow * 1e6 / rows, by_row * 1e6 / rows
+
+
 def _register_row_writer(spark) -> None:
     """Registers "postbox_rows": the shipped sender behind the Row-based interface."""
     from pyspark.sql.datasource import DataSourceWriter
@@ -114,19 +169,9 @@ def _register_row_writer(spark) -> None:
             from server.spark.client import BatchSender
 
             plan = self.plan
-            prefix = _task_prefix(plan.write_id)
-            column = plan.body_column
             with plan.connection.open() as channel:
                 sender = BatchSender(channel, plan.connection, plan.retry, plan.max_in_flight)
-                request = pb.SendBatchRequest(queue=plan.queue)
-                for position, row in enumerate(rows):
-                    request.entries.add(
-                        body=row[column].encode(), deduplication_id=f"{prefix}:{position}"
-                    )
-                    if len(request.entries) == plan.batch_size:
-                        sender.submit(request)
-                        request = pb.SendBatchRequest(queue=plan.queue)
-                if len(request.entries):
+                for request in row_requests(plan, rows, _task_prefix(plan.write_id)):
                     sender.submit(request)
                 sender.finish()
             context = TaskContext.get()
@@ -258,6 +303,11 @@ def main() -> None:
             print(f"{variant} / plain = {rate / rates['plain']:.2f}")
     if {"spark-arrow", "spark-rows"} <= set(rates):
         print(f"spark-arrow / spark-rows = {rates['spark-arrow'] / rates['spark-rows']:.2f}")
+    arrow, by_row = client_cpu(min(args.rows, 200_000), args.body_size)
+    print(
+        f"client CPU per message: Arrow writer {arrow:.1f} µs, Row writer {by_row:.1f} µs"
+        f" ({by_row / arrow:.2f}x)"
+    )
 
 
 if __name__ == "__main__":

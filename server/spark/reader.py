@@ -30,7 +30,7 @@ from pyspark.sql.datasource import SimpleDataSourceStreamReader
 from server.spark.client import call_with_retries
 from server.spark.options import ReadPlan
 
-log = logging.getLogger("postbox.spark")
+log = logging.getLogger(__name__)
 
 SCHEMA = (
     "message_id string, body binary,"

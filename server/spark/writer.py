@@ -2,8 +2,8 @@
 
 Every message carries an idempotency id that a retried or speculative attempt of
 the same task computes again: `<write id>:<partition>:<row>` for a batch write,
-`<query id>:<batch id>:<partition>:<row>` for a stream (both ids survive a
-restart from the checkpoint), or the value of the user's dedupe column. The
+`<query id>:<batch id>:<partition>:<row>` for a stream (both kept in the
+checkpoint, so a restarted query repeats them), or the user's dedupe column. The
 server drops a repeat within the queue's deduplication window, so rows that
 an earlier attempt already committed are not sent twice.
 """
@@ -11,7 +11,6 @@ an earlier attempt already committed are not sent twice.
 from __future__ import annotations
 
 import logging
-import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -31,14 +30,7 @@ from server.spark.options import WritePlan
 _QUERY_ID = "sql.streaming.queryId"
 _BATCH_ID = "streaming.sql.batchId"
 
-log = logging.getLogger("postbox.spark")
-if not log.handlers:
-    # Commit and abort run in a Python worker of the driver, whose stderr goes to
-    # the driver's log; without a handler, INFO lines would be dropped.
-    _handler = logging.StreamHandler(sys.stderr)
-    _handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    log.addHandler(_handler)
-    log.setLevel(logging.INFO)
+log = logging.getLogger(__name__)
 
 
 @dataclass

@@ -134,25 +134,28 @@ def _read_queue(spark, server, queue: str, checkpoint: Path, sink, **options: st
     )
 
 
-def _collect_into(rows: list) -> Callable:
+def _read_all(spark, server, queues, queue: str, checkpoint: Path, count: int, **options):
+    """The rows a stream reader delivers until `count` arrived and all were deleted."""
+    rows: list = []
+
     def sink(batch, batch_id: int) -> None:
         rows.extend(batch.collect())
 
-    return sink
+    query = _read_queue(spark, server, queue, checkpoint, sink, **options)
+    try:
+        wait_for(lambda: len(rows) >= count, 120, f"{count} rows")
+        # Deleted once Spark committed their batches, so the queue empties.
+        wait_for(lambda: stats(queues, queue).in_flight_messages == 0, 30, "deletes")
+    finally:
+        query.stop()
+    return rows
 
 
 def test_reader_delivers_every_message_once_and_deletes_it_after_commit(
     spark, server, messages, queues, queue, tmp_path
 ):
     sent = _send(messages, queue, 3000)
-    rows: list = []
-    query = _read_queue(spark, server, queue, tmp_path / "checkpoint", _collect_into(rows))
-    try:
-        wait_for(lambda: len(rows) >= len(sent), 120, "3000 rows")
-        # Deleted once Spark committed their batches, so the queue empties.
-        wait_for(lambda: stats(queues, queue).in_flight_messages == 0, 30, "deletes after commit")
-    finally:
-        query.stop()
+    rows = _read_all(spark, server, queues, queue, tmp_path / "checkpoint", len(sent))
     assert sorted(r.message_id for r in rows) == sorted(sent)
     by_id = {r.message_id: r for r in rows}
     assert by_id[sent[7]].body == b"m7"
@@ -175,14 +178,6 @@ def test_reader_delivers_a_batch_that_never_committed_again(
     # Received, never deleted: in flight until the visibility timeout runs out.
     assert stats(queues, queue).in_flight_messages + stats(queues, queue).visible_messages == 1000
 
-    rows: list = []
-    query = _read_queue(
-        spark, server, queue, checkpoint, _collect_into(rows), visibility_timeout="30"
-    )
-    try:
-        wait_for(lambda: len(rows) >= len(sent), 120, "the messages delivered again")
-        wait_for(lambda: stats(queues, queue).in_flight_messages == 0, 30, "deletes")
-    finally:
-        query.stop()
+    rows = _read_all(spark, server, queues, queue, checkpoint, len(sent), visibility_timeout="30")
     assert sorted(r.message_id for r in rows) == sorted(sent)
     assert {r.receive_count for r in rows} == {2}

@@ -31,11 +31,19 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+# pyspark forks the JVM's launcher after this process has opened gRPC channels;
+# gRPC's fork handlers can crash such a child (grpc issue 43055, epoll EBADF).
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
 import asyncpg
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from postbox.v1 import message_service_pb2 as pb
-from postbox.v1 import message_service_pb2_grpc, queue_service_pb2, queue_service_pb2_grpc
+from postbox.v1 import (
+    message_service_pb2_grpc,
+    queue_service_pb2,
+    queue_service_pb2_grpc,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))

@@ -10,6 +10,11 @@ import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+# gRPC's fork handlers can crash a child forked while channels are open (grpc
+# issue 43055, epoll EBADF): pyspark forks the JVM's launcher that way. The tests
+# fork only to exec, so they need no fork support; set before gRPC initializes.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
 import asyncpg
 import grpc
 import pytest

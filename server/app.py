@@ -16,6 +16,10 @@ from postbox.v1 import (
     message_service_pb2_grpc,
     queue_service_pb2,
     queue_service_pb2_grpc,
+    schedule_service_pb2,
+    schedule_service_pb2_grpc,
+    topic_service_pb2,
+    topic_service_pb2_grpc,
 )
 
 from server.config import Settings
@@ -23,18 +27,36 @@ from server.db.engine import Engine
 from server.db.migrate import format_version, migrate
 from server.embedded import EmbeddedPostgres
 from server.errors import ApiError
+from server.services.decoding import RejectUndecodable
 from server.services.messages import MessageService
 from server.services.queues import QueueService
+from server.services.schedules import ScheduleService
+from server.services.topics import TopicService
 from server.wakeup import WakeHub
 from server.workers.maintenance import MaintenanceWorker
+from server.workers.scheduler import SchedulerWorker
+from server.workers.webhooks import WebhookWorker
 
 log = logging.getLogger(__name__)
 
 SERVICE_NAMES = (
     queue_service_pb2.DESCRIPTOR.services_by_name["QueueService"].full_name,
     message_service_pb2.DESCRIPTOR.services_by_name["MessageService"].full_name,
+    topic_service_pb2.DESCRIPTOR.services_by_name["TopicService"].full_name,
+    schedule_service_pb2.DESCRIPTOR.services_by_name["ScheduleService"].full_name,
 )
 HEALTH_CHECK_INTERVAL = 1.0
+
+
+def grpc_options(settings: Settings, *, reuse_port: bool = False) -> list[tuple[str, int]]:
+    """Channel options of the gRPC server; the benchmark's empty server uses them too."""
+    return [
+        ("grpc.max_receive_message_length", settings.max_request_size),
+        ("grpc.max_send_message_length", settings.max_request_size),
+        # Off unless several workers share the port on purpose: a second server
+        # started by mistake on a busy port must fail, not silently split traffic.
+        ("grpc.so_reuseport", int(reuse_port)),
+    ]
 
 
 async def _watch_health(engine: Engine, servicer: health.aio.HealthServicer) -> None:
@@ -63,7 +85,7 @@ async def _watch_health(engine: Engine, servicer: health.aio.HealthServicer) -> 
         await asyncio.sleep(HEALTH_CHECK_INTERVAL)
 
 
-async def _install_engine(dsn: str) -> None:
+async def install_engine(dsn: str) -> None:
     conn = await asyncpg.connect(dsn)
     try:
         version = await migrate(conn)
@@ -72,40 +94,53 @@ async def _install_engine(dsn: str) -> None:
     log.info("postbox SQL %s installed", format_version(version))
 
 
-async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
-    """Serves until `stop` is set (or SIGINT/SIGTERM arrives), then shuts down in order."""
-    stop = stop or asyncio.Event()
+def stop_on_signals(stop: asyncio.Event) -> None:
+    """SIGINT and SIGTERM set `stop`."""
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
 
-    embedded = None
-    dsn = settings.database_url
-    if dsn is None:
-        embedded = EmbeddedPostgres(settings.data_dir)
-        await asyncio.to_thread(embedded.start)
-        dsn = await embedded.ensure_database()
+
+async def open_database(settings: Settings) -> tuple[str, EmbeddedPostgres | None]:
+    """The database URL to serve from, starting the embedded PostgreSQL when none is given."""
+    if settings.database_url is not None:
+        return settings.database_url, None
+    embedded = EmbeddedPostgres(settings.data_dir)
+    await asyncio.to_thread(embedded.start)
+    return await embedded.ensure_database(), embedded
+
+
+async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
+    """Serves until `stop` is set (or SIGINT/SIGTERM arrives), then shuts down in order."""
+    stop = stop or asyncio.Event()
+    stop_on_signals(stop)
+    dsn, embedded = await open_database(settings)
     engine = hub = server = None
     tasks: list[asyncio.Task[None]] = []
     try:
-        await _install_engine(dsn)
+        await install_engine(dsn)
         engine = await Engine.connect(dsn, pool_size=settings.pool_size)
         hub = WakeHub(dsn, safety_interval=settings.safety_poll_interval)
         await hub.start()
 
         server = grpc.aio.server(
-            options=[
-                ("grpc.max_receive_message_length", settings.max_request_size),
-                ("grpc.max_send_message_length", settings.max_request_size),
-                ("grpc.so_reuseport", 0),
-            ]
+            interceptors=[RejectUndecodable()],
+            options=grpc_options(settings, reuse_port=settings.reuse_port),
         )
         queue_service_pb2_grpc.add_QueueServiceServicer_to_server(
             QueueService(engine, max_message_size=settings.max_message_size), server
         )
         message_service_pb2_grpc.add_MessageServiceServicer_to_server(
             MessageService(engine, hub), server
+        )
+        webhooks = WebhookWorker(engine)
+        scheduler = SchedulerWorker(engine, on_webhook_deliveries=webhooks.wake)
+        topic_service_pb2_grpc.add_TopicServiceServicer_to_server(
+            TopicService(engine, hub, webhooks.wake), server
+        )
+        schedule_service_pb2_grpc.add_ScheduleServiceServicer_to_server(
+            ScheduleService(engine, scheduler.wake), server
         )
         health_servicer = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -125,6 +160,8 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         tasks = [
             asyncio.create_task(_watch_health(engine, health_servicer), name="postbox-health"),
             asyncio.create_task(maintenance.run(), name="postbox-maintenance"),
+            asyncio.create_task(webhooks.run(), name="postbox-webhooks"),
+            asyncio.create_task(scheduler.run(), name="postbox-scheduler"),
         ]
         log.info("postbox serving gRPC on %s:%d", settings.grpc_host, port)
         await stop.wait()

@@ -21,6 +21,7 @@ log = logging.getLogger("postbox")
 
 def _serve(args: argparse.Namespace) -> int:
     from server.app import serve
+    from server.processes import serve_workers
 
     settings = Settings(
         database_url=args.database_url,
@@ -32,7 +33,10 @@ def _serve(args: argparse.Namespace) -> int:
         safety_poll_interval=args.safety_poll_interval,
         maintenance_interval=args.maintenance_interval,
         expiry_interval=args.expiry_interval,
+        reuse_port=args.reuse_port,
     )
+    if args.workers > 1:
+        return asyncio.run(serve_workers(settings, args.workers, args.log_level))
     asyncio.run(serve(settings))
     return 0
 
@@ -184,6 +188,15 @@ def build_parser() -> argparse.ArgumentParser:
         default=Settings.expiry_interval,
         help="seconds between sweeps for expired messages and records (default: %(default)s)",
     )
+    serve.add_argument(
+        "--workers",
+        type=int,
+        default=int(os.environ.get("POSTBOX_WORKERS", "1")),
+        help="server processes sharing the port (SO_REUSEPORT), e.g. one per core "
+        "(default: %(default)s)",
+    )
+    # Set by `--workers` on the processes it starts; sharing the port is otherwise an error.
+    serve.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)
     serve.set_defaults(run=_serve)
 
     from server.sqs.settings import ShimSettings

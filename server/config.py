@@ -32,6 +32,8 @@ class Settings:
     expiry_interval: float = 10.0
     # Seconds in-flight calls get to finish on shutdown.
     shutdown_grace: float = 5.0
+    # Bind the port with SO_REUSEPORT: set for the processes of `serve --workers N`.
+    reuse_port: bool = False
 
 
 def env_default(name: str, fallback: str | None = None) -> str | None:

@@ -61,6 +61,11 @@ class WakeHub:
     def listening(self) -> bool:
         return self._connected.is_set()
 
+    async def until_listening(self, timeout: float) -> None:
+        """Returns once the LISTEN connection is up (the database answers), or after `timeout`."""
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._connected.wait(), timeout)
+
     async def start(self, *, wait_connected: float = 10.0) -> None:
         self._tasks = [
             asyncio.create_task(self._listen_forever(), name="postbox-listen"),

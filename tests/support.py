@@ -97,6 +97,15 @@ def stats(queues, queue: str):
     return queues.GetQueue(qpb.GetQueueRequest(name=queue)).queue.stats
 
 
+def eventually(check: Callable[[], object], timeout: float = 30.0, what: str = "") -> object:
+    """Polls `check` until it returns something true, which it returns; fails after timeout."""
+    deadline = time.monotonic() + timeout
+    while not (result := check()):
+        assert time.monotonic() < deadline, f"not after {timeout} s: {what or check}"
+        time.sleep(0.05)
+    return result
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

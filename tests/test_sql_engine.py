@@ -138,7 +138,7 @@ async def test_create_extension_installs_the_same_engine(admin_url, fresh_db):
         dumped = await fresh_db.fetchval(
             "SELECT array_length(extconfig, 1) FROM pg_extension WHERE extname = 'postbox'"
         )
-        assert dumped == 6  # every table but the runtime state keeps its data in pg_dump
+        assert dumped == 10  # every table but the runtime state keeps its data in pg_dump
         assert await migrate(fresh_db) == Scripts.load().latest  # recognised as current
     finally:
         for path in copied:
@@ -390,6 +390,27 @@ async def test_fifo_send_racing_a_dead_letter_move_never_orphans_a_message(conns
         assert await _fifo_group(setup, queue) == [(b"new", False)], f"schedule {positions}"
 
 
+async def test_a_send_racing_a_queue_drop_leaves_no_orphans(conns):
+    setup, dropper, sender = conns
+    await new_queue(setup, "dropped_under_a_send", 0)
+    await dropper.execute("BEGIN")
+    await dropper.execute("SELECT postbox.drop_queue('dropped_under_a_send')")
+    # The send finds the queue (the drop has not committed) and waits for its lock.
+    send = sender.execute("SELECT postbox.send('dropped_under_a_send', 'x')")
+    sending = asyncio.ensure_future(send)
+    done, _ = await asyncio.wait([sending], timeout=0.3)
+    assert not done, "the send should wait for the drop"
+    await dropper.execute("COMMIT")
+    with pytest.raises(asyncpg.PostgresError) as caught:
+        await sending
+    assert caught.value.sqlstate == "PB404"
+    orphans = await setup.fetchval(
+        "SELECT count(*) FROM postbox.messages m "
+        "WHERE NOT EXISTS (SELECT FROM postbox.queues q WHERE q.id = m.queue_id)"
+    )
+    assert orphans == 0
+
+
 # Wake-up notifications.
 
 
@@ -478,3 +499,102 @@ async def test_hostile_names_change_nothing(conns):
         assert caught.value.sqlstate == "PB404"
     assert await fingerprint(setup) == before
     assert await setup.fetchval("SELECT count(*) FROM postbox.queues") == queues_before
+
+
+# Topics' webhook deliveries and schedules: the claims of replicas' workers.
+
+
+@pytest.fixture
+async def unserved(admin_url, fresh_db) -> AsyncIterator[list[asyncpg.Connection]]:
+    """Like conns, on a database of its own: no server's worker claims its rows meanwhile."""
+    await migrate(fresh_db)
+    database = await fresh_db.fetchval("SELECT current_database()")
+    opened = [await asyncpg.connect(admin_url, database=database) for _ in range(2)]
+    yield [fresh_db, *opened]
+    for conn in opened:
+        await conn.close()
+
+
+CLAIM_DELIVERIES = "SELECT delivery_id FROM postbox.claim_webhook_deliveries(10)"
+
+
+@pytest.mark.parametrize("deliveries", [1, 2])
+async def test_webhook_workers_never_claim_the_same_delivery(unserved, deliveries):
+    setup, conn_a, conn_b = unserved
+    for n, positions in enumerate(SCHEDULES):
+        topic = f"iso_hooks_{deliveries}_{n}"
+        await setup.execute("SELECT postbox.create_topic($1)", topic)
+        await setup.execute(
+            "SELECT postbox.create_subscription($1, 'hook', webhook_url => 'http://127.0.0.1:9/')",
+            topic,
+        )
+        for _ in range(deliveries):
+            await setup.execute("SELECT * FROM postbox.publish($1, 'x')", topic)
+        a, b = Session(conn_a), Session(conn_b)
+        await run_interleaving(
+            merge(
+                positions,
+                transaction(a, CLAIM_DELIVERIES),
+                transaction(b, CLAIM_DELIVERIES),
+            )
+        )
+        got_a = {r["delivery_id"] for r in a.results[1]}
+        got_b = {r["delivery_id"] for r in b.results[1]}
+        assert not got_a & got_b, f"schedule {positions}: both claimed {got_a & got_b}"
+        assert len(got_a | got_b) == deliveries, f"schedule {positions}"
+
+
+FIRE_DUE = (
+    "SELECT s.name, f.error FROM postbox.claim_due_schedules(10) s "
+    "CROSS JOIN LATERAL postbox.fire_schedule(s.id, now() + interval '1 hour') f"
+)
+
+
+async def _due_schedule(conn: asyncpg.Connection, name: str) -> None:
+    await conn.execute("SELECT postbox.create_queue($1)", name)
+    await conn.execute(
+        "SELECT postbox.create_schedule($1, now() - interval '1 s', 'tick', target_queue => $1, "
+        "every => interval '1 hour')",
+        name,
+    )
+
+
+async def _queued(conn: asyncpg.Connection, queue: str) -> int:
+    return await conn.fetchval(
+        "SELECT count(*) FROM postbox.messages m JOIN postbox.queues q ON q.id = m.queue_id "
+        "WHERE q.name = $1",
+        queue,
+    )
+
+
+async def test_schedulers_never_fire_a_schedule_twice(unserved):
+    setup, conn_a, conn_b = unserved
+    for n, positions in enumerate(SCHEDULES):
+        name = f"iso_fire_{n}"
+        await _due_schedule(setup, name)
+        a, b = Session(conn_a), Session(conn_b)
+        await run_interleaving(merge(positions, transaction(a, FIRE_DUE), transaction(b, FIRE_DUE)))
+        fired = [r["name"] for r in a.results[1] + b.results[1]]
+        assert fired == [name], f"schedule {positions}: {fired}"
+        assert await _queued(setup, name) == 1, f"schedule {positions}"
+
+
+async def test_a_fire_commits_with_its_next_fire_time(unserved):
+    setup, _, _ = unserved
+    await _due_schedule(setup, "crashy")
+    # A scheduler that dies before committing: nothing was sent, and it is still due.
+    dying = setup.transaction()
+    await dying.start()
+    assert [r["name"] for r in await setup.fetch(FIRE_DUE)] == ["crashy"]
+    assert await _queued(setup, "crashy") == 1
+    await dying.rollback()
+    assert await _queued(setup, "crashy") == 0
+    row = await setup.fetchrow(
+        "SELECT fire_count, next_fire_at <= now() AS due FROM postbox.schedules "
+        "WHERE name = 'crashy'"
+    )
+    assert (row["fire_count"], row["due"]) == (0, True)
+    # Committed: sent once, and not due again until its next time.
+    assert [r["name"] for r in await setup.fetch(FIRE_DUE)] == ["crashy"]
+    assert await setup.fetch(FIRE_DUE) == []
+    assert await _queued(setup, "crashy") == 1

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
 from typing import Any
@@ -44,6 +45,48 @@ _SEND_OPTIONS = (
 assert set(_SEND_OPTIONS) | {"body"} == {f.name for f in fields(OutgoingMessage)}
 
 
+@dataclass(frozen=True)
+class OutgoingPublish:
+    """One message to publish, as postbox.publish_batch takes it."""
+
+    body: bytes
+    routing_key: str = ""
+    attributes: str | None = None  # JSON in the engine's attribute format
+    ordering_key: str | None = None
+    deduplication_id: str | None = None
+
+
+@dataclass(frozen=True)
+class ScheduleFields:
+    """What a schedule fires, where and when: the columns of postbox.schedules a caller sets."""
+
+    body: bytes = b""
+    target_queue: str | None = None
+    target_topic: str | None = None
+    routing_key: str = ""
+    attributes: str | None = None  # JSON in the engine's attribute format
+    cron_expression: str | None = None
+    time_zone: str | None = None
+    every: timedelta | None = None
+    run_at: datetime | None = None
+
+    def arguments(self) -> tuple[Any, ...]:
+        """In the order create_schedule and update_schedule take them after next_fire_at."""
+        return (
+            self.body, self.target_queue, self.target_topic, self.routing_key, self.attributes,
+            self.cron_expression, self.time_zone, self.every, self.run_at,
+        )  # fmt: skip
+
+
+# Computes a schedule's next fire time from its row and the database's clock.
+NextFire = Callable[[Record, datetime], "datetime | None"]
+
+
+def _optional_column(values: list[Any]) -> list[Any] | None:
+    """A per-entry array, or NULL when no entry uses it (the engine's fast paths)."""
+    return values if any(v is not None for v in values) else None
+
+
 class Engine:
     """Runs the named queries of queries.sql on a connection pool."""
 
@@ -67,9 +110,20 @@ class Engine:
     async def close(self) -> None:
         await self.pool.close()
 
-    async def _call(self, method: str, name: str, *args: Any) -> Any:
+    async def _call(
+        self, method: str, name: str, *args: Any, conn: asyncpg.Connection | None = None
+    ) -> Any:
         try:
-            return await getattr(self.pool, method)(self._sql[name], *args)
+            return await getattr(conn or self.pool, method)(self._sql[name], *args)
+        except Exception as exc:
+            raise translate(exc) from exc
+
+    @contextlib.asynccontextmanager
+    async def _transaction(self) -> AsyncIterator[asyncpg.Connection]:
+        """A connection in a transaction, for calls that Python code must sit between."""
+        try:
+            async with self.pool.acquire() as conn, conn.transaction():
+                yield conn
         except Exception as exc:
             raise translate(exc) from exc
 
@@ -130,15 +184,21 @@ class Engine:
     # Messages.
 
     async def send_batch(
-        self, queue: str, messages: Sequence[OutgoingMessage]
+        self,
+        queue: str,
+        messages: Sequence[OutgoingMessage],
+        *,
+        conn: asyncpg.Connection | None = None,
     ) -> list[tuple[int, bool]]:
-        """(message id, duplicate) per message, in order."""
+        """(message id, duplicate) per message, in order. On `conn` it joins that connection's
+        transaction (group commit)."""
         options = []
         for name in _SEND_OPTIONS:
             values = [getattr(message, name) for message in messages]
-            # An option nobody uses is sent as NULL, which keeps the engine's fast path.
-            options.append(values if any(v is not None for v in values) else None)
-        rows = await self._call("fetch", "send_batch", queue, [m.body for m in messages], *options)
+            options.append(_optional_column(values))
+        rows = await self._call(
+            "fetch", "send_batch", queue, [m.body for m in messages], *options, conn=conn
+        )
         return [(row[0], row[1]) for row in rows]
 
     async def receive(
@@ -185,6 +245,128 @@ class Engine:
         self, queue: str, after_id: int, page_size: int
     ) -> list[Record]:
         return await self._call("fetch", "list_archived_messages", queue, after_id, page_size)
+
+    # Topics.
+
+    async def create_topic(self, name: str) -> Record:
+        return await self._call("fetchrow", "create_topic", name)
+
+    async def get_topic(self, name: str) -> Record:
+        return await self._call("fetchrow", "get_topic", name)
+
+    async def list_topics(self, page_size: int, after_name: str) -> list[Record]:
+        return await self._call("fetch", "list_topics", page_size, after_name)
+
+    async def delete_topic(self, name: str) -> None:
+        await self._call("execute", "delete_topic", name)
+
+    async def create_subscription(
+        self, topic: str, name: str, pattern: str, queue: str | None, webhook_url: str | None,
+        webhook_secret: str | None, webhook_settings: dict[str, Any],
+    ) -> Record:  # fmt: skip
+        return await self._call(
+            "fetchrow", "create_subscription", topic, name, pattern, queue, webhook_url,
+            webhook_secret, json.dumps(webhook_settings),
+        )  # fmt: skip
+
+    async def get_subscription(self, topic: str, name: str) -> Record:
+        return await self._call("fetchrow", "get_subscription", topic, name)
+
+    async def list_subscriptions(self, topic: str, page_size: int, after_name: str) -> list[Record]:
+        return await self._call("fetch", "list_subscriptions", topic, page_size, after_name)
+
+    async def delete_subscription(self, topic: str, name: str) -> None:
+        await self._call("execute", "delete_subscription", topic, name)
+
+    async def publish_batch(self, topic: str, messages: Sequence[OutgoingPublish]) -> list[Record]:
+        """Per message: publish_id, queues, message_ids, duplicates, webhook_deliveries."""
+        return await self._call(
+            "fetch", "publish_batch", topic, [m.body for m in messages],
+            [m.routing_key for m in messages],
+            _optional_column([m.attributes for m in messages]),
+            _optional_column([m.ordering_key for m in messages]),
+            _optional_column([m.deduplication_id for m in messages]),
+        )  # fmt: skip
+
+    async def list_webhook_deliveries(
+        self, topic: str, subscription: str, state: str | None, after_id: int, page_size: int
+    ) -> list[Record]:
+        return await self._call(
+            "fetch", "list_webhook_deliveries", topic, subscription, state, after_id, page_size
+        )
+
+    async def claim_webhook_deliveries(self, max_deliveries: int) -> list[Record]:
+        return await self._call("fetch", "claim_webhook_deliveries", max_deliveries)
+
+    async def finish_webhook_delivery(
+        self, delivery_id: int, lease: UUID, status: int | None, error: str | None
+    ) -> str:
+        """The outcome: delivered, retrying, failed or stale."""
+        return await self._call(
+            "fetchval", "finish_webhook_deliveries", [delivery_id], [lease], [status], [error]
+        )
+
+    async def next_webhook_attempt_at(self) -> datetime | None:
+        return await self._call("fetchval", "next_webhook_attempt_at")
+
+    async def expire_webhook_deliveries(self, batch_size: int) -> int:
+        return await self._call("fetchval", "expire_webhook_deliveries", batch_size)
+
+    # Schedules.
+
+    async def create_schedule(
+        self, name: str, next_fire_at: datetime, schedule: ScheduleFields
+    ) -> Record:
+        return await self._call(
+            "fetchrow", "create_schedule", name, next_fire_at, *schedule.arguments()
+        )
+
+    async def update_schedule(
+        self, name: str, changed: Sequence[str], next_fire_at: datetime | None,
+        schedule: ScheduleFields,
+    ) -> Record:  # fmt: skip
+        return await self._call(
+            "fetchrow", "update_schedule", name, list(changed), next_fire_at, *schedule.arguments()
+        )
+
+    async def get_schedule(self, name: str) -> Record:
+        return await self._call("fetchrow", "get_schedule", name)
+
+    async def list_schedules(self, page_size: int, after_name: str) -> list[Record]:
+        return await self._call("fetch", "list_schedules", page_size, after_name)
+
+    async def delete_schedule(self, name: str) -> None:
+        await self._call("execute", "delete_schedule", name)
+
+    async def pause_schedule(self, name: str) -> Record:
+        return await self._call("fetchrow", "pause_schedule", name)
+
+    async def resume_schedule(self, name: str, next_fire: NextFire) -> Record:
+        async with self._transaction() as conn:
+            row = await conn.fetchrow(self._sql["lock_schedule"], name)
+            return await conn.fetchrow(
+                self._sql["resume_schedule"], name, next_fire(row, row["db_now"])
+            )
+
+    async def fire_due_schedules(
+        self, max_schedules: int, next_fire: NextFire
+    ) -> list[tuple[Record, str | None, int]]:
+        """Claims due schedules and fires each, all in one transaction.
+
+        Per schedule: its row as claimed, the error of a refused fire, and how
+        many webhook deliveries the fire queued.
+        """
+        fired = []
+        async with self._transaction() as conn:
+            for row in await conn.fetch(self._sql["claim_due_schedules"], max_schedules):
+                error, webhook_deliveries = await conn.fetchrow(
+                    self._sql["fire_schedule"], row["id"], next_fire(row, row["db_now"])
+                )
+                fired.append((row, error, webhook_deliveries))
+        return fired
+
+    async def next_schedule_fire_at(self) -> datetime | None:
+        return await self._call("fetchval", "next_schedule_fire_at")
 
     # Maintenance.
 

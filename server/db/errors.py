@@ -35,6 +35,9 @@ def _is_unavailable(exc: BaseException) -> bool:
             asyncpg.InterfaceError,
             asyncpg.ConnectionDoesNotExistError,
             asyncpg.CannotConnectNowError,
+            # asyncpg's protocol state after the server dropped the connection mid-call
+            # ("cannot switch to state ...; another operation is in progress").
+            asyncpg.InternalClientError,
         ),
     ):
         return True

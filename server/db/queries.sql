@@ -108,3 +108,95 @@ SELECT postbox.expire_messages($1)
 
 -- name: expire_records
 SELECT postbox.expire_records($1)
+
+-- Topics.
+
+-- name: create_topic
+SELECT * FROM postbox.create_topic($1)
+
+-- name: get_topic
+SELECT * FROM postbox.get_topic($1)
+
+-- name: list_topics
+SELECT * FROM postbox.list_topics($1, $2)
+
+-- name: delete_topic
+SELECT postbox.delete_topic($1)
+
+-- Subscription rows come with their topic and queue names.
+
+-- name: create_subscription
+SELECT s.*, (SELECT t.name FROM postbox.topics t WHERE t.id = s.topic_id) AS topic,
+       (SELECT q.name FROM postbox.queues q WHERE q.id = s.queue_id) AS queue
+FROM postbox.create_subscription($1, $2, $3, $4, $5, $6, $7::jsonb) s
+
+-- name: get_subscription
+SELECT s.*, (SELECT t.name FROM postbox.topics t WHERE t.id = s.topic_id) AS topic,
+       (SELECT q.name FROM postbox.queues q WHERE q.id = s.queue_id) AS queue
+FROM postbox.get_subscription($1, $2) s
+
+-- name: list_subscriptions
+SELECT s.*, (SELECT t.name FROM postbox.topics t WHERE t.id = s.topic_id) AS topic,
+       (SELECT q.name FROM postbox.queues q WHERE q.id = s.queue_id) AS queue
+FROM postbox.list_subscriptions($1, $2, $3) s
+
+-- name: delete_subscription
+SELECT postbox.delete_subscription($1, $2)
+
+-- name: publish_batch
+SELECT * FROM postbox.publish_batch($1, $2, $3, $4::jsonb[], $5, $6)
+
+-- name: list_webhook_deliveries
+SELECT * FROM postbox.list_webhook_deliveries($1, $2, $3, $4, $5)
+
+-- Webhook delivery: claims with SKIP LOCKED, then one finish per attempt.
+
+-- name: claim_webhook_deliveries
+SELECT * FROM postbox.claim_webhook_deliveries($1)
+
+-- name: finish_webhook_deliveries
+SELECT outcome FROM postbox.finish_webhook_deliveries($1, $2, $3, $4)
+
+-- name: next_webhook_attempt_at
+SELECT postbox.next_webhook_attempt_at()
+
+-- name: expire_webhook_deliveries
+SELECT postbox.expire_webhook_deliveries($1)
+
+-- Schedules.
+
+-- name: create_schedule
+SELECT * FROM postbox.create_schedule($1, $2, $3, $4, $5, $6, $7::jsonb, $8, $9, $10, $11)
+
+-- name: update_schedule
+SELECT * FROM postbox.update_schedule($1, $2, $3, $4, $5, $6, $7, $8::jsonb, $9, $10, $11, $12)
+
+-- name: get_schedule
+SELECT * FROM postbox.get_schedule($1)
+
+-- name: list_schedules
+SELECT * FROM postbox.list_schedules($1, $2)
+
+-- name: delete_schedule
+SELECT postbox.delete_schedule($1)
+
+-- name: pause_schedule
+SELECT * FROM postbox.pause_schedule($1)
+
+-- Resuming and firing compute the next fire time between two statements of one
+-- transaction, from the locked row and the database's clock.
+
+-- name: lock_schedule
+SELECT s.*, now() AS db_now FROM postbox.lock_schedule($1) s
+
+-- name: resume_schedule
+SELECT * FROM postbox.resume_schedule($1, $2)
+
+-- name: claim_due_schedules
+SELECT s.*, now() AS db_now FROM postbox.claim_due_schedules($1) s
+
+-- name: fire_schedule
+SELECT * FROM postbox.fire_schedule($1, $2)
+
+-- name: next_schedule_fire_at
+SELECT postbox.next_schedule_fire_at()

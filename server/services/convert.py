@@ -16,12 +16,43 @@ from postbox.v1 import message_pb2
 from server.db.engine import OutgoingMessage
 from server.errors import invalid
 
+# The range google.protobuf.Duration defines (about 10,000 years).
+_MAX_DURATION_SECONDS = 315_576_000_000
+
 
 def optional_timedelta(message: ProtoMessage, field: str) -> timedelta | None:
-    """The Duration field as a timedelta, or None when it is unset."""
+    """The Duration field as a timedelta, None when unset; INVALID_ARGUMENT when malformed."""
     if not message.HasField(field):
         return None
-    return getattr(message, field).ToTimedelta()
+    value = getattr(message, field)
+    # The wire carries any int64/int32: check what Duration allows before converting.
+    if (
+        abs(value.seconds) > _MAX_DURATION_SECONDS
+        or abs(value.nanos) > 999_999_999
+        or value.seconds * value.nanos < 0
+    ):
+        raise invalid(
+            f"{field} is not a valid duration: seconds within ±{_MAX_DURATION_SECONDS:,} and "
+            "nanos within ±999,999,999, both of the same sign"
+        )
+    return value.ToTimedelta()
+
+
+# The range google.protobuf.Timestamp defines: 0001-01-01 to 9999-12-31.
+_MIN_TIMESTAMP_SECONDS, _MAX_TIMESTAMP_SECONDS = -62_135_596_800, 253_402_300_799
+
+
+def optional_datetime(message: ProtoMessage, field: str) -> datetime | None:
+    """The Timestamp field as an aware datetime, None when unset; INVALID_ARGUMENT if malformed."""
+    if not message.HasField(field):
+        return None
+    value = getattr(message, field)
+    if (
+        not _MIN_TIMESTAMP_SECONDS <= value.seconds <= _MAX_TIMESTAMP_SECONDS
+        or not 0 <= value.nanos <= 999_999_999
+    ):
+        raise invalid(f"{field} is not a valid timestamp: it must lie in the years 1 to 9999")
+    return value.ToDatetime(timezone.utc)
 
 
 def seconds(duration: Duration) -> float:
@@ -125,9 +156,7 @@ def outgoing(entry: Any) -> OutgoingMessage:
         body=entry.body,
         attributes=attributes_json(entry.attributes),
         delay=optional_timedelta(entry, "delay"),
-        deliver_at=entry.deliver_at.ToDatetime(timezone.utc)
-        if entry.HasField("deliver_at")
-        else None,
+        deliver_at=optional_datetime(entry, "deliver_at"),
         message_group_id=entry.message_group_id or None,
         deduplication_id=entry.deduplication_id or None,
         dedupe_key=entry.dedupe_key or None,

@@ -12,8 +12,10 @@ from postbox.v1 import message_pb2, message_service_pb2_grpc
 from postbox.v1 import message_service_pb2 as pb
 
 from server.db.engine import Engine, Record
+from server.db.group_commit import GroupCommit
 from server.errors import ApiError, invalid
 from server.services import convert
+from server.services.prefetch import Prefetch
 from server.services.queues import decode_page_token, encode_page_token, page_size_of
 from server.services.status import reports_errors
 from server.wakeup import WakeHub
@@ -27,6 +29,15 @@ MAX_IDLE = timedelta(hours=24)
 # A long poll ends this much before the client's deadline, so the client gets
 # an orderly (empty) end of stream rather than DEADLINE_EXCEEDED.
 _DEADLINE_MARGIN = 0.05
+
+# While the database is away a continuous stream looks again as soon as the wake-up
+# listener has reconnected, or after this many seconds at the latest.
+_OUTAGE_RETRY = 5.0
+
+# How long a continuous stream waits for its consumer to settle an older batch
+# before claiming more (see prefetch.py).
+_PATIENCE = 1.0
+_DEFAULT_LEASE = timedelta(seconds=30)  # stands for the queue's when the request has none
 
 _OUTCOME_STATUS = {
     "ok": (grpc.StatusCode.OK, ""),
@@ -51,14 +62,14 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
     def __init__(self, engine: Engine, hub: WakeHub) -> None:
         self.engine = engine
         self.hub = hub
+        self.sends = GroupCommit(engine)
+        self.prefetch = Prefetch()
 
     @reports_errors
     async def Send(
         self, request: pb.SendRequest, context: grpc.aio.ServicerContext
     ) -> pb.SendResponse:
-        ((message_id, duplicate),) = await self.engine.send_batch(
-            request.queue, [convert.outgoing(request)]
-        )
+        message_id, duplicate = await self.sends.send(request.queue, convert.outgoing(request))
         self.hub.wake(request.queue)
         return pb.SendResponse(message_id=str(message_id), duplicate=duplicate)
 
@@ -101,17 +112,26 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
         remaining = request.max_total_messages or None
         wait_until = None if wait is None else started + wait.total_seconds()
         idle_until = None if idle is None else started + idle.total_seconds()
+        window = self.prefetch.open() if continuous else None
+        if window is not None:
+            context.add_done_callback(lambda _: window.close())
+            # Half a lease at most, so an unsettled batch's messages are not yet due again.
+            patience = min(_PATIENCE, (visibility_timeout or _DEFAULT_LEASE).total_seconds() / 2)
         first_poll = True
         while not self.hub.closing:
+            if window is not None:
+                await window.room(patience)
             generation = self.hub.generation(queue)
             want = min(max_messages, remaining) if remaining else max_messages
             try:
                 rows = await self._claim(queue, want, visibility_timeout)
             except ApiError as error:
                 # A new stream on a paused queue fails; one already waiting waits on.
-                if not error.paused or first_poll:
-                    raise
-                rows = []
+                if error.paused and not first_poll:
+                    rows = []
+                else:
+                    await self._ride_out(error, continuous)
+                    continue
             first_poll = False
             if rows:
                 try:
@@ -120,6 +140,8 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
                     # The stream died with this batch in hand: it never reached the client.
                     await self._release(queue, rows)
                     raise
+                if window is not None:
+                    window.delivered(row["receipt"] for row in rows)
                 if len(rows) == want:
                     self.hub.wake(queue)  # there may be more: let another stream look too
                 if not continuous:
@@ -145,10 +167,24 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
             timeout = None if until is None else until - loop.time()
             if timeout is not None and timeout <= 0:
                 return
-            next_visible = await self.engine.next_visible_at(queue)
+            try:
+                next_visible = await self.engine.next_visible_at(queue)
+            except ApiError as error:
+                await self._ride_out(error, continuous)
+                continue
             if next_visible is not None:
                 self.hub.wake_at(queue, next_visible)
             await self.hub.wait(queue, generation, timeout)
+
+    async def _ride_out(self, error: ApiError, continuous: bool) -> None:
+        """A continuous stream outlives a database outage: it waits for the database to
+        answer again and goes on. Any other error, or any error of a long poll, ends it."""
+        if not continuous or error.code != grpc.StatusCode.UNAVAILABLE:
+            raise error
+        if self.hub.listening:
+            # The listener has not noticed the outage yet: do not spin on a dead pool.
+            await asyncio.sleep(1.0)
+        await self.hub.until_listening(_OUTAGE_RETRY)
 
     async def _claim(
         self, queue: str, count: int, visibility_timeout: timedelta | None
@@ -181,6 +217,7 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
         self, request: pb.DeleteRequest, context: grpc.aio.ServicerContext
     ) -> pb.DeleteResponse:
         await self.engine.delete(request.queue, request.receipt)
+        self.prefetch.settled([request.receipt])
         return pb.DeleteResponse()
 
     @reports_errors
@@ -188,6 +225,7 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
         self, request: pb.DeleteBatchRequest, context: grpc.aio.ServicerContext
     ) -> pb.DeleteBatchResponse:
         outcomes = await self.engine.delete_batch(request.queue, list(request.receipts))
+        self.prefetch.settled(request.receipts)  # ok, stale or gone: none is pending now
         return pb.DeleteBatchResponse(results=_batch_results(outcomes))
 
     @reports_errors
@@ -198,6 +236,7 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
         if timeout is None:
             raise invalid("visibility_timeout is required (0 makes the message visible at once)")
         await self.engine.change_visibility(request.queue, request.receipt, timeout)
+        self.prefetch.settled([request.receipt])
         if timeout == timedelta(0):
             self.hub.wake(request.queue)
         return pb.ChangeVisibilityResponse()
@@ -212,6 +251,7 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
             convert.optional_timedelta(request, "delay"),
             request.error or None,
         )
+        self.prefetch.settled([request.receipt])
         self.hub.wake(request.queue)  # a waiting stream sets a timer for the backoff
         return pb.NackResponse()
 
@@ -271,6 +311,7 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
             receipts.append(entry.receipt)
             timeouts.append(timeout)
         outcomes = await self.engine.change_visibility_batch(request.queue, receipts, timeouts)
+        self.prefetch.settled(receipts)
         if timedelta(0) in timeouts:
             self.hub.wake(request.queue)
         return pb.ChangeVisibilityBatchResponse(results=_batch_results(outcomes))

@@ -6,7 +6,7 @@ import base64
 import binascii
 import json
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import grpc
@@ -186,6 +186,15 @@ def page_size_of(
 
 def encode_page_token(last: str) -> str:
     return base64.urlsafe_b64encode(last.encode()).decode("ascii")
+
+
+def next_page(
+    rows: Sequence[Mapping[str, Any]], page_size: int, key: str = "name"
+) -> tuple[Sequence[Mapping[str, Any]], str]:
+    """A page's rows, of page_size + 1 fetched, and the next page's token ("" on the last)."""
+    if len(rows) <= page_size:
+        return rows, ""
+    return rows[:page_size], encode_page_token(str(rows[page_size - 1][key]))
 
 
 def decode_page_token(token: str, method: str) -> str:

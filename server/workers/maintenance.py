@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 
 from server.db.engine import Engine
 from server.errors import ApiError
+from server.workers import OutageLog
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +36,7 @@ class MaintenanceWorker:
 
     async def run(self) -> None:
         next_expiry = 0.0
-        failing = False
+        outage = OutageLog(log, "maintenance")
         while True:
             try:
                 await self.engine.run_redrives(self.batch_size)
@@ -43,13 +44,9 @@ class MaintenanceWorker:
                     await self._drain(self.engine.expire_messages)
                     await self._drain(self.engine.expire_records)
                     next_expiry = time.monotonic() + self.expiry_interval
-                if failing:
-                    log.info("maintenance works again")
-                failing = False
+                outage.worked()
             except ApiError as error:
-                if not failing:  # once per outage, not once per tick
-                    log.warning("maintenance failed: %s", error.message)
-                failing = True
+                outage.failed(error)
             await asyncio.sleep(self.interval)
 
     async def _drain(self, job: Callable[[int], Awaitable[int]]) -> None:

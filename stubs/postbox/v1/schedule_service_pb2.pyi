@@ -31,7 +31,7 @@ class ScheduleTarget(_message.Message):
     def __init__(self, queue: _Optional[str] = ..., topic: _Optional[str] = ..., routing_key: _Optional[str] = ...) -> None: ...
 
 class Schedule(_message.Message):
-    __slots__ = ("name", "cron", "interval", "run_at", "target", "body", "attributes", "paused", "next_fire_time", "last_fire_time", "create_time")
+    __slots__ = ("name", "cron", "interval", "run_at", "target", "body", "attributes", "paused", "next_fire_time", "last_fire_time", "create_time", "last_error", "fire_count")
     class AttributesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -50,6 +50,8 @@ class Schedule(_message.Message):
     NEXT_FIRE_TIME_FIELD_NUMBER: _ClassVar[int]
     LAST_FIRE_TIME_FIELD_NUMBER: _ClassVar[int]
     CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
+    LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
+    FIRE_COUNT_FIELD_NUMBER: _ClassVar[int]
     name: str
     cron: CronSpec
     interval: _duration_pb2.Duration
@@ -61,7 +63,9 @@ class Schedule(_message.Message):
     next_fire_time: _timestamp_pb2.Timestamp
     last_fire_time: _timestamp_pb2.Timestamp
     create_time: _timestamp_pb2.Timestamp
-    def __init__(self, name: _Optional[str] = ..., cron: _Optional[_Union[CronSpec, _Mapping]] = ..., interval: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., run_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., target: _Optional[_Union[ScheduleTarget, _Mapping]] = ..., body: _Optional[bytes] = ..., attributes: _Optional[_Mapping[str, _message_pb2.AttributeValue]] = ..., paused: _Optional[bool] = ..., next_fire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_fire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    last_error: str
+    fire_count: int
+    def __init__(self, name: _Optional[str] = ..., cron: _Optional[_Union[CronSpec, _Mapping]] = ..., interval: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., run_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., target: _Optional[_Union[ScheduleTarget, _Mapping]] = ..., body: _Optional[bytes] = ..., attributes: _Optional[_Mapping[str, _message_pb2.AttributeValue]] = ..., paused: _Optional[bool] = ..., next_fire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_fire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_error: _Optional[str] = ..., fire_count: _Optional[int] = ...) -> None: ...
 
 class CreateScheduleRequest(_message.Message):
     __slots__ = ("schedule",)

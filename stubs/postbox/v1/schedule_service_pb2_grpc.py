@@ -28,7 +28,11 @@ if _version_not_supported:
 class ScheduleServiceStub:
     """ScheduleService fires messages into a queue or a topic on a cron schedule, at
     a fixed interval, or once at a given time. A schedule fires once per due
-    time however many server replicas run.
+    time however many server replicas run: the fire and the move to the next due
+    time commit together. After downtime (or a long stall) a schedule fires once
+    for all the times it missed, then continues from the first due time after
+    now. A fire that its target refuses (target missing, paused or full, message
+    too large) is skipped, not retried, and recorded in `last_error`.
     """
 
     def __init__(self, channel):
@@ -77,12 +81,17 @@ class ScheduleServiceStub:
 class ScheduleServiceServicer:
     """ScheduleService fires messages into a queue or a topic on a cron schedule, at
     a fixed interval, or once at a given time. A schedule fires once per due
-    time however many server replicas run.
+    time however many server replicas run: the fire and the move to the next due
+    time commit together. After downtime (or a long stall) a schedule fires once
+    for all the times it missed, then continues from the first due time after
+    now. A fire that its target refuses (target missing, paused or full, message
+    too large) is skipped, not retried, and recorded in `last_error`.
     """
 
     def CreateSchedule(self, request, context):
         """Creates a schedule. ALREADY_EXISTS if one of that name exists;
-        INVALID_ARGUMENT for a bad cron expression or time zone.
+        INVALID_ARGUMENT for a bad cron expression or time zone; NOT_FOUND when
+        the target does not exist.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -103,7 +112,8 @@ class ScheduleServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def UpdateSchedule(self, request, context):
-        """Changes the fields named in the update mask.
+        """Changes the fields named in the update mask. A new timing takes effect at
+        once (its next due time counts from now); a paused schedule stays paused.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -124,7 +134,9 @@ class ScheduleServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ResumeSchedule(self, request, context):
-        """Lets a paused schedule fire again, from its next due time after now.
+        """Lets a paused schedule fire again, from its next due time after now (an
+        interval keeps its phase). A one-shot schedule whose run_at passed while
+        paused fires at once; one that fired already is FAILED_PRECONDITION.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -179,7 +191,11 @@ def add_ScheduleServiceServicer_to_server(servicer, server):
 class ScheduleService:
     """ScheduleService fires messages into a queue or a topic on a cron schedule, at
     a fixed interval, or once at a given time. A schedule fires once per due
-    time however many server replicas run.
+    time however many server replicas run: the fire and the move to the next due
+    time commit together. After downtime (or a long stall) a schedule fires once
+    for all the times it missed, then continues from the first due time after
+    now. A fire that its target refuses (target missing, paused or full, message
+    too large) is skipped, not retried, and recorded in `last_error`.
     """
 
     @staticmethod

@@ -1,14 +1,25 @@
 import datetime
 
+from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from postbox.v1 import message_pb2 as _message_pb2
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class WebhookDeliveryState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    WEBHOOK_DELIVERY_STATE_UNSPECIFIED: _ClassVar[WebhookDeliveryState]
+    WEBHOOK_DELIVERY_STATE_PENDING: _ClassVar[WebhookDeliveryState]
+    WEBHOOK_DELIVERY_STATE_FAILED: _ClassVar[WebhookDeliveryState]
+WEBHOOK_DELIVERY_STATE_UNSPECIFIED: WebhookDeliveryState
+WEBHOOK_DELIVERY_STATE_PENDING: WebhookDeliveryState
+WEBHOOK_DELIVERY_STATE_FAILED: WebhookDeliveryState
 
 class Topic(_message.Message):
     __slots__ = ("name", "create_time")
@@ -19,12 +30,20 @@ class Topic(_message.Message):
     def __init__(self, name: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class WebhookEndpoint(_message.Message):
-    __slots__ = ("url", "secret")
+    __slots__ = ("url", "secret", "timeout", "max_attempts", "minimum_backoff", "maximum_backoff")
     URL_FIELD_NUMBER: _ClassVar[int]
     SECRET_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_FIELD_NUMBER: _ClassVar[int]
+    MAX_ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    MINIMUM_BACKOFF_FIELD_NUMBER: _ClassVar[int]
+    MAXIMUM_BACKOFF_FIELD_NUMBER: _ClassVar[int]
     url: str
     secret: str
-    def __init__(self, url: _Optional[str] = ..., secret: _Optional[str] = ...) -> None: ...
+    timeout: _duration_pb2.Duration
+    max_attempts: int
+    minimum_backoff: _duration_pb2.Duration
+    maximum_backoff: _duration_pb2.Duration
+    def __init__(self, url: _Optional[str] = ..., secret: _Optional[str] = ..., timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_attempts: _Optional[int] = ..., minimum_backoff: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., maximum_backoff: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class Subscription(_message.Message):
     __slots__ = ("name", "topic", "pattern", "queue", "webhook", "create_time")
@@ -149,7 +168,7 @@ class DeleteSubscriptionResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class PublishRequest(_message.Message):
-    __slots__ = ("topic", "routing_key", "body", "attributes")
+    __slots__ = ("topic", "routing_key", "body", "attributes", "ordering_key", "deduplication_id")
     class AttributesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -161,16 +180,121 @@ class PublishRequest(_message.Message):
     ROUTING_KEY_FIELD_NUMBER: _ClassVar[int]
     BODY_FIELD_NUMBER: _ClassVar[int]
     ATTRIBUTES_FIELD_NUMBER: _ClassVar[int]
+    ORDERING_KEY_FIELD_NUMBER: _ClassVar[int]
+    DEDUPLICATION_ID_FIELD_NUMBER: _ClassVar[int]
     topic: str
     routing_key: str
     body: bytes
     attributes: _containers.MessageMap[str, _message_pb2.AttributeValue]
-    def __init__(self, topic: _Optional[str] = ..., routing_key: _Optional[str] = ..., body: _Optional[bytes] = ..., attributes: _Optional[_Mapping[str, _message_pb2.AttributeValue]] = ...) -> None: ...
+    ordering_key: str
+    deduplication_id: str
+    def __init__(self, topic: _Optional[str] = ..., routing_key: _Optional[str] = ..., body: _Optional[bytes] = ..., attributes: _Optional[_Mapping[str, _message_pb2.AttributeValue]] = ..., ordering_key: _Optional[str] = ..., deduplication_id: _Optional[str] = ...) -> None: ...
 
 class PublishResponse(_message.Message):
-    __slots__ = ("message_ids", "webhook_deliveries")
+    __slots__ = ("message_ids", "webhook_deliveries", "queues", "duplicates", "publish_id")
     MESSAGE_IDS_FIELD_NUMBER: _ClassVar[int]
     WEBHOOK_DELIVERIES_FIELD_NUMBER: _ClassVar[int]
+    QUEUES_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATES_FIELD_NUMBER: _ClassVar[int]
+    PUBLISH_ID_FIELD_NUMBER: _ClassVar[int]
     message_ids: _containers.RepeatedScalarFieldContainer[str]
     webhook_deliveries: int
-    def __init__(self, message_ids: _Optional[_Iterable[str]] = ..., webhook_deliveries: _Optional[int] = ...) -> None: ...
+    queues: _containers.RepeatedScalarFieldContainer[str]
+    duplicates: _containers.RepeatedScalarFieldContainer[bool]
+    publish_id: str
+    def __init__(self, message_ids: _Optional[_Iterable[str]] = ..., webhook_deliveries: _Optional[int] = ..., queues: _Optional[_Iterable[str]] = ..., duplicates: _Optional[_Iterable[bool]] = ..., publish_id: _Optional[str] = ...) -> None: ...
+
+class PublishBatchEntry(_message.Message):
+    __slots__ = ("routing_key", "body", "attributes", "ordering_key", "deduplication_id")
+    class AttributesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: _message_pb2.AttributeValue
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[_message_pb2.AttributeValue, _Mapping]] = ...) -> None: ...
+    ROUTING_KEY_FIELD_NUMBER: _ClassVar[int]
+    BODY_FIELD_NUMBER: _ClassVar[int]
+    ATTRIBUTES_FIELD_NUMBER: _ClassVar[int]
+    ORDERING_KEY_FIELD_NUMBER: _ClassVar[int]
+    DEDUPLICATION_ID_FIELD_NUMBER: _ClassVar[int]
+    routing_key: str
+    body: bytes
+    attributes: _containers.MessageMap[str, _message_pb2.AttributeValue]
+    ordering_key: str
+    deduplication_id: str
+    def __init__(self, routing_key: _Optional[str] = ..., body: _Optional[bytes] = ..., attributes: _Optional[_Mapping[str, _message_pb2.AttributeValue]] = ..., ordering_key: _Optional[str] = ..., deduplication_id: _Optional[str] = ...) -> None: ...
+
+class PublishBatchRequest(_message.Message):
+    __slots__ = ("topic", "entries")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    entries: _containers.RepeatedCompositeFieldContainer[PublishBatchEntry]
+    def __init__(self, topic: _Optional[str] = ..., entries: _Optional[_Iterable[_Union[PublishBatchEntry, _Mapping]]] = ...) -> None: ...
+
+class PublishResult(_message.Message):
+    __slots__ = ("message_ids", "webhook_deliveries", "queues", "duplicates", "publish_id")
+    MESSAGE_IDS_FIELD_NUMBER: _ClassVar[int]
+    WEBHOOK_DELIVERIES_FIELD_NUMBER: _ClassVar[int]
+    QUEUES_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATES_FIELD_NUMBER: _ClassVar[int]
+    PUBLISH_ID_FIELD_NUMBER: _ClassVar[int]
+    message_ids: _containers.RepeatedScalarFieldContainer[str]
+    webhook_deliveries: int
+    queues: _containers.RepeatedScalarFieldContainer[str]
+    duplicates: _containers.RepeatedScalarFieldContainer[bool]
+    publish_id: str
+    def __init__(self, message_ids: _Optional[_Iterable[str]] = ..., webhook_deliveries: _Optional[int] = ..., queues: _Optional[_Iterable[str]] = ..., duplicates: _Optional[_Iterable[bool]] = ..., publish_id: _Optional[str] = ...) -> None: ...
+
+class PublishBatchResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[PublishResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[PublishResult, _Mapping]]] = ...) -> None: ...
+
+class WebhookDelivery(_message.Message):
+    __slots__ = ("delivery_id", "publish_id", "publish_time", "routing_key", "state", "attempts", "last_attempt_time", "last_status_code", "last_error", "next_attempt_time")
+    DELIVERY_ID_FIELD_NUMBER: _ClassVar[int]
+    PUBLISH_ID_FIELD_NUMBER: _ClassVar[int]
+    PUBLISH_TIME_FIELD_NUMBER: _ClassVar[int]
+    ROUTING_KEY_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    LAST_ATTEMPT_TIME_FIELD_NUMBER: _ClassVar[int]
+    LAST_STATUS_CODE_FIELD_NUMBER: _ClassVar[int]
+    LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
+    NEXT_ATTEMPT_TIME_FIELD_NUMBER: _ClassVar[int]
+    delivery_id: str
+    publish_id: str
+    publish_time: _timestamp_pb2.Timestamp
+    routing_key: str
+    state: WebhookDeliveryState
+    attempts: int
+    last_attempt_time: _timestamp_pb2.Timestamp
+    last_status_code: int
+    last_error: str
+    next_attempt_time: _timestamp_pb2.Timestamp
+    def __init__(self, delivery_id: _Optional[str] = ..., publish_id: _Optional[str] = ..., publish_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., routing_key: _Optional[str] = ..., state: _Optional[_Union[WebhookDeliveryState, str]] = ..., attempts: _Optional[int] = ..., last_attempt_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_status_code: _Optional[int] = ..., last_error: _Optional[str] = ..., next_attempt_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class ListWebhookDeliveriesRequest(_message.Message):
+    __slots__ = ("topic", "subscription", "state", "page_size", "page_token")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    subscription: str
+    state: WebhookDeliveryState
+    page_size: int
+    page_token: str
+    def __init__(self, topic: _Optional[str] = ..., subscription: _Optional[str] = ..., state: _Optional[_Union[WebhookDeliveryState, str]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class ListWebhookDeliveriesResponse(_message.Message):
+    __slots__ = ("deliveries", "next_page_token")
+    DELIVERIES_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    deliveries: _containers.RepeatedCompositeFieldContainer[WebhookDelivery]
+    next_page_token: str
+    def __init__(self, deliveries: _Optional[_Iterable[_Union[WebhookDelivery, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...

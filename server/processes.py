@@ -1,0 +1,93 @@
+"""`postbox serve --workers N`: N server processes sharing one port, so every core serves.
+
+One Python process runs one event loop on one core; gRPC and protobuf work is what
+limits a single process. The parent starts the embedded PostgreSQL once (when there
+is no database URL), installs the SQL, checks the port is free, then runs N copies
+of `postbox serve` that bind it with SO_REUSEPORT; the kernel spreads connections
+over them. Each worker has its own pool and LISTEN connection. The parent only
+supervises: a worker that dies takes the others down with a non-zero exit, so the
+service manager sees the failure instead of a silently smaller server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import socket
+import sys
+
+from server.app import install_engine, open_database, stop_on_signals
+from server.config import Settings
+
+log = logging.getLogger(__name__)
+
+
+def _check_port_free(host: str, port: int) -> None:
+    """Fails loudly when something already listens: the workers' SO_REUSEPORT would share it."""
+    family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host.strip("[]"), port))
+        except OSError as exc:
+            raise OSError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+
+
+def worker_command(settings: Settings, dsn: str, log_level: str) -> list[str]:
+    return [
+        sys.executable, "-m", "server", "--log-level", log_level, "serve",
+        "--database-url", dsn,
+        "--grpc-host", settings.grpc_host,
+        "--grpc-port", str(settings.grpc_port),
+        "--pool-size", str(settings.pool_size),
+        "--max-message-size", str(settings.max_message_size),
+        "--safety-poll-interval", str(settings.safety_poll_interval),
+        "--maintenance-interval", str(settings.maintenance_interval),
+        "--expiry-interval", str(settings.expiry_interval),
+        "--reuse-port",
+    ]  # fmt: skip
+
+
+async def serve_workers(settings: Settings, workers: int, log_level: str) -> int:
+    """Runs `workers` server processes until SIGINT/SIGTERM or until one of them exits."""
+    if settings.grpc_port == 0:
+        raise ValueError("--workers needs a fixed --grpc-port for the workers to share")
+    _check_port_free(settings.grpc_host, settings.grpc_port)
+    stop = asyncio.Event()
+    stop_on_signals(stop)
+    dsn, embedded = await open_database(settings)
+    processes: list[asyncio.subprocess.Process] = []
+    try:
+        await install_engine(dsn)  # once, before the workers race for it
+        command = worker_command(settings, dsn, log_level)
+        for _ in range(workers):
+            processes.append(await asyncio.create_subprocess_exec(*command))
+        log.info("started %d workers on port %d", workers, settings.grpc_port)
+        exits = [asyncio.ensure_future(p.wait()) for p in processes]
+        stopping = asyncio.ensure_future(stop.wait())
+        await asyncio.wait([stopping, *exits], return_when=asyncio.FIRST_COMPLETED)
+        stopping.cancel()
+        failed = [p for p in processes if p.returncode is not None]
+        for process in failed:
+            log.error(
+                "worker %d exited with %s; stopping the others", process.pid, process.returncode
+            )
+        return 1 if failed else 0
+    finally:
+        await _stop(processes, settings.shutdown_grace + 10)
+        if embedded is not None:
+            await asyncio.to_thread(embedded.stop)
+
+
+async def _stop(processes: list[asyncio.subprocess.Process], timeout: float) -> None:
+    for process in processes:
+        if process.returncode is None:
+            process.send_signal(signal.SIGTERM)
+    for process in processes:
+        try:
+            await asyncio.wait_for(process.wait(), timeout)
+        except asyncio.TimeoutError:
+            log.warning("worker %d did not stop in %.0f s; killing it", process.pid, timeout)
+            process.kill()
+            await process.wait()

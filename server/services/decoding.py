@@ -1,0 +1,95 @@
+"""Requests that do not decode are the caller's error: INVALID_ARGUMENT, not UNKNOWN.
+
+grpcio turns a request it cannot parse (corrupt wire format, invalid UTF-8 in a
+string field) into UNKNOWN with a traceback in the server log, as if the server
+were at fault. This interceptor gives every unary-request method a deserializer
+that hands such a request to the method as a marker, which is refused with
+INVALID_ARGUMENT before the servicer sees it.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+from google.protobuf.message import DecodeError
+
+
+class _Undecodable:
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+def _tolerant(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], Any]:
+    def deserialize(data: bytes) -> Any:
+        try:
+            return deserializer(data) if deserializer else data
+        except DecodeError as exc:
+            return _Undecodable(str(exc))
+
+    return deserialize
+
+
+async def _refuse(request: _Undecodable, context: grpc.aio.ServicerContext) -> None:
+    await context.abort(
+        grpc.StatusCode.INVALID_ARGUMENT,
+        f"the request could not be decoded: {request.reason}; send a valid protobuf message "
+        "(string fields must be UTF-8)",
+    )
+
+
+def _guard_unary(behavior: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+    async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        if isinstance(request, _Undecodable):
+            await _refuse(request, context)
+        return await behavior(request, context)
+
+    return unary
+
+
+def _guard_stream(behavior: Callable[..., AsyncIterator[Any]]) -> Callable[..., AsyncIterator[Any]]:
+    async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        if isinstance(request, _Undecodable):
+            await _refuse(request, context)
+        async for response in behavior(request, context):
+            yield response
+
+    return stream
+
+
+class RejectUndecodable(grpc.aio.ServerInterceptor):
+    """Answers undecodable requests with INVALID_ARGUMENT; handlers are wrapped once per method."""
+
+    def __init__(self) -> None:
+        self._handlers: dict[str, grpc.RpcMethodHandler] = {}
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        method = handler_call_details.method
+        wrapped = self._handlers.get(method)
+        if wrapped is None:
+            wrapped = self._wrap(await continuation(handler_call_details))
+            if wrapped is not None:  # unknown methods are not remembered: callers choose them
+                self._handlers[method] = wrapped
+        return wrapped  # type: ignore[return-value]
+
+    @staticmethod
+    def _wrap(handler: grpc.RpcMethodHandler | None) -> grpc.RpcMethodHandler | None:
+        if handler is None or handler.request_streaming:
+            return handler
+        deserialize = _tolerant(handler.request_deserializer)
+        if handler.unary_unary is not None:
+            return grpc.unary_unary_rpc_method_handler(
+                _guard_unary(handler.unary_unary), deserialize, handler.response_serializer
+            )
+        behavior = handler.unary_stream
+        # A streaming method is an async generator, or a coroutine that calls context.write.
+        guard = _guard_stream if inspect.isasyncgenfunction(behavior) else _guard_unary
+        return grpc.unary_stream_rpc_method_handler(
+            guard(behavior), deserialize, handler.response_serializer
+        )

@@ -1,0 +1,253 @@
+"""TopicService: topics, their queue and webhook subscriptions, publishing."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import grpc
+from postbox.v1 import topic_service_pb2 as pb
+from postbox.v1 import topic_service_pb2_grpc
+
+from server import webhooks
+from server.db.engine import Engine, OutgoingPublish, Record
+from server.errors import ApiError, invalid
+from server.services import convert
+from server.services.queues import decode_page_token, next_page, page_size_of
+from server.services.status import reports_errors
+from server.wakeup import WakeHub
+
+_DELIVERY_STATES = {
+    "pending": pb.WEBHOOK_DELIVERY_STATE_PENDING,
+    "failed": pb.WEBHOOK_DELIVERY_STATE_FAILED,
+}
+_DELIVERY_FILTERS = {
+    pb.WEBHOOK_DELIVERY_STATE_UNSPECIFIED: None,
+    pb.WEBHOOK_DELIVERY_STATE_PENDING: "pending",
+    pb.WEBHOOK_DELIVERY_STATE_FAILED: "failed",
+}
+
+
+def topic_resource(row: Mapping[str, Any]) -> pb.Topic:
+    return pb.Topic(name=row["name"], create_time=convert.timestamp(row["created_at"]))
+
+
+def subscription_resource(row: Mapping[str, Any], *, with_secret: bool = False) -> pb.Subscription:
+    """A subscription row (with its topic and queue names); the secret only when asked."""
+    subscription = pb.Subscription(
+        name=row["name"],
+        topic=row["topic"],
+        pattern=row["pattern"],
+        create_time=convert.timestamp(row["created_at"]),
+    )
+    if row["queue"] is not None:
+        subscription.queue = row["queue"]
+    else:
+        subscription.webhook.CopyFrom(
+            pb.WebhookEndpoint(
+                url=row["webhook_url"],
+                secret=row["webhook_secret"] if with_secret else "",
+                timeout=convert.duration(row["webhook_timeout"]),
+                max_attempts=row["webhook_max_attempts"],
+                minimum_backoff=convert.duration(row["webhook_minimum_backoff"]),
+                maximum_backoff=convert.duration(row["webhook_maximum_backoff"]),
+            )
+        )
+    return subscription
+
+
+def _webhook_settings(endpoint: pb.WebhookEndpoint) -> dict[str, Any]:
+    """The settings a request gives, in seconds; the engine fills in the rest."""
+    settings: dict[str, Any] = {
+        name: convert.seconds(getattr(endpoint, name))
+        for name in ("timeout", "minimum_backoff", "maximum_backoff")
+        if endpoint.HasField(name)
+    }
+    if endpoint.max_attempts:
+        settings["max_attempts"] = endpoint.max_attempts
+    return settings
+
+
+def _outgoing(entry: Any) -> OutgoingPublish:
+    """A PublishRequest or PublishBatchEntry as the engine takes it."""
+    return OutgoingPublish(
+        body=entry.body,
+        routing_key=entry.routing_key,
+        attributes=convert.attributes_json(entry.attributes),
+        ordering_key=entry.ordering_key or None,
+        deduplication_id=entry.deduplication_id or None,
+    )
+
+
+def _result_fields(row: Mapping[str, Any]) -> dict[str, Any]:
+    """The fields that PublishResponse and PublishResult share."""
+    return {
+        "publish_id": str(row["publish_id"]),
+        "queues": row["queues"],
+        "message_ids": [str(message_id) for message_id in row["message_ids"]],
+        "duplicates": row["duplicates"],
+        "webhook_deliveries": row["webhook_deliveries"],
+    }
+
+
+def webhook_delivery(row: Mapping[str, Any]) -> pb.WebhookDelivery:
+    delivery = pb.WebhookDelivery(
+        delivery_id=webhooks.delivery_id(row["publish_id"], row["id"]),
+        publish_id=str(row["publish_id"]),
+        publish_time=convert.timestamp(row["published_at"]),
+        routing_key=row["routing_key"],
+        state=_DELIVERY_STATES[row["state"]],
+        attempts=row["attempts"],
+        last_status_code=row["last_status"] or 0,
+        last_error=row["last_error"] or "",
+    )
+    if row["last_attempt_at"] is not None:
+        delivery.last_attempt_time.CopyFrom(convert.timestamp(row["last_attempt_at"]))
+    if row["next_attempt_at"] is not None:
+        delivery.next_attempt_time.CopyFrom(convert.timestamp(row["next_attempt_at"]))
+    return delivery
+
+
+class TopicService(topic_service_pb2_grpc.TopicServiceServicer):
+    def __init__(
+        self, engine: Engine, hub: WakeHub, on_webhook_deliveries: Callable[[], None]
+    ) -> None:
+        self.engine = engine
+        self.hub = hub
+        # Wakes this server's webhook worker, which then delivers without waiting for its poll.
+        self.on_webhook_deliveries = on_webhook_deliveries
+
+    @reports_errors
+    async def CreateTopic(
+        self, request: pb.CreateTopicRequest, context: grpc.aio.ServicerContext
+    ) -> pb.CreateTopicResponse:
+        if not request.HasField("topic"):
+            raise invalid("topic is required: give at least topic.name")
+        row = await self.engine.create_topic(request.topic.name)
+        return pb.CreateTopicResponse(topic=topic_resource(row))
+
+    @reports_errors
+    async def GetTopic(
+        self, request: pb.GetTopicRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetTopicResponse:
+        return pb.GetTopicResponse(topic=topic_resource(await self.engine.get_topic(request.name)))
+
+    @reports_errors
+    async def ListTopics(
+        self, request: pb.ListTopicsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListTopicsResponse:
+        page_size = page_size_of(request.page_size)
+        after = decode_page_token(request.page_token, "ListTopics")
+        rows, token = next_page(await self.engine.list_topics(page_size + 1, after), page_size)
+        return pb.ListTopicsResponse(
+            topics=[topic_resource(row) for row in rows], next_page_token=token
+        )
+
+    @reports_errors
+    async def DeleteTopic(
+        self, request: pb.DeleteTopicRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DeleteTopicResponse:
+        await self.engine.delete_topic(request.name)
+        return pb.DeleteTopicResponse()
+
+    @reports_errors
+    async def CreateSubscription(
+        self, request: pb.CreateSubscriptionRequest, context: grpc.aio.ServicerContext
+    ) -> pb.CreateSubscriptionResponse:
+        subscription = request.subscription
+        destination = subscription.WhichOneof("destination")
+        if destination is None:
+            raise invalid("subscription.queue or subscription.webhook is required")
+        webhook = subscription.webhook if destination == "webhook" else None
+        row = await self.engine.create_subscription(
+            subscription.topic,
+            subscription.name,
+            subscription.pattern,
+            subscription.queue if destination == "queue" else None,
+            webhook.url if webhook is not None else None,
+            (webhook.secret or None) if webhook is not None else None,
+            _webhook_settings(webhook) if webhook is not None else {},
+        )
+        return pb.CreateSubscriptionResponse(
+            subscription=subscription_resource(row, with_secret=True)
+        )
+
+    @reports_errors
+    async def GetSubscription(
+        self, request: pb.GetSubscriptionRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetSubscriptionResponse:
+        row = await self.engine.get_subscription(request.topic, request.name)
+        return pb.GetSubscriptionResponse(subscription=subscription_resource(row))
+
+    @reports_errors
+    async def ListSubscriptions(
+        self, request: pb.ListSubscriptionsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListSubscriptionsResponse:
+        page_size = page_size_of(request.page_size)
+        after = decode_page_token(request.page_token, "ListSubscriptions")
+        rows, token = next_page(
+            await self.engine.list_subscriptions(request.topic, page_size + 1, after), page_size
+        )
+        return pb.ListSubscriptionsResponse(
+            subscriptions=[subscription_resource(row) for row in rows], next_page_token=token
+        )
+
+    @reports_errors
+    async def DeleteSubscription(
+        self, request: pb.DeleteSubscriptionRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DeleteSubscriptionResponse:
+        await self.engine.delete_subscription(request.topic, request.name)
+        return pb.DeleteSubscriptionResponse()
+
+    async def _publish(self, topic: str, entries: list[OutgoingPublish]) -> list[Record]:
+        rows = await self.engine.publish_batch(topic, entries)
+        self._woken(rows)
+        return rows
+
+    def _woken(self, rows: Iterable[Record]) -> None:
+        """Streams on this server waiting on the queues, and its webhook worker, look now."""
+        queues = {queue for row in rows for queue in row["queues"]}
+        for queue in queues:
+            self.hub.wake(queue)
+        if any(row["webhook_deliveries"] for row in rows):
+            self.on_webhook_deliveries()
+
+    @reports_errors
+    async def Publish(
+        self, request: pb.PublishRequest, context: grpc.aio.ServicerContext
+    ) -> pb.PublishResponse:
+        (row,) = await self._publish(request.topic, [_outgoing(request)])
+        return pb.PublishResponse(**_result_fields(row))
+
+    @reports_errors
+    async def PublishBatch(
+        self, request: pb.PublishBatchRequest, context: grpc.aio.ServicerContext
+    ) -> pb.PublishBatchResponse:
+        entries = []
+        for index, entry in enumerate(request.entries):
+            try:
+                entries.append(_outgoing(entry))
+            except ApiError as error:
+                raise invalid(f"entry {index}: {error.message}") from None
+        rows = await self._publish(request.topic, entries)
+        results = [pb.PublishResult(**_result_fields(row)) for row in rows]
+        return pb.PublishBatchResponse(results=results)
+
+    @reports_errors
+    async def ListWebhookDeliveries(
+        self, request: pb.ListWebhookDeliveriesRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListWebhookDeliveriesResponse:
+        if request.state not in _DELIVERY_FILTERS:
+            raise invalid(f"state {request.state} is not a known webhook delivery state")
+        page_size = page_size_of(request.page_size)
+        after = decode_page_token(request.page_token, "ListWebhookDeliveries") or "0"
+        if not after.isdigit() or len(after) > 18:
+            raise invalid("page_token is not a next_page_token of ListWebhookDeliveries")
+        rows = await self.engine.list_webhook_deliveries(
+            request.topic, request.subscription, _DELIVERY_FILTERS[request.state], int(after),
+            page_size + 1,
+        )  # fmt: skip
+        rows, token = next_page(rows, page_size, "id")
+        return pb.ListWebhookDeliveriesResponse(
+            deliveries=[webhook_delivery(row) for row in rows], next_page_token=token
+        )

@@ -1,0 +1,1362 @@
+-- postbox 0.2.0 -> 0.3.0: topics with queue and webhook subscriptions, and
+-- cron, interval and one-shot schedules. send_batch checks attributes with the
+-- new _attributes_problem, which publish shares.
+-- Apply with `psql -1 -f`, ALTER EXTENSION postbox UPDATE, or `postbox migrate`.
+
+-- Since 0.3.0: topics, their subscriptions, webhook deliveries and schedules.
+
+-- Named fan-out points (see publish_batch).
+CREATE TABLE postbox.topics (
+    id integer GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    name text NOT NULL UNIQUE,
+    created_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- A subscription sends a topic's messages whose routing key matches its
+-- pattern to a queue, or to a webhook. The pattern is compiled when the
+-- subscription is made (see _compile_pattern): most patterns match by plain
+-- comparison (match_kind all, exact, prefix or suffix, with match_text the
+-- literal words), the rest by a regular expression over the key (regex). A
+-- queue's subscriptions go with the queue, as AMQP bindings do.
+CREATE TABLE postbox.subscriptions (
+    id integer GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    topic_id integer NOT NULL REFERENCES postbox.topics (id) ON DELETE CASCADE,
+    name text NOT NULL,
+    pattern text NOT NULL,
+    match_kind text NOT NULL,
+    match_text text,
+    queue_id integer REFERENCES postbox.queues (id) ON DELETE CASCADE,
+    webhook_url text,
+    webhook_secret text,  -- whsec_<base64>: returned by create_subscription only
+    webhook_timeout interval,
+    webhook_max_attempts integer,
+    webhook_minimum_backoff interval,
+    webhook_maximum_backoff interval,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    UNIQUE (topic_id, name),
+    CHECK ((queue_id IS NULL) <> (webhook_url IS NULL))
+);
+-- Deleting a queue finds its subscriptions through this index.
+CREATE INDEX subscriptions_queue_idx ON postbox.subscriptions (queue_id) WHERE queue_id IS NOT NULL;
+
+-- Messages on their way to webhook subscriptions, one row per (publish,
+-- subscription). The servers' webhook workers claim due rows with SKIP LOCKED
+-- and lease them like received messages: `lease` is the token of the current
+-- attempt and next_attempt_at its deadline, so a worker that dies mid-POST only
+-- delays the delivery. A delivered row is deleted; one that used up its
+-- attempts stays, state 'failed', with its last status and error, for
+-- list_webhook_deliveries until expire_webhook_deliveries removes it.
+-- No foreign key on subscription_id: it would lock the subscription row on
+-- every publish. Publishes and subscription deletes serialise on the topic
+-- lock instead (see _lock_topic).
+CREATE TABLE postbox.webhook_deliveries (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    subscription_id integer NOT NULL,
+    publish_id uuid NOT NULL,
+    published_at timestamptz NOT NULL,
+    routing_key text NOT NULL,
+    ordering_key text,
+    attributes jsonb,
+    body bytea NOT NULL,
+    state text NOT NULL DEFAULT 'pending',  -- pending or failed
+    attempts integer NOT NULL DEFAULT 0,
+    next_attempt_at timestamptz,  -- pending: when it is due (again); failed: NULL
+    lease uuid,
+    last_attempt_at timestamptz,
+    last_status integer,  -- HTTP status of the latest attempt; NULL when none came back
+    last_error text
+) WITH (
+    -- Turns over like the messages table.
+    autovacuum_vacuum_scale_factor = 0.01,
+    autovacuum_vacuum_threshold = 1000,
+    autovacuum_vacuum_cost_delay = 0
+);
+-- Workers walk this index from the earliest due delivery.
+CREATE INDEX webhook_deliveries_due_idx ON postbox.webhook_deliveries (next_attempt_at)
+    WHERE state = 'pending';
+CREATE INDEX webhook_deliveries_subscription_idx ON postbox.webhook_deliveries (subscription_id, id);
+CREATE INDEX webhook_deliveries_failed_idx ON postbox.webhook_deliveries (last_attempt_at)
+    WHERE state = 'failed';
+
+-- Messages fired on a cron schedule (cron_expression in time_zone), every
+-- `every` (a fixed interval), or once at run_at, into a queue or a topic named
+-- by target_queue or target_topic (names, so a target may be deleted and made
+-- again; a fire into a missing target fails and is recorded in last_error).
+-- The server computes next_fire_at (cron needs a library), and its scheduler
+-- workers claim due rows with SKIP LOCKED and fire them with fire_schedule,
+-- which sends and moves next_fire_at in one transaction. A paused schedule
+-- keeps next_fire_at (an interval's phase) but is not due; a one-shot schedule
+-- that fired is paused with next_fire_at NULL.
+CREATE TABLE postbox.schedules (
+    id integer GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    name text NOT NULL UNIQUE,
+    cron_expression text,
+    time_zone text,
+    every interval,
+    run_at timestamptz,
+    target_queue text,
+    target_topic text,
+    routing_key text NOT NULL,
+    body bytea NOT NULL,
+    attributes jsonb,
+    paused boolean NOT NULL DEFAULT false,
+    next_fire_at timestamptz,
+    last_fire_at timestamptz,
+    last_error text,  -- why the latest fire failed; NULL once one succeeds
+    fire_count bigint NOT NULL DEFAULT 0,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    updated_at timestamptz NOT NULL DEFAULT now(),
+    CHECK (num_nonnulls(cron_expression, every, run_at) = 1),
+    CHECK ((target_queue IS NULL) <> (target_topic IS NULL))
+);
+CREATE INDEX schedules_due_idx ON postbox.schedules (next_fire_at) WHERE NOT paused;
+
+DO $$
+BEGIN
+    PERFORM pg_catalog.pg_extension_config_dump('postbox.topics', '');
+    PERFORM pg_catalog.pg_extension_config_dump('postbox.subscriptions', '');
+    PERFORM pg_catalog.pg_extension_config_dump('postbox.webhook_deliveries', '');
+    PERFORM pg_catalog.pg_extension_config_dump('postbox.schedules', '');
+EXCEPTION WHEN feature_not_supported THEN
+    NULL;  -- upgraded from a plain script, not by ALTER EXTENSION
+END
+$$;
+
+-- The first problem of a batch's per-entry attributes (see attribute_problem),
+-- named by entry as _entry_prefix does for a batch of n; NULL when all are
+-- valid.
+CREATE FUNCTION postbox._attributes_problem(attributes jsonb[], n integer) RETURNS text
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    problem text;
+BEGIN
+    SELECT postbox._entry_prefix(i, n) || coalesce(
+               CASE WHEN jsonb_typeof(a) <> 'object'
+                    THEN 'attributes must be a JSON object keyed by attribute name'
+                    WHEN (SELECT count(*) FROM jsonb_object_keys(a)) > 10
+                    THEN format('%s attributes; a message may have at most 10',
+                                (SELECT count(*) FROM jsonb_object_keys(a)))
+               END,
+               (SELECT postbox.attribute_problem(e.key, e.value)
+                FROM jsonb_each(a) AS e
+                WHERE postbox.attribute_problem(e.key, e.value) IS NOT NULL
+                LIMIT 1))
+    INTO problem
+    FROM unnest(attributes) WITH ORDINALITY AS t(a, i)
+    WHERE a IS NOT NULL AND (
+        jsonb_typeof(a) <> 'object'
+        OR (SELECT count(*) FROM jsonb_object_keys(a)) > 10
+        OR EXISTS (SELECT FROM jsonb_each(a) AS e WHERE postbox.attribute_problem(e.key, e.value) IS NOT NULL))
+    LIMIT 1;
+    RETURN problem;
+END
+$$;
+
+-- Sends up to 1,000 messages in one go; returns their ids in input order, and
+-- whether each was a duplicate (then nothing was enqueued and the id is the
+-- original message's). Entry i of every array belongs to bodies[i]; an array may
+-- be NULL or shorter (missing entries are NULL):
+--   attributes       see attribute_problem
+--   delays           invisible this long first (NULL: the queue's delivery_delay)
+--   message_group_ids  FIFO queues: required; delivery is in order per group
+--   deduplication_ids  a repeat within the queue's deduplication_window is
+--                      dropped (content-based when the queue says so)
+--   dedupe_keys      standard queues: replaces the body and attributes of a
+--                    waiting (never received) message with the same key
+--   priorities       0-9, standard queues; higher is received first
+--   deliver_ats      invisible until then (instead of a delay)
+-- Nothing is sent if any entry is invalid; the error names the entry by its
+-- 0-based index. PB503 while sends are paused, PB429 when max_depth is reached.
+CREATE OR REPLACE FUNCTION postbox.send_batch(
+    queue_name text, bodies bytea[], attributes jsonb[] DEFAULT NULL, delays interval[] DEFAULT NULL,
+    message_group_ids text[] DEFAULT NULL, deduplication_ids text[] DEFAULT NULL,
+    dedupe_keys text[] DEFAULT NULL, priorities integer[] DEFAULT NULL,
+    deliver_ats timestamptz[] DEFAULT NULL)
+RETURNS TABLE (message_id bigint, duplicate boolean)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    q postbox.queues := postbox._queue(queue_name);
+    n integer := coalesce(cardinality(bodies), 0);
+    problem text;
+    sent_at timestamptz := clock_timestamp();
+    latest timestamptz;
+    ids bigint[];
+    resolved bigint[];
+    dedup text[];
+    adding bigint;
+    depth bigint;
+BEGIN
+    IF q.send_paused THEN
+        RAISE EXCEPTION USING ERRCODE = 'PB503', MESSAGE = format(
+            'queue %s is paused for sending; ResumeQueue lets sends in again', quote_literal(queue_name));
+    END IF;
+    PERFORM postbox._check_batch_size(n);
+    IF greatest(cardinality(attributes), cardinality(delays), cardinality(message_group_ids),
+                cardinality(deduplication_ids), cardinality(dedupe_keys), cardinality(priorities),
+                cardinality(deliver_ats)) > n THEN
+        PERFORM postbox._invalid('per-entry arrays may not have more entries than bodies');
+    END IF;
+    latest := sent_at + coalesce(q.retention, interval '365 days');
+    SELECT postbox._entry_prefix(c.i, n) || c.problem INTO problem
+    FROM (
+        SELECT e.i, CASE
+            WHEN e.b IS NULL THEN 'body must not be NULL'
+            WHEN q.fifo AND (e.d IS NOT NULL OR e.t IS NOT NULL) THEN
+                'FIFO queues take no per-message delay; set the queue''s delivery_delay instead'
+            WHEN e.d IS NOT NULL AND e.t IS NOT NULL THEN 'give a delay or a delivery time, not both'
+            WHEN e.d < interval '0' OR sent_at + e.d > latest THEN
+                format('delay %s is outside 0 s to the retention period', e.d)
+            WHEN e.t > latest THEN format('delivery time %s is beyond the retention period', e.t)
+            WHEN e.p NOT BETWEEN 0 AND 9 THEN format('priority %s is outside 0 to 9', e.p)
+            WHEN q.fifo AND e.p > 0 THEN 'FIFO queues deliver in order; priority is for standard queues'
+            WHEN q.fifo AND e.g IS NULL THEN 'FIFO queues need a message_group_id'
+            WHEN e.g !~ '^[!-~]{1,128}$' THEN 'message_group_id must be 1 to 128 printable ASCII characters'
+            WHEN e.x !~ '^[!-~]{1,128}$' THEN 'deduplication_id must be 1 to 128 printable ASCII characters'
+            WHEN q.fifo AND e.x IS NULL AND NOT q.content_based_deduplication THEN
+                'FIFO queues need a deduplication_id unless the queue has content_based_deduplication'
+            WHEN e.k IS NOT NULL AND q.fifo THEN
+                'dedupe_key is for standard queues; FIFO queues deduplicate by deduplication_id'
+            WHEN e.k IS NOT NULL AND e.x IS NOT NULL THEN 'give a dedupe_key or a deduplication_id, not both'
+            WHEN length(e.k) NOT BETWEEN 1 AND 256 THEN 'dedupe_key must be 1 to 256 characters'
+            WHEN postbox.message_size(e.b, e.a) > q.max_message_size THEN format(
+                'message is %s bytes; the queue takes at most %s (body and attributes)',
+                postbox.message_size(e.b, e.a), q.max_message_size)
+        END AS problem
+        FROM unnest(bodies, delays, deliver_ats, priorities, message_group_ids, deduplication_ids,
+                    dedupe_keys, attributes) WITH ORDINALITY AS e(b, d, t, p, g, x, k, a, i)
+    ) AS c
+    WHERE c.problem IS NOT NULL
+    ORDER BY c.i
+    LIMIT 1;
+    IF problem IS NULL AND attributes IS NOT NULL THEN
+        problem := postbox._attributes_problem(attributes, n);
+    END IF;
+    IF problem IS NOT NULL THEN
+        PERFORM postbox._invalid(problem);
+    END IF;
+
+    PERFORM postbox._lock_queue(q.id, false);
+    IF NOT q.fifo AND NOT q.content_based_deduplication AND q.max_depth IS NULL
+       AND deduplication_ids IS NULL AND dedupe_keys IS NULL THEN
+        -- The common case, in one statement: identity values are drawn in
+        -- insertion order, so id order is input order.
+        RETURN QUERY
+        WITH inserted AS (
+            INSERT INTO postbox.messages (queue_id, visible_at, enqueued_at, attributes, body, priority,
+                                          message_group_id)
+            SELECT q.id, postbox._visible_at(sent_at, d, t, q.delivery_delay), sent_at,
+                   a, b, coalesce(p, 0), g
+            FROM unnest(bodies, attributes, delays, deliver_ats, priorities, message_group_ids)
+                 WITH ORDINALITY AS e(b, a, d, t, p, g, i)
+            ORDER BY i
+            RETURNING id
+        )
+        SELECT id, false FROM inserted ORDER BY id;
+        PERFORM postbox._notify(q);
+        RETURN;
+    END IF;
+
+    -- FIFO groups are locked before ids are drawn, so a group's id order is the
+    -- order in which its sends commit.
+    IF q.fifo THEN
+        PERFORM postbox._lock_groups(q.id, message_group_ids);
+    END IF;
+    SELECT array_agg(nextval('postbox.messages_id_seq') ORDER BY s) INTO ids FROM generate_series(1, n) AS s;
+    resolved := ids;
+
+    -- Deduplication: the first entry with an id claims it unless the queue saw it
+    -- within its window (a concurrent claimer is waited for); the rest resolve to
+    -- the claimer's message.
+    dedup := ARRAY(
+        SELECT coalesce(x, CASE WHEN q.content_based_deduplication THEN encode(sha256(b), 'hex') END)
+        FROM unnest(bodies, deduplication_ids) WITH ORDINALITY AS e(b, x, i) ORDER BY i);
+    IF EXISTS (SELECT FROM unnest(dedup) AS x WHERE x IS NOT NULL) THEN
+        INSERT INTO postbox.deduplication AS d (queue_id, deduplication_id, message_id, expires_at)
+        SELECT DISTINCT ON (e.x) q.id, e.x, ids[e.i], sent_at + q.deduplication_window
+        FROM unnest(dedup) WITH ORDINALITY AS e(x, i)
+        WHERE e.x IS NOT NULL
+        ORDER BY e.x, e.i
+        ON CONFLICT (queue_id, deduplication_id) DO UPDATE
+        SET message_id = excluded.message_id, expires_at = excluded.expires_at
+        WHERE d.expires_at <= sent_at;
+        resolved := ARRAY(
+            SELECT coalesce((SELECT d.message_id FROM postbox.deduplication d
+                             WHERE d.queue_id = q.id AND d.deduplication_id = e.x), ids[e.i])
+            FROM unnest(dedup) WITH ORDINALITY AS e(x, i) ORDER BY e.i);
+    END IF;
+
+    -- Idempotent enqueue: the last entry of a key carries the content; a waiting
+    -- message with the key takes it, otherwise a new message is inserted.
+    IF dedupe_keys IS NOT NULL THEN
+        WITH upserted AS (
+            INSERT INTO postbox.messages AS m (id, queue_id, visible_at, enqueued_at, attributes, body,
+                                               priority, message_group_id, dedupe_key)
+            OVERRIDING SYSTEM VALUE
+            SELECT DISTINCT ON (e.k) ids[e.i], q.id,
+                   postbox._visible_at(sent_at, e.d, e.t, q.delivery_delay), sent_at,
+                   e.a, e.b, coalesce(e.p, 0), e.g, e.k
+            FROM unnest(bodies, attributes, delays, deliver_ats, priorities, message_group_ids, dedupe_keys)
+                 WITH ORDINALITY AS e(b, a, d, t, p, g, k, i)
+            WHERE e.k IS NOT NULL
+            ORDER BY e.k, e.i DESC
+            ON CONFLICT (queue_id, dedupe_key) WHERE dedupe_key IS NOT NULL DO UPDATE
+            SET body = excluded.body, attributes = excluded.attributes, priority = excluded.priority
+            RETURNING m.id, m.dedupe_key
+        )
+        SELECT ARRAY(
+            SELECT coalesce(u.id, resolved[e.i])
+            FROM unnest(dedupe_keys) WITH ORDINALITY AS e(k, i)
+            LEFT JOIN upserted u ON u.dedupe_key = e.k
+            ORDER BY e.i)
+        INTO resolved;
+    END IF;
+
+    IF q.max_depth IS NOT NULL THEN
+        -- Bounded queues take their sends one at a time, so the count is exact.
+        PERFORM pg_advisory_xact_lock(1886350199, q.id);  -- 'posu'
+        SELECT count(*) FILTER (WHERE r = id AND (k IS NULL)) INTO adding
+        FROM unnest(resolved, ids, dedupe_keys) AS e(r, id, k);
+        SELECT count(*) INTO depth
+        FROM (SELECT FROM postbox.messages WHERE queue_id = q.id LIMIT q.max_depth + 1) AS s;
+        IF depth + adding > q.max_depth THEN
+            RAISE EXCEPTION USING ERRCODE = 'PB429', MESSAGE = format(
+                'queue %s holds %s messages and its max_depth is %s, so %s more do not fit; '
+                'receive some or raise max_depth', quote_literal(queue_name), depth, q.max_depth, adding);
+        END IF;
+    END IF;
+
+    INSERT INTO postbox.messages (id, queue_id, visible_at, enqueued_at, attributes, body, priority,
+                                  message_group_id, deduplication_id)
+    OVERRIDING SYSTEM VALUE
+    SELECT ids[e.i], q.id,
+           CASE WHEN q.fifo AND (row_number() OVER (PARTITION BY e.g ORDER BY e.i) > 1
+                                 OR EXISTS (SELECT FROM postbox.messages x
+                                            WHERE x.queue_id = q.id AND x.message_group_id = e.g))
+                THEN 'infinity'
+                ELSE postbox._visible_at(sent_at, e.d, e.t, q.delivery_delay) END,
+           sent_at, e.a, e.b, coalesce(e.p, 0), e.g, e.x
+    FROM unnest(bodies, attributes, delays, deliver_ats, priorities, message_group_ids, dedup,
+                dedupe_keys, resolved)
+         WITH ORDINALITY AS e(b, a, d, t, p, g, x, k, r, i)
+    WHERE e.k IS NULL AND e.r = ids[e.i]
+    ORDER BY e.i;
+    PERFORM postbox._notify(q);
+    RETURN QUERY SELECT e.r, e.r <> ids[e.i] FROM unnest(resolved) WITH ORDINALITY AS e(r, i) ORDER BY e.i;
+END
+$$;
+
+-- Topics (since 0.3.0).
+
+-- The message of a check of a topic, subscription or schedule name (`what`
+-- says which), or NULL when the name is valid.
+CREATE FUNCTION postbox.name_problem(what text, name text) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE
+        WHEN name IS NULL OR name = '' THEN what || ' name is required'
+        WHEN length(name) > 80 THEN format('%s name is %s characters long; the limit is 80', what, length(name))
+        WHEN name !~ '^[A-Za-z0-9_-]+$' THEN what || ' name may only contain A-Z, a-z, 0-9, "_" and "-"'
+    END
+$$;
+
+-- The message of a routing-key check, or NULL when the key is valid: empty, or
+-- up to 255 characters of words of A-Z, a-z, 0-9, "_" and "-" joined by single
+-- dots. String functions, not a regular expression: this runs on every publish.
+CREATE FUNCTION postbox.routing_key_problem(routing_key text) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE
+        WHEN routing_key IS NULL OR routing_key = '' THEN NULL
+        WHEN length(routing_key) > 255 THEN
+            format('routing key is %s characters long; the limit is 255', length(routing_key))
+        WHEN ltrim(translate(routing_key, 'ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-', ''),
+                   '.') <> ''
+             OR position('..' IN '.' || routing_key || '.') > 0 THEN
+            format('routing key %s must be words of A-Z, a-z, 0-9, "_" and "-" joined by single dots',
+                   quote_literal(routing_key))
+    END
+$$;
+
+-- The topic of that name; PB404 if there is none.
+CREATE FUNCTION postbox._topic(topic_name text) RETURNS postbox.topics
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    t postbox.topics;
+BEGIN
+    SELECT * INTO t FROM postbox.topics WHERE name = topic_name;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'PB404',
+            MESSAGE = format('topic %s does not exist', quote_literal(topic_name));
+    END IF;
+    RETURN t;
+END
+$$;
+
+-- Serialises changes to a topic's subscriptions against its publishes: a
+-- publish holds this lock shared, so no webhook delivery is queued for a
+-- subscription that a concurrent delete just removed.
+CREATE FUNCTION postbox._lock_topic(topic_id integer, exclusive boolean) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF exclusive THEN
+        PERFORM pg_advisory_xact_lock(1886350200, topic_id);
+    ELSE
+        PERFORM pg_advisory_xact_lock_shared(1886350200, topic_id);
+    END IF;
+END
+$$;
+
+-- Creates a topic. PB409 if it exists.
+CREATE FUNCTION postbox.create_topic(topic_name text) RETURNS postbox.topics
+LANGUAGE plpgsql AS $$
+DECLARE
+    problem text := postbox.name_problem('topic', topic_name);
+    t postbox.topics;
+BEGIN
+    IF problem IS NOT NULL THEN
+        PERFORM postbox._invalid(problem);
+    END IF;
+    INSERT INTO postbox.topics (name) VALUES (topic_name)
+    ON CONFLICT (name) DO NOTHING
+    RETURNING * INTO t;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'PB409',
+            MESSAGE = format('topic %s already exists', quote_literal(topic_name));
+    END IF;
+    RETURN t;
+END
+$$;
+
+-- The topic of that name; PB404 if there is none.
+CREATE FUNCTION postbox.get_topic(topic_name text) RETURNS postbox.topics
+LANGUAGE sql STABLE AS $$
+    SELECT postbox._topic(topic_name)
+$$;
+
+-- Topics in name order after after_name.
+CREATE FUNCTION postbox.list_topics(page_size integer DEFAULT 100, after_name text DEFAULT '')
+RETURNS SETOF postbox.topics
+LANGUAGE sql STABLE AS $$
+    SELECT * FROM postbox.topics WHERE name > coalesce(after_name, '') ORDER BY name LIMIT page_size
+$$;
+
+-- Deletes a topic, its subscriptions and their pending and failed webhook
+-- deliveries. Queues subscribed to it stay, with the messages they have.
+CREATE FUNCTION postbox.delete_topic(topic_name text) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    t postbox.topics := postbox._topic(topic_name);
+BEGIN
+    PERFORM postbox._lock_topic(t.id, true);
+    DELETE FROM postbox.webhook_deliveries
+    WHERE subscription_id IN (SELECT id FROM postbox.subscriptions WHERE topic_id = t.id);
+    DELETE FROM postbox.topics WHERE id = t.id;
+END
+$$;
+
+-- Checks a subscription pattern and compiles it to (match_kind, match_text);
+-- see postbox.subscriptions and _key_matches. Pattern words are literal words
+-- (as in routing keys), "*" (exactly one word) or "#" (zero or more words);
+-- "#.#" is "#". A regular expression runs on the key with a dot before every
+-- word ('' for the empty key), so each pattern word is one piece of it: a
+-- literal word w '\.w', "*" '\.[^.]+', "#" '(\.[^.]+)*'.
+CREATE FUNCTION postbox._compile_pattern(pattern text, OUT match_kind text, OUT match_text text)
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    word text;
+    words text[] := '{}';
+    regex text := '';
+BEGIN
+    IF length(pattern) > 255 THEN
+        PERFORM postbox._invalid(format('pattern is %s characters long; the limit is 255', length(pattern)));
+    END IF;
+    FOREACH word IN ARRAY string_to_array(pattern, '.') LOOP
+        IF word = '' THEN
+            PERFORM postbox._invalid(format(
+                'pattern %s has an empty word: words are joined by single dots', quote_literal(pattern)));
+        ELSIF word NOT IN ('*', '#')
+              AND translate(word, 'ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-', '') <> '' THEN
+            PERFORM postbox._invalid(format(
+                'pattern %s: %s is neither a word of A-Z, a-z, 0-9, "_" and "-", nor "*" (one word), nor "#" '
+                '(zero or more words)', quote_literal(pattern), quote_literal(word)));
+        END IF;
+        IF word <> '#' OR words[cardinality(words)] IS DISTINCT FROM '#' THEN
+            words := words || word;
+        END IF;
+    END LOOP;
+    IF words = ARRAY['#'] THEN
+        match_kind := 'all';
+    ELSIF NOT words && ARRAY['*', '#'] THEN
+        match_kind := 'exact';
+        match_text := array_to_string(words, '.');
+    ELSIF words[cardinality(words)] = '#' AND NOT words[1:cardinality(words) - 1] && ARRAY['*', '#'] THEN
+        match_kind := 'prefix';
+        match_text := array_to_string(words[1:cardinality(words) - 1], '.');
+    ELSIF words[1] = '#' AND NOT words[2:] && ARRAY['*', '#'] THEN
+        match_kind := 'suffix';
+        match_text := array_to_string(words[2:], '.');
+    ELSE
+        FOREACH word IN ARRAY words LOOP
+            regex := regex || CASE word WHEN '#' THEN '(\.[^.]+)*' WHEN '*' THEN '\.[^.]+' ELSE '\.' || word END;
+        END LOOP;
+        match_kind := 'regex';
+        match_text := '^' || regex || '$';
+    END IF;
+END
+$$;
+
+-- Whether a routing key ('' for none) matches a compiled pattern (see
+-- _compile_pattern). Plain comparisons for every kind but regex. A plain
+-- expression, which the planner inlines as long as the arguments are plain
+-- columns (an argument used twice must be cheap, or the function is called,
+-- and parsed anew, for every publish).
+CREATE FUNCTION postbox._key_matches(match_kind text, match_text text, routing_key text) RETURNS boolean
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE match_kind
+        WHEN 'all' THEN true
+        WHEN 'exact' THEN routing_key = match_text
+        WHEN 'prefix' THEN routing_key = match_text OR starts_with(routing_key, match_text || '.')
+        WHEN 'suffix' THEN routing_key = match_text OR right(routing_key, length(match_text) + 1) = '.' || match_text
+        ELSE CASE WHEN routing_key = '' THEN '' ELSE '.' || routing_key END ~ match_text
+    END
+$$;
+
+-- Settings of a new webhook subscription; durations in seconds. A failed
+-- attempt is retried after minimum_backoff·2^(attempts−1), at most
+-- maximum_backoff, times a random 0.5-1; after max_attempts the delivery fails.
+CREATE FUNCTION postbox.webhook_defaults() RETURNS jsonb
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT '{"timeout": 10, "max_attempts": 20, "minimum_backoff": 1, "maximum_backoff": 600}'::jsonb
+$$;
+
+-- Subscribes a queue (queue_name) or a webhook (webhook_url) to a topic, for
+-- the messages whose routing key matches `pattern` (see _compile_pattern).
+-- A webhook's secret is "whsec_" and the base64 of 24 to 64 bytes, generated
+-- (32 random bytes) when not given; webhook_settings take the keys of
+-- webhook_defaults(). PB409 if the topic has a subscription of that name.
+CREATE FUNCTION postbox.create_subscription(
+    topic_name text, subscription_name text, pattern text DEFAULT '#', queue_name text DEFAULT NULL,
+    webhook_url text DEFAULT NULL, webhook_secret text DEFAULT NULL, webhook_settings jsonb DEFAULT '{}')
+RETURNS postbox.subscriptions
+LANGUAGE plpgsql AS $$
+DECLARE
+    t postbox.topics := postbox._topic(topic_name);
+    problem text := postbox.name_problem('subscription', subscription_name);
+    compiled record;
+    s postbox.subscriptions;
+    settings jsonb;
+    unknown text;
+    number numeric;
+BEGIN
+    IF problem IS NOT NULL THEN
+        PERFORM postbox._invalid(problem);
+    END IF;
+    compiled := postbox._compile_pattern(coalesce(nullif(pattern, ''), '#'));
+    s.topic_id := t.id;
+    s.name := subscription_name;
+    s.pattern := coalesce(nullif(pattern, ''), '#');
+    s.match_kind := compiled.match_kind;
+    s.match_text := compiled.match_text;
+    IF (queue_name IS NULL) = (webhook_url IS NULL) THEN
+        PERFORM postbox._invalid('a subscription sends to a queue or to a webhook URL: give exactly one');
+    ELSIF queue_name IS NOT NULL THEN
+        IF webhook_secret IS NOT NULL OR coalesce(webhook_settings, '{}') <> '{}' THEN
+            PERFORM postbox._invalid('a webhook secret and webhook settings are for webhook subscriptions');
+        END IF;
+        s.queue_id := (postbox._queue(queue_name)).id;
+    ELSE
+        IF length(webhook_url) > 2048 OR webhook_url !~* '^https?://[^/?#[:space:]]+([/?#][^[:space:]]*)?$' THEN
+            PERFORM postbox._invalid(format(
+                'webhook URL %s must be an http:// or https:// URL of at most 2048 characters',
+                quote_literal(left(webhook_url, 100))));
+        END IF;
+        s.webhook_url := webhook_url;
+        IF coalesce(webhook_secret, '') = '' THEN
+            -- gen_random_uuid draws from the server's strong random source.
+            s.webhook_secret := 'whsec_' || encode(uuid_send(gen_random_uuid()) || uuid_send(gen_random_uuid()),
+                                                   'base64');
+        ELSIF webhook_secret !~ '^whsec_[A-Za-z0-9+/]+={0,2}$' OR (length(webhook_secret) - 6) % 4 <> 0
+              OR length(decode(substr(webhook_secret, 7), 'base64')) NOT BETWEEN 24 AND 64 THEN
+            PERFORM postbox._invalid('webhook secret must be "whsec_" followed by the base64 of 24 to 64 bytes; '
+                                     'leave it empty to have one generated');
+        ELSE
+            s.webhook_secret := webhook_secret;
+        END IF;
+        settings := postbox.webhook_defaults() || jsonb_strip_nulls(coalesce(webhook_settings, '{}'));
+        SELECT string_agg(k, ', ') INTO unknown
+        FROM jsonb_object_keys(settings) AS k WHERE NOT postbox.webhook_defaults() ? k;
+        IF unknown IS NOT NULL THEN
+            PERFORM postbox._invalid(format('unknown webhook setting(s): %s', unknown));
+        END IF;
+        SELECT string_agg(k, ', ') INTO unknown
+        FROM jsonb_object_keys(settings) AS k WHERE jsonb_typeof(settings -> k) <> 'number';
+        IF unknown IS NOT NULL THEN
+            PERFORM postbox._invalid(format('webhook setting(s) %s must be numbers', unknown));
+        END IF;
+        number := (settings ->> 'timeout')::numeric;
+        IF number NOT BETWEEN 1 AND 60 THEN
+            PERFORM postbox._invalid(format('webhook timeout is %s s; it must be 1 to 60 s', number));
+        END IF;
+        s.webhook_timeout := make_interval(secs => number);
+        number := (settings ->> 'max_attempts')::numeric;
+        IF number <> trunc(number) OR number NOT BETWEEN 1 AND 100 THEN
+            PERFORM postbox._invalid(format('webhook max_attempts is %s; it must be 1 to 100', number));
+        END IF;
+        s.webhook_max_attempts := number::integer;
+        number := (settings ->> 'minimum_backoff')::numeric;
+        IF number NOT BETWEEN 0.1 AND 3600 THEN
+            PERFORM postbox._invalid(format('webhook minimum_backoff is %s s; it must be 0.1 s to 1 h', number));
+        END IF;
+        s.webhook_minimum_backoff := make_interval(secs => number);
+        number := (settings ->> 'maximum_backoff')::numeric;
+        IF number < extract(epoch FROM s.webhook_minimum_backoff) OR number > 86400 THEN
+            PERFORM postbox._invalid(format(
+                'webhook maximum_backoff is %s s; it must be minimum_backoff to 24 h', number));
+        END IF;
+        s.webhook_maximum_backoff := make_interval(secs => number);
+    END IF;
+    INSERT INTO postbox.subscriptions (
+        topic_id, name, pattern, match_kind, match_text, queue_id, webhook_url, webhook_secret,
+        webhook_timeout, webhook_max_attempts, webhook_minimum_backoff, webhook_maximum_backoff)
+    VALUES (
+        s.topic_id, s.name, s.pattern, s.match_kind, s.match_text, s.queue_id, s.webhook_url,
+        s.webhook_secret, s.webhook_timeout, s.webhook_max_attempts, s.webhook_minimum_backoff,
+        s.webhook_maximum_backoff)
+    ON CONFLICT (topic_id, name) DO NOTHING
+    RETURNING * INTO s;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'PB409', MESSAGE = format(
+            'topic %s already has a subscription %s', quote_literal(topic_name), quote_literal(subscription_name));
+    END IF;
+    RETURN s;
+END
+$$;
+
+-- The subscription of a topic; PB404 if there is none.
+CREATE FUNCTION postbox.get_subscription(topic_name text, subscription_name text)
+RETURNS postbox.subscriptions
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    t postbox.topics := postbox._topic(topic_name);
+    s postbox.subscriptions;
+BEGIN
+    SELECT * INTO s FROM postbox.subscriptions WHERE topic_id = t.id AND name = subscription_name;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'PB404', MESSAGE = format(
+            'topic %s has no subscription %s', quote_literal(topic_name), quote_literal(subscription_name));
+    END IF;
+    RETURN s;
+END
+$$;
+
+-- A topic's subscriptions in name order after after_name.
+CREATE FUNCTION postbox.list_subscriptions(topic_name text, page_size integer DEFAULT 100,
+                                           after_name text DEFAULT '')
+RETURNS SETOF postbox.subscriptions
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    t postbox.topics := postbox._topic(topic_name);
+BEGIN
+    RETURN QUERY
+    SELECT * FROM postbox.subscriptions s
+    WHERE s.topic_id = t.id AND s.name > coalesce(after_name, '')
+    ORDER BY s.name
+    LIMIT page_size;
+END
+$$;
+
+-- Deletes a subscription and its pending and failed webhook deliveries.
+CREATE FUNCTION postbox.delete_subscription(topic_name text, subscription_name text) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    s postbox.subscriptions := postbox.get_subscription(topic_name, subscription_name);
+BEGIN
+    PERFORM postbox._lock_topic(s.topic_id, true);
+    DELETE FROM postbox.webhook_deliveries WHERE subscription_id = s.id;
+    DELETE FROM postbox.subscriptions WHERE id = s.id;
+END
+$$;
+
+-- Publishes up to 1,000 messages to a topic. Entry i of every array belongs to
+-- bodies[i]; an array may be NULL or shorter (missing entries are NULL):
+--   routing_keys     matched against subscription patterns; NULL or '' is the
+--                    empty key, which only "#" matches
+--   attributes       see attribute_problem
+--   ordering_keys    FIFO queues take it as message group (else the routing
+--                    key, else the topic name); standard queues ignore it
+--   deduplication_ids  passed to every queue (see send_batch); FIFO queues
+--                    without content_based_deduplication get the publish id
+-- Each matching queue gets each message once, however many of its
+-- subscriptions match, through send_batch, so the queue's rules apply (size,
+-- pause, max_depth, FIFO, deduplication). Each matching webhook subscription
+-- gets a delivery row (messages for webhooks hold at most 1 MiB). It is all or
+-- nothing: when a queue refuses, the error names the entry and the
+-- subscription, and nothing is published. Returns one row per entry, in
+-- order: its publish id, the queues (in name order) with the message id each
+-- took and whether it was a duplicate there, and how many webhook deliveries
+-- were queued.
+CREATE FUNCTION postbox.publish_batch(
+    topic_name text, bodies bytea[], routing_keys text[] DEFAULT NULL, attributes jsonb[] DEFAULT NULL,
+    ordering_keys text[] DEFAULT NULL, deduplication_ids text[] DEFAULT NULL)
+RETURNS TABLE (publish_id uuid, queues text[], message_ids bigint[], duplicates boolean[],
+               webhook_deliveries integer)
+LANGUAGE plpgsql
+-- Plan each statement once per session. Custom plans (the default for the first
+-- calls, and for good when they look cheaper) re-plan every publish, which
+-- costs more than the publish itself.
+SET plan_cache_mode = force_generic_plan
+AS $$
+#variable_conflict use_column
+DECLARE
+    t postbox.topics := postbox._topic(topic_name);
+    n integer := coalesce(cardinality(bodies), 0);
+    published_at timestamptz := clock_timestamp();
+    problem text;
+    ids uuid[];
+    keys text[];
+    dest record;
+    subset boolean;
+    groups text[];
+    dedup text[];
+    sent_ids bigint[];
+    sent_duplicates boolean[];
+    done_entries integer[] := '{}';
+    done_queues text[] := '{}';
+    done_ids bigint[] := '{}';
+    done_duplicates boolean[] := '{}';
+    hook_subscriptions integer[];
+    hook_entries integer[];
+    refusing text;
+    refusing_queue text;
+    refusing_entries integer[];
+    state text;
+    entry_of text[];
+BEGIN
+    PERFORM postbox._check_batch_size(n);
+    IF greatest(cardinality(routing_keys), cardinality(attributes), cardinality(ordering_keys),
+                cardinality(deduplication_ids)) > n THEN
+        PERFORM postbox._invalid('per-entry arrays may not have more entries than bodies');
+    END IF;
+    SELECT postbox._entry_prefix(e.i, n) || CASE
+               WHEN e.b IS NULL THEN 'body must not be NULL'
+               WHEN length(e.o) > 128 OR e.o !~ '^[!-~]+$' THEN
+                   'ordering_key must be 1 to 128 printable ASCII characters'
+               WHEN length(e.x) > 128 OR e.x !~ '^[!-~]+$' THEN
+                   'deduplication_id must be 1 to 128 printable ASCII characters'
+               ELSE postbox.routing_key_problem(e.k) END
+    INTO problem
+    FROM unnest(bodies, routing_keys, ordering_keys, deduplication_ids) WITH ORDINALITY AS e(b, k, o, x, i)
+    WHERE e.b IS NULL OR length(e.o) > 128 OR e.o !~ '^[!-~]+$' OR length(e.x) > 128 OR e.x !~ '^[!-~]+$'
+          OR postbox.routing_key_problem(e.k) IS NOT NULL
+    ORDER BY e.i
+    LIMIT 1;
+    IF problem IS NULL AND attributes IS NOT NULL THEN
+        problem := postbox._attributes_problem(attributes, n);
+    END IF;
+    IF problem IS NOT NULL THEN
+        PERFORM postbox._invalid(problem);
+    END IF;
+    ids := CASE WHEN n = 1 THEN ARRAY[gen_random_uuid()]
+                ELSE ARRAY(SELECT gen_random_uuid() FROM generate_series(1, n)) END;
+    keys := CASE WHEN n = 1 THEN ARRAY[coalesce(routing_keys[1], '')]
+                 ELSE ARRAY(SELECT coalesce(routing_keys[i], '') FROM generate_series(1, n) AS i) END;
+
+    PERFORM postbox._lock_topic(t.id, false);
+    -- One send_batch per queue, in queue name order (so concurrent publishes
+    -- take the queues' locks in one order). One subtransaction for all of them,
+    -- to say which subscription refused.
+    BEGIN
+        FOR dest IN
+            SELECT q.name AS queue, q.fifo, q.content_based_deduplication, min(s.name) AS subscription,
+                   array_agg(DISTINCT e.i::integer ORDER BY e.i::integer) AS entries
+            FROM postbox.subscriptions s
+            JOIN postbox.queues q ON q.id = s.queue_id
+            CROSS JOIN unnest(keys) WITH ORDINALITY AS e(k, i)
+            WHERE s.topic_id = t.id AND s.queue_id IS NOT NULL
+                  AND postbox._key_matches(s.match_kind, s.match_text, e.k)
+            GROUP BY q.id
+            ORDER BY q.name
+        LOOP
+            refusing := dest.subscription;
+            refusing_queue := dest.queue;
+            refusing_entries := dest.entries;
+            subset := cardinality(dest.entries) < n;
+            groups := NULL;
+            dedup := NULL;
+            IF dest.fifo OR deduplication_ids IS NOT NULL THEN
+                SELECT CASE WHEN dest.fifo THEN
+                           array_agg(coalesce(ordering_keys[p], nullif(keys[p], ''), topic_name) ORDER BY o)
+                       END,
+                       array_agg(coalesce(deduplication_ids[p],
+                                          CASE WHEN dest.fifo AND NOT dest.content_based_deduplication
+                                               THEN ids[p]::text END) ORDER BY o)
+                INTO groups, dedup
+                FROM unnest(dest.entries) WITH ORDINALITY AS u(p, o);
+                IF array_remove(dedup, NULL) = '{}' THEN
+                    dedup := NULL;  -- keeps send_batch's fast path
+                END IF;
+            END IF;
+            SELECT array_agg(r.message_id ORDER BY r.o), array_agg(r.duplicate ORDER BY r.o)
+            INTO sent_ids, sent_duplicates
+            FROM postbox.send_batch(
+                dest.queue,
+                CASE WHEN subset THEN ARRAY(SELECT bodies[p] FROM unnest(dest.entries) WITH ORDINALITY AS u(p, o)
+                                            ORDER BY o)
+                     ELSE bodies END,
+                CASE WHEN subset AND attributes IS NOT NULL
+                     THEN ARRAY(SELECT attributes[p] FROM unnest(dest.entries) WITH ORDINALITY AS u(p, o)
+                                ORDER BY o)
+                     ELSE attributes END,
+                message_group_ids => groups,
+                deduplication_ids => dedup) WITH ORDINALITY AS r(message_id, duplicate, o);
+            done_entries := done_entries || dest.entries;
+            done_queues := done_queues || array_fill(dest.queue, ARRAY[cardinality(dest.entries)]);
+            done_ids := done_ids || sent_ids;
+            done_duplicates := done_duplicates || sent_duplicates;
+        END LOOP;
+    EXCEPTION WHEN OTHERS THEN
+        GET STACKED DIAGNOSTICS state = RETURNED_SQLSTATE, problem = MESSAGE_TEXT;
+        IF refusing IS NULL OR state NOT LIKE 'PB%' THEN
+            RAISE;
+        END IF;
+        -- send_batch names entries of the batch it got; name the publish's.
+        entry_of := regexp_match(problem, '^entry ([0-9]+): (.*)$');
+        IF entry_of IS NOT NULL THEN
+            entry_of := ARRAY[format('entry %s: ', refusing_entries[entry_of[1]::integer + 1] - 1), entry_of[2]];
+        ELSIF n > 1 AND cardinality(refusing_entries) = 1 THEN
+            entry_of := ARRAY[format('entry %s: ', refusing_entries[1] - 1), problem];
+        ELSE
+            entry_of := ARRAY['', problem];
+        END IF;
+        RAISE EXCEPTION USING ERRCODE = state, MESSAGE = format(
+            '%ssubscription %s (queue %s) refused the publish, so nothing was published: %s',
+            entry_of[1], quote_literal(refusing), quote_literal(refusing_queue), entry_of[2]);
+    END;
+
+    SELECT array_agg(s.id ORDER BY e.i, s.name), array_agg(e.i::integer ORDER BY e.i, s.name),
+           (array_agg(format('%ssubscription %s takes webhook messages of at most 1048576 bytes, not %s',
+                             postbox._entry_prefix(e.i, n), quote_literal(s.name),
+                             postbox.message_size(bodies[e.i], attributes[e.i])) ORDER BY e.i)
+               FILTER (WHERE postbox.message_size(bodies[e.i], attributes[e.i]) > 1048576))[1]
+    INTO hook_subscriptions, hook_entries, problem
+    FROM postbox.subscriptions s
+    CROSS JOIN unnest(keys) WITH ORDINALITY AS e(k, i)
+    WHERE s.topic_id = t.id AND s.webhook_url IS NOT NULL
+          AND postbox._key_matches(s.match_kind, s.match_text, e.k);
+    IF problem IS NOT NULL THEN
+        PERFORM postbox._invalid(problem);
+    END IF;
+    IF hook_subscriptions IS NOT NULL THEN
+        INSERT INTO postbox.webhook_deliveries (subscription_id, publish_id, published_at, routing_key,
+                                                ordering_key, attributes, body, next_attempt_at)
+        SELECT h.s, ids[h.i], published_at, keys[h.i], ordering_keys[h.i],
+               attributes[h.i], bodies[h.i], published_at
+        FROM unnest(hook_subscriptions, hook_entries) AS h(s, i);
+    END IF;
+
+    RETURN QUERY
+    SELECT ids[e.i], coalesce(d.queue_names, '{}'), coalesce(d.queue_message_ids, '{}'),
+           coalesce(d.queue_duplicates, '{}'), coalesce(h.deliveries, 0)::integer
+    FROM generate_series(1, n) AS e(i)
+    LEFT JOIN (SELECT x, array_agg(q ORDER BY q) AS queue_names, array_agg(m ORDER BY q) AS queue_message_ids,
+                      array_agg(dup ORDER BY q) AS queue_duplicates
+               FROM unnest(done_entries, done_queues, done_ids, done_duplicates) AS u(x, q, m, dup)
+               GROUP BY x) AS d ON d.x = e.i
+    LEFT JOIN (SELECT x, count(*) AS deliveries FROM unnest(hook_entries) AS x GROUP BY x) AS h ON h.x = e.i
+    ORDER BY e.i;
+END
+$$;
+
+-- Publishes one message; see publish_batch.
+CREATE FUNCTION postbox.publish(topic_name text, body bytea, routing_key text DEFAULT '',
+                                attributes jsonb DEFAULT NULL, ordering_key text DEFAULT NULL,
+                                deduplication_id text DEFAULT NULL)
+RETURNS TABLE (publish_id uuid, queues text[], message_ids bigint[], duplicates boolean[],
+               webhook_deliveries integer)
+LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN QUERY SELECT * FROM postbox.publish_batch(
+        topic_name, ARRAY[body], ARRAY[routing_key], postbox._array_of(attributes),
+        postbox._array_of(ordering_key), postbox._array_of(deduplication_id));
+END
+$$;
+
+-- Claims up to max_deliveries due webhook deliveries (FOR UPDATE SKIP LOCKED,
+-- so concurrent workers never get the same one) for one attempt each: counts
+-- the attempt and leases the delivery until the subscription's timeout and a
+-- margin have passed, after which another worker may try it. Report the
+-- outcome with finish_webhook_deliveries.
+CREATE FUNCTION postbox.claim_webhook_deliveries(max_deliveries integer DEFAULT 10)
+RETURNS TABLE (delivery_id bigint, lease uuid, attempt integer, publish_id uuid, published_at timestamptz,
+               routing_key text, ordering_key text, attributes jsonb, body bytea, topic text,
+               subscription text, url text, secret text, timeout interval)
+LANGUAGE plpgsql
+-- An ordered walk of the due index, whatever the statistics say (see receive).
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+AS $$
+#variable_conflict use_column
+BEGIN
+    IF max_deliveries IS NULL OR max_deliveries NOT BETWEEN 1 AND 1000 THEN
+        PERFORM postbox._invalid(format('max_deliveries is %s; it must be 1 to 1000', max_deliveries));
+    END IF;
+    RETURN QUERY
+    WITH due AS (
+        SELECT d.id, s.webhook_timeout
+        FROM postbox.webhook_deliveries d
+        JOIN postbox.subscriptions s ON s.id = d.subscription_id
+        WHERE d.state = 'pending' AND d.next_attempt_at <= now()
+        ORDER BY d.next_attempt_at
+        LIMIT max_deliveries
+        FOR UPDATE OF d SKIP LOCKED
+    ), claimed AS (
+        UPDATE postbox.webhook_deliveries d
+        SET attempts = d.attempts + 1,
+            lease = gen_random_uuid(),
+            last_attempt_at = clock_timestamp(),
+            next_attempt_at = clock_timestamp() + due.webhook_timeout + interval '30 seconds'
+        FROM due
+        WHERE d.id = due.id
+        RETURNING d.*
+    )
+    SELECT c.id, c.lease, c.attempts, c.publish_id, c.published_at, c.routing_key, c.ordering_key,
+           c.attributes, c.body, t.name, s.name, s.webhook_url, s.webhook_secret, s.webhook_timeout
+    FROM claimed c
+    JOIN postbox.subscriptions s ON s.id = c.subscription_id
+    JOIN postbox.topics t ON t.id = s.topic_id
+    ORDER BY c.id;
+END
+$$;
+
+-- Records the outcome of claimed attempts: status_codes[i] is the HTTP status
+-- that attempt `leases[i]` of delivery `delivery_ids[i]` got (NULL: no
+-- response; errors[i] says why). A 2xx status delivered it and the row goes.
+-- Otherwise the delivery is due again after its subscription's backoff, or,
+-- its attempts used up, it fails and stays for inspection. A lease that is not
+-- current (the attempt ran out of time and another worker took over) changes
+-- nothing. Returns each delivery's outcome: delivered, retrying, failed or
+-- stale.
+CREATE FUNCTION postbox.finish_webhook_deliveries(delivery_ids bigint[], leases uuid[], status_codes integer[],
+                                                  errors text[] DEFAULT NULL)
+RETURNS TABLE (delivery_id bigint, outcome text)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    delivered bigint[];
+BEGIN
+    WITH gone AS (
+        DELETE FROM postbox.webhook_deliveries d
+        USING unnest(delivery_ids, leases, status_codes) AS o(id, lease, status)
+        WHERE d.id = o.id AND d.lease = o.lease AND o.status BETWEEN 200 AND 299
+        RETURNING d.id
+    )
+    SELECT array_agg(id) INTO delivered FROM gone;
+    RETURN QUERY
+    WITH retried AS (
+        UPDATE postbox.webhook_deliveries d
+        SET lease = NULL,
+            last_status = o.status,
+            last_error = left(o.error, 1000),
+            state = CASE WHEN d.attempts >= s.webhook_max_attempts THEN 'failed' ELSE 'pending' END,
+            next_attempt_at = CASE WHEN d.attempts < s.webhook_max_attempts THEN clock_timestamp()
+                + least(s.webhook_maximum_backoff, s.webhook_minimum_backoff * power(2, least(d.attempts - 1, 30)))
+                  * (0.5 + random() / 2) END
+        FROM unnest(delivery_ids, leases, status_codes, errors) AS o(id, lease, status, error),
+             postbox.subscriptions s
+        WHERE d.id = o.id AND d.lease = o.lease AND NOT coalesce(o.status BETWEEN 200 AND 299, false)
+              AND s.id = d.subscription_id
+        RETURNING d.id, d.state
+    )
+    SELECT o.id, CASE WHEN o.id = ANY (delivered) THEN 'delivered'
+                      WHEN r.id IS NULL THEN 'stale'
+                      WHEN r.state = 'failed' THEN 'failed'
+                      ELSE 'retrying' END
+    FROM unnest(delivery_ids) WITH ORDINALITY AS o(id, i)
+    LEFT JOIN retried r ON r.id = o.id
+    ORDER BY o.i;
+END
+$$;
+
+-- When the next webhook attempt is due (or a claimed one's lease runs out);
+-- NULL when none is pending. Idle workers sleep until then.
+CREATE FUNCTION postbox.next_webhook_attempt_at() RETURNS timestamptz
+LANGUAGE sql STABLE AS $$
+    SELECT min(next_attempt_at) FROM postbox.webhook_deliveries WHERE state = 'pending'
+$$;
+
+-- A subscription's webhook deliveries in id (publish) order after after_id:
+-- all, or those in one state (pending, failed).
+CREATE FUNCTION postbox.list_webhook_deliveries(topic_name text, subscription_name text,
+                                                in_state text DEFAULT NULL, after_id bigint DEFAULT 0,
+                                                page_size integer DEFAULT 100)
+RETURNS SETOF postbox.webhook_deliveries
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    s postbox.subscriptions := postbox.get_subscription(topic_name, subscription_name);
+BEGIN
+    IF in_state IS NOT NULL AND in_state NOT IN ('pending', 'failed') THEN
+        PERFORM postbox._invalid(format('state %s is neither pending nor failed', in_state));
+    END IF;
+    IF page_size NOT BETWEEN 1 AND 1000 THEN
+        PERFORM postbox._invalid(format('page_size is %s; it must be 1 to 1000', page_size));
+    END IF;
+    RETURN QUERY
+    SELECT * FROM postbox.webhook_deliveries d
+    WHERE d.subscription_id = s.id AND d.id > coalesce(after_id, 0) AND (in_state IS NULL OR d.state = in_state)
+    ORDER BY d.id
+    LIMIT page_size;
+END
+$$;
+
+-- Forgets up to batch_size failed webhook deliveries whose last attempt is
+-- more than 7 days old. Returns how many.
+CREATE FUNCTION postbox.expire_webhook_deliveries(batch_size integer DEFAULT 1000) RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    expired bigint;
+BEGIN
+    DELETE FROM postbox.webhook_deliveries
+    WHERE id IN (SELECT id FROM postbox.webhook_deliveries
+                 WHERE state = 'failed' AND last_attempt_at < now() - interval '7 days'
+                 LIMIT batch_size FOR UPDATE SKIP LOCKED);
+    GET DIAGNOSTICS expired = ROW_COUNT;
+    RETURN expired;
+END
+$$;
+
+-- Schedules (since 0.3.0). The server computes every next_fire_at (a cron
+-- expression needs a library); these functions check and store.
+
+-- The schedule of that name; PB404 if there is none.
+CREATE FUNCTION postbox._schedule(schedule_name text) RETURNS postbox.schedules
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    s postbox.schedules;
+BEGIN
+    SELECT * INTO s FROM postbox.schedules WHERE name = schedule_name;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'PB404',
+            MESSAGE = format('schedule %s does not exist', quote_literal(schedule_name));
+    END IF;
+    RETURN s;
+END
+$$;
+
+-- Checks a schedule before it is stored: PB400 for a bad field, PB404 when
+-- its target does not exist.
+CREATE FUNCTION postbox._check_schedule(s postbox.schedules) RETURNS void
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    problem text := postbox.name_problem('schedule', s.name);
+    q postbox.queues;
+BEGIN
+    problem := coalesce(problem, CASE
+        WHEN num_nonnulls(s.cron_expression, s.every, s.run_at) <> 1 THEN
+            'give exactly one of a cron expression, an interval and a run_at time'
+        WHEN length(s.cron_expression) NOT BETWEEN 1 AND 255 THEN 'a cron expression has 1 to 255 characters'
+        WHEN s.cron_expression IS NOT NULL AND coalesce(s.time_zone, '') = '' THEN 'a cron schedule needs a time zone'
+        WHEN s.cron_expression IS NULL AND s.time_zone IS NOT NULL THEN 'a time zone is for cron schedules'
+        WHEN s.every < interval '1 second' OR s.every > interval '366 days' THEN
+            format('interval %s is outside 1 s to 366 days', s.every)
+        WHEN num_nonnulls(s.target_queue, s.target_topic) <> 1 THEN 'give a target queue or a target topic'
+        WHEN s.target_queue IS NOT NULL AND s.routing_key <> '' THEN 'a routing key is for topic targets'
+        WHEN s.body IS NULL THEN 'body must not be NULL'
+        WHEN NOT s.paused AND s.next_fire_at IS NULL THEN
+            'next_fire_at is required: the server computes it from the timing'
+        ELSE postbox.routing_key_problem(s.routing_key) END);
+    IF problem IS NULL AND s.attributes IS NOT NULL THEN
+        problem := postbox._attributes_problem(ARRAY[s.attributes], 1);
+    END IF;
+    IF problem IS NOT NULL THEN
+        PERFORM postbox._invalid(problem);
+    END IF;
+    IF s.target_queue IS NOT NULL THEN
+        q := postbox._queue(s.target_queue);
+        IF postbox.message_size(s.body, s.attributes) > q.max_message_size THEN
+            PERFORM postbox._invalid(format(
+                'the message is %s bytes; queue %s takes at most %s (body and attributes)',
+                postbox.message_size(s.body, s.attributes), quote_literal(q.name), q.max_message_size));
+        END IF;
+    ELSE
+        PERFORM postbox._topic(s.target_topic);
+    END IF;
+END
+$$;
+
+-- Creates a schedule that fires `body` (with `attributes`) into target_queue
+-- or target_topic (with routing_key): on cron_expression read in time_zone,
+-- every `every`, or once at run_at; first at next_fire_at, which the caller
+-- computes (for an interval, now() + every; for run_at, run_at). PB409 if a
+-- schedule of that name exists.
+CREATE FUNCTION postbox.create_schedule(
+    schedule_name text, next_fire_at timestamptz, body bytea, target_queue text DEFAULT NULL,
+    target_topic text DEFAULT NULL, routing_key text DEFAULT '', attributes jsonb DEFAULT NULL,
+    cron_expression text DEFAULT NULL, time_zone text DEFAULT NULL, every interval DEFAULT NULL,
+    run_at timestamptz DEFAULT NULL)
+RETURNS postbox.schedules
+LANGUAGE plpgsql AS $$
+DECLARE
+    s postbox.schedules;
+BEGIN
+    s.name := schedule_name;
+    s.next_fire_at := next_fire_at;
+    s.body := body;
+    s.target_queue := target_queue;
+    s.target_topic := target_topic;
+    s.routing_key := coalesce(routing_key, '');
+    s.attributes := attributes;
+    s.cron_expression := cron_expression;
+    s.time_zone := time_zone;
+    s.every := every;
+    s.run_at := run_at;
+    s.paused := false;
+    PERFORM postbox._check_schedule(s);
+    INSERT INTO postbox.schedules (name, cron_expression, time_zone, every, run_at, target_queue, target_topic,
+                                   routing_key, body, attributes, next_fire_at)
+    VALUES (s.name, s.cron_expression, s.time_zone, s.every, s.run_at, s.target_queue, s.target_topic,
+            s.routing_key, s.body, s.attributes, s.next_fire_at)
+    ON CONFLICT (name) DO NOTHING
+    RETURNING * INTO s;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'PB409',
+            MESSAGE = format('schedule %s already exists', quote_literal(schedule_name));
+    END IF;
+    RETURN s;
+END
+$$;
+
+-- Changes the fields of a schedule named in `fields`, any of: cron (with
+-- time_zone), interval, run_at (each replaces the timing, and next_fire_at
+-- must come with it), target (target_queue or target_topic, with
+-- routing_key), body, attributes. A paused schedule stays paused.
+CREATE FUNCTION postbox.update_schedule(
+    schedule_name text, fields text[], next_fire_at timestamptz DEFAULT NULL, body bytea DEFAULT NULL,
+    target_queue text DEFAULT NULL, target_topic text DEFAULT NULL, routing_key text DEFAULT '',
+    attributes jsonb DEFAULT NULL, cron_expression text DEFAULT NULL, time_zone text DEFAULT NULL,
+    every interval DEFAULT NULL, run_at timestamptz DEFAULT NULL)
+RETURNS postbox.schedules
+LANGUAGE plpgsql AS $$
+DECLARE
+    s postbox.schedules;
+    unknown text;
+BEGIN
+    SELECT * INTO s FROM postbox.schedules WHERE name = schedule_name FOR UPDATE;
+    IF NOT FOUND THEN
+        s := postbox._schedule(schedule_name);  -- raises PB404
+    END IF;
+    SELECT string_agg(f, ', ') INTO unknown
+    FROM unnest(fields) AS f WHERE f NOT IN ('cron', 'interval', 'run_at', 'target', 'body', 'attributes');
+    IF unknown IS NOT NULL OR coalesce(cardinality(fields), 0) = 0 THEN
+        PERFORM postbox._invalid(format('fields to change: any of cron, interval, run_at, target, body, '
+                                        'attributes (not %s)', coalesce(unknown, 'none')));
+    END IF;
+    IF (SELECT count(*) FROM unnest(fields) AS f WHERE f IN ('cron', 'interval', 'run_at')) > 1 THEN
+        PERFORM postbox._invalid('change the timing to one of cron, interval and run_at, not several');
+    END IF;
+    IF fields && ARRAY['cron', 'interval', 'run_at'] THEN
+        s.cron_expression := CASE WHEN 'cron' = ANY (fields) THEN cron_expression END;
+        s.time_zone := CASE WHEN 'cron' = ANY (fields) THEN time_zone END;
+        s.every := CASE WHEN 'interval' = ANY (fields) THEN every END;
+        s.run_at := CASE WHEN 'run_at' = ANY (fields) THEN run_at END;
+        IF next_fire_at IS NULL THEN
+            PERFORM postbox._invalid('a new timing needs its next_fire_at: the server computes it');
+        END IF;
+        s.next_fire_at := next_fire_at;
+    END IF;
+    IF 'target' = ANY (fields) THEN
+        s.target_queue := target_queue;
+        s.target_topic := target_topic;
+        s.routing_key := coalesce(routing_key, '');
+    END IF;
+    IF 'body' = ANY (fields) THEN
+        s.body := body;
+    END IF;
+    IF 'attributes' = ANY (fields) THEN
+        s.attributes := attributes;
+    END IF;
+    PERFORM postbox._check_schedule(s);
+    UPDATE postbox.schedules
+    SET cron_expression = s.cron_expression, time_zone = s.time_zone, every = s.every, run_at = s.run_at,
+        target_queue = s.target_queue, target_topic = s.target_topic, routing_key = s.routing_key,
+        body = s.body, attributes = s.attributes, next_fire_at = s.next_fire_at, updated_at = now()
+    WHERE id = s.id
+    RETURNING * INTO s;
+    RETURN s;
+END
+$$;
+
+-- The schedule of that name; PB404 if there is none.
+CREATE FUNCTION postbox.get_schedule(schedule_name text) RETURNS postbox.schedules
+LANGUAGE sql STABLE AS $$
+    SELECT postbox._schedule(schedule_name)
+$$;
+
+-- The schedule of that name, locked until the transaction ends (so a resume
+-- computes its next fire time from a row nobody changes meanwhile); PB404.
+CREATE FUNCTION postbox.lock_schedule(schedule_name text) RETURNS postbox.schedules
+LANGUAGE plpgsql AS $$
+DECLARE
+    s postbox.schedules;
+BEGIN
+    SELECT * INTO s FROM postbox.schedules WHERE name = schedule_name FOR UPDATE;
+    IF NOT FOUND THEN
+        s := postbox._schedule(schedule_name);  -- raises PB404
+    END IF;
+    RETURN s;
+END
+$$;
+
+-- Schedules in name order after after_name.
+CREATE FUNCTION postbox.list_schedules(page_size integer DEFAULT 100, after_name text DEFAULT '')
+RETURNS SETOF postbox.schedules
+LANGUAGE sql STABLE AS $$
+    SELECT * FROM postbox.schedules WHERE name > coalesce(after_name, '') ORDER BY name LIMIT page_size
+$$;
+
+-- Deletes a schedule.
+CREATE FUNCTION postbox.delete_schedule(schedule_name text) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    DELETE FROM postbox.schedules WHERE name = schedule_name;
+    IF NOT FOUND THEN
+        PERFORM postbox._schedule(schedule_name);  -- raises PB404
+    END IF;
+END
+$$;
+
+-- Stops a schedule from firing until resume_schedule.
+CREATE FUNCTION postbox.pause_schedule(schedule_name text) RETURNS postbox.schedules
+LANGUAGE plpgsql AS $$
+DECLARE
+    s postbox.schedules;
+BEGIN
+    UPDATE postbox.schedules SET paused = true, updated_at = now() WHERE name = schedule_name RETURNING * INTO s;
+    IF NOT FOUND THEN
+        s := postbox._schedule(schedule_name);  -- raises PB404
+    END IF;
+    RETURN s;
+END
+$$;
+
+-- Lets a schedule fire again, next at next_fire_at (computed by the caller
+-- from the row lock_schedule returned), or at its stored next_fire_at when
+-- NULL. PB412 for a one-shot schedule that has fired: give it a new run_at.
+CREATE FUNCTION postbox.resume_schedule(schedule_name text, next_fire_at timestamptz DEFAULT NULL)
+RETURNS postbox.schedules
+LANGUAGE plpgsql AS $$
+DECLARE
+    s postbox.schedules := postbox.lock_schedule(schedule_name);
+BEGIN
+    IF coalesce(next_fire_at, s.next_fire_at) IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'PB412', MESSAGE = format(
+            'schedule %s fired at its run_at time already; update run_at to have it fire again',
+            quote_literal(schedule_name));
+    END IF;
+    UPDATE postbox.schedules
+    SET paused = false, next_fire_at = coalesce(resume_schedule.next_fire_at, s.next_fire_at), updated_at = now()
+    WHERE id = s.id
+    RETURNING * INTO s;
+    RETURN s;
+END
+$$;
+
+-- Claims up to max_schedules due schedules, locked (FOR UPDATE SKIP LOCKED,
+-- so concurrent schedulers never get the same one) until the transaction
+-- ends; fire each with fire_schedule in the same transaction.
+CREATE FUNCTION postbox.claim_due_schedules(max_schedules integer DEFAULT 10) RETURNS SETOF postbox.schedules
+LANGUAGE plpgsql
+-- An ordered walk of the due index, whatever the statistics say (see receive).
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+AS $$
+BEGIN
+    RETURN QUERY
+    SELECT * FROM postbox.schedules s
+    WHERE NOT s.paused AND s.next_fire_at <= now()
+    ORDER BY s.next_fire_at
+    LIMIT max_schedules
+    FOR UPDATE SKIP LOCKED;
+END
+$$;
+
+-- Fires a due schedule that the caller claimed: sends its message, or
+-- publishes it, and sets when it fires next (next_fire_at, computed by the
+-- caller; ignored for a one-shot schedule, which is paused for good), all in
+-- the caller's transaction, so a fire happens exactly once. The message's
+-- deduplication id is "<schedule>@<due time>", which keeps content-based
+-- deduplication from eating repeats; FIFO queues get the schedule name as
+-- message group. A fire that the target refuses (missing, paused, full, ...)
+-- is skipped, not retried: `error` says why, and so does the schedule's
+-- last_error. Returns the error and how many webhook deliveries were queued.
+CREATE FUNCTION postbox.fire_schedule(schedule_id integer, next_fire_at timestamptz)
+RETURNS TABLE (error text, webhook_deliveries integer)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_variable
+DECLARE
+    s postbox.schedules;
+    deduplication_id text;
+    fifo boolean;
+    problem text;
+    state text;
+    hooks integer := 0;
+BEGIN
+    SELECT * INTO s FROM postbox.schedules WHERE id = schedule_id FOR UPDATE;
+    IF NOT FOUND OR s.paused OR NOT s.next_fire_at <= now() THEN
+        RAISE EXCEPTION USING ERRCODE = 'PB412', MESSAGE = format('schedule %s is not due', schedule_id);
+    END IF;
+    deduplication_id := s.name || '@' || to_char(s.next_fire_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"');
+    BEGIN
+        IF s.target_queue IS NOT NULL THEN
+            SELECT q.fifo INTO fifo FROM postbox.queues q WHERE q.name = s.target_queue;
+            PERFORM postbox.send_batch(s.target_queue, ARRAY[s.body], postbox._array_of(s.attributes),
+                                       message_group_ids => CASE WHEN fifo THEN ARRAY[s.name] END,
+                                       deduplication_ids => ARRAY[deduplication_id]);
+        ELSE
+            SELECT p.webhook_deliveries INTO hooks
+            FROM postbox.publish(s.target_topic, s.body, s.routing_key, s.attributes,
+                                 deduplication_id => deduplication_id) p;
+        END IF;
+    EXCEPTION WHEN OTHERS THEN
+        GET STACKED DIAGNOSTICS state = RETURNED_SQLSTATE, problem = MESSAGE_TEXT;
+        IF state NOT LIKE 'PB%' THEN
+            RAISE;
+        END IF;
+    END;
+    UPDATE postbox.schedules
+    SET next_fire_at = CASE WHEN s.run_at IS NULL THEN fire_schedule.next_fire_at END,
+        paused = s.run_at IS NOT NULL,
+        last_fire_at = CASE WHEN problem IS NULL THEN now() ELSE last_fire_at END,
+        fire_count = fire_count + CASE WHEN problem IS NULL THEN 1 ELSE 0 END,
+        last_error = problem
+    WHERE id = s.id;
+    RETURN QUERY SELECT problem, coalesce(hooks, 0);
+END
+$$;
+
+-- When the next schedule is due; NULL when none is. Idle schedulers sleep
+-- until then.
+CREATE FUNCTION postbox.next_schedule_fire_at() RETURNS timestamptz
+LANGUAGE sql STABLE AS $$
+    SELECT min(next_fire_at) FROM postbox.schedules WHERE NOT paused
+$$;
+
+-- Serialises queue deletion against sends: a send holds this lock shared, so a
+-- message is never committed into a queue that a concurrent drop just removed.
+CREATE OR REPLACE FUNCTION postbox._lock_queue(queue_id integer, exclusive boolean) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF exclusive THEN
+        PERFORM pg_advisory_xact_lock(1886350198, queue_id);  -- 1886350198 = 'post'
+    ELSE
+        PERFORM pg_advisory_xact_lock_shared(1886350198, queue_id);
+        -- The sender looked its queue up before it had the lock: a drop that
+        -- committed in between has removed the queue, and only this check, a
+        -- statement later, can see it.
+        IF NOT EXISTS (SELECT FROM postbox.queues q WHERE q.id = queue_id) THEN
+            RAISE EXCEPTION USING ERRCODE = 'PB404',
+                MESSAGE = 'the queue was deleted while the message was being sent';
+        END IF;
+    END IF;
+END
+$$;
+
+INSERT INTO postbox.schema_version (version) VALUES ('0.3.0');

@@ -1,0 +1,233 @@
+"""Schedules over gRPC: validation, cron in time zones, intervals, one-shot, pause, catch-up."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from zoneinfo import ZoneInfo
+
+import grpc
+import pytest
+from google.protobuf.field_mask_pb2 import FieldMask
+from google.protobuf.timestamp_pb2 import Timestamp
+from postbox.v1 import queue_service_pb2 as qpb
+from postbox.v1 import schedule_service_pb2 as pb
+from postbox.v1 import schedule_service_pb2_grpc, topic_service_pb2
+from postbox.v1 import topic_service_pb2_grpc as topic_grpc
+from support import create_queue, error_of, eventually, receive, seconds, stats, unique_name
+
+
+@pytest.fixture(scope="module")
+def schedules(channel: grpc.Channel) -> schedule_service_pb2_grpc.ScheduleServiceStub:
+    return schedule_service_pb2_grpc.ScheduleServiceStub(channel)
+
+
+@pytest.fixture
+def name(request: pytest.FixtureRequest) -> str:
+    return unique_name(request.node.name)
+
+
+def at(value: datetime) -> Timestamp:
+    stamp = Timestamp()
+    stamp.FromDatetime(value)
+    return stamp
+
+
+def create(schedules, name: str, queue: str, **fields) -> pb.Schedule:
+    schedule = pb.Schedule(name=name, target=pb.ScheduleTarget(queue=queue), **fields)
+    return schedules.CreateSchedule(pb.CreateScheduleRequest(schedule=schedule)).schedule
+
+
+def get(schedules, name: str) -> pb.Schedule:
+    return schedules.GetSchedule(pb.GetScheduleRequest(name=name)).schedule
+
+
+def visible(queues, queue: str) -> int:
+    return stats(queues, queue).visible_messages
+
+
+@pytest.mark.parametrize(
+    ("cron", "says"),
+    [
+        (pb.CronSpec(expression="* * * *"), "has 4 fields; it needs 5"),
+        (pb.CronSpec(expression="0 0 * * * *"), "has 6 fields"),
+        (pb.CronSpec(expression="61 * * * *"), "bad minute"),
+        (pb.CronSpec(expression="0 25 * * *"), "bad hour"),
+        (pb.CronSpec(expression="0 0 31 2 *"), "bad day-of-month"),
+        (pb.CronSpec(expression="0 0 * * FUNDAY"), "bad day-of-week"),
+        (pb.CronSpec(expression="0 9 * * *", time_zone="Mars/Olympus"), "'Mars/Olympus' is not"),
+        (pb.CronSpec(expression="0 9 * * *", time_zone="../etc/passwd"), "not an IANA time zone"),
+    ],
+)
+def test_bad_cron_specs_are_invalid(schedules, queue, name, cron, says):
+    error = error_of(create, schedules, name, queue, cron=cron)
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert says in error.details()
+
+
+def test_create_checks_the_rest(schedules, queue, name):
+    for fields, code, says in [
+        ({}, grpc.StatusCode.INVALID_ARGUMENT, "timing"),
+        ({"interval": seconds(0.5)}, grpc.StatusCode.INVALID_ARGUMENT, "outside 1 s to 366 days"),
+        ({"interval": seconds(60), "name": "bad name"}, grpc.StatusCode.INVALID_ARGUMENT, "name"),
+    ]:
+        error = error_of(create, schedules, fields.pop("name", name), queue, **fields)
+        assert error.code() == code, fields
+        assert says in error.details()
+    error = error_of(create, schedules, name, "no-such-queue", interval=seconds(60))
+    assert error.code() == grpc.StatusCode.NOT_FOUND
+    no_target = pb.Schedule(name=name, interval=seconds(60))
+    error = error_of(schedules.CreateSchedule, pb.CreateScheduleRequest(schedule=no_target))
+    assert "target" in error.details()
+    create(schedules, name, queue, interval=seconds(60))
+    error = error_of(create, schedules, name, queue, interval=seconds(60))
+    assert error.code() == grpc.StatusCode.ALREADY_EXISTS
+
+
+def test_cron_fires_next_in_its_time_zone(schedules, queue, name):
+    berlin = ZoneInfo("Europe/Berlin")
+    created = create(
+        schedules, name, queue, cron=pb.CronSpec(expression="30 9 * * *", time_zone="Europe/Berlin")
+    )
+    now = datetime.now(berlin)
+    expected = now.replace(hour=9, minute=30, second=0, microsecond=0)
+    if expected <= now:
+        # Wall-clock arithmetic in the zone: tomorrow's offset, whatever today's.
+        expected = (now + timedelta(days=1)).replace(hour=9, minute=30, second=0, microsecond=0)
+    assert created.next_fire_time.ToDatetime(timezone.utc) == expected.astimezone(timezone.utc)
+    assert created.cron.time_zone == "Europe/Berlin"
+    utc = create(schedules, name + "u", queue, cron=pb.CronSpec(expression="0 0 1 1 *"))
+    assert utc.cron.time_zone == "UTC"
+    assert utc.next_fire_time.ToDatetime(timezone.utc) == datetime(
+        datetime.now(timezone.utc).year + 1, 1, 1, tzinfo=timezone.utc
+    )
+
+
+def test_interval_fires_into_a_queue_until_paused(schedules, queues, messages, queue, name):
+    created = create(schedules, name, queue, interval=seconds(1), body=b"tick")
+    assert not created.paused
+    assert created.next_fire_time.ToDatetime() > datetime.now(timezone.utc).replace(tzinfo=None)
+    eventually(lambda: visible(queues, queue) >= 2, what="two fires")
+    paused = schedules.PauseSchedule(pb.PauseScheduleRequest(name=name)).schedule
+    assert paused.paused
+    assert not paused.HasField("next_fire_time")
+    fired = get(schedules, name).fire_count
+    got = receive(messages, queue, count=100)
+    assert len(got) == fired
+    assert {m.body for m in got} == {b"tick"}
+    # One deduplication id per due time, so no content-based filter drops a repeat.
+    assert len({m.deduplication_id for m in got}) == fired
+    assert all(m.deduplication_id.startswith(f"{name}@") for m in got)
+
+    resumed = schedules.ResumeSchedule(pb.ResumeScheduleRequest(name=name)).schedule
+    assert not resumed.paused
+    assert resumed.next_fire_time.ToDatetime() > datetime.now(timezone.utc).replace(tzinfo=None)
+    eventually(lambda: get(schedules, name).fire_count > fired, what="a fire after resuming")
+    schedules.DeleteSchedule(pb.DeleteScheduleRequest(name=name))
+    error = error_of(schedules.GetSchedule, pb.GetScheduleRequest(name=name))
+    assert error.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_run_at_fires_once_into_a_topic(schedules, channel, queues, messages, queue, name):
+    topics = topic_grpc.TopicServiceStub(channel)
+    topics.CreateTopic(
+        topic_service_pb2.CreateTopicRequest(topic=topic_service_pb2.Topic(name=name))
+    )
+    subscription = topic_service_pb2.Subscription(
+        name="jobs", topic=name, pattern="jobs.*", queue=queue
+    )
+    topics.CreateSubscription(
+        topic_service_pb2.CreateSubscriptionRequest(subscription=subscription)
+    )
+    run_at = datetime.now(timezone.utc) + timedelta(seconds=0.5)
+    schedule = pb.Schedule(
+        name=name,
+        run_at=at(run_at),
+        target=pb.ScheduleTarget(topic=name, routing_key="jobs.nightly"),
+        body=b"once",
+    )
+    schedules.CreateSchedule(pb.CreateScheduleRequest(schedule=schedule))
+    spent = eventually(lambda: (s := get(schedules, name)).fire_count == 1 and s)
+    assert spent.paused
+    assert not spent.HasField("next_fire_time")
+    assert spent.last_fire_time.ToDatetime(timezone.utc) >= run_at.replace(microsecond=0)
+    assert [m.body for m in receive(messages, queue)] == [b"once"]
+    error = error_of(schedules.ResumeSchedule, pb.ResumeScheduleRequest(name=name))
+    assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "update run_at" in error.details()
+
+
+def test_update(schedules, queues, queue, name):
+    create(schedules, name, queue, interval=seconds(3600), body=b"old")
+    other = create_queue(queues, unique_name("other")).name
+    changed = pb.Schedule(
+        name=name,
+        cron=pb.CronSpec(expression="0 12 * * *"),
+        target=pb.ScheduleTarget(queue=other),
+        body=b"new",
+    )
+    updated = schedules.UpdateSchedule(
+        pb.UpdateScheduleRequest(
+            schedule=changed, update_mask=FieldMask(paths=["cron", "target", "body"])
+        )
+    ).schedule
+    assert updated.WhichOneof("timing") == "cron"
+    assert (updated.target.queue, updated.body) == (other, b"new")
+    assert updated.next_fire_time.ToDatetime(timezone.utc).hour == 12
+    for paths, says in [
+        ([], "update_mask is required"),
+        (["name"], "only cron"),
+        (["interval"], "set schedule.interval"),
+        (["cron", "interval"], "one timing"),
+    ]:
+        error = error_of(
+            schedules.UpdateSchedule,
+            pb.UpdateScheduleRequest(schedule=changed, update_mask=FieldMask(paths=paths)),
+        )
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert says in error.details()
+
+
+async def test_after_downtime_a_schedule_fires_once_and_keeps_its_phase(
+    db, schedules, queues, queue, name
+):
+    create(schedules, name, queue, interval=seconds(60), body=b"late")
+    # As if the servers had been down for nine and a half periods.
+    due = await db.fetchval(
+        "UPDATE postbox.schedules SET next_fire_at = now() - interval '570 s' WHERE name = $1 "
+        "RETURNING next_fire_at",
+        name,
+    )
+    fired = eventually(lambda: (s := get(schedules, name)).fire_count == 1 and s)
+    assert visible(queues, queue) == 1
+    next_fire = fired.next_fire_time.ToDatetime(timezone.utc)
+    assert next_fire > datetime.now(timezone.utc)
+    assert (next_fire - due) % timedelta(seconds=60) == timedelta(0)
+    assert (next_fire - due) // timedelta(seconds=60) == 10
+
+
+async def test_a_refused_fire_is_recorded_and_skipped(db, schedules, queues, queue, name):
+    queues.PauseQueue(qpb.PauseQueueRequest(name=queue, sends=True))
+    create(schedules, name, queue, interval=seconds(1))
+    failed = eventually(lambda: (s := get(schedules, name)).last_error and s)
+    assert "paused for sending" in failed.last_error
+    assert failed.fire_count == 0
+    assert failed.next_fire_time.ToDatetime(timezone.utc) > datetime.now(timezone.utc) - timedelta(
+        seconds=1
+    )
+    queues.ResumeQueue(qpb.ResumeQueueRequest(name=queue))
+    recovered = eventually(lambda: (s := get(schedules, name)).fire_count > 0 and s)
+    assert recovered.last_error == ""
+    schedules.DeleteSchedule(pb.DeleteScheduleRequest(name=name))
+
+
+def test_list(schedules, queue):
+    names = sorted(unique_name(f"list{i}") for i in range(3))
+    for schedule_name in names:
+        create(schedules, schedule_name, queue, interval=seconds(3600))
+    seen, token = [], ""
+    while True:
+        page = schedules.ListSchedules(pb.ListSchedulesRequest(page_size=2, page_token=token))
+        seen += [s.name for s in page.schedules]
+        if not (token := page.next_page_token):
+            break
+    assert [s for s in seen if s in names] == names

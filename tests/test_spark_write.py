@@ -13,7 +13,8 @@ import grpc
 import pytest
 from postbox.v1 import message_service_pb2 as pb
 from postbox.v1 import queue_service_pb2 as qpb
-from postbox.v1 import queue_service_pb2_grpc
+from postbox.v1 import queue_service_pb2_grpc, topic_service_pb2_grpc
+from postbox.v1 import topic_service_pb2 as tpb
 from pyspark.errors import AnalysisException
 from pyspark.sql import functions as F
 from spark_support import receive_all, stats, writer
@@ -204,6 +205,38 @@ def test_priority_delay_and_deliver_at_columns(spark, server, messages, queues, 
     assert [m.body for m in receive_all(messages, queue)] == [b"high", b"low"]
 
 
+def test_publish_to_a_topic_fans_out_exactly_once(spark, server, channel, messages, queues):
+    topics = topic_service_pb2_grpc.TopicServiceStub(channel)
+    topic, everything, eu = (unique_name(n) for n in ("spark_topic", "all", "eu"))
+    topics.CreateTopic(tpb.CreateTopicRequest(topic=tpb.Topic(name=topic)))
+    for queue, pattern in ((everything, "#"), (eu, "orders.*.eu")):
+        queues.CreateQueue(qpb.CreateQueueRequest(queue=qpb.Queue(name=queue)))
+        topics.CreateSubscription(
+            tpb.CreateSubscriptionRequest(
+                subscription=tpb.Subscription(
+                    name=queue[:60], topic=topic, pattern=pattern, queue=queue
+                )
+            )
+        )
+    df = spark.range(0, 2000, numPartitions=2).selectExpr(
+        "CAST(id AS STRING) AS body",
+        "IF(id % 2 = 0, 'orders.created.eu', 'orders.created.us') AS key",
+    )
+    for _ in range(2):  # the rerun with the same write id publishes nothing new
+        (
+            df.write.format("postbox")
+            .option("target", server.target)
+            .option("topic", topic)
+            .option("body_column", "body")
+            .option("routing_key_column", "key")
+            .option("write_id", "publish-once")
+            .mode("append")
+            .save()
+        )
+    assert sorted(int(m.body) for m in receive_all(messages, everything)) == list(range(2000))
+    assert sorted(int(m.body) for m in receive_all(messages, eu)) == list(range(0, 2000, 2))
+
+
 @pytest.mark.parametrize(
     ("options", "message"),
     [
@@ -214,7 +247,8 @@ def test_priority_delay_and_deliver_at_columns(spark, server, messages, queues, 
         ({"body_column": "text", "priority_column": "n", "attribute_columns": "n"}, "by both"),
         ({"body_column": "text", "attribute_columns": "n"}, "'label', 'tags' not mapped"),
         ({"bodycolumn": "text"}, "unknown option 'bodycolumn'"),
-        ({"topic": "orders"}, "TopicService.Publish"),
+        ({"topic": "orders", "body_column": "text"}, "give option 'queue'"),
+        ({"routing_key_column": "label", "body_column": "text"}, "is for publishing"),
         ({"tls_server_name": "x"}, "need tls=true"),
         ({"batch_size": "5000"}, "option 'batch_size' is 5000; it must be 1 to 1000"),
     ],

@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 import grpc
+from google.protobuf.message import Message
 from postbox.v1 import message_service_pb2 as pb
-from postbox.v1 import message_service_pb2_grpc
+from postbox.v1 import message_service_pb2_grpc, topic_service_pb2_grpc
 
 log = logging.getLogger(__name__)
 
@@ -105,8 +106,22 @@ def call_with_retries(
             time.sleep(delay)
 
 
+def _destination(request: Message) -> str:
+    if isinstance(request, pb.SendBatchRequest):
+        return f"queue {request.queue!r}"
+    return f"topic {request.topic!r}"
+
+
+def _duplicates(response: Message) -> int:
+    """Entries the server had already committed: SendBatch or PublishBatch responses."""
+    if isinstance(response, pb.SendBatchResponse):
+        return sum(response.duplicates)
+    return sum(1 for result in response.results if any(result.duplicates))
+
+
 class BatchSender:
-    """Sends the SendBatch requests of one task with at most `max_in_flight` unanswered.
+    """Sends the SendBatch (or PublishBatch) requests of one task, at most `max_in_flight`
+    unanswered.
 
     A request that fails with a RETRYABLE status is sent again after a pause; any
     other failure, or running out of attempts, raises PostboxCallError so the task
@@ -120,18 +135,19 @@ class BatchSender:
         retry: RetryPolicy,
         max_in_flight: int,
     ) -> None:
-        self._send = message_service_pb2_grpc.MessageServiceStub(channel).SendBatch
+        self._send_batch = message_service_pb2_grpc.MessageServiceStub(channel).SendBatch
+        self._publish_batch = topic_service_pb2_grpc.TopicServiceStub(channel).PublishBatch
         self._connection = connection
         self._retry = retry
         self._max_in_flight = max_in_flight
-        self._in_flight: deque[tuple[pb.SendBatchRequest, grpc.Future]] = deque()
+        self._in_flight: deque[tuple[Message, grpc.Future]] = deque()
         self.messages = 0
         # Entries the server had already committed (an earlier attempt sent them).
         self.duplicates = 0
         self.batches = 0
         self.retries = 0
 
-    def submit(self, request: pb.SendBatchRequest) -> None:
+    def submit(self, request: Message) -> None:
         while len(self._in_flight) >= self._max_in_flight:
             self._settle(*self._in_flight.popleft())
         self._in_flight.append((request, self._start(request)))
@@ -141,15 +157,16 @@ class BatchSender:
         while self._in_flight:
             self._settle(*self._in_flight.popleft())
 
-    def _start(self, request: pb.SendBatchRequest) -> grpc.Future:
-        return self._send.future(
+    def _start(self, request: Message) -> grpc.Future:
+        send = self._send_batch if isinstance(request, pb.SendBatchRequest) else self._publish_batch
+        return send.future(
             request, timeout=self._connection.timeout, metadata=self._connection.metadata
         )
 
-    def _settle(self, request: pb.SendBatchRequest, future: grpc.Future) -> None:
+    def _settle(self, request: Message, future: grpc.Future) -> None:
         started = [future]
 
-        def wait() -> pb.SendBatchResponse:
+        def wait() -> Message:
             # The first wait is for the call already under way; a retry starts a new one.
             return (started.pop() if started else self._start(request)).result()
 
@@ -157,11 +174,12 @@ class BatchSender:
             self.retries += 1
 
         response = call_with_retries(
-            f"SendBatch of {len(request.entries)} messages to queue {request.queue!r}",
+            f"{type(request).__name__.removesuffix('Request')} of {len(request.entries)}"
+            f" messages to {_destination(request)}",
             self._retry,
             wait,
             count_retry,
         )
         self.messages += len(request.entries)
-        self.duplicates += sum(response.duplicates)
+        self.duplicates += _duplicates(response)
         self.batches += 1

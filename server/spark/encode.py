@@ -10,7 +10,9 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa
+from google.protobuf.message import Message
 from postbox.v1 import message_service_pb2 as pb
+from postbox.v1 import topic_service_pb2 as tpb
 
 from server.spark.options import WritePlan
 
@@ -62,14 +64,20 @@ class Encoder:
         self.id_prefix = id_prefix
         self.position = 0
 
-    def requests(self, batch: pa.RecordBatch) -> Iterator[pb.SendBatchRequest]:
+    def requests(self, batch: pa.RecordBatch) -> Iterator[Message]:
         for start in range(0, batch.num_rows, self.plan.batch_size):
             yield from self._chunk(batch.slice(start, self.plan.batch_size))
 
     def _column(self, batch: pa.RecordBatch, name: str | None) -> list[Any] | None:
         return None if name is None else batch.column(name).to_pylist()
 
-    def _chunk(self, batch: pa.RecordBatch) -> Iterator[pb.SendBatchRequest]:
+    def _request(self) -> Message:
+        """A SendBatchRequest, or a PublishBatchRequest when the plan names a topic."""
+        if self.plan.topic is None:
+            return pb.SendBatchRequest(queue=self.plan.queue)
+        return tpb.PublishBatchRequest(topic=self.plan.topic)
+
+    def _chunk(self, batch: pa.RecordBatch) -> Iterator[Message]:
         plan = self.plan
         if plan.body_column is None:
             bodies: list[Any] = _json_bodies(batch, plan.json_columns)
@@ -83,8 +91,11 @@ class Encoder:
         delays = self._column(batch, plan.delay_column)
         deliver_ats = self._column(batch, plan.deliver_at_column)
         priorities = self._column(batch, plan.priority_column)
+        routing_keys = self._column(batch, plan.routing_key_column)
+        # The message group of a send is the ordering key of a publish.
+        group_field = "message_group_id" if plan.topic is None else "ordering_key"
 
-        request = pb.SendBatchRequest(queue=plan.queue)
+        request = self._request()
         size = 0
         for row, body in enumerate(bodies):
             position = self.position + row
@@ -94,7 +105,7 @@ class Encoder:
                 body = body.encode()
             if len(request.entries) and size + len(body) > MAX_REQUEST_BYTES:
                 yield request
-                request = pb.SendBatchRequest(queue=plan.queue)
+                request = self._request()
                 size = 0
             size += len(body)
             entry = request.entries.add(body=body)
@@ -118,7 +129,9 @@ class Encoder:
             if groups is not None:
                 if groups[row] is None:
                     raise self._null(plan.group_column, position)
-                entry.message_group_id = groups[row]
+                setattr(entry, group_field, groups[row])
+            if routing_keys is not None and routing_keys[row] is not None:
+                entry.routing_key = routing_keys[row]
             if delays is not None and delays[row] is not None:
                 delay = delays[row]
                 if isinstance(delay, datetime.timedelta):

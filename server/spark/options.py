@@ -83,7 +83,10 @@ class WritePlan:
 
     connection: Connection
     retry: RetryPolicy
-    queue: str
+    # Exactly one of queue (SendBatch) and topic (PublishBatch) is set.
+    queue: str | None
+    topic: str | None
+    routing_key_column: str | None
     # A string or binary column, or None for the JSON of `json_columns`.
     body_column: str | None
     body_is_binary: bool
@@ -99,6 +102,10 @@ class WritePlan:
     # Prefix of the idempotency ids of a batch write (streams use their query id).
     write_id: str | None = None
     columns: tuple[str, ...] = field(default=())
+
+    @property
+    def destination(self) -> str:
+        return f"queue {self.queue!r}" if self.topic is None else f"topic {self.topic!r}"
 
 
 @dataclass(frozen=True)
@@ -201,12 +208,11 @@ def _type_name(data_type: DataType) -> str:
 def write_plan(options: Mapping[str, str], schema: StructType, *, streaming: bool) -> WritePlan:
     """Checks the options against the DataFrame's schema; raises PostboxOptionError."""
     opts = _Options(options, WRITE_OPTIONS)
-    if opts.text("topic") is not None or opts.text("routing_key_column") is not None:
+    queue, topic = opts.text("queue"), opts.text("topic")
+    if (queue is None) == (topic is None):
         raise PostboxOptionError(
-            "options 'topic' and 'routing_key_column' need TopicService.Publish, which this"
-            " postbox server does not serve yet; write to a queue with option 'queue'"
+            "give option 'queue' (send to a queue) or option 'topic' (publish), one of them"
         )
-    queue = opts.required("queue", "the name of the queue to send to")
     connection, retry = _connection(opts)
     if streaming and opts.text("write_id") is not None:
         raise PostboxOptionError(
@@ -241,6 +247,9 @@ def write_plan(options: Mapping[str, str], schema: StructType, *, streaming: boo
         used[name] = option
 
     body_column = column("body_column", (*_STRING, BinaryType), "string or binary")
+    routing_key_column = column("routing_key_column", _STRING, "string")
+    if routing_key_column and topic is None:
+        raise PostboxOptionError("option 'routing_key_column' is for publishing: give 'topic'")
     group_column = column("group_column", _STRING, "string")
     dedupe_column = column("dedupe_column", (*_STRING, *_INTEGRAL), "string or an integer")
     delay_column = column(
@@ -252,6 +261,11 @@ def write_plan(options: Mapping[str, str], schema: StructType, *, streaming: boo
     if delay_column and deliver_at_column:
         raise PostboxOptionError("give 'delay_column' or 'deliver_at_column', not both")
     priority_column = column("priority_column", _INTEGRAL, "an integer")
+    if topic is not None and (delay_column or deliver_at_column or priority_column):
+        raise PostboxOptionError(
+            "a publish has no delay, delivery time or priority: drop 'delay_column',"
+            " 'deliver_at_column' and 'priority_column', or send to a queue"
+        )
 
     attribute_columns = opts.columns("attribute_columns")
     if len(attribute_columns) > MAX_ATTRIBUTES:
@@ -299,6 +313,8 @@ def write_plan(options: Mapping[str, str], schema: StructType, *, streaming: boo
         connection=connection,
         retry=retry,
         queue=queue,
+        topic=topic,
+        routing_key_column=routing_key_column,
         body_column=body_column,
         body_is_binary=body_column is not None and isinstance(types[body_column], BinaryType),
         json_columns=rest if body_column is None else (),

@@ -97,19 +97,19 @@ class PostboxWriter(DataSourceArrowWriter):
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         log.info(
-            "write %s to queue %r committed: %s",
+            "write %s to %s committed: %s",
             self.plan.write_id,
-            self.plan.queue,
+            self.plan.destination,
             _landed(messages),
         )
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         log.error(
-            "write %s to queue %r failed; committed and staying there (a queue has no"
+            "write %s to %s failed; committed and staying there (a queue has no"
             " rollback): %s. Rerun with option write_id=%s to send only the rest, within"
             " the queue's deduplication window",
             self.plan.write_id,
-            self.plan.queue,
+            self.plan.destination,
             _landed(messages),
             self.plan.write_id,
         )
@@ -132,14 +132,14 @@ class PostboxStreamWriter(DataSourceStreamArrowWriter):
         return send_partition(self.plan, iterator, _task_prefix(query_id, batch_id))
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        log.info("batch %d to queue %r committed: %s", batchId, self.plan.queue, _landed(messages))
+        log.info("batch %d to %s committed: %s", batchId, self.plan.destination, _landed(messages))
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         log.error(
-            "batch %d to queue %r failed; committed before the failure: %s. When the query"
+            "batch %d to %s failed; committed before the failure: %s. When the query"
             " runs the batch again, these are not sent twice (within the queue's"
             " deduplication window)",
             batchId,
-            self.plan.queue,
+            self.plan.destination,
             _landed(messages),
         )

@@ -5,9 +5,15 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+
+# gRPC's fork handlers can crash a child forked while channels are open (grpc
+# issue 43055, epoll EBADF): pyspark forks the JVM's launcher that way. The tests
+# fork only to exec, so they need no fork support; set before gRPC initializes.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 import asyncpg
 import grpc
@@ -148,3 +154,35 @@ def sqs_queue(sqs, request: pytest.FixtureRequest) -> Iterator[str]:
     yield url
     with contextlib.suppress(sqs.exceptions.QueueDoesNotExist):
         sqs.delete_queue(QueueUrl=url)
+
+
+@pytest.fixture(scope="session")
+def spark(tmp_path_factory: pytest.TempPathFactory):
+    """One local Spark for the run: 2 cores, a task may fail once and be retried, no UI."""
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    # Executors' Python workers must import grpc, pyarrow and this package too, and
+    # the tests' own modules, which functions shipped to them refer to.
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    tests = str(Path(__file__).resolve().parent)
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (tests, os.environ.get("PYTHONPATH")) if p
+    )
+    from pyspark.sql import SparkSession
+
+    from server.spark import register
+
+    session = (
+        SparkSession.builder.master("local[2,2]")
+        .appName("postbox-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.warehouse.dir", str(tmp_path_factory.mktemp("spark-warehouse")))
+        .config("spark.sql.streaming.stopTimeout", "30s")
+        .getOrCreate()
+    )
+    register(session)
+    yield session
+    session.stop()

@@ -1,0 +1,322 @@
+"""Spark write throughput against SendBatch from a plain Python client, in one run.
+
+    python bench/spark_write.py [--rows 1000000] [--database-url postgresql://...]
+
+Starts a server (on an embedded PostgreSQL unless --database-url or
+POSTBOX_BENCH_DATABASE_URL names a superuser URL to create a database on) and
+writes the same messages three ways, each into its own queue:
+
+* plain: one Python process, SendBatch of 1,000 entries with the same total
+  number of calls in flight as Spark's tasks together;
+* spark-arrow: `df.write.format("postbox")`, the data source as shipped
+  (DataSourceArrowWriter);
+* spark-rows: the same sender behind the Row-based DataSourceWriter interface,
+  to show what the Arrow interface buys.
+
+Every message carries an idempotency id in all three, as Spark writes do. The
+figures are messages committed per second; the ratios compare with plain.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+# pyspark forks the JVM's launcher after this process has opened gRPC channels;
+# gRPC's fork handlers can crash such a child (grpc issue 43055, epoll EBADF).
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
+import asyncpg
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from postbox.v1 import message_service_pb2 as pb
+from postbox.v1 import (
+    message_service_pb2_grpc,
+    queue_service_pb2,
+    queue_service_pb2_grpc,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--body-size", type=int, default=100)
+    parser.add_argument("--partitions", type=int, default=2, help="Spark tasks (local[N])")
+    parser.add_argument("--in-flight", type=int, default=4, help="SendBatch calls per task")
+    parser.add_argument("--database-url", default=os.environ.get("POSTBOX_BENCH_DATABASE_URL"))
+    parser.add_argument("--only", nargs="+", choices=["plain", "spark-arrow", "spark-rows"])
+    return parser.parse_args()
+
+
+def body(i: int, size: int) -> bytes:
+    return f"{i:012d}".encode().ljust(size, b".")
+
+
+def plain_client(target: str, queue: str, rows: int, size: int, in_flight: int) -> None:
+    """SendBatch straight from the generated stubs: the ceiling for any client."""
+    prefix = uuid.uuid4().hex
+    with grpc.insecure_channel(target) as channel:
+        send = message_service_pb2_grpc.MessageServiceStub(channel).SendBatch
+        pending: list[grpc.Future] = []
+        for start in range(0, rows, 1000):
+            request = pb.SendBatchRequest(queue=queue)
+            for i in range(start, min(start + 1000, rows)):
+                request.entries.add(body=body(i, size), deduplication_id=f"{prefix}:{i}")
+            if len(pending) >= in_flight:
+                pending.pop(0).result()
+            pending.append(send.future(request, timeout=120))
+        for future in pending:
+            future.result()
+
+
+def spark_session(partitions: int):
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p
+    )
+    from pyspark.sql import SparkSession
+
+    from server.spark import register
+
+    spark = (
+        SparkSession.builder.master(f"local[{partitions}]")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.host", "127.0.0.1")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    register(spark)
+    _register_row_writer(spark)
+    return spark
+
+
+def row_requests(plan, rows: Iterator, prefix: str) -> Iterator[pb.SendBatchRequest]:
+    """What a Row-based writer does with the same plan: one row at a time."""
+    column = plan.body_column
+    request = pb.SendBatchRequest(queue=plan.queue)
+    for position, row in enumerate(rows):
+        request.entries.add(body=row[column].encode(), deduplication_id=f"{prefix}:{position}")
+        if len(request.entries) == plan.batch_size:
+            yield request
+            request = pb.SendBatchRequest(queue=plan.queue)
+    if len(request.entries):
+        yield request
+
+
+def client_cpu(rows: int, size: int) -> tuple[float, float]:
+    """CPU seconds per million rows to turn Arrow batches into requests: (arrow, rows).
+
+    The rows path first converts each batch to Rows as Spark's Python worker does
+    for a DataSourceWriter; no request is sent, so the server does not count.
+    """
+    import pyarrow as pa
+    from pyspark.sql.conversion import ArrowTableToRowsConversion
+    from pyspark.sql.types import StringType, StructField, StructType, _create_row
+
+    from server.spark.encode import Encoder
+    from server.spark.options import write_plan
+
+    schema = StructType([StructField("body", StringType())])
+    plan = write_plan({"queue": "q", "body_column": "body"}, schema, streaming=False)
+    batches = [
+        pa.record_batch({"body": [body(i, size).decode() for i in range(start, start + 10_000)]})
+        for start in range(0, rows, 10_000)
+    ]
+    started = time.process_time()
+    for batch in batches:
+        for _ in Encoder(plan, "w:0").requests(batch):
+            pass
+    arrow = time.process_time() - started
+
+    convert = [ArrowTableToRowsConversion._create_converter(f.dataType) for f in schema.fields]
+    names = schema.fieldNames()
+
+    def as_rows() -> Iterator:
+        for batch in batches:
+            columns = [ArrowTableToRowsConversion._to_pylist(c) for c in batch.columns]
+            for i in range(batch.num_rows):
+                values = [convert[c](columns[c][i]) for c in range(batch.num_columns)]
+                yield _create_row(fields=names, values=values)
+
+    started = time.process_time()
+    for _ in row_requests(plan, as_rows(), "w:0"):
+        pass
+    by_row = time.process_time() - started
+    return arrow * 1e6 / rows, by_row * 1e6 / rows
+
+
+def _register_row_writer(spark) -> None:
+    """Registers "postbox_rows": the shipped sender behind the Row-based interface."""
+    from pyspark.sql.datasource import DataSourceWriter
+
+    from server.spark import PostboxDataSource
+    from server.spark.options import write_plan
+    from server.spark.writer import PartitionResult, _task_prefix
+
+    class RowWriter(DataSourceWriter):
+        def __init__(self, plan) -> None:
+            self.plan = plan
+
+        def write(self, rows: Iterator) -> PartitionResult:
+            from pyspark import TaskContext
+
+            from server.spark.client import BatchSender
+
+            plan = self.plan
+            with plan.connection.open() as channel:
+                sender = BatchSender(channel, plan.connection, plan.retry, plan.max_in_flight)
+                for request in row_requests(plan, rows, _task_prefix(plan.write_id)):
+                    sender.submit(request)
+                sender.finish()
+            context = TaskContext.get()
+            return PartitionResult(
+                context.partitionId(), context.attemptNumber(), sender.messages,
+                sender.duplicates, sender.batches, sender.retries,
+            )  # fmt: skip
+
+    class RowSource(PostboxDataSource):
+        @classmethod
+        def name(cls) -> str:
+            return "postbox_rows"
+
+        def writer(self, schema, overwrite):
+            return RowWriter(write_plan(self.options, schema, streaming=False))
+
+    spark.dataSource.register(RowSource)
+
+
+def spark_write(spark, fmt: str, target: str, queue: str, args: argparse.Namespace) -> None:
+    from pyspark.sql import functions as F
+
+    df = spark.range(0, args.rows, numPartitions=args.partitions).select(
+        F.rpad(F.lpad(F.col("id").cast("string"), 12, "0"), args.body_size, ".").alias("body")
+    )
+    (
+        df.write.format(fmt)
+        .option("target", target)
+        .option("queue", queue)
+        .option("body_column", "body")
+        .option("max_in_flight", str(args.in_flight))
+        .mode("append")
+        .save()
+    )
+
+
+class Server:
+    """A database of its own and `python -m server serve` on a free port."""
+
+    def __init__(self, admin_url: str | None) -> None:
+        self.admin_url = admin_url
+        self.embedded = None
+        self.database = f"postbox_spark_bench_{uuid.uuid4().hex[:8]}"
+
+    def __enter__(self) -> Server:
+        if self.admin_url is None:
+            from server.embedded import EmbeddedPostgres
+
+            self.embedded = EmbeddedPostgres(Path(tempfile.mkdtemp()) / "data")
+            self.embedded.start()
+            self.admin_url = self.embedded.uri("postgres")
+        asyncio.run(self._sql(f'CREATE DATABASE "{self.database}"'))
+        base, _, _ = self.admin_url.rpartition("/")
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        self.target = f"127.0.0.1:{port}"
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "server", "serve", "--database-url",
+             f"{base}/{self.database}", "--grpc-host", "127.0.0.1", "--grpc-port", str(port)],
+            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        with grpc.insecure_channel(self.target) as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+            for _ in range(600):
+                try:
+                    status = health.Check(health_pb2.HealthCheckRequest(), timeout=1).status
+                    if status == health_pb2.HealthCheckResponse.SERVING:
+                        return self
+                except grpc.RpcError:
+                    pass
+                time.sleep(0.1)
+        raise RuntimeError("server did not start")
+
+    def __exit__(self, *exc: object) -> None:
+        self.process.terminate()
+        self.process.wait(30)
+        asyncio.run(self._sql(f'DROP DATABASE IF EXISTS "{self.database}" WITH (FORCE)'))
+        if self.embedded is not None:
+            self.embedded.stop()
+
+    async def _sql(self, statement: str) -> None:
+        conn = await asyncpg.connect(self.admin_url)
+        try:
+            await conn.execute(statement)
+        finally:
+            await conn.close()
+
+
+def main() -> None:
+    args = parse_args()
+    variants = args.only or ["plain", "spark-arrow", "spark-rows"]
+    rates: dict[str, float] = {}
+    with Server(args.database_url) as server, grpc.insecure_channel(server.target) as channel:
+        queues = queue_service_pb2_grpc.QueueServiceStub(channel)
+        spark = spark_session(args.partitions) if variants != ["plain"] else None
+        if spark is not None:  # warm the JVM and Python workers, outside the measurement
+            warm = f"warm_{uuid.uuid4().hex[:8]}"
+            queues.CreateQueue(
+                queue_service_pb2.CreateQueueRequest(queue=queue_service_pb2.Queue(name=warm))
+            )
+            warm_args = argparse.Namespace(**{**vars(args), "rows": 10_000})
+            spark_write(spark, "postbox", server.target, warm, warm_args)
+        for variant in variants:
+            queue = f"{variant.replace('-', '_')}_{uuid.uuid4().hex[:8]}"
+            queues.CreateQueue(
+                queue_service_pb2.CreateQueueRequest(queue=queue_service_pb2.Queue(name=queue))
+            )
+            started = time.perf_counter()
+            if variant == "plain":
+                in_flight = args.in_flight * args.partitions
+                plain_client(server.target, queue, args.rows, args.body_size, in_flight)
+            else:
+                fmt = "postbox" if variant == "spark-arrow" else "postbox_rows"
+                spark_write(spark, fmt, server.target, queue, args)
+            elapsed = time.perf_counter() - started
+            stats = queues.GetQueue(queue_service_pb2.GetQueueRequest(name=queue)).queue.stats
+            if stats.visible_messages != args.rows:
+                raise SystemExit(f"{variant}: {stats.visible_messages} messages, not {args.rows}")
+            rates[variant] = args.rows / elapsed
+            print(
+                f"{variant:12} {args.rows:>9,} msgs in {elapsed:7.1f} s: {rates[variant]:>9,.0f}/s",
+                flush=True,
+            )
+        if spark is not None:
+            spark.stop()
+    for variant, rate in rates.items():
+        if variant != "plain" and "plain" in rates:
+            print(f"{variant} / plain = {rate / rates['plain']:.2f}")
+    if {"spark-arrow", "spark-rows"} <= set(rates):
+        print(f"spark-arrow / spark-rows = {rates['spark-arrow'] / rates['spark-rows']:.2f}")
+    arrow, by_row = client_cpu(min(args.rows, 200_000), args.body_size)
+    print(
+        f"client CPU per message: Arrow writer {arrow:.1f} µs, Row writer {by_row:.1f} µs"
+        f" ({by_row / arrow:.2f}x)"
+    )
+
+
+if __name__ == "__main__":
+    main()

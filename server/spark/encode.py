@@ -1,0 +1,153 @@
+"""Turns Arrow record batches into SendBatch requests, following a WritePlan."""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import decimal
+import json
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pyarrow as pa
+from google.protobuf.message import Message
+from postbox.v1 import message_service_pb2 as pb
+from postbox.v1 import topic_service_pb2 as tpb
+
+from server.spark.options import WritePlan
+
+# A request stays well under the server's 64 MiB request limit even when
+# messages are large; small messages reach the 1,000-entry limit first.
+MAX_REQUEST_BYTES = 8 * 1024 * 1024
+
+
+class PostboxRowError(ValueError):
+    """A row cannot become a message (a null body, say): the task fails naming it."""
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, (datetime.datetime, datetime.date, datetime.time)):
+        return value.isoformat()
+    if isinstance(value, decimal.Decimal):
+        return str(value)  # a float would round it
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode("ascii")
+    if isinstance(value, datetime.timedelta):
+        return value.total_seconds()
+    raise TypeError(f"cannot write {type(value).__name__} as JSON")
+
+
+def _json_bodies(batch: pa.RecordBatch, columns: Sequence[str]) -> list[bytes]:
+    encode = json.JSONEncoder(
+        default=_json_default, ensure_ascii=False, allow_nan=False, separators=(",", ":")
+    ).encode
+    rows = batch.select(list(columns)).to_pylist(maps_as_pydicts="strict")
+    try:
+        return [encode(row).encode() for row in rows]
+    except ValueError as error:  # NaN or infinity, which JSON cannot hold
+        raise PostboxRowError(f"a row cannot be written as JSON: {error}") from error
+
+
+def _attribute_text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return repr(value)
+    return str(value)
+
+
+class Encoder:
+    """Encodes the rows of one task; `position` counts rows so ids stay deterministic."""
+
+    def __init__(self, plan: WritePlan, id_prefix: str) -> None:
+        self.plan = plan
+        self.id_prefix = id_prefix
+        self.position = 0
+
+    def requests(self, batch: pa.RecordBatch) -> Iterator[Message]:
+        for start in range(0, batch.num_rows, self.plan.batch_size):
+            yield from self._chunk(batch.slice(start, self.plan.batch_size))
+
+    def _column(self, batch: pa.RecordBatch, name: str | None) -> list[Any] | None:
+        return None if name is None else batch.column(name).to_pylist()
+
+    def _request(self) -> Message:
+        """A SendBatchRequest, or a PublishBatchRequest when the plan names a topic."""
+        if self.plan.topic is None:
+            return pb.SendBatchRequest(queue=self.plan.queue)
+        return tpb.PublishBatchRequest(topic=self.plan.topic)
+
+    def _chunk(self, batch: pa.RecordBatch) -> Iterator[Message]:
+        plan = self.plan
+        if plan.body_column is None:
+            bodies: list[Any] = _json_bodies(batch, plan.json_columns)
+        else:
+            bodies = batch.column(plan.body_column).to_pylist()
+        attributes = [
+            (a.column, a.data_type, batch.column(a.column).to_pylist()) for a in plan.attributes
+        ]
+        groups = self._column(batch, plan.group_column)
+        dedupes = self._column(batch, plan.dedupe_column)
+        delays = self._column(batch, plan.delay_column)
+        deliver_ats = self._column(batch, plan.deliver_at_column)
+        priorities = self._column(batch, plan.priority_column)
+        routing_keys = self._column(batch, plan.routing_key_column)
+        # The message group of a send is the ordering key of a publish.
+        group_field = "message_group_id" if plan.topic is None else "ordering_key"
+
+        request = self._request()
+        size = 0
+        for row, body in enumerate(bodies):
+            position = self.position + row
+            if body is None:
+                raise self._null(plan.body_column, position)
+            if isinstance(body, str):
+                body = body.encode()
+            if len(request.entries) and size + len(body) > MAX_REQUEST_BYTES:
+                yield request
+                request = self._request()
+                size = 0
+            size += len(body)
+            entry = request.entries.add(body=body)
+            for name, data_type, values in attributes:
+                value = values[row]
+                if value is None:
+                    continue  # a message has no null attributes: the attribute is left out
+                attribute = entry.attributes[name]
+                attribute.data_type = data_type
+                if data_type == "Binary":
+                    attribute.binary_value = value
+                else:
+                    attribute.string_value = _attribute_text(value)
+                size += len(name) + len(attribute.binary_value or attribute.string_value)
+            if dedupes is None:
+                entry.deduplication_id = f"{self.id_prefix}:{position}"
+            elif dedupes[row] is None:
+                raise self._null(plan.dedupe_column, position)
+            else:
+                entry.deduplication_id = str(dedupes[row])
+            if groups is not None:
+                if groups[row] is None:
+                    raise self._null(plan.group_column, position)
+                setattr(entry, group_field, groups[row])
+            if routing_keys is not None and routing_keys[row] is not None:
+                entry.routing_key = routing_keys[row]
+            if delays is not None and delays[row] is not None:
+                delay = delays[row]
+                if isinstance(delay, datetime.timedelta):
+                    entry.delay.FromTimedelta(delay)
+                else:
+                    entry.delay.seconds = delay
+            if deliver_ats is not None and deliver_ats[row] is not None:
+                entry.deliver_at.FromDatetime(deliver_ats[row])
+            if priorities is not None and priorities[row] is not None:
+                entry.priority = priorities[row]
+        self.position += batch.num_rows
+        if len(request.entries):
+            yield request
+
+    def _null(self, column: str | None, position: int) -> PostboxRowError:
+        return PostboxRowError(
+            f"column {column!r} is null in row {position} of this partition; filter or"
+            " fill nulls before writing to postbox"
+        )

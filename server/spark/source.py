@@ -1,0 +1,40 @@
+"""The "postbox" data source: options in, planned writers and the stream reader out."""
+
+from __future__ import annotations
+
+from pyspark.sql.datasource import DataSource
+from pyspark.sql.types import StructType
+
+from server.spark.options import PostboxOptionError, read_plan, write_plan
+from server.spark.reader import SCHEMA, PostboxStreamReader
+from server.spark.writer import PostboxStreamWriter, PostboxWriter
+
+
+def _append_only(overwrite: bool) -> None:
+    if overwrite:
+        raise PostboxOptionError(
+            "a queue cannot be overwritten: use mode('append') (batch) or"
+            " outputMode('append') (streaming)"
+        )
+
+
+class PostboxDataSource(DataSource):
+    """Writes DataFrames to a postbox queue (batch and streaming); reads a queue as a stream."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "postbox"
+
+    def schema(self) -> str:
+        return SCHEMA
+
+    def writer(self, schema: StructType, overwrite: bool) -> PostboxWriter:
+        _append_only(overwrite)
+        return PostboxWriter(write_plan(self.options, schema, streaming=False))
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> PostboxStreamWriter:
+        _append_only(overwrite)
+        return PostboxStreamWriter(write_plan(self.options, schema, streaming=True))
+
+    def simpleStreamReader(self, schema: StructType) -> PostboxStreamReader:
+        return PostboxStreamReader(read_plan(self.options))

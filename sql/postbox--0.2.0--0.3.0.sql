@@ -996,8 +996,10 @@ BEGIN
     IF in_state IS NOT NULL AND in_state NOT IN ('pending', 'failed') THEN
         PERFORM postbox._invalid(format('state %s is neither pending nor failed', in_state));
     END IF;
-    IF page_size NOT BETWEEN 1 AND 1000 THEN
-        PERFORM postbox._invalid(format('page_size is %s; it must be 1 to 1000', page_size));
+    -- The API pages by at most 1000 and asks for one more row to see whether a
+    -- next page exists; psql callers get the same ten-fold headroom.
+    IF page_size NOT BETWEEN 1 AND 10000 THEN
+        PERFORM postbox._invalid(format('page_size is %s; it must be 1 to 10000', page_size));
     END IF;
     RETURN QUERY
     SELECT * FROM postbox.webhook_deliveries d
@@ -1368,6 +1370,72 @@ LANGUAGE sql STABLE AS $$
     FROM postbox._parse_receipts(receipts) p
     JOIN postbox.messages m ON m.id = p.message_id AND m.lease = p.lease
     WHERE m.visible_at > now() AND m.visible_at <> 'infinity'
+$$;
+
+-- Browses a queue's messages in id order without claiming them: all of them,
+-- or those in one state (visible, in_flight, delayed), or the dead letters
+-- ('dead', whatever their state). Expired messages are not shown.
+CREATE OR REPLACE FUNCTION postbox.peek_messages(queue_name text, in_state text DEFAULT NULL, after_id bigint DEFAULT 0,
+                                      page_size integer DEFAULT 100)
+RETURNS TABLE (message_id bigint, body bytea, attributes jsonb, enqueued_at timestamptz,
+               receive_count integer, first_received_at timestamptz, priority smallint,
+               message_group_id text, deduplication_id text, dead_letter_source text, last_error text,
+               state text, visible_at timestamptz)
+LANGUAGE plpgsql STABLE AS $$
+#variable_conflict use_column
+DECLARE
+    q postbox.queues := postbox._queue(queue_name);
+BEGIN
+    IF in_state IS NOT NULL AND in_state NOT IN ('visible', 'in_flight', 'delayed', 'dead') THEN
+        PERFORM postbox._invalid(format('state %s is none of visible, in_flight, delayed, dead', in_state));
+    END IF;
+    -- The API pages by at most 1000 and asks for one more row to see whether a
+    -- next page exists; psql callers get the same ten-fold headroom.
+    IF page_size NOT BETWEEN 1 AND 10000 THEN
+        PERFORM postbox._invalid(format('page_size is %s; it must be 1 to 10000', page_size));
+    END IF;
+    RETURN QUERY
+    SELECT m.id, m.body, m.attributes, m.enqueued_at, m.receive_count, m.first_received_at, m.priority,
+           m.message_group_id, m.deduplication_id,
+           (SELECT s.name FROM postbox.queues s WHERE s.id = m.source_queue_id), m.last_error,
+           postbox._state(m.visible_at, m.lease), m.visible_at
+    FROM postbox.messages m
+    WHERE m.queue_id = q.id AND m.id > coalesce(after_id, 0)
+          AND (q.retention IS NULL OR m.enqueued_at >= now() - q.retention)
+          AND (in_state IS NULL
+               OR (in_state = 'dead' AND m.source_queue_id IS NOT NULL)
+               OR postbox._state(m.visible_at, m.lease) = in_state)
+    ORDER BY m.id
+    LIMIT page_size;
+END
+$$;
+
+-- A queue's archived messages in id order after after_id.
+CREATE OR REPLACE FUNCTION postbox.list_archived_messages(queue_name text, after_id bigint DEFAULT 0,
+                                               page_size integer DEFAULT 100)
+RETURNS TABLE (message_id bigint, body bytea, attributes jsonb, enqueued_at timestamptz,
+               receive_count integer, first_received_at timestamptz, priority smallint,
+               message_group_id text, deduplication_id text, dead_letter_source text, last_error text,
+               archived_at timestamptz, reason text)
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    q postbox.queues := postbox._queue(queue_name);
+BEGIN
+    -- The API pages by at most 1000 and asks for one more row to see whether a
+    -- next page exists; psql callers get the same ten-fold headroom.
+    IF page_size NOT BETWEEN 1 AND 10000 THEN
+        PERFORM postbox._invalid(format('page_size is %s; it must be 1 to 10000', page_size));
+    END IF;
+    RETURN QUERY
+    SELECT a.id, a.body, a.attributes, a.enqueued_at, a.receive_count, a.first_received_at, a.priority,
+           a.message_group_id, a.deduplication_id,
+           (SELECT s.name FROM postbox.queues s WHERE s.id = a.source_queue_id), a.last_error,
+           a.archived_at, a.reason
+    FROM postbox.archive a
+    WHERE a.queue_id = q.id AND a.id > coalesce(after_id, 0)
+    ORDER BY a.id
+    LIMIT page_size;
+END
 $$;
 
 INSERT INTO postbox.schema_version (version) VALUES ('0.3.0');

@@ -277,6 +277,17 @@ def test_peek_pages(messages, queue):
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
+def test_peek_takes_the_largest_page(messages, queue):
+    messages.SendBatch(pb.SendBatchRequest(queue=queue, entries=[pb.SendBatchEntry(body=b"x")] * 3))
+    page = _peek(messages, queue, page_size=1000)
+    assert len(page.messages) == 3
+    assert not page.next_page_token
+    archived = messages.ListArchivedMessages(
+        pb.ListArchivedMessagesRequest(queue=queue, page_size=1000)
+    )
+    assert list(archived.messages) == []
+
+
 def test_get_message(messages, queue):
     sent = messages.Send(pb.SendRequest(queue=queue, body=b"find me", priority=2))
     found = messages.GetMessage(

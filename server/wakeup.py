@@ -55,6 +55,7 @@ class WakeHub:
         self._queues: dict[str, _QueueWaiters] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._connected = asyncio.Event()
+        self._closed = asyncio.Event()
         self.closing = False
 
     @property
@@ -65,6 +66,10 @@ class WakeHub:
         """Returns once the LISTEN connection is up (the database answers), or after `timeout`."""
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self._connected.wait(), timeout)
+
+    async def until_closed(self) -> None:
+        """Returns once the server shuts down (see close)."""
+        await self._closed.wait()
 
     async def start(self, *, wait_connected: float = 10.0) -> None:
         self._tasks = [
@@ -77,6 +82,7 @@ class WakeHub:
     async def close(self) -> None:
         """Ends every wait at once (streams see `closing`) and stops listening."""
         self.closing = True
+        self._closed.set()
         for queue in list(self._queues):
             self.wake(queue, everyone=True)
         for task in self._tasks:

@@ -165,6 +165,12 @@ async def test_pausing_receives_keeps_waiting_streams_waiting(aio_channel, messa
         async for _ in stub.Receive(pb.ReceiveRequest(queue=queue, wait_time=seconds(1))):
             pass
     assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+    continuous = pb.ReceiveRequest(queue=queue, mode=pb.RECEIVE_MODE_CONTINUOUS)
+    with pytest.raises(grpc.aio.AioRpcError) as caught:  # a new stream fails, long-lived or not
+        async for _ in stub.Receive(continuous, timeout=5):
+            pass
+    assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "paused" in caught.value.details()
     messages.Send(pb.SendRequest(queue=queue, body=b"held"))
     await asyncio.sleep(0.5)
     assert not first.done()  # paused: the stream waits, without the message

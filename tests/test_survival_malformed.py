@@ -142,7 +142,10 @@ def _build(cls: type[Message], values: dict) -> Message | None:
 def _invoke(channel: grpc.Channel, method: d.MethodDescriptor, payload: bytes) -> grpc.StatusCode:
     path = f"/{method.containing_service.full_name}/{method.name}"
     try:
-        if method.server_streaming:
+        if method.client_streaming:
+            for _ in channel.stream_stream(path)(iter([payload]), timeout=0.3):
+                pass
+        elif method.server_streaming:
             for _ in channel.unary_stream(path)(payload, timeout=0.3):
                 pass
         else:

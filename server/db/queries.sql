@@ -92,6 +92,9 @@ SELECT postbox.receipts_in_flight($1)
 -- name: nack
 SELECT postbox.nack($1, $2, $3, $4)
 
+-- name: nack_batch
+SELECT outcome FROM postbox.nack_batch($1, $2) ORDER BY i
+
 -- name: peek_messages
 SELECT * FROM postbox.peek_messages($1, $2, $3, $4)
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+import grpc
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.message import Message as ProtoMessage
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -146,6 +147,30 @@ def message(row: Mapping[str, Any]) -> message_pb2.Message:
         if row["state"] != "visible":
             result.visible_time.CopyFrom(timestamp(row["visible_at"]))
     return result
+
+
+# The engine's outcome of one receipt of a batch settle, as the API reports it.
+_OUTCOME_STATUS = {
+    "ok": (grpc.StatusCode.OK, ""),
+    "invalid": (grpc.StatusCode.INVALID_ARGUMENT, "receipt is malformed"),
+    "stale": (
+        grpc.StatusCode.FAILED_PRECONDITION,
+        "receipt is stale: the message was delivered again since",
+    ),
+    "not_found": (grpc.StatusCode.NOT_FOUND, "message is gone (deleted or expired)"),
+    "unavailable": (
+        grpc.StatusCode.UNAVAILABLE,
+        "the database did not answer; nothing was changed, settle again",
+    ),
+}
+
+
+def batch_results(outcomes: Sequence[str]) -> list[message_pb2.BatchEntryStatus]:
+    results = []
+    for outcome in outcomes:
+        code, text = _OUTCOME_STATUS[outcome]
+        results.append(message_pb2.BatchEntryStatus(code=code.value[0], message=text))
+    return results
 
 
 def outgoing(entry: Any) -> OutgoingMessage:

@@ -2,9 +2,9 @@
 
 grpcio turns a request it cannot parse (corrupt wire format, invalid UTF-8 in a
 string field) into UNKNOWN with a traceback in the server log, as if the server
-were at fault. This interceptor gives every unary-request method a deserializer
-that hands such a request to the method as a marker, which is refused with
-INVALID_ARGUMENT before the servicer sees it.
+were at fault. This interceptor gives every method a deserializer that hands
+such a request over as a marker, which is refused with INVALID_ARGUMENT before
+the servicer sees it.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ from typing import Any
 
 import grpc
 from google.protobuf.message import DecodeError
+
+from server.errors import invalid
 
 
 class _Undecodable:
@@ -32,12 +34,15 @@ def _tolerant(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], 
     return deserialize
 
 
-async def _refuse(request: _Undecodable, context: grpc.aio.ServicerContext) -> None:
-    await context.abort(
-        grpc.StatusCode.INVALID_ARGUMENT,
+def _refusal(request: _Undecodable) -> str:
+    return (
         f"the request could not be decoded: {request.reason}; send a valid protobuf message "
-        "(string fields must be UTF-8)",
+        "(string fields must be UTF-8)"
     )
+
+
+async def _refuse(request: _Undecodable, context: grpc.aio.ServicerContext) -> None:
+    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, _refusal(request))
 
 
 def _guard_unary(behavior: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
@@ -54,6 +59,25 @@ def _guard_stream(behavior: Callable[..., AsyncIterator[Any]]) -> Callable[..., 
         if isinstance(request, _Undecodable):
             await _refuse(request, context)
         async for response in behavior(request, context):
+            yield response
+
+    return stream
+
+
+def _guard_requests(
+    behavior: Callable[..., AsyncIterator[Any]],
+) -> Callable[..., AsyncIterator[Any]]:
+    """For request-streaming methods: an undecodable request ends the call as the method's
+    own INVALID_ARGUMENT (it is raised where the method reads its requests)."""
+
+    async def checked(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
+        async for request in requests:
+            if isinstance(request, _Undecodable):
+                raise invalid(_refusal(request))
+            yield request
+
+    async def stream(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> Any:
+        async for response in behavior(checked(requests), context):
             yield response
 
     return stream
@@ -80,9 +104,15 @@ class RejectUndecodable(grpc.aio.ServerInterceptor):
 
     @staticmethod
     def _wrap(handler: grpc.RpcMethodHandler | None) -> grpc.RpcMethodHandler | None:
-        if handler is None or handler.request_streaming:
+        if handler is None:
             return handler
         deserialize = _tolerant(handler.request_deserializer)
+        if handler.request_streaming:
+            if handler.stream_stream is None:  # no client-streaming methods exist
+                return handler
+            return grpc.stream_stream_rpc_method_handler(
+                _guard_requests(handler.stream_stream), deserialize, handler.response_serializer
+            )
         if handler.unary_unary is not None:
             return grpc.unary_unary_rpc_method_handler(
                 _guard_unary(handler.unary_unary), deserialize, handler.response_serializer

@@ -4,20 +4,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from datetime import timedelta
 
 import grpc
 from postbox.v1 import message_pb2, message_service_pb2_grpc
 from postbox.v1 import message_service_pb2 as pb
 
-from server.db.engine import Engine, Record
+from server.db.engine import Engine
 from server.db.group_commit import GroupCommit
 from server.errors import ApiError, invalid
 from server.services import convert
+from server.services.claims import Claims
 from server.services.prefetch import Prefetch
 from server.services.queues import decode_page_token, encode_page_token, page_size_of
 from server.services.status import reports_errors
+from server.services.streaming import StreamingReceive
 from server.wakeup import WakeHub
 
 log = logging.getLogger(__name__)
@@ -30,32 +32,10 @@ MAX_IDLE = timedelta(hours=24)
 # an orderly (empty) end of stream rather than DEADLINE_EXCEEDED.
 _DEADLINE_MARGIN = 0.05
 
-# While the database is away a continuous stream looks again as soon as the wake-up
-# listener has reconnected, or after this many seconds at the latest.
-_OUTAGE_RETRY = 5.0
-
 # How long a continuous stream waits for its consumer to settle an older batch
 # before claiming more (see prefetch.py).
 _PATIENCE = 1.0
 _DEFAULT_LEASE = timedelta(seconds=30)  # stands for the queue's when the request has none
-
-_OUTCOME_STATUS = {
-    "ok": (grpc.StatusCode.OK, ""),
-    "invalid": (grpc.StatusCode.INVALID_ARGUMENT, "receipt is malformed"),
-    "stale": (
-        grpc.StatusCode.FAILED_PRECONDITION,
-        "receipt is stale: the message was delivered again since",
-    ),
-    "not_found": (grpc.StatusCode.NOT_FOUND, "message is gone (deleted or expired)"),
-}
-
-
-def _batch_results(outcomes: Sequence[str]) -> list[message_pb2.BatchEntryStatus]:
-    results = []
-    for outcome in outcomes:
-        code, text = _OUTCOME_STATUS[outcome]
-        results.append(message_pb2.BatchEntryStatus(code=code.value[0], message=text))
-    return results
 
 
 class MessageService(message_service_pb2_grpc.MessageServiceServicer):
@@ -64,6 +44,7 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
         self.hub = hub
         self.sends = GroupCommit(engine)
         self.prefetch = Prefetch()
+        self.claims = Claims(engine, hub)
 
     @reports_errors
     async def Send(
@@ -124,7 +105,7 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
             generation = self.hub.generation(queue)
             want = min(max_messages, remaining) if remaining else max_messages
             try:
-                rows = await self._claim(queue, want, visibility_timeout)
+                rows = await self.claims.claim(queue, want, visibility_timeout)
             except ApiError as error:
                 # A new stream on a paused queue fails; one already waiting waits on.
                 if error.paused and not first_poll:
@@ -138,7 +119,7 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
                     yield pb.ReceiveResponse(messages=[convert.message(row) for row in rows])
                 except BaseException:
                     # The stream died with this batch in hand: it never reached the client.
-                    await self._release(queue, rows)
+                    await self.claims.release(queue, rows)
                     raise
                 if window is not None:
                     window.delivered(row["receipt"] for row in rows)
@@ -176,41 +157,21 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
                 self.hub.wake_at(queue, next_visible)
             await self.hub.wait(queue, generation, timeout)
 
+    @reports_errors
+    async def StreamingReceive(
+        self,
+        requests: AsyncIterator[pb.StreamingReceiveRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[pb.StreamingReceiveResponse]:
+        call = StreamingReceive(self.engine, self.hub, self.claims, self.prefetch)
+        async for response in call.run(requests):
+            yield response
+
     async def _ride_out(self, error: ApiError, continuous: bool) -> None:
-        """A continuous stream outlives a database outage: it waits for the database to
-        answer again and goes on. Any other error, or any error of a long poll, ends it."""
-        if not continuous or error.code != grpc.StatusCode.UNAVAILABLE:
+        """Any error ends a long poll; a continuous stream rides out an outage."""
+        if not continuous:
             raise error
-        if self.hub.listening:
-            # The listener has not noticed the outage yet: do not spin on a dead pool.
-            await asyncio.sleep(1.0)
-        await self.hub.until_listening(_OUTAGE_RETRY)
-
-    async def _claim(
-        self, queue: str, count: int, visibility_timeout: timedelta | None
-    ) -> list[Record]:
-        """Claims messages; if the client goes away meanwhile, gives them back before leaving."""
-        claim = asyncio.ensure_future(self.engine.receive(queue, count, visibility_timeout))
-        try:
-            return await asyncio.shield(claim)
-        except asyncio.CancelledError:
-            try:
-                rows = await claim
-            except Exception:
-                rows = []
-            if rows:
-                await self._release(queue, rows)
-            raise
-
-    async def _release(self, queue: str, rows: Sequence[Record]) -> None:
-        try:
-            await asyncio.shield(self.engine.release(queue, [row["receipt"] for row in rows]))
-        except Exception as exc:  # they become visible when their timeout runs out
-            log.warning(
-                "could not release %d undelivered messages of %r: %r", len(rows), queue, exc
-            )
-        else:
-            self.hub.wake(queue)
+        await self.claims.ride_out(error)
 
     @reports_errors
     async def Delete(
@@ -226,7 +187,7 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
     ) -> pb.DeleteBatchResponse:
         outcomes = await self.engine.delete_batch(request.queue, list(request.receipts))
         self.prefetch.settled(request.receipts)  # ok, stale or gone: none is pending now
-        return pb.DeleteBatchResponse(results=_batch_results(outcomes))
+        return pb.DeleteBatchResponse(results=convert.batch_results(outcomes))
 
     @reports_errors
     async def ChangeVisibility(
@@ -314,7 +275,7 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
         self.prefetch.settled(receipts)
         if timedelta(0) in timeouts:
             self.hub.wake(request.queue)
-        return pb.ChangeVisibilityBatchResponse(results=_batch_results(outcomes))
+        return pb.ChangeVisibilityBatchResponse(results=convert.batch_results(outcomes))
 
 
 def _message_id(text: str) -> int:

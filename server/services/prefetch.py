@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, Protocol
 
 from server.errors import ApiError
 
@@ -47,10 +48,9 @@ class Window:
     def delivered(self, receipts: Iterable[str]) -> None:
         batch = set(receipts)
         self._batches.append(batch)
-        for receipt in batch:
-            self._registry._owners[receipt] = (self, batch)
+        self._registry.track(batch, self, batch)
 
-    def _settle(self, batch: set[str], receipt: str) -> None:
+    def settle(self, batch: set[str], receipt: str) -> None:
         batch.discard(receipt)
         while self._batches and not self._batches[0]:
             self._batches.popleft()
@@ -81,28 +81,42 @@ class Window:
             look = min(look * 2, _LAST_LOOK)
 
     def _forget(self, batch: set[str]) -> None:
-        for receipt in batch:
-            self._registry._owners.pop(receipt, None)
+        self._registry.forget(batch)
 
     def close(self) -> None:
         while self._batches:
             self._forget(self._batches.popleft())
 
 
+class Settles(Protocol):
+    """Whatever waits for delivered receipts to be settled (a Window, a streaming receive)."""
+
+    def settle(self, token: Any, receipt: str) -> None: ...
+
+
 class Prefetch:
-    """Per-process map from the receipts streams delivered to the stream and batch."""
+    """Per-process map from the receipts streams delivered to whoever waits for their settling."""
 
     def __init__(self) -> None:
-        self._owners: dict[str, tuple[Window, set[str]]] = {}
+        self._owners: dict[str, tuple[Settles, Any]] = {}
 
     def open(self, in_flight: InFlight) -> Window:
         """A window for a new stream; `in_flight` counts receipts still holding their message."""
         return Window(self, in_flight)
 
+    def track(self, receipts: Iterable[str], owner: Settles, token: Any = None) -> None:
+        """`owner.settle(token, receipt)` is called when one of these receipts is settled."""
+        for receipt in receipts:
+            self._owners[receipt] = (owner, token)
+
+    def forget(self, receipts: Iterable[str]) -> None:
+        for receipt in receipts:
+            self._owners.pop(receipt, None)
+
     def settled(self, receipts: Iterable[str]) -> None:
         """The consumer deleted these or changed their visibility: their streams may go on."""
         for receipt in receipts:
-            owner = self._owners.pop(receipt, None)
-            if owner is not None:
-                window, batch = owner
-                window._settle(batch, receipt)
+            entry = self._owners.pop(receipt, None)
+            if entry is not None:
+                owner, token = entry
+                owner.settle(token, receipt)

@@ -125,6 +125,42 @@ class ReceiveResponse(_message.Message):
     messages: _containers.RepeatedCompositeFieldContainer[_message_pb2.Message]
     def __init__(self, messages: _Optional[_Iterable[_Union[_message_pb2.Message, _Mapping]]] = ...) -> None: ...
 
+class StreamingReceiveRequest(_message.Message):
+    __slots__ = ("queue", "max_messages", "visibility_timeout", "max_outstanding_messages", "delete_receipts", "nack_receipts", "visibility_changes")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    MAX_MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    VISIBILITY_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
+    MAX_OUTSTANDING_MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    DELETE_RECEIPTS_FIELD_NUMBER: _ClassVar[int]
+    NACK_RECEIPTS_FIELD_NUMBER: _ClassVar[int]
+    VISIBILITY_CHANGES_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    max_messages: int
+    visibility_timeout: _duration_pb2.Duration
+    max_outstanding_messages: int
+    delete_receipts: _containers.RepeatedScalarFieldContainer[str]
+    nack_receipts: _containers.RepeatedScalarFieldContainer[str]
+    visibility_changes: _containers.RepeatedCompositeFieldContainer[ChangeVisibilityBatchEntry]
+    def __init__(self, queue: _Optional[str] = ..., max_messages: _Optional[int] = ..., visibility_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_outstanding_messages: _Optional[int] = ..., delete_receipts: _Optional[_Iterable[str]] = ..., nack_receipts: _Optional[_Iterable[str]] = ..., visibility_changes: _Optional[_Iterable[_Union[ChangeVisibilityBatchEntry, _Mapping]]] = ...) -> None: ...
+
+class StreamingReceiveResponse(_message.Message):
+    __slots__ = ("messages", "settle_results")
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    SETTLE_RESULTS_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[_message_pb2.Message]
+    settle_results: SettleResults
+    def __init__(self, messages: _Optional[_Iterable[_Union[_message_pb2.Message, _Mapping]]] = ..., settle_results: _Optional[_Union[SettleResults, _Mapping]] = ...) -> None: ...
+
+class SettleResults(_message.Message):
+    __slots__ = ("deletes", "nacks", "visibility_changes")
+    DELETES_FIELD_NUMBER: _ClassVar[int]
+    NACKS_FIELD_NUMBER: _ClassVar[int]
+    VISIBILITY_CHANGES_FIELD_NUMBER: _ClassVar[int]
+    deletes: _containers.RepeatedCompositeFieldContainer[_message_pb2.BatchEntryStatus]
+    nacks: _containers.RepeatedCompositeFieldContainer[_message_pb2.BatchEntryStatus]
+    visibility_changes: _containers.RepeatedCompositeFieldContainer[_message_pb2.BatchEntryStatus]
+    def __init__(self, deletes: _Optional[_Iterable[_Union[_message_pb2.BatchEntryStatus, _Mapping]]] = ..., nacks: _Optional[_Iterable[_Union[_message_pb2.BatchEntryStatus, _Mapping]]] = ..., visibility_changes: _Optional[_Iterable[_Union[_message_pb2.BatchEntryStatus, _Mapping]]] = ...) -> None: ...
+
 class DeleteRequest(_message.Message):
     __slots__ = ("queue", "receipt")
     QUEUE_FIELD_NUMBER: _ClassVar[int]

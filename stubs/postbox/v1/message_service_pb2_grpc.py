@@ -53,6 +53,11 @@ class MessageServiceStub:
                 request_serializer=postbox_dot_v1_dot_message__service__pb2.ReceiveRequest.SerializeToString,
                 response_deserializer=postbox_dot_v1_dot_message__service__pb2.ReceiveResponse.FromString,
                 _registered_method=True)
+        self.StreamingReceive = channel.stream_stream(
+                '/postbox.v1.MessageService/StreamingReceive',
+                request_serializer=postbox_dot_v1_dot_message__service__pb2.StreamingReceiveRequest.SerializeToString,
+                response_deserializer=postbox_dot_v1_dot_message__service__pb2.StreamingReceiveResponse.FromString,
+                _registered_method=True)
         self.Delete = channel.unary_unary(
                 '/postbox.v1.MessageService/Delete',
                 request_serializer=postbox_dot_v1_dot_message__service__pb2.DeleteRequest.SerializeToString,
@@ -123,6 +128,22 @@ class MessageServiceServicer:
         continuous mode it keeps sending batches as messages become visible until
         the client cancels or a limit is reached. Messages claimed for a client
         that went away are released at once.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def StreamingReceive(self, request_iterator, context):
+        """Receives and settles over one bidirectional stream, as Pub/Sub's
+        StreamingPull does. The first request names the queue and the flow
+        control; the server then streams batches while fewer than
+        `max_outstanding_messages` delivered messages are unsettled. Any request
+        may delete, nack or change the visibility of delivered messages; each
+        such request is answered, in order, by a response carrying its results.
+        A settle is a stream message rather than a call, which makes this the
+        cheapest way to consume. The stream ends when the client half-closes
+        (after the results of its last settles) or cancels; messages claimed but
+        not yet sent are released at once.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -209,6 +230,11 @@ def add_MessageServiceServicer_to_server(servicer, server):
                     servicer.Receive,
                     request_deserializer=postbox_dot_v1_dot_message__service__pb2.ReceiveRequest.FromString,
                     response_serializer=postbox_dot_v1_dot_message__service__pb2.ReceiveResponse.SerializeToString,
+            ),
+            'StreamingReceive': grpc.stream_stream_rpc_method_handler(
+                    servicer.StreamingReceive,
+                    request_deserializer=postbox_dot_v1_dot_message__service__pb2.StreamingReceiveRequest.FromString,
+                    response_serializer=postbox_dot_v1_dot_message__service__pb2.StreamingReceiveResponse.SerializeToString,
             ),
             'Delete': grpc.unary_unary_rpc_method_handler(
                     servicer.Delete,
@@ -336,6 +362,33 @@ class MessageService:
             '/postbox.v1.MessageService/Receive',
             postbox_dot_v1_dot_message__service__pb2.ReceiveRequest.SerializeToString,
             postbox_dot_v1_dot_message__service__pb2.ReceiveResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StreamingReceive(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/postbox.v1.MessageService/StreamingReceive',
+            postbox_dot_v1_dot_message__service__pb2.StreamingReceiveRequest.SerializeToString,
+            postbox_dot_v1_dot_message__service__pb2.StreamingReceiveResponse.FromString,
             options,
             channel_credentials,
             insecure,

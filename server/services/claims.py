@@ -1,0 +1,63 @@
+"""Claims messages for a receiving stream and gives back what the stream could not deliver."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from datetime import timedelta
+
+import grpc
+
+from server.db.engine import Engine, Record
+from server.errors import ApiError
+from server.wakeup import WakeHub
+
+log = logging.getLogger(__name__)
+
+# While the database is away a continuous stream looks again as soon as the wake-up
+# listener has reconnected, or after this many seconds at the latest.
+_OUTAGE_RETRY = 5.0
+
+
+class Claims:
+    def __init__(self, engine: Engine, hub: WakeHub) -> None:
+        self.engine = engine
+        self.hub = hub
+
+    async def claim(
+        self, queue: str, count: int, visibility_timeout: timedelta | None
+    ) -> list[Record]:
+        """Claims messages; if the client goes away meanwhile, gives them back before leaving."""
+        claim = asyncio.ensure_future(self.engine.receive(queue, count, visibility_timeout))
+        try:
+            return await asyncio.shield(claim)
+        except asyncio.CancelledError:
+            try:
+                rows = await claim
+            except Exception:
+                rows = []
+            if rows:
+                await self.release(queue, rows)
+            raise
+
+    async def release(self, queue: str, rows: Sequence[Record]) -> None:
+        """Makes claimed messages that never reached the client visible again at once."""
+        try:
+            await asyncio.shield(self.engine.release(queue, [row["receipt"] for row in rows]))
+        except Exception as exc:  # they become visible when their timeout runs out
+            log.warning(
+                "could not release %d undelivered messages of %r: %r", len(rows), queue, exc
+            )
+        else:
+            self.hub.wake(queue)
+
+    async def ride_out(self, error: ApiError) -> None:
+        """A long-lived stream outlives a database outage: it waits for the database to
+        answer again and goes on. Any other error ends it."""
+        if error.code != grpc.StatusCode.UNAVAILABLE or error.paused:
+            raise error
+        if self.hub.listening:
+            # The listener has not noticed the outage yet: do not spin on a dead pool.
+            await asyncio.sleep(1.0)
+        await self.hub.until_listening(_OUTAGE_RETRY)

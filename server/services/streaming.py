@@ -1,0 +1,288 @@
+"""StreamingReceive: batches out and settles in on one bidirectional stream.
+
+A consumer of Receive pays one call per DeleteBatch, and on this stack a call
+costs several times what a stream message does. Here settles travel on the
+stream, and they also drive the flow control: the stream claims more only while
+fewer than `max_outstanding_messages` delivered messages are unsettled, so it
+never claims far ahead of its consumer (the guessing that prefetch.py does for
+Receive streams is not needed).
+
+Two tasks share the stream. The response generator claims and sends batches;
+the settle task reads requests, settles them in the database and queues their
+results, which the generator sends in request order. Settle results and freed
+room stir the generator; queue wake-ups reach it only while it has room, so a
+full stream never takes a wake-up that another stream could use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import grpc
+from postbox.v1 import message_service_pb2 as pb
+
+from server.db.engine import Engine
+from server.errors import ApiError, invalid
+from server.services import convert
+from server.services.claims import Claims
+from server.services.prefetch import Prefetch
+from server.wakeup import WakeHub
+
+DEFAULT_MAX_MESSAGES = 10
+MAX_OUTSTANDING = 10_000
+MAX_SETTLES = 1000
+MAX_VISIBILITY = timedelta(hours=12)
+
+_FIRST_ONLY = ("queue", "max_messages", "visibility_timeout", "max_outstanding_messages")
+
+
+@dataclass(frozen=True)
+class Opening:
+    """What the first request of a stream asks for."""
+
+    queue: str
+    max_messages: int
+    visibility_timeout: timedelta | None
+    max_outstanding: int
+
+    @classmethod
+    def parse(cls, request: pb.StreamingReceiveRequest) -> Opening:
+        if not request.queue:
+            raise invalid("the first request must name the queue")
+        max_messages = request.max_messages or DEFAULT_MAX_MESSAGES
+        if not 1 <= max_messages <= 1000:
+            raise invalid(f"max_messages is {max_messages}; it must be 1 to 1000")
+        timeout = convert.optional_timedelta(request, "visibility_timeout")
+        if timeout is not None and not timedelta(0) <= timeout <= MAX_VISIBILITY:
+            raise invalid(f"visibility_timeout is {timeout}; it must be 0 s to 12 h")
+        outstanding = request.max_outstanding_messages or 2 * max_messages
+        if not 1 <= outstanding <= MAX_OUTSTANDING:
+            raise invalid(
+                f"max_outstanding_messages is {outstanding}; it must be 1 to {MAX_OUTSTANDING:,}"
+            )
+        return cls(request.queue, max_messages, timeout, outstanding)
+
+
+class Outstanding:
+    """Receipts delivered on one stream and not yet settled, with their lease deadlines.
+
+    A message stops counting when it is settled (on the stream, or by a call to this
+    process, which the Prefetch registry reports) or when its lease runs out: then
+    it is visible again and holds nothing.
+    """
+
+    def __init__(self, registry: Prefetch) -> None:
+        self._registry = registry
+        self._deadlines: dict[str, float] = {}
+        self.freed = asyncio.Event()
+
+    def delivered(self, receipts: Iterable[str], lease: float) -> None:
+        deadline = asyncio.get_running_loop().time() + lease
+        receipts = list(receipts)
+        for receipt in receipts:
+            self._deadlines[receipt] = deadline
+        self._registry.track(receipts, self)
+
+    def settle(self, token: Any, receipt: str) -> None:
+        if self._deadlines.pop(receipt, None) is not None:
+            self.freed.set()
+
+    def extend(self, receipt: str, lease: float) -> None:
+        if receipt in self._deadlines:
+            self._deadlines[receipt] = asyncio.get_running_loop().time() + lease
+
+    def count(self) -> int:
+        now = asyncio.get_running_loop().time()
+        expired = [r for r, deadline in self._deadlines.items() if deadline <= now]
+        for receipt in expired:
+            del self._deadlines[receipt]
+        self._registry.forget(expired)
+        return len(self._deadlines)
+
+    def until_next_expiry(self) -> float | None:
+        if not self._deadlines:
+            return None
+        return max(0.0, min(self._deadlines.values()) - asyncio.get_running_loop().time())
+
+    def close(self) -> None:
+        self._registry.forget(self._deadlines)
+        self._deadlines.clear()
+
+
+class StreamingReceive:
+    """One StreamingReceive call."""
+
+    def __init__(self, engine: Engine, hub: WakeHub, claims: Claims, registry: Prefetch) -> None:
+        self.engine = engine
+        self.hub = hub
+        self.claims = claims
+        self.registry = registry
+        self.outstanding = Outstanding(registry)
+        self.results: asyncio.Queue[pb.StreamingReceiveResponse] = asyncio.Queue()
+
+    async def run(
+        self, requests: AsyncIterator[pb.StreamingReceiveRequest]
+    ) -> AsyncIterator[pb.StreamingReceiveResponse]:
+        first = await anext(aiter(requests), None)
+        if first is None:
+            raise invalid("the stream ended before its first request named the queue")
+        opening = Opening.parse(first)
+        lease = opening.visibility_timeout
+        if lease is None:  # the queue's, which also says NOT_FOUND at once
+            lease = (await self.engine.get_queue(opening.queue))["visibility_timeout"]
+        settling = asyncio.ensure_future(self._settle_all(opening, first, requests))
+        try:
+            async for response in self._deliver(opening, lease.total_seconds(), settling):
+                yield response
+        finally:
+            settling.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await settling
+            self.outstanding.close()
+
+    async def _deliver(
+        self, opening: Opening, lease: float, settling: asyncio.Future[None]
+    ) -> AsyncIterator[pb.StreamingReceiveResponse]:
+        queue = opening.queue
+        first_claim = True
+        while not self.hub.closing:
+            while not self.results.empty():
+                yield self.results.get_nowait()
+            if settling.done():
+                settling.result()  # the settle task's error ends the stream
+                return  # the client half-closed, and the results of its settles are out
+            self.outstanding.freed.clear()
+            want = min(opening.max_messages, opening.max_outstanding - self.outstanding.count())
+            if want <= 0:
+                await self._until_stirred(settling, self.outstanding.until_next_expiry())
+                continue
+            generation = self.hub.generation(queue)
+            try:
+                rows = await self.claims.claim(queue, want, opening.visibility_timeout)
+                next_visible = None if rows else await self.engine.next_visible_at(queue)
+            except ApiError as error:
+                if error.paused and not first_claim:
+                    rows, next_visible = [], None  # paused after it opened: wait on
+                elif error.paused:
+                    raise
+                else:
+                    await self.claims.ride_out(error)
+                    continue
+            first_claim = False
+            if rows:
+                receipts = [row["receipt"] for row in rows]
+                # Counted before the client can settle them.
+                self.outstanding.delivered(receipts, lease)
+                try:
+                    yield pb.StreamingReceiveResponse(
+                        messages=[convert.message(row) for row in rows]
+                    )
+                except BaseException:
+                    self.registry.settled(receipts)
+                    await self.claims.release(queue, rows)
+                    raise
+                if len(rows) == want:
+                    self.hub.wake(queue)  # there may be more: let another stream look too
+                continue
+            if next_visible is not None:
+                self.hub.wake_at(queue, next_visible)
+            await self._until_stirred(
+                settling, self.outstanding.until_next_expiry(), (queue, generation)
+            )
+
+    async def _until_stirred(
+        self,
+        settling: asyncio.Future[None],
+        timeout: float | None,
+        wake_up: tuple[str, int] | None = None,
+    ) -> None:
+        """Waits for settle results or freed room, the end of the settle task, a wake-up
+        of the queue (when given), the server's shutdown, or the timeout."""
+        waits = [
+            asyncio.ensure_future(self.outstanding.freed.wait()),
+            asyncio.ensure_future(self.hub.until_closed()),
+        ]
+        if wake_up is not None:
+            waits.append(asyncio.ensure_future(self.hub.wait(*wake_up, timeout)))
+        try:
+            await asyncio.wait([settling, *waits], timeout=timeout, return_when="FIRST_COMPLETED")
+        finally:
+            for wait in waits:
+                wait.cancel()
+            await asyncio.gather(*waits, return_exceptions=True)
+
+    async def _settle_all(
+        self,
+        opening: Opening,
+        first: pb.StreamingReceiveRequest,
+        requests: AsyncIterator[pb.StreamingReceiveRequest],
+    ) -> None:
+        await self._settle(opening.queue, first)
+        async for request in requests:
+            if set_fields := [f for f in _FIRST_ONLY if _is_set(request, f)]:
+                raise invalid(f"{', '.join(set_fields)} may be set in the first request only")
+            await self._settle(opening.queue, request)
+
+    async def _settle(self, queue: str, request: pb.StreamingReceiveRequest) -> None:
+        deletes = list(request.delete_receipts)
+        nacks = list(request.nack_receipts)
+        changes = list(request.visibility_changes)
+        if not (deletes or nacks or changes):
+            return
+        for name, entries in (
+            ("delete_receipts", deletes),
+            ("nack_receipts", nacks),
+            ("visibility_changes", changes),
+        ):
+            if len(entries) > MAX_SETTLES:
+                raise invalid(f"{name} has {len(entries)} entries; at most {MAX_SETTLES} a request")
+        timeouts = []
+        for index, change in enumerate(changes):
+            timeout = convert.optional_timedelta(change, "visibility_timeout")
+            if timeout is None:
+                raise invalid(f"visibility_changes entry {index}: visibility_timeout is required")
+            timeouts.append(timeout)
+        receipts = [change.receipt for change in changes]
+        results = pb.SettleResults(
+            deletes=await self._outcomes(self.engine.delete_batch, queue, deletes),
+            nacks=await self._outcomes(self.engine.nack_batch, queue, nacks),
+            visibility_changes=await self._outcomes(
+                self.engine.change_visibility_batch, queue, receipts, timeouts
+            ),
+        )
+        for receipt, timeout, status in zip(
+            receipts, timeouts, results.visibility_changes, strict=True
+        ):
+            if timeout and status.code == grpc.StatusCode.OK.value[0]:
+                self.outstanding.extend(receipt, timeout.total_seconds())
+            else:
+                self.registry.settled([receipt])
+        self.registry.settled(deletes + nacks)
+        if nacks or any(not timeout for timeout in timeouts):
+            self.hub.wake(queue)
+        self.results.put_nowait(pb.StreamingReceiveResponse(settle_results=results))
+        self.outstanding.freed.set()
+
+    @staticmethod
+    async def _outcomes(settle: Any, queue: str, receipts: list[str], *args: Any) -> list[Any]:
+        """Per-receipt statuses of one settle call; UNAVAILABLE for each when the database
+        does not answer (the client settles again), other errors end the stream."""
+        if not receipts:
+            return []
+        try:
+            return convert.batch_results(await settle(queue, receipts, *args))
+        except ApiError as error:
+            if error.code != grpc.StatusCode.UNAVAILABLE or error.paused:
+                raise
+            return convert.batch_results(["unavailable"] * len(receipts))
+
+
+def _is_set(request: pb.StreamingReceiveRequest, field: str) -> bool:
+    if field == "visibility_timeout":
+        return request.HasField(field)
+    return bool(getattr(request, field))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import grpc
@@ -324,3 +325,30 @@ def test_redrive_cancel_and_one_at_a_time(messages, queues, dlq_pair):
 def test_redrive_of_a_plain_queue_is_refused(queues, queue):
     error = error_of(queues.RedriveMessages, qpb.RedriveMessagesRequest(dead_letter_queue=queue))
     assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
+
+
+async def test_redrives_go_on_while_cleanup_is_held_up(db, messages, queues, dlq_pair):
+    source, dlq = dlq_pair
+    _fill_dlq(messages, source, dlq, 3)
+    held = db.transaction()
+    await held.start()
+    try:
+        # The cleanup of expired records waits on this lock for as long as we hold it.
+        await db.execute("LOCK TABLE postbox.archive IN SHARE MODE")
+        cleanup_waiting = 0
+        for _ in range(600):
+            cleanup_waiting = await db.fetchval(
+                "SELECT count(*) FROM pg_stat_clear_snapshot(), pg_stat_activity "
+                "WHERE wait_event_type = 'Lock' AND query LIKE '%postbox.expire_records%'"
+            )
+            if cleanup_waiting:
+                break
+            await asyncio.sleep(0.05)
+        assert cleanup_waiting, "the cleanup never ran"
+        queues.RedriveMessages(qpb.RedriveMessagesRequest(dead_letter_queue=dlq))
+        done = wait_until(
+            lambda: (t := _task(queues, dlq)).state == qpb.RedriveTask.STATE_COMPLETED and t
+        )
+        assert done.moved_messages == 3
+    finally:
+        await held.rollback()

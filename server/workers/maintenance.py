@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable
 
 from server.db.engine import Engine
@@ -35,19 +34,30 @@ class MaintenanceWorker:
         self.batch_size = batch_size
 
     async def run(self) -> None:
-        next_expiry = 0.0
-        outage = OutageLog(log, "maintenance")
+        # Two loops: a cleanup that takes long (a backlog of expired records, a
+        # lock held elsewhere) must not hold redrives back, nor their rate clocks.
+        await asyncio.gather(self._run_redrives(), self._run_expiry())
+
+    async def _run_redrives(self) -> None:
+        outage = OutageLog(log, "redrive")
         while True:
             try:
                 await self.engine.run_redrives(self.batch_size)
-                if time.monotonic() >= next_expiry:
-                    await self._drain(self.engine.expire_messages)
-                    await self._drain(self.engine.expire_records)
-                    next_expiry = time.monotonic() + self.expiry_interval
                 outage.worked()
             except ApiError as error:
                 outage.failed(error)
             await asyncio.sleep(self.interval)
+
+    async def _run_expiry(self) -> None:
+        outage = OutageLog(log, "expiry")
+        while True:
+            try:
+                await self._drain(self.engine.expire_messages)
+                await self._drain(self.engine.expire_records)
+                outage.worked()
+            except ApiError as error:
+                outage.failed(error)
+            await asyncio.sleep(self.expiry_interval)
 
     async def _drain(self, job: Callable[[int], Awaitable[int]]) -> None:
         """Repeats a job while it fills whole batches: each call is one short transaction."""

@@ -5,11 +5,6 @@ from __future__ import annotations
 from bench.runner import pending
 
 pending(
-    "fifo_receive",
-    "FIFO receive msgs/s with message groups",
-    "FIFO queues landed with issue 3; this scenario is not written yet",
-)
-pending(
     "topic_fanout",
     "publish to a topic fanned out to 10 queues",
     "TopicService is not implemented yet (the API is designed, the engine has no topics)",

@@ -1,8 +1,8 @@
 """Every scenario module; importing this package registers them all with bench.runner."""
 
-from bench.scenarios import idle, latency, pending, receiving, sustained, throughput
+from bench.scenarios import idle, latency, pending, receiving, sustained, throughput, topics
 
 # Scenarios too long for a default run; they run when named with --only.
 LONG = frozenset({"sustained"})
 
-__all__ = ["LONG", "idle", "latency", "pending", "receiving", "sustained", "throughput"]
+__all__ = ["LONG", "idle", "latency", "pending", "receiving", "sustained", "throughput", "topics"]

@@ -5,11 +5,6 @@ from __future__ import annotations
 from bench.runner import pending
 
 pending(
-    "topic_fanout",
-    "publish to a topic fanned out to 10 queues",
-    "TopicService is not implemented yet (the API is designed, the engine has no topics)",
-)
-pending(
     "spark_write",
     "Spark DataFrame write through the data source",
     "the Spark data source comes with issue 5",

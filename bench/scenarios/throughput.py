@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import asyncpg
 import grpc
@@ -28,7 +29,9 @@ class Channels:
     would go to the one worker process that accepted that connection.
     """
 
-    def __init__(self, target: str, count: int) -> None:
+    def __init__(
+        self, target: str, count: int, stub_type: Callable[[grpc.aio.Channel], Any] = message_stub
+    ) -> None:
         self._channels = [
             grpc.aio.insecure_channel(
                 target,
@@ -36,9 +39,10 @@ class Channels:
             )
             for index in range(count)
         ]
-        self._stubs = itertools.cycle([message_stub(c) for c in self._channels])
+        self._stubs = itertools.cycle([stub_type(c) for c in self._channels])
 
-    def stub(self) -> message_service_pb2_grpc.MessageServiceStub:
+    def stub(self) -> Any:
+        """The next stub (of stub_type, a MessageServiceStub by default), round-robin."""
         return next(self._stubs)
 
     async def close(self) -> None:

@@ -3,8 +3,8 @@
 from bench.scenarios import (
     idle,
     latency,
-    pending,
     receiving,
+    spark,
     sqs,
     sustained,
     throughput,
@@ -12,14 +12,14 @@ from bench.scenarios import (
 )
 
 # Scenarios too long for a default run; they run when named with --only.
-LONG = frozenset({"sustained"})
+LONG = frozenset({"spark_write", "sustained"})
 
 __all__ = [
     "LONG",
     "idle",
     "latency",
-    "pending",
     "receiving",
+    "spark",
     "sqs",
     "sustained",
     "throughput",

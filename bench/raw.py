@@ -38,6 +38,7 @@ LEASED_CLAIM = f"""
 UPDATE {RAW_TABLE} m
 SET visible_at = clock_timestamp() + interval '120 seconds',
     receive_count = m.receive_count + 1,
+    first_received_at = coalesce(m.first_received_at, clock_timestamp()),
     lease = gen_random_uuid()
 WHERE m.id IN ({CLAIMABLE})
 RETURNING m.id, m.lease, m.body, m.attributes

@@ -76,6 +76,34 @@ SELECT 1, CASE WHEN i <= $2 THEN now() ELSE 'infinity' END, now(), $1,
 FROM generate_series(1, $3) AS i
 """
 
+# Priorities done by hand, as the engine does them: the rows of priority > 0
+# first (highest first, through the partial priority index), then the rest in
+# visibility order; each branch claims with SKIP LOCKED.
+PRIORITY_CLAIM_DELETE = f"""
+DELETE FROM {RAW_TABLE} WHERE id IN (
+    SELECT id FROM (
+        SELECT * FROM (
+            SELECT id FROM {RAW_TABLE}
+            WHERE queue_id = 1 AND priority > 0 AND visible_at <= now()
+            ORDER BY priority DESC, visible_at, id
+            LIMIT $1
+            FOR UPDATE SKIP LOCKED) AS high
+        UNION ALL
+        SELECT * FROM (
+            SELECT id FROM {RAW_TABLE}
+            WHERE queue_id = 1 AND priority = 0 AND visible_at <= now()
+            ORDER BY visible_at, id
+            LIMIT $1
+            FOR UPDATE SKIP LOCKED) AS normal
+        LIMIT $1) AS claimed)
+RETURNING id, body, attributes
+"""
+
+INSERT_PRIORITIES = f"""
+INSERT INTO {RAW_TABLE} (queue_id, visible_at, enqueued_at, body, priority)
+SELECT 1, now(), now(), $1, i % $2 FROM generate_series(1, $3) AS i
+"""
+
 # A publish to 10 subscribed queues, by hand: the same row in each queue.
 INSERT_FANOUT = f"""
 INSERT INTO {RAW_TABLE} (queue_id, visible_at, enqueued_at, body)
@@ -121,11 +149,24 @@ async def fifo_claim_delete(conn: asyncpg.Connection, batch: int) -> int:
     return await conn.fetchval(FIFO_CLAIM_DELETE, batch)
 
 
+async def priority_claim_delete(conn: asyncpg.Connection, batch: int) -> int:
+    return len(await conn.fetch(PRIORITY_CLAIM_DELETE, batch))
+
+
 async def fill_fifo(db: BenchDatabase, body: bytes, count: int, groups: int) -> None:
     """`count` messages in `groups` groups, sent round-robin; each group's first is its head."""
+    await _execute(db, INSERT_FIFO, body, groups, count)
+
+
+async def fill_priorities(db: BenchDatabase, body: bytes, count: int, priorities: int) -> None:
+    """`count` messages of priorities 0 .. priorities-1, round-robin."""
+    await _execute(db, INSERT_PRIORITIES, body, priorities, count)
+
+
+async def _execute(db: BenchDatabase, statement: str, *args: object) -> None:
     conn = await asyncpg.connect(db.url)
     try:
-        await conn.execute(INSERT_FIFO, body, groups, count)
+        await conn.execute(statement, *args)
     finally:
         await conn.close()
 

@@ -90,7 +90,7 @@ async def fifo_receive(ctx: Context) -> list[Row]:
 @scenario(
     "priority_receive",
     f"Receive+Delete msgs/s, batch {BATCH}, {CONSUMERS} consumers, priorities 0-9 mixed "
-    "vs all priority 0",
+    "vs all priority 0 and vs raw SQL claiming the highest priority first + delete",
 )
 async def priority_receive(ctx: Context) -> list[Row]:
     served = ctx.postbox()
@@ -101,15 +101,21 @@ async def priority_receive(ctx: Context) -> list[Row]:
     plain, plain_cpu = await _receive_rate(
         ctx, served, "priority0", lambda i: pb.SendBatchEntry(body=body)
     )
+    await ctx.db.reset_raw()
+    await raw.fill_priorities(ctx.db, body, _total(ctx), PRIORITIES)
+    theirs = await raw_claim_deletes(ctx, BATCH, _total(ctx), raw.priority_claim_delete)
+    await ctx.db.reset_raw()
+    label = f"Receive+Delete({BATCH}) x{CONSUMERS}, priorities 0-9"
     return [
         Row(
-            f"Receive+Delete({BATCH}) x{CONSUMERS}, priorities 0-9",
+            label,
             "msgs/s",
             ours.rate,
             plain.rate,
             "same, all priority 0",
             note=f"server CPU {cpu:.0%} (priority 0: {plain_cpu:.0%})",
-        )
+        ),
+        Row(label, "msgs/s", ours.rate, theirs.rate, "asyncpg priority-first SKIP LOCKED DELETE"),
     ]
 
 

@@ -41,6 +41,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--sustained-rate", type=float, default=200.0, help="msgs/s of the sustained run"
     )
     parser.add_argument(
+        "--spark-rows",
+        type=int,
+        default=1_000_000,
+        help="rows the spark_write scenario writes each way",
+    )
+    parser.add_argument(
         "--no-pin",
         action="store_true",
         help="sustained run without the transaction that pins the xmin horizon (for comparison)",
@@ -64,7 +70,15 @@ async def run(args: argparse.Namespace) -> Report:
     async with BenchDatabase(args.database_url, args.apply_sql) as db:
         report.machine = describe_machine(db)
         report.machine["applied_sql"] = [str(p) for p in args.apply_sql or []]
-        ctx = Context(db, args.seconds, args.body_size, args.sustained_seconds, args.sustained_rate)
+        ctx = Context(
+            db,
+            args.seconds,
+            args.body_size,
+            args.sustained_seconds,
+            args.sustained_rate,
+            sustained_pin=not args.no_pin,
+            spark_rows=args.spark_rows,
+        )
         try:
             for name in names:
                 entry = SCENARIOS[name]

@@ -9,6 +9,8 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,12 +34,18 @@ class CpuSample:
 
 
 class Served:
-    """A gRPC server in a subprocess on a free port of 127.0.0.1, up once health says SERVING."""
+    """A server in a subprocess on a free port of 127.0.0.1, up once it answers.
 
-    def __init__(self, command: list[str], *, name: str) -> None:
+    gRPC servers are up when health says SERVING; HTTP ones (the SQS shim) when
+    any HTTP response comes back.
+    """
+
+    def __init__(self, command: list[str], *, name: str, http: bool = False) -> None:
         self.port = free_port()
-        self.command = [*command, "--grpc-host", "127.0.0.1", "--grpc-port", str(self.port)]
+        host, port = ("--host", "--port") if http else ("--grpc-host", "--grpc-port")
+        self.command = [*command, host, "127.0.0.1", port, str(self.port)]
         self.name = name
+        self.http = http
         self.log_path = Path(tempfile.mkstemp(prefix=f"postbox-bench-{name}-", suffix=".log")[1])
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -52,9 +60,19 @@ class Served:
     def empty(cls) -> Served:
         return cls([sys.executable, "-m", "bench.empty_server"], name="empty")
 
+    @classmethod
+    def sqs(cls, grpc_target: str) -> Served:
+        """The SQS shim (`postbox sqs`) calling the postbox server at grpc_target."""
+        command = [sys.executable, "-m", "server", "sqs", "--grpc-target", grpc_target]
+        return cls(command, name="sqs", http=True)
+
     @property
     def target(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.target}"
 
     def __enter__(self) -> Served:
         with self.log_path.open("ab") as log:
@@ -86,15 +104,28 @@ class Served:
                 assert self.process is not None
                 if self.process.poll() is not None:
                     raise RuntimeError(f"{self.name} server exited:\n{self.log_path.read_text()}")
-                try:
-                    reply = health.Check(health_pb2.HealthCheckRequest(), timeout=1)
-                    if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                        return
-                except grpc.RpcError:
-                    pass
+                if self._http_answers() if self.http else self._grpc_serving(health):
+                    return
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"{self.name} server not SERVING after {timeout} s")
+                    raise TimeoutError(f"{self.name} server not serving after {timeout} s")
                 time.sleep(0.05)
+
+    @staticmethod
+    def _grpc_serving(health: health_pb2_grpc.HealthStub) -> bool:
+        try:
+            reply = health.Check(health_pb2.HealthCheckRequest(), timeout=1)
+        except grpc.RpcError:
+            return False
+        return reply.status == health_pb2.HealthCheckResponse.SERVING
+
+    def _http_answers(self) -> bool:
+        try:
+            urllib.request.urlopen(self.url, timeout=1)
+        except urllib.error.HTTPError:
+            return True  # an error response is still a response: the shim listens
+        except OSError:
+            return False
+        return True
 
     def _processes(self) -> list[psutil.Process]:
         assert self.process is not None
@@ -103,14 +134,33 @@ class Served:
 
     def cpu(self) -> CpuSample:
         """CPU seconds used so far by the server and its worker processes."""
-        total = 0.0
+        return CpuSample(sum(self.cpu_by_process().values()), time.monotonic())
+
+    def cpu_by_process(self) -> dict[int, float]:
+        """CPU seconds used so far by each process of the server, by pid."""
+        used = {}
         for process in self._processes():
             try:
                 times = process.cpu_times()
             except psutil.NoSuchProcess:
                 continue
-            total += times.user + times.system
-        return CpuSample(total, time.monotonic())
+            used[process.pid] = times.user + times.system
+        return used
+
+    def connections_by_process(self) -> dict[int, int]:
+        """Established TCP connections on the server's port, by pid of the process holding them."""
+        held = {}
+        for process in self._processes():
+            try:
+                connections = process.net_connections(kind="tcp")
+            except psutil.NoSuchProcess:
+                continue
+            held[process.pid] = sum(
+                1
+                for c in connections
+                if c.status == psutil.CONN_ESTABLISHED and c.laddr and c.laddr.port == self.port
+            )
+        return held
 
     def rss(self) -> int:
         """Resident memory of the server and its worker processes, in bytes."""

@@ -17,16 +17,97 @@ SELECT 1, now(), now(), b FROM unnest($1::bytea[]) AS b
 RETURNING id
 """
 
-# The whole of a queue's receive+delete in one statement: claim the oldest
-# visible rows no one else holds and delete them.
-CLAIM_DELETE = f"""
-DELETE FROM {RAW_TABLE} WHERE id IN (
+# The oldest visible rows of the queue that no one else holds, up to $1.
+CLAIMABLE = f"""
     SELECT id FROM {RAW_TABLE}
     WHERE queue_id = 1 AND visible_at <= now()
     ORDER BY visible_at, id
     LIMIT $1
-    FOR UPDATE SKIP LOCKED)
+    FOR UPDATE SKIP LOCKED"""
+
+# The whole of a queue's receive+delete in one statement: claim and delete.
+CLAIM_DELETE = f"""
+DELETE FROM {RAW_TABLE} WHERE id IN ({CLAIMABLE})
 RETURNING id, body, attributes
+"""
+
+# The same work as Receive then Delete: a claim that leases the rows (so a
+# crashed consumer's messages come back), committed; then a delete that checks
+# the lease, so a late delete cannot remove a message someone else now holds.
+LEASED_CLAIM = f"""
+UPDATE {RAW_TABLE} m
+SET visible_at = clock_timestamp() + interval '120 seconds',
+    receive_count = m.receive_count + 1,
+    first_received_at = coalesce(m.first_received_at, clock_timestamp()),
+    lease = gen_random_uuid()
+WHERE m.id IN ({CLAIMABLE})
+RETURNING m.id, m.lease, m.body, m.attributes
+"""
+
+LEASED_DELETE = f"""
+DELETE FROM {RAW_TABLE} m
+USING unnest($1::bigint[], $2::uuid[]) AS t(id, lease)
+WHERE m.id = t.id AND m.lease = t.lease
+"""
+
+# FIFO done by hand: only the head of each message group is visible (the rest
+# wait at 'infinity'), a claim takes visible heads, and deleting a head makes
+# the next message of its group visible, in the same statement.
+FIFO_CLAIM_DELETE = f"""
+WITH head AS (
+    DELETE FROM {RAW_TABLE} WHERE id IN ({CLAIMABLE})
+    RETURNING id, message_group_id, body
+), promoted AS (
+    UPDATE {RAW_TABLE} m SET visible_at = now()
+    WHERE m.id IN (
+        SELECT (SELECT x.id FROM {RAW_TABLE} x
+                WHERE x.queue_id = 1 AND x.message_group_id = h.message_group_id AND x.id > h.id
+                ORDER BY x.id LIMIT 1)
+        FROM head h)
+    RETURNING 1
+)
+SELECT count(*) FROM head
+"""
+
+INSERT_FIFO = f"""
+INSERT INTO {RAW_TABLE} (queue_id, visible_at, enqueued_at, body, message_group_id)
+SELECT 1, CASE WHEN i <= $2 THEN now() ELSE 'infinity' END, now(), $1,
+       'group-' || (i % $2)
+FROM generate_series(1, $3) AS i
+"""
+
+# Priorities done by hand, as the engine does them: the rows of priority > 0
+# first (highest first, through the partial priority index), then the rest in
+# visibility order; each branch claims with SKIP LOCKED.
+PRIORITY_CLAIM_DELETE = f"""
+DELETE FROM {RAW_TABLE} WHERE id IN (
+    SELECT id FROM (
+        SELECT * FROM (
+            SELECT id FROM {RAW_TABLE}
+            WHERE queue_id = 1 AND priority > 0 AND visible_at <= now()
+            ORDER BY priority DESC, visible_at, id
+            LIMIT $1
+            FOR UPDATE SKIP LOCKED) AS high
+        UNION ALL
+        SELECT * FROM (
+            SELECT id FROM {RAW_TABLE}
+            WHERE queue_id = 1 AND priority = 0 AND visible_at <= now()
+            ORDER BY visible_at, id
+            LIMIT $1
+            FOR UPDATE SKIP LOCKED) AS normal
+        LIMIT $1) AS claimed)
+RETURNING id, body, attributes
+"""
+
+INSERT_PRIORITIES = f"""
+INSERT INTO {RAW_TABLE} (queue_id, visible_at, enqueued_at, body, priority)
+SELECT 1, now(), now(), $1, i % $2 FROM generate_series(1, $3) AS i
+"""
+
+# A publish to 10 subscribed queues, by hand: the same row in each queue.
+INSERT_FANOUT = f"""
+INSERT INTO {RAW_TABLE} (queue_id, visible_at, enqueued_at, body)
+SELECT q, now(), now(), $1 FROM generate_series(1, $2) AS q
 """
 
 INSERT_NOTIFY = f"""
@@ -54,6 +135,45 @@ async def fill(db: BenchDatabase, body: bytes, count: int) -> None:
 
 async def claim_delete(conn: asyncpg.Connection, batch: int) -> int:
     return len(await conn.fetch(CLAIM_DELETE, batch))
+
+
+async def leased_claim_delete(conn: asyncpg.Connection, batch: int) -> int:
+    """Claim with a lease, commit, delete by id and lease, commit: two round trips."""
+    rows = await conn.fetch(LEASED_CLAIM, batch)
+    if rows:
+        await conn.execute(LEASED_DELETE, [r["id"] for r in rows], [r["lease"] for r in rows])
+    return len(rows)
+
+
+async def fifo_claim_delete(conn: asyncpg.Connection, batch: int) -> int:
+    return await conn.fetchval(FIFO_CLAIM_DELETE, batch)
+
+
+async def priority_claim_delete(conn: asyncpg.Connection, batch: int) -> int:
+    return len(await conn.fetch(PRIORITY_CLAIM_DELETE, batch))
+
+
+async def fill_fifo(db: BenchDatabase, body: bytes, count: int, groups: int) -> None:
+    """`count` messages in `groups` groups, sent round-robin; each group's first is its head."""
+    await _execute(db, INSERT_FIFO, body, groups, count)
+
+
+async def fill_priorities(db: BenchDatabase, body: bytes, count: int, priorities: int) -> None:
+    """`count` messages of priorities 0 .. priorities-1, round-robin."""
+    await _execute(db, INSERT_PRIORITIES, body, priorities, count)
+
+
+async def _execute(db: BenchDatabase, statement: str, *args: object) -> None:
+    conn = await asyncpg.connect(db.url)
+    try:
+        await conn.execute(statement, *args)
+    finally:
+        await conn.close()
+
+
+async def insert_fanout(pool: asyncpg.Pool, body: bytes, queues: int) -> int:
+    await pool.execute(INSERT_FANOUT, body, queues)
+    return 1
 
 
 async def pgbench_single_inserts(

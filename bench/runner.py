@@ -85,6 +85,7 @@ class Context:
     sustained_seconds: float
     sustained_rate: float
     sustained_pin: bool = True
+    spark_rows: int = 1_000_000
     # Scenario output beyond the table (e.g. the sustained run's windows), kept in the JSON.
     extra: dict[str, Any] = field(default_factory=dict)
     _servers: dict[str, Served] = field(default_factory=dict)
@@ -104,6 +105,13 @@ class Context:
             self._servers["empty"] = self._stack.enter_context(Served.empty())
         return self._servers["empty"]
 
+    def sqs(self) -> Served:
+        """The SQS shim in front of the one-worker postbox server."""
+        if "sqs" not in self._servers:
+            served = Served.sqs(self.postbox().target)
+            self._servers["sqs"] = self._stack.enter_context(served)
+        return self._servers["sqs"]
+
     def stop_servers(self) -> None:
         self._stack.close()
         self._servers.clear()
@@ -113,6 +121,7 @@ class Context:
         conn = await asyncpg.connect(self.db.url)
         try:
             await conn.execute(f"TRUNCATE postbox.messages, {RAW_TABLE}")
+            await conn.execute("SELECT postbox.delete_topic(name) FROM postbox.topics")
             await conn.execute("SELECT postbox.drop_queue(name) FROM postbox.queues")
             await conn.execute(f"VACUUM ANALYZE postbox.messages, {RAW_TABLE}")
         finally:
@@ -121,8 +130,10 @@ class Context:
     def body(self) -> bytes:
         return os.urandom(self.body_size // 2).hex().encode()[: self.body_size]
 
-    async def new_queue(self, target: str, hint: str, **settings: Any) -> str:
-        name = f"{hint}_{uuid.uuid4().hex[:8]}"
+    async def new_queue(
+        self, target: str, hint: str, *, fifo: bool = False, **settings: Any
+    ) -> str:
+        name = f"{hint}_{uuid.uuid4().hex[:8]}" + (".fifo" if fifo else "")
         async with grpc.aio.insecure_channel(target) as channel:
             await queue_service_pb2_grpc.QueueServiceStub(channel).CreateQueue(
                 queue_service_pb2.CreateQueueRequest(

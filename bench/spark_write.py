@@ -3,8 +3,9 @@
     python bench/spark_write.py [--rows 1000000] [--database-url postgresql://...]
 
 Starts a server (on an embedded PostgreSQL unless --database-url or
-POSTBOX_BENCH_DATABASE_URL names a superuser URL to create a database on) and
-writes the same messages three ways, each into its own queue:
+POSTBOX_BENCH_DATABASE_URL names a superuser URL to create a database on; or
+uses the server at --target, as the `spark_write` scenario of `python -m bench`
+does) and writes the same messages three ways, each into its own queue:
 
 * plain: one Python process, SendBatch of 1,000 entries with the same total
   number of calls in flight as Spark's tasks together;
@@ -21,6 +22,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import json
 import os
 import socket
 import subprocess
@@ -56,7 +59,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--partitions", type=int, default=2, help="Spark tasks (local[N])")
     parser.add_argument("--in-flight", type=int, default=4, help="SendBatch calls per task")
     parser.add_argument("--database-url", default=os.environ.get("POSTBOX_BENCH_DATABASE_URL"))
+    parser.add_argument("--target", help="use the postbox server at host:port instead of one's own")
     parser.add_argument("--only", nargs="+", choices=["plain", "spark-arrow", "spark-rows"])
+    parser.add_argument("--json", type=Path, help="also write msgs/s by variant to this file")
+    parser.add_argument(
+        "--skip-client-cpu", action="store_true", help="skip the client CPU per message figure"
+    )
     return parser.parse_args()
 
 
@@ -273,7 +281,9 @@ def main() -> None:
     args = parse_args()
     variants = args.only or ["plain", "spark-arrow", "spark-rows"]
     rates: dict[str, float] = {}
-    with Server(args.database_url) as server, grpc.insecure_channel(server.target) as channel:
+    with contextlib.ExitStack() as stack:
+        target = args.target or stack.enter_context(Server(args.database_url)).target
+        channel = stack.enter_context(grpc.insecure_channel(target))
         queues = queue_service_pb2_grpc.QueueServiceStub(channel)
         spark = spark_session(args.partitions) if variants != ["plain"] else None
         if spark is not None:  # warm the JVM and Python workers, outside the measurement
@@ -282,7 +292,7 @@ def main() -> None:
                 queue_service_pb2.CreateQueueRequest(queue=queue_service_pb2.Queue(name=warm))
             )
             warm_args = argparse.Namespace(**{**vars(args), "rows": 10_000})
-            spark_write(spark, "postbox", server.target, warm, warm_args)
+            spark_write(spark, "postbox", target, warm, warm_args)
         for variant in variants:
             queue = f"{variant.replace('-', '_')}_{uuid.uuid4().hex[:8]}"
             queues.CreateQueue(
@@ -291,10 +301,10 @@ def main() -> None:
             started = time.perf_counter()
             if variant == "plain":
                 in_flight = args.in_flight * args.partitions
-                plain_client(server.target, queue, args.rows, args.body_size, in_flight)
+                plain_client(target, queue, args.rows, args.body_size, in_flight)
             else:
                 fmt = "postbox" if variant == "spark-arrow" else "postbox_rows"
-                spark_write(spark, fmt, server.target, queue, args)
+                spark_write(spark, fmt, target, queue, args)
             elapsed = time.perf_counter() - started
             stats = queues.GetQueue(queue_service_pb2.GetQueueRequest(name=queue)).queue.stats
             if stats.visible_messages != args.rows:
@@ -311,6 +321,10 @@ def main() -> None:
             print(f"{variant} / plain = {rate / rates['plain']:.2f}")
     if {"spark-arrow", "spark-rows"} <= set(rates):
         print(f"spark-arrow / spark-rows = {rates['spark-arrow'] / rates['spark-rows']:.2f}")
+    if args.json:
+        args.json.write_text(json.dumps({"rows": args.rows, "rates": rates}) + "\n")
+    if args.skip_client_cpu:
+        return
     arrow, by_row = client_cpu(min(args.rows, 200_000), args.body_size)
     print(
         f"client CPU per message: Arrow writer {arrow:.1f} µs, Row writer {by_row:.1f} µs"

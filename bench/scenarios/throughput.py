@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import Awaitable, Callable
+from typing import Any
 
+import asyncpg
 import grpc
 from postbox.v1 import message_service_pb2 as pb
 from postbox.v1 import message_service_pb2_grpc
@@ -20,13 +22,27 @@ CONSUMERS = 8
 
 
 class Channels:
-    """A few channels shared round-robin by many clients, the same for every server measured."""
+    """A few channels shared round-robin by many clients, the same for every server measured.
 
-    def __init__(self, target: str, count: int) -> None:
-        self._channels = [grpc.aio.insecure_channel(target) for _ in range(count)]
-        self._stubs = itertools.cycle([message_stub(c) for c in self._channels])
+    Each channel has its own TCP connection: channels with the same arguments
+    would share one subchannel (gRPC's global subchannel pool), so every call
+    would go to the one worker process that accepted that connection.
+    """
 
-    def stub(self) -> message_service_pb2_grpc.MessageServiceStub:
+    def __init__(
+        self, target: str, count: int, stub_type: Callable[[grpc.aio.Channel], Any] = message_stub
+    ) -> None:
+        self._channels = [
+            grpc.aio.insecure_channel(
+                target,
+                options=[("grpc.use_local_subchannel_pool", 1), ("bench.channel", index)],
+            )
+            for index in range(count)
+        ]
+        self._stubs = itertools.cycle([stub_type(c) for c in self._channels])
+
+    def stub(self) -> Any:
+        """The next stub (of stub_type, a MessageServiceStub by default), round-robin."""
         return next(self._stubs)
 
     async def close(self) -> None:
@@ -45,9 +61,10 @@ async def grpc_load(
     clients: int,
     seconds: float,
     call: Callable[[message_service_pb2_grpc.MessageServiceStub], Awaitable[int]],
+    channel_count: int = 4,
 ) -> tuple[Load, float]:
     """`clients` closed loops of `call` on a few shared channels; Load and server CPU."""
-    channels = Channels(served.target, min(clients, 4))
+    channels = Channels(served.target, min(clients, channel_count))
     try:
         return await measured(
             served,
@@ -57,13 +74,15 @@ async def grpc_load(
         await channels.close()
 
 
-async def send_batches(ctx: Context, served: Served, queue: str, size: int) -> tuple[Load, float]:
+async def send_batches(
+    ctx: Context, served: Served, queue: str, size: int, channel_count: int = 4
+) -> tuple[Load, float]:
     request = pb.SendBatchRequest(queue=queue, entries=[pb.SendBatchEntry(body=ctx.body())] * size)
 
     async def call(stub: message_service_pb2_grpc.MessageServiceStub) -> int:
         return len((await stub.SendBatch(request)).message_ids)
 
-    return await grpc_load(served, BATCH_CLIENTS, ctx.seconds, call)
+    return await grpc_load(served, BATCH_CLIENTS, ctx.seconds, call, channel_count)
 
 
 async def raw_batches(ctx: Context, size: int) -> Load:
@@ -105,7 +124,7 @@ for _size in (100, 500, 1000):
 
 
 async def single_sends(
-    ctx: Context, served: Served, queue: str, clients: int
+    ctx: Context, served: Served, queue: str, clients: int, channel_count: int = 4
 ) -> tuple[Load, float]:
     request = pb.SendRequest(queue=queue, body=ctx.body())
 
@@ -113,7 +132,7 @@ async def single_sends(
         await stub.Send(request)
         return 1
 
-    return await grpc_load(served, clients, ctx.seconds, call)
+    return await grpc_load(served, clients, ctx.seconds, call, channel_count)
 
 
 def _send_one_scenario(clients: int) -> None:
@@ -149,14 +168,24 @@ for _clients in (1, 16, 64):
     _send_one_scenario(_clients)
 
 
+Consume = Callable[[message_service_pb2_grpc.MessageServiceStub, "Counts"], Awaitable[None]]
+
+
+async def consumed(ctx: Context, served: Served, total: int, consume: Consume) -> Load:
+    """CONSUMERS runs of `consume` on a few shared channels, counting into one Counts."""
+    channels = Channels(served.target, min(CONSUMERS, 4))
+    counts = Counts(asyncio.get_running_loop(), ctx.seconds, total)
+    try:
+        await counts.run(lambda: consume(channels.stub(), counts), CONSUMERS)
+    finally:
+        await channels.close()
+    return counts.load()
+
+
 async def receive_deletes(ctx: Context, served: Served, queue: str, batch: int, total: int) -> Load:
     """CONSUMERS continuous streams, each deleting every batch it gets; msgs/s deleted."""
-    channels = Channels(served.target, min(CONSUMERS, 4))
-    loop = asyncio.get_running_loop()
-    counts = Counts(loop, ctx.seconds, total)
 
-    async def consume() -> None:
-        stub = channels.stub()
+    async def consume(stub: message_service_pb2_grpc.MessageServiceStub, counts: Counts) -> None:
         call = stub.Receive(
             pb.ReceiveRequest(
                 queue=queue,
@@ -177,27 +206,60 @@ async def receive_deletes(ctx: Context, served: Served, queue: str, batch: int, 
         finally:
             call.cancel()
 
-    try:
-        await asyncio.gather(*(consume() for _ in range(CONSUMERS)))
-    finally:
-        await channels.close()
-    return counts.load()
+    return await consumed(ctx, served, total, consume)
 
 
-async def raw_claim_deletes(ctx: Context, batch: int, total: int) -> Load:
+async def raw_claim_deletes(
+    ctx: Context,
+    batch: int,
+    total: int,
+    claim: Callable[[asyncpg.Connection, int], Awaitable[int]] = raw.claim_delete,
+) -> Load:
+    """CONSUMERS connections each running `claim` (claims and deletes up to `batch`) in a loop."""
     pool = await ctx.db.pool(CONSUMERS)
     counts = Counts(asyncio.get_running_loop(), ctx.seconds, total)
 
     async def consume() -> None:
         async with pool.acquire() as conn:
-            while not counts.add(await raw.claim_delete(conn, batch)):
+            while not counts.add(await claim(conn, batch)):
                 pass
 
     try:
-        await asyncio.gather(*(consume() for _ in range(CONSUMERS)))
+        await counts.run(consume, CONSUMERS)
     finally:
         await pool.close()
     return counts.load()
+
+
+async def fill_queue(
+    served: Served, queue: str, entry: Callable[[int], pb.SendBatchEntry], total: int
+) -> int:
+    """Sends entry(0) .. entry(n-1) in batches of 1,000, n being total rounded up; returns n."""
+    total = (total + 999) // 1000 * 1000
+    async with grpc.aio.insecure_channel(served.target) as channel:
+        stub = message_stub(channel)
+        for start in range(0, total, 1000):
+            entries = [entry(i) for i in range(start, start + 1000)]
+            await stub.SendBatch(pb.SendBatchRequest(queue=queue, entries=entries))
+    return total
+
+
+async def raw_receive_rows(
+    ctx: Context, label: str, ours: Load, body: bytes, batch: int, total: int
+) -> tuple[Row, Row]:
+    """Ours against the raw one-statement claim+delete, and against the leased claim
+    then delete by lease: the same work as Receive then Delete, so the fair ratio."""
+    rows = []
+    for claim, raw_label in (
+        (raw.claim_delete, "asyncpg SKIP LOCKED DELETE (1 statement)"),
+        (raw.leased_claim_delete, "asyncpg leased claim, then DELETE by lease"),
+    ):
+        await ctx.db.reset_raw()
+        await raw.fill(ctx.db, body, total)
+        theirs = await raw_claim_deletes(ctx, batch, total, claim)
+        rows.append(Row(label, "msgs/s", ours.rate, theirs.rate, raw_label))
+    await ctx.db.reset_raw()
+    return rows[0], rows[1]
 
 
 class Counts:
@@ -211,6 +273,7 @@ class Counts:
         self._last = self._start
         self.done = 0
         self.counted = 0
+        self._over = asyncio.Event()
 
     def add(self, count: int) -> bool:
         """Records `count` more; True when the run is over."""
@@ -219,7 +282,37 @@ class Counts:
         if self._start <= now < self._end:
             self.counted += count
             self._last = now
-        return now >= self._end or self.done >= self._total or count == 0
+        if now >= self._end or self.done >= self._total:
+            self._over.set()
+        return self._over.is_set() or count == 0
+
+    async def run(self, consume: Callable[[], Awaitable[None]], consumers: int) -> None:
+        """Runs `consumers` of `consume` until all return or the run is over.
+
+        A stream consumer blocks while its queue is empty, so once one of them
+        has taken the last message (or the time is up) the rest are cancelled
+        rather than waited for.
+        """
+        tasks = [asyncio.ensure_future(consume()) for _ in range(consumers)]
+        over = asyncio.ensure_future(self._over.wait())
+        all_done = asyncio.gather(*tasks, return_exceptions=True)
+        try:
+            await asyncio.wait(
+                [all_done, over],
+                timeout=self._end - self._loop.time() + 10,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+            # Consumers that are not blocked notice the end themselves; cancelling
+            # one in the middle of a query would only leave noise in the logs.
+            await asyncio.wait([all_done], timeout=2)
+        finally:
+            over.cancel()
+            for task in tasks:
+                task.cancel()
+            results = await all_done
+        for result in results:
+            if isinstance(result, Exception):
+                raise result
 
     def load(self) -> Load:
         return Load(self.counted, self._last - self._start)
@@ -228,7 +321,8 @@ class Counts:
 def _receive_scenario(batch: int) -> None:
     @scenario(
         f"receive_delete_{batch}",
-        f"Receive+Delete msgs/s, batch {batch}, {CONSUMERS} consumers, vs raw SKIP LOCKED delete",
+        f"Receive+Delete msgs/s, batch {batch}, {CONSUMERS} consumers, vs raw SKIP LOCKED "
+        "delete in one statement and as leased claim + delete by lease",
     )
     async def run(ctx: Context) -> list[Row]:
         served = ctx.postbox()
@@ -236,49 +330,62 @@ def _receive_scenario(batch: int) -> None:
         # Enough that no side runs dry before its time is up.
         total = int((ctx.seconds + 1) * (4000 if batch == 1 else 25000))
         body = ctx.body()
-        async with grpc.aio.insecure_channel(served.target) as channel:
-            stub = message_stub(channel)
-            entries = [pb.SendBatchEntry(body=body)] * 1000
-            for _ in range(0, total, 1000):
-                await stub.SendBatch(pb.SendBatchRequest(queue=queue, entries=entries))
-        total = (total + 999) // 1000 * 1000
+        total = await fill_queue(served, queue, lambda i: pb.SendBatchEntry(body=body), total)
         before = served.cpu()
         ours = await receive_deletes(ctx, served, queue, batch, total)
         cpu = cpu_share(before, served.cpu())
-        await ctx.db.reset_raw()
-        await raw.fill(ctx.db, body, total)
-        theirs = await raw_claim_deletes(ctx, batch, total)
-        await ctx.db.reset_raw()
-        row = Row(
-            f"Receive+Delete({batch}) x{CONSUMERS}",
-            "msgs/s",
-            ours.rate,
-            theirs.rate,
-            "asyncpg SKIP LOCKED DELETE",
-            note=f"server CPU {cpu:.0%}",
-        )
+        label = f"Receive+Delete({batch}) x{CONSUMERS}"
+        one_statement, leased = await raw_receive_rows(ctx, label, ours, body, batch, total)
+        one_statement.note = f"server CPU {cpu:.0%}"
         if batch == 10:
-            row.target, row.met = ">= 0.7x raw", (row.ratio or 0) >= 0.7
-        return [row]
+            one_statement.target = ">= 0.7x raw"
+            one_statement.met = (one_statement.ratio or 0) >= 0.7
+        return [one_statement, leased]
 
 
 for _batch in (1, 10):
     _receive_scenario(_batch)
 
 
-@scenario("workers_scaling", "Send(1) x64 and SendBatch(500) with 2 worker processes vs 1")
+# Enough channels, each its own TCP connection, that SO_REUSEPORT spreads them
+# over both workers; with one connection one worker would get all the load.
+SCALING_CHANNELS = 8
+
+
+@scenario(
+    "workers_scaling",
+    f"Send(1) x64 and SendBatch(500) with 2 worker processes vs 1, {SCALING_CHANNELS} "
+    "client connections; per-worker CPU",
+)
 async def workers_scaling(ctx: Context) -> list[Row]:
     rows = []
     one, two = ctx.postbox(1), ctx.postbox(2)
     for label, measure in (
-        ("Send(1) x64", lambda served, queue: single_sends(ctx, served, queue, 64)),
+        (
+            "Send(1) x64",
+            lambda served, queue: single_sends(ctx, served, queue, 64, SCALING_CHANNELS),
+        ),
         (
             f"SendBatch(500) x{BATCH_CLIENTS}",
-            lambda served, queue: send_batches(ctx, served, queue, 500),
+            lambda served, queue: send_batches(ctx, served, queue, 500, SCALING_CHANNELS),
         ),
     ):
         single, _ = await measure(one, await ctx.new_queue(one.target, "w1"))
-        double, cpu = await measure(two, await ctx.new_queue(two.target, "w2"))
+        queue = await ctx.new_queue(two.target, "w2")
+        loop = asyncio.get_running_loop()
+        started, before = loop.time(), two.cpu_by_process()
+        # Connections counted mid-run, while the clients hold them.
+        sampling = asyncio.ensure_future(_connections_later(two, 0.5 + ctx.seconds / 2))
+        double, cpu = await measure(two, queue)
+        after, elapsed = two.cpu_by_process(), loop.time() - started
+        connections = await sampling
+        assert two.process is not None
+        workers = [
+            f"{(after[pid] - before.get(pid, 0.0)) / elapsed:.0%} CPU "
+            f"{connections.get(pid, 0)} conn"
+            for pid in sorted(after)
+            if pid != two.process.pid  # the supervisor only waits on its workers
+        ]
         rows.append(
             Row(
                 f"{label}, 2 workers",
@@ -286,7 +393,12 @@ async def workers_scaling(ctx: Context) -> list[Row]:
                 double.rate,
                 single.rate,
                 "same, 1 worker",
-                note=f"2-worker server CPU {cpu:.0%}",
+                note=f"server CPU {cpu:.0%}; workers: {', '.join(workers)}",
             )
         )
     return rows
+
+
+async def _connections_later(served: Served, delay: float) -> dict[int, int]:
+    await asyncio.sleep(delay)
+    return served.connections_by_process()

@@ -59,6 +59,16 @@ def grpc_options(settings: Settings, *, reuse_port: bool = False) -> list[tuple[
     ]
 
 
+async def _set_health(servicer: health.aio.HealthServicer, serving: bool) -> None:
+    status = (
+        health_pb2.HealthCheckResponse.SERVING
+        if serving
+        else health_pb2.HealthCheckResponse.NOT_SERVING
+    )
+    for name in ("", *SERVICE_NAMES):
+        await servicer.set(name, status)
+
+
 async def _watch_health(engine: Engine, servicer: health.aio.HealthServicer) -> None:
     """SERVING while the database answers, NOT_SERVING while it does not."""
     serving = None
@@ -70,13 +80,7 @@ async def _watch_health(engine: Engine, servicer: health.aio.HealthServicer) -> 
             now_serving = False
         if now_serving != serving:
             serving = now_serving
-            status = (
-                health_pb2.HealthCheckResponse.SERVING
-                if serving
-                else health_pb2.HealthCheckResponse.NOT_SERVING
-            )
-            for name in ("", *SERVICE_NAMES):
-                await servicer.set(name, status)
+            await _set_health(servicer, serving)
             log.log(
                 logging.INFO if serving else logging.WARNING,
                 "database %s",
@@ -116,7 +120,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     stop = stop or asyncio.Event()
     stop_on_signals(stop)
     dsn, embedded = await open_database(settings)
-    engine = hub = server = None
+    engine = hub = server = health_servicer = None
     tasks: list[asyncio.Task[None]] = []
     try:
         await install_engine(dsn)
@@ -143,6 +147,9 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
             ScheduleService(engine, scheduler.wake), server
         )
         health_servicer = health.aio.HealthServicer()
+        # The servicer starts out SERVING the whole server; nothing is served until
+        # the database has answered a ping.
+        await _set_health(health_servicer, serving=False)
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
         reflection.enable_server_reflection(
             (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
@@ -167,6 +174,10 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         await stop.wait()
         log.info("shutting down")
     finally:
+        if health_servicer is not None:
+            # Before any stream ends, so balancers stop sending calls while the
+            # grace lasts; later sets (the health watcher's) are ignored.
+            await health_servicer.enter_graceful_shutdown()
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

@@ -136,12 +136,13 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
             QueueService(engine, max_message_size=settings.max_message_size), server
         )
         message_service_pb2_grpc.add_MessageServiceServicer_to_server(
-            MessageService(engine, hub), server
+            MessageService(engine, hub, max_message_size=settings.max_message_size), server
         )
         webhooks = WebhookWorker(engine)
         scheduler = SchedulerWorker(engine, on_webhook_deliveries=webhooks.wake)
         topic_service_pb2_grpc.add_TopicServiceServicer_to_server(
-            TopicService(engine, hub, webhooks.wake), server
+            TopicService(engine, hub, webhooks.wake, max_message_size=settings.max_message_size),
+            server,
         )
         schedule_service_pb2_grpc.add_ScheduleServiceServicer_to_server(
             ScheduleService(engine, scheduler.wake), server

@@ -173,8 +173,27 @@ def batch_results(outcomes: Sequence[str]) -> list[message_pb2.BatchEntryStatus]
     return results
 
 
-def outgoing(entry: Any) -> OutgoingMessage:
+def check_message_size(entry: Any, limit: int) -> None:
+    """Refuses a message whose body and attributes, counted as the engine counts them
+    (postbox.message_size), exceed the server's --max-message-size."""
+    size = len(entry.body)
+    for name, value in entry.attributes.items():
+        size += len(name.encode()) + len(value.data_type.encode())
+        kind = value.WhichOneof("value")
+        if kind == "string_value":
+            size += len(value.string_value.encode())
+        elif kind == "binary_value":
+            size += len(value.binary_value)
+    if size > limit:
+        raise invalid(
+            f"message is {size} bytes (body and attributes); this server accepts messages "
+            f"of at most {limit} bytes (--max-message-size)"
+        )
+
+
+def outgoing(entry: Any, max_message_size: int) -> OutgoingMessage:
     """A SendRequest or SendBatchEntry as the engine takes it."""
+    check_message_size(entry, max_message_size)
     if entry.HasField("delay") and entry.HasField("deliver_at"):
         raise invalid("give delay or deliver_at, not both")
     return OutgoingMessage(

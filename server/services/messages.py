@@ -39,8 +39,9 @@ _DEFAULT_LEASE = timedelta(seconds=30)  # stands for the queue's when the reques
 
 
 class MessageService(message_service_pb2_grpc.MessageServiceServicer):
-    def __init__(self, engine: Engine, hub: WakeHub) -> None:
+    def __init__(self, engine: Engine, hub: WakeHub, *, max_message_size: int) -> None:
         self.engine = engine
+        self.max_message_size = max_message_size
         self.hub = hub
         self.sends = GroupCommit(engine)
         self.prefetch = Prefetch()
@@ -50,7 +51,8 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
     async def Send(
         self, request: pb.SendRequest, context: grpc.aio.ServicerContext
     ) -> pb.SendResponse:
-        message_id, duplicate = await self.sends.send(request.queue, convert.outgoing(request))
+        outgoing = convert.outgoing(request, self.max_message_size)
+        message_id, duplicate = await self.sends.send(request.queue, outgoing)
         self.hub.wake(request.queue)
         return pb.SendResponse(message_id=str(message_id), duplicate=duplicate)
 
@@ -61,7 +63,7 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
         outgoing = []
         for index, entry in enumerate(request.entries):
             try:
-                outgoing.append(convert.outgoing(entry))
+                outgoing.append(convert.outgoing(entry, self.max_message_size))
             except ApiError as error:
                 raise invalid(f"entry {index}: {error.message}") from None
         results = await self.engine.send_batch(request.queue, outgoing)

@@ -14,11 +14,13 @@ from postbox.v1 import queue_service_pb2 as pb
 from postbox.v1 import queue_service_pb2_grpc
 
 from server.db.engine import Engine
-from server.errors import invalid
+from server.errors import ApiError, invalid
 from server.services import convert
 from server.services.status import reports_errors
 
 DEFAULT_PAGE_SIZE = 100
+# A queue's max_message_size when none is given (the engine's default).
+DEFAULT_MAX_MESSAGE_SIZE = 1024 * 1024
 MAX_PAGE_SIZE = 1000
 
 _PERMISSIONS = {
@@ -215,9 +217,13 @@ class QueueService(queue_service_pb2_grpc.QueueServiceServicer):
         if queue.max_message_size > self.max_message_size:
             raise invalid(
                 f"max_message_size is {queue.max_message_size} bytes; this server accepts messages "
-                f"of at most {self.max_message_size} bytes"
+                f"of at most {self.max_message_size} bytes (--max-message-size)"
             )
-        return {field: SETTINGS[field](queue) for field in fields}
+        settings = {field: SETTINGS[field](queue) for field in fields}
+        if "max_message_size" in settings and settings["max_message_size"] is None:
+            # The default, unless this server accepts less: a queue never promises more.
+            settings["max_message_size"] = min(DEFAULT_MAX_MESSAGE_SIZE, self.max_message_size)
+        return settings
 
     @reports_errors
     async def CreateQueue(

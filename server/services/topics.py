@@ -68,8 +68,9 @@ def _webhook_settings(endpoint: pb.WebhookEndpoint) -> dict[str, Any]:
     return settings
 
 
-def _outgoing(entry: Any) -> OutgoingPublish:
+def _outgoing(entry: Any, max_message_size: int) -> OutgoingPublish:
     """A PublishRequest or PublishBatchEntry as the engine takes it."""
+    convert.check_message_size(entry, max_message_size)
     return OutgoingPublish(
         body=entry.body,
         routing_key=entry.routing_key,
@@ -110,9 +111,15 @@ def webhook_delivery(row: Mapping[str, Any]) -> pb.WebhookDelivery:
 
 class TopicService(topic_service_pb2_grpc.TopicServiceServicer):
     def __init__(
-        self, engine: Engine, hub: WakeHub, on_webhook_deliveries: Callable[[], None]
+        self,
+        engine: Engine,
+        hub: WakeHub,
+        on_webhook_deliveries: Callable[[], None],
+        *,
+        max_message_size: int,
     ) -> None:
         self.engine = engine
+        self.max_message_size = max_message_size
         self.hub = hub
         # Wakes this server's webhook worker, which then delivers without waiting for its poll.
         self.on_webhook_deliveries = on_webhook_deliveries
@@ -216,7 +223,7 @@ class TopicService(topic_service_pb2_grpc.TopicServiceServicer):
     async def Publish(
         self, request: pb.PublishRequest, context: grpc.aio.ServicerContext
     ) -> pb.PublishResponse:
-        (row,) = await self._publish(request.topic, [_outgoing(request)])
+        (row,) = await self._publish(request.topic, [_outgoing(request, self.max_message_size)])
         return pb.PublishResponse(**_result_fields(row))
 
     @reports_errors
@@ -226,7 +233,7 @@ class TopicService(topic_service_pb2_grpc.TopicServiceServicer):
         entries = []
         for index, entry in enumerate(request.entries):
             try:
-                entries.append(_outgoing(entry))
+                entries.append(_outgoing(entry, self.max_message_size))
             except ApiError as error:
                 raise invalid(f"entry {index}: {error.message}") from None
         rows = await self._publish(request.topic, entries)

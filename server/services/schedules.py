@@ -118,7 +118,9 @@ class ScheduleService(schedule_service_pb2_grpc.ScheduleServiceServicer):
     ) -> pb.ListSchedulesResponse:
         page_size = page_size_of(request.page_size)
         after = decode_page_token(request.page_token, "ListSchedules")
-        rows, token = next_page(await self.engine.list_schedules(page_size + 1, after), page_size)
+        rows, token = next_page(
+            await self.engine.list_schedules(page_size + 1, after), page_size, "ListSchedules"
+        )
         return pb.ListSchedulesResponse(
             schedules=[schedule_resource(row) for row in rows], next_page_token=token
         )

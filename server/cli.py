@@ -24,7 +24,8 @@ def _serve(args: argparse.Namespace) -> int:
     from server.processes import serve_workers
 
     settings = Settings(
-        database_url=args.database_url,
+        # An empty DATABASE_URL (as compose files and shells leave it) means unset.
+        database_url=args.database_url or None,
         data_dir=args.data_dir,
         grpc_host=args.grpc_host,
         grpc_port=args.grpc_port,
@@ -170,7 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--database-url",
         default=os.environ.get("DATABASE_URL"),
-        help="PostgreSQL URL (default: $DATABASE_URL; unset: an embedded PostgreSQL)",
+        help="PostgreSQL URL (default: $DATABASE_URL; unset or empty: an embedded PostgreSQL)",
     )
     serve.add_argument(
         "--data-dir",

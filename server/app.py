@@ -23,7 +23,7 @@ from postbox.v1 import (
 )
 
 from server.config import Settings
-from server.db.engine import Engine
+from server.db.engine import Engine, application_name
 from server.db.migrate import format_version, migrate
 from server.embedded import EmbeddedPostgres
 from server.errors import ApiError
@@ -90,7 +90,9 @@ async def _watch_health(engine: Engine, servicer: health.aio.HealthServicer) -> 
 
 
 async def install_engine(dsn: str) -> None:
-    conn = await asyncpg.connect(dsn)
+    conn = await asyncpg.connect(
+        dsn, server_settings={"application_name": application_name("migrate")}
+    )
     try:
         version = await migrate(conn)
     finally:

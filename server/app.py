@@ -147,7 +147,8 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
             server,
         )
         schedule_service_pb2_grpc.add_ScheduleServiceServicer_to_server(
-            ScheduleService(engine, scheduler.wake), server
+            ScheduleService(engine, scheduler.wake, max_message_size=settings.max_message_size),
+            server,
         )
         health_servicer = health.aio.HealthServicer()
         # The servicer starts out SERVING the whole server; nothing is served until

@@ -14,12 +14,14 @@ from postbox.v1 import (
     message_pb2,
     message_service_pb2_grpc,
     queue_service_pb2_grpc,
+    schedule_service_pb2_grpc,
     topic_service_pb2_grpc,
 )
 from postbox.v1 import message_service_pb2 as pb
 from postbox.v1 import queue_service_pb2 as qpb
+from postbox.v1 import schedule_service_pb2 as spb
 from postbox.v1 import topic_service_pb2 as tpb
-from support import ROOT, ServerProcess, create_queue, error_of, stats, unique_name
+from support import ROOT, ServerProcess, create_queue, error_of, seconds, stats, unique_name
 
 LIMIT = 2048
 LARGEST = 64 * 1024 * 1024
@@ -133,3 +135,25 @@ def test_sizes_outside_the_range_are_refused_at_start(database_url, value):
         assert result.returncode == 2, result.stderr
         assert "--max-message-size" in result.stderr
         assert "from 1024 to 67108864 bytes" in result.stderr
+
+
+def test_schedules_of_messages_above_the_server_limit_are_refused(small, queues):
+    schedules = schedule_service_pb2_grpc.ScheduleServiceStub(small)
+    queue = create_queue(queues, unique_name("scheduled")).name
+    name = unique_name("too_big")
+    schedule = spb.Schedule(
+        name=name,
+        interval=seconds(3600),
+        target=spb.ScheduleTarget(queue=queue),
+        body=b"x" * (LIMIT + 1),
+    )
+    _says_limit(error_of(schedules.CreateSchedule, spb.CreateScheduleRequest(schedule=schedule)))
+    schedule.body = b"x"
+    schedules.CreateSchedule(spb.CreateScheduleRequest(schedule=schedule))
+    schedule.body = b"x" * (LIMIT + 1)
+    error = error_of(
+        schedules.UpdateSchedule,
+        spb.UpdateScheduleRequest(schedule=schedule, update_mask=FieldMask(paths=["body"])),
+    )
+    _says_limit(error)
+    schedules.DeleteSchedule(spb.DeleteScheduleRequest(name=name))

@@ -16,12 +16,13 @@ from support import ServerProcess, create_queue, receive
 class EmbeddedServerProcess(ServerProcess):
     """`python -m server serve --data-dir DIR` with DATABASE_URL as given (None: unset)."""
 
-    def __init__(self, data_dir: Path, database_url_env: str | None) -> None:
-        super().__init__("")
+    def __init__(self, data_dir: Path, database_url_env: str | None, *extra_args: str) -> None:
+        super().__init__("", *extra_args)
         self.data_dir = data_dir
         self.database_url_env = database_url_env
 
-    def start(self, timeout: float = 30.0) -> EmbeddedServerProcess:
+    def start(self, timeout: float = 60.0) -> EmbeddedServerProcess:
+        # initdb alone takes seconds, many more on a loaded machine.
         env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "POSTBOX_DATA_DIR")}
         if self.database_url_env is not None:
             env["DATABASE_URL"] = self.database_url_env
@@ -33,6 +34,7 @@ class EmbeddedServerProcess(ServerProcess):
             "--data-dir", str(self.data_dir),
             "--grpc-host", "127.0.0.1",
             "--grpc-port", str(self.port),
+            *self.extra_args,
             env=env,
         )  # fmt: skip
         self.wait_serving(timeout)
@@ -81,3 +83,18 @@ def test_embedded_postgres_serves_and_keeps_data_across_restarts(tmp_path):
         _stopped_cleanly(second, signal.SIGINT)  # Ctrl-C
     finally:
         second.kill()
+
+
+def test_workers_share_one_embedded_postgres_and_stop_it(tmp_path):
+    server = EmbeddedServerProcess(tmp_path / "pgdata", None, "--workers", "2").start()
+    try:
+        workers = psutil.Process(server.process.pid).children()
+        postmaster = server.postmaster()
+        assert postmaster.pid not in [worker.pid for worker in workers]
+        with grpc.insecure_channel(server.target) as channel:
+            assert create_queue(queue_service_pb2_grpc.QueueServiceStub(channel), "shared")
+        _stopped_cleanly(server, signal.SIGINT)
+        _, alive = psutil.wait_procs(workers, timeout=10)
+        assert not alive
+    finally:
+        server.kill()

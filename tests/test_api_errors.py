@@ -38,6 +38,17 @@ def test_an_arabic_indic_id_does_not_find_its_ascii_twin(messages, queue):
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
+@pytest.mark.parametrize(
+    "task_id",
+    ["", "not-a-uuid", "١٢٣٤٥٦٧٨-1234-1234-1234-123456789abc", "\uff11" * 32, "x" * 100_000],
+)
+def test_task_ids_are_uuids(queues, task_id):
+    error = error_of(queues.CancelRedriveTask, qpb.CancelRedriveTaskRequest(task_id=task_id))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "task_id" in error.details()
+    assert len(error.details()) < 200
+
+
 MALFORMED_TOKENS = [
     "!!not-a-token!!",
     "x!",

@@ -368,11 +368,13 @@ class QueueService(queue_service_pb2_grpc.QueueServiceServicer):
     async def CancelRedriveTask(
         self, request: pb.CancelRedriveTaskRequest, context: grpc.aio.ServicerContext
     ) -> pb.CancelRedriveTaskResponse:
+        refusal = invalid(f"task_id {request.task_id[:40]!r} is not a task id of RedriveMessages")
+        # uuid.UUID reads other scripts' digits as hex digits, as int() does.
+        if not request.task_id.isascii():
+            raise refusal
         try:
             task_id = uuid.UUID(request.task_id)
         except ValueError:
-            raise invalid(
-                f"task_id {request.task_id!r} is not a task id of RedriveMessages"
-            ) from None
+            raise refusal from None
         row = await self.engine.cancel_redrive(task_id)
         return pb.CancelRedriveTaskResponse(task=redrive_task(row))

@@ -23,7 +23,7 @@ from postbox.v1 import (
 )
 
 from server.config import Settings
-from server.db.engine import Engine
+from server.db.engine import Engine, application_name
 from server.db.migrate import format_version, migrate
 from server.embedded import EmbeddedPostgres
 from server.errors import ApiError
@@ -59,6 +59,16 @@ def grpc_options(settings: Settings, *, reuse_port: bool = False) -> list[tuple[
     ]
 
 
+async def _set_health(servicer: health.aio.HealthServicer, serving: bool) -> None:
+    status = (
+        health_pb2.HealthCheckResponse.SERVING
+        if serving
+        else health_pb2.HealthCheckResponse.NOT_SERVING
+    )
+    for name in ("", *SERVICE_NAMES):
+        await servicer.set(name, status)
+
+
 async def _watch_health(engine: Engine, servicer: health.aio.HealthServicer) -> None:
     """SERVING while the database answers, NOT_SERVING while it does not."""
     serving = None
@@ -70,13 +80,7 @@ async def _watch_health(engine: Engine, servicer: health.aio.HealthServicer) -> 
             now_serving = False
         if now_serving != serving:
             serving = now_serving
-            status = (
-                health_pb2.HealthCheckResponse.SERVING
-                if serving
-                else health_pb2.HealthCheckResponse.NOT_SERVING
-            )
-            for name in ("", *SERVICE_NAMES):
-                await servicer.set(name, status)
+            await _set_health(servicer, serving)
             log.log(
                 logging.INFO if serving else logging.WARNING,
                 "database %s",
@@ -86,7 +90,9 @@ async def _watch_health(engine: Engine, servicer: health.aio.HealthServicer) -> 
 
 
 async def install_engine(dsn: str) -> None:
-    conn = await asyncpg.connect(dsn)
+    conn = await asyncpg.connect(
+        dsn, server_settings={"application_name": application_name("migrate")}
+    )
     try:
         version = await migrate(conn)
     finally:
@@ -116,7 +122,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     stop = stop or asyncio.Event()
     stop_on_signals(stop)
     dsn, embedded = await open_database(settings)
-    engine = hub = server = None
+    engine = hub = server = health_servicer = None
     tasks: list[asyncio.Task[None]] = []
     try:
         await install_engine(dsn)
@@ -132,17 +138,22 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
             QueueService(engine, max_message_size=settings.max_message_size), server
         )
         message_service_pb2_grpc.add_MessageServiceServicer_to_server(
-            MessageService(engine, hub), server
+            MessageService(engine, hub, max_message_size=settings.max_message_size), server
         )
         webhooks = WebhookWorker(engine)
         scheduler = SchedulerWorker(engine, on_webhook_deliveries=webhooks.wake)
         topic_service_pb2_grpc.add_TopicServiceServicer_to_server(
-            TopicService(engine, hub, webhooks.wake), server
+            TopicService(engine, hub, webhooks.wake, max_message_size=settings.max_message_size),
+            server,
         )
         schedule_service_pb2_grpc.add_ScheduleServiceServicer_to_server(
-            ScheduleService(engine, scheduler.wake), server
+            ScheduleService(engine, scheduler.wake, max_message_size=settings.max_message_size),
+            server,
         )
         health_servicer = health.aio.HealthServicer()
+        # The servicer starts out SERVING the whole server; nothing is served until
+        # the database has answered a ping.
+        await _set_health(health_servicer, serving=False)
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
         reflection.enable_server_reflection(
             (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
@@ -167,6 +178,10 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         await stop.wait()
         log.info("shutting down")
     finally:
+        if health_servicer is not None:
+            # Before any stream ends, so balancers stop sending calls while the
+            # grace lasts; later sets (the health watcher's) are ignored.
+            await health_servicer.enter_graceful_shutdown()
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

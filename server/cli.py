@@ -13,7 +13,7 @@ from pathlib import Path
 import grpc
 from google.protobuf import json_format
 
-from server.config import Settings
+from server.config import MESSAGE_SIZE_RANGE, Settings
 from server.embedded import default_data_dir
 
 log = logging.getLogger("postbox")
@@ -24,7 +24,8 @@ def _serve(args: argparse.Namespace) -> int:
     from server.processes import serve_workers
 
     settings = Settings(
-        database_url=args.database_url,
+        # An empty DATABASE_URL (as compose files and shells leave it) means unset.
+        database_url=args.database_url or None,
         data_dir=args.data_dir,
         grpc_host=args.grpc_host,
         grpc_port=args.grpc_port,
@@ -147,6 +148,20 @@ def _client(args: argparse.Namespace) -> int:
     return 0
 
 
+def message_size(text: str) -> int:
+    """--max-message-size: whole bytes within the range a queue's max_message_size has."""
+    low, high = MESSAGE_SIZE_RANGE
+    try:
+        size = int(text)
+    except ValueError:
+        size = None
+    if size is None or not low <= size <= high:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a size from {low} to {high} bytes (1 KiB to 64 MiB)"
+        )
+    return size
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="postbox", description=__doc__)
     parser.add_argument("--log-level", default=os.environ.get("POSTBOX_LOG_LEVEL", "INFO"))
@@ -156,7 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--database-url",
         default=os.environ.get("DATABASE_URL"),
-        help="PostgreSQL URL (default: $DATABASE_URL; unset: an embedded PostgreSQL)",
+        help="PostgreSQL URL (default: $DATABASE_URL; unset or empty: an embedded PostgreSQL)",
     )
     serve.add_argument(
         "--data-dir",
@@ -171,9 +186,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--pool-size", type=int, default=Settings.pool_size)
     serve.add_argument(
         "--max-message-size",
-        type=int,
-        default=Settings.max_message_size,
-        help="largest message in bytes any queue may accept (default: %(default)s)",
+        type=message_size,
+        # A string default goes through `type`, so a bad environment value is refused too.
+        default=os.environ.get("POSTBOX_MAX_MESSAGE_SIZE", str(Settings.max_message_size)),
+        help="largest message in bytes (body and attributes) this server accepts and any "
+        "queue may be set to accept (default: $POSTBOX_MAX_MESSAGE_SIZE or %(default)s)",
     )
     serve.add_argument("--safety-poll-interval", type=float, default=Settings.safety_poll_interval)
     serve.add_argument(

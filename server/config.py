@@ -9,6 +9,12 @@ from pathlib import Path
 from server.embedded import default_data_dir
 
 MIB = 1024 * 1024
+# The range of --max-message-size: the engine's range of a queue's max_message_size.
+MESSAGE_SIZE_RANGE = (1024, 64 * MIB)
+# A SendBatch of many messages fits in a request of this size.
+BATCH_REQUEST_SIZE = 64 * MIB
+# Room in a request beyond one message's body and attributes: queue name, ids, framing.
+REQUEST_ENVELOPE = MIB
 
 
 @dataclass(frozen=True)
@@ -19,10 +25,9 @@ class Settings:
     grpc_host: str = "[::]"
     grpc_port: int = 50051
     pool_size: int = 10
-    # Largest message a queue may accept; queues default to 1 MiB.
+    # Largest message (body and attributes) this server accepts and a queue may be
+    # set to accept; queues default to 1 MiB, or to this when it is smaller.
     max_message_size: int = MIB
-    # Largest gRPC request, so a SendBatch of many messages fits.
-    max_request_size: int = 64 * MIB
     # Waiting streams look at their queue at least this often (seconds), even
     # without a wake-up: the net under lost notifications.
     safety_poll_interval: float = 10.0
@@ -34,6 +39,15 @@ class Settings:
     shutdown_grace: float = 5.0
     # Bind the port with SO_REUSEPORT: set for the processes of `serve --workers N`.
     reuse_port: bool = False
+
+    @property
+    def max_request_size(self) -> int:
+        """Largest gRPC request: a batch of many messages, or the largest message.
+
+        A message above max_message_size but within this reaches the services, which
+        refuse it naming the limit; beyond it gRPC refuses with RESOURCE_EXHAUSTED.
+        """
+        return max(BATCH_REQUEST_SIZE, self.max_message_size + REQUEST_ENVELOPE)
 
 
 def env_default(name: str, fallback: str | None = None) -> str | None:

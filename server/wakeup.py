@@ -19,6 +19,8 @@ from datetime import datetime, timezone
 
 import asyncpg
 
+from server.db.engine import application_name
+
 log = logging.getLogger(__name__)
 
 CHANNEL = "postbox"
@@ -166,7 +168,7 @@ class WakeHub:
             conn: asyncpg.Connection | None = None
             try:
                 conn = await asyncpg.connect(
-                    self._dsn, server_settings={"application_name": "postbox-listen"}
+                    self._dsn, server_settings={"application_name": application_name("listen")}
                 )
                 lost = asyncio.Event()
                 conn.add_termination_listener(lambda _conn, event=lost: event.set())

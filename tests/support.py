@@ -128,14 +128,15 @@ class ChildProcess:
         self.log_path = Path(tempfile.mkstemp(prefix=self.log_prefix, suffix=".log")[1])
         self.process: subprocess.Popen[bytes] | None = None
 
-    def spawn(self, *args: str) -> None:
+    def spawn(self, *args: str, env: dict[str, str] | None = None) -> None:
+        """Runs `python -m server *args`, in this environment or in `env`."""
         log = self.log_path.open("ab")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "server", *args],
             stdout=log,
             stderr=subprocess.STDOUT,
             cwd=ROOT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1"},
         )
 
     def wait_ready(self, ready: Callable[[], bool], what: str, timeout: float) -> None:
@@ -195,7 +196,14 @@ class ServerProcess(ChildProcess):
         return self
 
     def wait_serving(self, timeout: float = 30.0) -> None:
-        with grpc.insecure_channel(self.target) as channel:
+        # gRPC backs off reconnecting up to seconds while nothing listens yet (an
+        # embedded PostgreSQL takes seconds to start): notice the server at once.
+        fast_reconnect = [
+            ("grpc.initial_reconnect_backoff_ms", 50),
+            ("grpc.min_reconnect_backoff_ms", 50),
+            ("grpc.max_reconnect_backoff_ms", 200),
+        ]
+        with grpc.insecure_channel(self.target, options=fast_reconnect) as channel:
             health = health_pb2_grpc.HealthStub(channel)
 
             def serving() -> bool:

@@ -24,25 +24,41 @@ def workers(database_url):
     process.stop()
 
 
-async def test_workers_share_the_port_and_each_listens(workers, database_url):
-    children = psutil.Process(workers.process.pid).children()
-    assert len(children) == 2
+async def _connections_by_application(database_url: str) -> dict[str, int]:
     conn = await asyncpg.connect(database_url)
     try:
-        deadline = time.monotonic() + 10
-        while True:
-            listeners = await conn.fetch(
-                "SELECT pid FROM pg_stat_activity WHERE application_name = 'postbox-listen' "
-                "AND datname = current_database()"
-            )
-            if len(listeners) >= 2 or time.monotonic() > deadline:
-                break
-            await asyncio.sleep(0.1)
+        rows = await conn.fetch(
+            "SELECT application_name, count(*) AS connections FROM pg_stat_activity "
+            "WHERE datname = current_database() GROUP BY application_name"
+        )
     finally:
         await conn.close()
-    assert len(listeners) >= 2  # the session server of this run listens too
-    # Many connections: the kernel spreads them over both workers; every call is served.
-    channels = [grpc.insecure_channel(workers.target) for _ in range(8)]
+    return {row["application_name"]: row["connections"] for row in rows}
+
+
+async def test_each_worker_has_its_pool_and_its_own_listen_connection(workers, database_url):
+    children = [child.pid for child in psutil.Process(workers.process.pid).children()]
+    assert len(children) == 2
+    expected = {f"postbox/{pid}/listen" for pid in children}
+    deadline = time.monotonic() + 10
+    while True:
+        by_name = await _connections_by_application(database_url)
+        if expected <= set(by_name) or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.1)
+    for pid in children:
+        assert by_name.get(f"postbox/{pid}/listen") == 1, by_name
+        assert by_name.get(f"postbox/{pid}", 0) >= 1, by_name  # its pool
+    # The parent only supervises: it holds no connection once the SQL is installed.
+    assert not [name for name in by_name if name.startswith(f"postbox/{workers.process.pid}")]
+
+
+def test_every_worker_serves(workers):
+    children = psutil.Process(workers.process.pid).children()
+    # A channel of its own subchannel pool opens its own connection; the kernel
+    # spreads connections over the workers (all 24 on one: 2 ** -23).
+    options = [("grpc.use_local_subchannel_pool", 1)]
+    channels = [grpc.insecure_channel(workers.target, options=options) for _ in range(24)]
     try:
         queues = queue_service_pb2_grpc.QueueServiceStub(channels[0])
         queues.CreateQueue(qpb.CreateQueueRequest(queue=qpb.Queue(name="workers_shared")))
@@ -50,8 +66,16 @@ async def test_workers_share_the_port_and_each_listens(workers, database_url):
             message_service_pb2_grpc.MessageServiceStub(channel).Send(
                 pb.SendRequest(queue="workers_shared", body=b"x")
             )
+        # Each worker holds connections from this test, over which calls succeeded.
+        for child in children:
+            served = [
+                c
+                for c in child.net_connections(kind="tcp")
+                if c.laddr and c.laddr.port == workers.port and c.status == psutil.CONN_ESTABLISHED
+            ]
+            assert served, f"worker {child.pid} has no connection"
         stats = queues.GetQueue(qpb.GetQueueRequest(name="workers_shared")).queue.stats
-        assert stats.visible_messages == 8
+        assert stats.visible_messages == len(channels)
         queues.DeleteQueue(qpb.DeleteQueueRequest(name="workers_shared"))
     finally:
         for channel in channels:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
@@ -89,6 +90,14 @@ def _optional_column(values: list[Any]) -> list[Any] | None:
     return values if any(v is not None for v in values) else None
 
 
+def application_name(role: str = "") -> str:
+    """What pg_stat_activity shows for this process's connections: `postbox/<pid>`, and
+    `postbox/<pid>/<role>` for a connection with a role of its own (listen, migrate), so
+    an operator can tell the processes of `serve --workers N` and their connections apart."""
+    name = f"postbox/{os.getpid()}"
+    return f"{name}/{role}" if role else name
+
+
 async def _keep_session(conn: asyncpg.Connection) -> None:
     """Returns a connection to the pool as it is. The engine leaves no session state
     behind (its locks are transaction locks, its settings are function settings), and
@@ -110,7 +119,7 @@ class Engine:
                 dsn,
                 min_size=min(2, pool_size),
                 max_size=pool_size,
-                server_settings={"application_name": "postbox"},
+                server_settings={"application_name": application_name()},
                 reset=_keep_session,
             )
         except Exception as exc:

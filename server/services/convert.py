@@ -173,14 +173,36 @@ def batch_results(outcomes: Sequence[str]) -> list[message_pb2.BatchEntryStatus]
     return results
 
 
+def check_message_size(entry: Any, limit: int) -> None:
+    """Refuses a message whose body and attributes, counted as the engine counts them
+    (postbox.message_size), exceed the server's --max-message-size."""
+    size = len(entry.body)
+    for name, value in entry.attributes.items():
+        size += len(name.encode()) + len(value.data_type.encode())
+        kind = value.WhichOneof("value")
+        if kind == "string_value":
+            size += len(value.string_value.encode())
+        elif kind == "binary_value":
+            size += len(value.binary_value)
+    if size > limit:
+        raise invalid(
+            f"message is {size} bytes (body and attributes); this server accepts messages "
+            f"of at most {limit} bytes (--max-message-size)"
+        )
+
+
 # Fields of a send that need no conversion: a message with no others takes the short way.
 _PLAIN = frozenset({"queue", "body"})
 
 
-def outgoing(entry: Any) -> OutgoingMessage:
+def outgoing(entry: Any, max_message_size: int) -> OutgoingMessage:
     """A SendRequest or SendBatchEntry as the engine takes it."""
     if all(field.name in _PLAIN for field, _ in entry.ListFields()):  # most messages
-        return OutgoingMessage(body=entry.body)
+        body = entry.body
+        if len(body) > max_message_size:
+            check_message_size(entry, max_message_size)
+        return OutgoingMessage(body=body)
+    check_message_size(entry, max_message_size)
     if entry.HasField("delay") and entry.HasField("deliver_at"):
         raise invalid("give delay or deliver_at, not both")
     return OutgoingMessage(

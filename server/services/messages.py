@@ -17,7 +17,12 @@ from server.errors import ApiError, invalid
 from server.services import convert
 from server.services.claims import Claims
 from server.services.prefetch import Prefetch
-from server.services.queues import decode_page_token, encode_page_token, page_size_of
+from server.services.queues import (
+    decode_id_page_token,
+    encode_page_token,
+    is_bigint_id,
+    page_size_of,
+)
 from server.services.status import reports_errors
 from server.services.streaming import StreamingReceive
 from server.wakeup import WakeHub
@@ -39,8 +44,9 @@ _DEFAULT_LEASE = timedelta(seconds=30)  # stands for the queue's when the reques
 
 
 class MessageService(message_service_pb2_grpc.MessageServiceServicer):
-    def __init__(self, engine: Engine, hub: WakeHub) -> None:
+    def __init__(self, engine: Engine, hub: WakeHub, *, max_message_size: int) -> None:
         self.engine = engine
+        self.max_message_size = max_message_size
         self.hub = hub
         self.sends = GroupCommit(engine)
         self.prefetch = Prefetch()
@@ -50,7 +56,8 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
     async def Send(
         self, request: pb.SendRequest, context: grpc.aio.ServicerContext
     ) -> pb.SendResponse:
-        message_id, duplicate = await self.sends.send(request.queue, convert.outgoing(request))
+        outgoing = convert.outgoing(request, self.max_message_size)
+        message_id, duplicate = await self.sends.send(request.queue, outgoing)
         self.hub.wake(request.queue)
         return pb.SendResponse(message_id=str(message_id), duplicate=duplicate)
 
@@ -61,7 +68,7 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
         outgoing = []
         for index, entry in enumerate(request.entries):
             try:
-                outgoing.append(convert.outgoing(entry))
+                outgoing.append(convert.outgoing(entry, self.max_message_size))
             except ApiError as error:
                 raise invalid(f"entry {index}: {error.message}") from None
         results = await self.engine.send_batch(request.queue, outgoing)
@@ -223,13 +230,14 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
         if request.state not in convert.STATE_FILTERS:
             raise invalid(f"state {request.state} is not a known message state")
         page_size = page_size_of(request.page_size)
-        after = _message_id(decode_page_token(request.page_token, "PeekMessages") or "0")
+        after = decode_id_page_token(request.page_token, "PeekMessages")
         rows = await self.engine.peek_messages(
             request.queue, convert.STATE_FILTERS[request.state], after, page_size + 1
         )
         response = pb.PeekMessagesResponse(messages=[convert.message(r) for r in rows[:page_size]])
         if len(rows) > page_size:
-            response.next_page_token = encode_page_token(str(rows[page_size - 1]["message_id"]))
+            last = str(rows[page_size - 1]["message_id"])
+            response.next_page_token = encode_page_token("PeekMessages", last)
         return response
 
     @reports_errors
@@ -244,7 +252,7 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
         self, request: pb.ListArchivedMessagesRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListArchivedMessagesResponse:
         page_size = page_size_of(request.page_size)
-        after = _message_id(decode_page_token(request.page_token, "ListArchivedMessages") or "0")
+        after = decode_id_page_token(request.page_token, "ListArchivedMessages")
         rows = await self.engine.list_archived_messages(request.queue, after, page_size + 1)
         response = pb.ListArchivedMessagesResponse(
             messages=[
@@ -257,7 +265,8 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
             ]
         )
         if len(rows) > page_size:
-            response.next_page_token = encode_page_token(str(rows[page_size - 1]["message_id"]))
+            last = str(rows[page_size - 1]["message_id"])
+            response.next_page_token = encode_page_token("ListArchivedMessages", last)
         return response
 
     @reports_errors
@@ -279,6 +288,6 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
 
 
 def _message_id(text: str) -> int:
-    if not text.isdigit() or len(text) > 18:
-        raise invalid(f"message id {text!r} is not a message id of this server")
+    if not is_bigint_id(text):
+        raise invalid(f"message_id {text[:40]!r} is not a message id of this server")
     return int(text)

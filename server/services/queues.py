@@ -14,11 +14,13 @@ from postbox.v1 import queue_service_pb2 as pb
 from postbox.v1 import queue_service_pb2_grpc
 
 from server.db.engine import Engine
-from server.errors import invalid
+from server.errors import ApiError, invalid
 from server.services import convert
 from server.services.status import reports_errors
 
 DEFAULT_PAGE_SIZE = 100
+# A queue's max_message_size when none is given (the engine's default).
+DEFAULT_MAX_MESSAGE_SIZE = 1024 * 1024
 MAX_PAGE_SIZE = 1000
 
 _PERMISSIONS = {
@@ -184,26 +186,56 @@ def page_size_of(
     return page_size
 
 
-def encode_page_token(last: str) -> str:
-    return base64.urlsafe_b64encode(last.encode()).decode("ascii")
+def encode_page_token(method: str, last: str) -> str:
+    """An opaque token: the List method it continues and the last key of the page before."""
+    return base64.urlsafe_b64encode(f"{method}:{last}".encode()).decode("ascii")
 
 
 def next_page(
-    rows: Sequence[Mapping[str, Any]], page_size: int, key: str = "name"
+    rows: Sequence[Mapping[str, Any]], page_size: int, method: str, key: str = "name"
 ) -> tuple[Sequence[Mapping[str, Any]], str]:
     """A page's rows, of page_size + 1 fetched, and the next page's token ("" on the last)."""
     if len(rows) <= page_size:
         return rows, ""
-    return rows[:page_size], encode_page_token(str(rows[page_size - 1][key]))
+    return rows[:page_size], encode_page_token(method, str(rows[page_size - 1][key]))
+
+
+def _foreign_token(method: str) -> ApiError:
+    return invalid(
+        "page_token is not one this server issued: pass the next_page_token of the "
+        f"previous {method} response, unchanged"
+    )
 
 
 def decode_page_token(token: str, method: str) -> str:
+    """The last key of the previous page, "" for the first page (no token)."""
     if not token:
         return ""
     try:
-        return base64.urlsafe_b64decode(token.encode("ascii")).decode()
+        # Strictly: the lenient decoder skips characters outside the alphabet.
+        decoded = base64.b64decode(token, altchars=b"-_", validate=True).decode()
     except (binascii.Error, UnicodeError, ValueError):
-        raise invalid(f"page_token is not a next_page_token of {method}") from None
+        raise _foreign_token(method) from None
+    issued_by, separator, last = decoded.partition(":")
+    if not separator or issued_by != method or encode_page_token(method, last) != token:
+        raise _foreign_token(method)
+    return last
+
+
+def decode_id_page_token(token: str, method: str) -> int:
+    """The last id (a bigint) of the previous page, 0 for the first page."""
+    last = decode_page_token(token, method)
+    if not last:
+        return 0
+    if not is_bigint_id(last):
+        raise _foreign_token(method)
+    return int(last)
+
+
+def is_bigint_id(text: str) -> bool:
+    """Whether `text` is an id the engine issues: ASCII digits that fit a bigint."""
+    # str.isdigit alone takes other scripts' digits ('١٢٣'), which int() reads as numbers.
+    return text.isascii() and text.isdigit() and len(text) <= 18
 
 
 class QueueService(queue_service_pb2_grpc.QueueServiceServicer):
@@ -215,9 +247,13 @@ class QueueService(queue_service_pb2_grpc.QueueServiceServicer):
         if queue.max_message_size > self.max_message_size:
             raise invalid(
                 f"max_message_size is {queue.max_message_size} bytes; this server accepts messages "
-                f"of at most {self.max_message_size} bytes"
+                f"of at most {self.max_message_size} bytes (--max-message-size)"
             )
-        return {field: SETTINGS[field](queue) for field in fields}
+        settings = {field: SETTINGS[field](queue) for field in fields}
+        if "max_message_size" in settings and settings["max_message_size"] is None:
+            # The default, unless this server accepts less: a queue never promises more.
+            settings["max_message_size"] = min(DEFAULT_MAX_MESSAGE_SIZE, self.max_message_size)
+        return settings
 
     @reports_errors
     async def CreateQueue(
@@ -243,10 +279,10 @@ class QueueService(queue_service_pb2_grpc.QueueServiceServicer):
         page_size = page_size_of(request.page_size)
         after = decode_page_token(request.page_token, "ListQueues")
         rows = await self.engine.list_queues(page_size + 1, after, request.name_prefix)
-        response = pb.ListQueuesResponse(queues=[queue_resource(row) for row in rows[:page_size]])
-        if len(rows) > page_size:
-            response.next_page_token = encode_page_token(rows[page_size - 1]["name"])
-        return response
+        rows, token = next_page(rows, page_size, "ListQueues")
+        return pb.ListQueuesResponse(
+            queues=[queue_resource(row) for row in rows], next_page_token=token
+        )
 
     @reports_errors
     async def UpdateQueue(
@@ -298,12 +334,13 @@ class QueueService(queue_service_pb2_grpc.QueueServiceServicer):
         self, request: pb.ListDeadLetterSourceQueuesRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListDeadLetterSourceQueuesResponse:
         page_size = page_size_of(request.page_size)
-        after = decode_page_token(request.page_token, "ListDeadLetterSourceQueues")
+        method = "ListDeadLetterSourceQueues"
+        after = decode_page_token(request.page_token, method)
         names = await self.engine.list_dead_letter_source_queues(request.name, page_size + 1, after)
-        response = pb.ListDeadLetterSourceQueuesResponse(queue_names=names[:page_size])
-        if len(names) > page_size:
-            response.next_page_token = encode_page_token(names[page_size - 1])
-        return response
+        rows, token = next_page([{"name": name} for name in names], page_size, method)
+        return pb.ListDeadLetterSourceQueuesResponse(
+            queue_names=[row["name"] for row in rows], next_page_token=token
+        )
 
     @reports_errors
     async def RedriveMessages(
@@ -331,11 +368,13 @@ class QueueService(queue_service_pb2_grpc.QueueServiceServicer):
     async def CancelRedriveTask(
         self, request: pb.CancelRedriveTaskRequest, context: grpc.aio.ServicerContext
     ) -> pb.CancelRedriveTaskResponse:
+        refusal = invalid(f"task_id {request.task_id[:40]!r} is not a task id of RedriveMessages")
+        # uuid.UUID reads other scripts' digits as hex digits, as int() does.
+        if not request.task_id.isascii():
+            raise refusal
         try:
             task_id = uuid.UUID(request.task_id)
         except ValueError:
-            raise invalid(
-                f"task_id {request.task_id!r} is not a task id of RedriveMessages"
-            ) from None
+            raise refusal from None
         row = await self.engine.cancel_redrive(task_id)
         return pb.CancelRedriveTaskResponse(task=redrive_task(row))

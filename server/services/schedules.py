@@ -88,8 +88,11 @@ def schedule_resource(row: Mapping[str, Any]) -> pb.Schedule:
 
 
 class ScheduleService(schedule_service_pb2_grpc.ScheduleServiceServicer):
-    def __init__(self, engine: Engine, on_change: Callable[[], None]) -> None:
+    def __init__(
+        self, engine: Engine, on_change: Callable[[], None], *, max_message_size: int
+    ) -> None:
         self.engine = engine
+        self.max_message_size = max_message_size
         # Wakes this server's scheduler, so a schedule due soon is not left to its poll.
         self.on_change = on_change
 
@@ -100,6 +103,7 @@ class ScheduleService(schedule_service_pb2_grpc.ScheduleServiceServicer):
         schedule = request.schedule
         timing = _timing(schedule)
         _check_target(schedule)
+        convert.check_message_size(schedule, self.max_message_size)
         first = timing.first(datetime.now(timezone.utc))
         row = await self.engine.create_schedule(schedule.name, first, _fields(schedule, timing))
         self.on_change()
@@ -118,7 +122,9 @@ class ScheduleService(schedule_service_pb2_grpc.ScheduleServiceServicer):
     ) -> pb.ListSchedulesResponse:
         page_size = page_size_of(request.page_size)
         after = decode_page_token(request.page_token, "ListSchedules")
-        rows, token = next_page(await self.engine.list_schedules(page_size + 1, after), page_size)
+        rows, token = next_page(
+            await self.engine.list_schedules(page_size + 1, after), page_size, "ListSchedules"
+        )
         return pb.ListSchedulesResponse(
             schedules=[schedule_resource(row) for row in rows], next_page_token=token
         )
@@ -147,6 +153,8 @@ class ScheduleService(schedule_service_pb2_grpc.ScheduleServiceServicer):
             first = timing.first(datetime.now(timezone.utc))
         if "target" in paths:
             _check_target(schedule)
+        # Fields outside the mask are empty here: a lower bound of the message it will send.
+        convert.check_message_size(schedule, self.max_message_size)
         row = await self.engine.update_schedule(
             schedule.name, paths, first, _fields(schedule, timing)
         )

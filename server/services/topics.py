@@ -13,7 +13,12 @@ from server import webhooks
 from server.db.engine import Engine, OutgoingPublish, Record
 from server.errors import ApiError, invalid
 from server.services import convert
-from server.services.queues import decode_page_token, next_page, page_size_of
+from server.services.queues import (
+    decode_id_page_token,
+    decode_page_token,
+    next_page,
+    page_size_of,
+)
 from server.services.status import reports_errors
 from server.wakeup import WakeHub
 
@@ -68,8 +73,9 @@ def _webhook_settings(endpoint: pb.WebhookEndpoint) -> dict[str, Any]:
     return settings
 
 
-def _outgoing(entry: Any) -> OutgoingPublish:
+def _outgoing(entry: Any, max_message_size: int) -> OutgoingPublish:
     """A PublishRequest or PublishBatchEntry as the engine takes it."""
+    convert.check_message_size(entry, max_message_size)
     return OutgoingPublish(
         body=entry.body,
         routing_key=entry.routing_key,
@@ -110,9 +116,15 @@ def webhook_delivery(row: Mapping[str, Any]) -> pb.WebhookDelivery:
 
 class TopicService(topic_service_pb2_grpc.TopicServiceServicer):
     def __init__(
-        self, engine: Engine, hub: WakeHub, on_webhook_deliveries: Callable[[], None]
+        self,
+        engine: Engine,
+        hub: WakeHub,
+        on_webhook_deliveries: Callable[[], None],
+        *,
+        max_message_size: int,
     ) -> None:
         self.engine = engine
+        self.max_message_size = max_message_size
         self.hub = hub
         # Wakes this server's webhook worker, which then delivers without waiting for its poll.
         self.on_webhook_deliveries = on_webhook_deliveries
@@ -138,7 +150,9 @@ class TopicService(topic_service_pb2_grpc.TopicServiceServicer):
     ) -> pb.ListTopicsResponse:
         page_size = page_size_of(request.page_size)
         after = decode_page_token(request.page_token, "ListTopics")
-        rows, token = next_page(await self.engine.list_topics(page_size + 1, after), page_size)
+        rows, token = next_page(
+            await self.engine.list_topics(page_size + 1, after), page_size, "ListTopics"
+        )
         return pb.ListTopicsResponse(
             topics=[topic_resource(row) for row in rows], next_page_token=token
         )
@@ -186,7 +200,9 @@ class TopicService(topic_service_pb2_grpc.TopicServiceServicer):
         page_size = page_size_of(request.page_size)
         after = decode_page_token(request.page_token, "ListSubscriptions")
         rows, token = next_page(
-            await self.engine.list_subscriptions(request.topic, page_size + 1, after), page_size
+            await self.engine.list_subscriptions(request.topic, page_size + 1, after),
+            page_size,
+            "ListSubscriptions",
         )
         return pb.ListSubscriptionsResponse(
             subscriptions=[subscription_resource(row) for row in rows], next_page_token=token
@@ -216,7 +232,7 @@ class TopicService(topic_service_pb2_grpc.TopicServiceServicer):
     async def Publish(
         self, request: pb.PublishRequest, context: grpc.aio.ServicerContext
     ) -> pb.PublishResponse:
-        (row,) = await self._publish(request.topic, [_outgoing(request)])
+        (row,) = await self._publish(request.topic, [_outgoing(request, self.max_message_size)])
         return pb.PublishResponse(**_result_fields(row))
 
     @reports_errors
@@ -226,7 +242,7 @@ class TopicService(topic_service_pb2_grpc.TopicServiceServicer):
         entries = []
         for index, entry in enumerate(request.entries):
             try:
-                entries.append(_outgoing(entry))
+                entries.append(_outgoing(entry, self.max_message_size))
             except ApiError as error:
                 raise invalid(f"entry {index}: {error.message}") from None
         rows = await self._publish(request.topic, entries)
@@ -240,14 +256,12 @@ class TopicService(topic_service_pb2_grpc.TopicServiceServicer):
         if request.state not in _DELIVERY_FILTERS:
             raise invalid(f"state {request.state} is not a known webhook delivery state")
         page_size = page_size_of(request.page_size)
-        after = decode_page_token(request.page_token, "ListWebhookDeliveries") or "0"
-        if not after.isdigit() or len(after) > 18:
-            raise invalid("page_token is not a next_page_token of ListWebhookDeliveries")
+        after = decode_id_page_token(request.page_token, "ListWebhookDeliveries")
         rows = await self.engine.list_webhook_deliveries(
-            request.topic, request.subscription, _DELIVERY_FILTERS[request.state], int(after),
+            request.topic, request.subscription, _DELIVERY_FILTERS[request.state], after,
             page_size + 1,
         )  # fmt: skip
-        rows, token = next_page(rows, page_size, "id")
+        rows, token = next_page(rows, page_size, "ListWebhookDeliveries", "id")
         return pb.ListWebhookDeliveriesResponse(
             deliveries=[webhook_delivery(row) for row in rows], next_page_token=token
         )

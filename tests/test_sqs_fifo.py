@@ -181,3 +181,26 @@ def test_fifo_batch_reports_each_entry(sqs_any, fifo_queue):
         "no_dedup": "InvalidParameterValue",
     }
     assert [m["Body"] for m in drain(sqs_any, fifo_queue)] == ["1", "4"]
+
+
+def test_stale_receipt_is_refused_on_a_fifo_queue(sqs_any, fifo_queue):
+    sqs_any.send_message(
+        QueueUrl=fifo_queue, MessageBody="x", MessageGroupId="g", MessageDeduplicationId="x"
+    )
+    (stale,) = sqs_any.receive_message(QueueUrl=fifo_queue, VisibilityTimeout=0)["Messages"]
+    (current,) = sqs_any.receive_message(QueueUrl=fifo_queue, VisibilityTimeout=600)["Messages"]
+    assert current["MessageId"] == stale["MessageId"]
+    error = error_of(
+        sqs_any.delete_message, QueueUrl=fifo_queue, ReceiptHandle=stale["ReceiptHandle"]
+    )
+    assert error["Code"] == "InvalidParameterValue"
+    assert "The receipt handle has expired" in error["Message"]
+    response = sqs_any.delete_message_batch(
+        QueueUrl=fifo_queue, Entries=[{"Id": "stale", "ReceiptHandle": stale["ReceiptHandle"]}]
+    )
+    assert [(e["Id"], e["Code"]) for e in response["Failed"]] == [
+        ("stale", "InvalidParameterValue")
+    ]
+    # Nothing was deleted: the current handle still deletes the message.
+    sqs_any.delete_message(QueueUrl=fifo_queue, ReceiptHandle=current["ReceiptHandle"])
+    assert drain(sqs_any, fifo_queue) == []

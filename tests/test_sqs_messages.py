@@ -47,6 +47,21 @@ def md5(text: str) -> str:
     return hashlib.md5(text.encode()).hexdigest()
 
 
+def attribute_digest(attributes: dict) -> str:
+    """MD5OfMessageAttributes as REFERENCE.md spells it out, apart from the shim's code."""
+    buffer = b""
+    for name in sorted(attributes):
+        value = attributes[name]
+        for field in (name.encode(), value["DataType"].encode()):
+            buffer += len(field).to_bytes(4, "big") + field
+        if "BinaryValue" in value:
+            transport, data = 2, value["BinaryValue"]
+        else:
+            transport, data = 1, value["StringValue"].encode()
+        buffer += bytes([transport]) + len(data).to_bytes(4, "big") + data
+    return hashlib.md5(buffer).hexdigest()
+
+
 def receive_all(client, url: str, **kwargs) -> list[dict]:
     return client.receive_message(QueueUrl=url, MaxNumberOfMessages=10, **kwargs).get(
         "Messages", []
@@ -330,3 +345,88 @@ def test_binary_body_from_grpc_arrives_as_text(sqs, sqs_queue, messages):
     (message,) = receive_all(sqs, sqs_queue)
     assert message["Body"] == "ok \ufffd\ufffd"
     assert message["MD5OfBody"] == md5(message["Body"])
+
+
+def test_carriage_returns_arrive_as_sent(sqs_any, sqs_queue):
+    """XML parsers fold CR and CRLF into LF: the query protocol must send CR escaped."""
+    body = "line one\r\nline two\rend\n"
+    attributes = {"note": {"DataType": "String", "StringValue": "a\r\nb\r"}}
+    sent = sqs_any.send_message(QueueUrl=sqs_queue, MessageBody=body, MessageAttributes=attributes)
+    assert sent["MD5OfMessageBody"] == md5(body)
+    assert sent["MD5OfMessageAttributes"] == attribute_digest(attributes)
+    (message,) = receive_all(sqs_any, sqs_queue, MessageAttributeNames=["All"])
+    assert message["Body"] == body
+    assert message["MD5OfBody"] == md5(body)
+    assert message["MessageAttributes"] == attributes
+    assert message["MD5OfMessageAttributes"] == attribute_digest(attributes)
+
+
+TRACE = "Root=1-5759e988-bd862e3fe1be46a994272793;Parent=53995c3f42cd8ad8;Sampled=1"
+TRACE_ATTRIBUTE = {"AWSTraceHeader": {"DataType": "String", "StringValue": TRACE}}
+
+
+def test_aws_trace_header_is_kept_and_returned(sqs_any, sqs_queue):
+    user = {"a": {"DataType": "String", "StringValue": "v"}}
+    sent = sqs_any.send_message(
+        QueueUrl=sqs_queue,
+        MessageBody="traced",
+        MessageAttributes=user,
+        MessageSystemAttributes=TRACE_ATTRIBUTE,
+    )
+    assert sent["MD5OfMessageSystemAttributes"] == attribute_digest(TRACE_ATTRIBUTE)
+    assert sent["MD5OfMessageAttributes"] == attribute_digest(user)
+    batch = sqs_any.send_message_batch(
+        QueueUrl=sqs_queue,
+        Entries=[
+            {"Id": "traced", "MessageBody": "batch", "MessageSystemAttributes": TRACE_ATTRIBUTE},
+            {"Id": "plain", "MessageBody": "plain"},
+        ],
+    )
+    digests = {e["Id"]: e.get("MD5OfMessageSystemAttributes") for e in batch["Successful"]}
+    assert digests == {"traced": attribute_digest(TRACE_ATTRIBUTE), "plain": None}
+
+    messages = receive_all(
+        sqs_any,
+        sqs_queue,
+        VisibilityTimeout=0,
+        AttributeNames=["AWSTraceHeader"],
+        MessageAttributeNames=["All"],
+    )
+    by_body = {message["Body"]: message for message in messages}
+    assert by_body["traced"]["Attributes"] == {"AWSTraceHeader": TRACE}
+    # The trace header is no message attribute, and not in their digest.
+    assert by_body["traced"]["MessageAttributes"] == user
+    assert by_body["traced"]["MD5OfMessageAttributes"] == attribute_digest(user)
+    assert by_body["batch"]["Attributes"] == {"AWSTraceHeader": TRACE}
+    assert "MessageAttributes" not in by_body["batch"]
+    assert "Attributes" not in by_body["plain"]
+    everything = receive_all(sqs_any, sqs_queue, AttributeNames=["All"])
+    traces = {m["Body"]: m["Attributes"].get("AWSTraceHeader") for m in everything}
+    assert traces == {"traced": TRACE, "batch": TRACE, "plain": None}
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"MessageSystemAttributes": {"SenderId": {"DataType": "String", "StringValue": "me"}}},
+        {
+            "MessageSystemAttributes": {
+                "AWSTraceHeader": {"DataType": "Binary", "BinaryValue": b"x"}
+            }
+        },
+        {"MessageSystemAttributes": {"AWSTraceHeader": {"DataType": "Number", "StringValue": "1"}}},
+        # The shim keeps system attributes under this prefix: senders cannot forge them.
+        {"MessageAttributes": {"postbox-sqs.AWSTraceHeader": TRACE_ATTRIBUTE["AWSTraceHeader"]}},
+        # postbox counts the trace header among its 10 attributes.
+        {
+            "MessageAttributes": {
+                f"a{i}": {"DataType": "String", "StringValue": "v"} for i in range(10)
+            },
+            "MessageSystemAttributes": TRACE_ATTRIBUTE,
+        },
+    ],
+)
+def test_bad_system_attributes_are_refused(sqs_any, sqs_queue, kwargs):
+    error = error_of(sqs_any.send_message, QueueUrl=sqs_queue, MessageBody="x", **kwargs)
+    assert error["Code"] == "InvalidParameterValue"
+    assert receive_all(sqs_any, sqs_queue) == []

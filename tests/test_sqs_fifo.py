@@ -204,3 +204,35 @@ def test_stale_receipt_is_refused_on_a_fifo_queue(sqs_any, fifo_queue):
     # Nothing was deleted: the current handle still deletes the message.
     sqs_any.delete_message(QueueUrl=fifo_queue, ReceiptHandle=current["ReceiptHandle"])
     assert drain(sqs_any, fifo_queue) == []
+
+
+def test_fifo_receive_attributes_and_attempt_id(sqs_any, fifo_queue):
+    sent = sqs_any.send_message(
+        QueueUrl=fifo_queue, MessageBody="x", MessageGroupId="g1", MessageDeduplicationId="d1"
+    )
+    # ReceiveRequestAttemptId is accepted; postbox does not replay a receive by it.
+    (message,) = sqs_any.receive_message(
+        QueueUrl=fifo_queue,
+        ReceiveRequestAttemptId="attempt-1",
+        VisibilityTimeout=0,
+        AttributeNames=["MessageGroupId", "SequenceNumber", "ApproximateReceiveCount"],
+    )["Messages"]
+    assert message["Attributes"] == {
+        "MessageGroupId": "g1",
+        "SequenceNumber": sent["SequenceNumber"],
+        "ApproximateReceiveCount": "1",
+    }
+    (again,) = sqs_any.receive_message(QueueUrl=fifo_queue, AttributeNames=["All"])["Messages"]
+    assert again["Attributes"]["MessageDeduplicationId"] == "d1"
+    assert again["Attributes"]["ApproximateReceiveCount"] == "2"
+    assert {"SentTimestamp", "ApproximateFirstReceiveTimestamp"} <= set(again["Attributes"])
+
+
+def test_fifo_message_system_attribute_names(sqs, fifo_queue):
+    sqs.send_message(
+        QueueUrl=fifo_queue, MessageBody="x", MessageGroupId="g1", MessageDeduplicationId="d1"
+    )
+    (message,) = sqs.receive_message(
+        QueueUrl=fifo_queue, MessageSystemAttributeNames=["MessageGroupId", "SentTimestamp"]
+    )["Messages"]
+    assert set(message["Attributes"]) == {"MessageGroupId", "SentTimestamp"}

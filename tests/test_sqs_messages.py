@@ -430,3 +430,53 @@ def test_bad_system_attributes_are_refused(sqs_any, sqs_queue, kwargs):
     error = error_of(sqs_any.send_message, QueueUrl=sqs_queue, MessageBody="x", **kwargs)
     assert error["Code"] == "InvalidParameterValue"
     assert receive_all(sqs_any, sqs_queue) == []
+
+
+def test_receive_selects_attributes_by_prefix_and_all(sqs_any, sqs_queue):
+    sent = {
+        name: {"DataType": "String", "StringValue": name}
+        for name in ("order.id", "order.total", "orderly", "other")
+    }
+    sqs_any.send_message(QueueUrl=sqs_queue, MessageBody="x", MessageAttributes=sent)
+    for wanted, names in [
+        (["order.*"], {"order.id", "order.total"}),
+        (["order.*", "other"], {"order.id", "order.total", "other"}),
+        (["All"], set(sent)),
+        ([".*"], set(sent)),
+        (["orderly", "order"], {"orderly"}),
+        ([], set()),
+    ]:
+        (message,) = receive_all(
+            sqs_any, sqs_queue, VisibilityTimeout=0, MessageAttributeNames=wanted
+        )
+        assert set(message.get("MessageAttributes", {})) == names, wanted
+        expected = attribute_digest({name: sent[name] for name in names}) if names else None
+        assert message.get("MD5OfMessageAttributes") == expected, wanted
+
+
+def test_attribute_names_and_message_system_attribute_names_combine(sqs, sqs_queue):
+    # The query model botocore ships has no MessageSystemAttributeNames; test_sqs_wire
+    # sends its query form (MessageSystemAttributeName.N) directly.
+    sqs.send_message(QueueUrl=sqs_queue, MessageBody="x")
+    (first,) = receive_all(
+        sqs,
+        sqs_queue,
+        VisibilityTimeout=0,
+        AttributeNames=["SentTimestamp"],
+        MessageSystemAttributeNames=["ApproximateReceiveCount"],
+    )
+    assert set(first["Attributes"]) == {"SentTimestamp", "ApproximateReceiveCount"}
+    (second,) = receive_all(
+        sqs,
+        sqs_queue,
+        MessageSystemAttributeNames=[
+            "ApproximateFirstReceiveTimestamp",
+            "ApproximateReceiveCount",
+            "SentTimestamp",
+        ],
+    )
+    assert second["Attributes"]["ApproximateReceiveCount"] == "2"
+    assert second["Attributes"]["SentTimestamp"] == first["Attributes"]["SentTimestamp"]
+    assert int(second["Attributes"]["ApproximateFirstReceiveTimestamp"]) >= int(
+        first["Attributes"]["SentTimestamp"]
+    )

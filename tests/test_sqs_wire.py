@@ -258,3 +258,47 @@ def test_shapes_use_the_query_names_of_the_sqs_model():
         if "output" in operation:
             theirs = _model_tree(model, operation["output"]["shape"])
             _contains(theirs, _our_tree(result), action)
+
+
+def test_query_message_system_attribute_names(sqs_shim):
+    """The query form of MessageSystemAttributeNames (botocore's query model lacks it)."""
+    name = unique_name("wire_system")
+    path = f"/{SQS_ACCOUNT}/{name}"
+    assert query_call(sqs_shim.endpoint, {"Action": "CreateQueue", "QueueName": name})[0] == 200
+    try:
+        query_call(sqs_shim.endpoint, {"Action": "SendMessage", "MessageBody": "x"}, path)
+        status, _, body = query_call(
+            sqs_shim.endpoint,
+            {
+                "Action": "ReceiveMessage",
+                "MessageSystemAttributeName.1": "SentTimestamp",
+                "MessageSystemAttributeName.2": "ApproximateReceiveCount",
+                "AttributeName.1": "ApproximateFirstReceiveTimestamp",
+            },
+            path,
+        )
+        assert status == 200
+        names = {
+            element.findtext("sqs:Name", namespaces=NS): element.findtext(
+                "sqs:Value", namespaces=NS
+            )
+            for element in ElementTree.fromstring(body).iterfind(
+                "sqs:ReceiveMessageResult/sqs:Message/sqs:Attribute", NS
+            )
+        }
+        assert set(names) == {
+            "SentTimestamp",
+            "ApproximateReceiveCount",
+            "ApproximateFirstReceiveTimestamp",
+        }
+        assert names["ApproximateReceiveCount"] == "1"
+        status, _, body = query_call(
+            sqs_shim.endpoint,
+            {"Action": "ReceiveMessage", "MessageSystemAttributeName.1": "NoSuchAttribute"},
+            path,
+        )
+        assert status == 400
+        code = ElementTree.fromstring(body).findtext("sqs:Error/sqs:Code", namespaces=NS)
+        assert code == "InvalidAttributeName"
+    finally:
+        query_call(sqs_shim.endpoint, {"Action": "DeleteQueue"}, path)

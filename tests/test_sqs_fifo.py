@@ -236,3 +236,37 @@ def test_fifo_message_system_attribute_names(sqs, fifo_queue):
         QueueUrl=fifo_queue, MessageSystemAttributeNames=["MessageGroupId", "SentTimestamp"]
     )["Messages"]
     assert set(message["Attributes"]) == {"MessageGroupId", "SentTimestamp"}
+
+
+def test_fifo_delay_seconds_zero_is_no_delay(sqs_any, fifo_queue):
+    sqs_any.send_message(
+        QueueUrl=fifo_queue,
+        MessageBody="now",
+        MessageGroupId="g",
+        MessageDeduplicationId="now",
+        DelaySeconds=0,
+    )
+    response = sqs_any.send_message_batch(
+        QueueUrl=fifo_queue,
+        Entries=[
+            {
+                "Id": "zero",
+                "MessageBody": "also now",
+                "MessageGroupId": "g",
+                "MessageDeduplicationId": "also",
+                "DelaySeconds": 0,
+            },
+            {
+                "Id": "later",
+                "MessageBody": "later",
+                "MessageGroupId": "g",
+                "MessageDeduplicationId": "later",
+                "DelaySeconds": 1,
+            },
+        ],
+    )
+    assert [e["Id"] for e in response["Successful"]] == ["zero"]
+    assert [(e["Id"], e["Code"]) for e in response["Failed"]] == [
+        ("later", "InvalidParameterValue")
+    ]
+    assert [m["Body"] for m in drain(sqs_any, fifo_queue)] == ["now", "also now"]

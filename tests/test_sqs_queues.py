@@ -129,6 +129,11 @@ def test_approximate_counts(sqs_any, sqs_queue):
         ({"VisibilityTimeout": "ten"}, "InvalidAttributeValue"),
         ({"NoSuchAttribute": "1"}, "InvalidAttributeName"),
         ({"QueueArn": "arn:aws:sqs:us-east-1:000000000000:x"}, "InvalidAttributeName"),
+        # Known to SQS, beyond postbox: values other than "none" are refused.
+        ({"Policy": '{"Version": "2012-10-17", "Statement": []}'}, "InvalidAttributeValue"),
+        ({"SqsManagedSseEnabled": "true"}, "InvalidAttributeValue"),
+        ({"KmsMasterKeyId": "alias/aws/sqs"}, "InvalidAttributeValue"),
+        ({"KmsDataKeyReusePeriodSeconds": "60"}, "InvalidAttributeValue"),
     ],
 )
 def test_bad_attributes_are_refused_and_change_nothing(sqs_any, sqs_queue, attributes, code):
@@ -205,5 +210,28 @@ def test_tags(sqs_any, request):
             "InvalidParameterValue"
         )
         assert "Tags" not in sqs_any.list_queue_tags(QueueUrl=url)
+    finally:
+        sqs_any.delete_queue(QueueUrl=url)
+
+
+@pytest.mark.parametrize("fifo", [False, True])
+def test_attributes_meaning_none_are_accepted(sqs_any, request, fifo):
+    """Tools such as Terraform send SQS's "none" values for policy and encryption."""
+    none = {
+        "Policy": "",
+        "SqsManagedSseEnabled": "false",
+        "KmsMasterKeyId": "",
+        "KmsDataKeyReusePeriodSeconds": "300",
+    }
+    name = unique_name(request.node.name)[:70] + (".fifo" if fifo else "")
+    attributes = {**none, **({"FifoQueue": "true"} if fifo else {})}
+    url = sqs_any.create_queue(QueueName=name, Attributes=attributes)["QueueUrl"]
+    try:
+        # The same again is the same queue.
+        assert sqs_any.create_queue(QueueName=name, Attributes=attributes)["QueueUrl"] == url
+        sqs_any.set_queue_attributes(QueueUrl=url, Attributes=none)
+        got = sqs_any.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
+        assert got["SqsManagedSseEnabled"] == "false"
+        assert not {"Policy", "KmsMasterKeyId", "KmsDataKeyReusePeriodSeconds"} & set(got)
     finally:
         sqs_any.delete_queue(QueueUrl=url)

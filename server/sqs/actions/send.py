@@ -63,9 +63,11 @@ def prepare(params: Mapping[str, Any], fifo: bool) -> pb.SendBatchEntry:
     if fifo:
         if not group:
             raise missing_parameter("MessageGroupId")
-        # FIFO messages keep their group's order: no per-message delay.
-        if delay is not None:
+        # FIFO messages keep their group's order: no per-message delay. SQS accepts 0,
+        # which leaves the queue's delay to apply, as postbox does with none given.
+        if delay:
             raise _not_for_this_queue("DelaySeconds", delay)
+        delay = None
     elif deduplication:
         raise _not_for_this_queue("MessageDeduplicationId", deduplication)
     entry = pb.SendBatchEntry(

@@ -281,8 +281,9 @@ def test_queue_wait_time_is_the_default(sqs_any, sqs_queue):
     assert time.monotonic() - started < 0.9
 
 
-def test_long_poll_wakes_within_100_ms_of_a_send(sqs, sqs_shim, sqs_queue):
-    receiver = sqs_client(sqs_shim.endpoint)  # its own connection
+@pytest.mark.parametrize("protocol", ["json", "query"])
+def test_long_poll_wakes_within_100_ms_of_a_send(sqs, sqs_shim, sqs_queue, protocol):
+    receiver = sqs_client(sqs_shim.endpoint, protocol)  # its own connection
     receiver.list_queues()  # connected before timing starts
     delays = []
     for round_ in range(5):
@@ -307,8 +308,9 @@ def test_long_poll_wakes_within_100_ms_of_a_send(sqs, sqs_shim, sqs_queue):
         assert message["Body"] == f"wake {round_}"
         sqs.delete_message(QueueUrl=sqs_queue, ReceiptHandle=message["ReceiptHandle"])
         delays.append(result["returned"] - sent)
-    delays.sort()
-    assert delays[len(delays) // 2] < 0.1, f"wake-up delays after send: {delays}"
+    # Every wake-up, not a typical one: a poll that misses the send's notification
+    # and finds the message by polling again would show here.
+    assert max(delays) < 0.1, f"wake-up delays after send: {delays}"
 
 
 def test_client_disconnect_cancels_the_long_poll(sqs, sqs_queue):

@@ -302,3 +302,52 @@ def test_query_message_system_attribute_names(sqs_shim):
         assert code == "InvalidAttributeName"
     finally:
         query_call(sqs_shim.endpoint, {"Action": "DeleteQueue"}, path)
+
+
+def error_code_of(headers: dict[str, str], body: bytes) -> str:
+    """The error code of a response in either protocol."""
+    if "x-amzn-query-error" in headers:
+        return headers["x-amzn-query-error"].split(";")[0]
+    return ElementTree.fromstring(body).findtext("sqs:Error/sqs:Code", namespaces=NS)
+
+
+JSON_HEADERS = {
+    "X-Amz-Target": "AmazonSQS.ListQueues",
+    "Content-Type": "application/x-amz-json-1.0",
+}
+FORM_HEADERS = {"Content-Type": "application/x-www-form-urlencoded"}
+FORM_BODY = b"Action=ListQueues&Version=2012-11-05"
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "headers", "body", "status", "code"),
+    [
+        ("POST", "/nowhere", JSON_HEADERS, b"{}", 404, "InvalidAddress"),
+        ("POST", "/a/b/c", FORM_HEADERS, FORM_BODY, 404, "InvalidAddress"),
+        ("GET", "/favicon.ico", {}, b"", 404, "InvalidAddress"),
+        ("PUT", "/", JSON_HEADERS, b"{}", 400, "InvalidHttpRequest"),
+        ("DELETE", "/", FORM_HEADERS, FORM_BODY, 400, "InvalidHttpRequest"),
+        ("POST", "/", {**JSON_HEADERS, "Content-Type": "text/plain"}, b"{}",
+         400, "InvalidHttpRequest"),
+        ("POST", "/", {**JSON_HEADERS, "Content-Type": "application/x-www-form-urlencoded"}, b"{}",
+         400, "InvalidHttpRequest"),
+        ("POST", "/", {"Content-Type": "application/json"}, b'{"Action": "ListQueues"}', 400,
+         "InvalidHttpRequest"),
+        ("POST", "/", {"Content-Type": "text/xml"}, FORM_BODY, 400, "InvalidHttpRequest"),
+    ],
+)  # fmt: skip
+def test_requests_that_are_not_sqs_are_refused(sqs_shim, method, path, headers, body, status, code):
+    got_status, got_headers, got_body = http(sqs_shim.endpoint, method, path, body, headers)
+    assert got_status == status
+    request_id = assert_request_id(got_headers)
+    assert error_code_of(got_headers, got_body) == code
+    if "X-Amz-Target" in headers:
+        assert got_headers["content-type"].startswith("application/x-amz-json-1.0")
+    else:
+        root = ElementTree.fromstring(got_body)
+        assert root.findtext("sqs:RequestId", namespaces=NS) == request_id
+
+
+def test_form_content_type_with_a_charset_is_accepted(sqs_shim):
+    headers = {"Content-Type": "application/x-www-form-urlencoded; charset=utf-8"}
+    assert http(sqs_shim.endpoint, "POST", "/", FORM_BODY, headers)[0] == 200

@@ -139,7 +139,9 @@ def test_query_unknown_or_missing_action(sqs_shim, params, code):
     assert ElementTree.fromstring(body).findtext("sqs:Error/sqs:Code", namespaces=NS) == code
 
 
-@pytest.mark.parametrize("body", [b"{not json", json.dumps({"QueueName": 5}).encode(), b"[]"])
+@pytest.mark.parametrize(
+    "body", [b"{not json", json.dumps({"QueueName": 5}).encode(), b"[]", b"null", b'"text"']
+)
 def test_malformed_json_is_invalid_parameter_value(sqs_shim, body):
     status, headers, _ = json_call(sqs_shim.endpoint, "CreateQueue", body)
     assert status == 400

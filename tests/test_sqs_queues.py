@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from urllib.parse import quote
 
 import pytest
 from botocore.exceptions import ClientError
@@ -43,10 +44,27 @@ def test_create_is_idempotent_unless_attributes_differ(sqs_any, request):
         sqs_any.delete_queue(QueueUrl=url)
 
 
-@pytest.mark.parametrize("name", ["", "has space", "x" * 81, "dot.ted"])
+BAD_NAMES = ["has space", "x" * 81, "x" * 76 + ".fifo", "dot.ted", "a.fifo.fifo", "new\nline"]
+
+
+@pytest.mark.parametrize("name", ["", *BAD_NAMES])
 def test_create_with_a_bad_name_is_refused(sqs_any, name):
     expected = "MissingParameter" if name == "" else "InvalidParameterValue"
-    assert error_code(sqs_any.create_queue, QueueName=name) == expected
+    attributes = {"FifoQueue": "true"} if name.endswith(".fifo") else {}
+    assert error_code(sqs_any.create_queue, QueueName=name, Attributes=attributes) == expected
+
+
+@pytest.mark.parametrize("name", [*BAD_NAMES, "x" * 75 + ".FIFO", "ünïcode"])
+def test_a_bad_name_names_no_queue(sqs_any, sqs_shim, name):
+    """SQS's answer for a name no queue can have, whatever postbox says of it."""
+    url = f"{sqs_shim.endpoint}/{SQS_ACCOUNT}/{quote(name)}"
+    for call in (
+        lambda: sqs_any.get_queue_url(QueueName=name),
+        lambda: sqs_any.send_message(QueueUrl=url, MessageBody="x"),
+        lambda: sqs_any.get_queue_attributes(QueueUrl=url),
+        lambda: sqs_any.delete_queue(QueueUrl=url),
+    ):
+        assert error_code(call) == "AWS.SimpleQueueService.NonExistentQueue", name
 
 
 def test_list_queues_pages_with_max_results(sqs_any, request):

@@ -353,3 +353,33 @@ def test_requests_that_are_not_sqs_are_refused(sqs_shim, method, path, headers, 
 def test_form_content_type_with_a_charset_is_accepted(sqs_shim):
     headers = {"Content-Type": "application/x-www-form-urlencoded; charset=utf-8"}
     assert http(sqs_shim.endpoint, "POST", "/", FORM_BODY, headers)[0] == 200
+
+
+def test_form_bytes_that_are_not_utf8_are_refused(sqs_shim, sqs):
+    """Replacing them would send another body than the client's, with another MD5."""
+    name = unique_name("wire_utf8")
+    url = sqs.create_queue(QueueName=name)["QueueUrl"]
+    try:
+        for body in (
+            b"Action=SendMessage&MessageBody=caf\xe9",
+            b"Action=SendMessage&MessageBody=\xff",
+        ):
+            status, _, response = http(
+                sqs_shim.endpoint, "POST", f"/{SQS_ACCOUNT}/{name}", body, FORM_HEADERS
+            )
+            assert status == 400
+            code = ElementTree.fromstring(response).findtext("sqs:Error/sqs:Code", namespaces=NS)
+            assert code == "InvalidParameterValue"
+        assert "Messages" not in sqs.receive_message(QueueUrl=url)
+        # The same text percent-encoded as UTF-8 is a message.
+        status, _, _ = http(
+            sqs_shim.endpoint,
+            "POST",
+            f"/{SQS_ACCOUNT}/{name}",
+            b"Action=SendMessage&MessageBody=caf%C3%A9",
+            FORM_HEADERS,
+        )
+        assert status == 200
+        assert sqs.receive_message(QueueUrl=url)["Messages"][0]["Body"] == "café"
+    finally:
+        sqs.delete_queue(QueueUrl=url)

@@ -58,8 +58,7 @@ class _Query:
     action = ""
 
     def parse(self, request: web.Request, body: bytes) -> dict[str, Any]:
-        text = body.decode("utf-8", errors="replace") if body else request.query_string
-        form = query.parse_form(text)
+        form = query.parse_form(query.form_text(body) if body else request.query_string)
         self.action = form.get("Action", "")
         if not self.action:
             raise SqsError(MISSING_ACTION, "The request must contain the parameter Action.")

@@ -22,6 +22,15 @@ _NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 _INTEGER = re.compile(r"^[+-]?[0-9]+$")
 
 
+def form_text(body: bytes) -> str:
+    """A form body as text. Bytes that are not UTF-8 are refused, not replaced: the
+    message would differ from what the client sent, and so would its MD5OfMessageBody."""
+    try:
+        return body.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise invalid_parameter(f"The request body is not valid UTF-8: {error}.") from None
+
+
 def parse_form(text: str) -> dict[str, str]:
     """Form parameters; a name given twice keeps its first value."""
     form: dict[str, str] = {}

@@ -482,3 +482,12 @@ def test_attribute_names_and_message_system_attribute_names_combine(sqs, sqs_que
     assert int(second["Attributes"]["ApproximateFirstReceiveTimestamp"]) >= int(
         first["Attributes"]["SentTimestamp"]
     )
+
+
+def test_aws_trace_header_by_message_system_attribute_names(sqs, sqs_queue):
+    sqs.send_message(QueueUrl=sqs_queue, MessageBody="x", MessageSystemAttributes=TRACE_ATTRIBUTE)
+    (message,) = receive_all(
+        sqs, sqs_queue, MessageSystemAttributeNames=["AWSTraceHeader", "SentTimestamp"]
+    )
+    assert message["Attributes"]["AWSTraceHeader"] == TRACE
+    assert set(message["Attributes"]) == {"AWSTraceHeader", "SentTimestamp"}

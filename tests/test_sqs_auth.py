@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 import botocore.auth
 import pytest
 from botocore.exceptions import ClientError
-from support import ServerProcess, SqsShimProcess, sqs_client, unique_name
+from support import SQS_ACCOUNT, ServerProcess, SqsShimProcess, sqs_client, unique_name
 
 KEY, SECRET = "AKIDPOSTBOXTEST1", "secret-one"
 FILE_KEY, FILE_SECRET = "AKIDPOSTBOXFILE2", "secret-from-file"
@@ -66,12 +66,15 @@ def test_unknown_key_is_invalid_client_token_id(signed_shim, protocol):
     assert code_of(client.list_queues) == ("InvalidClientTokenId", 403)
 
 
-def test_request_older_than_15_minutes_is_expired(signed_shim, monkeypatch):
+@pytest.mark.parametrize("protocol", ["json", "query"])
+def test_request_older_than_15_minutes_is_expired(signed_shim, monkeypatch, protocol):
     # A client whose clock is 16 minutes behind signs with that time.
     late = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(minutes=16)
     monkeypatch.setattr(botocore.auth, "get_current_datetime", lambda: late.replace(tzinfo=None))
-    client = sqs_client(signed_shim.endpoint, "json", KEY, SECRET)
+    client = sqs_client(signed_shim.endpoint, protocol, KEY, SECRET)
     assert code_of(client.list_queues) == ("RequestExpired", 400)
+    url = f"{signed_shim.endpoint}/{SQS_ACCOUNT}/{unique_name('expired')}"
+    assert code_of(client.send_message, QueueUrl=url, MessageBody="x") == ("RequestExpired", 400)
 
 
 def test_request_within_the_skew_is_accepted(signed_shim, monkeypatch):

@@ -181,3 +181,92 @@ def test_fifo_batch_reports_each_entry(sqs_any, fifo_queue):
         "no_dedup": "InvalidParameterValue",
     }
     assert [m["Body"] for m in drain(sqs_any, fifo_queue)] == ["1", "4"]
+
+
+def test_stale_receipt_is_refused_on_a_fifo_queue(sqs_any, fifo_queue):
+    sqs_any.send_message(
+        QueueUrl=fifo_queue, MessageBody="x", MessageGroupId="g", MessageDeduplicationId="x"
+    )
+    (stale,) = sqs_any.receive_message(QueueUrl=fifo_queue, VisibilityTimeout=0)["Messages"]
+    (current,) = sqs_any.receive_message(QueueUrl=fifo_queue, VisibilityTimeout=600)["Messages"]
+    assert current["MessageId"] == stale["MessageId"]
+    error = error_of(
+        sqs_any.delete_message, QueueUrl=fifo_queue, ReceiptHandle=stale["ReceiptHandle"]
+    )
+    assert error["Code"] == "InvalidParameterValue"
+    assert "The receipt handle has expired" in error["Message"]
+    response = sqs_any.delete_message_batch(
+        QueueUrl=fifo_queue, Entries=[{"Id": "stale", "ReceiptHandle": stale["ReceiptHandle"]}]
+    )
+    assert [(e["Id"], e["Code"]) for e in response["Failed"]] == [
+        ("stale", "InvalidParameterValue")
+    ]
+    # Nothing was deleted: the current handle still deletes the message.
+    sqs_any.delete_message(QueueUrl=fifo_queue, ReceiptHandle=current["ReceiptHandle"])
+    assert drain(sqs_any, fifo_queue) == []
+
+
+def test_fifo_receive_attributes_and_attempt_id(sqs_any, fifo_queue):
+    sent = sqs_any.send_message(
+        QueueUrl=fifo_queue, MessageBody="x", MessageGroupId="g1", MessageDeduplicationId="d1"
+    )
+    # ReceiveRequestAttemptId is accepted; postbox does not replay a receive by it.
+    (message,) = sqs_any.receive_message(
+        QueueUrl=fifo_queue,
+        ReceiveRequestAttemptId="attempt-1",
+        VisibilityTimeout=0,
+        AttributeNames=["MessageGroupId", "SequenceNumber", "ApproximateReceiveCount"],
+    )["Messages"]
+    assert message["Attributes"] == {
+        "MessageGroupId": "g1",
+        "SequenceNumber": sent["SequenceNumber"],
+        "ApproximateReceiveCount": "1",
+    }
+    (again,) = sqs_any.receive_message(QueueUrl=fifo_queue, AttributeNames=["All"])["Messages"]
+    assert again["Attributes"]["MessageDeduplicationId"] == "d1"
+    assert again["Attributes"]["ApproximateReceiveCount"] == "2"
+    assert {"SentTimestamp", "ApproximateFirstReceiveTimestamp"} <= set(again["Attributes"])
+
+
+def test_fifo_message_system_attribute_names(sqs, fifo_queue):
+    sqs.send_message(
+        QueueUrl=fifo_queue, MessageBody="x", MessageGroupId="g1", MessageDeduplicationId="d1"
+    )
+    (message,) = sqs.receive_message(
+        QueueUrl=fifo_queue, MessageSystemAttributeNames=["MessageGroupId", "SentTimestamp"]
+    )["Messages"]
+    assert set(message["Attributes"]) == {"MessageGroupId", "SentTimestamp"}
+
+
+def test_fifo_delay_seconds_zero_is_no_delay(sqs_any, fifo_queue):
+    sqs_any.send_message(
+        QueueUrl=fifo_queue,
+        MessageBody="now",
+        MessageGroupId="g",
+        MessageDeduplicationId="now",
+        DelaySeconds=0,
+    )
+    response = sqs_any.send_message_batch(
+        QueueUrl=fifo_queue,
+        Entries=[
+            {
+                "Id": "zero",
+                "MessageBody": "also now",
+                "MessageGroupId": "g",
+                "MessageDeduplicationId": "also",
+                "DelaySeconds": 0,
+            },
+            {
+                "Id": "later",
+                "MessageBody": "later",
+                "MessageGroupId": "g",
+                "MessageDeduplicationId": "later",
+                "DelaySeconds": 1,
+            },
+        ],
+    )
+    assert [e["Id"] for e in response["Successful"]] == ["zero"]
+    assert [(e["Id"], e["Code"]) for e in response["Failed"]] == [
+        ("later", "InvalidParameterValue")
+    ]
+    assert [m["Body"] for m in drain(sqs_any, fifo_queue)] == ["now", "also now"]

@@ -47,6 +47,21 @@ def md5(text: str) -> str:
     return hashlib.md5(text.encode()).hexdigest()
 
 
+def attribute_digest(attributes: dict) -> str:
+    """MD5OfMessageAttributes as REFERENCE.md spells it out, apart from the shim's code."""
+    buffer = b""
+    for name in sorted(attributes):
+        value = attributes[name]
+        for field in (name.encode(), value["DataType"].encode()):
+            buffer += len(field).to_bytes(4, "big") + field
+        if "BinaryValue" in value:
+            transport, data = 2, value["BinaryValue"]
+        else:
+            transport, data = 1, value["StringValue"].encode()
+        buffer += bytes([transport]) + len(data).to_bytes(4, "big") + data
+    return hashlib.md5(buffer).hexdigest()
+
+
 def receive_all(client, url: str, **kwargs) -> list[dict]:
     return client.receive_message(QueueUrl=url, MaxNumberOfMessages=10, **kwargs).get(
         "Messages", []
@@ -144,12 +159,11 @@ def test_visibility_timeout_and_change(sqs_any, sqs_queue):
     (again,) = receive_all(sqs_any, sqs_queue, AttributeNames=["ApproximateReceiveCount"])
     assert again["MessageId"] == message["MessageId"]
     assert again["Attributes"]["ApproximateReceiveCount"] == "2"
-    # The first receipt is stale now: the message was delivered again since.
-    error = error_of(
-        sqs_any.delete_message, QueueUrl=sqs_queue, ReceiptHandle=message["ReceiptHandle"]
-    )
-    assert error["Code"] == "InvalidParameterValue"
-    assert "The receipt handle has expired" in error["Message"]
+    # The first receipt is stale now: the message was delivered again since. A standard
+    # queue answers success and deletes nothing; the current holder keeps its lease.
+    sqs_any.delete_message(QueueUrl=sqs_queue, ReceiptHandle=message["ReceiptHandle"])
+    counts = sqs_any.get_queue_attributes(QueueUrl=sqs_queue, AttributeNames=["All"])
+    assert counts["Attributes"]["ApproximateNumberOfMessagesNotVisible"] == "1"
     error = error_of(
         sqs_any.change_message_visibility,
         QueueUrl=sqs_queue,
@@ -267,8 +281,9 @@ def test_queue_wait_time_is_the_default(sqs_any, sqs_queue):
     assert time.monotonic() - started < 0.9
 
 
-def test_long_poll_wakes_within_100_ms_of_a_send(sqs, sqs_shim, sqs_queue):
-    receiver = sqs_client(sqs_shim.endpoint)  # its own connection
+@pytest.mark.parametrize("protocol", ["json", "query"])
+def test_long_poll_wakes_within_100_ms_of_a_send(sqs, sqs_shim, sqs_queue, protocol):
+    receiver = sqs_client(sqs_shim.endpoint, protocol)  # its own connection
     receiver.list_queues()  # connected before timing starts
     delays = []
     for round_ in range(5):
@@ -293,8 +308,9 @@ def test_long_poll_wakes_within_100_ms_of_a_send(sqs, sqs_shim, sqs_queue):
         assert message["Body"] == f"wake {round_}"
         sqs.delete_message(QueueUrl=sqs_queue, ReceiptHandle=message["ReceiptHandle"])
         delays.append(result["returned"] - sent)
-    delays.sort()
-    assert delays[len(delays) // 2] < 0.1, f"wake-up delays after send: {delays}"
+    # Every wake-up, not a typical one: a poll that misses the send's notification
+    # and finds the message by polling again would show here.
+    assert max(delays) < 0.1, f"wake-up delays after send: {delays}"
 
 
 def test_client_disconnect_cancels_the_long_poll(sqs, sqs_queue):
@@ -331,3 +347,147 @@ def test_binary_body_from_grpc_arrives_as_text(sqs, sqs_queue, messages):
     (message,) = receive_all(sqs, sqs_queue)
     assert message["Body"] == "ok \ufffd\ufffd"
     assert message["MD5OfBody"] == md5(message["Body"])
+
+
+def test_carriage_returns_arrive_as_sent(sqs_any, sqs_queue):
+    """XML parsers fold CR and CRLF into LF: the query protocol must send CR escaped."""
+    body = "line one\r\nline two\rend\n"
+    attributes = {"note": {"DataType": "String", "StringValue": "a\r\nb\r"}}
+    sent = sqs_any.send_message(QueueUrl=sqs_queue, MessageBody=body, MessageAttributes=attributes)
+    assert sent["MD5OfMessageBody"] == md5(body)
+    assert sent["MD5OfMessageAttributes"] == attribute_digest(attributes)
+    (message,) = receive_all(sqs_any, sqs_queue, MessageAttributeNames=["All"])
+    assert message["Body"] == body
+    assert message["MD5OfBody"] == md5(body)
+    assert message["MessageAttributes"] == attributes
+    assert message["MD5OfMessageAttributes"] == attribute_digest(attributes)
+
+
+TRACE = "Root=1-5759e988-bd862e3fe1be46a994272793;Parent=53995c3f42cd8ad8;Sampled=1"
+TRACE_ATTRIBUTE = {"AWSTraceHeader": {"DataType": "String", "StringValue": TRACE}}
+
+
+def test_aws_trace_header_is_kept_and_returned(sqs_any, sqs_queue):
+    user = {"a": {"DataType": "String", "StringValue": "v"}}
+    sent = sqs_any.send_message(
+        QueueUrl=sqs_queue,
+        MessageBody="traced",
+        MessageAttributes=user,
+        MessageSystemAttributes=TRACE_ATTRIBUTE,
+    )
+    assert sent["MD5OfMessageSystemAttributes"] == attribute_digest(TRACE_ATTRIBUTE)
+    assert sent["MD5OfMessageAttributes"] == attribute_digest(user)
+    batch = sqs_any.send_message_batch(
+        QueueUrl=sqs_queue,
+        Entries=[
+            {"Id": "traced", "MessageBody": "batch", "MessageSystemAttributes": TRACE_ATTRIBUTE},
+            {"Id": "plain", "MessageBody": "plain"},
+        ],
+    )
+    digests = {e["Id"]: e.get("MD5OfMessageSystemAttributes") for e in batch["Successful"]}
+    assert digests == {"traced": attribute_digest(TRACE_ATTRIBUTE), "plain": None}
+
+    messages = receive_all(
+        sqs_any,
+        sqs_queue,
+        VisibilityTimeout=0,
+        AttributeNames=["AWSTraceHeader"],
+        MessageAttributeNames=["All"],
+    )
+    by_body = {message["Body"]: message for message in messages}
+    assert by_body["traced"]["Attributes"] == {"AWSTraceHeader": TRACE}
+    # The trace header is no message attribute, and not in their digest.
+    assert by_body["traced"]["MessageAttributes"] == user
+    assert by_body["traced"]["MD5OfMessageAttributes"] == attribute_digest(user)
+    assert by_body["batch"]["Attributes"] == {"AWSTraceHeader": TRACE}
+    assert "MessageAttributes" not in by_body["batch"]
+    assert "Attributes" not in by_body["plain"]
+    everything = receive_all(sqs_any, sqs_queue, AttributeNames=["All"])
+    traces = {m["Body"]: m["Attributes"].get("AWSTraceHeader") for m in everything}
+    assert traces == {"traced": TRACE, "batch": TRACE, "plain": None}
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"MessageSystemAttributes": {"SenderId": {"DataType": "String", "StringValue": "me"}}},
+        {
+            "MessageSystemAttributes": {
+                "AWSTraceHeader": {"DataType": "Binary", "BinaryValue": b"x"}
+            }
+        },
+        {"MessageSystemAttributes": {"AWSTraceHeader": {"DataType": "Number", "StringValue": "1"}}},
+        # The shim keeps system attributes under this prefix: senders cannot forge them.
+        {"MessageAttributes": {"postbox-sqs.AWSTraceHeader": TRACE_ATTRIBUTE["AWSTraceHeader"]}},
+        # postbox counts the trace header among its 10 attributes.
+        {
+            "MessageAttributes": {
+                f"a{i}": {"DataType": "String", "StringValue": "v"} for i in range(10)
+            },
+            "MessageSystemAttributes": TRACE_ATTRIBUTE,
+        },
+    ],
+)
+def test_bad_system_attributes_are_refused(sqs_any, sqs_queue, kwargs):
+    error = error_of(sqs_any.send_message, QueueUrl=sqs_queue, MessageBody="x", **kwargs)
+    assert error["Code"] == "InvalidParameterValue"
+    assert receive_all(sqs_any, sqs_queue) == []
+
+
+def test_receive_selects_attributes_by_prefix_and_all(sqs_any, sqs_queue):
+    sent = {
+        name: {"DataType": "String", "StringValue": name}
+        for name in ("order.id", "order.total", "orderly", "other")
+    }
+    sqs_any.send_message(QueueUrl=sqs_queue, MessageBody="x", MessageAttributes=sent)
+    for wanted, names in [
+        (["order.*"], {"order.id", "order.total"}),
+        (["order.*", "other"], {"order.id", "order.total", "other"}),
+        (["All"], set(sent)),
+        ([".*"], set(sent)),
+        (["orderly", "order"], {"orderly"}),
+        ([], set()),
+    ]:
+        (message,) = receive_all(
+            sqs_any, sqs_queue, VisibilityTimeout=0, MessageAttributeNames=wanted
+        )
+        assert set(message.get("MessageAttributes", {})) == names, wanted
+        expected = attribute_digest({name: sent[name] for name in names}) if names else None
+        assert message.get("MD5OfMessageAttributes") == expected, wanted
+
+
+def test_attribute_names_and_message_system_attribute_names_combine(sqs, sqs_queue):
+    # The query model botocore ships has no MessageSystemAttributeNames; test_sqs_wire
+    # sends its query form (MessageSystemAttributeName.N) directly.
+    sqs.send_message(QueueUrl=sqs_queue, MessageBody="x")
+    (first,) = receive_all(
+        sqs,
+        sqs_queue,
+        VisibilityTimeout=0,
+        AttributeNames=["SentTimestamp"],
+        MessageSystemAttributeNames=["ApproximateReceiveCount"],
+    )
+    assert set(first["Attributes"]) == {"SentTimestamp", "ApproximateReceiveCount"}
+    (second,) = receive_all(
+        sqs,
+        sqs_queue,
+        MessageSystemAttributeNames=[
+            "ApproximateFirstReceiveTimestamp",
+            "ApproximateReceiveCount",
+            "SentTimestamp",
+        ],
+    )
+    assert second["Attributes"]["ApproximateReceiveCount"] == "2"
+    assert second["Attributes"]["SentTimestamp"] == first["Attributes"]["SentTimestamp"]
+    assert int(second["Attributes"]["ApproximateFirstReceiveTimestamp"]) >= int(
+        first["Attributes"]["SentTimestamp"]
+    )
+
+
+def test_aws_trace_header_by_message_system_attribute_names(sqs, sqs_queue):
+    sqs.send_message(QueueUrl=sqs_queue, MessageBody="x", MessageSystemAttributes=TRACE_ATTRIBUTE)
+    (message,) = receive_all(
+        sqs, sqs_queue, MessageSystemAttributeNames=["AWSTraceHeader", "SentTimestamp"]
+    )
+    assert message["Attributes"]["AWSTraceHeader"] == TRACE
+    assert set(message["Attributes"]) == {"AWSTraceHeader", "SentTimestamp"}

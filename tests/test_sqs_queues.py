@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from urllib.parse import quote
 
 import pytest
 from botocore.exceptions import ClientError
@@ -43,10 +44,27 @@ def test_create_is_idempotent_unless_attributes_differ(sqs_any, request):
         sqs_any.delete_queue(QueueUrl=url)
 
 
-@pytest.mark.parametrize("name", ["", "has space", "x" * 81, "dot.ted"])
+BAD_NAMES = ["has space", "x" * 81, "x" * 76 + ".fifo", "dot.ted", "a.fifo.fifo", "new\nline"]
+
+
+@pytest.mark.parametrize("name", ["", *BAD_NAMES])
 def test_create_with_a_bad_name_is_refused(sqs_any, name):
     expected = "MissingParameter" if name == "" else "InvalidParameterValue"
-    assert error_code(sqs_any.create_queue, QueueName=name) == expected
+    attributes = {"FifoQueue": "true"} if name.endswith(".fifo") else {}
+    assert error_code(sqs_any.create_queue, QueueName=name, Attributes=attributes) == expected
+
+
+@pytest.mark.parametrize("name", [*BAD_NAMES, "x" * 75 + ".FIFO", "ünïcode"])
+def test_a_bad_name_names_no_queue(sqs_any, sqs_shim, name):
+    """SQS's answer for a name no queue can have, whatever postbox says of it."""
+    url = f"{sqs_shim.endpoint}/{SQS_ACCOUNT}/{quote(name)}"
+    for call in (
+        lambda: sqs_any.get_queue_url(QueueName=name),
+        lambda: sqs_any.send_message(QueueUrl=url, MessageBody="x"),
+        lambda: sqs_any.get_queue_attributes(QueueUrl=url),
+        lambda: sqs_any.delete_queue(QueueUrl=url),
+    ):
+        assert error_code(call) == "AWS.SimpleQueueService.NonExistentQueue", name
 
 
 def test_list_queues_pages_with_max_results(sqs_any, request):
@@ -129,6 +147,11 @@ def test_approximate_counts(sqs_any, sqs_queue):
         ({"VisibilityTimeout": "ten"}, "InvalidAttributeValue"),
         ({"NoSuchAttribute": "1"}, "InvalidAttributeName"),
         ({"QueueArn": "arn:aws:sqs:us-east-1:000000000000:x"}, "InvalidAttributeName"),
+        # Known to SQS, beyond postbox: values other than "none" are refused.
+        ({"Policy": '{"Version": "2012-10-17", "Statement": []}'}, "InvalidAttributeValue"),
+        ({"SqsManagedSseEnabled": "true"}, "InvalidAttributeValue"),
+        ({"KmsMasterKeyId": "alias/aws/sqs"}, "InvalidAttributeValue"),
+        ({"KmsDataKeyReusePeriodSeconds": "60"}, "InvalidAttributeValue"),
     ],
 )
 def test_bad_attributes_are_refused_and_change_nothing(sqs_any, sqs_queue, attributes, code):
@@ -205,5 +228,28 @@ def test_tags(sqs_any, request):
             "InvalidParameterValue"
         )
         assert "Tags" not in sqs_any.list_queue_tags(QueueUrl=url)
+    finally:
+        sqs_any.delete_queue(QueueUrl=url)
+
+
+@pytest.mark.parametrize("fifo", [False, True])
+def test_attributes_meaning_none_are_accepted(sqs_any, request, fifo):
+    """Tools such as Terraform send SQS's "none" values for policy and encryption."""
+    none = {
+        "Policy": "",
+        "SqsManagedSseEnabled": "false",
+        "KmsMasterKeyId": "",
+        "KmsDataKeyReusePeriodSeconds": "300",
+    }
+    name = unique_name(request.node.name)[:70] + (".fifo" if fifo else "")
+    attributes = {**none, **({"FifoQueue": "true"} if fifo else {})}
+    url = sqs_any.create_queue(QueueName=name, Attributes=attributes)["QueueUrl"]
+    try:
+        # The same again is the same queue.
+        assert sqs_any.create_queue(QueueName=name, Attributes=attributes)["QueueUrl"] == url
+        sqs_any.set_queue_attributes(QueueUrl=url, Attributes=none)
+        got = sqs_any.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
+        assert got["SqsManagedSseEnabled"] == "false"
+        assert not {"Policy", "KmsMasterKeyId", "KmsDataKeyReusePeriodSeconds"} & set(got)
     finally:
         sqs_any.delete_queue(QueueUrl=url)

@@ -139,7 +139,9 @@ def test_query_unknown_or_missing_action(sqs_shim, params, code):
     assert ElementTree.fromstring(body).findtext("sqs:Error/sqs:Code", namespaces=NS) == code
 
 
-@pytest.mark.parametrize("body", [b"{not json", json.dumps({"QueueName": 5}).encode(), b"[]"])
+@pytest.mark.parametrize(
+    "body", [b"{not json", json.dumps({"QueueName": 5}).encode(), b"[]", b"null", b'"text"']
+)
 def test_malformed_json_is_invalid_parameter_value(sqs_shim, body):
     status, headers, _ = json_call(sqs_shim.endpoint, "CreateQueue", body)
     assert status == 400
@@ -258,3 +260,126 @@ def test_shapes_use_the_query_names_of_the_sqs_model():
         if "output" in operation:
             theirs = _model_tree(model, operation["output"]["shape"])
             _contains(theirs, _our_tree(result), action)
+
+
+def test_query_message_system_attribute_names(sqs_shim):
+    """The query form of MessageSystemAttributeNames (botocore's query model lacks it)."""
+    name = unique_name("wire_system")
+    path = f"/{SQS_ACCOUNT}/{name}"
+    assert query_call(sqs_shim.endpoint, {"Action": "CreateQueue", "QueueName": name})[0] == 200
+    try:
+        query_call(sqs_shim.endpoint, {"Action": "SendMessage", "MessageBody": "x"}, path)
+        status, _, body = query_call(
+            sqs_shim.endpoint,
+            {
+                "Action": "ReceiveMessage",
+                "MessageSystemAttributeName.1": "SentTimestamp",
+                "MessageSystemAttributeName.2": "ApproximateReceiveCount",
+                "AttributeName.1": "ApproximateFirstReceiveTimestamp",
+            },
+            path,
+        )
+        assert status == 200
+        names = {
+            element.findtext("sqs:Name", namespaces=NS): element.findtext(
+                "sqs:Value", namespaces=NS
+            )
+            for element in ElementTree.fromstring(body).iterfind(
+                "sqs:ReceiveMessageResult/sqs:Message/sqs:Attribute", NS
+            )
+        }
+        assert set(names) == {
+            "SentTimestamp",
+            "ApproximateReceiveCount",
+            "ApproximateFirstReceiveTimestamp",
+        }
+        assert names["ApproximateReceiveCount"] == "1"
+        status, _, body = query_call(
+            sqs_shim.endpoint,
+            {"Action": "ReceiveMessage", "MessageSystemAttributeName.1": "NoSuchAttribute"},
+            path,
+        )
+        assert status == 400
+        code = ElementTree.fromstring(body).findtext("sqs:Error/sqs:Code", namespaces=NS)
+        assert code == "InvalidAttributeName"
+    finally:
+        query_call(sqs_shim.endpoint, {"Action": "DeleteQueue"}, path)
+
+
+def error_code_of(headers: dict[str, str], body: bytes) -> str:
+    """The error code of a response in either protocol."""
+    if "x-amzn-query-error" in headers:
+        return headers["x-amzn-query-error"].split(";")[0]
+    return ElementTree.fromstring(body).findtext("sqs:Error/sqs:Code", namespaces=NS)
+
+
+JSON_HEADERS = {
+    "X-Amz-Target": "AmazonSQS.ListQueues",
+    "Content-Type": "application/x-amz-json-1.0",
+}
+FORM_HEADERS = {"Content-Type": "application/x-www-form-urlencoded"}
+FORM_BODY = b"Action=ListQueues&Version=2012-11-05"
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "headers", "body", "status", "code"),
+    [
+        ("POST", "/nowhere", JSON_HEADERS, b"{}", 404, "InvalidAddress"),
+        ("POST", "/a/b/c", FORM_HEADERS, FORM_BODY, 404, "InvalidAddress"),
+        ("GET", "/favicon.ico", {}, b"", 404, "InvalidAddress"),
+        ("PUT", "/", JSON_HEADERS, b"{}", 400, "InvalidHttpRequest"),
+        ("DELETE", "/", FORM_HEADERS, FORM_BODY, 400, "InvalidHttpRequest"),
+        ("POST", "/", {**JSON_HEADERS, "Content-Type": "text/plain"}, b"{}",
+         400, "InvalidHttpRequest"),
+        ("POST", "/", {**JSON_HEADERS, "Content-Type": "application/x-www-form-urlencoded"}, b"{}",
+         400, "InvalidHttpRequest"),
+        ("POST", "/", {"Content-Type": "application/json"}, b'{"Action": "ListQueues"}', 400,
+         "InvalidHttpRequest"),
+        ("POST", "/", {"Content-Type": "text/xml"}, FORM_BODY, 400, "InvalidHttpRequest"),
+    ],
+)  # fmt: skip
+def test_requests_that_are_not_sqs_are_refused(sqs_shim, method, path, headers, body, status, code):
+    got_status, got_headers, got_body = http(sqs_shim.endpoint, method, path, body, headers)
+    assert got_status == status
+    request_id = assert_request_id(got_headers)
+    assert error_code_of(got_headers, got_body) == code
+    if "X-Amz-Target" in headers:
+        assert got_headers["content-type"].startswith("application/x-amz-json-1.0")
+    else:
+        root = ElementTree.fromstring(got_body)
+        assert root.findtext("sqs:RequestId", namespaces=NS) == request_id
+
+
+def test_form_content_type_with_a_charset_is_accepted(sqs_shim):
+    headers = {"Content-Type": "application/x-www-form-urlencoded; charset=utf-8"}
+    assert http(sqs_shim.endpoint, "POST", "/", FORM_BODY, headers)[0] == 200
+
+
+def test_form_bytes_that_are_not_utf8_are_refused(sqs_shim, sqs):
+    """Replacing them would send another body than the client's, with another MD5."""
+    name = unique_name("wire_utf8")
+    url = sqs.create_queue(QueueName=name)["QueueUrl"]
+    try:
+        for body in (
+            b"Action=SendMessage&MessageBody=caf\xe9",
+            b"Action=SendMessage&MessageBody=\xff",
+        ):
+            status, _, response = http(
+                sqs_shim.endpoint, "POST", f"/{SQS_ACCOUNT}/{name}", body, FORM_HEADERS
+            )
+            assert status == 400
+            code = ElementTree.fromstring(response).findtext("sqs:Error/sqs:Code", namespaces=NS)
+            assert code == "InvalidParameterValue"
+        assert "Messages" not in sqs.receive_message(QueueUrl=url)
+        # The same text percent-encoded as UTF-8 is a message.
+        status, _, _ = http(
+            sqs_shim.endpoint,
+            "POST",
+            f"/{SQS_ACCOUNT}/{name}",
+            b"Action=SendMessage&MessageBody=caf%C3%A9",
+            FORM_HEADERS,
+        )
+        assert status == 200
+        assert sqs.receive_message(QueueUrl=url)["Messages"][0]["Body"] == "café"
+    finally:
+        sqs.delete_queue(QueueUrl=url)

@@ -17,6 +17,8 @@ from server.sqs.backend import Backend
 from server.sqs.errors import (
     INTERNAL_FAILURE,
     INVALID_ACTION,
+    INVALID_ADDRESS,
+    INVALID_HTTP_REQUEST,
     MISSING_ACTION,
     REQUEST_ENTITY_TOO_LARGE,
     SqsError,
@@ -56,8 +58,7 @@ class _Query:
     action = ""
 
     def parse(self, request: web.Request, body: bytes) -> dict[str, Any]:
-        text = body.decode("utf-8", errors="replace") if body else request.query_string
-        form = query.parse_form(text)
+        form = query.parse_form(query.form_text(body) if body else request.query_string)
         self.action = form.get("Action", "")
         if not self.action:
             raise SqsError(MISSING_ACTION, "The request must contain the parameter Action.")
@@ -106,12 +107,38 @@ async def _read_body(request: web.Request, limit: int) -> bytes:
         raise too_large from None
 
 
+def _check_request(request: web.Request, json_protocol: bool) -> None:
+    """Refuses what is no SQS call: SQS's paths, methods and content types only."""
+    segments = request.path.strip("/").split("/")
+    if segments != [""] and (len(segments) != 2 or not all(segments)):
+        raise SqsError(
+            INVALID_ADDRESS, f"The address {request.url} is not valid for this endpoint."
+        )
+    if request.method not in ("GET", "POST"):
+        raise SqsError(
+            INVALID_HTTP_REQUEST, f"The HTTP method {request.method} is not valid for SQS."
+        )
+    content_type = request.headers.get("Content-Type")
+    if json_protocol:
+        expected = jsonproto.CONTENT_TYPE
+    elif content_type is None or request.content_length == 0:
+        return  # parameters in the URL
+    else:
+        expected = query.FORM_CONTENT_TYPE
+    if request.content_type != expected:
+        raise SqsError(
+            INVALID_HTTP_REQUEST,
+            f"Content-Type {content_type!r} is not valid for this request; expected {expected}.",
+        )
+
+
 async def handle(request: web.Request) -> web.StreamResponse:
     request_id = str(uuid.uuid4())
     target = request.headers.get("X-Amz-Target")
     protocol: _Json | _Query = _Json(target) if target else _Query()
     settings = request.app[_SETTINGS]
     try:
+        _check_request(request, isinstance(protocol, _Json))
         body = await _read_body(request, settings.max_request_size)
         verifier = request.app.get(_VERIFIER)
         if verifier is not None:
@@ -149,9 +176,9 @@ def build_app(settings: ShimSettings, backend: Backend) -> web.Application:
     if settings.credentials:
         app[_VERIFIER] = Verifier(settings.credentials)
     # POST is what SDKs send; old query clients also use GET with the parameters in the URL.
-    for method in ("POST", "GET"):
-        app.router.add_route(method, "/", handle)
-        app.router.add_route(method, "/{account}/{queue}", handle)
+    # Every other path and method reaches the handler too, to be refused as SQS refuses
+    # them (with a request id, in the protocol of the request).
+    app.router.add_route("*", "/{path:.*}", handle)
     return app
 
 

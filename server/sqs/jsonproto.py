@@ -30,6 +30,8 @@ def decode(shape: Structure, body: bytes) -> dict[str, Any]:
         document = json.loads(body)
     except (UnicodeDecodeError, ValueError) as error:
         raise invalid_parameter(f"The request body is not valid JSON: {error}.") from None
+    if not isinstance(document, dict):
+        raise invalid_parameter("The request body must be a JSON object of the parameters.")
     return _coerce(shape, document, "") or {}
 
 

@@ -15,6 +15,11 @@ from postbox.v1 import message_pb2
 from server.sqs.errors import invalid_parameter
 
 MAX_ATTRIBUTES = 10
+# postbox has no field for SQS's message system attributes: the shim keeps them as
+# postbox attributes under this prefix, which SQS clients cannot use for their own.
+RESERVED_PREFIX = "postbox-sqs."
+# The one message system attribute a sender may set.
+TRACE_HEADER = "AWSTraceHeader"
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,256}$")
 _RESERVED = re.compile(r"^(aws|amazon)\.", re.IGNORECASE)
 _DATA_TYPE = re.compile(r"^(String|Number|Binary)(\.[^\x00-\x1f\x7f]+)?$")
@@ -31,14 +36,58 @@ def invalid_character(text: str) -> str | None:
 
 def to_postbox(
     attributes: Mapping[str, Mapping[str, Any]],
+    system: Mapping[str, Mapping[str, Any]],
 ) -> dict[str, message_pb2.AttributeValue]:
-    """Checks SQS message attributes and converts them; InvalidParameterValue if one is bad."""
+    """Checks SQS message (and system) attributes and converts them to postbox's.
+
+    InvalidParameterValue if one is bad, or if together they exceed postbox's limit.
+    """
     if len(attributes) > MAX_ATTRIBUTES:
         raise invalid_parameter(
             f"Number of message attributes [{len(attributes)}] exceeds the allowed maximum "
             f"[{MAX_ATTRIBUTES}]."
         )
-    return {name: _attribute(name, value) for name, value in attributes.items()}
+    converted = {name: _attribute(name, value) for name, value in attributes.items()}
+    for name, value in system.items():
+        converted[RESERVED_PREFIX + name] = _system_attribute(name, value)
+    if len(converted) > MAX_ATTRIBUTES:
+        raise invalid_parameter(
+            f"Number of message attributes [{len(attributes)}] and system attributes "
+            f"[{len(system)}] exceeds the allowed maximum [{MAX_ATTRIBUTES}] of postbox, which "
+            "stores AWSTraceHeader as one of the message's attributes."
+        )
+    return converted
+
+
+def _system_attribute(name: str, value: Mapping[str, Any]) -> message_pb2.AttributeValue:
+    if name != TRACE_HEADER:
+        raise invalid_parameter(
+            f"Message system attribute name '{name}' is invalid. Supported: {TRACE_HEADER}."
+        )
+    text = value.get("StringValue")
+    if value.get("DataType") != "String" or set(value) - {"DataType", "StringValue"}:
+        raise invalid_parameter(
+            f"Message system attribute '{name}' must be of type String with a StringValue."
+        )
+    if not text or invalid_character(text) is not None:
+        raise invalid_parameter(
+            f"Message system attribute '{name}' must contain a non-empty value of characters "
+            "SQS allows."
+        )
+    return message_pb2.AttributeValue(data_type="String", string_value=text)
+
+
+def split(
+    attributes: Mapping[str, message_pb2.AttributeValue],
+) -> tuple[dict[str, message_pb2.AttributeValue], dict[str, message_pb2.AttributeValue]]:
+    """A postbox message's attributes as SQS's message attributes and system attributes."""
+    user, system = {}, {}
+    for name, value in attributes.items():
+        if name.startswith(RESERVED_PREFIX):
+            system[name[len(RESERVED_PREFIX) :]] = value
+        else:
+            user[name] = value
+    return user, system
 
 
 def _attribute(name: str, value: Mapping[str, Any]) -> message_pb2.AttributeValue:
@@ -47,6 +96,11 @@ def _attribute(name: str, value: Mapping[str, Any]) -> message_pb2.AttributeValu
             f"Message (user) attribute name '{name}' is invalid: names are 1 to 256 characters "
             "of A-Z, a-z, 0-9, '_', '-' and '.', must not start with 'AWS.' or 'Amazon.', "
             "start or end with '.', nor contain '..'."
+        )
+    if name.lower().startswith(RESERVED_PREFIX):
+        raise invalid_parameter(
+            f"Message (user) attribute name '{name}' is invalid: names starting with "
+            f"'{RESERVED_PREFIX}' are reserved by postbox for message system attributes."
         )
     if name.startswith(".") or name.endswith("."):
         raise invalid_parameter(

@@ -2,10 +2,36 @@
 
 from __future__ import annotations
 
+import re
 from urllib.parse import urlsplit
 
 from server.sqs.errors import SqsError, invalid_parameter, queue_does_not_exist
 from server.sqs.settings import ShimSettings
+
+# The engine's rule (postbox.queue_name_problem), which is SQS's.
+_QUEUE_NAME = re.compile(r"[A-Za-z0-9_-]+(\.fifo)?")
+MAX_QUEUE_NAME = 80
+
+
+def is_queue_name(name: str) -> bool:
+    return len(name) <= MAX_QUEUE_NAME and _QUEUE_NAME.fullmatch(name) is not None
+
+
+def new_queue_name(name: str) -> str:
+    """A name for a queue to create; InvalidParameterValue, as SQS says, if it cannot be one."""
+    if not is_queue_name(name):
+        raise invalid_parameter(
+            "Can only include alphanumeric characters, hyphens, or underscores. 1 to 80 in "
+            "length; FIFO queue names end with .fifo."
+        )
+    return name
+
+
+def existing_queue_name(name: str) -> str:
+    """A name to look a queue up by; one no queue can have is QueueDoesNotExist, as in SQS."""
+    if not is_queue_name(name):
+        raise queue_does_not_exist()
+    return name
 
 
 def queue_url(base_url: str, settings: ShimSettings, name: str) -> str:
@@ -24,7 +50,7 @@ def queue_from_path(path: str, settings: ShimSettings) -> str:
     account, name = parts
     if account != settings.account_id:
         raise queue_does_not_exist()
-    return name
+    return existing_queue_name(name)
 
 
 def queue_from_url(url: str, settings: ShimSettings) -> str:
@@ -45,4 +71,4 @@ def queue_from_arn(arn: str, settings: ShimSettings, parameter: str) -> str:
             f"The specified queue does not exist: {arn} is not in region {settings.region}, "
             f"account {settings.account_id}.",
         )
-    return parts[5]
+    return existing_queue_name(parts[5])

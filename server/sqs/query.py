@@ -14,11 +14,21 @@ from server.sqs.shapes import ListOf, MapOf, Scalar, Shape, Structure, decode_bl
 
 NAMESPACE = "http://queue.amazonaws.com/doc/2012-11-05/"
 CONTENT_TYPE = "text/xml"
+FORM_CONTENT_TYPE = "application/x-www-form-urlencoded"
 
 # Characters XML 1.0 cannot carry at all; SQS never accepts them in a message, but a
 # message sent through gRPC may hold them.
 _NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 _INTEGER = re.compile(r"^[+-]?[0-9]+$")
+
+
+def form_text(body: bytes) -> str:
+    """A form body as text. Bytes that are not UTF-8 are refused, not replaced: the
+    message would differ from what the client sent, and so would its MD5OfMessageBody."""
+    try:
+        return body.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise invalid_parameter(f"The request body is not valid UTF-8: {error}.") from None
 
 
 def parse_form(text: str) -> dict[str, str]:
@@ -114,7 +124,7 @@ def encode_result(
         _members(ElementTree.SubElement(root, f"{action}Result"), shape, result)
     metadata = ElementTree.SubElement(root, "ResponseMetadata")
     ElementTree.SubElement(metadata, "RequestId").text = request_id
-    return ElementTree.tostring(root, encoding="utf-8", xml_declaration=True)
+    return _serialize(root)
 
 
 def encode_error(error: SqsError, request_id: str) -> bytes:
@@ -125,7 +135,14 @@ def encode_error(error: SqsError, request_id: str) -> bytes:
     ElementTree.SubElement(detail, "Message").text = _text(error.message)
     ElementTree.SubElement(detail, "Detail")
     ElementTree.SubElement(root, "RequestId").text = request_id
-    return ElementTree.tostring(root, encoding="utf-8", xml_declaration=True)
+    return _serialize(root)
+
+
+def _serialize(root: ElementTree.Element) -> bytes:
+    # XML parsers turn a literal CR (and CRLF) into LF; SQS sends CR as a character
+    # reference so that a body arrives as sent and matches its MD5OfBody.
+    document = ElementTree.tostring(root, encoding="utf-8", xml_declaration=True)
+    return document.replace(b"\r", b"&#13;")
 
 
 def _members(parent: ElementTree.Element, shape: Structure, values: Mapping[str, Any]) -> None:

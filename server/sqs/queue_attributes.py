@@ -83,16 +83,19 @@ class Flag(Attribute):
 class Fixed(Attribute):
     """An SQS choice postbox has one answer to: only that value is accepted."""
 
-    def __init__(self, value: str) -> None:
-        super().__init__(fifo_only=True)
+    def __init__(self, value: str, why: str, fifo_only: bool = False, listed: bool = True) -> None:
+        super().__init__(fifo_only=fifo_only)
         self.value = value
+        self.why = why
+        # Whether GetQueueAttributes shows it; SQS leaves out unset policies and keys.
+        self.listed = listed
 
     def put(self, name: str, text: str, queue: qpb.Queue, settings: ShimSettings) -> None:
         if text != self.value:
-            raise invalid_value(name, f"postbox supports only {self.value!r}.")
+            raise invalid_value(name, f"postbox supports only {self.value!r}: {self.why}")
 
-    def get(self, queue: qpb.Queue, settings: ShimSettings) -> str:
-        return self.value
+    def get(self, queue: qpb.Queue, settings: ShimSettings) -> str | None:
+        return self.value if self.listed else None
 
 
 class FifoQueue(Attribute):
@@ -214,9 +217,26 @@ SETTABLE: dict[str, Attribute] = {
     "RedriveAllowPolicy": RedriveAllowPolicy(),
     "FifoQueue": FifoQueue(),
     "ContentBasedDeduplication": Flag("content_based_deduplication", fifo_only=True),
-    # postbox deduplicates per queue and has no per-group throughput mode.
-    "DeduplicationScope": Fixed("queue"),
-    "FifoThroughputLimit": Fixed("perQueue"),
+    "DeduplicationScope": Fixed(
+        "queue", "it deduplicates per queue, not per message group.", fifo_only=True
+    ),
+    "FifoThroughputLimit": Fixed(
+        "perQueue", "it has no per-message-group throughput mode.", fifo_only=True
+    ),
+    # Known to SQS, so not InvalidAttributeName; the values that mean "none" are
+    # accepted (tools such as Terraform send them), any other is InvalidAttributeValue.
+    "Policy": Fixed(
+        "",
+        "queues have no access policy; control access with the shim's credentials.",
+        listed=False,
+    ),
+    "SqsManagedSseEnabled": Fixed(
+        "false", "encryption at rest is the database's, not the queue's."
+    ),
+    "KmsMasterKeyId": Fixed("", "queues are not encrypted with KMS keys.", listed=False),
+    "KmsDataKeyReusePeriodSeconds": Fixed(
+        "300", "queues are not encrypted with KMS keys (300 is SQS's default).", listed=False
+    ),
 }
 READ_ONLY = (
     "ApproximateNumberOfMessages",

@@ -15,6 +15,7 @@ from postbox.v1 import message_service_pb2 as pb
 from server.sqs import batches, receipts
 from server.sqs.actions.base import Call, Result, action, bounded
 from server.sqs.errors import SqsError, invalid_parameter, missing_parameter
+from server.sqs.queue_attributes import is_fifo
 
 _OK = grpc.StatusCode.OK.value[0]
 _NOT_FOUND = grpc.StatusCode.NOT_FOUND.value[0]
@@ -24,16 +25,23 @@ _MAX_VISIBILITY = 43_200
 Outcome = Callable[[int, str], "SqsError | None"]
 
 
-def _delete_outcome(code: int, handle: str) -> SqsError | None:
-    # SQS answers success for a message deleted already (or expired).
-    if code in (_OK, _NOT_FOUND):
+def _standard_delete_outcome(code: int, handle: str) -> SqsError | None:
+    # SQS answers success for a message deleted already (or expired), and on a standard
+    # queue for a stale handle too ("the request succeeds, but the message might not be
+    # deleted"): postbox deletes nothing then, the current holder keeps its lease.
+    if code in (_OK, _NOT_FOUND, _STALE):
         return None
+    return receipts.invalid(handle)
+
+
+def _fifo_delete_outcome(code: int, handle: str) -> SqsError | None:
+    # A FIFO queue refuses a handle whose message was delivered again since.
     if code == _STALE:
         return invalid_parameter(
             f"Value {handle} for parameter ReceiptHandle is invalid. "
             "Reason: The receipt handle has expired."
         )
-    return receipts.invalid(handle)
+    return _standard_delete_outcome(code, handle)
 
 
 def _visibility_outcome(code: int, handle: str) -> SqsError | None:
@@ -75,7 +83,8 @@ async def _delete(call: Call, queue: str, handles: Sequence[str]) -> list[SqsErr
             call.backend.messages.DeleteBatch, pb.DeleteBatchRequest(queue=queue, receipts=decoded)
         )
 
-    return await _apply(queue, handles, send, _delete_outcome)
+    outcome = _fifo_delete_outcome if is_fifo(queue) else _standard_delete_outcome
+    return await _apply(queue, handles, send, outcome)
 
 
 async def _change(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from google.protobuf.field_mask_pb2 import FieldMask
 from postbox.v1 import queue_service_pb2 as qpb
 
-from server.sqs import queue_attributes
+from server.sqs import naming, queue_attributes
 from server.sqs.actions.base import Call, Result, action
 from server.sqs.errors import (
     QUEUE_NAME_EXISTS,
@@ -24,13 +24,13 @@ async def get_queue(call: Call, name: str) -> qpb.Queue:
 
 @action("CreateQueue")
 async def create_queue(call: Call) -> Result:
-    name = call.required("QueueName")
+    name = naming.new_queue_name(call.required("QueueName"))
     attributes = call.params.get("Attributes", {})
     if queue_attributes.is_fifo(name) and attributes.get("FifoQueue", "").lower() != "true":
         # SQS: a ".fifo" name is a FIFO queue's, and only FifoQueue=true makes one.
         raise invalid_parameter(
-            "Can only include alphanumeric characters, hyphens, or underscores. 1 to 80 in "
-            "length; FIFO queue names end with .fifo and need the attribute FifoQueue=true."
+            f"The queue name {name} ends with .fifo: a FIFO queue's name, which needs the "
+            "attribute FifoQueue=true."
         )
     queue, _ = queue_attributes.to_queue(name, attributes, call.settings)
     queue.tags.update(call.params.get("tags", {}))
@@ -56,7 +56,7 @@ async def create_queue(call: Call) -> Result:
 
 @action("GetQueueUrl")
 async def get_queue_url(call: Call) -> Result:
-    name = call.required("QueueName")
+    name = naming.existing_queue_name(call.required("QueueName"))
     owner = call.params.get("QueueOwnerAWSAccountId")
     if owner is not None and owner != call.settings.account_id:
         raise queue_does_not_exist()

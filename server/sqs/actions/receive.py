@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 
 from google.protobuf.timestamp_pb2 import Timestamp
 from postbox.v1 import message_pb2
@@ -16,7 +16,7 @@ from server.sqs.settings import ShimSettings
 
 MAX_WAIT = 20
 # Message system attributes a client may ask for. Those postbox does not record
-# (SenderId, AWSTraceHeader, SqsManagedSseEnabled) are accepted and not returned.
+# (SenderId, SqsManagedSseEnabled) are accepted and not returned.
 SYSTEM_ATTRIBUTES = frozenset(
     {
         "All",
@@ -39,12 +39,20 @@ def _millis(timestamp: Timestamp) -> str:
 
 
 def system_attributes(
-    queue: str, message: message_pb2.Message, names: Collection[str], settings: ShimSettings
+    queue: str,
+    message: message_pb2.Message,
+    stored: Mapping[str, message_pb2.AttributeValue],
+    names: Collection[str],
+    settings: ShimSettings,
 ) -> dict[str, str]:
+    """The system attributes asked for; `stored` are those the sender set (AWSTraceHeader)."""
     available = {
         "SentTimestamp": _millis(message.enqueue_time),
         "ApproximateReceiveCount": str(message.receive_count),
     }
+    trace = stored.get(message_attributes.TRACE_HEADER)
+    if trace is not None:
+        available[message_attributes.TRACE_HEADER] = trace.string_value
     if message.HasField("first_receive_time"):
         available["ApproximateFirstReceiveTimestamp"] = _millis(message.first_receive_time)
     if message.message_group_id:
@@ -72,11 +80,12 @@ def as_sqs(call: Call, queue: str, message: message_pb2.Message, system: Collect
         "MD5OfBody": md5.of_body(body),
         "Body": body,
     }
-    attributes = system_attributes(queue, message, system, call.settings)
+    user, stored = message_attributes.split(message.attributes)
+    attributes = system_attributes(queue, message, stored, system, call.settings)
     if attributes:
         result["Attributes"] = attributes
     wanted = call.params.get("MessageAttributeNames", [])
-    selected = message_attributes.select(message.attributes, wanted)
+    selected = message_attributes.select(user, wanted)
     if selected:
         result["MessageAttributes"] = message_attributes.to_sqs(selected)
         result["MD5OfMessageAttributes"] = md5.of_attributes(selected)

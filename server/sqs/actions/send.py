@@ -58,23 +58,23 @@ def prepare(params: Mapping[str, Any], fifo: bool) -> pb.SendBatchEntry:
             "#x10000 to #x10FFFF",
         )
     delay = bounded(params, "DelaySeconds", 0, _MAX_DELAY)
-    if params.get("MessageSystemAttributes"):
-        raise invalid_parameter(
-            "MessageSystemAttributes (AWSTraceHeader) are not supported by postbox."
-        )
     group = _token(params, "MessageGroupId")
     deduplication = _token(params, "MessageDeduplicationId")
     if fifo:
         if not group:
             raise missing_parameter("MessageGroupId")
-        # FIFO messages keep their group's order: no per-message delay.
-        if delay is not None:
+        # FIFO messages keep their group's order: no per-message delay. SQS accepts 0,
+        # which leaves the queue's delay to apply, as postbox does with none given.
+        if delay:
             raise _not_for_this_queue("DelaySeconds", delay)
+        delay = None
     elif deduplication:
         raise _not_for_this_queue("MessageDeduplicationId", deduplication)
     entry = pb.SendBatchEntry(
         body=body.encode("utf-8"),
-        attributes=message_attributes.to_postbox(params.get("MessageAttributes", {})),
+        attributes=message_attributes.to_postbox(
+            params.get("MessageAttributes", {}), params.get("MessageSystemAttributes", {})
+        ),
         message_group_id=group,
         deduplication_id=deduplication,
     )
@@ -94,9 +94,14 @@ def sent(entry: pb.SendBatchEntry, message_id: str, fifo: bool) -> Result:
         "MessageId": message_id,
         "MD5OfMessageBody": md5.of_body(entry.body.decode("utf-8")),
     }
-    attributes_md5 = md5.of_attributes(entry.attributes)
-    if attributes_md5 is not None:
-        result["MD5OfMessageAttributes"] = attributes_md5
+    user, system = message_attributes.split(entry.attributes)
+    for field, attributes in (
+        ("MD5OfMessageAttributes", user),
+        ("MD5OfMessageSystemAttributes", system),
+    ):
+        digest = md5.of_attributes(attributes)
+        if digest is not None:
+            result[field] = digest
     if fifo:
         result["SequenceNumber"] = sequence_number(message_id)
     return result

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import itertools
 import os
 import shutil
@@ -499,6 +500,32 @@ async def test_hostile_names_change_nothing(conns):
         assert caught.value.sqlstate == "PB404"
     assert await fingerprint(setup) == before
     assert await setup.fetchval("SELECT count(*) FROM postbox.queues") == queues_before
+
+
+async def test_content_based_deduplication_from_sql(conns):
+    setup, _, _ = conns
+    queue = "sql_by_content.fifo"
+    await setup.execute(
+        "SELECT postbox.create_queue($1, '{\"content_based_deduplication\": true}')", queue
+    )
+    first = await setup.fetchval("SELECT postbox.send($1, 'same', message_group_id => 'g')", queue)
+    rows = await setup.fetch(
+        "SELECT * FROM postbox.send_batch($1, ARRAY['same', 'new', 'new']::bytea[], "
+        "message_group_ids => ARRAY['g', 'g', 'g'])",
+        queue,
+    )
+    assert [r["duplicate"] for r in rows] == [True, False, True]
+    assert rows[0]["message_id"] == first
+    assert rows[2]["message_id"] == rows[1]["message_id"]
+    stored = await setup.fetch(
+        "SELECT deduplication_id FROM postbox.messages m JOIN postbox.queues q "
+        "ON q.id = m.queue_id WHERE q.name = $1 ORDER BY m.id",
+        queue,
+    )
+    assert [r[0] for r in stored] == [
+        hashlib.sha256(b"same").hexdigest(),
+        hashlib.sha256(b"new").hexdigest(),
+    ]
 
 
 # Topics' webhook deliveries and schedules: the claims of replicas' workers.

@@ -2,7 +2,150 @@
 -- order it claims them (priority, then visibility time, then id). send_batch:
 -- a dedupe_key send never returns the id of a message that is gone (an expired
 -- keyed message gives up its key; keyed entries are not deduplicated by content).
+-- A delay, a delivery time and a queue's delivery_delay must be shorter than
+-- the retention (existing queues are left as they are until their next update).
 -- Apply with `psql -1 -f`, ALTER EXTENSION postbox UPDATE, or `postbox migrate`.
+
+-- Checks settings jsonb (a full set, in the shape of queue_defaults()) and
+-- writes them into q; q.name and q.fifo must be set.
+CREATE OR REPLACE FUNCTION postbox._apply_settings(q postbox.queues, settings jsonb) RETURNS postbox.queues
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    unknown text;
+    key text;
+    number numeric;
+    policy jsonb;
+    dlq postbox.queues;
+BEGIN
+    SELECT string_agg(k, ', ') INTO unknown
+    FROM jsonb_object_keys(settings) AS k
+    WHERE NOT postbox.queue_defaults() ? k;
+    IF unknown IS NOT NULL THEN
+        PERFORM postbox._invalid(format('unknown queue setting(s): %s', unknown));
+    END IF;
+    FOREACH key IN ARRAY ARRAY['max_message_size', 'max_depth', 'receive_rate_limit'] LOOP
+        IF jsonb_typeof(settings -> key) IS DISTINCT FROM 'number' THEN
+            PERFORM postbox._invalid(format('queue setting %s must be a number', key));
+        END IF;
+    END LOOP;
+    FOREACH key IN ARRAY ARRAY['content_based_deduplication', 'archive_on_delete'] LOOP
+        IF jsonb_typeof(settings -> key) IS DISTINCT FROM 'boolean' THEN
+            PERFORM postbox._invalid(format('queue setting %s must be true or false', key));
+        END IF;
+    END LOOP;
+
+    q.visibility_timeout := postbox._seconds_setting(settings, 'visibility_timeout', 0, 43200);
+    q.retention := postbox._seconds_setting(settings, 'retention', 60, 1209600, true);
+    q.delivery_delay := postbox._seconds_setting(settings, 'delivery_delay', 0, 31536000);
+    -- Otherwise every message would expire before it became visible.
+    IF q.delivery_delay >= q.retention THEN
+        PERFORM postbox._invalid(format(
+            'delivery_delay is %s s and retention %s s: delivery_delay must be shorter than retention, '
+            'or messages would expire before they became visible; lower delivery_delay or raise retention',
+            extract(epoch FROM q.delivery_delay), extract(epoch FROM q.retention)));
+    END IF;
+    q.receive_wait_time := postbox._seconds_setting(settings, 'receive_wait_time', 0, 20);
+    q.deduplication_window := postbox._seconds_setting(settings, 'deduplication_window', 1, 604800);
+    q.archive_retention := postbox._seconds_setting(settings, 'archive_retention', 60, 1209600, true);
+
+    number := (settings ->> 'max_message_size')::numeric;
+    IF number <> trunc(number) OR number < 1024 OR number > 67108864 THEN
+        PERFORM postbox._invalid(format(
+            'max_message_size is %s; it must be a whole number of bytes from 1024 to 67108864', number));
+    END IF;
+    q.max_message_size := number::integer;
+    number := (settings ->> 'max_depth')::numeric;
+    IF number <> trunc(number) OR number < 0 OR number > 1e15 THEN
+        PERFORM postbox._invalid(format('max_depth is %s; it must be a whole number, 0 for no limit', number));
+    END IF;
+    q.max_depth := nullif(number, 0)::bigint;
+    number := (settings ->> 'receive_rate_limit')::numeric;
+    IF number < 0 OR number > 1e6 THEN
+        PERFORM postbox._invalid(format(
+            'receive_rate_limit is %s; it must be 0 (no limit) to 1000000 messages per second', number));
+    END IF;
+    q.receive_rate_limit := nullif(number, 0)::double precision;
+    q.content_based_deduplication := (settings ->> 'content_based_deduplication')::boolean;
+    q.archive_on_delete := (settings ->> 'archive_on_delete')::boolean;
+
+    -- Bounds left out keep their defaults.
+    policy := (postbox.queue_defaults() -> 'retry_policy') || coalesce(settings -> 'retry_policy', '{}');
+    IF jsonb_typeof(policy) IS DISTINCT FROM 'object'
+       OR EXISTS (SELECT FROM jsonb_object_keys(policy) k WHERE k NOT IN ('minimum_backoff', 'maximum_backoff')) THEN
+        PERFORM postbox._invalid('retry_policy must be an object of minimum_backoff and maximum_backoff (seconds)');
+    END IF;
+    q.retry_minimum_backoff := postbox._seconds_setting(policy, 'minimum_backoff', 0, 43200);
+    q.retry_maximum_backoff := postbox._seconds_setting(policy, 'maximum_backoff', 0, 43200);
+    IF q.retry_minimum_backoff > q.retry_maximum_backoff THEN
+        PERFORM postbox._invalid('retry_policy: minimum_backoff must not exceed maximum_backoff');
+    END IF;
+
+    policy := settings -> 'redrive_allow_policy';
+    IF jsonb_typeof(policy) IS DISTINCT FROM 'object'
+       OR EXISTS (SELECT FROM jsonb_object_keys(policy) k WHERE k NOT IN ('permission', 'source_queues'))
+       OR NOT coalesce(policy ->> 'permission' IN ('allow_all', 'deny_all', 'by_queue'), false)
+       OR jsonb_typeof(coalesce(policy -> 'source_queues', '[]')) <> 'array'
+       OR EXISTS (SELECT FROM jsonb_array_elements(coalesce(policy -> 'source_queues', '[]')) e
+                  WHERE jsonb_typeof(e) <> 'string') THEN
+        PERFORM postbox._invalid('redrive_allow_policy must be an object of permission (allow_all, '
+                                 'deny_all or by_queue) and source_queues (queue names)');
+    END IF;
+    q.redrive_permission := policy ->> 'permission';
+    q.redrive_sources := ARRAY(SELECT jsonb_array_elements_text(coalesce(policy -> 'source_queues', '[]')));
+    IF (q.redrive_permission = 'by_queue') <> (cardinality(q.redrive_sources) > 0)
+       OR cardinality(q.redrive_sources) > 10 THEN
+        PERFORM postbox._invalid('redrive_allow_policy: by_queue takes 1 to 10 source_queues, '
+                                 'allow_all and deny_all take none');
+    END IF;
+
+    policy := settings -> 'tags';
+    IF jsonb_typeof(policy) IS DISTINCT FROM 'object'
+       OR (SELECT count(*) FROM jsonb_object_keys(policy)) > 50
+       OR EXISTS (SELECT FROM jsonb_each(policy) e
+                  WHERE length(e.key) NOT BETWEEN 1 AND 128 OR jsonb_typeof(e.value) <> 'string'
+                        OR length(e.value #>> '{}') > 256) THEN
+        PERFORM postbox._invalid('tags must be an object of at most 50 keys (1 to 128 characters) '
+                                 'with string values (at most 256 characters)');
+    END IF;
+    q.tags := policy;
+
+    policy := settings -> 'dead_letter_policy';
+    IF policy IS NULL OR policy = 'null' THEN
+        q.dead_letter_queue_id := NULL;
+        q.max_receive_count := NULL;
+    ELSE
+        IF jsonb_typeof(policy) IS DISTINCT FROM 'object'
+           OR EXISTS (SELECT FROM jsonb_object_keys(policy) k
+                      WHERE k NOT IN ('dead_letter_queue', 'max_receive_count'))
+           OR jsonb_typeof(policy -> 'dead_letter_queue') IS DISTINCT FROM 'string'
+           OR jsonb_typeof(policy -> 'max_receive_count') IS DISTINCT FROM 'number' THEN
+            PERFORM postbox._invalid('dead_letter_policy must be an object of dead_letter_queue (a queue '
+                                     'name) and max_receive_count (1 to 1000)');
+        END IF;
+        number := (policy ->> 'max_receive_count')::numeric;
+        IF number <> trunc(number) OR number NOT BETWEEN 1 AND 1000 THEN
+            PERFORM postbox._invalid(format('max_receive_count is %s; it must be 1 to 1000', number));
+        END IF;
+        SELECT * INTO dlq FROM postbox.queues WHERE name = policy ->> 'dead_letter_queue';
+        IF NOT FOUND THEN
+            PERFORM postbox._invalid(format('dead-letter queue %s does not exist; create it first',
+                                            quote_literal(policy ->> 'dead_letter_queue')));
+        ELSIF dlq.name = q.name THEN
+            PERFORM postbox._invalid('a queue cannot be its own dead-letter queue');
+        ELSIF dlq.fifo <> q.fifo THEN
+            PERFORM postbox._invalid('a FIFO queue needs a FIFO dead-letter queue, and a standard queue '
+                                     'a standard one');
+        ELSIF dlq.redrive_permission = 'deny_all'
+              OR (dlq.redrive_permission = 'by_queue' AND NOT q.name = ANY (dlq.redrive_sources)) THEN
+            PERFORM postbox._invalid(format('the redrive_allow_policy of %s does not let %s use it as '
+                                            'dead-letter queue', quote_literal(dlq.name), quote_literal(q.name)));
+        END IF;
+        q.dead_letter_queue_id := dlq.id;
+        q.max_receive_count := number::integer;
+    END IF;
+    RETURN q;
+END
+$$;
 
 -- Sends up to 1,000 messages in one go; returns their ids in input order, and
 -- whether each was a duplicate (then nothing was enqueued and the id is the
@@ -33,6 +176,7 @@ DECLARE
     problem text;
     sent_at timestamptz := clock_timestamp();
     latest timestamptz;
+    horizon text;
     ids bigint[];
     resolved bigint[];
     dedup text[];
@@ -49,7 +193,11 @@ BEGIN
                 cardinality(deliver_ats)) > n THEN
         PERFORM postbox._invalid('per-entry arrays may not have more entries than bodies');
     END IF;
+    -- A message must become visible before it expires, so a delay stays below
+    -- the retention (with none, below a year).
     latest := sent_at + coalesce(q.retention, interval '365 days');
+    horizon := CASE WHEN q.retention IS NULL THEN 'the longest delay, 365 days'
+                    ELSE format('the queue''s retention, %s s', extract(epoch FROM q.retention)) END;
     SELECT postbox._entry_prefix(c.i, n) || c.problem INTO problem
     FROM (
         SELECT e.i, CASE
@@ -57,9 +205,14 @@ BEGIN
             WHEN q.fifo AND (e.d IS NOT NULL OR e.t IS NOT NULL) THEN
                 'FIFO queues take no per-message delay; set the queue''s delivery_delay instead'
             WHEN e.d IS NOT NULL AND e.t IS NOT NULL THEN 'give a delay or a delivery time, not both'
-            WHEN e.d < interval '0' OR sent_at + e.d > latest THEN
-                format('delay %s is outside 0 s to the retention period', e.d)
-            WHEN e.t > latest THEN format('delivery time %s is beyond the retention period', e.t)
+            WHEN e.d < interval '0' THEN format('delay %s is negative', e.d)
+            WHEN sent_at + e.d >= latest THEN format(
+                'delay %s is not shorter than %s: the message would expire before it became visible; '
+                'shorten the delay%s', e.d, horizon, CASE WHEN q.retention IS NOT NULL THEN ' or raise retention' END)
+            WHEN e.t >= latest THEN format(
+                'delivery time %s is not before %s, when the message would expire (%s after sending); '
+                'deliver it sooner%s', e.t, latest, horizon,
+                CASE WHEN q.retention IS NOT NULL THEN ' or raise retention' END)
             WHEN e.p NOT BETWEEN 0 AND 9 THEN format('priority %s is outside 0 to 9', e.p)
             WHEN q.fifo AND e.p > 0 THEN 'FIFO queues deliver in order; priority is for standard queues'
             WHEN q.fifo AND e.g IS NULL THEN 'FIFO queues need a message_group_id'

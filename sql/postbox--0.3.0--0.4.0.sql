@@ -4,7 +4,29 @@
 -- keyed message gives up its key; keyed entries are not deduplicated by content).
 -- A delay, a delivery time and a queue's delivery_delay must be shorter than
 -- the retention (existing queues are left as they are until their next update).
+-- Every function that takes a queue name answers a malformed one with PB400.
 -- Apply with `psql -1 -f`, ALTER EXTENSION postbox UPDATE, or `postbox migrate`.
+
+-- The queue of that name; PB400 if the name is malformed (no queue can have
+-- it), PB404 if there is none.
+CREATE OR REPLACE FUNCTION postbox._queue(queue_name text) RETURNS postbox.queues
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    q postbox.queues;
+BEGIN
+    SELECT * INTO q FROM postbox.queues WHERE name = queue_name;
+    IF NOT FOUND THEN
+        -- Checked only on a miss: create_queue refuses malformed names, so the
+        -- lookup of an existing queue pays nothing for the check.
+        IF postbox.queue_name_problem(queue_name) IS NOT NULL THEN
+            PERFORM postbox._invalid(postbox.queue_name_problem(queue_name));
+        END IF;
+        RAISE EXCEPTION USING ERRCODE = 'PB404',
+            MESSAGE = format('queue %s does not exist', quote_literal(queue_name));
+    END IF;
+    RETURN q;
+END
+$$;
 
 -- Checks settings jsonb (a full set, in the shape of queue_defaults()) and
 -- writes them into q; q.name and q.fifo must be set.

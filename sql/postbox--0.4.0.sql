@@ -325,7 +325,8 @@ LANGUAGE sql IMMUTABLE AS $$
     END
 $$;
 
--- The queue of that name; PB404 if there is none.
+-- The queue of that name; PB400 if the name is malformed (no queue can have
+-- it), PB404 if there is none.
 CREATE FUNCTION postbox._queue(queue_name text) RETURNS postbox.queues
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
@@ -333,6 +334,11 @@ DECLARE
 BEGIN
     SELECT * INTO q FROM postbox.queues WHERE name = queue_name;
     IF NOT FOUND THEN
+        -- Checked only on a miss: create_queue refuses malformed names, so the
+        -- lookup of an existing queue pays nothing for the check.
+        IF postbox.queue_name_problem(queue_name) IS NOT NULL THEN
+            PERFORM postbox._invalid(postbox.queue_name_problem(queue_name));
+        END IF;
         RAISE EXCEPTION USING ERRCODE = 'PB404',
             MESSAGE = format('queue %s does not exist', quote_literal(queue_name));
     END IF;

@@ -497,7 +497,7 @@ async def test_hostile_names_change_nothing(conns):
         assert caught.value.sqlstate == "PB400"
         with pytest.raises(asyncpg.PostgresError) as caught:
             await setup.execute("SELECT postbox.send($1, 'x')", name)
-        assert caught.value.sqlstate == "PB404"
+        assert caught.value.sqlstate == "PB400"
     assert await fingerprint(setup) == before
     assert await setup.fetchval("SELECT count(*) FROM postbox.queues") == queues_before
 

@@ -447,7 +447,7 @@ BEGIN
         PERFORM postbox._invalid(format(
             'delivery_delay is %s s and retention %s s: delivery_delay must be shorter than retention, '
             'or messages would expire before they became visible; lower delivery_delay or raise retention',
-            extract(epoch FROM q.delivery_delay), extract(epoch FROM q.retention)));
+            trim_scale(extract(epoch FROM q.delivery_delay)), trim_scale(extract(epoch FROM q.retention))));
     END IF;
     q.receive_wait_time := postbox._seconds_setting(settings, 'receive_wait_time', 0, 20);
     q.deduplication_window := postbox._seconds_setting(settings, 'deduplication_window', 1, 604800);
@@ -939,7 +939,6 @@ DECLARE
     problem text;
     sent_at timestamptz := clock_timestamp();
     latest timestamptz;
-    horizon text;
     ids bigint[];
     resolved bigint[];
     dedup text[];
@@ -959,8 +958,6 @@ BEGIN
     -- A message must become visible before it expires, so a delay stays below
     -- the retention (with none, below a year).
     latest := sent_at + coalesce(q.retention, interval '365 days');
-    horizon := CASE WHEN q.retention IS NULL THEN 'the longest delay, 365 days'
-                    ELSE format('the queue''s retention, %s s', extract(epoch FROM q.retention)) END;
     SELECT postbox._entry_prefix(c.i, n) || c.problem INTO problem
     FROM (
         SELECT e.i, CASE
@@ -968,14 +965,18 @@ BEGIN
             WHEN q.fifo AND (e.d IS NOT NULL OR e.t IS NOT NULL) THEN
                 'FIFO queues take no per-message delay; set the queue''s delivery_delay instead'
             WHEN e.d IS NOT NULL AND e.t IS NOT NULL THEN 'give a delay or a delivery time, not both'
-            WHEN e.d < interval '0' THEN format('delay %s is negative', e.d)
+            WHEN e.d < interval '0' THEN format('delay %s s is negative', trim_scale(extract(epoch FROM e.d)))
+            WHEN sent_at + e.d >= latest AND q.retention IS NULL THEN
+                format('delay %s s is beyond the longest delay, 365 days', trim_scale(extract(epoch FROM e.d)))
             WHEN sent_at + e.d >= latest THEN format(
-                'delay %s is not shorter than %s: the message would expire before it became visible; '
-                'shorten the delay%s', e.d, horizon, CASE WHEN q.retention IS NOT NULL THEN ' or raise retention' END)
+                'delay %s s is not shorter than the queue''s retention, %s s: the message would expire before '
+                'it became visible; shorten the delay or raise retention',
+                trim_scale(extract(epoch FROM e.d)), trim_scale(extract(epoch FROM q.retention)))
+            WHEN e.t >= latest AND q.retention IS NULL THEN
+                format('delivery time %s is beyond the longest delay, 365 days from now', e.t)
             WHEN e.t >= latest THEN format(
-                'delivery time %s is not before %s, when the message would expire (%s after sending); '
-                'deliver it sooner%s', e.t, latest, horizon,
-                CASE WHEN q.retention IS NOT NULL THEN ' or raise retention' END)
+                'delivery time %s is not before %s, when the message would expire (the queue''s retention is '
+                '%s s): deliver it sooner or raise retention', e.t, latest, trim_scale(extract(epoch FROM q.retention)))
             WHEN e.p NOT BETWEEN 0 AND 9 THEN format('priority %s is outside 0 to 9', e.p)
             WHEN q.fifo AND e.p > 0 THEN 'FIFO queues deliver in order; priority is for standard queues'
             WHEN q.fifo AND e.g IS NULL THEN 'FIFO queues need a message_group_id'

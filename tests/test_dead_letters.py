@@ -352,3 +352,32 @@ async def test_redrives_go_on_while_cleanup_is_held_up(db, messages, queues, dlq
         assert done.moved_messages == 3
     finally:
         await held.rollback()
+
+
+def test_dead_letter_moves_ignore_the_dlqs_pause_and_max_depth(messages, queues):
+    # A dead letter must never be lost or stuck in its source: the move is not a send.
+    dlq = create_queue(queues, unique_name("full_dlq"), max_depth=1).name
+    source = create_queue(
+        queues,
+        unique_name("src"),
+        dead_letter_policy=qpb.DeadLetterPolicy(dead_letter_queue=dlq, max_receive_count=1),
+    ).name
+    messages.Send(pb.SendRequest(queue=dlq, body=b"already there"))
+    queues.PauseQueue(qpb.PauseQueueRequest(name=dlq, sends=True))
+    messages.SendBatch(
+        pb.SendBatchRequest(queue=source, entries=[pb.SendBatchEntry(body=b"x")] * 3)
+    )
+    for got in receive(messages, source):
+        nack(messages, source, got.receipt, delay=0)
+    assert receive(messages, source) == []  # all three moved on this receive
+    assert stats(queues, dlq).visible_messages == 4
+    assert stats(queues, source).visible_messages == 0
+    # A redrive back into a paused, full source works the same way.
+    queues.UpdateQueue(
+        qpb.UpdateQueueRequest(
+            queue=qpb.Queue(name=source, max_depth=1), update_mask={"paths": ["max_depth"]}
+        )
+    )
+    queues.PauseQueue(qpb.PauseQueueRequest(name=source, sends=True))
+    queues.RedriveMessages(qpb.RedriveMessagesRequest(dead_letter_queue=dlq))
+    wait_until(lambda: stats(queues, source).visible_messages == 3)

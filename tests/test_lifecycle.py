@@ -65,6 +65,86 @@ def test_bad_delivery_times(messages, queue, options, says):
     assert says in error.details()
 
 
+@pytest.fixture
+def minute_queue(queues) -> str:
+    """A queue whose messages expire after 60 s."""
+    return create_queue(queues, unique_name("minute"), retention=seconds(60)).name
+
+
+@pytest.mark.parametrize(
+    ("field", "after"),
+    [
+        ("delay", 60),  # exactly the retention: expired when it turns visible
+        ("delay", 61),
+        ("deliver_at", 60.5),
+        ("deliver_at", 3600),
+    ],
+)
+def test_a_delay_must_be_shorter_than_the_retention(messages, queues, minute_queue, field, after):
+    options = {field: seconds(after) if field == "delay" else at(after)}
+    request = pb.SendRequest(queue=minute_queue, body=b"x", **options)
+    error = error_of(messages.Send, request)
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "retention" in error.details()
+    assert "expire" in error.details()
+    batch = pb.SendBatchRequest(
+        queue=minute_queue,
+        entries=[pb.SendBatchEntry(body=b"ok"), pb.SendBatchEntry(body=b"x", **options)],
+    )
+    error = error_of(messages.SendBatch, batch)
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "entry 1" in error.details()
+    assert stats(queues, minute_queue).delayed_messages == 0
+    assert stats(queues, minute_queue).visible_messages == 0
+
+
+def test_a_delay_just_under_the_retention_is_taken(messages, queues, minute_queue):
+    messages.Send(pb.SendRequest(queue=minute_queue, body=b"x", delay=seconds(59)))
+    messages.Send(pb.SendRequest(queue=minute_queue, body=b"y", deliver_at=at(58)))
+    assert stats(queues, minute_queue).delayed_messages == 2
+
+
+@pytest.mark.parametrize("delay", [60, 61])
+def test_a_queue_delivery_delay_must_be_shorter_than_its_retention(queues, delay):
+    name = unique_name("late_queue")
+    error = error_of(
+        queues.CreateQueue,
+        qpb.CreateQueueRequest(
+            queue=qpb.Queue(name=name, retention=seconds(60), delivery_delay=seconds(delay))
+        ),
+    )
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "delivery_delay must be shorter than retention" in error.details()
+    assert error_of(queues.GetQueue, qpb.GetQueueRequest(name=name)).code() == (
+        grpc.StatusCode.NOT_FOUND
+    )
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"delivery_delay": seconds(300)},  # as long as the retention
+        {"retention": seconds(120)},  # down to the delivery_delay
+        {"retention": seconds(100), "delivery_delay": seconds(100)},
+    ],
+)
+def test_update_queue_keeps_the_delivery_delay_below_the_retention(queues, change):
+    name = create_queue(
+        queues, unique_name("updated_delay"), retention=seconds(300), delivery_delay=seconds(120)
+    ).name
+    error = error_of(
+        queues.UpdateQueue,
+        qpb.UpdateQueueRequest(
+            queue=qpb.Queue(name=name, **change), update_mask=FieldMask(paths=list(change))
+        ),
+    )
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "delivery_delay must be shorter than retention" in error.details()
+    after = queues.GetQueue(qpb.GetQueueRequest(name=name)).queue
+    assert after.retention.ToTimedelta() == timedelta(seconds=300)
+    assert after.delivery_delay.ToTimedelta() == timedelta(seconds=120)
+
+
 def test_delays_beyond_15_minutes_are_fine(messages, queues, queue):
     messages.Send(pb.SendRequest(queue=queue, body=b"x", delay=seconds(3 * 3600)))
     assert stats(queues, queue).delayed_messages == 1

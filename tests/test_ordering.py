@@ -226,3 +226,105 @@ def test_priority_then_visibility_time(messages, queue):
 def test_priority_range(messages, queue, priority):
     error = error_of(send, messages, queue, b"x", priority=priority)
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_one_batch_comes_out_in_visibility_order_not_id_order(messages, queue):
+    # The older message becomes visible later, so a receive claims it second.
+    late = send(messages, queue, b"sent first, visible later", delay=seconds(0.4))
+    early = send(messages, queue, b"sent second, visible at once")
+    assert int(late.message_id) < int(early.message_id)
+    time.sleep(0.5)
+    assert [m.message_id for m in receive(messages, queue, count=10)] == [
+        early.message_id,
+        late.message_id,
+    ]
+
+
+def test_a_nacked_older_message_comes_after_the_waiting_ones_in_a_batch(messages, queue):
+    for body in [b"older", b"newer1", b"newer2"]:
+        send(messages, queue, body)
+    (older,) = receive(messages, queue, count=1)
+    assert older.body == b"older"
+    messages.Nack(pb.NackRequest(queue=queue, receipt=older.receipt, delay=seconds(0)))
+    assert [m.body for m in receive(messages, queue, count=10)] == [b"newer1", b"newer2", b"older"]
+
+
+def test_priority_first_then_visibility_order_within_a_priority(messages, queue):
+    send(messages, queue, b"p5 late", priority=5, delay=seconds(0.4))
+    send(messages, queue, b"p0")
+    send(messages, queue, b"p5 early", priority=5)
+    time.sleep(0.5)
+    assert [m.body for m in receive(messages, queue, count=10)] == [
+        b"p5 early",
+        b"p5 late",
+        b"p0",
+    ]
+
+
+def test_dedupe_key_after_delivery_and_delete_makes_a_message_that_exists(messages, queue):
+    first = send(messages, queue, b"v1", dedupe_key="job:1")
+    (got,) = receive(messages, queue)
+    messages.Delete(pb.DeleteRequest(queue=queue, receipt=got.receipt))
+    again = send(messages, queue, b"v2", dedupe_key="job:1")
+    assert again.message_id != first.message_id
+    assert not again.duplicate
+    (got,) = receive(messages, queue)
+    assert (got.message_id, got.body) == (again.message_id, b"v2")
+
+
+def test_dedupe_key_after_a_purge_makes_a_message_that_exists(messages, queues, queue):
+    from postbox.v1 import queue_service_pb2 as qpb
+
+    first = send(messages, queue, b"v1", dedupe_key="job:1")
+    queues.PurgeQueue(qpb.PurgeQueueRequest(name=queue))
+    again = send(messages, queue, b"v2", dedupe_key="job:1")
+    assert again.message_id != first.message_id
+    assert not again.duplicate
+    assert [m.message_id for m in receive(messages, queue)] == [again.message_id]
+
+
+async def test_dedupe_key_of_an_expired_message_makes_a_new_message(messages, queues, db):
+    queue = create_queue(queues, unique_name("expiring_key"), retention=seconds(60)).name
+    first = send(messages, queue, b"v1", dedupe_key="job:1")
+    # Expired, but not yet removed by the maintenance worker.
+    await db.execute(
+        "UPDATE postbox.messages SET enqueued_at = enqueued_at - interval '2 min', "
+        "visible_at = visible_at - interval '2 min' WHERE id = $1",
+        int(first.message_id),
+    )
+    again = send(messages, queue, b"v2", dedupe_key="job:1")
+    assert again.message_id != first.message_id
+    assert not again.duplicate
+    assert [(m.message_id, m.body) for m in receive(messages, queue)] == [(again.message_id, b"v2")]
+
+
+def test_dedupe_key_with_content_deduplication_never_returns_a_missing_id(messages, queues):
+    queue = create_queue(queues, unique_name("keyed_by_content"), content_based_deduplication=True)
+    first = send(messages, queue.name, b"v1", dedupe_key="k")
+    replaced = send(messages, queue.name, b"v2", dedupe_key="k")
+    assert replaced.message_id == first.message_id
+    # The keyed send made no message of v2's own: a plain v2 is no duplicate of it.
+    plain = send(messages, queue.name, b"v2")
+    assert not plain.duplicate
+    received = {m.message_id: m.body for m in receive(messages, queue.name)}
+    assert received == {first.message_id: b"v2", plain.message_id: b"v2"}
+
+
+def test_content_based_deduplication_in_a_batch(messages, queues):
+    queue = create_queue(
+        queues, unique_name("batch_by_content") + ".fifo", content_based_deduplication=True
+    ).name
+    earlier = send(messages, queue, b"seen", message_group_id="g")
+    entries = [
+        pb.SendBatchEntry(body=b, message_group_id="g") for b in [b"new", b"seen", b"new", b"other"]
+    ]
+    result = messages.SendBatch(pb.SendBatchRequest(queue=queue, entries=entries))
+    assert list(result.duplicates) == [False, True, True, False]
+    assert result.message_ids[1] == earlier.message_id
+    assert result.message_ids[2] == result.message_ids[0]
+    bodies = []
+    while got := receive(messages, queue):
+        bodies += [m.body for m in got]
+        for m in got:
+            messages.Delete(pb.DeleteRequest(queue=queue, receipt=m.receipt))
+    assert bodies == [b"seen", b"new", b"other"]

@@ -249,3 +249,75 @@ def test_purge_deletes_every_message(queues, messages, queue):
 def test_purge_missing_is_not_found(queues):
     error = error_of(queues.PurgeQueue, pb.PurgeQueueRequest(name="no_such_queue"))
     assert error.code() == grpc.StatusCode.NOT_FOUND
+
+
+MALFORMED_NAMES = ["a;drop", '"x"', "q" * 81, "", "ünïcödé", "a b", "x.fifo.fifo"]
+RECEIPT = "1:00000000-0000-0000-0000-000000000000"
+
+
+def name_calls(queues, messages, name: str, valid: str):
+    """Every RPC that names a queue, called with `name` (and `valid` where a second queue
+    is named)."""
+    return {
+        "GetQueue": lambda: queues.GetQueue(pb.GetQueueRequest(name=name)),
+        "UpdateQueue": lambda: queues.UpdateQueue(
+            pb.UpdateQueueRequest(
+                queue=pb.Queue(name=name, visibility_timeout=seconds(5)),
+                update_mask=FieldMask(paths=["visibility_timeout"]),
+            )
+        ),
+        "DeleteQueue": lambda: queues.DeleteQueue(pb.DeleteQueueRequest(name=name)),
+        "PurgeQueue": lambda: queues.PurgeQueue(pb.PurgeQueueRequest(name=name)),
+        "PauseQueue": lambda: queues.PauseQueue(pb.PauseQueueRequest(name=name)),
+        "ResumeQueue": lambda: queues.ResumeQueue(pb.ResumeQueueRequest(name=name)),
+        "ListDeadLetterSourceQueues": lambda: queues.ListDeadLetterSourceQueues(
+            pb.ListDeadLetterSourceQueuesRequest(name=name)
+        ),
+        "RedriveMessages": lambda: queues.RedriveMessages(
+            pb.RedriveMessagesRequest(dead_letter_queue=name)
+        ),
+        "RedriveMessages destination": lambda: queues.RedriveMessages(
+            pb.RedriveMessagesRequest(dead_letter_queue=valid, destination=name)
+        ),
+        "ListRedriveTasks": lambda: queues.ListRedriveTasks(
+            pb.ListRedriveTasksRequest(dead_letter_queue=name)
+        ),
+        "Send": lambda: messages.Send(mpb.SendRequest(queue=name, body=b"x")),
+        "SendBatch": lambda: messages.SendBatch(
+            mpb.SendBatchRequest(queue=name, entries=[mpb.SendBatchEntry(body=b"x")])
+        ),
+        "Receive": lambda: list(messages.Receive(mpb.ReceiveRequest(queue=name, max_messages=1))),
+        "Delete": lambda: messages.Delete(mpb.DeleteRequest(queue=name, receipt=RECEIPT)),
+        "DeleteBatch": lambda: messages.DeleteBatch(
+            mpb.DeleteBatchRequest(queue=name, receipts=[RECEIPT])
+        ),
+        "ChangeVisibility": lambda: messages.ChangeVisibility(
+            mpb.ChangeVisibilityRequest(queue=name, receipt=RECEIPT, visibility_timeout=seconds(1))
+        ),
+        "Nack": lambda: messages.Nack(mpb.NackRequest(queue=name, receipt=RECEIPT)),
+        "PeekMessages": lambda: messages.PeekMessages(mpb.PeekMessagesRequest(queue=name)),
+        "GetMessage": lambda: messages.GetMessage(
+            mpb.GetMessageRequest(queue=name, message_id="1")
+        ),
+        "ListArchivedMessages": lambda: messages.ListArchivedMessages(
+            mpb.ListArchivedMessagesRequest(queue=name)
+        ),
+    }
+
+
+@pytest.mark.parametrize("name", MALFORMED_NAMES)
+def test_a_malformed_queue_name_is_invalid_for_every_rpc(queues, messages, queue, name):
+    wrong = {}
+    calls = name_calls(queues, messages, name, queue)
+    if name == "":
+        del calls["RedriveMessages destination"]  # empty: each message's source queue
+    for rpc, call in calls.items():
+        error = error_of(call)
+        if error.code() != grpc.StatusCode.INVALID_ARGUMENT or "does not exist" in error.details():
+            wrong[rpc] = (error.code(), error.details())
+    assert wrong == {}
+
+
+def test_a_well_formed_missing_queue_is_still_not_found(queues, messages, queue):
+    for rpc, call in name_calls(queues, messages, "no_such_queue_x", queue).items():
+        assert error_of(call).code() == grpc.StatusCode.NOT_FOUND, rpc

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import itertools
 import os
 import shutil
@@ -148,6 +149,33 @@ async def test_create_extension_installs_the_same_engine(admin_url, fresh_db):
     assert await fingerprint(fresh_db) == as_extension
 
 
+async def run_two_workers(
+    admin_url: str, db: asyncpg.Connection, call: str, remaining: str
+) -> list[int]:
+    """Runs `call` (returning how much it did) from two connections at once, each until
+    `remaining` counts no work left (a call may find all of it held by the other worker);
+    returns how much each did."""
+    database = await db.fetchval("SELECT current_database()")
+    workers = [await asyncpg.connect(admin_url, database=database) for _ in range(2)]
+    done = [0, 0]
+
+    async def work(index: int) -> None:
+        while True:
+            count = await workers[index].fetchval(call)
+            done[index] += count
+            if count == 0:
+                if await workers[index].fetchval(remaining) == 0:
+                    return
+                await asyncio.sleep(0.01)
+
+    try:
+        await asyncio.gather(work(0), work(1))
+    finally:
+        for conn in workers:
+            await conn.close()
+    return done
+
+
 async def test_two_maintenance_workers_never_do_the_same_work(admin_url, fresh_db):
     # A database of its own: no server's worker shares the rows.
     await migrate(fresh_db)
@@ -162,23 +190,143 @@ async def test_two_maintenance_workers_never_do_the_same_work(admin_url, fresh_d
         "UPDATE postbox.messages SET enqueued_at = enqueued_at - interval '2 min', "
         "visible_at = visible_at - interval '2 min'"
     )
-    database = await fresh_db.fetchval("SELECT current_database()")
-    workers = [await asyncpg.connect(admin_url, database=database) for _ in range(2)]
-    done = [0, 0]
-
-    async def work(index: int) -> None:
-        while (count := await workers[index].fetchval("SELECT postbox.expire_messages(100)")) > 0:
-            done[index] += count
-
-    try:
-        await asyncio.gather(work(0), work(1))
-    finally:
-        for conn in workers:
-            await conn.close()
+    done = await run_two_workers(
+        admin_url,
+        fresh_db,
+        "SELECT postbox.expire_messages(100)",
+        "SELECT count(*) FROM postbox.messages",
+    )
     assert done[0] + done[1] == 3000
     assert min(done) > 0, done  # both took part
     assert await fresh_db.fetchval("SELECT count(*) FROM postbox.archive") == 3000
     assert await fresh_db.fetchval("SELECT count(*) FROM postbox.messages") == 0
+
+
+async def test_two_maintenance_workers_redrive_each_dead_letter_once(admin_url, fresh_db):
+    await migrate(fresh_db)
+    planted = {}
+    for i in range(4):  # a task per dead-letter queue: both workers get some
+        await fresh_db.execute("SELECT postbox.create_queue($1)", f"dlq{i}")
+        await fresh_db.execute("SELECT postbox.create_queue($1)", f"source{i}")
+        await fresh_db.execute(
+            "SELECT postbox.send_batch($1, array_fill('x'::bytea, ARRAY[$2::int]))",
+            f"source{i}",
+            300 + 100 * i,
+        )
+        planted[f"dlq{i}"] = 300 + 100 * i
+    # As if each message had been received too often: dead letters of their source.
+    await fresh_db.execute(
+        "UPDATE postbox.messages m SET queue_id = d.id, source_queue_id = s.id, "
+        "dead_lettered_at = now() FROM postbox.queues s, postbox.queues d "
+        "WHERE s.id = m.queue_id AND d.name = replace(s.name, 'source', 'dlq')"
+    )
+    ids_before = {r[0] for r in await fresh_db.fetch("SELECT id FROM postbox.messages")}
+    for dlq in planted:
+        await fresh_db.execute("SELECT postbox.start_redrive($1)", dlq)
+
+    done = await run_two_workers(
+        admin_url,
+        fresh_db,
+        "SELECT postbox.run_redrives(10)",
+        "SELECT count(*) FROM postbox.redrive_tasks WHERE status = 'running'",
+    )
+
+    assert sum(done) == sum(planted.values())
+    assert min(done) > 0, done  # both took part
+    tasks = await fresh_db.fetch(
+        "SELECT q.name, t.moved, t.status FROM postbox.redrive_tasks t "
+        "JOIN postbox.queues q ON q.id = t.dead_letter_queue_id"
+    )
+    assert {t["name"]: (t["moved"], t["status"]) for t in tasks} == {
+        dlq: (count, "completed") for dlq, count in planted.items()
+    }
+    rows = await fresh_db.fetch(
+        "SELECT m.id, q.name FROM postbox.messages m JOIN postbox.queues q ON q.id = m.queue_id"
+    )
+    assert {r["id"] for r in rows} == ids_before
+    counts = {}
+    for r in rows:
+        counts[r["name"]] = counts.get(r["name"], 0) + 1
+    assert counts == {dlq.replace("dlq", "source"): n for dlq, n in planted.items()}
+
+
+async def test_two_maintenance_workers_forget_each_record_once(admin_url, fresh_db):
+    await migrate(fresh_db)
+    await fresh_db.execute(
+        "SELECT postbox.create_queue('kept', "
+        """'{"archive_on_delete": true, "archive_retention": 60}')"""
+    )
+    queue_id = await fresh_db.fetchval("SELECT id FROM postbox.queues WHERE name = 'kept'")
+    await fresh_db.execute(
+        "INSERT INTO postbox.archive (id, queue_id, receive_count, enqueued_at, archived_at, "
+        "reason, priority, body) SELECT i, $1, 1, now() - interval '1 h', "
+        "now() - interval '2 min', 'deleted', 0, 'x' FROM generate_series(1, 1500) i",
+        queue_id,
+    )
+    await fresh_db.execute(  # within archive_retention: stays
+        "INSERT INTO postbox.archive (id, queue_id, receive_count, enqueued_at, archived_at, "
+        "reason, priority, body) SELECT i, $1, 1, now(), now(), 'deleted', 0, 'x' "
+        "FROM generate_series(1501, 1510) i",
+        queue_id,
+    )
+    await fresh_db.execute(
+        "INSERT INTO postbox.deduplication (queue_id, deduplication_id, message_id, expires_at) "
+        "SELECT $1, 'd' || i, i, now() - interval '1 s' FROM generate_series(1, 1200) i",
+        queue_id,
+    )
+
+    done = await run_two_workers(
+        admin_url,
+        fresh_db,
+        "SELECT postbox.expire_records(100)",
+        "SELECT (SELECT count(*) FROM postbox.archive WHERE archived_at < now() - interval '1 min')"
+        " + (SELECT count(*) FROM postbox.deduplication WHERE expires_at < now())",
+    )
+
+    assert sum(done) == 1500 + 1200
+    assert min(done) > 0, done
+    assert await fresh_db.fetchval("SELECT count(*) FROM postbox.archive") == 10
+    assert await fresh_db.fetchval("SELECT count(*) FROM postbox.deduplication") == 0
+
+
+async def test_two_receivers_deliver_or_bury_each_message_once(admin_url, fresh_db):
+    await migrate(fresh_db)
+    await fresh_db.execute("SELECT postbox.create_queue('graveyard')")
+    await fresh_db.execute(
+        """SELECT postbox.create_queue('failing', '{"dead_letter_policy": """
+        """{"dead_letter_queue": "graveyard", "max_receive_count": 1}}')"""
+    )
+    for _ in range(2):
+        await fresh_db.execute(
+            "SELECT postbox.send_batch('failing', array_fill('x'::bytea, ARRAY[1000]))"
+        )
+    # Every other message was received once already and is visible again: its next
+    # receive buries it; the rest are delivered.
+    await fresh_db.execute("UPDATE postbox.messages SET receive_count = 1 WHERE id % 2 = 0")
+    due = {r[0] for r in await fresh_db.fetch("SELECT id FROM postbox.messages WHERE id % 2 = 0")}
+    fresh = {r[0] for r in await fresh_db.fetch("SELECT id FROM postbox.messages WHERE id % 2 = 1")}
+    database = await fresh_db.fetchval("SELECT current_database()")
+    receivers = [await asyncpg.connect(admin_url, database=database) for _ in range(2)]
+    delivered: list[int] = []
+
+    async def receive(conn: asyncpg.Connection) -> None:
+        for _ in range(60):
+            rows = await conn.fetch("SELECT message_id FROM postbox.receive('failing', 50)")
+            delivered.extend(r[0] for r in rows)
+
+    try:
+        await asyncio.gather(*(receive(conn) for conn in receivers))
+    finally:
+        for conn in receivers:
+            await conn.close()
+    assert sorted(delivered) == sorted(fresh)  # each once
+    rows = await fresh_db.fetch(
+        "SELECT m.id, m.receive_count, s.name AS source FROM postbox.messages m "
+        "JOIN postbox.queues q ON q.id = m.queue_id "
+        "LEFT JOIN postbox.queues s ON s.id = m.source_queue_id WHERE q.name = 'graveyard'"
+    )
+    assert sorted(r["id"] for r in rows) == sorted(due)
+    assert {(r["receive_count"], r["source"]) for r in rows} == {(1, "failing")}
 
 
 async def test_psql_installs_the_script_in_one_transaction(admin_url):
@@ -496,9 +644,35 @@ async def test_hostile_names_change_nothing(conns):
         assert caught.value.sqlstate == "PB400"
         with pytest.raises(asyncpg.PostgresError) as caught:
             await setup.execute("SELECT postbox.send($1, 'x')", name)
-        assert caught.value.sqlstate == "PB404"
+        assert caught.value.sqlstate == "PB400"
     assert await fingerprint(setup) == before
     assert await setup.fetchval("SELECT count(*) FROM postbox.queues") == queues_before
+
+
+async def test_content_based_deduplication_from_sql(conns):
+    setup, _, _ = conns
+    queue = "sql_by_content.fifo"
+    await setup.execute(
+        "SELECT postbox.create_queue($1, '{\"content_based_deduplication\": true}')", queue
+    )
+    first = await setup.fetchval("SELECT postbox.send($1, 'same', message_group_id => 'g')", queue)
+    rows = await setup.fetch(
+        "SELECT * FROM postbox.send_batch($1, ARRAY['same', 'new', 'new']::bytea[], "
+        "message_group_ids => ARRAY['g', 'g', 'g'])",
+        queue,
+    )
+    assert [r["duplicate"] for r in rows] == [True, False, True]
+    assert rows[0]["message_id"] == first
+    assert rows[2]["message_id"] == rows[1]["message_id"]
+    stored = await setup.fetch(
+        "SELECT deduplication_id FROM postbox.messages m JOIN postbox.queues q "
+        "ON q.id = m.queue_id WHERE q.name = $1 ORDER BY m.id",
+        queue,
+    )
+    assert [r[0] for r in stored] == [
+        hashlib.sha256(b"same").hexdigest(),
+        hashlib.sha256(b"new").hexdigest(),
+    ]
 
 
 # Topics' webhook deliveries and schedules: the claims of replicas' workers.

@@ -49,16 +49,21 @@ class SendBatchProxy:
     chunk_sizes: list[int] = field(default_factory=list, init=False)
     authorizations: list[str | None] = field(default_factory=list, init=False)
     faults_given: list[Fault] = field(default_factory=list, init=False)
+    # Seconds from the end of a call to the start of the same request again.
+    retry_gaps: list[float] = field(default_factory=list, init=False)
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
         self._concurrent: Counter[str] = Counter()
+        self._ended: dict[bytes, float] = {}
         self._upstream = grpc.insecure_channel(self.target)
         forward = self._upstream.unary_unary(SEND_BATCH)  # raw bytes both ways
 
         def send_batch(request: bytes, context: grpc.ServicerContext) -> bytes:
             peer = context.peer()
             with self._lock:
+                if request in self._ended:
+                    self.retry_gaps.append(time.monotonic() - self._ended[request])
                 self.calls[peer] += 1
                 self._concurrent[peer] += 1
                 self.max_concurrent[peer] = max(self.max_concurrent[peer], self._concurrent[peer])
@@ -78,6 +83,7 @@ class SendBatchProxy:
             finally:
                 with self._lock:
                     self._concurrent[peer] -= 1
+                    self._ended[request] = time.monotonic()
 
         handler = grpc.method_handlers_generic_handler(
             "postbox.v1.MessageService",

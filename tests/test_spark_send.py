@@ -79,6 +79,9 @@ def test_unavailable_and_deadline_exceeded_are_retried_and_land_once(
     # Retried by the writer on the task's channel, not by Spark with a new task.
     assert len(proxy.calls) == PARTITIONS
     assert sum(proxy.calls.values()) == rows // 1000 + 3
+    # Each after a backoff: the first pause is 0.1-0.2 s (RetryPolicy's jitter).
+    assert len(proxy.retry_gaps) == 3
+    assert min(proxy.retry_gaps) >= 0.1
 
 
 def test_other_errors_fail_the_task_at_once_with_the_servers_message(spark, server, queue, proxy):

@@ -167,6 +167,8 @@ def spark(tmp_path_factory: pytest.TempPathFactory):
     os.environ["PYTHONPATH"] = os.pathsep.join(
         p for p in (tests, os.environ.get("PYTHONPATH")) if p
     )
+    # The data source's log, from the driver's Python workers too (test_spark_stream).
+    os.environ["POSTBOX_SPARK_LOG_FILE"] = str(tmp_path_factory.mktemp("spark-log") / "postbox.log")
     from pyspark.sql import SparkSession
 
     from server.spark import register

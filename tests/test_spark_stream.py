@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -181,3 +182,72 @@ def test_reader_delivers_a_batch_that_never_committed_again(
     rows = _read_all(spark, server, queues, queue, checkpoint, len(sent), visibility_timeout="30")
     assert sorted(r.message_id for r in rows) == sorted(sent)
     assert {r.receive_count for r in rows} == {2}
+
+
+def writer_log(queue: str) -> list[str]:
+    """The data source's log lines about `queue`: level and message, from every process of
+    the run (the driver's commit and abort hooks run in one of its Python workers)."""
+    text = Path(os.environ["POSTBOX_SPARK_LOG_FILE"]).read_text(encoding="utf-8")
+    lines = [line.split(" ", 2)[2] for line in text.splitlines() if f"queue {queue!r}" in line]
+    return [
+        line.replace(" server.spark.writer:", "", 1)
+        for line in lines
+        if " server.spark.writer: " in line
+    ]
+
+
+def _micro_batches_to_queue(spark, server, queue: str, checkpoint: Path, body: str):
+    """One micro-batch of 1000 rows in 2 partitions, the same rows whenever it runs again."""
+    query = (
+        spark.readStream.format("rate-micro-batch")
+        .option("rowsPerBatch", 1000)
+        .option("numPartitions", 2)
+        .load()
+        .selectExpr(f"{body} AS body")
+        .writeStream.format("postbox")
+        .option("target", server.target)
+        .option("queue", queue)
+        .option("body_column", "body")
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(once=True)
+        .start()
+    )
+    query.awaitTermination(120)
+    return query
+
+
+def test_commit_logs_what_landed_and_a_rerun_batch_sends_nothing_twice(
+    spark, server, messages, queue, tmp_path
+):
+    checkpoint = tmp_path / "checkpoint"
+    body = "CAST(value AS STRING)"
+    _micro_batches_to_queue(spark, server, queue, checkpoint, body)
+    assert _batches(checkpoint, "commits") == [0]
+    # As if the driver died before recording the commit: the restart runs batch 0 again.
+    for leftover in (checkpoint / "commits").glob("*0*"):
+        leftover.unlink()
+    rerun = _micro_batches_to_queue(spark, server, queue, checkpoint, body)
+    assert [p["batchId"] for p in rerun.recentProgress][:1] == [0]
+
+    got = Counter(int(m.body) for m in receive_all(messages, queue))
+    assert got == Counter(range(1000))
+    assert writer_log(queue) == [
+        f"INFO batch 0 to queue {queue!r} committed: 1000 messages from 2 partitions",
+        f"INFO batch 0 to queue {queue!r} committed: 1000 messages from 2 partitions (1000 of"
+        " them already committed by an earlier attempt, not sent again)",
+    ]
+
+
+def test_abort_logs_what_landed_before_the_failure(spark, server, messages, queue, tmp_path):
+    # Row 999 has a null body: its partition fails on every attempt, after sending
+    # the rows before it; the other partition commits its 500.
+    with pytest.raises(StreamingQueryException, match="column 'body' is null"):
+        _micro_batches_to_queue(
+            spark, server, queue, tmp_path / "checkpoint",
+            "IF(value = 999, NULL, CAST(value AS STRING))",
+        )  # fmt: skip
+    (line,) = writer_log(queue)
+    assert line.startswith(
+        f"ERROR batch 0 to queue {queue!r} failed; committed before the failure:"
+        " 500 messages from 1 partitions."
+    )

@@ -5,48 +5,14 @@ from __future__ import annotations
 
 import subprocess
 from collections.abc import Iterator
-from concurrent import futures
 from pathlib import Path
 
-import grpc
 import pytest
-from spark_support import receive_all, writer
-from support import free_port
-
-SEND_BATCH = "/postbox.v1.MessageService/SendBatch"
-
-
-class TlsProxy:
-    """Terminates TLS for SendBatch, remembers each call's authorization, forwards the bytes."""
-
-    def __init__(self, target: str, key: bytes, certificate: bytes) -> None:
-        self.authorizations: list[str | None] = []
-        self._upstream = grpc.insecure_channel(target)
-        forward = self._upstream.unary_unary(SEND_BATCH)  # raw bytes both ways
-
-        def send_batch(request: bytes, context: grpc.ServicerContext) -> bytes:
-            metadata = dict(context.invocation_metadata())
-            self.authorizations.append(metadata.get("authorization"))
-            return forward(request)
-
-        handler = grpc.method_handlers_generic_handler(
-            "postbox.v1.MessageService",
-            {"SendBatch": grpc.unary_unary_rpc_method_handler(send_batch)},
-        )
-        self.port = free_port()
-        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-        self._server.add_generic_rpc_handlers((handler,))
-        credentials = grpc.ssl_server_credentials([(key, certificate)])
-        self._server.add_secure_port(f"127.0.0.1:{self.port}", credentials)
-        self._server.start()
-
-    def close(self) -> None:
-        self._server.stop(None)
-        self._upstream.close()
+from spark_support import SendBatchProxy, receive_all, writer
 
 
 @pytest.fixture
-def tls_proxy(server, tmp_path: Path) -> Iterator[tuple[TlsProxy, Path]]:
+def tls_proxy(server, tmp_path: Path) -> Iterator[tuple[SendBatchProxy, Path]]:
     key, certificate = tmp_path / "key.pem", tmp_path / "cert.pem"
     subprocess.run(
         ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
@@ -54,7 +20,9 @@ def tls_proxy(server, tmp_path: Path) -> Iterator[tuple[TlsProxy, Path]]:
          "-keyout", str(key), "-out", str(certificate)],
         check=True, capture_output=True,
     )  # fmt: skip
-    proxy = TlsProxy(server.target, key.read_bytes(), certificate.read_bytes())
+    proxy = SendBatchProxy(
+        server.target, key=key.read_bytes(), certificate=certificate.read_bytes()
+    )
     yield proxy, certificate
     proxy.close()
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from postbox.v1 import message_pb2 as msg
 from postbox.v1 import message_service_pb2 as pb
 from postbox.v1 import queue_service_pb2 as qpb
 from postbox.v1 import queue_service_pb2_grpc, topic_service_pb2_grpc
@@ -259,6 +260,70 @@ def test_mistakes_fail_when_planning(spark, server, queues, queue, options, mess
         writer(df, server, queue, **options).save()
     assert message in str(caught.value)
     assert stats(queues, queue).visible_messages == 0
+
+
+@pytest.mark.parametrize(
+    ("queue_name", "options", "message"),
+    [
+        ("orders.fifo", {}, "'orders.fifo' is a FIFO queue, whose messages need a message group"),
+        (
+            "orders.fifo",
+            {"group_column": "grp", "priority_column": "n"},
+            "takes no per-message delay, delivery time or priority: drop 'priority_column'",
+        ),
+        ("orders.fifo", {"group_column": "grp", "delay_column": "n"}, "drop 'delay_column'"),
+        ("orders.fifo", {"group_column": "grp", "deliver_at_column": "at"}, "drop 'deliver_at"),
+        ("orders", {"write_id": "with space"}, "'with space'; it must be 1 to 80 printable ASCII"),
+        ("orders", {"write_id": "x" * 81}, "it must be 1 to 80 printable ASCII"),
+        ("orders", {"write_id": "caf\u00e9"}, "it must be 1 to 80 printable ASCII"),
+        (
+            "orders",
+            {"attribute_columns": "by_number"},
+            "column 'by_number' (attribute_columns) is map<int,string>: the keys of a map"
+            " column name its attributes, so they must be strings",
+        ),
+        (
+            "orders",
+            {"attribute_columns": "nested"},
+            "the values of a map column must be strings, numbers, booleans or binary",
+        ),
+        (
+            "orders",
+            {"attribute_columns": "ok"},
+            "column 'ok' (attribute_columns) is array<int>; it must be a string, number",
+        ),
+        ("orders", {"attribute_columns": "bad..name"}, "'bad..name' cannot be an attribute name"),
+    ],
+)
+def test_queue_and_mapping_mistakes_fail_when_planning(spark, server, queue_name, options, message):
+    df = spark.sql(
+        """SELECT 'hi' AS text, 'g' AS grp, 1L AS n, current_timestamp() AS at,
+                  map(1, 'a') AS by_number, map('k', array(1)) AS nested,
+                  array(1) AS ok, 'x' AS `bad..name`"""
+    )
+    # No such queue exists, and none needs to: the driver refuses before any task runs.
+    with pytest.raises(AnalysisException, match="Failed to initialize") as caught:
+        writer(df, server, queue_name, **options).save()
+    assert message in str(caught.value)
+
+
+def test_a_map_column_sends_one_attribute_per_entry(spark, server, messages, queue):
+    df = spark.sql(
+        """SELECT 'hi' AS body, map('region', 'eu', 'tier', NULL) AS tags, 7 AS shard
+           UNION ALL SELECT 'bad key', map('no spaces', 'x'), 8"""
+    )
+    writer(
+        df.where("shard = 7"), server, queue, body_column="body", attribute_columns="tags,shard"
+    ).save()
+    (got,) = receive_all(messages, queue)
+    assert dict(got.attributes) == {
+        "region": msg.AttributeValue(data_type="String", string_value="eu"),
+        "shard": msg.AttributeValue(data_type="Number", string_value="7"),
+    }
+    with pytest.raises(Exception, match="column 'tags' has key 'no spaces' in row 0"):
+        writer(
+            df.where("shard = 8"), server, queue, body_column="body", attribute_columns="tags,shard"
+        ).save()
 
 
 def test_overwrite_is_refused_when_planning(spark, server, queue):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import datetime
 import decimal
+import hashlib
 import json
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -14,7 +15,7 @@ from google.protobuf.message import Message
 from postbox.v1 import message_service_pb2 as pb
 from postbox.v1 import topic_service_pb2 as tpb
 
-from server.spark.options import WritePlan
+from server.spark.options import AttributeColumn, WritePlan, attribute_name_problem
 
 # A request stays well under the server's 64 MiB request limit even when
 # messages are large; small messages reach the 1,000-entry limit first.
@@ -56,8 +57,19 @@ def _attribute_text(value: Any) -> str:
     return str(value)
 
 
+def content_digest(entry: Message) -> str:
+    """16 hex digits of a hash of everything the entry carries (before its id is set)."""
+    return hashlib.blake2b(entry.SerializeToString(deterministic=True), digest_size=8).hexdigest()
+
+
 class Encoder:
-    """Encodes the rows of one task; `position` counts rows so ids stay deterministic."""
+    """Encodes the rows of one task; `position` counts rows so ids stay deterministic.
+
+    A derived id is `<prefix>:<row>:<content digest>`: an attempt that sends the
+    partition's rows in the same order repeats every id, and one whose order
+    differs gives a moved row a new id, so the row is sent again rather than
+    dropped as the repeat of a different row.
+    """
 
     def __init__(self, plan: WritePlan, id_prefix: str) -> None:
         self.plan = plan
@@ -83,9 +95,7 @@ class Encoder:
             bodies: list[Any] = _json_bodies(batch, plan.json_columns)
         else:
             bodies = batch.column(plan.body_column).to_pylist()
-        attributes = [
-            (a.column, a.data_type, batch.column(a.column).to_pylist()) for a in plan.attributes
-        ]
+        attributes = [(a, batch.column(a.column).to_pylist()) for a in plan.attributes]
         groups = self._column(batch, plan.group_column)
         dedupes = self._column(batch, plan.dedupe_column)
         delays = self._column(batch, plan.delay_column)
@@ -109,23 +119,12 @@ class Encoder:
                 size = 0
             size += len(body)
             entry = request.entries.add(body=body)
-            for name, data_type, values in attributes:
-                value = values[row]
-                if value is None:
+            for column, values in attributes:
+                if values[row] is None:
                     continue  # a message has no null attributes: the attribute is left out
-                attribute = entry.attributes[name]
-                attribute.data_type = data_type
-                if data_type == "Binary":
-                    attribute.binary_value = value
-                else:
-                    attribute.string_value = _attribute_text(value)
-                size += len(name) + len(attribute.binary_value or attribute.string_value)
-            if dedupes is None:
-                entry.deduplication_id = f"{self.id_prefix}:{position}"
-            elif dedupes[row] is None:
-                raise self._null(plan.dedupe_column, position)
-            else:
-                entry.deduplication_id = str(dedupes[row])
+                pairs = values[row] if column.is_map else [(column.column, values[row])]
+                for name, value in pairs:
+                    size += self._attribute(entry, column, name, value, position)
             if groups is not None:
                 if groups[row] is None:
                     raise self._null(plan.group_column, position)
@@ -142,9 +141,37 @@ class Encoder:
                 entry.deliver_at.FromDatetime(deliver_ats[row])
             if priorities is not None and priorities[row] is not None:
                 entry.priority = priorities[row]
+            # Last: the digest covers everything else the entry carries.
+            if dedupes is None:
+                entry.deduplication_id = f"{self.id_prefix}:{position}:{content_digest(entry)}"
+            elif dedupes[row] is None:
+                raise self._null(plan.dedupe_column, position)
+            else:
+                entry.deduplication_id = str(dedupes[row])
         self.position += batch.num_rows
         if len(request.entries):
             yield request
+
+    def _attribute(
+        self, entry: Message, column: AttributeColumn, name: str, value: Any, position: int
+    ) -> int:
+        """Sets one attribute of `entry`; returns the bytes it adds."""
+        if value is None:
+            return 0
+        if column.is_map:
+            problem = attribute_name_problem(name)
+            if problem:
+                raise PostboxRowError(
+                    f"column {column.column!r} has key {name!r} in row {position} of this"
+                    f" partition, which cannot name an attribute: {problem}"
+                )
+        attribute = entry.attributes[name]
+        attribute.data_type = column.data_type
+        if column.data_type == "Binary":
+            attribute.binary_value = value
+        else:
+            attribute.string_value = _attribute_text(value)
+        return len(name) + len(attribute.binary_value or attribute.string_value)
 
     def _null(self, column: str | None, position: int) -> PostboxRowError:
         return PostboxRowError(

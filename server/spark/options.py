@@ -21,6 +21,7 @@ from pyspark.sql.types import (
     FloatType,
     IntegerType,
     LongType,
+    MapType,
     ShortType,
     StringType,
     StructType,
@@ -35,8 +36,12 @@ MAX_ATTRIBUTES = 10
 _INTEGRAL = (ByteType, ShortType, IntegerType, LongType)
 _NUMBER = (*_INTEGRAL, FloatType, DoubleType, DecimalType)
 _STRING = (StringType, CharType, VarcharType)
+_ATTRIBUTE_VALUE = (*_STRING, *_NUMBER, BinaryType, BooleanType)
 # The engine's rule for attribute names (see SendRequest.attributes).
 _ATTRIBUTE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,256}")
+# Derived ids append ":<partition>:<row>:<16 hex digits>" to the write id and
+# must stay within the engine's 128 printable ASCII characters.
+_WRITE_ID = re.compile(r"[!-~]{1,80}")
 
 CONNECTION_OPTIONS = frozenset(
     {"target", "auth_token", "tls", "tls_ca_file", "tls_server_name", "timeout", "max_attempts"}
@@ -70,11 +75,37 @@ class PostboxOptionError(ValueError):
     """An option, or the DataFrame's schema, does not fit: raised on the driver when planning."""
 
 
+def attribute_name_problem(name: str) -> str | None:
+    """Why `name` cannot name an attribute, or None when it can."""
+    if (
+        not _ATTRIBUTE_NAME.fullmatch(name)
+        or name.lower().startswith(("aws.", "amazon."))
+        or name.startswith(".")
+        or name.endswith(".")
+        or ".." in name
+    ):
+        return (
+            "names are 1-256 characters of [A-Za-z0-9_.-], not starting with 'AWS.' or"
+            " 'Amazon.', not starting or ending with '.' and without '..'"
+        )
+    return None
+
+
+def _attribute_type(data_type: DataType) -> str:
+    """The attribute data type a Spark value type is sent as."""
+    if isinstance(data_type, BinaryType):
+        return "Binary"
+    return "Number" if isinstance(data_type, _NUMBER) else "String"
+
+
 @dataclass(frozen=True)
 class AttributeColumn:
     column: str
-    # "String", "Number" or "Binary": the attribute's data type.
+    # "String", "Number" or "Binary": the attribute's data type (of the map's
+    # values when `is_map`).
     data_type: str
+    # A map<string, ...> column: each entry is an attribute named by its key.
+    is_map: bool = False
 
 
 @dataclass(frozen=True)
@@ -214,10 +245,16 @@ def write_plan(options: Mapping[str, str], schema: StructType, *, streaming: boo
             "give option 'queue' (send to a queue) or option 'topic' (publish), one of them"
         )
     connection, retry = _connection(opts)
-    if streaming and opts.text("write_id") is not None:
+    write_id = opts.text("write_id")
+    if streaming and write_id is not None:
         raise PostboxOptionError(
             "option 'write_id' is for batch writes: a streaming write derives its ids from"
             " the query id and batch id kept in its checkpoint"
+        )
+    if write_id is not None and not _WRITE_ID.fullmatch(write_id):
+        raise PostboxOptionError(
+            f"option 'write_id' is {write_id!r}; it must be 1 to 80 printable ASCII"
+            " characters without spaces (it prefixes each message's deduplication id)"
         )
 
     types = {f.name: f.dataType for f in schema.fields}
@@ -266,6 +303,27 @@ def write_plan(options: Mapping[str, str], schema: StructType, *, streaming: boo
             "a publish has no delay, delivery time or priority: drop 'delay_column',"
             " 'deliver_at_column' and 'priority_column', or send to a queue"
         )
+    if queue is not None and queue.endswith(".fifo"):
+        # Every row would fail on the server; say so before any task starts.
+        if group_column is None:
+            raise PostboxOptionError(
+                f"queue {queue!r} is a FIFO queue, whose messages need a message group:"
+                " give 'group_column'"
+            )
+        refused = [
+            option
+            for option, value in (
+                ("delay_column", delay_column),
+                ("deliver_at_column", deliver_at_column),
+                ("priority_column", priority_column),
+            )
+            if value
+        ]
+        if refused:
+            raise PostboxOptionError(
+                f"queue {queue!r} is a FIFO queue, which takes no per-message delay, delivery"
+                f" time or priority: drop {', '.join(map(repr, refused))}"
+            )
 
     attribute_columns = opts.columns("attribute_columns")
     if len(attribute_columns) > MAX_ATTRIBUTES:
@@ -275,26 +333,33 @@ def write_plan(options: Mapping[str, str], schema: StructType, *, streaming: boo
         )
     attributes = []
     for name in attribute_columns:
+        data_type = types.get(name)
+        if isinstance(data_type, MapType):
+            take("attribute_columns", name, (MapType,), "a map")
+            if not isinstance(data_type.keyType, _STRING):
+                raise PostboxOptionError(
+                    f"column {name!r} (attribute_columns) is {_type_name(data_type)}: the keys"
+                    " of a map column name its attributes, so they must be strings"
+                )
+            if not isinstance(data_type.valueType, _ATTRIBUTE_VALUE):
+                raise PostboxOptionError(
+                    f"column {name!r} (attribute_columns) is {_type_name(data_type)}: the"
+                    " values of a map column must be strings, numbers, booleans or binary"
+                )
+            attributes.append(AttributeColumn(name, _attribute_type(data_type.valueType), True))
+            continue
         take(
             "attribute_columns",
             name,
-            (*_STRING, *_NUMBER, BinaryType, BooleanType),
-            "a string, number, boolean or binary",
+            _ATTRIBUTE_VALUE,
+            "a string, number, boolean or binary, or a map with string keys of those",
         )
-        if not _ATTRIBUTE_NAME.fullmatch(name) or name.lower().startswith(("aws.", "amazon.")):
+        problem = attribute_name_problem(name)
+        if problem:
             raise PostboxOptionError(
-                f"column {name!r} cannot be an attribute name: names are 1-256 characters of"
-                " [A-Za-z0-9_.-] not starting with 'AWS.' or 'Amazon.'; rename the column"
+                f"column {name!r} cannot be an attribute name: {problem}; rename the column"
             )
-        data_type = types[name]
-        kind = (
-            "Binary"
-            if isinstance(data_type, BinaryType)
-            else "Number"
-            if isinstance(data_type, _NUMBER)
-            else "String"
-        )
-        attributes.append(AttributeColumn(name, kind))
+        attributes.append(AttributeColumn(name, _attribute_type(types[name])))
 
     rest = tuple(name for name in types if name not in used)
     if body_column is not None and rest:
@@ -328,7 +393,7 @@ def write_plan(options: Mapping[str, str], schema: StructType, *, streaming: boo
         # In order, one at a time, so a retried batch cannot overtake a later one
         # of the same message group.
         max_in_flight=1 if group_column else opts.integer("max_in_flight", 4, 1, 64),
-        write_id=None if streaming else opts.text("write_id") or uuid.uuid4().hex,
+        write_id=None if streaming else write_id or uuid.uuid4().hex,
         columns=tuple(types),
     )
 

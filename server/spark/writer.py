@@ -1,9 +1,10 @@
 """Batch and streaming writers: each task sends its partition through SendBatch.
 
 Every message carries an idempotency id that a retried or speculative attempt of
-the same task computes again: `<write id>:<partition>:<row>` for a batch write,
-`<query id>:<batch id>:<partition>:<row>` for a stream (both kept in the
-checkpoint, so a restarted query repeats them), or the user's dedupe column. The
+the same task computes again: `<write id>:<partition>:<row>:<digest>` for a batch
+write, `<query id>:<batch id>:<partition>:<row>:<digest>` for a stream (both kept
+in the checkpoint, so a restarted query repeats them), where the digest hashes
+the message's content (see Encoder), or the user's dedupe column. The
 server drops a repeat within the queue's deduplication window, so rows that
 an earlier attempt already committed are not sent twice.
 """

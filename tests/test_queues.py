@@ -107,6 +107,15 @@ def test_get_reports_live_stats(queues, messages, queue):
     stats = queues.GetQueue(pb.GetQueueRequest(name=queue)).queue.stats
     assert (stats.visible_messages, stats.in_flight_messages, stats.delayed_messages) == (2, 1, 1)
     assert stats.oldest_message_age.ToTimedelta() > timedelta(0)
+    full = queues.GetQueue(pb.GetQueueRequest(name=queue, view=pb.QUEUE_VIEW_FULL)).queue
+    assert full.stats.visible_messages == stats.visible_messages
+    basic = queues.GetQueue(pb.GetQueueRequest(name=queue, view=pb.QUEUE_VIEW_BASIC)).queue
+    assert not basic.HasField("stats")  # attributes only: no count of the messages
+    assert basic.name == queue
+    assert basic.visibility_timeout == full.visibility_timeout
+    error = error_of(queues.GetQueue, pb.GetQueueRequest(name=queue, view=7))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "view" in error.details()
 
 
 def test_get_missing_is_not_found(queues):

@@ -269,7 +269,12 @@ class QueueService(queue_service_pb2_grpc.QueueServiceServicer):
     async def GetQueue(
         self, request: pb.GetQueueRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetQueueResponse:
-        row = await self.engine.get_queue_with_stats(request.name)
+        if request.view not in pb.QueueView.values():
+            raise invalid(f"view {request.view} is not a QueueView")
+        if request.view == pb.QUEUE_VIEW_BASIC:
+            row = await self.engine.get_queue(request.name)
+        else:
+            row = await self.engine.get_queue_with_stats(request.name)
         return pb.GetQueueResponse(queue=queue_resource(row))
 
     @reports_errors

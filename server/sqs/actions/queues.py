@@ -17,8 +17,11 @@ from server.sqs.errors import (
 )
 
 
-async def get_queue(call: Call, name: str) -> qpb.Queue:
-    response = await call.backend.call(call.backend.queues.GetQueue, qpb.GetQueueRequest(name=name))
+async def get_queue(call: Call, name: str, *, stats: bool = False) -> qpb.Queue:
+    """The queue's attributes; its message counts only when asked, as they cost a count."""
+    view = qpb.QUEUE_VIEW_FULL if stats else qpb.QUEUE_VIEW_BASIC
+    request = qpb.GetQueueRequest(name=name, view=view)
+    response = await call.backend.call(call.backend.queues.GetQueue, request)
     return response.queue
 
 
@@ -96,7 +99,9 @@ async def purge_queue(call: Call) -> Result:
 async def get_queue_attributes(call: Call) -> Result:
     queue = call.queue()
     names = call.params.get("AttributeNames", [])
-    described = queue_attributes.describe(await get_queue(call, queue), names, call.settings)
+    described = queue_attributes.describe(
+        await get_queue(call, queue, stats=True), names, call.settings
+    )
     return {"Attributes": described} if described else {}
 
 

@@ -107,7 +107,9 @@ async def list_message_move_tasks(call: Call) -> Result:
     if not response.tasks:
         # The engine lists no tasks for a queue that does not exist either.
         await call.backend.call(
-            call.backend.queues.GetQueue, qpb.GetQueueRequest(name=source), _TASK_ERRORS
+            call.backend.queues.GetQueue,
+            qpb.GetQueueRequest(name=source, view=qpb.QUEUE_VIEW_BASIC),
+            _TASK_ERRORS,
         )
     source_arn = naming.queue_arn(call.settings, source)
     results = []

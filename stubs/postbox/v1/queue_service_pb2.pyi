@@ -12,6 +12,15 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class QueueView(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    QUEUE_VIEW_UNSPECIFIED: _ClassVar[QueueView]
+    QUEUE_VIEW_BASIC: _ClassVar[QueueView]
+    QUEUE_VIEW_FULL: _ClassVar[QueueView]
+QUEUE_VIEW_UNSPECIFIED: QueueView
+QUEUE_VIEW_BASIC: QueueView
+QUEUE_VIEW_FULL: QueueView
+
 class Queue(_message.Message):
     __slots__ = ("name", "visibility_timeout", "delivery_delay", "retention", "max_message_size", "receive_wait_time", "create_time", "update_time", "stats", "fifo", "content_based_deduplication", "deduplication_window", "dead_letter_policy", "redrive_allow_policy", "retry_policy", "archive_on_delete", "archive_retention", "max_depth", "receive_rate_limit", "send_paused", "receive_paused", "tags")
     class TagsEntry(_message.Message):
@@ -126,10 +135,12 @@ class CreateQueueResponse(_message.Message):
     def __init__(self, queue: _Optional[_Union[Queue, _Mapping]] = ...) -> None: ...
 
 class GetQueueRequest(_message.Message):
-    __slots__ = ("name",)
+    __slots__ = ("name", "view")
     NAME_FIELD_NUMBER: _ClassVar[int]
+    VIEW_FIELD_NUMBER: _ClassVar[int]
     name: str
-    def __init__(self, name: _Optional[str] = ...) -> None: ...
+    view: QueueView
+    def __init__(self, name: _Optional[str] = ..., view: _Optional[_Union[QueueView, str]] = ...) -> None: ...
 
 class GetQueueResponse(_message.Message):
     __slots__ = ("queue",)

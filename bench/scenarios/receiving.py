@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
+import asyncpg
 import grpc
 from postbox.v1 import message_service_pb2 as pb
 from postbox.v1 import message_service_pb2_grpc
@@ -52,6 +53,37 @@ async def _receive_rate(
     return load, cpu_share(before, served.cpu())
 
 
+async def _feature_rows(
+    ctx: Context,
+    label: str,
+    ours: tuple[Load, float],
+    plain: tuple[Load, float],
+    plain_is: tuple[str, str],
+    raw_fill: Callable[[], Awaitable[None]],
+    raw_claim: Callable[[asyncpg.Connection, int], Awaitable[int]],
+    raw_is: str,
+) -> list[Row]:
+    """A feature's figure against the same messages without it, and against raw SQL doing
+    the feature's claim + delete (the raw table filled by raw_fill)."""
+    (ours_load, cpu), (plain_load, plain_cpu) = ours, plain
+    await ctx.db.reset_raw()
+    await raw_fill()
+    theirs = await raw_claim_deletes(ctx, BATCH, _total(ctx), raw_claim)
+    await ctx.db.reset_raw()
+    plain_label, plain_short = plain_is
+    return [
+        Row(
+            label,
+            "msgs/s",
+            ours_load.rate,
+            plain_load.rate,
+            plain_label,
+            note=f"server CPU {cpu:.0%} ({plain_short}: {plain_cpu:.0%})",
+        ),
+        Row(label, "msgs/s", ours_load.rate, theirs.rate, raw_is),
+    ]
+
+
 @scenario(
     "fifo_receive",
     f"Receive+Delete msgs/s on a FIFO queue with {GROUPS} message groups, batch {BATCH}, "
@@ -67,24 +99,16 @@ async def fifo_receive(ctx: Context) -> list[Row]:
             body=body, message_group_id=f"group-{i % GROUPS}", deduplication_id=str(i)
         )
 
-    ours, cpu = await _receive_rate(ctx, served, "fifo", entry, fifo=True)
-    plain, plain_cpu = await _receive_rate(ctx, served, "standard", entry)
-    await ctx.db.reset_raw()
-    await raw.fill_fifo(ctx.db, body, _total(ctx), GROUPS)
-    theirs = await raw_claim_deletes(ctx, BATCH, _total(ctx), raw.fifo_claim_delete)
-    await ctx.db.reset_raw()
-    label = f"FIFO Receive+Delete({BATCH}) x{CONSUMERS}, {GROUPS} groups"
-    return [
-        Row(
-            label,
-            "msgs/s",
-            ours.rate,
-            plain.rate,
-            "same on a standard queue",
-            note=f"server CPU {cpu:.0%} (standard: {plain_cpu:.0%})",
-        ),
-        Row(label, "msgs/s", ours.rate, theirs.rate, "asyncpg group-head SKIP LOCKED DELETE"),
-    ]
+    return await _feature_rows(
+        ctx,
+        f"FIFO Receive+Delete({BATCH}) x{CONSUMERS}, {GROUPS} groups",
+        await _receive_rate(ctx, served, "fifo", entry, fifo=True),
+        await _receive_rate(ctx, served, "standard", entry),
+        ("same on a standard queue", "standard"),
+        lambda: raw.fill_fifo(ctx.db, body, _total(ctx), GROUPS),
+        raw.fifo_claim_delete,
+        "asyncpg group-head SKIP LOCKED DELETE",
+    )
 
 
 @scenario(
@@ -95,28 +119,21 @@ async def fifo_receive(ctx: Context) -> list[Row]:
 async def priority_receive(ctx: Context) -> list[Row]:
     served = ctx.postbox()
     body = ctx.body()
-    ours, cpu = await _receive_rate(
-        ctx, served, "priorities", lambda i: pb.SendBatchEntry(body=body, priority=i % PRIORITIES)
-    )
-    plain, plain_cpu = await _receive_rate(
-        ctx, served, "priority0", lambda i: pb.SendBatchEntry(body=body)
-    )
-    await ctx.db.reset_raw()
-    await raw.fill_priorities(ctx.db, body, _total(ctx), PRIORITIES)
-    theirs = await raw_claim_deletes(ctx, BATCH, _total(ctx), raw.priority_claim_delete)
-    await ctx.db.reset_raw()
-    label = f"Receive+Delete({BATCH}) x{CONSUMERS}, priorities 0-9"
-    return [
-        Row(
-            label,
-            "msgs/s",
-            ours.rate,
-            plain.rate,
-            "same, all priority 0",
-            note=f"server CPU {cpu:.0%} (priority 0: {plain_cpu:.0%})",
+    return await _feature_rows(
+        ctx,
+        f"Receive+Delete({BATCH}) x{CONSUMERS}, priorities 0-9",
+        await _receive_rate(
+            ctx,
+            served,
+            "priorities",
+            lambda i: pb.SendBatchEntry(body=body, priority=i % PRIORITIES),
         ),
-        Row(label, "msgs/s", ours.rate, theirs.rate, "asyncpg priority-first SKIP LOCKED DELETE"),
-    ]
+        await _receive_rate(ctx, served, "priority0", lambda i: pb.SendBatchEntry(body=body)),
+        ("same, all priority 0", "priority 0"),
+        lambda: raw.fill_priorities(ctx.db, body, _total(ctx), PRIORITIES),
+        raw.priority_claim_delete,
+        "asyncpg priority-first SKIP LOCKED DELETE",
+    )
 
 
 async def streaming_receives(

@@ -221,12 +221,23 @@ class Engine:
         return [(row[0], row[1]) for row in rows]
 
     async def receive(
-        self, queue: str, max_messages: int, visibility_timeout: timedelta | None
+        self,
+        queue: str,
+        max_messages: int,
+        visibility_timeout: timedelta | None,
+        scan_from: datetime | None = None,
     ) -> list[Record]:
-        return await self._call("fetch", "receive", queue, max_messages, visibility_timeout)
+        return await self._call(
+            "fetch", "receive", queue, max_messages, visibility_timeout, scan_from
+        )
 
-    async def next_visible_at(self, queue: str) -> datetime | None:
-        return await self._call("fetchval", "next_visible_at", queue)
+    async def next_visible_at(
+        self, queue: str, scan_from: datetime | None = None
+    ) -> datetime | None:
+        return await self._call("fetchval", "next_visible_at", queue, scan_from)
+
+    async def receive_floor(self, queue: str) -> datetime:
+        return await self._call("fetchval", "receive_floor", queue)
 
     async def release(self, queue: str, receipts: Sequence[str]) -> int:
         return await self._call("fetchval", "release", queue, receipts)

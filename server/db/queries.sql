@@ -66,10 +66,13 @@ SELECT message_id, duplicate
 FROM postbox.send_batch($1, $2, $3::jsonb[], $4, $5, $6, $7, $8, $9)
 
 -- name: receive
-SELECT * FROM postbox.receive($1, $2, $3)
+SELECT * FROM postbox.receive($1, $2, $3, $4)
 
 -- name: next_visible_at
-SELECT postbox.next_visible_at($1)
+SELECT postbox.next_visible_at($1, $2)
+
+-- name: receive_floor
+SELECT postbox.receive_floor($1)
 
 -- name: release
 SELECT postbox.release($1, $2)

@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import grpc
 
 from server.db.engine import Engine, Record
 from server.errors import ApiError
+from server.services.scan_floors import ScanFloors
 from server.wakeup import WakeHub
 
 log = logging.getLogger(__name__)
@@ -24,12 +25,15 @@ class Claims:
     def __init__(self, engine: Engine, hub: WakeHub) -> None:
         self.engine = engine
         self.hub = hub
+        self.floors = ScanFloors(engine.receive_floor)
 
     async def claim(
         self, queue: str, count: int, visibility_timeout: timedelta | None
     ) -> list[Record]:
         """Claims messages; if the client goes away meanwhile, gives them back before leaving."""
-        claim = asyncio.ensure_future(self.engine.receive(queue, count, visibility_timeout))
+        claim = asyncio.ensure_future(
+            self.engine.receive(queue, count, visibility_timeout, self.floors.get(queue))
+        )
         try:
             return await asyncio.shield(claim)
         except asyncio.CancelledError:
@@ -40,6 +44,10 @@ class Claims:
             if rows:
                 await self.release(queue, rows)
             raise
+
+    async def next_visible_at(self, queue: str) -> datetime | None:
+        """When the queue's next message becomes visible (None: nothing is waiting)."""
+        return await self.engine.next_visible_at(queue, self.floors.get(queue))
 
     async def release(self, queue: str, rows: Sequence[Record]) -> None:
         """Makes claimed messages that never reached the client visible again at once."""

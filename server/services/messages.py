@@ -156,7 +156,7 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
             if timeout is not None and timeout <= 0:
                 return
             try:
-                next_visible = await self.engine.next_visible_at(queue)
+                next_visible = await self.claims.next_visible_at(queue)
             except ApiError as error:
                 await self._ride_out(error, continuous)
                 continue

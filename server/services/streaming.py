@@ -164,7 +164,7 @@ class StreamingReceive:
             generation = self.hub.generation(queue)
             try:
                 rows = await self.claims.claim(queue, want, opening.visibility_timeout)
-                next_visible = None if rows else await self.engine.next_visible_at(queue)
+                next_visible = None if rows else await self.claims.next_visible_at(queue)
             except ApiError as error:
                 if error.paused and not first_claim:
                     rows, next_visible = [], None  # paused after it opened: wait on

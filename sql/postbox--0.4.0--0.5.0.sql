@@ -1,0 +1,197 @@
+-- postbox 0.4.0 -> 0.5.0: receives skip the dead front of the ready index.
+-- receive_floor says where a queue's receives may start their walk; receive and
+-- next_visible_at take it as scan_from. Without it they walk as before. FIFO
+-- promotion sets visibility times from the clock, as every other writer does.
+-- Apply with `psql -1 -f`, ALTER EXTENSION postbox UPDATE, or `postbox migrate`.
+
+DROP FUNCTION postbox.receive(text, integer, interval);
+DROP FUNCTION postbox.next_visible_at(text);
+
+-- Makes the oldest message of each group visible when it is parked: the group's
+-- head is gone. Callers hold the groups' locks. The clock, not the
+-- transaction's start: see receive_floor.
+CREATE OR REPLACE FUNCTION postbox._promote(q postbox.queues, groups text[]) RETURNS void
+LANGUAGE sql AS $$
+    UPDATE postbox.messages m
+    SET visible_at = greatest(clock_timestamp(), m.enqueued_at + q.delivery_delay)
+    FROM (SELECT (SELECT x.id FROM postbox.messages x
+                  WHERE x.queue_id = q.id AND x.message_group_id = g
+                  ORDER BY x.id LIMIT 1) AS id
+          FROM (SELECT DISTINCT g FROM unnest(groups) AS g) AS s) AS head
+    WHERE m.id = head.id AND m.visible_at = 'infinity'
+$$;
+
+-- Claims up to max_messages visible messages (FOR UPDATE SKIP LOCKED, so
+-- concurrent receivers never get the same message), makes them invisible for
+-- the visibility timeout (the queue's when NULL), counts the delivery and gives
+-- each a fresh receipt "<message id>:<lease>". Order: priority, then visibility
+-- time, then id; FIFO queues hand out only group heads. On the way, expired
+-- messages are removed and messages received max_receive_count times already
+-- move to the dead-letter queue instead. A rate-limited queue returns fewer
+-- messages when its tokens run short. PB503 while receives are paused.
+-- scan_from: where to start in the ready index, from receive_floor (NULL: the
+-- front).
+CREATE FUNCTION postbox.receive(queue_name text, max_messages integer DEFAULT 1,
+                                visibility_timeout interval DEFAULT NULL, scan_from timestamptz DEFAULT NULL)
+RETURNS TABLE (message_id bigint, body bytea, attributes jsonb, enqueued_at timestamptz,
+               receive_count integer, first_received_at timestamptz, receipt text, priority smallint,
+               message_group_id text, deduplication_id text, dead_letter_source text, last_error text)
+LANGUAGE plpgsql
+-- Receive must walk the ready index in order and stop at the first rows it can
+-- claim. With stale statistics the planner may instead fetch every visible row
+-- (a bitmap or sequential scan) and sort them, which on a deep queue, or one
+-- full of dead index entries, costs more than everything else put together.
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+AS $$
+#variable_conflict use_column
+DECLARE
+    q postbox.queues := postbox._queue(queue_name);
+    timeout interval := coalesce(visibility_timeout, q.visibility_timeout);
+    expired_before timestamptz := now() - q.retention;
+    scan_start timestamptz := coalesce(scan_from, '-infinity');
+    allowed integer;
+    to_deliver bigint[];
+    to_expire bigint[];
+    to_bury bigint[];
+BEGIN
+    IF max_messages IS NULL OR max_messages NOT BETWEEN 1 AND 1000 THEN
+        PERFORM postbox._invalid(format('max_messages is %s; it must be 1 to 1000', max_messages));
+    END IF;
+    IF timeout < interval '0' OR timeout > interval '12 hours' THEN
+        PERFORM postbox._invalid(format('visibility timeout %s is outside 0 s to 12 h', timeout));
+    END IF;
+    IF q.receive_paused THEN
+        RAISE EXCEPTION USING ERRCODE = 'PB503', MESSAGE = format(
+            'queue %s is paused for receiving; ResumeQueue lets receives in again', quote_literal(queue_name));
+    END IF;
+    -- Each round removes what it must not deliver; a few rounds find deliverable
+    -- messages behind expired ones, the maintenance worker does the rest.
+    FOR attempt IN 1..10 LOOP
+        allowed := CASE WHEN q.receive_rate_limit IS NULL THEN max_messages
+                        ELSE postbox._take_receive_tokens(q, max_messages) END;
+        EXIT WHEN allowed = 0;
+        SELECT array_agg(p.id ORDER BY p.priority DESC, p.visible_at, p.id) FILTER (WHERE NOT p.gone AND NOT p.dead),
+               array_agg(p.id) FILTER (WHERE p.gone),
+               array_agg(p.id) FILTER (WHERE p.dead AND NOT p.gone)
+        INTO to_deliver, to_expire, to_bury
+        FROM (
+            SELECT * FROM (  -- priority > 0 first, through its partial index
+                SELECT m.id, m.priority, m.visible_at, coalesce(m.enqueued_at < expired_before, false) AS gone,
+                       coalesce(m.receive_count >= q.max_receive_count, false) AS dead
+                FROM postbox.messages m
+                WHERE m.queue_id = q.id AND m.priority > 0 AND m.visible_at BETWEEN scan_start AND now()
+                ORDER BY m.priority DESC, m.visible_at, m.id
+                LIMIT allowed
+                FOR UPDATE SKIP LOCKED) AS high
+            UNION ALL
+            SELECT * FROM (  -- then the rest, in visibility order
+                SELECT m.id, m.priority, m.visible_at, coalesce(m.enqueued_at < expired_before, false),
+                       coalesce(m.receive_count >= q.max_receive_count, false)
+                FROM postbox.messages m
+                WHERE m.queue_id = q.id AND m.priority = 0 AND m.visible_at BETWEEN scan_start AND now()
+                ORDER BY m.visible_at, m.id
+                LIMIT allowed
+                FOR UPDATE SKIP LOCKED) AS normal
+            LIMIT allowed
+        ) AS p;
+        IF to_expire IS NOT NULL THEN
+            PERFORM postbox._remove(q, to_expire, NULL, 'expired');
+        END IF;
+        IF to_bury IS NOT NULL THEN
+            PERFORM postbox._move(to_bury, q, (SELECT d FROM postbox.queues d WHERE d.id = q.dead_letter_queue_id),
+                                  true);
+        END IF;
+        IF q.receive_rate_limit IS NOT NULL THEN
+            PERFORM postbox._return_receive_tokens(q, allowed - coalesce(cardinality(to_deliver), 0));
+        END IF;
+        IF to_deliver IS NOT NULL THEN
+            RETURN QUERY
+            WITH claimed AS (
+                UPDATE postbox.messages m
+                SET visible_at = clock_timestamp() + timeout,
+                    receive_count = m.receive_count + 1,
+                    first_received_at = coalesce(m.first_received_at, clock_timestamp()),
+                    lease = gen_random_uuid(),
+                    dedupe_key = NULL
+                WHERE m.id = ANY (to_deliver)
+                RETURNING m.*
+            )
+            SELECT c.id, c.body, c.attributes, c.enqueued_at, c.receive_count, c.first_received_at,
+                   c.id || ':' || c.lease, c.priority, c.message_group_id, c.deduplication_id,
+                   (SELECT s.name FROM postbox.queues s WHERE s.id = c.source_queue_id), c.last_error
+            -- In claim order: the claim overwrote visible_at, so the order comes from to_deliver.
+            FROM claimed c JOIN unnest(to_deliver) WITH ORDINALITY AS o(id, n) ON o.id = c.id
+            ORDER BY o.n;
+            RETURN;
+        END IF;
+        EXIT WHEN to_expire IS NULL AND to_bury IS NULL;
+    END LOOP;
+END
+$$;
+
+-- The earliest time a message of the queue may be received: when the first
+-- message becomes visible, or later when the queue's rate limit allows. NULL
+-- when nothing is waiting or receives are paused. Waiting servers set a timer.
+CREATE FUNCTION postbox.next_visible_at(queue_name text, scan_from timestamptz DEFAULT NULL)
+RETURNS timestamptz
+LANGUAGE plpgsql STABLE
+-- An ordered walk of the ready index, whatever the statistics say (see receive).
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+AS $$
+DECLARE
+    q postbox.queues := postbox._queue(queue_name);
+    at timestamptz;
+BEGIN
+    IF q.receive_paused THEN
+        RETURN NULL;
+    END IF;
+    SELECT nullif(min(m.visible_at), 'infinity') INTO at FROM postbox.messages m
+    WHERE m.queue_id = q.id AND m.visible_at >= coalesce(scan_from, '-infinity');
+    IF at IS NOT NULL AND q.receive_rate_limit IS NOT NULL THEN
+        SELECT greatest(at, t.refilled_at + make_interval(secs => greatest(0, 1 - t.tokens) / q.receive_rate_limit))
+        INTO at
+        FROM postbox.receive_tokens t WHERE t.queue_id = q.id;
+    END IF;
+    RETURN at;
+END
+$$;
+
+-- Where receives of a queue may start their walk of the ready index: before it
+-- lies no message of the queue that a receive could deliver, now or later. Dead
+-- row versions stay in the index while some transaction could still see them (a
+-- long transaction, a lagging replication slot), and a receive that starts at
+-- the front of the index visits every one; from the floor on it skips them. The
+-- floor is the earliest visibility time among the queue's rows, held back to a
+-- second ago and to the start of the oldest transaction writing messages now
+-- (whose rows this call cannot see). Every writer sets visibility times from
+-- the clock at the time it writes, so a row written later is never behind it.
+-- Call it outside a REPEATABLE READ transaction, as a role that can see the
+-- writers' sessions (pg_read_all_stats, or the same role): a writer it cannot see
+-- counts only when it commits within the second. It walks the dead entries once:
+-- compute it every few seconds and pass it to every receive meanwhile.
+CREATE FUNCTION postbox.receive_floor(queue_name text) RETURNS timestamptz
+LANGUAGE plpgsql
+-- The ordered walk, as in receive.
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+AS $$
+DECLARE
+    q postbox.queues := postbox._queue(queue_name);
+    writing_since timestamptz;
+    earliest timestamptz;
+BEGIN
+    -- Writers first, then the rows in a later snapshot: a writer gone from the
+    -- locks by then has committed (its rows are seen) or rolled back.
+    SELECT min(a.xact_start) INTO writing_since
+    FROM pg_catalog.pg_locks l JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid
+    WHERE l.locktype = 'relation' AND l.relation = 'postbox.messages'::regclass
+      AND l.database = (SELECT oid FROM pg_catalog.pg_database WHERE datname = current_database())
+      AND l.mode = 'RowExclusiveLock' AND l.pid <> pg_backend_pid();
+    SELECT min(m.visible_at) INTO earliest FROM postbox.messages m WHERE m.queue_id = q.id;
+    RETURN least(now() - interval '1 second', writing_since, earliest);
+END
+$$;
+
+INSERT INTO postbox.schema_version (version) VALUES ('0.5.0');

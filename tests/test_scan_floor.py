@@ -1,0 +1,185 @@
+"""Receives skip the dead front of the ready index (postbox.receive_floor), and the floor
+never hides a message for longer than until it is computed again."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from datetime import datetime
+
+import asyncpg
+import pytest
+from support import create_database, drop_database
+
+from server.db.engine import Engine
+from server.db.migrate import migrate
+from server.services.scan_floors import ScanFloors
+
+# Index entries the current transaction has read from the ready index so far.
+VISITED = "SELECT pg_stat_get_xact_tuples_returned('postbox.messages_ready_idx'::regclass)"
+FLOOR = "SELECT postbox.receive_floor($1)"
+RECEIVE = "SELECT message_id, receipt FROM postbox.receive($1, 1, NULL, $2)"
+
+
+@pytest.fixture
+async def engine_url(admin_url: str) -> AsyncIterator[str]:
+    """A database of its own with the engine installed: pinning its horizon disturbs
+    no other test."""
+    url = await asyncio.to_thread(create_database, admin_url, "postbox_floor")
+    conn = await asyncpg.connect(url)
+    try:
+        await migrate(conn)
+        yield url
+    finally:
+        await conn.close()
+        await asyncio.to_thread(drop_database, admin_url, url)
+
+
+@pytest.fixture
+async def conn(engine_url: str) -> AsyncIterator[asyncpg.Connection]:
+    conn = await asyncpg.connect(engine_url)
+    yield conn
+    await conn.close()
+
+
+@pytest.fixture
+async def pinned(engine_url: str) -> AsyncIterator[None]:
+    """An open transaction holding the xmin horizon: nothing deleted from now on can be
+    vacuumed or even marked dead in the index."""
+    pin = await asyncpg.connect(engine_url)
+    await pin.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+    await pin.fetchval("SELECT txid_current()")
+    yield
+    await pin.close()
+
+
+async def churn(conn: asyncpg.Connection, queue: str, rounds: int) -> None:
+    """Sends, receives and deletes 1,000 messages per round."""
+    for _ in range(rounds):
+        await conn.execute(
+            "SELECT postbox.send_batch($1, array_fill('x'::bytea, ARRAY[1000]))", queue
+        )
+        receipts = await conn.fetch("SELECT receipt FROM postbox.receive($1, 1000)", queue)
+        outcomes = await conn.fetch(
+            "SELECT outcome FROM postbox.delete_batch($1, $2)", queue, [r[0] for r in receipts]
+        )
+        assert {o[0] for o in outcomes} == {"ok"}
+
+
+async def visiting(conn: asyncpg.Connection, sql: str, *args: object) -> tuple[list, int]:
+    """Runs sql in a transaction that is then rolled back: its rows, and how many
+    ready-index entries it read."""
+    await conn.execute("BEGIN")
+    try:
+        before = await conn.fetchval(VISITED)
+        rows = await conn.fetch(sql, *args)
+        return rows, await conn.fetchval(VISITED) - before
+    finally:
+        await conn.execute("ROLLBACK")
+
+
+async def test_a_receive_from_the_floor_skips_what_was_deleted_under_a_pinned_horizon(conn, pinned):
+    await conn.execute("SELECT postbox.create_queue('churned')")
+    await churn(conn, "churned", 5)
+    await asyncio.sleep(1.1)  # the floor stays a second behind now
+    waiting = await conn.fetchval("SELECT postbox.send('churned', 'waiting')")
+    floor = await conn.fetchval(FLOOR, "churned")
+
+    rows, from_front = await visiting(conn, RECEIVE, "churned", None)
+    assert [r["message_id"] for r in rows] == [waiting]
+    assert from_front >= 5000, "the pinned horizon should have kept the deleted rows"
+
+    rows, from_floor = await visiting(conn, RECEIVE, "churned", floor)
+    assert [r["message_id"] for r in rows] == [waiting]
+    assert from_floor <= 2
+
+    rows, walked = await visiting(conn, "SELECT postbox.next_visible_at('churned', $1)", floor)
+    assert rows[0][0] is not None
+    assert walked <= 2
+    _, walked = await visiting(conn, "SELECT postbox.next_visible_at('churned')")
+    assert walked >= 5000
+
+
+async def test_the_floor_is_never_past_a_message_of_the_queue(conn):
+    await conn.execute("SELECT postbox.create_queue('kinds')")
+    for sql in (
+        "SELECT postbox.send('kinds', 'delayed', delay => '5 min')",
+        "SELECT postbox.send('kinds', 'in flight')",
+    ):
+        await conn.execute(sql)
+    await conn.fetch("SELECT * FROM postbox.receive('kinds', 1, '2 s')")
+    await asyncio.sleep(1.1)
+    await conn.execute("SELECT postbox.send('kinds', 'ready')")
+    floor = await conn.fetchval(FLOOR, "kinds")
+    earliest = await conn.fetchval(
+        "SELECT min(visible_at) FROM postbox.messages m JOIN postbox.queues q ON q.id = m.queue_id"
+        " WHERE q.name = 'kinds'"
+    )
+    assert floor <= earliest
+    await asyncio.sleep(1.5)  # the in-flight message's timeout runs out
+    got = await conn.fetch("SELECT body FROM postbox.receive('kinds', 10, NULL, $1)", floor)
+    assert sorted(bytes(r["body"]) for r in got) == [b"in flight", b"ready"]
+
+
+async def test_a_transaction_still_writing_holds_the_floor_back(conn, engine_url):
+    await conn.execute("SELECT postbox.create_queue('slow_writer')")
+    writer = await asyncpg.connect(engine_url)
+    try:
+        await writer.execute("BEGIN")
+        late = await writer.fetchval("SELECT postbox.send('slow_writer', 'late')")
+        await asyncio.sleep(1.2)  # its visibility time is now more than a second ago
+        floor = await conn.fetchval(FLOOR, "slow_writer")
+        await writer.execute("COMMIT")
+    finally:
+        await writer.close()
+    got = await conn.fetch(RECEIVE, "slow_writer", floor)
+    assert [r["message_id"] for r in got] == [late]
+
+
+async def test_a_transaction_older_than_the_floor_that_writes_after_it_is_seen(conn, engine_url):
+    """Its message's visibility time comes from the clock when it is written, not from
+    when its transaction began."""
+    await conn.execute("SELECT postbox.create_queue('old_transaction')")
+    writer = await asyncpg.connect(engine_url)
+    try:
+        await writer.execute("BEGIN")
+        await writer.execute("SELECT 1")
+        await asyncio.sleep(1.2)
+        floor = await conn.fetchval(FLOOR, "old_transaction")
+        assert floor > await writer.fetchval("SELECT now()")
+        late = await writer.fetchval("SELECT postbox.send('old_transaction', 'late')")
+        await writer.execute("COMMIT")
+    finally:
+        await writer.close()
+    got = await conn.fetch(RECEIVE, "old_transaction", floor)
+    assert [r["message_id"] for r in got] == [late]
+
+
+async def test_scan_floors_are_computed_in_the_background_and_refreshed(engine_url):
+    engine = await Engine.connect(engine_url, pool_size=2)
+    try:
+        await engine.create_queue("floored", {})
+        floors = ScanFloors(engine.receive_floor)
+        assert floors.get("floored") is None  # unknown yet: receives walk from the front
+        first = await _until_known(floors, "floored")
+        await asyncio.sleep(1.1)
+        floors.get("floored")  # old now: asks again, answers the old one meanwhile
+        assert await _until_changed(floors, "floored", first) > first
+        assert floors.get("no_such_queue") is None
+        await asyncio.sleep(0.2)
+        assert floors.get("no_such_queue") is None  # the error left no floor behind
+    finally:
+        await engine.close()
+
+
+async def _until_known(floors: ScanFloors, queue: str) -> datetime:
+    return await _until_changed(floors, queue, None)
+
+
+async def _until_changed(floors: ScanFloors, queue: str, old: datetime | None) -> datetime:
+    for _ in range(100):
+        floor = floors.get(queue)
+        if floor is not None and floor != old:
+            return floor
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"the floor of {queue} stayed {old}")

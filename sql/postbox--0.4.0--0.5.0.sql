@@ -2,10 +2,64 @@
 -- receive_floor says where a queue's receives may start their walk; receive and
 -- next_visible_at take it as scan_from. Without it they walk as before. FIFO
 -- promotion sets visibility times from the clock, as every other writer does.
+-- The NOTIFY throttle moves from a table row to a session setting.
 -- Apply with `psql -1 -f`, ALTER EXTENSION postbox UPDATE, or `postbox migrate`.
 
 DROP FUNCTION postbox.receive(text, integer, interval);
 DROP FUNCTION postbox.next_visible_at(text);
+DROP TABLE postbox.notify_throttle;
+
+-- Wakes receivers waiting on a queue: NOTIFY on channel "postbox" with the
+-- queue name, delivered when the sending transaction commits. NOTIFY makes
+-- committing transactions queue up behind one another, so one per send would
+-- halve send throughput: a session notifies a queue at most once per 5 ms. A
+-- send that skips commits moments after the notification of the same session's
+-- previous, committed transaction (a rolled-back one takes its setting along);
+-- servers poll once more a little after each notification to pick it up. The
+-- time sits in a session setting, not a table row: a row updated this often
+-- would leave a dead version per notification while the xmin horizon is pinned,
+-- and every sender would walk them all to find the live one.
+CREATE OR REPLACE FUNCTION postbox._notify(q postbox.queues) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    setting text := 'postbox.notified_' || q.id;
+    now_ms numeric := extract(epoch FROM clock_timestamp()) * 1000;
+BEGIN
+    IF coalesce(nullif(current_setting(setting, true), ''), '0')::numeric > now_ms - 5 THEN
+        RETURN;
+    END IF;
+    PERFORM set_config(setting, now_ms::text, false);
+    PERFORM pg_notify('postbox', q.name);
+END
+$$;
+
+-- Deletes a queue and all its messages. PB412 while it is another queue's
+-- dead-letter queue.
+CREATE OR REPLACE FUNCTION postbox.drop_queue(queue_name text) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    q postbox.queues := postbox._queue(queue_name);
+    sources text;
+BEGIN
+    SELECT string_agg(quote_literal(name), ', ' ORDER BY name) INTO sources
+    FROM postbox.queues WHERE dead_letter_queue_id = q.id AND id <> q.id;
+    IF sources IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'PB412', MESSAGE = format(
+            'queue %s is the dead-letter queue of %s; remove their dead_letter_policy first',
+            quote_literal(queue_name), sources);
+    END IF;
+    PERFORM postbox._lock_queue(q.id, true);
+    DELETE FROM postbox.messages WHERE queue_id = q.id;
+    DELETE FROM postbox.deduplication WHERE queue_id = q.id;
+    DELETE FROM postbox.archive WHERE queue_id = q.id;
+    DELETE FROM postbox.receive_tokens WHERE queue_id = q.id;
+    DELETE FROM postbox.redrive_tasks WHERE dead_letter_queue_id = q.id;
+    UPDATE postbox.redrive_tasks
+    SET status = 'failed', failure_reason = 'the destination queue was deleted', updated_at = now()
+    WHERE destination_queue_id = q.id AND status = 'running';
+    DELETE FROM postbox.queues WHERE id = q.id;
+END
+$$;
 
 -- Makes the oldest message of each group visible when it is parked: the group's
 -- head is gone. Callers hold the groups' locks. The clock, not the

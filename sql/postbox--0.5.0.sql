@@ -173,13 +173,6 @@ CREATE TABLE postbox.redrive_tasks (
 CREATE UNIQUE INDEX redrive_tasks_running_idx ON postbox.redrive_tasks (dead_letter_queue_id)
     WHERE status = 'running';
 
--- When a queue last sent a wake-up notification (see postbox._notify). Unlogged:
--- losing it in a crash only costs one extra NOTIFY.
-CREATE UNLOGGED TABLE postbox.notify_throttle (
-    queue_id integer PRIMARY KEY,
-    notified_at timestamptz NOT NULL
-);
-
 -- Since 0.3.0: topics, their subscriptions, webhook deliveries and schedules.
 
 -- Named fan-out points (see publish_batch).
@@ -678,7 +671,6 @@ BEGIN
     END IF;
     PERFORM postbox._lock_queue(q.id, true);
     DELETE FROM postbox.messages WHERE queue_id = q.id;
-    DELETE FROM postbox.notify_throttle WHERE queue_id = q.id;
     DELETE FROM postbox.deduplication WHERE queue_id = q.id;
     DELETE FROM postbox.archive WHERE queue_id = q.id;
     DELETE FROM postbox.receive_tokens WHERE queue_id = q.id;
@@ -821,29 +813,23 @@ $$;
 -- Wakes receivers waiting on a queue: NOTIFY on channel "postbox" with the
 -- queue name, delivered when the sending transaction commits. NOTIFY makes
 -- committing transactions queue up behind one another, so one per send would
--- halve send throughput: a queue is notified at most once per 5 ms, unless the
--- last notification has not committed yet. A sender that skips relies on the
--- notification another sender made moments before; servers poll once more a
--- little after each notification to pick up such messages.
+-- halve send throughput: a session notifies a queue at most once per 5 ms. A
+-- send that skips commits moments after the notification of the same session's
+-- previous, committed transaction (a rolled-back one takes its setting along);
+-- servers poll once more a little after each notification to pick it up. The
+-- time sits in a session setting, not a table row: a row updated this often
+-- would leave a dead version per notification while the xmin horizon is pinned,
+-- and every sender would walk them all to find the live one.
 CREATE FUNCTION postbox._notify(q postbox.queues) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
-    last_notified timestamptz;
+    setting text := 'postbox.notified_' || q.id;
+    now_ms numeric := extract(epoch FROM clock_timestamp()) * 1000;
 BEGIN
-    SELECT notified_at INTO last_notified FROM postbox.notify_throttle WHERE queue_id = q.id;
-    IF last_notified > clock_timestamp() - interval '5 ms' THEN
+    IF coalesce(nullif(current_setting(setting, true), ''), '0')::numeric > now_ms - 5 THEN
         RETURN;
     END IF;
-    -- Record the notification without waiting on a concurrent sender's row lock:
-    -- whoever holds it is notifying too.
-    IF last_notified IS NULL THEN
-        INSERT INTO postbox.notify_throttle (queue_id, notified_at)
-        VALUES (q.id, clock_timestamp()) ON CONFLICT DO NOTHING;
-    ELSE
-        UPDATE postbox.notify_throttle SET notified_at = clock_timestamp()
-        WHERE queue_id = (SELECT queue_id FROM postbox.notify_throttle
-                          WHERE queue_id = q.id FOR UPDATE SKIP LOCKED);
-    END IF;
+    PERFORM set_config(setting, now_ms::text, false);
     PERFORM pg_notify('postbox', q.name);
 END
 $$;

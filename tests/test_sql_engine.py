@@ -8,6 +8,7 @@ import itertools
 import os
 import shutil
 import subprocess
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -602,28 +603,34 @@ async def test_sends_right_after_a_notification_skip_theirs(conns):
     setup, listener, _ = conns
     await new_queue(setup, "notify_throttled", 0)
     queue_id = await setup.fetchval("SELECT id FROM postbox.queues WHERE name = 'notify_throttled'")
+    notified_at = "SELECT set_config('postbox.notified_' || $1, $2, false)"
 
     async def sends_with_fresh_notification() -> None:
-        # As if another sender had notified a moment ago (committed).
-        await setup.execute(
-            "INSERT INTO postbox.notify_throttle VALUES ($1, clock_timestamp() + interval '1 h') "
-            "ON CONFLICT (queue_id) DO UPDATE SET notified_at = excluded.notified_at",
-            queue_id,
-        )
+        # As if this session had notified a moment ago (an hour ahead: any moment).
+        await setup.execute(notified_at, str(queue_id), str(time.time() * 1000 + 3_600_000))
         for _ in range(5):
             await setup.execute("SELECT postbox.send('notify_throttled', 'x')")
 
     assert await notifications_during(listener, sends_with_fresh_notification) == []
 
     async def sends_after_the_window() -> None:
-        await setup.execute(
-            "UPDATE postbox.notify_throttle SET notified_at = now() - interval '1 s' "
-            "WHERE queue_id = $1",
-            queue_id,
-        )
+        await setup.execute(notified_at, str(queue_id), str(time.time() * 1000 - 1000))
         await setup.execute("SELECT postbox.send('notify_throttled', 'x')")
 
     assert await notifications_during(listener, sends_after_the_window) == ["notify_throttled"]
+
+
+async def test_a_rolled_back_notification_does_not_hold_back_the_next(conns):
+    setup, listener, _ = conns
+    await new_queue(setup, "notify_rolled_back", 0)
+
+    async def rolled_back_then_sent() -> None:
+        await setup.execute("BEGIN")
+        await setup.execute("SELECT postbox.send('notify_rolled_back', 'x')")
+        await setup.execute("ROLLBACK")
+        await setup.execute("SELECT postbox.send('notify_rolled_back', 'y')")
+
+    assert await notifications_during(listener, rolled_back_then_sent) == ["notify_rolled_back"]
 
 
 async def test_hostile_names_change_nothing(conns):

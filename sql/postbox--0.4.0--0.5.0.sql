@@ -1,8 +1,12 @@
--- postbox 0.4.0 -> 0.5.0: receives skip the dead front of the ready index.
--- receive_floor says where a queue's receives may start their walk; receive and
--- next_visible_at take it as scan_from. Without it they walk as before. FIFO
--- promotion sets visibility times from the clock, as every other writer does.
--- The NOTIFY throttle moves from a table row to a session setting.
+-- postbox 0.4.0 -> 0.5.0: queues stay fast while something pins the xmin
+-- horizon (a long transaction, a lagging replication slot), when every row
+-- version the traffic leaves behind stays in the table and its indexes.
+-- receive_floor says where a queue's receives may start their walk of the ready
+-- index; receive and next_visible_at take it as scan_from (without it they walk
+-- from the front, as before). FIFO promotion takes visibility times from the
+-- clock, as every other writer does. Receipts find their rows by primary key
+-- whatever the statistics say. The NOTIFY throttle moves from a table row to a
+-- session setting.
 -- Apply with `psql -1 -f`, ALTER EXTENSION postbox UPDATE, or `postbox migrate`.
 
 DROP FUNCTION postbox.receive(text, integer, interval);
@@ -73,6 +77,171 @@ LANGUAGE sql AS $$
                   ORDER BY x.id LIMIT 1) AS id
           FROM (SELECT DISTINCT g FROM unnest(groups) AS g) AS s) AS head
     WHERE m.id = head.id AND m.visible_at = 'infinity'
+$$;
+
+-- Removes messages (all of ids, or, with leases, those whose lease still
+-- matches), archiving them if the queue archives and promoting the next message
+-- of their FIFO groups. Returns the ids removed.
+-- Statements that take messages by id say `queue_id + 0`: the primary key finds
+-- the row and the queue is only checked. Offered queue_id as an index condition,
+-- the planner, misled by the statistics of a table that turns over all the time,
+-- may fetch the whole queue through the ready index instead, dead entries and all.
+CREATE OR REPLACE FUNCTION postbox._remove(q postbox.queues, ids bigint[], leases uuid[], why text) RETURNS bigint[]
+LANGUAGE plpgsql AS $$
+DECLARE
+    removed bigint[];
+    groups text[];
+BEGIN
+    IF q.archive_on_delete THEN
+        WITH gone AS (
+            DELETE FROM postbox.messages m
+            USING unnest(ids, leases) AS t(id, lease)
+            WHERE m.id = t.id AND m.queue_id + 0 = q.id AND (t.lease IS NULL OR m.lease = t.lease)
+            RETURNING m.*
+        ), archived AS (
+            INSERT INTO postbox.archive (id, queue_id, receive_count, enqueued_at, first_received_at,
+                                         archived_at, reason, priority, message_group_id,
+                                         deduplication_id, source_queue_id, last_error, attributes, body)
+            SELECT g.id, g.queue_id, g.receive_count, g.enqueued_at, g.first_received_at,
+                   clock_timestamp(), why, g.priority, g.message_group_id, g.deduplication_id,
+                   g.source_queue_id, g.last_error, g.attributes, g.body
+            FROM gone g
+        )
+        SELECT array_agg(g.id), array_agg(g.message_group_id) INTO removed, groups FROM gone g;
+    ELSE
+        -- The same delete without the archive: a data-modifying CTE costs even
+        -- when it inserts nothing, and this is the path of every plain delete.
+        WITH gone AS (
+            DELETE FROM postbox.messages m
+            USING unnest(ids, leases) AS t(id, lease)
+            WHERE m.id = t.id AND m.queue_id + 0 = q.id AND (t.lease IS NULL OR m.lease = t.lease)
+            RETURNING m.id, m.message_group_id
+        )
+        SELECT array_agg(g.id), array_agg(g.message_group_id) INTO removed, groups FROM gone g;
+    END IF;
+    IF q.fifo AND groups IS NOT NULL THEN
+        PERFORM postbox._lock_groups(q.id, groups);
+        PERFORM postbox._promote(q, groups);
+        PERFORM postbox._notify(q);
+    END IF;
+    RETURN coalesce(removed, '{}');
+END
+$$;
+
+-- Outcome per receipt of an operation that matched `done` of them:
+-- 'ok', 'invalid' (malformed), 'stale' (delivered again since) or 'not_found'.
+CREATE OR REPLACE FUNCTION postbox._receipt_outcomes(q postbox.queues, receipts text[], done bigint[])
+RETURNS TABLE (i bigint, outcome text)
+LANGUAGE sql STABLE AS $$
+    SELECT p.i, CASE
+        WHEN p.message_id IS NULL THEN 'invalid'
+        WHEN p.message_id = ANY (done) THEN 'ok'
+        WHEN EXISTS (SELECT FROM postbox.messages m WHERE m.id = p.message_id AND m.queue_id + 0 = q.id)
+            THEN 'stale'
+        ELSE 'not_found'
+    END
+    FROM postbox._parse_receipts(receipts) p
+    ORDER BY p.i
+$$;
+
+-- Makes received messages visible again after `timeout` from now (0: at once).
+-- One outcome per receipt, in order; see _receipt_outcomes.
+CREATE OR REPLACE FUNCTION postbox.change_visibility_batch(queue_name text, receipts text[], timeouts interval[])
+RETURNS TABLE (i bigint, outcome text)
+LANGUAGE plpgsql AS $$
+DECLARE
+    q postbox.queues := postbox._queue(queue_name);
+    done bigint[];
+    bad interval;
+BEGIN
+    PERFORM postbox._check_batch_size(cardinality(receipts));
+    IF cardinality(timeouts) IS DISTINCT FROM cardinality(receipts) THEN
+        PERFORM postbox._invalid('receipts and timeouts must have the same number of entries');
+    END IF;
+    SELECT t INTO bad FROM unnest(timeouts) t WHERE t IS NULL OR t < interval '0' OR t > interval '12 hours' LIMIT 1;
+    IF FOUND THEN
+        PERFORM postbox._invalid(format('visibility timeout %s is outside 0 s to 12 h', coalesce(bad::text, 'NULL')));
+    END IF;
+    WITH changed AS (
+        UPDATE postbox.messages m
+        SET visible_at = clock_timestamp() + t.timeout
+        FROM postbox._parse_receipts(receipts) p
+        JOIN unnest(timeouts) WITH ORDINALITY AS t(timeout, i) ON t.i = p.i
+        WHERE m.id = p.message_id AND m.queue_id + 0 = q.id AND m.lease = p.lease
+        RETURNING m.id
+    )
+    SELECT array_agg(id) INTO done FROM changed;
+    RETURN QUERY SELECT * FROM postbox._receipt_outcomes(q, receipts, done);
+END
+$$;
+
+-- Gives received messages back: visible again after `delays[i]` (NULL: the
+-- queue's retry backoff), recording errors[i] as the message's last error. The
+-- receipt is spent. One outcome per receipt, in order; see _receipt_outcomes.
+CREATE OR REPLACE FUNCTION postbox.nack_batch(queue_name text, receipts text[], delays interval[] DEFAULT NULL,
+                                   errors text[] DEFAULT NULL)
+RETURNS TABLE (i bigint, outcome text)
+LANGUAGE plpgsql AS $$
+DECLARE
+    q postbox.queues := postbox._queue(queue_name);
+    n integer := coalesce(cardinality(receipts), 0);
+    problem text;
+    done bigint[];
+BEGIN
+    PERFORM postbox._check_batch_size(n);
+    IF greatest(cardinality(delays), cardinality(errors)) > n THEN
+        PERFORM postbox._invalid('delays and errors may not have more entries than receipts');
+    END IF;
+    SELECT postbox._entry_prefix(e.i, n) || CASE
+               WHEN e.d < interval '0' OR e.d > interval '12 hours' THEN format('delay %s is outside 0 s to 12 h', e.d)
+               ELSE format('error is %s characters; at most 4096 are kept', length(e.r)) END
+    INTO problem
+    FROM unnest(delays, errors) WITH ORDINALITY AS e(d, r, i)
+    WHERE e.d < interval '0' OR e.d > interval '12 hours' OR length(e.r) > 4096
+    ORDER BY e.i LIMIT 1;
+    IF problem IS NOT NULL THEN
+        PERFORM postbox._invalid(problem);
+    END IF;
+    WITH nacked AS (
+        UPDATE postbox.messages m
+        SET visible_at = clock_timestamp() + coalesce(e.d, postbox._backoff(q, m.receive_count)),
+            lease = NULL,
+            last_error = coalesce(e.r, m.last_error)
+        FROM postbox._parse_receipts(receipts) p
+        LEFT JOIN unnest(delays, errors) WITH ORDINALITY AS e(d, r, i) ON e.i = p.i
+        WHERE m.id = p.message_id AND m.queue_id + 0 = q.id AND m.lease = p.lease
+        RETURNING m.id
+    )
+    SELECT array_agg(id) INTO done FROM nacked;
+    IF done IS NOT NULL THEN
+        PERFORM postbox._notify(q);
+    END IF;
+    RETURN QUERY SELECT * FROM postbox._receipt_outcomes(q, receipts, done);
+END
+$$;
+
+-- Gives back claimed messages that never reached a consumer (the server calls
+-- it when a client goes away mid-delivery): visible at once, the delivery
+-- uncounted, the receipt void. Receipts that are stale already are skipped.
+CREATE OR REPLACE FUNCTION postbox.release(queue_name text, receipts text[]) RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    q postbox.queues := postbox._queue(queue_name);
+    released bigint;
+BEGIN
+    UPDATE postbox.messages m
+    SET visible_at = clock_timestamp(),
+        receive_count = m.receive_count - 1,
+        first_received_at = CASE WHEN m.receive_count > 1 THEN m.first_received_at END,
+        lease = NULL
+    FROM postbox._parse_receipts(receipts) p
+    WHERE m.id = p.message_id AND m.queue_id + 0 = q.id AND m.lease = p.lease;
+    GET DIAGNOSTICS released = ROW_COUNT;
+    IF released > 0 THEN
+        PERFORM postbox._notify(q);
+    END IF;
+    RETURN released;
+END
 $$;
 
 -- Claims up to max_messages visible messages (FOR UPDATE SKIP LOCKED, so

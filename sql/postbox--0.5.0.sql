@@ -1158,6 +1158,10 @@ $$;
 -- Removes messages (all of ids, or, with leases, those whose lease still
 -- matches), archiving them if the queue archives and promoting the next message
 -- of their FIFO groups. Returns the ids removed.
+-- Statements that take messages by id say `queue_id + 0`: the primary key finds
+-- the row and the queue is only checked. Offered queue_id as an index condition,
+-- the planner, misled by the statistics of a table that turns over all the time,
+-- may fetch the whole queue through the ready index instead, dead entries and all.
 CREATE FUNCTION postbox._remove(q postbox.queues, ids bigint[], leases uuid[], why text) RETURNS bigint[]
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -1168,7 +1172,7 @@ BEGIN
         WITH gone AS (
             DELETE FROM postbox.messages m
             USING unnest(ids, leases) AS t(id, lease)
-            WHERE m.id = t.id AND m.queue_id = q.id AND (t.lease IS NULL OR m.lease = t.lease)
+            WHERE m.id = t.id AND m.queue_id + 0 = q.id AND (t.lease IS NULL OR m.lease = t.lease)
             RETURNING m.*
         ), archived AS (
             INSERT INTO postbox.archive (id, queue_id, receive_count, enqueued_at, first_received_at,
@@ -1186,7 +1190,7 @@ BEGIN
         WITH gone AS (
             DELETE FROM postbox.messages m
             USING unnest(ids, leases) AS t(id, lease)
-            WHERE m.id = t.id AND m.queue_id = q.id AND (t.lease IS NULL OR m.lease = t.lease)
+            WHERE m.id = t.id AND m.queue_id + 0 = q.id AND (t.lease IS NULL OR m.lease = t.lease)
             RETURNING m.id, m.message_group_id
         )
         SELECT array_agg(g.id), array_agg(g.message_group_id) INTO removed, groups FROM gone g;
@@ -1378,7 +1382,7 @@ LANGUAGE sql STABLE AS $$
     SELECT p.i, CASE
         WHEN p.message_id IS NULL THEN 'invalid'
         WHEN p.message_id = ANY (done) THEN 'ok'
-        WHEN EXISTS (SELECT FROM postbox.messages m WHERE m.id = p.message_id AND m.queue_id = q.id)
+        WHEN EXISTS (SELECT FROM postbox.messages m WHERE m.id = p.message_id AND m.queue_id + 0 = q.id)
             THEN 'stale'
         ELSE 'not_found'
     END
@@ -1427,7 +1431,7 @@ BEGIN
         SET visible_at = clock_timestamp() + t.timeout
         FROM postbox._parse_receipts(receipts) p
         JOIN unnest(timeouts) WITH ORDINALITY AS t(timeout, i) ON t.i = p.i
-        WHERE m.id = p.message_id AND m.queue_id = q.id AND m.lease = p.lease
+        WHERE m.id = p.message_id AND m.queue_id + 0 = q.id AND m.lease = p.lease
         RETURNING m.id
     )
     SELECT array_agg(id) INTO done FROM changed;
@@ -1514,7 +1518,7 @@ BEGIN
             last_error = coalesce(e.r, m.last_error)
         FROM postbox._parse_receipts(receipts) p
         LEFT JOIN unnest(delays, errors) WITH ORDINALITY AS e(d, r, i) ON e.i = p.i
-        WHERE m.id = p.message_id AND m.queue_id = q.id AND m.lease = p.lease
+        WHERE m.id = p.message_id AND m.queue_id + 0 = q.id AND m.lease = p.lease
         RETURNING m.id
     )
     SELECT array_agg(id) INTO done FROM nacked;
@@ -1550,7 +1554,7 @@ BEGIN
         first_received_at = CASE WHEN m.receive_count > 1 THEN m.first_received_at END,
         lease = NULL
     FROM postbox._parse_receipts(receipts) p
-    WHERE m.id = p.message_id AND m.queue_id = q.id AND m.lease = p.lease;
+    WHERE m.id = p.message_id AND m.queue_id + 0 = q.id AND m.lease = p.lease;
     GET DIAGNOSTICS released = ROW_COUNT;
     IF released > 0 THEN
         PERFORM postbox._notify(q);

@@ -4,9 +4,9 @@
 -- receive_floor says where a queue's receives may start their walk of the ready
 -- index; receive and next_visible_at take it as scan_from (without it they walk
 -- from the front, as before). FIFO promotion takes visibility times from the
--- clock, as every other writer does. Receipts find their rows by primary key
--- whatever the statistics say. The NOTIFY throttle moves from a table row to a
--- session setting.
+-- clock, as every other writer does. Functions that take messages by id reach
+-- them by primary key whatever the statistics said when a session planned
+-- them. The NOTIFY throttle moves from a table row to a session setting.
 -- Apply with `psql -1 -f`, ALTER EXTENSION postbox UPDATE, or `postbox migrate`.
 
 DROP FUNCTION postbox.receive(text, integer, interval);
@@ -82,12 +82,21 @@ $$;
 -- Removes messages (all of ids, or, with leases, those whose lease still
 -- matches), archiving them if the queue archives and promoting the next message
 -- of their FIFO groups. Returns the ids removed.
--- Statements that take messages by id say `queue_id + 0`: the primary key finds
--- the row and the queue is only checked. Offered queue_id as an index condition,
--- the planner, misled by the statistics of a table that turns over all the time,
--- may fetch the whole queue through the ready index instead, dead entries and all.
+-- Functions that take messages by id reach them through the primary key,
+-- whatever the planner thinks. A session plans each statement once, often while
+-- the table was small, and keeps the plan until an ANALYZE, which a pinned xmin
+-- horizon holds off: a sequential scan, bitmap scan or hash join chosen then
+-- reads every dead row version on every later call. So they allow only index
+-- scans and nested loops, and say `queue_id + 0` (offered queue_id as an index
+-- condition, the planner fetched the whole queue through the ready index).
 CREATE OR REPLACE FUNCTION postbox._remove(q postbox.queues, ids bigint[], leases uuid[], why text) RETURNS bigint[]
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_indexonlyscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+AS $$
 DECLARE
     removed bigint[];
     groups text[];
@@ -148,7 +157,14 @@ $$;
 -- One outcome per receipt, in order; see _receipt_outcomes.
 CREATE OR REPLACE FUNCTION postbox.change_visibility_batch(queue_name text, receipts text[], timeouts interval[])
 RETURNS TABLE (i bigint, outcome text)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+-- By primary key (see _remove).
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_indexonlyscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+AS $$
 DECLARE
     q postbox.queues := postbox._queue(queue_name);
     done bigint[];
@@ -181,7 +197,14 @@ $$;
 CREATE OR REPLACE FUNCTION postbox.nack_batch(queue_name text, receipts text[], delays interval[] DEFAULT NULL,
                                    errors text[] DEFAULT NULL)
 RETURNS TABLE (i bigint, outcome text)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+-- By primary key (see _remove).
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_indexonlyscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+AS $$
 DECLARE
     q postbox.queues := postbox._queue(queue_name);
     n integer := coalesce(cardinality(receipts), 0);
@@ -224,7 +247,14 @@ $$;
 -- it when a client goes away mid-delivery): visible at once, the delivery
 -- uncounted, the receipt void. Receipts that are stale already are skipped.
 CREATE OR REPLACE FUNCTION postbox.release(queue_name text, receipts text[]) RETURNS bigint
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+-- By primary key (see _remove).
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_indexonlyscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+AS $$
 DECLARE
     q postbox.queues := postbox._queue(queue_name);
     released bigint;
@@ -241,6 +271,79 @@ BEGIN
         PERFORM postbox._notify(q);
     END IF;
     RETURN released;
+END
+$$;
+
+-- Moves messages (locked by the caller) into queue `target`: as dead letters of
+-- `source`, or back (redrive) with their deliveries uncounted. In a FIFO target
+-- they join the end of their groups; in a FIFO source the next messages move up.
+CREATE OR REPLACE FUNCTION postbox._move(ids bigint[], source postbox.queues, target postbox.queues,
+                              as_dead_letters boolean)
+RETURNS void
+LANGUAGE plpgsql
+-- By primary key (see _remove).
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_indexonlyscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+AS $$
+DECLARE
+    groups text[];
+BEGIN
+    SELECT array_agg(DISTINCT m.message_group_id) INTO groups
+    FROM postbox.messages m WHERE m.id = ANY (ids) AND m.message_group_id IS NOT NULL;
+    IF groups IS NOT NULL AND (source.fifo OR target.fifo) THEN
+        -- Both queues' group locks, the lower queue id first.
+        PERFORM postbox._lock_groups(least(source.id, target.id), groups);
+        PERFORM postbox._lock_groups(greatest(source.id, target.id), groups);
+    END IF;
+    UPDATE postbox.messages m
+    SET queue_id = target.id,
+        source_queue_id = CASE WHEN as_dead_letters THEN source.id END,
+        dead_lettered_at = CASE WHEN as_dead_letters THEN clock_timestamp() END,
+        receive_count = CASE WHEN as_dead_letters THEN m.receive_count ELSE 0 END,
+        first_received_at = CASE WHEN as_dead_letters THEN m.first_received_at END,
+        lease = NULL,
+        visible_at = v.visible_at
+    FROM (SELECT x.id,
+                 CASE WHEN target.fifo AND (
+                          row_number() OVER (PARTITION BY x.message_group_id ORDER BY x.id) > 1
+                          OR EXISTS (SELECT FROM postbox.messages y
+                                     WHERE y.queue_id = target.id AND y.message_group_id = x.message_group_id))
+                      THEN 'infinity'::timestamptz ELSE clock_timestamp() END AS visible_at
+          FROM postbox.messages x WHERE x.id = ANY (ids)) AS v
+    WHERE m.id = v.id;
+    IF source.fifo AND groups IS NOT NULL THEN
+        PERFORM postbox._promote(source, groups);
+        PERFORM postbox._notify(source);
+    END IF;
+    PERFORM postbox._notify(target);
+END
+$$;
+
+-- Deletes received messages by receipt. One outcome per receipt, in order;
+-- see _receipt_outcomes. Archives them if the queue archives.
+CREATE OR REPLACE FUNCTION postbox.delete_batch(queue_name text, receipts text[])
+RETURNS TABLE (i bigint, outcome text)
+LANGUAGE plpgsql
+-- By primary key (see _remove).
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_indexonlyscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+AS $$
+DECLARE
+    q postbox.queues := postbox._queue(queue_name);
+    parsed record;
+    done bigint[];
+BEGIN
+    PERFORM postbox._check_batch_size(cardinality(receipts));
+    SELECT array_agg(p.message_id) AS ids, array_agg(p.lease) AS leases INTO parsed
+    FROM postbox._parse_receipts(receipts) p WHERE p.message_id IS NOT NULL;
+    done := postbox._remove(q, parsed.ids, parsed.leases, 'deleted');
+    RETURN QUERY SELECT * FROM postbox._receipt_outcomes(q, receipts, done);
 END
 $$;
 

@@ -1158,12 +1158,21 @@ $$;
 -- Removes messages (all of ids, or, with leases, those whose lease still
 -- matches), archiving them if the queue archives and promoting the next message
 -- of their FIFO groups. Returns the ids removed.
--- Statements that take messages by id say `queue_id + 0`: the primary key finds
--- the row and the queue is only checked. Offered queue_id as an index condition,
--- the planner, misled by the statistics of a table that turns over all the time,
--- may fetch the whole queue through the ready index instead, dead entries and all.
+-- Functions that take messages by id reach them through the primary key,
+-- whatever the planner thinks. A session plans each statement once, often while
+-- the table was small, and keeps the plan until an ANALYZE, which a pinned xmin
+-- horizon holds off: a sequential scan, bitmap scan or hash join chosen then
+-- reads every dead row version on every later call. So they allow only index
+-- scans and nested loops, and say `queue_id + 0` (offered queue_id as an index
+-- condition, the planner fetched the whole queue through the ready index).
 CREATE FUNCTION postbox._remove(q postbox.queues, ids bigint[], leases uuid[], why text) RETURNS bigint[]
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_indexonlyscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+AS $$
 DECLARE
     removed bigint[];
     groups text[];
@@ -1210,7 +1219,14 @@ $$;
 CREATE FUNCTION postbox._move(ids bigint[], source postbox.queues, target postbox.queues,
                               as_dead_letters boolean)
 RETURNS void
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+-- By primary key (see _remove).
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_indexonlyscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+AS $$
 DECLARE
     groups text[];
 BEGIN
@@ -1394,7 +1410,14 @@ $$;
 -- see _receipt_outcomes. Archives them if the queue archives.
 CREATE FUNCTION postbox.delete_batch(queue_name text, receipts text[])
 RETURNS TABLE (i bigint, outcome text)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+-- By primary key (see _remove).
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_indexonlyscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+AS $$
 DECLARE
     q postbox.queues := postbox._queue(queue_name);
     parsed record;
@@ -1412,7 +1435,14 @@ $$;
 -- One outcome per receipt, in order; see _receipt_outcomes.
 CREATE FUNCTION postbox.change_visibility_batch(queue_name text, receipts text[], timeouts interval[])
 RETURNS TABLE (i bigint, outcome text)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+-- By primary key (see _remove).
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_indexonlyscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+AS $$
 DECLARE
     q postbox.queues := postbox._queue(queue_name);
     done bigint[];
@@ -1490,7 +1520,14 @@ $$;
 CREATE FUNCTION postbox.nack_batch(queue_name text, receipts text[], delays interval[] DEFAULT NULL,
                                    errors text[] DEFAULT NULL)
 RETURNS TABLE (i bigint, outcome text)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+-- By primary key (see _remove).
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_indexonlyscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+AS $$
 DECLARE
     q postbox.queues := postbox._queue(queue_name);
     n integer := coalesce(cardinality(receipts), 0);
@@ -1543,7 +1580,14 @@ $$;
 -- it when a client goes away mid-delivery): visible at once, the delivery
 -- uncounted, the receipt void. Receipts that are stale already are skipped.
 CREATE FUNCTION postbox.release(queue_name text, receipts text[]) RETURNS bigint
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+-- By primary key (see _remove).
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_indexonlyscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+AS $$
 DECLARE
     q postbox.queues := postbox._queue(queue_name);
     released bigint;

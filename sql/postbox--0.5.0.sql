@@ -889,10 +889,12 @@ $$;
 
 -- When a message sent at sent_at becomes visible: at deliver_at (a past time
 -- meaning now), else after its delay, else after the queue's default delay.
+-- STABLE, as timestamptz + interval is (days follow the time zone): declared
+-- IMMUTABLE it was not inlined, and ran as a function call per message.
 CREATE FUNCTION postbox._visible_at(sent_at timestamptz, delay interval, deliver_at timestamptz,
                                     default_delay interval)
 RETURNS timestamptz
-LANGUAGE sql IMMUTABLE AS $$
+LANGUAGE sql STABLE AS $$
     SELECT CASE WHEN deliver_at IS NOT NULL THEN greatest(deliver_at, sent_at)
                 ELSE sent_at + coalesce(delay, default_delay) END
 $$;

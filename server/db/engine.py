@@ -46,6 +46,7 @@ _SEND_OPTIONS = (
     "deliver_at",
 )
 assert set(_SEND_OPTIONS) | {"body"} == {f.name for f in fields(OutgoingMessage)}
+_NO_OPTIONS = (None,) * len(_SEND_OPTIONS)
 
 
 @dataclass(frozen=True)
@@ -219,6 +220,11 @@ class Engine:
             "fetch", "send_batch", queue, [m.body for m in messages], *options, conn=conn
         )
         return [(row[0], row[1]) for row in rows]
+
+    async def send_bodies(self, queue: str, bodies: Sequence[bytes]) -> list[Record]:
+        """send_batch for messages that are nothing but a body: (message id, duplicate)
+        records, in order."""
+        return await self._call("fetch", "send_batch", queue, bodies, *_NO_OPTIONS)
 
     async def receive(
         self,

@@ -65,13 +65,17 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
     async def SendBatch(
         self, request: pb.SendBatchRequest, context: grpc.aio.ServicerContext
     ) -> pb.SendBatchResponse:
-        outgoing = []
-        for index, entry in enumerate(request.entries):
-            try:
-                outgoing.append(convert.outgoing(entry, self.max_message_size))
-            except ApiError as error:
-                raise invalid(f"entry {index}: {error.message}") from None
-        results = await self.engine.send_batch(request.queue, outgoing)
+        bodies = convert.plain_bodies(request, self.max_message_size)
+        if bodies is not None:  # most batches
+            results = await self.engine.send_bodies(request.queue, bodies)
+        else:
+            outgoing = []
+            for index, entry in enumerate(request.entries):
+                try:
+                    outgoing.append(convert.outgoing(entry, self.max_message_size))
+                except ApiError as error:
+                    raise invalid(f"entry {index}: {error.message}") from None
+            results = await self.engine.send_batch(request.queue, outgoing)
         self.hub.wake(request.queue)
         return pb.SendBatchResponse(
             message_ids=[str(message_id) for message_id, _ in results],

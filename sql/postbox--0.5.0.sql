@@ -1283,8 +1283,12 @@ LANGUAGE plpgsql
 -- claim. With stale statistics the planner may instead fetch every visible row
 -- (a bitmap or sequential scan) and sort them, which on a deep queue, or one
 -- full of dead index entries, costs more than everything else put together.
+-- Nor may it read the ready index and sort: a range on visible_at (scan_from to
+-- now) looks like a few rows to the planner, which then fetched every visible
+-- message of a priority queue to sort them instead of reading the priority index.
 SET enable_seqscan = off
 SET enable_bitmapscan = off
+SET enable_sort = off
 AS $$
 #variable_conflict use_column
 DECLARE

@@ -239,3 +239,23 @@ async def test_receipts_reach_their_rows_by_primary_key(conn, engine_url):
             assert read <= 8, f"{sql} read {read} rows and index entries of messages"
             if "release" not in sql:
                 assert [r["outcome"] for r in result] == ["ok", "stale"], sql
+
+
+@pytest.mark.parametrize("scan_from", [None, "1 hour"])
+async def test_a_priority_receive_reads_the_priority_index_not_the_queue(conn, scan_from):
+    """With a range on visible_at the planner once thought the ready index would give a
+    few rows, fetched every visible message and sorted them by priority."""
+    await conn.execute("SELECT postbox.create_queue('ranked')")
+    for _ in range(5):
+        await conn.execute(
+            "SELECT postbox.send_batch('ranked', array_fill('x'::bytea, ARRAY[1000]), "
+            "priorities => (SELECT array_agg(i % 10) FROM generate_series(1, 1000) AS i))"
+        )
+    floor = (
+        None if scan_from is None else await conn.fetchval(f"SELECT now() - interval '{scan_from}'")
+    )
+    rows, read = await visiting(
+        conn, "SELECT priority FROM postbox.receive('ranked', 10, NULL, $1)", floor, reads=READ
+    )
+    assert [r["priority"] for r in rows] == [9] * 10
+    assert read <= 50, f"receive read {read} rows and index entries of messages"

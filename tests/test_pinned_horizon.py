@@ -181,7 +181,7 @@ async def test_scan_floors_are_computed_in_the_background_and_refreshed(engine_u
         await engine.create_queue("floored", {})
         floors = ScanFloors(engine.receive_floor)
         assert floors.get("floored") is None  # unknown yet: receives walk from the front
-        first = await _until_known(floors, "floored")
+        first = await _until_changed(floors, "floored", None)
         await asyncio.sleep(1.1)
         floors.get("floored")  # old now: asks again, answers the old one meanwhile
         assert await _until_changed(floors, "floored", first) > first
@@ -190,10 +190,6 @@ async def test_scan_floors_are_computed_in_the_background_and_refreshed(engine_u
         assert floors.get("no_such_queue") is None  # the error left no floor behind
     finally:
         await engine.close()
-
-
-async def _until_known(floors: ScanFloors, queue: str) -> datetime:
-    return await _until_changed(floors, queue, None)
 
 
 async def _until_changed(floors: ScanFloors, queue: str, old: datetime | None) -> datetime:

@@ -59,7 +59,7 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
         outgoing = convert.outgoing(request, self.max_message_size)
         message_id, duplicate = await self.sends.send(request.queue, outgoing)
         self.hub.wake(request.queue)
-        return pb.SendResponse(message_id=str(message_id), duplicate=duplicate)
+        return pb.SendResponse(message_id=message_id, duplicate=duplicate)
 
     @reports_errors
     async def SendBatch(
@@ -67,7 +67,7 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
     ) -> pb.SendBatchResponse:
         bodies = convert.plain_bodies(request, self.max_message_size)
         if bodies is not None:  # most batches
-            results = await self.engine.send_bodies(request.queue, bodies)
+            ids, duplicates = await self.engine.send_bodies(request.queue, bodies)
         else:
             outgoing = []
             for index, entry in enumerate(request.entries):
@@ -75,12 +75,9 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
                     outgoing.append(convert.outgoing(entry, self.max_message_size))
                 except ApiError as error:
                     raise invalid(f"entry {index}: {error.message}") from None
-            results = await self.engine.send_batch(request.queue, outgoing)
+            ids, duplicates = await self.engine.send_batch(request.queue, outgoing)
         self.hub.wake(request.queue)
-        return pb.SendBatchResponse(
-            message_ids=[str(message_id) for message_id, _ in results],
-            duplicates=[duplicate for _, duplicate in results],
-        )
+        return pb.SendBatchResponse(message_ids=ids, duplicates=duplicates)
 
     @reports_errors
     async def Receive(
@@ -134,7 +131,8 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
                     raise
                 if window is not None:
                     window.delivered(row["receipt"] for row in rows)
-                if len(rows) == want:
+                full = len(rows) == want
+                if full:
                     self.hub.wake(queue)  # there may be more: let another stream look too
                 if not continuous:
                     return
@@ -144,7 +142,10 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
                         return
                 if idle is not None:
                     idle_until = loop.time() + idle.total_seconds()
-                continue
+                if full:
+                    continue
+                # Fewer than asked: nothing else was visible, so wait rather than poll
+                # again; a wake-up since `generation` ends the wait at once.
 
             if continuous:
                 until = idle_until

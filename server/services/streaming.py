@@ -188,7 +188,16 @@ class StreamingReceive:
                     raise
                 if len(rows) == want:
                     self.hub.wake(queue)  # there may be more: let another stream look too
-                continue
+                    continue
+                # Fewer than asked: nothing else was visible, so wait rather than claim
+                # again; a wake-up since `generation` ends the wait at once.
+                try:
+                    next_visible = await self.claims.next_visible_at(queue)
+                except ApiError as error:
+                    if not error.paused:
+                        await self.claims.ride_out(error)
+                        continue
+                    next_visible = None
             if next_visible is not None:
                 self.hub.wake_at(queue, next_visible)
             await self._until_stirred(

@@ -17,6 +17,9 @@ from server.db.errors import translate
 from server.db.sqlfiles import queries
 
 Record = asyncpg.Record
+# What a send_batch returns: message ids (decimal, as the API carries them) and
+# whether each was a duplicate, in message order.
+SentBatch = tuple[list[str], list[bool]]
 
 
 # Slots and not frozen: SendBatch builds one per entry, and a frozen dataclass's
@@ -209,22 +212,21 @@ class Engine:
         messages: Sequence[OutgoingMessage],
         *,
         conn: asyncpg.Connection | None = None,
-    ) -> list[tuple[int, bool]]:
-        """(message id, duplicate) per message, in order. On `conn` it joins that connection's
-        transaction (group commit)."""
+    ) -> SentBatch:
+        """The message ids and duplicate flags, in message order. On `conn` it joins that
+        connection's transaction (group commit)."""
         options = []
         for name in _SEND_OPTIONS:
             values = [getattr(message, name) for message in messages]
             options.append(_optional_column(values))
-        rows = await self._call(
-            "fetch", "send_batch", queue, [m.body for m in messages], *options, conn=conn
-        )
-        return [(row[0], row[1]) for row in rows]
+        bodies = [m.body for m in messages]
+        row = await self._call("fetchrow", "send_batch", queue, bodies, *options, conn=conn)
+        return row[0], row[1]
 
-    async def send_bodies(self, queue: str, bodies: Sequence[bytes]) -> list[Record]:
-        """send_batch for messages that are nothing but a body: (message id, duplicate)
-        records, in order."""
-        return await self._call("fetch", "send_batch", queue, bodies, *_NO_OPTIONS)
+    async def send_bodies(self, queue: str, bodies: Sequence[bytes]) -> SentBatch:
+        """send_batch for messages that are nothing but a body."""
+        row = await self._call("fetchrow", "send_batch", queue, bodies, *_NO_OPTIONS)
+        return row[0], row[1]
 
     async def receive(
         self,

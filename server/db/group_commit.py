@@ -38,7 +38,7 @@ def _entry_fault(error: ApiError) -> bool:
 
 
 # What a send returns: the message id, and whether it was a duplicate (deduplication).
-Sent = tuple[int, bool]
+Sent = tuple[str, bool]
 
 
 @dataclass
@@ -159,10 +159,11 @@ class GroupCommit:
         positions: dict[str, list[int]] = {}
         for position, waiting in enumerate(group):
             positions.setdefault(waiting.queue, []).append(position)
-        results: list[Sent] = [(0, False)] * len(group)
+        results: list[Sent] = [("", False)] * len(group)
         for queue in sorted(positions):
             messages = [group[p].message for p in positions[queue]]
-            sent = await self._engine.send_batch(queue, messages, conn=conn)
+            ids, duplicates = await self._engine.send_batch(queue, messages, conn=conn)
+            sent = zip(ids, duplicates, strict=True)
             for position, result in zip(positions[queue], sent, strict=True):
                 results[position] = result
         return results

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+import uuid
 
 import asyncpg
 import grpc
@@ -12,7 +13,7 @@ from postbox.v1 import message_service_pb2 as pb
 
 from bench import raw
 from bench.load import Load, Paced, fixed_rate
-from bench.processes import cpu_share
+from bench.processes import Served, cpu_share
 from bench.runner import Context, Row, message_stub, scenario
 
 RATE = 1000.0
@@ -59,7 +60,14 @@ class Stopwatch:
 
 async def ours(ctx: Context, seconds: float, rate: float) -> tuple[Load, float, int, Paced]:
     served = ctx.postbox()
-    queue = await ctx.new_queue(served.target, "latency")
+    return await streamed(ctx, served, await ctx.new_queue(served.target, "latency"), seconds, rate)
+
+
+async def streamed(
+    ctx: Context, served: Served, queue: str, seconds: float, rate: float
+) -> tuple[Load, float, int, Paced]:
+    """Sends at `rate` to `queue` while a continuous Receive deletes what it gets:
+    the latencies, the server's CPU, how many never arrived, and the pace kept."""
     watch = Stopwatch(ctx.body_size)
     async with (
         grpc.aio.insecure_channel(served.target) as producer_channel,
@@ -143,6 +151,8 @@ async def run(ctx: Context) -> list[Row]:
     for rate in (RATE, LOW_RATE):
         mine, cpu, mine_unseen, mine_paced = await ours(ctx, seconds, rate)
         raw_load, raw_paced = await theirs(ctx, seconds, rate)
+        relay = f"relay-{uuid.uuid4().hex[:8]}"
+        transport, _, _, _ = await streamed(ctx, ctx.empty(), relay, seconds, rate)
         for label, fraction in (("p50", 0.5), ("p99", 0.99), ("p999", 0.999)):
             row = Row(
                 f"send->stream {label} @{rate:,.0f}/s",
@@ -161,4 +171,14 @@ async def run(ctx: Context) -> list[Row]:
                 if mine_unseen:
                     row.note += f"; {mine_unseen} not arrived 10 s after the last send"
             rows.append(row)
+        rows.append(
+            Row(
+                f"send->stream p50 @{rate:,.0f}/s",
+                "ms",
+                mine.latency_ms(0.5),
+                transport.latency_ms(0.5),
+                "the same client, in-memory relay server (no DB)",
+                note=f"transport alone: p99 {transport.latency_ms(0.99):.2f} ms",
+            )
+        )
     return rows

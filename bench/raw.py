@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import re
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 import asyncpg
 
@@ -143,6 +143,22 @@ async def leased_claim_delete(conn: asyncpg.Connection, batch: int) -> int:
     if rows:
         await conn.execute(LEASED_DELETE, [r["id"] for r in rows], [r["lease"] for r in rows])
     return len(rows)
+
+
+def engine_claim_delete(queue: str) -> Callable[[asyncpg.Connection, int], Awaitable[int]]:
+    """Receive then DeleteBatch as the server runs them, straight on the engine's SQL API:
+    what the engine costs without the server and its transport."""
+
+    async def claim(conn: asyncpg.Connection, batch: int) -> int:
+        rows = await conn.fetch("SELECT * FROM postbox.receive($1, $2, '120 s')", queue, batch)
+        if rows:
+            receipts = [row["receipt"] for row in rows]
+            await conn.fetch(
+                "SELECT outcome FROM postbox.delete_batch($1, $2) ORDER BY i", queue, receipts
+            )
+        return len(rows)
+
+    return claim
 
 
 async def fifo_claim_delete(conn: asyncpg.Connection, batch: int) -> int:

@@ -54,9 +54,9 @@ class InProcess:
 @pytest.fixture
 async def in_process(database_url: str, server: Any) -> AsyncIterator[InProcess]:
     engine = await CountingEngine.connect(database_url, pool_size=4)
-    # No trailing wake-up (the look a moment after each notification): it would add
-    # a claim whose timing the counts below would have to allow for.
-    hub = WakeHub(database_url, trailing_wake=3600)
+    # Notifications are the only wake-ups: no trailing look a moment after each one,
+    # no safety poll. Either would add a claim at a time the counts cannot allow for.
+    hub = WakeHub(database_url, trailing_wake=3600, safety_interval=3600)
     await hub.start()
     grpc_server = grpc.aio.server()
     message_service_pb2_grpc.add_MessageServiceServicer_to_server(
@@ -105,16 +105,14 @@ async def test_a_stream_that_got_less_than_it_asked_for_waits_without_claiming_a
     call = await opening(in_process.messages, queue_name)
     try:
         await in_process.until_claims(1)  # found the queue empty; waits now
-        await in_process.messages.Send(pb.SendRequest(queue=queue_name, body=b"one"))
+        # Sent through the SQL API, so its notification is the one wake-up (a Send to
+        # this server would also wake the stream itself, at a moment of its own).
+        await in_process.engine.send_bodies(queue_name, [b"one"])
         assert await _bodies(call) == [b"one"]
         # The claim that found the message asked for 2: nothing else was visible.
         assert await in_process.settled() == 2
 
-        await in_process.messages.SendBatch(
-            pb.SendBatchRequest(
-                queue=queue_name, entries=[pb.SendBatchEntry(body=b) for b in (b"a", b"b", b"c")]
-            )
-        )
+        await in_process.engine.send_bodies(queue_name, [b"a", b"b", b"c"])
         assert await _bodies(call) == [b"a", b"b"]
         assert await _bodies(call) == [b"c"]
         # A full batch claims again at once; the second, with one message, does not.

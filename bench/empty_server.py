@@ -8,7 +8,8 @@ their own client code against the same ceiling:
   * a continuous Receive on a queue named `relay-...` streams the bodies that Sends
     to that queue carry, as they arrive (send->stream latency with no database);
   * on a queue named `canned-<bytes>-...` it streams batches of made-up messages with
-    bodies of that size, at most two batches ahead of the deletes, as postbox does;
+    bodies of that size, as fast as the client deletes them;
+  * either way a stream is at most two batches ahead of the deletes, as postbox's is;
   * Delete and DeleteBatch answer OK for every receipt.
 
 `python -m bench.empty_server --grpc-port N`.
@@ -35,16 +36,30 @@ RELAY, CANNED = "relay-", "canned-"
 BATCHES_AHEAD = 2  # as server/services/prefetch.py
 
 
-class _Undeleted:
-    """Made-up messages one canned stream delivered that are not deleted yet."""
+class _Window:
+    """The batches one stream delivered whose messages are not all deleted yet."""
 
     def __init__(self) -> None:
-        self.count = 0
+        self.batches = itertools.count()
+        self.undeleted: dict[str, int] = {}  # batch -> messages of it not deleted
         self.fewer = asyncio.Event()
 
-    def deleted(self) -> None:
-        self.count -= 1
-        self.fewer.set()
+    async def room(self) -> None:
+        while len(self.undeleted) >= BATCHES_AHEAD:
+            self.fewer.clear()
+            await self.fewer.wait()
+
+    def delivered(self, count: int) -> str:
+        batch = str(next(self.batches))
+        self.undeleted[batch] = count
+        return batch
+
+    def deleted(self, batch: str) -> None:
+        if batch in self.undeleted:
+            self.undeleted[batch] -= 1
+            if not self.undeleted[batch]:
+                del self.undeleted[batch]
+                self.fewer.set()
 
 
 class EmptyMessageService(message_service_pb2_grpc.MessageServiceServicer):
@@ -52,7 +67,7 @@ class EmptyMessageService(message_service_pb2_grpc.MessageServiceServicer):
         self._relays: dict[str, asyncio.Queue[bytes]] = {}
         self._ids = itertools.count()
         self._streams = itertools.count()
-        self._undeleted: dict[str, _Undeleted] = {}
+        self._windows: dict[str, _Window] = {}
 
     async def Send(
         self, request: pb.SendRequest, context: grpc.aio.ServicerContext
@@ -70,32 +85,28 @@ class EmptyMessageService(message_service_pb2_grpc.MessageServiceServicer):
     async def Receive(
         self, request: pb.ReceiveRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.ReceiveResponse]:
-        size = max(request.max_messages, 1)
-        if request.queue.startswith(RELAY):
-            relay = self._relays.setdefault(request.queue, asyncio.Queue())
-            while True:
-                bodies = [await relay.get()]
-                while len(bodies) < size and not relay.empty():
-                    bodies.append(relay.get_nowait())
-                yield pb.ReceiveResponse(messages=[self._message(body) for body in bodies])
-        elif request.queue.startswith(CANNED):
-            body = b"x" * int(request.queue.split("-")[1])
-            stream = str(next(self._streams))
-            undeleted = self._undeleted[stream] = _Undeleted()
-            try:
-                while True:
-                    while undeleted.count >= BATCHES_AHEAD * size:
-                        undeleted.fewer.clear()
-                        await undeleted.fewer.wait()
-                    undeleted.count += size
-                    yield pb.ReceiveResponse(
-                        messages=[self._message(body, stream) for _ in range(size)]
-                    )
-            finally:
-                del self._undeleted[stream]
-        else:
+        if not request.queue.startswith((RELAY, CANNED)):
             message = "name the queue relay-... or canned-<bytes>-..."
             await context.abort(grpc.StatusCode.NOT_FOUND, message)
+        size = max(request.max_messages, 1)
+        stream = str(next(self._streams))
+        window = self._windows[stream] = _Window()
+        try:
+            if request.queue.startswith(RELAY):
+                relay = self._relays.setdefault(request.queue, asyncio.Queue())
+                while True:
+                    await window.room()
+                    bodies = [await relay.get()]
+                    while len(bodies) < size and not relay.empty():
+                        bodies.append(relay.get_nowait())
+                    yield self._batch(bodies, stream, window)
+            else:
+                body = b"x" * int(request.queue.split("-")[1])
+                while True:
+                    await window.room()
+                    yield self._batch([body] * size, stream, window)
+        finally:
+            del self._windows[stream]
 
     async def Delete(
         self, request: pb.DeleteRequest, context: grpc.aio.ServicerContext
@@ -112,22 +123,27 @@ class EmptyMessageService(message_service_pb2_grpc.MessageServiceServicer):
 
     def _deleted(self, receipts: Iterable[str]) -> None:
         for receipt in receipts:
-            undeleted = self._undeleted.get(receipt.rsplit(":", 1)[-1])
-            if undeleted is not None:
-                undeleted.deleted()
+            _, _, stream, batch = receipt.split(":")
+            window = self._windows.get(stream)
+            if window is not None:
+                window.deleted(batch)
 
-    def _message(self, body: bytes, stream: str = "") -> message_pb2.Message:
-        """What postbox's Receive sends for a message: ids, body, receipt, times."""
-        message_id = str(next(self._ids))
-        message = message_pb2.Message(
-            message_id=message_id,
-            body=body,
-            receipt=f"{message_id}:00000000-0000-4000-8000-000000000000:{stream}",
-            receive_count=1,
-        )
-        message.enqueue_time.GetCurrentTime()
-        message.first_receive_time.GetCurrentTime()
-        return message
+    def _batch(self, bodies: list[bytes], stream: str, window: _Window) -> pb.ReceiveResponse:
+        """What postbox's Receive sends for a batch: per message ids, body, receipt, times."""
+        batch = window.delivered(len(bodies))
+        messages = []
+        for body in bodies:
+            message_id = str(next(self._ids))
+            message = message_pb2.Message(
+                message_id=message_id,
+                body=body,
+                receipt=f"{message_id}:00000000-0000-4000-8000-000000000000:{stream}:{batch}",
+                receive_count=1,
+            )
+            message.enqueue_time.GetCurrentTime()
+            message.first_receive_time.GetCurrentTime()
+            messages.append(message)
+        return pb.ReceiveResponse(messages=messages)
 
 
 async def serve(host: str, port: int) -> None:

@@ -173,6 +173,14 @@ class Served:
         return total
 
 
+def machine_cpu() -> CpuSample:
+    """CPU time of the whole machine, every process and core, so far."""
+    times = psutil.cpu_times()
+    return CpuSample(
+        times.user + times.system + times.nice + times.irq + times.softirq, time.monotonic()
+    )
+
+
 def cpu_share(before: CpuSample, after: CpuSample) -> float:
     """CPU used between two samples as a share of one core (1.0 = one core busy)."""
     return (after.cpu_seconds - before.cpu_seconds) / max(after.at - before.at, 1e-9)

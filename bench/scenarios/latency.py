@@ -109,8 +109,13 @@ async def _produced(
         target=_produce, args=(kind, address, queue, rate, seconds, size, theirs), daemon=True
     )
     process.start()
+    theirs.close()  # the child's end: if the child dies, recv() ends with EOFError
     try:
         sent, elapsed = await asyncio.to_thread(ours.recv)
+    except EOFError:
+        await asyncio.to_thread(process.join, 10)
+        message = f"the {kind} producer process died (exit code {process.exitcode})"
+        raise RuntimeError(message) from None
     finally:
         await asyncio.to_thread(process.join, 10)
         if process.is_alive():

@@ -6,10 +6,15 @@ import asyncio
 import re
 import tempfile
 from collections.abc import Awaitable, Callable, Sequence
+from datetime import timedelta
 
 import asyncpg
 
 from bench.database import RAW_TABLE, BenchDatabase
+from server.db.sqlfiles import queries
+
+# The server's own statements (server/db/queries.sql), for the engine-alone figures.
+SERVER_QUERIES = queries()
 
 INSERT_MANY = f"""
 INSERT INTO {RAW_TABLE} (queue_id, visible_at, enqueued_at, body)
@@ -126,11 +131,11 @@ async def insert_many(pool: asyncpg.Pool, bodies: Sequence[bytes]) -> int:
 
 def engine_send_batch(queue: str) -> Callable[[asyncpg.Pool, Sequence[bytes]], Awaitable[int]]:
     """SendBatch's statement as the server runs it, straight on the engine's SQL API."""
+    statement = SERVER_QUERIES["send_batch"]
+    no_options = (None,) * 7  # attributes, delays, groups, deduplication, keys, priorities, times
 
     async def insert(pool: asyncpg.Pool, bodies: Sequence[bytes]) -> int:
-        ids = await pool.fetchval(
-            "SELECT array_agg(message_id::text) FROM postbox.send_batch($1, $2)", queue, bodies
-        )
+        ids, _ = await pool.fetchrow(statement, queue, bodies, *no_options)
         return len(ids)
 
     return insert
@@ -160,14 +165,13 @@ async def leased_claim_delete(conn: asyncpg.Connection, batch: int) -> int:
 def engine_claim_delete(queue: str) -> Callable[[asyncpg.Connection, int], Awaitable[int]]:
     """Receive then DeleteBatch as the server runs them, straight on the engine's SQL API:
     what the engine costs without the server and its transport."""
+    receive, delete_batch = SERVER_QUERIES["receive"], SERVER_QUERIES["delete_batch"]
+    lease = timedelta(seconds=120)
 
     async def claim(conn: asyncpg.Connection, batch: int) -> int:
-        rows = await conn.fetch("SELECT * FROM postbox.receive($1, $2, '120 s')", queue, batch)
+        rows = await conn.fetch(receive, queue, batch, lease, None)
         if rows:
-            receipts = [row["receipt"] for row in rows]
-            await conn.fetch(
-                "SELECT outcome FROM postbox.delete_batch($1, $2) ORDER BY i", queue, receipts
-            )
+            await conn.fetch(delete_batch, queue, [row["receipt"] for row in rows])
         return len(rows)
 
     return claim

@@ -124,17 +124,13 @@ def _send_batch_scenario(size: int) -> None:
             row.target, row.met = ">= 0.7x raw", (row.ratio or 0) >= 0.7
         transport, _ = await send_batches(ctx, ctx.empty(), queue, size)
         engine = await raw_batches(ctx, size, raw.engine_send_batch(queue))
-        bound = 1 / (1 / transport.rate + 1 / engine.rate)
         return [
             row,
-            Row(row.scenario, "msgs/s", ours.rate, transport.rate, "empty SendBatch handler"),
-            Row(
+            *alone_rows(
                 row.scenario,
-                "msgs/s",
                 ours.rate,
-                engine.rate,
-                "engine alone: send_batch via asyncpg",
-                note=f"transport and engine costs added: {bound:,.0f} msgs/s at most",
+                (transport.rate, "empty SendBatch handler"),
+                (engine.rate, "engine alone: send_batch via asyncpg"),
             ),
         ]
 
@@ -178,9 +174,8 @@ def _send_one_scenario(clients: int) -> None:
         )
         if clients == 64:
             ceiling.target, ceiling.met = ">= 0.8x empty", (ceiling.ratio or 0) >= 0.8
-        # The handler and one commit per send, each as measured alone, on the same cores
-        # (group commit shares commits, so ours may pass this at high concurrency).
-        bound = 1 / (1 / empty.rate + 1 / pgbench)
+        # Group commit shares commits, so ours may pass this at high concurrency.
+        bound = costs_added(empty.rate, pgbench)
         bound_note = (
             f"transport and one commit per send, costs added: {bound:,.0f} calls/s "
             f"({bound / empty.rate:.2f} of empty)"
@@ -241,6 +236,29 @@ async def receive_deletes(ctx: Context, served: Served, queue: str, batch: int, 
             call.cancel()
 
     return await consumed(ctx, served, total, consume)
+
+
+def costs_added(transport: float, database: float) -> float:
+    """The most two parts can do together, per second, when each one's rate was measured
+    alone on the whole machine: client, server and PostgreSQL share the same cores."""
+    return 1 / (1 / transport + 1 / database)
+
+
+def alone_rows(
+    label: str, ours: float, transport: tuple[float, str], engine: tuple[float, str]
+) -> list[Row]:
+    """Ours against the transport alone and the engine alone, with their costs added."""
+    bound = costs_added(transport[0], engine[0])
+    return [
+        Row(label, "msgs/s", ours, *transport),
+        Row(
+            label,
+            "msgs/s",
+            ours,
+            *engine,
+            note=f"transport and engine costs added: {bound:,.0f} msgs/s at most",
+        ),
+    ]
 
 
 def canned_queue(ctx: Context) -> str:
@@ -383,20 +401,14 @@ def _receive_scenario(batch: int) -> None:
         queue = await ctx.new_queue(served.target, f"engine{batch}")
         await fill_queue(served, queue, lambda i: pb.SendBatchEntry(body=body), total)
         engine = await raw_claim_deletes(ctx, batch, total, raw.engine_claim_delete(queue))
-        # Client, server and PostgreSQL share the same cores: with each one's cost per
-        # message as measured alone, the two together can do no better than this.
-        bound = 1 / (1 / transport.rate + 1 / engine.rate)
         return [
             one_statement,
             leased,
-            Row(label, "msgs/s", ours.rate, transport.rate, "the same client, in-memory server"),
-            Row(
+            *alone_rows(
                 label,
-                "msgs/s",
                 ours.rate,
-                engine.rate,
-                "engine alone: receive + delete_batch via asyncpg",
-                note=f"transport and engine costs added: {bound:,.0f} msgs/s at most",
+                (transport.rate, "the same client, in-memory server"),
+                (engine.rate, "engine alone: receive + delete_batch via asyncpg"),
             ),
         ]
 

@@ -6,6 +6,7 @@ import asyncio
 import hashlib
 import itertools
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -507,6 +508,38 @@ async def test_one_receipt_deletes_once(conns):
         )
         outcomes = sorted([a.results[1][0]["outcome"], b.results[1][0]["outcome"]])
         assert outcomes == ["not_found", "ok"], f"schedule {positions}"
+
+
+RECEIPT_FORM = re.compile(r"[0-9]{1,18}:[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}")
+
+
+def near_misses(receipt: str, alphabet: str) -> list[str]:
+    """Every text one edit away from `receipt`: each character replaced, dropped, or
+    preceded by one of `alphabet`, plus the receipt itself."""
+    texts = {receipt}
+    for at in range(len(receipt) + 1):
+        texts.add(receipt[:at] + receipt[at + 1 :])
+        for char in alphabet:
+            texts.add(receipt[:at] + char + receipt[at + 1 :])
+            texts.add(receipt[:at] + char + receipt[at:])
+    return sorted(texts)
+
+
+async def test_receipts_parse_exactly_their_one_form_and_nothing_else_raises(conns):
+    setup = conns[0]
+    texts = near_misses("123456789012345678:a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11", "0aF-:é\n ")
+    texts += ["", "1", ":", "1:", "-1:a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11"]
+    texts += ["1" * 19 + ":" + "0" * 36, "1" * 18 + ":" + "0" * 36]
+    rows = await setup.fetch(
+        "SELECT i, message_id, lease::text FROM postbox._parse_receipts($1) ORDER BY i", texts
+    )
+    assert [row["i"] for row in rows] == list(range(1, len(texts) + 1))
+    for text, row in zip(texts, rows, strict=True):
+        if RECEIPT_FORM.fullmatch(text):
+            message_id, lease = text.split(":")
+            assert (row["message_id"], row["lease"]) == (int(message_id), lease), text
+        else:
+            assert (row["message_id"], row["lease"]) == (None, None), repr(text)
 
 
 async def _fifo_group(conn: asyncpg.Connection, queue: str) -> list[tuple[bytes, bool]]:

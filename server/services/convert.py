@@ -66,12 +66,19 @@ def duration(value: timedelta) -> Duration:
     return result
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
 def timestamp(value: datetime | None) -> Timestamp | None:
+    """The datetime as a Timestamp; naive ones are UTC (asyncpg gives ±infinity so)."""
     if value is None:
         return None
-    result = Timestamp()
-    result.FromDatetime(value)
-    return result
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=timezone.utc)
+    # By hand: Timestamp.FromDatetime costs three times as much, and receive
+    # converts two per message.
+    since = value - _EPOCH
+    return Timestamp(seconds=since.days * 86_400 + since.seconds, nanos=since.microseconds * 1000)
 
 
 def attributes_json(attributes: Mapping[str, message_pb2.AttributeValue]) -> str | None:

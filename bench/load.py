@@ -32,6 +32,26 @@ class Load:
     def latency_ms(self, fraction: float) -> float:
         return percentile(self.latencies, fraction) * 1000
 
+    def __add__(self, other: Load) -> Load:
+        return Load(
+            self.operations + other.operations,
+            self.seconds + other.seconds,
+            self.latencies + other.latencies,
+        )
+
+
+async def interleaved(rounds: int, *measures: Callable[[], Awaitable[Load]]) -> list[Load]:
+    """Runs the measures in turn, `rounds` times over, and adds up each one's rounds.
+
+    This machine's speed drifts over seconds (it is shared); taking turns lets a
+    drift reach every figure of a comparison alike, not whichever ran at that moment.
+    """
+    totals = [Load(0, 0.0) for _ in measures]
+    for _ in range(rounds):
+        for index, measure in enumerate(measures):
+            totals[index] = totals[index] + await measure()
+    return totals
+
 
 async def closed_loop(
     call: Callable[[], Awaitable[int]], *, clients: int, seconds: float, warmup: float = 0.5

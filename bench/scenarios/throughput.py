@@ -14,12 +14,15 @@ from postbox.v1 import message_service_pb2 as pb
 from postbox.v1 import message_service_pb2_grpc
 
 from bench import raw
-from bench.load import Load, closed_loop
+from bench.load import Load, closed_loop, interleaved
 from bench.processes import Served, cpu_share
 from bench.runner import Context, Row, message_stub, scenario
 
 BATCH_CLIENTS = 4
 CONSUMERS = 8
+# Turns each measure of the SendBatch and Send(1) comparisons takes (see interleaved):
+# their targets sit at the bound, where a drift of the machine decides the verdict.
+TURNS = 3
 
 
 class Channels:
@@ -76,27 +79,33 @@ async def grpc_load(
 
 
 async def send_batches(
-    ctx: Context, served: Served, queue: str, size: int, channel_count: int = 4
+    ctx: Context,
+    served: Served,
+    queue: str,
+    size: int,
+    channel_count: int = 4,
+    seconds: float | None = None,
 ) -> tuple[Load, float]:
     request = pb.SendBatchRequest(queue=queue, entries=[pb.SendBatchEntry(body=ctx.body())] * size)
 
     async def call(stub: message_service_pb2_grpc.MessageServiceStub) -> int:
         return len((await stub.SendBatch(request)).message_ids)
 
-    return await grpc_load(served, BATCH_CLIENTS, ctx.seconds, call, channel_count)
+    return await grpc_load(served, BATCH_CLIENTS, seconds or ctx.seconds, call, channel_count)
 
 
 async def raw_batches(
     ctx: Context,
     size: int,
     insert: Callable[[asyncpg.Pool, list[bytes]], Awaitable[int]] = raw.insert_many,
+    seconds: float | None = None,
 ) -> Load:
     """BATCH_CLIENTS loops inserting `size` rows per call with `insert`."""
     pool = await ctx.db.pool(BATCH_CLIENTS)
     bodies = [ctx.body()] * size
     try:
         return await closed_loop(
-            lambda: insert(pool, bodies), clients=BATCH_CLIENTS, seconds=ctx.seconds
+            lambda: insert(pool, bodies), clients=BATCH_CLIENTS, seconds=seconds or ctx.seconds
         )
     finally:
         await pool.close()
@@ -110,26 +119,44 @@ def _send_batch_scenario(size: int) -> None:
     async def run(ctx: Context) -> list[Row]:
         served = ctx.postbox()
         queue = await ctx.new_queue(served.target, f"batch{size}")
-        ours, cpu = await send_batches(ctx, served, queue, size)
-        theirs = await raw_batches(ctx, size)
+        seconds = ctx.seconds / TURNS
+        cpu_shares = []
+
+        async def ours() -> Load:
+            load, cpu = await send_batches(ctx, served, queue, size, seconds=seconds)
+            cpu_shares.append(cpu)
+            return load
+
+        async def transport() -> Load:
+            load, _ = await send_batches(ctx, ctx.empty(), queue, size, seconds=seconds)
+            return load
+
+        mine, theirs, alone, engine = await interleaved(
+            TURNS,
+            ours,
+            lambda: raw_batches(ctx, size, seconds=seconds),
+            transport,
+            lambda: raw_batches(ctx, size, raw.engine_send_batch(queue), seconds=seconds),
+        )
         row = Row(
             f"SendBatch({size}) x{BATCH_CLIENTS}",
             "msgs/s",
-            ours.rate,
+            mine.rate,
             theirs.rate,
             "asyncpg multi-row INSERT",
-            note=f"p99 {ours.latency_ms(0.99):.1f} ms/call; server CPU {cpu:.0%}",
+            note=(
+                f"p99 {mine.latency_ms(0.99):.1f} ms/call; server CPU "
+                f"{sum(cpu_shares) / len(cpu_shares):.0%}; {TURNS} turns each"
+            ),
         )
         if size == 500:
             row.target, row.met = ">= 0.7x raw", (row.ratio or 0) >= 0.7
-        transport, _ = await send_batches(ctx, ctx.empty(), queue, size)
-        engine = await raw_batches(ctx, size, raw.engine_send_batch(queue))
         return [
             row,
             *alone_rows(
                 row.scenario,
-                ours.rate,
-                (transport.rate, "empty SendBatch handler"),
+                mine.rate,
+                (alone.rate, "empty SendBatch handler"),
                 (engine.rate, "engine alone: send_batch via asyncpg"),
             ),
         ]
@@ -140,7 +167,12 @@ for _size in (100, 500, 1000):
 
 
 async def single_sends(
-    ctx: Context, served: Served, queue: str, clients: int, channel_count: int = 4
+    ctx: Context,
+    served: Served,
+    queue: str,
+    clients: int,
+    channel_count: int = 4,
+    seconds: float | None = None,
 ) -> tuple[Load, float]:
     request = pb.SendRequest(queue=queue, body=ctx.body())
 
@@ -148,7 +180,7 @@ async def single_sends(
         await stub.Send(request)
         return 1
 
-    return await grpc_load(served, clients, ctx.seconds, call, channel_count)
+    return await grpc_load(served, clients, seconds or ctx.seconds, call, channel_count)
 
 
 def _send_one_scenario(clients: int) -> None:
@@ -159,15 +191,30 @@ def _send_one_scenario(clients: int) -> None:
     async def run(ctx: Context) -> list[Row]:
         served = ctx.postbox()
         queue = await ctx.new_queue(served.target, f"send1c{clients}")
-        ours, cpu = await single_sends(ctx, served, queue, clients)
-        empty, _ = await single_sends(ctx, ctx.empty(), queue, clients)
-        pgbench = await raw.pgbench_single_inserts(
-            ctx.db, ctx.body(), clients=clients, seconds=ctx.seconds
-        )
+        seconds = max(1, round(ctx.seconds / TURNS))  # pgbench counts whole seconds
+        cpu_shares = []
+
+        async def mine() -> Load:
+            load, cpu = await single_sends(ctx, served, queue, clients, seconds=seconds)
+            cpu_shares.append(cpu)
+            return load
+
+        async def transport() -> Load:
+            load, _ = await single_sends(ctx, ctx.empty(), queue, clients, seconds=seconds)
+            return load
+
+        async def inserts() -> Load:
+            tps = await raw.pgbench_single_inserts(
+                ctx.db, ctx.body(), clients=clients, seconds=seconds
+            )
+            return Load(round(tps * seconds), seconds)
+
+        ours, empty, pgbench_load = await interleaved(TURNS, mine, transport, inserts)
+        pgbench = pgbench_load.rate
         note = (
             f"p50 {ours.latency_ms(0.5):.1f} / p99 {ours.latency_ms(0.99):.1f} ms "
             f"(empty: {empty.latency_ms(0.5):.1f} / {empty.latency_ms(0.99):.1f}); "
-            f"server CPU {cpu:.0%}"
+            f"server CPU {sum(cpu_shares) / len(cpu_shares):.0%}; {TURNS} turns each"
         )
         ceiling = Row(
             f"Send(1) x{clients}", "calls/s", ours.rate, empty.rate, "empty gRPC handler", note=note

@@ -122,30 +122,30 @@ def _send_batch_scenario(size: int) -> None:
         seconds = ctx.seconds / TURNS
         cpu_shares = []
 
-        async def ours() -> Load:
+        async def through_postbox() -> Load:
             load, cpu = await send_batches(ctx, served, queue, size, seconds=seconds)
             cpu_shares.append(cpu)
             return load
 
-        async def transport() -> Load:
+        async def through_empty() -> Load:
             load, _ = await send_batches(ctx, ctx.empty(), queue, size, seconds=seconds)
             return load
 
-        mine, theirs, alone, engine = await interleaved(
+        ours, theirs, transport, engine = await interleaved(
             TURNS,
-            ours,
+            through_postbox,
             lambda: raw_batches(ctx, size, seconds=seconds),
-            transport,
+            through_empty,
             lambda: raw_batches(ctx, size, raw.engine_send_batch(queue), seconds=seconds),
         )
         row = Row(
             f"SendBatch({size}) x{BATCH_CLIENTS}",
             "msgs/s",
-            mine.rate,
+            ours.rate,
             theirs.rate,
             "asyncpg multi-row INSERT",
             note=(
-                f"p99 {mine.latency_ms(0.99):.1f} ms/call; server CPU "
+                f"p99 {ours.latency_ms(0.99):.1f} ms/call; server CPU "
                 f"{sum(cpu_shares) / len(cpu_shares):.0%}; {TURNS} turns each"
             ),
         )
@@ -155,8 +155,8 @@ def _send_batch_scenario(size: int) -> None:
             row,
             *alone_rows(
                 row.scenario,
-                mine.rate,
-                (alone.rate, "empty SendBatch handler"),
+                ours.rate,
+                (transport.rate, "empty SendBatch handler"),
                 (engine.rate, "engine alone: send_batch via asyncpg"),
             ),
         ]
@@ -194,22 +194,24 @@ def _send_one_scenario(clients: int) -> None:
         seconds = max(1, round(ctx.seconds / TURNS))  # pgbench counts whole seconds
         cpu_shares = []
 
-        async def mine() -> Load:
+        async def through_postbox() -> Load:
             load, cpu = await single_sends(ctx, served, queue, clients, seconds=seconds)
             cpu_shares.append(cpu)
             return load
 
-        async def transport() -> Load:
+        async def through_empty() -> Load:
             load, _ = await single_sends(ctx, ctx.empty(), queue, clients, seconds=seconds)
             return load
 
-        async def inserts() -> Load:
+        async def pgbench_inserts() -> Load:
             tps = await raw.pgbench_single_inserts(
                 ctx.db, ctx.body(), clients=clients, seconds=seconds
             )
             return Load(round(tps * seconds), seconds)
 
-        ours, empty, pgbench_load = await interleaved(TURNS, mine, transport, inserts)
+        ours, empty, pgbench_load = await interleaved(
+            TURNS, through_postbox, through_empty, pgbench_inserts
+        )
         pgbench = pgbench_load.rate
         note = (
             f"p50 {ours.latency_ms(0.5):.1f} / p99 {ours.latency_ms(0.99):.1f} ms "

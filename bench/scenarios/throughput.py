@@ -78,6 +78,34 @@ async def grpc_load(
         await channels.close()
 
 
+class ServerTurns:
+    """Turns of one gRPC load against postbox and against the empty server (see
+    interleaved), keeping postbox's CPU share of each turn."""
+
+    def __init__(
+        self,
+        ctx: Context,
+        served: Served,
+        measure: Callable[[Served], Awaitable[tuple[Load, float]]],
+    ) -> None:
+        self._ctx, self._served, self._measure = ctx, served, measure
+        self._cpu_shares: list[float] = []
+
+    async def postbox(self) -> Load:
+        load, cpu = await self._measure(self._served)
+        self._cpu_shares.append(cpu)
+        return load
+
+    async def empty(self) -> Load:
+        load, _ = await self._measure(self._ctx.empty())
+        return load
+
+    @property
+    def cpu(self) -> float:
+        """postbox's mean CPU share (of a core) over its turns."""
+        return sum(self._cpu_shares) / len(self._cpu_shares)
+
+
 async def send_batches(
     ctx: Context,
     served: Served,
@@ -120,22 +148,14 @@ def _send_batch_scenario(size: int) -> None:
         served = ctx.postbox()
         queue = await ctx.new_queue(served.target, f"batch{size}")
         seconds = ctx.seconds / TURNS
-        cpu_shares = []
-
-        async def through_postbox() -> Load:
-            load, cpu = await send_batches(ctx, served, queue, size, seconds=seconds)
-            cpu_shares.append(cpu)
-            return load
-
-        async def through_empty() -> Load:
-            load, _ = await send_batches(ctx, ctx.empty(), queue, size, seconds=seconds)
-            return load
-
+        turns = ServerTurns(
+            ctx, served, lambda to: send_batches(ctx, to, queue, size, seconds=seconds)
+        )
         ours, theirs, transport, engine = await interleaved(
             TURNS,
-            through_postbox,
+            turns.postbox,
             lambda: raw_batches(ctx, size, seconds=seconds),
-            through_empty,
+            turns.empty,
             lambda: raw_batches(ctx, size, raw.engine_send_batch(queue), seconds=seconds),
         )
         row = Row(
@@ -145,8 +165,8 @@ def _send_batch_scenario(size: int) -> None:
             theirs.rate,
             "asyncpg multi-row INSERT",
             note=(
-                f"p99 {ours.latency_ms(0.99):.1f} ms/call; server CPU "
-                f"{sum(cpu_shares) / len(cpu_shares):.0%}; {TURNS} turns each"
+                f"p99 {ours.latency_ms(0.99):.1f} ms/call; server CPU {turns.cpu:.0%}; "
+                f"{TURNS} turns each"
             ),
         )
         if size == 500:
@@ -192,16 +212,9 @@ def _send_one_scenario(clients: int) -> None:
         served = ctx.postbox()
         queue = await ctx.new_queue(served.target, f"send1c{clients}")
         seconds = max(1, round(ctx.seconds / TURNS))  # pgbench counts whole seconds
-        cpu_shares = []
-
-        async def through_postbox() -> Load:
-            load, cpu = await single_sends(ctx, served, queue, clients, seconds=seconds)
-            cpu_shares.append(cpu)
-            return load
-
-        async def through_empty() -> Load:
-            load, _ = await single_sends(ctx, ctx.empty(), queue, clients, seconds=seconds)
-            return load
+        turns = ServerTurns(
+            ctx, served, lambda to: single_sends(ctx, to, queue, clients, seconds=seconds)
+        )
 
         async def pgbench_inserts() -> Load:
             tps = await raw.pgbench_single_inserts(
@@ -210,13 +223,13 @@ def _send_one_scenario(clients: int) -> None:
             return Load(round(tps * seconds), seconds)
 
         ours, empty, pgbench_load = await interleaved(
-            TURNS, through_postbox, through_empty, pgbench_inserts
+            TURNS, turns.postbox, turns.empty, pgbench_inserts
         )
         pgbench = pgbench_load.rate
         note = (
             f"p50 {ours.latency_ms(0.5):.1f} / p99 {ours.latency_ms(0.99):.1f} ms "
             f"(empty: {empty.latency_ms(0.5):.1f} / {empty.latency_ms(0.99):.1f}); "
-            f"server CPU {sum(cpu_shares) / len(cpu_shares):.0%}; {TURNS} turns each"
+            f"server CPU {turns.cpu:.0%}; {TURNS} turns each"
         )
         ceiling = Row(
             f"Send(1) x{clients}", "calls/s", ours.rate, empty.rate, "empty gRPC handler", note=note

@@ -12,6 +12,8 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from postbox.v1 import (
+    access_service_pb2,
+    access_service_pb2_grpc,
     message_service_pb2,
     message_service_pb2_grpc,
     queue_service_pb2,
@@ -22,11 +24,14 @@ from postbox.v1 import (
     topic_service_pb2_grpc,
 )
 
-from server.config import Settings
+from server.auth.interceptor import Authorize
+from server.auth.keys import KeyCache
+from server.config import Settings, is_loopback
 from server.db.engine import Engine, application_name
 from server.db.migrate import format_version, migrate
 from server.embedded import EmbeddedPostgres
 from server.errors import ApiError
+from server.services.access import AccessService
 from server.services.decoding import RejectUndecodable
 from server.services.messages import MessageService
 from server.services.queues import QueueService
@@ -44,6 +49,7 @@ SERVICE_NAMES = (
     message_service_pb2.DESCRIPTOR.services_by_name["MessageService"].full_name,
     topic_service_pb2.DESCRIPTOR.services_by_name["TopicService"].full_name,
     schedule_service_pb2.DESCRIPTOR.services_by_name["ScheduleService"].full_name,
+    access_service_pb2.DESCRIPTOR.services_by_name["AccessService"].full_name,
 )
 HEALTH_CHECK_INTERVAL = 1.0
 
@@ -117,21 +123,42 @@ async def open_database(settings: Settings) -> tuple[str, EmbeddedPostgres | Non
     return await embedded.ensure_database(), embedded
 
 
+class AnonymousExposure(Exception):
+    """Serving without keys on an address beyond loopback, which nobody asked for."""
+
+
+def refuse_anonymous_exposure(host: str, keys: KeyCache, allow_anonymous: bool) -> None:
+    """With no key, only loopback clients may call: like Redis's protected mode."""
+    if keys.enabled or allow_anonymous or is_loopback(host):
+        return
+    raise AnonymousExposure(
+        f"refusing to serve {host!r} without authentication: no API key exists, so anyone "
+        "who reaches this address could read, purge or delete every queue. Either create "
+        "an admin key first (postbox keys create NAME --grant admin:* --database-url URL), "
+        "which turns authentication on, or pass --insecure-allow-anonymous to serve "
+        "anonymously on purpose."
+    )
+
+
 async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     """Serves until `stop` is set (or SIGINT/SIGTERM arrives), then shuts down in order."""
     stop = stop or asyncio.Event()
     stop_on_signals(stop)
     dsn, embedded = await open_database(settings)
-    engine = hub = server = health_servicer = None
+    engine = hub = server = health_servicer = keys = None
     tasks: list[asyncio.Task[None]] = []
     try:
         await install_engine(dsn)
+        keys = KeyCache(dsn)
+        await keys.start()
+        refuse_anonymous_exposure(settings.grpc_host, keys, settings.insecure_allow_anonymous)
         engine = await Engine.connect(dsn, pool_size=settings.pool_size)
         hub = WakeHub(dsn, safety_interval=settings.safety_poll_interval)
         await hub.start()
 
         server = grpc.aio.server(
-            interceptors=[RejectUndecodable()],
+            # Authentication first: an anonymous caller learns nothing, not even decoding errors.
+            interceptors=[Authorize(keys), RejectUndecodable()],
             options=grpc_options(settings, reuse_port=settings.reuse_port),
         )
         queue_service_pb2_grpc.add_QueueServiceServicer_to_server(
@@ -150,6 +177,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
             ScheduleService(engine, scheduler.wake, max_message_size=settings.max_message_size),
             server,
         )
+        access_service_pb2_grpc.add_AccessServiceServicer_to_server(AccessService(engine), server)
         health_servicer = health.aio.HealthServicer()
         # The servicer starts out SERVING the whole server; nothing is served until
         # the database has answered a ping.
@@ -191,6 +219,8 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
             await server.stop(settings.shutdown_grace)
         if engine is not None:
             await engine.close()
+        if keys is not None:
+            await keys.close()
         if embedded is not None:
             await asyncio.to_thread(embedded.stop)
         log.info("stopped")

@@ -20,7 +20,7 @@ log = logging.getLogger("postbox")
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from server.app import serve
+    from server.app import AnonymousExposure, serve
     from server.processes import serve_workers
 
     settings = Settings(
@@ -35,10 +35,15 @@ def _serve(args: argparse.Namespace) -> int:
         maintenance_interval=args.maintenance_interval,
         expiry_interval=args.expiry_interval,
         reuse_port=args.reuse_port,
+        insecure_allow_anonymous=args.insecure_allow_anonymous,
     )
     if args.workers > 1:
         return asyncio.run(serve_workers(settings, args.workers, args.log_level))
-    asyncio.run(serve(settings))
+    try:
+        asyncio.run(serve(settings))
+    except AnonymousExposure as refusal:
+        print(f"postbox serve: {refusal}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -179,7 +184,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=Path(os.environ.get("POSTBOX_DATA_DIR") or default_data_dir()),
         help="data directory of the embedded PostgreSQL (default: %(default)s)",
     )
-    serve.add_argument("--grpc-host", default=os.environ.get("POSTBOX_GRPC_HOST", "[::]"))
+    serve.add_argument(
+        "--grpc-host",
+        default=os.environ.get("POSTBOX_GRPC_HOST", Settings.grpc_host),
+        help="address to listen on (default: %(default)s, which is 127.0.0.1 and ::1; "
+        "[::] or 0.0.0.0 for every interface, which needs an API key or "
+        "--insecure-allow-anonymous)",
+    )
     serve.add_argument(
         "--grpc-port", type=int, default=int(os.environ.get("POSTBOX_GRPC_PORT", "50051"))
     )
@@ -211,6 +222,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=int(os.environ.get("POSTBOX_WORKERS", "1")),
         help="server processes sharing the port (SO_REUSEPORT), e.g. one per core "
         "(default: %(default)s)",
+    )
+    serve.add_argument(
+        "--insecure-allow-anonymous",
+        action="store_true",
+        help="serve an address beyond loopback while no API key exists, so that anyone "
+        "reaching it may do anything",
     )
     # Set by `--workers` on the processes it starts; sharing the port is otherwise an error.
     serve.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +23,8 @@ class Settings:
     # None: start an embedded PostgreSQL in data_dir.
     database_url: str | None = None
     data_dir: Path = field(default_factory=default_data_dir)
-    grpc_host: str = "[::]"
+    # Loopback only (127.0.0.1 and ::1): reaching the network is a choice.
+    grpc_host: str = "localhost"
     grpc_port: int = 50051
     pool_size: int = 10
     # Largest message (body and attributes) this server accepts and a queue may be
@@ -39,6 +41,8 @@ class Settings:
     shutdown_grace: float = 5.0
     # Bind the port with SO_REUSEPORT: set for the processes of `serve --workers N`.
     reuse_port: bool = False
+    # Serve a non-loopback address while no API key exists (see refuse_anonymous_exposure).
+    insecure_allow_anonymous: bool = False
 
     @property
     def max_request_size(self) -> int:
@@ -52,3 +56,14 @@ class Settings:
 
 def env_default(name: str, fallback: str | None = None) -> str | None:
     return os.environ.get(name, fallback)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether a bind address reaches this machine only: localhost, 127.0.0.0/8 or ::1."""
+    host = host.strip("[]")
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a name other than localhost may resolve anywhere

@@ -46,6 +46,7 @@ def worker_command(settings: Settings, dsn: str, log_level: str) -> list[str]:
         "--maintenance-interval", str(settings.maintenance_interval),
         "--expiry-interval", str(settings.expiry_interval),
         "--reuse-port",
+        *(["--insecure-allow-anonymous"] if settings.insecure_allow_anonymous else []),
     ]  # fmt: skip
 
 

@@ -414,6 +414,36 @@ class Engine:
     async def next_schedule_fire_at(self) -> datetime | None:
         return await self._call("fetchval", "next_schedule_fire_at")
 
+    # API keys: grants are parallel arrays of permissions and patterns.
+
+    async def create_key(
+        self, name: str, secret_sha256: bytes, sigv4_secret: str, permissions: Sequence[str],
+        patterns: Sequence[str], expires_at: datetime | None,
+    ) -> Record:  # fmt: skip
+        return await self._call(
+            "fetchrow", "create_key", name, secret_sha256, sigv4_secret, list(permissions),
+            list(patterns), expires_at,
+        )  # fmt: skip
+
+    async def get_key(self, name: str) -> Record:
+        return await self._call("fetchrow", "get_key", name)
+
+    async def list_keys(self, page_size: int, after_name: str) -> list[Record]:
+        return await self._call("fetch", "list_keys", page_size, after_name)
+
+    async def update_key(
+        self, name: str, permissions: Sequence[str] | None, patterns: Sequence[str] | None,
+        set_expiry: bool, expires_at: datetime | None,
+    ) -> Record:  # fmt: skip
+        return await self._call(
+            "fetchrow", "update_key", name,
+            None if permissions is None else list(permissions),
+            None if patterns is None else list(patterns), set_expiry, expires_at,
+        )  # fmt: skip
+
+    async def delete_key(self, name: str) -> None:
+        await self._call("execute", "delete_key", name)
+
     # Maintenance.
 
     async def run_redrives(self, batch_size: int) -> int:

@@ -213,3 +213,20 @@ SELECT * FROM postbox.fire_schedule($1, $2)
 
 -- name: next_schedule_fire_at
 SELECT postbox.next_schedule_fire_at()
+
+-- API keys.
+
+-- name: create_key
+SELECT * FROM postbox.create_key($1, $2, $3, $4, $5, $6)
+
+-- name: get_key
+SELECT * FROM postbox.get_key($1)
+
+-- name: list_keys
+SELECT * FROM postbox.list_keys($1, $2)
+
+-- name: update_key
+SELECT * FROM postbox.update_key($1, $2, $3, $4, $5)
+
+-- name: delete_key
+SELECT postbox.delete_key($1)

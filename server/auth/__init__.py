@@ -1,0 +1,1 @@
+"""API keys: secrets, grants, the per-process cache and the gRPC interceptor."""

@@ -1,0 +1,202 @@
+"""Checks every call's API key and grant before the servicer sees it.
+
+Authentication comes first (UNAUTHENTICATED), before the request is even decoded;
+then the rule of the method (rules.py) names the permission and the request field
+holding the resource (PERMISSION_DENIED). Lists the key may call come back filtered
+to what it may read. With no key in the database, every call passes.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any
+
+import grpc
+
+from server.auth.keys import ApiKey, KeyCache
+from server.auth.rules import ANY_RESOURCE, OPEN_SERVICES, RULES, Rule, resource_of
+from server.errors import ApiError
+
+_BEARER = "bearer "
+_MISSING = (
+    "this server requires an API key: send the metadata `authorization: Bearer <secret>` "
+    "(postbox CLI: --api-key or POSTBOX_API_KEY)"
+)
+_UNKNOWN = (
+    "the API key is not known: it was mistyped or has been revoked; an admin can create "
+    "one with `postbox keys create`"
+)
+
+
+def _quoted(name: str, limit: int = 80) -> str:
+    return repr(name) if len(name) <= limit else f"{name[:limit]!r}... ({len(name)} characters)"
+
+
+def _metadata_value(metadata: Sequence[tuple[str, Any]] | None, name: str) -> str | None:
+    for key, value in metadata or ():
+        if key == name:
+            return value if isinstance(value, str) else None
+    return None
+
+
+def authenticate(keys: KeyCache, metadata: Sequence[tuple[str, Any]] | None) -> ApiKey:
+    """The key a call's metadata presents, or ApiError(UNAUTHENTICATED) saying why not."""
+    header = _metadata_value(metadata, "authorization")
+    if not header:
+        raise ApiError(grpc.StatusCode.UNAUTHENTICATED, _MISSING)
+    if not header[: len(_BEARER)].lower() == _BEARER:
+        raise ApiError(
+            grpc.StatusCode.UNAUTHENTICATED,
+            "the authorization metadata must read `Bearer <secret>`",
+        )
+    key = keys.by_secret(header[len(_BEARER) :].strip())
+    if key is None:
+        raise ApiError(grpc.StatusCode.UNAUTHENTICATED, _UNKNOWN)
+    if key.expired():
+        raise ApiError(
+            grpc.StatusCode.UNAUTHENTICATED,
+            f"API key {key.name!r} has expired; an admin can extend it (postbox keys, "
+            "AccessService.UpdateKey) or create a new one",
+        )
+    return key
+
+
+def denied(key: ApiKey, permission: str, resource: str) -> ApiError:
+    what = "any resource" if resource == ANY_RESOURCE else f"resource {_quoted(resource)}"
+    return ApiError(
+        grpc.StatusCode.PERMISSION_DENIED,
+        f"API key {key.name!r} lacks permission {permission!r} on {what}; "
+        f"grant it {permission}:<pattern matching the name>",
+    )
+
+
+def authorize(key: ApiKey, rule: Rule, request: Any) -> None:
+    """Raises PERMISSION_DENIED unless the key may make this call."""
+    if rule.listed is not None:
+        if not key.holds(rule.permission):
+            raise denied(key, rule.permission, ANY_RESOURCE)
+        return
+    resource = resource_of(request, rule)
+    if not key.allows(rule.permission, resource):
+        raise denied(key, rule.permission, resource)
+
+
+def filter_listed(key: ApiKey, rule: Rule, response: Any) -> Any:
+    """A List response without the resources the key may not read."""
+    items = getattr(response, rule.listed)  # type: ignore[arg-type]
+    kept = [
+        item
+        for item in items
+        if key.allows(rule.permission, item if isinstance(item, str) else item.name)
+    ]
+    if len(kept) != len(items):
+        del items[:]
+        items.extend(kept)
+    return response
+
+
+class Authorize(grpc.aio.ServerInterceptor):
+    """Wraps each method's handler once; health and reflection pass untouched."""
+
+    def __init__(self, keys: KeyCache, rules: dict[str, Rule] = RULES) -> None:
+        self._keys = keys
+        self._rules = rules
+        self._handlers: dict[str, grpc.RpcMethodHandler] = {}
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        method = handler_call_details.method
+        wrapped = self._handlers.get(method)
+        if wrapped is None:
+            handler = await continuation(handler_call_details)
+            if handler is None or method.lstrip("/").split("/")[0] in OPEN_SERVICES:
+                return handler
+            wrapped = self._wrap(handler, self._rules.get(method))
+            self._handlers[method] = wrapped
+        return wrapped
+
+    def _check(self, context: grpc.aio.ServicerContext, rule: Rule | None) -> ApiKey | None:
+        """The calling key (None while auth is off); raises ApiError for a refused call."""
+        if not self._keys.enabled:
+            return None
+        key = authenticate(self._keys, context.invocation_metadata())
+        if rule is None:
+            raise ApiError(
+                grpc.StatusCode.PERMISSION_DENIED,
+                "this method has no authorisation rule, so no key may call it",
+            )
+        return key
+
+    def _wrap(self, handler: grpc.RpcMethodHandler, rule: Rule | None) -> grpc.RpcMethodHandler:
+        check = self._check
+
+        def admits(request: Any) -> bool:
+            # An undecodable request is the decoder's to refuse (INVALID_ARGUMENT).
+            return hasattr(request, "DESCRIPTOR")
+
+        async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            try:
+                key = check(context, rule)
+                if key is not None and admits(request):
+                    authorize(key, rule, request)  # type: ignore[arg-type]
+            except ApiError as error:
+                await context.abort(error.code, error.message)
+            response = await handler.unary_unary(request, context)
+            if key is not None and rule.listed is not None:  # type: ignore[union-attr]
+                return filter_listed(key, rule, response)  # type: ignore[arg-type]
+            return response
+
+        async def server_stream(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            try:
+                key = check(context, rule)
+                if key is not None and admits(request):
+                    authorize(key, rule, request)  # type: ignore[arg-type]
+            except ApiError as error:
+                await context.abort(error.code, error.message)
+            async for response in handler.unary_stream(request, context):
+                yield response
+
+        async def server_stream_writes(request: Any, context: grpc.aio.ServicerContext) -> None:
+            try:
+                key = check(context, rule)
+                if key is not None and admits(request):
+                    authorize(key, rule, request)  # type: ignore[arg-type]
+            except ApiError as error:
+                await context.abort(error.code, error.message)
+            await handler.unary_stream(request, context)
+
+        async def bidi_stream(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext):
+            try:
+                key = check(context, rule)
+            except ApiError as error:
+                await context.abort(error.code, error.message)
+
+            async def checked() -> AsyncIterator[Any]:
+                async for request in requests:
+                    # Requests after the first may leave the queue empty: it stays the first's.
+                    if key is not None and admits(request) and resource_of(request, rule):
+                        authorize(key, rule, request)  # type: ignore[arg-type]
+                    yield request
+
+            async for response in handler.stream_stream(checked(), context):
+                yield response
+
+        if handler.request_streaming and handler.response_streaming:
+            return grpc.stream_stream_rpc_method_handler(
+                bidi_stream, handler.request_deserializer, handler.response_serializer
+            )
+        if handler.response_streaming:
+            # A streaming method is an async generator, or a coroutine that calls context.write.
+            writes = not inspect.isasyncgenfunction(handler.unary_stream)
+            return grpc.unary_stream_rpc_method_handler(
+                server_stream_writes if writes else server_stream,
+                handler.request_deserializer,
+                handler.response_serializer,
+            )
+        return grpc.unary_unary_rpc_method_handler(
+            unary, handler.request_deserializer, handler.response_serializer
+        )

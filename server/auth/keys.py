@@ -1,0 +1,176 @@
+"""The keys a server process knows, kept current by LISTEN on channel postbox_keys.
+
+Every call is checked against this cache, never the database: a change to any key
+notifies on commit, and each process reloads all keys (a small table) at once, so a
+revoked key stops working everywhere within a second. A process that loses its
+listening connection keeps its last keys and reloads when it reconnects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import re
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import asyncpg
+
+from server.auth.secrets import secret_sha256
+from server.db.engine import application_name
+
+log = logging.getLogger(__name__)
+
+CHANNEL = "postbox_keys"
+PERMISSIONS = ("send", "receive", "publish", "read", "manage", "admin")
+
+
+def pattern_regex(pattern: str) -> re.Pattern[str]:
+    """A grant's pattern as a regular expression: "*" matches any run of characters."""
+    return re.compile(".*".join(re.escape(part) for part in pattern.split("*")), re.DOTALL)
+
+
+@dataclass(frozen=True)
+class Grant:
+    permission: str
+    pattern: str
+    regex: re.Pattern[str] = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "regex", pattern_regex(self.pattern))
+
+    def covers(self, permission: str, resource: str) -> bool:
+        if self.permission not in (permission, "admin"):
+            return False
+        return self.regex.fullmatch(resource) is not None
+
+
+@dataclass(frozen=True)
+class ApiKey:
+    name: str
+    secret_sha256: bytes
+    sigv4_secret: str
+    expires_at: float | None  # seconds since the epoch
+    grants: tuple[Grant, ...]
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> ApiKey:
+        expires_at = row["expires_at"]
+        return cls(
+            name=row["name"],
+            secret_sha256=bytes(row["secret_sha256"]),
+            sigv4_secret=row["sigv4_secret"],
+            expires_at=expires_at.timestamp() if expires_at is not None else None,
+            grants=tuple(
+                Grant(permission, pattern)
+                for permission, pattern in zip(row["permissions"], row["patterns"], strict=True)
+            ),
+        )
+
+    def expired(self, now: float | None = None) -> bool:
+        return self.expires_at is not None and (now or time.time()) >= self.expires_at
+
+    def allows(self, permission: str, resource: str) -> bool:
+        return any(grant.covers(permission, resource) for grant in self.grants)
+
+    def holds(self, permission: str) -> bool:
+        """Whether any grant gives this permission, on whatever names."""
+        return any(grant.permission in (permission, "admin") for grant in self.grants)
+
+
+class KeyCache:
+    """All keys, by the hash of their secret and by name; `enabled` once any exists."""
+
+    def __init__(
+        self, dsn: str, *, reconnect_delay: float = 0.5, liveness_interval: float = 10.0
+    ) -> None:
+        self._dsn = dsn
+        self._liveness_interval = liveness_interval
+        self._reconnect_delay = reconnect_delay
+        self._by_sha256: dict[bytes, ApiKey] = {}
+        self._by_name: dict[str, ApiKey] = {}
+        self._loaded = asyncio.Event()
+        self._stale = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def enabled(self) -> bool:
+        """Auth is on as soon as one key exists."""
+        return bool(self._by_name)
+
+    def by_secret(self, secret: str) -> ApiKey | None:
+        key = self._by_sha256.get(secret_sha256(secret))
+        # The lookup compares hashes of 256-bit secrets, which leaks nothing worth
+        # knowing; the constant-time comparison states the intent all the same.
+        if key is not None and hmac.compare_digest(key.secret_sha256, secret_sha256(secret)):
+            return key
+        return None
+
+    def by_name(self, name: str) -> ApiKey | None:
+        return self._by_name.get(name)
+
+    def replace(self, keys: Iterable[ApiKey]) -> None:
+        keys = list(keys)
+        self._by_sha256 = {key.secret_sha256: key for key in keys}
+        self._by_name = {key.name: key for key in keys}
+
+    async def start(self, *, timeout: float = 10.0) -> None:
+        """Starts listening; returns once the keys are loaded (raises TimeoutError otherwise:
+        a server must not serve before it knows whether auth is on)."""
+        self._task = asyncio.create_task(self._listen_forever(), name="postbox-keys")
+        await asyncio.wait_for(self._loaded.wait(), timeout)
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    def _on_notify(self, *_args: object) -> None:
+        self._stale.set()
+
+    async def _reload(self, conn: asyncpg.Connection) -> None:
+        self._stale.clear()  # before the read: a change committed after it notifies again
+        rows = await conn.fetch("SELECT * FROM postbox.all_keys()")
+        self.replace(ApiKey.from_row(row) for row in rows)
+        self._loaded.set()
+
+    async def _listen_forever(self) -> None:
+        while True:
+            conn: asyncpg.Connection | None = None
+            try:
+                conn = await asyncpg.connect(
+                    self._dsn, server_settings={"application_name": application_name("keys")}
+                )
+                lost = asyncio.Event()
+                conn.add_termination_listener(lambda _conn, event=lost: event.set())
+                await conn.add_listener(CHANNEL, self._on_notify)
+                await self._reload(conn)  # changes made while not listening
+                while not lost.is_set():
+                    changed = asyncio.ensure_future(self._stale.wait())
+                    ended = asyncio.ensure_future(lost.wait())
+                    try:
+                        await asyncio.wait(
+                            {changed, ended},
+                            timeout=self._liveness_interval,
+                            return_when=asyncio.FIRST_COMPLETED,
+                        )
+                    finally:
+                        changed.cancel()
+                        ended.cancel()
+                    if lost.is_set():
+                        break
+                    if self._stale.is_set():
+                        await self._reload(conn)
+                    else:  # a connection dropped without a word shows here
+                        await conn.fetchval("SELECT 1", timeout=self._liveness_interval)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("key listener lost its connection (keeping the last keys): %r", exc)
+            finally:
+                if conn is not None and not conn.is_closed():
+                    conn.terminate()
+            await asyncio.sleep(self._reconnect_delay)

@@ -1,0 +1,111 @@
+"""Which permission each RPC needs, and on which resource: the one table of authorisation.
+
+A method missing here is refused to every key (and the authorisation matrix test
+fails), so a new RPC cannot go out unguarded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Rule:
+    """`permission` on the resource named by the request field at `field` (a dotted path).
+
+    Without a field the call names no single resource: a List that `listed` names is
+    filtered to what the key may read, and anything else needs the permission on "*".
+    """
+
+    permission: str
+    field: str | None = None
+    # The response's repeated field of resources (or of their names) a List filters.
+    listed: str | None = None
+
+
+# Resource-less calls that act on a resource found by id: only a grant on every name covers them.
+ANY_RESOURCE = "*"
+
+OPEN_SERVICES = ("grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection")
+
+_QUEUES = {
+    "CreateQueue": Rule("manage", "queue.name"),
+    "GetQueue": Rule("read", "name"),
+    "ListQueues": Rule("read", listed="queues"),
+    "UpdateQueue": Rule("manage", "queue.name"),
+    "DeleteQueue": Rule("manage", "name"),
+    "PurgeQueue": Rule("manage", "name"),
+    "PauseQueue": Rule("manage", "name"),
+    "ResumeQueue": Rule("manage", "name"),
+    "ListDeadLetterSourceQueues": Rule("read", "name"),
+    "RedriveMessages": Rule("manage", "dead_letter_queue"),
+    "ListRedriveTasks": Rule("read", "dead_letter_queue"),
+    # By task id: the queue is not in the request.
+    "CancelRedriveTask": Rule("manage"),
+}
+_MESSAGES = {
+    "Send": Rule("send", "queue"),
+    "SendBatch": Rule("send", "queue"),
+    "Receive": Rule("receive", "queue"),
+    "StreamingReceive": Rule("receive", "queue"),
+    "Delete": Rule("receive", "queue"),
+    "DeleteBatch": Rule("receive", "queue"),
+    "ChangeVisibility": Rule("receive", "queue"),
+    "ChangeVisibilityBatch": Rule("receive", "queue"),
+    "Nack": Rule("receive", "queue"),
+    "PeekMessages": Rule("read", "queue"),
+    "GetMessage": Rule("read", "queue"),
+    "ListArchivedMessages": Rule("read", "queue"),
+}
+_TOPICS = {
+    "CreateTopic": Rule("manage", "topic.name"),
+    "GetTopic": Rule("read", "name"),
+    "ListTopics": Rule("read", listed="topics"),
+    "DeleteTopic": Rule("manage", "name"),
+    # Subscriptions belong to their topic: its name is the resource.
+    "CreateSubscription": Rule("manage", "subscription.topic"),
+    "GetSubscription": Rule("read", "topic"),
+    "ListSubscriptions": Rule("read", "topic"),
+    "DeleteSubscription": Rule("manage", "topic"),
+    "Publish": Rule("publish", "topic"),
+    "PublishBatch": Rule("publish", "topic"),
+    "ListWebhookDeliveries": Rule("read", "topic"),
+}
+_SCHEDULES = {
+    "CreateSchedule": Rule("manage", "schedule.name"),
+    "GetSchedule": Rule("read", "name"),
+    "ListSchedules": Rule("read", listed="schedules"),
+    "UpdateSchedule": Rule("manage", "schedule.name"),
+    "DeleteSchedule": Rule("manage", "name"),
+    "PauseSchedule": Rule("manage", "name"),
+    "ResumeSchedule": Rule("manage", "name"),
+}
+_ACCESS = {
+    "CreateKey": Rule("admin"),
+    "GetKey": Rule("admin"),
+    "ListKeys": Rule("admin"),
+    "UpdateKey": Rule("admin"),
+    "DeleteKey": Rule("admin"),
+}
+
+RULES: dict[str, Rule] = {
+    f"/postbox.v1.{service}/{method}": rule
+    for service, rules in (
+        ("QueueService", _QUEUES),
+        ("MessageService", _MESSAGES),
+        ("TopicService", _TOPICS),
+        ("ScheduleService", _SCHEDULES),
+        ("AccessService", _ACCESS),
+    )
+    for method, rule in rules.items()
+}
+
+
+def resource_of(request: object, rule: Rule) -> str:
+    """The resource name a request names at the rule's field ("*" for rules without one)."""
+    if rule.field is None:
+        return ANY_RESOURCE
+    value = request
+    for part in rule.field.split("."):
+        value = getattr(value, part)
+    return str(value)

@@ -1,0 +1,119 @@
+import datetime
+
+from google.protobuf import field_mask_pb2 as _field_mask_pb2
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Permission(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PERMISSION_UNSPECIFIED: _ClassVar[Permission]
+    PERMISSION_SEND: _ClassVar[Permission]
+    PERMISSION_RECEIVE: _ClassVar[Permission]
+    PERMISSION_PUBLISH: _ClassVar[Permission]
+    PERMISSION_READ: _ClassVar[Permission]
+    PERMISSION_MANAGE: _ClassVar[Permission]
+    PERMISSION_ADMIN: _ClassVar[Permission]
+PERMISSION_UNSPECIFIED: Permission
+PERMISSION_SEND: Permission
+PERMISSION_RECEIVE: Permission
+PERMISSION_PUBLISH: Permission
+PERMISSION_READ: Permission
+PERMISSION_MANAGE: Permission
+PERMISSION_ADMIN: Permission
+
+class Grant(_message.Message):
+    __slots__ = ("permission", "pattern")
+    PERMISSION_FIELD_NUMBER: _ClassVar[int]
+    PATTERN_FIELD_NUMBER: _ClassVar[int]
+    permission: Permission
+    pattern: str
+    def __init__(self, permission: _Optional[_Union[Permission, str]] = ..., pattern: _Optional[str] = ...) -> None: ...
+
+class Key(_message.Message):
+    __slots__ = ("name", "grants", "expire_time", "create_time", "update_time")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    GRANTS_FIELD_NUMBER: _ClassVar[int]
+    EXPIRE_TIME_FIELD_NUMBER: _ClassVar[int]
+    CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
+    UPDATE_TIME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    grants: _containers.RepeatedCompositeFieldContainer[Grant]
+    expire_time: _timestamp_pb2.Timestamp
+    create_time: _timestamp_pb2.Timestamp
+    update_time: _timestamp_pb2.Timestamp
+    def __init__(self, name: _Optional[str] = ..., grants: _Optional[_Iterable[_Union[Grant, _Mapping]]] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class CreateKeyRequest(_message.Message):
+    __slots__ = ("key",)
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    key: Key
+    def __init__(self, key: _Optional[_Union[Key, _Mapping]] = ...) -> None: ...
+
+class CreateKeyResponse(_message.Message):
+    __slots__ = ("key", "secret", "sigv4_secret_access_key")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    SECRET_FIELD_NUMBER: _ClassVar[int]
+    SIGV4_SECRET_ACCESS_KEY_FIELD_NUMBER: _ClassVar[int]
+    key: Key
+    secret: str
+    sigv4_secret_access_key: str
+    def __init__(self, key: _Optional[_Union[Key, _Mapping]] = ..., secret: _Optional[str] = ..., sigv4_secret_access_key: _Optional[str] = ...) -> None: ...
+
+class GetKeyRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class GetKeyResponse(_message.Message):
+    __slots__ = ("key",)
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    key: Key
+    def __init__(self, key: _Optional[_Union[Key, _Mapping]] = ...) -> None: ...
+
+class ListKeysRequest(_message.Message):
+    __slots__ = ("page_size", "page_token")
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    page_size: int
+    page_token: str
+    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class ListKeysResponse(_message.Message):
+    __slots__ = ("keys", "next_page_token")
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    keys: _containers.RepeatedCompositeFieldContainer[Key]
+    next_page_token: str
+    def __init__(self, keys: _Optional[_Iterable[_Union[Key, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class UpdateKeyRequest(_message.Message):
+    __slots__ = ("key", "update_mask")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    UPDATE_MASK_FIELD_NUMBER: _ClassVar[int]
+    key: Key
+    update_mask: _field_mask_pb2.FieldMask
+    def __init__(self, key: _Optional[_Union[Key, _Mapping]] = ..., update_mask: _Optional[_Union[_field_mask_pb2.FieldMask, _Mapping]] = ...) -> None: ...
+
+class UpdateKeyResponse(_message.Message):
+    __slots__ = ("key",)
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    key: Key
+    def __init__(self, key: _Optional[_Union[Key, _Mapping]] = ...) -> None: ...
+
+class DeleteKeyRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class DeleteKeyResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

@@ -1,0 +1,344 @@
+"""API keys and grants: the authorisation matrix of every RPC, revocation across replicas,
+and the refusal to serve a network address anonymously.
+
+These run on a database and servers of their own: a key turns authentication on for
+every server of a database, which the other suites' shared server must not see.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import pkgutil
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import asyncpg
+import grpc
+import postbox.v1
+import pytest
+from google.protobuf import message_factory
+from google.protobuf.descriptor import MethodDescriptor
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from postbox.v1 import access_service_pb2 as access_pb
+from postbox.v1 import access_service_pb2_grpc, queue_service_pb2, queue_service_pb2_grpc
+from support import ServerProcess, create_database, drop_database, error_of
+
+from server.auth.rules import RULES, Rule
+from server.auth.secrets import new_secret, secret_sha256, sigv4_secret
+
+# The name every matrix request names: malformed for every kind of resource, so no
+# call changes anything, yet grants on "authz-*" match it.
+RESOURCE = "authz-no such name"
+OTHER_PERMISSION = {"send": "read", "admin": "manage"}  # default: "send"
+
+
+def bootstrap_key(database_url: str, name: str, *grants: str) -> str:
+    """Creates a key directly in the database, as `postbox keys create --database-url` does."""
+    secret = new_secret()
+    permissions = [grant.split(":", 1)[0] for grant in grants]
+    patterns = [grant.split(":", 1)[1] for grant in grants]
+
+    async def run() -> None:
+        conn = await asyncpg.connect(database_url)
+        try:
+            await conn.execute(
+                "SELECT postbox.create_key($1, $2, $3, $4, $5)",
+                name, secret_sha256(secret), sigv4_secret(secret), permissions, patterns,
+            )  # fmt: skip
+        finally:
+            await conn.close()
+
+    asyncio.run(run())
+    return secret
+
+
+def bearer(secret: str) -> list[tuple[str, str]]:
+    return [("authorization", f"Bearer {secret}")]
+
+
+def service_methods() -> Iterator[MethodDescriptor]:
+    """Every method of every service in the generated postbox.v1 modules."""
+    for module in pkgutil.iter_modules(postbox.v1.__path__):
+        if module.name.endswith("_pb2"):
+            descriptor = importlib.import_module(f"postbox.v1.{module.name}").DESCRIPTOR
+            for service in descriptor.services_by_name.values():
+                yield from service.methods
+
+
+METHODS = {f"/{m.containing_service.full_name}/{m.name}": m for m in service_methods()}
+
+
+def matrix_request(method: MethodDescriptor, rule: Rule | None):
+    request = message_factory.GetMessageClass(method.input_type)()
+    if rule is not None and rule.field is not None:
+        *path, last = rule.field.split(".")
+        target = request
+        for part in path:
+            target = getattr(target, part)
+        setattr(target, last, RESOURCE)
+    return request
+
+
+def call_status(channel: grpc.Channel, path: str, secret: str | None) -> grpc.StatusCode:
+    """The status of one call of `path` with the matrix request, presenting `secret`."""
+    method = METHODS[path]
+    request = matrix_request(method, RULES.get(path))
+    metadata = bearer(secret) if secret is not None else None
+    serialize = type(request).SerializeToString
+    parse = message_factory.GetMessageClass(method.output_type).FromString
+    try:
+        if method.client_streaming:
+            call = channel.stream_stream(path, serialize, parse)
+            responses = call(iter([request]), metadata=metadata, timeout=10)
+            next(responses, None)
+        elif method.server_streaming:
+            responses = channel.unary_stream(path, serialize, parse)(
+                request, metadata=metadata, timeout=10
+            )
+            next(responses, None)
+        else:
+            channel.unary_unary(path, serialize, parse)(request, metadata=metadata, timeout=10)
+    except grpc.RpcError as error:
+        return error.code()
+    return grpc.StatusCode.OK
+
+
+@dataclass
+class Keys:
+    admin: str
+    # Per rule (permission, on "authz-*" or "*"): a key that has it, and one that has another.
+    right: dict[tuple[str, str], str]
+    wrong: dict[str, str]
+    other_resource: dict[str, str]
+    expired: str
+    revoked: str
+
+
+@pytest.fixture(scope="module")
+def auth_database(admin_url: str) -> Iterator[str]:
+    url = create_database(admin_url, "postbox_auth")
+    yield url
+    drop_database(admin_url, url)
+
+
+@pytest.fixture(scope="module")
+def auth_server(auth_database: str) -> Iterator[ServerProcess]:
+    process = ServerProcess(auth_database).start()
+    yield process
+    process.stop()
+
+
+@pytest.fixture(scope="module")
+def auth_channel(auth_server: ServerProcess) -> Iterator[grpc.Channel]:
+    with grpc.insecure_channel(auth_server.target) as channel:
+        yield channel
+
+
+def _pattern(rule: Rule) -> str:
+    return "authz-*" if rule.field is not None else "*"
+
+
+def _wait_until(condition, timeout: float, what: str) -> float:
+    """Polls until `condition()` holds; the seconds it took."""
+    started = time.monotonic()
+    while not condition():
+        if time.monotonic() - started > timeout:
+            raise AssertionError(f"{what} not seen after {timeout} s")
+        time.sleep(0.01)
+    return time.monotonic() - started
+
+
+@pytest.fixture(scope="module")
+def keys(auth_database: str, auth_channel: grpc.Channel) -> Keys:
+    admin = bootstrap_key(auth_database, "matrix-admin", "admin:*")
+    access = access_service_pb2_grpc.AccessServiceStub(auth_channel)
+    _wait_until(
+        lambda: (
+            call_status(auth_channel, "/postbox.v1.AccessService/ListKeys", admin)
+            == grpc.StatusCode.OK
+        ),
+        5,
+        "the first key",
+    )
+
+    def create(name: str, *grants: tuple[str, str], expire_in: float | None = None) -> str:
+        key = access_pb.Key(
+            name=name,
+            grants=[
+                access_pb.Grant(
+                    permission=access_pb.Permission.Value(f"PERMISSION_{p.upper()}"), pattern=pat
+                )
+                for p, pat in grants
+            ],
+        )
+        if expire_in is not None:
+            key.expire_time.FromSeconds(int(time.time() + expire_in) + 1)
+        response = access.CreateKey(
+            access_pb.CreateKeyRequest(key=key), metadata=bearer(admin), timeout=10
+        )
+        return response.secret
+
+    rules = {(rule.permission, _pattern(rule)) for rule in RULES.values()}
+    right = {
+        (permission, pattern): create(f"right-{permission}-{'any' if pattern == '*' else 'az'}",
+                                      (permission, pattern))
+        for permission, pattern in rules
+    }  # fmt: skip
+    wrong = {
+        permission: create(f"wrong-{permission}", (OTHER_PERMISSION.get(permission, "send"), "*"))
+        for permission in {permission for permission, _ in rules}
+    }
+    other_resource = {
+        permission: create(f"other-{permission}", (permission, "elsewhere-*"))
+        for permission in {permission for permission, _ in rules}
+    }
+    expired = create("expired", ("admin", "*"), expire_in=1)
+    revoked = create("revoked", ("admin", "*"))
+    ping = f"/{queue_service_pb2.DESCRIPTOR.services_by_name['QueueService'].full_name}/ListQueues"
+    # Both work until the one expires and the other is deleted.
+    assert call_status(auth_channel, ping, revoked) == grpc.StatusCode.OK
+    access.DeleteKey(access_pb.DeleteKeyRequest(name="revoked"), metadata=bearer(admin))
+    _wait_until(
+        lambda: call_status(auth_channel, ping, revoked) == grpc.StatusCode.UNAUTHENTICATED,
+        5,
+        "revocation",
+    )
+    _wait_until(
+        lambda: call_status(auth_channel, ping, expired) == grpc.StatusCode.UNAUTHENTICATED,
+        10,
+        "expiry",
+    )
+    return Keys(admin, right, wrong, other_resource, expired, revoked)
+
+
+def test_every_rpc_of_every_service_has_an_authorisation_rule() -> None:
+    missing = sorted(set(METHODS) - set(RULES))
+    assert not missing, f"RPCs without a rule in server/auth/rules.py: {missing}"
+    assert not set(RULES) - set(METHODS), "rules for RPCs that no longer exist"
+
+
+@pytest.mark.parametrize("path", sorted(METHODS))
+def test_authorisation_matrix(path: str, keys: Keys, auth_channel: grpc.Channel) -> None:
+    rule = RULES.get(path)
+    assert rule is not None, f"{path} has no authorisation rule"
+    status = lambda secret: call_status(auth_channel, path, secret)  # noqa: E731
+    assert status(None) == grpc.StatusCode.UNAUTHENTICATED
+    assert status("pbk_" + "x" * 43) == grpc.StatusCode.UNAUTHENTICATED
+    assert status(keys.expired) == grpc.StatusCode.UNAUTHENTICATED
+    assert status(keys.revoked) == grpc.StatusCode.UNAUTHENTICATED
+    assert status(keys.wrong[rule.permission]) == grpc.StatusCode.PERMISSION_DENIED
+    if rule.field is not None:
+        assert status(keys.other_resource[rule.permission]) == grpc.StatusCode.PERMISSION_DENIED
+    # The right key passes authorisation: it gets exactly what an admin gets.
+    allowed = status(keys.right[rule.permission, _pattern(rule)])
+    assert allowed not in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
+    assert allowed == status(keys.admin)
+
+
+def test_denial_names_permission_and_resource_never_the_secret(
+    keys: Keys, auth_channel: grpc.Channel
+) -> None:
+    queues = queue_service_pb2_grpc.QueueServiceStub(auth_channel)
+    secret = keys.wrong["manage"]
+    error = error_of(
+        queues.PurgeQueue,
+        queue_service_pb2.PurgeQueueRequest(name="orders"),
+        metadata=bearer(secret),
+    )
+    assert error.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert "'manage'" in error.details()
+    assert "'orders'" in error.details()
+    assert secret not in error.details()
+    unknown = "pbk_" + "y" * 43
+    error = error_of(
+        queues.ListQueues, queue_service_pb2.ListQueuesRequest(), metadata=bearer(unknown)
+    )
+    assert error.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert "y" * 10 not in error.details()
+
+
+def test_health_and_reflection_stay_open(keys: Keys, auth_channel: grpc.Channel) -> None:
+    reply = health_pb2_grpc.HealthStub(auth_channel).Check(health_pb2.HealthCheckRequest())
+    assert reply.status == health_pb2.HealthCheckResponse.SERVING
+    reflection = reflection_pb2_grpc.ServerReflectionStub(auth_channel)
+    answers = reflection.ServerReflectionInfo(
+        iter([reflection_pb2.ServerReflectionRequest(list_services="")])
+    )
+    services = {s.name for s in next(answers).list_services_response.service}
+    assert "postbox.v1.AccessService" in services
+
+
+def test_lists_return_only_what_the_key_may_read(
+    keys: Keys, auth_database: str, auth_channel: grpc.Channel
+) -> None:
+    queues = queue_service_pb2_grpc.QueueServiceStub(auth_channel)
+    for name in ("orders-eu", "orders-us", "billing"):
+        queues.CreateQueue(
+            queue_service_pb2.CreateQueueRequest(queue=queue_service_pb2.Queue(name=name)),
+            metadata=bearer(keys.admin),
+        )
+    reader = bootstrap_key(auth_database, "orders-reader", "read:orders-*", "send:billing")
+    # A new key works once the server's cache has heard of it (a notification away).
+    _wait_until(
+        lambda: (
+            call_status(auth_channel, "/postbox.v1.QueueService/ListQueues", reader)
+            == grpc.StatusCode.OK
+        ),
+        5,
+        "the new key",
+    )
+    listed = queues.ListQueues(queue_service_pb2.ListQueuesRequest(), metadata=bearer(reader))
+    assert [q.name for q in listed.queues] == ["orders-eu", "orders-us"]
+    listed = queues.ListQueues(queue_service_pb2.ListQueuesRequest(), metadata=bearer(keys.admin))
+    assert {"orders-eu", "orders-us", "billing"} <= {q.name for q in listed.queues}
+
+
+def test_a_revoked_key_stops_working_on_another_replica_within_a_second(
+    keys: Keys, auth_database: str, auth_server: ServerProcess
+) -> None:
+    replica = ServerProcess(auth_database).start()
+    try:
+        secret = bootstrap_key(auth_database, "short-lived", "read:*")
+        ping = "/postbox.v1.QueueService/ListQueues"
+        with (
+            grpc.insecure_channel(replica.target) as channel,
+            grpc.insecure_channel(auth_server.target) as first,
+        ):
+            # The replica learns of the new key by the same notification.
+            _wait_until(lambda: call_status(channel, ping, secret) == grpc.StatusCode.OK, 5, "key")
+            access = access_service_pb2_grpc.AccessServiceStub(first)
+            access.DeleteKey(
+                access_pb.DeleteKeyRequest(name="short-lived"), metadata=bearer(keys.admin)
+            )
+            # The issue's bound: a revoked key stops working within a second everywhere.
+            took = _wait_until(
+                lambda: call_status(channel, ping, secret) == grpc.StatusCode.UNAUTHENTICATED,
+                1.0,
+                "revocation on the replica",
+            )
+            assert took < 1.0
+    finally:
+        replica.stop()
+
+
+def test_serve_refuses_a_network_address_without_keys(admin_url: str, tmp_path) -> None:
+    import subprocess
+    import sys
+
+    from support import ROOT, free_port
+
+    url = create_database(admin_url, "postbox_open")
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "server", "serve", "--database-url", url,
+             "--grpc-host", "0.0.0.0", "--grpc-port", str(free_port())],
+            capture_output=True, text=True, cwd=ROOT, timeout=60,
+        )  # fmt: skip
+        assert result.returncode == 2, result.stderr
+        assert "postbox keys create" in result.stderr
+        assert "--insecure-allow-anonymous" in result.stderr
+    finally:
+        drop_database(admin_url, url)

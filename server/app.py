@@ -177,7 +177,9 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
             ScheduleService(engine, scheduler.wake, max_message_size=settings.max_message_size),
             server,
         )
-        access_service_pb2_grpc.add_AccessServiceServicer_to_server(AccessService(engine), server)
+        access_service_pb2_grpc.add_AccessServiceServicer_to_server(
+            AccessService(engine, keys), server
+        )
         health_servicer = health.aio.HealthServicer()
         # The servicer starts out SERVING the whole server; nothing is served until
         # the database has answered a ping.

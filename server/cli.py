@@ -108,7 +108,10 @@ def _client(args: argparse.Namespace) -> int:
         queue_service_pb2_grpc,
     )
 
-    with grpc.insecure_channel(args.target) as channel:
+    from server.auth.client import with_api_key
+
+    with grpc.insecure_channel(args.target) as plain:
+        channel = with_api_key(plain, args.api_key)
         queues = queue_service_pb2_grpc.QueueServiceStub(channel)
         messages = message_service_pb2_grpc.MessageServiceStub(channel)
         try:
@@ -151,6 +154,16 @@ def _client(args: argparse.Namespace) -> int:
             print(f"{error.code().name}: {error.details()}", file=sys.stderr)
             return 1
     return 0
+
+
+def _keys(args: argparse.Namespace) -> int:
+    from server.auth import cli as keys
+    from server.auth.client import with_api_key
+
+    if args.database_url:
+        return keys.run(args, None)
+    with grpc.insecure_channel(args.target) as channel:
+        return keys.run(args, with_api_key(channel, args.api_key))
 
 
 def message_size(text: str) -> int:
@@ -285,6 +298,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=os.environ.get("POSTBOX_TARGET", "localhost:50051"),
         help="address of a postbox server (default: $POSTBOX_TARGET or %(default)s)",
     )
+    target.add_argument(
+        "--api-key",
+        default=os.environ.get("POSTBOX_API_KEY"),
+        help="the secret of the API key to call with (default: $POSTBOX_API_KEY, which "
+        "keeps it off the command line that ps shows)",
+    )
 
     queues = verbs.add_parser("queues", help="create, get, list or delete queues")
     queues.set_defaults(run=_client)
@@ -307,6 +326,10 @@ def build_parser() -> argparse.ArgumentParser:
     receive.add_argument("--max-messages", type=int, default=10)
     receive.add_argument("--wait", type=int, default=0, help="seconds to wait for a message")
     receive.add_argument("--delete", action="store_true", help="delete what was received")
+
+    from server.auth.cli import add_parser as add_keys_parser
+
+    add_keys_parser(verbs, target, run=_keys)
     return parser
 
 

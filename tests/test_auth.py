@@ -342,3 +342,58 @@ def test_serve_refuses_a_network_address_without_keys(admin_url: str, tmp_path) 
         assert "--insecure-allow-anonymous" in result.stderr
     finally:
         drop_database(admin_url, url)
+
+
+def test_cli_bootstraps_the_first_key_on_the_database_then_manages_keys_through_the_server(
+    admin_url: str,
+) -> None:
+    from test_cli import postbox
+
+    url = create_database(admin_url, "postbox_keys_cli")
+    server = None
+    try:
+        # The engine is not installed yet: the direct path installs it.
+        created = postbox("keys", "create", "root", "--grant", "admin:*", "--database-url", url)
+        assert created.returncode == 0, created.stderr
+        root = created.stdout.splitlines()[-1]
+        assert root.startswith("pbk_")
+        assert len(root) == 4 + 43  # 256 bits in base64url
+        server = ServerProcess(url).start()
+        target = ("--target", server.target)
+
+        anonymous = postbox("queues", "list", *target)
+        assert anonymous.returncode == 1
+        assert "UNAUTHENTICATED" in anonymous.stderr
+        as_root = {"POSTBOX_API_KEY": root}
+        assert postbox("queues", "list", *target, env=as_root).returncode == 0
+
+        created = postbox(
+            "keys", "create", "sender", "--grant", "send:orders-*", "--expires-in", "30d",
+            *target, env=as_root,
+        )  # fmt: skip
+        assert created.returncode == 0, created.stderr
+        sender = created.stdout.splitlines()[-1]
+        refused = postbox("send", "billing", "hi", *target, "--api-key", sender)
+        assert refused.returncode == 1
+        assert "PERMISSION_DENIED" in refused.stderr
+        assert "'send'" in refused.stderr
+        assert "'billing'" in refused.stderr
+
+        listed = postbox("keys", "list", *target, env=as_root)
+        assert listed.returncode == 0, listed.stderr
+        assert [line.split("\t")[0] for line in listed.stdout.splitlines()] == ["root", "sender"]
+        assert "send:orders-*" in listed.stdout
+        assert sender not in listed.stdout
+        assert root not in listed.stdout
+
+        revoked = postbox("keys", "revoke", "sender", *target, env=as_root)
+        assert revoked.returncode == 0, revoked.stderr
+        listed = postbox("keys", "list", "--database-url", url)
+        assert [line.split("\t")[0] for line in listed.stdout.splitlines()] == ["root"]
+        missing = postbox("keys", "revoke", "sender", *target, env=as_root)
+        assert missing.returncode == 1
+        assert "NOT_FOUND" in missing.stderr
+    finally:
+        if server is not None:
+            server.stop()
+        drop_database(admin_url, url)

@@ -9,6 +9,7 @@ listening connection keeps its last keys and reloads when it reconnects.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import logging
 import re
@@ -94,6 +95,10 @@ class KeyCache:
         self._by_name: dict[str, ApiKey] = {}
         self._loaded = asyncio.Event()
         self._stale = asyncio.Event()
+        # Reloads begun and finished: catch_up waits for one that began after it was called.
+        self._reloads_begun = 0
+        self._reloads_done = asyncio.Condition()
+        self._reloads_finished = 0
         self._task: asyncio.Task[None] | None = None
 
     @property
@@ -131,11 +136,28 @@ class KeyCache:
     def _on_notify(self, *_args: object) -> None:
         self._stale.set()
 
+    async def catch_up(self, timeout: float = 1.0) -> None:
+        """Returns once this process has reloaded the keys after the call (or after
+        `timeout`): a key changed through this server works at once on it."""
+        target = self._reloads_begun + 1
+        self._stale.set()
+        async with self._reloads_done:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(
+                    self._reloads_done.wait_for(lambda: self._reloads_finished >= target),
+                    timeout,
+                )
+
     async def _reload(self, conn: asyncpg.Connection) -> None:
         self._stale.clear()  # before the read: a change committed after it notifies again
+        self._reloads_begun += 1
+        begun = self._reloads_begun
         rows = await conn.fetch("SELECT * FROM postbox.all_keys()")
         self.replace(ApiKey.from_row(row) for row in rows)
         self._loaded.set()
+        async with self._reloads_done:
+            self._reloads_finished = begun
+            self._reloads_done.notify_all()
 
     async def _listen_forever(self) -> None:
         while True:

@@ -6,6 +6,7 @@ import base64
 import hashlib
 import hmac
 import secrets
+from dataclasses import dataclass
 
 PREFIX = "pbk_"
 _SIGV4_LABEL = b"postbox sigv4 secret access key v1"
@@ -31,3 +32,17 @@ def sigv4_secret(secret: str) -> str:
     """
     digest = hmac.new(secret.encode(), _SIGV4_LABEL, hashlib.sha256).digest()
     return base64.urlsafe_b64encode(digest).decode().rstrip("=")
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """A new key's secret and what the database keeps of it."""
+
+    secret: str
+    secret_sha256: bytes
+    sigv4_secret: str
+
+    @classmethod
+    def issue(cls) -> Credentials:
+        secret = new_secret()
+        return cls(secret, secret_sha256(secret), sigv4_secret(secret))

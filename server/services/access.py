@@ -9,7 +9,8 @@ import grpc
 from postbox.v1 import access_service_pb2 as pb
 from postbox.v1 import access_service_pb2_grpc
 
-from server.auth.secrets import new_secret, secret_sha256, sigv4_secret
+from server.auth.keys import KeyCache
+from server.auth.secrets import Credentials
 from server.db.engine import Engine
 from server.errors import invalid
 from server.services import convert
@@ -54,8 +55,12 @@ def key_resource(row: Mapping[str, Any]) -> pb.Key:
 
 
 class AccessService(access_service_pb2_grpc.AccessServiceServicer):
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, keys: KeyCache) -> None:
         self.engine = engine
+        # Every change waits until this server's cache has it, so a client that
+        # changed a key here can use the change at once; other replicas follow by
+        # notification.
+        self.keys = keys
 
     @reports_errors
     async def CreateKey(
@@ -63,13 +68,16 @@ class AccessService(access_service_pb2_grpc.AccessServiceServicer):
     ) -> pb.CreateKeyResponse:
         key = request.key
         permissions, patterns = grant_arrays(key.grants)
-        secret = new_secret()
+        credentials = Credentials.issue()
         row = await self.engine.create_key(
-            key.name, secret_sha256(secret), sigv4_secret(secret), permissions, patterns,
+            key.name, credentials.secret_sha256, credentials.sigv4_secret, permissions, patterns,
             convert.optional_datetime(key, "expire_time"),
         )  # fmt: skip
+        await self.keys.catch_up()
         return pb.CreateKeyResponse(
-            key=key_resource(row), secret=secret, sigv4_secret_access_key=sigv4_secret(secret)
+            key=key_resource(row),
+            secret=credentials.secret,
+            sigv4_secret_access_key=credentials.sigv4_secret,
         )
 
     @reports_errors
@@ -107,6 +115,7 @@ class AccessService(access_service_pb2_grpc.AccessServiceServicer):
             request.key.name, permissions, patterns, "expire_time" in paths,
             convert.optional_datetime(request.key, "expire_time"),
         )  # fmt: skip
+        await self.keys.catch_up()
         return pb.UpdateKeyResponse(key=key_resource(row))
 
     @reports_errors
@@ -114,4 +123,5 @@ class AccessService(access_service_pb2_grpc.AccessServiceServicer):
         self, request: pb.DeleteKeyRequest, context: grpc.aio.ServicerContext
     ) -> pb.DeleteKeyResponse:
         await self.engine.delete_key(request.name)
+        await self.keys.catch_up()
         return pb.DeleteKeyResponse()

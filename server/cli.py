@@ -48,7 +48,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _sqs(args: argparse.Namespace) -> int:
-    from server.sqs.app import serve
+    from server.sqs.app import AnonymousExposure, serve
     from server.sqs.settings import ShimSettings
     from server.sqs.sigv4 import load_credentials
 
@@ -71,8 +71,14 @@ def _sqs(args: argparse.Namespace) -> int:
         public_url=args.public_url,
         credentials=credentials,
         max_request_size=args.max_request_size,
+        api_key=args.api_key,
+        insecure_allow_anonymous=args.insecure_allow_anonymous,
     )
-    asyncio.run(serve(settings))
+    try:
+        asyncio.run(serve(settings))
+    except AnonymousExposure as refusal:
+        print(f"postbox sqs: {refusal}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -278,6 +284,18 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         default=[],
         help="AWS-style credentials file; every profile's key pair is accepted (repeatable)",
+    )
+    sqs.add_argument(
+        "--api-key",
+        default=os.environ.get("POSTBOX_API_KEY"),
+        help="secret of the API key the shim calls the server with for requests signed "
+        "with a static credential (default: $POSTBOX_API_KEY)",
+    )
+    sqs.add_argument(
+        "--insecure-allow-anonymous",
+        action="store_true",
+        help="serve an address beyond loopback with no static credential while the "
+        "server has no API key",
     )
     sqs.add_argument(
         "--max-request-size",

@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import importlib
 import pkgutil
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,7 +26,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from postbox.v1 import access_service_pb2 as access_pb
 from postbox.v1 import access_service_pb2_grpc, queue_service_pb2, queue_service_pb2_grpc
-from support import ServerProcess, create_database, drop_database, error_of
+from support import ROOT, ServerProcess, create_database, drop_database, error_of, free_port
 
 from server.auth.rules import RULES, Rule
 from server.auth.secrets import new_secret, secret_sha256, sigv4_secret
@@ -32,7 +34,8 @@ from server.auth.secrets import new_secret, secret_sha256, sigv4_secret
 # The name every matrix request names: malformed for every kind of resource, so no
 # call changes anything, yet grants on "authz-*" match it.
 RESOURCE = "authz-no such name"
-OTHER_PERMISSION = {"send": "read", "admin": "manage"}  # default: "send"
+# A permission that does not allow the rule's call (publish allows only publishing).
+OTHER_PERMISSION = {"publish": "send"}  # default: "publish"
 
 
 def bootstrap_key(database_url: str, name: str, *grants: str) -> str:
@@ -188,7 +191,9 @@ def keys(auth_database: str, auth_channel: grpc.Channel) -> Keys:
         for permission, pattern in rules
     }  # fmt: skip
     wrong = {
-        permission: create(f"wrong-{permission}", (OTHER_PERMISSION.get(permission, "send"), "*"))
+        permission: create(
+            f"wrong-{permission}", (OTHER_PERMISSION.get(permission, "publish"), "*")
+        )
         for permission in {permission for permission, _ in rules}
     }
     other_resource = {
@@ -324,22 +329,24 @@ def test_a_revoked_key_stops_working_on_another_replica_within_a_second(
         replica.stop()
 
 
-def test_serve_refuses_a_network_address_without_keys(admin_url: str, tmp_path) -> None:
-    import subprocess
-    import sys
+def assert_refuses_anonymous_exposure(*args: str) -> None:
+    """`python -m server *args` exits at once with 2, naming both ways out."""
+    result = subprocess.run(
+        [sys.executable, "-m", "server", *args],
+        capture_output=True, text=True, cwd=ROOT, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert "postbox keys create" in result.stderr
+    assert "--insecure-allow-anonymous" in result.stderr
 
-    from support import ROOT, free_port
 
+def test_serve_refuses_a_network_address_without_keys(admin_url: str) -> None:
     url = create_database(admin_url, "postbox_open")
     try:
-        result = subprocess.run(
-            [sys.executable, "-m", "server", "serve", "--database-url", url,
-             "--grpc-host", "0.0.0.0", "--grpc-port", str(free_port())],
-            capture_output=True, text=True, cwd=ROOT, timeout=60,
+        assert_refuses_anonymous_exposure(
+            "serve", "--database-url", url, "--grpc-host", "0.0.0.0",
+            "--grpc-port", str(free_port()),
         )  # fmt: skip
-        assert result.returncode == 2, result.stderr
-        assert "postbox keys create" in result.stderr
-        assert "--insecure-allow-anonymous" in result.stderr
     finally:
         drop_database(admin_url, url)
 

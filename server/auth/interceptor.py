@@ -14,10 +14,17 @@ from typing import Any
 
 import grpc
 
+from server.auth import sigv4
 from server.auth.keys import ApiKey, KeyCache
 from server.auth.rules import ANY_RESOURCE, OPEN_SERVICES, RULES, Rule, resource_of
 from server.errors import ApiError
 
+# Trailing metadata of an UNAUTHENTICATED call saying why (missing, unknown-key, expired,
+# signature), so the SQS shim can answer with the error AWS would.
+FAILURE_METADATA = "postbox-auth-failure"
+# Sent by the SQS shim with a forwarded signature it cannot check itself: verify it even
+# while no key exists (then it is unknown), rather than let the call through.
+SIGV4_REQUIRED_METADATA = "postbox-sigv4-required"
 _BEARER = "bearer "
 _MISSING = (
     "this server requires an API key: send the metadata `authorization: Bearer <secret>` "
@@ -40,26 +47,57 @@ def _metadata_value(metadata: Sequence[tuple[str, Any]] | None, name: str) -> st
     return None
 
 
+class AuthFailure(ApiError):
+    """UNAUTHENTICATED, with the reason the trailing metadata carries."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(grpc.StatusCode.UNAUTHENTICATED, message)
+        self.reason = reason
+
+
+def _by_signature(keys: KeyCache, header: str) -> ApiKey:
+    """The key whose SigV4 secret signed a request the SQS shim forwarded."""
+    try:
+        name, string_to_sign, signature = sigv4.parse(header)
+    except sigv4.SignatureProblem as problem:
+        raise AuthFailure("signature", str(problem)) from None
+    key = keys.by_name(name)
+    if key is None:
+        raise AuthFailure("unknown-key", f"no API key is named {_quoted(name)}")
+    try:
+        sigv4.verify(key.sigv4_secret, string_to_sign, signature)
+    except sigv4.SignatureProblem as problem:
+        raise AuthFailure("signature", f"{problem} for API key {key.name!r}") from None
+    return key
+
+
 def authenticate(keys: KeyCache, metadata: Sequence[tuple[str, Any]] | None) -> ApiKey:
-    """The key a call's metadata presents, or ApiError(UNAUTHENTICATED) saying why not."""
+    """The key a call's metadata presents, or AuthFailure saying why not."""
     header = _metadata_value(metadata, "authorization")
     if not header:
-        raise ApiError(grpc.StatusCode.UNAUTHENTICATED, _MISSING)
-    if not header[: len(_BEARER)].lower() == _BEARER:
-        raise ApiError(
-            grpc.StatusCode.UNAUTHENTICATED,
-            "the authorization metadata must read `Bearer <secret>`",
-        )
-    key = keys.by_secret(header[len(_BEARER) :].strip())
-    if key is None:
-        raise ApiError(grpc.StatusCode.UNAUTHENTICATED, _UNKNOWN)
+        raise AuthFailure("missing", _MISSING)
+    if header.startswith(sigv4.SCHEME + " "):
+        key = _by_signature(keys, header)
+    elif header[: len(_BEARER)].lower() == _BEARER:
+        found = keys.by_secret(header[len(_BEARER) :].strip())
+        if found is None:
+            raise AuthFailure("unknown-key", _UNKNOWN)
+        key = found
+    else:
+        raise AuthFailure("missing", "the authorization metadata must read `Bearer <secret>`")
     if key.expired():
-        raise ApiError(
-            grpc.StatusCode.UNAUTHENTICATED,
+        raise AuthFailure(
+            "expired",
             f"API key {key.name!r} has expired; an admin can extend it (postbox keys, "
             "AccessService.UpdateKey) or create a new one",
         )
     return key
+
+
+async def refuse(context: grpc.aio.ServicerContext, error: ApiError) -> None:
+    if isinstance(error, AuthFailure):
+        context.set_trailing_metadata(((FAILURE_METADATA, error.reason),))
+    await context.abort(error.code, error.message)
 
 
 def denied(key: ApiKey, permission: str, resource: str) -> ApiError:
@@ -78,7 +116,7 @@ def authorize(key: ApiKey, rule: Rule, request: Any) -> None:
             raise denied(key, rule.permission, ANY_RESOURCE)
         return
     resource = resource_of(request, rule)
-    if not key.allows(rule.permission, resource):
+    if not any(key.allows(permission, resource) for permission in rule.permissions):
         raise denied(key, rule.permission, resource)
 
 
@@ -121,9 +159,10 @@ class Authorize(grpc.aio.ServerInterceptor):
 
     def _check(self, context: grpc.aio.ServicerContext, rule: Rule | None) -> ApiKey | None:
         """The calling key (None while auth is off); raises ApiError for a refused call."""
-        if not self._keys.enabled:
+        metadata = context.invocation_metadata()
+        if not self._keys.enabled and not _metadata_value(metadata, SIGV4_REQUIRED_METADATA):
             return None
-        key = authenticate(self._keys, context.invocation_metadata())
+        key = authenticate(self._keys, metadata)
         if rule is None:
             raise ApiError(
                 grpc.StatusCode.PERMISSION_DENIED,
@@ -144,7 +183,7 @@ class Authorize(grpc.aio.ServerInterceptor):
                 if key is not None and admits(request):
                     authorize(key, rule, request)  # type: ignore[arg-type]
             except ApiError as error:
-                await context.abort(error.code, error.message)
+                await refuse(context, error)
             response = await handler.unary_unary(request, context)
             if key is not None and rule.listed is not None:  # type: ignore[union-attr]
                 return filter_listed(key, rule, response)  # type: ignore[arg-type]
@@ -156,7 +195,7 @@ class Authorize(grpc.aio.ServerInterceptor):
                 if key is not None and admits(request):
                     authorize(key, rule, request)  # type: ignore[arg-type]
             except ApiError as error:
-                await context.abort(error.code, error.message)
+                await refuse(context, error)
             async for response in handler.unary_stream(request, context):
                 yield response
 
@@ -166,14 +205,14 @@ class Authorize(grpc.aio.ServerInterceptor):
                 if key is not None and admits(request):
                     authorize(key, rule, request)  # type: ignore[arg-type]
             except ApiError as error:
-                await context.abort(error.code, error.message)
+                await refuse(context, error)
             await handler.unary_stream(request, context)
 
         async def bidi_stream(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext):
             try:
                 key = check(context, rule)
             except ApiError as error:
-                await context.abort(error.code, error.message)
+                await refuse(context, error)
 
             async def checked() -> AsyncIterator[Any]:
                 async for request in requests:

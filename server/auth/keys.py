@@ -34,6 +34,13 @@ def pattern_regex(pattern: str) -> re.Pattern[str]:
     return re.compile(".*".join(re.escape(part) for part in pattern.split("*")), re.DOTALL)
 
 
+def gives(held: str, needed: str) -> bool:
+    """Whether a granted permission includes the needed one: admin includes everything,
+    and manage includes read (who may create, change and delete a queue may look at it;
+    the SQS shim's changes read the queue first)."""
+    return held in (needed, "admin") or (held == "manage" and needed == "read")
+
+
 @dataclass(frozen=True)
 class Grant:
     permission: str
@@ -44,7 +51,7 @@ class Grant:
         object.__setattr__(self, "regex", pattern_regex(self.pattern))
 
     def covers(self, permission: str, resource: str) -> bool:
-        if self.permission not in (permission, "admin"):
+        if not gives(self.permission, permission):
             return False
         return self.regex.fullmatch(resource) is not None
 
@@ -79,7 +86,7 @@ class ApiKey:
 
     def holds(self, permission: str) -> bool:
         """Whether any grant gives this permission, on whatever names."""
-        return any(grant.permission in (permission, "admin") for grant in self.grants)
+        return any(gives(grant.permission, permission) for grant in self.grants)
 
 
 class KeyCache:

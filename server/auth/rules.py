@@ -21,6 +21,12 @@ class Rule:
     field: str | None = None
     # The response's repeated field of resources (or of their names) a List filters.
     listed: str | None = None
+    # Other permissions that allow the call too.
+    also: tuple[str, ...] = ()
+
+    @property
+    def permissions(self) -> tuple[str, ...]:
+        return (self.permission, *self.also)
 
 
 # Resource-less calls that act on a resource found by id: only a grant on every name covers them.
@@ -30,7 +36,9 @@ OPEN_SERVICES = ("grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflect
 
 _QUEUES = {
     "CreateQueue": Rule("manage", "queue.name"),
-    "GetQueue": Rule("read", "name"),
+    # Senders and receivers read a queue's settings too: SQS clients need them (the
+    # shim's SendMessageBatch checks sizes against max_message_size, FIFO settings).
+    "GetQueue": Rule("read", "name", also=("send", "receive")),
     "ListQueues": Rule("read", listed="queues"),
     "UpdateQueue": Rule("manage", "queue.name"),
     "DeleteQueue": Rule("manage", "name"),

@@ -9,11 +9,16 @@ import signal
 import uuid
 from typing import Any
 
+import grpc
 from aiohttp import web
+from postbox.v1.queue_service_pb2 import ListQueuesRequest
 
+from server.auth.client import bearer_metadata
+from server.auth.interceptor import SIGV4_REQUIRED_METADATA
+from server.config import is_loopback
 from server.sqs import jsonproto, query, shapes
 from server.sqs.actions import HANDLERS, Call
-from server.sqs.backend import Backend
+from server.sqs.backend import CALLER, Backend
 from server.sqs.errors import (
     INTERNAL_FAILURE,
     INVALID_ACTION,
@@ -24,7 +29,7 @@ from server.sqs.errors import (
     SqsError,
 )
 from server.sqs.settings import ShimSettings
-from server.sqs.sigv4 import Verifier
+from server.sqs.sigv4 import Verifier, signed_request
 
 log = logging.getLogger("postbox.sqs")
 
@@ -132,6 +137,32 @@ def _check_request(request: web.Request, json_protocol: bool) -> None:
         )
 
 
+def _caller(
+    request: web.Request, body: bytes, verifier: Verifier | None, settings: ShimSettings
+) -> tuple[tuple[str, str], ...]:
+    """How this request's calls authenticate to the server.
+
+    A static credential's signature is checked here, and the calls carry the shim's own
+    key. Any other signature goes to the server, which checks it with the API key named
+    by the access key id (and, while no key exists, lets an open shim's calls through).
+    """
+    try:
+        signed = signed_request(
+            request.method, request.host, request.raw_path, request.headers, body
+        )
+    except SqsError:
+        if verifier is not None:
+            raise
+        return bearer_metadata(settings.api_key)  # an open shim takes any signature or none
+    if verifier is not None and signed.access_key in verifier.secrets:
+        verifier.verify(signed)
+        return bearer_metadata(settings.api_key)
+    if verifier is not None:
+        # Not a static credential: only a key can vouch for it, even while none exists.
+        return (*signed.forwarded_metadata(), (SIGV4_REQUIRED_METADATA, "1"))
+    return signed.forwarded_metadata()
+
+
 async def handle(request: web.Request) -> web.StreamResponse:
     request_id = str(uuid.uuid4())
     target = request.headers.get("X-Amz-Target")
@@ -140,9 +171,7 @@ async def handle(request: web.Request) -> web.StreamResponse:
     try:
         _check_request(request, isinstance(protocol, _Json))
         body = await _read_body(request, settings.max_request_size)
-        verifier = request.app.get(_VERIFIER)
-        if verifier is not None:
-            verifier.verify(request.method, request.host, request.raw_path, request.headers, body)
+        CALLER.set(_caller(request, body, request.app.get(_VERIFIER), settings))
         params = protocol.parse(request, body)
         handler = HANDLERS.get(protocol.action)
         if handler is None:
@@ -182,6 +211,37 @@ def build_app(settings: ShimSettings, backend: Backend) -> web.Application:
     return app
 
 
+class AnonymousExposure(Exception):
+    """Serving the SQS API beyond loopback with no credentials and no API key."""
+
+
+async def refuse_anonymous_exposure(settings: ShimSettings, backend: Backend) -> None:
+    """The server's rule for the shim: with no key and no static credential, loopback only.
+
+    Whether keys exist is what an anonymous call to the server answers.
+    """
+    if settings.insecure_allow_anonymous or is_loopback(settings.host):
+        return
+    try:
+        await backend.queues.ListQueues(ListQueuesRequest(page_size=1), timeout=10)
+    except grpc.aio.AioRpcError as error:
+        if error.code() == grpc.StatusCode.UNAUTHENTICATED:
+            return  # keys exist: the server checks every request's signature
+        reason = (
+            f"the server at {settings.grpc_target} did not say whether keys exist "
+            f"({error.code().name})"
+        )
+    else:
+        reason = "the server has no API key"
+    raise AnonymousExposure(
+        f"refusing to serve {settings.host!r} without authentication: {reason}, and no "
+        "--access-key/--credentials-file is given, so anyone who reaches this address could "
+        "read, purge or delete every queue. Either create an API key on the server "
+        "(postbox keys create NAME --grant admin:* --database-url URL), give static "
+        "credentials, or pass --insecure-allow-anonymous to serve anonymously on purpose."
+    )
+
+
 async def serve(settings: ShimSettings, stop: asyncio.Event | None = None) -> None:
     """Serves until `stop` is set (or SIGINT/SIGTERM arrives)."""
     stop = stop or asyncio.Event()
@@ -189,12 +249,17 @@ async def serve(settings: ShimSettings, stop: asyncio.Event | None = None) -> No
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
-    if not settings.credentials:
-        log.warning(
-            "no credentials configured: accepting requests with any signature or none. "
-            "Give --access-key/--secret-key or --credentials-file to verify SigV4."
-        )
     backend = Backend(settings.grpc_target, settings.grpc_timeout)
+    if not settings.credentials:
+        try:
+            await refuse_anonymous_exposure(settings, backend)
+        except AnonymousExposure:
+            await backend.close()
+            raise
+        log.warning(
+            "no static credentials: accepting requests with any signature or none while the "
+            "server has no API key; once one exists, the server checks every signature"
+        )
     # handler_cancellation: a client that hangs up cancels its handler, and so the
     # long-poll gRPC stream it is waiting on.
     runner = web.AppRunner(build_app(settings, backend), handler_cancellation=True, access_log=None)

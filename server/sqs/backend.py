@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
@@ -10,6 +11,7 @@ from typing import Any, TypeVar
 import grpc
 from postbox.v1 import message_service_pb2_grpc, queue_service_pb2_grpc
 
+from server.auth.interceptor import FAILURE_METADATA
 from server.sqs import errors
 from server.sqs.errors import ErrorKind, SqsError
 
@@ -37,11 +39,47 @@ _STATUS_ERRORS: dict[grpc.StatusCode, ErrorKind] = {
     grpc.StatusCode.CANCELLED: errors.SERVICE_UNAVAILABLE,
 }
 
+# Why the server refused a caller (its trailing metadata) -> the error AWS returns.
+_AUTH_FAILURES: dict[str, tuple[ErrorKind, str]] = {
+    "missing": (errors.MISSING_AUTHENTICATION_TOKEN, "Request is missing Authentication Token"),
+    "unknown-key": (
+        errors.INVALID_CLIENT_TOKEN_ID,
+        "The security token included in the request is invalid.",
+    ),
+    "expired": (
+        errors.INVALID_CLIENT_TOKEN_ID,
+        "The security token included in the request is expired.",
+    ),
+    "signature": (
+        errors.SIGNATURE_DOES_NOT_MATCH,
+        "The request signature we calculated does not match the signature you provided. "
+        "Check your AWS Secret Access Key and signing method.",
+    ),
+}
+
+# The metadata that authenticates the current SQS request's calls to the server: its
+# forwarded signature, or the shim's own key. Set per request by the handler.
+CALLER: contextvars.ContextVar[tuple[tuple[str, str], ...]] = contextvars.ContextVar(
+    "postbox_sqs_caller", default=()
+)
+
 Response = TypeVar("Response")
+
+
+def _auth_failure(error: grpc.aio.AioRpcError) -> SqsError | None:
+    for name, value in error.trailing_metadata() or ():
+        if name == FAILURE_METADATA and value in _AUTH_FAILURES:
+            kind, message = _AUTH_FAILURES[value]
+            return SqsError(kind, message)
+    return None
 
 
 def translate(error: grpc.aio.AioRpcError, overrides: dict[grpc.StatusCode, ErrorKind]) -> SqsError:
     code = error.code()
+    if code == grpc.StatusCode.UNAUTHENTICATED:
+        failure = _auth_failure(error)
+        if failure is not None:
+            return failure
     kind = overrides.get(code) or _STATUS_ERRORS.get(code)
     if kind is errors.QUEUE_DOES_NOT_EXIST:
         return errors.queue_does_not_exist()
@@ -79,13 +117,13 @@ class Backend:
     ) -> Response:
         """A unary call; its failure as the SQS error to report."""
         try:
-            return await method(request, timeout=self.timeout)
+            return await method(request, timeout=self.timeout, metadata=CALLER.get())
         except grpc.aio.AioRpcError as error:
             raise translate(error, overrides or {}) from None
 
     async def stream(self, method: Callable[..., Any], request: Any, timeout: float) -> list[Any]:
         """Every response of a server-streaming call; cancelling the caller cancels the call."""
-        call = method(request, timeout=timeout)
+        call = method(request, timeout=timeout, metadata=CALLER.get())
         try:
             return [response async for response in call]
         except grpc.aio.AioRpcError as error:

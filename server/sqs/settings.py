@@ -10,7 +10,8 @@ MIB = 1024 * 1024
 
 @dataclass(frozen=True)
 class ShimSettings:
-    host: str = "0.0.0.0"
+    # Loopback only (127.0.0.1 and ::1): reaching the network is a choice.
+    host: str = "localhost"
     port: int = 9324
     grpc_target: str = "localhost:50051"
     # Used in queue ARNs and queue URLs, as SQS would.
@@ -20,6 +21,11 @@ class ShimSettings:
     public_url: str | None = None
     # access key -> secret key; empty: signatures are not checked.
     credentials: Mapping[str, str] = field(default_factory=dict)
+    # The API key secret the shim's calls carry for requests a static credential signed
+    # (and for unsigned requests of a shim without credentials).
+    api_key: str | None = None
+    # Serve beyond loopback with no static credential while the server has no key.
+    insecure_allow_anonymous: bool = False
     # Largest request body read. A legal request fits: a 1 MiB batch grows by at most
     # 3x in form encoding (%XX per byte), plus names and attributes.
     max_request_size: int = 4 * MIB

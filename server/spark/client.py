@@ -17,7 +17,13 @@ from typing import TypeVar
 import grpc
 from google.protobuf.message import Message
 from postbox.v1 import message_service_pb2 as pb
-from postbox.v1 import message_service_pb2_grpc, topic_service_pb2_grpc
+from postbox.v1 import (
+    message_service_pb2_grpc,
+    queue_service_pb2,
+    queue_service_pb2_grpc,
+    topic_service_pb2,
+    topic_service_pb2_grpc,
+)
 
 log = logging.getLogger(__name__)
 
@@ -81,8 +87,40 @@ class RetryPolicy:
             ceiling = min(ceiling * 2, self.max_delay)
 
 
+# Refusals of the key: retrying cannot help, and the fix is an option.
+_REFUSED_KEY = frozenset({grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED})
+
+
 def describe(error: grpc.RpcError) -> str:
-    return f"{error.code().name}: {error.details()}"  # type: ignore[attr-defined]
+    code = error.code()  # type: ignore[attr-defined]
+    text = f"{code.name}: {error.details()}"  # type: ignore[attr-defined]
+    if code in _REFUSED_KEY:
+        text += "; check option 'auth_token' (the secret of an API key with the grant this needs)"
+    return text
+
+
+def check_auth_token(connection: Connection, queue: str | None, topic: str | None) -> None:
+    """Fails the job at once, on the driver, when the server refuses option 'auth_token'
+    (or needs one), rather than in every task. One call that any key with a grant on
+    the queue passes (a topic's needs `read`: a refusal of the grant is left to tasks)."""
+    with connection.open() as channel:
+        try:
+            if queue is not None:
+                queue_service_pb2_grpc.QueueServiceStub(channel).GetQueue(
+                    queue_service_pb2.GetQueueRequest(name=queue),
+                    timeout=connection.timeout,
+                    metadata=connection.metadata,
+                )
+            elif topic is not None:
+                topic_service_pb2_grpc.TopicServiceStub(channel).GetTopic(
+                    topic_service_pb2.GetTopicRequest(name=topic),
+                    timeout=connection.timeout,
+                    metadata=connection.metadata,
+                )
+        except grpc.RpcError as error:
+            # Anything else (no such queue, the server restarting) is the tasks' to meet.
+            if error.code() == grpc.StatusCode.UNAUTHENTICATED:  # type: ignore[attr-defined]
+                raise PostboxCallError(f"the server refused the key: {describe(error)}") from None
 
 
 def call_with_retries(

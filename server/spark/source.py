@@ -5,6 +5,7 @@ from __future__ import annotations
 from pyspark.sql.datasource import DataSource
 from pyspark.sql.types import StructType
 
+from server.spark.client import check_auth_token
 from server.spark.options import PostboxOptionError, read_plan, write_plan
 from server.spark.reader import SCHEMA, PostboxStreamReader
 from server.spark.writer import PostboxStreamWriter, PostboxWriter
@@ -30,11 +31,17 @@ class PostboxDataSource(DataSource):
 
     def writer(self, schema: StructType, overwrite: bool) -> PostboxWriter:
         _append_only(overwrite)
-        return PostboxWriter(write_plan(self.options, schema, streaming=False))
+        plan = write_plan(self.options, schema, streaming=False)
+        check_auth_token(plan.connection, plan.queue, plan.topic)
+        return PostboxWriter(plan)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> PostboxStreamWriter:
         _append_only(overwrite)
-        return PostboxStreamWriter(write_plan(self.options, schema, streaming=True))
+        plan = write_plan(self.options, schema, streaming=True)
+        check_auth_token(plan.connection, plan.queue, plan.topic)
+        return PostboxStreamWriter(plan)
 
     def simpleStreamReader(self, schema: StructType) -> PostboxStreamReader:
-        return PostboxStreamReader(read_plan(self.options))
+        plan = read_plan(self.options)
+        check_auth_token(plan.connection, plan.queue, None)
+        return PostboxStreamReader(plan)

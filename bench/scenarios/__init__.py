@@ -1,6 +1,7 @@
 """Every scenario module; importing this package registers them all with bench.runner."""
 
 from bench.scenarios import (
+    auth,
     idle,
     latency,
     receiving,
@@ -16,6 +17,7 @@ LONG = frozenset({"spark_write", "sustained"})
 
 __all__ = [
     "LONG",
+    "auth",
     "idle",
     "latency",
     "receiving",

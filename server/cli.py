@@ -166,7 +166,7 @@ def _keys(args: argparse.Namespace) -> int:
     from server.auth import cli as keys
     from server.auth.client import with_api_key
 
-    if args.database_url:
+    if getattr(args, "database_url", None) or args.keys_verb == "sigv4-secret":
         return keys.run(args, None)
     with grpc.insecure_channel(args.target) as channel:
         return keys.run(args, with_api_key(channel, args.api_key))

@@ -404,3 +404,134 @@ def test_cli_bootstraps_the_first_key_on_the_database_then_manages_keys_through_
         if server is not None:
             server.stop()
         drop_database(admin_url, url)
+
+
+def _grant(permission: str, pattern: str) -> access_pb.Grant:
+    return access_pb.Grant(
+        permission=access_pb.Permission.Value(f"PERMISSION_{permission.upper()}"), pattern=pattern
+    )
+
+
+def test_access_service_creates_gets_lists_updates_and_deletes_keys(
+    keys: Keys, auth_channel: grpc.Channel
+) -> None:
+    access = access_service_pb2_grpc.AccessServiceStub(auth_channel)
+    admin = bearer(keys.admin)
+    created = access.CreateKey(
+        access_pb.CreateKeyRequest(
+            key=access_pb.Key(name="lifecycle", grants=[_grant("send", "jobs-*")])
+        ),
+        metadata=admin,
+    )
+    assert created.secret.startswith("pbk_")
+    assert created.sigv4_secret_access_key
+    got = access.GetKey(access_pb.GetKeyRequest(name="lifecycle"), metadata=admin).key
+    assert created.secret not in str(got)
+    assert [(g.permission, g.pattern) for g in got.grants] == [
+        (access_pb.PERMISSION_SEND, "jobs-*")
+    ]
+    assert not got.HasField("expire_time")
+    queues = queue_service_pb2_grpc.QueueServiceStub(auth_channel)
+    purge = queue_service_pb2.PurgeQueueRequest(name="jobs-1")
+    assert error_of(queues.PurgeQueue, purge, metadata=bearer(created.secret)).code() == (
+        grpc.StatusCode.PERMISSION_DENIED
+    )
+
+    # New grants work on this server as soon as UpdateKey returns.
+    update = access_pb.UpdateKeyRequest(
+        key=access_pb.Key(name="lifecycle", grants=[_grant("manage", "jobs-*")]),
+        update_mask={"paths": ["grants"]},
+    )
+    updated = access.UpdateKey(update, metadata=admin).key
+    assert [g.permission for g in updated.grants] == [access_pb.PERMISSION_MANAGE]
+    assert error_of(queues.PurgeQueue, purge, metadata=bearer(created.secret)).code() == (
+        grpc.StatusCode.NOT_FOUND
+    )
+    expiring = access_pb.UpdateKeyRequest(
+        key=access_pb.Key(name="lifecycle"), update_mask={"paths": ["expire_time"]}
+    )
+    expiring.key.expire_time.FromSeconds(int(time.time()) + 3600)
+    assert access.UpdateKey(expiring, metadata=admin).key.expire_time.seconds == (
+        expiring.key.expire_time.seconds
+    )
+
+    # Pages: every key once, in name order.
+    names, token = [], ""
+    while True:
+        page = access.ListKeys(
+            access_pb.ListKeysRequest(page_size=3, page_token=token), metadata=admin
+        )
+        assert len(page.keys) <= 3
+        names += [key.name for key in page.keys]
+        if not (token := page.next_page_token):
+            break
+    assert names == sorted(names)
+    assert "lifecycle" in names
+    assert len(names) == len(set(names))
+
+    access.DeleteKey(access_pb.DeleteKeyRequest(name="lifecycle"), metadata=admin)
+    assert error_of(queues.PurgeQueue, purge, metadata=bearer(created.secret)).code() == (
+        grpc.StatusCode.UNAUTHENTICATED
+    )
+    missing = error_of(access.GetKey, access_pb.GetKeyRequest(name="lifecycle"), metadata=admin)
+    assert missing.code() == grpc.StatusCode.NOT_FOUND
+
+
+@pytest.mark.parametrize(
+    ("key", "mask", "message"),
+    [
+        (access_pb.Key(name="bad name", grants=[_grant("send", "*")]), None, "key name"),
+        (access_pb.Key(name="k" * 81, grants=[_grant("send", "*")]), None, "limit is 80"),
+        (access_pb.Key(name="no-grants"), None, "at least one grant"),
+        (access_pb.Key(name="g", grants=[_grant("send", "*")] * 101), None, "limit is 100"),
+        (access_pb.Key(name="g", grants=[_grant("send", "a b")]), None, "may only contain"),
+        (access_pb.Key(name="g", grants=[_grant("send", "p" * 81)]), None, "limit is 80"),
+        (access_pb.Key(name="g", grants=[access_pb.Grant(pattern="*")]), None, "permission"),
+        (access_pb.Key(name="g", grants=[_grant("send", "*")]), [], "update_mask"),
+        (access_pb.Key(name="g", grants=[_grant("send", "*")]), ["name"], "update_mask"),
+    ],
+)
+def test_access_service_refuses_bad_keys(
+    keys: Keys, auth_channel: grpc.Channel, key: access_pb.Key, mask, message: str
+) -> None:
+    access = access_service_pb2_grpc.AccessServiceStub(auth_channel)
+    if mask is None:
+        error = error_of(
+            access.CreateKey, access_pb.CreateKeyRequest(key=key), metadata=bearer(keys.admin)
+        )
+    else:
+        error = error_of(
+            access.UpdateKey,
+            access_pb.UpdateKeyRequest(key=key, update_mask={"paths": mask}),
+            metadata=bearer(keys.admin),
+        )
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert message in error.details()
+
+
+def test_access_service_refuses_a_duplicate_and_a_past_expiry(
+    keys: Keys, auth_channel: grpc.Channel
+) -> None:
+    access = access_service_pb2_grpc.AccessServiceStub(auth_channel)
+    admin = bearer(keys.admin)
+    duplicate = access_pb.CreateKeyRequest(
+        key=access_pb.Key(name="matrix-admin", grants=[_grant("read", "*")])
+    )
+    assert error_of(access.CreateKey, duplicate, metadata=admin).code() == (
+        grpc.StatusCode.ALREADY_EXISTS
+    )
+    past = access_pb.CreateKeyRequest(key=access_pb.Key(name="past", grants=[_grant("read", "*")]))
+    past.key.expire_time.FromSeconds(int(time.time()) - 60)
+    error = error_of(access.CreateKey, past, metadata=admin)
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "future" in error.details()
+
+
+def test_keys_sigv4_secret_derives_the_sqs_secret_from_the_key(keys: Keys) -> None:
+    from test_cli import postbox
+
+    from server.auth.secrets import sigv4_secret
+
+    result = postbox("keys", "sigv4-secret", env={"POSTBOX_API_KEY": keys.admin})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == sigv4_secret(keys.admin)

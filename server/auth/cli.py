@@ -18,7 +18,7 @@ import grpc
 from postbox.v1 import access_service_pb2 as pb
 from postbox.v1 import access_service_pb2_grpc
 
-from server.auth.secrets import Credentials
+from server.auth.secrets import Credentials, sigv4_secret
 from server.services.access import grant_arrays, key_resource
 
 _DURATION = re.compile(r"^(\d+)([smhdw])$")
@@ -118,6 +118,12 @@ def run(args: argparse.Namespace, channel: grpc.Channel | None) -> int:
     """Runs a keys verb; `channel` (None with --database-url) reaches the server."""
     from server.errors import ApiError
 
+    if args.keys_verb == "sigv4-secret":
+        if not args.api_key:
+            print("postbox keys sigv4-secret: set POSTBOX_API_KEY (or --api-key)", file=sys.stderr)
+            return 2
+        print(sigv4_secret(args.api_key))
+        return 0
     try:
         if channel is None:
             result = asyncio.run(_on_database(args))
@@ -172,3 +178,8 @@ def add_parser(verbs: Any, client: argparse.ArgumentParser, run: Any) -> None:
     keys_verbs.add_parser("list", parents=[client, on_database], help="list keys (no secrets)")
     revoke = keys_verbs.add_parser("revoke", parents=[client, on_database], help="revoke a key")
     revoke.add_argument("name")
+    keys_verbs.add_parser(
+        "sigv4-secret",
+        parents=[client],
+        help="print the SQS secret access key of the key whose secret is POSTBOX_API_KEY",
+    )

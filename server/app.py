@@ -134,7 +134,7 @@ def refuse_anonymous_exposure(host: str, keys: KeyCache, allow_anonymous: bool) 
     raise AnonymousExposure(
         f"refusing to serve {host!r} without authentication: no API key exists, so anyone "
         "who reaches this address could read, purge or delete every queue. Either create "
-        "an admin key first (postbox keys create NAME --grant admin:* --database-url URL), "
+        "an admin key first (postbox keys create NAME --grant 'admin:*' --database-url URL), "
         "which turns authentication on, or pass --insecure-allow-anonymous to serve "
         "anonymously on purpose."
     )

@@ -237,7 +237,7 @@ async def refuse_anonymous_exposure(settings: ShimSettings, backend: Backend) ->
         f"refusing to serve {settings.host!r} without authentication: {reason}, and no "
         "--access-key/--credentials-file is given, so anyone who reaches this address could "
         "read, purge or delete every queue. Either create an API key on the server "
-        "(postbox keys create NAME --grant admin:* --database-url URL), give static "
+        "(postbox keys create NAME --grant 'admin:*' --database-url URL), give static "
         "credentials, or pass --insecure-allow-anonymous to serve anonymously on purpose."
     )
 

@@ -535,3 +535,38 @@ def test_keys_sigv4_secret_derives_the_sqs_secret_from_the_key(keys: Keys) -> No
     result = postbox("keys", "sigv4-secret", env={"POSTBOX_API_KEY": keys.admin})
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == sigv4_secret(keys.admin)
+
+
+def test_a_streaming_receive_is_checked_on_every_queue_it_names(
+    keys: Keys, auth_database: str, auth_channel: grpc.Channel
+) -> None:
+    from postbox.v1 import message_service_pb2, message_service_pb2_grpc
+
+    queues = queue_service_pb2_grpc.QueueServiceStub(auth_channel)
+    queues.CreateQueue(
+        queue_service_pb2.CreateQueueRequest(queue=queue_service_pb2.Queue(name="stream-mine")),
+        metadata=bearer(keys.admin),
+    )
+    access = access_service_pb2_grpc.AccessServiceStub(auth_channel)
+    receiver = access.CreateKey(
+        access_pb.CreateKeyRequest(
+            key=access_pb.Key(name="stream-receiver", grants=[_grant("receive", "stream-mine")])
+        ),
+        metadata=bearer(keys.admin),
+    ).secret
+    # The first request is allowed; were only it checked, the stream would wait on
+    # stream-mine until the deadline instead.
+    requests = iter(
+        [
+            message_service_pb2.StreamingReceiveRequest(queue="stream-mine", max_messages=1),
+            message_service_pb2.StreamingReceiveRequest(queue="stream-theirs"),
+        ]
+    )
+    stream = message_service_pb2_grpc.MessageServiceStub(auth_channel).StreamingReceive(
+        requests, metadata=bearer(receiver), timeout=20
+    )
+    with pytest.raises(grpc.RpcError) as refused:
+        for _ in stream:
+            pass
+    assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert "'stream-theirs'" in refused.value.details()

@@ -177,35 +177,30 @@ class Authorize(grpc.aio.ServerInterceptor):
             # An undecodable request is the decoder's to refuse (INVALID_ARGUMENT).
             return hasattr(request, "DESCRIPTOR")
 
-        async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def admit(request: Any, context: grpc.aio.ServicerContext) -> ApiKey | None:
+            """The calling key (None while auth is off); ends the call if it is refused."""
             try:
                 key = check(context, rule)
                 if key is not None and admits(request):
                     authorize(key, rule, request)  # type: ignore[arg-type]
             except ApiError as error:
                 await refuse(context, error)
+            return key
+
+        async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            key = await admit(request, context)
             response = await handler.unary_unary(request, context)
             if key is not None and rule.listed is not None:  # type: ignore[union-attr]
                 return filter_listed(key, rule, response)  # type: ignore[arg-type]
             return response
 
         async def server_stream(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            try:
-                key = check(context, rule)
-                if key is not None and admits(request):
-                    authorize(key, rule, request)  # type: ignore[arg-type]
-            except ApiError as error:
-                await refuse(context, error)
+            await admit(request, context)
             async for response in handler.unary_stream(request, context):
                 yield response
 
         async def server_stream_writes(request: Any, context: grpc.aio.ServicerContext) -> None:
-            try:
-                key = check(context, rule)
-                if key is not None and admits(request):
-                    authorize(key, rule, request)  # type: ignore[arg-type]
-            except ApiError as error:
-                await refuse(context, error)
+            await admit(request, context)
             await handler.unary_stream(request, context)
 
         async def bidi_stream(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext):

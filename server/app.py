@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import signal
 
@@ -31,6 +32,9 @@ from server.db.engine import Engine, application_name
 from server.db.migrate import format_version, migrate
 from server.embedded import EmbeddedPostgres
 from server.errors import ApiError
+from server.observability import metrics
+from server.observability.grpc_metrics import CountCalls
+from server.observability.metrics import serve_metrics
 from server.services.access import AccessService
 from server.services.decoding import RejectUndecodable
 from server.services.messages import MessageService
@@ -81,6 +85,7 @@ async def _watch_health(engine: Engine, servicer: health.aio.HealthServicer) -> 
     while True:
         try:
             await asyncio.wait_for(engine.ping(), HEALTH_CHECK_INTERVAL * 2)
+            metrics.observe_pool(engine)  # workers' figures reach the parent's scrape this way
             now_serving = True
         except (ApiError, asyncio.TimeoutError):
             now_serving = False
@@ -140,12 +145,17 @@ def refuse_anonymous_exposure(host: str, keys: KeyCache, allow_anonymous: bool) 
     )
 
 
+async def _scrape(engine: Engine, max_queues: int) -> bytes:
+    metrics.observe_pool(engine)
+    return await metrics.exposition(engine, max_queues)
+
+
 async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     """Serves until `stop` is set (or SIGINT/SIGTERM arrives), then shuts down in order."""
     stop = stop or asyncio.Event()
     stop_on_signals(stop)
     dsn, embedded = await open_database(settings)
-    engine = hub = server = health_servicer = keys = None
+    engine = hub = server = health_servicer = keys = metrics_runner = None
     tasks: list[asyncio.Task[None]] = []
     try:
         await install_engine(dsn)
@@ -158,7 +168,8 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
 
         server = grpc.aio.server(
             # Authentication first: an anonymous caller learns nothing, not even decoding errors.
-            interceptors=[Authorize(keys), RejectUndecodable()],
+            # Counting first, so that refused calls are counted too.
+            interceptors=[CountCalls(), Authorize(keys), RejectUndecodable()],
             options=grpc_options(settings, reuse_port=settings.reuse_port),
         )
         queue_service_pb2_grpc.add_QueueServiceServicer_to_server(
@@ -193,6 +204,12 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         if port == 0:
             raise OSError(f"cannot listen on {address}")
         await server.start()
+        if settings.metrics_port is not None:
+            metrics_runner = await serve_metrics(
+                settings.metrics_host,
+                settings.metrics_port,
+                functools.partial(_scrape, engine, settings.metrics_max_queues),
+            )
         maintenance = MaintenanceWorker(
             engine,
             interval=settings.maintenance_interval,
@@ -215,6 +232,8 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if metrics_runner is not None:
+            await metrics_runner.cleanup()
         if hub is not None:
             await hub.close()  # waiting streams end now, with what they have
         if server is not None:

@@ -36,6 +36,9 @@ def _serve(args: argparse.Namespace) -> int:
         expiry_interval=args.expiry_interval,
         reuse_port=args.reuse_port,
         insecure_allow_anonymous=args.insecure_allow_anonymous,
+        metrics_host=args.metrics_host,
+        metrics_port=args.metrics_port,
+        metrics_max_queues=args.metrics_max_queues,
     )
     if args.workers > 1:
         return asyncio.run(serve_workers(settings, args.workers, args.log_level))
@@ -247,6 +250,26 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="serve an address beyond loopback while no API key exists, so that anyone "
         "reaching it may do anything",
+    )
+    serve.add_argument(
+        "--metrics-port",
+        type=int,
+        default=int(os.environ["POSTBOX_METRICS_PORT"])
+        if "POSTBOX_METRICS_PORT" in os.environ
+        else None,
+        help="serve Prometheus metrics at /metrics on this port (default: $POSTBOX_METRICS_PORT "
+        "or not at all); with --workers, one view of every worker",
+    )
+    serve.add_argument(
+        "--metrics-host",
+        default=os.environ.get("POSTBOX_METRICS_HOST", Settings.metrics_host),
+        help="address of the metrics port (default: %(default)s)",
+    )
+    serve.add_argument(
+        "--metrics-max-queues",
+        type=int,
+        default=Settings.metrics_max_queues,
+        help="queues whose depth /metrics shows, the first by name (default: %(default)s)",
     )
     # Set by `--workers` on the processes it starts; sharing the port is otherwise an error.
     serve.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)

@@ -43,6 +43,10 @@ class Settings:
     reuse_port: bool = False
     # Serve a non-loopback address while no API key exists (see refuse_anonymous_exposure).
     insecure_allow_anonymous: bool = False
+    # Prometheus /metrics on this port (None: not served), and how many queues it shows.
+    metrics_host: str = "localhost"
+    metrics_port: int | None = None
+    metrics_max_queues: int = 1000
 
     @property
     def max_request_size(self) -> int:

@@ -12,13 +12,19 @@ service manager sees the failure instead of a silently smaller server.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+import os
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 
 from server.app import install_engine, open_database, stop_on_signals
 from server.config import Settings
+from server.db.engine import Engine
+from server.observability.metrics import exposition, serve_metrics
 
 log = logging.getLogger(__name__)
 
@@ -59,11 +65,25 @@ async def serve_workers(settings: Settings, workers: int, log_level: str) -> int
     stop_on_signals(stop)
     dsn, embedded = await open_database(settings)
     processes: list[asyncio.subprocess.Process] = []
+    metrics_dir = metrics_runner = engine = None
+    environment = None
     try:
         await install_engine(dsn)  # once, before the workers race for it
+        if settings.metrics_port is not None:
+            # The workers count into files here; this process serves them all as one.
+            metrics_dir = tempfile.mkdtemp(prefix="postbox-metrics-")
+            environment = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": metrics_dir}
+            engine = await Engine.connect(dsn, pool_size=1)
+            metrics_runner = await serve_metrics(
+                settings.metrics_host,
+                settings.metrics_port,
+                functools.partial(
+                    exposition, engine, settings.metrics_max_queues, multiprocess_dir=metrics_dir
+                ),
+            )
         command = worker_command(settings, dsn, log_level)
         for _ in range(workers):
-            processes.append(await asyncio.create_subprocess_exec(*command))
+            processes.append(await asyncio.create_subprocess_exec(*command, env=environment))
         log.info("started %d workers on port %d", workers, settings.grpc_port)
         exits = [asyncio.ensure_future(p.wait()) for p in processes]
         stopping = asyncio.ensure_future(stop.wait())
@@ -77,6 +97,12 @@ async def serve_workers(settings: Settings, workers: int, log_level: str) -> int
         return 1 if failed else 0
     finally:
         await _stop(processes, settings.shutdown_grace + 10)
+        if metrics_runner is not None:
+            await metrics_runner.cleanup()
+        if engine is not None:
+            await engine.close()
+        if metrics_dir is not None:
+            shutil.rmtree(metrics_dir, ignore_errors=True)
         if embedded is not None:
             await asyncio.to_thread(embedded.stop)
 

@@ -715,6 +715,43 @@ BEGIN
 END
 $$;
 
+-- Live figures of the first max_queues queues in name order, for a metrics
+-- scrape: the counts of queue_stats, the oldest message's age in seconds, the
+-- depth of the queue's dead-letter queue (NULL without one) and its pause flags.
+-- One pass over the messages of those queues and their dead-letter queues, not
+-- a call per queue.
+CREATE FUNCTION postbox.queue_metrics(max_queues integer DEFAULT 1000)
+RETURNS TABLE (queue_name text, visible bigint, in_flight bigint, delayed bigint,
+               oldest_age_seconds double precision, dead_letter_depth bigint,
+               send_paused boolean, receive_paused boolean)
+LANGUAGE sql STABLE AS $$
+    WITH shown AS (
+        SELECT q.id, q.name, q.dead_letter_queue_id, q.send_paused, q.receive_paused
+        FROM postbox.queues q ORDER BY q.name LIMIT max_queues
+    ), depth AS (
+        SELECT m.queue_id,
+               count(*) FILTER (WHERE m.visible_at <= now() OR m.visible_at = 'infinity') AS visible,
+               count(*) FILTER (WHERE m.visible_at > now() AND m.visible_at <> 'infinity'
+                                      AND m.lease IS NOT NULL) AS in_flight,
+               count(*) FILTER (WHERE m.visible_at > now() AND m.visible_at <> 'infinity'
+                                      AND m.lease IS NULL) AS delayed,
+               min(m.enqueued_at) AS oldest
+        FROM postbox.messages m JOIN postbox.queues q ON q.id = m.queue_id
+        WHERE m.queue_id IN (SELECT id FROM shown UNION SELECT dead_letter_queue_id FROM shown)
+          AND (q.retention IS NULL OR m.enqueued_at >= now() - q.retention)
+        GROUP BY m.queue_id
+    )
+    SELECT s.name, coalesce(d.visible, 0), coalesce(d.in_flight, 0), coalesce(d.delayed, 0),
+           greatest(coalesce(extract(epoch FROM now() - d.oldest), 0), 0)::double precision,
+           CASE WHEN s.dead_letter_queue_id IS NOT NULL
+                THEN coalesce(dl.visible + dl.in_flight + dl.delayed, 0) END,
+           s.send_paused, s.receive_paused
+    FROM shown s
+    LEFT JOIN depth d ON d.queue_id = s.id
+    LEFT JOIN depth dl ON dl.queue_id = s.dead_letter_queue_id
+    ORDER BY s.name
+$$;
+
 -- The message of an attribute check, or NULL when the attribute is valid.
 -- Attributes are jsonb objects {"<name>": {"data_type": "String", "string_value": "..."}}
 -- with "binary_value" (base64) for Binary types, as the API's AttributeValue.

@@ -9,7 +9,7 @@ to what it may read. With no key in the database, every call passes.
 from __future__ import annotations
 
 import inspect
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import grpc
@@ -18,6 +18,7 @@ from server.auth import sigv4
 from server.auth.keys import ApiKey, KeyCache
 from server.auth.rules import ANY_RESOURCE, OPEN_SERVICES, RULES, Rule, resource_of
 from server.errors import ApiError
+from server.interceptors import WrapsEachMethod
 
 # Trailing metadata of an UNAUTHENTICATED call saying why (missing, unknown-key, expired,
 # signature), so the SQS shim can answer with the error AWS would.
@@ -134,28 +135,18 @@ def filter_listed(key: ApiKey, rule: Rule, response: Any) -> Any:
     return response
 
 
-class Authorize(grpc.aio.ServerInterceptor):
-    """Wraps each method's handler once; health and reflection pass untouched."""
+class Authorize(WrapsEachMethod):
+    """Checks the caller's key on every method; health and reflection pass untouched."""
 
     def __init__(self, keys: KeyCache, rules: dict[str, Rule] = RULES) -> None:
+        super().__init__()
         self._keys = keys
         self._rules = rules
-        self._handlers: dict[str, grpc.RpcMethodHandler] = {}
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        method = handler_call_details.method
-        wrapped = self._handlers.get(method)
-        if wrapped is None:
-            handler = await continuation(handler_call_details)
-            if handler is None or method.lstrip("/").split("/")[0] in OPEN_SERVICES:
-                return handler
-            wrapped = self._wrap(handler, self._rules.get(method))
-            self._handlers[method] = wrapped
-        return wrapped
+    def wrap(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
+        if method.lstrip("/").split("/")[0] in OPEN_SERVICES:
+            return handler
+        return self._wrap(handler, self._rules.get(method))
 
     def _check(self, context: grpc.aio.ServicerContext, rule: Rule | None) -> ApiKey | None:
         """The calling key (None while auth is off); raises ApiError for a refused call."""

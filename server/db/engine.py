@@ -15,6 +15,7 @@ import asyncpg
 
 from server.db.errors import translate
 from server.db.sqlfiles import queries
+from server.observability import metrics
 
 Record = asyncpg.Record
 # What a send_batch returns: message ids (decimal, as the API carries them) and
@@ -221,11 +222,13 @@ class Engine:
             options.append(_optional_column(values))
         bodies = [m.body for m in messages]
         row = await self._call("fetchrow", "send_batch", queue, bodies, *options, conn=conn)
+        metrics.count(metrics.MESSAGES_SENT, queue, len(row[1]) - sum(row[1]))
         return row[0], row[1]
 
     async def send_bodies(self, queue: str, bodies: Sequence[bytes]) -> SentBatch:
         """send_batch for messages that are nothing but a body."""
         row = await self._call("fetchrow", "send_batch", queue, bodies, *_NO_OPTIONS)
+        metrics.count(metrics.MESSAGES_SENT, queue, len(row[1]) - sum(row[1]))
         return row[0], row[1]
 
     async def receive(
@@ -235,9 +238,11 @@ class Engine:
         visibility_timeout: timedelta | None,
         scan_from: datetime | None = None,
     ) -> list[Record]:
-        return await self._call(
+        rows = await self._call(
             "fetch", "receive", queue, max_messages, visibility_timeout, scan_from
         )
+        metrics.count(metrics.MESSAGES_RECEIVED, queue, len(rows))
+        return rows
 
     async def next_visible_at(
         self, queue: str, scan_from: datetime | None = None
@@ -255,13 +260,16 @@ class Engine:
 
     async def delete(self, queue: str, receipt: str) -> None:
         await self._call("execute", "delete", queue, receipt)
+        metrics.count(metrics.MESSAGES_DELETED, queue, 1)
 
     async def change_visibility(self, queue: str, receipt: str, timeout: timedelta) -> None:
         await self._call("execute", "change_visibility", queue, receipt, timeout)
 
     async def delete_batch(self, queue: str, receipts: Sequence[str]) -> list[str]:
         rows = await self._call("fetch", "delete_batch", queue, receipts)
-        return [row[0] for row in rows]
+        outcomes = [row[0] for row in rows]
+        metrics.count(metrics.MESSAGES_DELETED, queue, outcomes.count("ok"))
+        return outcomes
 
     async def change_visibility_batch(
         self, queue: str, receipts: Sequence[str], timeouts: Sequence[timedelta]
@@ -273,11 +281,14 @@ class Engine:
         self, queue: str, receipt: str, delay: timedelta | None, error: str | None
     ) -> None:
         await self._call("execute", "nack", queue, receipt, delay, error)
+        metrics.count(metrics.MESSAGES_NACKED, queue, 1)
 
     async def nack_batch(self, queue: str, receipts: Sequence[str]) -> list[str]:
         """Gives messages back after the queue's retry backoff; an outcome per receipt."""
         rows = await self._call("fetch", "nack_batch", queue, receipts)
-        return [row[0] for row in rows]
+        outcomes = [row[0] for row in rows]
+        metrics.count(metrics.MESSAGES_NACKED, queue, outcomes.count("ok"))
+        return outcomes
 
     async def peek_messages(
         self, queue: str, state: str | None, after_id: int, page_size: int
@@ -450,7 +461,14 @@ class Engine:
         return await self._call("fetchval", "run_redrives", batch_size)
 
     async def expire_messages(self, batch_size: int) -> int:
-        return await self._call("fetchval", "expire_messages", batch_size)
+        expired = await self._call("fetchval", "expire_messages", batch_size)
+        if expired:
+            metrics.MESSAGES_EXPIRED.inc(expired)
+        return expired
+
+    async def queue_metrics(self, max_queues: int) -> list[Record]:
+        """Depth figures of the first max_queues queues by name (postbox.queue_metrics)."""
+        return await self._call("fetch", "queue_metrics", max_queues)
 
     async def expire_records(self, batch_size: int) -> int:
         return await self._call("fetchval", "expire_records", batch_size)

@@ -28,6 +28,7 @@ import grpc
 from server.db.engine import Engine, OutgoingMessage
 from server.db.errors import translate
 from server.errors import ApiError
+from server.observability import metrics
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +113,7 @@ class GroupCommit:
             task.add_done_callback(self._tasks.discard)
 
     async def _commit(self, group: list[_Waiting]) -> None:
+        metrics.GROUP_COMMIT_SIZE.observe(len(group))
         try:
             outcomes = await self._run(group)
         except Exception as exc:

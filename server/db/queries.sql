@@ -230,3 +230,6 @@ SELECT * FROM postbox.update_key($1, $2, $3, $4, $5)
 
 -- name: delete_key
 SELECT postbox.delete_key($1)
+
+-- name: queue_metrics
+SELECT * FROM postbox.queue_metrics($1)

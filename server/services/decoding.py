@@ -17,6 +17,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from server.errors import invalid
+from server.interceptors import WrapsEachMethod
 
 
 class _Undecodable:
@@ -83,29 +84,10 @@ def _guard_requests(
     return stream
 
 
-class RejectUndecodable(grpc.aio.ServerInterceptor):
-    """Answers undecodable requests with INVALID_ARGUMENT; handlers are wrapped once per method."""
+class RejectUndecodable(WrapsEachMethod):
+    """Answers undecodable requests with INVALID_ARGUMENT."""
 
-    def __init__(self) -> None:
-        self._handlers: dict[str, grpc.RpcMethodHandler] = {}
-
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        method = handler_call_details.method
-        wrapped = self._handlers.get(method)
-        if wrapped is None:
-            wrapped = self._wrap(await continuation(handler_call_details))
-            if wrapped is not None:  # unknown methods are not remembered: callers choose them
-                self._handlers[method] = wrapped
-        return wrapped  # type: ignore[return-value]
-
-    @staticmethod
-    def _wrap(handler: grpc.RpcMethodHandler | None) -> grpc.RpcMethodHandler | None:
-        if handler is None:
-            return handler
+    def wrap(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
         deserialize = _tolerant(handler.request_deserializer)
         if handler.request_streaming:
             if handler.stream_stream is None:  # no client-streaming methods exist

@@ -20,6 +20,7 @@ from datetime import datetime, timezone
 
 from server.db.engine import Engine
 from server.errors import ApiError
+from server.observability import metrics
 from server.scheduling import next_fire_after_fire
 from server.workers import OutageLog
 
@@ -54,6 +55,7 @@ class SchedulerWorker:
             try:
                 fired = await self.engine.fire_due_schedules(self.batch_size, next_fire_after_fire)
                 for row, error, webhook_deliveries in fired:
+                    metrics.SCHEDULE_FIRES.labels("failed" if error else "fired").inc()
                     if error is not None:
                         log.warning("schedule %r did not fire: %s", row["name"], error)
                     if webhook_deliveries:

@@ -26,6 +26,7 @@ import aiohttp
 from server import webhooks
 from server.db.engine import Engine, Record
 from server.errors import ApiError
+from server.observability import metrics
 from server.workers import OutageLog
 
 log = logging.getLogger(__name__)
@@ -117,6 +118,7 @@ class WebhookWorker:
             # The lease runs out and the delivery is attempted again.
             log.warning("could not record a webhook attempt: %s", failure.message)
             return
+        metrics.WEBHOOK_DELIVERIES.labels(outcome).inc()
         if outcome == "failed":
             log.warning(
                 "webhook delivery %s to subscription %r of topic %r failed after %d attempts: %s",

@@ -1,0 +1,220 @@
+"""Prometheus metrics through the real server: gRPC calls, message flow, queue depths, workers."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import urllib.request
+from collections.abc import Iterator
+
+import grpc
+import pytest
+from postbox.v1 import message_service_pb2 as pb
+from postbox.v1 import message_service_pb2_grpc, queue_service_pb2_grpc
+from postbox.v1 import queue_service_pb2 as qpb
+from prometheus_client.parser import text_string_to_metric_families
+from support import ServerProcess, free_port, seconds, unique_name
+
+
+class MetricsServer:
+    def __init__(self, database_url: str, *args: str) -> None:
+        self.metrics_port = free_port()
+        self.process = ServerProcess(
+            database_url, "--metrics-port", str(self.metrics_port), "--metrics-host", "127.0.0.1",
+            *args,
+        )  # fmt: skip
+
+    def scrape(self) -> dict[tuple[str, frozenset], float]:
+        """Every sample, by name and labels."""
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as response:
+            assert response.headers["Content-Type"].startswith("text/plain")
+            text = response.read().decode()
+        return {
+            (sample.name, frozenset(sample.labels.items())): sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+        }
+
+
+def value(samples: dict, name: str, **labels: str) -> float:
+    return samples.get((name, frozenset(labels.items())), 0.0)
+
+
+@contextlib.contextmanager
+def running(server: MetricsServer) -> Iterator[MetricsServer]:
+    server.process.start()
+    try:
+        yield server
+    finally:
+        server.process.stop()
+
+
+@pytest.fixture(scope="module")
+def observed(database_url: str) -> Iterator[MetricsServer]:
+    with running(MetricsServer(database_url, "--metrics-max-queues", "5000")) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def stubs(observed: MetricsServer):
+    with grpc.insecure_channel(observed.process.target) as channel:
+        yield (
+            queue_service_pb2_grpc.QueueServiceStub(channel),
+            message_service_pb2_grpc.MessageServiceStub(channel),
+        )
+
+
+def test_rpcs_and_messages_are_counted_by_method_code_and_queue(observed, stubs):
+    queues, messages = stubs
+    name = unique_name("metrics_flow")
+    queues.CreateQueue(qpb.CreateQueueRequest(queue=qpb.Queue(name=name)))
+    before = observed.scrape()
+    messages.Send(pb.SendRequest(queue=name, body=b"one"))
+    messages.SendBatch(pb.SendBatchRequest(queue=name, entries=[pb.SendBatchEntry(body=b"x")] * 4))
+    received = [
+        m
+        for batch in messages.Receive(
+            pb.ReceiveRequest(queue=name, max_messages=10, wait_time=seconds(0))
+        )
+        for m in batch.messages
+    ]
+    assert len(received) == 5
+    messages.DeleteBatch(
+        pb.DeleteBatchRequest(queue=name, receipts=[m.receipt for m in received[:3]])
+    )
+    with pytest.raises(grpc.RpcError) as missing:
+        messages.Send(pb.SendRequest(queue=unique_name("metrics_missing"), body=b"x"))
+    assert missing.value.code() == grpc.StatusCode.NOT_FOUND
+    after = observed.scrape()
+
+    def grew(name_: str, **labels: str) -> float:
+        return value(after, name_, **labels) - value(before, name_, **labels)
+
+    send = {
+        "grpc_type": "unary",
+        "grpc_service": "postbox.v1.MessageService",
+        "grpc_method": "Send",
+    }
+    assert grew("grpc_server_started_total", **send) == 2
+    assert grew("grpc_server_handled_total", **send, grpc_code="OK") == 1
+    assert grew("grpc_server_handled_total", **send, grpc_code="NOT_FOUND") == 1
+    assert grew("grpc_server_handling_seconds_count", **send) == 2
+    receive = {
+        "grpc_type": "server_stream",
+        "grpc_service": "postbox.v1.MessageService",
+        "grpc_method": "Receive",
+    }
+    assert grew("grpc_server_handled_total", **receive, grpc_code="OK") == 1
+    assert grew("postbox_messages_sent_total", queue=name) == 5
+    assert grew("postbox_messages_received_total", queue=name) == 5
+    assert grew("postbox_messages_deleted_total", queue=name) == 3
+    assert grew("postbox_group_commit_batch_size_count") >= 1  # the single Send went through it
+    # Depths come from the database at scrape time: 2 in flight, none visible.
+    assert value(after, "postbox_queue_messages_in_flight", queue=name) == 2
+    assert value(after, "postbox_queue_messages_visible", queue=name) == 0
+    assert value(after, "postbox_queue_paused", queue=name) == 0
+    assert value(after, "postbox_db_pool_connections", state="idle") >= 1
+
+
+def test_queue_depths_include_the_dead_letter_queue_and_oldest_age(observed, stubs):
+    queues, messages = stubs
+    dlq, source = unique_name("metrics_dlq"), unique_name("metrics_src")
+    queues.CreateQueue(qpb.CreateQueueRequest(queue=qpb.Queue(name=dlq)))
+    queues.CreateQueue(
+        qpb.CreateQueueRequest(
+            queue=qpb.Queue(
+                name=source,
+                dead_letter_policy=qpb.DeadLetterPolicy(dead_letter_queue=dlq, max_receive_count=1),
+            )
+        )
+    )
+    messages.Send(pb.SendRequest(queue=dlq, body=b"dead"))
+    messages.Send(pb.SendRequest(queue=source, body=b"later", delay=seconds(300)))
+    started = time.monotonic()
+    samples = observed.scrape()
+    assert value(samples, "postbox_queue_dead_letter_messages", queue=source) == 1
+    # A queue without a dead-letter queue has no such series.
+    assert ("postbox_queue_dead_letter_messages", frozenset({("queue", dlq)})) not in samples
+    assert value(samples, "postbox_queue_messages_delayed", queue=source) == 1
+    age = value(samples, "postbox_queue_oldest_message_age_seconds", queue=dlq)
+    assert 0 <= age <= time.monotonic() - started + 60
+
+
+def test_open_streams_are_counted_while_they_wait(observed, stubs):
+    queues, messages = stubs
+    name = unique_name("metrics_streams")
+    queues.CreateQueue(qpb.CreateQueueRequest(queue=qpb.Queue(name=name)))
+    before = value(observed.scrape(), "postbox_open_streams")
+    call = messages.Receive(pb.ReceiveRequest(queue=name, wait_time=seconds(20)))
+    try:
+        deadline = time.monotonic() + 10
+        while value(observed.scrape(), "postbox_open_streams") < before + 1:
+            assert time.monotonic() < deadline, "the waiting stream was never counted"
+            time.sleep(0.05)
+    finally:
+        call.cancel()
+    deadline = time.monotonic() + 10
+    while value(observed.scrape(), "postbox_open_streams") > before:
+        assert time.monotonic() < deadline, "the cancelled stream stayed counted"
+        time.sleep(0.05)
+
+
+def test_queues_shown_are_capped_in_one_scrape(database_url):
+    with running(MetricsServer(database_url, "--metrics-max-queues", "3")) as server:
+        samples = server.scrape()
+        shown = {
+            dict(labels)["queue"]
+            for (name, labels) in samples
+            if name == "postbox_queue_messages_visible"
+        }
+        assert len(shown) == 3
+        assert value(samples, "postbox_queues_omitted") == 1  # other tests' queues exist
+
+
+def test_workers_are_scraped_as_one(database_url):
+    grpc_port = free_port()
+    server = MetricsServer(database_url, "--workers", "2")
+    server.process.port = grpc_port
+    with running(server):
+        name = unique_name("metrics_workers")
+        # Channels of their own: SO_REUSEPORT spreads connections, not calls.
+        channels = [grpc.insecure_channel(server.process.target) for _ in range(8)]
+        try:
+            queue_service_pb2_grpc.QueueServiceStub(channels[0]).CreateQueue(
+                qpb.CreateQueueRequest(queue=qpb.Queue(name=name))
+            )
+            for channel in channels:
+                message_service_pb2_grpc.MessageServiceStub(channel).Send(
+                    pb.SendRequest(queue=name, body=b"x")
+                )
+        finally:
+            for channel in channels:
+                channel.close()
+        samples = server.scrape()
+        assert value(samples, "postbox_messages_sent_total", queue=name) == 8
+        assert value(samples, "postbox_queue_messages_visible", queue=name) == 8
+
+
+def test_the_grafana_dashboard_asks_only_for_families_the_server_serves(observed, stubs):
+    import json
+    import re
+    from pathlib import Path
+
+    import server.observability
+
+    dashboard = Path(server.observability.__file__).parent / "grafana-dashboard.json"
+    panels = json.loads(dashboard.read_text())["panels"]
+    asked = {
+        name
+        for panel in panels
+        for target in panel["targets"]
+        for name in re.findall(r"\b(?:grpc_server|postbox)_[a-z_]+", target["expr"])
+    }
+    url = f"http://127.0.0.1:{observed.metrics_port}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as response:
+        # Every family is declared, with or without samples yet.
+        served = set(re.findall(r"^# TYPE (\S+) ", response.read().decode(), re.MULTILINE))
+    histogram_parts = re.compile(r"_(bucket|sum|count)$")
+    unknown = {name for name in asked if histogram_parts.sub("", name) not in served}
+    assert not unknown, unknown

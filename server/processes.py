@@ -40,9 +40,10 @@ def _check_port_free(host: str, port: int) -> None:
             raise OSError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
 
 
-def worker_command(settings: Settings, dsn: str, log_level: str) -> list[str]:
+def worker_command(settings: Settings, dsn: str, log_level: str, log_format: str) -> list[str]:
     return [
-        sys.executable, "-m", "server", "--log-level", log_level, "serve",
+        sys.executable, "-m", "server", "--log-level", log_level, "--log-format", log_format,
+        "serve",
         "--database-url", dsn,
         "--grpc-host", settings.grpc_host,
         "--grpc-port", str(settings.grpc_port),
@@ -56,7 +57,9 @@ def worker_command(settings: Settings, dsn: str, log_level: str) -> list[str]:
     ]  # fmt: skip
 
 
-async def serve_workers(settings: Settings, workers: int, log_level: str) -> int:
+async def serve_workers(
+    settings: Settings, workers: int, log_level: str, log_format: str = "text"
+) -> int:
     """Runs `workers` server processes until SIGINT/SIGTERM or until one of them exits."""
     if settings.grpc_port == 0:
         raise ValueError("--workers needs a fixed --grpc-port for the workers to share")
@@ -81,7 +84,7 @@ async def serve_workers(settings: Settings, workers: int, log_level: str) -> int
                     exposition, engine, settings.metrics_max_queues, multiprocess_dir=metrics_dir
                 ),
             )
-        command = worker_command(settings, dsn, log_level)
+        command = worker_command(settings, dsn, log_level, log_format)
         for _ in range(workers):
             processes.append(await asyncio.create_subprocess_exec(*command, env=environment))
         log.info("started %d workers on port %d", workers, settings.grpc_port)

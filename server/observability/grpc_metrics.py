@@ -10,6 +10,7 @@ from typing import Any
 import grpc
 
 from server.interceptors import WrapsEachMethod
+from server.observability.logs import CURRENT_RPC
 from server.observability.metrics import GRPC_HANDLED, GRPC_SECONDS, GRPC_STARTED, OPEN_STREAMS
 
 
@@ -58,6 +59,7 @@ def _counted(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandl
 
     async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
         begun, error = begin(), None
+        CURRENT_RPC.set(method)
         try:
             return await handler.unary_unary(request, context)
         except BaseException as exc:
@@ -68,6 +70,7 @@ def _counted(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandl
 
     async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         begun, error = begin(), None
+        CURRENT_RPC.set(method)
         try:
             if handler.request_streaming:
                 responses = handler.stream_stream(request, context)

@@ -1,9 +1,11 @@
-"""The shape every server interceptor shares: wrap a method's handler once, reuse it."""
+"""What every server interceptor shares: wrap a method's handler once; relay its stream."""
 
 from __future__ import annotations
 
 import abc
-from collections.abc import Awaitable, Callable
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import grpc
 
@@ -35,3 +37,15 @@ class WrapsEachMethod(grpc.aio.ServerInterceptor, abc.ABC):
     @abc.abstractmethod
     def wrap(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
         """The handler to use for `method` from now on."""
+
+
+async def relay(responses: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    """Yields a wrapped streaming handler's responses.
+
+    When the call ends early (cancelled, the client gone), the wrapped generator is
+    closed at once, so its own cleanup (releasing messages it claimed) runs now rather
+    than whenever the garbage collector reaches it.
+    """
+    async with contextlib.aclosing(responses) as inner:  # type: ignore[type-var]
+        async for response in inner:
+            yield response

@@ -18,7 +18,7 @@ from server.auth import sigv4
 from server.auth.keys import ApiKey, KeyCache
 from server.auth.rules import ANY_RESOURCE, OPEN_SERVICES, RULES, Rule, resource_of
 from server.errors import ApiError
-from server.interceptors import WrapsEachMethod
+from server.interceptors import WrapsEachMethod, relay
 
 # Trailing metadata of an UNAUTHENTICATED call saying why (missing, unknown-key, expired,
 # signature), so the SQS shim can answer with the error AWS would.
@@ -187,7 +187,7 @@ class Authorize(WrapsEachMethod):
 
         async def server_stream(request: Any, context: grpc.aio.ServicerContext) -> Any:
             await admit(request, context)
-            async for response in handler.unary_stream(request, context):
+            async for response in relay(handler.unary_stream(request, context)):
                 yield response
 
         async def server_stream_writes(request: Any, context: grpc.aio.ServicerContext) -> None:
@@ -207,7 +207,7 @@ class Authorize(WrapsEachMethod):
                         authorize(key, rule, request)  # type: ignore[arg-type]
                     yield request
 
-            async for response in handler.stream_stream(checked(), context):
+            async for response in relay(handler.stream_stream(checked(), context)):
                 yield response
 
         if handler.request_streaming and handler.response_streaming:

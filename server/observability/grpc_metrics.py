@@ -9,7 +9,7 @@ from typing import Any
 
 import grpc
 
-from server.interceptors import WrapsEachMethod
+from server.interceptors import WrapsEachMethod, relay
 from server.observability.logs import CURRENT_RPC
 from server.observability.metrics import GRPC_HANDLED, GRPC_SECONDS, GRPC_STARTED, OPEN_STREAMS
 
@@ -77,7 +77,7 @@ def _counted(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandl
             else:
                 responses = handler.unary_stream(request, context)
             if hasattr(responses, "__aiter__"):
-                async for response in responses:
+                async for response in relay(responses):
                     yield response
             else:  # a coroutine that writes with context.write
                 await responses

@@ -17,7 +17,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from server.errors import invalid
-from server.interceptors import WrapsEachMethod
+from server.interceptors import WrapsEachMethod, relay
 
 
 class _Undecodable:
@@ -59,7 +59,7 @@ def _guard_stream(behavior: Callable[..., AsyncIterator[Any]]) -> Callable[..., 
     async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         if isinstance(request, _Undecodable):
             await _refuse(request, context)
-        async for response in behavior(request, context):
+        async for response in relay(behavior(request, context)):
             yield response
 
     return stream
@@ -78,7 +78,7 @@ def _guard_requests(
             yield request
 
     async def stream(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> Any:
-        async for response in behavior(checked(requests), context):
+        async for response in relay(behavior(checked(requests), context)):
             yield response
 
     return stream

@@ -32,7 +32,7 @@ from server.db.engine import Engine, application_name
 from server.db.migrate import format_version, migrate
 from server.embedded import EmbeddedPostgres
 from server.errors import ApiError
-from server.observability import metrics
+from server.observability import metrics, tracing
 from server.observability.grpc_metrics import CountCalls
 from server.observability.metrics import serve_metrics
 from server.services.access import AccessService
@@ -155,6 +155,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     stop = stop or asyncio.Event()
     stop_on_signals(stop)
     dsn, embedded = await open_database(settings)
+    tracing.configure("postbox")
     engine = hub = server = health_servicer = keys = metrics_runner = None
     tasks: list[asyncio.Task[None]] = []
     try:
@@ -169,7 +170,12 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         server = grpc.aio.server(
             # Authentication first: an anonymous caller learns nothing, not even decoding errors.
             # Counting first, so that refused calls are counted too.
-            interceptors=[CountCalls(), Authorize(keys), RejectUndecodable()],
+            interceptors=[
+                CountCalls(),
+                *tracing.server_interceptors(),
+                Authorize(keys),
+                RejectUndecodable(),
+            ],
             options=grpc_options(settings, reuse_port=settings.reuse_port),
         )
         queue_service_pb2_grpc.add_QueueServiceServicer_to_server(
@@ -244,4 +250,5 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
             await keys.close()
         if embedded is not None:
             await asyncio.to_thread(embedded.stop)
+        tracing.shutdown()
         log.info("stopped")

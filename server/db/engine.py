@@ -15,7 +15,7 @@ import asyncpg
 
 from server.db.errors import translate
 from server.db.sqlfiles import queries
-from server.observability import metrics
+from server.observability import metrics, tracing
 
 Record = asyncpg.Record
 # What a send_batch returns: message ids (decimal, as the API carries them) and
@@ -138,7 +138,8 @@ class Engine:
         self, method: str, name: str, *args: Any, conn: asyncpg.Connection | None = None
     ) -> Any:
         try:
-            return await getattr(conn or self.pool, method)(self._sql[name], *args)
+            with tracing.engine_span(name):
+                return await getattr(conn or self.pool, method)(self._sql[name], *args)
         except Exception as exc:
             raise translate(exc) from exc
 

@@ -14,6 +14,7 @@ from postbox.v1 import message_service_pb2 as pb
 from server.db.engine import Engine
 from server.db.group_commit import GroupCommit
 from server.errors import ApiError, invalid
+from server.observability import tracing
 from server.services import convert
 from server.services.claims import Claims
 from server.services.prefetch import Prefetch
@@ -57,6 +58,7 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
         self, request: pb.SendRequest, context: grpc.aio.ServicerContext
     ) -> pb.SendResponse:
         outgoing = convert.outgoing(request, self.max_message_size)
+        outgoing.attributes = tracing.stamp(outgoing.attributes)
         message_id, duplicate = await self.sends.send(request.queue, outgoing)
         self.hub.wake(request.queue)
         return pb.SendResponse(message_id=message_id, duplicate=duplicate)
@@ -65,7 +67,9 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
     async def SendBatch(
         self, request: pb.SendBatchRequest, context: grpc.aio.ServicerContext
     ) -> pb.SendBatchResponse:
-        bodies = convert.plain_bodies(request, self.max_message_size)
+        # With tracing on, every message takes the producer's context along.
+        traced = tracing.enabled()
+        bodies = None if traced else convert.plain_bodies(request, self.max_message_size)
         if bodies is not None:  # most batches
             ids, duplicates = await self.engine.send_bodies(request.queue, bodies)
         else:
@@ -75,6 +79,8 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
                     outgoing.append(convert.outgoing(entry, self.max_message_size))
                 except ApiError as error:
                     raise invalid(f"entry {index}: {error.message}") from None
+                if traced:
+                    outgoing[-1].attributes = tracing.stamp(outgoing[-1].attributes)
             ids, duplicates = await self.engine.send_batch(request.queue, outgoing)
         self.hub.wake(request.queue)
         return pb.SendBatchResponse(message_ids=ids, duplicates=duplicates)
@@ -123,8 +129,10 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
                     continue
             first_poll = False
             if rows:
+                batch = [convert.message(row) for row in rows]
+                tracing.delivered(queue, batch)
                 try:
-                    yield pb.ReceiveResponse(messages=[convert.message(row) for row in rows])
+                    yield pb.ReceiveResponse(messages=batch)
                 except BaseException:
                     # The stream died with this batch in hand: it never reached the client.
                     await self.claims.release(queue, rows)

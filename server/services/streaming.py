@@ -28,6 +28,7 @@ from postbox.v1 import message_service_pb2 as pb
 
 from server.db.engine import Engine
 from server.errors import ApiError, invalid
+from server.observability import tracing
 from server.services import convert
 from server.services.claims import Claims
 from server.services.prefetch import Prefetch
@@ -178,10 +179,10 @@ class StreamingReceive:
                 receipts = [row["receipt"] for row in rows]
                 # Counted before the client can settle them.
                 self.outstanding.delivered(receipts, lease)
+                batch = [convert.message(row) for row in rows]
+                tracing.delivered(queue, batch)
                 try:
-                    yield pb.StreamingReceiveResponse(
-                        messages=[convert.message(row) for row in rows]
-                    )
+                    yield pb.StreamingReceiveResponse(messages=batch)
                 except BaseException:
                     self.registry.settled(receipts)
                     await self.claims.release(queue, rows)

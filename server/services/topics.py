@@ -12,6 +12,7 @@ from postbox.v1 import topic_service_pb2_grpc
 from server import webhooks
 from server.db.engine import Engine, OutgoingPublish, Record
 from server.errors import ApiError, invalid
+from server.observability import tracing
 from server.services import convert
 from server.services.queues import (
     decode_id_page_token,
@@ -79,7 +80,7 @@ def _outgoing(entry: Any, max_message_size: int) -> OutgoingPublish:
     return OutgoingPublish(
         body=entry.body,
         routing_key=entry.routing_key,
-        attributes=convert.attributes_json(entry.attributes),
+        attributes=tracing.stamp(convert.attributes_json(entry.attributes)),
         ordering_key=entry.ordering_key or None,
         deduplication_id=entry.deduplication_id or None,
     )

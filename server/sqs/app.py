@@ -16,6 +16,7 @@ from postbox.v1.queue_service_pb2 import ListQueuesRequest
 from server.auth.client import bearer_metadata
 from server.auth.interceptor import SIGV4_REQUIRED_METADATA
 from server.config import is_loopback
+from server.observability import tracing
 from server.sqs import jsonproto, query, shapes
 from server.sqs.actions import HANDLERS, Call
 from server.sqs.backend import CALLER, Backend
@@ -249,6 +250,7 @@ async def serve(settings: ShimSettings, stop: asyncio.Event | None = None) -> No
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
+    tracing.configure("postbox-sqs")
     backend = Backend(settings.grpc_target, settings.grpc_timeout)
     if not settings.credentials:
         try:
@@ -278,4 +280,5 @@ async def serve(settings: ShimSettings, stop: asyncio.Event | None = None) -> No
     finally:
         await runner.cleanup()
         await backend.close()
+        tracing.shutdown()
         log.info("stopped")

@@ -26,7 +26,7 @@ import aiohttp
 from server import webhooks
 from server.db.engine import Engine, Record
 from server.errors import ApiError
-from server.observability import metrics
+from server.observability import metrics, tracing
 from server.workers import OutageLog
 
 log = logging.getLogger(__name__)
@@ -133,6 +133,7 @@ class WebhookWorker:
         body = webhooks.envelope(delivery)
         webhook_id = webhooks.delivery_id(delivery["publish_id"], delivery["delivery_id"])
         headers = webhooks.headers(delivery["secret"], webhook_id, int(time.time()), body)
+        headers.update(tracing.traceparent_header(delivery["attributes"]))
         seconds = delivery["timeout"].total_seconds()
         request: dict[str, Any] = {
             "data": body,

@@ -8,6 +8,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from postbox.v1 import message_pb2
 from postbox.v1 import message_service_pb2 as pb
 
+from server.observability import tracing
 from server.sqs import md5, message_attributes, naming, receipts
 from server.sqs.actions.base import Call, Result, action
 from server.sqs.actions.send import sequence_number
@@ -115,9 +116,7 @@ async def receive_message(call: Call) -> Result:
     responses = await call.backend.stream(
         call.backend.messages.Receive, request, timeout=longest_wait + call.settings.grpc_timeout
     )
-    messages = [
-        as_sqs(call, queue, message, system)
-        for response in responses
-        for message in response.messages
-    ]
+    delivered = [message for response in responses for message in response.messages]
+    tracing.delivered(queue, delivered)
+    messages = [as_sqs(call, queue, message, system) for message in delivered]
     return {"Messages": messages} if messages else {}

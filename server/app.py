@@ -158,13 +158,19 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     tracing.configure("postbox")
     engine = hub = server = health_servicer = keys = metrics_runner = None
     tasks: list[asyncio.Task[None]] = []
+    # Sessions of their own (LISTEN, the migration) need a direct connection.
+    direct_dsn = settings.listen_database_url or dsn
     try:
-        await install_engine(dsn)
-        keys = KeyCache(dsn)
+        await install_engine(direct_dsn)
+        keys = KeyCache(direct_dsn)
         await keys.start()
         refuse_anonymous_exposure(settings.grpc_host, keys, settings.insecure_allow_anonymous)
-        engine = await Engine.connect(dsn, pool_size=settings.pool_size)
-        hub = WakeHub(dsn, safety_interval=settings.safety_poll_interval)
+        engine = await Engine.connect(
+            dsn,
+            pool_size=settings.pool_size,
+            transaction_pooler=settings.listen_database_url is not None,
+        )
+        hub = WakeHub(direct_dsn, safety_interval=settings.safety_poll_interval)
         await hub.start()
 
         server = grpc.aio.server(

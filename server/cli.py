@@ -29,6 +29,7 @@ def _serve(args: argparse.Namespace) -> int:
     settings = Settings(
         # An empty DATABASE_URL (as compose files and shells leave it) means unset.
         database_url=args.database_url or None,
+        listen_database_url=args.listen_database_url or None,
         data_dir=args.data_dir,
         grpc_host=args.grpc_host,
         grpc_port=args.grpc_port,
@@ -230,6 +231,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--database-url",
         default=os.environ.get("DATABASE_URL"),
         help="PostgreSQL URL (default: $DATABASE_URL; unset or empty: an embedded PostgreSQL)",
+    )
+    serve.add_argument(
+        "--listen-database-url",
+        default=os.environ.get("POSTBOX_LISTEN_DATABASE_URL"),
+        help="a direct PostgreSQL URL for LISTEN and migrations, when --database-url is a "
+        "transaction pooler such as PgBouncer with pool_mode=transaction (default: "
+        "$POSTBOX_LISTEN_DATABASE_URL; unset: --database-url is a direct connection)",
     )
     serve.add_argument(
         "--data-dir",

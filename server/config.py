@@ -22,6 +22,9 @@ REQUEST_ENVELOPE = MIB
 class Settings:
     # None: start an embedded PostgreSQL in data_dir.
     database_url: str | None = None
+    # A direct connection for LISTEN and migrations, when database_url is a transaction
+    # pooler (PgBouncer's pool_mode=transaction): the pool then prepares no named statements.
+    listen_database_url: str | None = None
     data_dir: Path = field(default_factory=default_data_dir)
     # Loopback only (127.0.0.1 and ::1): reaching the network is a choice.
     grpc_host: str = "localhost"

@@ -69,14 +69,19 @@ async def serve_workers(
     dsn, embedded = await open_database(settings)
     processes: list[asyncio.subprocess.Process] = []
     metrics_dir = metrics_runner = engine = None
-    environment = None
     try:
-        await install_engine(dsn)  # once, before the workers race for it
+        await install_engine(settings.listen_database_url or dsn)  # once, before the workers race
+        environment = dict(os.environ)
+        if settings.listen_database_url is not None:
+            # In the environment, not on the command line, where `ps` shows it.
+            environment["POSTBOX_LISTEN_DATABASE_URL"] = settings.listen_database_url
         if settings.metrics_port is not None:
             # The workers count into files here; this process serves them all as one.
             metrics_dir = tempfile.mkdtemp(prefix="postbox-metrics-")
-            environment = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": metrics_dir}
-            engine = await Engine.connect(dsn, pool_size=1)
+            environment["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
+            engine = await Engine.connect(
+                dsn, pool_size=1, transaction_pooler=settings.listen_database_url is not None
+            )
             metrics_runner = await serve_metrics(
                 settings.metrics_host,
                 settings.metrics_port,

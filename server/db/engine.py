@@ -118,7 +118,12 @@ class Engine:
         self._sql = queries()
 
     @classmethod
-    async def connect(cls, dsn: str, *, pool_size: int = 10) -> Engine:
+    async def connect(
+        cls, dsn: str, *, pool_size: int = 10, transaction_pooler: bool = False
+    ) -> Engine:
+        """A pool on `dsn`. Behind a transaction pooler, consecutive calls of one pool
+        connection may reach different server connections, where a named prepared
+        statement does not exist: asyncpg then prepares unnamed ones, per call."""
         try:
             pool = await asyncpg.create_pool(
                 dsn,
@@ -126,6 +131,7 @@ class Engine:
                 max_size=pool_size,
                 server_settings={"application_name": application_name()},
                 reset=_keep_session,
+                statement_cache_size=0 if transaction_pooler else 100,
             )
         except Exception as exc:
             raise translate(exc) from exc

@@ -1,0 +1,151 @@
+"""PostgreSQL servers and a PgBouncer of a test's own, from Debian's packages.
+
+The failover and PgBouncer tests stop, promote and kill servers, so they run their
+own on loopback ports in a temporary directory, whatever POSTBOX_TEST_DATABASE_URL
+says. PostgreSQL and PgBouncer refuse to run as root: as root (CI), they run as the
+`postgres` user that the Debian packages create. `.ci/run` installs both packages.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from support import eventually, free_port
+
+PG_BIN = Path("/usr/lib/postgresql/15/bin")
+PGBOUNCER = Path("/usr/sbin/pgbouncer")
+
+
+def _as_owner(command: list[str]) -> list[str]:
+    # runuser rather than subprocess's user=: that forks without exec in a process
+    # with gRPC threads, whose fork handlers can crash the child.
+    return ["runuser", "-u", "postgres", "--", *command] if os.geteuid() == 0 else command
+
+
+def _run(command: list[str], timeout: float = 60) -> str:
+    done = subprocess.run(_as_owner(command), capture_output=True, text=True, timeout=timeout)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} failed:\n{done.stdout}\n{done.stderr}")
+    return done.stdout
+
+
+def scratch_directory(prefix: str) -> Path:
+    """A temporary directory the servers' user may write."""
+    directory = Path(tempfile.mkdtemp(prefix=prefix))
+    if os.geteuid() == 0:
+        shutil.chown(directory, "postgres", "postgres")
+    return directory
+
+
+class Postgres:
+    """One PostgreSQL 15 server on a loopback port, trust auth, fsync on."""
+
+    def __init__(self, data: Path, port: int | None = None) -> None:
+        self.data = data
+        self.port = port or free_port()
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def url(self, database: str = "postgres") -> str:
+        return f"postgresql://postgres@{self.address}/{database}"
+
+    def initdb(self, *settings: str) -> Postgres:
+        # --no-sync: initdb's own files need no flush for a test; the server keeps fsync on.
+        _run([str(PG_BIN / "initdb"), "-D", str(self.data), "-U", "postgres",
+              "--auth=trust", "--no-sync", "--no-instructions"])  # fmt: skip
+        self.configure(
+            "listen_addresses = '127.0.0.1'",
+            "unix_socket_directories = ''",
+            "shared_buffers = 16MB",
+            "max_connections = 60",
+            "wal_level = replica",
+            "max_wal_senders = 4",
+            *settings,
+        )
+        return self
+
+    def configure(self, *lines: str) -> None:
+        """Appends to postgresql.conf (the last setting of a name wins)."""
+        with (self.data / "postgresql.conf").open("a") as conf:
+            conf.write("".join(f"{line}\n" for line in lines))
+
+    def base_backup_to(self, data: Path) -> Postgres:
+        """A standby of this server: pg_basebackup with -R (primary_conninfo, standby.signal)."""
+        _run([str(PG_BIN / "pg_basebackup"), "-D", str(data), "-d", self.url(),
+              "-R", "-X", "stream", "-c", "fast", "--no-sync"])  # fmt: skip
+        return Postgres(data)
+
+    def _pg_ctl(self, *args: str) -> None:
+        _run([str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-w", *args])
+
+    def start(self) -> Postgres:
+        self._pg_ctl("-o", f"-p {self.port}", "-l", str(self.data / "server.log"), "start")
+        return self
+
+    def stop(self, mode: str = "fast") -> None:
+        self._pg_ctl("-m", mode, "stop")
+
+    def stop_if_running(self) -> None:
+        if (self.data / "postmaster.pid").exists():
+            self._pg_ctl("-m", "immediate", "stop")
+
+    def promote(self) -> None:
+        self._pg_ctl("promote")
+
+    def sql(self, statement: str, database: str = "postgres") -> str:
+        return _run(
+            [str(PG_BIN / "psql"), "-X", "-A", "-t", "-v", "ON_ERROR_STOP=1",
+             "-d", self.url(database), "-c", statement],
+            timeout=30,
+        ).strip()  # fmt: skip
+
+
+class PgBouncer:
+    """Debian's PgBouncer in transaction mode, in front of one PostgreSQL."""
+
+    def __init__(self, directory: Path, backend: Postgres, pool_size: int = 4) -> None:
+        self.directory = directory
+        self.port = free_port()
+        (directory / "users.txt").write_text('"postgres" ""\n')
+        (directory / "pgbouncer.ini").write_text(
+            "[databases]\n"
+            f"* = host=127.0.0.1 port={backend.port}\n"
+            "[pgbouncer]\n"
+            "listen_addr = 127.0.0.1\n"
+            f"listen_port = {self.port}\n"
+            "unix_socket_dir =\n"
+            "auth_type = trust\n"
+            f"auth_file = {directory / 'users.txt'}\n"
+            "pool_mode = transaction\n"
+            # Fewer server connections than the postbox pool has: every client
+            # connection is served by several server connections in turn.
+            f"default_pool_size = {pool_size}\n"
+            f"logfile = {directory / 'pgbouncer.log'}\n"
+            f"pidfile = {directory / 'pgbouncer.pid'}\n"
+        )
+        if os.geteuid() == 0:
+            for name in ("users.txt", "pgbouncer.ini"):
+                shutil.chown(directory / name, "postgres", "postgres")
+
+    def url(self, database: str) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
+
+    def start(self) -> PgBouncer:
+        _run([str(PGBOUNCER), "-d", str(self.directory / "pgbouncer.ini")])
+        eventually(lambda: (self.directory / "pgbouncer.pid").exists(), 10, "pgbouncer started")
+        return self
+
+    def stop(self) -> None:
+        pid_file = self.directory / "pgbouncer.pid"
+        if pid_file.exists():
+            os.kill(int(pid_file.read_text()), 15)
+
+    def log(self) -> str:
+        path = self.directory / "pgbouncer.log"
+        return path.read_text(errors="replace") if path.exists() else ""

@@ -75,11 +75,11 @@ class Postgres:
         with (self.data / "postgresql.conf").open("a") as conf:
             conf.write("".join(f"{line}\n" for line in lines))
 
-    def base_backup_to(self, data: Path) -> Postgres:
-        """A standby of this server: pg_basebackup with -R (primary_conninfo, standby.signal)."""
+    def base_backup_to(self, data: Path) -> None:
+        """Makes `data` a standby of this server: pg_basebackup -R (primary_conninfo,
+        standby.signal)."""
         _run([str(PG_BIN / "pg_basebackup"), "-D", str(data), "-d", self.url(),
               "-R", "-X", "stream", "-c", "fast", "--no-sync"])  # fmt: skip
-        return Postgres(data)
 
     def _pg_ctl(self, *args: str) -> None:
         _run([str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-w", *args])
@@ -94,6 +94,9 @@ class Postgres:
     def stop_if_running(self) -> None:
         if (self.data / "postmaster.pid").exists():
             self._pg_ctl("-m", "immediate", "stop")
+
+    def reload(self) -> None:
+        self._pg_ctl("reload")
 
     def promote(self) -> None:
         self._pg_ctl("promote")

@@ -12,6 +12,7 @@ call at once, so transactions of one pool connection do change server connection
 from __future__ import annotations
 
 import asyncio
+import shutil
 from collections.abc import Iterator
 
 import grpc
@@ -47,6 +48,7 @@ def bouncer() -> Iterator[tuple[Postgres, PgBouncer]]:
         if bouncer is not None:
             bouncer.stop()
         postgres.stop_if_running()
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 async def test_server_behind_pgbouncer_in_transaction_mode(bouncer):

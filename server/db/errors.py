@@ -23,7 +23,9 @@ _ENGINE_CODES = {
     "PB503": grpc.StatusCode.UNAVAILABLE,
 }
 
-UNAVAILABLE_MESSAGE = "the database is unavailable; retry with backoff"
+UNAVAILABLE_MESSAGE = (
+    "the database is unavailable (restarting, or failing over to a standby); retry with backoff"
+)
 
 
 def _is_unavailable(exc: BaseException) -> bool:

@@ -1,0 +1,259 @@
+"""Fail over from a primary to its synchronous standby in the middle of a stream of sends.
+
+The test builds its own pair from Debian's PostgreSQL 15 (initdb, pg_basebackup -R,
+fsync on): the primary waits for the standby on every commit
+(synchronous_standby_names = '*'), so a message is acknowledged only once it is on
+both. The server is given both hosts with target_session_attrs=read-write, as an
+operator would. The old primary dies (pg_ctl stop -m immediate: no shutdown
+checkpoint, connections cut), nothing answers as a primary until the standby is
+promoted, then the standby is the primary.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from pg_cluster import PG_BIN, Postgres, scratch_directory
+from postbox.v1 import message_service_pb2 as pb
+from postbox.v1 import message_service_pb2_grpc, queue_service_pb2_grpc
+from postbox.v1 import queue_service_pb2 as qpb
+from support import ServerProcess, eventually, seconds
+
+pytestmark = pytest.mark.skipif(
+    not (PG_BIN / "initdb").exists(),
+    reason="Debian's postgresql-15 is not installed (.ci/run installs it)",
+)
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+CHANNEL_OPTIONS = [
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 500),
+]
+
+
+@dataclass
+class Pair:
+    primary: Postgres
+    standby: Postgres
+
+    def url(self, database: str = "postbox") -> str:
+        hosts = f"{self.primary.address},{self.standby.address}"
+        return f"postgresql://postgres@{hosts}/{database}?target_session_attrs=read-write"
+
+    def fail_over(self) -> None:
+        """The primary dies; the standby is promoted."""
+        self.primary.stop("immediate")
+        self.standby.promote()
+
+
+def build_pair(pair: Pair) -> Pair:
+    """Makes `pair` a primary and a synchronous standby, streaming, with a database `postbox`."""
+    primary, standby = pair.primary, pair.standby
+    primary.initdb()
+    primary.start()
+    primary.sql("CREATE DATABASE postbox")
+    primary.configure("synchronous_standby_names = '*'", "synchronous_commit = on")
+    primary.base_backup_to(standby.data)
+    # The copied setting would make the promoted standby wait for a standby of its own,
+    # forever, on every commit.
+    standby.configure("synchronous_standby_names = ''")
+    standby.start()
+    primary.reload()  # from now on, every commit waits for the standby
+    eventually(
+        lambda: primary.sql("SELECT sync_state FROM pg_stat_replication") == "sync",
+        30,
+        "the standby streams synchronously",
+    )
+    return pair
+
+
+@pytest.fixture
+def pair() -> Iterator[Pair]:
+    directory = scratch_directory("postbox-failover-")
+    pair = Pair(Postgres(directory / "primary"), Postgres(directory / "standby"))
+    try:
+        yield build_pair(pair)
+    finally:
+        pair.primary.stop_if_running()
+        pair.standby.stop_if_running()
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+async def until(check, timeout: float, what: str) -> None:
+    """Waits on the event loop until `check()` holds; fails after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"not after {timeout} s: {what}"
+        await asyncio.sleep(0.02)
+
+
+async def health(stub: health_pb2_grpc.HealthStub) -> int:
+    try:
+        return (await stub.Check(health_pb2.HealthCheckRequest(), timeout=2)).status
+    except grpc.aio.AioRpcError:
+        return -1
+
+
+async def wait_for_health(stub: health_pb2_grpc.HealthStub, status: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while await health(stub) != status:
+        assert time.monotonic() < deadline, f"health not {status} after {timeout} s"
+        await asyncio.sleep(0.05)
+
+
+@dataclass
+class Senders:
+    """Send calls in a loop, each retried until acknowledged; what was refused, and how."""
+
+    messages: message_service_pb2_grpc.MessageServiceStub
+    queue: str
+    acknowledged: set[int] = field(default_factory=set)
+    refusals: list[tuple[float, grpc.StatusCode, str]] = field(default_factory=list)
+    last_ack: float = 0.0
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+    _numbers: Iterator[int] = field(default_factory=lambda: iter(range(10**9)))
+
+    async def run(self) -> None:
+        while not self.stop.is_set():
+            number = next(self._numbers)
+            request = pb.SendRequest(queue=self.queue, body=str(number).encode())
+            while not self.stop.is_set():
+                started = time.monotonic()
+                try:
+                    # 10 s: far beyond a send, so a call that hangs through the switch fails.
+                    await self.messages.Send(request, timeout=10)
+                except grpc.aio.AioRpcError as error:
+                    self.refusals.append(
+                        (time.monotonic() - started, error.code(), error.details() or "")
+                    )
+                    await asyncio.sleep(0.05)
+                    continue
+                self.acknowledged.add(number)
+                self.last_ack = time.monotonic()
+                break
+
+
+async def drain(messages, queue: str) -> set[int]:
+    received: set[int] = set()
+    while True:
+        batch = [
+            int(m.body)
+            async for r in messages.Receive(
+                pb.ReceiveRequest(queue=queue, max_messages=1000, wait_time={})
+            )
+            for m in r.messages
+        ]
+        if not batch:
+            return received
+        received.update(batch)
+
+
+async def test_failover_to_synchronous_standby_mid_stream(pair):
+    server = ServerProcess(pair.url(), "--safety-poll-interval", "1").start()
+    try:
+        async with grpc.aio.insecure_channel(server.target, options=CHANNEL_OPTIONS) as channel:
+            await _fail_over_under_load(pair, channel)
+    finally:
+        server.stop()
+    log = server.log()
+    assert "NOT_SERVING" in log
+    assert "internal error" not in log, log
+
+
+async def _fail_over_under_load(pair: Pair, channel: grpc.aio.Channel) -> None:
+    messages = message_service_pb2_grpc.MessageServiceStub(channel)
+    queues = queue_service_pb2_grpc.QueueServiceStub(channel)
+    checks = health_pb2_grpc.HealthStub(channel)
+    for name in ("load", "waiting", "streamed"):
+        await queues.CreateQueue(qpb.CreateQueueRequest(queue=qpb.Queue(name=name)))
+
+    # Long polls that wait on an empty queue through the whole failover.
+    waiting = [
+        messages.Receive(pb.ReceiveRequest(queue="waiting", mode=pb.RECEIVE_MODE_CONTINUOUS))
+        for _ in range(3)
+    ]
+    first_batches = [asyncio.ensure_future(call.read()) for call in waiting]
+
+    # A StreamingReceive consumer that deletes what it gets, fed all along. A delete
+    # lost in the switch brings its message back after the 2 s visibility timeout.
+    consumed: set[int] = set()
+    stream = messages.StreamingReceive()
+    await stream.write(
+        pb.StreamingReceiveRequest(queue="streamed", max_messages=10, visibility_timeout=seconds(2))
+    )
+
+    async def consume() -> None:
+        while (response := await stream.read()) is not grpc.aio.EOF:
+            if response.messages:
+                consumed.update(int(m.body) for m in response.messages)
+                receipts = [m.receipt for m in response.messages]
+                await stream.write(pb.StreamingReceiveRequest(delete_receipts=receipts))
+        raise AssertionError(f"the StreamingReceive ended: {await stream.code()}")
+
+    consumer = asyncio.ensure_future(consume())
+    load = Senders(messages, "load")
+    fed = Senders(messages, "streamed")
+    senders = [asyncio.ensure_future(load.run()) for _ in range(8)]
+    senders.append(asyncio.ensure_future(fed.run()))
+    await until(lambda: len(load.acknowledged) >= 200, 30, "sends before the failover")
+    assert not load.refusals, load.refusals[:3]
+
+    await asyncio.to_thread(pair.primary.stop, "immediate")
+    await wait_for_health(checks, NOT_SERVING, timeout=10)  # no primary answers
+    refused_before_promotion = len(load.refusals)
+    await asyncio.to_thread(pair.standby.promote)
+    promoted_at = time.monotonic()
+    acknowledged_at_promotion = len(load.acknowledged)
+    await until(lambda: len(load.acknowledged) > acknowledged_at_promotion + 50, 30, "resumed")
+    resumed_after = load.last_ack - promoted_at  # an upper bound: 50 sends after the first
+    await wait_for_health(checks, SERVING, timeout=10)
+    load.stop.set()
+    fed.stop.set()
+    await asyncio.gather(*senders)
+
+    print(
+        f"{len(load.acknowledged)} acknowledged, {len(load.refusals)} refused "
+        f"({refused_before_promotion} before promotion), 50 more sends "
+        f"{resumed_after:.2f} s after promotion"
+    )
+    assert resumed_after < 10, "traffic should resume within 10 s of the promotion"
+    assert refused_before_promotion, "no Send was refused while no primary answered"
+    for _took, code, details in load.refusals + fed.refusals:
+        assert code == grpc.StatusCode.UNAVAILABLE, (code, details)
+        assert "failing over" in details, details
+    durations = sorted(took for took, _, _ in load.refusals)
+    # Fast: no call waits for the database to come back (1 s: far above a refusal's
+    # milliseconds, far below the 10 s call deadline).
+    assert durations[len(durations) // 2] < 1.0, durations
+
+    # The long polls are still open, and deliver what is sent now.
+    assert not any(batch.done() for batch in first_batches), "a waiting stream ended"
+    await messages.Send(pb.SendRequest(queue="waiting", body=b"after the failover"))
+    done, _ = await asyncio.wait(first_batches, timeout=10, return_when=asyncio.FIRST_COMPLETED)
+    assert done, "no waiting stream delivered after the failover"
+    assert next(iter(done)).result().messages[0].body == b"after the failover"
+    for call in waiting:
+        call.cancel()
+
+    # The consumer carries on: every acknowledged message reaches it.
+    await until(
+        lambda: consumer.done() or fed.acknowledged <= consumed,
+        20,
+        "the StreamingReceive consumer got every acknowledged message",
+    )
+    if consumer.done():
+        consumer.result()  # raises what ended it
+    consumer.cancel()
+    stream.cancel()
+    await asyncio.gather(consumer, *first_batches, return_exceptions=True)
+
+    # No acknowledged message is lost.
+    received = await drain(messages, "load")
+    assert load.acknowledged <= received, f"lost {sorted(load.acknowledged - received)[:5]}"

@@ -30,6 +30,7 @@ from server.auth.keys import KeyCache
 from server.config import Settings, is_loopback
 from server.db.engine import Engine, application_name
 from server.db.migrate import format_version, migrate
+from server.durability import require_synchronous_commit
 from server.embedded import EmbeddedPostgres
 from server.errors import ApiError
 from server.observability import metrics, tracing
@@ -170,6 +171,8 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
             pool_size=settings.pool_size,
             transaction_pooler=settings.listen_database_url is not None,
         )
+        if settings.require_synchronous_commit:
+            await require_synchronous_commit(engine)
         hub = WakeHub(direct_dsn, safety_interval=settings.safety_poll_interval)
         await hub.start()
 

@@ -24,6 +24,7 @@ log = logging.getLogger("postbox")
 
 def _serve(args: argparse.Namespace) -> int:
     from server.app import AnonymousExposure, serve
+    from server.durability import NotDurable
     from server.processes import serve_workers
 
     settings = Settings(
@@ -34,6 +35,7 @@ def _serve(args: argparse.Namespace) -> int:
         grpc_host=args.grpc_host,
         grpc_port=args.grpc_port,
         pool_size=args.pool_size,
+        require_synchronous_commit=args.require_synchronous_commit,
         max_message_size=args.max_message_size,
         safety_poll_interval=args.safety_poll_interval,
         maintenance_interval=args.maintenance_interval,
@@ -48,7 +50,7 @@ def _serve(args: argparse.Namespace) -> int:
         return asyncio.run(serve_workers(settings, args.workers, args.log_level, args.log_format))
     try:
         asyncio.run(serve(settings))
-    except AnonymousExposure as refusal:
+    except (AnonymousExposure, NotDurable) as refusal:
         print(f"postbox serve: {refusal}", file=sys.stderr)
         return 2
     return 0
@@ -256,6 +258,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--grpc-port", type=int, default=int(os.environ.get("POSTBOX_GRPC_PORT", "50051"))
     )
     serve.add_argument("--pool-size", type=int, default=Settings.pool_size)
+    serve.add_argument(
+        "--require-synchronous-commit",
+        action="store_true",
+        help="refuse to start unless every commit waits for a synchronous standby "
+        "(synchronous_commit on or remote_apply, synchronous_standby_names set)",
+    )
     serve.add_argument(
         "--max-message-size",
         type=message_size,

@@ -30,6 +30,8 @@ class Settings:
     grpc_host: str = "localhost"
     grpc_port: int = 50051
     pool_size: int = 10
+    # Refuse to serve unless commits wait for a synchronous standby (server/durability.py).
+    require_synchronous_commit: bool = False
     # Largest message (body and attributes) this server accepts and a queue may be
     # set to accept; queues default to 1 MiB, or to this when it is smaller.
     max_message_size: int = MIB

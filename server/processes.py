@@ -54,6 +54,7 @@ def worker_command(settings: Settings, dsn: str, log_level: str, log_format: str
         "--expiry-interval", str(settings.expiry_interval),
         "--reuse-port",
         *(["--insecure-allow-anonymous"] if settings.insecure_allow_anonymous else []),
+        *(["--require-synchronous-commit"] if settings.require_synchronous_commit else []),
     ]  # fmt: skip
 
 

@@ -156,7 +156,9 @@ async def drain(messages, queue: str) -> set[int]:
 
 
 async def test_failover_to_synchronous_standby_mid_stream(pair):
-    server = ServerProcess(pair.url(), "--safety-poll-interval", "1").start()
+    server = ServerProcess(
+        pair.url(), "--safety-poll-interval", "1", "--require-synchronous-commit"
+    ).start()
     try:
         async with grpc.aio.insecure_channel(server.target, options=CHANNEL_OPTIONS) as channel:
             await _fail_over_under_load(pair, channel)

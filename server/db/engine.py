@@ -161,6 +161,11 @@ class Engine:
     async def ping(self) -> None:
         await self._call("fetchval", "ping")
 
+    async def replication_settings(self) -> tuple[str, str]:
+        """synchronous_commit and synchronous_standby_names, as the pool's sessions see them."""
+        row = await self._call("fetchrow", "replication_settings")
+        return row[0], row[1]
+
     # Queues. Settings are dicts in the shape of postbox.queue_defaults().
 
     async def create_queue(self, name: str, settings: dict[str, Any]) -> Record:

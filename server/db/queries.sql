@@ -4,6 +4,9 @@
 -- name: ping
 SELECT 1
 
+-- name: replication_settings
+SELECT current_setting('synchronous_commit'), current_setting('synchronous_standby_names')
+
 -- Queue rows come with the name of their dead-letter queue.
 
 -- name: create_queue

@@ -7,13 +7,12 @@ import asyncio
 import logging
 import os
 import sys
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import grpc
-from google.protobuf import json_format
 
+from server import __version__
 from server.config import MESSAGE_SIZE_RANGE, Settings
 from server.embedded import default_data_dir
 from server.observability.logs import FORMATS
@@ -111,63 +110,22 @@ def _migrate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print(message: object) -> None:
-    print(json_format.MessageToJson(message, indent=2))  # type: ignore[arg-type]
-
-
-def _client(args: argparse.Namespace) -> int:
-    from postbox.v1 import (
-        message_service_pb2,
-        message_service_pb2_grpc,
-        queue_service_pb2,
-        queue_service_pb2_grpc,
-    )
-
+def _operate(args: argparse.Namespace) -> int:
+    """Runs an operator verb (server/operator) on a channel to the server."""
     from server.auth.client import with_api_key
 
     with grpc.insecure_channel(args.target) as plain:
-        channel = with_api_key(plain, args.api_key)
-        queues = queue_service_pb2_grpc.QueueServiceStub(channel)
-        messages = message_service_pb2_grpc.MessageServiceStub(channel)
         try:
-            if args.verb == "queues":
-                if args.queues_verb == "create":
-                    queue = queue_service_pb2.Queue(name=args.name)
-                    if args.visibility_timeout is not None:
-                        queue.visibility_timeout.FromTimedelta(
-                            timedelta(seconds=args.visibility_timeout)
-                        )
-                    _print(queues.CreateQueue(queue_service_pb2.CreateQueueRequest(queue=queue)))
-                elif args.queues_verb == "get":
-                    _print(queues.GetQueue(queue_service_pb2.GetQueueRequest(name=args.name)))
-                elif args.queues_verb == "list":
-                    _print(queues.ListQueues(queue_service_pb2.ListQueuesRequest(page_size=1000)))
-                elif args.queues_verb == "delete":
-                    queues.DeleteQueue(queue_service_pb2.DeleteQueueRequest(name=args.name))
-                    print(f"deleted {args.name}")
-            elif args.verb == "send":
-                _print(
-                    messages.Send(
-                        message_service_pb2.SendRequest(queue=args.queue, body=args.body.encode())
-                    )
-                )
-            elif args.verb == "receive":
-                request = message_service_pb2.ReceiveRequest(
-                    queue=args.queue, max_messages=args.max_messages
-                )
-                request.wait_time.seconds = args.wait
-                for response in messages.Receive(request):
-                    for message in response.messages:
-                        _print(message)
-                        if args.delete:
-                            messages.Delete(
-                                message_service_pb2.DeleteRequest(
-                                    queue=args.queue, receipt=message.receipt
-                                )
-                            )
+            return args.handler(args, with_api_key(plain, args.api_key))
         except grpc.RpcError as error:
             print(f"{error.code().name}: {error.details()}", file=sys.stderr)
             return 1
+
+
+def _completion(args: argparse.Namespace) -> int:
+    import shtab
+
+    print(shtab.complete(build_parser(), shell=args.shell))
     return 0
 
 
@@ -221,6 +179,7 @@ class _VerbsWithLogging:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="postbox", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"postbox {__version__}")
     _add_logging_flags(parser, os.environ.get("POSTBOX_LOG_LEVEL", "INFO"),
                        os.environ.get("POSTBOX_LOG_FORMAT", "text"))  # fmt: skip
     # The same flags after the verb (`postbox serve --log-level DEBUG`) win over those before.
@@ -393,27 +352,12 @@ def build_parser() -> argparse.ArgumentParser:
         "keeps it off the command line that ps shows)",
     )
 
-    queues = verbs.add_parser("queues", help="create, get, list or delete queues")
-    queues.set_defaults(run=_client)
-    queues_verbs = queues.add_subparsers(dest="queues_verb", required=True)
-    create = queues_verbs.add_parser("create", parents=[target])
-    create.add_argument("name")
-    create.add_argument("--visibility-timeout", type=float, help="seconds")
-    queues_verbs.add_parser("get", parents=[target]).add_argument("name")
-    queues_verbs.add_parser("list", parents=[target])
-    queues_verbs.add_parser("delete", parents=[target]).add_argument("name")
+    from server.operator.verbs import add_parsers as add_operator_parsers
 
-    send = verbs.add_parser("send", parents=[target], help="send one message")
-    send.set_defaults(run=_client)
-    send.add_argument("queue")
-    send.add_argument("body")
-
-    receive = verbs.add_parser("receive", parents=[target], help="long-poll one batch of messages")
-    receive.set_defaults(run=_client)
-    receive.add_argument("queue")
-    receive.add_argument("--max-messages", type=int, default=10)
-    receive.add_argument("--wait", type=int, default=0, help="seconds to wait for a message")
-    receive.add_argument("--delete", action="store_true", help="delete what was received")
+    add_operator_parsers(verbs, target, run=_operate)
+    completion = verbs.add_parser("completion", help="print a shell completion script")
+    completion.add_argument("shell", choices=("bash", "zsh", "tcsh"))
+    completion.set_defaults(run=_completion)
 
     from server.auth.cli import add_parser as add_keys_parser
 

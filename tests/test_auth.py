@@ -380,7 +380,7 @@ def test_cli_bootstraps_the_first_key_on_the_database_then_manages_keys_through_
         )  # fmt: skip
         assert created.returncode == 0, created.stderr
         sender = created.stdout.splitlines()[-1]
-        refused = postbox("send", "billing", "hi", *target, "--api-key", sender)
+        refused = postbox("messages", "send", "billing", "hi", *target, "--api-key", sender)
         assert refused.returncode == 1
         assert "PERMISSION_DENIED" in refused.stderr
         assert "'send'" in refused.stderr

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import asyncpg
 import pytest
+import yaml
 from support import create_database, drop_database, unique_name
 
 # The console script pip installs with the package.
@@ -81,38 +82,134 @@ def test_migrate_installs_the_engine_once(admin_url):
 def test_queues_send_and_receive(server):
     target = ["--target", server.target]
     name = unique_name("cli")
-    created = json.loads(ok("queues", "create", name, "--visibility-timeout", "5", *target))
-    assert created["queue"]["name"] == name
-    assert created["queue"]["visibilityTimeout"] == "5s"
-    listed = json.loads(ok("queues", "list", *target))
-    assert name in [queue["name"] for queue in listed["queues"]]
-    assert json.loads(ok("queues", "get", name, *target))["queue"]["name"] == name
+    created = json.loads(
+        ok("queues", "create", name, "--visibility-timeout", "5", "-o", "json", *target)
+    )
+    assert created["name"] == name
+    assert created["visibility_timeout"] == "5s"  # snake_case, as in the protos
+    listed = json.loads(ok("queues", "ls", "-o", "json", *target))
+    assert name in [queue["name"] for queue in listed]
+    assert name in ok("queues", "list", *target)  # a table, with the old verb name
+    assert json.loads(ok("queues", "get", name, "-o", "json", *target))["name"] == name
 
-    sent = json.loads(ok("send", name, "hello from the shell", *target))
-    assert sent["messageId"]
-    (received,) = _json_documents(ok("receive", name, "--delete", "--wait", "1", *target))
-    assert base64.b64decode(received["body"]) == b"hello from the shell"
-    assert received["messageId"] == sent["messageId"]
-    # Deleted with --delete: nothing left to receive.
-    assert ok("receive", name, *target).strip() == ""
+    sent = json.loads(ok("messages", "send", name, "hello from the shell", "-o", "json", *target))
+    assert sent["message_id"]
+    (received,) = json.loads(
+        ok("messages", "receive", name, "--ack", "--wait", "1", "-o", "json", *target)
+    )
+    assert received["body"] == "hello from the shell"  # text, not base64
+    assert received["message_id"] == sent["message_id"]
+    # Acknowledged with --ack: nothing left, which stderr says, exiting 0.
+    empty = postbox("messages", "receive", name, *target)
+    assert (empty.returncode, empty.stdout) == (0, "")
+    assert empty.stderr.startswith(f"no message in {name}")
 
-    assert ok("queues", "delete", name, *target).strip() == f"deleted {name}"
-    missing = postbox("send", name, "x", *target)
+    assert postbox("queues", "delete", name, *target).stderr.strip() == f"deleted {name}"
+    missing = postbox("messages", "send", name, "x", *target)
     assert missing.returncode == 1
     assert missing.stderr.startswith("NOT_FOUND: ")
     assert name in missing.stderr
+
+
+def test_binary_bodies_print_in_base64_and_text_on_request(server):
+    target = ["--target", server.target]
+    name = unique_name("cli_binary")
+    ok("queues", "create", name, *target)
+    body = base64.b64encode(b"\x00\xff binary").decode()
+    ok("messages", "send", name, body, "--base64", *target)
+    ok("messages", "send", name, "plain text", *target)
+    peeked = yaml.safe_load(ok("messages", "peek", name, "-o", "yaml", *target))
+    assert [m["body"] for m in peeked] == [body, "plain text"]
+    forced = json.loads(ok("messages", "peek", name, "--base64", "-o", "json", *target))
+    assert forced[1]["body"] == base64.b64encode(b"plain text").decode()
+
+
+def test_status_shows_every_queue_with_zeros(server):
+    target = ["--target", server.target]
+    dlq, name = unique_name("cli_status_dlq"), unique_name("cli_status")
+    ok("queues", "create", dlq, *target)
+    ok("queues", "create", name, "--dead-letter-queue", dlq, "--max-receive-count", "2", *target)
+    ok("messages", "send", name, "one", *target)
+    ok("queues", "pause", name, "--receives", *target)
+    rows = {row["name"]: row for row in json.loads(ok("status", "-o", "json", *target))}
+    assert rows[name] | {"oldest_age_s": 0} == {
+        "name": name,
+        "visible": 1,
+        "in_flight": 0,
+        "delayed": 0,
+        "dlq_depth": 0,
+        "oldest_age_s": 0,
+        "paused": "receive",
+    }
+    assert rows[dlq]["dlq_depth"] == ""  # it has no dead-letter queue of its own
+    table = ok("status", *target)
+    assert "in_flight" in table
+    assert name in table
+
+
+def test_messages_send_a_file_in_batches_and_tail_them(server, tmp_path):
+    target = ["--target", server.target]
+    name = unique_name("cli_file")
+    ok("queues", "create", name, *target)
+    lines = [json.dumps({"body": f"m{i}", "attributes": {"n": str(i)}}) for i in range(250)]
+    (tmp_path / "msgs.jsonl").write_text("\n".join(lines) + "\n")
+    sent = postbox("messages", "send", name, "--file", str(tmp_path / "msgs.jsonl"), *target)
+    assert sent.returncode == 0, sent.stderr
+    assert sent.stderr.strip().endswith(f"sent 250 messages to {name}")
+    tailed = ok("messages", "tail", name, "--ack", "--count", "250", *target)
+    documents = [json.loads(line) for line in tailed.splitlines()]
+    assert sorted(d["body"] for d in documents) == sorted(f"m{i}" for i in range(250))
+    assert documents[0]["attributes"]["n"]["string_value"].isdigit()
+
+
+def test_dlq_ls_peek_and_redrive(server):
+    target = ["--target", server.target]
+    dlq, name = unique_name("cli_dlq"), unique_name("cli_src")
+    ok("queues", "create", dlq, *target)
+    ok("queues", "create", name, "--dead-letter-queue", dlq, "--max-receive-count", "1", *target)
+    ok("messages", "send", name, "poison", *target)
+    # Delivery 1, given back at once; the next receive moves it to the dead-letter queue.
+    ok("messages", "receive", name, "--visibility-timeout", "0", *target)
+    assert postbox("messages", "receive", name, *target).stdout == ""
+    listed = json.loads(ok("dlq", "ls", "-o", "json", *target))
+    assert {"name": dlq, "messages": 1, "sources": name} in listed
+    (dead,) = json.loads(ok("dlq", "peek", dlq, "-o", "json", *target))
+    assert dead["body"] == "poison"
+    redriven = postbox("dlq", "redrive", dlq, *target)
+    assert redriven.returncode == 0, redriven.stderr
+    assert "redrive completed: 1 of 1 moved" in redriven.stderr
+
+
+def test_topics_and_schedules_verbs(server):
+    target = ["--target", server.target]
+    topic = unique_name("cli_topic")
+    ok("topics", "create", topic, *target)
+    assert topic in ok("topics", "ls", *target)
+    published = json.loads(ok("topics", "publish", topic, "{}", "-o", "json", *target))
+    assert published["publish_id"]
+    ok("topics", "delete", topic, *target)
+    assert topic not in ok("topics", "ls", *target)
+    assert isinstance(json.loads(ok("schedules", "ls", "-o", "json", *target)), list)
+
+
+def test_version_help_and_completion():
+    assert ok("--version").startswith("postbox ")
+    assert "complete" in ok("completion", "bash")
+    assert "--output" in ok("messages", "receive", "--help")
 
 
 def test_the_target_comes_from_the_environment(server):
     env = {"POSTBOX_TARGET": server.target}
     name = unique_name("cli_env")
     ok("queues", "create", name, env=env)
-    listed = json.loads(ok("queues", "list", env=env))
-    assert name in [queue["name"] for queue in listed["queues"]]
+    assert name in ok("queues", "ls", env=env)
     ok("queues", "delete", name, env=env)
 
 
-@pytest.mark.parametrize("verb", [["queues", "list"], ["send", "q", "x"], ["receive", "q"]])
+@pytest.mark.parametrize(
+    "verb",
+    [["queues", "ls"], ["messages", "send", "q", "x"], ["messages", "receive", "q"], ["status"]],
+)
 def test_an_unreachable_server_is_an_error_not_a_traceback(verb):
     result = postbox(*verb, "--target", "127.0.0.1:1")
     assert result.returncode == 1

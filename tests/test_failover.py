@@ -12,6 +12,7 @@ promoted, then the standby is the primary.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import shutil
 import time
 from collections.abc import Iterator
@@ -22,8 +23,16 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from pg_cluster import PG_BIN, Postgres, scratch_directory
 from postbox.v1 import message_service_pb2 as pb
-from postbox.v1 import message_service_pb2_grpc, queue_service_pb2_grpc
+from postbox.v1 import (
+    message_service_pb2_grpc,
+    queue_service_pb2_grpc,
+    schedule_service_pb2_grpc,
+    topic_service_pb2_grpc,
+)
 from postbox.v1 import queue_service_pb2 as qpb
+from postbox.v1 import schedule_service_pb2 as spb
+from postbox.v1 import topic_service_pb2 as tpb
+from receiver import Receiver
 from support import ServerProcess, eventually, seconds
 
 pytestmark = pytest.mark.skipif(
@@ -86,10 +95,21 @@ def pair() -> Iterator[Pair]:
         shutil.rmtree(directory, ignore_errors=True)
 
 
-async def until(check, timeout: float, what: str) -> None:
-    """Waits on the event loop until `check()` holds; fails after `timeout` seconds."""
+async def until(check, timeout: float, what: str):
+    """Waits on the event loop until `check()` (or what it returns, when awaitable) holds,
+    and returns it; UNAVAILABLE counts as not yet; fails after `timeout` seconds."""
     deadline = time.monotonic() + timeout
-    while not check():
+    while True:
+        try:
+            result = check()
+            if inspect.isawaitable(result):
+                result = await result
+        except grpc.aio.AioRpcError as error:
+            if error.code() != grpc.StatusCode.UNAVAILABLE:
+                raise
+            result = None  # asked while no primary answers
+        if result:
+            return result
         assert time.monotonic() < deadline, f"not after {timeout} s: {what}"
         await asyncio.sleep(0.02)
 
@@ -140,19 +160,22 @@ class Senders:
                 break
 
 
-async def drain(messages, queue: str) -> set[int]:
-    received: set[int] = set()
-    while True:
-        batch = [
-            int(m.body)
-            async for r in messages.Receive(
-                pb.ReceiveRequest(queue=queue, max_messages=1000, wait_time={})
-            )
-            for m in r.messages
-        ]
-        if not batch:
-            return received
-        received.update(batch)
+async def receive_all(messages, queue: str, **fields) -> list[pb.Message]:
+    """Receives until the queue has nothing visible."""
+    received: list[pb.Message] = []
+    while batch := await receive_once(messages, queue, **fields):
+        received += batch
+    return received
+
+
+async def receive_once(messages, queue: str, **fields) -> list[pb.Message]:
+    request = pb.ReceiveRequest(queue=queue, max_messages=1000, wait_time={}, **fields)
+    return [m async for r in messages.Receive(request) for m in r.messages]
+
+
+async def visible(queues, queue: str) -> int:
+    reply = await queues.GetQueue(qpb.GetQueueRequest(name=queue))
+    return reply.queue.stats.visible_messages
 
 
 async def test_failover_to_synchronous_standby_mid_stream(pair):
@@ -257,5 +280,153 @@ async def _fail_over_under_load(pair: Pair, channel: grpc.aio.Channel) -> None:
     await asyncio.gather(consumer, *first_batches, return_exceptions=True)
 
     # No acknowledged message is lost.
-    received = await drain(messages, "load")
+    received = {int(m.body) for m in await receive_all(messages, "load")}
     assert load.acknowledged <= received, f"lost {sorted(load.acknowledged - received)[:5]}"
+
+
+async def test_workers_carry_on_across_a_failover(pair):
+    """A redrive task, a schedule and webhook deliveries, each under way when the primary dies.
+
+    Each must finish its work once the standby is promoted, and do it once: the
+    redrive moves every dead letter exactly once, the schedule fires each slot once
+    (one message per slot, as many as its fire count), and every acknowledged
+    publish reaches the webhook.
+    """
+    receiver = Receiver().start()
+    server = ServerProcess(
+        pair.url(), "--safety-poll-interval", "1", "--maintenance-interval", "0.2"
+    ).start()
+    try:
+        async with grpc.aio.insecure_channel(server.target, options=CHANNEL_OPTIONS) as channel:
+            await _workers_across_failover(pair, channel, receiver)
+    finally:
+        server.stop()
+        receiver.stop()
+    assert "internal error" not in server.log(), server.log()
+
+
+DEAD_LETTERS = 600
+REDRIVE_RATE = 150  # per second: the move spans the failover
+
+
+async def _is(value, expected) -> bool:
+    return await value == expected
+
+
+async def _workers_across_failover(pair: Pair, channel: grpc.aio.Channel, receiver) -> None:
+    messages = message_service_pb2_grpc.MessageServiceStub(channel)
+    queues = queue_service_pb2_grpc.QueueServiceStub(channel)
+    topics = topic_service_pb2_grpc.TopicServiceStub(channel)
+    schedules = schedule_service_pb2_grpc.ScheduleServiceStub(channel)
+
+    # Dead letters: received once each, they dead-letter on the next receive.
+    for name in ("dead", "redriven", "ticks"):
+        await queues.CreateQueue(qpb.CreateQueueRequest(queue=qpb.Queue(name=name)))
+    policy = qpb.DeadLetterPolicy(dead_letter_queue="dead", max_receive_count=1)
+    await queues.CreateQueue(
+        qpb.CreateQueueRequest(queue=qpb.Queue(name="failing", dead_letter_policy=policy))
+    )
+    entries = [pb.SendBatchEntry(body=str(i).encode()) for i in range(DEAD_LETTERS)]
+    await messages.SendBatch(pb.SendBatchRequest(queue="failing", entries=entries))
+    zero = seconds(0)
+    while await receive_once(messages, "failing", visibility_timeout=zero):
+        pass  # the first pass receives, the next dead-letters
+    await until(lambda: _is(visible(queues, "dead"), DEAD_LETTERS), 30, "dead letters")
+
+    await topics.CreateTopic(tpb.CreateTopicRequest(topic=tpb.Topic(name="events")))
+    endpoint = tpb.WebhookEndpoint(
+        url=receiver.url("/hook"),
+        minimum_backoff=seconds(0.2),
+        maximum_backoff=seconds(0.4),
+        timeout=seconds(2),
+    )
+    await topics.CreateSubscription(
+        tpb.CreateSubscriptionRequest(
+            subscription=tpb.Subscription(name="hook", topic="events", webhook=endpoint)
+        )
+    )
+    await schedules.CreateSchedule(
+        spb.CreateScheduleRequest(
+            schedule=spb.Schedule(
+                name="tick", target=spb.ScheduleTarget(queue="ticks"), interval=seconds(1)
+            )
+        )
+    )
+
+    published: set[str] = set()
+    stop = asyncio.Event()
+
+    async def publisher() -> None:
+        while not stop.is_set():
+            try:
+                reply = await topics.Publish(
+                    tpb.PublishRequest(topic="events", body=b"e"), timeout=10
+                )
+            except grpc.aio.AioRpcError as error:
+                if error.code() != grpc.StatusCode.UNAVAILABLE:
+                    raise
+                await asyncio.sleep(0.05)
+                continue
+            published.add(reply.publish_id)
+            await asyncio.sleep(0.02)
+
+    async def redrive_task() -> qpb.RedriveTask:
+        reply = await queues.ListRedriveTasks(qpb.ListRedriveTasksRequest(dead_letter_queue="dead"))
+        return reply.tasks[0]
+
+    async def fire_count() -> int:
+        reply = await schedules.GetSchedule(spb.GetScheduleRequest(name="tick"))
+        return reply.schedule.fire_count
+
+    publishing = asyncio.ensure_future(publisher())
+    await queues.RedriveMessages(
+        qpb.RedriveMessagesRequest(
+            dead_letter_queue="dead", destination="redriven", max_messages_per_second=REDRIVE_RATE
+        )
+    )
+
+    async def moved() -> int:
+        return (await redrive_task()).moved_messages
+
+    async def completed() -> bool:
+        return (await redrive_task()).state == qpb.RedriveTask.STATE_COMPLETED
+
+    async def fired_since(count: int) -> bool:
+        return await fire_count() > count
+
+    await until(moved, 30, "the redrive under way")
+    await until(lambda: len(published) >= 20, 30, "publishes before the failover")
+    await until(lambda: fired_since(0), 30, "the schedule fired")
+    assert await moved() < DEAD_LETTERS, "the redrive finished before the failover"
+
+    await asyncio.to_thread(pair.fail_over)
+    promoted_fires = await until(fire_count, 30, "the schedule readable after the failover")
+    published_at = len(published)
+    await until(completed, 60, "the redrive completed")
+    await until(lambda: len(published) >= published_at + 20, 30, "publishes after it")
+    await until(lambda: fired_since(promoted_fires + 1), 30, "fires after it")
+    await schedules.PauseSchedule(spb.PauseScheduleRequest(name="tick"))
+    stop.set()
+    await publishing
+
+    # The redrive moved each dead letter once.
+    task = await redrive_task()
+    assert task.state == qpb.RedriveTask.STATE_COMPLETED
+    assert task.moved_messages == DEAD_LETTERS
+    bodies = [m.body for m in await receive_all(messages, "redriven")]
+    assert sorted(bodies) == sorted(str(i).encode() for i in range(DEAD_LETTERS))
+    assert await visible(queues, "dead") == 0
+
+    # One message per slot, as many as fires counted (the schedule is paused now).
+    ticks = await receive_all(messages, "ticks")
+    slots = [m.deduplication_id for m in ticks]
+    assert len(set(slots)) == len(slots), slots
+    assert len(ticks) == await fire_count()
+
+    # Every acknowledged publish reached the webhook (at least once).
+    await asyncio.to_thread(
+        eventually,
+        lambda: published <= {r.document["message"]["messageId"] for r in receiver.on("/hook")},
+        30,
+        "every acknowledged publish delivered",
+    )

@@ -81,6 +81,8 @@ def _sqs(args: argparse.Namespace) -> int:
         max_request_size=args.max_request_size,
         api_key=args.api_key,
         insecure_allow_anonymous=args.insecure_allow_anonymous,
+        metrics_host=args.metrics_host,
+        metrics_port=args.metrics_port,
     )
     try:
         asyncio.run(serve(settings))
@@ -331,6 +333,16 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=ShimSettings.max_request_size,
         help="largest request body in bytes (default: %(default)s)",
+    )
+    sqs.add_argument(
+        "--metrics-port",
+        type=int,
+        help="serve Prometheus metrics at /metrics on this port (default: not at all)",
+    )
+    sqs.add_argument(
+        "--metrics-host",
+        default=ShimSettings.metrics_host,
+        help="address of the metrics port (default: %(default)s)",
     )
     sqs.set_defaults(run=_sqs)
 

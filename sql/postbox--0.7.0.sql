@@ -752,6 +752,41 @@ LANGUAGE sql STABLE AS $$
     ORDER BY s.name
 $$;
 
+-- Each queue's health, for people who live in psql: 'critical' when its oldest
+-- message is older than postbox.health_critical_age (default 1 hour) or its
+-- dead-letter queue holds postbox.health_critical_dlq_depth messages (default
+-- 100); 'warning' past postbox.health_warning_age (5 minutes) or
+-- postbox.health_warning_dlq_depth (1), or while paused; else 'ok'. reason says
+-- which. Thresholds are settings, per database or role, e.g.
+-- ALTER DATABASE app SET postbox.health_warning_age = '10 min'.
+CREATE VIEW postbox.queue_health AS
+SELECT m.queue_name,
+       CASE WHEN h.critical <> '{}' THEN 'critical'
+            WHEN h.warning <> '{}' THEN 'warning'
+            ELSE 'ok' END AS status,
+       array_to_string(h.critical || h.warning, '; ') AS reason,
+       m.visible, m.in_flight, m.delayed, m.oldest_age_seconds, m.dead_letter_depth,
+       m.send_paused, m.receive_paused
+FROM postbox.queue_metrics(2147483647) m,
+     LATERAL (SELECT coalesce(nullif(current_setting('postbox.health_warning_age', true), ''), '5 minutes')::interval AS warning_age,
+                     coalesce(nullif(current_setting('postbox.health_critical_age', true), ''), '1 hour')::interval AS critical_age,
+                     coalesce(nullif(current_setting('postbox.health_warning_dlq_depth', true), ''), '1')::bigint AS warning_dlq,
+                     coalesce(nullif(current_setting('postbox.health_critical_dlq_depth', true), ''), '100')::bigint AS critical_dlq) t,
+     LATERAL (SELECT array_remove(ARRAY[
+                         CASE WHEN m.visible + m.in_flight + m.delayed > 0
+                                   AND m.oldest_age_seconds >= extract(epoch FROM t.critical_age)
+                              THEN format('oldest message %s s old', round(m.oldest_age_seconds)) END,
+                         CASE WHEN m.dead_letter_depth >= t.critical_dlq
+                              THEN format('%s dead letters', m.dead_letter_depth) END], NULL) AS critical,
+                     array_remove(ARRAY[
+                         CASE WHEN m.visible + m.in_flight + m.delayed > 0
+                                   AND m.oldest_age_seconds >= extract(epoch FROM t.warning_age)
+                                   AND m.oldest_age_seconds < extract(epoch FROM t.critical_age)
+                              THEN format('oldest message %s s old', round(m.oldest_age_seconds)) END,
+                         CASE WHEN m.dead_letter_depth >= t.warning_dlq AND m.dead_letter_depth < t.critical_dlq
+                              THEN format('%s dead letters', m.dead_letter_depth) END,
+                         CASE WHEN m.send_paused OR m.receive_paused THEN 'paused' END], NULL) AS warning) h;
+
 -- The message of an attribute check, or NULL when the attribute is valid.
 -- Attributes are jsonb objects {"<name>": {"data_type": "String", "string_value": "..."}}
 -- with "binary_value" (base64) for Binary types, as the API's AttributeValue.

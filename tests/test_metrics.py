@@ -25,16 +25,19 @@ class MetricsServer:
         )  # fmt: skip
 
     def scrape(self) -> dict[tuple[str, frozenset], float]:
-        """Every sample, by name and labels."""
-        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
-        with urllib.request.urlopen(url, timeout=10) as response:
-            assert response.headers["Content-Type"].startswith("text/plain")
-            text = response.read().decode()
-        return {
-            (sample.name, frozenset(sample.labels.items())): sample.value
-            for family in text_string_to_metric_families(text)
-            for sample in family.samples
-        }
+        return scrape(self.metrics_port)
+
+
+def scrape(port: int) -> dict[tuple[str, frozenset], float]:
+    """Every sample of a /metrics page, by name and labels."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        assert response.headers["Content-Type"].startswith("text/plain")
+        text = response.read().decode()
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
 
 
 def value(samples: dict, name: str, **labels: str) -> float:
@@ -218,3 +221,26 @@ def test_the_grafana_dashboard_asks_only_for_families_the_server_serves(observed
     histogram_parts = re.compile(r"_(bucket|sum|count)$")
     unknown = {name for name in asked if histogram_parts.sub("", name) not in served}
     assert not unknown, unknown
+
+
+def test_the_sqs_shim_counts_requests_by_action_and_error(observed):
+    from support import SqsShimProcess, sqs_client
+
+    metrics_port = free_port()
+    shim = SqsShimProcess(
+        observed.process.target, "--metrics-port", str(metrics_port), "--metrics-host", "127.0.0.1"
+    ).start()
+    try:
+        sqs = sqs_client(shim.endpoint, "json")
+        url = sqs.create_queue(QueueName=unique_name("metrics_sqs"))["QueueUrl"]
+        sqs.send_message(QueueUrl=url, MessageBody="x")
+        with pytest.raises(sqs.exceptions.QueueDoesNotExist):
+            sqs.get_queue_url(QueueName=unique_name("metrics_sqs_missing"))
+        samples = scrape(metrics_port)
+    finally:
+        shim.stop()
+    assert value(samples, "postbox_sqs_requests_total", action="SendMessage", code="OK") == 1
+    assert value(samples, "postbox_sqs_requests_total", action="CreateQueue", code="OK") == 1
+    missing = {"action": "GetQueueUrl", "code": "AWS.SimpleQueueService.NonExistentQueue"}
+    assert value(samples, "postbox_sqs_requests_total", **missing) == 1
+    assert value(samples, "postbox_sqs_request_seconds_count", action="SendMessage") == 1

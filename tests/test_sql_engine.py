@@ -846,3 +846,41 @@ async def test_a_fire_commits_with_its_next_fire_time(unserved):
     assert [r["name"] for r in await setup.fetch(FIRE_DUE)] == ["crashy"]
     assert await setup.fetch(FIRE_DUE) == []
     assert await _queued(setup, "crashy") == 1
+
+
+async def test_queue_health_follows_its_thresholds(db):
+    dlq, source = "health_dlq", "health_src"
+    await db.execute("SELECT postbox.create_queue($1)", dlq)
+    await db.execute(
+        "SELECT postbox.create_queue($1, $2::jsonb)",
+        source,
+        '{"dead_letter_policy": {"dead_letter_queue": "health_dlq", "max_receive_count": 3}}',
+    )
+    try:
+
+        async def health() -> dict[str, tuple[str, str]]:
+            rows = await db.fetch(
+                "SELECT queue_name, status, reason FROM postbox.queue_health "
+                "WHERE queue_name IN ($1, $2)",
+                dlq,
+                source,
+            )
+            return {row["queue_name"]: (row["status"], row["reason"]) for row in rows}
+
+        assert await health() == {dlq: ("ok", ""), source: ("ok", "")}  # empty, not old
+        await db.execute("SELECT postbox.send($1, 'dead')", dlq)
+        assert (await health())[source] == ("warning", "1 dead letters")
+        await db.execute("SET postbox.health_critical_dlq_depth = '1'")
+        assert (await health())[source] == ("critical", "1 dead letters")
+        await db.execute("SET postbox.health_critical_age = '0 s'")
+        status, reason = (await health())[dlq]
+        assert status == "critical"
+        assert reason.startswith("oldest message ")
+        await db.execute(
+            "RESET postbox.health_critical_age; RESET postbox.health_critical_dlq_depth"
+        )
+        await db.execute("SELECT postbox.pause_queue($1, true, false)", source)
+        assert (await health())[source] == ("warning", "1 dead letters; paused")
+    finally:
+        await db.execute("SELECT postbox.drop_queue($1)", source)
+        await db.execute("SELECT postbox.drop_queue($1)", dlq)

@@ -88,6 +88,19 @@ POOL_CONNECTIONS = Gauge(
 )
 
 
+SQS_REQUESTS = Counter(
+    "postbox_sqs_requests_total",
+    "Requests to the SQS shim, by action and outcome (OK or the SQS error code).",
+    ("action", "code"),
+)
+SQS_SECONDS = Histogram(
+    "postbox_sqs_request_seconds",
+    "Seconds the SQS shim took per request, long polls included.",
+    ("action",),
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30),
+)
+
+
 def count(counter: Counter, queue: str, amount: int) -> None:
     if amount:
         counter.labels(queue).inc(amount)

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import time
 import uuid
 from typing import Any
 
@@ -16,7 +17,7 @@ from postbox.v1.queue_service_pb2 import ListQueuesRequest
 from server.auth.client import bearer_metadata
 from server.auth.interceptor import SIGV4_REQUIRED_METADATA
 from server.config import is_loopback
-from server.observability import tracing
+from server.observability import metrics, tracing
 from server.sqs import jsonproto, query, shapes
 from server.sqs.actions import HANDLERS, Call
 from server.sqs.backend import CALLER, Backend
@@ -165,6 +166,17 @@ def _caller(
 
 
 async def handle(request: web.Request) -> web.StreamResponse:
+    started = time.perf_counter()
+    response, outcome, protocol = await _respond(request)
+    # Callers name the action: only the ones that exist become label values.
+    action = protocol.action if protocol.action in HANDLERS else "unknown"
+    metrics.SQS_REQUESTS.labels(action, outcome).inc()
+    metrics.SQS_SECONDS.labels(action).observe(time.perf_counter() - started)
+    return response
+
+
+async def _respond(request: web.Request) -> tuple[web.StreamResponse, str, _Json | _Query]:
+    """The response to a request, its outcome (OK or the SQS error code) and its protocol."""
     request_id = str(uuid.uuid4())
     target = request.headers.get("X-Amz-Target")
     protocol: _Json | _Query = _Json(target) if target else _Query()
@@ -187,16 +199,16 @@ async def handle(request: web.Request) -> web.StreamResponse:
             backend=request.app[_BACKEND],
         )
         result = await handler(call)
-        return protocol.success(result, request_id)
+        return protocol.success(result, request_id), "OK", protocol
     except SqsError as error:
         log.debug("%s %s: %s %s", request_id, protocol.action, error.kind.code, error.message)
-        return protocol.failure(error, request_id)
+        return protocol.failure(error, request_id), error.kind.code, protocol
     except Exception:
         log.exception("%s %s failed", request_id, protocol.action)
         failure = SqsError(
             INTERNAL_FAILURE, f"Internal failure; see the shim's log for request {request_id}."
         )
-        return protocol.failure(failure, request_id)
+        return protocol.failure(failure, request_id), failure.kind.code, protocol
 
 
 def build_app(settings: ShimSettings, backend: Backend) -> web.Application:
@@ -266,7 +278,12 @@ async def serve(settings: ShimSettings, stop: asyncio.Event | None = None) -> No
     # long-poll gRPC stream it is waiting on.
     runner = web.AppRunner(build_app(settings, backend), handler_cancellation=True, access_log=None)
     await runner.setup()
+    metrics_runner = None
     try:
+        if settings.metrics_port is not None:
+            metrics_runner = await metrics.serve_metrics(
+                settings.metrics_host, settings.metrics_port, lambda: metrics.exposition(None, 0)
+            )
         site = web.TCPSite(runner, settings.host, settings.port)
         await site.start()
         log.info(
@@ -278,6 +295,8 @@ async def serve(settings: ShimSettings, stop: asyncio.Event | None = None) -> No
         await stop.wait()
         log.info("shutting down")
     finally:
+        if metrics_runner is not None:
+            await metrics_runner.cleanup()
         await runner.cleanup()
         await backend.close()
         tracing.shutdown()

@@ -31,3 +31,6 @@ class ShimSettings:
     max_request_size: int = 4 * MIB
     # Seconds a unary gRPC call may take before the shim answers ServiceUnavailable.
     grpc_timeout: float = 30.0
+    # Prometheus /metrics on this port (None: not served).
+    metrics_host: str = "localhost"
+    metrics_port: int | None = None

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import shutil
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -21,7 +20,6 @@ from dataclasses import dataclass, field
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from pg_cluster import PG_BIN, Postgres, scratch_directory
 from postbox.v1 import message_service_pb2 as pb
 from postbox.v1 import (
     message_service_pb2_grpc,
@@ -35,6 +33,8 @@ from postbox.v1 import topic_service_pb2 as tpb
 from receiver import Receiver
 from support import ServerProcess, eventually, seconds
 
+from bench.pg_cluster import PG_BIN, Pair, scratch_directory
+
 pytestmark = pytest.mark.skipif(
     not (PG_BIN / "initdb").exists(),
     reason="Debian's postgresql-15 is not installed (.ci/run installs it)",
@@ -47,52 +47,13 @@ CHANNEL_OPTIONS = [
 ]
 
 
-@dataclass
-class Pair:
-    primary: Postgres
-    standby: Postgres
-
-    def url(self, database: str = "postbox") -> str:
-        hosts = f"{self.primary.address},{self.standby.address}"
-        return f"postgresql://postgres@{hosts}/{database}?target_session_attrs=read-write"
-
-    def fail_over(self) -> None:
-        """The primary dies; the standby is promoted."""
-        self.primary.stop("immediate")
-        self.standby.promote()
-
-
-def build_pair(pair: Pair) -> Pair:
-    """Makes `pair` a primary and a synchronous standby, streaming, with a database `postbox`."""
-    primary, standby = pair.primary, pair.standby
-    primary.initdb()
-    primary.start()
-    primary.sql("CREATE DATABASE postbox")
-    primary.configure("synchronous_standby_names = '*'", "synchronous_commit = on")
-    primary.base_backup_to(standby.data)
-    # The copied setting would make the promoted standby wait for a standby of its own,
-    # forever, on every commit.
-    standby.configure("synchronous_standby_names = ''")
-    standby.start()
-    primary.reload()  # from now on, every commit waits for the standby
-    eventually(
-        lambda: primary.sql("SELECT sync_state FROM pg_stat_replication") == "sync",
-        30,
-        "the standby streams synchronously",
-    )
-    return pair
-
-
 @pytest.fixture
 def pair() -> Iterator[Pair]:
-    directory = scratch_directory("postbox-failover-")
-    pair = Pair(Postgres(directory / "primary"), Postgres(directory / "standby"))
+    pair = Pair.build(scratch_directory("postbox-failover-"))
     try:
-        yield build_pair(pair)
+        yield pair
     finally:
-        pair.primary.stop_if_running()
-        pair.standby.stop_if_running()
-        shutil.rmtree(directory, ignore_errors=True)
+        pair.remove()
 
 
 async def until(check, timeout: float, what: str):

@@ -17,7 +17,6 @@ from collections.abc import Iterator
 
 import grpc
 import pytest
-from pg_cluster import PGBOUNCER, PgBouncer, Postgres, scratch_directory
 from postbox.v1 import message_service_pb2 as pb
 from postbox.v1 import (
     message_service_pb2_grpc,
@@ -27,6 +26,8 @@ from postbox.v1 import (
 from postbox.v1 import queue_service_pb2 as qpb
 from postbox.v1 import topic_service_pb2 as tpb
 from support import ServerProcess, seconds
+
+from bench.pg_cluster import PGBOUNCER, PgBouncer, Postgres, scratch_directory
 
 pytestmark = pytest.mark.skipif(
     not PGBOUNCER.exists(), reason="Debian's pgbouncer is not installed (.ci/run installs it)"

@@ -5,6 +5,7 @@ from bench.scenarios import (
     idle,
     latency,
     receiving,
+    replication,
     spark,
     sqs,
     sustained,
@@ -13,7 +14,7 @@ from bench.scenarios import (
 )
 
 # Scenarios too long for a default run; they run when named with --only.
-LONG = frozenset({"spark_write", "sustained"})
+LONG = frozenset({"spark_write", "sustained", "send_sync_replication"})
 
 __all__ = [
     "LONG",
@@ -21,6 +22,7 @@ __all__ = [
     "idle",
     "latency",
     "receiving",
+    "replication",
     "spark",
     "sqs",
     "sustained",

@@ -1,9 +1,10 @@
-"""PostgreSQL servers and a PgBouncer of a test's own, from Debian's packages.
+"""PostgreSQL servers and a PgBouncer of a run's own, from Debian's packages.
 
-The failover and PgBouncer tests stop, promote and kill servers, so they run their
-own on loopback ports in a temporary directory, whatever POSTBOX_TEST_DATABASE_URL
-says. PostgreSQL and PgBouncer refuse to run as root: as root (CI), they run as the
-`postgres` user that the Debian packages create. `.ci/run` installs both packages.
+The failover and PgBouncer tests stop, promote and kill servers, and the replication
+bench needs a standby, so they run their own on loopback ports in a temporary
+directory, whatever database the suite or the bench is otherwise given. PostgreSQL
+and PgBouncer refuse to run as root: as root (CI), they run as the `postgres` user
+that the Debian packages create. `.ci/run` installs both packages.
 """
 
 from __future__ import annotations
@@ -12,9 +13,11 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
-from support import eventually, free_port
+from bench.processes import free_port
 
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
 PGBOUNCER = Path("/usr/sbin/pgbouncer")
@@ -141,7 +144,11 @@ class PgBouncer:
 
     def start(self) -> PgBouncer:
         _run([str(PGBOUNCER), "-d", str(self.directory / "pgbouncer.ini")])
-        eventually(lambda: (self.directory / "pgbouncer.pid").exists(), 10, "pgbouncer started")
+        deadline = time.monotonic() + 10  # it daemonizes at once; its pid file follows
+        while not (self.directory / "pgbouncer.pid").exists():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"pgbouncer did not start:\n{self.log()}")
+            time.sleep(0.02)
         return self
 
     def stop(self) -> None:
@@ -152,3 +159,56 @@ class PgBouncer:
     def log(self) -> str:
         path = self.directory / "pgbouncer.log"
         return path.read_text(errors="replace") if path.exists() else ""
+
+
+@dataclass
+class Pair:
+    """A primary and its synchronous standby, streaming, with a database `postbox`."""
+
+    directory: Path
+    primary: Postgres
+    standby: Postgres
+
+    @classmethod
+    def build(cls, directory: Path) -> Pair:
+        pair = cls(directory, Postgres(directory / "primary"), Postgres(directory / "standby"))
+        try:
+            pair._build()
+        except BaseException:
+            pair.remove()
+            raise
+        return pair
+
+    def _build(self) -> None:
+        primary, standby = self.primary, self.standby
+        primary.initdb()
+        primary.start()
+        # Before the standby exists: with synchronous_standby_names set, it would wait for one.
+        primary.sql("CREATE DATABASE postbox")
+        primary.configure("synchronous_standby_names = '*'", "synchronous_commit = on")
+        primary.base_backup_to(standby.data)
+        # The copied setting would make the promoted standby wait for a standby of its
+        # own, forever, on every commit.
+        standby.configure("synchronous_standby_names = ''")
+        standby.start()
+        primary.reload()  # from now on, every commit waits for the standby
+        deadline = time.monotonic() + 30
+        while primary.sql("SELECT sync_state FROM pg_stat_replication") != "sync":
+            if time.monotonic() > deadline:
+                raise TimeoutError("the standby does not stream synchronously after 30 s")
+            time.sleep(0.05)
+
+    def url(self, database: str = "postbox") -> str:
+        """Both hosts; the client picks whichever accepts writes."""
+        hosts = f"{self.primary.address},{self.standby.address}"
+        return f"postgresql://postgres@{hosts}/{database}?target_session_attrs=read-write"
+
+    def fail_over(self) -> None:
+        """The primary dies; the standby is promoted."""
+        self.primary.stop("immediate")
+        self.standby.promote()
+
+    def remove(self) -> None:
+        self.primary.stop_if_running()
+        self.standby.stop_if_running()
+        shutil.rmtree(self.directory, ignore_errors=True)

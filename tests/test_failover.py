@@ -340,11 +340,6 @@ async def _workers_across_failover(pair: Pair, channel: grpc.aio.Channel, receiv
         return reply.schedule.fire_count
 
     publishing = asyncio.ensure_future(publisher())
-    await queues.RedriveMessages(
-        qpb.RedriveMessagesRequest(
-            dead_letter_queue="dead", destination="redriven", max_messages_per_second=REDRIVE_RATE
-        )
-    )
 
     async def moved() -> int:
         return (await redrive_task()).moved_messages
@@ -355,9 +350,15 @@ async def _workers_across_failover(pair: Pair, channel: grpc.aio.Channel, receiv
     async def fired_since(count: int) -> bool:
         return await fire_count() > count
 
-    await until(moved, 30, "the redrive under way")
     await until(lambda: len(published) >= 20, 30, "publishes before the failover")
     await until(lambda: fired_since(0), 30, "the schedule fired")
+    # The redrive last, so that it is surely under way and far from done at the failover.
+    await queues.RedriveMessages(
+        qpb.RedriveMessagesRequest(
+            dead_letter_queue="dead", destination="redriven", max_messages_per_second=REDRIVE_RATE
+        )
+    )
+    await until(moved, 30, "the redrive under way")
     assert await moved() < DEAD_LETTERS, "the redrive finished before the failover"
 
     await asyncio.to_thread(pair.fail_over)

@@ -8,7 +8,6 @@ import functools
 import logging
 import signal
 
-import asyncpg
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
@@ -28,6 +27,7 @@ from postbox.v1 import (
 from server.auth.interceptor import Authorize
 from server.auth.keys import KeyCache
 from server.config import Settings, is_loopback
+from server.db import hosts
 from server.db.engine import Engine, application_name
 from server.db.migrate import format_version, migrate
 from server.durability import require_synchronous_commit
@@ -102,7 +102,7 @@ async def _watch_health(engine: Engine, servicer: health.aio.HealthServicer) -> 
 
 
 async def install_engine(dsn: str) -> None:
-    conn = await asyncpg.connect(
+    conn = await hosts.connect(
         dsn, server_settings={"application_name": application_name("migrate")}
     )
     try:

@@ -19,6 +19,7 @@ from datetime import datetime, timezone
 
 import asyncpg
 
+from server.db import hosts
 from server.db.engine import application_name
 
 log = logging.getLogger(__name__)
@@ -167,7 +168,7 @@ class WakeHub:
         while not self.closing:
             conn: asyncpg.Connection | None = None
             try:
-                conn = await asyncpg.connect(
+                conn = await hosts.connect(
                     self._dsn, server_settings={"application_name": application_name("listen")}
                 )
                 lost = asyncio.Event()

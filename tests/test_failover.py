@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import shutil
+import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -33,7 +35,7 @@ from postbox.v1 import topic_service_pb2 as tpb
 from receiver import Receiver
 from support import ServerProcess, eventually, seconds
 
-from bench.pg_cluster import PG_BIN, Pair, scratch_directory
+from bench.pg_cluster import PG_BIN, Pair, Postgres, scratch_directory
 
 pytestmark = pytest.mark.skipif(
     not (PG_BIN / "initdb").exists(),
@@ -392,3 +394,37 @@ async def _workers_across_failover(pair: Pair, channel: grpc.aio.Channel, receiv
         30,
         "every acknowledged publish delivered",
     )
+
+
+@pytest.fixture
+def lone_primary() -> Iterator[Postgres]:
+    directory = scratch_directory("postbox-silent-host-")
+    postgres = Postgres(directory / "data").initdb()
+    try:
+        yield postgres.start()
+    finally:
+        postgres.stop_if_running()
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def test_a_first_host_that_never_answers_is_passed_over(lone_primary):
+    """A host gone without a TCP reset (powered off, cut off) holds a connection attempt
+    until it times out: asyncpg's one timeout for all hosts would never reach the next
+    host. Here the first host accepts TCP connections and never answers."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(64)
+        hosts = f"127.0.0.1:{silent.getsockname()[1]},{lone_primary.address}"
+        url = f"postgresql://postgres@{hosts}/postgres?target_session_attrs=read-write"
+        started = time.monotonic()
+        # 40 s: the silent host costs HOST_TIMEOUT (5 s) once, not asyncpg's 60 s each time.
+        server = ServerProcess(url).start(timeout=40)
+        try:
+            print(f"serving {time.monotonic() - started:.1f} s after the start")
+            with grpc.insecure_channel(server.target) as channel:
+                queues = queue_service_pb2_grpc.QueueServiceStub(channel)
+                messages = message_service_pb2_grpc.MessageServiceStub(channel)
+                queues.CreateQueue(qpb.CreateQueueRequest(queue=qpb.Queue(name="past_silence")))
+                messages.Send(pb.SendRequest(queue="past_silence", body=b"x"), timeout=10)
+        finally:
+            server.stop()

@@ -21,6 +21,7 @@ from typing import Any
 import asyncpg
 
 from server.auth.secrets import secret_sha256
+from server.db import hosts
 from server.db.engine import application_name
 
 log = logging.getLogger(__name__)
@@ -170,7 +171,7 @@ class KeyCache:
         while True:
             conn: asyncpg.Connection | None = None
             try:
-                conn = await asyncpg.connect(
+                conn = await hosts.connect(
                     self._dsn, server_settings={"application_name": application_name("keys")}
                 )
                 lost = asyncio.Event()

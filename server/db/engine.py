@@ -13,6 +13,7 @@ from uuid import UUID
 
 import asyncpg
 
+from server.db import hosts
 from server.db.errors import translate
 from server.db.sqlfiles import queries
 from server.observability import metrics, tracing
@@ -132,6 +133,7 @@ class Engine:
                 server_settings={"application_name": application_name()},
                 reset=_keep_session,
                 statement_cache_size=0 if transaction_pooler else 100,
+                connect=hosts.connect,
             )
         except Exception as exc:
             raise translate(exc) from exc

@@ -95,9 +95,8 @@ def spark_session(partitions: int):
     os.environ["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p
     )
+    from postbox_client.spark import register
     from pyspark.sql import SparkSession
-
-    from server.spark import register
 
     spark = (
         SparkSession.builder.master(f"local[{partitions}]")
@@ -132,11 +131,10 @@ def client_cpu(rows: int, size: int) -> tuple[float, float]:
     for a DataSourceWriter; no request is sent, so the server does not count.
     """
     import pyarrow as pa
+    from postbox_client.spark.encode import Encoder
+    from postbox_client.spark.options import write_plan
     from pyspark.sql.conversion import ArrowTableToRowsConversion
     from pyspark.sql.types import StringType, StructField, StructType, _create_row
-
-    from server.spark.encode import Encoder
-    from server.spark.options import write_plan
 
     schema = StructType([StructField("body", StringType())])
     plan = write_plan({"queue": "q", "body_column": "body"}, schema, streaming=False)
@@ -169,20 +167,18 @@ def client_cpu(rows: int, size: int) -> tuple[float, float]:
 
 def _register_row_writer(spark) -> None:
     """Registers "postbox_rows": the shipped sender behind the Row-based interface."""
+    from postbox_client.spark import PostboxDataSource
+    from postbox_client.spark.options import write_plan
+    from postbox_client.spark.writer import PartitionResult, _task_prefix
     from pyspark.sql.datasource import DataSourceWriter
-
-    from server.spark import PostboxDataSource
-    from server.spark.options import write_plan
-    from server.spark.writer import PartitionResult, _task_prefix
 
     class RowWriter(DataSourceWriter):
         def __init__(self, plan) -> None:
             self.plan = plan
 
         def write(self, rows: Iterator) -> PartitionResult:
+            from postbox_client.spark.client import BatchSender
             from pyspark import TaskContext
-
-            from server.spark.client import BatchSender
 
             plan = self.plan
             with plan.connection.open() as channel:

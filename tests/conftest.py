@@ -169,9 +169,8 @@ def spark(tmp_path_factory: pytest.TempPathFactory):
     )
     # The data source's log, from the driver's Python workers too (test_spark_stream).
     os.environ["POSTBOX_SPARK_LOG_FILE"] = str(tmp_path_factory.mktemp("spark-log") / "postbox.log")
+    from postbox_client.spark import register
     from pyspark.sql import SparkSession
-
-    from server.spark import register
 
     session = (
         SparkSession.builder.master("local[2,2]")

@@ -8,12 +8,11 @@ import threading
 from collections import Counter
 
 import pyarrow as pa
+from postbox_client.spark.encode import Encoder
+from postbox_client.spark.options import WritePlan, write_plan
+from postbox_client.spark.writer import PartitionResult, send_partition
 from pyspark.sql.types import StringType, StructField, StructType
 from spark_support import receive_all
-
-from server.spark.encode import Encoder
-from server.spark.options import WritePlan, write_plan
-from server.spark.writer import PartitionResult, send_partition
 
 ROWS = 3000
 PREFIX = "nightly:7"  # <write id>:<partition>, as a task of partition 7 derives it

@@ -190,9 +190,9 @@ def writer_log(queue: str) -> list[str]:
     text = Path(os.environ["POSTBOX_SPARK_LOG_FILE"]).read_text(encoding="utf-8")
     lines = [line.split(" ", 2)[2] for line in text.splitlines() if f"queue {queue!r}" in line]
     return [
-        line.replace(" server.spark.writer:", "", 1)
+        line.replace(" postbox_client.spark.writer:", "", 1)
         for line in lines
-        if " server.spark.writer: " in line
+        if " postbox_client.spark.writer: " in line
     ]
 
 

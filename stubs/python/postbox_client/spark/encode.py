@@ -15,7 +15,7 @@ from google.protobuf.message import Message
 from postbox.v1 import message_service_pb2 as pb
 from postbox.v1 import topic_service_pb2 as tpb
 
-from server.spark.options import AttributeColumn, WritePlan, attribute_name_problem
+from postbox_client.spark.options import AttributeColumn, WritePlan, attribute_name_problem
 
 # A request stays well under the server's 64 MiB request limit even when
 # messages are large; small messages reach the 1,000-entry limit first.

@@ -23,9 +23,9 @@ from pyspark.sql.datasource import (
     WriterCommitMessage,
 )
 
-from server.spark.client import BatchSender
-from server.spark.encode import Encoder
-from server.spark.options import WritePlan
+from postbox_client.spark.client import BatchSender
+from postbox_client.spark.encode import Encoder
+from postbox_client.spark.options import WritePlan
 
 # Local properties Spark's micro-batch engine sets for the tasks of a batch.
 _QUERY_ID = "sql.streaming.queryId"

@@ -29,7 +29,7 @@ from pyspark.sql.types import (
     VarcharType,
 )
 
-from server.spark.client import Connection, RetryPolicy
+from postbox_client.spark.client import Connection, RetryPolicy
 
 MAX_BATCH = 1000
 MAX_ATTRIBUTES = 10

@@ -27,8 +27,8 @@ from postbox.v1 import message_service_pb2 as pb
 from postbox.v1 import message_service_pb2_grpc
 from pyspark.sql.datasource import SimpleDataSourceStreamReader
 
-from server.spark.client import call_with_retries
-from server.spark.options import ReadPlan
+from postbox_client.spark.client import call_with_retries
+from postbox_client.spark.options import ReadPlan
 
 log = logging.getLogger(__name__)
 

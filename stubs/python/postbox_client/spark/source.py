@@ -5,10 +5,10 @@ from __future__ import annotations
 from pyspark.sql.datasource import DataSource
 from pyspark.sql.types import StructType
 
-from server.spark.client import check_auth_token
-from server.spark.options import PostboxOptionError, read_plan, write_plan
-from server.spark.reader import SCHEMA, PostboxStreamReader
-from server.spark.writer import PostboxStreamWriter, PostboxWriter
+from postbox_client.spark.client import check_auth_token
+from postbox_client.spark.options import PostboxOptionError, read_plan, write_plan
+from postbox_client.spark.reader import SCHEMA, PostboxStreamReader
+from postbox_client.spark.writer import PostboxStreamWriter, PostboxWriter
 
 
 def _append_only(overwrite: bool) -> None:

@@ -11,8 +11,8 @@ import sys
 
 from pyspark.sql import SparkSession
 
-from server.spark.options import PostboxOptionError
-from server.spark.source import PostboxDataSource
+from postbox_client.spark.options import PostboxOptionError
+from postbox_client.spark.source import PostboxDataSource
 
 __all__ = ["PostboxDataSource", "PostboxOptionError", "register"]
 

@@ -1,0 +1,344 @@
+"""Clients of a postbox server: `AsyncClient` (asyncio) and `Client` (blocking).
+
+Both wrap the generated stubs (reachable as `.queues`, `.messages`, `.topics`,
+`.schedules` for everything the helpers here do not cover), present an API key when
+given one, map failures to the typed errors of `postbox_client.errors`, and retry
+UNAVAILABLE with exponential backoff on calls that are safe to repeat: reads, deletes by
+receipt, and sends that carry a deduplication id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, TypeVar
+
+import grpc
+from postbox.v1 import (
+    message_pb2,
+    message_service_pb2,
+    message_service_pb2_grpc,
+    queue_service_pb2,
+    queue_service_pb2_grpc,
+    schedule_service_pb2_grpc,
+    topic_service_pb2,
+    topic_service_pb2_grpc,
+)
+
+from postbox_client.errors import Unavailable, from_rpc_error
+
+T = TypeVar("T")
+Attributes = Mapping[str, str | bytes]
+
+
+@dataclass(frozen=True)
+class Retry:
+    """Backoff for UNAVAILABLE on repeatable calls: initial, doubled up to maximum, with
+    jitter, for at most `attempts` attempts."""
+
+    attempts: int = 5
+    initial: float = 0.1
+    maximum: float = 5.0
+
+    def delays(self) -> Iterator[float]:
+        delay = self.initial
+        for _ in range(self.attempts - 1):
+            yield delay * random.uniform(0.5, 1.0)
+            delay = min(delay * 2, self.maximum)
+
+
+@dataclass(frozen=True)
+class TLS:
+    """TLS to the server: a CA bundle (None: the system's), and a client certificate for
+    mutual TLS."""
+
+    root_certificates: bytes | None = None
+    certificate_chain: bytes | None = None
+    private_key: bytes | None = None
+
+    def credentials(self) -> grpc.ChannelCredentials:
+        return grpc.ssl_channel_credentials(
+            self.root_certificates, self.private_key, self.certificate_chain
+        )
+
+
+def attribute_values(attributes: Attributes | None) -> dict[str, message_pb2.AttributeValue]:
+    """str values become String attributes, bytes values Binary ones."""
+    values = {}
+    for name, value in (attributes or {}).items():
+        if isinstance(value, bytes):
+            values[name] = message_pb2.AttributeValue(data_type="Binary", binary_value=value)
+        else:
+            values[name] = message_pb2.AttributeValue(data_type="String", string_value=value)
+    return values
+
+
+def send_fields(
+    body: bytes | str,
+    *,
+    attributes: Attributes | None = None,
+    delay: timedelta | None = None,
+    message_group_id: str | None = None,
+    deduplication_id: str | None = None,
+    priority: int | None = None,
+) -> dict[str, Any]:
+    """The fields of a SendRequest or SendBatchEntry."""
+    fields: dict[str, Any] = {
+        "body": body.encode() if isinstance(body, str) else body,
+        "attributes": attribute_values(attributes),
+    }
+    if delay is not None:
+        fields["delay"] = delay
+    if message_group_id:
+        fields["message_group_id"] = message_group_id
+    if deduplication_id:
+        fields["deduplication_id"] = deduplication_id
+    if priority is not None:
+        fields["priority"] = priority
+    return fields
+
+
+def _metadata(api_key: str | None) -> tuple[tuple[str, str], ...]:
+    return (("authorization", f"Bearer {api_key}"),) if api_key else ()
+
+
+class AsyncClient:
+    """An asyncio client; use `async with AsyncClient(...) as client`."""
+
+    def __init__(
+        self,
+        target: str = "localhost:50051",
+        *,
+        api_key: str | None = None,
+        tls: TLS | None = None,
+        retry: Retry = Retry(),
+        options: Sequence[tuple[str, Any]] = (),
+    ) -> None:
+        if tls is None:
+            self.channel = grpc.aio.insecure_channel(target, options=list(options))
+        else:
+            self.channel = grpc.aio.secure_channel(target, tls.credentials(), options=list(options))
+        self.metadata = _metadata(api_key)
+        self.retry = retry
+        self.queues = queue_service_pb2_grpc.QueueServiceStub(self.channel)
+        self.messages = message_service_pb2_grpc.MessageServiceStub(self.channel)
+        self.topics = topic_service_pb2_grpc.TopicServiceStub(self.channel)
+        self.schedules = schedule_service_pb2_grpc.ScheduleServiceStub(self.channel)
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self.channel.close()
+
+    async def call(
+        self, method: Callable[..., Awaitable[T]], request: Any, *, repeatable: bool = False
+    ) -> T:
+        """One unary call, with the key, typed errors and retries when `repeatable`."""
+        delays = self.retry.delays() if repeatable else iter(())
+        while True:
+            try:
+                return await method(request, metadata=self.metadata)
+            except grpc.RpcError as error:
+                failure = from_rpc_error(error)
+            if not isinstance(failure, Unavailable) or (wait := next(delays, None)) is None:
+                raise failure
+            await asyncio.sleep(wait)
+
+    # Queues.
+
+    async def create_queue(self, name: str, **fields: Any) -> queue_service_pb2.Queue:
+        """Creates a queue; `fields` are Queue's (visibility_timeout=timedelta(...), ...)."""
+        request = queue_service_pb2.CreateQueueRequest(
+            queue=queue_service_pb2.Queue(name=name, **fields)
+        )
+        return (await self.call(self.queues.CreateQueue, request)).queue
+
+    async def get_queue(self, name: str) -> queue_service_pb2.Queue:
+        request = queue_service_pb2.GetQueueRequest(name=name)
+        return (await self.call(self.queues.GetQueue, request, repeatable=True)).queue
+
+    async def list_queues(self, page_size: int = 100) -> AsyncIterator[queue_service_pb2.Queue]:
+        request = queue_service_pb2.ListQueuesRequest(page_size=page_size)
+        while True:
+            page = await self.call(self.queues.ListQueues, request, repeatable=True)
+            for queue in page.queues:
+                yield queue
+            if not page.next_page_token:
+                return
+            request.page_token = page.next_page_token
+
+    async def delete_queue(self, name: str) -> None:
+        await self.call(self.queues.DeleteQueue, queue_service_pb2.DeleteQueueRequest(name=name))
+
+    # Messages.
+
+    async def send(self, queue: str, body: bytes | str, **fields: Any) -> str:
+        """Sends one message; returns its id. Retried only with a deduplication_id."""
+        request = message_service_pb2.SendRequest(queue=queue, **send_fields(body, **fields))
+        repeatable = bool(fields.get("deduplication_id"))
+        return (await self.call(self.messages.Send, request, repeatable=repeatable)).message_id
+
+    async def send_batch(
+        self, queue: str, entries: Sequence[message_service_pb2.SendBatchEntry]
+    ) -> message_service_pb2.SendBatchResponse:
+        """Sends up to 1,000 entries at once; retried when every entry has a deduplication id."""
+        request = message_service_pb2.SendBatchRequest(queue=queue, entries=entries)
+        repeatable = all(entry.deduplication_id for entry in entries)
+        return await self.call(self.messages.SendBatch, request, repeatable=repeatable)
+
+    async def receive(
+        self,
+        queue: str,
+        max_messages: int = 10,
+        *,
+        wait: timedelta = timedelta(0),
+        visibility_timeout: timedelta | None = None,
+    ) -> list[message_pb2.Message]:
+        """One batch, waiting up to `wait` for the first message; [] when none came."""
+        request = message_service_pb2.ReceiveRequest(
+            queue=queue, max_messages=max_messages, wait_time=wait
+        )
+        if visibility_timeout is not None:
+            request.visibility_timeout.FromTimedelta(visibility_timeout)
+        try:
+            return [
+                message
+                async for response in self.messages.Receive(request, metadata=self.metadata)
+                for message in response.messages
+            ]
+        except grpc.RpcError as error:
+            raise from_rpc_error(error) from None
+
+    async def delete(self, queue: str, receipt: str) -> None:
+        request = message_service_pb2.DeleteRequest(queue=queue, receipt=receipt)
+        await self.call(self.messages.Delete, request, repeatable=True)
+
+    async def nack(self, queue: str, receipt: str, *, delay: timedelta | None = None) -> None:
+        """Gives a message back: visible after `delay`, or the queue's retry backoff."""
+        request = message_service_pb2.NackRequest(queue=queue, receipt=receipt)
+        if delay is not None:
+            request.delay.FromTimedelta(delay)
+        await self.call(self.messages.Nack, request)
+
+    async def publish(
+        self, topic: str, body: bytes | str, *, routing_key: str = "", **fields: Any
+    ) -> topic_service_pb2.PublishResponse:
+        request = topic_service_pb2.PublishRequest(
+            topic=topic,
+            routing_key=routing_key,
+            body=body.encode() if isinstance(body, str) else body,
+            attributes=attribute_values(fields.pop("attributes", None)),
+            **fields,
+        )
+        return await self.call(self.topics.Publish, request)
+
+    def producer(self, queue: str, **options: Any) -> Any:
+        from postbox_client.producer import Producer
+
+        return Producer(self, queue, **options)
+
+    def consumer(self, queue: str, **options: Any) -> Any:
+        from postbox_client.consumer import Consumer
+
+        return Consumer(self, queue, **options)
+
+
+class Client:
+    """A blocking client; use `with Client(...) as client`."""
+
+    def __init__(
+        self,
+        target: str = "localhost:50051",
+        *,
+        api_key: str | None = None,
+        tls: TLS | None = None,
+        retry: Retry = Retry(),
+        options: Sequence[tuple[str, Any]] = (),
+    ) -> None:
+        if tls is None:
+            self.channel = grpc.insecure_channel(target, options=list(options))
+        else:
+            self.channel = grpc.secure_channel(target, tls.credentials(), options=list(options))
+        self.metadata = _metadata(api_key)
+        self.retry = retry
+        self.queues = queue_service_pb2_grpc.QueueServiceStub(self.channel)
+        self.messages = message_service_pb2_grpc.MessageServiceStub(self.channel)
+        self.topics = topic_service_pb2_grpc.TopicServiceStub(self.channel)
+        self.schedules = schedule_service_pb2_grpc.ScheduleServiceStub(self.channel)
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def call(self, method: Callable[..., T], request: Any, *, repeatable: bool = False) -> T:
+        delays = self.retry.delays() if repeatable else iter(())
+        while True:
+            try:
+                return method(request, metadata=self.metadata)
+            except grpc.RpcError as error:
+                failure = from_rpc_error(error)
+            if not isinstance(failure, Unavailable) or (wait := next(delays, None)) is None:
+                raise failure
+            time.sleep(wait)
+
+    def create_queue(self, name: str, **fields: Any) -> queue_service_pb2.Queue:
+        request = queue_service_pb2.CreateQueueRequest(
+            queue=queue_service_pb2.Queue(name=name, **fields)
+        )
+        return self.call(self.queues.CreateQueue, request).queue
+
+    def get_queue(self, name: str) -> queue_service_pb2.Queue:
+        request = queue_service_pb2.GetQueueRequest(name=name)
+        return self.call(self.queues.GetQueue, request, repeatable=True).queue
+
+    def delete_queue(self, name: str) -> None:
+        self.call(self.queues.DeleteQueue, queue_service_pb2.DeleteQueueRequest(name=name))
+
+    def send(self, queue: str, body: bytes | str, **fields: Any) -> str:
+        request = message_service_pb2.SendRequest(queue=queue, **send_fields(body, **fields))
+        repeatable = bool(fields.get("deduplication_id"))
+        return self.call(self.messages.Send, request, repeatable=repeatable).message_id
+
+    def receive(
+        self, queue: str, max_messages: int = 10, *, wait: timedelta = timedelta(0)
+    ) -> list[message_pb2.Message]:
+        request = message_service_pb2.ReceiveRequest(
+            queue=queue, max_messages=max_messages, wait_time=wait
+        )
+        try:
+            return [
+                message
+                for response in self.messages.Receive(request, metadata=self.metadata)
+                for message in response.messages
+            ]
+        except grpc.RpcError as error:
+            raise from_rpc_error(error) from None
+
+    def delete(self, queue: str, receipt: str) -> None:
+        request = message_service_pb2.DeleteRequest(queue=queue, receipt=receipt)
+        self.call(self.messages.Delete, request, repeatable=True)
+
+    def publish(
+        self, topic: str, body: bytes | str, *, routing_key: str = "", **fields: Any
+    ) -> topic_service_pb2.PublishResponse:
+        request = topic_service_pb2.PublishRequest(
+            topic=topic,
+            routing_key=routing_key,
+            body=body.encode() if isinstance(body, str) else body,
+            attributes=attribute_values(fields.pop("attributes", None)),
+            **fields,
+        )
+        return self.call(self.topics.Publish, request)

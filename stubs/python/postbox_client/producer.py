@@ -1,0 +1,114 @@
+"""A batching producer: many `send()` calls, few SendBatch calls.
+
+Every gRPC call costs CPU in client and server alike, so single sends from many callers
+are bounded by calls, not by the database. The producer gathers what its callers send
+for at most `linger` seconds, or until `max_entries` messages or `max_bytes` of bodies
+wait, and sends them in one SendBatch; each caller's future gets its own message id.
+
+With `idempotent` (the default) each message gets a deduplication id, so a batch that
+failed with UNAVAILABLE is sent again without duplicating what the first attempt may
+have committed (within the queue's deduplication window).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from postbox.v1 import message_service_pb2
+
+from postbox_client.client import send_fields
+
+if TYPE_CHECKING:
+    from postbox_client.client import AsyncClient
+
+MAX_BATCH = 1000  # the server's largest SendBatch
+
+
+class Producer:
+    def __init__(
+        self,
+        client: AsyncClient,
+        queue: str,
+        *,
+        max_entries: int = 500,
+        max_bytes: int = 4 * 1024 * 1024,
+        linger: float = 0.005,
+        max_in_flight: int = 4,
+        idempotent: bool = True,
+    ) -> None:
+        if not 1 <= max_entries <= MAX_BATCH:
+            raise ValueError(f"max_entries is {max_entries}; it must be 1 to {MAX_BATCH}")
+        self.client = client
+        self.queue = queue
+        self.max_entries = max_entries
+        self.max_bytes = max_bytes
+        self.linger = linger
+        self.idempotent = idempotent
+        self.batches_sent = 0  # SendBatch calls made
+        self._pending: list[tuple[message_service_pb2.SendBatchEntry, asyncio.Future[str]]] = []
+        self._pending_bytes = 0
+        self._timer: asyncio.TimerHandle | None = None
+        self._in_flight = asyncio.Semaphore(max_in_flight)
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._closed = False
+
+    def send(self, body: bytes | str, **fields: Any) -> asyncio.Future[str]:
+        """Queues a message; the future resolves to its id once its batch committed."""
+        if self._closed:
+            raise RuntimeError("the producer is closed")
+        if self.idempotent and not fields.get("deduplication_id"):
+            fields["deduplication_id"] = uuid.uuid4().hex
+        entry = message_service_pb2.SendBatchEntry(**send_fields(body, **fields))
+        future: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self._pending.append((entry, future))
+        self._pending_bytes += len(entry.body)
+        if len(self._pending) >= self.max_entries or self._pending_bytes >= self.max_bytes:
+            self._dispatch()
+        elif self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(self.linger, self._dispatch)
+        return future
+
+    def _dispatch(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        while self._pending:
+            batch = self._pending[: self.max_entries]
+            self._pending = self._pending[self.max_entries :]
+            task = asyncio.create_task(self._send(batch))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        self._pending_bytes = 0
+
+    async def _send(self, batch: list[tuple[message_service_pb2.SendBatchEntry, Any]]) -> None:
+        async with self._in_flight:
+            self.batches_sent += 1
+            try:
+                response = await self.client.send_batch(self.queue, [entry for entry, _ in batch])
+            except Exception as error:
+                for _, future in batch:
+                    if not future.done():
+                        future.set_exception(error)
+                return
+        for (_, future), message_id in zip(batch, response.message_ids, strict=True):
+            if not future.done():
+                future.set_result(message_id)
+
+    async def flush(self) -> None:
+        """Sends what waits now and returns once every batch so far has an outcome."""
+        self._dispatch()
+        if self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    async def close(self) -> None:
+        """Flushes, then refuses further sends."""
+        self._closed = True
+        await self.flush()
+
+    async def __aenter__(self) -> Producer:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.close()

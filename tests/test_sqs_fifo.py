@@ -164,23 +164,57 @@ def test_standard_queue_send_rules(sqs_any, sqs_queue):
     assert "SequenceNumber" not in message["Attributes"]
 
 
+@pytest.mark.parametrize(
+    ("missing", "code", "says"),
+    [
+        ("MessageGroupId", "MissingParameter", "MessageGroupId"),
+        ("MessageDeduplicationId", "InvalidParameterValue", "ContentBasedDeduplication"),
+    ],
+)
+def test_a_fifo_batch_entry_without_its_ids_fails_the_whole_call(
+    sqs_any, fifo_queue, missing, code, says
+):
+    entries = [
+        {
+            "Id": f"e{i}",
+            "MessageBody": str(i),
+            "MessageGroupId": "g",
+            "MessageDeduplicationId": str(i),
+        }
+        for i in range(3)
+    ]
+    del entries[1][missing]
+    error = error_of(sqs_any.send_message_batch, QueueUrl=fifo_queue, Entries=entries)
+    assert error["Code"] == code
+    assert says in error["Message"]
+    assert drain(sqs_any, fifo_queue) == []  # nothing of the batch was sent
+
+
 def test_fifo_batch_reports_each_entry(sqs_any, fifo_queue):
     response = sqs_any.send_message_batch(
         QueueUrl=fifo_queue,
         Entries=[
             {"Id": "ok", "MessageBody": "1", "MessageGroupId": "g", "MessageDeduplicationId": "1"},
-            {"Id": "no_group", "MessageBody": "2", "MessageDeduplicationId": "2"},
-            {"Id": "no_dedup", "MessageBody": "3", "MessageGroupId": "g"},
+            {"Id": "bad_group", "MessageBody": "2", "MessageGroupId": "g" * 129,
+             "MessageDeduplicationId": "2"},
             {"Id": "ok2", "MessageBody": "4", "MessageGroupId": "g", "MessageDeduplicationId": "4"},
         ],
-    )
+    )  # fmt: skip
     assert sorted(e["Id"] for e in response["Successful"]) == ["ok", "ok2"]
     assert all("SequenceNumber" in e for e in response["Successful"])
     assert {e["Id"]: e["Code"] for e in response["Failed"]} == {
-        "no_group": "MissingParameter",
-        "no_dedup": "InvalidParameterValue",
+        "bad_group": "InvalidParameterValue",
     }
     assert [m["Body"] for m in drain(sqs_any, fifo_queue)] == ["1", "4"]
+
+
+def test_fifo_messages_carry_sender_id_and_sequence_number(sqs_any, fifo_queue):
+    sent = sqs_any.send_message(
+        QueueUrl=fifo_queue, MessageBody="x", MessageGroupId="g", MessageDeduplicationId="x"
+    )
+    (message,) = sqs_any.receive_message(QueueUrl=fifo_queue, AttributeNames=["All"])["Messages"]
+    assert message["Attributes"]["SenderId"] == "000000000000"
+    assert message["Attributes"]["SequenceNumber"] == sent["SequenceNumber"]
 
 
 def test_stale_receipt_is_refused_on_a_fifo_queue(sqs_any, fifo_queue):

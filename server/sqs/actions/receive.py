@@ -16,8 +16,8 @@ from server.sqs.queue_attributes import is_fifo, unknown
 from server.sqs.settings import ShimSettings
 
 MAX_WAIT = 20
-# Message system attributes a client may ask for. Those postbox does not record
-# (SenderId, SqsManagedSseEnabled) are accepted and not returned.
+# Message system attributes a client may ask for. SqsManagedSseEnabled, which
+# postbox does not record, is accepted and not returned; SenderId is the account's.
 SYSTEM_ATTRIBUTES = frozenset(
     {
         "All",
@@ -48,6 +48,7 @@ def system_attributes(
 ) -> dict[str, str]:
     """The system attributes asked for; `stored` are those the sender set (AWSTraceHeader)."""
     available = {
+        "SenderId": settings.account_id,
         "SentTimestamp": _millis(message.enqueue_time),
         "ApproximateReceiveCount": str(message.receive_count),
     }

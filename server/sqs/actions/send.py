@@ -149,16 +149,23 @@ async def send_message_batch(call: Call) -> Result:
         )
     described = await get_queue(call, queue)
     limit = described.max_message_size
+    if fifo:
+        # What a FIFO queue needs of every entry fails the whole call, as SQS does.
+        for params in entries:
+            if not params.get("MessageGroupId"):
+                raise missing_parameter("MessageGroupId")
+            if not params.get("MessageDeduplicationId") and not (
+                described.content_based_deduplication
+            ):
+                raise invalid_parameter(
+                    "The queue should either have ContentBasedDeduplication enabled or "
+                    "MessageDeduplicationId provided explicitly"
+                )
     valid: list[tuple[str, pb.SendBatchEntry]] = []
     failed = []
     for params in entries:
         try:
             entry = prepare(params, fifo)
-            if fifo and not entry.deduplication_id and not described.content_based_deduplication:
-                raise invalid_parameter(
-                    "The queue should either have ContentBasedDeduplication enabled or "
-                    "MessageDeduplicationId provided explicitly"
-                )
             if message_attributes.size(entry.body, entry.attributes) > limit:
                 raise invalid_parameter(
                     f"One or more parameters are invalid. Reason: Message must be shorter than "

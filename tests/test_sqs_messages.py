@@ -491,3 +491,23 @@ def test_aws_trace_header_by_message_system_attribute_names(sqs, sqs_queue):
     )
     assert message["Attributes"]["AWSTraceHeader"] == TRACE
     assert set(message["Attributes"]) == {"AWSTraceHeader", "SentTimestamp"}
+
+
+@pytest.mark.parametrize(
+    ("action", "arguments"),
+    [
+        ("delete_message", {"ReceiptHandle": "not a receipt handle"}),
+        ("change_message_visibility", {"ReceiptHandle": "bad", "VisibilityTimeout": 99_999}),
+        ("send_message", {"MessageBody": "x", "DelaySeconds": 10_000}),
+        ("receive_message", {"MaxNumberOfMessages": 99}),
+    ],
+)
+def test_a_missing_queue_is_reported_before_anything_else_wrong(
+    sqs_any, sqs_queue, action, arguments
+):
+    missing = sqs_queue.rsplit("/", 1)[0] + "/" + unique_name("gone")
+    error = error_of(getattr(sqs_any, action), QueueUrl=missing, **arguments)
+    assert error["Code"] in ("AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist")
+    # On the queue that exists, the same call is refused for what is wrong with it.
+    error = error_of(getattr(sqs_any, action), QueueUrl=sqs_queue, **arguments)
+    assert error["Code"] not in ("AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist")

@@ -12,7 +12,7 @@ from typing import Any
 
 import grpc
 from aiohttp import web
-from postbox.v1.queue_service_pb2 import ListQueuesRequest
+from postbox.v1.queue_service_pb2 import GetQueueRequest, ListQueuesRequest
 
 from server.auth.client import bearer_metadata
 from server.auth.interceptor import SIGV4_REQUIRED_METADATA
@@ -27,6 +27,7 @@ from server.sqs.errors import (
     INVALID_ADDRESS,
     INVALID_HTTP_REQUEST,
     MISSING_ACTION,
+    QUEUE_DOES_NOT_EXIST,
     REQUEST_ENTITY_TOO_LARGE,
     SqsError,
 )
@@ -178,6 +179,7 @@ async def handle(request: web.Request) -> web.StreamResponse:
 async def _respond(request: web.Request) -> tuple[web.StreamResponse, str, _Json | _Query]:
     """The response to a request, its outcome (OK or the SQS error code) and its protocol."""
     request_id = str(uuid.uuid4())
+    call: Call | None = None
     target = request.headers.get("X-Amz-Target")
     protocol: _Json | _Query = _Json(target) if target else _Query()
     settings = request.app[_SETTINGS]
@@ -201,6 +203,8 @@ async def _respond(request: web.Request) -> tuple[web.StreamResponse, str, _Json
         result = await handler(call)
         return protocol.success(result, request_id), "OK", protocol
     except SqsError as error:
+        if call is not None and error.kind is not QUEUE_DOES_NOT_EXIST:
+            error = await _missing_queue_first(call, error)
         log.debug("%s %s: %s %s", request_id, protocol.action, error.kind.code, error.message)
         return protocol.failure(error, request_id), error.kind.code, protocol
     except Exception:
@@ -209,6 +213,20 @@ async def _respond(request: web.Request) -> tuple[web.StreamResponse, str, _Json
             INTERNAL_FAILURE, f"Internal failure; see the shim's log for request {request_id}."
         )
         return protocol.failure(failure, request_id), failure.kind.code, protocol
+
+
+async def _missing_queue_first(call: Call, error: SqsError) -> SqsError:
+    """QueueDoesNotExist when the queue the call names is missing, whatever else was wrong
+    with it (a receipt handle, a parameter): SQS answers that first. Asked only once a
+    call has failed, so successful calls pay nothing for it."""
+    if not call.params.get("QueueUrl") and not call.path.strip("/"):
+        return error
+    try:
+        queue = call.queue()
+        await call.backend.call(call.backend.queues.GetQueue, GetQueueRequest(name=queue))
+    except SqsError as checked:
+        return checked if checked.kind is QUEUE_DOES_NOT_EXIST else error
+    return error
 
 
 def build_app(settings: ShimSettings, backend: Backend) -> web.Application:

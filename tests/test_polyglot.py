@@ -1,0 +1,30 @@
+"""The generated TypeScript and Go clients (stubs/ts, stubs/go) against the real server:
+each runs the same conformance scenario (tests/polyglot/) as a child process."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from tests.support import ServerProcess, unique_name
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Generous: a cold Node start and a few round trips take ~1 s; the long-poll step
+# waits at most 20 s by its own request.
+TIMEOUT = 120
+
+
+def run_scenario(command: list[str], cwd: Path, env: dict[str, str] | None = None) -> str:
+    result = subprocess.run(
+        command, cwd=cwd, env=env, capture_output=True, text=True, timeout=TIMEOUT
+    )
+    assert result.returncode == 0, f"{command} failed:\n{result.stdout}\n{result.stderr}"
+    return result.stdout
+
+
+def test_typescript_scenario(server: ServerProcess) -> None:
+    assert (ROOT / "stubs/ts/node_modules").is_dir(), "run `npm ci --prefix stubs/ts` first"
+    scenario = ROOT / "tests" / "polyglot" / "ts" / "scenario.mjs"
+    out = run_scenario(["node", str(scenario), server.target, unique_name("poly")], ROOT)
+    assert "6 passed, 0 failed" in out

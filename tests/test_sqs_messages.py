@@ -511,3 +511,15 @@ def test_a_missing_queue_is_reported_before_anything_else_wrong(
     # On the queue that exists, the same call is refused for what is wrong with it.
     error = error_of(getattr(sqs_any, action), QueueUrl=sqs_queue, **arguments)
     assert error["Code"] not in ("AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist")
+
+
+def test_an_expired_receipt_still_deletes_while_nobody_received_since(sqs_any, sqs_queue):
+    sqs_any.send_message(QueueUrl=sqs_queue, MessageBody="x")
+    # VisibilityTimeout=0: the receive's lease has run out at once; nobody received since.
+    (message,) = sqs_any.receive_message(QueueUrl=sqs_queue, VisibilityTimeout=0)["Messages"]
+    sqs_any.delete_message(QueueUrl=sqs_queue, ReceiptHandle=message["ReceiptHandle"])
+    attributes = sqs_any.get_queue_attributes(
+        QueueUrl=sqs_queue, AttributeNames=["ApproximateNumberOfMessages"]
+    )["Attributes"]
+    assert attributes["ApproximateNumberOfMessages"] == "0"
+    assert "Messages" not in sqs_any.receive_message(QueueUrl=sqs_queue)

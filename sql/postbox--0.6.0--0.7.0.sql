@@ -214,6 +214,25 @@ BEGIN
 END
 $$;
 
+-- Since 0.7.0: a queue remembers its last purge (SQS's PurgeQueueInProgress).
+ALTER TABLE postbox.queues ADD COLUMN purged_at timestamptz;
+
+-- Deletes every message of a queue; returns how many. Sends wait meanwhile, so
+-- no FIFO message is parked behind a head that the purge removed.
+CREATE OR REPLACE FUNCTION postbox.purge_queue(queue_name text) RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    q postbox.queues := postbox._queue(queue_name);
+    purged bigint;
+BEGIN
+    PERFORM postbox._lock_queue(q.id, true);
+    DELETE FROM postbox.messages WHERE queue_id = q.id;
+    GET DIAGNOSTICS purged = ROW_COUNT;
+    UPDATE postbox.queues SET purged_at = now() WHERE id = q.id;
+    RETURN purged;
+END
+$$;
+
 -- Since 0.7.0: per-queue figures for a metrics scrape in one statement.
 -- Live figures of the first max_queues queues in name order, for a metrics
 -- scrape: the counts of queue_stats, the oldest message's age in seconds, the

@@ -49,7 +49,9 @@ CREATE TABLE postbox.queues (
     receive_rate_limit double precision,  -- messages per second; NULL: no limit
     send_paused boolean NOT NULL,
     receive_paused boolean NOT NULL,
-    tags jsonb NOT NULL
+    tags jsonb NOT NULL,
+    -- Since 0.7.0: the last purge, which SQS clients may not repeat within 60 s.
+    purged_at timestamptz
 );
 
 -- Every queue's messages live in this one table, keyed by queue_id, rather than
@@ -693,6 +695,7 @@ BEGIN
     PERFORM postbox._lock_queue(q.id, true);
     DELETE FROM postbox.messages WHERE queue_id = q.id;
     GET DIAGNOSTICS purged = ROW_COUNT;
+    UPDATE postbox.queues SET purged_at = now() WHERE id = q.id;
     RETURN purged;
 END
 $$;

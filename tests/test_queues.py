@@ -330,3 +330,11 @@ def test_a_malformed_queue_name_is_invalid_for_every_rpc(queues, messages, queue
 def test_a_well_formed_missing_queue_is_still_not_found(queues, messages, queue):
     for rpc, call in name_calls(queues, messages, "no_such_queue_x", queue).items():
         assert error_of(call).code() == grpc.StatusCode.NOT_FOUND, rpc
+
+
+def test_a_purge_is_remembered_on_the_queue(queues, queue):
+    assert not queues.GetQueue(pb.GetQueueRequest(name=queue)).queue.HasField("purge_time")
+    queues.PurgeQueue(pb.PurgeQueueRequest(name=queue))
+    purged = queues.GetQueue(pb.GetQueueRequest(name=queue)).queue
+    assert purged.HasField("purge_time")
+    assert purged.purge_time.ToDatetime() >= purged.create_time.ToDatetime()

@@ -253,3 +253,14 @@ def test_attributes_meaning_none_are_accepted(sqs_any, request, fifo):
         assert not {"Policy", "KmsMasterKeyId", "KmsDataKeyReusePeriodSeconds"} & set(got)
     finally:
         sqs_any.delete_queue(QueueUrl=url)
+
+
+def test_a_second_purge_within_60_seconds_is_refused(sqs_any, sqs_queue):
+    sqs_any.send_message(QueueUrl=sqs_queue, MessageBody="x")
+    sqs_any.purge_queue(QueueUrl=sqs_queue)
+    with pytest.raises(ClientError) as caught:
+        sqs_any.purge_queue(QueueUrl=sqs_queue)
+    error = caught.value.response["Error"]
+    assert error["Code"] in ("AWS.SimpleQueueService.PurgeQueueInProgress", "PurgeQueueInProgress")
+    assert caught.value.response["ResponseMetadata"]["HTTPStatusCode"] == 403
+    assert "60 seconds" in error["Message"]

@@ -118,6 +118,7 @@ def queue_resource(row: Mapping[str, Any]) -> pb.Queue:
         max_message_size=row["max_message_size"],
         create_time=convert.timestamp(row["created_at"]),
         update_time=convert.timestamp(row["updated_at"]),
+        purge_time=convert.timestamp(row["purged_at"]),
         fifo=row["fifo"],
         content_based_deduplication=row["content_based_deduplication"],
         archive_on_delete=row["archive_on_delete"],

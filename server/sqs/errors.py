@@ -58,6 +58,9 @@ UNSUPPORTED_OPERATION = _kind(
 )
 RESOURCE_NOT_FOUND = _kind("ResourceNotFoundException", 404)
 OVER_LIMIT = _kind("OverLimit", 403)
+PURGE_QUEUE_IN_PROGRESS = _kind(
+    "AWS.SimpleQueueService.PurgeQueueInProgress", 403, shape="PurgeQueueInProgress"
+)
 
 # Errors common to all AWS query services.
 INVALID_PARAMETER_VALUE = _kind("InvalidParameterValue")

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta, timezone
+
 from google.protobuf.field_mask_pb2 import FieldMask
 from postbox.v1 import queue_service_pb2 as qpb
 
 from server.sqs import naming, queue_attributes
 from server.sqs.actions.base import Call, Result, action
 from server.sqs.errors import (
+    PURGE_QUEUE_IN_PROGRESS,
     QUEUE_NAME_EXISTS,
     UNSUPPORTED_OPERATION,
     SqsError,
@@ -87,11 +90,24 @@ async def delete_queue(call: Call) -> Result:
     return {}
 
 
+# SQS refuses a purge within this long of the queue's previous one.
+PURGE_INTERVAL = timedelta(seconds=60)
+
+
 @action("PurgeQueue")
 async def purge_queue(call: Call) -> Result:
-    await call.backend.call(
-        call.backend.queues.PurgeQueue, qpb.PurgeQueueRequest(name=call.queue())
+    queue = call.queue()
+    described = await call.backend.call(
+        call.backend.queues.GetQueue, qpb.GetQueueRequest(name=queue)
     )
+    if described.queue.HasField("purge_time"):
+        since = datetime.now(timezone.utc) - described.queue.purge_time.ToDatetime(timezone.utc)
+        if since < PURGE_INTERVAL:
+            raise SqsError(
+                PURGE_QUEUE_IN_PROGRESS,
+                f"Only one PurgeQueue operation on {queue} is allowed every 60 seconds.",
+            )
+    await call.backend.call(call.backend.queues.PurgeQueue, qpb.PurgeQueueRequest(name=queue))
     return {}
 
 

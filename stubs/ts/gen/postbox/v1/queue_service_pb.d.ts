@@ -194,6 +194,13 @@ export declare type Queue = Message<"postbox.v1.Queue"> & {
    * @generated from field: map<string, string> tags = 22;
    */
   tags: { [key: string]: string };
+
+  /**
+   * Output only. When the queue was last purged; unset if never.
+   *
+   * @generated from field: google.protobuf.Timestamp purge_time = 23;
+   */
+  purgeTime?: Timestamp | undefined;
 };
 
 /**

@@ -3,6 +3,7 @@ each runs the same conformance scenario (tests/polyglot/) as a child process."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -27,4 +28,20 @@ def test_typescript_scenario(server: ServerProcess) -> None:
     assert (ROOT / "stubs/ts/node_modules").is_dir(), "run `npm ci --prefix stubs/ts` first"
     scenario = ROOT / "tests" / "polyglot" / "ts" / "scenario.mjs"
     out = run_scenario(["node", str(scenario), server.target, unique_name("poly")], ROOT)
+    assert "6 passed, 0 failed" in out
+
+
+def test_go_scenario(server: ServerProcess, tmp_path: Path) -> None:
+    # GOPATH mode with Debian's Go libraries, no module proxy: the repo is linked in
+    # as $GOPATH/src/postbox, the import path buf.gen.yaml gives stubs/go.
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "postbox").symlink_to(ROOT)
+    env = {
+        **os.environ,
+        "GO111MODULE": "off",
+        "GOPATH": f"{tmp_path}:/usr/share/gocode",
+        "GOFLAGS": "",
+    }
+    scenario = ROOT / "tests" / "polyglot" / "go" / "scenario.go"
+    out = run_scenario(["go", "run", str(scenario), server.target, unique_name("poly")], ROOT, env)
     assert "6 passed, 0 failed" in out

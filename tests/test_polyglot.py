@@ -28,7 +28,7 @@ def test_typescript_scenario(server: ServerProcess) -> None:
     assert (ROOT / "stubs/ts/node_modules").is_dir(), "run `npm ci --prefix stubs/ts` first"
     scenario = ROOT / "tests" / "polyglot" / "ts" / "scenario.mjs"
     out = run_scenario(["node", str(scenario), server.target, unique_name("poly")], ROOT)
-    assert "6 passed, 0 failed" in out
+    assert "7 passed, 0 failed" in out
 
 
 def test_go_scenario(server: ServerProcess, tmp_path: Path) -> None:
@@ -44,4 +44,4 @@ def test_go_scenario(server: ServerProcess, tmp_path: Path) -> None:
     }
     scenario = ROOT / "tests" / "polyglot" / "go" / "scenario.go"
     out = run_scenario(["go", "run", str(scenario), server.target, unique_name("poly")], ROOT, env)
-    assert "6 passed, 0 failed" in out
+    assert "7 passed, 0 failed" in out

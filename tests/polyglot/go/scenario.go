@@ -107,7 +107,27 @@ func main() {
 		return nil
 	})
 
-	step("a Receive stream woken by a later send", func() error {
+	step("a long-poll Receive answered by a later send", func() error {
+		// The queue is empty: the call waits (up to 20 s) until the send below commits.
+		stream, err := messages.Receive(ctx, &pb.ReceiveRequest{Queue: queue, MaxMessages: 1, WaitTime: seconds(20)})
+		if err != nil {
+			return err
+		}
+		if _, err := messages.Send(ctx, &pb.SendRequest{Queue: queue, Body: []byte("awaited")}); err != nil {
+			return err
+		}
+		response, err := stream.Recv()
+		if err != nil {
+			return err
+		}
+		if got := string(response.GetMessages()[0].GetBody()); got != "awaited" {
+			return fmt.Errorf("received %q", got)
+		}
+		_, err = messages.Delete(ctx, &pb.DeleteRequest{Queue: queue, Receipt: response.GetMessages()[0].GetReceipt()})
+		return err
+	})
+
+	step("a continuous Receive stream woken by a later send", func() error {
 		if _, err := messages.Send(ctx, &pb.SendRequest{Queue: queue, Body: []byte("first")}); err != nil {
 			return err
 		}

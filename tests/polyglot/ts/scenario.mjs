@@ -69,7 +69,17 @@ await step("StreamingReceive with settle", async () => {
   assert.deepEqual(received.map(text).sort(), ["one", "three", "two"]);
 });
 
-await step("a Receive stream woken by a later send", async () => {
+await step("a long-poll Receive answered by a later send", async () => {
+  // The queue is empty: the call waits (up to 20 s) until the send below commits.
+  const stream = messages.receive({ queue, maxMessages: 1, waitTime: { seconds: 20n } });
+  const pending = stream[Symbol.asyncIterator]().next();
+  await messages.send({ queue, body: body("awaited") });
+  const { value } = await pending;
+  assert.equal(text(value.messages[0]), "awaited");
+  await messages.delete({ queue, receipt: value.messages[0].receipt });
+});
+
+await step("a continuous Receive stream woken by a later send", async () => {
   await messages.send({ queue, body: body("first") });
   const stream = messages.receive({
     queue,

@@ -1,9 +1,11 @@
 """A batching producer: many `send()` calls, few SendBatch calls.
 
 Every gRPC call costs CPU in client and server alike, so single sends from many callers
-are bounded by calls, not by the database. The producer gathers what its callers send
-for at most `linger` seconds, or until `max_entries` messages or `max_bytes` of bodies
-wait, and sends them in one SendBatch; each caller's future gets its own message id.
+are bounded by calls, not by the database. The producer sends at once while fewer
+than `max_in_flight` batches are on their way (the sends of one turn of the event loop
+go together); otherwise what its callers send gathers until a batch comes back, for at
+most `linger` seconds, or until `max_entries` messages or `max_bytes` of bodies wait,
+and goes in one SendBatch. Each caller's future gets its own message id.
 
 With `idempotent` (the default) each message gets a deduplication id, so a batch that
 failed with UNAVAILABLE is sent again without duplicating what the first attempt may
@@ -50,7 +52,8 @@ class Producer:
         self._pending: list[tuple[message_service_pb2.SendBatchEntry, asyncio.Future[str]]] = []
         self._pending_bytes = 0
         self._timer: asyncio.TimerHandle | None = None
-        self._in_flight = asyncio.Semaphore(max_in_flight)
+        self.max_in_flight = max_in_flight
+        self._in_flight = 0
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
 
@@ -67,40 +70,50 @@ class Producer:
         if len(self._pending) >= self.max_entries or self._pending_bytes >= self.max_bytes:
             self._dispatch()
         elif self._timer is None:
-            self._timer = asyncio.get_running_loop().call_later(self.linger, self._dispatch)
+            # With a batch slot free, go after this turn of the loop (the sends made in it
+            # join); with every slot busy, a finishing batch sends what waits, or the linger.
+            free = self._in_flight < self.max_in_flight
+            self._timer = asyncio.get_running_loop().call_later(
+                0 if free else self.linger, self._dispatch
+            )
         return future
 
     def _dispatch(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        while self._pending:
+        while self._pending and (self._in_flight < self.max_in_flight or self._closed):
             batch = self._pending[: self.max_entries]
             self._pending = self._pending[self.max_entries :]
+            self._pending_bytes -= sum(len(entry.body) for entry, _ in batch)
+            self._in_flight += 1
             task = asyncio.create_task(self._send(batch))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
-        self._pending_bytes = 0
 
     async def _send(self, batch: list[tuple[message_service_pb2.SendBatchEntry, Any]]) -> None:
-        async with self._in_flight:
-            self.batches_sent += 1
-            try:
-                response = await self.client.send_batch(self.queue, [entry for entry, _ in batch])
-            except Exception as error:
-                for _, future in batch:
-                    if not future.done():
-                        future.set_exception(error)
-                return
-        for (_, future), message_id in zip(batch, response.message_ids, strict=True):
-            if not future.done():
-                future.set_result(message_id)
+        self.batches_sent += 1
+        try:
+            response = await self.client.send_batch(self.queue, [entry for entry, _ in batch])
+        except Exception as error:
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(error)
+        else:
+            for (_, future), message_id in zip(batch, response.message_ids, strict=True):
+                if not future.done():
+                    future.set_result(message_id)
+        finally:
+            self._in_flight -= 1
+            if self._pending:
+                self._dispatch()  # what gathered while this batch was on its way
 
     async def flush(self) -> None:
-        """Sends what waits now and returns once every batch so far has an outcome."""
-        self._dispatch()
-        if self._tasks:
-            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        """Sends what waits and returns once every batch so far has an outcome."""
+        while self._pending or self._tasks:
+            self._dispatch()
+            if self._tasks:
+                await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
     async def close(self) -> None:
         """Flushes, then refuses further sends."""

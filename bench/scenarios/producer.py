@@ -1,0 +1,116 @@
+"""The SDK's batching Producer with 64 concurrent send() callers, against PGMQ's SQL send.
+
+A Python program that sends one message per call pays a gRPC call each through
+postbox's Send, and a transaction each through PGMQ's `pgmq.send` over an asyncpg
+pool. The Producer gathers concurrent sends into SendBatch calls. The three take turns
+(three rounds), in the same run, on the same database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+from pathlib import Path
+
+import asyncpg
+from postbox_client import AsyncClient
+
+from bench.load import closed_loop, interleaved
+from bench.processes import ROOT
+from bench.runner import Context, Row, scenario
+
+log = logging.getLogger(__name__)
+
+CALLERS = 64
+POOL = 16  # asyncpg connections for the SQL senders
+ROUNDS = 3
+# PGMQ's SQL-only install sits beside the repository (shared/peers), not in it;
+# POSTBOX_PEERS_DIR names another place (a git worktree elsewhere, say).
+PGMQ_SQL = (
+    Path(os.environ.get("POSTBOX_PEERS_DIR") or ROOT.parent / "shared" / "peers") / "pgmq-1.5.1.sql"
+)
+
+
+async def install_pgmq(url: str, sql: Path) -> None:
+    conn = await asyncpg.connect(url)
+    try:
+        await conn.execute("DROP SCHEMA IF EXISTS pgmq CASCADE; CREATE SCHEMA pgmq")
+        await conn.execute(await asyncio.to_thread(sql.read_text))
+        await conn.execute("SELECT pgmq.create('bench_producer')")
+    finally:
+        await conn.close()
+
+
+@scenario(
+    "producer",
+    f"SDK Producer, {CALLERS} concurrent send() callers, vs PGMQ's pgmq.send and "
+    f"postbox.send over an asyncpg pool of {POOL}",
+)
+async def producer(ctx: Context) -> list[Row]:
+    served = ctx.postbox()
+    queue = await ctx.new_queue(served.target, "producer")
+    body = ctx.body()
+    turn = ctx.seconds / ROUNDS
+    have_pgmq = PGMQ_SQL.is_file()
+    if have_pgmq:
+        await install_pgmq(ctx.db.url, PGMQ_SQL)
+    else:
+        log.warning("PGMQ's SQL is absent (%s): no PGMQ comparison in this run", PGMQ_SQL)
+    pool = await ctx.db.pool(POOL)
+    document = json.dumps({"body": body.decode()})
+    batches = 0
+
+    async with AsyncClient(served.target) as client:
+
+        async def through_producer() -> object:
+            nonlocal batches
+            sender = client.producer(queue)
+
+            async def send() -> int:
+                await sender.send(body)
+                return 1
+
+            try:
+                return await closed_loop(send, clients=CALLERS, seconds=turn)
+            finally:
+                await sender.close()
+                batches += sender.batches_sent
+
+        async def through_pgmq() -> object:
+            async def send() -> int:
+                await pool.fetchval("SELECT pgmq.send('bench_producer', $1::jsonb)", document)
+                return 1
+
+            return await closed_loop(send, clients=CALLERS, seconds=turn)
+
+        async def through_postbox_sql() -> object:
+            async def send() -> int:
+                await pool.fetchval("SELECT postbox.send($1, $2)", queue, body)
+                return 1
+
+            return await closed_loop(send, clients=CALLERS, seconds=turn)
+
+        measures = [through_producer, through_postbox_sql]
+        if have_pgmq:
+            measures.append(through_pgmq)
+        try:
+            loads = await interleaved(ROUNDS, *measures)
+        finally:
+            await pool.close()
+    ours, sql = loads[0], loads[1]
+    pgmq = loads[2] if have_pgmq else None
+    note = f"{batches} SendBatch calls; postbox.send over the pool {sql.rate:,.0f}/s"
+    return [
+        Row(
+            f"Producer send() x{CALLERS}",
+            "msgs/s",
+            ours.rate,
+            pgmq.rate if pgmq is not None else None,
+            "PGMQ pgmq.send, asyncpg pool" if pgmq is not None else "PGMQ absent",
+            target=">= 3",
+            met=None if pgmq is None else ours.rate >= 3 * pgmq.rate,
+            note=note,
+        )
+    ]

@@ -54,10 +54,21 @@ def test_fifo_attributes(sqs_any, fifo_queue):
 
 def test_fifo_rules_on_create(sqs_any, sqs_queue, request):
     name = unique_name(request.node.name)[:60]
+    # SQS's codes and texts, as AWS answers them.
     error = error_of(sqs_any.create_queue, QueueName=f"{name}.fifo")
     assert error["Code"] == "InvalidParameterValue"
+    assert error["Message"].startswith("Can only include alphanumeric characters")
     error = error_of(sqs_any.create_queue, QueueName=name, Attributes={"FifoQueue": "true"})
-    assert error["Code"] == "InvalidAttributeValue"
+    assert error["Code"] == "InvalidParameterValue"
+    assert "must end with .fifo suffix" in error["Message"]
+    for attribute, value in (
+        ("ContentBasedDeduplication", "true"),
+        ("FifoThroughputLimit", "perQueue"),
+        ("DeduplicationScope", "queue"),
+    ):
+        refused = error_of(sqs_any.create_queue, QueueName=name, Attributes={attribute: value})
+        assert refused["Code"] == "InvalidAttributeName", attribute
+        assert refused["Message"] == f"Unknown Attribute {attribute}."
     error = error_of(
         sqs_any.set_queue_attributes,
         QueueUrl=sqs_queue,

@@ -32,11 +32,17 @@ async def get_queue(call: Call, name: str, *, stats: bool = False) -> qpb.Queue:
 async def create_queue(call: Call) -> Result:
     name = naming.new_queue_name(call.required("QueueName"))
     attributes = call.params.get("Attributes", {})
-    if queue_attributes.is_fifo(name) and attributes.get("FifoQueue", "").lower() != "true":
-        # SQS: a ".fifo" name is a FIFO queue's, and only FifoQueue=true makes one.
+    wants_fifo = attributes.get("FifoQueue", "").lower() == "true"
+    # SQS's own answers (codes and texts) when a name and FifoQueue disagree, and a hint.
+    if queue_attributes.is_fifo(name) and not wants_fifo:
         raise invalid_parameter(
-            f"The queue name {name} ends with .fifo: a FIFO queue's name, which needs the "
-            "attribute FifoQueue=true."
+            "Can only include alphanumeric characters, hyphens, or underscores. 1 to 80 in "
+            "length (a name ending in .fifo needs the attribute FifoQueue=true)"
+        )
+    if wants_fifo and not queue_attributes.is_fifo(name):
+        raise invalid_parameter(
+            "The name of a FIFO queue can only include alphanumeric characters, hyphens, or "
+            "underscores, must end with .fifo suffix and be 1 to 80 in length."
         )
     queue, _ = queue_attributes.to_queue(name, attributes, call.settings)
     queue.tags.update(call.params.get("tags", {}))

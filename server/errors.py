@@ -2,13 +2,34 @@
 
 from __future__ import annotations
 
+import re
+
 import grpc
+
+# What an error may quote of the caller's input, and how long a message may get: a
+# status travels in metadata, which clients cap at 16 KiB.
+QUOTED_PREFIX = 80  # a whole name (80 characters at most) is quoted whole
+MAX_MESSAGE = 1000
+# A quoted value in a message, as quote_literal() or repr() writes it, longer than a prefix.
+_LONG_QUOTED = re.compile(rf"'((?:[^'\\]|''|\\.){{{QUOTED_PREFIX + 1},}})'", re.DOTALL)
+
+
+def bounded(message: str) -> str:
+    """A message fit to send: every long quoted value cut to a prefix with its length, and
+    the whole at most MAX_MESSAGE characters whatever it holds."""
+    message = _LONG_QUOTED.sub(
+        lambda m: f"'{m.group(1)[:QUOTED_PREFIX]}…' ({len(m.group(1).encode())} bytes)", message
+    )
+    if len(message) > MAX_MESSAGE:
+        message = f"{message[: MAX_MESSAGE - 60]}… (message cut from {len(message)} characters)"
+    return message
 
 
 class ApiError(Exception):
     """A call refused or failed, with the status to report and a message saying what to fix."""
 
     def __init__(self, code: grpc.StatusCode, message: str, *, paused: bool = False) -> None:
+        message = bounded(message)  # whoever wrote it, input never makes it oversized
         super().__init__(message)
         self.code = code
         self.message = message

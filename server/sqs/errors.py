@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from server.errors import bounded
+
 
 @dataclass(frozen=True)
 class ErrorKind:
@@ -24,6 +26,7 @@ class SqsError(Exception):
     """A refused or failed action, as the client is to see it."""
 
     def __init__(self, kind: ErrorKind, message: str) -> None:
+        message = bounded(message)  # input never makes an oversized error
         super().__init__(message)
         self.kind = kind
         self.message = message

@@ -26,6 +26,12 @@ def _serve(args: argparse.Namespace) -> int:
     from server.durability import NotDurable
     from server.processes import serve_workers
 
+    if args.database_url_file is not None:
+        try:
+            args.database_url = args.database_url_file.read_text().strip()
+        except OSError as error:
+            print(f"postbox serve: --database-url-file: {error.strerror}", file=sys.stderr)
+            return 2
     settings = Settings(
         # An empty DATABASE_URL (as compose files and shells leave it) means unset.
         database_url=args.database_url or None,
@@ -194,6 +200,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--database-url",
         default=os.environ.get("DATABASE_URL"),
         help="PostgreSQL URL (default: $DATABASE_URL; unset or empty: an embedded PostgreSQL)",
+    )
+    serve.add_argument(
+        "--database-url-file",
+        type=Path,
+        help="read the PostgreSQL URL from this file (keeps a password off the command line)",
     )
     serve.add_argument(
         "--listen-database-url",

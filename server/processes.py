@@ -40,11 +40,12 @@ def _check_port_free(host: str, port: int) -> None:
             raise OSError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
 
 
-def worker_command(settings: Settings, dsn: str, log_level: str, log_format: str) -> list[str]:
+def worker_command(settings: Settings, log_level: str, log_format: str) -> list[str]:
+    """A worker's command line; the database URL, which may hold a password, goes in its
+    environment instead (DATABASE_URL), where `ps` does not show it."""
     return [
         sys.executable, "-m", "server", "--log-level", log_level, "--log-format", log_format,
         "serve",
-        "--database-url", dsn,
         "--grpc-host", settings.grpc_host,
         "--grpc-port", str(settings.grpc_port),
         "--pool-size", str(settings.pool_size),
@@ -72,7 +73,7 @@ async def serve_workers(
     metrics_dir = metrics_runner = engine = None
     try:
         await install_engine(settings.listen_database_url or dsn)  # once, before the workers race
-        environment = dict(os.environ)
+        environment = {**os.environ, "DATABASE_URL": dsn}
         if settings.listen_database_url is not None:
             # In the environment, not on the command line, where `ps` shows it.
             environment["POSTBOX_LISTEN_DATABASE_URL"] = settings.listen_database_url
@@ -90,7 +91,7 @@ async def serve_workers(
                     exposition, engine, settings.metrics_max_queues, multiprocess_dir=metrics_dir
                 ),
             )
-        command = worker_command(settings, dsn, log_level, log_format)
+        command = worker_command(settings, log_level, log_format)
         for _ in range(workers):
             processes.append(await asyncio.create_subprocess_exec(*command, env=environment))
         log.info("started %d workers on port %d", workers, settings.grpc_port)

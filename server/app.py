@@ -31,6 +31,7 @@ from server.db import hosts
 from server.db.engine import Engine, application_name
 from server.db.migrate import format_version, migrate
 from server.durability import require_synchronous_commit
+from server.egress import EgressPolicy
 from server.embedded import EmbeddedPostgres
 from server.errors import ApiError
 from server.observability import metrics, tracing
@@ -56,14 +57,20 @@ SERVICE_NAMES = (
     schedule_service_pb2.DESCRIPTOR.services_by_name["ScheduleService"].full_name,
     access_service_pb2.DESCRIPTOR.services_by_name["AccessService"].full_name,
 )
-HEALTH_CHECK_INTERVAL = 1.0
+# The database is pinged this often while it answers (an idle server stays quiet;
+# a dropped LISTEN connection triggers a ping at once), and every second while not.
+HEALTH_CHECK_INTERVAL = 10.0
+HEALTH_RECHECK_INTERVAL = 1.0
+# Workers sleeping until their next due time look for work at least this often:
+# work the engine's signals could not announce (a server that died mid-task).
+IDLE_POLL_INTERVAL = 60.0
 
 
 def grpc_options(settings: Settings, *, reuse_port: bool = False) -> list[tuple[str, int]]:
     """Channel options of the gRPC server; the benchmark's empty server uses them too."""
     return [
         ("grpc.max_receive_message_length", settings.max_request_size),
-        ("grpc.max_send_message_length", settings.max_request_size),
+        ("grpc.max_send_message_length", settings.max_send_size),
         # Off unless several workers share the port on purpose: a second server
         # started by mistake on a busy port must fail, not silently split traffic.
         ("grpc.so_reuseport", int(reuse_port)),
@@ -80,12 +87,15 @@ async def _set_health(servicer: health.aio.HealthServicer, serving: bool) -> Non
         await servicer.set(name, status)
 
 
-async def _watch_health(engine: Engine, servicer: health.aio.HealthServicer) -> None:
+async def _watch_health(engine: Engine, servicer: health.aio.HealthServicer, hub: WakeHub) -> None:
     """SERVING while the database answers, NOT_SERVING while it does not."""
     serving = None
+    check_now = asyncio.Event()
+    hub.on_lost(check_now.set)
     while True:
+        check_now.clear()
         try:
-            await asyncio.wait_for(engine.ping(), HEALTH_CHECK_INTERVAL * 2)
+            await asyncio.wait_for(engine.ping(), HEALTH_RECHECK_INTERVAL * 2)
             metrics.observe_pool(engine)  # workers' figures reach the parent's scrape this way
             now_serving = True
         except (ApiError, asyncio.TimeoutError):
@@ -98,7 +108,9 @@ async def _watch_health(engine: Engine, servicer: health.aio.HealthServicer) -> 
                 "database %s",
                 "answers: SERVING" if serving else "does not answer: NOT_SERVING",
             )
-        await asyncio.sleep(HEALTH_CHECK_INTERVAL)
+        interval = HEALTH_CHECK_INTERVAL if serving else HEALTH_RECHECK_INTERVAL
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(check_now.wait(), interval)
 
 
 async def install_engine(dsn: str) -> None:
@@ -191,12 +203,25 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
             QueueService(engine, max_message_size=settings.max_message_size), server
         )
         message_service_pb2_grpc.add_MessageServiceServicer_to_server(
-            MessageService(engine, hub, max_message_size=settings.max_message_size), server
+            MessageService(
+                engine,
+                hub,
+                max_message_size=settings.max_message_size,
+                max_response_size=settings.max_response_size,
+            ),
+            server,
         )
-        webhooks = WebhookWorker(engine)
-        scheduler = SchedulerWorker(engine, on_webhook_deliveries=webhooks.wake)
+        egress = EgressPolicy(settings.webhook_allow_cidrs)
+        webhooks = WebhookWorker(engine, egress, poll_interval=IDLE_POLL_INTERVAL)
+        scheduler = SchedulerWorker(
+            engine, on_webhook_deliveries=webhooks.wake, poll_interval=IDLE_POLL_INTERVAL
+        )
+        hub.on_signal("webhooks", webhooks.wake)
+        hub.on_signal("schedules", scheduler.wake)
         topic_service_pb2_grpc.add_TopicServiceServicer_to_server(
-            TopicService(engine, hub, webhooks.wake, max_message_size=settings.max_message_size),
+            TopicService(
+                engine, hub, webhooks.wake, egress, max_message_size=settings.max_message_size
+            ),
             server,
         )
         schedule_service_pb2_grpc.add_ScheduleServiceServicer_to_server(
@@ -229,9 +254,11 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
             engine,
             interval=settings.maintenance_interval,
             expiry_interval=settings.expiry_interval,
+            idle_interval=IDLE_POLL_INTERVAL,
         )
+        hub.on_signal("redrives", maintenance.wake)
         tasks = [
-            asyncio.create_task(_watch_health(engine, health_servicer), name="postbox-health"),
+            asyncio.create_task(_watch_health(engine, health_servicer, hub), name="postbox-health"),
             asyncio.create_task(maintenance.run(), name="postbox-maintenance"),
             asyncio.create_task(webhooks.run(), name="postbox-webhooks"),
             asyncio.create_task(scheduler.run(), name="postbox-scheduler"),

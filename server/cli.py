@@ -7,13 +7,15 @@ import asyncio
 import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import grpc
 
 from server import __version__
-from server.config import MESSAGE_SIZE_RANGE, Settings
+from server.config import MESSAGE_SIZE_RANGE, RESPONSE_SIZE_RANGE, Settings
+from server.egress import parse_cidrs
 from server.embedded import default_data_dir
 from server.observability.logs import FORMATS
 from server.observability.logs import configure as configure_logging
@@ -42,6 +44,8 @@ def _serve(args: argparse.Namespace) -> int:
         pool_size=args.pool_size,
         require_synchronous_commit=args.require_synchronous_commit,
         max_message_size=args.max_message_size,
+        max_response_size=args.max_response_size,
+        webhook_allow_cidrs=tuple(args.webhook_allow_cidr),
         safety_poll_interval=args.safety_poll_interval,
         maintenance_interval=args.maintenance_interval,
         expiry_interval=args.expiry_interval,
@@ -147,18 +151,34 @@ def _keys(args: argparse.Namespace) -> int:
         return keys.run(args, with_api_key(channel, args.api_key))
 
 
-def message_size(text: str) -> int:
-    """--max-message-size: whole bytes within the range a queue's max_message_size has."""
-    low, high = MESSAGE_SIZE_RANGE
-    try:
-        size = int(text)
-    except ValueError:
-        size = None
-    if size is None or not low <= size <= high:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a size from {low} to {high} bytes (1 KiB to 64 MiB)"
-        )
+def _size_flag(low: int, high: int, spelled: str) -> Callable[[str], int]:
+    """An argparse type: whole bytes from low to high (`spelled` says so in words)."""
+
+    def size(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or not low <= value <= high:
+            raise argparse.ArgumentTypeError(
+                f"{text[:40]!r} is not a size from {low} to {high} bytes ({spelled})"
+            )
+        return value
+
     return size
+
+
+def webhook_cidr(text: str) -> str:
+    """--webhook-allow-cidr: a CIDR range."""
+    try:
+        return parse_cidrs([text])[0]
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+# --max-message-size: the range a queue's max_message_size has.
+message_size = _size_flag(*MESSAGE_SIZE_RANGE, "1 KiB to 64 MiB")
+response_size = _size_flag(*RESPONSE_SIZE_RANGE, "64 KiB to 64 MiB")
 
 
 def _add_logging_flags(parser: argparse.ArgumentParser, level: str, log_format: str) -> None:
@@ -243,6 +263,23 @@ def build_parser() -> argparse.ArgumentParser:
         default=os.environ.get("POSTBOX_MAX_MESSAGE_SIZE", str(Settings.max_message_size)),
         help="largest message in bytes (body and attributes) this server accepts and any "
         "queue may be set to accept (default: $POSTBOX_MAX_MESSAGE_SIZE or %(default)s)",
+    )
+    serve.add_argument(
+        "--max-response-size",
+        type=response_size,
+        default=os.environ.get("POSTBOX_MAX_RESPONSE_SIZE", str(Settings.max_response_size)),
+        help="Receive and StreamingReceive responses hold at most this many bytes (a larger "
+        "message goes alone); gRPC clients take 4 MiB by default "
+        "(default: $POSTBOX_MAX_RESPONSE_SIZE or %(default)s)",
+    )
+    serve.add_argument(
+        "--webhook-allow-cidr",
+        action="append",
+        default=[],
+        type=webhook_cidr,
+        metavar="CIDR",
+        help="let webhooks reach this range too (repeat), e.g. 10.0.0.0/8; loopback, private, "
+        "link-local and other non-public addresses are refused otherwise",
     )
     serve.add_argument("--safety-poll-interval", type=float, default=Settings.safety_poll_interval)
     serve.add_argument(

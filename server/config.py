@@ -16,6 +16,8 @@ MESSAGE_SIZE_RANGE = (1024, 64 * MIB)
 BATCH_REQUEST_SIZE = 64 * MIB
 # Room in a request beyond one message's body and attributes: queue name, ids, framing.
 REQUEST_ENVELOPE = MIB
+# The range of --max-response-size. A gRPC client takes 4 MiB unless told otherwise.
+RESPONSE_SIZE_RANGE = (64 * 1024, 64 * MIB)
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,9 @@ class Settings:
     # Largest message (body and attributes) this server accepts and a queue may be
     # set to accept; queues default to 1 MiB, or to this when it is smaller.
     max_message_size: int = MIB
+    # Receive and StreamingReceive split what they deliver into responses of at most
+    # this many bytes (a message larger than this goes alone): grpc's default limit.
+    max_response_size: int = 4 * MIB
     # Waiting streams look at their queue at least this often (seconds), even
     # without a wake-up: the net under lost notifications.
     safety_poll_interval: float = 10.0
@@ -48,6 +53,8 @@ class Settings:
     reuse_port: bool = False
     # Serve a non-loopback address while no API key exists (see refuse_anonymous_exposure).
     insecure_allow_anonymous: bool = False
+    # Ranges webhooks may reach besides public addresses (server/egress.py).
+    webhook_allow_cidrs: tuple[str, ...] = ()
     # Prometheus /metrics on this port (None: not served), and how many queues it shows.
     metrics_host: str = "localhost"
     metrics_port: int | None = None
@@ -61,6 +68,11 @@ class Settings:
         refuse it naming the limit; beyond it gRPC refuses with RESOURCE_EXHAUSTED.
         """
         return max(BATCH_REQUEST_SIZE, self.max_message_size + REQUEST_ENVELOPE)
+
+    @property
+    def max_send_size(self) -> int:
+        """Largest gRPC response: a full one, or a single message beyond max_response_size."""
+        return max(self.max_response_size, self.max_message_size + REQUEST_ENVELOPE)
 
 
 def env_default(name: str, fallback: str | None = None) -> str | None:

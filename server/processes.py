@@ -50,10 +50,12 @@ def worker_command(settings: Settings, log_level: str, log_format: str) -> list[
         "--grpc-port", str(settings.grpc_port),
         "--pool-size", str(settings.pool_size),
         "--max-message-size", str(settings.max_message_size),
+        "--max-response-size", str(settings.max_response_size),
         "--safety-poll-interval", str(settings.safety_poll_interval),
         "--maintenance-interval", str(settings.maintenance_interval),
         "--expiry-interval", str(settings.expiry_interval),
         "--reuse-port",
+        *(arg for cidr in settings.webhook_allow_cidrs for arg in ("--webhook-allow-cidr", cidr)),
         *(["--insecure-allow-anonymous"] if settings.insecure_allow_anonymous else []),
         *(["--require-synchronous-commit"] if settings.require_synchronous_commit else []),
     ]  # fmt: skip

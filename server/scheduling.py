@@ -21,6 +21,11 @@ from server.errors import invalid
 
 CRON_FIELDS = ("minute", "hour", "day-of-month", "month", "day-of-week")
 DEFAULT_TIME_ZONE = "UTC"
+# The engine's limits (postbox._check_schedule), checked here too for PreviewSchedule,
+# which stores nothing.
+MAX_CRON_LENGTH = 255
+MIN_INTERVAL = timedelta(seconds=1)
+MAX_INTERVAL = timedelta(days=366)
 
 
 def time_zone(name: str) -> ZoneInfo:
@@ -88,6 +93,29 @@ class Timing:
         if self.every is not None:
             return now + self.every
         return self.run_at
+
+    def preview(self, start: datetime, count: int) -> list[datetime]:
+        """The first `count` fire times after `start` of a schedule created then (one for
+        run_at); INVALID_ARGUMENT for a timing CreateSchedule refuses."""
+        if self.cron_expression is not None and len(self.cron_expression) > MAX_CRON_LENGTH:
+            raise invalid(
+                f"cron expression is {len(self.cron_expression)} characters; "
+                f"the limit is {MAX_CRON_LENGTH}"
+            )
+        if self.every is not None and not MIN_INTERVAL <= self.every <= MAX_INTERVAL:
+            raise invalid(f"interval {self.every} is outside 1 s to 366 days")
+        first = self.first(start)
+        if first is None:
+            raise invalid("a schedule needs its timing: cron, interval or run_at")
+        if self.run_at is not None:
+            return [max(first, start)]  # a time that has passed fires at once
+        times = [first]
+        while len(times) < count:
+            following = self.after_fire(times[-1], times[-1])
+            if following is None:
+                break
+            times.append(following)
+        return times
 
     def after_fire(self, due: datetime, now: datetime) -> datetime | None:
         """When a schedule that was due at `due` and fires now fires next (None: never)."""

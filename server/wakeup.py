@@ -5,7 +5,12 @@ commit, so every replica hears every send). Waiters queue up per queue and are
 woken one at a time: a woken stream that fills its batch passes the wake-up on,
 so a burst drains in parallel while a single message wakes a single stream.
 Timers cover delayed and in-flight messages that become visible without any
-send; a slow safety poll covers notifications lost in a reconnect.
+send; a slow safety poll covers notifications lost in a reconnect: one statement
+for all queues with waiting streams, which also keeps the LISTEN connection alive.
+
+The same channel carries the engine's signals to the workers (a payload starting
+with "#", which no queue name can: "#webhooks", "#schedules", "#redrives"), so an
+idle worker sleeps until its next due time or a signal, not on a short poll.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
@@ -56,6 +62,8 @@ class WakeHub:
         self._trailing_wake = trailing_wake
         self._reconnect_delay = reconnect_delay
         self._queues: dict[str, _QueueWaiters] = {}
+        self._signals: dict[str, list[Callable[[], None]]] = {}
+        self._on_lost: list[Callable[[], None]] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._connected = asyncio.Event()
         self._closed = asyncio.Event()
@@ -74,11 +82,16 @@ class WakeHub:
         """Returns once the server shuts down (see close)."""
         await self._closed.wait()
 
+    def on_signal(self, kind: str, callback: Callable[[], None]) -> None:
+        """Calls `callback` whenever the engine signals work of that kind (see _signal)."""
+        self._signals.setdefault(kind, []).append(callback)
+
+    def on_lost(self, callback: Callable[[], None]) -> None:
+        """Calls `callback` when the LISTEN connection drops: the database may be gone."""
+        self._on_lost.append(callback)
+
     async def start(self, *, wait_connected: float = 10.0) -> None:
-        self._tasks = [
-            asyncio.create_task(self._listen_forever(), name="postbox-listen"),
-            asyncio.create_task(self._safety_poll(), name="postbox-safety-poll"),
-        ]
+        self._tasks = [asyncio.create_task(self._listen_forever(), name="postbox-listen")]
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self._connected.wait(), wait_connected)
 
@@ -160,6 +173,10 @@ class WakeHub:
             del self._queues[queue]
 
     def _on_notify(self, _conn: object, _pid: int, _channel: str, queue: str) -> None:
+        if queue.startswith("#"):
+            for callback in self._signals.get(queue[1:], ()):
+                callback()
+            return
         if queue in self._queues:
             self.wake(queue)
             asyncio.get_running_loop().call_later(self._trailing_wake, self.wake, queue)
@@ -176,28 +193,38 @@ class WakeHub:
                 await conn.add_listener(CHANNEL, self._on_notify)
                 self._connected.set()
                 log.info("listening for wake-ups on channel %r", CHANNEL)
-                # Notifications sent while disconnected are gone: look at every queue.
+                # Notifications sent while disconnected are gone: look at every queue,
+                # and let every worker look for work.
                 for queue in list(self._queues):
                     self.wake(queue)
+                for callbacks in self._signals.values():
+                    for callback in callbacks:
+                        callback()
                 while not lost.is_set():
                     with contextlib.suppress(asyncio.TimeoutError):
                         await asyncio.wait_for(lost.wait(), self._safety_interval)
                     if not lost.is_set():
-                        await conn.fetchval("SELECT 1", timeout=self._safety_interval)
+                        await self._safety_poll(conn)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 if self._connected.is_set():
                     log.warning("wake-up listener lost its connection: %r", exc)
             finally:
+                if self._connected.is_set():
+                    for callback in self._on_lost:
+                        callback()
                 self._connected.clear()
                 if conn is not None and not conn.is_closed():
                     conn.terminate()
             await asyncio.sleep(self._reconnect_delay)
 
-    async def _safety_poll(self) -> None:
-        while True:
-            await asyncio.sleep(self._safety_interval)
-            for queue, state in list(self._queues.items()):
-                if state.waiters:
-                    self.wake(queue)
+    async def _safety_poll(self, conn: asyncpg.Connection) -> None:
+        """Wakes the waiting queues that hold visible messages: one statement for all of
+        them, on the LISTEN connection, which it keeps alive (and checks) meanwhile."""
+        waiting = [queue for queue, state in self._queues.items() if state.waiters]
+        ready = await conn.fetch(
+            "SELECT postbox.ready_queues($1::text[])", waiting, timeout=self._safety_interval
+        )
+        for (queue,) in ready:
+            self.wake(queue)

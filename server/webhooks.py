@@ -14,6 +14,7 @@ import base64
 import hashlib
 import hmac
 import json
+import re
 from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import Any
@@ -26,6 +27,15 @@ USER_AGENT = "postbox-webhooks"
 def delivery_id(publish_id: UUID, row_id: int) -> str:
     """The webhook-id of a delivery: unique across databases, stable across its attempts."""
     return f"msg_{publish_id.hex}_{row_id}"
+
+
+_DELIVERY_ID = re.compile(r"msg_[0-9a-f]{32}_([0-9]{1,18})")
+
+
+def delivery_row(delivery_id: str) -> int | None:
+    """The engine's row id in a delivery id (see delivery_id); None if it is not one."""
+    match = _DELIVERY_ID.fullmatch(delivery_id)
+    return int(match.group(1)) if match else None
 
 
 def rfc3339(value: datetime) -> str:

@@ -63,11 +63,67 @@ def seconds(value: float) -> Duration:
     return duration
 
 
+def kept(seconds_: float | None):
+    """A queue's Retention: for so many seconds, or (None) forever."""
+    from postbox.v1 import queue_service_pb2
+
+    if seconds_ is None:
+        return queue_service_pb2.Retention()
+    return queue_service_pb2.Retention(period=seconds(seconds_))
+
+
 def error_of(call, *args, **kwargs) -> grpc.RpcError:
     """The RpcError a call fails with (the test fails if it succeeds)."""
     with pytest.raises(grpc.RpcError) as caught:
         call(*args, **kwargs)
     return caught.value
+
+
+def api_methods() -> list:
+    """Every method of every postbox service, as descriptors."""
+    from postbox.v1 import (
+        access_service_pb2,
+        message_service_pb2,
+        queue_service_pb2,
+        schedule_service_pb2,
+        topic_service_pb2,
+    )
+
+    files = (
+        access_service_pb2,
+        message_service_pb2,
+        queue_service_pb2,
+        schedule_service_pb2,
+        topic_service_pb2,
+    )
+    return [
+        method
+        for module in files
+        for service in module.DESCRIPTOR.services_by_name.values()
+        for method in service.methods
+    ]
+
+
+def call_method(
+    channel: grpc.Channel, method, request, stream_timeout: float = 10
+) -> tuple[grpc.StatusCode, str]:
+    """Calls the RPC a method descriptor names with a request (a message or its bytes),
+    whatever its shape; its status code and details (OK and "" when it succeeds).
+    stream_timeout bounds a streaming call, which may wait for messages that never come."""
+    rpc = f"/{method.containing_service.full_name}/{method.name}"
+    payload = request if isinstance(request, bytes) else request.SerializeToString()
+    try:
+        if method.client_streaming:
+            for _ in channel.stream_stream(rpc)(iter([payload]), timeout=stream_timeout):
+                pass
+        elif method.server_streaming:
+            for _ in channel.unary_stream(rpc)(payload, timeout=stream_timeout):
+                pass
+        else:
+            channel.unary_unary(rpc)(payload, timeout=10)
+    except grpc.RpcError as error:
+        return error.code(), error.details() or ""
+    return grpc.StatusCode.OK, ""
 
 
 def receive(
@@ -175,10 +231,13 @@ class ServerProcess(ChildProcess):
 
     log_prefix = "postbox-server-"
 
-    def __init__(self, database_url: str, *extra_args: str) -> None:
+    def __init__(self, database_url: str, *extra_args: str, loopback_webhooks: bool = True) -> None:
         super().__init__()
         self.database_url = database_url
-        self.extra_args = extra_args
+        # The tests' webhook receivers listen on loopback, which the egress policy
+        # refuses unless allowed.
+        allow = ("--webhook-allow-cidr", "127.0.0.0/8", "--webhook-allow-cidr", "::1/128")
+        self.extra_args = (*extra_args, *(allow if loopback_webhooks else ()))
 
     @property
     def target(self) -> str:

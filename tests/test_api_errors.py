@@ -75,7 +75,10 @@ def _list_calls(channel: grpc.Channel, queue: str) -> dict[str, object]:
     return {
         "ListQueues": lambda t: queues.ListQueues(qpb.ListQueuesRequest(page_token=t)),
         "ListDeadLetterSourceQueues": lambda t: queues.ListDeadLetterSourceQueues(
-            qpb.ListDeadLetterSourceQueuesRequest(name=queue, page_token=t)
+            qpb.ListDeadLetterSourceQueuesRequest(dead_letter_queue=queue, page_token=t)
+        ),
+        "ListRedriveTasks": lambda t: queues.ListRedriveTasks(
+            qpb.ListRedriveTasksRequest(dead_letter_queue=queue, page_token=t)
         ),
         "PeekMessages": lambda t: messages.PeekMessages(
             mpb.PeekMessagesRequest(queue=queue, page_token=t)

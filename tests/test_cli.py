@@ -11,8 +11,11 @@ import sys
 from pathlib import Path
 
 import asyncpg
+import grpc
 import pytest
 import yaml
+from google.protobuf.duration_pb2 import Duration
+from postbox.v1 import schedule_service_pb2, schedule_service_pb2_grpc
 from support import create_database, drop_database, unique_name
 
 # The console script pip installs with the package.
@@ -190,6 +193,49 @@ def test_topics_and_schedules_verbs(server):
     ok("topics", "delete", topic, *target)
     assert topic not in ok("topics", "ls", *target)
     assert isinstance(json.loads(ok("schedules", "ls", "-o", "json", *target)), list)
+
+
+def test_cancel_ttl_run_and_preview_verbs(server):
+    target = ["--target", server.target]
+    queue = unique_name("cli_new")
+    ok("queues", "create", queue, *target)
+    sent = json.loads(
+        ok("messages", "send", queue, "later", "--ttl", "3600", "-o", "json", *target)
+    )
+    (peeked,) = json.loads(ok("messages", "peek", queue, "-o", "json", *target))
+    assert peeked["expire_time"]
+    cancelled = postbox("messages", "cancel", queue, sent["message_id"], *target)
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert f"cancelled {sent['message_id']}" in cancelled.stderr
+    assert postbox("messages", "peek", queue, *target).stdout == ""
+
+    schedule = unique_name("cli_schedule")
+    channel = grpc.insecure_channel(server.target)
+    schedule_service_pb2_grpc.ScheduleServiceStub(channel).CreateSchedule(
+        schedule_service_pb2.CreateScheduleRequest(
+            schedule=schedule_service_pb2.Schedule(
+                name=schedule,
+                interval=Duration(seconds=3600),
+                target=schedule_service_pb2.ScheduleTarget(queue=queue),
+                body=b"by hand",
+            )
+        )
+    )
+    channel.close()
+    ran = postbox("schedules", "run", schedule, *target)
+    assert ran.returncode == 0, ran.stderr
+    assert f"fired {schedule}: " in ran.stderr
+    (got,) = json.loads(ok("messages", "receive", queue, "-o", "json", *target))
+    assert got["body"] == "by hand"
+    times = ok(
+        "schedules", "preview", "--cron", "0 9 * * *", "--time-zone", "Europe/Berlin",
+        "--count", "3", *target,
+    ).split()  # fmt: skip
+    assert len(times) == 3
+    assert all(t.endswith(("T08:00:00Z", "T07:00:00Z")) for t in times), times
+    bad = postbox("schedules", "preview", "--cron", "61 * * * *", *target)
+    assert bad.returncode == 1
+    assert "bad minute" in bad.stderr
 
 
 def test_version_help_and_completion():

@@ -168,7 +168,9 @@ def test_bad_dead_letter_policies_are_invalid(queues, problem):
         queues.CreateQueue,
         qpb.CreateQueueRequest(queue=qpb.Queue(name=name, dead_letter_policy=policy)),
     )
-    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    # A dead-letter queue that does not exist is NOT_FOUND, as any absent resource a field names.
+    invalid = grpc.StatusCode.INVALID_ARGUMENT
+    assert error.code() == (grpc.StatusCode.NOT_FOUND if problem == "missing" else invalid)
     assert "dead-letter" in error.details()
 
 
@@ -222,11 +224,13 @@ def test_list_dead_letter_source_queues(queues, dlq_pair):
         dead_letter_policy=qpb.DeadLetterPolicy(dead_letter_queue=dlq, max_receive_count=1),
     ).name
     first_page = queues.ListDeadLetterSourceQueues(
-        qpb.ListDeadLetterSourceQueuesRequest(name=dlq, page_size=1)
+        qpb.ListDeadLetterSourceQueuesRequest(dead_letter_queue=dlq, page_size=1)
     )
     assert list(first_page.queue_names) == [source]
     second_page = queues.ListDeadLetterSourceQueues(
-        qpb.ListDeadLetterSourceQueuesRequest(name=dlq, page_token=first_page.next_page_token)
+        qpb.ListDeadLetterSourceQueuesRequest(
+            dead_letter_queue=dlq, page_token=first_page.next_page_token
+        )
     )
     assert list(second_page.queue_names) == [second]
     assert not second_page.next_page_token
@@ -287,6 +291,66 @@ def test_redrive_to_a_named_queue_with_a_limit(messages, queues, dlq_pair):
     assert len(receive(messages, elsewhere, count=10)) == 3
     assert len(_peek(messages, dlq)) == 1
     assert receive(messages, source) == []
+
+
+def test_redrive_of_chosen_dead_letters_moves_only_those(messages, queues, dlq_pair):
+    source, dlq = dlq_pair
+    _fill_dlq(messages, source, dlq, 4)
+    chosen = [m.message_id for m in _peek(messages, dlq) if m.body in (b"1", b"3")]
+    task = queues.RedriveMessages(
+        qpb.RedriveMessagesRequest(dead_letter_queue=dlq, message_ids=chosen)
+    ).task
+    assert (task.messages_to_move, list(task.message_ids)) == (2, chosen)
+    done = wait_until(
+        lambda: (t := _task(queues, dlq)).state == qpb.RedriveTask.STATE_COMPLETED and t
+    )
+    assert done.moved_messages == 2
+    assert sorted(m.body for m in receive(messages, source, count=10)) == [b"1", b"3"]
+    assert sorted(m.body for m in _peek(messages, dlq)) == [b"0", b"2"]
+
+
+def test_redrive_by_id_names_what_is_not_a_dead_letter_there(messages, queues, dlq_pair):
+    source, dlq = dlq_pair
+    _fill_dlq(messages, source, dlq, 1)
+    stranger = messages.Send(pb.SendRequest(queue=source, body=b"alive")).message_id
+    missing = error_of(
+        queues.RedriveMessages,
+        qpb.RedriveMessagesRequest(dead_letter_queue=dlq, message_ids=[stranger]),
+    )
+    assert missing.code() == grpc.StatusCode.NOT_FOUND
+    assert f"message {stranger} is not in queue" in missing.details()
+    too_many = error_of(
+        queues.RedriveMessages,
+        qpb.RedriveMessagesRequest(dead_letter_queue=dlq, message_ids=["1"] * 1001),
+    )
+    assert too_many.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "1 to 1000" in too_many.details()
+    assert queues.ListRedriveTasks(qpb.ListRedriveTasksRequest(dead_letter_queue=dlq)).tasks == []
+
+
+def test_redrive_tasks_page_newest_first(messages, queues, dlq_pair):
+    source, dlq = dlq_pair
+    _fill_dlq(messages, source, dlq, 3)
+    started = []
+    for message in _peek(messages, dlq):
+        task = queues.RedriveMessages(
+            qpb.RedriveMessagesRequest(dead_letter_queue=dlq, message_ids=[message.message_id])
+        ).task
+        started.append(task.task_id)
+        wait_until(lambda: _tasks(queues, dlq)[0].state == qpb.RedriveTask.STATE_COMPLETED)
+    pages, token = [], ""
+    while True:
+        page = queues.ListRedriveTasks(
+            qpb.ListRedriveTasksRequest(dead_letter_queue=dlq, page_size=2, page_token=token)
+        )
+        pages.append([t.task_id for t in page.tasks])
+        if not (token := page.next_page_token):
+            break
+    assert pages == [started[::-1][:2], started[::-1][2:]]
+
+
+def _tasks(queues, dlq: str) -> list[qpb.RedriveTask]:
+    return list(queues.ListRedriveTasks(qpb.ListRedriveTasksRequest(dead_letter_queue=dlq)).tasks)
 
 
 def test_redrive_rate_limit_paces_the_move(messages, queues, dlq_pair):

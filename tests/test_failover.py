@@ -179,9 +179,9 @@ async def _fail_over_under_load(pair: Pair, channel: grpc.aio.Channel) -> None:
 
     async def consume() -> None:
         while (response := await stream.read()) is not grpc.aio.EOF:
-            if response.messages:
-                consumed.update(int(m.body) for m in response.messages)
-                receipts = [m.receipt for m in response.messages]
+            if response.HasField("batch"):
+                consumed.update(int(m.body) for m in response.batch.messages)
+                receipts = [m.receipt for m in response.batch.messages]
                 await stream.write(pb.StreamingReceiveRequest(delete_receipts=receipts))
         raise AssertionError(f"the StreamingReceive ended: {await stream.code()}")
 

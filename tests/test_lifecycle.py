@@ -16,7 +16,7 @@ from postbox.v1 import message_pb2 as msg
 from postbox.v1 import message_service_pb2 as pb
 from postbox.v1 import message_service_pb2_grpc
 from postbox.v1 import queue_service_pb2 as qpb
-from support import create_queue, error_of, receive, seconds, stats, unique_name
+from support import create_queue, error_of, kept, receive, seconds, stats, unique_name
 
 
 def at(delta: float) -> Timestamp:
@@ -68,7 +68,7 @@ def test_bad_delivery_times(messages, queue, options, says):
 @pytest.fixture
 def minute_queue(queues) -> str:
     """A queue whose messages expire after 60 s."""
-    return create_queue(queues, unique_name("minute"), retention=seconds(60)).name
+    return create_queue(queues, unique_name("minute"), retention=kept(60)).name
 
 
 @pytest.mark.parametrize(
@@ -110,7 +110,7 @@ def test_a_queue_delivery_delay_must_be_shorter_than_its_retention(queues, delay
     error = error_of(
         queues.CreateQueue,
         qpb.CreateQueueRequest(
-            queue=qpb.Queue(name=name, retention=seconds(60), delivery_delay=seconds(delay))
+            queue=qpb.Queue(name=name, retention=kept(60), delivery_delay=seconds(delay))
         ),
     )
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -124,13 +124,13 @@ def test_a_queue_delivery_delay_must_be_shorter_than_its_retention(queues, delay
     "change",
     [
         {"delivery_delay": seconds(300)},  # as long as the retention
-        {"retention": seconds(120)},  # down to the delivery_delay
-        {"retention": seconds(100), "delivery_delay": seconds(100)},
+        {"retention": kept(120)},  # down to the delivery_delay
+        {"retention": kept(100), "delivery_delay": seconds(100)},
     ],
 )
 def test_update_queue_keeps_the_delivery_delay_below_the_retention(queues, change):
     name = create_queue(
-        queues, unique_name("updated_delay"), retention=seconds(300), delivery_delay=seconds(120)
+        queues, unique_name("updated_delay"), retention=kept(300), delivery_delay=seconds(120)
     ).name
     error = error_of(
         queues.UpdateQueue,
@@ -141,7 +141,7 @@ def test_update_queue_keeps_the_delivery_delay_below_the_retention(queues, chang
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "delivery_delay must be shorter than retention" in error.details()
     after = queues.GetQueue(qpb.GetQueueRequest(name=name)).queue
-    assert after.retention.ToTimedelta() == timedelta(seconds=300)
+    assert after.retention.period.ToTimedelta() == timedelta(seconds=300)
     assert after.delivery_delay.ToTimedelta() == timedelta(seconds=120)
 
 
@@ -152,7 +152,7 @@ def test_delays_beyond_15_minutes_are_fine(messages, queues, queue):
 
 async def test_expired_messages_are_never_delivered_and_get_removed(messages, queues, db):
     queue = create_queue(
-        queues, unique_name("expiring"), retention=seconds(60), archive_on_delete=True
+        queues, unique_name("expiring"), retention=kept(60), archive_on_delete=True
     ).name
     messages.SendBatch(
         pb.SendBatchRequest(queue=queue, entries=[pb.SendBatchEntry(body=b"old")] * 3)
@@ -162,14 +162,14 @@ async def test_expired_messages_are_never_delivered_and_get_removed(messages, qu
     assert [m.body for m in receive(messages, queue, count=10)] == [b"new"]
     # The server's maintenance worker (every 0.5 s in the test server) archives them.
     await asyncio.to_thread(wait_until, lambda: len(_archived(messages, queue)) == 3)
-    assert {a.reason for a in _archived(messages, queue)} == {"expired"}
+    assert {a.reason for a in _archived(messages, queue)} == {msg.ARCHIVE_REASON_EXPIRED}
     assert stats(queues, queue).in_flight_messages == 1
     assert stats(queues, queue).visible_messages == 0
 
 
 async def test_retention_forever_keeps_old_messages(messages, queues, db):
-    queue = create_queue(queues, unique_name("forever"), retention=seconds(0))
-    assert queue.retention.ToTimedelta() == timedelta(0)
+    queue = create_queue(queues, unique_name("forever"), retention=kept(None))
+    assert not queue.retention.HasField("period")  # forever
     messages.Send(pb.SendRequest(queue=queue.name, body=b"ancient"))
     await backdate(db, queue.name, timedelta(days=30))
     await asyncio.sleep(0.7)  # a maintenance sweep has run
@@ -196,14 +196,14 @@ def test_archive_keeps_deleted_messages(messages, queues):
     )
     archived = list(first.messages) + list(rest.messages)
     assert [a.message.body for a in archived] == [b"0", b"1", b"2"]
-    assert {a.reason for a in archived} == {"deleted"}
+    assert {a.reason for a in archived} == {msg.ARCHIVE_REASON_DELETED}
     assert all(a.message.receive_count == 1 and a.archive_time.seconds > 0 for a in archived)
     assert not rest.next_page_token
 
 
 async def test_archive_retention_forgets(messages, queues, db):
     queue = create_queue(
-        queues, unique_name("forgetful"), archive_on_delete=True, archive_retention=seconds(60)
+        queues, unique_name("forgetful"), archive_on_delete=True, archive_retention=kept(60)
     ).name
     messages.Send(pb.SendRequest(queue=queue, body=b"x"))
     (got,) = receive(messages, queue)
@@ -398,7 +398,7 @@ def test_new_attributes_round_trip_through_update(queues, queue):
         max_depth=100,
         receive_rate_limit=2.5,
         tags={"team": "payments", "env": "test"},
-        retention=seconds(0),
+        retention=kept(None),
     )
     paths = [
         "dead_letter_policy",
@@ -420,13 +420,16 @@ def test_new_attributes_round_trip_through_update(queues, queue):
     assert q.deduplication_window.ToTimedelta() == timedelta(minutes=1)
     assert (q.max_depth, q.receive_rate_limit) == (100, 2.5)
     assert dict(q.tags) == {"team": "payments", "env": "test"}
-    assert q.retention.ToTimedelta() == timedelta(0)
+    assert q.HasField("retention")
+    assert not q.retention.HasField("period")  # forever
     cleared = queues.UpdateQueue(
         qpb.UpdateQueueRequest(queue=qpb.Queue(name=queue), update_mask=FieldMask(paths=paths))
     ).queue
     assert not cleared.HasField("dead_letter_policy")
-    assert cleared.retention.ToTimedelta() == timedelta(days=4)
-    assert (cleared.max_depth, cleared.receive_rate_limit, dict(cleared.tags)) == (0, 0.0, {})
+    assert cleared.retention.period.ToTimedelta() == timedelta(days=4)
+    assert not cleared.HasField("max_depth")
+    assert not cleared.HasField("receive_rate_limit")
+    assert dict(cleared.tags) == {}
     queues.DeleteQueue(qpb.DeleteQueueRequest(name=dlq))
 
 
@@ -434,7 +437,7 @@ def test_new_attributes_round_trip_through_update(queues, queue):
     ("queue_fields", "says"),
     [
         ({"deduplication_window": seconds(0)}, "deduplication_window"),
-        ({"archive_retention": seconds(30)}, "archive_retention"),
+        ({"archive_retention": kept(30)}, "archive_retention"),
         ({"max_depth": -1}, "max_depth"),
         ({"receive_rate_limit": -1}, "receive_rate_limit"),
         (

@@ -11,7 +11,7 @@ import grpc
 import pytest
 from postbox.v1 import message_service_pb2 as pb
 from postbox.v1 import message_service_pb2_grpc
-from support import create_queue, error_of, receive, seconds, stats, unique_name
+from support import create_queue, error_of, kept, receive, seconds, stats, unique_name
 
 
 @pytest.fixture
@@ -284,7 +284,7 @@ def test_dedupe_key_after_a_purge_makes_a_message_that_exists(messages, queues, 
 
 
 async def test_dedupe_key_of_an_expired_message_makes_a_new_message(messages, queues, db):
-    queue = create_queue(queues, unique_name("expiring_key"), retention=seconds(60)).name
+    queue = create_queue(queues, unique_name("expiring_key"), retention=kept(60)).name
     first = send(messages, queue, b"v1", dedupe_key="job:1")
     # Expired, but not yet removed by the maintenance worker.
     await db.execute(

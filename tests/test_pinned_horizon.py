@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import AsyncIterator
 from datetime import datetime, timedelta
 from uuid import uuid4
@@ -255,3 +256,70 @@ async def test_a_priority_receive_reads_the_priority_index_not_the_queue(conn, s
     )
     assert [r["priority"] for r in rows] == [9] * 10
     assert read <= 50, f"receive read {read} rows and index entries of messages"
+
+
+GROUP_LOCK = (
+    "SELECT pg_advisory_xact_lock(hashtextextended('g', id)) FROM postbox.queues WHERE name = $1"
+)
+DEPTH_LOCK = "SELECT pg_advisory_xact_lock(1886350199, id) FROM postbox.queues WHERE name = $1"
+
+
+async def until_waiting_on_a_lock(conn: asyncpg.Connection, pid: int) -> datetime:
+    """Waits until backend `pid` waits on a lock; returns the clock then (past its start)."""
+    for _ in range(1000):
+        if await conn.fetchval(
+            # Cleared each time: inside a transaction the activity is one snapshot.
+            "SELECT wait_event_type = 'Lock' FROM pg_stat_clear_snapshot(), pg_stat_activity "
+            "WHERE pid = $1",
+            pid,
+        ):
+            return await conn.fetchval("SELECT clock_timestamp()")
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"backend {pid} never waited on a lock")
+
+
+async def until_clock_passes(conn: asyncpg.Connection, when: datetime) -> None:
+    for _ in range(1000):
+        if await conn.fetchval("SELECT now() > $1", when):
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"the database clock never passed {when}")
+
+
+@pytest.mark.parametrize(
+    ("lock", "queue", "options", "send"),
+    [
+        (
+            GROUP_LOCK,
+            "blocked.fifo",
+            {"content_based_deduplication": True},
+            "SELECT postbox.send($1, 'late', message_group_id => 'g')",
+        ),
+        (DEPTH_LOCK, "bounded", {"max_depth": 10}, "SELECT postbox.send($1, 'late')"),
+    ],
+    ids=["FIFO group lock", "max_depth lock"],
+)
+async def test_a_send_waiting_on_a_lock_holds_the_floor_back(
+    conn, engine_url, lock, queue, options, send
+):
+    """The locks a send may wait on besides the queue's (test_receive_floor.py): a send
+    that read its clock before waiting on them committed behind the floor."""
+    await conn.execute("SELECT postbox.create_queue($1, $2::jsonb)", queue, json.dumps(options))
+    holder = await asyncpg.connect(engine_url)
+    sender = await asyncpg.connect(engine_url)
+    try:
+        await holder.execute("BEGIN")
+        await holder.fetchval(lock, queue)
+        sending = asyncio.ensure_future(sender.fetchval(send, queue))
+        blocked_at = await until_waiting_on_a_lock(conn, sender.get_server_pid())
+        # The floor stays a second behind now: wait until it would be past the send's start.
+        await until_clock_passes(conn, blocked_at + timedelta(seconds=1))
+        floor = await conn.fetchval(FLOOR, queue)
+        await holder.execute("COMMIT")
+        late = await sending
+    finally:
+        await holder.close()
+        await sender.close()
+    assert floor <= blocked_at
+    got = await conn.fetch(RECEIVE, queue, floor)
+    assert [r["message_id"] for r in got] == [late]

@@ -9,7 +9,7 @@ import pytest
 from google.protobuf.field_mask_pb2 import FieldMask
 from postbox.v1 import message_service_pb2 as mpb
 from postbox.v1 import queue_service_pb2 as pb
-from support import error_of, seconds, unique_name
+from support import error_of, kept, seconds, unique_name
 
 
 def test_create_fills_defaults(queues):
@@ -18,7 +18,7 @@ def test_create_fills_defaults(queues):
     assert queue.name == name
     assert queue.visibility_timeout.ToTimedelta() == timedelta(seconds=30)
     assert queue.delivery_delay.ToTimedelta() == timedelta(0)
-    assert queue.retention.ToTimedelta() == timedelta(days=4)
+    assert queue.retention.period.ToTimedelta() == timedelta(days=4)
     assert queue.max_message_size == 1024 * 1024
     assert queue.receive_wait_time.ToTimedelta() == timedelta(0)
     assert queue.create_time.seconds > 0
@@ -31,7 +31,7 @@ def test_create_with_attributes(queues):
             name=name,
             visibility_timeout=seconds(1.5),
             delivery_delay=seconds(2),
-            retention=seconds(3600),
+            retention=kept(3600),
             max_message_size=2048,
             receive_wait_time=seconds(20),
         )
@@ -39,7 +39,7 @@ def test_create_with_attributes(queues):
     queue = queues.CreateQueue(request).queue
     assert queue.visibility_timeout.ToTimedelta() == timedelta(seconds=1.5)
     assert queue.delivery_delay.ToTimedelta() == timedelta(seconds=2)
-    assert queue.retention.ToTimedelta() == timedelta(hours=1)
+    assert queue.retention.period.ToTimedelta() == timedelta(hours=1)
     assert queue.max_message_size == 2048
     assert queue.receive_wait_time.ToTimedelta() == timedelta(seconds=20)
 
@@ -78,9 +78,9 @@ def test_create_without_queue_is_invalid(queues):
     [
         (pb.Queue(visibility_timeout=seconds(43201)), "visibility_timeout"),
         (pb.Queue(visibility_timeout=seconds(-1)), "visibility_timeout"),
-        (pb.Queue(retention=seconds(59)), "retention"),
-        (pb.Queue(retention=seconds(1209601)), "retention"),
-        (pb.Queue(retention=seconds(60), delivery_delay=seconds(61)), "delivery_delay"),
+        (pb.Queue(retention=kept(59)), "retention"),
+        (pb.Queue(retention=kept(1209601)), "retention"),
+        (pb.Queue(retention=kept(60), delivery_delay=seconds(61)), "delivery_delay"),
         (pb.Queue(receive_wait_time=seconds(21)), "receive_wait_time"),
         (pb.Queue(max_message_size=100), "max_message_size"),
         (pb.Queue(max_message_size=2 * 1024 * 1024), "at most 1048576"),
@@ -163,12 +163,12 @@ def test_list_rejects_bad_paging(queues, request_):
 def test_update_changes_only_masked_fields(queues, queue):
     updated = queues.UpdateQueue(
         pb.UpdateQueueRequest(
-            queue=pb.Queue(name=queue, visibility_timeout=seconds(5), retention=seconds(120)),
+            queue=pb.Queue(name=queue, visibility_timeout=seconds(5), retention=kept(120)),
             update_mask=FieldMask(paths=["visibility_timeout"]),
         )
     ).queue
     assert updated.visibility_timeout.ToTimedelta() == timedelta(seconds=5)
-    assert updated.retention.ToTimedelta() == timedelta(days=4)
+    assert updated.retention.period.ToTimedelta() == timedelta(days=4)
     assert updated.update_time.ToDatetime() >= updated.create_time.ToDatetime()
 
 
@@ -280,7 +280,7 @@ def name_calls(queues, messages, name: str, valid: str):
         "PauseQueue": lambda: queues.PauseQueue(pb.PauseQueueRequest(name=name)),
         "ResumeQueue": lambda: queues.ResumeQueue(pb.ResumeQueueRequest(name=name)),
         "ListDeadLetterSourceQueues": lambda: queues.ListDeadLetterSourceQueues(
-            pb.ListDeadLetterSourceQueuesRequest(name=name)
+            pb.ListDeadLetterSourceQueuesRequest(dead_letter_queue=name)
         ),
         "RedriveMessages": lambda: queues.RedriveMessages(
             pb.RedriveMessagesRequest(dead_letter_queue=name)

@@ -214,25 +214,36 @@ async def test_cancel_while_waiting_claims_nothing(stub, aio_channel, queue):
     assert (stats.visible_messages, stats.in_flight_messages) == (1, 0)
 
 
-async def test_claimed_but_undelivered_messages_are_released_at_once(aio_channel, server, queue):
-    # One batch far larger than the HTTP/2 flow-control window: with the client not
-    # reading, the server's write of the claimed batch cannot complete. When the
-    # client cancels, every claimed message must be visible again at once, its
-    # delivery uncounted.
+async def test_claimed_but_undelivered_messages_are_released_at_once(
+    aio_channel, database_url, queue
+):
+    # One response far larger than the HTTP/2 flow-control window and the transport's
+    # buffers (16 MiB, from a server whose responses may be that large): with the
+    # client not reading, the server's write of the claimed messages cannot
+    # complete. When the client cancels, every claimed message must be visible
+    # again at once, its delivery uncounted.
     stub = message_service_pb2_grpc.MessageServiceStub(aio_channel)
     body = b"x" * (1024 * 1024)
     await stub.SendBatch(
         pb.SendBatchRequest(queue=queue, entries=[pb.SendBatchEntry(body=body)] * 16)
     )
+    large = ServerProcess(database_url, "--max-response-size", str(64 * 1024 * 1024)).start()
     options = [("grpc.max_receive_message_length", 64 * 1024 * 1024)]
-    async with grpc.aio.insecure_channel(server.target, options=options) as big:
-        call = message_service_pb2_grpc.MessageServiceStub(big).Receive(
-            pb.ReceiveRequest(queue=queue, max_messages=16, visibility_timeout=seconds(600))
-        )
-        await asyncio.sleep(1.0)  # the server has claimed all 16 and is stuck writing them
-        assert (await queue_stats(aio_channel, queue)).in_flight_messages == 16
-        call.cancel()
-        await asyncio.sleep(0.5)
+    try:
+        async with grpc.aio.insecure_channel(large.target, options=options) as big:
+            call = message_service_pb2_grpc.MessageServiceStub(big).Receive(
+                pb.ReceiveRequest(queue=queue, max_messages=16, visibility_timeout=seconds(600))
+            )
+            deadline = time.monotonic() + 10
+            while (await queue_stats(aio_channel, queue)).in_flight_messages < 16:
+                assert time.monotonic() < deadline, "the server did not claim all 16"
+                await asyncio.sleep(0.05)
+            call.cancel()
+            while (await queue_stats(aio_channel, queue)).in_flight_messages:
+                assert time.monotonic() < deadline + 10, "the claimed messages stayed claimed"
+                await asyncio.sleep(0.05)
+    finally:
+        large.stop()
     stats = await queue_stats(aio_channel, queue)
     assert (stats.visible_messages, stats.in_flight_messages) == (16, 0)
     (response,) = await collect(stub, queue=queue, max_messages=1, wait_time=seconds(0))

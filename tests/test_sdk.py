@@ -38,6 +38,11 @@ def test_the_blocking_client_round_trip_and_typed_errors(server):
         with pytest.raises(NotFound) as missing:
             client.send(unique_name("sdk_missing"), "x")
         assert missing.value.code.name == "NOT_FOUND"
+        later = client.send(name, "never mind", ttl=timedelta(hours=1))
+        client.cancel(name, later)
+        assert client.receive(name) == []
+        with pytest.raises(NotFound):
+            client.cancel(name, later)
         client.delete_queue(name)
 
 
@@ -215,6 +220,7 @@ def test_the_client_wheel_needs_nothing_of_the_server(tmp_path):
         "grpcio",
         "grpcio-status",
         "protobuf",
+        "googleapis-common-protos",
     }
 
 

@@ -28,7 +28,10 @@ OLDEST_INSTALL = Path(__file__).parent / "fixtures" / "sql" / "postbox--0.1.0.sq
 SCHEMA_FINGERPRINT = """
 SELECT 'relation ' || c.relname || ' ' || c.relkind::text || ' ' || c.relpersistence::text || ' '
        || coalesce(array_to_string(c.reloptions, ','), '')
+       || ' acl ' || coalesce(c.relacl::text, '')
 FROM pg_class c WHERE c.relnamespace = 'postbox'::regnamespace
+UNION ALL
+SELECT 'schema acl ' || coalesce(nspacl::text, '') FROM pg_namespace WHERE nspname = 'postbox'
 UNION ALL
 SELECT format('column %s.%s #%s %s %s default %s', c.relname, a.attname, a.attnum,
               format_type(a.atttypid, a.atttypmod), a.attnotnull,
@@ -43,7 +46,7 @@ UNION ALL
 SELECT format('constraint %s %s', conname, pg_get_constraintdef(oid))
 FROM pg_constraint WHERE connamespace = 'postbox'::regnamespace
 UNION ALL
-SELECT 'function ' || pg_get_functiondef(p.oid)
+SELECT 'function ' || pg_get_functiondef(p.oid) || ' acl ' || coalesce(p.proacl::text, '')
 FROM pg_proc p WHERE p.pronamespace = 'postbox'::regnamespace
 UNION ALL
 SELECT 'trigger ' || pg_get_triggerdef(t.oid)
@@ -168,7 +171,7 @@ async def run_two_workers(
 
     async def work(index: int) -> None:
         while True:
-            count = await workers[index].fetchval(call)
+            count = await workers[index].fetchval(call) or 0  # NULL: nothing to step
             done[index] += count
             if count == 0:
                 if await workers[index].fetchval(remaining) == 0:

@@ -77,7 +77,7 @@ async def test_settles_on_the_stream_drain_the_queue(stub, queue):
     call = await open_stream(stub, queue, max_messages=10, max_outstanding_messages=10)
     seen = []
     while len(seen) < 25:
-        batch = (await call.read()).messages
+        batch = (await call.read()).batch.messages
         assert 1 <= len(batch) <= 10
         seen.extend(m.body for m in batch)
         await call.write(delete_receipts=[m.receipt for m in batch])
@@ -92,26 +92,26 @@ async def test_settles_on_the_stream_drain_the_queue(stub, queue):
 async def test_no_more_than_max_outstanding_until_settled(stub, queue):
     await fill(stub, queue, 20)
     call = await open_stream(stub, queue, max_messages=4, max_outstanding_messages=6)
-    first = (await call.read()).messages
-    second = (await call.read()).messages
+    first = (await call.read()).batch.messages
+    second = (await call.read()).batch.messages
     assert (len(first), len(second)) == (4, 2)  # the second batch only fills the room left
     assert await call.nothing_within(0.5)
     await call.write(delete_receipts=[m.receipt for m in first])
     assert [r.code for r in (await call.read()).settle_results.deletes] == [OK] * 4
-    assert len((await call.read()).messages) == 4
+    assert len((await call.read()).batch.messages) == 4
     call.cancel()
 
 
 async def test_settle_results_say_what_happened_to_each_receipt(stub, queue):
     await fill(stub, queue, 3)
     call = await open_stream(stub, queue, max_messages=3)
-    first, second, third = (await call.read()).messages
+    first, second, third = (await call.read()).batch.messages
     await stub.ChangeVisibility(
         pb.ChangeVisibilityRequest(
             queue=queue, receipt=third.receipt, visibility_timeout=seconds(0)
         )
     )
-    redelivered = (await call.read()).messages
+    redelivered = (await call.read()).batch.messages
     assert [m.message_id for m in redelivered] == [third.message_id]
     await call.write(
         delete_receipts=[first.receipt, third.receipt, "not a receipt"],
@@ -142,7 +142,7 @@ async def test_extended_messages_keep_counting(stub, queue):
     call = await open_stream(
         stub, queue, max_messages=2, max_outstanding_messages=2, visibility_timeout=seconds(1)
     )
-    batch = (await call.read()).messages
+    batch = (await call.read()).batch.messages
     await call.write(
         visibility_changes=[
             pb.ChangeVisibilityBatchEntry(receipt=m.receipt, visibility_timeout=seconds(60))
@@ -160,8 +160,8 @@ async def test_a_lease_that_runs_out_frees_its_room(stub, queue):
     call = await open_stream(
         stub, queue, max_messages=2, max_outstanding_messages=2, visibility_timeout=seconds(0.5)
     )
-    first = (await call.read()).messages
-    second = (await call.read(timeout=3)).messages
+    first = (await call.read()).batch.messages
+    second = (await call.read(timeout=3)).batch.messages
     assert len(second) == 2
     assert {m.message_id for m in first}.isdisjoint(m.message_id for m in second)
     call.cancel()
@@ -170,9 +170,9 @@ async def test_a_lease_that_runs_out_frees_its_room(stub, queue):
 async def test_a_delete_by_call_frees_room_too(stub, queue):
     await fill(stub, queue, 4)
     call = await open_stream(stub, queue, max_messages=2, max_outstanding_messages=2)
-    batch = (await call.read()).messages
+    batch = (await call.read()).batch.messages
     await stub.DeleteBatch(pb.DeleteBatchRequest(queue=queue, receipts=[m.receipt for m in batch]))
-    assert len((await call.read(timeout=2)).messages) == 2
+    assert len((await call.read(timeout=2)).batch.messages) == 2
     call.cancel()
 
 
@@ -180,7 +180,7 @@ async def test_waits_for_sends_and_wakes_on_them(stub, queue):
     call = await open_stream(stub, queue, max_messages=5)
     assert await call.nothing_within(0.3)
     await stub.Send(pb.SendRequest(queue=queue, body=b"late"))
-    (message,) = (await call.read(timeout=2)).messages
+    (message,) = (await call.read(timeout=2)).batch.messages
     assert message.body == b"late"
     call.cancel()
 
@@ -198,9 +198,9 @@ async def test_concurrent_streams_get_every_message_once(stub, queue):
                     response = await call.read(timeout=1)
                 except asyncio.TimeoutError:
                     continue
-                if response.messages:
-                    counts.update(m.message_id for m in response.messages)
-                    await call.write(delete_receipts=[m.receipt for m in response.messages])
+                if response.HasField("batch"):
+                    counts.update(m.message_id for m in response.batch.messages)
+                    await call.write(delete_receipts=[m.receipt for m in response.batch.messages])
                 else:
                     assert all(r.code == OK for r in response.settle_results.deletes)
         finally:
@@ -214,7 +214,7 @@ async def test_concurrent_streams_get_every_message_once(stub, queue):
 async def test_client_half_close_gets_its_last_results(stub, queue):
     await fill(stub, queue, 2)
     call = await open_stream(stub, queue, max_messages=2)
-    batch = (await call.read()).messages
+    batch = (await call.read()).batch.messages
     await call.write(delete_receipts=[m.receipt for m in batch])
     await call.call.done_writing()
     assert [r.code for r in (await call.read()).settle_results.deletes] == [OK, OK]

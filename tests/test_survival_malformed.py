@@ -25,6 +25,7 @@ from postbox.v1 import (
     schedule_service_pb2,
     topic_service_pb2,
 )
+from support import call_method
 
 FILES = (message_service_pb2, queue_service_pb2, topic_service_pb2, schedule_service_pb2)
 METHODS = [
@@ -140,24 +141,11 @@ def _build(cls: type[Message], values: dict) -> Message | None:
 
 
 def _invoke(channel: grpc.Channel, method: d.MethodDescriptor, payload: bytes) -> grpc.StatusCode:
-    path = f"/{method.containing_service.full_name}/{method.name}"
-    try:
-        if method.client_streaming:
-            for _ in channel.stream_stream(path)(iter([payload]), timeout=0.3):
-                pass
-        elif method.server_streaming:
-            for _ in channel.unary_stream(path)(payload, timeout=0.3):
-                pass
-        else:
-            channel.unary_unary(path)(payload, timeout=10)
-    except grpc.RpcError as error:
-        failure = error
-    else:
-        return grpc.StatusCode.OK
-    assert failure.code() not in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN), (
-        f"{path}: {failure.code()} {failure.details()}"
+    code, details = call_method(channel, method, payload, stream_timeout=0.3)
+    assert code not in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN), (
+        f"{method.full_name}: {code} {details}"
     )
-    return failure.code()
+    return code
 
 
 def _check(channel: grpc.Channel, method: d.MethodDescriptor, payload: bytes) -> None:

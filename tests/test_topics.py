@@ -294,3 +294,54 @@ def test_deleting_a_queue_or_topic(topics, queues, messages, topic):
 
     topics.DeleteTopic(pb.DeleteTopicRequest(name=topic))
     assert [m.body for m in receive(messages, kept)] == [b"x"]  # the queue and its messages stay
+
+
+def _update(topics, subscription: pb.Subscription, *paths: str) -> pb.Subscription:
+    from google.protobuf.field_mask_pb2 import FieldMask
+
+    request = pb.UpdateSubscriptionRequest(
+        subscription=subscription, update_mask=FieldMask(paths=list(paths))
+    )
+    return topics.UpdateSubscription(request).subscription
+
+
+def test_update_subscription_changes_its_pattern_and_queue(topics, queues, messages, topic):
+    first, second = new_queue(queues, "first"), new_queue(queues, "second")
+    subscribe(topics, topic, "orders", "orders.created", queue=first)
+    publish(topics, topic, b"before", "orders.paid")
+    changed = _update(
+        topics,
+        pb.Subscription(topic=topic, name="orders", pattern="orders.*", queue=second),
+        "pattern",
+        "queue",
+    )
+    assert (changed.pattern, changed.queue) == ("orders.*", second)
+    assert (
+        topics.GetSubscription(pb.GetSubscriptionRequest(topic=topic, name="orders")).subscription
+        == changed
+    )
+    publish(topics, topic, b"after", "orders.paid")
+    assert receive(messages, first) == []
+    assert [m.body for m in receive(messages, second)] == [b"after"]
+    # An unset pattern in the mask goes back to the default, "#".
+    assert _update(topics, pb.Subscription(topic=topic, name="orders"), "pattern").pattern == "#"
+
+
+@pytest.mark.parametrize(
+    ("paths", "says"),
+    [
+        ((), "fields to change"),
+        (("name",), "fields to change"),
+        (("webhook.url",), "delivers to a queue"),
+        (("pattern",), "pattern"),
+    ],
+)
+def test_update_subscription_refuses_what_it_cannot_do(topics, queues, topic, paths, says):
+    queue = new_queue(queues, "kept")
+    subscribe(topics, topic, "sub", "a.b", queue=queue)
+    update = pb.Subscription(topic=topic, name="sub", pattern="a..b")
+    error = error_of(_update, topics, update, *paths)
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert says in error.details()
+    kept = topics.GetSubscription(pb.GetSubscriptionRequest(topic=topic, name="sub")).subscription
+    assert (kept.pattern, kept.queue) == ("a.b", queue)

@@ -7,13 +7,15 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
+import asyncpg
 import grpc
 import pytest
 from postbox.v1 import message_service_pb2 as pb
 from postbox.v1 import message_service_pb2_grpc
-from support import unique_name
+from support import seconds, unique_name
 
 from server.db.engine import Engine
 from server.services.messages import MessageService
@@ -21,13 +23,23 @@ from server.wakeup import WakeHub
 
 
 class CountingEngine(Engine):
-    """The real engine, counting its claims."""
+    """The real engine, counting its claims and noting the receive floors it computes."""
 
     claims = 0
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.floors: list[tuple[datetime, datetime]] = []  # (asked at, floor)
 
     async def receive(self, *args: Any, **kwargs: Any) -> Any:
         self.claims += 1
         return await super().receive(*args, **kwargs)
+
+    async def receive_floor(self, queue: str) -> datetime:
+        asked_at = datetime.now(timezone.utc)
+        floor = await super().receive_floor(queue)
+        self.floors.append((asked_at, floor))
+        return floor
 
 
 @dataclass
@@ -94,8 +106,10 @@ async def _streaming_receive(stub: message_service_pb2_grpc.MessageServiceStub, 
 async def _bodies(call: Any) -> list[bytes]:
     while True:
         response = await asyncio.wait_for(call.read(), 5)
-        if response.messages:
-            return [m.body for m in response.messages]
+        # A Receive response is a batch; a StreamingReceive one may carry settle results.
+        batch = response.batch if isinstance(response, pb.StreamingReceiveResponse) else response
+        if batch.messages:
+            return [m.body for m in batch.messages]
 
 
 @pytest.mark.parametrize("opening", [_receive, _streaming_receive], ids=["Receive", "Streaming"])
@@ -119,3 +133,65 @@ async def test_a_stream_that_got_less_than_it_asked_for_waits_without_claiming_a
         assert await in_process.settled() == 4
     finally:
         call.cancel()
+
+
+async def test_a_send_that_waited_on_a_lock_wakes_a_waiting_stream(
+    in_process: InProcess, queue_name: str, database_url: str
+) -> None:
+    """A send read its clock before waiting on the queue's lock; when it waited over a
+    second, the server's receive floor had passed its message, the woken stream looked
+    from the floor and missed it, and only the safety poll (here: none) would find it."""
+    stub = in_process.messages
+    waiting = await _receive(stub, queue_name)
+    holder = await asyncpg.connect(database_url)
+    # Not the holder: inside its transaction, pg_stat_activity is a snapshot taken once.
+    observer = await asyncpg.connect(database_url)
+    try:
+        await in_process.until_claims(1)  # the stream found the queue empty; it waits now
+        # What a purge or a queue drop holds while it runs: sends wait for it.
+        await holder.execute("BEGIN")
+        await holder.execute(
+            "SELECT pg_advisory_xact_lock(1886350198, id) FROM postbox.queues WHERE name = $1",
+            queue_name,
+        )
+        sending = asyncio.ensure_future(stub.Send(pb.SendRequest(queue=queue_name, body=b"late")))
+        blocked_at = await _until_a_send_waits_on_a_lock(observer, sending)
+        # Other receives make the server compute floors; wait for one computed more than
+        # a second after the send began, which today's floor would have put past it.
+        passed = blocked_at + timedelta(seconds=1)
+        for _ in range(500):
+            if any(asked_at > passed for asked_at, _ in in_process.engine.floors):
+                break
+            poll = stub.Receive(pb.ReceiveRequest(queue=queue_name, wait_time=seconds(0)))
+            assert [response async for response in poll] == []
+            await asyncio.sleep(0.02)
+        else:
+            raise AssertionError("the server computed no receive floor")
+        await holder.execute("COMMIT")
+        await sending
+        # 10 s: generous on a busy machine, and never reached by a message the stream
+        # missed, which waits for a safety poll that is not there.
+        reading = asyncio.ensure_future(waiting.read())
+        done, _ = await asyncio.wait([reading], timeout=10)
+        assert done, "the woken stream looked from a floor past the message and missed it"
+        assert [m.body for m in reading.result().messages] == [b"late"]
+    finally:
+        waiting.cancel()
+        await holder.close()
+        await observer.close()
+
+
+async def _until_a_send_waits_on_a_lock(
+    conn: asyncpg.Connection, sending: asyncio.Future[Any]
+) -> datetime:
+    """The database clock once the send waits on the advisory lock (so after it began).
+    `conn` must be outside a transaction, which would see one snapshot of the activity."""
+    for _ in range(3000):
+        if sending.done():
+            raise AssertionError(f"the send did not wait on the lock: {sending.result()}")
+        if await conn.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'advisory'"
+        ):
+            return await conn.fetchval("SELECT clock_timestamp()")
+        await asyncio.sleep(0.01)
+    raise AssertionError("no send waited on the lock")

@@ -14,7 +14,7 @@ from postbox.v1 import message_pb2, topic_service_pb2_grpc
 from postbox.v1 import topic_service_pb2 as pb
 from receiver import Receiver
 from standardwebhooks.webhooks import Webhook
-from support import error_of, eventually, free_port, seconds, unique_name
+from support import create_queue, error_of, eventually, free_port, seconds, unique_name
 
 
 @pytest.fixture(scope="module")
@@ -219,3 +219,97 @@ def test_deleting_the_subscription_drops_its_deliveries(topics, receiver, topic)
         pb.ListWebhookDeliveriesRequest(topic=topic, subscription="hook"),
     )
     assert error.code() == grpc.StatusCode.NOT_FOUND
+
+
+def _retry(topics, topic: str, subscription: str = "hook", delivery_id: str = "") -> int:
+    request = pb.RetryWebhookDeliveryRequest(
+        topic=topic, subscription=subscription, delivery_id=delivery_id
+    )
+    return topics.RetryWebhookDelivery(request).retried_deliveries
+
+
+def _failed(topics, topic: str) -> list:
+    request = pb.ListWebhookDeliveriesRequest(
+        topic=topic, subscription="hook", state=pb.WEBHOOK_DELIVERY_STATE_FAILED
+    )
+    return list(topics.ListWebhookDeliveries(request).deliveries)
+
+
+def test_a_failed_delivery_retried_by_id_is_delivered(topics, receiver, topic):
+    path = f"/{topic}"
+    receiver.plan(path, (503, 0))
+    webhook(topics, topic, "hook", receiver.url(path), **fast_retries(max_attempts=1))
+    topics.Publish(pb.PublishRequest(topic=topic, body=b"second chance"))
+    (failed,) = eventually(lambda: _failed(topics, topic), what="the delivery failed")
+    assert _retry(topics, topic, delivery_id=failed.delivery_id) == 1
+    (_, delivered) = receiver.wait_for(path, 2)
+    assert verified_body(delivered) == b"second chance"
+    assert delivered.headers["webhook-id"] == failed.delivery_id
+    eventually(
+        lambda: (
+            not topics.ListWebhookDeliveries(
+                pb.ListWebhookDeliveriesRequest(topic=topic, subscription="hook")
+            ).deliveries
+        ),
+        what="no delivery left",
+    )
+
+
+def test_retry_without_an_id_retries_every_failed_delivery(topics, receiver, topic):
+    path = f"/{topic}"
+    receiver.plan(path, (503, 0), (503, 0))
+    webhook(topics, topic, "hook", receiver.url(path), **fast_retries(max_attempts=1))
+    for body in (b"one", b"two"):
+        topics.Publish(pb.PublishRequest(topic=topic, body=body))
+    eventually(lambda: len(_failed(topics, topic)) == 2, what="both failed")
+    assert _retry(topics, topic) == 2
+    delivered = receiver.wait_for(path, 4)[2:]
+    assert sorted(verified_body(r) for r in delivered) == [b"one", b"two"]
+    assert _retry(topics, topic) == 0
+
+
+def test_retry_refuses_what_it_cannot_retry(topics, receiver, topic, queues):
+    webhook(topics, topic, "hook", receiver.url(f"/{topic}"))
+    unknown = error_of(_retry, topics, topic, delivery_id="msg_" + "0" * 32 + "_999999999")
+    assert unknown.code() == grpc.StatusCode.NOT_FOUND
+    bad = error_of(_retry, topics, topic, delivery_id="x")
+    assert bad.code() == grpc.StatusCode.INVALID_ARGUMENT
+    queue = create_queue(queues, unique_name("q")).name
+    topics.CreateSubscription(
+        pb.CreateSubscriptionRequest(
+            subscription=pb.Subscription(name="to-queue", topic=topic, queue=queue)
+        )
+    )
+    not_a_webhook = error_of(_retry, topics, topic, "to-queue")
+    assert not_a_webhook.code() == grpc.StatusCode.FAILED_PRECONDITION
+
+
+def test_update_moves_a_webhook_and_its_pending_deliveries(topics, receiver, topic):
+    from google.protobuf.field_mask_pb2 import FieldMask
+
+    old, new = f"/{topic}/old", f"/{topic}/new"
+    receiver.plan(old, (503, 0))
+    created = webhook(
+        topics,
+        topic,
+        "hook",
+        receiver.url(old),
+        **fast_retries(minimum_backoff=seconds(2), maximum_backoff=seconds(3)),
+    )
+    topics.Publish(pb.PublishRequest(topic=topic, body=b"follows"))
+    receiver.wait_for(old, 1)  # failed once; the next attempt is 1-2 s away
+    update = pb.Subscription(
+        topic=topic, name="hook", webhook=pb.WebhookEndpoint(url=receiver.url(new), max_attempts=7)
+    )
+    changed = topics.UpdateSubscription(
+        pb.UpdateSubscriptionRequest(
+            subscription=update,
+            update_mask=FieldMask(paths=["webhook.url", "webhook.max_attempts", "webhook.secret"]),
+        )
+    ).subscription
+    assert (changed.webhook.url, changed.webhook.max_attempts) == (receiver.url(new), 7)
+    assert changed.webhook.secret.startswith("whsec_")
+    assert changed.webhook.secret != created.webhook.secret  # unset in the mask: made anew
+    (moved,) = receiver.wait_for(new, 1)
+    assert verified(changed.webhook.secret, moved)["message"]["data"]
+    assert len(receiver.on(old)) == 1

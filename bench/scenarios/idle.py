@@ -1,9 +1,11 @@
-"""What 1,000 waiting streams cost an idle server: CPU (share of a core) and resident memory."""
+"""What 1,000 waiting streams cost an idle server: CPU (share of a core), resident memory,
+and the statements it runs in its database (pg_stat_database.xact_commit)."""
 
 from __future__ import annotations
 
 import asyncio
 
+import asyncpg
 import grpc
 from postbox.v1 import message_service_pb2 as pb
 
@@ -11,8 +13,23 @@ from bench.processes import Served, cpu_share
 from bench.runner import Context, Row, message_stub, scenario
 
 STREAMS = 1000
-QUEUES = 10
+QUEUES = 100
 CHANNELS = 10
+# PostgreSQL reports an idle backend's counts up to 10 s late (PGSTAT_IDLE_INTERVAL).
+STATS_DELAY = 11.0
+
+
+async def _statements_per_second(database_url: str, seconds: float) -> float:
+    """Transactions committed in the database per second over `seconds` (less our reads)."""
+    conn = await asyncpg.connect(database_url)
+    try:
+        query = "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
+        await asyncio.sleep(STATS_DELAY)
+        before = await conn.fetchval(query)
+        await asyncio.sleep(seconds)
+        return max(0, await conn.fetchval(query) - before - 1) / seconds
+    finally:
+        await conn.close()
 
 
 async def _idle_cpu(served: Served, seconds: float) -> float:
@@ -49,6 +66,7 @@ async def run(ctx: Context) -> list[Row]:
             raise RuntimeError(f"a waiting stream ended: {failed.result()!r}")
         cpu = await _idle_cpu(served, seconds)
         rss = served.rss()
+        statements = await _statements_per_second(ctx.db.url, seconds)
     finally:
         for call in calls:
             call.cancel()
@@ -64,6 +82,16 @@ async def run(ctx: Context) -> list[Row]:
             "< 1%",
             cpu < 0.01,
             f"measured over {seconds:.0f} s",
+        ),
+        Row(
+            f"idle, {STREAMS} waiting streams on {QUEUES} queues",
+            "statements/s",
+            statements,
+            None,
+            "",
+            "<= 1",
+            statements <= 1.0,
+            f"pg_stat_database.xact_commit over {seconds:.0f} s",
         ),
         Row(
             f"idle, {STREAMS} waiting streams",

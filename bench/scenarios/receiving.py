@@ -157,8 +157,8 @@ async def streaming_receives(
                 response = await call.read()
                 if response is grpc.aio.EOF:
                     return
-                if response.messages:
-                    receipts = [m.receipt for m in response.messages]
+                if response.HasField("batch"):
+                    receipts = [m.receipt for m in response.batch.messages]
                     await call.write(pb.StreamingReceiveRequest(delete_receipts=receipts))
                     continue
                 deleted = sum(1 for r in response.settle_results.deletes if r.code == 0)

@@ -45,7 +45,7 @@ _QUEUES = {
     "PurgeQueue": Rule("manage", "name"),
     "PauseQueue": Rule("manage", "name"),
     "ResumeQueue": Rule("manage", "name"),
-    "ListDeadLetterSourceQueues": Rule("read", "name"),
+    "ListDeadLetterSourceQueues": Rule("read", "dead_letter_queue"),
     "RedriveMessages": Rule("manage", "dead_letter_queue"),
     "ListRedriveTasks": Rule("read", "dead_letter_queue"),
     # By task id: the queue is not in the request.
@@ -64,6 +64,8 @@ _MESSAGES = {
     "PeekMessages": Rule("read", "queue"),
     "GetMessage": Rule("read", "queue"),
     "ListArchivedMessages": Rule("read", "queue"),
+    # A producer takes back a message it sent, before anyone receives it.
+    "CancelMessage": Rule("send", "queue", also=("manage",)),
 }
 _TOPICS = {
     "CreateTopic": Rule("manage", "topic.name"),
@@ -75,6 +77,8 @@ _TOPICS = {
     "GetSubscription": Rule("read", "topic"),
     "ListSubscriptions": Rule("read", "topic"),
     "DeleteSubscription": Rule("manage", "topic"),
+    "UpdateSubscription": Rule("manage", "subscription.topic"),
+    "RetryWebhookDelivery": Rule("manage", "topic"),
     "Publish": Rule("publish", "topic"),
     "PublishBatch": Rule("publish", "topic"),
     "ListWebhookDeliveries": Rule("read", "topic"),
@@ -87,6 +91,9 @@ _SCHEDULES = {
     "DeleteSchedule": Rule("manage", "name"),
     "PauseSchedule": Rule("manage", "name"),
     "ResumeSchedule": Rule("manage", "name"),
+    "RunSchedule": Rule("manage", "name"),
+    # Stores and touches nothing: whoever may read or manage a schedule of that name.
+    "PreviewSchedule": Rule("read", "schedule.name", also=("manage",)),
 }
 _ACCESS = {
     "CreateKey": Rule("admin"),

@@ -38,6 +38,8 @@ class OutgoingMessage:
     dedupe_key: str | None = None
     priority: int | None = None
     deliver_at: datetime | None = None
+    ttl: timedelta | None = None
+    expire_at: datetime | None = None
 
 
 # send_batch's per-entry arrays after the bodies, in its parameter order.
@@ -49,6 +51,8 @@ _SEND_OPTIONS = (
     "dedupe_key",
     "priority",
     "deliver_at",
+    "ttl",
+    "expire_at",
 )
 assert set(_SEND_OPTIONS) | {"body"} == {f.name for f in fields(OutgoingMessage)}
 _NO_OPTIONS = (None,) * len(_SEND_OPTIONS)
@@ -207,14 +211,19 @@ class Engine:
 
     async def start_redrive(
         self, dead_letter_queue: str, destination: str | None, max_messages: int | None,
-        rate: float | None,
+        rate: float | None, message_ids: list[int] | None = None,
     ) -> Record:  # fmt: skip
         return await self._call(
-            "fetchrow", "start_redrive", dead_letter_queue, destination, max_messages, rate
-        )
+            "fetchrow", "start_redrive", dead_letter_queue, destination, max_messages, rate,
+            message_ids,
+        )  # fmt: skip
 
-    async def list_redrive_tasks(self, dead_letter_queue: str, page_size: int) -> list[Record]:
-        return await self._call("fetch", "list_redrive_tasks", dead_letter_queue, page_size)
+    async def list_redrive_tasks(
+        self, dead_letter_queue: str, page_size: int, after_task: UUID | None = None
+    ) -> list[Record]:
+        return await self._call(
+            "fetch", "list_redrive_tasks", dead_letter_queue, page_size, after_task
+        )
 
     async def cancel_redrive(self, task_id: UUID) -> Record:
         return await self._call("fetchrow", "cancel_redrive", task_id)
@@ -251,9 +260,11 @@ class Engine:
         max_messages: int,
         visibility_timeout: timedelta | None,
         scan_from: datetime | None = None,
+        max_bytes: int | None = None,
     ) -> list[Record]:
+        """Claims messages; each row's `more` says that max_bytes left some behind."""
         rows = await self._call(
-            "fetch", "receive", queue, max_messages, visibility_timeout, scan_from
+            "fetch", "receive", queue, max_messages, visibility_timeout, scan_from, max_bytes
         )
         metrics.count(metrics.MESSAGES_RECEIVED, queue, len(rows))
         return rows
@@ -312,6 +323,9 @@ class Engine:
     async def get_message(self, queue: str, message_id: int) -> Record:
         return await self._call("fetchrow", "get_message", queue, message_id)
 
+    async def cancel_message(self, queue: str, message_id: int) -> None:
+        await self._call("execute", "cancel_message", queue, message_id)
+
     async def list_archived_messages(
         self, queue: str, after_id: int, page_size: int
     ) -> list[Record]:
@@ -346,6 +360,16 @@ class Engine:
     async def list_subscriptions(self, topic: str, page_size: int, after_name: str) -> list[Record]:
         return await self._call("fetch", "list_subscriptions", topic, page_size, after_name)
 
+    async def update_subscription(
+        self, topic: str, name: str, fields: Sequence[str], pattern: str | None,
+        queue: str | None, webhook_url: str | None, webhook_secret: str | None,
+        webhook_settings: dict[str, Any],
+    ) -> Record:  # fmt: skip
+        return await self._call(
+            "fetchrow", "update_subscription", topic, name, list(fields), pattern, queue,
+            webhook_url, webhook_secret, json.dumps(webhook_settings),
+        )  # fmt: skip
+
     async def delete_subscription(self, topic: str, name: str) -> None:
         await self._call("execute", "delete_subscription", topic, name)
 
@@ -364,6 +388,13 @@ class Engine:
     ) -> list[Record]:
         return await self._call(
             "fetch", "list_webhook_deliveries", topic, subscription, state, after_id, page_size
+        )
+
+    async def retry_webhook_deliveries(
+        self, topic: str, subscription: str, delivery_id: int | None
+    ) -> int:
+        return await self._call(
+            "fetchval", "retry_webhook_deliveries", topic, subscription, delivery_id
         )
 
     async def claim_webhook_deliveries(self, max_deliveries: int) -> list[Record]:
@@ -411,6 +442,10 @@ class Engine:
 
     async def pause_schedule(self, name: str) -> Record:
         return await self._call("fetchrow", "pause_schedule", name)
+
+    async def run_schedule(self, name: str) -> Record:
+        """The schedule after the run, with the ids of the committed messages (message_ids)."""
+        return await self._call("fetchrow", "run_schedule", name)
 
     async def resume_schedule(self, name: str, next_fire: NextFire) -> Record:
         async with self._transaction() as conn:
@@ -471,7 +506,8 @@ class Engine:
 
     # Maintenance.
 
-    async def run_redrives(self, batch_size: int) -> int:
+    async def run_redrives(self, batch_size: int) -> int | None:
+        """How many messages the running redrives moved; None when none was running."""
         return await self._call("fetchval", "run_redrives", batch_size)
 
     async def expire_messages(self, batch_size: int) -> int:

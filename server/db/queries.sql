@@ -52,12 +52,12 @@ SELECT name FROM postbox.list_dead_letter_source_queues($1, $2, $3) AS name
 -- name: start_redrive
 SELECT t.*, (SELECT name FROM postbox.queues WHERE id = t.dead_letter_queue_id) AS dead_letter_queue,
        (SELECT name FROM postbox.queues WHERE id = t.destination_queue_id) AS destination
-FROM postbox.start_redrive($1, $2, $3, $4) t
+FROM postbox.start_redrive($1, $2, $3, $4, $5) t
 
 -- name: list_redrive_tasks
 SELECT t.*, (SELECT name FROM postbox.queues WHERE id = t.dead_letter_queue_id) AS dead_letter_queue,
        (SELECT name FROM postbox.queues WHERE id = t.destination_queue_id) AS destination
-FROM postbox.list_redrive_tasks($1, $2) t
+FROM postbox.list_redrive_tasks($1, $2, $3) t
 
 -- name: cancel_redrive
 SELECT t.*, (SELECT name FROM postbox.queues WHERE id = t.dead_letter_queue_id) AS dead_letter_queue,
@@ -69,11 +69,11 @@ FROM postbox.cancel_redrive($1) t
 -- ids in Python cost more than the rest of the server's part of a SendBatch.
 SELECT coalesce(array_agg(s.message_id::text ORDER BY s.n), '{}'),
        coalesce(array_agg(s.duplicate ORDER BY s.n), '{}')
-FROM postbox.send_batch($1, $2, $3::jsonb[], $4, $5, $6, $7, $8, $9)
+FROM postbox.send_batch($1, $2, $3::jsonb[], $4, $5, $6, $7, $8, $9, $10, $11)
      WITH ORDINALITY AS s(message_id, duplicate, n)
 
 -- name: receive
-SELECT * FROM postbox.receive($1, $2, $3, $4)
+SELECT * FROM postbox.receive($1, $2, $3, $4, $5)
 
 -- name: next_visible_at
 SELECT postbox.next_visible_at($1, $2)
@@ -110,6 +110,9 @@ SELECT * FROM postbox.peek_messages($1, $2, $3, $4)
 
 -- name: get_message
 SELECT * FROM postbox.get_message($1, $2)
+
+-- name: cancel_message
+SELECT postbox.cancel_message($1, $2)
 
 -- name: list_archived_messages
 SELECT * FROM postbox.list_archived_messages($1, $2, $3)
@@ -156,6 +159,11 @@ SELECT s.*, (SELECT t.name FROM postbox.topics t WHERE t.id = s.topic_id) AS top
        (SELECT q.name FROM postbox.queues q WHERE q.id = s.queue_id) AS queue
 FROM postbox.list_subscriptions($1, $2, $3) s
 
+-- name: update_subscription
+SELECT s.*, (SELECT t.name FROM postbox.topics t WHERE t.id = s.topic_id) AS topic,
+       (SELECT q.name FROM postbox.queues q WHERE q.id = s.queue_id) AS queue
+FROM postbox.update_subscription($1, $2, $3, $4, $5, $6, $7, $8::jsonb) s
+
 -- name: delete_subscription
 SELECT postbox.delete_subscription($1, $2)
 
@@ -164,6 +172,9 @@ SELECT * FROM postbox.publish_batch($1, $2, $3, $4::jsonb[], $5, $6)
 
 -- name: list_webhook_deliveries
 SELECT * FROM postbox.list_webhook_deliveries($1, $2, $3, $4, $5)
+
+-- name: retry_webhook_deliveries
+SELECT postbox.retry_webhook_deliveries($1, $2, $3)
 
 -- Webhook delivery: claims with SKIP LOCKED, then one finish per attempt.
 
@@ -198,6 +209,9 @@ SELECT postbox.delete_schedule($1)
 
 -- name: pause_schedule
 SELECT * FROM postbox.pause_schedule($1)
+
+-- name: run_schedule
+SELECT (r.schedule).*, coalesce(r.message_ids, '{}') AS message_ids FROM postbox.run_schedule($1) r
 
 -- Resuming and firing compute the next fire time between two statements of one
 -- transaction, from the locked row and the database's clock.

@@ -169,11 +169,17 @@ def queues(args: argparse.Namespace, channel: grpc.Channel) -> int:
 def _queue_settings(queue: queue_service_pb2.Queue, args: argparse.Namespace) -> list[str]:
     """Copies the settings given as flags into `queue`; returns their field names."""
     given = []
-    for field in ("visibility_timeout", "delivery_delay", "retention", "receive_wait_time"):
+    for field in ("visibility_timeout", "delivery_delay", "receive_wait_time"):
         seconds = getattr(args, field, None)
         if seconds is not None:
             getattr(queue, field).FromTimedelta(timedelta(seconds=seconds))
             given.append(field)
+    retention = getattr(args, "retention", None)
+    if retention is not None:
+        queue.retention.SetInParent()  # without a period: forever
+        if retention != "forever":
+            queue.retention.period.FromTimedelta(timedelta(seconds=float(retention)))
+        given.append("retention")
     if getattr(args, "max_message_size", None) is not None:
         queue.max_message_size = args.max_message_size
         given.append("max_message_size")
@@ -197,12 +203,18 @@ def messages(args: argparse.Namespace, channel: grpc.Channel) -> int:
             output.note("give a BODY, or --file with one message per line")
             return 2
         body = output.body_bytes(args.body, is_base64=args.base64)
-        sent = stubs.Send(
-            message_service_pb2.SendRequest(
-                queue=args.queue, body=body, attributes=_attributes(args)
-            )
+        request = message_service_pb2.SendRequest(
+            queue=args.queue, body=body, attributes=_attributes(args)
         )
-        _show_one(args, sent)
+        if args.ttl is not None:
+            request.ttl.FromTimedelta(timedelta(seconds=args.ttl))
+        _show_one(args, stubs.Send(request))
+    elif verb == "cancel":
+        request = message_service_pb2.CancelMessageRequest(
+            queue=args.queue, message_id=args.message_id
+        )
+        stubs.CancelMessage(request)
+        output.note(f"cancelled {args.message_id}")
     elif verb == "receive":
         request = message_service_pb2.ReceiveRequest(
             queue=args.queue, max_messages=args.max_messages
@@ -312,7 +324,7 @@ def dlq(args: argparse.Namespace, channel: grpc.Channel) -> int:
                 pages(
                     stubs.queues.ListDeadLetterSourceQueues,
                     queue_service_pb2.ListDeadLetterSourceQueuesRequest(
-                        name=queue.name, page_size=PAGE
+                        dead_letter_queue=queue.name, page_size=PAGE
                     ),
                     "queue_names",
                 )
@@ -348,7 +360,10 @@ def _redrive(stubs: Stubs, args: argparse.Namespace) -> int:
     from rich.progress import Progress
 
     request = queue_service_pb2.RedriveMessagesRequest(
-        dead_letter_queue=args.queue, destination=args.to or "", max_messages=args.max_messages or 0
+        dead_letter_queue=args.queue,
+        destination=args.to or "",
+        max_messages=args.max_messages,
+        message_ids=args.id or [],
     )
     task = stubs.queues.RedriveMessages(request).task
     done = {
@@ -399,6 +414,12 @@ def topics(args: argparse.Namespace, channel: grpc.Channel) -> int:
             list(pages(stubs.ListSubscriptions, request, "subscriptions")),
             ("name", "pattern", "queue"),
         )
+    elif verb == "retry":
+        request = topic_service_pb2.RetryWebhookDeliveryRequest(
+            topic=args.name, subscription=args.subscription, delivery_id=args.delivery_id or ""
+        )
+        retried = stubs.RetryWebhookDelivery(request).retried_deliveries
+        output.note(f"{retried} deliveries due now")
     elif verb == "publish":
         body = output.body_bytes(args.body, is_base64=args.base64)
         request = topic_service_pb2.PublishRequest(
@@ -433,6 +454,21 @@ def schedules(args: argparse.Namespace, channel: grpc.Channel) -> int:
     elif verb == "resume":
         request = schedule_service_pb2.ResumeScheduleRequest(name=args.name)
         _show_one(args, stubs.ResumeSchedule(request).schedule)
+    elif verb == "run":
+        ran = stubs.RunSchedule(schedule_service_pb2.RunScheduleRequest(name=args.name))
+        output.note(f"fired {args.name}: {', '.join(ran.message_ids) or 'no message'}")
+        _show_one(args, ran.schedule)
+    elif verb == "preview":
+        preview = schedule_service_pb2.PreviewScheduleRequest(count=args.count)
+        if args.cron is not None:
+            preview.schedule.cron.expression = args.cron
+            preview.schedule.cron.time_zone = args.time_zone
+        elif args.interval is not None:
+            preview.schedule.interval.FromTimedelta(timedelta(seconds=args.interval))
+        else:
+            preview.schedule.run_at.FromJsonString(args.run_at)
+        for fire_time in stubs.PreviewSchedule(preview).fire_times:
+            print(fire_time.ToJsonString())
     return 0
 
 
@@ -476,8 +512,14 @@ def add_parsers(verbs: Any, client: argparse.ArgumentParser, run: Callable[..., 
     for name in ("create", "update"):
         settings = verb(sub, name, f"{name} a queue", queues)
         settings.add_argument("name")
-        for flag in ("visibility-timeout", "delivery-delay", "retention", "receive-wait-time"):
+        for flag in ("visibility-timeout", "delivery-delay", "receive-wait-time"):
             settings.add_argument(f"--{flag}", type=float, metavar="SECONDS")
+        settings.add_argument(
+            "--retention",
+            type=_retention,
+            metavar="SECONDS",
+            help='how long messages are kept: seconds, or "forever"',
+        )
         settings.add_argument("--max-message-size", type=int, metavar="BYTES")
         settings.add_argument("--dead-letter-queue", metavar="QUEUE")
         settings.add_argument(
@@ -498,6 +540,12 @@ def add_parsers(verbs: Any, client: argparse.ArgumentParser, run: Callable[..., 
     send.add_argument(
         "--attribute", action="append", metavar="NAME=VALUE", help="a String attribute"
     )
+    send.add_argument(
+        "--ttl", type=float, metavar="SECONDS", help="expire the message this long after sending"
+    )
+    cancel = verb(sub, "cancel", "remove a message no consumer holds", messages)
+    cancel.add_argument("queue")
+    cancel.add_argument("message_id")
     receive = verb(
         sub, "receive", "receive one batch; says so on stderr when there is none", messages
     )
@@ -526,8 +574,13 @@ def add_parsers(verbs: Any, client: argparse.ArgumentParser, run: Callable[..., 
     redrive.add_argument("queue")
     redrive.add_argument("--to", help="destination queue (default: each message's source)")
     redrive.add_argument("--max-messages", type=int)
+    redrive.add_argument(
+        "--id", action="append", metavar="MESSAGE_ID", help="move only this dead letter (repeat)"
+    )
 
-    group = verbs.add_parser("topics", help="ls, get, create, delete, subscriptions, publish")
+    group = verbs.add_parser(
+        "topics", help="ls, get, create, delete, subscriptions, publish, retry"
+    )
     sub = group.add_subparsers(dest="topics_verb", required=True)
     verb(sub, "ls", "list topics", topics)
     for name in ("get", "create", "delete", "subscriptions"):
@@ -538,9 +591,28 @@ def add_parsers(verbs: Any, client: argparse.ArgumentParser, run: Callable[..., 
     publish.add_argument("body")
     publish.add_argument("--routing-key")
     publish.add_argument("--attribute", action="append", metavar="NAME=VALUE")
+    retry = verb(sub, "retry", "retry a webhook subscription's failed deliveries", topics)
+    retry.add_argument("name")
+    retry.add_argument("subscription")
+    retry.add_argument("--delivery-id", help="only this delivery (default: every failed one)")
 
-    group = verbs.add_parser("schedules", help="ls, get, delete, pause, resume")
+    group = verbs.add_parser("schedules", help="ls, get, delete, pause, resume, run, preview")
     sub = group.add_subparsers(dest="schedules_verb", required=True)
     verb(sub, "ls", "list schedules", schedules)
     for name in ("get", "delete", "pause", "resume"):
         verb(sub, name, f"{name} a schedule", schedules).add_argument("name")
+    verb(sub, "run", "fire a schedule once now", schedules).add_argument("name")
+    preview = verb(sub, "preview", "the next fire times of a timing", schedules)
+    timing = preview.add_mutually_exclusive_group(required=True)
+    timing.add_argument("--cron", metavar="EXPRESSION", help='e.g. "*/5 9-17 * * MON-FRI"')
+    timing.add_argument("--interval", type=float, metavar="SECONDS")
+    timing.add_argument("--run-at", metavar="TIME", help="RFC 3339, e.g. 2030-01-01T09:00:00Z")
+    preview.add_argument("--time-zone", default="UTC", help="IANA name, for --cron")
+    preview.add_argument("--count", type=int, default=10)
+
+
+def _retention(text: str) -> str:
+    """--retention's value: "forever" or a number of seconds (checked by the server)."""
+    if text != "forever":
+        float(text)  # argparse reports a ValueError as an invalid value
+    return text

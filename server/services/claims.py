@@ -21,18 +21,30 @@ log = logging.getLogger(__name__)
 _OUTAGE_RETRY = 5.0
 
 
+# Room in a response beyond its messages' bodies and attributes (which the engine
+# counts with 256 bytes each for ids, receipt and times): the response's own framing.
+_RESPONSE_FRAMING = 16 * 1024
+
+
 class Claims:
-    def __init__(self, engine: Engine, hub: WakeHub) -> None:
+    def __init__(self, engine: Engine, hub: WakeHub, *, max_response_size: int) -> None:
         self.engine = engine
         self.hub = hub
         self.floors = ScanFloors(engine.receive_floor)
+        # What one claim may hold: one response's worth, so a stream holds at most
+        # the bodies of the response it is sending.
+        self.max_bytes = max_response_size - _RESPONSE_FRAMING
 
     async def claim(
         self, queue: str, count: int, visibility_timeout: timedelta | None
     ) -> list[Record]:
-        """Claims messages; if the client goes away meanwhile, gives them back before leaving."""
+        """Claims up to `count` messages that fit one response (or one message larger than
+        that); more_left() tells whether others were left for the next claim. If the client
+        goes away meanwhile, gives them back before leaving."""
         claim = asyncio.ensure_future(
-            self.engine.receive(queue, count, visibility_timeout, self.floors.get(queue))
+            self.engine.receive(
+                queue, count, visibility_timeout, self.floors.get(queue), self.max_bytes
+            )
         )
         try:
             return await asyncio.shield(claim)
@@ -69,3 +81,8 @@ class Claims:
             # The listener has not noticed the outage yet: do not spin on a dead pool.
             await asyncio.sleep(1.0)
         await self.hub.until_listening(_OUTAGE_RETRY)
+
+
+def more_left(rows: Sequence[Record]) -> bool:
+    """Whether a claim stopped at the response size with deliverable messages left."""
+    return bool(rows) and rows[0]["more"]

@@ -12,6 +12,7 @@ import grpc
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.message import Message as ProtoMessage
 from google.protobuf.timestamp_pb2 import Timestamp
+from google.rpc import status_pb2
 from postbox.v1 import message_pb2
 
 from server.db.engine import OutgoingMessage
@@ -153,6 +154,8 @@ def message(row: Mapping[str, Any]) -> message_pb2.Message:
         result.state = _STATES[row["state"]]
         if row["state"] != "visible":
             result.visible_time.CopyFrom(timestamp(row["visible_at"]))
+    if row.get("expires_at") is not None:
+        result.expire_time.CopyFrom(timestamp(row["expires_at"]))
     return result
 
 
@@ -172,12 +175,23 @@ _OUTCOME_STATUS = {
 }
 
 
-def batch_results(outcomes: Sequence[str]) -> list[message_pb2.BatchEntryStatus]:
+def batch_results(outcomes: Sequence[str]) -> list[status_pb2.Status]:
     results = []
     for outcome in outcomes:
         code, text = _OUTCOME_STATUS[outcome]
-        results.append(message_pb2.BatchEntryStatus(code=code.value[0], message=text))
+        results.append(status_pb2.Status(code=code.value[0], message=text))
     return results
+
+
+_ARCHIVE_REASONS = {
+    "deleted": message_pb2.ARCHIVE_REASON_DELETED,
+    "expired": message_pb2.ARCHIVE_REASON_EXPIRED,
+    "cancelled": message_pb2.ARCHIVE_REASON_CANCELLED,
+}
+
+
+def archive_reason(reason: str) -> message_pb2.ArchiveReason.ValueType:
+    return _ARCHIVE_REASONS[reason]
 
 
 def check_message_size(entry: Any, limit: int) -> None:
@@ -239,7 +253,12 @@ def outgoing(entry: Any, max_message_size: int) -> OutgoingMessage:
     check_message_size(entry, max_message_size)
     if entry.HasField("delay") and entry.HasField("deliver_at"):
         raise invalid("give delay or deliver_at, not both")
+    ttl = optional_timedelta(entry, "ttl")
+    if ttl is not None and ttl <= timedelta(0):
+        raise invalid(f"ttl is {ttl.total_seconds()} s; it must be above 0")
     return OutgoingMessage(
+        ttl=ttl,
+        expire_at=optional_datetime(entry, "expire_time"),
         body=entry.body,
         attributes=attributes_json(entry.attributes),
         delay=optional_timedelta(entry, "delay"),

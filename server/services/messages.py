@@ -11,12 +11,13 @@ import grpc
 from postbox.v1 import message_pb2, message_service_pb2_grpc
 from postbox.v1 import message_service_pb2 as pb
 
+from server.config import Settings
 from server.db.engine import Engine
 from server.db.group_commit import GroupCommit
 from server.errors import ApiError, invalid
 from server.observability import tracing
 from server.services import convert
-from server.services.claims import Claims
+from server.services.claims import Claims, more_left
 from server.services.prefetch import Prefetch
 from server.services.queues import (
     decode_id_page_token,
@@ -45,13 +46,20 @@ _DEFAULT_LEASE = timedelta(seconds=30)  # stands for the queue's when the reques
 
 
 class MessageService(message_service_pb2_grpc.MessageServiceServicer):
-    def __init__(self, engine: Engine, hub: WakeHub, *, max_message_size: int) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        hub: WakeHub,
+        *,
+        max_message_size: int,
+        max_response_size: int = Settings.max_response_size,
+    ) -> None:
         self.engine = engine
         self.max_message_size = max_message_size
         self.hub = hub
         self.sends = GroupCommit(engine)
         self.prefetch = Prefetch()
-        self.claims = Claims(engine, hub)
+        self.claims = Claims(engine, hub, max_response_size=max_response_size)
 
     @reports_errors
     async def Send(
@@ -99,12 +107,15 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
         idle = convert.optional_timedelta(request, "idle_timeout")
         if idle is not None and not timedelta(milliseconds=1) <= idle <= MAX_IDLE:
             raise invalid(f"idle_timeout is {idle}; it must be 1 ms to 24 h")
-        if request.max_total_messages < 0:
-            raise invalid("max_total_messages must not be negative")
+        if request.HasField("max_total_messages") and request.max_total_messages < 1:
+            raise invalid(
+                f"max_total_messages is {request.max_total_messages}; it must be at least 1, "
+                "or unset for no limit"
+            )
 
         loop = asyncio.get_running_loop()
         started = loop.time()
-        remaining = request.max_total_messages or None
+        remaining = request.max_total_messages if request.HasField("max_total_messages") else None
         wait_until = None if wait is None else started + wait.total_seconds()
         idle_until = None if idle is None else started + idle.total_seconds()
         window = self.prefetch.open(self.engine.receipts_in_flight) if continuous else None
@@ -139,10 +150,13 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
                     raise
                 if window is not None:
                     window.delivered(row["receipt"] for row in rows)
-                full = len(rows) == want
+                more = more_left(rows)
+                full = len(rows) == want or more
                 if full:
                     self.hub.wake(queue)  # there may be more: let another stream look too
                 if not continuous:
+                    # One response, within the response size: a message that never
+                    # reached the client is then always the one given back above.
                     return
                 if remaining:
                     remaining -= len(rows)
@@ -261,6 +275,13 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
         return pb.GetMessageResponse(message=convert.message(row))
 
     @reports_errors
+    async def CancelMessage(
+        self, request: pb.CancelMessageRequest, context: grpc.aio.ServicerContext
+    ) -> pb.CancelMessageResponse:
+        await self.engine.cancel_message(request.queue, _message_id(request.message_id))
+        return pb.CancelMessageResponse()
+
+    @reports_errors
     async def ListArchivedMessages(
         self, request: pb.ListArchivedMessagesRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListArchivedMessagesResponse:
@@ -272,7 +293,7 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
                 message_pb2.ArchivedMessage(
                     message=convert.message(row),
                     archive_time=convert.timestamp(row["archived_at"]),
-                    reason=row["reason"],
+                    reason=convert.archive_reason(row["reason"]),
                 )
                 for row in rows[:page_size]
             ]

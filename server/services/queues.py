@@ -46,6 +46,32 @@ def _duration_setting(queue: pb.Queue, field: str) -> float | None:
     return convert.seconds(getattr(queue, field)) if queue.HasField(field) else None
 
 
+def _retention_setting(queue: pb.Queue, field: str) -> float | None:
+    """The engine's value for a Retention: None for the default, 0 for forever."""
+    if not queue.HasField(field):
+        return None
+    retention = getattr(queue, field)
+    if not retention.HasField("period"):
+        return 0
+    seconds = convert.seconds(retention.period)
+    if seconds <= 0:
+        raise invalid(
+            f"{field}.period is {seconds} s; it must be 60 s to 14 days, or leave period "
+            "unset to keep messages forever"
+        )
+    return seconds
+
+
+def _positive_setting(queue: pb.Queue, field: str) -> float | None:
+    """An optional limit: None (unset) for none, else a value above 0."""
+    if not queue.HasField(field):
+        return None
+    value = getattr(queue, field)
+    if value <= 0:
+        raise invalid(f"{field} is {value}; it must be above 0, or unset for no limit")
+    return value
+
+
 def _dead_letter_policy(queue: pb.Queue) -> dict[str, Any] | None:
     if not queue.HasField("dead_letter_policy"):
         return None
@@ -87,7 +113,7 @@ def _retry_policy(queue: pb.Queue) -> dict[str, Any] | None:
 SETTINGS: dict[str, Callable[[pb.Queue], Any]] = {
     "visibility_timeout": lambda q: _duration_setting(q, "visibility_timeout"),
     "delivery_delay": lambda q: _duration_setting(q, "delivery_delay"),
-    "retention": lambda q: _duration_setting(q, "retention"),
+    "retention": lambda q: _retention_setting(q, "retention"),
     "max_message_size": lambda q: q.max_message_size or None,
     "receive_wait_time": lambda q: _duration_setting(q, "receive_wait_time"),
     "content_based_deduplication": lambda q: q.content_based_deduplication,
@@ -96,9 +122,9 @@ SETTINGS: dict[str, Callable[[pb.Queue], Any]] = {
     "redrive_allow_policy": _redrive_allow_policy,
     "retry_policy": _retry_policy,
     "archive_on_delete": lambda q: q.archive_on_delete,
-    "archive_retention": lambda q: _duration_setting(q, "archive_retention"),
-    "max_depth": lambda q: q.max_depth,
-    "receive_rate_limit": lambda q: q.receive_rate_limit,
+    "archive_retention": lambda q: _retention_setting(q, "archive_retention"),
+    "max_depth": lambda q: _positive_setting(q, "max_depth"),
+    "receive_rate_limit": lambda q: _positive_setting(q, "receive_rate_limit"),
     "tags": lambda q: dict(q.tags),
 }
 
@@ -108,7 +134,7 @@ _DURATIONS = (
     "receive_wait_time",
     "deduplication_window",
 )
-_FOREVER_OR_DURATION = ("retention", "archive_retention")  # NULL in the engine: forever
+_RETENTIONS = ("retention", "archive_retention")  # NULL in the engine: forever
 
 
 def queue_resource(row: Mapping[str, Any]) -> pb.Queue:
@@ -122,8 +148,6 @@ def queue_resource(row: Mapping[str, Any]) -> pb.Queue:
         fifo=row["fifo"],
         content_based_deduplication=row["content_based_deduplication"],
         archive_on_delete=row["archive_on_delete"],
-        max_depth=row["max_depth"] or 0,
-        receive_rate_limit=row["receive_rate_limit"] or 0.0,
         send_paused=row["send_paused"],
         receive_paused=row["receive_paused"],
         tags=json.loads(row["tags"]),
@@ -138,11 +162,13 @@ def queue_resource(row: Mapping[str, Any]) -> pb.Queue:
     )
     for field in _DURATIONS:
         getattr(queue, field).CopyFrom(convert.duration(row[field]))
-    for field in _FOREVER_OR_DURATION:
-        if row[field] is None:
-            getattr(queue, field).SetInParent()  # 0 s: forever
-        else:
-            getattr(queue, field).CopyFrom(convert.duration(row[field]))
+    for field in _RETENTIONS:
+        getattr(queue, field).SetInParent()  # without a period: forever
+        if row[field] is not None:
+            getattr(queue, field).period.CopyFrom(convert.duration(row[field]))
+    for field in ("max_depth", "receive_rate_limit"):
+        if row[field] is not None:
+            setattr(queue, field, row[field])
     if row["dead_letter_queue"] is not None:
         queue.dead_letter_policy.CopyFrom(
             pb.DeadLetterPolicy(
@@ -167,14 +193,15 @@ def redrive_task(row: Mapping[str, Any]) -> pb.RedriveTask:
         task_id=str(row["id"]),
         dead_letter_queue=row["dead_letter_queue"] or "",
         destination=row["destination"] or "",
-        max_messages=row["max_messages"] or 0,
-        max_messages_per_second=row["rate"] or 0.0,
+        max_messages=row["max_messages"],
+        max_messages_per_second=row["rate"],
         state=_TASK_STATES[row["status"]],
         moved_messages=row["moved"],
         messages_to_move=row["to_move"],
         failure_reason=row["failure_reason"] or "",
         create_time=convert.timestamp(row["created_at"]),
         update_time=convert.timestamp(row["updated_at"]),
+        message_ids=[str(i) for i in row["message_ids"] or ()],
     )
 
 
@@ -342,7 +369,9 @@ class QueueService(queue_service_pb2_grpc.QueueServiceServicer):
         page_size = page_size_of(request.page_size)
         method = "ListDeadLetterSourceQueues"
         after = decode_page_token(request.page_token, method)
-        names = await self.engine.list_dead_letter_source_queues(request.name, page_size + 1, after)
+        names = await self.engine.list_dead_letter_source_queues(
+            request.dead_letter_queue, page_size + 1, after
+        )
         rows, token = next_page([{"name": name} for name in names], page_size, method)
         return pb.ListDeadLetterSourceQueuesResponse(
             queue_names=[row["name"] for row in rows], next_page_token=token
@@ -352,13 +381,13 @@ class QueueService(queue_service_pb2_grpc.QueueServiceServicer):
     async def RedriveMessages(
         self, request: pb.RedriveMessagesRequest, context: grpc.aio.ServicerContext
     ) -> pb.RedriveMessagesResponse:
-        if request.max_messages < 0 or request.max_messages_per_second < 0:
-            raise invalid("max_messages and max_messages_per_second must not be negative")
+        max_messages = request.max_messages if request.HasField("max_messages") else None
+        rate = (
+            request.max_messages_per_second if request.HasField("max_messages_per_second") else None
+        )
+        ids = [_dead_letter_id(text) for text in request.message_ids] or None
         row = await self.engine.start_redrive(
-            request.dead_letter_queue,
-            request.destination or None,
-            request.max_messages or None,
-            request.max_messages_per_second or None,
+            request.dead_letter_queue, request.destination or None, max_messages, rate, ids
         )
         return pb.RedriveMessagesResponse(task=redrive_task(row))
 
@@ -367,20 +396,40 @@ class QueueService(queue_service_pb2_grpc.QueueServiceServicer):
         self, request: pb.ListRedriveTasksRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListRedriveTasksResponse:
         page_size = page_size_of(request.page_size, default=10, limit=100)
-        rows = await self.engine.list_redrive_tasks(request.dead_letter_queue, page_size)
-        return pb.ListRedriveTasksResponse(tasks=[redrive_task(row) for row in rows])
+        method = "ListRedriveTasks"
+        after = decode_page_token(request.page_token, method)
+        try:
+            after_task = _task_id(after) if after else None
+        except ApiError:
+            raise _foreign_token(method) from None
+        rows = await self.engine.list_redrive_tasks(
+            request.dead_letter_queue, page_size + 1, after_task
+        )
+        rows, token = next_page(rows, page_size, method, key="id")
+        return pb.ListRedriveTasksResponse(
+            tasks=[redrive_task(row) for row in rows], next_page_token=token
+        )
 
     @reports_errors
     async def CancelRedriveTask(
         self, request: pb.CancelRedriveTaskRequest, context: grpc.aio.ServicerContext
     ) -> pb.CancelRedriveTaskResponse:
-        refusal = invalid(f"task_id {request.task_id[:40]!r} is not a task id of RedriveMessages")
-        # uuid.UUID reads other scripts' digits as hex digits, as int() does.
-        if not request.task_id.isascii():
-            raise refusal
-        try:
-            task_id = uuid.UUID(request.task_id)
-        except ValueError:
-            raise refusal from None
-        row = await self.engine.cancel_redrive(task_id)
+        row = await self.engine.cancel_redrive(_task_id(request.task_id))
         return pb.CancelRedriveTaskResponse(task=redrive_task(row))
+
+
+def _task_id(text: str) -> uuid.UUID:
+    refusal = invalid(f"task_id {text[:40]!r} is not a task id of RedriveMessages")
+    # uuid.UUID reads other scripts' digits as hex digits, as int() does.
+    if not text.isascii():
+        raise refusal
+    try:
+        return uuid.UUID(text)
+    except ValueError:
+        raise refusal from None
+
+
+def _dead_letter_id(text: str) -> int:
+    if not is_bigint_id(text):
+        raise invalid(f"message_ids: {text[:40]!r} is not a message id of this server")
+    return int(text)

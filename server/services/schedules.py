@@ -18,6 +18,8 @@ from server.services.queues import decode_page_token, next_page, page_size_of
 from server.services.status import reports_errors
 
 _TIMINGS = ("cron", "interval", "run_at")
+DEFAULT_PREVIEW = 10
+MAX_PREVIEW = 100
 _UPDATABLE = (*_TIMINGS, "target", "body", "attributes")
 
 
@@ -182,3 +184,23 @@ class ScheduleService(schedule_service_pb2_grpc.ScheduleServiceServicer):
         row = await self.engine.resume_schedule(request.name, next_fire_on_resume)
         self.on_change()
         return pb.ResumeScheduleResponse(schedule=schedule_resource(row))
+
+    @reports_errors
+    async def RunSchedule(
+        self, request: pb.RunScheduleRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RunScheduleResponse:
+        row = await self.engine.run_schedule(request.name)
+        return pb.RunScheduleResponse(
+            schedule=schedule_resource(row), message_ids=[str(i) for i in row["message_ids"]]
+        )
+
+    @reports_errors
+    async def PreviewSchedule(
+        self, request: pb.PreviewScheduleRequest, context: grpc.aio.ServicerContext
+    ) -> pb.PreviewScheduleResponse:
+        count = request.count or DEFAULT_PREVIEW
+        if not 1 <= count <= MAX_PREVIEW:
+            raise invalid(f"count is {count}; it must be 1 to {MAX_PREVIEW}")
+        start = convert.optional_datetime(request, "start_time") or datetime.now(timezone.utc)
+        times = _timing(request.schedule).preview(start, count)
+        return pb.PreviewScheduleResponse(fire_times=[convert.timestamp(t) for t in times])

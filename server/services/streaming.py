@@ -30,7 +30,7 @@ from server.db.engine import Engine
 from server.errors import ApiError, invalid
 from server.observability import tracing
 from server.services import convert
-from server.services.claims import Claims
+from server.services.claims import Claims, more_left
 from server.services.prefetch import Prefetch
 from server.wakeup import WakeHub
 
@@ -182,12 +182,12 @@ class StreamingReceive:
                 batch = [convert.message(row) for row in rows]
                 tracing.delivered(queue, batch)
                 try:
-                    yield pb.StreamingReceiveResponse(messages=batch)
+                    yield pb.StreamingReceiveResponse(batch=pb.MessageBatch(messages=batch))
                 except BaseException:
                     self.registry.settled(receipts)
                     await self.claims.release(queue, rows)
                     raise
-                if len(rows) == want:
+                if len(rows) == want or more_left(rows):
                     self.hub.wake(queue)  # there may be more: let another stream look too
                     continue
                 # Fewer than asked: nothing else was visible, so wait rather than claim

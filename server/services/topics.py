@@ -11,6 +11,7 @@ from postbox.v1 import topic_service_pb2_grpc
 
 from server import webhooks
 from server.db.engine import Engine, OutgoingPublish, Record
+from server.egress import EgressPolicy, Refused
 from server.errors import ApiError, invalid
 from server.observability import tracing
 from server.services import convert
@@ -105,7 +106,7 @@ def webhook_delivery(row: Mapping[str, Any]) -> pb.WebhookDelivery:
         routing_key=row["routing_key"],
         state=_DELIVERY_STATES[row["state"]],
         attempts=row["attempts"],
-        last_status_code=row["last_status"] or 0,
+        last_status_code=row["last_status"],
         last_error=row["last_error"] or "",
     )
     if row["last_attempt_at"] is not None:
@@ -121,10 +122,12 @@ class TopicService(topic_service_pb2_grpc.TopicServiceServicer):
         engine: Engine,
         hub: WakeHub,
         on_webhook_deliveries: Callable[[], None],
+        egress: EgressPolicy,
         *,
         max_message_size: int,
     ) -> None:
         self.engine = engine
+        self.egress = egress
         self.max_message_size = max_message_size
         self.hub = hub
         # Wakes this server's webhook worker, which then delivers without waiting for its poll.
@@ -174,6 +177,8 @@ class TopicService(topic_service_pb2_grpc.TopicServiceServicer):
         if destination is None:
             raise invalid("subscription.queue or subscription.webhook is required")
         webhook = subscription.webhook if destination == "webhook" else None
+        if webhook is not None:
+            await self._check_egress(webhook.url)
         row = await self.engine.create_subscription(
             subscription.topic,
             subscription.name,
@@ -215,6 +220,59 @@ class TopicService(topic_service_pb2_grpc.TopicServiceServicer):
     ) -> pb.DeleteSubscriptionResponse:
         await self.engine.delete_subscription(request.topic, request.name)
         return pb.DeleteSubscriptionResponse()
+
+    @reports_errors
+    async def UpdateSubscription(
+        self, request: pb.UpdateSubscriptionRequest, context: grpc.aio.ServicerContext
+    ) -> pb.UpdateSubscriptionResponse:
+        subscription, paths = request.subscription, list(request.update_mask.paths)
+        webhook = subscription.webhook
+        if "webhook.url" in paths:
+            await self._check_egress(webhook.url)
+        settings = {
+            name: value
+            for name, value in _webhook_settings(webhook).items()
+            if f"webhook.{name}" in paths
+        }
+        row = await self.engine.update_subscription(
+            subscription.topic,
+            subscription.name,
+            paths,
+            subscription.pattern or None,
+            subscription.queue or None,
+            webhook.url or None,
+            webhook.secret or None,
+            settings,
+        )
+        self.on_webhook_deliveries()  # pending deliveries may be due sooner, or elsewhere
+        return pb.UpdateSubscriptionResponse(
+            subscription=subscription_resource(row, with_secret="webhook.secret" in paths)
+        )
+
+    async def _check_egress(self, url: str) -> None:
+        try:
+            await self.egress.check_url(url)
+        except Refused as refused:
+            raise invalid(str(refused)) from None
+
+    @reports_errors
+    async def RetryWebhookDelivery(
+        self, request: pb.RetryWebhookDeliveryRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RetryWebhookDeliveryResponse:
+        delivery_id = None
+        if request.delivery_id:
+            delivery_id = webhooks.delivery_row(request.delivery_id)
+            if delivery_id is None:
+                raise invalid(
+                    f"delivery_id {request.delivery_id[:40]!r} is not a delivery id of this "
+                    "server: pass one ListWebhookDeliveries gives"
+                )
+        retried = await self.engine.retry_webhook_deliveries(
+            request.topic, request.subscription, delivery_id
+        )
+        if retried:
+            self.on_webhook_deliveries()
+        return pb.RetryWebhookDeliveryResponse(retried_deliveries=retried)
 
     async def _publish(self, topic: str, entries: list[OutgoingPublish]) -> list[Record]:
         rows = await self.engine.publish_batch(topic, entries)

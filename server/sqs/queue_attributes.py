@@ -53,12 +53,16 @@ class Whole(Attribute):
         super().__init__(field)
         self.low, self.high, self.seconds = low, high, seconds
 
-    def put(self, name: str, text: str, queue: qpb.Queue, settings: ShimSettings) -> None:
+    def value(self, name: str, text: str) -> int:
         if not text.isascii() or not text.isdigit():
             raise invalid_value(name, f"must be a whole number, not {text!r}.")
         value = int(text)
         if not self.low <= value <= self.high:
             raise invalid_value(name, f"must be {self.low} to {self.high}, not {value}.")
+        return value
+
+    def put(self, name: str, text: str, queue: qpb.Queue, settings: ShimSettings) -> None:
+        value = self.value(name, text)
         if self.seconds:
             getattr(queue, self.field).FromTimedelta(timedelta(seconds=value))
         else:
@@ -68,6 +72,17 @@ class Whole(Attribute):
         if self.seconds:
             return str(int(getattr(queue, self.field).ToTimedelta().total_seconds()))
         return str(getattr(queue, self.field))
+
+
+class RetentionPeriod(Whole):
+    """MessageRetentionPeriod: the period of the queue's Retention. A queue that keeps
+    messages forever (made through the gRPC API; SQS has no such queue) shows 0."""
+
+    def put(self, name: str, text: str, queue: qpb.Queue, settings: ShimSettings) -> None:
+        queue.retention.period.FromTimedelta(timedelta(seconds=self.value(name, text)))
+
+    def get(self, queue: qpb.Queue, settings: ShimSettings) -> str:
+        return str(int(queue.retention.period.ToTimedelta().total_seconds()))
 
 
 class Flag(Attribute):
@@ -210,7 +225,7 @@ class RedriveAllowPolicy(Attribute):
 SETTABLE: dict[str, Attribute] = {
     "DelaySeconds": Whole("delivery_delay", 0, 900),
     "MaximumMessageSize": Whole("max_message_size", 1024, 1024 * 1024, seconds=False),
-    "MessageRetentionPeriod": Whole("retention", 60, 1_209_600),
+    "MessageRetentionPeriod": RetentionPeriod("retention", 60, 1_209_600),
     "ReceiveMessageWaitTimeSeconds": Whole("receive_wait_time", 0, 20),
     "VisibilityTimeout": Whole("visibility_timeout", 0, 43_200),
     "RedrivePolicy": RedrivePolicy(),

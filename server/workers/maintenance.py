@@ -7,6 +7,7 @@ share the work and never do the same piece twice.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
@@ -24,14 +25,24 @@ class MaintenanceWorker:
         *,
         interval: float = 1.0,
         expiry_interval: float = 10.0,
+        idle_interval: float = 60.0,
         batch_size: int = 1000,
     ) -> None:
         self.engine = engine
         # Redrives step every `interval`, so their rate limits see a steady clock.
         self.interval = interval
+        # With no redrive running, the worker sleeps until one starts (the engine
+        # signals it), looking this often at the latest: a task another server
+        # started and left, say.
+        self.idle_interval = idle_interval
+        self._redrive_started = asyncio.Event()
         # Expiry walks every queue with a retention: less often.
         self.expiry_interval = expiry_interval
         self.batch_size = batch_size
+
+    def wake(self) -> None:
+        """A redrive started: step it now."""
+        self._redrive_started.set()
 
     async def run(self) -> None:
         # Two loops: a cleanup that takes long (a backlog of expired records, a
@@ -41,12 +52,16 @@ class MaintenanceWorker:
     async def _run_redrives(self) -> None:
         outage = OutageLog(log, "redrive")
         while True:
+            self._redrive_started.clear()
+            pause = self.interval
             try:
-                await self.engine.run_redrives(self.batch_size)
+                if await self.engine.run_redrives(self.batch_size) is None:
+                    pause = self.idle_interval  # nothing running: sleep until one starts
                 outage.worked()
             except ApiError as error:
                 outage.failed(error)
-            await asyncio.sleep(self.interval)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._redrive_started.wait(), pause)
 
     async def _run_expiry(self) -> None:
         outage = OutageLog(log, "expiry")

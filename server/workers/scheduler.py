@@ -5,9 +5,10 @@ same transaction, fires each and stores its next fire time (computed here: cron
 needs a library), so replicas never fire a schedule twice for one due time and a
 crash between claim and commit fires nothing: another round fires it again.
 
-Between rounds the worker sleeps until the next due time, at most `poll_interval`
-(schedules created through another server are found then); creating, changing or
-resuming a schedule through this server wakes it at once.
+Between rounds the worker sleeps until the next due time, at most `poll_interval`,
+which is long: an idle server stays quiet. Creating, changing or resuming a
+schedule anywhere wakes it at once (through this server, or by the engine's
+"#schedules" signal).
 """
 
 from __future__ import annotations

@@ -7,9 +7,9 @@ The engine decides what an outcome means (delivered, retry after backoff, failed
 this worker makes the HTTP calls, up to `concurrency` at a time, so one slow
 endpoint holds only its own attempts.
 
-A publish through this server wakes the worker at once; deliveries published
-elsewhere, and retries, are found by sleeping until the next due attempt, at most
-`poll_interval`.
+A publish anywhere wakes the worker at once (through this server, or by the
+engine's "#webhooks" signal); retries are found by sleeping until the next due
+attempt, at most `poll_interval`, which is long: an idle server stays quiet.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import aiohttp
 
 from server import webhooks
 from server.db.engine import Engine, Record
+from server.egress import EgressPolicy, Refused
 from server.errors import ApiError
 from server.observability import metrics, tracing
 from server.workers import OutageLog
@@ -39,12 +40,14 @@ class WebhookWorker:
     def __init__(
         self,
         engine: Engine,
+        egress: EgressPolicy,
         *,
         concurrency: int = 32,
         poll_interval: float = 1.0,
         expiry_interval: float = 60.0,
     ) -> None:
         self.engine = engine
+        self.egress = egress
         self.concurrency = concurrency
         self.poll_interval = poll_interval
         self.expiry_interval = expiry_interval
@@ -59,7 +62,10 @@ class WebhookWorker:
         # No cookies or connection limits shared across endpoints beyond aiohttp's own pool.
         session = aiohttp.ClientSession(
             cookie_jar=aiohttp.DummyCookieJar(),
-            connector=aiohttp.TCPConnector(limit=self.concurrency),
+            # Every address it connects to passes the egress policy first.
+            connector=aiohttp.TCPConnector(
+                limit=self.concurrency, resolver=self.egress.resolver(), use_dns_cache=False
+            ),
         )
         try:
             await self._loop(session)
@@ -142,6 +148,10 @@ class WebhookWorker:
             # A redirect is not a delivery: Standard Webhooks asks for a 2xx.
             "allow_redirects": False,
         }
+        try:
+            self.egress.check_literal_url(delivery["url"])
+        except Refused as refused:
+            return None, f"refused: {refused}"
         try:
             async with session.post(delivery["url"], **request) as response:
                 if 200 <= response.status < 300:

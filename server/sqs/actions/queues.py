@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
+import grpc
 from google.protobuf.field_mask_pb2 import FieldMask
 from postbox.v1 import queue_service_pb2 as qpb
 
 from server.sqs import naming, queue_attributes
 from server.sqs.actions.base import Call, Result, action
 from server.sqs.errors import (
+    INVALID_PARAMETER_VALUE,
     PURGE_QUEUE_IN_PROGRESS,
     QUEUE_NAME_EXISTS,
     UNSUPPORTED_OPERATION,
@@ -47,8 +49,12 @@ async def create_queue(call: Call) -> Result:
     queue, _ = queue_attributes.to_queue(name, attributes, call.settings)
     queue.tags.update(call.params.get("tags", {}))
     try:
+        # The queue is new, so a queue not found is the RedrivePolicy's target: SQS
+        # calls that an invalid parameter.
         await call.backend.call(
-            call.backend.queues.CreateQueue, qpb.CreateQueueRequest(queue=queue)
+            call.backend.queues.CreateQueue,
+            qpb.CreateQueueRequest(queue=queue),
+            {grpc.StatusCode.NOT_FOUND: INVALID_PARAMETER_VALUE},
         )
     except SqsError as error:
         if error.kind is not QUEUE_NAME_EXISTS:
@@ -142,10 +148,22 @@ async def set_queue_attributes(call: Call) -> Result:
 
 
 async def update_queue(call: Call, queue: qpb.Queue, paths: list[str]) -> None:
-    await call.backend.call(
-        call.backend.queues.UpdateQueue,
-        qpb.UpdateQueueRequest(queue=queue, update_mask=FieldMask(paths=paths)),
-    )
+    request = qpb.UpdateQueueRequest(queue=queue, update_mask=FieldMask(paths=paths))
+    if "dead_letter_policy" not in paths:
+        await call.backend.call(call.backend.queues.UpdateQueue, request)
+        return
+    try:
+        await call.backend.call(
+            call.backend.queues.UpdateQueue,
+            request,
+            {grpc.StatusCode.NOT_FOUND: INVALID_PARAMETER_VALUE},
+        )
+    except SqsError as error:
+        # Not found is the queue itself (QueueDoesNotExist, as SQS says) or the
+        # RedrivePolicy's target (an invalid parameter): ask which.
+        if error.kind is INVALID_PARAMETER_VALUE:
+            await get_queue(call, queue.name)
+        raise
 
 
 @action("AddPermission")

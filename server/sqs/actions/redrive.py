@@ -38,7 +38,7 @@ _STATUS = {
 async def list_dead_letter_source_queues(call: Call) -> Result:
     response = await call.backend.call(
         call.backend.queues.ListDeadLetterSourceQueues,
-        qpb.ListDeadLetterSourceQueuesRequest(name=call.queue(), **call.page()),
+        qpb.ListDeadLetterSourceQueuesRequest(dead_letter_queue=call.queue(), **call.page()),
     )
     result = {"queueUrls": [call.queue_url(name) for name in response.queue_names]}
     return call.paged(result, response.next_page_token)
@@ -79,7 +79,7 @@ async def start_message_move_task(call: Call) -> Result:
     rate = call.integer("MaxNumberOfMessagesPerSecond", 1, 500)
     sources = await call.backend.call(
         call.backend.queues.ListDeadLetterSourceQueues,
-        qpb.ListDeadLetterSourceQueuesRequest(name=source, page_size=1),
+        qpb.ListDeadLetterSourceQueuesRequest(dead_letter_queue=source, page_size=1),
         _TASK_ERRORS,
     )
     if not sources.queue_names:
@@ -87,7 +87,7 @@ async def start_message_move_task(call: Call) -> Result:
     response = await call.backend.call(
         call.backend.queues.RedriveMessages,
         qpb.RedriveMessagesRequest(
-            dead_letter_queue=source, destination=destination, max_messages_per_second=rate or 0
+            dead_letter_queue=source, destination=destination, max_messages_per_second=rate
         ),
         _TASK_ERRORS,
     )
@@ -125,7 +125,7 @@ async def list_message_move_tasks(call: Call) -> Result:
             entry["TaskHandle"] = _handle(task, source_arn)
         if task.destination:
             entry["DestinationArn"] = naming.queue_arn(call.settings, task.destination)
-        if task.max_messages_per_second:
+        if task.HasField("max_messages_per_second"):
             entry["MaxNumberOfMessagesPerSecond"] = int(task.max_messages_per_second)
         if task.failure_reason:
             entry["FailureReason"] = task.failure_reason

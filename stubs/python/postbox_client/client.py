@@ -14,7 +14,7 @@ import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 import grpc
@@ -85,6 +85,8 @@ def send_fields(
     message_group_id: str | None = None,
     deduplication_id: str | None = None,
     priority: int | None = None,
+    ttl: timedelta | None = None,
+    expire_time: datetime | None = None,
 ) -> dict[str, Any]:
     """The fields of a SendRequest or SendBatchEntry."""
     fields: dict[str, Any] = {
@@ -93,6 +95,10 @@ def send_fields(
     }
     if delay is not None:
         fields["delay"] = delay
+    if ttl is not None:
+        fields["ttl"] = ttl
+    if expire_time is not None:
+        fields["expire_time"] = expire_time
     if message_group_id:
         fields["message_group_id"] = message_group_id
     if deduplication_id:
@@ -221,6 +227,11 @@ class AsyncClient:
         request = message_service_pb2.DeleteRequest(queue=queue, receipt=receipt)
         await self.call(self.messages.Delete, request, repeatable=True)
 
+    async def cancel(self, queue: str, message_id: str) -> None:
+        """Removes a message no consumer holds; FailedPrecondition while one does."""
+        request = message_service_pb2.CancelMessageRequest(queue=queue, message_id=message_id)
+        await self.call(self.messages.CancelMessage, request, repeatable=True)
+
     async def nack(self, queue: str, receipt: str, *, delay: timedelta | None = None) -> None:
         """Gives a message back: visible after `delay`, or the queue's retry backoff."""
         request = message_service_pb2.NackRequest(queue=queue, receipt=receipt)
@@ -330,6 +341,11 @@ class Client:
     def delete(self, queue: str, receipt: str) -> None:
         request = message_service_pb2.DeleteRequest(queue=queue, receipt=receipt)
         self.call(self.messages.Delete, request, repeatable=True)
+
+    def cancel(self, queue: str, message_id: str) -> None:
+        """Removes a message no consumer holds; FailedPrecondition while one does."""
+        request = message_service_pb2.CancelMessageRequest(queue=queue, message_id=message_id)
+        self.call(self.messages.CancelMessage, request, repeatable=True)
 
     def publish(
         self, topic: str, body: bytes | str, *, routing_key: str = "", **fields: Any

@@ -146,9 +146,8 @@ class Consumer:
     async def _read(self, call: Any) -> None:
         try:
             async for response in call:
-                if response.messages:
-                    for message in response.messages:
-                        await self._arrived(message)
+                for message in response.batch.messages:  # none in a settle-results frame
+                    await self._arrived(message)
         except grpc.RpcError as error:
             if not self._stopping:
                 self._failure = from_rpc_error(error)

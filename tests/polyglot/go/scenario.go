@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 )
 
@@ -79,7 +80,7 @@ func main() {
 			if err != nil {
 				return err
 			}
-			for _, m := range response.GetMessages() {
+			for _, m := range response.GetBatch().GetMessages() {
 				bodies = append(bodies, string(m.GetBody()))
 				receipts = append(receipts, m.GetReceipt())
 			}
@@ -133,7 +134,7 @@ func main() {
 		}
 		stream, err := messages.Receive(ctx, &pb.ReceiveRequest{
 			Queue: queue, MaxMessages: 1, Mode: pb.ReceiveMode_RECEIVE_MODE_CONTINUOUS,
-			MaxTotalMessages: 2, IdleTimeout: seconds(20), VisibilityTimeout: seconds(30),
+			MaxTotalMessages: proto.Int64(2), IdleTimeout: seconds(20), VisibilityTimeout: seconds(30),
 		})
 		if err != nil {
 			return err

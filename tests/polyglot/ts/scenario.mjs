@@ -55,13 +55,15 @@ await step("StreamingReceive with settle", async () => {
   const abort = new AbortController();
   requests.push({ queue, maxMessages: 10, visibilityTimeout: { seconds: 30n } });
   const received = [];
-  for await (const response of messages.streamingReceive(requests, { signal: abort.signal })) {
-    received.push(...response.messages);
-    if (received.length === 3 && !response.settleResults) {
-      requests.push({ deleteReceipts: received.map((m) => m.receipt) });
-    }
-    if (response.settleResults) {
-      assert.deepEqual(response.settleResults.deletes.map((s) => s.code), [0, 0, 0]);
+  for await (const { frame } of messages.streamingReceive(requests, { signal: abort.signal })) {
+    if (frame.case === "batch") {
+      received.push(...frame.value.messages);
+      if (received.length === 3) {
+        requests.push({ deleteReceipts: received.map((m) => m.receipt) });
+      }
+    } else if (frame.case === "settleResults") {
+      // google.rpc.Status per receipt: code 0 is OK.
+      assert.deepEqual(frame.value.deletes.map((s) => s.code), [0, 0, 0]);
       break;
     }
   }

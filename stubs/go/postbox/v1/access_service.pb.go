@@ -290,12 +290,12 @@ type CreateKeyResponse struct {
 	sizeCache     protoimpl.SizeCache
 	unknownFields protoimpl.UnknownFields
 
-	// The key as created.
+	// Output only. The key as created.
 	Key *Key `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
-	// The key's secret (256 random bits, base64url, prefixed "pbk_"): send it as
+	// Output only. The key's secret (256 random bits, base64url, prefixed "pbk_"): send it as
 	// `authorization: Bearer <secret>`. Shown only here: the server keeps a hash.
 	Secret string `protobuf:"bytes,2,opt,name=secret,proto3" json:"secret,omitempty"`
-	// The AWS secret access key of this key at the SQS shim (access key id: the
+	// Output only. The AWS secret access key of this key at the SQS shim (access key id: the
 	// key's name), derived from the secret; `postbox keys sigv4-secret` derives
 	// it again from the secret.
 	Sigv4SecretAccessKey string `protobuf:"bytes,3,opt,name=sigv4_secret_access_key,json=sigv4SecretAccessKey,proto3" json:"sigv4_secret_access_key,omitempty"`
@@ -407,7 +407,7 @@ type GetKeyResponse struct {
 	sizeCache     protoimpl.SizeCache
 	unknownFields protoimpl.UnknownFields
 
-	// The key, without its secret.
+	// Output only. The key, without its secret.
 	Key *Key `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
 }
 
@@ -512,9 +512,9 @@ type ListKeysResponse struct {
 	sizeCache     protoimpl.SizeCache
 	unknownFields protoimpl.UnknownFields
 
-	// Keys in name order, without their secrets.
+	// Output only. Keys in name order, without their secrets.
 	Keys []*Key `protobuf:"bytes,1,rep,name=keys,proto3" json:"keys,omitempty"`
-	// Token for the next page; empty on the last page.
+	// Output only. Token for the next page; empty on the last page.
 	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 }
 
@@ -628,7 +628,7 @@ type UpdateKeyResponse struct {
 	sizeCache     protoimpl.SizeCache
 	unknownFields protoimpl.UnknownFields
 
-	// The key as changed.
+	// Output only. The key as changed.
 	Key *Key `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
 }
 

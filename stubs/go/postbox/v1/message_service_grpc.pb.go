@@ -63,6 +63,11 @@ type MessageServiceClient interface {
 	GetMessage(ctx context.Context, in *GetMessageRequest, opts ...grpc.CallOption) (*GetMessageResponse, error)
 	// Lists a queue's archived messages (see Queue.archive_on_delete) in id order.
 	ListArchivedMessages(ctx context.Context, in *ListArchivedMessagesRequest, opts ...grpc.CallOption) (*ListArchivedMessagesResponse, error)
+	// Removes a message that no consumer holds (waiting, delayed, or back from
+	// a lease that ran out); it is archived as cancelled where the queue
+	// archives. FAILED_PRECONDITION while a consumer holds it; NOT_FOUND if it
+	// is not in the queue. A message is cancelled or delivered, never both.
+	CancelMessage(ctx context.Context, in *CancelMessageRequest, opts ...grpc.CallOption) (*CancelMessageResponse, error)
 }
 
 type messageServiceClient struct {
@@ -226,6 +231,15 @@ func (c *messageServiceClient) ListArchivedMessages(ctx context.Context, in *Lis
 	return out, nil
 }
 
+func (c *messageServiceClient) CancelMessage(ctx context.Context, in *CancelMessageRequest, opts ...grpc.CallOption) (*CancelMessageResponse, error) {
+	out := new(CancelMessageResponse)
+	err := c.cc.Invoke(ctx, "/postbox.v1.MessageService/CancelMessage", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // MessageServiceServer is the server API for MessageService service.
 // All implementations must embed UnimplementedMessageServiceServer
 // for forward compatibility
@@ -276,6 +290,11 @@ type MessageServiceServer interface {
 	GetMessage(context.Context, *GetMessageRequest) (*GetMessageResponse, error)
 	// Lists a queue's archived messages (see Queue.archive_on_delete) in id order.
 	ListArchivedMessages(context.Context, *ListArchivedMessagesRequest) (*ListArchivedMessagesResponse, error)
+	// Removes a message that no consumer holds (waiting, delayed, or back from
+	// a lease that ran out); it is archived as cancelled where the queue
+	// archives. FAILED_PRECONDITION while a consumer holds it; NOT_FOUND if it
+	// is not in the queue. A message is cancelled or delivered, never both.
+	CancelMessage(context.Context, *CancelMessageRequest) (*CancelMessageResponse, error)
 	mustEmbedUnimplementedMessageServiceServer()
 }
 
@@ -318,6 +337,9 @@ func (UnimplementedMessageServiceServer) GetMessage(context.Context, *GetMessage
 }
 func (UnimplementedMessageServiceServer) ListArchivedMessages(context.Context, *ListArchivedMessagesRequest) (*ListArchivedMessagesResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method ListArchivedMessages not implemented")
+}
+func (UnimplementedMessageServiceServer) CancelMessage(context.Context, *CancelMessageRequest) (*CancelMessageResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method CancelMessage not implemented")
 }
 func (UnimplementedMessageServiceServer) mustEmbedUnimplementedMessageServiceServer() {}
 
@@ -559,6 +581,24 @@ func _MessageService_ListArchivedMessages_Handler(srv interface{}, ctx context.C
 	return interceptor(ctx, in, info, handler)
 }
 
+func _MessageService_CancelMessage_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CancelMessageRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MessageServiceServer).CancelMessage(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/postbox.v1.MessageService/CancelMessage",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MessageServiceServer).CancelMessage(ctx, req.(*CancelMessageRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 var _MessageService_serviceDesc = grpc.ServiceDesc{
 	ServiceName: "postbox.v1.MessageService",
 	HandlerType: (*MessageServiceServer)(nil),
@@ -602,6 +642,10 @@ var _MessageService_serviceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListArchivedMessages",
 			Handler:    _MessageService_ListArchivedMessages_Handler,
+		},
+		{
+			MethodName: "CancelMessage",
+			Handler:    _MessageService_CancelMessage_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -36,6 +36,15 @@ type ScheduleServiceClient interface {
 	// interval keeps its phase). A one-shot schedule whose run_at passed while
 	// paused fires at once; one that fired already is FAILED_PRECONDITION.
 	ResumeSchedule(ctx context.Context, in *ResumeScheduleRequest, opts ...grpc.CallOption) (*ResumeScheduleResponse, error)
+	// Fires a schedule once now, paused or not, without moving its next fire
+	// time; it counts as a fire. Unlike a due fire, a refusal is the caller's
+	// error: NOT_FOUND when the target is gone, UNAVAILABLE when it is paused,
+	// RESOURCE_EXHAUSTED when it is full.
+	RunSchedule(ctx context.Context, in *RunScheduleRequest, opts ...grpc.CallOption) (*RunScheduleResponse, error)
+	// Computes the next fire times of a timing without creating anything.
+	// INVALID_ARGUMENT, saying what is wrong, for a timing CreateSchedule would
+	// refuse.
+	PreviewSchedule(ctx context.Context, in *PreviewScheduleRequest, opts ...grpc.CallOption) (*PreviewScheduleResponse, error)
 }
 
 type scheduleServiceClient struct {
@@ -109,6 +118,24 @@ func (c *scheduleServiceClient) ResumeSchedule(ctx context.Context, in *ResumeSc
 	return out, nil
 }
 
+func (c *scheduleServiceClient) RunSchedule(ctx context.Context, in *RunScheduleRequest, opts ...grpc.CallOption) (*RunScheduleResponse, error) {
+	out := new(RunScheduleResponse)
+	err := c.cc.Invoke(ctx, "/postbox.v1.ScheduleService/RunSchedule", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *scheduleServiceClient) PreviewSchedule(ctx context.Context, in *PreviewScheduleRequest, opts ...grpc.CallOption) (*PreviewScheduleResponse, error) {
+	out := new(PreviewScheduleResponse)
+	err := c.cc.Invoke(ctx, "/postbox.v1.ScheduleService/PreviewSchedule", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ScheduleServiceServer is the server API for ScheduleService service.
 // All implementations must embed UnimplementedScheduleServiceServer
 // for forward compatibility
@@ -132,6 +159,15 @@ type ScheduleServiceServer interface {
 	// interval keeps its phase). A one-shot schedule whose run_at passed while
 	// paused fires at once; one that fired already is FAILED_PRECONDITION.
 	ResumeSchedule(context.Context, *ResumeScheduleRequest) (*ResumeScheduleResponse, error)
+	// Fires a schedule once now, paused or not, without moving its next fire
+	// time; it counts as a fire. Unlike a due fire, a refusal is the caller's
+	// error: NOT_FOUND when the target is gone, UNAVAILABLE when it is paused,
+	// RESOURCE_EXHAUSTED when it is full.
+	RunSchedule(context.Context, *RunScheduleRequest) (*RunScheduleResponse, error)
+	// Computes the next fire times of a timing without creating anything.
+	// INVALID_ARGUMENT, saying what is wrong, for a timing CreateSchedule would
+	// refuse.
+	PreviewSchedule(context.Context, *PreviewScheduleRequest) (*PreviewScheduleResponse, error)
 	mustEmbedUnimplementedScheduleServiceServer()
 }
 
@@ -159,6 +195,12 @@ func (UnimplementedScheduleServiceServer) PauseSchedule(context.Context, *PauseS
 }
 func (UnimplementedScheduleServiceServer) ResumeSchedule(context.Context, *ResumeScheduleRequest) (*ResumeScheduleResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method ResumeSchedule not implemented")
+}
+func (UnimplementedScheduleServiceServer) RunSchedule(context.Context, *RunScheduleRequest) (*RunScheduleResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method RunSchedule not implemented")
+}
+func (UnimplementedScheduleServiceServer) PreviewSchedule(context.Context, *PreviewScheduleRequest) (*PreviewScheduleResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method PreviewSchedule not implemented")
 }
 func (UnimplementedScheduleServiceServer) mustEmbedUnimplementedScheduleServiceServer() {}
 
@@ -299,6 +341,42 @@ func _ScheduleService_ResumeSchedule_Handler(srv interface{}, ctx context.Contex
 	return interceptor(ctx, in, info, handler)
 }
 
+func _ScheduleService_RunSchedule_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RunScheduleRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ScheduleServiceServer).RunSchedule(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/postbox.v1.ScheduleService/RunSchedule",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ScheduleServiceServer).RunSchedule(ctx, req.(*RunScheduleRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _ScheduleService_PreviewSchedule_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PreviewScheduleRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ScheduleServiceServer).PreviewSchedule(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/postbox.v1.ScheduleService/PreviewSchedule",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ScheduleServiceServer).PreviewSchedule(ctx, req.(*PreviewScheduleRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 var _ScheduleService_serviceDesc = grpc.ServiceDesc{
 	ServiceName: "postbox.v1.ScheduleService",
 	HandlerType: (*ScheduleServiceServer)(nil),
@@ -330,6 +408,14 @@ var _ScheduleService_serviceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ResumeSchedule",
 			Handler:    _ScheduleService_ResumeSchedule_Handler,
+		},
+		{
+			MethodName: "RunSchedule",
+			Handler:    _ScheduleService_RunSchedule_Handler,
+		},
+		{
+			MethodName: "PreviewSchedule",
+			Handler:    _ScheduleService_PreviewSchedule_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

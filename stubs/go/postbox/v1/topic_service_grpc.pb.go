@@ -35,6 +35,10 @@ type TopicServiceClient interface {
 	ListSubscriptions(ctx context.Context, in *ListSubscriptionsRequest, opts ...grpc.CallOption) (*ListSubscriptionsResponse, error)
 	// Deletes a subscription; pending webhook deliveries of it are dropped.
 	DeleteSubscription(ctx context.Context, in *DeleteSubscriptionRequest, opts ...grpc.CallOption) (*DeleteSubscriptionResponse, error)
+	// Changes the fields of a subscription named in the update mask. A
+	// subscription keeps its kind (queue or webhook); pending webhook
+	// deliveries take the new URL and settings from their next attempt on.
+	UpdateSubscription(ctx context.Context, in *UpdateSubscriptionRequest, opts ...grpc.CallOption) (*UpdateSubscriptionResponse, error)
 	// Publishes one message: it is committed to every matching queue
 	// subscription, and queued for every matching webhook, before the call
 	// returns. All or nothing: when a queue refuses the message (too large,
@@ -48,6 +52,12 @@ type TopicServiceClient interface {
 	// pending ones, and failed ones (attempts used up), which are kept 7 days
 	// after their last attempt with its HTTP status and error.
 	ListWebhookDeliveries(ctx context.Context, in *ListWebhookDeliveriesRequest, opts ...grpc.CallOption) (*ListWebhookDeliveriesResponse, error)
+	// Sends webhook deliveries back for attempts due now: one delivery by id
+	// (failed, or pending between attempts), or every failed delivery of the
+	// subscription. A failed delivery gets its max_attempts afresh.
+	// FAILED_PRECONDITION for a queue subscription, or a delivery being
+	// attempted at the moment.
+	RetryWebhookDelivery(ctx context.Context, in *RetryWebhookDeliveryRequest, opts ...grpc.CallOption) (*RetryWebhookDeliveryResponse, error)
 }
 
 type topicServiceClient struct {
@@ -130,6 +140,15 @@ func (c *topicServiceClient) DeleteSubscription(ctx context.Context, in *DeleteS
 	return out, nil
 }
 
+func (c *topicServiceClient) UpdateSubscription(ctx context.Context, in *UpdateSubscriptionRequest, opts ...grpc.CallOption) (*UpdateSubscriptionResponse, error) {
+	out := new(UpdateSubscriptionResponse)
+	err := c.cc.Invoke(ctx, "/postbox.v1.TopicService/UpdateSubscription", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *topicServiceClient) Publish(ctx context.Context, in *PublishRequest, opts ...grpc.CallOption) (*PublishResponse, error) {
 	out := new(PublishResponse)
 	err := c.cc.Invoke(ctx, "/postbox.v1.TopicService/Publish", in, out, opts...)
@@ -151,6 +170,15 @@ func (c *topicServiceClient) PublishBatch(ctx context.Context, in *PublishBatchR
 func (c *topicServiceClient) ListWebhookDeliveries(ctx context.Context, in *ListWebhookDeliveriesRequest, opts ...grpc.CallOption) (*ListWebhookDeliveriesResponse, error) {
 	out := new(ListWebhookDeliveriesResponse)
 	err := c.cc.Invoke(ctx, "/postbox.v1.TopicService/ListWebhookDeliveries", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *topicServiceClient) RetryWebhookDelivery(ctx context.Context, in *RetryWebhookDeliveryRequest, opts ...grpc.CallOption) (*RetryWebhookDeliveryResponse, error) {
+	out := new(RetryWebhookDeliveryResponse)
+	err := c.cc.Invoke(ctx, "/postbox.v1.TopicService/RetryWebhookDelivery", in, out, opts...)
 	if err != nil {
 		return nil, err
 	}
@@ -179,6 +207,10 @@ type TopicServiceServer interface {
 	ListSubscriptions(context.Context, *ListSubscriptionsRequest) (*ListSubscriptionsResponse, error)
 	// Deletes a subscription; pending webhook deliveries of it are dropped.
 	DeleteSubscription(context.Context, *DeleteSubscriptionRequest) (*DeleteSubscriptionResponse, error)
+	// Changes the fields of a subscription named in the update mask. A
+	// subscription keeps its kind (queue or webhook); pending webhook
+	// deliveries take the new URL and settings from their next attempt on.
+	UpdateSubscription(context.Context, *UpdateSubscriptionRequest) (*UpdateSubscriptionResponse, error)
 	// Publishes one message: it is committed to every matching queue
 	// subscription, and queued for every matching webhook, before the call
 	// returns. All or nothing: when a queue refuses the message (too large,
@@ -192,6 +224,12 @@ type TopicServiceServer interface {
 	// pending ones, and failed ones (attempts used up), which are kept 7 days
 	// after their last attempt with its HTTP status and error.
 	ListWebhookDeliveries(context.Context, *ListWebhookDeliveriesRequest) (*ListWebhookDeliveriesResponse, error)
+	// Sends webhook deliveries back for attempts due now: one delivery by id
+	// (failed, or pending between attempts), or every failed delivery of the
+	// subscription. A failed delivery gets its max_attempts afresh.
+	// FAILED_PRECONDITION for a queue subscription, or a delivery being
+	// attempted at the moment.
+	RetryWebhookDelivery(context.Context, *RetryWebhookDeliveryRequest) (*RetryWebhookDeliveryResponse, error)
 	mustEmbedUnimplementedTopicServiceServer()
 }
 
@@ -223,6 +261,9 @@ func (UnimplementedTopicServiceServer) ListSubscriptions(context.Context, *ListS
 func (UnimplementedTopicServiceServer) DeleteSubscription(context.Context, *DeleteSubscriptionRequest) (*DeleteSubscriptionResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method DeleteSubscription not implemented")
 }
+func (UnimplementedTopicServiceServer) UpdateSubscription(context.Context, *UpdateSubscriptionRequest) (*UpdateSubscriptionResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method UpdateSubscription not implemented")
+}
 func (UnimplementedTopicServiceServer) Publish(context.Context, *PublishRequest) (*PublishResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Publish not implemented")
 }
@@ -231,6 +272,9 @@ func (UnimplementedTopicServiceServer) PublishBatch(context.Context, *PublishBat
 }
 func (UnimplementedTopicServiceServer) ListWebhookDeliveries(context.Context, *ListWebhookDeliveriesRequest) (*ListWebhookDeliveriesResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method ListWebhookDeliveries not implemented")
+}
+func (UnimplementedTopicServiceServer) RetryWebhookDelivery(context.Context, *RetryWebhookDeliveryRequest) (*RetryWebhookDeliveryResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method RetryWebhookDelivery not implemented")
 }
 func (UnimplementedTopicServiceServer) mustEmbedUnimplementedTopicServiceServer() {}
 
@@ -389,6 +433,24 @@ func _TopicService_DeleteSubscription_Handler(srv interface{}, ctx context.Conte
 	return interceptor(ctx, in, info, handler)
 }
 
+func _TopicService_UpdateSubscription_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(UpdateSubscriptionRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(TopicServiceServer).UpdateSubscription(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/postbox.v1.TopicService/UpdateSubscription",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(TopicServiceServer).UpdateSubscription(ctx, req.(*UpdateSubscriptionRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _TopicService_Publish_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(PublishRequest)
 	if err := dec(in); err != nil {
@@ -443,6 +505,24 @@ func _TopicService_ListWebhookDeliveries_Handler(srv interface{}, ctx context.Co
 	return interceptor(ctx, in, info, handler)
 }
 
+func _TopicService_RetryWebhookDelivery_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RetryWebhookDeliveryRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(TopicServiceServer).RetryWebhookDelivery(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/postbox.v1.TopicService/RetryWebhookDelivery",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(TopicServiceServer).RetryWebhookDelivery(ctx, req.(*RetryWebhookDeliveryRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 var _TopicService_serviceDesc = grpc.ServiceDesc{
 	ServiceName: "postbox.v1.TopicService",
 	HandlerType: (*TopicServiceServer)(nil),
@@ -480,6 +560,10 @@ var _TopicService_serviceDesc = grpc.ServiceDesc{
 			Handler:    _TopicService_DeleteSubscription_Handler,
 		},
 		{
+			MethodName: "UpdateSubscription",
+			Handler:    _TopicService_UpdateSubscription_Handler,
+		},
+		{
 			MethodName: "Publish",
 			Handler:    _TopicService_Publish_Handler,
 		},
@@ -490,6 +574,10 @@ var _TopicService_serviceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListWebhookDeliveries",
 			Handler:    _TopicService_ListWebhookDeliveries_Handler,
+		},
+		{
+			MethodName: "RetryWebhookDelivery",
+			Handler:    _TopicService_RetryWebhookDelivery_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

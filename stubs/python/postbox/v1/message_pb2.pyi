@@ -17,11 +17,22 @@ class MessageState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     MESSAGE_STATE_IN_FLIGHT: _ClassVar[MessageState]
     MESSAGE_STATE_DELAYED: _ClassVar[MessageState]
     MESSAGE_STATE_DEAD: _ClassVar[MessageState]
+
+class ArchiveReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ARCHIVE_REASON_UNSPECIFIED: _ClassVar[ArchiveReason]
+    ARCHIVE_REASON_DELETED: _ClassVar[ArchiveReason]
+    ARCHIVE_REASON_EXPIRED: _ClassVar[ArchiveReason]
+    ARCHIVE_REASON_CANCELLED: _ClassVar[ArchiveReason]
 MESSAGE_STATE_UNSPECIFIED: MessageState
 MESSAGE_STATE_VISIBLE: MessageState
 MESSAGE_STATE_IN_FLIGHT: MessageState
 MESSAGE_STATE_DELAYED: MessageState
 MESSAGE_STATE_DEAD: MessageState
+ARCHIVE_REASON_UNSPECIFIED: ArchiveReason
+ARCHIVE_REASON_DELETED: ArchiveReason
+ARCHIVE_REASON_EXPIRED: ArchiveReason
+ARCHIVE_REASON_CANCELLED: ArchiveReason
 
 class AttributeValue(_message.Message):
     __slots__ = ("data_type", "string_value", "binary_value")
@@ -34,7 +45,7 @@ class AttributeValue(_message.Message):
     def __init__(self, data_type: _Optional[str] = ..., string_value: _Optional[str] = ..., binary_value: _Optional[bytes] = ...) -> None: ...
 
 class Message(_message.Message):
-    __slots__ = ("message_id", "body", "attributes", "enqueue_time", "receive_count", "first_receive_time", "receipt", "priority", "message_group_id", "deduplication_id", "dead_letter_source_queue", "last_error", "state", "visible_time")
+    __slots__ = ("message_id", "body", "attributes", "enqueue_time", "receive_count", "first_receive_time", "receipt", "priority", "message_group_id", "deduplication_id", "dead_letter_source_queue", "last_error", "state", "visible_time", "expire_time")
     class AttributesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -56,6 +67,7 @@ class Message(_message.Message):
     LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     VISIBLE_TIME_FIELD_NUMBER: _ClassVar[int]
+    EXPIRE_TIME_FIELD_NUMBER: _ClassVar[int]
     message_id: str
     body: bytes
     attributes: _containers.MessageMap[str, AttributeValue]
@@ -70,7 +82,8 @@ class Message(_message.Message):
     last_error: str
     state: MessageState
     visible_time: _timestamp_pb2.Timestamp
-    def __init__(self, message_id: _Optional[str] = ..., body: _Optional[bytes] = ..., attributes: _Optional[_Mapping[str, AttributeValue]] = ..., enqueue_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., receive_count: _Optional[int] = ..., first_receive_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., receipt: _Optional[str] = ..., priority: _Optional[int] = ..., message_group_id: _Optional[str] = ..., deduplication_id: _Optional[str] = ..., dead_letter_source_queue: _Optional[str] = ..., last_error: _Optional[str] = ..., state: _Optional[_Union[MessageState, str]] = ..., visible_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    expire_time: _timestamp_pb2.Timestamp
+    def __init__(self, message_id: _Optional[str] = ..., body: _Optional[bytes] = ..., attributes: _Optional[_Mapping[str, AttributeValue]] = ..., enqueue_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., receive_count: _Optional[int] = ..., first_receive_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., receipt: _Optional[str] = ..., priority: _Optional[int] = ..., message_group_id: _Optional[str] = ..., deduplication_id: _Optional[str] = ..., dead_letter_source_queue: _Optional[str] = ..., last_error: _Optional[str] = ..., state: _Optional[_Union[MessageState, str]] = ..., visible_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class ArchivedMessage(_message.Message):
     __slots__ = ("message", "archive_time", "reason")
@@ -79,13 +92,5 @@ class ArchivedMessage(_message.Message):
     REASON_FIELD_NUMBER: _ClassVar[int]
     message: Message
     archive_time: _timestamp_pb2.Timestamp
-    reason: str
-    def __init__(self, message: _Optional[_Union[Message, _Mapping]] = ..., archive_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., reason: _Optional[str] = ...) -> None: ...
-
-class BatchEntryStatus(_message.Message):
-    __slots__ = ("code", "message")
-    CODE_FIELD_NUMBER: _ClassVar[int]
-    MESSAGE_FIELD_NUMBER: _ClassVar[int]
-    code: int
-    message: str
-    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+    reason: ArchiveReason
+    def __init__(self, message: _Optional[_Union[Message, _Mapping]] = ..., archive_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., reason: _Optional[_Union[ArchiveReason, str]] = ...) -> None: ...

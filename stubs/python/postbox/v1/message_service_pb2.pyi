@@ -2,6 +2,7 @@ import datetime
 
 from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from google.rpc import status_pb2 as _status_pb2
 from postbox.v1 import message_pb2 as _message_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
@@ -22,7 +23,7 @@ RECEIVE_MODE_LONG_POLL: ReceiveMode
 RECEIVE_MODE_CONTINUOUS: ReceiveMode
 
 class SendRequest(_message.Message):
-    __slots__ = ("queue", "body", "attributes", "delay", "deliver_at", "message_group_id", "deduplication_id", "dedupe_key", "priority")
+    __slots__ = ("queue", "body", "attributes", "delay", "deliver_at", "message_group_id", "deduplication_id", "dedupe_key", "priority", "ttl", "expire_time")
     class AttributesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -39,6 +40,8 @@ class SendRequest(_message.Message):
     DEDUPLICATION_ID_FIELD_NUMBER: _ClassVar[int]
     DEDUPE_KEY_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    TTL_FIELD_NUMBER: _ClassVar[int]
+    EXPIRE_TIME_FIELD_NUMBER: _ClassVar[int]
     queue: str
     body: bytes
     attributes: _containers.MessageMap[str, _message_pb2.AttributeValue]
@@ -48,7 +51,9 @@ class SendRequest(_message.Message):
     deduplication_id: str
     dedupe_key: str
     priority: int
-    def __init__(self, queue: _Optional[str] = ..., body: _Optional[bytes] = ..., attributes: _Optional[_Mapping[str, _message_pb2.AttributeValue]] = ..., delay: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., deliver_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., message_group_id: _Optional[str] = ..., deduplication_id: _Optional[str] = ..., dedupe_key: _Optional[str] = ..., priority: _Optional[int] = ...) -> None: ...
+    ttl: _duration_pb2.Duration
+    expire_time: _timestamp_pb2.Timestamp
+    def __init__(self, queue: _Optional[str] = ..., body: _Optional[bytes] = ..., attributes: _Optional[_Mapping[str, _message_pb2.AttributeValue]] = ..., delay: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., deliver_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., message_group_id: _Optional[str] = ..., deduplication_id: _Optional[str] = ..., dedupe_key: _Optional[str] = ..., priority: _Optional[int] = ..., ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class SendResponse(_message.Message):
     __slots__ = ("message_id", "duplicate")
@@ -59,7 +64,7 @@ class SendResponse(_message.Message):
     def __init__(self, message_id: _Optional[str] = ..., duplicate: _Optional[bool] = ...) -> None: ...
 
 class SendBatchEntry(_message.Message):
-    __slots__ = ("body", "attributes", "delay", "deliver_at", "message_group_id", "deduplication_id", "dedupe_key", "priority")
+    __slots__ = ("body", "attributes", "delay", "deliver_at", "message_group_id", "deduplication_id", "dedupe_key", "priority", "ttl", "expire_time")
     class AttributesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -75,6 +80,8 @@ class SendBatchEntry(_message.Message):
     DEDUPLICATION_ID_FIELD_NUMBER: _ClassVar[int]
     DEDUPE_KEY_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    TTL_FIELD_NUMBER: _ClassVar[int]
+    EXPIRE_TIME_FIELD_NUMBER: _ClassVar[int]
     body: bytes
     attributes: _containers.MessageMap[str, _message_pb2.AttributeValue]
     delay: _duration_pb2.Duration
@@ -83,7 +90,9 @@ class SendBatchEntry(_message.Message):
     deduplication_id: str
     dedupe_key: str
     priority: int
-    def __init__(self, body: _Optional[bytes] = ..., attributes: _Optional[_Mapping[str, _message_pb2.AttributeValue]] = ..., delay: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., deliver_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., message_group_id: _Optional[str] = ..., deduplication_id: _Optional[str] = ..., dedupe_key: _Optional[str] = ..., priority: _Optional[int] = ...) -> None: ...
+    ttl: _duration_pb2.Duration
+    expire_time: _timestamp_pb2.Timestamp
+    def __init__(self, body: _Optional[bytes] = ..., attributes: _Optional[_Mapping[str, _message_pb2.AttributeValue]] = ..., delay: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., deliver_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., message_group_id: _Optional[str] = ..., deduplication_id: _Optional[str] = ..., dedupe_key: _Optional[str] = ..., priority: _Optional[int] = ..., ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class SendBatchRequest(_message.Message):
     __slots__ = ("queue", "entries")
@@ -144,22 +153,28 @@ class StreamingReceiveRequest(_message.Message):
     def __init__(self, queue: _Optional[str] = ..., max_messages: _Optional[int] = ..., visibility_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_outstanding_messages: _Optional[int] = ..., delete_receipts: _Optional[_Iterable[str]] = ..., nack_receipts: _Optional[_Iterable[str]] = ..., visibility_changes: _Optional[_Iterable[_Union[ChangeVisibilityBatchEntry, _Mapping]]] = ...) -> None: ...
 
 class StreamingReceiveResponse(_message.Message):
-    __slots__ = ("messages", "settle_results")
-    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    __slots__ = ("batch", "settle_results")
+    BATCH_FIELD_NUMBER: _ClassVar[int]
     SETTLE_RESULTS_FIELD_NUMBER: _ClassVar[int]
-    messages: _containers.RepeatedCompositeFieldContainer[_message_pb2.Message]
+    batch: MessageBatch
     settle_results: SettleResults
-    def __init__(self, messages: _Optional[_Iterable[_Union[_message_pb2.Message, _Mapping]]] = ..., settle_results: _Optional[_Union[SettleResults, _Mapping]] = ...) -> None: ...
+    def __init__(self, batch: _Optional[_Union[MessageBatch, _Mapping]] = ..., settle_results: _Optional[_Union[SettleResults, _Mapping]] = ...) -> None: ...
+
+class MessageBatch(_message.Message):
+    __slots__ = ("messages",)
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[_message_pb2.Message]
+    def __init__(self, messages: _Optional[_Iterable[_Union[_message_pb2.Message, _Mapping]]] = ...) -> None: ...
 
 class SettleResults(_message.Message):
     __slots__ = ("deletes", "nacks", "visibility_changes")
     DELETES_FIELD_NUMBER: _ClassVar[int]
     NACKS_FIELD_NUMBER: _ClassVar[int]
     VISIBILITY_CHANGES_FIELD_NUMBER: _ClassVar[int]
-    deletes: _containers.RepeatedCompositeFieldContainer[_message_pb2.BatchEntryStatus]
-    nacks: _containers.RepeatedCompositeFieldContainer[_message_pb2.BatchEntryStatus]
-    visibility_changes: _containers.RepeatedCompositeFieldContainer[_message_pb2.BatchEntryStatus]
-    def __init__(self, deletes: _Optional[_Iterable[_Union[_message_pb2.BatchEntryStatus, _Mapping]]] = ..., nacks: _Optional[_Iterable[_Union[_message_pb2.BatchEntryStatus, _Mapping]]] = ..., visibility_changes: _Optional[_Iterable[_Union[_message_pb2.BatchEntryStatus, _Mapping]]] = ...) -> None: ...
+    deletes: _containers.RepeatedCompositeFieldContainer[_status_pb2.Status]
+    nacks: _containers.RepeatedCompositeFieldContainer[_status_pb2.Status]
+    visibility_changes: _containers.RepeatedCompositeFieldContainer[_status_pb2.Status]
+    def __init__(self, deletes: _Optional[_Iterable[_Union[_status_pb2.Status, _Mapping]]] = ..., nacks: _Optional[_Iterable[_Union[_status_pb2.Status, _Mapping]]] = ..., visibility_changes: _Optional[_Iterable[_Union[_status_pb2.Status, _Mapping]]] = ...) -> None: ...
 
 class DeleteRequest(_message.Message):
     __slots__ = ("queue", "receipt")
@@ -184,8 +199,8 @@ class DeleteBatchRequest(_message.Message):
 class DeleteBatchResponse(_message.Message):
     __slots__ = ("results",)
     RESULTS_FIELD_NUMBER: _ClassVar[int]
-    results: _containers.RepeatedCompositeFieldContainer[_message_pb2.BatchEntryStatus]
-    def __init__(self, results: _Optional[_Iterable[_Union[_message_pb2.BatchEntryStatus, _Mapping]]] = ...) -> None: ...
+    results: _containers.RepeatedCompositeFieldContainer[_status_pb2.Status]
+    def __init__(self, results: _Optional[_Iterable[_Union[_status_pb2.Status, _Mapping]]] = ...) -> None: ...
 
 class ChangeVisibilityRequest(_message.Message):
     __slots__ = ("queue", "receipt", "visibility_timeout")
@@ -220,8 +235,8 @@ class ChangeVisibilityBatchRequest(_message.Message):
 class ChangeVisibilityBatchResponse(_message.Message):
     __slots__ = ("results",)
     RESULTS_FIELD_NUMBER: _ClassVar[int]
-    results: _containers.RepeatedCompositeFieldContainer[_message_pb2.BatchEntryStatus]
-    def __init__(self, results: _Optional[_Iterable[_Union[_message_pb2.BatchEntryStatus, _Mapping]]] = ...) -> None: ...
+    results: _containers.RepeatedCompositeFieldContainer[_status_pb2.Status]
+    def __init__(self, results: _Optional[_Iterable[_Union[_status_pb2.Status, _Mapping]]] = ...) -> None: ...
 
 class NackRequest(_message.Message):
     __slots__ = ("queue", "receipt", "delay", "error")
@@ -282,6 +297,18 @@ class ListArchivedMessagesRequest(_message.Message):
     page_size: int
     page_token: str
     def __init__(self, queue: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class CancelMessageRequest(_message.Message):
+    __slots__ = ("queue", "message_id")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_ID_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    message_id: str
+    def __init__(self, queue: _Optional[str] = ..., message_id: _Optional[str] = ...) -> None: ...
+
+class CancelMessageResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
 
 class ListArchivedMessagesResponse(_message.Message):
     __slots__ = ("messages", "next_page_token")

@@ -98,6 +98,11 @@ class MessageServiceStub:
                 request_serializer=postbox_dot_v1_dot_message__service__pb2.ListArchivedMessagesRequest.SerializeToString,
                 response_deserializer=postbox_dot_v1_dot_message__service__pb2.ListArchivedMessagesResponse.FromString,
                 _registered_method=True)
+        self.CancelMessage = channel.unary_unary(
+                '/postbox.v1.MessageService/CancelMessage',
+                request_serializer=postbox_dot_v1_dot_message__service__pb2.CancelMessageRequest.SerializeToString,
+                response_deserializer=postbox_dot_v1_dot_message__service__pb2.CancelMessageResponse.FromString,
+                _registered_method=True)
 
 
 class MessageServiceServicer:
@@ -213,6 +218,16 @@ class MessageServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CancelMessage(self, request, context):
+        """Removes a message that no consumer holds (waiting, delayed, or back from
+        a lease that ran out); it is archived as cancelled where the queue
+        archives. FAILED_PRECONDITION while a consumer holds it; NOT_FOUND if it
+        is not in the queue. A message is cancelled or delivered, never both.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MessageServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -275,6 +290,11 @@ def add_MessageServiceServicer_to_server(servicer, server):
                     servicer.ListArchivedMessages,
                     request_deserializer=postbox_dot_v1_dot_message__service__pb2.ListArchivedMessagesRequest.FromString,
                     response_serializer=postbox_dot_v1_dot_message__service__pb2.ListArchivedMessagesResponse.SerializeToString,
+            ),
+            'CancelMessage': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelMessage,
+                    request_deserializer=postbox_dot_v1_dot_message__service__pb2.CancelMessageRequest.FromString,
+                    response_serializer=postbox_dot_v1_dot_message__service__pb2.CancelMessageResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -605,6 +625,33 @@ class MessageService:
             '/postbox.v1.MessageService/ListArchivedMessages',
             postbox_dot_v1_dot_message__service__pb2.ListArchivedMessagesRequest.SerializeToString,
             postbox_dot_v1_dot_message__service__pb2.ListArchivedMessagesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelMessage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/postbox.v1.MessageService/CancelMessage',
+            postbox_dot_v1_dot_message__service__pb2.CancelMessageRequest.SerializeToString,
+            postbox_dot_v1_dot_message__service__pb2.CancelMessageResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -56,7 +56,7 @@ class Queue(_message.Message):
     name: str
     visibility_timeout: _duration_pb2.Duration
     delivery_delay: _duration_pb2.Duration
-    retention: _duration_pb2.Duration
+    retention: Retention
     max_message_size: int
     receive_wait_time: _duration_pb2.Duration
     create_time: _timestamp_pb2.Timestamp
@@ -69,14 +69,20 @@ class Queue(_message.Message):
     redrive_allow_policy: RedriveAllowPolicy
     retry_policy: RetryPolicy
     archive_on_delete: bool
-    archive_retention: _duration_pb2.Duration
+    archive_retention: Retention
     max_depth: int
     receive_rate_limit: float
     send_paused: bool
     receive_paused: bool
     tags: _containers.ScalarMap[str, str]
     purge_time: _timestamp_pb2.Timestamp
-    def __init__(self, name: _Optional[str] = ..., visibility_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., delivery_delay: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., retention: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_message_size: _Optional[int] = ..., receive_wait_time: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., stats: _Optional[_Union[QueueStats, _Mapping]] = ..., fifo: _Optional[bool] = ..., content_based_deduplication: _Optional[bool] = ..., deduplication_window: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., dead_letter_policy: _Optional[_Union[DeadLetterPolicy, _Mapping]] = ..., redrive_allow_policy: _Optional[_Union[RedriveAllowPolicy, _Mapping]] = ..., retry_policy: _Optional[_Union[RetryPolicy, _Mapping]] = ..., archive_on_delete: _Optional[bool] = ..., archive_retention: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_depth: _Optional[int] = ..., receive_rate_limit: _Optional[float] = ..., send_paused: _Optional[bool] = ..., receive_paused: _Optional[bool] = ..., tags: _Optional[_Mapping[str, str]] = ..., purge_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., visibility_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., delivery_delay: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., retention: _Optional[_Union[Retention, _Mapping]] = ..., max_message_size: _Optional[int] = ..., receive_wait_time: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., stats: _Optional[_Union[QueueStats, _Mapping]] = ..., fifo: _Optional[bool] = ..., content_based_deduplication: _Optional[bool] = ..., deduplication_window: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., dead_letter_policy: _Optional[_Union[DeadLetterPolicy, _Mapping]] = ..., redrive_allow_policy: _Optional[_Union[RedriveAllowPolicy, _Mapping]] = ..., retry_policy: _Optional[_Union[RetryPolicy, _Mapping]] = ..., archive_on_delete: _Optional[bool] = ..., archive_retention: _Optional[_Union[Retention, _Mapping]] = ..., max_depth: _Optional[int] = ..., receive_rate_limit: _Optional[float] = ..., send_paused: _Optional[bool] = ..., receive_paused: _Optional[bool] = ..., tags: _Optional[_Mapping[str, str]] = ..., purge_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class Retention(_message.Message):
+    __slots__ = ("period",)
+    PERIOD_FIELD_NUMBER: _ClassVar[int]
+    period: _duration_pb2.Duration
+    def __init__(self, period: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class DeadLetterPolicy(_message.Message):
     __slots__ = ("dead_letter_queue", "max_receive_count")
@@ -237,14 +243,14 @@ class ResumeQueueResponse(_message.Message):
     def __init__(self, queue: _Optional[_Union[Queue, _Mapping]] = ...) -> None: ...
 
 class ListDeadLetterSourceQueuesRequest(_message.Message):
-    __slots__ = ("name", "page_size", "page_token")
-    NAME_FIELD_NUMBER: _ClassVar[int]
+    __slots__ = ("dead_letter_queue", "page_size", "page_token")
+    DEAD_LETTER_QUEUE_FIELD_NUMBER: _ClassVar[int]
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
-    name: str
+    dead_letter_queue: str
     page_size: int
     page_token: str
-    def __init__(self, name: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+    def __init__(self, dead_letter_queue: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class ListDeadLetterSourceQueuesResponse(_message.Message):
     __slots__ = ("queue_names", "next_page_token")
@@ -255,7 +261,7 @@ class ListDeadLetterSourceQueuesResponse(_message.Message):
     def __init__(self, queue_names: _Optional[_Iterable[str]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class RedriveTask(_message.Message):
-    __slots__ = ("task_id", "dead_letter_queue", "destination", "max_messages", "max_messages_per_second", "state", "moved_messages", "messages_to_move", "failure_reason", "create_time", "update_time")
+    __slots__ = ("task_id", "dead_letter_queue", "destination", "max_messages", "max_messages_per_second", "state", "moved_messages", "messages_to_move", "failure_reason", "create_time", "update_time", "message_ids")
     class State(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         STATE_UNSPECIFIED: _ClassVar[RedriveTask.State]
@@ -279,6 +285,7 @@ class RedriveTask(_message.Message):
     FAILURE_REASON_FIELD_NUMBER: _ClassVar[int]
     CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
     UPDATE_TIME_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_IDS_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     dead_letter_queue: str
     destination: str
@@ -290,19 +297,22 @@ class RedriveTask(_message.Message):
     failure_reason: str
     create_time: _timestamp_pb2.Timestamp
     update_time: _timestamp_pb2.Timestamp
-    def __init__(self, task_id: _Optional[str] = ..., dead_letter_queue: _Optional[str] = ..., destination: _Optional[str] = ..., max_messages: _Optional[int] = ..., max_messages_per_second: _Optional[float] = ..., state: _Optional[_Union[RedriveTask.State, str]] = ..., moved_messages: _Optional[int] = ..., messages_to_move: _Optional[int] = ..., failure_reason: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    message_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, task_id: _Optional[str] = ..., dead_letter_queue: _Optional[str] = ..., destination: _Optional[str] = ..., max_messages: _Optional[int] = ..., max_messages_per_second: _Optional[float] = ..., state: _Optional[_Union[RedriveTask.State, str]] = ..., moved_messages: _Optional[int] = ..., messages_to_move: _Optional[int] = ..., failure_reason: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., message_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RedriveMessagesRequest(_message.Message):
-    __slots__ = ("dead_letter_queue", "destination", "max_messages", "max_messages_per_second")
+    __slots__ = ("dead_letter_queue", "destination", "max_messages", "max_messages_per_second", "message_ids")
     DEAD_LETTER_QUEUE_FIELD_NUMBER: _ClassVar[int]
     DESTINATION_FIELD_NUMBER: _ClassVar[int]
     MAX_MESSAGES_FIELD_NUMBER: _ClassVar[int]
     MAX_MESSAGES_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_IDS_FIELD_NUMBER: _ClassVar[int]
     dead_letter_queue: str
     destination: str
     max_messages: int
     max_messages_per_second: float
-    def __init__(self, dead_letter_queue: _Optional[str] = ..., destination: _Optional[str] = ..., max_messages: _Optional[int] = ..., max_messages_per_second: _Optional[float] = ...) -> None: ...
+    message_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, dead_letter_queue: _Optional[str] = ..., destination: _Optional[str] = ..., max_messages: _Optional[int] = ..., max_messages_per_second: _Optional[float] = ..., message_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RedriveMessagesResponse(_message.Message):
     __slots__ = ("task",)
@@ -311,18 +321,22 @@ class RedriveMessagesResponse(_message.Message):
     def __init__(self, task: _Optional[_Union[RedriveTask, _Mapping]] = ...) -> None: ...
 
 class ListRedriveTasksRequest(_message.Message):
-    __slots__ = ("dead_letter_queue", "page_size")
+    __slots__ = ("dead_letter_queue", "page_size", "page_token")
     DEAD_LETTER_QUEUE_FIELD_NUMBER: _ClassVar[int]
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     dead_letter_queue: str
     page_size: int
-    def __init__(self, dead_letter_queue: _Optional[str] = ..., page_size: _Optional[int] = ...) -> None: ...
+    page_token: str
+    def __init__(self, dead_letter_queue: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class ListRedriveTasksResponse(_message.Message):
-    __slots__ = ("tasks",)
+    __slots__ = ("tasks", "next_page_token")
     TASKS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     tasks: _containers.RepeatedCompositeFieldContainer[RedriveTask]
-    def __init__(self, tasks: _Optional[_Iterable[_Union[RedriveTask, _Mapping]]] = ...) -> None: ...
+    next_page_token: str
+    def __init__(self, tasks: _Optional[_Iterable[_Union[RedriveTask, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class CancelRedriveTaskRequest(_message.Message):
     __slots__ = ("task_id",)

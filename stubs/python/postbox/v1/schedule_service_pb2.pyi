@@ -154,3 +154,33 @@ class ResumeScheduleResponse(_message.Message):
     SCHEDULE_FIELD_NUMBER: _ClassVar[int]
     schedule: Schedule
     def __init__(self, schedule: _Optional[_Union[Schedule, _Mapping]] = ...) -> None: ...
+
+class RunScheduleRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class RunScheduleResponse(_message.Message):
+    __slots__ = ("schedule", "message_ids")
+    SCHEDULE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_IDS_FIELD_NUMBER: _ClassVar[int]
+    schedule: Schedule
+    message_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, schedule: _Optional[_Union[Schedule, _Mapping]] = ..., message_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class PreviewScheduleRequest(_message.Message):
+    __slots__ = ("schedule", "count", "start_time")
+    SCHEDULE_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    START_TIME_FIELD_NUMBER: _ClassVar[int]
+    schedule: Schedule
+    count: int
+    start_time: _timestamp_pb2.Timestamp
+    def __init__(self, schedule: _Optional[_Union[Schedule, _Mapping]] = ..., count: _Optional[int] = ..., start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class PreviewScheduleResponse(_message.Message):
+    __slots__ = ("fire_times",)
+    FIRE_TIMES_FIELD_NUMBER: _ClassVar[int]
+    fire_times: _containers.RepeatedCompositeFieldContainer[_timestamp_pb2.Timestamp]
+    def __init__(self, fire_times: _Optional[_Iterable[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]]] = ...) -> None: ...

@@ -76,6 +76,16 @@ class ScheduleServiceStub:
                 request_serializer=postbox_dot_v1_dot_schedule__service__pb2.ResumeScheduleRequest.SerializeToString,
                 response_deserializer=postbox_dot_v1_dot_schedule__service__pb2.ResumeScheduleResponse.FromString,
                 _registered_method=True)
+        self.RunSchedule = channel.unary_unary(
+                '/postbox.v1.ScheduleService/RunSchedule',
+                request_serializer=postbox_dot_v1_dot_schedule__service__pb2.RunScheduleRequest.SerializeToString,
+                response_deserializer=postbox_dot_v1_dot_schedule__service__pb2.RunScheduleResponse.FromString,
+                _registered_method=True)
+        self.PreviewSchedule = channel.unary_unary(
+                '/postbox.v1.ScheduleService/PreviewSchedule',
+                request_serializer=postbox_dot_v1_dot_schedule__service__pb2.PreviewScheduleRequest.SerializeToString,
+                response_deserializer=postbox_dot_v1_dot_schedule__service__pb2.PreviewScheduleResponse.FromString,
+                _registered_method=True)
 
 
 class ScheduleServiceServicer:
@@ -142,6 +152,25 @@ class ScheduleServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RunSchedule(self, request, context):
+        """Fires a schedule once now, paused or not, without moving its next fire
+        time; it counts as a fire. Unlike a due fire, a refusal is the caller's
+        error: NOT_FOUND when the target is gone, UNAVAILABLE when it is paused,
+        RESOURCE_EXHAUSTED when it is full.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PreviewSchedule(self, request, context):
+        """Computes the next fire times of a timing without creating anything.
+        INVALID_ARGUMENT, saying what is wrong, for a timing CreateSchedule would
+        refuse.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ScheduleServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -179,6 +208,16 @@ def add_ScheduleServiceServicer_to_server(servicer, server):
                     servicer.ResumeSchedule,
                     request_deserializer=postbox_dot_v1_dot_schedule__service__pb2.ResumeScheduleRequest.FromString,
                     response_serializer=postbox_dot_v1_dot_schedule__service__pb2.ResumeScheduleResponse.SerializeToString,
+            ),
+            'RunSchedule': grpc.unary_unary_rpc_method_handler(
+                    servicer.RunSchedule,
+                    request_deserializer=postbox_dot_v1_dot_schedule__service__pb2.RunScheduleRequest.FromString,
+                    response_serializer=postbox_dot_v1_dot_schedule__service__pb2.RunScheduleResponse.SerializeToString,
+            ),
+            'PreviewSchedule': grpc.unary_unary_rpc_method_handler(
+                    servicer.PreviewSchedule,
+                    request_deserializer=postbox_dot_v1_dot_schedule__service__pb2.PreviewScheduleRequest.FromString,
+                    response_serializer=postbox_dot_v1_dot_schedule__service__pb2.PreviewScheduleResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -377,6 +416,60 @@ class ScheduleService:
             '/postbox.v1.ScheduleService/ResumeSchedule',
             postbox_dot_v1_dot_schedule__service__pb2.ResumeScheduleRequest.SerializeToString,
             postbox_dot_v1_dot_schedule__service__pb2.ResumeScheduleResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RunSchedule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/postbox.v1.ScheduleService/RunSchedule',
+            postbox_dot_v1_dot_schedule__service__pb2.RunScheduleRequest.SerializeToString,
+            postbox_dot_v1_dot_schedule__service__pb2.RunScheduleResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PreviewSchedule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/postbox.v1.ScheduleService/PreviewSchedule',
+            postbox_dot_v1_dot_schedule__service__pb2.PreviewScheduleRequest.SerializeToString,
+            postbox_dot_v1_dot_schedule__service__pb2.PreviewScheduleResponse.FromString,
             options,
             channel_credentials,
             insecure,

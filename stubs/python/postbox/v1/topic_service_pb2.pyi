@@ -1,6 +1,7 @@
 import datetime
 
 from google.protobuf import duration_pb2 as _duration_pb2
+from google.protobuf import field_mask_pb2 as _field_mask_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from postbox.v1 import message_pb2 as _message_pb2
 from google.protobuf.internal import containers as _containers
@@ -166,6 +167,36 @@ class DeleteSubscriptionRequest(_message.Message):
 class DeleteSubscriptionResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class UpdateSubscriptionRequest(_message.Message):
+    __slots__ = ("subscription", "update_mask")
+    SUBSCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    UPDATE_MASK_FIELD_NUMBER: _ClassVar[int]
+    subscription: Subscription
+    update_mask: _field_mask_pb2.FieldMask
+    def __init__(self, subscription: _Optional[_Union[Subscription, _Mapping]] = ..., update_mask: _Optional[_Union[_field_mask_pb2.FieldMask, _Mapping]] = ...) -> None: ...
+
+class UpdateSubscriptionResponse(_message.Message):
+    __slots__ = ("subscription",)
+    SUBSCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    subscription: Subscription
+    def __init__(self, subscription: _Optional[_Union[Subscription, _Mapping]] = ...) -> None: ...
+
+class RetryWebhookDeliveryRequest(_message.Message):
+    __slots__ = ("topic", "subscription", "delivery_id")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    DELIVERY_ID_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    subscription: str
+    delivery_id: str
+    def __init__(self, topic: _Optional[str] = ..., subscription: _Optional[str] = ..., delivery_id: _Optional[str] = ...) -> None: ...
+
+class RetryWebhookDeliveryResponse(_message.Message):
+    __slots__ = ("retried_deliveries",)
+    RETRIED_DELIVERIES_FIELD_NUMBER: _ClassVar[int]
+    retried_deliveries: int
+    def __init__(self, retried_deliveries: _Optional[int] = ...) -> None: ...
 
 class PublishRequest(_message.Message):
     __slots__ = ("topic", "routing_key", "body", "attributes", "ordering_key", "deduplication_id")

@@ -78,6 +78,11 @@ class TopicServiceStub:
                 request_serializer=postbox_dot_v1_dot_topic__service__pb2.DeleteSubscriptionRequest.SerializeToString,
                 response_deserializer=postbox_dot_v1_dot_topic__service__pb2.DeleteSubscriptionResponse.FromString,
                 _registered_method=True)
+        self.UpdateSubscription = channel.unary_unary(
+                '/postbox.v1.TopicService/UpdateSubscription',
+                request_serializer=postbox_dot_v1_dot_topic__service__pb2.UpdateSubscriptionRequest.SerializeToString,
+                response_deserializer=postbox_dot_v1_dot_topic__service__pb2.UpdateSubscriptionResponse.FromString,
+                _registered_method=True)
         self.Publish = channel.unary_unary(
                 '/postbox.v1.TopicService/Publish',
                 request_serializer=postbox_dot_v1_dot_topic__service__pb2.PublishRequest.SerializeToString,
@@ -92,6 +97,11 @@ class TopicServiceStub:
                 '/postbox.v1.TopicService/ListWebhookDeliveries',
                 request_serializer=postbox_dot_v1_dot_topic__service__pb2.ListWebhookDeliveriesRequest.SerializeToString,
                 response_deserializer=postbox_dot_v1_dot_topic__service__pb2.ListWebhookDeliveriesResponse.FromString,
+                _registered_method=True)
+        self.RetryWebhookDelivery = channel.unary_unary(
+                '/postbox.v1.TopicService/RetryWebhookDelivery',
+                request_serializer=postbox_dot_v1_dot_topic__service__pb2.RetryWebhookDeliveryRequest.SerializeToString,
+                response_deserializer=postbox_dot_v1_dot_topic__service__pb2.RetryWebhookDeliveryResponse.FromString,
                 _registered_method=True)
 
 
@@ -160,6 +170,15 @@ class TopicServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def UpdateSubscription(self, request, context):
+        """Changes the fields of a subscription named in the update mask. A
+        subscription keeps its kind (queue or webhook); pending webhook
+        deliveries take the new URL and settings from their next attempt on.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Publish(self, request, context):
         """Publishes one message: it is committed to every matching queue
         subscription, and queued for every matching webhook, before the call
@@ -183,6 +202,17 @@ class TopicServiceServicer:
         """Lists a webhook subscription's deliveries that are not delivered yet:
         pending ones, and failed ones (attempts used up), which are kept 7 days
         after their last attempt with its HTTP status and error.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RetryWebhookDelivery(self, request, context):
+        """Sends webhook deliveries back for attempts due now: one delivery by id
+        (failed, or pending between attempts), or every failed delivery of the
+        subscription. A failed delivery gets its max_attempts afresh.
+        FAILED_PRECONDITION for a queue subscription, or a delivery being
+        attempted at the moment.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -231,6 +261,11 @@ def add_TopicServiceServicer_to_server(servicer, server):
                     request_deserializer=postbox_dot_v1_dot_topic__service__pb2.DeleteSubscriptionRequest.FromString,
                     response_serializer=postbox_dot_v1_dot_topic__service__pb2.DeleteSubscriptionResponse.SerializeToString,
             ),
+            'UpdateSubscription': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateSubscription,
+                    request_deserializer=postbox_dot_v1_dot_topic__service__pb2.UpdateSubscriptionRequest.FromString,
+                    response_serializer=postbox_dot_v1_dot_topic__service__pb2.UpdateSubscriptionResponse.SerializeToString,
+            ),
             'Publish': grpc.unary_unary_rpc_method_handler(
                     servicer.Publish,
                     request_deserializer=postbox_dot_v1_dot_topic__service__pb2.PublishRequest.FromString,
@@ -245,6 +280,11 @@ def add_TopicServiceServicer_to_server(servicer, server):
                     servicer.ListWebhookDeliveries,
                     request_deserializer=postbox_dot_v1_dot_topic__service__pb2.ListWebhookDeliveriesRequest.FromString,
                     response_serializer=postbox_dot_v1_dot_topic__service__pb2.ListWebhookDeliveriesResponse.SerializeToString,
+            ),
+            'RetryWebhookDelivery': grpc.unary_unary_rpc_method_handler(
+                    servicer.RetryWebhookDelivery,
+                    request_deserializer=postbox_dot_v1_dot_topic__service__pb2.RetryWebhookDeliveryRequest.FromString,
+                    response_serializer=postbox_dot_v1_dot_topic__service__pb2.RetryWebhookDeliveryResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -478,6 +518,33 @@ class TopicService:
             _registered_method=True)
 
     @staticmethod
+    def UpdateSubscription(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/postbox.v1.TopicService/UpdateSubscription',
+            postbox_dot_v1_dot_topic__service__pb2.UpdateSubscriptionRequest.SerializeToString,
+            postbox_dot_v1_dot_topic__service__pb2.UpdateSubscriptionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
     def Publish(request,
             target,
             options=(),
@@ -548,6 +615,33 @@ class TopicService:
             '/postbox.v1.TopicService/ListWebhookDeliveries',
             postbox_dot_v1_dot_topic__service__pb2.ListWebhookDeliveriesRequest.SerializeToString,
             postbox_dot_v1_dot_topic__service__pb2.ListWebhookDeliveriesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RetryWebhookDelivery(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/postbox.v1.TopicService/RetryWebhookDelivery',
+            postbox_dot_v1_dot_topic__service__pb2.RetryWebhookDeliveryRequest.SerializeToString,
+            postbox_dot_v1_dot_topic__service__pb2.RetryWebhookDeliveryResponse.FromString,
             options,
             channel_credentials,
             insecure,

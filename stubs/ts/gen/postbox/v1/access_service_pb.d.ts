@@ -112,14 +112,14 @@ export declare const CreateKeyRequestSchema: GenMessage<CreateKeyRequest>;
  */
 export declare type CreateKeyResponse = Message<"postbox.v1.CreateKeyResponse"> & {
   /**
-   * The key as created.
+   * Output only. The key as created.
    *
    * @generated from field: postbox.v1.Key key = 1;
    */
   key?: Key | undefined;
 
   /**
-   * The key's secret (256 random bits, base64url, prefixed "pbk_"): send it as
+   * Output only. The key's secret (256 random bits, base64url, prefixed "pbk_"): send it as
    * `authorization: Bearer <secret>`. Shown only here: the server keeps a hash.
    *
    * @generated from field: string secret = 2;
@@ -127,7 +127,7 @@ export declare type CreateKeyResponse = Message<"postbox.v1.CreateKeyResponse"> 
   secret: string;
 
   /**
-   * The AWS secret access key of this key at the SQS shim (access key id: the
+   * Output only. The AWS secret access key of this key at the SQS shim (access key id: the
    * key's name), derived from the secret; `postbox keys sigv4-secret` derives
    * it again from the secret.
    *
@@ -165,7 +165,7 @@ export declare const GetKeyRequestSchema: GenMessage<GetKeyRequest>;
  */
 export declare type GetKeyResponse = Message<"postbox.v1.GetKeyResponse"> & {
   /**
-   * The key, without its secret.
+   * Output only. The key, without its secret.
    *
    * @generated from field: postbox.v1.Key key = 1;
    */
@@ -208,14 +208,14 @@ export declare const ListKeysRequestSchema: GenMessage<ListKeysRequest>;
  */
 export declare type ListKeysResponse = Message<"postbox.v1.ListKeysResponse"> & {
   /**
-   * Keys in name order, without their secrets.
+   * Output only. Keys in name order, without their secrets.
    *
    * @generated from field: repeated postbox.v1.Key keys = 1;
    */
   keys: Key[];
 
   /**
-   * Token for the next page; empty on the last page.
+   * Output only. Token for the next page; empty on the last page.
    *
    * @generated from field: string next_page_token = 2;
    */
@@ -260,7 +260,7 @@ export declare const UpdateKeyRequestSchema: GenMessage<UpdateKeyRequest>;
  */
 export declare type UpdateKeyResponse = Message<"postbox.v1.UpdateKeyResponse"> & {
   /**
-   * The key as changed.
+   * Output only. The key as changed.
    *
    * @generated from field: postbox.v1.Key key = 1;
    */

@@ -29,7 +29,7 @@ export declare type AttributeValue = Message$1<"postbox.v1.AttributeValue"> & {
   dataType: string;
 
   /**
-   * The value. Exactly one is set, matching `data_type`.
+   * Required. The value: exactly one, matching `data_type`.
    *
    * @generated from oneof postbox.v1.AttributeValue.value
    */
@@ -167,6 +167,14 @@ export declare type Message = Message$1<"postbox.v1.Message"> & {
    * @generated from field: google.protobuf.Timestamp visible_time = 14;
    */
   visibleTime?: Timestamp | undefined;
+
+  /**
+   * Output only. When the message expires by its own ttl or expire_time; set
+   * by PeekMessages and GetMessage, unset when it was sent without one.
+   *
+   * @generated from field: google.protobuf.Timestamp expire_time = 15;
+   */
+  expireTime?: Timestamp | undefined;
 };
 
 /**
@@ -196,11 +204,11 @@ export declare type ArchivedMessage = Message$1<"postbox.v1.ArchivedMessage"> & 
   archiveTime?: Timestamp | undefined;
 
   /**
-   * Output only. "deleted" or "expired".
+   * Output only. Why it left the queue.
    *
-   * @generated from field: string reason = 3;
+   * @generated from field: postbox.v1.ArchiveReason reason = 3;
    */
-  reason: string;
+  reason: ArchiveReason;
 };
 
 /**
@@ -208,37 +216,6 @@ export declare type ArchivedMessage = Message$1<"postbox.v1.ArchivedMessage"> & 
  * Use `create(ArchivedMessageSchema)` to create a new message.
  */
 export declare const ArchivedMessageSchema: GenMessage<ArchivedMessage>;
-
-/**
- * Outcome of one entry of a batch call whose entries succeed or fail on their
- * own (DeleteBatch, ChangeVisibilityBatch, the settles of StreamingReceive).
- *
- * @generated from message postbox.v1.BatchEntryStatus
- */
-export declare type BatchEntryStatus = Message$1<"postbox.v1.BatchEntryStatus"> & {
-  /**
-   * Output only. A google.rpc.Code value: 0 OK, 3 INVALID_ARGUMENT (malformed
-   * receipt), 5 NOT_FOUND (message gone), 9 FAILED_PRECONDITION (stale
-   * receipt), 14 UNAVAILABLE (StreamingReceive only: the database did not
-   * answer and nothing changed; settle again).
-   *
-   * @generated from field: int32 code = 1;
-   */
-  code: number;
-
-  /**
-   * Output only. Empty for OK; otherwise what went wrong with this entry.
-   *
-   * @generated from field: string message = 2;
-   */
-  message: string;
-};
-
-/**
- * Describes the message postbox.v1.BatchEntryStatus.
- * Use `create(BatchEntryStatusSchema)` to create a new message.
- */
-export declare const BatchEntryStatusSchema: GenMessage<BatchEntryStatus>;
 
 /**
  * Where a message stands.
@@ -288,4 +265,44 @@ export enum MessageState {
  * Describes the enum postbox.v1.MessageState.
  */
 export declare const MessageStateSchema: GenEnum<MessageState>;
+
+/**
+ * Why a message left its queue for the archive.
+ *
+ * @generated from enum postbox.v1.ArchiveReason
+ */
+export enum ArchiveReason {
+  /**
+   * Not used.
+   *
+   * @generated from enum value: ARCHIVE_REASON_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * A consumer deleted it.
+   *
+   * @generated from enum value: ARCHIVE_REASON_DELETED = 1;
+   */
+  DELETED = 1,
+
+  /**
+   * It outlived its queue's retention or its own expire_time.
+   *
+   * @generated from enum value: ARCHIVE_REASON_EXPIRED = 2;
+   */
+  EXPIRED = 2,
+
+  /**
+   * CancelMessage removed it before any delivery.
+   *
+   * @generated from enum value: ARCHIVE_REASON_CANCELLED = 3;
+   */
+  CANCELLED = 3,
+}
+
+/**
+ * Describes the enum postbox.v1.ArchiveReason.
+ */
+export declare const ArchiveReasonSchema: GenEnum<ArchiveReason>;
 

@@ -4,8 +4,9 @@
 
 import type { GenEnum, GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
 import type { Message } from "@bufbuild/protobuf";
-import type { ArchivedMessage, AttributeValue, BatchEntryStatus, Message as Message$1, MessageState } from "./message_pb.js";
+import type { ArchivedMessage, AttributeValue, Message as Message$1, MessageState } from "./message_pb.js";
 import type { Duration, Timestamp } from "@bufbuild/protobuf/wkt";
+import type { Status } from "../../google/rpc/status_pb.js";
 
 /**
  * Describes the file postbox/v1/message_service.proto.
@@ -96,6 +97,32 @@ export declare type SendRequest = Message<"postbox.v1.SendRequest"> & {
    * @generated from field: int32 priority = 9;
    */
   priority: number;
+
+  /**
+   * Optional. When the message expires: it is never delivered afterwards, and
+   * is removed (archived as expired where the queue archives). It must come
+   * after the message becomes visible; the queue's retention still applies.
+   * Unset: only the retention.
+   *
+   * @generated from oneof postbox.v1.SendRequest.expiration
+   */
+  expiration: {
+    /**
+     * Expire this long after the send, above 0.
+     *
+     * @generated from field: google.protobuf.Duration ttl = 10;
+     */
+    value: Duration;
+    case: "ttl";
+  } | {
+    /**
+     * Expire at this time.
+     *
+     * @generated from field: google.protobuf.Timestamp expire_time = 11;
+     */
+    value: Timestamp;
+    case: "expireTime";
+  } | { case: undefined; value?: undefined };
 };
 
 /**
@@ -111,7 +138,7 @@ export declare const SendRequestSchema: GenMessage<SendRequest>;
  */
 export declare type SendResponse = Message<"postbox.v1.SendResponse"> & {
   /**
-   * Id of the committed message; for a duplicate or a dedupe_key replacement,
+   * Output only. Id of the committed message; for a duplicate or a dedupe_key replacement,
    * the id of the message already there.
    *
    * @generated from field: string message_id = 1;
@@ -119,7 +146,7 @@ export declare type SendResponse = Message<"postbox.v1.SendResponse"> & {
   messageId: string;
 
   /**
-   * True when nothing new was enqueued: a repeated deduplication_id, or a
+   * Output only. True when nothing new was enqueued: a repeated deduplication_id, or a
    * dedupe_key that replaced a waiting message.
    *
    * @generated from field: bool duplicate = 2;
@@ -168,7 +195,7 @@ export declare type SendBatchEntry = Message<"postbox.v1.SendBatchEntry"> & {
   deliverAt?: Timestamp | undefined;
 
   /**
-   * As SendRequest.message_group_id.
+   * Required for FIFO queues. As SendRequest.message_group_id.
    *
    * @generated from field: string message_group_id = 5;
    */
@@ -196,6 +223,29 @@ export declare type SendBatchEntry = Message<"postbox.v1.SendBatchEntry"> & {
    * @generated from field: int32 priority = 8;
    */
   priority: number;
+
+  /**
+   * Optional. As SendRequest.expiration.
+   *
+   * @generated from oneof postbox.v1.SendBatchEntry.expiration
+   */
+  expiration: {
+    /**
+     * As SendRequest.ttl.
+     *
+     * @generated from field: google.protobuf.Duration ttl = 9;
+     */
+    value: Duration;
+    case: "ttl";
+  } | {
+    /**
+     * As SendRequest.expire_time.
+     *
+     * @generated from field: google.protobuf.Timestamp expire_time = 10;
+     */
+    value: Timestamp;
+    case: "expireTime";
+  } | { case: undefined; value?: undefined };
 };
 
 /**
@@ -239,14 +289,14 @@ export declare const SendBatchRequestSchema: GenMessage<SendBatchRequest>;
  */
 export declare type SendBatchResponse = Message<"postbox.v1.SendBatchResponse"> & {
   /**
-   * Ids of the committed messages, in the order of the request's entries.
+   * Output only. Ids of the committed messages, in the order of the request's entries.
    *
    * @generated from field: repeated string message_ids = 1;
    */
   messageIds: string[];
 
   /**
-   * Parallel to message_ids: whether each entry was a duplicate (see
+   * Output only. Parallel to message_ids: whether each entry was a duplicate (see
    * SendResponse.duplicate).
    *
    * @generated from field: repeated bool duplicates = 2;
@@ -304,12 +354,12 @@ export declare type ReceiveRequest = Message<"postbox.v1.ReceiveRequest"> & {
   mode: ReceiveMode;
 
   /**
-   * Optional, continuous mode only. End the stream after this many messages;
-   * 0 (default) for no limit.
+   * Optional, continuous mode only. End the stream after this many messages,
+   * at least 1. Unset: no limit.
    *
-   * @generated from field: int64 max_total_messages = 6;
+   * @generated from field: optional int64 max_total_messages = 6;
    */
-  maxTotalMessages: bigint;
+  maxTotalMessages?: bigint | undefined;
 
   /**
    * Optional, continuous mode only. End the stream after this long without a
@@ -333,7 +383,10 @@ export declare const ReceiveRequestSchema: GenMessage<ReceiveRequest>;
  */
 export declare type ReceiveResponse = Message<"postbox.v1.ReceiveResponse"> & {
   /**
-   * 1 to `max_messages` messages claimed together, each with its receipt.
+   * Output only. 1 to `max_messages` messages claimed together, each with its
+   * receipt; fewer when more would not fit the server's response size
+   * (--max-response-size, 4 MiB by default), and a message larger than that
+   * alone.
    *
    * @generated from field: repeated postbox.v1.Message messages = 1;
    */
@@ -425,21 +478,28 @@ export declare const StreamingReceiveRequestSchema: GenMessage<StreamingReceiveR
  */
 export declare type StreamingReceiveResponse = Message<"postbox.v1.StreamingReceiveResponse"> & {
   /**
-   * 1 to `max_messages` messages claimed together, each with its receipt;
-   * empty in a response that carries settle results.
+   * Output only. What this frame carries.
    *
-   * @generated from field: repeated postbox.v1.Message messages = 1;
+   * @generated from oneof postbox.v1.StreamingReceiveResponse.frame
    */
-  messages: Message$1[];
-
-  /**
-   * Results of the settles of one request, in request order; unset in a
-   * response that carries messages. A settle is committed when its result
-   * says OK.
-   *
-   * @generated from field: postbox.v1.SettleResults settle_results = 2;
-   */
-  settleResults?: SettleResults | undefined;
+  frame: {
+    /**
+     * Messages claimed together, each with its receipt.
+     *
+     * @generated from field: postbox.v1.MessageBatch batch = 3;
+     */
+    value: MessageBatch;
+    case: "batch";
+  } | {
+    /**
+     * Results of the settles of one request, answering the requests in
+     * order. A settle is committed when its result says OK.
+     *
+     * @generated from field: postbox.v1.SettleResults settle_results = 2;
+     */
+    value: SettleResults;
+    case: "settleResults";
+  } | { case: undefined; value?: undefined };
 };
 
 /**
@@ -449,31 +509,56 @@ export declare type StreamingReceiveResponse = Message<"postbox.v1.StreamingRece
 export declare const StreamingReceiveResponseSchema: GenMessage<StreamingReceiveResponse>;
 
 /**
- * Results of the settles of one StreamingReceive request.
+ * Messages delivered together on a StreamingReceive stream.
+ *
+ * @generated from message postbox.v1.MessageBatch
+ */
+export declare type MessageBatch = Message<"postbox.v1.MessageBatch"> & {
+  /**
+   * Output only. 1 to `max_messages` messages, each with its receipt; fewer
+   * when they would not fit the server's response size limit.
+   *
+   * @generated from field: repeated postbox.v1.Message messages = 1;
+   */
+  messages: Message$1[];
+};
+
+/**
+ * Describes the message postbox.v1.MessageBatch.
+ * Use `create(MessageBatchSchema)` to create a new message.
+ */
+export declare const MessageBatchSchema: GenMessage<MessageBatch>;
+
+/**
+ * Results of the settles of one StreamingReceive request. Each is a
+ * google.rpc.Status whose code is a google.rpc.Code value: OK, INVALID_ARGUMENT
+ * (malformed receipt), NOT_FOUND (message gone), FAILED_PRECONDITION (stale
+ * receipt) or UNAVAILABLE (the database did not answer and nothing changed;
+ * settle again).
  *
  * @generated from message postbox.v1.SettleResults
  */
 export declare type SettleResults = Message<"postbox.v1.SettleResults"> & {
   /**
-   * One status per entry of `delete_receipts`, in order.
+   * Output only. One status per entry of `delete_receipts`, in order.
    *
-   * @generated from field: repeated postbox.v1.BatchEntryStatus deletes = 1;
+   * @generated from field: repeated google.rpc.Status deletes = 1;
    */
-  deletes: BatchEntryStatus[];
+  deletes: Status[];
 
   /**
-   * One status per entry of `nack_receipts`, in order.
+   * Output only. One status per entry of `nack_receipts`, in order.
    *
-   * @generated from field: repeated postbox.v1.BatchEntryStatus nacks = 2;
+   * @generated from field: repeated google.rpc.Status nacks = 2;
    */
-  nacks: BatchEntryStatus[];
+  nacks: Status[];
 
   /**
-   * One status per entry of `visibility_changes`, in order.
+   * Output only. One status per entry of `visibility_changes`, in order.
    *
-   * @generated from field: repeated postbox.v1.BatchEntryStatus visibility_changes = 3;
+   * @generated from field: repeated google.rpc.Status visibility_changes = 3;
    */
-  visibilityChanges: BatchEntryStatus[];
+  visibilityChanges: Status[];
 };
 
 /**
@@ -557,11 +642,13 @@ export declare const DeleteBatchRequestSchema: GenMessage<DeleteBatchRequest>;
  */
 export declare type DeleteBatchResponse = Message<"postbox.v1.DeleteBatchResponse"> & {
   /**
-   * One status per receipt, in request order.
+   * Output only. One status per receipt, in request order: OK, INVALID_ARGUMENT (malformed
+   * receipt), NOT_FOUND (message gone) or FAILED_PRECONDITION (stale receipt),
+   * with a message saying what went wrong.
    *
-   * @generated from field: repeated postbox.v1.BatchEntryStatus results = 1;
+   * @generated from field: repeated google.rpc.Status results = 1;
    */
-  results: BatchEntryStatus[];
+  results: Status[];
 };
 
 /**
@@ -680,11 +767,11 @@ export declare const ChangeVisibilityBatchRequestSchema: GenMessage<ChangeVisibi
  */
 export declare type ChangeVisibilityBatchResponse = Message<"postbox.v1.ChangeVisibilityBatchResponse"> & {
   /**
-   * One status per entry, in request order.
+   * Output only. One status per entry, in request order, as DeleteBatchResponse.results.
    *
-   * @generated from field: repeated postbox.v1.BatchEntryStatus results = 1;
+   * @generated from field: repeated google.rpc.Status results = 1;
    */
-  results: BatchEntryStatus[];
+  results: Status[];
 };
 
 /**
@@ -799,14 +886,14 @@ export declare const PeekMessagesRequestSchema: GenMessage<PeekMessagesRequest>;
  */
 export declare type PeekMessagesResponse = Message<"postbox.v1.PeekMessagesResponse"> & {
   /**
-   * Messages in id order, with state, without receipts.
+   * Output only. Messages in id order, with state, without receipts.
    *
    * @generated from field: repeated postbox.v1.Message messages = 1;
    */
   messages: Message$1[];
 
   /**
-   * Token for the next page; empty on the last page.
+   * Output only. Token for the next page; empty on the last page.
    *
    * @generated from field: string next_page_token = 2;
    */
@@ -853,7 +940,7 @@ export declare const GetMessageRequestSchema: GenMessage<GetMessageRequest>;
  */
 export declare type GetMessageResponse = Message<"postbox.v1.GetMessageResponse"> & {
   /**
-   * The message, with state, without a receipt.
+   * Output only. The message, with state, without a receipt.
    *
    * @generated from field: postbox.v1.Message message = 1;
    */
@@ -901,20 +988,61 @@ export declare type ListArchivedMessagesRequest = Message<"postbox.v1.ListArchiv
 export declare const ListArchivedMessagesRequestSchema: GenMessage<ListArchivedMessagesRequest>;
 
 /**
+ * Request of MessageService.CancelMessage.
+ *
+ * @generated from message postbox.v1.CancelMessageRequest
+ */
+export declare type CancelMessageRequest = Message<"postbox.v1.CancelMessageRequest"> & {
+  /**
+   * Required. Name of the queue.
+   *
+   * @generated from field: string queue = 1;
+   */
+  queue: string;
+
+  /**
+   * Required. Id of the message, as Send returned it.
+   *
+   * @generated from field: string message_id = 2;
+   */
+  messageId: string;
+};
+
+/**
+ * Describes the message postbox.v1.CancelMessageRequest.
+ * Use `create(CancelMessageRequestSchema)` to create a new message.
+ */
+export declare const CancelMessageRequestSchema: GenMessage<CancelMessageRequest>;
+
+/**
+ * Response of MessageService.CancelMessage.
+ *
+ * @generated from message postbox.v1.CancelMessageResponse
+ */
+export declare type CancelMessageResponse = Message<"postbox.v1.CancelMessageResponse"> & {
+};
+
+/**
+ * Describes the message postbox.v1.CancelMessageResponse.
+ * Use `create(CancelMessageResponseSchema)` to create a new message.
+ */
+export declare const CancelMessageResponseSchema: GenMessage<CancelMessageResponse>;
+
+/**
  * Response of MessageService.ListArchivedMessages.
  *
  * @generated from message postbox.v1.ListArchivedMessagesResponse
  */
 export declare type ListArchivedMessagesResponse = Message<"postbox.v1.ListArchivedMessagesResponse"> & {
   /**
-   * Archived messages in id order.
+   * Output only. Archived messages in id order.
    *
    * @generated from field: repeated postbox.v1.ArchivedMessage messages = 1;
    */
   messages: ArchivedMessage[];
 
   /**
-   * Token for the next page; empty on the last page.
+   * Output only. Token for the next page; empty on the last page.
    *
    * @generated from field: string next_page_token = 2;
    */
@@ -1113,6 +1241,19 @@ export declare const MessageService: GenService<{
     methodKind: "unary";
     input: typeof ListArchivedMessagesRequestSchema;
     output: typeof ListArchivedMessagesResponseSchema;
+  },
+  /**
+   * Removes a message that no consumer holds (waiting, delayed, or back from
+   * a lease that ran out); it is archived as cancelled where the queue
+   * archives. FAILED_PRECONDITION while a consumer holds it; NOT_FOUND if it
+   * is not in the queue. A message is cancelled or delivered, never both.
+   *
+   * @generated from rpc postbox.v1.MessageService.CancelMessage
+   */
+  cancelMessage: {
+    methodKind: "unary";
+    input: typeof CancelMessageRequestSchema;
+    output: typeof CancelMessageResponseSchema;
   },
 }>;
 

@@ -45,12 +45,13 @@ export declare type Queue = Message<"postbox.v1.Queue"> & {
   /**
    * Optional. How long a message is kept, counted from its send, before it
    * expires: it is never delivered afterwards and the maintenance worker
-   * removes it (archiving it if the queue archives). 60 s to 14 days, or 0 to
-   * keep messages forever; default 4 days.
+   * removes it (archiving it if the queue archives). A period of 60 s to 14
+   * days, or a Retention without a period to keep messages forever. Unset: 4
+   * days.
    *
-   * @generated from field: google.protobuf.Duration retention = 4;
+   * @generated from field: postbox.v1.Retention retention = 4;
    */
-  retention?: Duration | undefined;
+  retention?: Retention | undefined;
 
   /**
    * Optional. Largest accepted message in bytes (body, attribute names, types
@@ -147,31 +148,32 @@ export declare type Queue = Message<"postbox.v1.Queue"> & {
   archiveOnDelete: boolean;
 
   /**
-   * Optional. How long archived messages are kept. 60 s to 14 days, or 0 for
-   * forever; default 7 days.
+   * Optional. How long archived messages are kept: a period of 60 s to 14
+   * days, or a Retention without a period for forever. Unset: 7 days.
    *
-   * @generated from field: google.protobuf.Duration archive_retention = 17;
+   * @generated from field: postbox.v1.Retention archive_retention = 17;
    */
-  archiveRetention?: Duration | undefined;
+  archiveRetention?: Retention | undefined;
 
   /**
-   * Optional. Most messages the queue holds: a send that would exceed it fails
-   * with RESOURCE_EXHAUSTED and sends nothing. Sends to a bounded queue are
-   * serialised, and each counts up to max_depth rows. 0 (default) for no limit.
+   * Optional. Most messages the queue holds, 1 to 2^31 - 1: a send that would
+   * exceed it fails with RESOURCE_EXHAUSTED and sends nothing. Sends to a
+   * bounded queue are serialised, and each counts up to max_depth rows.
+   * Unset: no limit.
    *
-   * @generated from field: int64 max_depth = 18;
+   * @generated from field: optional int64 max_depth = 18;
    */
-  maxDepth: bigint;
+  maxDepth?: bigint | undefined;
 
   /**
    * Optional. Most messages per second all receivers of the queue together may
-   * claim (a token bucket shared by every server through the database, holding
-   * one second's worth); over it, receives return fewer messages. 0 (default)
-   * for no limit.
+   * claim, above 0 and at most 1,000,000 (a token bucket shared by every
+   * server through the database, holding one second's worth); over it,
+   * receives return fewer messages. Unset: no limit.
    *
-   * @generated from field: double receive_rate_limit = 19;
+   * @generated from field: optional double receive_rate_limit = 19;
    */
-  receiveRateLimit: number;
+  receiveRateLimit?: number | undefined;
 
   /**
    * Output only. Sends are paused (PauseQueue).
@@ -208,6 +210,27 @@ export declare type Queue = Message<"postbox.v1.Queue"> & {
  * Use `create(QueueSchema)` to create a new message.
  */
 export declare const QueueSchema: GenMessage<Queue>;
+
+/**
+ * How long something is kept: for a period, or forever.
+ *
+ * @generated from message postbox.v1.Retention
+ */
+export declare type Retention = Message<"postbox.v1.Retention"> & {
+  /**
+   * Optional. Kept this long; the field holding the Retention gives the
+   * limits. Unset: kept forever.
+   *
+   * @generated from field: google.protobuf.Duration period = 1;
+   */
+  period?: Duration | undefined;
+};
+
+/**
+ * Describes the message postbox.v1.Retention.
+ * Use `create(RetentionSchema)` to create a new message.
+ */
+export declare const RetentionSchema: GenMessage<Retention>;
 
 /**
  * Moves messages that keep failing to another queue.
@@ -405,7 +428,7 @@ export declare const CreateQueueRequestSchema: GenMessage<CreateQueueRequest>;
  */
 export declare type CreateQueueResponse = Message<"postbox.v1.CreateQueueResponse"> & {
   /**
-   * The created queue with every attribute filled in.
+   * Output only. The created queue with every attribute filled in.
    *
    * @generated from field: postbox.v1.Queue queue = 1;
    */
@@ -452,7 +475,7 @@ export declare const GetQueueRequestSchema: GenMessage<GetQueueRequest>;
  */
 export declare type GetQueueResponse = Message<"postbox.v1.GetQueueResponse"> & {
   /**
-   * The queue; `stats` filled in unless the request asked for QUEUE_VIEW_BASIC.
+   * Output only. The queue; `stats` filled in unless the request asked for QUEUE_VIEW_BASIC.
    *
    * @generated from field: postbox.v1.Queue queue = 1;
    */
@@ -506,14 +529,14 @@ export declare const ListQueuesRequestSchema: GenMessage<ListQueuesRequest>;
  */
 export declare type ListQueuesResponse = Message<"postbox.v1.ListQueuesResponse"> & {
   /**
-   * Queues in name order.
+   * Output only. Queues in name order.
    *
    * @generated from field: repeated postbox.v1.Queue queues = 1;
    */
   queues: Queue[];
 
   /**
-   * Token for the next page; empty on the last page.
+   * Output only. Token for the next page; empty on the last page.
    *
    * @generated from field: string next_page_token = 2;
    */
@@ -567,7 +590,7 @@ export declare const UpdateQueueRequestSchema: GenMessage<UpdateQueueRequest>;
  */
 export declare type UpdateQueueResponse = Message<"postbox.v1.UpdateQueueResponse"> & {
   /**
-   * The queue after the change.
+   * Output only. The queue after the change.
    *
    * @generated from field: postbox.v1.Queue queue = 1;
    */
@@ -641,7 +664,7 @@ export declare const PurgeQueueRequestSchema: GenMessage<PurgeQueueRequest>;
  */
 export declare type PurgeQueueResponse = Message<"postbox.v1.PurgeQueueResponse"> & {
   /**
-   * How many messages were deleted.
+   * Output only. How many messages were deleted.
    *
    * @generated from field: int64 purged_messages = 1;
    */
@@ -695,7 +718,7 @@ export declare const PauseQueueRequestSchema: GenMessage<PauseQueueRequest>;
  */
 export declare type PauseQueueResponse = Message<"postbox.v1.PauseQueueResponse"> & {
   /**
-   * The queue, with send_paused and receive_paused.
+   * Output only. The queue, with send_paused and receive_paused.
    *
    * @generated from field: postbox.v1.Queue queue = 1;
    */
@@ -749,7 +772,7 @@ export declare const ResumeQueueRequestSchema: GenMessage<ResumeQueueRequest>;
  */
 export declare type ResumeQueueResponse = Message<"postbox.v1.ResumeQueueResponse"> & {
   /**
-   * The queue, with send_paused and receive_paused.
+   * Output only. The queue, with send_paused and receive_paused.
    *
    * @generated from field: postbox.v1.Queue queue = 1;
    */
@@ -771,9 +794,9 @@ export declare type ListDeadLetterSourceQueuesRequest = Message<"postbox.v1.List
   /**
    * Required. Name of the dead-letter queue.
    *
-   * @generated from field: string name = 1;
+   * @generated from field: string dead_letter_queue = 1;
    */
-  name: string;
+  deadLetterQueue: string;
 
   /**
    * Optional. Most names to return, 1-1000; default 100.
@@ -803,14 +826,14 @@ export declare const ListDeadLetterSourceQueuesRequestSchema: GenMessage<ListDea
  */
 export declare type ListDeadLetterSourceQueuesResponse = Message<"postbox.v1.ListDeadLetterSourceQueuesResponse"> & {
   /**
-   * Names of the source queues, in name order.
+   * Output only. Names of the source queues, in name order.
    *
    * @generated from field: repeated string queue_names = 1;
    */
   queueNames: string[];
 
   /**
-   * Token for the next page; empty on the last page.
+   * Output only. Token for the next page; empty on the last page.
    *
    * @generated from field: string next_page_token = 2;
    */
@@ -851,18 +874,18 @@ export declare type RedriveTask = Message<"postbox.v1.RedriveTask"> & {
   destination: string;
 
   /**
-   * Output only. Most messages to move; 0 for all.
+   * Output only. Most messages to move; unset for all.
    *
-   * @generated from field: int64 max_messages = 4;
+   * @generated from field: optional int64 max_messages = 4;
    */
-  maxMessages: bigint;
+  maxMessages?: bigint | undefined;
 
   /**
-   * Output only. Most messages per second; 0 for no limit.
+   * Output only. Most messages per second; unset for no limit.
    *
-   * @generated from field: double max_messages_per_second = 5;
+   * @generated from field: optional double max_messages_per_second = 5;
    */
-  maxMessagesPerSecond: number;
+  maxMessagesPerSecond?: number | undefined;
 
   /**
    * Output only. Where the task stands.
@@ -905,6 +928,14 @@ export declare type RedriveTask = Message<"postbox.v1.RedriveTask"> & {
    * @generated from field: google.protobuf.Timestamp update_time = 11;
    */
   updateTime?: Timestamp | undefined;
+
+  /**
+   * Output only. The dead letters it moves, when the request named them;
+   * empty: all.
+   *
+   * @generated from field: repeated string message_ids = 12;
+   */
+  messageIds: string[];
 };
 
 /**
@@ -982,19 +1013,27 @@ export declare type RedriveMessagesRequest = Message<"postbox.v1.RedriveMessages
   destination: string;
 
   /**
-   * Optional. Most messages to move; 0 (default) for all.
+   * Optional. Most messages to move, at least 1. Unset: all.
    *
-   * @generated from field: int64 max_messages = 3;
+   * @generated from field: optional int64 max_messages = 3;
    */
-  maxMessages: bigint;
+  maxMessages?: bigint | undefined;
 
   /**
-   * Optional. Most messages per second, above 0; 0 (default) for as fast as
-   * the maintenance worker goes (1,000 per second per server).
+   * Optional. Most messages per second, above 0 and at most 1,000,000. Unset:
+   * as fast as the maintenance worker goes (1,000 per second per server).
    *
-   * @generated from field: double max_messages_per_second = 4;
+   * @generated from field: optional double max_messages_per_second = 4;
    */
-  maxMessagesPerSecond: number;
+  maxMessagesPerSecond?: number | undefined;
+
+  /**
+   * Optional. Move only these dead letters, 1 to 1,000 ids of messages in the
+   * dead-letter queue (NOT_FOUND names the first that is not). Empty: all.
+   *
+   * @generated from field: repeated string message_ids = 5;
+   */
+  messageIds: string[];
 };
 
 /**
@@ -1010,7 +1049,7 @@ export declare const RedriveMessagesRequestSchema: GenMessage<RedriveMessagesReq
  */
 export declare type RedriveMessagesResponse = Message<"postbox.v1.RedriveMessagesResponse"> & {
   /**
-   * The started task.
+   * Output only. The started task.
    *
    * @generated from field: postbox.v1.RedriveTask task = 1;
    */
@@ -1042,6 +1081,13 @@ export declare type ListRedriveTasksRequest = Message<"postbox.v1.ListRedriveTas
    * @generated from field: int32 page_size = 2;
    */
   pageSize: number;
+
+  /**
+   * Optional. `next_page_token` of the previous page; empty for the first page.
+   *
+   * @generated from field: string page_token = 3;
+   */
+  pageToken: string;
 };
 
 /**
@@ -1057,11 +1103,18 @@ export declare const ListRedriveTasksRequestSchema: GenMessage<ListRedriveTasksR
  */
 export declare type ListRedriveTasksResponse = Message<"postbox.v1.ListRedriveTasksResponse"> & {
   /**
-   * The tasks, newest first.
+   * Output only. The tasks, newest first.
    *
    * @generated from field: repeated postbox.v1.RedriveTask tasks = 1;
    */
   tasks: RedriveTask[];
+
+  /**
+   * Output only. Token for the next page; empty on the last page.
+   *
+   * @generated from field: string next_page_token = 2;
+   */
+  nextPageToken: string;
 };
 
 /**
@@ -1097,7 +1150,7 @@ export declare const CancelRedriveTaskRequestSchema: GenMessage<CancelRedriveTas
  */
 export declare type CancelRedriveTaskResponse = Message<"postbox.v1.CancelRedriveTaskResponse"> & {
   /**
-   * The cancelled task.
+   * Output only. The cancelled task.
    *
    * @generated from field: postbox.v1.RedriveTask task = 1;
    */

@@ -9,7 +9,7 @@ import { file_google_protobuf_duration, file_google_protobuf_field_mask, file_go
  * Describes the file postbox/v1/queue_service.proto.
  */
 export const file_postbox_v1_queue_service = /*@__PURE__*/
-  fileDesc("Ch5wb3N0Ym94L3YxL3F1ZXVlX3NlcnZpY2UucHJvdG8SCnBvc3Rib3gudjEizgcKBVF1ZXVlEgwKBG5hbWUYASABKAkSNQoSdmlzaWJpbGl0eV90aW1lb3V0GAIgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEjEKDmRlbGl2ZXJ5X2RlbGF5GAMgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEiwKCXJldGVudGlvbhgEIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIYChBtYXhfbWVzc2FnZV9zaXplGAUgASgFEjQKEXJlY2VpdmVfd2FpdF90aW1lGAYgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEi8KC2NyZWF0ZV90aW1lGAcgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIvCgt1cGRhdGVfdGltZRgIIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASJQoFc3RhdHMYCSABKAsyFi5wb3N0Ym94LnYxLlF1ZXVlU3RhdHMSDAoEZmlmbxgKIAEoCBIjChtjb250ZW50X2Jhc2VkX2RlZHVwbGljYXRpb24YCyABKAgSNwoUZGVkdXBsaWNhdGlvbl93aW5kb3cYDCABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SOAoSZGVhZF9sZXR0ZXJfcG9saWN5GA0gASgLMhwucG9zdGJveC52MS5EZWFkTGV0dGVyUG9saWN5EjwKFHJlZHJpdmVfYWxsb3dfcG9saWN5GA4gASgLMh4ucG9zdGJveC52MS5SZWRyaXZlQWxsb3dQb2xpY3kSLQoMcmV0cnlfcG9saWN5GA8gASgLMhcucG9zdGJveC52MS5SZXRyeVBvbGljeRIZChFhcmNoaXZlX29uX2RlbGV0ZRgQIAEoCBI0ChFhcmNoaXZlX3JldGVudGlvbhgRIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIRCgltYXhfZGVwdGgYEiABKAMSGgoScmVjZWl2ZV9yYXRlX2xpbWl0GBMgASgBEhMKC3NlbmRfcGF1c2VkGBQgASgIEhYKDnJlY2VpdmVfcGF1c2VkGBUgASgIEikKBHRhZ3MYFiADKAsyGy5wb3N0Ym94LnYxLlF1ZXVlLlRhZ3NFbnRyeRIuCgpwdXJnZV90aW1lGBcgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBorCglUYWdzRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASJIChBEZWFkTGV0dGVyUG9saWN5EhkKEWRlYWRfbGV0dGVyX3F1ZXVlGAEgASgJEhkKEW1heF9yZWNlaXZlX2NvdW50GAIgASgFIuABChJSZWRyaXZlQWxsb3dQb2xpY3kSPQoKcGVybWlzc2lvbhgBIAEoDjIpLnBvc3Rib3gudjEuUmVkcml2ZUFsbG93UG9saWN5LlBlcm1pc3Npb24SFQoNc291cmNlX3F1ZXVlcxgCIAMoCSJ0CgpQZXJtaXNzaW9uEhoKFlBFUk1JU1NJT05fVU5TUEVDSUZJRUQQABIYChRQRVJNSVNTSU9OX0FMTE9XX0FMTBABEhcKE1BFUk1JU1NJT05fREVOWV9BTEwQAhIXChNQRVJNSVNTSU9OX0JZX1FVRVVFEAMidQoLUmV0cnlQb2xpY3kSMgoPbWluaW11bV9iYWNrb2ZmGAEgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEjIKD21heGltdW1fYmFja29mZhgCIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbiKTAQoKUXVldWVTdGF0cxIYChB2aXNpYmxlX21lc3NhZ2VzGAEgASgDEhoKEmluX2ZsaWdodF9tZXNzYWdlcxgCIAEoAxIYChBkZWxheWVkX21lc3NhZ2VzGAMgASgDEjUKEm9sZGVzdF9tZXNzYWdlX2FnZRgEIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbiI2ChJDcmVhdGVRdWV1ZVJlcXVlc3QSIAoFcXVldWUYASABKAsyES5wb3N0Ym94LnYxLlF1ZXVlIjcKE0NyZWF0ZVF1ZXVlUmVzcG9uc2USIAoFcXVldWUYASABKAsyES5wb3N0Ym94LnYxLlF1ZXVlIkQKD0dldFF1ZXVlUmVxdWVzdBIMCgRuYW1lGAEgASgJEiMKBHZpZXcYAiABKA4yFS5wb3N0Ym94LnYxLlF1ZXVlVmlldyI0ChBHZXRRdWV1ZVJlc3BvbnNlEiAKBXF1ZXVlGAEgASgLMhEucG9zdGJveC52MS5RdWV1ZSJPChFMaXN0UXVldWVzUmVxdWVzdBIRCglwYWdlX3NpemUYASABKAUSEgoKcGFnZV90b2tlbhgCIAEoCRITCgtuYW1lX3ByZWZpeBgDIAEoCSJQChJMaXN0UXVldWVzUmVzcG9uc2USIQoGcXVldWVzGAEgAygLMhEucG9zdGJveC52MS5RdWV1ZRIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiZwoSVXBkYXRlUXVldWVSZXF1ZXN0EiAKBXF1ZXVlGAEgASgLMhEucG9zdGJveC52MS5RdWV1ZRIvCgt1cGRhdGVfbWFzaxgCIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5GaWVsZE1hc2siNwoTVXBkYXRlUXVldWVSZXNwb25zZRIgCgVxdWV1ZRgBIAEoCzIRLnBvc3Rib3gudjEuUXVldWUiIgoSRGVsZXRlUXVldWVSZXF1ZXN0EgwKBG5hbWUYASABKAkiFQoTRGVsZXRlUXVldWVSZXNwb25zZSIhChFQdXJnZVF1ZXVlUmVxdWVzdBIMCgRuYW1lGAEgASgJIi0KElB1cmdlUXVldWVSZXNwb25zZRIXCg9wdXJnZWRfbWVzc2FnZXMYASABKAMiQgoRUGF1c2VRdWV1ZVJlcXVlc3QSDAoEbmFtZRgBIAEoCRINCgVzZW5kcxgCIAEoCBIQCghyZWNlaXZlcxgDIAEoCCI2ChJQYXVzZVF1ZXVlUmVzcG9uc2USIAoFcXVldWUYASABKAsyES5wb3N0Ym94LnYxLlF1ZXVlIkMKElJlc3VtZVF1ZXVlUmVxdWVzdBIMCgRuYW1lGAEgASgJEg0KBXNlbmRzGAIgASgIEhAKCHJlY2VpdmVzGAMgASgIIjcKE1Jlc3VtZVF1ZXVlUmVzcG9uc2USIAoFcXVldWUYASABKAsyES5wb3N0Ym94LnYxLlF1ZXVlIlgKIUxpc3REZWFkTGV0dGVyU291cmNlUXVldWVzUmVxdWVzdBIMCgRuYW1lGAEgASgJEhEKCXBhZ2Vfc2l6ZRgCIAEoBRISCgpwYWdlX3Rva2VuGAMgASgJIlIKIkxpc3REZWFkTGV0dGVyU291cmNlUXVldWVzUmVzcG9uc2USEwoLcXVldWVfbmFtZXMYASADKAkSFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIs4DCgtSZWRyaXZlVGFzaxIPCgd0YXNrX2lkGAEgASgJEhkKEWRlYWRfbGV0dGVyX3F1ZXVlGAIgASgJEhMKC2Rlc3RpbmF0aW9uGAMgASgJEhQKDG1heF9tZXNzYWdlcxgEIAEoAxIfChdtYXhfbWVzc2FnZXNfcGVyX3NlY29uZBgFIAEoARIsCgVzdGF0ZRgGIAEoDjIdLnBvc3Rib3gudjEuUmVkcml2ZVRhc2suU3RhdGUSFgoObW92ZWRfbWVzc2FnZXMYByABKAMSGAoQbWVzc2FnZXNfdG9fbW92ZRgIIAEoAxIWCg5mYWlsdXJlX3JlYXNvbhgJIAEoCRIvCgtjcmVhdGVfdGltZRgKIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLwoLdXBkYXRlX3RpbWUYCyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIm0KBVN0YXRlEhUKEVNUQVRFX1VOU1BFQ0lGSUVEEAASEQoNU1RBVEVfUlVOTklORxABEhMKD1NUQVRFX0NPTVBMRVRFRBACEhMKD1NUQVRFX0NBTkNFTExFRBADEhAKDFNUQVRFX0ZBSUxFRBAEIn8KFlJlZHJpdmVNZXNzYWdlc1JlcXVlc3QSGQoRZGVhZF9sZXR0ZXJfcXVldWUYASABKAkSEwoLZGVzdGluYXRpb24YAiABKAkSFAoMbWF4X21lc3NhZ2VzGAMgASgDEh8KF21heF9tZXNzYWdlc19wZXJfc2Vjb25kGAQgASgBIkAKF1JlZHJpdmVNZXNzYWdlc1Jlc3BvbnNlEiUKBHRhc2sYASABKAsyFy5wb3N0Ym94LnYxLlJlZHJpdmVUYXNrIkcKF0xpc3RSZWRyaXZlVGFza3NSZXF1ZXN0EhkKEWRlYWRfbGV0dGVyX3F1ZXVlGAEgASgJEhEKCXBhZ2Vfc2l6ZRgCIAEoBSJCChhMaXN0UmVkcml2ZVRhc2tzUmVzcG9uc2USJgoFdGFza3MYASADKAsyFy5wb3N0Ym94LnYxLlJlZHJpdmVUYXNrIisKGENhbmNlbFJlZHJpdmVUYXNrUmVxdWVzdBIPCgd0YXNrX2lkGAEgASgJIkIKGUNhbmNlbFJlZHJpdmVUYXNrUmVzcG9uc2USJQoEdGFzaxgBIAEoCzIXLnBvc3Rib3gudjEuUmVkcml2ZVRhc2sqUgoJUXVldWVWaWV3EhoKFlFVRVVFX1ZJRVdfVU5TUEVDSUZJRUQQABIUChBRVUVVRV9WSUVXX0JBU0lDEAESEwoPUVVFVUVfVklFV19GVUxMEAIylggKDFF1ZXVlU2VydmljZRJOCgtDcmVhdGVRdWV1ZRIeLnBvc3Rib3gudjEuQ3JlYXRlUXVldWVSZXF1ZXN0Gh8ucG9zdGJveC52MS5DcmVhdGVRdWV1ZVJlc3BvbnNlEkUKCEdldFF1ZXVlEhsucG9zdGJveC52MS5HZXRRdWV1ZVJlcXVlc3QaHC5wb3N0Ym94LnYxLkdldFF1ZXVlUmVzcG9uc2USSwoKTGlzdFF1ZXVlcxIdLnBvc3Rib3gudjEuTGlzdFF1ZXVlc1JlcXVlc3QaHi5wb3N0Ym94LnYxLkxpc3RRdWV1ZXNSZXNwb25zZRJOCgtVcGRhdGVRdWV1ZRIeLnBvc3Rib3gudjEuVXBkYXRlUXVldWVSZXF1ZXN0Gh8ucG9zdGJveC52MS5VcGRhdGVRdWV1ZVJlc3BvbnNlEk4KC0RlbGV0ZVF1ZXVlEh4ucG9zdGJveC52MS5EZWxldGVRdWV1ZVJlcXVlc3QaHy5wb3N0Ym94LnYxLkRlbGV0ZVF1ZXVlUmVzcG9uc2USSwoKUHVyZ2VRdWV1ZRIdLnBvc3Rib3gudjEuUHVyZ2VRdWV1ZVJlcXVlc3QaHi5wb3N0Ym94LnYxLlB1cmdlUXVldWVSZXNwb25zZRJLCgpQYXVzZVF1ZXVlEh0ucG9zdGJveC52MS5QYXVzZVF1ZXVlUmVxdWVzdBoeLnBvc3Rib3gudjEuUGF1c2VRdWV1ZVJlc3BvbnNlEk4KC1Jlc3VtZVF1ZXVlEh4ucG9zdGJveC52MS5SZXN1bWVRdWV1ZVJlcXVlc3QaHy5wb3N0Ym94LnYxLlJlc3VtZVF1ZXVlUmVzcG9uc2USewoaTGlzdERlYWRMZXR0ZXJTb3VyY2VRdWV1ZXMSLS5wb3N0Ym94LnYxLkxpc3REZWFkTGV0dGVyU291cmNlUXVldWVzUmVxdWVzdBouLnBvc3Rib3gudjEuTGlzdERlYWRMZXR0ZXJTb3VyY2VRdWV1ZXNSZXNwb25zZRJaCg9SZWRyaXZlTWVzc2FnZXMSIi5wb3N0Ym94LnYxLlJlZHJpdmVNZXNzYWdlc1JlcXVlc3QaIy5wb3N0Ym94LnYxLlJlZHJpdmVNZXNzYWdlc1Jlc3BvbnNlEl0KEExpc3RSZWRyaXZlVGFza3MSIy5wb3N0Ym94LnYxLkxpc3RSZWRyaXZlVGFza3NSZXF1ZXN0GiQucG9zdGJveC52MS5MaXN0UmVkcml2ZVRhc2tzUmVzcG9uc2USYAoRQ2FuY2VsUmVkcml2ZVRhc2sSJC5wb3N0Ym94LnYxLkNhbmNlbFJlZHJpdmVUYXNrUmVxdWVzdBolLnBvc3Rib3gudjEuQ2FuY2VsUmVkcml2ZVRhc2tSZXNwb25zZUKTAQoOY29tLnBvc3Rib3gudjFCEVF1ZXVlU2VydmljZVByb3RvUAFaJXBvc3Rib3gvc3R1YnMvZ28vcG9zdGJveC92MTtwb3N0Ym94djGiAgNQQliqAgpQb3N0Ym94LlYxygIKUG9zdGJveFxWMeICFlBvc3Rib3hcVjFcR1BCTWV0YWRhdGHqAgtQb3N0Ym94OjpWMWIGcHJvdG8z", [file_google_protobuf_duration, file_google_protobuf_field_mask, file_google_protobuf_timestamp]);
+  fileDesc("Ch5wb3N0Ym94L3YxL3F1ZXVlX3NlcnZpY2UucHJvdG8SCnBvc3Rib3gudjEi9QcKBVF1ZXVlEgwKBG5hbWUYASABKAkSNQoSdmlzaWJpbGl0eV90aW1lb3V0GAIgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEjEKDmRlbGl2ZXJ5X2RlbGF5GAMgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEigKCXJldGVudGlvbhgEIAEoCzIVLnBvc3Rib3gudjEuUmV0ZW50aW9uEhgKEG1heF9tZXNzYWdlX3NpemUYBSABKAUSNAoRcmVjZWl2ZV93YWl0X3RpbWUYBiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SLwoLY3JlYXRlX3RpbWUYByABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi8KC3VwZGF0ZV90aW1lGAggASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIlCgVzdGF0cxgJIAEoCzIWLnBvc3Rib3gudjEuUXVldWVTdGF0cxIMCgRmaWZvGAogASgIEiMKG2NvbnRlbnRfYmFzZWRfZGVkdXBsaWNhdGlvbhgLIAEoCBI3ChRkZWR1cGxpY2F0aW9uX3dpbmRvdxgMIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhI4ChJkZWFkX2xldHRlcl9wb2xpY3kYDSABKAsyHC5wb3N0Ym94LnYxLkRlYWRMZXR0ZXJQb2xpY3kSPAoUcmVkcml2ZV9hbGxvd19wb2xpY3kYDiABKAsyHi5wb3N0Ym94LnYxLlJlZHJpdmVBbGxvd1BvbGljeRItCgxyZXRyeV9wb2xpY3kYDyABKAsyFy5wb3N0Ym94LnYxLlJldHJ5UG9saWN5EhkKEWFyY2hpdmVfb25fZGVsZXRlGBAgASgIEjAKEWFyY2hpdmVfcmV0ZW50aW9uGBEgASgLMhUucG9zdGJveC52MS5SZXRlbnRpb24SFgoJbWF4X2RlcHRoGBIgASgDSACIAQESHwoScmVjZWl2ZV9yYXRlX2xpbWl0GBMgASgBSAGIAQESEwoLc2VuZF9wYXVzZWQYFCABKAgSFgoOcmVjZWl2ZV9wYXVzZWQYFSABKAgSKQoEdGFncxgWIAMoCzIbLnBvc3Rib3gudjEuUXVldWUuVGFnc0VudHJ5Ei4KCnB1cmdlX3RpbWUYFyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wGisKCVRhZ3NFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBQgwKCl9tYXhfZGVwdGhCFQoTX3JlY2VpdmVfcmF0ZV9saW1pdCI2CglSZXRlbnRpb24SKQoGcGVyaW9kGAEgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uIkgKEERlYWRMZXR0ZXJQb2xpY3kSGQoRZGVhZF9sZXR0ZXJfcXVldWUYASABKAkSGQoRbWF4X3JlY2VpdmVfY291bnQYAiABKAUi4AEKElJlZHJpdmVBbGxvd1BvbGljeRI9CgpwZXJtaXNzaW9uGAEgASgOMikucG9zdGJveC52MS5SZWRyaXZlQWxsb3dQb2xpY3kuUGVybWlzc2lvbhIVCg1zb3VyY2VfcXVldWVzGAIgAygJInQKClBlcm1pc3Npb24SGgoWUEVSTUlTU0lPTl9VTlNQRUNJRklFRBAAEhgKFFBFUk1JU1NJT05fQUxMT1dfQUxMEAESFwoTUEVSTUlTU0lPTl9ERU5ZX0FMTBACEhcKE1BFUk1JU1NJT05fQllfUVVFVUUQAyJ1CgtSZXRyeVBvbGljeRIyCg9taW5pbXVtX2JhY2tvZmYYASABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SMgoPbWF4aW11bV9iYWNrb2ZmGAIgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uIpMBCgpRdWV1ZVN0YXRzEhgKEHZpc2libGVfbWVzc2FnZXMYASABKAMSGgoSaW5fZmxpZ2h0X21lc3NhZ2VzGAIgASgDEhgKEGRlbGF5ZWRfbWVzc2FnZXMYAyABKAMSNQoSb2xkZXN0X21lc3NhZ2VfYWdlGAQgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uIjYKEkNyZWF0ZVF1ZXVlUmVxdWVzdBIgCgVxdWV1ZRgBIAEoCzIRLnBvc3Rib3gudjEuUXVldWUiNwoTQ3JlYXRlUXVldWVSZXNwb25zZRIgCgVxdWV1ZRgBIAEoCzIRLnBvc3Rib3gudjEuUXVldWUiRAoPR2V0UXVldWVSZXF1ZXN0EgwKBG5hbWUYASABKAkSIwoEdmlldxgCIAEoDjIVLnBvc3Rib3gudjEuUXVldWVWaWV3IjQKEEdldFF1ZXVlUmVzcG9uc2USIAoFcXVldWUYASABKAsyES5wb3N0Ym94LnYxLlF1ZXVlIk8KEUxpc3RRdWV1ZXNSZXF1ZXN0EhEKCXBhZ2Vfc2l6ZRgBIAEoBRISCgpwYWdlX3Rva2VuGAIgASgJEhMKC25hbWVfcHJlZml4GAMgASgJIlAKEkxpc3RRdWV1ZXNSZXNwb25zZRIhCgZxdWV1ZXMYASADKAsyES5wb3N0Ym94LnYxLlF1ZXVlEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSJnChJVcGRhdGVRdWV1ZVJlcXVlc3QSIAoFcXVldWUYASABKAsyES5wb3N0Ym94LnYxLlF1ZXVlEi8KC3VwZGF0ZV9tYXNrGAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLkZpZWxkTWFzayI3ChNVcGRhdGVRdWV1ZVJlc3BvbnNlEiAKBXF1ZXVlGAEgASgLMhEucG9zdGJveC52MS5RdWV1ZSIiChJEZWxldGVRdWV1ZVJlcXVlc3QSDAoEbmFtZRgBIAEoCSIVChNEZWxldGVRdWV1ZVJlc3BvbnNlIiEKEVB1cmdlUXVldWVSZXF1ZXN0EgwKBG5hbWUYASABKAkiLQoSUHVyZ2VRdWV1ZVJlc3BvbnNlEhcKD3B1cmdlZF9tZXNzYWdlcxgBIAEoAyJCChFQYXVzZVF1ZXVlUmVxdWVzdBIMCgRuYW1lGAEgASgJEg0KBXNlbmRzGAIgASgIEhAKCHJlY2VpdmVzGAMgASgIIjYKElBhdXNlUXVldWVSZXNwb25zZRIgCgVxdWV1ZRgBIAEoCzIRLnBvc3Rib3gudjEuUXVldWUiQwoSUmVzdW1lUXVldWVSZXF1ZXN0EgwKBG5hbWUYASABKAkSDQoFc2VuZHMYAiABKAgSEAoIcmVjZWl2ZXMYAyABKAgiNwoTUmVzdW1lUXVldWVSZXNwb25zZRIgCgVxdWV1ZRgBIAEoCzIRLnBvc3Rib3gudjEuUXVldWUiZQohTGlzdERlYWRMZXR0ZXJTb3VyY2VRdWV1ZXNSZXF1ZXN0EhkKEWRlYWRfbGV0dGVyX3F1ZXVlGAEgASgJEhEKCXBhZ2Vfc2l6ZRgCIAEoBRISCgpwYWdlX3Rva2VuGAMgASgJIlIKIkxpc3REZWFkTGV0dGVyU291cmNlUXVldWVzUmVzcG9uc2USEwoLcXVldWVfbmFtZXMYASADKAkSFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIpoECgtSZWRyaXZlVGFzaxIPCgd0YXNrX2lkGAEgASgJEhkKEWRlYWRfbGV0dGVyX3F1ZXVlGAIgASgJEhMKC2Rlc3RpbmF0aW9uGAMgASgJEhkKDG1heF9tZXNzYWdlcxgEIAEoA0gAiAEBEiQKF21heF9tZXNzYWdlc19wZXJfc2Vjb25kGAUgASgBSAGIAQESLAoFc3RhdGUYBiABKA4yHS5wb3N0Ym94LnYxLlJlZHJpdmVUYXNrLlN0YXRlEhYKDm1vdmVkX21lc3NhZ2VzGAcgASgDEhgKEG1lc3NhZ2VzX3RvX21vdmUYCCABKAMSFgoOZmFpbHVyZV9yZWFzb24YCSABKAkSLwoLY3JlYXRlX3RpbWUYCiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi8KC3VwZGF0ZV90aW1lGAsgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBITCgttZXNzYWdlX2lkcxgMIAMoCSJtCgVTdGF0ZRIVChFTVEFURV9VTlNQRUNJRklFRBAAEhEKDVNUQVRFX1JVTk5JTkcQARITCg9TVEFURV9DT01QTEVURUQQAhITCg9TVEFURV9DQU5DRUxMRUQQAxIQCgxTVEFURV9GQUlMRUQQBEIPCg1fbWF4X21lc3NhZ2VzQhoKGF9tYXhfbWVzc2FnZXNfcGVyX3NlY29uZCLLAQoWUmVkcml2ZU1lc3NhZ2VzUmVxdWVzdBIZChFkZWFkX2xldHRlcl9xdWV1ZRgBIAEoCRITCgtkZXN0aW5hdGlvbhgCIAEoCRIZCgxtYXhfbWVzc2FnZXMYAyABKANIAIgBARIkChdtYXhfbWVzc2FnZXNfcGVyX3NlY29uZBgEIAEoAUgBiAEBEhMKC21lc3NhZ2VfaWRzGAUgAygJQg8KDV9tYXhfbWVzc2FnZXNCGgoYX21heF9tZXNzYWdlc19wZXJfc2Vjb25kIkAKF1JlZHJpdmVNZXNzYWdlc1Jlc3BvbnNlEiUKBHRhc2sYASABKAsyFy5wb3N0Ym94LnYxLlJlZHJpdmVUYXNrIlsKF0xpc3RSZWRyaXZlVGFza3NSZXF1ZXN0EhkKEWRlYWRfbGV0dGVyX3F1ZXVlGAEgASgJEhEKCXBhZ2Vfc2l6ZRgCIAEoBRISCgpwYWdlX3Rva2VuGAMgASgJIlsKGExpc3RSZWRyaXZlVGFza3NSZXNwb25zZRImCgV0YXNrcxgBIAMoCzIXLnBvc3Rib3gudjEuUmVkcml2ZVRhc2sSFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIisKGENhbmNlbFJlZHJpdmVUYXNrUmVxdWVzdBIPCgd0YXNrX2lkGAEgASgJIkIKGUNhbmNlbFJlZHJpdmVUYXNrUmVzcG9uc2USJQoEdGFzaxgBIAEoCzIXLnBvc3Rib3gudjEuUmVkcml2ZVRhc2sqUgoJUXVldWVWaWV3EhoKFlFVRVVFX1ZJRVdfVU5TUEVDSUZJRUQQABIUChBRVUVVRV9WSUVXX0JBU0lDEAESEwoPUVVFVUVfVklFV19GVUxMEAIylggKDFF1ZXVlU2VydmljZRJOCgtDcmVhdGVRdWV1ZRIeLnBvc3Rib3gudjEuQ3JlYXRlUXVldWVSZXF1ZXN0Gh8ucG9zdGJveC52MS5DcmVhdGVRdWV1ZVJlc3BvbnNlEkUKCEdldFF1ZXVlEhsucG9zdGJveC52MS5HZXRRdWV1ZVJlcXVlc3QaHC5wb3N0Ym94LnYxLkdldFF1ZXVlUmVzcG9uc2USSwoKTGlzdFF1ZXVlcxIdLnBvc3Rib3gudjEuTGlzdFF1ZXVlc1JlcXVlc3QaHi5wb3N0Ym94LnYxLkxpc3RRdWV1ZXNSZXNwb25zZRJOCgtVcGRhdGVRdWV1ZRIeLnBvc3Rib3gudjEuVXBkYXRlUXVldWVSZXF1ZXN0Gh8ucG9zdGJveC52MS5VcGRhdGVRdWV1ZVJlc3BvbnNlEk4KC0RlbGV0ZVF1ZXVlEh4ucG9zdGJveC52MS5EZWxldGVRdWV1ZVJlcXVlc3QaHy5wb3N0Ym94LnYxLkRlbGV0ZVF1ZXVlUmVzcG9uc2USSwoKUHVyZ2VRdWV1ZRIdLnBvc3Rib3gudjEuUHVyZ2VRdWV1ZVJlcXVlc3QaHi5wb3N0Ym94LnYxLlB1cmdlUXVldWVSZXNwb25zZRJLCgpQYXVzZVF1ZXVlEh0ucG9zdGJveC52MS5QYXVzZVF1ZXVlUmVxdWVzdBoeLnBvc3Rib3gudjEuUGF1c2VRdWV1ZVJlc3BvbnNlEk4KC1Jlc3VtZVF1ZXVlEh4ucG9zdGJveC52MS5SZXN1bWVRdWV1ZVJlcXVlc3QaHy5wb3N0Ym94LnYxLlJlc3VtZVF1ZXVlUmVzcG9uc2USewoaTGlzdERlYWRMZXR0ZXJTb3VyY2VRdWV1ZXMSLS5wb3N0Ym94LnYxLkxpc3REZWFkTGV0dGVyU291cmNlUXVldWVzUmVxdWVzdBouLnBvc3Rib3gudjEuTGlzdERlYWRMZXR0ZXJTb3VyY2VRdWV1ZXNSZXNwb25zZRJaCg9SZWRyaXZlTWVzc2FnZXMSIi5wb3N0Ym94LnYxLlJlZHJpdmVNZXNzYWdlc1JlcXVlc3QaIy5wb3N0Ym94LnYxLlJlZHJpdmVNZXNzYWdlc1Jlc3BvbnNlEl0KEExpc3RSZWRyaXZlVGFza3MSIy5wb3N0Ym94LnYxLkxpc3RSZWRyaXZlVGFza3NSZXF1ZXN0GiQucG9zdGJveC52MS5MaXN0UmVkcml2ZVRhc2tzUmVzcG9uc2USYAoRQ2FuY2VsUmVkcml2ZVRhc2sSJC5wb3N0Ym94LnYxLkNhbmNlbFJlZHJpdmVUYXNrUmVxdWVzdBolLnBvc3Rib3gudjEuQ2FuY2VsUmVkcml2ZVRhc2tSZXNwb25zZUKTAQoOY29tLnBvc3Rib3gudjFCEVF1ZXVlU2VydmljZVByb3RvUAFaJXBvc3Rib3gvc3R1YnMvZ28vcG9zdGJveC92MTtwb3N0Ym94djGiAgNQQliqAgpQb3N0Ym94LlYxygIKUG9zdGJveFxWMeICFlBvc3Rib3hcVjFcR1BCTWV0YWRhdGHqAgtQb3N0Ym94OjpWMWIGcHJvdG8z", [file_google_protobuf_duration, file_google_protobuf_field_mask, file_google_protobuf_timestamp]);
 
 /**
  * Describes the message postbox.v1.Queue.
@@ -19,24 +19,31 @@ export const QueueSchema = /*@__PURE__*/
   messageDesc(file_postbox_v1_queue_service, 0);
 
 /**
+ * Describes the message postbox.v1.Retention.
+ * Use `create(RetentionSchema)` to create a new message.
+ */
+export const RetentionSchema = /*@__PURE__*/
+  messageDesc(file_postbox_v1_queue_service, 1);
+
+/**
  * Describes the message postbox.v1.DeadLetterPolicy.
  * Use `create(DeadLetterPolicySchema)` to create a new message.
  */
 export const DeadLetterPolicySchema = /*@__PURE__*/
-  messageDesc(file_postbox_v1_queue_service, 1);
+  messageDesc(file_postbox_v1_queue_service, 2);
 
 /**
  * Describes the message postbox.v1.RedriveAllowPolicy.
  * Use `create(RedriveAllowPolicySchema)` to create a new message.
  */
 export const RedriveAllowPolicySchema = /*@__PURE__*/
-  messageDesc(file_postbox_v1_queue_service, 2);
+  messageDesc(file_postbox_v1_queue_service, 3);
 
 /**
  * Describes the enum postbox.v1.RedriveAllowPolicy.Permission.
  */
 export const RedriveAllowPolicy_PermissionSchema = /*@__PURE__*/
-  enumDesc(file_postbox_v1_queue_service, 2, 0);
+  enumDesc(file_postbox_v1_queue_service, 3, 0);
 
 /**
  * Who may.
@@ -51,153 +58,153 @@ export const RedriveAllowPolicy_Permission = /*@__PURE__*/
  * Use `create(RetryPolicySchema)` to create a new message.
  */
 export const RetryPolicySchema = /*@__PURE__*/
-  messageDesc(file_postbox_v1_queue_service, 3);
+  messageDesc(file_postbox_v1_queue_service, 4);
 
 /**
  * Describes the message postbox.v1.QueueStats.
  * Use `create(QueueStatsSchema)` to create a new message.
  */
 export const QueueStatsSchema = /*@__PURE__*/
-  messageDesc(file_postbox_v1_queue_service, 4);
+  messageDesc(file_postbox_v1_queue_service, 5);
 
 /**
  * Describes the message postbox.v1.CreateQueueRequest.
  * Use `create(CreateQueueRequestSchema)` to create a new message.
  */
 export const CreateQueueRequestSchema = /*@__PURE__*/
-  messageDesc(file_postbox_v1_queue_service, 5);
+  messageDesc(file_postbox_v1_queue_service, 6);
 
 /**
  * Describes the message postbox.v1.CreateQueueResponse.
  * Use `create(CreateQueueResponseSchema)` to create a new message.
  */
 export const CreateQueueResponseSchema = /*@__PURE__*/
-  messageDesc(file_postbox_v1_queue_service, 6);
+  messageDesc(file_postbox_v1_queue_service, 7);
 
 /**
  * Describes the message postbox.v1.GetQueueRequest.
  * Use `create(GetQueueRequestSchema)` to create a new message.
  */
 export const GetQueueRequestSchema = /*@__PURE__*/
-  messageDesc(file_postbox_v1_queue_service, 7);
+  messageDesc(file_postbox_v1_queue_service, 8);
 
 /**
  * Describes the message postbox.v1.GetQueueResponse.
  * Use `create(GetQueueResponseSchema)` to create a new message.
  */
 export const GetQueueResponseSchema = /*@__PURE__*/
-  messageDesc(file_postbox_v1_queue_service, 8);
+  messageDesc(file_postbox_v1_queue_service, 9);
 
 /**
  * Describes the message postbox.v1.ListQueuesRequest.
  * Use `create(ListQueuesRequestSchema)` to create a new message.
  */
 export const ListQueuesRequestSchema = /*@__PURE__*/
-  messageDesc(file_postbox_v1_queue_service, 9);
+  messageDesc(file_postbox_v1_queue_service, 10);
 
 /**
  * Describes the message postbox.v1.ListQueuesResponse.
  * Use `create(ListQueuesResponseSchema)` to create a new message.
  */
 export const ListQueuesResponseSchema = /*@__PURE__*/
-  messageDesc(file_postbox_v1_queue_service, 10);
+  messageDesc(file_postbox_v1_queue_service, 11);
 
 /**
  * Describes the message postbox.v1.UpdateQueueRequest.
  * Use `create(UpdateQueueRequestSchema)` to create a new message.
  */
 export const UpdateQueueRequestSchema = /*@__PURE__*/
-  messageDesc(file_postbox_v1_queue_service, 11);
+  messageDesc(file_postbox_v1_queue_service, 12);
 
 /**
  * Describes the message postbox.v1.UpdateQueueResponse.
  * Use `create(UpdateQueueResponseSchema)` to create a new message.
  */
 export const UpdateQueueResponseSchema = /*@__PURE__*/
-  messageDesc(file_postbox_v1_queue_service, 12);
+  messageDesc(file_postbox_v1_queue_service, 13);
 
 /**
  * Describes the message postbox.v1.DeleteQueueRequest.
  * Use `create(DeleteQueueRequestSchema)` to create a new message.
  */
 export const DeleteQueueRequestSchema = /*@__PURE__*/
-  messageDesc(file_postbox_v1_queue_service, 13);
+  messageDesc(file_postbox_v1_queue_service, 14);
 
 /**
  * Describes the message postbox.v1.DeleteQueueResponse.
  * Use `create(DeleteQueueResponseSchema)` to create a new message.
  */
 export const DeleteQueueResponseSchema = /*@__PURE__*/
-  messageDesc(file_postbox_v1_queue_service, 14);
+  messageDesc(file_postbox_v1_queue_service, 15);
 
 /**
  * Describes the message postbox.v1.PurgeQueueRequest.
  * Use `create(PurgeQueueRequestSchema)` to create a new message.
  */
 export const PurgeQueueRequestSchema = /*@__PURE__*/
-  messageDesc(file_postbox_v1_queue_service, 15);
+  messageDesc(file_postbox_v1_queue_service, 16);
 
 /**
  * Describes the message postbox.v1.PurgeQueueResponse.
  * Use `create(PurgeQueueResponseSchema)` to create a new message.
  */
 export const PurgeQueueResponseSchema = /*@__PURE__*/
-  messageDesc(file_postbox_v1_queue_service, 16);
+  messageDesc(file_postbox_v1_queue_service, 17);
 
 /**
  * Describes the message postbox.v1.PauseQueueRequest.
  * Use `create(PauseQueueRequestSchema)` to create a new message.
  */
 export const PauseQueueRequestSchema = /*@__PURE__*/
-  messageDesc(file_postbox_v1_queue_service, 17);
+  messageDesc(file_postbox_v1_queue_service, 18);
 
 /**
  * Describes the message postbox.v1.PauseQueueResponse.
  * Use `create(PauseQueueResponseSchema)` to create a new message.
  */
 export const PauseQueueResponseSchema = /*@__PURE__*/
-  messageDesc(file_postbox_v1_queue_service, 18);
+  messageDesc(file_postbox_v1_queue_service, 19);
 
 /**
  * Describes the message postbox.v1.ResumeQueueRequest.
  * Use `create(ResumeQueueRequestSchema)` to create a new message.
  */
 export const ResumeQueueRequestSchema = /*@__PURE__*/
-  messageDesc(file_postbox_v1_queue_service, 19);
+  messageDesc(file_postbox_v1_queue_service, 20);
 
 /**
  * Describes the message postbox.v1.ResumeQueueResponse.
  * Use `create(ResumeQueueResponseSchema)` to create a new message.
  */
 export const ResumeQueueResponseSchema = /*@__PURE__*/
-  messageDesc(file_postbox_v1_queue_service, 20);
+  messageDesc(file_postbox_v1_queue_service, 21);
 
 /**
  * Describes the message postbox.v1.ListDeadLetterSourceQueuesRequest.
  * Use `create(ListDeadLetterSourceQueuesRequestSchema)` to create a new message.
  */
 export const ListDeadLetterSourceQueuesRequestSchema = /*@__PURE__*/
-  messageDesc(file_postbox_v1_queue_service, 21);
+  messageDesc(file_postbox_v1_queue_service, 22);
 
 /**
  * Describes the message postbox.v1.ListDeadLetterSourceQueuesResponse.
  * Use `create(ListDeadLetterSourceQueuesResponseSchema)` to create a new message.
  */
 export const ListDeadLetterSourceQueuesResponseSchema = /*@__PURE__*/
-  messageDesc(file_postbox_v1_queue_service, 22);
+  messageDesc(file_postbox_v1_queue_service, 23);
 
 /**
  * Describes the message postbox.v1.RedriveTask.
  * Use `create(RedriveTaskSchema)` to create a new message.
  */
 export const RedriveTaskSchema = /*@__PURE__*/
-  messageDesc(file_postbox_v1_queue_service, 23);
+  messageDesc(file_postbox_v1_queue_service, 24);
 
 /**
  * Describes the enum postbox.v1.RedriveTask.State.
  */
 export const RedriveTask_StateSchema = /*@__PURE__*/
-  enumDesc(file_postbox_v1_queue_service, 23, 0);
+  enumDesc(file_postbox_v1_queue_service, 24, 0);
 
 /**
  * Where a redrive stands.
@@ -212,42 +219,42 @@ export const RedriveTask_State = /*@__PURE__*/
  * Use `create(RedriveMessagesRequestSchema)` to create a new message.
  */
 export const RedriveMessagesRequestSchema = /*@__PURE__*/
-  messageDesc(file_postbox_v1_queue_service, 24);
+  messageDesc(file_postbox_v1_queue_service, 25);
 
 /**
  * Describes the message postbox.v1.RedriveMessagesResponse.
  * Use `create(RedriveMessagesResponseSchema)` to create a new message.
  */
 export const RedriveMessagesResponseSchema = /*@__PURE__*/
-  messageDesc(file_postbox_v1_queue_service, 25);
+  messageDesc(file_postbox_v1_queue_service, 26);
 
 /**
  * Describes the message postbox.v1.ListRedriveTasksRequest.
  * Use `create(ListRedriveTasksRequestSchema)` to create a new message.
  */
 export const ListRedriveTasksRequestSchema = /*@__PURE__*/
-  messageDesc(file_postbox_v1_queue_service, 26);
+  messageDesc(file_postbox_v1_queue_service, 27);
 
 /**
  * Describes the message postbox.v1.ListRedriveTasksResponse.
  * Use `create(ListRedriveTasksResponseSchema)` to create a new message.
  */
 export const ListRedriveTasksResponseSchema = /*@__PURE__*/
-  messageDesc(file_postbox_v1_queue_service, 27);
+  messageDesc(file_postbox_v1_queue_service, 28);
 
 /**
  * Describes the message postbox.v1.CancelRedriveTaskRequest.
  * Use `create(CancelRedriveTaskRequestSchema)` to create a new message.
  */
 export const CancelRedriveTaskRequestSchema = /*@__PURE__*/
-  messageDesc(file_postbox_v1_queue_service, 28);
+  messageDesc(file_postbox_v1_queue_service, 29);
 
 /**
  * Describes the message postbox.v1.CancelRedriveTaskResponse.
  * Use `create(CancelRedriveTaskResponseSchema)` to create a new message.
  */
 export const CancelRedriveTaskResponseSchema = /*@__PURE__*/
-  messageDesc(file_postbox_v1_queue_service, 29);
+  messageDesc(file_postbox_v1_queue_service, 30);
 
 /**
  * Describes the enum postbox.v1.QueueView.

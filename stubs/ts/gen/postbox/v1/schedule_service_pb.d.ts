@@ -237,7 +237,7 @@ export declare const CreateScheduleRequestSchema: GenMessage<CreateScheduleReque
  */
 export declare type CreateScheduleResponse = Message<"postbox.v1.CreateScheduleResponse"> & {
   /**
-   * The created schedule, with `next_fire_time` filled in.
+   * Output only. The created schedule, with `next_fire_time` filled in.
    *
    * @generated from field: postbox.v1.Schedule schedule = 1;
    */
@@ -277,7 +277,7 @@ export declare const GetScheduleRequestSchema: GenMessage<GetScheduleRequest>;
  */
 export declare type GetScheduleResponse = Message<"postbox.v1.GetScheduleResponse"> & {
   /**
-   * The schedule.
+   * Output only. The schedule.
    *
    * @generated from field: postbox.v1.Schedule schedule = 1;
    */
@@ -324,14 +324,14 @@ export declare const ListSchedulesRequestSchema: GenMessage<ListSchedulesRequest
  */
 export declare type ListSchedulesResponse = Message<"postbox.v1.ListSchedulesResponse"> & {
   /**
-   * Schedules in name order.
+   * Output only. Schedules in name order.
    *
    * @generated from field: repeated postbox.v1.Schedule schedules = 1;
    */
   schedules: Schedule[];
 
   /**
-   * Token for the next page; empty on the last page.
+   * Output only. Token for the next page; empty on the last page.
    *
    * @generated from field: string next_page_token = 2;
    */
@@ -380,7 +380,7 @@ export declare const UpdateScheduleRequestSchema: GenMessage<UpdateScheduleReque
  */
 export declare type UpdateScheduleResponse = Message<"postbox.v1.UpdateScheduleResponse"> & {
   /**
-   * The schedule after the change.
+   * Output only. The schedule after the change.
    *
    * @generated from field: postbox.v1.Schedule schedule = 1;
    */
@@ -454,7 +454,7 @@ export declare const PauseScheduleRequestSchema: GenMessage<PauseScheduleRequest
  */
 export declare type PauseScheduleResponse = Message<"postbox.v1.PauseScheduleResponse"> & {
   /**
-   * The paused schedule.
+   * Output only. The paused schedule.
    *
    * @generated from field: postbox.v1.Schedule schedule = 1;
    */
@@ -494,7 +494,7 @@ export declare const ResumeScheduleRequestSchema: GenMessage<ResumeScheduleReque
  */
 export declare type ResumeScheduleResponse = Message<"postbox.v1.ResumeScheduleResponse"> & {
   /**
-   * The resumed schedule, with its next fire time.
+   * Output only. The resumed schedule, with its next fire time.
    *
    * @generated from field: postbox.v1.Schedule schedule = 1;
    */
@@ -506,6 +506,112 @@ export declare type ResumeScheduleResponse = Message<"postbox.v1.ResumeScheduleR
  * Use `create(ResumeScheduleResponseSchema)` to create a new message.
  */
 export declare const ResumeScheduleResponseSchema: GenMessage<ResumeScheduleResponse>;
+
+/**
+ * Request of ScheduleService.RunSchedule.
+ *
+ * @generated from message postbox.v1.RunScheduleRequest
+ */
+export declare type RunScheduleRequest = Message<"postbox.v1.RunScheduleRequest"> & {
+  /**
+   * Required. Name of the schedule.
+   *
+   * @generated from field: string name = 1;
+   */
+  name: string;
+};
+
+/**
+ * Describes the message postbox.v1.RunScheduleRequest.
+ * Use `create(RunScheduleRequestSchema)` to create a new message.
+ */
+export declare const RunScheduleRequestSchema: GenMessage<RunScheduleRequest>;
+
+/**
+ * Response of ScheduleService.RunSchedule.
+ *
+ * @generated from message postbox.v1.RunScheduleResponse
+ */
+export declare type RunScheduleResponse = Message<"postbox.v1.RunScheduleResponse"> & {
+  /**
+   * Output only. The schedule, its last_fire_time and fire_count counting
+   * this run.
+   *
+   * @generated from field: postbox.v1.Schedule schedule = 1;
+   */
+  schedule?: Schedule | undefined;
+
+  /**
+   * Output only. Ids of the committed messages: one for a queue target, one
+   * per queue a topic target reached.
+   *
+   * @generated from field: repeated string message_ids = 2;
+   */
+  messageIds: string[];
+};
+
+/**
+ * Describes the message postbox.v1.RunScheduleResponse.
+ * Use `create(RunScheduleResponseSchema)` to create a new message.
+ */
+export declare const RunScheduleResponseSchema: GenMessage<RunScheduleResponse>;
+
+/**
+ * Request of ScheduleService.PreviewSchedule.
+ *
+ * @generated from message postbox.v1.PreviewScheduleRequest
+ */
+export declare type PreviewScheduleRequest = Message<"postbox.v1.PreviewScheduleRequest"> & {
+  /**
+   * Required. The timing to preview: its cron, interval or run_at; the other
+   * fields are ignored.
+   *
+   * @generated from field: postbox.v1.Schedule schedule = 1;
+   */
+  schedule?: Schedule | undefined;
+
+  /**
+   * Optional. How many fire times, 1-100; default 10.
+   *
+   * @generated from field: int32 count = 2;
+   */
+  count: number;
+
+  /**
+   * Optional. Fire times after this time. Unset: now. An interval counts from
+   * it, as from a schedule created then.
+   *
+   * @generated from field: google.protobuf.Timestamp start_time = 3;
+   */
+  startTime?: Timestamp | undefined;
+};
+
+/**
+ * Describes the message postbox.v1.PreviewScheduleRequest.
+ * Use `create(PreviewScheduleRequestSchema)` to create a new message.
+ */
+export declare const PreviewScheduleRequestSchema: GenMessage<PreviewScheduleRequest>;
+
+/**
+ * Response of ScheduleService.PreviewSchedule.
+ *
+ * @generated from message postbox.v1.PreviewScheduleResponse
+ */
+export declare type PreviewScheduleResponse = Message<"postbox.v1.PreviewScheduleResponse"> & {
+  /**
+   * Output only. The next fire times in order: `count` of them, one for
+   * run_at.
+   *
+   * @generated from field: repeated google.protobuf.Timestamp fire_times = 1;
+   */
+  fireTimes: Timestamp[];
+};
+
+/**
+ * Describes the message postbox.v1.PreviewScheduleResponse.
+ * Use `create(PreviewScheduleResponseSchema)` to create a new message.
+ */
+export declare const PreviewScheduleResponseSchema: GenMessage<PreviewScheduleResponse>;
 
 /**
  * ScheduleService fires messages into a queue or a topic on a cron schedule, at
@@ -593,6 +699,31 @@ export declare const ScheduleService: GenService<{
     methodKind: "unary";
     input: typeof ResumeScheduleRequestSchema;
     output: typeof ResumeScheduleResponseSchema;
+  },
+  /**
+   * Fires a schedule once now, paused or not, without moving its next fire
+   * time; it counts as a fire. Unlike a due fire, a refusal is the caller's
+   * error: NOT_FOUND when the target is gone, UNAVAILABLE when it is paused,
+   * RESOURCE_EXHAUSTED when it is full.
+   *
+   * @generated from rpc postbox.v1.ScheduleService.RunSchedule
+   */
+  runSchedule: {
+    methodKind: "unary";
+    input: typeof RunScheduleRequestSchema;
+    output: typeof RunScheduleResponseSchema;
+  },
+  /**
+   * Computes the next fire times of a timing without creating anything.
+   * INVALID_ARGUMENT, saying what is wrong, for a timing CreateSchedule would
+   * refuse.
+   *
+   * @generated from rpc postbox.v1.ScheduleService.PreviewSchedule
+   */
+  previewSchedule: {
+    methodKind: "unary";
+    input: typeof PreviewScheduleRequestSchema;
+    output: typeof PreviewScheduleResponseSchema;
   },
 }>;
 

@@ -4,7 +4,7 @@
 
 import type { GenEnum, GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
 import type { Message } from "@bufbuild/protobuf";
-import type { Duration, Timestamp } from "@bufbuild/protobuf/wkt";
+import type { Duration, FieldMask, Timestamp } from "@bufbuild/protobuf/wkt";
 import type { AttributeValue } from "./message_pb.js";
 
 /**
@@ -211,7 +211,7 @@ export declare const CreateTopicRequestSchema: GenMessage<CreateTopicRequest>;
  */
 export declare type CreateTopicResponse = Message<"postbox.v1.CreateTopicResponse"> & {
   /**
-   * The created topic.
+   * Output only. The created topic.
    *
    * @generated from field: postbox.v1.Topic topic = 1;
    */
@@ -251,7 +251,7 @@ export declare const GetTopicRequestSchema: GenMessage<GetTopicRequest>;
  */
 export declare type GetTopicResponse = Message<"postbox.v1.GetTopicResponse"> & {
   /**
-   * The topic.
+   * Output only. The topic.
    *
    * @generated from field: postbox.v1.Topic topic = 1;
    */
@@ -298,14 +298,14 @@ export declare const ListTopicsRequestSchema: GenMessage<ListTopicsRequest>;
  */
 export declare type ListTopicsResponse = Message<"postbox.v1.ListTopicsResponse"> & {
   /**
-   * Topics in name order.
+   * Output only. Topics in name order.
    *
    * @generated from field: repeated postbox.v1.Topic topics = 1;
    */
   topics: Topic[];
 
   /**
-   * Token for the next page; empty on the last page.
+   * Output only. Token for the next page; empty on the last page.
    *
    * @generated from field: string next_page_token = 2;
    */
@@ -379,7 +379,7 @@ export declare const CreateSubscriptionRequestSchema: GenMessage<CreateSubscript
  */
 export declare type CreateSubscriptionResponse = Message<"postbox.v1.CreateSubscriptionResponse"> & {
   /**
-   * The created subscription; a webhook's secret is returned this once.
+   * Output only. The created subscription; a webhook's secret is returned this once.
    *
    * @generated from field: postbox.v1.Subscription subscription = 1;
    */
@@ -426,7 +426,7 @@ export declare const GetSubscriptionRequestSchema: GenMessage<GetSubscriptionReq
  */
 export declare type GetSubscriptionResponse = Message<"postbox.v1.GetSubscriptionResponse"> & {
   /**
-   * The subscription, without its webhook secret.
+   * Output only. The subscription, without its webhook secret.
    *
    * @generated from field: postbox.v1.Subscription subscription = 1;
    */
@@ -480,14 +480,14 @@ export declare const ListSubscriptionsRequestSchema: GenMessage<ListSubscription
  */
 export declare type ListSubscriptionsResponse = Message<"postbox.v1.ListSubscriptionsResponse"> & {
   /**
-   * Subscriptions in name order, without webhook secrets.
+   * Output only. Subscriptions in name order, without webhook secrets.
    *
    * @generated from field: repeated postbox.v1.Subscription subscriptions = 1;
    */
   subscriptions: Subscription[];
 
   /**
-   * Token for the next page; empty on the last page.
+   * Output only. Token for the next page; empty on the last page.
    *
    * @generated from field: string next_page_token = 2;
    */
@@ -540,6 +540,114 @@ export declare type DeleteSubscriptionResponse = Message<"postbox.v1.DeleteSubsc
  * Use `create(DeleteSubscriptionResponseSchema)` to create a new message.
  */
 export declare const DeleteSubscriptionResponseSchema: GenMessage<DeleteSubscriptionResponse>;
+
+/**
+ * Request of TopicService.UpdateSubscription.
+ *
+ * @generated from message postbox.v1.UpdateSubscriptionRequest
+ */
+export declare type UpdateSubscriptionRequest = Message<"postbox.v1.UpdateSubscriptionRequest"> & {
+  /**
+   * Required. `topic` and `name` select the subscription; the fields named in
+   * `update_mask` carry the new values.
+   *
+   * @generated from field: postbox.v1.Subscription subscription = 1;
+   */
+  subscription?: Subscription | undefined;
+
+  /**
+   * Required. Fields to change: any of "pattern", "queue" (queue
+   * subscriptions), "webhook.url", "webhook.secret", "webhook.timeout",
+   * "webhook.max_attempts", "webhook.minimum_backoff" and
+   * "webhook.maximum_backoff" (webhook subscriptions). A named field that is
+   * unset goes back to its default; an unset secret is generated anew.
+   *
+   * @generated from field: google.protobuf.FieldMask update_mask = 2;
+   */
+  updateMask?: FieldMask | undefined;
+};
+
+/**
+ * Describes the message postbox.v1.UpdateSubscriptionRequest.
+ * Use `create(UpdateSubscriptionRequestSchema)` to create a new message.
+ */
+export declare const UpdateSubscriptionRequestSchema: GenMessage<UpdateSubscriptionRequest>;
+
+/**
+ * Response of TopicService.UpdateSubscription.
+ *
+ * @generated from message postbox.v1.UpdateSubscriptionResponse
+ */
+export declare type UpdateSubscriptionResponse = Message<"postbox.v1.UpdateSubscriptionResponse"> & {
+  /**
+   * Output only. The subscription after the change; its webhook secret only
+   * when the update set or generated one.
+   *
+   * @generated from field: postbox.v1.Subscription subscription = 1;
+   */
+  subscription?: Subscription | undefined;
+};
+
+/**
+ * Describes the message postbox.v1.UpdateSubscriptionResponse.
+ * Use `create(UpdateSubscriptionResponseSchema)` to create a new message.
+ */
+export declare const UpdateSubscriptionResponseSchema: GenMessage<UpdateSubscriptionResponse>;
+
+/**
+ * Request of TopicService.RetryWebhookDelivery.
+ *
+ * @generated from message postbox.v1.RetryWebhookDeliveryRequest
+ */
+export declare type RetryWebhookDeliveryRequest = Message<"postbox.v1.RetryWebhookDeliveryRequest"> & {
+  /**
+   * Required. Name of the topic.
+   *
+   * @generated from field: string topic = 1;
+   */
+  topic: string;
+
+  /**
+   * Required. Name of a webhook subscription of the topic.
+   *
+   * @generated from field: string subscription = 2;
+   */
+  subscription: string;
+
+  /**
+   * Optional. delivery_id of the delivery to retry. Empty: every failed
+   * delivery of the subscription.
+   *
+   * @generated from field: string delivery_id = 3;
+   */
+  deliveryId: string;
+};
+
+/**
+ * Describes the message postbox.v1.RetryWebhookDeliveryRequest.
+ * Use `create(RetryWebhookDeliveryRequestSchema)` to create a new message.
+ */
+export declare const RetryWebhookDeliveryRequestSchema: GenMessage<RetryWebhookDeliveryRequest>;
+
+/**
+ * Response of TopicService.RetryWebhookDelivery.
+ *
+ * @generated from message postbox.v1.RetryWebhookDeliveryResponse
+ */
+export declare type RetryWebhookDeliveryResponse = Message<"postbox.v1.RetryWebhookDeliveryResponse"> & {
+  /**
+   * Output only. How many deliveries are now due.
+   *
+   * @generated from field: int64 retried_deliveries = 1;
+   */
+  retriedDeliveries: bigint;
+};
+
+/**
+ * Describes the message postbox.v1.RetryWebhookDeliveryResponse.
+ * Use `create(RetryWebhookDeliveryResponseSchema)` to create a new message.
+ */
+export declare const RetryWebhookDeliveryResponseSchema: GenMessage<RetryWebhookDeliveryResponse>;
 
 /**
  * Request of TopicService.Publish.
@@ -608,7 +716,7 @@ export declare const PublishRequestSchema: GenMessage<PublishRequest>;
  */
 export declare type PublishResponse = Message<"postbox.v1.PublishResponse"> & {
   /**
-   * Ids of the messages committed to the matching queues, one per queue, in
+   * Output only. Ids of the messages committed to the matching queues, one per queue, in
    * the order of `queues`.
    *
    * @generated from field: repeated string message_ids = 1;
@@ -616,21 +724,21 @@ export declare type PublishResponse = Message<"postbox.v1.PublishResponse"> & {
   messageIds: string[];
 
   /**
-   * How many webhook deliveries were queued.
+   * Output only. How many webhook deliveries were queued.
    *
    * @generated from field: int32 webhook_deliveries = 2;
    */
   webhookDeliveries: number;
 
   /**
-   * Names of the queues that took the message, in name order.
+   * Output only. Names of the queues that took the message, in name order.
    *
    * @generated from field: repeated string queues = 3;
    */
   queues: string[];
 
   /**
-   * Per queue, in the order of `queues`: true when the queue dropped the
+   * Output only. Per queue, in the order of `queues`: true when the queue dropped the
    * message as a duplicate (its message id is then the original's).
    *
    * @generated from field: repeated bool duplicates = 4;
@@ -638,7 +746,7 @@ export declare type PublishResponse = Message<"postbox.v1.PublishResponse"> & {
   duplicates: boolean[];
 
   /**
-   * Server-assigned id of this publish, unique across topics; webhooks see it
+   * Output only. Server-assigned id of this publish, unique across topics; webhooks see it
    * as message.messageId.
    *
    * @generated from field: string publish_id = 5;
@@ -734,35 +842,35 @@ export declare const PublishBatchRequestSchema: GenMessage<PublishBatchRequest>;
  */
 export declare type PublishResult = Message<"postbox.v1.PublishResult"> & {
   /**
-   * See PublishResponse.message_ids.
+   * Output only. See PublishResponse.message_ids.
    *
    * @generated from field: repeated string message_ids = 1;
    */
   messageIds: string[];
 
   /**
-   * See PublishResponse.webhook_deliveries.
+   * Output only. See PublishResponse.webhook_deliveries.
    *
    * @generated from field: int32 webhook_deliveries = 2;
    */
   webhookDeliveries: number;
 
   /**
-   * See PublishResponse.queues.
+   * Output only. See PublishResponse.queues.
    *
    * @generated from field: repeated string queues = 3;
    */
   queues: string[];
 
   /**
-   * See PublishResponse.duplicates.
+   * Output only. See PublishResponse.duplicates.
    *
    * @generated from field: repeated bool duplicates = 4;
    */
   duplicates: boolean[];
 
   /**
-   * See PublishResponse.publish_id.
+   * Output only. See PublishResponse.publish_id.
    *
    * @generated from field: string publish_id = 5;
    */
@@ -782,7 +890,7 @@ export declare const PublishResultSchema: GenMessage<PublishResult>;
  */
 export declare type PublishBatchResponse = Message<"postbox.v1.PublishBatchResponse"> & {
   /**
-   * One result per entry, in entry order.
+   * Output only. One result per entry, in entry order.
    *
    * @generated from field: repeated postbox.v1.PublishResult results = 1;
    */
@@ -851,11 +959,11 @@ export declare type WebhookDelivery = Message<"postbox.v1.WebhookDelivery"> & {
   lastAttemptTime?: Timestamp | undefined;
 
   /**
-   * Output only. HTTP status of the latest attempt; 0 when none came back.
+   * Output only. HTTP status of the latest attempt; unset when none came back.
    *
-   * @generated from field: int32 last_status_code = 8;
+   * @generated from field: optional int32 last_status_code = 8;
    */
-  lastStatusCode: number;
+  lastStatusCode?: number | undefined;
 
   /**
    * Output only. What went wrong in the latest attempt.
@@ -934,14 +1042,14 @@ export declare const ListWebhookDeliveriesRequestSchema: GenMessage<ListWebhookD
  */
 export declare type ListWebhookDeliveriesResponse = Message<"postbox.v1.ListWebhookDeliveriesResponse"> & {
   /**
-   * Deliveries in publish order.
+   * Output only. Deliveries in publish order.
    *
    * @generated from field: repeated postbox.v1.WebhookDelivery deliveries = 1;
    */
   deliveries: WebhookDelivery[];
 
   /**
-   * Token for the next page; empty on the last page.
+   * Output only. Token for the next page; empty on the last page.
    *
    * @generated from field: string next_page_token = 2;
    */
@@ -1079,6 +1187,18 @@ export declare const TopicService: GenService<{
     output: typeof DeleteSubscriptionResponseSchema;
   },
   /**
+   * Changes the fields of a subscription named in the update mask. A
+   * subscription keeps its kind (queue or webhook); pending webhook
+   * deliveries take the new URL and settings from their next attempt on.
+   *
+   * @generated from rpc postbox.v1.TopicService.UpdateSubscription
+   */
+  updateSubscription: {
+    methodKind: "unary";
+    input: typeof UpdateSubscriptionRequestSchema;
+    output: typeof UpdateSubscriptionResponseSchema;
+  },
+  /**
    * Publishes one message: it is committed to every matching queue
    * subscription, and queued for every matching webhook, before the call
    * returns. All or nothing: when a queue refuses the message (too large,
@@ -1114,6 +1234,20 @@ export declare const TopicService: GenService<{
     methodKind: "unary";
     input: typeof ListWebhookDeliveriesRequestSchema;
     output: typeof ListWebhookDeliveriesResponseSchema;
+  },
+  /**
+   * Sends webhook deliveries back for attempts due now: one delivery by id
+   * (failed, or pending between attempts), or every failed delivery of the
+   * subscription. A failed delivery gets its max_attempts afresh.
+   * FAILED_PRECONDITION for a queue subscription, or a delivery being
+   * attempted at the moment.
+   *
+   * @generated from rpc postbox.v1.TopicService.RetryWebhookDelivery
+   */
+  retryWebhookDelivery: {
+    methodKind: "unary";
+    input: typeof RetryWebhookDeliveryRequestSchema;
+    output: typeof RetryWebhookDeliveryResponseSchema;
   },
 }>;
 

@@ -1,9 +1,9 @@
--- postbox 0.7.0: queues and messages, with retries and dead letters, delays,
+-- postbox 0.8.0: queues and messages, with retries and dead letters, delays,
 -- retention and archive, FIFO groups, deduplication, priority and flow control;
 -- topics with queue and webhook subscriptions; cron, interval and one-shot
 -- schedules.
 --
--- Install from psql with `psql -1 -f postbox--0.7.0.sql` (one transaction), with
+-- Install from psql with `psql -1 -f postbox--0.8.0.sql` (one transaction), with
 -- `CREATE EXTENSION postbox` where the files sit in the server's extension
 -- directory, or let `postbox serve` / `postbox migrate` do it. Plain SQL and
 -- PL/pgSQL only, so it runs on managed PostgreSQL 14-18.
@@ -93,7 +93,8 @@ CREATE TABLE postbox.messages (
     dedupe_key text,  -- idempotent enqueue: cleared when the message is first received
     source_queue_id integer,  -- dead letters: the queue the message came from
     dead_lettered_at timestamptz,
-    last_error text  -- from the latest nack
+    last_error text,  -- from the latest nack
+    expires_at timestamptz  -- since 0.8.0: the message's own expiry (ttl or expire_time); NULL: none
 ) WITH (
     -- A queue table turns over constantly: vacuum early and without throttling,
     -- so dead tuples do not pile up in front of the receive index scan.
@@ -114,6 +115,8 @@ CREATE INDEX messages_priority_idx ON postbox.messages (queue_id, priority DESC,
 -- The messages of a group in order: FIFO promotion and appends.
 CREATE INDEX messages_group_idx ON postbox.messages (queue_id, message_group_id, id)
     WHERE message_group_id IS NOT NULL;
+-- Maintenance finds messages past their own expiry through this index.
+CREATE INDEX messages_expiry_idx ON postbox.messages (expires_at) WHERE expires_at IS NOT NULL;
 -- Idempotent enqueue: one waiting message per key.
 CREATE UNIQUE INDEX messages_dedupe_key_idx ON postbox.messages (queue_id, dedupe_key)
     WHERE dedupe_key IS NOT NULL;
@@ -169,7 +172,8 @@ CREATE TABLE postbox.redrive_tasks (
     credit double precision NOT NULL DEFAULT 0,  -- moves the rate allows but not yet made
     failure_reason text,
     created_at timestamptz NOT NULL DEFAULT now(),
-    updated_at timestamptz NOT NULL DEFAULT now()
+    updated_at timestamptz NOT NULL DEFAULT now(),
+    message_ids bigint[]  -- since 0.8.0: the dead letters to move; NULL: all
 );
 -- One running redrive per dead-letter queue.
 CREATE UNIQUE INDEX redrive_tasks_running_idx ON postbox.redrive_tasks (dead_letter_queue_id)
@@ -406,6 +410,24 @@ BEGIN
 END
 $$;
 
+-- The message of a check of the queue names in queue settings (the
+-- dead-letter queue and the redrive sources), or NULL when each is well formed
+-- or absent. Callers check names before they look anything up, so that a
+-- malformed name is PB400 whether the queues exist or not.
+CREATE FUNCTION postbox._settings_name_problem(settings jsonb) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT field || ': ' || postbox.queue_name_problem(name)
+    FROM (SELECT 'dead_letter_queue' AS field, settings #>> '{dead_letter_policy,dead_letter_queue}' AS name
+          WHERE jsonb_typeof(settings #> '{dead_letter_policy,dead_letter_queue}') = 'string'
+          UNION ALL
+          SELECT 'source_queues', e #>> '{}'
+          FROM jsonb_array_elements(CASE WHEN jsonb_typeof(settings #> '{redrive_allow_policy,source_queues}') = 'array'
+                                         THEN settings #> '{redrive_allow_policy,source_queues}' END) e
+          WHERE jsonb_typeof(e) = 'string') names
+    WHERE postbox.queue_name_problem(name) IS NOT NULL
+    LIMIT 1
+$$;
+
 -- Checks settings jsonb (a full set, in the shape of queue_defaults()) and
 -- writes them into q; q.name and q.fifo must be set.
 CREATE FUNCTION postbox._apply_settings(q postbox.queues, settings jsonb) RETURNS postbox.queues
@@ -417,6 +439,8 @@ DECLARE
     policy jsonb;
     dlq postbox.queues;
 BEGIN
+    PERFORM postbox._invalid(postbox._settings_name_problem(settings))
+    WHERE postbox._settings_name_problem(settings) IS NOT NULL;
     SELECT string_agg(k, ', ') INTO unknown
     FROM jsonb_object_keys(settings) AS k
     WHERE NOT postbox.queue_defaults() ? k;
@@ -526,12 +550,13 @@ BEGIN
         IF number <> trunc(number) OR number NOT BETWEEN 1 AND 1000 THEN
             PERFORM postbox._invalid(format('max_receive_count is %s; it must be 1 to 1000', number));
         END IF;
+        IF policy ->> 'dead_letter_queue' = q.name THEN
+            PERFORM postbox._invalid('a queue cannot be its own dead-letter queue');
+        END IF;
         SELECT * INTO dlq FROM postbox.queues WHERE name = policy ->> 'dead_letter_queue';
         IF NOT FOUND THEN
-            PERFORM postbox._invalid(format('dead-letter queue %s does not exist; create it first',
-                                            quote_literal(policy ->> 'dead_letter_queue')));
-        ELSIF dlq.name = q.name THEN
-            PERFORM postbox._invalid('a queue cannot be its own dead-letter queue');
+            RAISE EXCEPTION USING ERRCODE = 'PB404', MESSAGE = format(
+                'dead-letter queue %s does not exist; create it first', quote_literal(policy ->> 'dead_letter_queue'));
         ELSIF dlq.fifo <> q.fifo THEN
             PERFORM postbox._invalid('a FIFO queue needs a FIFO dead-letter queue, and a standard queue '
                                      'a standard one');
@@ -595,7 +620,9 @@ DECLARE
 BEGIN
     SELECT * INTO q FROM postbox.queues WHERE name = queue_name FOR UPDATE;
     IF NOT FOUND THEN
-        q := postbox._queue(queue_name);  -- raises PB404
+        PERFORM postbox._invalid(postbox._settings_name_problem(settings))
+        WHERE postbox._settings_name_problem(settings) IS NOT NULL;
+        q := postbox._queue(queue_name);  -- raises PB400 or PB404
     END IF;
     SELECT coalesce(jsonb_object_agg(key, CASE WHEN value = 'null' THEN postbox.queue_defaults() -> key
                                                ELSE value END), '{}')
@@ -909,6 +936,28 @@ BEGIN
 END
 $$;
 
+-- Tells the servers' workers that work of a kind arrived (since 0.8.0):
+-- 'webhooks' (deliveries due now), 'schedules' (a due time changed) or
+-- 'redrives' (a task started). A NOTIFY on the queues' channel with a payload no
+-- queue name can have; PostgreSQL sends one per transaction however many
+-- statements signal, and only at commit. Idle workers sleep until their next
+-- due time, so work made elsewhere (another server, psql) would otherwise wait
+-- for their slow fallback poll.
+CREATE FUNCTION postbox._signal(kind text) RETURNS void
+LANGUAGE sql AS $$
+    SELECT pg_notify('postbox', '#' || kind)
+$$;
+
+-- The queues among `names` that hold a message a receive could claim now
+-- (since 0.8.0): the servers' safety net for wake-ups lost in a reconnect, one
+-- statement for every queue that has streams waiting.
+CREATE FUNCTION postbox.ready_queues(names text[]) RETURNS SETOF text
+LANGUAGE sql STABLE AS $$
+    SELECT q.name FROM postbox.queues q
+    WHERE q.name = ANY (names) AND NOT q.receive_paused
+      AND EXISTS (SELECT FROM postbox.messages m WHERE m.queue_id = q.id AND m.visible_at <= now())
+$$;
+
 -- PB400 unless a batch of n entries holds 1 to 1,000.
 CREATE FUNCTION postbox._check_batch_size(n integer) RETURNS void
 LANGUAGE plpgsql IMMUTABLE AS $$
@@ -993,7 +1042,7 @@ CREATE FUNCTION postbox.send_batch(
     queue_name text, bodies bytea[], attributes jsonb[] DEFAULT NULL, delays interval[] DEFAULT NULL,
     message_group_ids text[] DEFAULT NULL, deduplication_ids text[] DEFAULT NULL,
     dedupe_keys text[] DEFAULT NULL, priorities integer[] DEFAULT NULL,
-    deliver_ats timestamptz[] DEFAULT NULL)
+    deliver_ats timestamptz[] DEFAULT NULL, ttls interval[] DEFAULT NULL, expire_ats timestamptz[] DEFAULT NULL)
 RETURNS TABLE (message_id bigint, duplicate boolean)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
@@ -1001,7 +1050,7 @@ DECLARE
     q postbox.queues := postbox._queue(queue_name);
     n integer := coalesce(cardinality(bodies), 0);
     problem text;
-    sent_at timestamptz := clock_timestamp();
+    sent_at timestamptz;
     latest timestamptz;
     ids bigint[];
     resolved bigint[];
@@ -1013,10 +1062,17 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'PB503', MESSAGE = format(
             'queue %s is paused for sending; ResumeQueue lets sends in again', quote_literal(queue_name));
     END IF;
+    -- A writer of the messages table from here on, before the clock is read:
+    -- receive_floor stays at or before the start of every transaction that holds
+    -- this lock, so a message stamped sent_at can never land behind the floor,
+    -- however long the locks below keep the send waiting. (The lock is the one
+    -- the insert takes anyway, and conflicts with no other writer.)
+    LOCK TABLE postbox.messages IN ROW EXCLUSIVE MODE;
+    sent_at := clock_timestamp();
     PERFORM postbox._check_batch_size(n);
     IF greatest(cardinality(attributes), cardinality(delays), cardinality(message_group_ids),
                 cardinality(deduplication_ids), cardinality(dedupe_keys), cardinality(priorities),
-                cardinality(deliver_ats)) > n THEN
+                cardinality(deliver_ats), cardinality(ttls), cardinality(expire_ats)) > n THEN
         PERFORM postbox._invalid('per-entry arrays may not have more entries than bodies');
     END IF;
     -- A message must become visible before it expires, so a delay stays below
@@ -1041,6 +1097,11 @@ BEGIN
             WHEN e.t >= latest THEN format(
                 'delivery time %s is not before %s, when the message would expire (the queue''s retention is '
                 '%s s): deliver it sooner or raise retention', e.t, latest, trim_scale(extract(epoch FROM q.retention)))
+            WHEN e.l IS NOT NULL AND e.e IS NOT NULL THEN 'give a ttl or an expire_time, not both'
+            WHEN e.l <= interval '0' THEN format('ttl %s s must be above 0', trim_scale(extract(epoch FROM e.l)))
+            WHEN coalesce(e.e, sent_at + e.l) <= postbox._visible_at(sent_at, e.d, e.t, q.delivery_delay) THEN format(
+                'the message would expire (at %s) before it became visible (at %s): expire it later or deliver it '
+                'sooner', coalesce(e.e, sent_at + e.l), postbox._visible_at(sent_at, e.d, e.t, q.delivery_delay))
             WHEN e.p NOT BETWEEN 0 AND 9 THEN format('priority %s is outside 0 to 9', e.p)
             WHEN q.fifo AND e.p > 0 THEN 'FIFO queues deliver in order; priority is for standard queues'
             WHEN q.fifo AND e.g IS NULL THEN 'FIFO queues need a message_group_id'
@@ -1057,7 +1118,7 @@ BEGIN
                 postbox.message_size(e.b, e.a), q.max_message_size)
         END AS problem
         FROM unnest(bodies, delays, deliver_ats, priorities, message_group_ids, deduplication_ids,
-                    dedupe_keys, attributes) WITH ORDINALITY AS e(b, d, t, p, g, x, k, a, i)
+                    dedupe_keys, attributes, ttls, expire_ats) WITH ORDINALITY AS e(b, d, t, p, g, x, k, a, l, e, i)
     ) AS c
     WHERE c.problem IS NOT NULL
     ORDER BY c.i
@@ -1077,11 +1138,11 @@ BEGIN
         RETURN QUERY
         WITH inserted AS (
             INSERT INTO postbox.messages (queue_id, visible_at, enqueued_at, attributes, body, priority,
-                                          message_group_id)
+                                          message_group_id, expires_at)
             SELECT q.id, postbox._visible_at(sent_at, d, t, q.delivery_delay), sent_at,
-                   a, b, coalesce(p, 0), g
-            FROM unnest(bodies, attributes, delays, deliver_ats, priorities, message_group_ids)
-                 WITH ORDINALITY AS e(b, a, d, t, p, g, i)
+                   a, b, coalesce(p, 0), g, coalesce(x, sent_at + l)
+            FROM unnest(bodies, attributes, delays, deliver_ats, priorities, message_group_ids, ttls, expire_ats)
+                 WITH ORDINALITY AS e(b, a, d, t, p, g, l, x, i)
             ORDER BY i
             RETURNING id
         )
@@ -1133,19 +1194,23 @@ BEGIN
             UPDATE postbox.messages m SET dedupe_key = NULL
             WHERE m.queue_id = q.id AND m.dedupe_key = ANY (dedupe_keys) AND m.enqueued_at < now() - q.retention;
         END IF;
+        UPDATE postbox.messages m SET dedupe_key = NULL
+        WHERE m.queue_id = q.id AND m.dedupe_key = ANY (dedupe_keys) AND m.expires_at <= now();
         WITH upserted AS (
             INSERT INTO postbox.messages AS m (id, queue_id, visible_at, enqueued_at, attributes, body,
-                                               priority, message_group_id, dedupe_key)
+                                               priority, message_group_id, dedupe_key, expires_at)
             OVERRIDING SYSTEM VALUE
             SELECT DISTINCT ON (e.k) ids[e.i], q.id,
                    postbox._visible_at(sent_at, e.d, e.t, q.delivery_delay), sent_at,
-                   e.a, e.b, coalesce(e.p, 0), e.g, e.k
-            FROM unnest(bodies, attributes, delays, deliver_ats, priorities, message_group_ids, dedupe_keys)
-                 WITH ORDINALITY AS e(b, a, d, t, p, g, k, i)
+                   e.a, e.b, coalesce(e.p, 0), e.g, e.k, coalesce(e.x, sent_at + e.l)
+            FROM unnest(bodies, attributes, delays, deliver_ats, priorities, message_group_ids, dedupe_keys,
+                        ttls, expire_ats)
+                 WITH ORDINALITY AS e(b, a, d, t, p, g, k, l, x, i)
             WHERE e.k IS NOT NULL
             ORDER BY e.k, e.i DESC
             ON CONFLICT (queue_id, dedupe_key) WHERE dedupe_key IS NOT NULL DO UPDATE
-            SET body = excluded.body, attributes = excluded.attributes, priority = excluded.priority
+            SET body = excluded.body, attributes = excluded.attributes, priority = excluded.priority,
+                expires_at = excluded.expires_at
             RETURNING m.id, m.dedupe_key
         )
         SELECT ARRAY(
@@ -1171,7 +1236,7 @@ BEGIN
     END IF;
 
     INSERT INTO postbox.messages (id, queue_id, visible_at, enqueued_at, attributes, body, priority,
-                                  message_group_id, deduplication_id)
+                                  message_group_id, deduplication_id, expires_at)
     OVERRIDING SYSTEM VALUE
     SELECT ids[e.i], q.id,
            CASE WHEN q.fifo AND (row_number() OVER (PARTITION BY e.g ORDER BY e.i) > 1
@@ -1179,10 +1244,10 @@ BEGIN
                                             WHERE x.queue_id = q.id AND x.message_group_id = e.g))
                 THEN 'infinity'
                 ELSE postbox._visible_at(sent_at, e.d, e.t, q.delivery_delay) END,
-           sent_at, e.a, e.b, coalesce(e.p, 0), e.g, e.x
+           sent_at, e.a, e.b, coalesce(e.p, 0), e.g, e.x, coalesce(e.e, sent_at + e.l)
     FROM unnest(bodies, attributes, delays, deliver_ats, priorities, message_group_ids, dedup,
-                dedupe_keys, resolved)
-         WITH ORDINALITY AS e(b, a, d, t, p, g, x, k, r, i)
+                dedupe_keys, resolved, ttls, expire_ats)
+         WITH ORDINALITY AS e(b, a, d, t, p, g, x, k, r, l, e, i)
     WHERE e.k IS NULL AND e.r = ids[e.i]
     ORDER BY e.i;
     PERFORM postbox._notify(q);
@@ -1195,13 +1260,15 @@ $$;
 CREATE FUNCTION postbox.send(
     queue_name text, body bytea, attributes jsonb DEFAULT NULL, delay interval DEFAULT NULL,
     message_group_id text DEFAULT NULL, deduplication_id text DEFAULT NULL,
-    dedupe_key text DEFAULT NULL, priority integer DEFAULT NULL, deliver_at timestamptz DEFAULT NULL)
+    dedupe_key text DEFAULT NULL, priority integer DEFAULT NULL, deliver_at timestamptz DEFAULT NULL,
+    ttl interval DEFAULT NULL, expire_at timestamptz DEFAULT NULL)
 RETURNS bigint
 LANGUAGE sql AS $$
     SELECT message_id FROM postbox.send_batch(
         queue_name, ARRAY[body], postbox._array_of(attributes), postbox._array_of(delay),
         postbox._array_of(message_group_id), postbox._array_of(deduplication_id),
-        postbox._array_of(dedupe_key), postbox._array_of(priority), postbox._array_of(deliver_at))
+        postbox._array_of(dedupe_key), postbox._array_of(priority), postbox._array_of(deliver_at),
+        postbox._array_of(ttl), postbox._array_of(expire_at))
 $$;
 
 -- Takes up to `wanted` tokens of a rate-limited queue's bucket (capacity: one
@@ -1347,12 +1414,18 @@ $$;
 -- move to the dead-letter queue instead. A rate-limited queue returns fewer
 -- messages when its tokens run short. PB503 while receives are paused.
 -- scan_from: where to start in the ready index, from receive_floor (NULL: the
--- front).
+-- front). max_bytes (since 0.8.0; NULL: no limit) bounds the claim by size: it
+-- stops before the message that would take the sum of the claimed messages'
+-- sizes (body, attributes and 256 bytes for the rest) past max_bytes, and always
+-- claims one. `more` (on every row) says that deliverable messages were left for
+-- the next call, so a caller that wants them all claims again at once.
 CREATE FUNCTION postbox.receive(queue_name text, max_messages integer DEFAULT 1,
-                                visibility_timeout interval DEFAULT NULL, scan_from timestamptz DEFAULT NULL)
+                                visibility_timeout interval DEFAULT NULL, scan_from timestamptz DEFAULT NULL,
+                                max_bytes bigint DEFAULT NULL)
 RETURNS TABLE (message_id bigint, body bytea, attributes jsonb, enqueued_at timestamptz,
                receive_count integer, first_received_at timestamptz, receipt text, priority smallint,
-               message_group_id text, deduplication_id text, dead_letter_source text, last_error text)
+               message_group_id text, deduplication_id text, dead_letter_source text, last_error text,
+               more boolean)
 LANGUAGE plpgsql
 -- Receive must walk the ready index in order and stop at the first rows it can
 -- claim. With stale statistics the planner may instead fetch every visible row
@@ -1364,6 +1437,10 @@ LANGUAGE plpgsql
 SET enable_seqscan = off
 SET enable_bitmapscan = off
 SET enable_sort = off
+-- The size budget's window sorts a claim's few rows, which enable_sort = off
+-- prices as enormous; that price must not buy a JIT compilation (hundreds of
+-- milliseconds) on every receive.
+SET jit = off
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -1375,6 +1452,7 @@ DECLARE
     to_deliver bigint[];
     to_expire bigint[];
     to_bury bigint[];
+    left_over boolean;
 BEGIN
     IF max_messages IS NULL OR max_messages NOT BETWEEN 1 AND 1000 THEN
         PERFORM postbox._invalid(format('max_messages is %s; it must be 1 to 1000', max_messages));
@@ -1392,14 +1470,28 @@ BEGIN
         allowed := CASE WHEN q.receive_rate_limit IS NULL THEN max_messages
                         ELSE postbox._take_receive_tokens(q, max_messages) END;
         EXIT WHEN allowed = 0;
-        SELECT array_agg(p.id ORDER BY p.priority DESC, p.visible_at, p.id) FILTER (WHERE NOT p.gone AND NOT p.dead),
+        SELECT array_agg(p.id ORDER BY p.priority DESC, p.visible_at, p.id) FILTER (WHERE p.deliver),
                array_agg(p.id) FILTER (WHERE p.gone),
-               array_agg(p.id) FILTER (WHERE p.dead AND NOT p.gone)
-        INTO to_deliver, to_expire, to_bury
+               array_agg(p.id) FILTER (WHERE p.dead AND NOT p.gone),
+               coalesce(bool_or(NOT p.gone AND NOT p.dead AND NOT p.deliver), false)
+        INTO to_deliver, to_expire, to_bury, left_over
         FROM (
+          SELECT c.*,
+                 NOT c.gone AND NOT c.dead
+                 AND (max_bytes IS NULL
+                      -- A prefix of the deliverable candidates, in claim order, within
+                      -- max_bytes; at least the first.
+                      OR sum(c.size) FILTER (WHERE NOT c.gone AND NOT c.dead)
+                             OVER (ORDER BY c.priority DESC, c.visible_at, c.id) <= max_bytes
+                      OR count(*) FILTER (WHERE NOT c.gone AND NOT c.dead)
+                             OVER (ORDER BY c.priority DESC, c.visible_at, c.id) = 1) AS deliver
+          FROM (
             SELECT * FROM (  -- priority > 0 first, through its partial index
-                SELECT m.id, m.priority, m.visible_at, coalesce(m.enqueued_at < expired_before, false) AS gone,
-                       coalesce(m.receive_count >= q.max_receive_count, false) AS dead
+                SELECT m.id, m.priority, m.visible_at, coalesce(m.enqueued_at < expired_before, false)
+                                                                  OR coalesce(m.expires_at <= now(), false) AS gone,
+                       coalesce(m.receive_count >= q.max_receive_count, false) AS dead,
+                       -- octet_length reads a TOASTed body's size without fetching it.
+                       octet_length(m.body) + coalesce(pg_column_size(m.attributes), 0) + 256 AS size
                 FROM postbox.messages m
                 WHERE m.queue_id = q.id AND m.priority > 0 AND m.visible_at BETWEEN scan_start AND now()
                 ORDER BY m.priority DESC, m.visible_at, m.id
@@ -1407,14 +1499,17 @@ BEGIN
                 FOR UPDATE SKIP LOCKED) AS high
             UNION ALL
             SELECT * FROM (  -- then the rest, in visibility order
-                SELECT m.id, m.priority, m.visible_at, coalesce(m.enqueued_at < expired_before, false),
-                       coalesce(m.receive_count >= q.max_receive_count, false)
+                SELECT m.id, m.priority, m.visible_at, coalesce(m.enqueued_at < expired_before, false)
+                                                             OR coalesce(m.expires_at <= now(), false),
+                       coalesce(m.receive_count >= q.max_receive_count, false),
+                       octet_length(m.body) + coalesce(pg_column_size(m.attributes), 0) + 256
                 FROM postbox.messages m
                 WHERE m.queue_id = q.id AND m.priority = 0 AND m.visible_at BETWEEN scan_start AND now()
                 ORDER BY m.visible_at, m.id
                 LIMIT allowed
                 FOR UPDATE SKIP LOCKED) AS normal
             LIMIT allowed
+          ) AS c
         ) AS p;
         IF to_expire IS NOT NULL THEN
             PERFORM postbox._remove(q, to_expire, NULL, 'expired');
@@ -1440,7 +1535,8 @@ BEGIN
             )
             SELECT c.id, c.body, c.attributes, c.enqueued_at, c.receive_count, c.first_received_at,
                    c.id || ':' || c.lease, c.priority, c.message_group_id, c.deduplication_id,
-                   (SELECT s.name FROM postbox.queues s WHERE s.id = c.source_queue_id), c.last_error
+                   (SELECT s.name FROM postbox.queues s WHERE s.id = c.source_queue_id), c.last_error,
+                   left_over
             -- In claim order: the claim overwrote visible_at, so the order comes from to_deliver.
             FROM claimed c JOIN unnest(to_deliver) WITH ORDINALITY AS o(id, n) ON o.id = c.id
             ORDER BY o.n;
@@ -1805,26 +1901,40 @@ $$;
 CREATE FUNCTION postbox.list_dead_letter_source_queues(queue_name text, page_size integer DEFAULT 100,
                                                        after_name text DEFAULT '')
 RETURNS SETOF text
-LANGUAGE sql STABLE AS $$
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    -- Looked up first: in the query's filter it would run only if some queue
+    -- were scanned, and an absent queue must be PB404 on an empty database too.
+    dlq postbox.queues := postbox._queue(queue_name);
+BEGIN
+    RETURN QUERY
     SELECT s.name FROM postbox.queues s
-    WHERE s.dead_letter_queue_id = (postbox._queue(queue_name)).id AND s.name > coalesce(after_name, '')
+    WHERE s.dead_letter_queue_id = dlq.id AND s.name > coalesce(after_name, '')
     ORDER BY s.name
-    LIMIT page_size
+    LIMIT page_size;
+END
 $$;
 
 -- Starts moving the dead letters of a queue back: to each message's source
 -- queue, or to `destination`; at most max_messages (NULL: all), at most `rate`
--- per second (NULL: as fast as the maintenance worker goes). The servers'
--- maintenance worker runs the task (run_redrives). PB412 while one runs.
+-- per second (NULL: as fast as the maintenance worker goes); only the dead
+-- letters in message_ids when given (NULL: all), PB404 naming the first id
+-- that is not one of the queue's. The servers' maintenance worker runs the
+-- task (run_redrives). PB412 while one runs.
 CREATE FUNCTION postbox.start_redrive(dead_letter_queue text, destination text DEFAULT NULL,
-                                      max_messages bigint DEFAULT NULL, rate double precision DEFAULT NULL)
+                                      max_messages bigint DEFAULT NULL, rate double precision DEFAULT NULL,
+                                      message_ids bigint[] DEFAULT NULL)
 RETURNS postbox.redrive_tasks
 LANGUAGE plpgsql AS $$
 DECLARE
-    dlq postbox.queues := postbox._queue(dead_letter_queue);
+    dlq postbox.queues;
     target postbox.queues;
     task postbox.redrive_tasks;
+    missing bigint;
 BEGIN
+    PERFORM postbox._invalid('destination: ' || postbox.queue_name_problem(destination))
+    WHERE destination IS NOT NULL AND postbox.queue_name_problem(destination) IS NOT NULL;
+    dlq := postbox._queue(dead_letter_queue);
     IF destination IS NOT NULL THEN
         target := postbox._queue(destination);
         IF target.id = dlq.id THEN
@@ -1840,6 +1950,17 @@ BEGIN
     IF rate <= 0 OR rate > 1e6 THEN
         PERFORM postbox._invalid(format('rate is %s; it must be above 0 and at most 1000000 per second', rate));
     END IF;
+    IF cardinality(message_ids) NOT BETWEEN 1 AND 1000 THEN
+        PERFORM postbox._invalid(format('message_ids names %s messages; name 1 to 1000, or none for all',
+                                        cardinality(message_ids)));
+    END IF;
+    SELECT i INTO missing FROM unnest(message_ids) AS i
+    WHERE NOT EXISTS (SELECT FROM postbox.messages m WHERE m.id = i AND m.queue_id = dlq.id)
+    LIMIT 1;
+    IF missing IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'PB404', MESSAGE = format(
+            'message %s is not in queue %s: redrive only its dead letters', missing, quote_literal(dead_letter_queue));
+    END IF;
     IF NOT EXISTS (SELECT FROM postbox.queues WHERE dead_letter_queue_id = dlq.id)
        AND NOT EXISTS (SELECT FROM postbox.messages WHERE queue_id = dlq.id AND source_queue_id IS NOT NULL) THEN
         RAISE EXCEPTION USING ERRCODE = 'PB412', MESSAGE = format(
@@ -1849,25 +1970,34 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'PB412', MESSAGE = format(
             'a redrive of %s is already running; cancel it or let it finish', quote_literal(dead_letter_queue));
     END IF;
-    INSERT INTO postbox.redrive_tasks (dead_letter_queue_id, destination_queue_id, max_messages, rate, to_move)
-    SELECT dlq.id, target.id, max_messages, rate, least(count(*), max_messages)
+    INSERT INTO postbox.redrive_tasks (dead_letter_queue_id, destination_queue_id, max_messages, rate, to_move,
+                                       message_ids)
+    SELECT dlq.id, target.id, max_messages, rate, least(count(*), max_messages), start_redrive.message_ids
     FROM postbox.messages m
     WHERE m.queue_id = dlq.id AND (m.lease IS NULL OR m.visible_at <= now())
+          AND (start_redrive.message_ids IS NULL OR m.id = ANY (start_redrive.message_ids))
     RETURNING * INTO task;
+    PERFORM postbox._signal('redrives');
     RETURN task;
 END
 $$;
 
--- The redrive tasks of a dead-letter queue, newest first.
-CREATE FUNCTION postbox.list_redrive_tasks(dead_letter_queue text, page_size integer DEFAULT 10)
+-- The redrive tasks of a dead-letter queue, newest first; a page after
+-- after_task, the last task of the page before.
+CREATE FUNCTION postbox.list_redrive_tasks(dead_letter_queue text, page_size integer DEFAULT 10,
+                                           after_task uuid DEFAULT NULL)
 RETURNS SETOF postbox.redrive_tasks
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
     dlq postbox.queues := postbox._queue(dead_letter_queue);  -- PB404 even when no task exists
+    after postbox.redrive_tasks;
 BEGIN
+    SELECT * INTO after FROM postbox.redrive_tasks WHERE id = after_task;
     RETURN QUERY
     SELECT * FROM postbox.redrive_tasks t
     WHERE t.dead_letter_queue_id = dlq.id
+      -- After it in (created_at DESC, id) order: older, or as old with a greater id.
+      AND (after_task IS NULL OR (t.created_at, after.id) < (after.created_at, t.id))
     ORDER BY t.created_at DESC, t.id
     LIMIT page_size;
 END
@@ -1897,7 +2027,9 @@ $$;
 
 -- One step of every running redrive: moves up to batch_size messages per task,
 -- fewer when its rate says so. Tasks are claimed with SKIP LOCKED, so servers
--- running this together never move the same messages. Returns how many moved.
+-- running this together never move the same messages. Returns how many moved,
+-- or NULL (since 0.8.0) when it found no task to step: the maintenance worker
+-- then sleeps until a redrive starts.
 CREATE FUNCTION postbox.run_redrives(batch_size integer DEFAULT 1000) RETURNS bigint
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -1909,13 +2041,14 @@ DECLARE
     allowance bigint;
     picked bigint[];
     moved bigint;
-    total bigint := 0;
+    total bigint;
     stranded bigint;
 BEGIN
     FOR task IN
         SELECT * FROM postbox.redrive_tasks WHERE status = 'running' ORDER BY created_at
         FOR UPDATE SKIP LOCKED
     LOOP
+        total := coalesce(total, 0);
         SELECT * INTO dlq FROM postbox.queues WHERE id = task.dead_letter_queue_id;
         credit := CASE WHEN task.rate IS NULL THEN batch_size
                        ELSE least(task.credit + task.rate * extract(epoch FROM at - task.updated_at),
@@ -1927,6 +2060,7 @@ BEGIN
             SELECT array_agg(m.id) INTO picked
             FROM (SELECT m.id FROM postbox.messages m
                   WHERE m.queue_id = dlq.id AND (m.lease IS NULL OR m.visible_at <= now())
+                        AND (task.message_ids IS NULL OR m.id = ANY (task.message_ids))
                         AND (task.destination_queue_id IS NOT NULL
                              OR m.source_queue_id IN (SELECT id FROM postbox.queues))
                   ORDER BY m.id LIMIT allowance
@@ -1949,6 +2083,7 @@ BEGIN
         IF task.moved >= task.max_messages OR (allowance > 0 AND moved < allowance) THEN
             SELECT count(*) INTO stranded FROM postbox.messages m
             WHERE m.queue_id = dlq.id AND task.destination_queue_id IS NULL
+                  AND (task.message_ids IS NULL OR m.id = ANY (task.message_ids))
                   AND m.source_queue_id IS NOT NULL AND m.source_queue_id NOT IN (SELECT id FROM postbox.queues);
             IF stranded > 0 AND NOT task.moved >= task.max_messages THEN
                 task.status := 'failed';
@@ -1973,7 +2108,9 @@ $$;
 -- archives), claimed with SKIP LOCKED so servers running this together never
 -- touch the same rows. The ready index finds most of them cheaply, since
 -- visible_at >= enqueued_at; parked FIFO messages are looked up by group.
--- Receive never delivers an expired message meanwhile. Returns how many.
+-- Receive never delivers an expired message meanwhile. Messages past their
+-- own expires_at (a ttl or expire_time) come through messages_expiry_idx.
+-- Returns how many.
 CREATE FUNCTION postbox.expire_messages(batch_size integer DEFAULT 1000) RETURNS bigint
 LANGUAGE plpgsql
 -- An ordered walk of the ready index, whatever the statistics say (see receive).
@@ -2000,6 +2137,21 @@ BEGIN
                   ORDER BY m.message_group_id, m.id LIMIT batch_size - total
                   FOR UPDATE SKIP LOCKED) AS m;
         END IF;
+        IF picked IS NOT NULL THEN
+            total := total + cardinality(postbox._remove(q, picked, NULL, 'expired'));
+        END IF;
+    END LOOP;
+    -- Messages past their own expiry, oldest expiry first, a queue at a time.
+    FOR q IN SELECT * FROM postbox.queues
+             WHERE id IN (SELECT m.queue_id FROM postbox.messages m
+                          WHERE m.expires_at <= now() ORDER BY m.expires_at LIMIT batch_size)
+             ORDER BY id LOOP
+        EXIT WHEN total >= batch_size;
+        SELECT array_agg(m.id) INTO picked
+        FROM (SELECT m.id FROM postbox.messages m
+              WHERE m.expires_at <= now() AND m.queue_id = q.id
+              ORDER BY m.expires_at LIMIT batch_size - total
+              FOR UPDATE SKIP LOCKED) AS m;
         IF picked IS NOT NULL THEN
             total := total + cardinality(postbox._remove(q, picked, NULL, 'expired'));
         END IF;
@@ -2046,7 +2198,7 @@ CREATE FUNCTION postbox.peek_messages(queue_name text, in_state text DEFAULT NUL
 RETURNS TABLE (message_id bigint, body bytea, attributes jsonb, enqueued_at timestamptz,
                receive_count integer, first_received_at timestamptz, priority smallint,
                message_group_id text, deduplication_id text, dead_letter_source text, last_error text,
-               state text, visible_at timestamptz)
+               state text, visible_at timestamptz, expires_at timestamptz)
 LANGUAGE plpgsql STABLE AS $$
 #variable_conflict use_column
 DECLARE
@@ -2064,10 +2216,11 @@ BEGIN
     SELECT m.id, m.body, m.attributes, m.enqueued_at, m.receive_count, m.first_received_at, m.priority,
            m.message_group_id, m.deduplication_id,
            (SELECT s.name FROM postbox.queues s WHERE s.id = m.source_queue_id), m.last_error,
-           postbox._state(m.visible_at, m.lease), m.visible_at
+           postbox._state(m.visible_at, m.lease), m.visible_at, m.expires_at
     FROM postbox.messages m
     WHERE m.queue_id = q.id AND m.id > coalesce(after_id, 0)
           AND (q.retention IS NULL OR m.enqueued_at >= now() - q.retention)
+          AND (m.expires_at IS NULL OR m.expires_at > now())
           AND (in_state IS NULL
                OR (in_state = 'dead' AND m.source_queue_id IS NOT NULL)
                OR postbox._state(m.visible_at, m.lease) = in_state)
@@ -2081,7 +2234,7 @@ CREATE FUNCTION postbox.get_message(queue_name text, id bigint)
 RETURNS TABLE (message_id bigint, body bytea, attributes jsonb, enqueued_at timestamptz,
                receive_count integer, first_received_at timestamptz, priority smallint,
                message_group_id text, deduplication_id text, dead_letter_source text, last_error text,
-               state text, visible_at timestamptz)
+               state text, visible_at timestamptz, expires_at timestamptz)
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
     RETURN QUERY SELECT * FROM postbox.peek_messages(queue_name, NULL, id - 1, 1) p WHERE p.message_id = id;
@@ -2089,6 +2242,34 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'PB404', MESSAGE = format(
             'message %s is not in queue %s (deleted, expired, or never there)', id, quote_literal(queue_name));
     END IF;
+END
+$$;
+
+-- Removes a message no consumer holds (waiting, delayed, or back from a lease
+-- that ran out), archiving it as cancelled where the queue archives. PB404 if
+-- it is not in the queue; PB412 while a consumer holds it. The row lock makes a
+-- concurrent receive skip the message, so it is cancelled or delivered, never
+-- both.
+CREATE FUNCTION postbox.cancel_message(queue_name text, message_id bigint) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    q postbox.queues := postbox._queue(queue_name);
+    m record;
+BEGIN
+    SELECT x.lease, x.visible_at INTO m
+    FROM postbox.messages x WHERE x.id = message_id AND x.queue_id = q.id
+    FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'PB404', MESSAGE = format(
+            'message %s is not in queue %s: never sent there, or deleted or expired since',
+            message_id, quote_literal(queue_name));
+    END IF;
+    IF m.lease IS NOT NULL AND m.visible_at > clock_timestamp() THEN
+        RAISE EXCEPTION USING ERRCODE = 'PB412', MESSAGE = format(
+            'message %s is in flight: a consumer holds it until %s; delete it with its receipt, or '
+            'cancel it after the lease runs out', message_id, m.visible_at);
+    END IF;
+    PERFORM postbox._remove(q, ARRAY[message_id], ARRAY[NULL::uuid], 'cancelled');
 END
 $$;
 
@@ -2150,7 +2331,8 @@ LANGUAGE sql IMMUTABLE AS $$
     END
 $$;
 
--- The topic of that name; PB404 if there is none.
+-- The topic of that name; PB400 if the name is malformed (no topic can have
+-- it), PB404 if there is none.
 CREATE FUNCTION postbox._topic(topic_name text) RETURNS postbox.topics
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
@@ -2158,6 +2340,9 @@ DECLARE
 BEGIN
     SELECT * INTO t FROM postbox.topics WHERE name = topic_name;
     IF NOT FOUND THEN
+        -- Checked only on a miss, as in _queue: publish pays nothing for it.
+        PERFORM postbox._invalid(postbox.name_problem('topic', topic_name))
+        WHERE postbox.name_problem('topic', topic_name) IS NOT NULL;
         RAISE EXCEPTION USING ERRCODE = 'PB404',
             MESSAGE = format('topic %s does not exist', quote_literal(topic_name));
     END IF;
@@ -2302,6 +2487,68 @@ LANGUAGE sql IMMUTABLE AS $$
     SELECT '{"timeout": 10, "max_attempts": 20, "minimum_backoff": 1, "maximum_backoff": 600}'::jsonb
 $$;
 
+-- Checks a webhook endpoint and writes it into s: the URL, the secret (a new
+-- one when empty) and the settings (a full set, in the shape of
+-- webhook_defaults()).
+CREATE FUNCTION postbox._webhook(s postbox.subscriptions, webhook_url text, webhook_secret text, settings jsonb)
+RETURNS postbox.subscriptions
+LANGUAGE plpgsql AS $$
+DECLARE
+    unknown text;
+    number numeric;
+BEGIN
+    IF length(webhook_url) > 2048 OR webhook_url !~* '^https?://[^/?#[:space:]]+([/?#][^[:space:]]*)?$' THEN
+        PERFORM postbox._invalid(format(
+            'webhook URL %s must be an http:// or https:// URL of at most 2048 characters',
+            quote_literal(left(webhook_url, 100))));
+    END IF;
+    s.webhook_url := webhook_url;
+    IF coalesce(webhook_secret, '') = '' THEN
+        -- gen_random_uuid draws from the server's strong random source.
+        s.webhook_secret := 'whsec_' || encode(uuid_send(gen_random_uuid()) || uuid_send(gen_random_uuid()),
+                                               'base64');
+    ELSIF webhook_secret !~ '^whsec_[A-Za-z0-9+/]+={0,2}$' OR (length(webhook_secret) - 6) % 4 <> 0
+          OR length(decode(substr(webhook_secret, 7), 'base64')) NOT BETWEEN 24 AND 64 THEN
+        PERFORM postbox._invalid('webhook secret must be "whsec_" followed by the base64 of 24 to 64 bytes; '
+                                 'leave it empty to have one generated');
+    ELSE
+        s.webhook_secret := webhook_secret;
+    END IF;
+    SELECT string_agg(k, ', ') INTO unknown
+    FROM jsonb_object_keys(settings) AS k WHERE NOT postbox.webhook_defaults() ? k;
+    IF unknown IS NOT NULL THEN
+        PERFORM postbox._invalid(format('unknown webhook setting(s): %s', unknown));
+    END IF;
+    SELECT string_agg(k, ', ') INTO unknown
+    FROM jsonb_object_keys(settings) AS k WHERE jsonb_typeof(settings -> k) <> 'number';
+    IF unknown IS NOT NULL THEN
+        PERFORM postbox._invalid(format('webhook setting(s) %s must be numbers', unknown));
+    END IF;
+    number := (settings ->> 'timeout')::numeric;
+    IF number NOT BETWEEN 1 AND 60 THEN
+        PERFORM postbox._invalid(format('webhook timeout is %s s; it must be 1 to 60 s', number));
+    END IF;
+    s.webhook_timeout := make_interval(secs => number);
+    number := (settings ->> 'max_attempts')::numeric;
+    IF number <> trunc(number) OR number NOT BETWEEN 1 AND 100 THEN
+        PERFORM postbox._invalid(format('webhook max_attempts is %s; it must be 1 to 100', number));
+    END IF;
+    s.webhook_max_attempts := number::integer;
+    number := (settings ->> 'minimum_backoff')::numeric;
+    IF number NOT BETWEEN 0.1 AND 3600 THEN
+        PERFORM postbox._invalid(format('webhook minimum_backoff is %s s; it must be 0.1 s to 1 h', number));
+    END IF;
+    s.webhook_minimum_backoff := make_interval(secs => number);
+    number := (settings ->> 'maximum_backoff')::numeric;
+    IF number < extract(epoch FROM s.webhook_minimum_backoff) OR number > 86400 THEN
+        PERFORM postbox._invalid(format(
+            'webhook maximum_backoff is %s s; it must be minimum_backoff to 24 h', number));
+    END IF;
+    s.webhook_maximum_backoff := make_interval(secs => number);
+    RETURN s;
+END
+$$;
+
 -- Subscribes a queue (queue_name) or a webhook (webhook_url) to a topic, for
 -- the messages whose routing key matches `pattern` (see _compile_pattern).
 -- A webhook's secret is "whsec_" and the base64 of 24 to 64 bytes, generated
@@ -2313,19 +2560,16 @@ CREATE FUNCTION postbox.create_subscription(
 RETURNS postbox.subscriptions
 LANGUAGE plpgsql AS $$
 DECLARE
-    t postbox.topics := postbox._topic(topic_name);
-    problem text := postbox.name_problem('subscription', subscription_name);
+    t postbox.topics;
+    problem text := coalesce(postbox.name_problem('subscription', subscription_name),
+                             postbox.name_problem('topic', topic_name));
     compiled record;
     s postbox.subscriptions;
-    settings jsonb;
-    unknown text;
-    number numeric;
 BEGIN
     IF problem IS NOT NULL THEN
         PERFORM postbox._invalid(problem);
     END IF;
     compiled := postbox._compile_pattern(coalesce(nullif(pattern, ''), '#'));
-    s.topic_id := t.id;
     s.name := subscription_name;
     s.pattern := coalesce(nullif(pattern, ''), '#');
     s.match_kind := compiled.match_kind;
@@ -2338,56 +2582,12 @@ BEGIN
         END IF;
         s.queue_id := (postbox._queue(queue_name)).id;
     ELSE
-        IF length(webhook_url) > 2048 OR webhook_url !~* '^https?://[^/?#[:space:]]+([/?#][^[:space:]]*)?$' THEN
-            PERFORM postbox._invalid(format(
-                'webhook URL %s must be an http:// or https:// URL of at most 2048 characters',
-                quote_literal(left(webhook_url, 100))));
-        END IF;
-        s.webhook_url := webhook_url;
-        IF coalesce(webhook_secret, '') = '' THEN
-            -- gen_random_uuid draws from the server's strong random source.
-            s.webhook_secret := 'whsec_' || encode(uuid_send(gen_random_uuid()) || uuid_send(gen_random_uuid()),
-                                                   'base64');
-        ELSIF webhook_secret !~ '^whsec_[A-Za-z0-9+/]+={0,2}$' OR (length(webhook_secret) - 6) % 4 <> 0
-              OR length(decode(substr(webhook_secret, 7), 'base64')) NOT BETWEEN 24 AND 64 THEN
-            PERFORM postbox._invalid('webhook secret must be "whsec_" followed by the base64 of 24 to 64 bytes; '
-                                     'leave it empty to have one generated');
-        ELSE
-            s.webhook_secret := webhook_secret;
-        END IF;
-        settings := postbox.webhook_defaults() || jsonb_strip_nulls(coalesce(webhook_settings, '{}'));
-        SELECT string_agg(k, ', ') INTO unknown
-        FROM jsonb_object_keys(settings) AS k WHERE NOT postbox.webhook_defaults() ? k;
-        IF unknown IS NOT NULL THEN
-            PERFORM postbox._invalid(format('unknown webhook setting(s): %s', unknown));
-        END IF;
-        SELECT string_agg(k, ', ') INTO unknown
-        FROM jsonb_object_keys(settings) AS k WHERE jsonb_typeof(settings -> k) <> 'number';
-        IF unknown IS NOT NULL THEN
-            PERFORM postbox._invalid(format('webhook setting(s) %s must be numbers', unknown));
-        END IF;
-        number := (settings ->> 'timeout')::numeric;
-        IF number NOT BETWEEN 1 AND 60 THEN
-            PERFORM postbox._invalid(format('webhook timeout is %s s; it must be 1 to 60 s', number));
-        END IF;
-        s.webhook_timeout := make_interval(secs => number);
-        number := (settings ->> 'max_attempts')::numeric;
-        IF number <> trunc(number) OR number NOT BETWEEN 1 AND 100 THEN
-            PERFORM postbox._invalid(format('webhook max_attempts is %s; it must be 1 to 100', number));
-        END IF;
-        s.webhook_max_attempts := number::integer;
-        number := (settings ->> 'minimum_backoff')::numeric;
-        IF number NOT BETWEEN 0.1 AND 3600 THEN
-            PERFORM postbox._invalid(format('webhook minimum_backoff is %s s; it must be 0.1 s to 1 h', number));
-        END IF;
-        s.webhook_minimum_backoff := make_interval(secs => number);
-        number := (settings ->> 'maximum_backoff')::numeric;
-        IF number < extract(epoch FROM s.webhook_minimum_backoff) OR number > 86400 THEN
-            PERFORM postbox._invalid(format(
-                'webhook maximum_backoff is %s s; it must be minimum_backoff to 24 h', number));
-        END IF;
-        s.webhook_maximum_backoff := make_interval(secs => number);
+        s := postbox._webhook(s, webhook_url, webhook_secret,
+                              postbox.webhook_defaults() || jsonb_strip_nulls(coalesce(webhook_settings, '{}')));
     END IF;
+    -- Looked up last, so that a malformed field is PB400 whether the topic exists or not.
+    t := postbox._topic(topic_name);
+    s.topic_id := t.id;
     INSERT INTO postbox.subscriptions (
         topic_id, name, pattern, match_kind, match_text, queue_id, webhook_url, webhook_secret,
         webhook_timeout, webhook_max_attempts, webhook_minimum_backoff, webhook_maximum_backoff)
@@ -2405,19 +2605,103 @@ BEGIN
 END
 $$;
 
--- The subscription of a topic; PB404 if there is none.
+-- The subscription of a topic; PB400 if either name is malformed, PB404 if
+-- there is none.
 CREATE FUNCTION postbox.get_subscription(topic_name text, subscription_name text)
 RETURNS postbox.subscriptions
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
-    t postbox.topics := postbox._topic(topic_name);
+    t postbox.topics;
     s postbox.subscriptions;
 BEGIN
+    PERFORM postbox._invalid(postbox.name_problem('subscription', subscription_name))
+    WHERE postbox.name_problem('subscription', subscription_name) IS NOT NULL;
+    t := postbox._topic(topic_name);
     SELECT * INTO s FROM postbox.subscriptions WHERE topic_id = t.id AND name = subscription_name;
     IF NOT FOUND THEN
         RAISE EXCEPTION USING ERRCODE = 'PB404', MESSAGE = format(
             'topic %s has no subscription %s', quote_literal(topic_name), quote_literal(subscription_name));
     END IF;
+    RETURN s;
+END
+$$;
+
+-- Changes the fields of a subscription named in `fields`: pattern, queue
+-- (queue subscriptions), webhook.url, webhook.secret, webhook.timeout,
+-- webhook.max_attempts, webhook.minimum_backoff, webhook.maximum_backoff
+-- (webhook subscriptions; the settings in webhook_settings, in the shape of
+-- webhook_defaults()). A named field whose value is NULL goes back to its
+-- default, and an empty secret is generated anew. A subscription keeps its
+-- kind. Takes the topic's lock, as create and delete do, so no publish sees
+-- half a change.
+CREATE FUNCTION postbox.update_subscription(
+    topic_name text, subscription_name text, fields text[], pattern text DEFAULT NULL,
+    queue_name text DEFAULT NULL, webhook_url text DEFAULT NULL, webhook_secret text DEFAULT NULL,
+    webhook_settings jsonb DEFAULT '{}')
+RETURNS postbox.subscriptions
+LANGUAGE plpgsql AS $$
+DECLARE
+    s postbox.subscriptions;
+    hooks text[] := ARRAY['webhook.url', 'webhook.secret', 'webhook.timeout', 'webhook.max_attempts',
+                          'webhook.minimum_backoff', 'webhook.maximum_backoff'];
+    unknown text;
+    compiled record;
+    settings jsonb;
+    field text;
+BEGIN
+    -- Every name is checked before anything is looked up (see _settings_name_problem).
+    PERFORM postbox._invalid('queue: ' || postbox.queue_name_problem(queue_name))
+    WHERE 'queue' = ANY (fields) AND queue_name IS NOT NULL AND postbox.queue_name_problem(queue_name) IS NOT NULL;
+    s := postbox.get_subscription(topic_name, subscription_name);
+    SELECT string_agg(f, ', ') INTO unknown FROM unnest(fields) AS f WHERE NOT f = ANY ('{pattern,queue}' || hooks);
+    IF unknown IS NOT NULL OR coalesce(cardinality(fields), 0) = 0 THEN
+        PERFORM postbox._invalid(format('fields to change: any of pattern, queue, %s (not %s)',
+                                        array_to_string(hooks, ', '), coalesce(unknown, 'none')));
+    ELSIF s.queue_id IS NOT NULL AND fields && hooks THEN
+        PERFORM postbox._invalid(format('subscription %s delivers to a queue: it has no webhook to change',
+                                        quote_literal(subscription_name)));
+    ELSIF s.webhook_url IS NOT NULL AND 'queue' = ANY (fields) THEN
+        PERFORM postbox._invalid(format('subscription %s delivers to a webhook: it has no queue to change',
+                                        quote_literal(subscription_name)));
+    END IF;
+    PERFORM postbox._lock_topic(s.topic_id, true);
+    SELECT * INTO s FROM postbox.subscriptions WHERE id = s.id FOR UPDATE;
+    IF 'pattern' = ANY (fields) THEN
+        compiled := postbox._compile_pattern(coalesce(nullif(pattern, ''), '#'));
+        s.pattern := coalesce(nullif(pattern, ''), '#');
+        s.match_kind := compiled.match_kind;
+        s.match_text := compiled.match_text;
+    END IF;
+    IF 'queue' = ANY (fields) THEN
+        IF queue_name IS NULL THEN
+            PERFORM postbox._invalid('a queue subscription needs its queue');
+        END IF;
+        s.queue_id := (postbox._queue(queue_name)).id;
+    END IF;
+    IF s.webhook_url IS NOT NULL AND fields && hooks THEN
+        settings := jsonb_build_object(
+            'timeout', extract(epoch FROM s.webhook_timeout), 'max_attempts', s.webhook_max_attempts,
+            'minimum_backoff', extract(epoch FROM s.webhook_minimum_backoff),
+            'maximum_backoff', extract(epoch FROM s.webhook_maximum_backoff));
+        FOREACH field IN ARRAY fields LOOP
+            field := substr(field, length('webhook.') + 1);
+            IF postbox.webhook_defaults() ? field THEN
+                settings := settings || jsonb_build_object(
+                    field, coalesce(webhook_settings -> field, postbox.webhook_defaults() -> field));
+            END IF;
+        END LOOP;
+        s := postbox._webhook(
+            s, CASE WHEN 'webhook.url' = ANY (fields) THEN webhook_url ELSE s.webhook_url END,
+            CASE WHEN 'webhook.secret' = ANY (fields) THEN coalesce(webhook_secret, '') ELSE s.webhook_secret END,
+            settings);
+    END IF;
+    UPDATE postbox.subscriptions
+    SET pattern = s.pattern, match_kind = s.match_kind, match_text = s.match_text, queue_id = s.queue_id,
+        webhook_url = s.webhook_url, webhook_secret = s.webhook_secret, webhook_timeout = s.webhook_timeout,
+        webhook_max_attempts = s.webhook_max_attempts, webhook_minimum_backoff = s.webhook_minimum_backoff,
+        webhook_maximum_backoff = s.webhook_maximum_backoff
+    WHERE id = s.id
+    RETURNING * INTO s;
     RETURN s;
 END
 $$;
@@ -2625,6 +2909,7 @@ BEGIN
         SELECT h.s, ids[h.i], published_at, keys[h.i], ordering_keys[h.i],
                attributes[h.i], bodies[h.i], published_at
         FROM unnest(hook_subscriptions, hook_entries) AS h(s, i);
+        PERFORM postbox._signal('webhooks');
     END IF;
 
     RETURN QUERY
@@ -2783,6 +3068,46 @@ BEGIN
 END
 $$;
 
+-- Sends a failed webhook delivery (or, with no delivery_id, every failed
+-- delivery of the subscription) back to pending, due now and with its
+-- attempts counted afresh; a pending one becomes due now. Returns how many.
+-- PB404 for a delivery the subscription does not have.
+CREATE FUNCTION postbox.retry_webhook_deliveries(topic_name text, subscription_name text,
+                                                 delivery_id bigint DEFAULT NULL)
+RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    s postbox.subscriptions := postbox.get_subscription(topic_name, subscription_name);
+    retried bigint;
+BEGIN
+    IF s.webhook_url IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'PB412', MESSAGE = format(
+            'subscription %s of topic %s delivers to a queue, not a webhook',
+            quote_literal(subscription_name), quote_literal(topic_name));
+    END IF;
+    UPDATE postbox.webhook_deliveries d
+    SET state = 'pending', next_attempt_at = now(), lease = NULL,
+        attempts = CASE WHEN d.state = 'failed' THEN 0 ELSE d.attempts END
+    WHERE d.subscription_id = s.id
+      AND CASE WHEN delivery_id IS NULL THEN d.state = 'failed'
+               ELSE d.id = delivery_id AND d.lease IS NULL END;
+    GET DIAGNOSTICS retried = ROW_COUNT;
+    IF retried > 0 THEN
+        PERFORM postbox._signal('webhooks');
+    END IF;
+    IF delivery_id IS NOT NULL AND retried = 0 THEN
+        IF EXISTS (SELECT FROM postbox.webhook_deliveries WHERE id = delivery_id AND subscription_id = s.id) THEN
+            RAISE EXCEPTION USING ERRCODE = 'PB412', MESSAGE = format(
+                'delivery %s is being attempted now; retry it if that attempt fails', delivery_id);
+        END IF;
+        RAISE EXCEPTION USING ERRCODE = 'PB404', MESSAGE = format(
+            'subscription %s of topic %s has no delivery %s (delivered, or forgotten 7 days after it failed)',
+            quote_literal(subscription_name), quote_literal(topic_name), delivery_id);
+    END IF;
+    RETURN retried;
+END
+$$;
+
 -- Forgets up to batch_size failed webhook deliveries whose last attempt is
 -- more than 7 days old. Returns how many.
 CREATE FUNCTION postbox.expire_webhook_deliveries(batch_size integer DEFAULT 1000) RETURNS bigint
@@ -2802,7 +3127,8 @@ $$;
 -- Schedules (since 0.3.0). The server computes every next_fire_at (a cron
 -- expression needs a library); these functions check and store.
 
--- The schedule of that name; PB404 if there is none.
+-- The schedule of that name; PB400 if the name is malformed, PB404 if there
+-- is none.
 CREATE FUNCTION postbox._schedule(schedule_name text) RETURNS postbox.schedules
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
@@ -2810,11 +3136,21 @@ DECLARE
 BEGIN
     SELECT * INTO s FROM postbox.schedules WHERE name = schedule_name;
     IF NOT FOUND THEN
+        PERFORM postbox._invalid(postbox.name_problem('schedule', schedule_name))
+        WHERE postbox.name_problem('schedule', schedule_name) IS NOT NULL;
         RAISE EXCEPTION USING ERRCODE = 'PB404',
             MESSAGE = format('schedule %s does not exist', quote_literal(schedule_name));
     END IF;
     RETURN s;
 END
+$$;
+
+-- The message of a check of a schedule's target names, or NULL when they are
+-- well formed.
+CREATE FUNCTION postbox._target_problem(target_queue text, target_topic text) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT coalesce('target: ' || CASE WHEN target_queue IS NOT NULL THEN postbox.queue_name_problem(target_queue) END,
+                    'target: ' || CASE WHEN target_topic IS NOT NULL THEN postbox.name_problem('topic', target_topic) END)
 $$;
 
 -- Checks a schedule before it is stored: PB400 for a bad field, PB404 when
@@ -2834,6 +3170,8 @@ BEGIN
         WHEN s.every < interval '1 second' OR s.every > interval '366 days' THEN
             format('interval %s is outside 1 s to 366 days', s.every)
         WHEN num_nonnulls(s.target_queue, s.target_topic) <> 1 THEN 'give a target queue or a target topic'
+        WHEN postbox._target_problem(s.target_queue, s.target_topic) IS NOT NULL THEN
+            postbox._target_problem(s.target_queue, s.target_topic)
         WHEN s.target_queue IS NOT NULL AND s.routing_key <> '' THEN 'a routing key is for topic targets'
         WHEN s.body IS NULL THEN 'body must not be NULL'
         WHEN NOT s.paused AND s.next_fire_at IS NULL THEN
@@ -2896,6 +3234,7 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'PB409',
             MESSAGE = format('schedule %s already exists', quote_literal(schedule_name));
     END IF;
+    PERFORM postbox._signal('schedules');
     RETURN s;
 END
 $$;
@@ -2917,7 +3256,9 @@ DECLARE
 BEGIN
     SELECT * INTO s FROM postbox.schedules WHERE name = schedule_name FOR UPDATE;
     IF NOT FOUND THEN
-        s := postbox._schedule(schedule_name);  -- raises PB404
+        PERFORM postbox._invalid(postbox._target_problem(target_queue, target_topic))
+        WHERE 'target' = ANY (fields) AND postbox._target_problem(target_queue, target_topic) IS NOT NULL;
+        s := postbox._schedule(schedule_name);  -- raises PB400 or PB404
     END IF;
     SELECT string_agg(f, ', ') INTO unknown
     FROM unnest(fields) AS f WHERE f NOT IN ('cron', 'interval', 'run_at', 'target', 'body', 'attributes');
@@ -2956,6 +3297,7 @@ BEGIN
         body = s.body, attributes = s.attributes, next_fire_at = s.next_fire_at, updated_at = now()
     WHERE id = s.id
     RETURNING * INTO s;
+    PERFORM postbox._signal('schedules');
     RETURN s;
 END
 $$;
@@ -3031,6 +3373,7 @@ BEGIN
     SET paused = false, next_fire_at = coalesce(resume_schedule.next_fire_at, s.next_fire_at), updated_at = now()
     WHERE id = s.id
     RETURNING * INTO s;
+    PERFORM postbox._signal('schedules');
     RETURN s;
 END
 $$;
@@ -3054,6 +3397,31 @@ BEGIN
 END
 $$;
 
+-- Sends a schedule's message into its target with the given deduplication id:
+-- the ids of the committed messages (one per queue the message reached) and
+-- how many webhook deliveries it queued. Errors reach the caller.
+CREATE FUNCTION postbox._fire(s postbox.schedules, deduplication_id text,
+                              OUT message_ids bigint[], OUT webhook_deliveries integer)
+LANGUAGE plpgsql AS $$
+DECLARE
+    fifo boolean;
+BEGIN
+    webhook_deliveries := 0;
+    IF s.target_queue IS NOT NULL THEN
+        SELECT q.fifo INTO fifo FROM postbox.queues q WHERE q.name = s.target_queue;
+        message_ids := ARRAY(
+            SELECT b.message_id FROM postbox.send_batch(
+                s.target_queue, ARRAY[s.body], postbox._array_of(s.attributes),
+                message_group_ids => CASE WHEN fifo THEN ARRAY[s.name] END,
+                deduplication_ids => ARRAY[deduplication_id]) b);
+    ELSE
+        SELECT p.message_ids, p.webhook_deliveries INTO message_ids, webhook_deliveries
+        FROM postbox.publish(s.target_topic, s.body, s.routing_key, s.attributes,
+                             deduplication_id => deduplication_id) p;
+    END IF;
+END
+$$;
+
 -- Fires a due schedule that the caller claimed: sends its message, or
 -- publishes it, and sets when it fires next (next_fire_at, computed by the
 -- caller; ignored for a one-shot schedule, which is paused for good), all in
@@ -3070,7 +3438,6 @@ LANGUAGE plpgsql AS $$
 DECLARE
     s postbox.schedules;
     deduplication_id text;
-    fifo boolean;
     problem text;
     state text;
     hooks integer := 0;
@@ -3081,16 +3448,7 @@ BEGIN
     END IF;
     deduplication_id := s.name || '@' || to_char(s.next_fire_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"');
     BEGIN
-        IF s.target_queue IS NOT NULL THEN
-            SELECT q.fifo INTO fifo FROM postbox.queues q WHERE q.name = s.target_queue;
-            PERFORM postbox.send_batch(s.target_queue, ARRAY[s.body], postbox._array_of(s.attributes),
-                                       message_group_ids => CASE WHEN fifo THEN ARRAY[s.name] END,
-                                       deduplication_ids => ARRAY[deduplication_id]);
-        ELSE
-            SELECT p.webhook_deliveries INTO hooks
-            FROM postbox.publish(s.target_topic, s.body, s.routing_key, s.attributes,
-                                 deduplication_id => deduplication_id) p;
-        END IF;
+        hooks := (postbox._fire(s, deduplication_id)).webhook_deliveries;
     EXCEPTION WHEN OTHERS THEN
         GET STACKED DIAGNOSTICS state = RETURNED_SQLSTATE, problem = MESSAGE_TEXT;
         IF state NOT LIKE 'PB%' THEN
@@ -3105,6 +3463,30 @@ BEGIN
         last_error = problem
     WHERE id = s.id;
     RETURN QUERY SELECT problem, coalesce(hooks, 0);
+END
+$$;
+
+-- Fires a schedule once now, paused or not, without moving its next fire
+-- time; counted as a fire. Unlike a due fire, a refusal (target missing,
+-- paused or full) is the caller's error and is not kept in last_error. The
+-- fire's deduplication id is "<name>@run:<now>". Returns the schedule and the
+-- ids of the committed messages.
+CREATE FUNCTION postbox.run_schedule(schedule_name text, OUT schedule postbox.schedules,
+                                     OUT message_ids bigint[])
+LANGUAGE plpgsql AS $$
+DECLARE
+    s postbox.schedules;
+BEGIN
+    SELECT * INTO s FROM postbox.schedules WHERE name = schedule_name FOR UPDATE;
+    IF NOT FOUND THEN
+        s := postbox._schedule(schedule_name);  -- raises PB400 or PB404
+    END IF;
+    message_ids := (postbox._fire(
+        s, s.name || '@run:' || to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))).message_ids;
+    UPDATE postbox.schedules
+    SET last_fire_at = now(), fire_count = fire_count + 1, last_error = NULL
+    WHERE id = s.id
+    RETURNING * INTO schedule;
 END
 $$;
 
@@ -3339,4 +3721,71 @@ BEGIN
 END
 $$;
 
-INSERT INTO postbox.schema_version (version) VALUES ('0.7.0');
+-- Roles for direct SQL users (since 0.8.0), who call the engine from their own
+-- transactions: postbox_reader (stats, peek, get and list), postbox_writer
+-- (send and publish) and postbox_admin (everything). Grant them to login
+-- roles, e.g. GRANT postbox_writer TO app. Roles belong to the cluster, so a
+-- second database reuses them. A script run by a role that may not create
+-- roles skips them with a notice; then only the owner can call the engine.
+DO $$
+DECLARE
+    role_name text;
+BEGIN
+    FOREACH role_name IN ARRAY ARRAY['postbox_reader', 'postbox_writer', 'postbox_admin'] LOOP
+        IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = role_name) THEN
+            EXECUTE format('CREATE ROLE %I NOLOGIN', role_name);
+        END IF;
+    END LOOP;
+EXCEPTION WHEN insufficient_privilege THEN
+    RAISE NOTICE 'postbox: roles postbox_reader, postbox_writer and postbox_admin were not created (%); '
+                 'only the owner of schema postbox can call its functions', SQLERRM;
+END
+$$;
+
+-- Gives the engine's functions their privileges, and makes each public one
+-- SECURITY DEFINER with a fixed search_path: a reader or writer then needs no
+-- right on the tables (a writer can call send, not insert rows of its own), and
+-- no schema of the caller's can shadow a function or operator the engine uses.
+-- Pure (IMMUTABLE) functions and internal ones (named "_...") stay as they are:
+-- they run inside a public function, whose path is fixed already, and a SET
+-- clause would keep the planner from inlining them. CREATE OR REPLACE resets
+-- a function's settings, so every install and upgrade script ends by calling
+-- this.
+CREATE FUNCTION postbox._secure() RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    f record;
+    roles boolean := (SELECT count(*) = 3 FROM pg_catalog.pg_roles
+                      WHERE rolname IN ('postbox_reader', 'postbox_writer', 'postbox_admin'));
+BEGIN
+    FOR f IN SELECT p.oid::regprocedure AS signature, p.proname AS name, p.provolatile, p.prorettype
+             FROM pg_catalog.pg_proc p WHERE p.pronamespace = 'postbox'::regnamespace LOOP
+        EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', f.signature);
+        IF f.provolatile <> 'i' AND f.prorettype <> 'trigger'::regtype AND left(f.name, 1) <> '_' THEN
+            EXECUTE format('ALTER FUNCTION %s SECURITY DEFINER SET search_path = pg_catalog, postbox, pg_temp',
+                           f.signature);
+        END IF;
+        IF roles THEN
+            EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO postbox_admin', f.signature);
+            IF f.name IN ('queue_stats', 'queue_metrics', 'peek_messages', 'get_message', 'list_archived_messages',
+                          'get_queue', 'list_queues', 'list_dead_letter_source_queues', 'list_redrive_tasks',
+                          'get_topic', 'list_topics', 'get_subscription', 'list_subscriptions',
+                          'list_webhook_deliveries', 'get_schedule', 'list_schedules') THEN
+                EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO postbox_reader', f.signature);
+            ELSIF f.name IN ('send', 'send_batch', 'publish', 'publish_batch') THEN
+                EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO postbox_writer', f.signature);
+            END IF;
+        END IF;
+    END LOOP;
+    IF roles THEN
+        GRANT USAGE ON SCHEMA postbox TO postbox_reader, postbox_writer, postbox_admin;
+        GRANT ALL ON ALL TABLES IN SCHEMA postbox TO postbox_admin;
+        GRANT ALL ON ALL SEQUENCES IN SCHEMA postbox TO postbox_admin;
+        GRANT SELECT ON postbox.queue_health TO postbox_reader;
+    END IF;
+END
+$$;
+
+SELECT postbox._secure();
+
+INSERT INTO postbox.schema_version (version) VALUES ('0.8.0');

@@ -113,10 +113,20 @@ async def _watch_health(engine: Engine, servicer: health.aio.HealthServicer, hub
             await asyncio.wait_for(check_now.wait(), interval)
 
 
+class DatabaseUnreachable(Exception):
+    """The database refused or did not answer the first connection of a start."""
+
+
 async def install_engine(dsn: str) -> None:
-    conn = await hosts.connect(
-        dsn, server_settings={"application_name": application_name("migrate")}
-    )
+    try:
+        conn = await hosts.connect(
+            dsn, server_settings={"application_name": application_name("migrate")}
+        )
+    except hosts.FAILED_HOST as error:
+        raise DatabaseUnreachable(
+            f"cannot connect to the database {hosts.describe(dsn)!r}: "
+            f"{error or type(error).__name__}"
+        ) from None
     try:
         version = await migrate(conn)
     finally:
@@ -240,7 +250,10 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
             (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
         )
         address = f"{settings.grpc_host}:{settings.grpc_port}"
-        port = server.add_insecure_port(address)
+        if settings.tls is None:
+            port = server.add_insecure_port(address)
+        else:
+            port = server.add_secure_port(address, settings.tls.grpc_credentials())
         if port == 0:
             raise OSError(f"cannot listen on {address}")
         await server.start()
@@ -263,7 +276,12 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
             asyncio.create_task(webhooks.run(), name="postbox-webhooks"),
             asyncio.create_task(scheduler.run(), name="postbox-scheduler"),
         ]
-        log.info("postbox serving gRPC on %s:%d", settings.grpc_host, port)
+        log.info(
+            "postbox serving gRPC%s on %s:%d",
+            "" if settings.tls is None else " over TLS",
+            settings.grpc_host,
+            port,
+        )
         await stop.wait()
         log.info("shutting down")
     finally:

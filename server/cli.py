@@ -19,12 +19,13 @@ from server.egress import parse_cidrs
 from server.embedded import default_data_dir
 from server.observability.logs import FORMATS
 from server.observability.logs import configure as configure_logging
+from server.tls import TlsError, add_client_flags, add_server_flags, client_tls, server_tls
 
 log = logging.getLogger("postbox")
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from server.app import AnonymousExposure, serve
+    from server.app import AnonymousExposure, DatabaseUnreachable, serve
     from server.durability import NotDurable
     from server.processes import serve_workers
 
@@ -34,6 +35,11 @@ def _serve(args: argparse.Namespace) -> int:
         except OSError as error:
             print(f"postbox serve: --database-url-file: {error.strerror}", file=sys.stderr)
             return 2
+    try:
+        tls = server_tls(args)
+    except TlsError as error:
+        print(f"postbox serve: {error}", file=sys.stderr)
+        return 2
     settings = Settings(
         # An empty DATABASE_URL (as compose files and shells leave it) means unset.
         database_url=args.database_url or None,
@@ -41,6 +47,7 @@ def _serve(args: argparse.Namespace) -> int:
         data_dir=args.data_dir,
         grpc_host=args.grpc_host,
         grpc_port=args.grpc_port,
+        tls=tls,
         pool_size=args.pool_size,
         require_synchronous_commit=args.require_synchronous_commit,
         max_message_size=args.max_message_size,
@@ -55,11 +62,13 @@ def _serve(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port,
         metrics_max_queues=args.metrics_max_queues,
     )
-    if args.workers > 1:
-        return asyncio.run(serve_workers(settings, args.workers, args.log_level, args.log_format))
     try:
+        if args.workers > 1:
+            return asyncio.run(
+                serve_workers(settings, args.workers, args.log_level, args.log_format)
+            )
         asyncio.run(serve(settings))
-    except (AnonymousExposure, NotDurable) as refusal:
+    except (AnonymousExposure, NotDurable, DatabaseUnreachable) as refusal:
         print(f"postbox serve: {refusal}", file=sys.stderr)
         return 2
     return 0
@@ -77,6 +86,8 @@ def _sqs(args: argparse.Namespace) -> int:
         credentials = load_credentials(
             zip(args.access_key, args.secret_key, strict=True), args.credentials_file
         )
+        tls = server_tls(args)
+        grpc_tls = client_tls(args, "grpc-")
     except (OSError, ValueError) as error:
         print(f"postbox sqs: {error}", file=sys.stderr)
         return 2
@@ -84,6 +95,8 @@ def _sqs(args: argparse.Namespace) -> int:
         host=args.host,
         port=args.port,
         grpc_target=args.grpc_target,
+        tls=tls,
+        grpc_tls=grpc_tls,
         region=args.region,
         account_id=args.account_id,
         public_url=args.public_url,
@@ -122,11 +135,24 @@ def _migrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def client_channel(args: argparse.Namespace) -> grpc.Channel:
+    """A channel to --target, over TLS when the --tls flags ask for it; a flag that
+    cannot work ends the command (exit code 2), naming the flag."""
+    try:
+        tls = client_tls(args)
+    except TlsError as error:
+        print(f"postbox {args.verb}: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
+    if tls is None:
+        return grpc.insecure_channel(args.target)
+    return grpc.secure_channel(args.target, tls.credentials())
+
+
 def _operate(args: argparse.Namespace) -> int:
     """Runs an operator verb (server/operator) on a channel to the server."""
     from server.auth.client import with_api_key
 
-    with grpc.insecure_channel(args.target) as plain:
+    with client_channel(args) as plain:
         try:
             return args.handler(args, with_api_key(plain, args.api_key))
         except grpc.RpcError as error:
@@ -147,7 +173,7 @@ def _keys(args: argparse.Namespace) -> int:
 
     if getattr(args, "database_url", None) or args.keys_verb == "sigv4-secret":
         return keys.run(args, None)
-    with grpc.insecure_channel(args.target) as channel:
+    with client_channel(args) as channel:
         return keys.run(args, with_api_key(channel, args.api_key))
 
 
@@ -327,6 +353,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=Settings.metrics_max_queues,
         help="queues whose depth /metrics shows, the first by name (default: %(default)s)",
     )
+    add_server_flags(serve, "the gRPC port")
     # Set by `--workers` on the processes it starts; sharing the port is otherwise an error.
     serve.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)
     serve.set_defaults(run=_serve)
@@ -351,6 +378,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--public-url",
         help="base of queue URLs, e.g. https://sqs.example.com (default: the request's Host)",
     )
+    add_server_flags(sqs, "HTTPS")
+    add_client_flags(sqs, prefix="grpc-")
     sqs.add_argument(
         "--access-key", action="append", default=[], help="accepted access key id (repeatable)"
     )
@@ -411,6 +440,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="the secret of the API key to call with (default: $POSTBOX_API_KEY, which "
         "keeps it off the command line that ps shows)",
     )
+    add_client_flags(target, environment=True)
 
     from server.operator.verbs import add_parsers as add_operator_parsers
 

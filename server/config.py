@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from server.embedded import default_data_dir
+from server.tls import ServerTls
 
 MIB = 1024 * 1024
 # The range of --max-message-size: the engine's range of a queue's max_message_size.
@@ -31,6 +32,8 @@ class Settings:
     # Loopback only (127.0.0.1 and ::1): reaching the network is a choice.
     grpc_host: str = "localhost"
     grpc_port: int = 50051
+    # None: plaintext gRPC (server/tls.py).
+    tls: ServerTls | None = None
     pool_size: int = 10
     # Refuse to serve unless commits wait for a synchronous standby (server/durability.py).
     require_synchronous_commit: bool = False

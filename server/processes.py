@@ -55,6 +55,7 @@ def worker_command(settings: Settings, log_level: str, log_format: str) -> list[
         "--maintenance-interval", str(settings.maintenance_interval),
         "--expiry-interval", str(settings.expiry_interval),
         "--reuse-port",
+        *([] if settings.tls is None else settings.tls.flags()),
         *(arg for cidr in settings.webhook_allow_cidrs for arg in ("--webhook-allow-cidr", cidr)),
         *(["--insecure-allow-anonymous"] if settings.insecure_allow_anonymous else []),
         *(["--require-synchronous-commit"] if settings.require_synchronous_commit else []),

@@ -7,6 +7,7 @@ import os
 import re
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -231,9 +232,17 @@ class ServerProcess(ChildProcess):
 
     log_prefix = "postbox-server-"
 
-    def __init__(self, database_url: str, *extra_args: str, loopback_webhooks: bool = True) -> None:
+    def __init__(
+        self,
+        database_url: str,
+        *extra_args: str,
+        loopback_webhooks: bool = True,
+        credentials: grpc.ChannelCredentials | None = None,
+    ) -> None:
         super().__init__()
         self.database_url = database_url
+        # For a server started with --tls-cert: how the readiness check reaches it.
+        self.credentials = credentials
         # The tests' webhook receivers listen on loopback, which the egress policy
         # refuses unless allowed.
         allow = ("--webhook-allow-cidr", "127.0.0.0/8", "--webhook-allow-cidr", "::1/128")
@@ -262,7 +271,11 @@ class ServerProcess(ChildProcess):
             ("grpc.min_reconnect_backoff_ms", 50),
             ("grpc.max_reconnect_backoff_ms", 200),
         ]
-        with grpc.insecure_channel(self.target, options=fast_reconnect) as channel:
+        if self.credentials is None:
+            channel = grpc.insecure_channel(self.target, options=fast_reconnect)
+        else:
+            channel = grpc.secure_channel(self.target, self.credentials, options=fast_reconnect)
+        with channel:
             health = health_pb2_grpc.HealthStub(channel)
 
             def serving() -> bool:
@@ -280,14 +293,18 @@ class SqsShimProcess(ChildProcess):
 
     log_prefix = "postbox-sqs-"
 
-    def __init__(self, grpc_target: str, *extra_args: str) -> None:
+    def __init__(
+        self, grpc_target: str, *extra_args: str, https: ssl.SSLContext | None = None
+    ) -> None:
         super().__init__()
         self.grpc_target = grpc_target
         self.extra_args = extra_args
+        # For a shim started with --tls-cert: the client context that reaches it.
+        self.https = https
 
     @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'http' if self.https is None else 'https'}://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 30.0) -> SqsShimProcess:
         self.spawn(
@@ -303,7 +320,7 @@ class SqsShimProcess(ChildProcess):
     def _answers(self) -> bool:
         try:
             # Any HTTP answer (here MissingAction) means the shim is serving.
-            urllib.request.urlopen(self.endpoint, timeout=1)
+            urllib.request.urlopen(self.endpoint, timeout=1, context=self.https)
         except urllib.error.HTTPError:
             return True
         except OSError:
@@ -324,6 +341,7 @@ def sqs_client(
     protocol: str = "json",
     access_key: str = "postbox-test",
     secret_key: str = "unchecked",
+    verify: str | None = None,
 ):
     """A real boto3 SQS client for the shim, speaking JSON or the query protocol."""
     import boto3
@@ -339,6 +357,7 @@ def sqs_client(
         region_name=SQS_REGION,
         aws_access_key_id=access_key,
         aws_secret_access_key=secret_key,
+        verify=verify,  # a CA bundle for an HTTPS shim
         # No retries: each test sees the shim's first answer.
         config=Config(retries={"max_attempts": 1, "mode": "standard"}),
     )

@@ -20,7 +20,7 @@ import asyncpg
 # target_session_attrs): far above a reachable server's milliseconds.
 HOST_TIMEOUT = 5.0
 
-_FAILED_HOST = (
+FAILED_HOST = (
     OSError,
     asyncio.TimeoutError,
     asyncpg.PostgresError,
@@ -28,6 +28,14 @@ _FAILED_HOST = (
     asyncpg.InternalClientError,  # a host that does not match target_session_attrs
 )
 _last_accepted: dict[str, str] = {}  # URL -> host that last accepted
+
+
+def describe(dsn: str) -> str:
+    """user@hosts/database of a URL, for messages: never its password or parameters."""
+    parts = urlsplit(dsn)
+    userinfo, at, hosts = parts.netloc.rpartition("@")
+    user = userinfo.split(":", 1)[0]
+    return f"{user}{at}{hosts or 'localhost'}{parts.path}"
 
 
 def single_host_urls(dsn: str) -> list[tuple[str, str]]:
@@ -53,7 +61,7 @@ async def connect(dsn: str, **kwargs: Any) -> asyncpg.Connection:
     for host, url in hosts:
         try:
             conn = await asyncpg.connect(url, timeout=HOST_TIMEOUT, **kwargs)
-        except _FAILED_HOST as exc:
+        except FAILED_HOST as exc:
             failure = exc
             continue
         _last_accepted[dsn] = host

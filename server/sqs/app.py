@@ -281,7 +281,7 @@ async def serve(settings: ShimSettings, stop: asyncio.Event | None = None) -> No
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
     tracing.configure("postbox-sqs")
-    backend = Backend(settings.grpc_target, settings.grpc_timeout)
+    backend = Backend(settings.grpc_target, settings.grpc_timeout, settings.grpc_tls)
     if not settings.credentials:
         try:
             await refuse_anonymous_exposure(settings, backend)
@@ -302,10 +302,12 @@ async def serve(settings: ShimSettings, stop: asyncio.Event | None = None) -> No
             metrics_runner = await metrics.serve_metrics(
                 settings.metrics_host, settings.metrics_port, lambda: metrics.exposition(None, 0)
             )
-        site = web.TCPSite(runner, settings.host, settings.port)
+        ssl_context = None if settings.tls is None else settings.tls.ssl_context()
+        site = web.TCPSite(runner, settings.host, settings.port, ssl_context=ssl_context)
         await site.start()
         log.info(
-            "postbox sqs serving on http://%s:%d, calling postbox at %s",
+            "postbox sqs serving on %s://%s:%d, calling postbox at %s",
+            "http" if ssl_context is None else "https",
             settings.host,
             settings.port,
             settings.grpc_target,

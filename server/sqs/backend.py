@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 
 import grpc
 from postbox.v1 import message_service_pb2_grpc, queue_service_pb2_grpc
+from postbox_client import TLS
 
 from server.auth.interceptor import FAILURE_METADATA
 from server.sqs import errors
@@ -97,15 +98,16 @@ def translate(error: grpc.aio.AioRpcError, overrides: dict[grpc.StatusCode, Erro
 class Backend:
     """The postbox server the shim calls."""
 
-    def __init__(self, target: str, timeout: float) -> None:
+    def __init__(self, target: str, timeout: float, tls: TLS | None = None) -> None:
         self.timeout = timeout
-        self.channel = grpc.aio.insecure_channel(
-            target,
-            options=[
-                ("grpc.max_receive_message_length", _MAX_MESSAGE_LENGTH),
-                ("grpc.max_send_message_length", _MAX_MESSAGE_LENGTH),
-            ],
-        )
+        options = [
+            ("grpc.max_receive_message_length", _MAX_MESSAGE_LENGTH),
+            ("grpc.max_send_message_length", _MAX_MESSAGE_LENGTH),
+        ]
+        if tls is None:
+            self.channel = grpc.aio.insecure_channel(target, options=options)
+        else:
+            self.channel = grpc.aio.secure_channel(target, tls.credentials(), options=options)
         self.queues = queue_service_pb2_grpc.QueueServiceStub(self.channel)
         self.messages = message_service_pb2_grpc.MessageServiceStub(self.channel)
 

@@ -5,6 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from postbox_client import TLS
+
+from server.tls import ServerTls
+
 MIB = 1024 * 1024
 
 
@@ -14,6 +18,10 @@ class ShimSettings:
     host: str = "localhost"
     port: int = 9324
     grpc_target: str = "localhost:50051"
+    # None: plain HTTP (server/tls.py).
+    tls: ServerTls | None = None
+    # The channel to the server: None, plaintext.
+    grpc_tls: TLS | None = None
     # Used in queue ARNs and queue URLs, as SQS would.
     region: str = "us-east-1"
     account_id: str = "000000000000"

@@ -47,6 +47,9 @@ class Connection:
     tls: bool = False
     # PEM bytes read on the driver, so executors need no copy of the file.
     root_certificates: bytes | None = None
+    # A client certificate and its key, for a server that requires one (mutual TLS).
+    certificate_chain: bytes | None = None
+    private_key: bytes | None = None
     server_name: str | None = None
     # Deadline of one call, in seconds.
     timeout: float = 60.0
@@ -60,7 +63,9 @@ class Connection:
         if self.server_name:
             options.append(("grpc.ssl_target_name_override", self.server_name))
         if self.tls:
-            credentials = grpc.ssl_channel_credentials(root_certificates=self.root_certificates)
+            credentials = grpc.ssl_channel_credentials(
+                self.root_certificates, self.private_key, self.certificate_chain
+            )
             return grpc.secure_channel(self.target, credentials, options=options)
         return grpc.insecure_channel(self.target, options=options)
 

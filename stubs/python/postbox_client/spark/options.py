@@ -44,7 +44,17 @@ _ATTRIBUTE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,256}")
 _WRITE_ID = re.compile(r"[!-~]{1,80}")
 
 CONNECTION_OPTIONS = frozenset(
-    {"target", "auth_token", "tls", "tls_ca_file", "tls_server_name", "timeout", "max_attempts"}
+    {
+        "target",
+        "auth_token",
+        "tls",
+        "tls_ca_file",
+        "tls_cert_file",
+        "tls_key_file",
+        "tls_server_name",
+        "timeout",
+        "max_attempts",
+    }
 )
 WRITE_OPTIONS = CONNECTION_OPTIONS | {
     "queue",
@@ -207,25 +217,37 @@ class _Options:
         return names
 
 
+def _pem(options: _Options, name: str) -> bytes | None:
+    """The bytes of a PEM file option, read on the driver so executors need no copy."""
+    path = options.text(name)
+    if path is None:
+        return None
+    try:
+        return Path(path).read_bytes()
+    except OSError as error:
+        raise PostboxOptionError(
+            f"option {name!r}: cannot read {path[:200]}: {error.strerror}"
+        ) from None
+
+
 def _connection(options: _Options) -> tuple[Connection, RetryPolicy]:
     tls = options.flag("tls")
-    ca_file = options.text("tls_ca_file")
     server_name = options.text("tls_server_name")
-    if (ca_file or server_name) and not tls:
-        raise PostboxOptionError("options 'tls_ca_file' and 'tls_server_name' need tls=true")
-    root_certificates = None
-    if ca_file is not None:
-        try:
-            root_certificates = Path(ca_file).read_bytes()
-        except OSError as error:
-            raise PostboxOptionError(
-                f"option 'tls_ca_file': cannot read {ca_file}: {error}"
-            ) from None
+    tls_files = ("tls_ca_file", "tls_cert_file", "tls_key_file")
+    if not tls and (server_name or any(options.text(name) for name in tls_files)):
+        raise PostboxOptionError(
+            "options 'tls_ca_file', 'tls_cert_file', 'tls_key_file' and 'tls_server_name' "
+            "need tls=true"
+        )
+    if (options.text("tls_cert_file") is None) != (options.text("tls_key_file") is None):
+        raise PostboxOptionError("options 'tls_cert_file' and 'tls_key_file' go together")
     connection = Connection(
         target=options.text("target", "localhost:50051") or "",
         auth_token=options.text("auth_token"),
         tls=tls,
-        root_certificates=root_certificates,
+        root_certificates=_pem(options, "tls_ca_file"),
+        certificate_chain=_pem(options, "tls_cert_file"),
+        private_key=_pem(options, "tls_key_file"),
         server_name=server_name,
         timeout=options.number("timeout", 60.0, 0.1, 3600.0),
     )

@@ -1736,6 +1736,226 @@ EXCEPTION WHEN insufficient_privilege THEN
 END
 $$;
 
+-- What happened to each queue's messages that no message keeps a trace of: counts
+-- since the queue was made (since 0.8.0). Written only when messages expire or
+-- become dead letters, never on a send, receive or delete.
+CREATE TABLE postbox.queue_counters (
+    queue_id integer PRIMARY KEY REFERENCES postbox.queues (id) ON DELETE CASCADE,
+    expired bigint NOT NULL DEFAULT 0,        -- past their retention or their own expiry
+    dead_lettered bigint NOT NULL DEFAULT 0   -- moved to the queue's dead-letter queue
+);
+
+DO $$
+BEGIN
+    PERFORM pg_catalog.pg_extension_config_dump('postbox.queue_counters', '');
+EXCEPTION WHEN feature_not_supported THEN
+    NULL;  -- installed from a plain script, not by CREATE EXTENSION
+END
+$$;
+
+-- Removes messages (all of ids, or, with leases, those whose lease still
+-- matches), archiving them if the queue archives and promoting the next message
+-- of their FIFO groups. Returns the ids removed.
+-- Adds to a queue's counters (postbox.queue_counters).
+CREATE FUNCTION postbox._count(counted_queue integer, expired_count bigint, dead_lettered_count bigint)
+RETURNS void
+LANGUAGE sql AS $$
+    INSERT INTO postbox.queue_counters AS c (queue_id, expired, dead_lettered)
+    VALUES (counted_queue, expired_count, dead_lettered_count)
+    ON CONFLICT ON CONSTRAINT queue_counters_pkey
+    DO UPDATE SET expired = c.expired + excluded.expired,
+                  dead_lettered = c.dead_lettered + excluded.dead_lettered
+$$;
+
+-- Functions that take messages by id reach them through the primary key,
+-- whatever the planner thinks. A session plans each statement once, often while
+-- the table was small, and keeps the plan until an ANALYZE, which a pinned xmin
+-- horizon holds off: a sequential scan, bitmap scan or hash join chosen then
+-- reads every dead row version on every later call. So they allow only index
+-- scans and nested loops, and say `queue_id + 0` (offered queue_id as an index
+-- condition, the planner fetched the whole queue through the ready index).
+CREATE OR REPLACE FUNCTION postbox._remove(q postbox.queues, ids bigint[], leases uuid[], why text) RETURNS bigint[]
+LANGUAGE plpgsql
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_indexonlyscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+AS $$
+DECLARE
+    removed bigint[];
+    groups text[];
+BEGIN
+    IF q.archive_on_delete THEN
+        WITH gone AS (
+            DELETE FROM postbox.messages m
+            USING unnest(ids, leases) AS t(id, lease)
+            WHERE m.id = t.id AND m.queue_id + 0 = q.id AND (t.lease IS NULL OR m.lease = t.lease)
+            RETURNING m.*
+        ), archived AS (
+            INSERT INTO postbox.archive (id, queue_id, receive_count, enqueued_at, first_received_at,
+                                         archived_at, reason, priority, message_group_id,
+                                         deduplication_id, source_queue_id, last_error, attributes, body)
+            SELECT g.id, g.queue_id, g.receive_count, g.enqueued_at, g.first_received_at,
+                   clock_timestamp(), why, g.priority, g.message_group_id, g.deduplication_id,
+                   g.source_queue_id, g.last_error, g.attributes, g.body
+            FROM gone g
+        )
+        SELECT array_agg(g.id), array_agg(g.message_group_id) INTO removed, groups FROM gone g;
+    ELSE
+        -- The same delete without the archive: a data-modifying CTE costs even
+        -- when it inserts nothing, and this is the path of every plain delete.
+        WITH gone AS (
+            DELETE FROM postbox.messages m
+            USING unnest(ids, leases) AS t(id, lease)
+            WHERE m.id = t.id AND m.queue_id + 0 = q.id AND (t.lease IS NULL OR m.lease = t.lease)
+            RETURNING m.id, m.message_group_id
+        )
+        SELECT array_agg(g.id), array_agg(g.message_group_id) INTO removed, groups FROM gone g;
+    END IF;
+    IF q.fifo AND groups IS NOT NULL THEN
+        PERFORM postbox._lock_groups(q.id, groups);
+        PERFORM postbox._promote(q, groups);
+        PERFORM postbox._notify(q);
+    END IF;
+    IF why = 'expired' AND removed IS NOT NULL THEN
+        PERFORM postbox._count(q.id, cardinality(removed), 0);
+    END IF;
+    RETURN coalesce(removed, '{}');
+END
+$$;
+
+-- Moves messages (locked by the caller) into queue `target`: as dead letters of
+-- `source`, or back (redrive) with their deliveries uncounted. In a FIFO target
+-- they join the end of their groups; in a FIFO source the next messages move up.
+CREATE OR REPLACE FUNCTION postbox._move(ids bigint[], source postbox.queues, target postbox.queues,
+                              as_dead_letters boolean)
+RETURNS void
+LANGUAGE plpgsql
+-- By primary key (see _remove).
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_indexonlyscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+AS $$
+DECLARE
+    groups text[];
+BEGIN
+    SELECT array_agg(DISTINCT m.message_group_id) INTO groups
+    FROM postbox.messages m WHERE m.id = ANY (ids) AND m.message_group_id IS NOT NULL;
+    IF groups IS NOT NULL AND (source.fifo OR target.fifo) THEN
+        -- Both queues' group locks, the lower queue id first.
+        PERFORM postbox._lock_groups(least(source.id, target.id), groups);
+        PERFORM postbox._lock_groups(greatest(source.id, target.id), groups);
+    END IF;
+    UPDATE postbox.messages m
+    SET queue_id = target.id,
+        source_queue_id = CASE WHEN as_dead_letters THEN source.id END,
+        dead_lettered_at = CASE WHEN as_dead_letters THEN clock_timestamp() END,
+        receive_count = CASE WHEN as_dead_letters THEN m.receive_count ELSE 0 END,
+        first_received_at = CASE WHEN as_dead_letters THEN m.first_received_at END,
+        lease = NULL,
+        visible_at = v.visible_at
+    FROM (SELECT x.id,
+                 CASE WHEN target.fifo AND (
+                          row_number() OVER (PARTITION BY x.message_group_id ORDER BY x.id) > 1
+                          OR EXISTS (SELECT FROM postbox.messages y
+                                     WHERE y.queue_id = target.id AND y.message_group_id = x.message_group_id))
+                      THEN 'infinity'::timestamptz ELSE clock_timestamp() END AS visible_at
+          FROM postbox.messages x WHERE x.id = ANY (ids)) AS v
+    WHERE m.id = v.id;
+    IF source.fifo AND groups IS NOT NULL THEN
+        PERFORM postbox._promote(source, groups);
+        PERFORM postbox._notify(source);
+    END IF;
+    IF as_dead_letters THEN
+        PERFORM postbox._count(source.id, 0, cardinality(ids));
+    END IF;
+    PERFORM postbox._notify(target);
+END
+$$;
+
+-- queue_metrics returns the counters too; queue_health reads it.
+DROP VIEW postbox.queue_health;
+DROP FUNCTION postbox.queue_metrics(integer);
+
+-- Live figures of the first max_queues queues in name order, for a metrics
+-- scrape: the counts of queue_stats, the oldest message's age in seconds, the
+-- depth of the queue's dead-letter queue (NULL without one), its pause flags
+-- and its counters (expired and dead-lettered messages, since 0.8.0).
+-- One pass over the messages of those queues and their dead-letter queues, not
+-- a call per queue.
+CREATE FUNCTION postbox.queue_metrics(max_queues integer DEFAULT 1000)
+RETURNS TABLE (queue_name text, visible bigint, in_flight bigint, delayed bigint,
+               oldest_age_seconds double precision, dead_letter_depth bigint,
+               send_paused boolean, receive_paused boolean,
+               expired_total bigint, dead_lettered_total bigint)
+LANGUAGE sql STABLE AS $$
+    WITH shown AS (
+        SELECT q.id, q.name, q.dead_letter_queue_id, q.send_paused, q.receive_paused
+        FROM postbox.queues q ORDER BY q.name LIMIT max_queues
+    ), depth AS (
+        SELECT m.queue_id,
+               count(*) FILTER (WHERE m.visible_at <= now() OR m.visible_at = 'infinity') AS visible,
+               count(*) FILTER (WHERE m.visible_at > now() AND m.visible_at <> 'infinity'
+                                      AND m.lease IS NOT NULL) AS in_flight,
+               count(*) FILTER (WHERE m.visible_at > now() AND m.visible_at <> 'infinity'
+                                      AND m.lease IS NULL) AS delayed,
+               min(m.enqueued_at) AS oldest
+        FROM postbox.messages m JOIN postbox.queues q ON q.id = m.queue_id
+        WHERE m.queue_id IN (SELECT id FROM shown UNION SELECT dead_letter_queue_id FROM shown)
+          AND (q.retention IS NULL OR m.enqueued_at >= now() - q.retention)
+        GROUP BY m.queue_id
+    )
+    SELECT s.name, coalesce(d.visible, 0), coalesce(d.in_flight, 0), coalesce(d.delayed, 0),
+           greatest(coalesce(extract(epoch FROM now() - d.oldest), 0), 0)::double precision,
+           CASE WHEN s.dead_letter_queue_id IS NOT NULL
+                THEN coalesce(dl.visible + dl.in_flight + dl.delayed, 0) END,
+           s.send_paused, s.receive_paused,
+           coalesce(c.expired, 0), coalesce(c.dead_lettered, 0)
+    FROM shown s
+    LEFT JOIN depth d ON d.queue_id = s.id
+    LEFT JOIN depth dl ON dl.queue_id = s.dead_letter_queue_id
+    LEFT JOIN postbox.queue_counters c ON c.queue_id = s.id
+    ORDER BY s.name
+$$;
+
+-- Each queue's health, for people who live in psql: 'critical' when its oldest
+-- message is older than postbox.health_critical_age (default 1 hour) or its
+-- dead-letter queue holds postbox.health_critical_dlq_depth messages (default
+-- 100); 'warning' past postbox.health_warning_age (5 minutes) or
+-- postbox.health_warning_dlq_depth (1), or while paused; else 'ok'. reason says
+-- which. Thresholds are settings, per database or role, e.g.
+-- ALTER DATABASE app SET postbox.health_warning_age = '10 min'.
+CREATE VIEW postbox.queue_health AS
+SELECT m.queue_name,
+       CASE WHEN h.critical <> '{}' THEN 'critical'
+            WHEN h.warning <> '{}' THEN 'warning'
+            ELSE 'ok' END AS status,
+       array_to_string(h.critical || h.warning, '; ') AS reason,
+       m.visible, m.in_flight, m.delayed, m.oldest_age_seconds, m.dead_letter_depth,
+       m.send_paused, m.receive_paused
+FROM postbox.queue_metrics(2147483647) m,
+     LATERAL (SELECT coalesce(nullif(current_setting('postbox.health_warning_age', true), ''), '5 minutes')::interval AS warning_age,
+                     coalesce(nullif(current_setting('postbox.health_critical_age', true), ''), '1 hour')::interval AS critical_age,
+                     coalesce(nullif(current_setting('postbox.health_warning_dlq_depth', true), ''), '1')::bigint AS warning_dlq,
+                     coalesce(nullif(current_setting('postbox.health_critical_dlq_depth', true), ''), '100')::bigint AS critical_dlq) t,
+     LATERAL (SELECT array_remove(ARRAY[
+                         CASE WHEN m.visible + m.in_flight + m.delayed > 0
+                                   AND m.oldest_age_seconds >= extract(epoch FROM t.critical_age)
+                              THEN format('oldest message %s s old', round(m.oldest_age_seconds)) END,
+                         CASE WHEN m.dead_letter_depth >= t.critical_dlq
+                              THEN format('%s dead letters', m.dead_letter_depth) END], NULL) AS critical,
+                     array_remove(ARRAY[
+                         CASE WHEN m.visible + m.in_flight + m.delayed > 0
+                                   AND m.oldest_age_seconds >= extract(epoch FROM t.warning_age)
+                                   AND m.oldest_age_seconds < extract(epoch FROM t.critical_age)
+                              THEN format('oldest message %s s old', round(m.oldest_age_seconds)) END,
+                         CASE WHEN m.dead_letter_depth >= t.warning_dlq AND m.dead_letter_depth < t.critical_dlq
+                              THEN format('%s dead letters', m.dead_letter_depth) END,
+                         CASE WHEN m.send_paused OR m.receive_paused THEN 'paused' END], NULL) AS warning) h;
+
 -- Gives the engine's functions their privileges, and makes each public one
 -- SECURITY DEFINER with a fixed search_path: a reader or writer then needs no
 -- right on the tables (a writer can call send, not insert rows of its own), and

@@ -152,6 +152,15 @@ CREATE TABLE postbox.archive (
 CREATE INDEX archive_queue_idx ON postbox.archive (queue_id, id);
 CREATE INDEX archive_expiry_idx ON postbox.archive (queue_id, archived_at);
 
+-- What happened to each queue's messages that no message keeps a trace of: counts
+-- since the queue was made (since 0.8.0). Written only when messages expire or
+-- become dead letters, never on a send, receive or delete.
+CREATE TABLE postbox.queue_counters (
+    queue_id integer PRIMARY KEY REFERENCES postbox.queues (id) ON DELETE CASCADE,
+    expired bigint NOT NULL DEFAULT 0,        -- past their retention or their own expiry
+    dead_lettered bigint NOT NULL DEFAULT 0   -- moved to the queue's dead-letter queue
+);
+
 -- Token buckets of queues with a receive_rate_limit, shared by every server.
 CREATE TABLE postbox.receive_tokens (
     queue_id integer PRIMARY KEY,
@@ -300,6 +309,7 @@ BEGIN
     PERFORM pg_catalog.pg_extension_config_dump('postbox.subscriptions', '');
     PERFORM pg_catalog.pg_extension_config_dump('postbox.webhook_deliveries', '');
     PERFORM pg_catalog.pg_extension_config_dump('postbox.schedules', '');
+    PERFORM pg_catalog.pg_extension_config_dump('postbox.queue_counters', '');
 EXCEPTION WHEN feature_not_supported THEN
     NULL;  -- installed from a plain script, not by CREATE EXTENSION
 END
@@ -747,13 +757,15 @@ $$;
 
 -- Live figures of the first max_queues queues in name order, for a metrics
 -- scrape: the counts of queue_stats, the oldest message's age in seconds, the
--- depth of the queue's dead-letter queue (NULL without one) and its pause flags.
+-- depth of the queue's dead-letter queue (NULL without one), its pause flags
+-- and its counters (expired and dead-lettered messages, since 0.8.0).
 -- One pass over the messages of those queues and their dead-letter queues, not
 -- a call per queue.
 CREATE FUNCTION postbox.queue_metrics(max_queues integer DEFAULT 1000)
 RETURNS TABLE (queue_name text, visible bigint, in_flight bigint, delayed bigint,
                oldest_age_seconds double precision, dead_letter_depth bigint,
-               send_paused boolean, receive_paused boolean)
+               send_paused boolean, receive_paused boolean,
+               expired_total bigint, dead_lettered_total bigint)
 LANGUAGE sql STABLE AS $$
     WITH shown AS (
         SELECT q.id, q.name, q.dead_letter_queue_id, q.send_paused, q.receive_paused
@@ -775,10 +787,12 @@ LANGUAGE sql STABLE AS $$
            greatest(coalesce(extract(epoch FROM now() - d.oldest), 0), 0)::double precision,
            CASE WHEN s.dead_letter_queue_id IS NOT NULL
                 THEN coalesce(dl.visible + dl.in_flight + dl.delayed, 0) END,
-           s.send_paused, s.receive_paused
+           s.send_paused, s.receive_paused,
+           coalesce(c.expired, 0), coalesce(c.dead_lettered, 0)
     FROM shown s
     LEFT JOIN depth d ON d.queue_id = s.id
     LEFT JOIN depth dl ON dl.queue_id = s.dead_letter_queue_id
+    LEFT JOIN postbox.queue_counters c ON c.queue_id = s.id
     ORDER BY s.name
 $$;
 
@@ -1302,6 +1316,17 @@ $$;
 -- Removes messages (all of ids, or, with leases, those whose lease still
 -- matches), archiving them if the queue archives and promoting the next message
 -- of their FIFO groups. Returns the ids removed.
+-- Adds to a queue's counters (postbox.queue_counters).
+CREATE FUNCTION postbox._count(counted_queue integer, expired_count bigint, dead_lettered_count bigint)
+RETURNS void
+LANGUAGE sql AS $$
+    INSERT INTO postbox.queue_counters AS c (queue_id, expired, dead_lettered)
+    VALUES (counted_queue, expired_count, dead_lettered_count)
+    ON CONFLICT ON CONSTRAINT queue_counters_pkey
+    DO UPDATE SET expired = c.expired + excluded.expired,
+                  dead_lettered = c.dead_lettered + excluded.dead_lettered
+$$;
+
 -- Functions that take messages by id reach them through the primary key,
 -- whatever the planner thinks. A session plans each statement once, often while
 -- the table was small, and keeps the plan until an ANALYZE, which a pinned xmin
@@ -1353,6 +1378,9 @@ BEGIN
         PERFORM postbox._promote(q, groups);
         PERFORM postbox._notify(q);
     END IF;
+    IF why = 'expired' AND removed IS NOT NULL THEN
+        PERFORM postbox._count(q.id, cardinality(removed), 0);
+    END IF;
     RETURN coalesce(removed, '{}');
 END
 $$;
@@ -1400,6 +1428,9 @@ BEGIN
     IF source.fifo AND groups IS NOT NULL THEN
         PERFORM postbox._promote(source, groups);
         PERFORM postbox._notify(source);
+    END IF;
+    IF as_dead_letters THEN
+        PERFORM postbox._count(source.id, 0, cardinality(ids));
     END IF;
     PERFORM postbox._notify(target);
 END

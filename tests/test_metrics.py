@@ -7,6 +7,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 
+import asyncpg
 import grpc
 import pytest
 from postbox.v1 import message_service_pb2 as pb
@@ -142,6 +143,57 @@ def test_queue_depths_include_the_dead_letter_queue_and_oldest_age(observed, stu
     assert value(samples, "postbox_queue_messages_delayed", queue=source) == 1
     age = value(samples, "postbox_queue_oldest_message_age_seconds", queue=dlq)
     assert 0 <= age <= time.monotonic() - started + 60
+
+
+def _receive(messages, queue: str, **fields) -> list:
+    request = pb.ReceiveRequest(queue=queue, max_messages=10, wait_time=seconds(0), **fields)
+    return [m for batch in messages.Receive(request) for m in batch.messages]
+
+
+async def test_expired_and_dead_lettered_messages_are_counted_by_queue(
+    observed, stubs, database_url
+):
+    """By the engine, wherever it happens: a receive that meets expired messages on its
+    way, the expiry sweep, and a receive that buries messages received too often."""
+    queues, messages = stubs
+    met, swept, dlq, source = (
+        unique_name(f"metrics_{kind}") for kind in ("met", "swept", "dlq", "source")
+    )
+    for name in (met, swept, dlq):
+        queues.CreateQueue(qpb.CreateQueueRequest(queue=qpb.Queue(name=name)))
+    policy = qpb.DeadLetterPolicy(dead_letter_queue=dlq, max_receive_count=1)
+    queues.CreateQueue(
+        qpb.CreateQueueRequest(queue=qpb.Queue(name=source, dead_letter_policy=policy))
+    )
+    for name, count in ((met, 3), (swept, 2), (source, 2)):
+        entries = [pb.SendBatchEntry(body=b"x", ttl=seconds(3600))] * count
+        messages.SendBatch(pb.SendBatchRequest(queue=name, entries=entries))
+
+    expire = "UPDATE postbox.messages SET expires_at = now() - interval '1 s' WHERE queue_id = " \
+        "(SELECT id FROM postbox.queues WHERE name = $1)"  # fmt: skip
+    conn = await asyncpg.connect(database_url)
+    try:
+        # In one transaction, so that only this receive can meet them (a sweep
+        # would wait for the rows): it delivers nothing and removes all three.
+        async with conn.transaction():
+            await conn.execute(expire, met)
+            assert await conn.fetch("SELECT * FROM postbox.receive($1, 10)", met) == []
+        async with conn.transaction():  # and only this sweep
+            await conn.execute(expire, swept)
+            assert await conn.fetchval("SELECT postbox.expire_messages(1000)") >= 2
+    finally:
+        await conn.close()
+    # Received once (visible again at once), then buried by the next receive.
+    assert len(_receive(messages, source, visibility_timeout=seconds(0))) == 2
+    assert _receive(messages, source) == []
+
+    samples = observed.scrape()
+    assert value(samples, "postbox_messages_expired_total", queue=met) == 3
+    assert value(samples, "postbox_messages_expired_total", queue=swept) == 2
+    assert value(samples, "postbox_messages_dead_lettered_total", queue=source) == 2
+    assert value(samples, "postbox_messages_expired_total", queue=source) == 0
+    assert value(samples, "postbox_messages_dead_lettered_total", queue=dlq) == 0
+    assert value(samples, "postbox_queue_dead_letter_messages", queue=source) == 2
 
 
 def test_open_streams_are_counted_while_they_wait(observed, stubs):

@@ -511,10 +511,7 @@ class Engine:
         return await self._call("fetchval", "run_redrives", batch_size)
 
     async def expire_messages(self, batch_size: int) -> int:
-        expired = await self._call("fetchval", "expire_messages", batch_size)
-        if expired:
-            metrics.MESSAGES_EXPIRED.inc(expired)
-        return expired
+        return await self._call("fetchval", "expire_messages", batch_size)
 
     async def queue_metrics(self, max_queues: int) -> list[Record]:
         """Depth figures of the first max_queues queues by name (postbox.queue_metrics)."""

@@ -25,7 +25,7 @@ from prometheus_client import (
     generate_latest,
     multiprocess,
 )
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from server.errors import ApiError
 
@@ -60,9 +60,6 @@ MESSAGES_DELETED = Counter(
 )
 MESSAGES_NACKED = Counter(
     "postbox_messages_nacked_total", "Messages given back for a retry, by queue.", ("queue",)
-)
-MESSAGES_EXPIRED = Counter(
-    "postbox_messages_expired_total", "Messages removed past their retention (all queues)."
 )
 WEBHOOK_DELIVERIES = Counter(
     "postbox_webhook_deliveries_total",
@@ -124,9 +121,22 @@ _QUEUE_FAMILIES = (
     ("postbox_queue_oldest_message_age_seconds", "Age of the oldest.", "oldest_age_seconds"),
     ("postbox_queue_dead_letter_messages", "Depth of the queue's DLQ.", "dead_letter_depth"),
 )
+# (counter, help, column of postbox.queue_metrics); prometheus-client adds _total.
+_QUEUE_COUNTERS = (
+    (
+        "postbox_messages_expired",
+        "Messages removed past their retention or expiry time, by queue.",
+        "expired_total",
+    ),
+    (
+        "postbox_messages_dead_lettered",
+        "Messages moved to the queue's dead-letter queue, by queue.",
+        "dead_lettered_total",
+    ),
+)
 
 
-async def queue_families(engine: Engine, max_queues: int) -> list[GaugeMetricFamily]:
+async def queue_families(engine: Engine, max_queues: int) -> list[Metric]:
     """The depth figures of up to max_queues queues (in name order), from one query."""
     rows = await engine.queue_metrics(max_queues + 1)
     families = {
@@ -136,24 +146,32 @@ async def queue_families(engine: Engine, max_queues: int) -> list[GaugeMetricFam
     paused = GaugeMetricFamily(
         "postbox_queue_paused", "1 while sends or receives are paused.", labels=["queue"]
     )
+    # Counted by the engine wherever it happens (a sweep, a receive on its way, any
+    # server or SQL caller), so one figure for the whole deployment.
+    counters = {
+        column: CounterMetricFamily(name, text, labels=["queue"])
+        for name, text, column in _QUEUE_COUNTERS
+    }
     for row in rows[:max_queues]:
         for column, family in families.items():
             if row[column] is not None:
                 family.add_metric([row["queue_name"]], float(row[column]))
+        for column, counter in counters.items():
+            counter.add_metric([row["queue_name"]], float(row[column]))
         paused.add_metric([row["queue_name"]], float(row["send_paused"] or row["receive_paused"]))
     omitted = GaugeMetricFamily(
         "postbox_queues_omitted",
         "1 when there are more queues than --metrics-max-queues shows (the first by name are).",
         value=float(len(rows) > max_queues),
     )
-    return [*families.values(), paused, omitted]
+    return [*families.values(), *counters.values(), paused, omitted]
 
 
 class _Families:
-    def __init__(self, families: list[GaugeMetricFamily]) -> None:
+    def __init__(self, families: list[Metric]) -> None:
         self._families = families
 
-    def collect(self) -> list[GaugeMetricFamily]:
+    def collect(self) -> list[Metric]:
         return self._families
 
 

@@ -8,6 +8,15 @@ Timers cover delayed and in-flight messages that become visible without any
 send; a slow safety poll covers notifications lost in a reconnect: one statement
 for all queues with waiting streams, which also keeps the LISTEN connection alive.
 
+Sends notify only queues that some server lists as waited on
+(postbox.queue_listeners): NOTIFY serialises commits, and most sends go to queues
+whose consumers are busy or absent. A queue is listed when a stream first waits on
+it and stays listed while streams keep waiting on it. Listing races with sends: a
+send that looked for listeners just before the listing committed does not notify.
+So once listed, the hub looks at the queues itself, at once (sends committed before
+the listing) and again once every transaction in progress at the listing has ended
+(sends that had looked already but not yet committed).
+
 The same channel carries the engine's signals to the workers (a payload starting
 with "#", which no queue name can: "#webhooks", "#schedules", "#redrives"), so an
 idle worker sleeps until its next due time or a signal, not on a short poll.
@@ -32,6 +41,11 @@ log = logging.getLogger(__name__)
 
 CHANNEL = "postbox"
 _RETRY_LOCKED = 0.02  # seconds
+# A listed queue stays listed this long (seconds) after its last waiting stream, so
+# that streams that wait again soon do not list it again.
+LISTED_LINGER = 30.0
+# Between looks at whether the transactions in progress at a listing have ended.
+_ENDED_POLL = (0.005, 0.2)  # first and longest, seconds
 
 
 @dataclass
@@ -62,6 +76,13 @@ class WakeHub:
         self._trailing_wake = trailing_wake
         self._reconnect_delay = reconnect_delay
         self._queues: dict[str, _QueueWaiters] = {}
+        # Queues listed in postbox.queue_listeners for this LISTEN connection, with
+        # the loop time a stream last waited on each; and those to list next.
+        self._listed: dict[str, float] = {}
+        self._to_list: set[str] = set()
+        self._list_requested = asyncio.Event()
+        # One statement at a time on the LISTEN connection.
+        self._conn_lock = asyncio.Lock()
         self._signals: dict[str, list[Callable[[], None]]] = {}
         self._on_lost: list[Callable[[], None]] = []
         self._tasks: list[asyncio.Task[None]] = []
@@ -116,7 +137,13 @@ class WakeHub:
         state = self._queues.setdefault(queue, _QueueWaiters())
         if state.generation != seen_generation:
             return
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        if queue in self._listed:
+            self._listed[queue] = loop.time()
+        elif queue not in self._to_list:
+            self._to_list.add(queue)
+            self._list_requested.set()
+        waiter: asyncio.Future[None] = loop.create_future()
         state.waiters.append(waiter)
         try:
             await asyncio.wait_for(asyncio.shield(waiter), timeout)
@@ -191,6 +218,10 @@ class WakeHub:
                 lost = asyncio.Event()
                 conn.add_termination_listener(lambda _conn, event=lost: event.set())
                 await conn.add_listener(CHANNEL, self._on_notify)
+                # This connection's listings start empty (the last one's rows are
+                # cleared by the next listen_to); streams list their queues as they wait.
+                self._listed.clear()
+                self._to_list.clear()
                 self._connected.set()
                 log.info("listening for wake-ups on channel %r", CHANNEL)
                 # Notifications sent while disconnected are gone: look at every queue,
@@ -200,11 +231,18 @@ class WakeHub:
                 for callbacks in self._signals.values():
                     for callback in callbacks:
                         callback()
-                while not lost.is_set():
-                    with contextlib.suppress(asyncio.TimeoutError):
-                        await asyncio.wait_for(lost.wait(), self._safety_interval)
-                    if not lost.is_set():
-                        await self._safety_poll(conn)
+                listing = asyncio.create_task(self._list_forever(conn), name="postbox-list")
+                listing.add_done_callback(lambda task, event=lost: self._listing_ended(task, event))
+                try:
+                    while not lost.is_set():
+                        with contextlib.suppress(asyncio.TimeoutError):
+                            await asyncio.wait_for(lost.wait(), self._safety_interval)
+                        if not lost.is_set():
+                            await self._safety_poll(conn)
+                            await self._unlist_idle(conn)
+                finally:
+                    listing.cancel()
+                    await asyncio.gather(listing, return_exceptions=True)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -223,8 +261,88 @@ class WakeHub:
         """Wakes the waiting queues that hold visible messages: one statement for all of
         them, on the LISTEN connection, which it keeps alive (and checks) meanwhile."""
         waiting = [queue for queue, state in self._queues.items() if state.waiters]
-        ready = await conn.fetch(
-            "SELECT postbox.ready_queues($1::text[])", waiting, timeout=self._safety_interval
-        )
+        await self._wake_ready(conn, waiting)
+
+    async def _wake_ready(self, conn: asyncpg.Connection, queues: list[str]) -> None:
+        async with self._conn_lock:
+            ready = await conn.fetch(
+                "SELECT postbox.ready_queues($1::text[])", queues, timeout=self._safety_interval
+            )
         for (queue,) in ready:
             self.wake(queue)
+
+    @staticmethod
+    def _listing_ended(task: asyncio.Task[None], lost: asyncio.Event) -> None:
+        """A listing that failed takes the connection down: a new one lists afresh."""
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("wake-up listing failed: %r", task.exception())
+        lost.set()
+
+    async def _list_forever(self, conn: asyncpg.Connection) -> None:
+        """Lists the queues streams start waiting on, then looks at them itself for the
+        sends that raced the listing (see the module's docstring)."""
+        loop = asyncio.get_running_loop()
+        looks: set[asyncio.Task[None]] = set()
+        try:
+            while True:
+                await self._list_requested.wait()
+                self._list_requested.clear()
+                queues = sorted(self._to_list)
+                async with self._conn_lock:
+                    await conn.execute("SELECT postbox.listen_to($1::text[])", queues)
+                    in_progress = await conn.fetchval("SELECT pg_current_snapshot()::text")
+                now = loop.time()
+                for queue in queues:
+                    self._to_list.discard(queue)
+                    self._listed[queue] = now
+                await self._wake_ready(conn, queues)  # committed before the listing
+                look = asyncio.create_task(self._look_once_ended(conn, queues, in_progress))
+                looks.add(look)
+                look.add_done_callback(looks.discard)
+        finally:
+            for look in looks:
+                look.cancel()
+
+    async def _look_once_ended(
+        self, conn: asyncpg.Connection, queues: list[str], snapshot: str
+    ) -> None:
+        """Looks at `queues` once the transactions in progress at `snapshot` have ended,
+        or gives up after the safety interval, whose poll covers the rest."""
+        deadline = asyncio.get_running_loop().time() + self._safety_interval
+        delay, longest = _ENDED_POLL
+        try:
+            while True:
+                async with self._conn_lock:
+                    ended = await conn.fetchval(
+                        "SELECT NOT EXISTS (SELECT FROM pg_snapshot_xip($1::text::pg_snapshot) x "
+                        "WHERE pg_xact_status(x) = 'in progress')",
+                        snapshot,
+                    )
+                if ended:
+                    await self._wake_ready(conn, queues)
+                    return
+                if asyncio.get_running_loop().time() > deadline:
+                    return
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, longest)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            # Lost with its connection (reconnecting wakes every queue), or failed:
+            # the safety poll still finds the queues' messages.
+            log.warning("could not look at newly listed queues %s: %r", queues[:10], exc)
+
+    async def _unlist_idle(self, conn: asyncpg.Connection) -> None:
+        """Takes off the listings of queues no stream has waited on for a while."""
+        cutoff = asyncio.get_running_loop().time() - LISTED_LINGER
+        idle = [
+            queue
+            for queue, waited in self._listed.items()
+            if waited < cutoff and not (queue in self._queues and self._queues[queue].waiters)
+        ]
+        if not idle:
+            return
+        async with self._conn_lock:
+            await conn.execute("SELECT postbox.unlisten($1::text[])", idle)
+        for queue in idle:
+            self._listed.pop(queue, None)

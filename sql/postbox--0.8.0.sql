@@ -161,6 +161,17 @@ CREATE TABLE postbox.queue_counters (
     dead_lettered bigint NOT NULL DEFAULT 0   -- moved to the queue's dead-letter queue
 );
 
+-- Queues that a server has streams waiting on, by the backend pid of that
+-- server's LISTEN connection (since 0.8.0). A send NOTIFYs only a queue listed
+-- here: NOTIFY makes committing transactions queue up behind one another, and a
+-- send into a queue nobody waits on should not pay for it. Runtime state, so not
+-- in pg_dump; rows of a session that is gone are cleared by the next listen_to.
+CREATE TABLE postbox.queue_listeners (
+    queue_id integer NOT NULL REFERENCES postbox.queues (id) ON DELETE CASCADE,
+    listener integer NOT NULL,
+    PRIMARY KEY (queue_id, listener)
+);
+
 -- Token buckets of queues with a receive_rate_limit, shared by every server.
 CREATE TABLE postbox.receive_tokens (
     queue_id integer PRIMARY KEY,
@@ -928,8 +939,10 @@ $$;
 
 -- Wakes receivers waiting on a queue: NOTIFY on channel "postbox" with the
 -- queue name, delivered when the sending transaction commits. NOTIFY makes
--- committing transactions queue up behind one another, so one per send would
--- halve send throughput: a session notifies a queue at most once per 5 ms. A
+-- committing transactions queue up behind one another, so only a queue that a
+-- server waits on (postbox.queue_listeners) is notified; the look runs after the
+-- caller's change, and listen_to's caller covers a registration that commits
+-- meanwhile. And a session notifies a queue at most once per 5 ms. A
 -- send that skips commits moments after the notification of the same session's
 -- previous, committed transaction (a rolled-back one takes its setting along);
 -- servers poll once more a little after each notification to pick it up. The
@@ -942,6 +955,9 @@ DECLARE
     setting text := 'postbox.notified_' || q.id;
     now_ms numeric := extract(epoch FROM clock_timestamp()) * 1000;
 BEGIN
+    IF NOT EXISTS (SELECT FROM postbox.queue_listeners l WHERE l.queue_id = q.id) THEN
+        RETURN;
+    END IF;
     IF coalesce(nullif(current_setting(setting, true), ''), '0')::numeric > now_ms - 5 THEN
         RETURN;
     END IF;
@@ -960,6 +976,30 @@ $$;
 CREATE FUNCTION postbox._signal(kind text) RETURNS void
 LANGUAGE sql AS $$
     SELECT pg_notify('postbox', '#' || kind)
+$$;
+
+-- Lists this session (a server's LISTEN connection) as waiting on the named
+-- queues, so that sends into them notify (since 0.8.0), and clears the rows of
+-- sessions that are gone. A send that looked for listeners before this commits
+-- does not notify: the caller takes pg_current_snapshot() once this has
+-- committed, waits until every transaction in progress then has ended, and
+-- looks at the queues itself (ready_queues).
+CREATE FUNCTION postbox.listen_to(queue_names text[]) RETURNS void
+LANGUAGE sql AS $$
+    DELETE FROM postbox.queue_listeners l
+    WHERE l.listener <> pg_backend_pid()
+      AND NOT EXISTS (SELECT FROM pg_stat_activity a WHERE a.pid = l.listener);
+    INSERT INTO postbox.queue_listeners (queue_id, listener)
+    SELECT q.id, pg_backend_pid() FROM postbox.queues q WHERE q.name = ANY (queue_names)
+    ON CONFLICT DO NOTHING;
+$$;
+
+-- Takes this session off the named queues' listeners (since 0.8.0).
+CREATE FUNCTION postbox.unlisten(queue_names text[]) RETURNS void
+LANGUAGE sql AS $$
+    DELETE FROM postbox.queue_listeners l
+    USING postbox.queues q
+    WHERE l.queue_id = q.id AND q.name = ANY (queue_names) AND l.listener = pg_backend_pid();
 $$;
 
 -- The queues among `names` that hold a message a receive could claim now
@@ -1270,19 +1310,53 @@ END
 $$;
 
 -- Sends one message; returns its id (the original's, for a duplicate). See
--- send_batch for the options and rules.
+-- send_batch for the options and rules. A message that is nothing but a body,
+-- into a queue without FIFO order, deduplication or a depth limit (the common
+-- transactional send), takes a straight path: send_batch's checks and branches
+-- cost as much as the insert itself when many sessions each send one.
 CREATE FUNCTION postbox.send(
     queue_name text, body bytea, attributes jsonb DEFAULT NULL, delay interval DEFAULT NULL,
     message_group_id text DEFAULT NULL, deduplication_id text DEFAULT NULL,
     dedupe_key text DEFAULT NULL, priority integer DEFAULT NULL, deliver_at timestamptz DEFAULT NULL,
     ttl interval DEFAULT NULL, expire_at timestamptz DEFAULT NULL)
 RETURNS bigint
-LANGUAGE sql AS $$
-    SELECT message_id FROM postbox.send_batch(
-        queue_name, ARRAY[body], postbox._array_of(attributes), postbox._array_of(delay),
-        postbox._array_of(message_group_id), postbox._array_of(deduplication_id),
-        postbox._array_of(dedupe_key), postbox._array_of(priority), postbox._array_of(deliver_at),
-        postbox._array_of(ttl), postbox._array_of(expire_at))
+LANGUAGE plpgsql AS $$
+DECLARE
+    q postbox.queues;
+    sent_at timestamptz;
+    sent_id bigint;
+BEGIN
+    IF body IS NOT NULL AND num_nonnulls(attributes, delay, message_group_id, deduplication_id, dedupe_key,
+                                         priority, deliver_at, ttl, expire_at) = 0 THEN
+        SELECT * INTO q FROM postbox.queues x WHERE x.name = queue_name;
+    END IF;
+    IF q.id IS NULL OR q.fifo OR q.content_based_deduplication OR q.max_depth IS NOT NULL OR q.send_paused
+       OR octet_length(body) > q.max_message_size THEN
+        -- Everything else, and every error, as send_batch has it.
+        RETURN (SELECT s.message_id FROM postbox.send_batch(
+            queue_name, ARRAY[body], postbox._array_of(attributes), postbox._array_of(delay),
+            postbox._array_of(message_group_id), postbox._array_of(deduplication_id),
+            postbox._array_of(dedupe_key), postbox._array_of(priority), postbox._array_of(deliver_at),
+            postbox._array_of(ttl), postbox._array_of(expire_at)) s);
+    END IF;
+    -- As send_batch: the table lock before the clock (see there), then the queue's.
+    LOCK TABLE postbox.messages IN ROW EXCLUSIVE MODE;
+    sent_at := clock_timestamp();
+    PERFORM pg_advisory_xact_lock_shared(1886350198, q.id);  -- postbox._lock_queue, inline
+    -- Joined to the queue, read after the lock: nothing when a drop committed meanwhile.
+    INSERT INTO postbox.messages (queue_id, visible_at, enqueued_at, body, priority)
+    SELECT x.id, sent_at + q.delivery_delay, sent_at, body, 0
+    FROM postbox.queues x WHERE x.id = q.id
+    RETURNING messages.id INTO sent_id;
+    IF sent_id IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'PB404',
+            MESSAGE = 'the queue was deleted while the message was being sent';
+    END IF;
+    IF EXISTS (SELECT FROM postbox.queue_listeners l WHERE l.queue_id = q.id) THEN
+        PERFORM postbox._notify(q);  -- which looks again: a call saved when nobody listens
+    END IF;
+    RETURN sent_id;
+END
 $$;
 
 -- Takes up to `wanted` tokens of a rate-limited queue's bucket (capacity: one

@@ -648,9 +648,61 @@ async def notifications_during(conn: asyncpg.Connection, action) -> list[str]:
     return received
 
 
+async def listens_to(conn: asyncpg.Connection, *queues: str) -> None:
+    """Lists `conn` as waiting on the queues, as a server's LISTEN connection does."""
+    await conn.execute("SELECT postbox.listen_to($1::text[])", list(queues))
+
+
+async def test_a_queue_nobody_listens_to_is_not_notified(conns):
+    """NOTIFY serialises commits: a send into a queue no server waits on skips it."""
+    setup, listener, other = conns
+    await new_queue(setup, "unheard", 0)
+    await new_queue(setup, "heard", 0)
+    await listens_to(listener, "heard")
+
+    async def sends() -> None:
+        await setup.execute("SELECT postbox.send('unheard', 'x')")
+        # Last, on another session (the throttle is per session): when it arrives,
+        # an earlier notification would have too.
+        await other.execute("SELECT postbox.send('heard', 'x')")
+
+    assert await notifications_during(listener, sends) == ["heard"]
+
+    await listener.execute("SELECT postbox.unlisten($1::text[])", ["heard"])
+    assert (
+        await notifications_during(
+            listener, lambda: other.execute("SELECT postbox.send('heard', 'y')")
+        )
+        == []
+    )
+
+
+async def test_listings_of_sessions_that_are_gone_are_cleared(conns, database_url):
+    setup, listener, _ = conns
+    await new_queue(setup, "listened_once", 0)
+    gone = await asyncpg.connect(database_url)
+    gone_pid = await gone.fetchval("SELECT pg_backend_pid()")
+    await listens_to(gone, "listened_once")
+    await gone.close()
+    gone_yet = "SELECT NOT EXISTS (SELECT FROM pg_stat_activity WHERE pid = $1)"
+    for _ in range(500):  # its backend exits a moment after the close
+        if await setup.fetchval(gone_yet, gone_pid):
+            break
+        await asyncio.sleep(0.02)
+    await listens_to(listener, "listened_once")
+    listeners = await setup.fetch(
+        "SELECT listener FROM postbox.queue_listeners l JOIN postbox.queues q ON q.id = l.queue_id "
+        "WHERE q.name = 'listened_once'"
+    )
+    assert [r["listener"] for r in listeners] == [
+        await listener.fetchval("SELECT pg_backend_pid()")
+    ]
+
+
 async def test_send_notifies_waiters_with_the_queue_name(conns):
     setup, listener, _ = conns
     await new_queue(setup, "notify_me", 0)
+    await listens_to(listener, "notify_me")
     payloads = await notifications_during(
         listener, lambda: setup.execute("SELECT postbox.send('notify_me', 'x')")
     )
@@ -660,6 +712,7 @@ async def test_send_notifies_waiters_with_the_queue_name(conns):
 async def test_a_batch_notifies_once(conns):
     setup, listener, _ = conns
     await new_queue(setup, "notify_batch", 0)
+    await listens_to(listener, "notify_batch")
     payloads = await notifications_during(
         listener,
         lambda: setup.execute(
@@ -672,6 +725,7 @@ async def test_a_batch_notifies_once(conns):
 async def test_sends_right_after_a_notification_skip_theirs(conns):
     setup, listener, _ = conns
     await new_queue(setup, "notify_throttled", 0)
+    await listens_to(listener, "notify_throttled")
     queue_id = await setup.fetchval("SELECT id FROM postbox.queues WHERE name = 'notify_throttled'")
     notified_at = "SELECT set_config('postbox.notified_' || $1, $2, false)"
 
@@ -693,6 +747,7 @@ async def test_sends_right_after_a_notification_skip_theirs(conns):
 async def test_a_rolled_back_notification_does_not_hold_back_the_next(conns):
     setup, listener, _ = conns
     await new_queue(setup, "notify_rolled_back", 0)
+    await listens_to(listener, "notify_rolled_back")
 
     async def rolled_back_then_sent() -> None:
         await setup.execute("BEGIN")
@@ -887,3 +942,37 @@ async def test_queue_health_follows_its_thresholds(db):
     finally:
         await db.execute("SELECT postbox.drop_queue($1)", source)
         await db.execute("SELECT postbox.drop_queue($1)", dlq)
+
+
+@pytest.mark.parametrize(
+    ("setting_up", "queue", "body"),
+    [
+        ("SELECT postbox.pause_queue('paused_sends', true, false)", "paused_sends", "x"),
+        (
+            "SELECT postbox.update_queue('small', '{\"max_message_size\": 1024}')",
+            "small",
+            "x" * 1025,
+        ),
+        ("", "no_such_queue", "x"),
+        ("", "bad name!", "x"),
+    ],
+    ids=["paused", "too_large", "missing", "malformed"],
+)
+async def test_a_plain_send_fails_as_send_batch_does(conns, setting_up, queue, body):
+    """postbox.send's straight path for a body alone hands every case it does not
+    take to send_batch: the same error, word for word."""
+    setup, _, _ = conns
+    if setting_up:
+        await setup.execute("SELECT postbox.create_queue($1)", queue)
+        await setup.execute(setting_up)
+    errors = []
+    for call in ("SELECT postbox.send($1, $2)", "SELECT postbox.send_batch($1, ARRAY[$2::bytea])"):
+        with pytest.raises(asyncpg.PostgresError) as caught:
+            await setup.execute(call, queue, body.encode())
+        errors.append((caught.value.sqlstate, str(caught.value)))
+    assert errors[0] == errors[1]
+    count = (
+        "SELECT count(*) FROM postbox.messages m JOIN postbox.queues q ON q.id = m.queue_id "
+        "WHERE q.name = $1"
+    )
+    assert await setup.fetchval(count, queue) == 0

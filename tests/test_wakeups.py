@@ -195,3 +195,113 @@ async def _until_a_send_waits_on_a_lock(
             return await conn.fetchval("SELECT clock_timestamp()")
         await asyncio.sleep(0.01)
     raise AssertionError("no send waited on the lock")
+
+
+# Sends notify only queues a server lists as waited on (postbox.queue_listeners);
+# listing a queue races with sends, and these force each side of the race.
+
+
+async def _notifications(database_url: str) -> tuple[asyncpg.Connection, list[str]]:
+    """An observer of the engine's channel, and what it hears."""
+    heard: list[str] = []
+    observer = await asyncpg.connect(database_url)
+    await observer.add_listener("postbox", lambda *args: heard.append(args[3]))
+    return observer, heard
+
+
+async def _until_listed(conn: asyncpg.Connection, queue: str) -> None:
+    listed = (
+        "SELECT EXISTS (SELECT FROM postbox.queue_listeners l JOIN postbox.queues q "
+        "ON q.id = l.queue_id WHERE q.name = $1)"
+    )
+    for _ in range(500):
+        if await conn.fetchval(listed, queue):
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{queue} was never listed")
+
+
+async def _read_one(call: Any) -> list[bytes]:
+    # 10 s: generous on a busy machine; a missed wake-up never comes (no safety poll).
+    response = await asyncio.wait_for(call.read(), 10)
+    return [m.body for m in response.messages]
+
+
+async def test_a_send_that_looked_for_listeners_before_the_listing_still_wakes_the_stream(
+    in_process: InProcess, queue_name: str, database_url: str
+) -> None:
+    """The send found no listener and commits after the listing: it does not notify,
+    and the hub, waiting for the transactions in progress at the listing, looks itself."""
+    sender = await asyncpg.connect(database_url)
+    observer, heard = await _notifications(database_url)
+    call = None
+    try:
+        await sender.execute("BEGIN")
+        await sender.execute("SELECT postbox.send($1, 'early')", queue_name)  # looked: none
+        call = await _receive(in_process.messages, queue_name)
+        await in_process.until_claims(1)  # found nothing committed; it waits and lists
+        await _until_listed(observer, queue_name)
+        await sender.execute("COMMIT")
+        assert await _read_one(call) == [b"early"]
+        assert queue_name not in heard  # woken by the hub's own look, not a NOTIFY
+    finally:
+        if call is not None:
+            call.cancel()
+        await sender.close()
+        await observer.close()
+
+
+async def test_a_send_that_committed_while_the_listing_waited_still_wakes_the_stream(
+    in_process: InProcess, queue_name: str, database_url: str
+) -> None:
+    """The send commits after the stream found the queue empty, before the listing
+    commits: the hub looks at the queue as soon as it is listed."""
+    holder = await asyncpg.connect(database_url)
+    observer, heard = await _notifications(database_url)
+    call = None
+    try:
+        # Reads pass this lock (so the send can look for listeners); the listing waits.
+        await holder.execute("BEGIN")
+        await holder.execute("LOCK TABLE postbox.queue_listeners IN EXCLUSIVE MODE")
+        call = await _receive(in_process.messages, queue_name)
+        await in_process.until_claims(1)
+        for _ in range(500):
+            if await observer.fetchval(
+                "SELECT count(*) FROM pg_stat_clear_snapshot(), pg_stat_activity "
+                "WHERE wait_event_type = 'Lock' AND query LIKE '%listen_to%'"
+            ):
+                break
+            await asyncio.sleep(0.01)
+        else:
+            raise AssertionError("the listing never waited on the lock")
+        await observer.execute("SELECT postbox.send($1, 'between')", queue_name)
+        await holder.execute("COMMIT")
+        assert await _read_one(call) == [b"between"]
+        assert queue_name not in heard
+    finally:
+        if call is not None:
+            call.cancel()
+        await holder.close()
+        await observer.close()
+
+
+async def test_a_send_after_the_listing_notifies(
+    in_process: InProcess, queue_name: str, database_url: str
+) -> None:
+    observer, heard = await _notifications(database_url)
+    call = None
+    try:
+        call = await _receive(in_process.messages, queue_name)
+        await in_process.until_claims(1)
+        await _until_listed(observer, queue_name)
+        await observer.execute("SELECT postbox.send($1, 'later')", queue_name)
+        assert await _read_one(call) == [b"later"]
+        for _ in range(500):  # the observer hears it on its own connection, at its pace
+            if queue_name in heard:
+                break
+            await asyncio.sleep(0.01)
+        assert queue_name in heard
+    finally:
+        if call is not None:
+            call.cancel()
+        await observer.close()

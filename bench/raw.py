@@ -212,17 +212,22 @@ async def pgbench_single_inserts(
     db: BenchDatabase, body: bytes, *, clients: int, seconds: float
 ) -> float:
     """Transactions per second of pgbench running one INSERT of `body` per transaction."""
-    if db.pgbench is None:
-        raise RuntimeError("pgbench is not installed")
     script = (
         f"INSERT INTO {RAW_TABLE} (queue_id, visible_at, enqueued_at, body) "
         f"VALUES (1, now(), now(), '\\x{body.hex()}'::bytea);\n"
     )
+    return await pgbench_tps(db, script, clients=clients, seconds=seconds)
+
+
+async def pgbench_tps(db: BenchDatabase, script: str, *, clients: int, seconds: float) -> float:
+    """Transactions per second of pgbench -M prepared running `script` from `clients` sessions."""
+    if db.pgbench is None:
+        raise RuntimeError("pgbench is not installed")
     with tempfile.NamedTemporaryFile("w", suffix=".sql") as file:
-        file.write(script)
+        file.write(script + "\n")
         file.flush()
         process = await asyncio.create_subprocess_exec(
-            db.pgbench, "-n", "-c", str(clients), "-j", str(min(clients, 2)),
+            db.pgbench, "-n", "-M", "prepared", "-c", str(clients), "-j", str(min(clients, 2)),
             "-T", str(max(1, round(seconds))), "-f", file.name, db.url,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
         )  # fmt: skip
@@ -230,5 +235,5 @@ async def pgbench_single_inserts(
     text = output.decode(errors="replace")
     match = re.search(r"tps = ([\d.]+)", text)
     if process.returncode != 0 or match is None:
-        raise RuntimeError(f"pgbench failed:\n{text}")
+        raise RuntimeError(f"pgbench failed:\n{text[-2000:]}")
     return float(match.group(1))

@@ -2,6 +2,7 @@
 
 from bench.scenarios import (
     auth,
+    engine,
     idle,
     latency,
     producer,
@@ -20,6 +21,7 @@ LONG = frozenset({"spark_write", "sustained", "send_sync_replication"})
 __all__ = [
     "LONG",
     "auth",
+    "engine",
     "idle",
     "latency",
     "producer",

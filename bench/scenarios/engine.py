@@ -1,0 +1,201 @@
+"""The SQL engine against PGMQ and raw SQL on the same database, driven by pgbench.
+
+Applications call the engine's functions from their own transactions, so these
+figures leave the server out: pgbench -M prepared runs each system's statement
+from many sessions. Three workloads, as issue 17 states them: one send per
+transaction from 64 sessions, batches of 100 from 8, and receive-10-then-delete
+from 8 on a filled queue. The three systems take turns within each round, and
+each figure is the median of the rounds' ratios, with their range.
+
+PGMQ 1.5.1's SQL-only install is read from beside the repository (shared/peers)
+at run time; without it the run says so and gives postbox against raw SQL only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import statistics
+from dataclasses import dataclass
+
+import asyncpg
+
+from bench import raw
+from bench.database import RAW_TABLE
+from bench.runner import Context, Row, scenario
+from bench.scenarios.producer import PGMQ_SQL
+
+log = logging.getLogger(__name__)
+
+ROUNDS = 3
+QUEUE = "bench_engine"
+RECEIVERS = 8
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    clients: int
+    messages_per_call: int
+    target: float  # postbox / PGMQ
+    scripts: dict[str, str]  # system -> pgbench script
+
+
+def _workloads(body_hex: str) -> list[Workload]:
+    body = f"'\\x{body_hex}'::bytea"
+    document = '\'{"body": "x"}\'::jsonb'
+    raw_claim = (
+        f"SELECT id FROM {RAW_TABLE} WHERE queue_id = 2 AND visible_at <= now() "
+        "ORDER BY visible_at, id LIMIT 10 FOR UPDATE SKIP LOCKED"
+    )
+    return [
+        Workload(
+            "send 1 per transaction",
+            64,
+            1,
+            1.2,
+            {
+                "raw": f"INSERT INTO {RAW_TABLE} (queue_id, visible_at, enqueued_at, body) "
+                f"VALUES (1, now(), now(), {body});",
+                "pgmq": f"SELECT pgmq.send('{QUEUE}', {document});",
+                "postbox": f"SELECT postbox.send('{QUEUE}', {body});",
+            },
+        ),
+        Workload(
+            "send 100 per call",
+            8,
+            100,
+            1.0,
+            {
+                "raw": f"INSERT INTO {RAW_TABLE} (queue_id, visible_at, enqueued_at, body) "
+                f"SELECT 1, now(), now(), {body} FROM generate_series(1, 100);",
+                "pgmq": f"SELECT pgmq.send_batch('{QUEUE}', array_fill({document}, ARRAY[100]));",
+                "postbox": f"SELECT postbox.send_batch('{QUEUE}', array_fill({body}, ARRAY[100]));",
+            },
+        ),
+        Workload(
+            "receive 10 + delete them",
+            RECEIVERS,
+            10,
+            1.2,
+            {
+                "raw": f"WITH c AS ({raw_claim}) "
+                f"DELETE FROM {RAW_TABLE} r USING c WHERE r.id = c.id;",
+                "pgmq": f"SELECT pgmq.delete('{QUEUE}_filled', "
+                f"ARRAY(SELECT msg_id FROM pgmq.read('{QUEUE}_filled', 30, 10)));",
+                "postbox": f"SELECT postbox.delete_batch('{QUEUE}_filled', "
+                f"ARRAY(SELECT receipt FROM postbox.receive('{QUEUE}_filled', 10)));",
+            },
+        ),
+    ]
+
+
+async def _install(url: str, have_pgmq: bool, body: bytes, filled: int) -> None:
+    conn = await asyncpg.connect(url)
+    try:
+        await conn.execute("SELECT postbox.create_queue($1)", QUEUE)
+        await conn.execute("SELECT postbox.create_queue($1)", f"{QUEUE}_filled")
+        if have_pgmq:
+            await conn.execute("DROP SCHEMA IF EXISTS pgmq CASCADE; CREATE SCHEMA pgmq")
+            await conn.execute(await asyncio.to_thread(PGMQ_SQL.read_text))
+            await conn.execute("SELECT pgmq.create($1)", QUEUE)
+            await conn.execute("SELECT pgmq.create($1)", f"{QUEUE}_filled")
+        bodies = [body] * 1000
+        for _ in range(filled // 1000):
+            await conn.execute(
+                f"SELECT count(*) FROM postbox.send_batch('{QUEUE}_filled', $1::bytea[])", bodies
+            )
+            await conn.execute(
+                f"INSERT INTO {RAW_TABLE} (queue_id, visible_at, enqueued_at, body) "
+                "SELECT 2, now(), now(), b FROM unnest($1::bytea[]) b",
+                bodies,
+            )
+            if have_pgmq:
+                await conn.execute(
+                    f"SELECT count(*) FROM pgmq.send_batch('{QUEUE}_filled', "
+                    """array_fill('{"body": "x"}'::jsonb, ARRAY[1000]))"""
+                )
+        await conn.execute("ANALYZE")
+    finally:
+        await conn.close()
+
+
+async def _left(url: str) -> dict[str, int]:
+    """Messages each system still has in the filled queue: a drained one measured
+    empty receives, and the run says so."""
+    conn = await asyncpg.connect(url)
+    try:
+        left = {
+            "postbox": await conn.fetchval(
+                "SELECT count(*) FROM postbox.messages m JOIN postbox.queues q "
+                "ON q.id = m.queue_id WHERE q.name = $1",
+                f"{QUEUE}_filled",
+            ),
+            "raw": await conn.fetchval(f"SELECT count(*) FROM {RAW_TABLE} WHERE queue_id = 2"),
+        }
+        if await conn.fetchval("SELECT to_regclass('pgmq.q_bench_engine_filled') IS NOT NULL"):
+            left["pgmq"] = await conn.fetchval("SELECT count(*) FROM pgmq.q_bench_engine_filled")
+        return left
+    finally:
+        await conn.close()
+
+
+def _median_range(values: list[float]) -> str:
+    return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
+
+
+@scenario(
+    "engine_vs_pgmq",
+    "the SQL engine alone vs PGMQ 1.5.1 and raw SQL, pgbench -M prepared: send 1 x64 "
+    "sessions, send 100 x8, receive 10 + delete x8",
+)
+async def engine_vs_pgmq(ctx: Context) -> list[Row]:
+    if ctx.db.pgbench is None:
+        raise RuntimeError("pgbench is not installed")
+    have_pgmq = PGMQ_SQL.is_file()
+    if not have_pgmq:
+        log.warning("PGMQ's SQL is absent (%s): postbox against raw SQL only", PGMQ_SQL)
+    seconds = max(2, round(ctx.seconds))
+    # Enough for every round of the fastest system, receiving at up to 40k/s.
+    filled = (ROUNDS * seconds * 40_000 // 1000 + 1) * 1000
+    await _install(ctx.db.url, have_pgmq, ctx.body(), filled)
+    systems = ["raw", "pgmq", "postbox"] if have_pgmq else ["raw", "postbox"]
+    rows = []
+    for workload in _workloads(ctx.body().hex()):
+        rates: dict[str, list[float]] = {system: [] for system in systems}
+        for round_ in range(ROUNDS):
+            # Rotated, so no system always runs first (or right after another's bloat).
+            for system in systems[round_ % len(systems) :] + systems[: round_ % len(systems)]:
+                tps = await raw.pgbench_tps(
+                    ctx.db, workload.scripts[system], clients=workload.clients, seconds=seconds
+                )
+                rates[system].append(tps * workload.messages_per_call)
+        ours = statistics.median(rates["postbox"])
+        by_raw = [p / r for p, r in zip(rates["postbox"], rates["raw"], strict=True)]
+        note = (
+            f"msgs/s, medians of {ROUNDS} rounds of {seconds} s: postbox {ours:,.0f}, "
+            f"raw {statistics.median(rates['raw']):,.0f}; postbox/raw {_median_range(by_raw)}"
+        )
+        if have_pgmq:
+            by_pgmq = [p / q for p, q in zip(rates["postbox"], rates["pgmq"], strict=True)]
+            pgmq = statistics.median(rates["pgmq"])
+            note += f"; postbox/PGMQ per round {_median_range(by_pgmq)}"
+            met = statistics.median(by_pgmq) >= workload.target
+        else:
+            pgmq, met = None, None
+        rows.append(
+            Row(
+                f"SQL {workload.name} x{workload.clients}",
+                "msgs/s",
+                ours,
+                pgmq,
+                "PGMQ 1.5.1, pgbench" if have_pgmq else "PGMQ absent",
+                target=f">= {workload.target}x PGMQ",
+                met=met,
+                note=note,
+            )
+        )
+    left = await _left(ctx.db.url)
+    if min(left.values()) == 0:
+        rows[-1].note += f"; a filled queue ran dry ({left}): raise the fill"
+    return rows

@@ -160,6 +160,26 @@ def _operate(args: argparse.Namespace) -> int:
             return 1
 
 
+def _db(args: argparse.Namespace) -> int:
+    """`postbox db url` prints the embedded database's URL; `postbox psql` opens psql on it."""
+    from server.embedded import NotRunning, running_uri
+
+    try:
+        url = running_uri(args.data_dir)
+    except NotRunning as error:
+        print(f"postbox: {error}", file=sys.stderr)
+        return 2
+    if args.verb == "db":
+        print(url)
+        return 0
+    try:
+        os.execvp("psql", ["psql", url, *args.psql_args])
+    except OSError as error:
+        print(f"postbox psql: cannot run psql: {error.strerror}", file=sys.stderr)
+        return 2
+    return 0  # not reached: psql replaced this process
+
+
 def _completion(args: argparse.Namespace) -> int:
     import shtab
 
@@ -241,7 +261,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add_logging_flags(after_verb, argparse.SUPPRESS, argparse.SUPPRESS)
     verbs = _VerbsWithLogging(parser.add_subparsers(dest="verb", required=True), after_verb)
 
-    serve = verbs.add_parser("serve", help="serve the gRPC API")
+    data_dir = argparse.ArgumentParser(add_help=False)
+    data_dir.add_argument(
+        "--data-dir",
+        type=Path,
+        default=Path(os.environ.get("POSTBOX_DATA_DIR") or default_data_dir()),
+        help="data directory of the embedded PostgreSQL (default: %(default)s)",
+    )
+    serve = verbs.add_parser("serve", help="serve the gRPC API", parents=[data_dir])
     serve.add_argument(
         "--database-url",
         default=os.environ.get("DATABASE_URL"),
@@ -258,12 +285,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="a direct PostgreSQL URL for LISTEN and migrations, when --database-url is a "
         "transaction pooler such as PgBouncer with pool_mode=transaction (default: "
         "$POSTBOX_LISTEN_DATABASE_URL; unset: --database-url is a direct connection)",
-    )
-    serve.add_argument(
-        "--data-dir",
-        type=Path,
-        default=Path(os.environ.get("POSTBOX_DATA_DIR") or default_data_dir()),
-        help="data directory of the embedded PostgreSQL (default: %(default)s)",
     )
     serve.add_argument(
         "--grpc-host",
@@ -423,6 +444,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sqs.set_defaults(run=_sqs)
 
+    db = verbs.add_parser(
+        "db", help="the embedded PostgreSQL of a running `postbox serve`", parents=[data_dir]
+    )
+    db.add_argument("what", choices=["url"], help="url: print its connection URL")
+    db.set_defaults(run=_db)
+    psql = verbs.add_parser(
+        "psql",
+        help="open psql on the embedded database of a running `postbox serve`",
+        parents=[data_dir],
+    )
+    # Everything else goes to psql as given, e.g. `postbox psql -c 'TABLE postbox.queue_health'`.
+    psql.set_defaults(run=_db, psql_args=[])
+
     migrate = verbs.add_parser("migrate", help="install or upgrade the SQL engine in a database")
     migrate.add_argument("--database-url", default=os.environ.get("DATABASE_URL"))
     migrate.set_defaults(run=_migrate)
@@ -456,6 +490,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if args.verb == "psql":
+        args.psql_args = unknown  # psql's own arguments, e.g. -c
+    elif unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     configure_logging(args.log_level, args.log_format)
     sys.exit(args.run(args))

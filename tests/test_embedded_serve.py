@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import grpc
@@ -98,3 +100,37 @@ def test_workers_share_one_embedded_postgres_and_stop_it(tmp_path):
         assert not alive
     finally:
         server.kill()
+
+
+def test_db_url_and_psql_reach_the_embedded_database_of_a_running_server(tmp_path):
+    data_dir = tmp_path / "pgdata"
+    cli = [sys.executable, "-m", "server"]
+    server = EmbeddedServerProcess(data_dir, database_url_env=None).start()
+    try:
+        with grpc.insecure_channel(server.target) as channel:
+            create_queue(queue_service_pb2_grpc.QueueServiceStub(channel), "seen_from_psql")
+        url = subprocess.run(
+            [*cli, "db", "url", "--data-dir", str(data_dir)],
+            capture_output=True, text=True, timeout=30, check=True,
+        ).stdout.strip()  # fmt: skip
+        query = "SELECT name FROM postbox.queues"
+        assert (
+            "seen_from_psql"
+            in subprocess.run(
+                ["psql", url, "-Atc", query], capture_output=True, text=True, timeout=30, check=True
+            ).stdout
+        )
+        through_verb = subprocess.run(
+            [*cli, "psql", "--data-dir", str(data_dir), "-Atc", query],
+            capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        assert through_verb.returncode == 0, through_verb.stderr
+        assert "seen_from_psql" in through_verb.stdout
+        _stopped_cleanly(server, signal.SIGTERM)
+    finally:
+        server.kill()
+    stopped = subprocess.run(
+        [*cli, "db", "url", "--data-dir", str(data_dir)], capture_output=True, text=True, timeout=30
+    )
+    assert stopped.returncode == 2
+    assert "no embedded PostgreSQL runs in" in stopped.stderr

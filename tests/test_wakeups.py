@@ -19,7 +19,7 @@ from support import seconds, unique_name
 
 from server.db.engine import Engine
 from server.services.messages import MessageService
-from server.wakeup import WakeHub
+from server.services.wakeup import WakeHub
 
 
 class CountingEngine(Engine):

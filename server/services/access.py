@@ -14,7 +14,7 @@ from server.auth.secrets import Credentials
 from server.db.engine import Engine
 from server.errors import invalid
 from server.services import convert
-from server.services.queues import decode_page_token, next_page, page_size_of
+from server.services.pagination import decode_page_token, next_page, page_size_of
 from server.services.status import reports_errors
 
 _UPDATABLE = ("grants", "expire_time")

@@ -12,7 +12,7 @@ import grpc
 from server.db.engine import Engine, Record
 from server.errors import ApiError
 from server.services.scan_floors import ScanFloors
-from server.wakeup import WakeHub
+from server.services.wakeup import WakeHub
 
 log = logging.getLogger(__name__)
 

@@ -18,16 +18,16 @@ from server.errors import ApiError, invalid
 from server.observability import tracing
 from server.services import convert
 from server.services.claims import Claims, more_left
-from server.services.prefetch import Prefetch
-from server.services.queues import (
+from server.services.pagination import (
     decode_id_page_token,
     encode_page_token,
     is_bigint_id,
     page_size_of,
 )
+from server.services.prefetch import Prefetch
 from server.services.status import reports_errors
 from server.services.streaming import StreamingReceive
-from server.wakeup import WakeHub
+from server.services.wakeup import WakeHub
 
 log = logging.getLogger(__name__)
 

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import grpc
@@ -16,12 +14,17 @@ from postbox.v1 import queue_service_pb2_grpc
 from server.db.engine import Engine
 from server.errors import ApiError, invalid
 from server.services import convert
+from server.services.pagination import (
+    decode_page_token,
+    foreign_token,
+    is_bigint_id,
+    next_page,
+    page_size_of,
+)
 from server.services.status import reports_errors
 
-DEFAULT_PAGE_SIZE = 100
 # A queue's max_message_size when none is given (the engine's default).
 DEFAULT_MAX_MESSAGE_SIZE = 1024 * 1024
-MAX_PAGE_SIZE = 1000
 
 _PERMISSIONS = {
     pb.RedriveAllowPolicy.PERMISSION_UNSPECIFIED: "allow_all",
@@ -205,67 +208,6 @@ def redrive_task(row: Mapping[str, Any]) -> pb.RedriveTask:
     )
 
 
-def page_size_of(
-    requested: int, default: int = DEFAULT_PAGE_SIZE, limit: int = MAX_PAGE_SIZE
-) -> int:
-    page_size = requested or default
-    if not 1 <= page_size <= limit:
-        raise invalid(f"page_size is {page_size}; it must be 1 to {limit}")
-    return page_size
-
-
-def encode_page_token(method: str, last: str) -> str:
-    """An opaque token: the List method it continues and the last key of the page before."""
-    return base64.urlsafe_b64encode(f"{method}:{last}".encode()).decode("ascii")
-
-
-def next_page(
-    rows: Sequence[Mapping[str, Any]], page_size: int, method: str, key: str = "name"
-) -> tuple[Sequence[Mapping[str, Any]], str]:
-    """A page's rows, of page_size + 1 fetched, and the next page's token ("" on the last)."""
-    if len(rows) <= page_size:
-        return rows, ""
-    return rows[:page_size], encode_page_token(method, str(rows[page_size - 1][key]))
-
-
-def _foreign_token(method: str) -> ApiError:
-    return invalid(
-        "page_token is not one this server issued: pass the next_page_token of the "
-        f"previous {method} response, unchanged"
-    )
-
-
-def decode_page_token(token: str, method: str) -> str:
-    """The last key of the previous page, "" for the first page (no token)."""
-    if not token:
-        return ""
-    try:
-        # Strictly: the lenient decoder skips characters outside the alphabet.
-        decoded = base64.b64decode(token, altchars=b"-_", validate=True).decode()
-    except (binascii.Error, UnicodeError, ValueError):
-        raise _foreign_token(method) from None
-    issued_by, separator, last = decoded.partition(":")
-    if not separator or issued_by != method or encode_page_token(method, last) != token:
-        raise _foreign_token(method)
-    return last
-
-
-def decode_id_page_token(token: str, method: str) -> int:
-    """The last id (a bigint) of the previous page, 0 for the first page."""
-    last = decode_page_token(token, method)
-    if not last:
-        return 0
-    if not is_bigint_id(last):
-        raise _foreign_token(method)
-    return int(last)
-
-
-def is_bigint_id(text: str) -> bool:
-    """Whether `text` is an id the engine issues: ASCII digits that fit a bigint."""
-    # str.isdigit alone takes other scripts' digits ('١٢٣'), which int() reads as numbers.
-    return text.isascii() and text.isdigit() and len(text) <= 18
-
-
 class QueueService(queue_service_pb2_grpc.QueueServiceServicer):
     def __init__(self, engine: Engine, *, max_message_size: int) -> None:
         self.engine = engine
@@ -401,7 +343,7 @@ class QueueService(queue_service_pb2_grpc.QueueServiceServicer):
         try:
             after_task = _task_id(after) if after else None
         except ApiError:
-            raise _foreign_token(method) from None
+            raise foreign_token(method) from None
         rows = await self.engine.list_redrive_tasks(
             request.dead_letter_queue, page_size + 1, after_task
         )

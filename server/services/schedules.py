@@ -12,10 +12,10 @@ from postbox.v1 import schedule_service_pb2_grpc
 
 from server.db.engine import Engine, ScheduleFields
 from server.errors import invalid
-from server.scheduling import DEFAULT_TIME_ZONE, Timing, next_fire_on_resume
 from server.services import convert
-from server.services.queues import decode_page_token, next_page, page_size_of
+from server.services.pagination import decode_page_token, next_page, page_size_of
 from server.services.status import reports_errors
+from server.workers.scheduling import DEFAULT_TIME_ZONE, Timing, next_fire_on_resume
 
 _TIMINGS = ("cron", "interval", "run_at")
 DEFAULT_PREVIEW = 10

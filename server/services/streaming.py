@@ -32,7 +32,7 @@ from server.observability import tracing
 from server.services import convert
 from server.services.claims import Claims, more_left
 from server.services.prefetch import Prefetch
-from server.wakeup import WakeHub
+from server.services.wakeup import WakeHub
 
 DEFAULT_MAX_MESSAGES = 10
 MAX_OUTSTANDING = 10_000

@@ -9,20 +9,20 @@ import grpc
 from postbox.v1 import topic_service_pb2 as pb
 from postbox.v1 import topic_service_pb2_grpc
 
-from server import webhooks
 from server.db.engine import Engine, OutgoingPublish, Record
 from server.egress import EgressPolicy, Refused
 from server.errors import ApiError, invalid
 from server.observability import tracing
 from server.services import convert
-from server.services.queues import (
+from server.services.pagination import (
     decode_id_page_token,
     decode_page_token,
     next_page,
     page_size_of,
 )
 from server.services.status import reports_errors
-from server.wakeup import WakeHub
+from server.services.wakeup import WakeHub
+from server.workers import standard_webhooks as webhooks
 
 _DELIVERY_STATES = {
     "pending": pb.WEBHOOK_DELIVERY_STATE_PENDING,

@@ -22,8 +22,8 @@ from datetime import datetime, timezone
 from server.db.engine import Engine
 from server.errors import ApiError
 from server.observability import metrics
-from server.scheduling import next_fire_after_fire
 from server.workers import OutageLog
+from server.workers.scheduling import next_fire_after_fire
 
 log = logging.getLogger(__name__)
 

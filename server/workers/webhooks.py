@@ -23,12 +23,12 @@ from typing import Any
 
 import aiohttp
 
-from server import webhooks
 from server.db.engine import Engine, Record
 from server.egress import EgressPolicy, Refused
 from server.errors import ApiError
 from server.observability import metrics, tracing
 from server.workers import OutageLog
+from server.workers import standard_webhooks as webhooks
 
 log = logging.getLogger(__name__)
 

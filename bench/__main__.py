@@ -58,6 +58,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="run these scenarios (default: all short ones)",
     )
     parser.add_argument("--list", action="store_true", help="list the scenarios and exit")
+    parser.add_argument(
+        "--explain",
+        action="store_true",
+        help="print EXPLAIN (ANALYZE, BUFFERS) of the engine's hot statements and exit",
+    )
     return parser.parse_args(argv)
 
 
@@ -101,6 +106,13 @@ async def run(args: argparse.Namespace) -> Report:
     return report
 
 
+async def _explain(args: argparse.Namespace) -> str:
+    from bench.explain import explain
+
+    async with BenchDatabase(args.database_url, args.apply_sql) as db:
+        return await explain(db.url)
+
+
 def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt  # asyncio.run then unwinds: servers stop, the database is dropped
 
@@ -114,6 +126,9 @@ def main(argv: list[str] | None = None) -> None:
             marks = " (long: only with --only)" if name in LONG else ""
             state = f" [not measurable yet: {entry.pending}]" if entry.run is None else ""
             print(f"{name}: {entry.description}{marks}{state}")
+        return
+    if args.explain:
+        print(asyncio.run(_explain(args)))
         return
     report = asyncio.run(run(args))
     machine = report.machine

@@ -1962,6 +1962,17 @@ BEGIN
 END
 $$;
 
+-- How many of these receipts still hold their message in flight (not deleted,
+-- not given back, not delivered again, lease not run out). A continuous stream
+-- asks this when its consumer may have settled messages through another server.
+CREATE FUNCTION postbox.receipts_in_flight(receipts text[]) RETURNS bigint
+LANGUAGE sql STABLE AS $$
+    SELECT count(*)
+    FROM postbox._parse_receipts(receipts) p
+    JOIN postbox.messages m ON m.id = p.message_id AND m.lease = p.lease
+    WHERE m.visible_at > now() AND m.visible_at <> 'infinity'
+$$;
+
 -- Stops sends and/or receives of a queue (both when neither is named): they
 -- fail with PB503 until resume_queue.
 CREATE FUNCTION postbox.pause_queue(queue_name text, sends boolean DEFAULT false,
@@ -3600,17 +3611,6 @@ $$;
 CREATE FUNCTION postbox.next_schedule_fire_at() RETURNS timestamptz
 LANGUAGE sql STABLE AS $$
     SELECT min(next_fire_at) FROM postbox.schedules WHERE NOT paused
-$$;
-
--- How many of these receipts still hold their message in flight (not deleted,
--- not given back, not delivered again, lease not run out). A continuous stream
--- asks this when its consumer may have settled messages through another server.
-CREATE FUNCTION postbox.receipts_in_flight(receipts text[]) RETURNS bigint
-LANGUAGE sql STABLE AS $$
-    SELECT count(*)
-    FROM postbox._parse_receipts(receipts) p
-    JOIN postbox.messages m ON m.id = p.message_id AND m.lease = p.lease
-    WHERE m.visible_at > now() AND m.visible_at <> 'infinity'
 $$;
 
 -- API keys (since 0.7.0). A key authenticates calls to the server (a bearer

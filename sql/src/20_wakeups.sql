@@ -1,0 +1,74 @@
+-- Wakes receivers waiting on a queue: NOTIFY on channel "postbox" with the
+-- queue name, delivered when the sending transaction commits. NOTIFY makes
+-- committing transactions queue up behind one another, so only a queue that a
+-- server waits on (postbox.queue_listeners) is notified; the look runs after the
+-- caller's change, and listen_to's caller covers a registration that commits
+-- meanwhile. And a session notifies a queue at most once per 5 ms. A
+-- send that skips commits moments after the notification of the same session's
+-- previous, committed transaction (a rolled-back one takes its setting along);
+-- servers poll once more a little after each notification to pick it up. The
+-- time sits in a session setting, not a table row: a row updated this often
+-- would leave a dead version per notification while the xmin horizon is pinned,
+-- and every sender would walk them all to find the live one.
+CREATE FUNCTION postbox._notify(q postbox.queues) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    setting text := 'postbox.notified_' || q.id;
+    now_ms numeric := extract(epoch FROM clock_timestamp()) * 1000;
+BEGIN
+    IF NOT EXISTS (SELECT FROM postbox.queue_listeners l WHERE l.queue_id = q.id) THEN
+        RETURN;
+    END IF;
+    IF coalesce(nullif(current_setting(setting, true), ''), '0')::numeric > now_ms - 5 THEN
+        RETURN;
+    END IF;
+    PERFORM set_config(setting, now_ms::text, false);
+    PERFORM pg_notify('postbox', q.name);
+END
+$$;
+
+-- Tells the servers' workers that work of a kind arrived (since 0.8.0):
+-- 'webhooks' (deliveries due now), 'schedules' (a due time changed) or
+-- 'redrives' (a task started). A NOTIFY on the queues' channel with a payload no
+-- queue name can have; PostgreSQL sends one per transaction however many
+-- statements signal, and only at commit. Idle workers sleep until their next
+-- due time, so work made elsewhere (another server, psql) would otherwise wait
+-- for their slow fallback poll.
+CREATE FUNCTION postbox._signal(kind text) RETURNS void
+LANGUAGE sql AS $$
+    SELECT pg_notify('postbox', '#' || kind)
+$$;
+
+-- Lists this session (a server's LISTEN connection) as waiting on the named
+-- queues, so that sends into them notify (since 0.8.0), and clears the rows of
+-- sessions that are gone. A send that looked for listeners before this commits
+-- does not notify: the caller takes pg_current_snapshot() once this has
+-- committed, waits until every transaction in progress then has ended, and
+-- looks at the queues itself (ready_queues).
+CREATE FUNCTION postbox.listen_to(queue_names text[]) RETURNS void
+LANGUAGE sql AS $$
+    DELETE FROM postbox.queue_listeners l
+    WHERE l.listener <> pg_backend_pid()
+      AND NOT EXISTS (SELECT FROM pg_stat_activity a WHERE a.pid = l.listener);
+    INSERT INTO postbox.queue_listeners (queue_id, listener)
+    SELECT q.id, pg_backend_pid() FROM postbox.queues q WHERE q.name = ANY (queue_names)
+    ON CONFLICT DO NOTHING;
+$$;
+
+-- Takes this session off the named queues' listeners (since 0.8.0).
+CREATE FUNCTION postbox.unlisten(queue_names text[]) RETURNS void
+LANGUAGE sql AS $$
+    DELETE FROM postbox.queue_listeners l
+    USING postbox.queues q
+    WHERE l.queue_id = q.id AND q.name = ANY (queue_names) AND l.listener = pg_backend_pid();
+$$;
+
+-- The queues among `names` that hold a message a receive could claim now
+-- (since 0.8.0): the servers' safety net for wake-ups lost in a reconnect, one
+-- statement for every queue that has streams waiting.
+CREATE FUNCTION postbox.ready_queues(names text[]) RETURNS SETOF text
+LANGUAGE sql STABLE AS $$
+    SELECT q.name FROM postbox.queues q
+    WHERE q.name = ANY (names) AND NOT q.receive_paused
+      AND EXISTS (SELECT FROM postbox.messages m WHERE m.queue_id = q.id AND m.visible_at <= now())
+$$;

@@ -1,0 +1,292 @@
+-- Takes up to `wanted` tokens of a rate-limited queue's bucket (capacity: one
+-- second of the rate); returns how many it took.
+CREATE FUNCTION postbox._take_receive_tokens(q postbox.queues, wanted integer) RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    at timestamptz := clock_timestamp();
+    capacity double precision := greatest(1, q.receive_rate_limit);
+    level double precision;
+    taken integer;
+BEGIN
+    INSERT INTO postbox.receive_tokens VALUES (q.id, capacity, at) ON CONFLICT DO NOTHING;
+    SELECT least(capacity, t.tokens + q.receive_rate_limit * extract(epoch FROM at - t.refilled_at))
+    INTO level
+    FROM postbox.receive_tokens t WHERE t.queue_id = q.id FOR UPDATE;
+    taken := least(wanted, floor(level))::integer;
+    UPDATE postbox.receive_tokens SET tokens = level - taken, refilled_at = at WHERE queue_id = q.id;
+    RETURN taken;
+END
+$$;
+
+-- Gives back tokens that a receive took but did not use.
+CREATE FUNCTION postbox._return_receive_tokens(q postbox.queues, unused integer) RETURNS void
+LANGUAGE sql AS $$
+    UPDATE postbox.receive_tokens
+    SET tokens = least(greatest(1, q.receive_rate_limit), tokens + unused)
+    WHERE queue_id = q.id AND unused > 0
+$$;
+
+-- Removes messages (all of ids, or, with leases, those whose lease still
+-- matches), archiving them if the queue archives and promoting the next message
+-- of their FIFO groups. Returns the ids removed.
+-- Adds to a queue's counters (postbox.queue_counters).
+CREATE FUNCTION postbox._count(counted_queue integer, expired_count bigint, dead_lettered_count bigint)
+RETURNS void
+LANGUAGE sql AS $$
+    INSERT INTO postbox.queue_counters AS c (queue_id, expired, dead_lettered)
+    VALUES (counted_queue, expired_count, dead_lettered_count)
+    ON CONFLICT ON CONSTRAINT queue_counters_pkey
+    DO UPDATE SET expired = c.expired + excluded.expired,
+                  dead_lettered = c.dead_lettered + excluded.dead_lettered
+$$;
+
+-- Functions that take messages by id reach them through the primary key,
+-- whatever the planner thinks. A session plans each statement once, often while
+-- the table was small, and keeps the plan until an ANALYZE, which a pinned xmin
+-- horizon holds off: a sequential scan, bitmap scan or hash join chosen then
+-- reads every dead row version on every later call. So they allow only index
+-- scans and nested loops, and say `queue_id + 0` (offered queue_id as an index
+-- condition, the planner fetched the whole queue through the ready index).
+CREATE FUNCTION postbox._remove(q postbox.queues, ids bigint[], leases uuid[], why text) RETURNS bigint[]
+LANGUAGE plpgsql
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_indexonlyscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+AS $$
+DECLARE
+    removed bigint[];
+    groups text[];
+BEGIN
+    IF q.archive_on_delete THEN
+        WITH gone AS (
+            DELETE FROM postbox.messages m
+            USING unnest(ids, leases) AS t(id, lease)
+            WHERE m.id = t.id AND m.queue_id + 0 = q.id AND (t.lease IS NULL OR m.lease = t.lease)
+            RETURNING m.*
+        ), archived AS (
+            INSERT INTO postbox.archive (id, queue_id, receive_count, enqueued_at, first_received_at,
+                                         archived_at, reason, priority, message_group_id,
+                                         deduplication_id, source_queue_id, last_error, attributes, body)
+            SELECT g.id, g.queue_id, g.receive_count, g.enqueued_at, g.first_received_at,
+                   clock_timestamp(), why, g.priority, g.message_group_id, g.deduplication_id,
+                   g.source_queue_id, g.last_error, g.attributes, g.body
+            FROM gone g
+        )
+        SELECT array_agg(g.id), array_agg(g.message_group_id) INTO removed, groups FROM gone g;
+    ELSE
+        -- The same delete without the archive: a data-modifying CTE costs even
+        -- when it inserts nothing, and this is the path of every plain delete.
+        WITH gone AS (
+            DELETE FROM postbox.messages m
+            USING unnest(ids, leases) AS t(id, lease)
+            WHERE m.id = t.id AND m.queue_id + 0 = q.id AND (t.lease IS NULL OR m.lease = t.lease)
+            RETURNING m.id, m.message_group_id
+        )
+        SELECT array_agg(g.id), array_agg(g.message_group_id) INTO removed, groups FROM gone g;
+    END IF;
+    IF q.fifo AND groups IS NOT NULL THEN
+        PERFORM postbox._lock_groups(q.id, groups);
+        PERFORM postbox._promote(q, groups);
+        PERFORM postbox._notify(q);
+    END IF;
+    IF why = 'expired' AND removed IS NOT NULL THEN
+        PERFORM postbox._count(q.id, cardinality(removed), 0);
+    END IF;
+    RETURN coalesce(removed, '{}');
+END
+$$;
+
+-- Moves messages (locked by the caller) into queue `target`: as dead letters of
+-- `source`, or back (redrive) with their deliveries uncounted. In a FIFO target
+-- they join the end of their groups; in a FIFO source the next messages move up.
+CREATE FUNCTION postbox._move(ids bigint[], source postbox.queues, target postbox.queues,
+                              as_dead_letters boolean)
+RETURNS void
+LANGUAGE plpgsql
+-- By primary key (see _remove).
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_indexonlyscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+AS $$
+DECLARE
+    groups text[];
+BEGIN
+    SELECT array_agg(DISTINCT m.message_group_id) INTO groups
+    FROM postbox.messages m WHERE m.id = ANY (ids) AND m.message_group_id IS NOT NULL;
+    IF groups IS NOT NULL AND (source.fifo OR target.fifo) THEN
+        -- Both queues' group locks, the lower queue id first.
+        PERFORM postbox._lock_groups(least(source.id, target.id), groups);
+        PERFORM postbox._lock_groups(greatest(source.id, target.id), groups);
+    END IF;
+    UPDATE postbox.messages m
+    SET queue_id = target.id,
+        source_queue_id = CASE WHEN as_dead_letters THEN source.id END,
+        dead_lettered_at = CASE WHEN as_dead_letters THEN clock_timestamp() END,
+        receive_count = CASE WHEN as_dead_letters THEN m.receive_count ELSE 0 END,
+        first_received_at = CASE WHEN as_dead_letters THEN m.first_received_at END,
+        lease = NULL,
+        visible_at = v.visible_at
+    FROM (SELECT x.id,
+                 CASE WHEN target.fifo AND (
+                          row_number() OVER (PARTITION BY x.message_group_id ORDER BY x.id) > 1
+                          OR EXISTS (SELECT FROM postbox.messages y
+                                     WHERE y.queue_id = target.id AND y.message_group_id = x.message_group_id))
+                      THEN 'infinity'::timestamptz ELSE clock_timestamp() END AS visible_at
+          FROM postbox.messages x WHERE x.id = ANY (ids)) AS v
+    WHERE m.id = v.id;
+    IF source.fifo AND groups IS NOT NULL THEN
+        PERFORM postbox._promote(source, groups);
+        PERFORM postbox._notify(source);
+    END IF;
+    IF as_dead_letters THEN
+        PERFORM postbox._count(source.id, 0, cardinality(ids));
+    END IF;
+    PERFORM postbox._notify(target);
+END
+$$;
+
+-- Claims up to max_messages visible messages (FOR UPDATE SKIP LOCKED, so
+-- concurrent receivers never get the same message), makes them invisible for
+-- the visibility timeout (the queue's when NULL), counts the delivery and gives
+-- each a fresh receipt "<message id>:<lease>". Order: priority, then visibility
+-- time, then id; FIFO queues hand out only group heads. On the way, expired
+-- messages are removed and messages received max_receive_count times already
+-- move to the dead-letter queue instead. A rate-limited queue returns fewer
+-- messages when its tokens run short. PB503 while receives are paused.
+-- scan_from: where to start in the ready index, from receive_floor (NULL: the
+-- front). max_bytes (since 0.8.0; NULL: no limit) bounds the claim by size: it
+-- stops before the message that would take the sum of the claimed messages'
+-- sizes (body, attributes and 256 bytes for the rest) past max_bytes, and always
+-- claims one. `more` (on every row) says that deliverable messages were left for
+-- the next call, so a caller that wants them all claims again at once.
+CREATE FUNCTION postbox.receive(queue_name text, max_messages integer DEFAULT 1,
+                                visibility_timeout interval DEFAULT NULL, scan_from timestamptz DEFAULT NULL,
+                                max_bytes bigint DEFAULT NULL)
+RETURNS TABLE (message_id bigint, body bytea, attributes jsonb, enqueued_at timestamptz,
+               receive_count integer, first_received_at timestamptz, receipt text, priority smallint,
+               message_group_id text, deduplication_id text, dead_letter_source text, last_error text,
+               more boolean)
+LANGUAGE plpgsql
+-- Receive must walk the ready index in order and stop at the first rows it can
+-- claim. With stale statistics the planner may instead fetch every visible row
+-- (a bitmap or sequential scan) and sort them, which on a deep queue, or one
+-- full of dead index entries, costs more than everything else put together.
+-- Nor may it read the ready index and sort: a range on visible_at (scan_from to
+-- now) looks like a few rows to the planner, which then fetched every visible
+-- message of a priority queue to sort them instead of reading the priority index.
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_sort = off
+-- The size budget's window sorts a claim's few rows, which enable_sort = off
+-- prices as enormous; that price must not buy a JIT compilation (hundreds of
+-- milliseconds) on every receive.
+SET jit = off
+AS $$
+#variable_conflict use_column
+DECLARE
+    q postbox.queues := postbox._queue(queue_name);
+    timeout interval := coalesce(visibility_timeout, q.visibility_timeout);
+    expired_before timestamptz := now() - q.retention;
+    scan_start timestamptz := coalesce(scan_from, '-infinity');
+    allowed integer;
+    to_deliver bigint[];
+    to_expire bigint[];
+    to_bury bigint[];
+    left_over boolean;
+BEGIN
+    IF max_messages IS NULL OR max_messages NOT BETWEEN 1 AND 1000 THEN
+        PERFORM postbox._invalid(format('max_messages is %s; it must be 1 to 1000', max_messages));
+    END IF;
+    IF timeout < interval '0' OR timeout > interval '12 hours' THEN
+        PERFORM postbox._invalid(format('visibility timeout %s is outside 0 s to 12 h', timeout));
+    END IF;
+    IF q.receive_paused THEN
+        RAISE EXCEPTION USING ERRCODE = 'PB503', MESSAGE = format(
+            'queue %s is paused for receiving; ResumeQueue lets receives in again', quote_literal(queue_name));
+    END IF;
+    -- Each round removes what it must not deliver; a few rounds find deliverable
+    -- messages behind expired ones, the maintenance worker does the rest.
+    FOR attempt IN 1..10 LOOP
+        allowed := CASE WHEN q.receive_rate_limit IS NULL THEN max_messages
+                        ELSE postbox._take_receive_tokens(q, max_messages) END;
+        EXIT WHEN allowed = 0;
+        SELECT array_agg(p.id ORDER BY p.priority DESC, p.visible_at, p.id) FILTER (WHERE p.deliver),
+               array_agg(p.id) FILTER (WHERE p.gone),
+               array_agg(p.id) FILTER (WHERE p.dead AND NOT p.gone),
+               coalesce(bool_or(NOT p.gone AND NOT p.dead AND NOT p.deliver), false)
+        INTO to_deliver, to_expire, to_bury, left_over
+        FROM (
+          SELECT c.*,
+                 NOT c.gone AND NOT c.dead
+                 AND (max_bytes IS NULL
+                      -- A prefix of the deliverable candidates, in claim order, within
+                      -- max_bytes; at least the first.
+                      OR sum(c.size) FILTER (WHERE NOT c.gone AND NOT c.dead)
+                             OVER (ORDER BY c.priority DESC, c.visible_at, c.id) <= max_bytes
+                      OR count(*) FILTER (WHERE NOT c.gone AND NOT c.dead)
+                             OVER (ORDER BY c.priority DESC, c.visible_at, c.id) = 1) AS deliver
+          FROM (
+            SELECT * FROM (  -- priority > 0 first, through its partial index
+                SELECT m.id, m.priority, m.visible_at, coalesce(m.enqueued_at < expired_before, false)
+                                                                  OR coalesce(m.expires_at <= now(), false) AS gone,
+                       coalesce(m.receive_count >= q.max_receive_count, false) AS dead,
+                       -- octet_length reads a TOASTed body's size without fetching it.
+                       octet_length(m.body) + coalesce(pg_column_size(m.attributes), 0) + 256 AS size
+                FROM postbox.messages m
+                WHERE m.queue_id = q.id AND m.priority > 0 AND m.visible_at BETWEEN scan_start AND now()
+                ORDER BY m.priority DESC, m.visible_at, m.id
+                LIMIT allowed
+                FOR UPDATE SKIP LOCKED) AS high
+            UNION ALL
+            SELECT * FROM (  -- then the rest, in visibility order
+                SELECT m.id, m.priority, m.visible_at, coalesce(m.enqueued_at < expired_before, false)
+                                                             OR coalesce(m.expires_at <= now(), false),
+                       coalesce(m.receive_count >= q.max_receive_count, false),
+                       octet_length(m.body) + coalesce(pg_column_size(m.attributes), 0) + 256
+                FROM postbox.messages m
+                WHERE m.queue_id = q.id AND m.priority = 0 AND m.visible_at BETWEEN scan_start AND now()
+                ORDER BY m.visible_at, m.id
+                LIMIT allowed
+                FOR UPDATE SKIP LOCKED) AS normal
+            LIMIT allowed
+          ) AS c
+        ) AS p;
+        IF to_expire IS NOT NULL THEN
+            PERFORM postbox._remove(q, to_expire, NULL, 'expired');
+        END IF;
+        IF to_bury IS NOT NULL THEN
+            PERFORM postbox._move(to_bury, q, (SELECT d FROM postbox.queues d WHERE d.id = q.dead_letter_queue_id),
+                                  true);
+        END IF;
+        IF q.receive_rate_limit IS NOT NULL THEN
+            PERFORM postbox._return_receive_tokens(q, allowed - coalesce(cardinality(to_deliver), 0));
+        END IF;
+        IF to_deliver IS NOT NULL THEN
+            RETURN QUERY
+            WITH claimed AS (
+                UPDATE postbox.messages m
+                SET visible_at = clock_timestamp() + timeout,
+                    receive_count = m.receive_count + 1,
+                    first_received_at = coalesce(m.first_received_at, clock_timestamp()),
+                    lease = gen_random_uuid(),
+                    dedupe_key = NULL
+                WHERE m.id = ANY (to_deliver)
+                RETURNING m.*
+            )
+            SELECT c.id, c.body, c.attributes, c.enqueued_at, c.receive_count, c.first_received_at,
+                   c.id || ':' || c.lease, c.priority, c.message_group_id, c.deduplication_id,
+                   (SELECT s.name FROM postbox.queues s WHERE s.id = c.source_queue_id), c.last_error,
+                   left_over
+            -- In claim order: the claim overwrote visible_at, so the order comes from to_deliver.
+            FROM claimed c JOIN unnest(to_deliver) WITH ORDINALITY AS o(id, n) ON o.id = c.id
+            ORDER BY o.n;
+            RETURN;
+        END IF;
+        EXIT WHEN to_expire IS NULL AND to_bury IS NULL;
+    END LOOP;
+END
+$$;

@@ -1,0 +1,320 @@
+-- Splits receipts into (position, message id, lease); malformed ones get NULLs.
+CREATE FUNCTION postbox._parse_receipts(receipts text[])
+RETURNS TABLE (i bigint, receipt text, message_id bigint, lease uuid)
+LANGUAGE sql IMMUTABLE AS $$
+    -- A pattern without counted repetitions, then lengths and the dashes'
+    -- places: counted repetitions cost more than the rest of a delete together,
+    -- and translate() walks the text character by character as multibyte.
+    SELECT t.i, t.r,
+           CASE WHEN t.ok THEN left(t.r, t.colon - 1)::bigint END,
+           CASE WHEN t.ok THEN substr(t.r, t.colon + 1)::uuid END
+    FROM (SELECT r, i, colon,
+                 coalesce(colon BETWEEN 2 AND 19 AND octet_length(r) = colon + 36
+                          AND r ~ '^[0-9]+:[0-9a-f-]+$'
+                          AND octet_length(replace(r, '-', '')) = colon + 32
+                          AND substr(r, colon + 9, 1) || substr(r, colon + 14, 1)
+                              || substr(r, colon + 19, 1) || substr(r, colon + 24, 1) = '----',
+                          false) AS ok
+          FROM unnest(receipts) WITH ORDINALITY AS u(r, i), strpos(r, ':') AS colon) AS t
+$$;
+
+-- Outcome per receipt of an operation that matched `done` of them:
+-- 'ok', 'invalid' (malformed), 'stale' (delivered again since) or 'not_found'.
+CREATE FUNCTION postbox._receipt_outcomes(q postbox.queues, receipts text[], done bigint[])
+RETURNS TABLE (i bigint, outcome text)
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    IF cardinality(done) = cardinality(receipts) THEN
+        -- Done ids are distinct, each matched by a receipt of its own: all are ok,
+        -- and the receipts need no second parse (the common case).
+        RETURN QUERY SELECT g, 'ok' FROM generate_series(1::bigint, cardinality(receipts)) g;
+        RETURN;
+    END IF;
+    RETURN QUERY
+    SELECT p.i, CASE
+        WHEN p.message_id IS NULL THEN 'invalid'
+        WHEN p.message_id = ANY (done) THEN 'ok'
+        WHEN EXISTS (SELECT FROM postbox.messages m WHERE m.id = p.message_id AND m.queue_id + 0 = q.id)
+            THEN 'stale'
+        ELSE 'not_found'
+    END
+    FROM postbox._parse_receipts(receipts) p
+    ORDER BY p.i;
+END
+$$;
+
+-- Deletes received messages by receipt. One outcome per receipt, in order;
+-- see _receipt_outcomes. Archives them if the queue archives.
+CREATE FUNCTION postbox.delete_batch(queue_name text, receipts text[])
+RETURNS TABLE (i bigint, outcome text)
+LANGUAGE plpgsql
+-- By primary key (see _remove).
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_indexonlyscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+AS $$
+DECLARE
+    q postbox.queues := postbox._queue(queue_name);
+    parsed record;
+    done bigint[];
+BEGIN
+    PERFORM postbox._check_batch_size(cardinality(receipts));
+    SELECT array_agg(p.message_id) AS ids, array_agg(p.lease) AS leases INTO parsed
+    FROM postbox._parse_receipts(receipts) p WHERE p.message_id IS NOT NULL;
+    done := postbox._remove(q, parsed.ids, parsed.leases, 'deleted');
+    RETURN QUERY SELECT * FROM postbox._receipt_outcomes(q, receipts, done);
+END
+$$;
+
+-- Makes received messages visible again after `timeout` from now (0: at once).
+-- One outcome per receipt, in order; see _receipt_outcomes.
+CREATE FUNCTION postbox.change_visibility_batch(queue_name text, receipts text[], timeouts interval[])
+RETURNS TABLE (i bigint, outcome text)
+LANGUAGE plpgsql
+-- By primary key (see _remove).
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_indexonlyscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+AS $$
+DECLARE
+    q postbox.queues := postbox._queue(queue_name);
+    done bigint[];
+    bad interval;
+BEGIN
+    PERFORM postbox._check_batch_size(cardinality(receipts));
+    IF cardinality(timeouts) IS DISTINCT FROM cardinality(receipts) THEN
+        PERFORM postbox._invalid('receipts and timeouts must have the same number of entries');
+    END IF;
+    SELECT t INTO bad FROM unnest(timeouts) t WHERE t IS NULL OR t < interval '0' OR t > interval '12 hours' LIMIT 1;
+    IF FOUND THEN
+        PERFORM postbox._invalid(format('visibility timeout %s is outside 0 s to 12 h', coalesce(bad::text, 'NULL')));
+    END IF;
+    WITH changed AS (
+        UPDATE postbox.messages m
+        SET visible_at = clock_timestamp() + t.timeout
+        FROM postbox._parse_receipts(receipts) p
+        JOIN unnest(timeouts) WITH ORDINALITY AS t(timeout, i) ON t.i = p.i
+        WHERE m.id = p.message_id AND m.queue_id + 0 = q.id AND m.lease = p.lease
+        RETURNING m.id
+    )
+    SELECT array_agg(id) INTO done FROM changed;
+    RETURN QUERY SELECT * FROM postbox._receipt_outcomes(q, receipts, done);
+END
+$$;
+
+-- Raises the error of a single-receipt operation's outcome.
+CREATE FUNCTION postbox._raise_receipt_outcome(outcome text, receipt text) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    CASE outcome
+    WHEN 'ok' THEN
+        RETURN;
+    WHEN 'invalid' THEN
+        PERFORM postbox._invalid(format('receipt %s is malformed; pass a receipt returned by receive',
+                                        quote_literal(receipt)));
+    WHEN 'stale' THEN
+        RAISE EXCEPTION USING ERRCODE = 'PB412', MESSAGE = format(
+            'receipt %s is stale: the message was delivered again since; use the newest receipt',
+            quote_literal(receipt));
+    ELSE
+        RAISE EXCEPTION USING ERRCODE = 'PB404', MESSAGE = format(
+            'the message of receipt %s is gone (deleted or expired)', quote_literal(receipt));
+    END CASE;
+END
+$$;
+
+-- Deletes a received message. PB412 for a stale receipt, PB404 if it is gone.
+CREATE FUNCTION postbox.delete(queue_name text, receipt text) RETURNS void
+LANGUAGE sql AS $$
+    SELECT postbox._raise_receipt_outcome(outcome, receipt)
+    FROM postbox.delete_batch(queue_name, ARRAY[receipt])
+$$;
+
+-- Sets when a received message becomes visible again, `timeout` from now.
+-- PB412 for a stale receipt, PB404 if it is gone.
+CREATE FUNCTION postbox.change_visibility(queue_name text, receipt text, timeout interval) RETURNS void
+LANGUAGE sql AS $$
+    SELECT postbox._raise_receipt_outcome(outcome, receipt)
+    FROM postbox.change_visibility_batch(queue_name, ARRAY[receipt], ARRAY[timeout])
+$$;
+
+-- The backoff of a nack without delay: exponential in the number of
+-- deliveries, between the queue's minimum and maximum, with equal jitter.
+CREATE FUNCTION postbox._backoff(q postbox.queues, deliveries integer) RETURNS interval
+LANGUAGE sql VOLATILE AS $$
+    SELECT least(q.retry_maximum_backoff,
+                 q.retry_minimum_backoff * power(2, least(greatest(deliveries - 1, 0), 30)))
+           * (0.5 + random() / 2)
+$$;
+
+-- Gives received messages back: visible again after `delays[i]` (NULL: the
+-- queue's retry backoff), recording errors[i] as the message's last error. The
+-- receipt is spent. One outcome per receipt, in order; see _receipt_outcomes.
+CREATE FUNCTION postbox.nack_batch(queue_name text, receipts text[], delays interval[] DEFAULT NULL,
+                                   errors text[] DEFAULT NULL)
+RETURNS TABLE (i bigint, outcome text)
+LANGUAGE plpgsql
+-- By primary key (see _remove).
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_indexonlyscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+AS $$
+DECLARE
+    q postbox.queues := postbox._queue(queue_name);
+    n integer := coalesce(cardinality(receipts), 0);
+    problem text;
+    done bigint[];
+BEGIN
+    PERFORM postbox._check_batch_size(n);
+    IF greatest(cardinality(delays), cardinality(errors)) > n THEN
+        PERFORM postbox._invalid('delays and errors may not have more entries than receipts');
+    END IF;
+    SELECT postbox._entry_prefix(e.i, n) || CASE
+               WHEN e.d < interval '0' OR e.d > interval '12 hours' THEN format('delay %s is outside 0 s to 12 h', e.d)
+               ELSE format('error is %s characters; at most 4096 are kept', length(e.r)) END
+    INTO problem
+    FROM unnest(delays, errors) WITH ORDINALITY AS e(d, r, i)
+    WHERE e.d < interval '0' OR e.d > interval '12 hours' OR length(e.r) > 4096
+    ORDER BY e.i LIMIT 1;
+    IF problem IS NOT NULL THEN
+        PERFORM postbox._invalid(problem);
+    END IF;
+    WITH nacked AS (
+        UPDATE postbox.messages m
+        SET visible_at = clock_timestamp() + coalesce(e.d, postbox._backoff(q, m.receive_count)),
+            lease = NULL,
+            last_error = coalesce(e.r, m.last_error)
+        FROM postbox._parse_receipts(receipts) p
+        LEFT JOIN unnest(delays, errors) WITH ORDINALITY AS e(d, r, i) ON e.i = p.i
+        WHERE m.id = p.message_id AND m.queue_id + 0 = q.id AND m.lease = p.lease
+        RETURNING m.id
+    )
+    SELECT array_agg(id) INTO done FROM nacked;
+    IF done IS NOT NULL THEN
+        PERFORM postbox._notify(q);
+    END IF;
+    RETURN QUERY SELECT * FROM postbox._receipt_outcomes(q, receipts, done);
+END
+$$;
+
+-- Gives one received message back; see nack_batch. PB412 for a stale receipt,
+-- PB404 if the message is gone.
+CREATE FUNCTION postbox.nack(queue_name text, receipt text, delay interval DEFAULT NULL,
+                             error text DEFAULT NULL)
+RETURNS void
+LANGUAGE sql AS $$
+    SELECT postbox._raise_receipt_outcome(outcome, receipt)
+    FROM postbox.nack_batch(queue_name, ARRAY[receipt], postbox._array_of(delay), postbox._array_of(error))
+$$;
+
+-- Gives back claimed messages that never reached a consumer (the server calls
+-- it when a client goes away mid-delivery): visible at once, the delivery
+-- uncounted, the receipt void. Receipts that are stale already are skipped.
+CREATE FUNCTION postbox.release(queue_name text, receipts text[]) RETURNS bigint
+LANGUAGE plpgsql
+-- By primary key (see _remove).
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_indexonlyscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+AS $$
+DECLARE
+    q postbox.queues := postbox._queue(queue_name);
+    released bigint;
+BEGIN
+    UPDATE postbox.messages m
+    SET visible_at = clock_timestamp(),
+        receive_count = m.receive_count - 1,
+        first_received_at = CASE WHEN m.receive_count > 1 THEN m.first_received_at END,
+        lease = NULL
+    FROM postbox._parse_receipts(receipts) p
+    WHERE m.id = p.message_id AND m.queue_id + 0 = q.id AND m.lease = p.lease;
+    GET DIAGNOSTICS released = ROW_COUNT;
+    IF released > 0 THEN
+        PERFORM postbox._notify(q);
+    END IF;
+    RETURN released;
+END
+$$;
+
+-- The earliest time a message of the queue may be received: when the first
+-- message becomes visible, or later when the queue's rate limit allows. NULL
+-- when nothing is waiting or receives are paused. Waiting servers set a timer.
+CREATE FUNCTION postbox.next_visible_at(queue_name text, scan_from timestamptz DEFAULT NULL)
+RETURNS timestamptz
+LANGUAGE plpgsql STABLE
+-- An ordered walk of the ready index, whatever the statistics say (see receive).
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+AS $$
+DECLARE
+    q postbox.queues := postbox._queue(queue_name);
+    at timestamptz;
+BEGIN
+    IF q.receive_paused THEN
+        RETURN NULL;
+    END IF;
+    SELECT nullif(min(m.visible_at), 'infinity') INTO at FROM postbox.messages m
+    WHERE m.queue_id = q.id AND m.visible_at >= coalesce(scan_from, '-infinity');
+    IF at IS NOT NULL AND q.receive_rate_limit IS NOT NULL THEN
+        SELECT greatest(at, t.refilled_at + make_interval(secs => greatest(0, 1 - t.tokens) / q.receive_rate_limit))
+        INTO at
+        FROM postbox.receive_tokens t WHERE t.queue_id = q.id;
+    END IF;
+    RETURN at;
+END
+$$;
+
+-- Where receives of a queue may start their walk of the ready index: before it
+-- lies no message of the queue that a receive could deliver, now or later. Dead
+-- row versions stay in the index while some transaction could still see them (a
+-- long transaction, a lagging replication slot), and a receive that starts at
+-- the front of the index visits every one; from the floor on it skips them. The
+-- floor is the earliest visibility time among the queue's rows, held back to a
+-- second ago and to the start of the oldest transaction writing messages now
+-- (whose rows this call cannot see). Every writer sets visibility times from
+-- the clock at the time it writes, so a row written later is never behind it.
+-- Call it outside a REPEATABLE READ transaction, as a role that can see the
+-- writers' sessions (pg_read_all_stats, or the same role): a writer it cannot see
+-- counts only when it commits within the second. It walks the dead entries once:
+-- compute it every few seconds and pass it to every receive meanwhile.
+CREATE FUNCTION postbox.receive_floor(queue_name text) RETURNS timestamptz
+LANGUAGE plpgsql
+-- The ordered walk, as in receive.
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+AS $$
+DECLARE
+    q postbox.queues := postbox._queue(queue_name);
+    writing_since timestamptz;
+    earliest timestamptz;
+BEGIN
+    -- Writers first, then the rows in a later snapshot: a writer gone from the
+    -- locks by then has committed (its rows are seen) or rolled back.
+    SELECT min(a.xact_start) INTO writing_since
+    FROM pg_catalog.pg_locks l JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid
+    WHERE l.locktype = 'relation' AND l.relation = 'postbox.messages'::regclass
+      AND l.database = (SELECT oid FROM pg_catalog.pg_database WHERE datname = current_database())
+      AND l.mode = 'RowExclusiveLock' AND l.pid <> pg_backend_pid();
+    SELECT min(m.visible_at) INTO earliest FROM postbox.messages m WHERE m.queue_id = q.id;
+    RETURN least(now() - interval '1 second', writing_since, earliest);
+END
+$$;
+
+-- How many of these receipts still hold their message in flight (not deleted,
+-- not given back, not delivered again, lease not run out). A continuous stream
+-- asks this when its consumer may have settled messages through another server.
+CREATE FUNCTION postbox.receipts_in_flight(receipts text[]) RETURNS bigint
+LANGUAGE sql STABLE AS $$
+    SELECT count(*)
+    FROM postbox._parse_receipts(receipts) p
+    JOIN postbox.messages m ON m.id = p.message_id AND m.lease = p.lease
+    WHERE m.visible_at > now() AND m.visible_at <> 'infinity'
+$$;

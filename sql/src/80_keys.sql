@@ -1,0 +1,212 @@
+-- API keys (since 0.7.0). A key authenticates calls to the server (a bearer
+-- secret) and to the SQS shim (SigV4). The secret itself never reaches the
+-- database: the server stores its SHA-256 (secrets are 256 random bits, so a
+-- fast hash is as strong as a slow one) and sigv4_secret, the AWS secret
+-- access key derived from it. SigV4 is an HMAC, so its verifier needs a
+-- secret-equivalent; a derived one works for SigV4 only, never as a bearer.
+-- Every change notifies channel postbox_keys, on which each server process
+-- reloads its cache of keys.
+CREATE TABLE postbox.api_keys (
+    name text PRIMARY KEY,
+    secret_sha256 bytea NOT NULL UNIQUE CHECK (length(secret_sha256) = 32),
+    sigv4_secret text NOT NULL,
+    expires_at timestamptz,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    updated_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- A grant: `permission` on every resource whose name matches `pattern`, where
+-- "*" matches any run of characters.
+CREATE TABLE postbox.api_key_grants (
+    key_name text NOT NULL REFERENCES postbox.api_keys (name) ON DELETE CASCADE ON UPDATE CASCADE,
+    permission text NOT NULL CHECK (permission IN ('send', 'receive', 'publish', 'read', 'manage', 'admin')),
+    pattern text NOT NULL,
+    PRIMARY KEY (key_name, permission, pattern)
+);
+
+DO $$
+BEGIN
+    PERFORM pg_catalog.pg_extension_config_dump('postbox.api_keys', '');
+    PERFORM pg_catalog.pg_extension_config_dump('postbox.api_key_grants', '');
+EXCEPTION WHEN feature_not_supported THEN
+    NULL;  -- installed from a plain script, not by CREATE EXTENSION
+END
+$$;
+
+-- Tells every server process that keys changed; sent on commit, once per statement.
+CREATE FUNCTION postbox._keys_changed() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('postbox_keys', '');
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER api_keys_changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON postbox.api_keys
+FOR EACH STATEMENT EXECUTE FUNCTION postbox._keys_changed();
+CREATE TRIGGER api_key_grants_changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON postbox.api_key_grants
+FOR EACH STATEMENT EXECUTE FUNCTION postbox._keys_changed();
+
+-- The message of a check of grants (parallel arrays of permissions and
+-- patterns), or NULL when they are valid: at least one, each permission one
+-- of send, receive, publish, read, manage, admin, each pattern 1-80 characters
+-- of A-Z, a-z, 0-9, "_", "-", "." and "*".
+CREATE FUNCTION postbox.grants_problem(permissions text[], patterns text[]) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE
+        WHEN coalesce(cardinality(permissions), 0) = 0 THEN
+            'a key needs at least one grant (permission:pattern, e.g. read:*)'
+        WHEN cardinality(permissions) <> coalesce(cardinality(patterns), 0) THEN
+            'give one pattern per permission'
+        WHEN cardinality(permissions) > 100 THEN
+            format('a key has %s grants; the limit is 100', cardinality(permissions))
+        ELSE (
+            SELECT CASE
+                WHEN g.permission IS NULL OR g.permission NOT IN ('send', 'receive', 'publish', 'read', 'manage', 'admin') THEN
+                    format('permission %s is not one of send, receive, publish, read, manage, admin',
+                           quote_literal(left(coalesce(g.permission, ''), 20)))
+                WHEN g.pattern IS NULL OR g.pattern = '' THEN
+                    format('grant %s needs a resource pattern, e.g. orders-* or *', g.permission)
+                WHEN length(g.pattern) > 80 THEN
+                    format('pattern of grant %s is %s characters long; the limit is 80', g.permission, length(g.pattern))
+                WHEN g.pattern !~ '^[A-Za-z0-9_.*-]+$' THEN
+                    format('pattern of grant %s may only contain A-Z, a-z, 0-9, "_", "-", "." and "*"', g.permission)
+            END
+            FROM unnest(permissions, patterns) AS g (permission, pattern)
+            WHERE g.permission IS NULL OR g.permission NOT IN ('send', 'receive', 'publish', 'read', 'manage', 'admin')
+               OR g.pattern IS NULL OR g.pattern = '' OR length(g.pattern) > 80 OR g.pattern !~ '^[A-Za-z0-9_.*-]+$'
+            LIMIT 1)
+    END
+$$;
+
+-- A key with its grants, as the API and the server's cache see it.
+CREATE TYPE postbox.api_key AS (
+    name text,
+    secret_sha256 bytea,
+    sigv4_secret text,
+    expires_at timestamptz,
+    created_at timestamptz,
+    updated_at timestamptz,
+    permissions text[],
+    patterns text[]
+);
+
+-- The key of that name with its grants; PB400 for a malformed name, PB404 if there is none.
+CREATE FUNCTION postbox._api_key(key_name text) RETURNS postbox.api_key
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    k postbox.api_key;
+BEGIN
+    SELECT a.name, a.secret_sha256, a.sigv4_secret, a.expires_at, a.created_at, a.updated_at,
+           array(SELECT g.permission FROM postbox.api_key_grants g WHERE g.key_name = a.name ORDER BY g.permission, g.pattern),
+           array(SELECT g.pattern FROM postbox.api_key_grants g WHERE g.key_name = a.name ORDER BY g.permission, g.pattern)
+    INTO k FROM postbox.api_keys a WHERE a.name = key_name;
+    IF NOT FOUND THEN
+        IF postbox.name_problem('key', key_name) IS NOT NULL THEN
+            PERFORM postbox._invalid(postbox.name_problem('key', key_name));
+        END IF;
+        RAISE EXCEPTION USING ERRCODE = 'PB404', MESSAGE = format('key %s does not exist', quote_literal(key_name));
+    END IF;
+    RETURN k;
+END
+$$;
+
+-- Creates a key from the SHA-256 of its secret and its derived SigV4 secret
+-- (the server makes the secret and shows it once), with grants and an
+-- optional expiry. PB409 if a key of that name exists; PB400 for a bad name,
+-- grant or an expiry in the past.
+CREATE FUNCTION postbox.create_key(
+    key_name text, secret_sha256 bytea, sigv4_secret text, permissions text[], patterns text[],
+    expires_at timestamptz DEFAULT NULL)
+RETURNS postbox.api_key
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF postbox.name_problem('key', key_name) IS NOT NULL THEN
+        PERFORM postbox._invalid(postbox.name_problem('key', key_name));
+    END IF;
+    IF postbox.grants_problem(permissions, patterns) IS NOT NULL THEN
+        PERFORM postbox._invalid(postbox.grants_problem(permissions, patterns));
+    END IF;
+    IF expires_at <= now() THEN
+        PERFORM postbox._invalid('expiry must lie in the future');
+    END IF;
+    INSERT INTO postbox.api_keys (name, secret_sha256, sigv4_secret, expires_at)
+    VALUES (key_name, secret_sha256, sigv4_secret, expires_at)
+    ON CONFLICT (name) DO NOTHING;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'PB409', MESSAGE = format('key %s already exists', quote_literal(key_name));
+    END IF;
+    INSERT INTO postbox.api_key_grants (key_name, permission, pattern)
+    SELECT DISTINCT key_name, g.permission, g.pattern FROM unnest(permissions, patterns) AS g (permission, pattern);
+    RETURN postbox._api_key(key_name);
+END
+$$;
+
+-- Replaces a key's grants (when `permissions` is not NULL) and/or its expiry
+-- (when set_expiry; NULL expires_at: never). PB404 if there is no such key.
+CREATE FUNCTION postbox.update_key(
+    key_name text, permissions text[], patterns text[], set_expiry boolean, expires_at timestamptz)
+RETURNS postbox.api_key
+LANGUAGE plpgsql AS $$
+DECLARE
+    k postbox.api_key;
+BEGIN
+    PERFORM 1 FROM postbox.api_keys a WHERE a.name = key_name FOR UPDATE;
+    IF NOT FOUND THEN
+        k := postbox._api_key(key_name);  -- raises PB400 or PB404
+    END IF;
+    IF permissions IS NOT NULL THEN
+        IF postbox.grants_problem(permissions, patterns) IS NOT NULL THEN
+            PERFORM postbox._invalid(postbox.grants_problem(permissions, patterns));
+        END IF;
+        DELETE FROM postbox.api_key_grants g WHERE g.key_name = update_key.key_name;
+        INSERT INTO postbox.api_key_grants (key_name, permission, pattern)
+        SELECT DISTINCT update_key.key_name, g.permission, g.pattern
+        FROM unnest(permissions, patterns) AS g (permission, pattern);
+    END IF;
+    IF set_expiry THEN
+        IF expires_at <= now() THEN
+            PERFORM postbox._invalid('expiry must lie in the future');
+        END IF;
+        UPDATE postbox.api_keys a SET expires_at = update_key.expires_at WHERE a.name = key_name;
+    END IF;
+    UPDATE postbox.api_keys a SET updated_at = now() WHERE a.name = key_name;
+    RETURN postbox._api_key(key_name);
+END
+$$;
+
+-- The key of that name; PB404 if there is none.
+CREATE FUNCTION postbox.get_key(key_name text) RETURNS postbox.api_key
+LANGUAGE sql STABLE AS $$
+    SELECT postbox._api_key(key_name)
+$$;
+
+-- Keys in name order after after_name, page_size of them.
+CREATE FUNCTION postbox.list_keys(page_size integer DEFAULT 100, after_name text DEFAULT '')
+RETURNS SETOF postbox.api_key
+LANGUAGE sql STABLE AS $$
+    SELECT (postbox._api_key(a.name)).*
+    FROM postbox.api_keys a WHERE a.name > coalesce(after_name, '') ORDER BY a.name LIMIT page_size
+$$;
+
+-- Every key with its grants: what a server process caches.
+CREATE FUNCTION postbox.all_keys() RETURNS SETOF postbox.api_key
+LANGUAGE sql STABLE AS $$
+    SELECT a.name, a.secret_sha256, a.sigv4_secret, a.expires_at, a.created_at, a.updated_at,
+           coalesce(array_agg(g.permission ORDER BY g.permission, g.pattern) FILTER (WHERE g.permission IS NOT NULL), '{}'),
+           coalesce(array_agg(g.pattern ORDER BY g.permission, g.pattern) FILTER (WHERE g.permission IS NOT NULL), '{}')
+    FROM postbox.api_keys a LEFT JOIN postbox.api_key_grants g ON g.key_name = a.name
+    GROUP BY a.name
+$$;
+
+-- Revokes a key: deleted, it stops working on every server within a second.
+-- PB404 if there is no such key.
+CREATE FUNCTION postbox.delete_key(key_name text) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    DELETE FROM postbox.api_keys a WHERE a.name = key_name;
+    IF NOT FOUND THEN
+        PERFORM postbox._api_key(key_name);  -- raises PB400 or PB404
+    END IF;
+END
+$$;

@@ -1,9 +1,9 @@
--- postbox 0.8.0: queues and messages, with retries and dead letters, delays,
+-- postbox 0.9.0: queues and messages, with retries and dead letters, delays,
 -- retention and archive, FIFO groups, deduplication, priority and flow control;
 -- topics with queue and webhook subscriptions; cron, interval and one-shot
 -- schedules.
 --
--- Install from psql with `psql -1 -f postbox--0.8.0.sql` (one transaction), with
+-- Install from psql with `psql -1 -f postbox--0.9.0.sql` (one transaction), with
 -- `CREATE EXTENSION postbox` where the files sit in the server's extension
 -- directory, or let `postbox serve` / `postbox migrate` do it. Plain SQL and
 -- PL/pgSQL only, so it runs on managed PostgreSQL 14-18.
@@ -3893,4 +3893,4 @@ $$;
 
 SELECT postbox._secure();
 
-INSERT INTO postbox.schema_version (version) VALUES ('0.8.0');
+INSERT INTO postbox.schema_version (version) VALUES ('0.9.0');

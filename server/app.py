@@ -34,7 +34,7 @@ from server.durability import require_synchronous_commit
 from server.egress import EgressPolicy
 from server.embedded import EmbeddedPostgres
 from server.errors import ApiError
-from server.observability import metrics, tracing
+from server.observability import activity, metrics, tracing
 from server.observability.grpc_metrics import CountCalls
 from server.observability.metrics import serve_metrics
 from server.services.access import AccessService
@@ -44,6 +44,7 @@ from server.services.queues import QueueService
 from server.services.schedules import ScheduleService
 from server.services.topics import TopicService
 from server.services.wakeup import WakeHub
+from server.workers.activity import run_flusher
 from server.workers.maintenance import MaintenanceWorker
 from server.workers.scheduler import SchedulerWorker
 from server.workers.webhooks import WebhookWorker
@@ -275,6 +276,9 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
             asyncio.create_task(maintenance.run(), name="postbox-maintenance"),
             asyncio.create_task(webhooks.run(), name="postbox-webhooks"),
             asyncio.create_task(scheduler.run(), name="postbox-scheduler"),
+            asyncio.create_task(
+                run_flusher(engine, settings.activity_interval), name="postbox-activity"
+            ),
         ]
         log.info(
             "postbox serving gRPC%s on %s:%d",
@@ -299,6 +303,10 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         if server is not None:
             await server.stop(settings.shutdown_grace)
         if engine is not None:
+            # What the calls counted since the last flush, now that none is running;
+            # bounded, so a database that is away cannot hold the shutdown.
+            with contextlib.suppress(ApiError, asyncio.TimeoutError):
+                await asyncio.wait_for(activity.flush(engine), settings.shutdown_grace)
             await engine.close()
         if keys is not None:
             await keys.close()

@@ -56,6 +56,7 @@ def _serve(args: argparse.Namespace) -> int:
         safety_poll_interval=args.safety_poll_interval,
         maintenance_interval=args.maintenance_interval,
         expiry_interval=args.expiry_interval,
+        activity_interval=args.activity_interval,
         reuse_port=args.reuse_port,
         insecure_allow_anonymous=args.insecure_allow_anonymous,
         metrics_host=args.metrics_host,
@@ -106,6 +107,8 @@ def _sqs(args: argparse.Namespace) -> int:
         insecure_allow_anonymous=args.insecure_allow_anonymous,
         metrics_host=args.metrics_host,
         metrics_port=args.metrics_port,
+        sns_auto_confirm=tuple(args.sns_auto_confirm),
+        webhook_allow_cidrs=tuple(args.webhook_allow_cidr),
     )
     try:
         asyncio.run(serve(settings))
@@ -220,6 +223,17 @@ def webhook_cidr(text: str) -> str:
         return parse_cidrs([text])[0]
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def positive_seconds(text: str) -> float:
+    """A period in seconds above zero: a zero period would make a busy loop."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a number of seconds above 0")
+    return value
 
 
 # --max-message-size: the range a queue's max_message_size has.
@@ -342,6 +356,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds between sweeps for expired messages and records (default: %(default)s)",
     )
     serve.add_argument(
+        "--activity-interval",
+        type=positive_seconds,
+        default=Settings.activity_interval,
+        metavar="SECONDS",
+        help="seconds between writes of each process's per-queue sent, received and deleted "
+        "counts to postbox.queue_activity, which the postbox.queue_throughput view and the "
+        "rates of `postbox status` read (default: %(default)s)",
+    )
+    serve.add_argument(
         "--workers",
         type=int,
         default=int(os.environ.get("POSTBOX_WORKERS", "1")),
@@ -381,7 +404,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     from server.sqs.settings import ShimSettings
 
-    sqs = verbs.add_parser("sqs", help="serve the Amazon SQS API, calling a postbox server")
+    sqs = verbs.add_parser(
+        "sqs", help="serve the Amazon SQS and SNS APIs, calling a postbox server"
+    )
     sqs.add_argument("--host", default=os.environ.get("POSTBOX_SQS_HOST", ShimSettings.host))
     sqs.add_argument(
         "--port", type=int, default=int(os.environ.get("POSTBOX_SQS_PORT", ShimSettings.port))
@@ -425,6 +450,23 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="serve an address beyond loopback with no static credential while the "
         "server has no API key",
+    )
+    sqs.add_argument(
+        "--sns-auto-confirm",
+        action="append",
+        default=[],
+        metavar="URL_PREFIX",
+        help="SNS http/https subscriptions to endpoints starting with this prefix start "
+        "confirmed, with no SubscriptionConfirmation handshake (repeat)",
+    )
+    sqs.add_argument(
+        "--webhook-allow-cidr",
+        action="append",
+        default=[],
+        type=webhook_cidr,
+        metavar="CIDR",
+        help="let SNS subscription confirmations reach this range too (repeat); non-public "
+        "addresses are refused otherwise",
     )
     sqs.add_argument(
         "--max-request-size",

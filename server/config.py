@@ -50,6 +50,9 @@ class Settings:
     # archive retention, deduplication windows).
     maintenance_interval: float = 1.0
     expiry_interval: float = 10.0
+    # Seconds between flushes of this process's per-queue counts into
+    # postbox.queue_activity (server/workers/activity.py).
+    activity_interval: float = 5.0
     # Seconds in-flight calls get to finish on shutdown.
     shutdown_grace: float = 5.0
     # Bind the port with SO_REUSEPORT: set for the processes of `serve --workers N`.

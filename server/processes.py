@@ -54,6 +54,7 @@ def worker_command(settings: Settings, log_level: str, log_format: str) -> list[
         "--safety-poll-interval", str(settings.safety_poll_interval),
         "--maintenance-interval", str(settings.maintenance_interval),
         "--expiry-interval", str(settings.expiry_interval),
+        "--activity-interval", str(settings.activity_interval),
         "--reuse-port",
         *([] if settings.tls is None else settings.tls.flags()),
         *(arg for cidr in settings.webhook_allow_cidrs for arg in ("--webhook-allow-cidr", cidr)),

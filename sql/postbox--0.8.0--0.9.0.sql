@@ -1,6 +1,1331 @@
 -- postbox 0.8.0 -> 0.9.0.
 -- Apply with `psql -1 -f`, ALTER EXTENSION postbox UPDATE, or `postbox migrate`.
 
+-- Topics and subscriptions for the SNS API (since 0.9.0): topic tags and SNS
+-- attributes, FIFO topics, subscription filter policies, SNS deliveries
+-- (notification JSON or raw) and suspended subscriptions, publish subjects.
+ALTER TABLE postbox.topics
+    ADD COLUMN tags jsonb NOT NULL DEFAULT '{}',
+    ADD COLUMN sns_attributes jsonb NOT NULL DEFAULT '{}';
+ALTER TABLE postbox.subscriptions
+    ADD COLUMN filter_policy jsonb,
+    ADD COLUMN filter_scope text NOT NULL DEFAULT 'attributes' CHECK (filter_scope IN ('attributes', 'body')),
+    ADD COLUMN sns jsonb,
+    ADD COLUMN suspended boolean NOT NULL DEFAULT false;
+
+-- Their signatures change.
+DROP FUNCTION postbox.create_topic(text);
+DROP FUNCTION postbox.create_subscription(text, text, text, text, text, text, jsonb);
+DROP FUNCTION postbox.update_subscription(text, text, text[], text, text, text, text, jsonb);
+DROP FUNCTION postbox.publish(text, bytea, text, jsonb, text, text);
+DROP FUNCTION postbox.publish_batch(text, bytea[], text[], jsonb[], text[], text[]);
+DROP FUNCTION postbox.claim_webhook_deliveries(integer);
+
+-- A message in Amazon SNS's notification JSON, for subscriptions with an SNS
+-- delivery that is not raw: Message is the body as text (so it must be
+-- UTF-8), MessageId the publish id, and the attributes go inside. The keys
+-- come in SNS's order. No Signature: postbox holds no AWS signing key.
+CREATE FUNCTION postbox._sns_envelope(sns jsonb, publish_id uuid, published_at timestamptz, subject text,
+                                      body bytea, attributes jsonb) RETURNS bytea
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    message text;
+BEGIN
+    BEGIN
+        message := convert_from(body, 'UTF8');
+    EXCEPTION WHEN character_not_in_repertoire OR untranslatable_character THEN
+        PERFORM postbox._invalid('the message body must be UTF-8 text for an SNS envelope, whose Message it is');
+    END;
+    RETURN convert_to(json_strip_nulls(json_build_object(
+        'Type', 'Notification',
+        'MessageId', publish_id,
+        'TopicArn', sns ->> 'topic_arn',
+        'Subject', subject,
+        'Message', message,
+        'Timestamp', to_char(published_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'),
+        'UnsubscribeURL', sns ->> 'unsubscribe_url',
+        'MessageAttributes', (SELECT json_object_agg(a.key, json_build_object(
+                                  'Type', a.value ->> 'data_type',
+                                  'Value', coalesce(a.value ->> 'string_value', a.value ->> 'binary_value')))
+                              FROM jsonb_each(attributes) a)))::text, 'UTF8');
+END
+$$;
+
+-- The message of a check of a topic, subscription or schedule name (`what`
+-- says which), or NULL when the name is valid.
+-- Topic names (since 0.9.0) are as long as SNS's, and end in ".fifo" for a
+-- FIFO topic.
+CREATE OR REPLACE FUNCTION postbox.name_problem(what text, name text) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE
+        WHEN name IS NULL OR name = '' THEN what || ' name is required'
+        WHEN what = 'topic' THEN CASE
+            WHEN length(name) > 256 THEN format('topic name is %s characters long; the limit is 256', length(name))
+            WHEN name !~ '^[A-Za-z0-9_-]+(\.fifo)?$' THEN
+                'topic name may only contain A-Z, a-z, 0-9, "_" and "-", and end in ".fifo" for a FIFO topic'
+            END
+        WHEN length(name) > 80 THEN format('%s name is %s characters long; the limit is 80', what, length(name))
+        WHEN name !~ '^[A-Za-z0-9_-]+$' THEN what || ' name may only contain A-Z, a-z, 0-9, "_" and "-"'
+    END
+$$;
+
+-- The message of a check of a map of strings (tags, SNS attributes), or NULL
+-- when it is an object of at most max_keys string values, keys of 1 to
+-- max_key characters matching key_pattern, values of at most max_value.
+CREATE FUNCTION postbox._string_map_problem(field text, map jsonb, max_keys integer, max_key integer,
+                                            key_pattern text, max_value integer) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT format('%s must be an object of at most %s keys (1 to %s characters%s) with string values '
+                  '(at most %s characters)', field, max_keys, max_key,
+                  CASE WHEN key_pattern <> '.' THEN ' of ' || key_pattern ELSE '' END, max_value)
+    WHERE jsonb_typeof(map) IS DISTINCT FROM 'object'
+          OR (SELECT count(*) FROM jsonb_object_keys(map)) > max_keys
+          OR EXISTS (SELECT FROM jsonb_each(map) e
+                     WHERE length(e.key) NOT BETWEEN 1 AND max_key OR e.key !~ key_pattern
+                           OR jsonb_typeof(e.value) <> 'string' OR length(e.value #>> '{}') > max_value)
+$$;
+
+-- The message of a check of a topic's tags and SNS attributes, or NULL.
+CREATE FUNCTION postbox._topic_maps_problem(tags jsonb, sns_attributes jsonb) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT coalesce(postbox._string_map_problem('tags', tags, 50, 128, '.', 256),
+                    postbox._string_map_problem('sns_attributes', sns_attributes, 20, 256,
+                                                '^[A-Za-z0-9_.:-]+$', 32768))
+$$;
+
+-- Creates a topic, with its tags and SNS attributes (see postbox.topics).
+-- PB409 if it exists.
+CREATE FUNCTION postbox.create_topic(topic_name text, tags jsonb DEFAULT '{}', sns_attributes jsonb DEFAULT '{}')
+RETURNS postbox.topics
+LANGUAGE plpgsql AS $$
+DECLARE
+    problem text := coalesce(postbox.name_problem('topic', topic_name),
+                             postbox._topic_maps_problem(coalesce(tags, '{}'), coalesce(sns_attributes, '{}')));
+    t postbox.topics;
+BEGIN
+    IF problem IS NOT NULL THEN
+        PERFORM postbox._invalid(problem);
+    END IF;
+    INSERT INTO postbox.topics (name, tags, sns_attributes)
+    VALUES (topic_name, coalesce(tags, '{}'), coalesce(sns_attributes, '{}'))
+    ON CONFLICT (name) DO NOTHING
+    RETURNING * INTO t;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'PB409',
+            MESSAGE = format('topic %s already exists', quote_literal(topic_name));
+    END IF;
+    RETURN t;
+END
+$$;
+
+-- Replaces the fields of a topic named in `fields`: tags, sns_attributes (a
+-- NULL value empties it).
+CREATE FUNCTION postbox.update_topic(topic_name text, fields text[], tags jsonb DEFAULT NULL,
+                                     sns_attributes jsonb DEFAULT NULL)
+RETURNS postbox.topics
+LANGUAGE plpgsql AS $$
+DECLARE
+    t postbox.topics := postbox._topic(topic_name);
+    unknown text;
+    problem text;
+BEGIN
+    SELECT string_agg(f, ', ') INTO unknown FROM unnest(fields) AS f WHERE NOT f = ANY ('{tags,sns_attributes}');
+    IF unknown IS NOT NULL OR coalesce(cardinality(fields), 0) = 0 THEN
+        PERFORM postbox._invalid(format('fields to change: any of tags, sns_attributes (not %s)',
+                                        coalesce(unknown, 'none')));
+    END IF;
+    IF 'tags' = ANY (fields) THEN
+        t.tags := coalesce(tags, '{}');
+    END IF;
+    IF 'sns_attributes' = ANY (fields) THEN
+        t.sns_attributes := coalesce(sns_attributes, '{}');
+    END IF;
+    problem := postbox._topic_maps_problem(t.tags, t.sns_attributes);
+    IF problem IS NOT NULL THEN
+        PERFORM postbox._invalid(problem);
+    END IF;
+    UPDATE postbox.topics SET tags = t.tags, sns_attributes = t.sns_attributes WHERE id = t.id RETURNING * INTO t;
+    RETURN t;
+END
+$$;
+
+-- The message of a check of an SNS delivery (see postbox.subscriptions), or
+-- NULL when it is NULL or valid.
+CREATE FUNCTION postbox._sns_problem(sns jsonb) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE
+        WHEN sns IS NULL THEN NULL
+        WHEN jsonb_typeof(sns) <> 'object'
+             OR EXISTS (SELECT FROM jsonb_object_keys(sns) k
+                        WHERE k NOT IN ('topic_arn', 'subscription_arn', 'unsubscribe_url', 'raw', 'attributes')) THEN
+            'sns_delivery must be an object of topic_arn, subscription_arn, unsubscribe_url, raw and attributes'
+        WHEN coalesce(sns ->> 'topic_arn', '') = '' OR length(sns ->> 'topic_arn') > 1024
+             OR coalesce(sns ->> 'subscription_arn', '') = '' OR length(sns ->> 'subscription_arn') > 1024 THEN
+            'sns_delivery needs a topic_arn and a subscription_arn of at most 1024 characters'
+        WHEN length(sns ->> 'unsubscribe_url') > 2048 THEN
+            'sns_delivery.unsubscribe_url is longer than 2048 characters'
+        WHEN jsonb_typeof(coalesce(sns -> 'raw', 'false')) <> 'boolean' THEN 'sns_delivery.raw must be true or false'
+        ELSE postbox._string_map_problem('sns_delivery.attributes', coalesce(sns -> 'attributes', '{}'), 20, 256,
+                                         '^[A-Za-z0-9_.:-]+$', 32768)
+    END
+$$;
+
+-- The message of a check of a subscription's filter policy and SNS delivery,
+-- or NULL when they are valid.
+CREATE FUNCTION postbox._delivery_problem(filter_policy jsonb, filter_scope text, sns jsonb) RETURNS text
+-- plpgsql: the filter policy functions are defined after this file.
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF filter_scope IS NULL OR filter_scope NOT IN ('attributes', 'body') THEN
+        RETURN 'filter scope must be attributes or body';
+    END IF;
+    RETURN coalesce(CASE WHEN filter_policy IS NOT NULL
+                         THEN postbox.filter_policy_problem(filter_policy, filter_scope) END,
+                    postbox._sns_problem(sns));
+END
+$$;
+
+-- Subscribes a queue (queue_name) or a webhook (webhook_url) to a topic, for
+-- the messages whose routing key matches `pattern` (see _compile_pattern).
+-- A webhook's secret is "whsec_" and the base64 of 24 to 64 bytes, generated
+-- (32 random bytes) when not given; webhook_settings take the keys of
+-- webhook_defaults(). Since 0.9.0: a filter policy over the attributes or the
+-- body (filter_scope), an SNS delivery, and suspended (see
+-- postbox.subscriptions). PB409 if the topic has a subscription of that name.
+CREATE FUNCTION postbox.create_subscription(
+    topic_name text, subscription_name text, pattern text DEFAULT '#', queue_name text DEFAULT NULL,
+    webhook_url text DEFAULT NULL, webhook_secret text DEFAULT NULL, webhook_settings jsonb DEFAULT '{}',
+    filter_policy jsonb DEFAULT NULL, filter_scope text DEFAULT 'attributes', sns jsonb DEFAULT NULL,
+    suspended boolean DEFAULT false)
+RETURNS postbox.subscriptions
+LANGUAGE plpgsql AS $$
+DECLARE
+    t postbox.topics;
+    problem text := coalesce(postbox.name_problem('subscription', subscription_name),
+                             postbox.name_problem('topic', topic_name),
+                             postbox._delivery_problem(filter_policy, filter_scope, sns));
+    compiled record;
+    s postbox.subscriptions;
+BEGIN
+    IF problem IS NOT NULL THEN
+        PERFORM postbox._invalid(problem);
+    END IF;
+    compiled := postbox._compile_pattern(coalesce(nullif(pattern, ''), '#'));
+    s.name := subscription_name;
+    s.pattern := coalesce(nullif(pattern, ''), '#');
+    s.match_kind := compiled.match_kind;
+    s.match_text := compiled.match_text;
+    IF (queue_name IS NULL) = (webhook_url IS NULL) THEN
+        PERFORM postbox._invalid('a subscription sends to a queue or to a webhook URL: give exactly one');
+    ELSIF queue_name IS NOT NULL THEN
+        IF webhook_secret IS NOT NULL OR coalesce(webhook_settings, '{}') <> '{}' THEN
+            PERFORM postbox._invalid('a webhook secret and webhook settings are for webhook subscriptions');
+        END IF;
+        s.queue_id := (postbox._queue(queue_name)).id;
+    ELSE
+        s := postbox._webhook(s, webhook_url, webhook_secret,
+                              postbox.webhook_defaults() || jsonb_strip_nulls(coalesce(webhook_settings, '{}')));
+    END IF;
+    -- Looked up last, so that a malformed field is PB400 whether the topic exists or not.
+    t := postbox._topic(topic_name);
+    s.topic_id := t.id;
+    INSERT INTO postbox.subscriptions (
+        topic_id, name, pattern, match_kind, match_text, queue_id, webhook_url, webhook_secret,
+        webhook_timeout, webhook_max_attempts, webhook_minimum_backoff, webhook_maximum_backoff,
+        filter_policy, filter_scope, sns, suspended)
+    VALUES (
+        s.topic_id, s.name, s.pattern, s.match_kind, s.match_text, s.queue_id, s.webhook_url,
+        s.webhook_secret, s.webhook_timeout, s.webhook_max_attempts, s.webhook_minimum_backoff,
+        s.webhook_maximum_backoff, filter_policy, filter_scope, sns, coalesce(suspended, false))
+    ON CONFLICT (topic_id, name) DO NOTHING
+    RETURNING * INTO s;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'PB409', MESSAGE = format(
+            'topic %s already has a subscription %s', quote_literal(topic_name), quote_literal(subscription_name));
+    END IF;
+    RETURN s;
+END
+$$;
+
+-- Changes the fields of a subscription named in `fields`: pattern, queue
+-- (queue subscriptions), webhook.url, webhook.secret, webhook.timeout,
+-- webhook.max_attempts, webhook.minimum_backoff, webhook.maximum_backoff
+-- (webhook subscriptions; the settings in webhook_settings, in the shape of
+-- webhook_defaults()), and since 0.9.0 filter_policy, filter_policy_scope,
+-- sns_delivery and suspended. A named field whose value is NULL goes back to
+-- its default, and an empty secret is generated anew. A subscription keeps its
+-- kind. Takes the topic's lock, as create and delete do, so no publish sees
+-- half a change.
+CREATE FUNCTION postbox.update_subscription(
+    topic_name text, subscription_name text, fields text[], pattern text DEFAULT NULL,
+    queue_name text DEFAULT NULL, webhook_url text DEFAULT NULL, webhook_secret text DEFAULT NULL,
+    webhook_settings jsonb DEFAULT '{}', filter_policy jsonb DEFAULT NULL, filter_scope text DEFAULT NULL,
+    sns jsonb DEFAULT NULL, suspended boolean DEFAULT NULL)
+RETURNS postbox.subscriptions
+LANGUAGE plpgsql AS $$
+DECLARE
+    s postbox.subscriptions;
+    hooks text[] := ARRAY['webhook.url', 'webhook.secret', 'webhook.timeout', 'webhook.max_attempts',
+                          'webhook.minimum_backoff', 'webhook.maximum_backoff'];
+    deliveries text[] := ARRAY['filter_policy', 'filter_policy_scope', 'sns_delivery', 'suspended'];
+    unknown text;
+    compiled record;
+    settings jsonb;
+    field text;
+    problem text;
+BEGIN
+    -- Every name is checked before anything is looked up (see _settings_name_problem).
+    PERFORM postbox._invalid('queue: ' || postbox.queue_name_problem(queue_name))
+    WHERE 'queue' = ANY (fields) AND queue_name IS NOT NULL AND postbox.queue_name_problem(queue_name) IS NOT NULL;
+    s := postbox.get_subscription(topic_name, subscription_name);
+    SELECT string_agg(f, ', ') INTO unknown FROM unnest(fields) AS f
+    WHERE NOT f = ANY ('{pattern,queue}' || deliveries || hooks);
+    IF unknown IS NOT NULL OR coalesce(cardinality(fields), 0) = 0 THEN
+        PERFORM postbox._invalid(format('fields to change: any of pattern, %s, queue, %s (not %s)',
+                                        array_to_string(deliveries, ', '), array_to_string(hooks, ', '),
+                                        coalesce(unknown, 'none')));
+    ELSIF s.queue_id IS NOT NULL AND fields && hooks THEN
+        PERFORM postbox._invalid(format('subscription %s delivers to a queue: it has no webhook to change',
+                                        quote_literal(subscription_name)));
+    ELSIF s.webhook_url IS NOT NULL AND 'queue' = ANY (fields) THEN
+        PERFORM postbox._invalid(format('subscription %s delivers to a webhook: it has no queue to change',
+                                        quote_literal(subscription_name)));
+    END IF;
+    PERFORM postbox._lock_topic(s.topic_id, true);
+    SELECT * INTO s FROM postbox.subscriptions WHERE id = s.id FOR UPDATE;
+    IF 'pattern' = ANY (fields) THEN
+        compiled := postbox._compile_pattern(coalesce(nullif(pattern, ''), '#'));
+        s.pattern := coalesce(nullif(pattern, ''), '#');
+        s.match_kind := compiled.match_kind;
+        s.match_text := compiled.match_text;
+    END IF;
+    IF 'filter_policy' = ANY (fields) THEN
+        s.filter_policy := filter_policy;
+    END IF;
+    IF 'filter_policy_scope' = ANY (fields) THEN
+        s.filter_scope := coalesce(filter_scope, 'attributes');
+    END IF;
+    IF 'sns_delivery' = ANY (fields) THEN
+        s.sns := sns;
+    END IF;
+    IF 'suspended' = ANY (fields) THEN
+        s.suspended := coalesce(suspended, false);
+    END IF;
+    problem := postbox._delivery_problem(s.filter_policy, s.filter_scope, s.sns);
+    IF problem IS NOT NULL THEN
+        PERFORM postbox._invalid(problem);
+    END IF;
+    IF 'queue' = ANY (fields) THEN
+        IF queue_name IS NULL THEN
+            PERFORM postbox._invalid('a queue subscription needs its queue');
+        END IF;
+        s.queue_id := (postbox._queue(queue_name)).id;
+    END IF;
+    IF s.webhook_url IS NOT NULL AND fields && hooks THEN
+        settings := jsonb_build_object(
+            'timeout', extract(epoch FROM s.webhook_timeout), 'max_attempts', s.webhook_max_attempts,
+            'minimum_backoff', extract(epoch FROM s.webhook_minimum_backoff),
+            'maximum_backoff', extract(epoch FROM s.webhook_maximum_backoff));
+        FOREACH field IN ARRAY fields LOOP
+            field := substr(field, length('webhook.') + 1);
+            IF postbox.webhook_defaults() ? field THEN
+                settings := settings || jsonb_build_object(
+                    field, coalesce(webhook_settings -> field, postbox.webhook_defaults() -> field));
+            END IF;
+        END LOOP;
+        s := postbox._webhook(
+            s, CASE WHEN 'webhook.url' = ANY (fields) THEN webhook_url ELSE s.webhook_url END,
+            CASE WHEN 'webhook.secret' = ANY (fields) THEN coalesce(webhook_secret, '') ELSE s.webhook_secret END,
+            settings);
+    END IF;
+    UPDATE postbox.subscriptions
+    SET pattern = s.pattern, match_kind = s.match_kind, match_text = s.match_text, queue_id = s.queue_id,
+        webhook_url = s.webhook_url, webhook_secret = s.webhook_secret, webhook_timeout = s.webhook_timeout,
+        webhook_max_attempts = s.webhook_max_attempts, webhook_minimum_backoff = s.webhook_minimum_backoff,
+        webhook_maximum_backoff = s.webhook_maximum_backoff, filter_policy = s.filter_policy,
+        filter_scope = s.filter_scope, sns = s.sns, suspended = s.suspended
+    WHERE id = s.id
+    RETURNING * INTO s;
+    RETURN s;
+END
+$$;
+
+-- Publishes up to 1,000 messages to a topic. Entry i of every array belongs to
+-- bodies[i]; an array may be NULL or shorter (missing entries are NULL):
+--   routing_keys     matched against subscription patterns; NULL or '' is the
+--                    empty key, which only "#" matches
+--   attributes       see attribute_problem
+--   ordering_keys    FIFO queues take it as message group (else the routing
+--                    key, else the topic name); standard queues ignore it
+--   deduplication_ids  passed to every queue (see send_batch); FIFO queues
+--                    without content_based_deduplication get the publish id
+--   subjects         up to 100 characters that SNS envelopes carry
+-- A FIFO topic (its name ends in .fifo) needs an ordering key on every entry.
+-- Suspended subscriptions, and those whose filter policy the entry does not
+-- match, take nothing. A subscription with an SNS delivery that is not raw
+-- takes the entry wrapped in SNS's notification JSON (see _sns_envelope).
+-- Each matching queue gets each message once, however many of its
+-- subscriptions match (as the first of them by name delivers it), through
+-- send_batch, so the queue's rules apply (size,
+-- pause, max_depth, FIFO, deduplication). Each matching webhook subscription
+-- gets a delivery row (messages for webhooks hold at most 1 MiB). It is all or
+-- nothing: when a queue refuses, the error names the entry and the
+-- subscription, and nothing is published. Returns one row per entry, in
+-- order: its publish id, the queues (in name order) with the message id each
+-- took and whether it was a duplicate there, and how many webhook deliveries
+-- were queued.
+CREATE FUNCTION postbox.publish_batch(
+    topic_name text, bodies bytea[], routing_keys text[] DEFAULT NULL, attributes jsonb[] DEFAULT NULL,
+    ordering_keys text[] DEFAULT NULL, deduplication_ids text[] DEFAULT NULL, subjects text[] DEFAULT NULL)
+RETURNS TABLE (publish_id uuid, queues text[], message_ids bigint[], duplicates boolean[],
+               webhook_deliveries integer)
+LANGUAGE plpgsql
+-- Plan each statement once per session. Custom plans (the default for the first
+-- calls, and for good when they look cheaper) re-plan every publish, which
+-- costs more than the publish itself.
+SET plan_cache_mode = force_generic_plan
+AS $$
+#variable_conflict use_column
+DECLARE
+    t postbox.topics := postbox._topic(topic_name);
+    n integer := coalesce(cardinality(bodies), 0);
+    published_at timestamptz := clock_timestamp();
+    problem text;
+    ids uuid[];
+    keys text[];
+    dest record;
+    subset boolean;
+    groups text[];
+    dedup text[];
+    sent_ids bigint[];
+    sent_duplicates boolean[];
+    done_entries integer[] := '{}';
+    done_queues text[] := '{}';
+    done_ids bigint[] := '{}';
+    done_duplicates boolean[] := '{}';
+    hook_subscriptions integer[];
+    hook_entries integer[];
+    hook_bodies bytea[];
+    refusing text;
+    refusing_queue text;
+    refusing_entries integer[];
+    state text;
+    entry_of text[];
+    dest_bodies bytea[];
+    dest_attributes jsonb[];
+BEGIN
+    PERFORM postbox._check_batch_size(n);
+    IF greatest(cardinality(routing_keys), cardinality(attributes), cardinality(ordering_keys),
+                cardinality(deduplication_ids), cardinality(subjects)) > n THEN
+        PERFORM postbox._invalid('per-entry arrays may not have more entries than bodies');
+    END IF;
+    SELECT postbox._entry_prefix(e.i, n) || CASE
+               WHEN e.b IS NULL THEN 'body must not be NULL'
+               WHEN length(e.o) > 128 OR e.o !~ '^[!-~]+$' THEN
+                   'ordering_key must be 1 to 128 printable ASCII characters'
+               WHEN length(e.x) > 128 OR e.x !~ '^[!-~]+$' THEN
+                   'deduplication_id must be 1 to 128 printable ASCII characters'
+               WHEN length(e.s) > 100 OR e.s ~ '[[:cntrl:]]' THEN
+                   'subject must be at most 100 characters without control characters'
+               WHEN e.o IS NULL AND t.name LIKE '%.fifo' THEN
+                   format('topic %s is a FIFO topic: every message needs an ordering_key (its message group)',
+                          quote_literal(t.name))
+               ELSE postbox.routing_key_problem(e.k) END
+    INTO problem
+    FROM unnest(bodies, routing_keys, ordering_keys, deduplication_ids, subjects)
+         WITH ORDINALITY AS e(b, k, o, x, s, i)
+    WHERE e.b IS NULL OR length(e.o) > 128 OR e.o !~ '^[!-~]+$' OR length(e.x) > 128 OR e.x !~ '^[!-~]+$'
+          OR length(e.s) > 100 OR e.s ~ '[[:cntrl:]]' OR (e.o IS NULL AND t.name LIKE '%.fifo')
+          OR postbox.routing_key_problem(e.k) IS NOT NULL
+    ORDER BY e.i
+    LIMIT 1;
+    IF problem IS NULL AND attributes IS NOT NULL THEN
+        problem := postbox._attributes_problem(attributes, n);
+    END IF;
+    IF problem IS NOT NULL THEN
+        PERFORM postbox._invalid(problem);
+    END IF;
+    ids := CASE WHEN n = 1 THEN ARRAY[gen_random_uuid()]
+                ELSE ARRAY(SELECT gen_random_uuid() FROM generate_series(1, n)) END;
+    keys := CASE WHEN n = 1 THEN ARRAY[coalesce(routing_keys[1], '')]
+                 ELSE ARRAY(SELECT coalesce(routing_keys[i], '') FROM generate_series(1, n) AS i) END;
+
+    PERFORM postbox._lock_topic(t.id, false);
+    -- One send_batch per queue, in queue name order (so concurrent publishes
+    -- take the queues' locks in one order). One subtransaction for all of them,
+    -- to say which subscription refused.
+    BEGIN
+        FOR dest IN
+            SELECT q.name AS queue, q.fifo, q.content_based_deduplication, min(m.subscription) AS subscription,
+                   array_agg(m.i ORDER BY m.i) AS entries,
+                   -- Per entry, the envelope it goes in (NULL: none); NULL when no entry has one.
+                   CASE WHEN bool_or(m.envelope IS NOT NULL) THEN array_agg(m.envelope ORDER BY m.i) END AS envelopes
+            FROM (SELECT DISTINCT ON (s.queue_id, e.i) s.queue_id, s.name AS subscription, e.i::integer AS i,
+                         CASE WHEN NOT coalesce((s.sns ->> 'raw')::boolean, false) THEN s.sns END AS envelope
+                  FROM postbox.subscriptions s
+                  CROSS JOIN unnest(keys) WITH ORDINALITY AS e(k, i)
+                  WHERE s.topic_id = t.id AND s.queue_id IS NOT NULL AND NOT s.suspended
+                        AND postbox._key_matches(s.match_kind, s.match_text, e.k)
+                        AND (s.filter_policy IS NULL
+                             OR postbox.filter_matches(s.filter_policy, s.filter_scope, attributes[e.i], bodies[e.i]))
+                  ORDER BY s.queue_id, e.i, s.name) AS m
+            JOIN postbox.queues q ON q.id = m.queue_id
+            GROUP BY q.id
+            ORDER BY q.name
+        LOOP
+            refusing := dest.subscription;
+            refusing_queue := dest.queue;
+            refusing_entries := dest.entries;
+            subset := cardinality(dest.entries) < n;
+            groups := NULL;
+            dedup := NULL;
+            IF dest.fifo OR deduplication_ids IS NOT NULL THEN
+                SELECT CASE WHEN dest.fifo THEN
+                           array_agg(coalesce(ordering_keys[p], nullif(keys[p], ''), topic_name) ORDER BY o)
+                       END,
+                       array_agg(coalesce(deduplication_ids[p],
+                                          CASE WHEN dest.fifo AND NOT dest.content_based_deduplication
+                                               THEN ids[p]::text END) ORDER BY o)
+                INTO groups, dedup
+                FROM unnest(dest.entries) WITH ORDINALITY AS u(p, o);
+                IF array_remove(dedup, NULL) = '{}' THEN
+                    dedup := NULL;  -- keeps send_batch's fast path
+                END IF;
+            END IF;
+            IF dest.envelopes IS NOT NULL THEN
+                -- SNS's notification JSON carries the attributes inside it.
+                SELECT array_agg(CASE WHEN u.env IS NULL THEN bodies[u.p]
+                                      ELSE postbox._sns_envelope(u.env, ids[u.p], published_at, subjects[u.p],
+                                                                 bodies[u.p], attributes[u.p]) END ORDER BY u.o),
+                       array_agg(CASE WHEN u.env IS NULL THEN attributes[u.p] END ORDER BY u.o)
+                INTO dest_bodies, dest_attributes
+                FROM unnest(dest.entries, dest.envelopes) WITH ORDINALITY AS u(p, env, o);
+            ELSIF subset THEN
+                dest_bodies := ARRAY(SELECT bodies[p] FROM unnest(dest.entries) WITH ORDINALITY AS u(p, o) ORDER BY o);
+                dest_attributes := CASE WHEN attributes IS NOT NULL THEN
+                    ARRAY(SELECT attributes[p] FROM unnest(dest.entries) WITH ORDINALITY AS u(p, o) ORDER BY o) END;
+            ELSE
+                dest_bodies := bodies;
+                dest_attributes := attributes;
+            END IF;
+            SELECT array_agg(r.message_id ORDER BY r.o), array_agg(r.duplicate ORDER BY r.o)
+            INTO sent_ids, sent_duplicates
+            FROM postbox.send_batch(
+                dest.queue,
+                dest_bodies,
+                dest_attributes,
+                message_group_ids => groups,
+                deduplication_ids => dedup) WITH ORDINALITY AS r(message_id, duplicate, o);
+            done_entries := done_entries || dest.entries;
+            done_queues := done_queues || array_fill(dest.queue, ARRAY[cardinality(dest.entries)]);
+            done_ids := done_ids || sent_ids;
+            done_duplicates := done_duplicates || sent_duplicates;
+        END LOOP;
+    EXCEPTION WHEN OTHERS THEN
+        GET STACKED DIAGNOSTICS state = RETURNED_SQLSTATE, problem = MESSAGE_TEXT;
+        IF refusing IS NULL OR state NOT LIKE 'PB%' THEN
+            RAISE;
+        END IF;
+        -- send_batch names entries of the batch it got; name the publish's.
+        entry_of := regexp_match(problem, '^entry ([0-9]+): (.*)$');
+        IF entry_of IS NOT NULL THEN
+            entry_of := ARRAY[format('entry %s: ', refusing_entries[entry_of[1]::integer + 1] - 1), entry_of[2]];
+        ELSIF n > 1 AND cardinality(refusing_entries) = 1 THEN
+            entry_of := ARRAY[format('entry %s: ', refusing_entries[1] - 1), problem];
+        ELSE
+            entry_of := ARRAY['', problem];
+        END IF;
+        RAISE EXCEPTION USING ERRCODE = state, MESSAGE = format(
+            '%ssubscription %s (queue %s) refused the publish, so nothing was published: %s',
+            entry_of[1], quote_literal(refusing), quote_literal(refusing_queue), entry_of[2]);
+    END;
+
+    SELECT array_agg(s.id ORDER BY e.i, s.name), array_agg(e.i::integer ORDER BY e.i, s.name),
+           -- A webhook with an SNS delivery that is not raw gets the envelope made now.
+           array_agg(CASE WHEN s.sns IS NOT NULL AND NOT coalesce((s.sns ->> 'raw')::boolean, false)
+                          THEN postbox._sns_envelope(s.sns, ids[e.i], published_at, subjects[e.i], bodies[e.i],
+                                                     attributes[e.i])
+                          ELSE bodies[e.i] END ORDER BY e.i, s.name),
+           (array_agg(format('%ssubscription %s takes webhook messages of at most 1048576 bytes, not %s',
+                             postbox._entry_prefix(e.i, n), quote_literal(s.name),
+                             postbox.message_size(bodies[e.i], attributes[e.i])) ORDER BY e.i)
+               FILTER (WHERE postbox.message_size(bodies[e.i], attributes[e.i]) > 1048576))[1]
+    INTO hook_subscriptions, hook_entries, hook_bodies, problem
+    FROM postbox.subscriptions s
+    CROSS JOIN unnest(keys) WITH ORDINALITY AS e(k, i)
+    WHERE s.topic_id = t.id AND s.webhook_url IS NOT NULL AND NOT s.suspended
+          AND postbox._key_matches(s.match_kind, s.match_text, e.k)
+          AND (s.filter_policy IS NULL
+               OR postbox.filter_matches(s.filter_policy, s.filter_scope, attributes[e.i], bodies[e.i]));
+    IF problem IS NOT NULL THEN
+        PERFORM postbox._invalid(problem);
+    END IF;
+    IF hook_subscriptions IS NOT NULL THEN
+        INSERT INTO postbox.webhook_deliveries (subscription_id, publish_id, published_at, routing_key,
+                                                ordering_key, attributes, body, next_attempt_at)
+        SELECT h.s, ids[h.i], published_at, keys[h.i], ordering_keys[h.i], attributes[h.i], h.b, published_at
+        FROM unnest(hook_subscriptions, hook_entries, hook_bodies) AS h(s, i, b);
+        PERFORM postbox._signal('webhooks');
+    END IF;
+
+    RETURN QUERY
+    SELECT ids[e.i], coalesce(d.queue_names, '{}'), coalesce(d.queue_message_ids, '{}'),
+           coalesce(d.queue_duplicates, '{}'), coalesce(h.deliveries, 0)::integer
+    FROM generate_series(1, n) AS e(i)
+    LEFT JOIN (SELECT x, array_agg(q ORDER BY q) AS queue_names, array_agg(m ORDER BY q) AS queue_message_ids,
+                      array_agg(dup ORDER BY q) AS queue_duplicates
+               FROM unnest(done_entries, done_queues, done_ids, done_duplicates) AS u(x, q, m, dup)
+               GROUP BY x) AS d ON d.x = e.i
+    LEFT JOIN (SELECT x, count(*) AS deliveries FROM unnest(hook_entries) AS x GROUP BY x) AS h ON h.x = e.i
+    ORDER BY e.i;
+END
+$$;
+
+-- Publishes one message; see publish_batch.
+CREATE FUNCTION postbox.publish(topic_name text, body bytea, routing_key text DEFAULT '',
+                                attributes jsonb DEFAULT NULL, ordering_key text DEFAULT NULL,
+                                deduplication_id text DEFAULT NULL, subject text DEFAULT NULL)
+RETURNS TABLE (publish_id uuid, queues text[], message_ids bigint[], duplicates boolean[],
+               webhook_deliveries integer)
+LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN QUERY SELECT * FROM postbox.publish_batch(
+        topic_name, ARRAY[body], ARRAY[routing_key], postbox._array_of(attributes),
+        postbox._array_of(ordering_key), postbox._array_of(deduplication_id), postbox._array_of(subject));
+END
+$$;
+
+-- Claims up to max_deliveries due webhook deliveries (FOR UPDATE SKIP LOCKED,
+-- so concurrent workers never get the same one) for one attempt each: counts
+-- the attempt and leases the delivery until the subscription's timeout and a
+-- margin have passed, after which another worker may try it. Report the
+-- outcome with finish_webhook_deliveries. For a subscription with an SNS
+-- delivery (`sns`, since 0.9.0) the body is what to POST as it is (see
+-- publish_batch).
+CREATE FUNCTION postbox.claim_webhook_deliveries(max_deliveries integer DEFAULT 10)
+RETURNS TABLE (delivery_id bigint, lease uuid, attempt integer, publish_id uuid, published_at timestamptz,
+               routing_key text, ordering_key text, attributes jsonb, body bytea, topic text,
+               subscription text, url text, secret text, timeout interval, sns jsonb)
+LANGUAGE plpgsql
+-- An ordered walk of the due index, whatever the statistics say (see receive).
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+AS $$
+#variable_conflict use_column
+BEGIN
+    IF max_deliveries IS NULL OR max_deliveries NOT BETWEEN 1 AND 1000 THEN
+        PERFORM postbox._invalid(format('max_deliveries is %s; it must be 1 to 1000', max_deliveries));
+    END IF;
+    RETURN QUERY
+    WITH due AS (
+        SELECT d.id, s.webhook_timeout
+        FROM postbox.webhook_deliveries d
+        JOIN postbox.subscriptions s ON s.id = d.subscription_id
+        WHERE d.state = 'pending' AND d.next_attempt_at <= now()
+        ORDER BY d.next_attempt_at
+        LIMIT max_deliveries
+        FOR UPDATE OF d SKIP LOCKED
+    ), claimed AS (
+        UPDATE postbox.webhook_deliveries d
+        SET attempts = d.attempts + 1,
+            lease = gen_random_uuid(),
+            last_attempt_at = clock_timestamp(),
+            next_attempt_at = clock_timestamp() + due.webhook_timeout + interval '30 seconds'
+        FROM due
+        WHERE d.id = due.id
+        RETURNING d.*
+    )
+    SELECT c.id, c.lease, c.attempts, c.publish_id, c.published_at, c.routing_key, c.ordering_key,
+           c.attributes, c.body, t.name, s.name, s.webhook_url, s.webhook_secret, s.webhook_timeout, s.sns
+    FROM claimed c
+    JOIN postbox.subscriptions s ON s.id = c.subscription_id
+    JOIN postbox.topics t ON t.id = s.topic_id
+    ORDER BY c.id;
+END
+$$;
+
+-- Subscription filter policies in the grammar of Amazon SNS: a JSON object of
+-- keys, each an array of conditions (any may match) or, in the body scope, an
+-- object of nested keys; all keys must match. The scope is 'attributes' (SNS's
+-- MessageAttributes, matched against _filter_document of the attributes) or
+-- 'body' (MessageBody, matched against the body parsed as a JSON object).
+-- Policies are data walked by these functions, never SQL.
+
+-- A policy value shown in a message: its JSON, cut to a short prefix.
+CREATE FUNCTION postbox._filter_quote(value jsonb) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN length(value::text) > 40 THEN left(value::text, 37) || '...' ELSE value::text END
+$$;
+
+-- Whether a "$or" key's value makes it an OR, as SNS decides: an array of at
+-- least two objects, none of which has an operator's name as a key. Otherwise
+-- "$or" is an ordinary key.
+CREATE FUNCTION postbox._filter_is_or(value jsonb) RETURNS boolean
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN jsonb_typeof(value) = 'array' THEN
+        jsonb_array_length(value) >= 2
+        AND NOT EXISTS (
+            SELECT FROM jsonb_array_elements(value) AS e
+            WHERE jsonb_typeof(e) <> 'object'
+               OR EXISTS (SELECT FROM jsonb_object_keys(e) AS k
+                          WHERE k IN ('prefix', 'suffix', 'equals-ignore-case', 'anything-but', 'numeric',
+                                      'exists', 'cidr', 'wildcard')))
+        ELSE false END
+$$;
+
+-- The problem of a number in a policy, or NULL: SNS takes -10^9 to 10^9 with at
+-- most five digits after the decimal point.
+CREATE FUNCTION postbox._filter_number_problem(value jsonb) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE
+        WHEN abs(value::numeric) > 1000000000 THEN
+            format('number %s is out of range; numbers lie between -1000000000 and 1000000000',
+                   postbox._filter_quote(value))
+        WHEN scale(trim_scale(value::numeric)) > 5 THEN
+            format('number %s has more than 5 digits after the decimal point', postbox._filter_quote(value))
+    END
+$$;
+
+-- The problem of a "numeric" operator's array, or NULL: [op, n] with op one of
+-- = < <= > >=, or a range [> or >=, low, < or <=, high] with low below high.
+CREATE FUNCTION postbox._filter_numeric_problem(arg jsonb) RETURNS text
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF jsonb_typeof(arg) IS DISTINCT FROM 'array' OR jsonb_array_length(arg) NOT IN (2, 4) THEN
+        RETURN format('numeric takes [operator, number] or a range [">", low, "<", high], not %s',
+                      postbox._filter_quote(arg));
+    END IF;
+    IF jsonb_typeof(arg -> 0) <> 'string' OR arg ->> 0 NOT IN ('=', '<', '<=', '>', '>=') THEN
+        RETURN format('numeric operator %s is unknown; the operators are =, <, <=, > and >=',
+                      postbox._filter_quote(arg -> 0));
+    END IF;
+    IF jsonb_typeof(arg -> 1) <> 'number' THEN
+        RETURN format('numeric %s must be followed by a number, not %s', arg ->> 0, postbox._filter_quote(arg -> 1));
+    END IF;
+    IF jsonb_array_length(arg) = 2 THEN
+        RETURN postbox._filter_number_problem(arg -> 1);
+    END IF;
+    IF arg ->> 0 NOT IN ('>', '>=') OR jsonb_typeof(arg -> 2) <> 'string' OR arg ->> 2 NOT IN ('<', '<=') THEN
+        RETURN format('a numeric range starts with > or >= and a lower bound and ends with < or <= and an '
+                      'upper bound, not %s', postbox._filter_quote(arg));
+    END IF;
+    IF jsonb_typeof(arg -> 3) <> 'number' THEN
+        RETURN format('numeric %s must be followed by a number, not %s', arg ->> 2, postbox._filter_quote(arg -> 3));
+    END IF;
+    IF (arg -> 1)::numeric >= (arg -> 3)::numeric THEN
+        RETURN format('numeric range %s is empty: its lower bound must be below its upper bound',
+                      postbox._filter_quote(arg));
+    END IF;
+    RETURN coalesce(postbox._filter_number_problem(arg -> 1), postbox._filter_number_problem(arg -> 3));
+END
+$$;
+
+-- The problem of one condition of a key's array, or NULL: a string, number,
+-- true, false or null to equal, or an object of one operator.
+CREATE FUNCTION postbox._filter_condition_problem(condition jsonb) RETURNS text
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    op text;
+    arg jsonb;
+    element jsonb;
+BEGIN
+    CASE jsonb_typeof(condition)
+    WHEN 'string', 'boolean', 'null' THEN
+        RETURN NULL;
+    WHEN 'number' THEN
+        RETURN postbox._filter_number_problem(condition);
+    WHEN 'array' THEN
+        RETURN format('a condition cannot be an array (%s); list the values in the key''s own array',
+                      postbox._filter_quote(condition));
+    ELSE
+        NULL;
+    END CASE;
+    IF (SELECT count(*) FROM jsonb_object_keys(condition)) <> 1 THEN
+        RETURN format('a condition object holds exactly one operator, not %s',
+                      postbox._filter_quote(condition));
+    END IF;
+    SELECT e.key, e.value INTO op, arg FROM jsonb_each(condition) AS e;
+    CASE op
+    WHEN 'prefix', 'suffix', 'equals-ignore-case' THEN
+        IF jsonb_typeof(arg) <> 'string' THEN
+            RETURN format('%s takes a string, not %s', op, postbox._filter_quote(arg));
+        END IF;
+    WHEN 'exists' THEN
+        IF jsonb_typeof(arg) <> 'boolean' THEN
+            RETURN format('exists takes true or false, not %s', postbox._filter_quote(arg));
+        END IF;
+    WHEN 'numeric' THEN
+        RETURN postbox._filter_numeric_problem(arg);
+    WHEN 'anything-but' THEN
+        CASE jsonb_typeof(arg)
+        WHEN 'string' THEN
+            NULL;
+        WHEN 'number' THEN
+            RETURN postbox._filter_number_problem(arg);
+        WHEN 'array' THEN
+            IF jsonb_array_length(arg) = 0 THEN
+                RETURN 'anything-but needs at least one value';
+            END IF;
+            FOR element IN SELECT jsonb_array_elements(arg) LOOP
+                IF jsonb_typeof(element) = 'number' THEN
+                    IF postbox._filter_number_problem(element) IS NOT NULL THEN
+                        RETURN postbox._filter_number_problem(element);
+                    END IF;
+                ELSIF jsonb_typeof(element) <> 'string' THEN
+                    RETURN format('anything-but lists strings and numbers, not %s', postbox._filter_quote(element));
+                END IF;
+            END LOOP;
+        WHEN 'object' THEN
+            IF (SELECT count(*) FROM jsonb_object_keys(arg)) <> 1
+               OR coalesce(jsonb_typeof(arg -> 'prefix'), jsonb_typeof(arg -> 'suffix')) IS DISTINCT FROM 'string' THEN
+                RETURN format('anything-but takes a value, an array of values, {"prefix": "..."} or '
+                              '{"suffix": "..."}, not %s', postbox._filter_quote(arg));
+            END IF;
+        ELSE
+            RETURN format('anything-but takes a value, an array of values, {"prefix": "..."} or '
+                          '{"suffix": "..."}, not %s', postbox._filter_quote(arg));
+        END CASE;
+    ELSE
+        RETURN format('unknown operator %s; the operators are prefix, suffix, equals-ignore-case, anything-but, '
+                      'numeric and exists', postbox._filter_quote(to_jsonb(op)));
+    END CASE;
+    RETURN NULL;
+END
+$$;
+
+-- Walks a policy object (the whole policy, a nested key's object, or a "$or"
+-- alternative): its first problem, or its count of keys holding conditions (a
+-- "$or" counts its largest alternative) and its combinations of values (the
+-- product of the arrays' lengths, each weighted by its key's nesting depth as
+-- SNS counts it; a "$or" the sum of its alternatives'). depth counts enclosing
+-- nested keys, level all recursion, which 150 bounds: past it no policy keeps
+-- within 150 combinations, and the stack stays small.
+CREATE FUNCTION postbox._filter_policy_walk(node jsonb, scope text, path text, depth integer, level integer,
+                                            OUT problem text, OUT keys integer, OUT combinations numeric)
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    k text;
+    v jsonb;
+    here text;
+    sub record;
+    alternative jsonb;
+    widest integer;
+    total numeric;
+    condition jsonb;
+BEGIN
+    keys := 0;
+    combinations := 1;
+    IF level > 150 THEN
+        problem := format('filter policy nests more than 150 levels deep at %s; it cannot keep within 150 '
+                          'combinations of values', postbox._filter_quote(to_jsonb(path)));
+        RETURN;
+    END IF;
+    FOR k, v IN SELECT e.key, e.value FROM jsonb_each(node) AS e LOOP
+        here := CASE WHEN path = '' THEN k ELSE path || '.' || k END;
+        IF k = '$or' AND postbox._filter_is_or(v) THEN
+            widest := 0;
+            total := 0;
+            FOR alternative IN SELECT jsonb_array_elements(v) LOOP
+                IF alternative = '{}' THEN
+                    problem := format('an alternative of %s is an empty object; give each at least one key',
+                                      postbox._filter_quote(to_jsonb(here)));
+                    RETURN;
+                END IF;
+                sub := postbox._filter_policy_walk(alternative, scope, path, depth, level + 1);
+                IF sub.problem IS NOT NULL THEN
+                    problem := sub.problem;
+                    RETURN;
+                END IF;
+                widest := greatest(widest, sub.keys);
+                total := total + sub.combinations;
+            END LOOP;
+            keys := keys + widest;
+            combinations := combinations * total;
+        ELSIF jsonb_typeof(v) = 'object' THEN
+            IF scope = 'attributes' THEN
+                problem := format('key %s holds an object, but only the body scope (MessageBody) nests keys; '
+                                  'give an array of conditions', postbox._filter_quote(to_jsonb(here)));
+                RETURN;
+            ELSIF v = '{}' THEN
+                problem := format('key %s holds an empty object; give it nested keys or an array of conditions',
+                                  postbox._filter_quote(to_jsonb(here)));
+                RETURN;
+            END IF;
+            sub := postbox._filter_policy_walk(v, scope, here, depth + 1, level + 1);
+            IF sub.problem IS NOT NULL THEN
+                problem := sub.problem;
+                RETURN;
+            END IF;
+            keys := keys + sub.keys;
+            combinations := combinations * sub.combinations;
+        ELSIF jsonb_typeof(v) = 'array' THEN
+            IF k = '$or' AND jsonb_array_length(v) = 1 AND postbox._filter_is_or(v || v) THEN
+                problem := format('%s has one alternative; "$or" needs at least two',
+                                  postbox._filter_quote(to_jsonb(here)));
+                RETURN;
+            ELSIF jsonb_array_length(v) = 0 THEN
+                problem := format('key %s has an empty array; give at least one condition',
+                                  postbox._filter_quote(to_jsonb(here)));
+                RETURN;
+            END IF;
+            FOR condition IN SELECT jsonb_array_elements(v) LOOP
+                problem := postbox._filter_condition_problem(condition);
+                IF problem IS NOT NULL THEN
+                    problem := format('key %s: %s', postbox._filter_quote(to_jsonb(here)), problem);
+                    RETURN;
+                END IF;
+            END LOOP;
+            keys := keys + 1;
+            combinations := combinations * jsonb_array_length(v) * greatest(depth, 1);
+        ELSE
+            problem := format('key %s must hold an array of conditions%s, not %s',
+                              postbox._filter_quote(to_jsonb(here)),
+                              CASE WHEN scope = 'body' THEN ' or an object of nested keys' ELSE '' END,
+                              postbox._filter_quote(v));
+            RETURN;
+        END IF;
+    END LOOP;
+END
+$$;
+
+-- The problem of a filter policy for a scope ('attributes' or 'body'), or NULL
+-- when it is valid (a NULL policy is none, and valid). The size limit applies
+-- to the policy's canonical JSON; the caller checks the text it was given.
+CREATE FUNCTION postbox.filter_policy_problem(policy jsonb, scope text) RETURNS text
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    walk record;
+BEGIN
+    IF scope IS NULL OR scope NOT IN ('attributes', 'body') THEN
+        RETURN format('filter policy scope must be "attributes" (MessageAttributes) or "body" (MessageBody), not %s',
+                      coalesce(postbox._filter_quote(to_jsonb(scope)), 'null'));
+    ELSIF policy IS NULL THEN
+        RETURN NULL;
+    ELSIF jsonb_typeof(policy) <> 'object' THEN
+        RETURN format('filter policy must be a JSON object of keys, not %s', postbox._filter_quote(policy));
+    ELSIF octet_length(policy::text) > 262144 THEN
+        RETURN format('filter policy is %s bytes long; the limit is 256 KiB (262144 bytes)',
+                      octet_length(policy::text));
+    END IF;
+    walk := postbox._filter_policy_walk(policy, scope, '', 0, 0);
+    IF walk.problem IS NOT NULL THEN
+        RETURN walk.problem;
+    ELSIF walk.keys > 5 THEN
+        RETURN format('filter policy has %s keys with conditions; the limit is 5%s', walk.keys,
+                      CASE WHEN policy::text LIKE '%"$or"%' THEN ' (a "$or" counts its largest alternative)' ELSE '' END);
+    ELSIF walk.combinations > 150 THEN
+        RETURN format('filter policy has %s combinations of values; the limit is 150 (multiply the lengths of its '
+                      'arrays of conditions%s; a "$or" adds up its alternatives)', walk.combinations,
+                      CASE WHEN scope = 'body' THEN ', each times the nesting depth of its key' ELSE '' END);
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+-- One attribute as a filter document value, or NULL to leave it out: String
+-- types a JSON string, Number types a JSON number, String.Array the array it
+-- holds (a string when it holds no JSON array), Binary nothing (SNS ignores
+-- binary attributes). A number too far out of numeric's range stays a string.
+CREATE FUNCTION postbox._filter_attribute_value(attribute jsonb) RETURNS jsonb
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    data_type text := attribute ->> 'data_type';
+    string_value text := attribute ->> 'string_value';
+    parsed jsonb;
+BEGIN
+    IF data_type IS NULL OR string_value IS NULL THEN
+        RETURN NULL;
+    ELSIF data_type = 'String.Array' THEN
+        IF ltrim(string_value, E' \t\n\r') LIKE '[%' THEN
+            BEGIN
+                parsed := string_value::jsonb;
+            EXCEPTION WHEN data_exception OR program_limit_exceeded THEN
+                parsed := NULL;
+            END;
+            IF jsonb_typeof(parsed) = 'array' THEN
+                RETURN parsed;
+            END IF;
+        END IF;
+        RETURN to_jsonb(string_value);
+    ELSIF data_type LIKE 'Number%' THEN
+        IF length(string_value) <= 1000
+           AND string_value ~ '^[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]{1,3})?$' THEN
+            RETURN to_jsonb(string_value::numeric);
+        END IF;
+        RETURN to_jsonb(string_value);
+    ELSIF data_type LIKE 'String%' THEN
+        RETURN to_jsonb(string_value);
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+-- The attributes as the document an attribute-scope policy matches: an object
+-- of each attribute's _filter_attribute_value, binary ones left out.
+CREATE FUNCTION postbox._filter_document(attributes jsonb) RETURNS jsonb
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF jsonb_typeof(attributes) IS DISTINCT FROM 'object' THEN
+        RETURN '{}';
+    END IF;
+    RETURN coalesce((
+        SELECT jsonb_object_agg(e.key, v.value)
+        FROM jsonb_each(attributes) AS e, postbox._filter_attribute_value(e.value) AS v(value)
+        WHERE v.value IS NOT NULL), '{}');
+END
+$$;
+
+-- The body as the document a body-scope policy matches, or NULL when it is not
+-- a UTF-8 JSON object. Exposed so that a publish can parse a body once for all
+-- of a topic's subscriptions.
+CREATE FUNCTION postbox._filter_body_document(body bytea) RETURNS jsonb
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    document jsonb;
+BEGIN
+    -- Most bodies that are no JSON object fail here, without a subtransaction.
+    IF body IS NULL OR substr(ltrim(body, '\x20090a0d'::bytea), 1, 1) <> '\x7b'::bytea THEN
+        RETURN NULL;
+    END IF;
+    BEGIN
+        document := convert_from(body, 'UTF8')::jsonb;
+    EXCEPTION WHEN data_exception OR program_limit_exceeded THEN
+        RETURN NULL;
+    END;
+    RETURN CASE WHEN jsonb_typeof(document) = 'object' THEN document END;
+END
+$$;
+
+-- What a document value holds for a policy key, as a JSON array: with objects
+-- false its leaf values (itself when a scalar, none when an object: conditions
+-- apply to leaves only), with objects true the objects a nested key walks
+-- into (itself when an object); arrays give what their elements hold.
+CREATE FUNCTION postbox._filter_values(value jsonb, objects boolean) RETURNS jsonb
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF value IS NULL THEN
+        RETURN '[]';
+    ELSIF jsonb_typeof(value) <> 'array' THEN
+        RETURN CASE WHEN (jsonb_typeof(value) = 'object') = objects THEN jsonb_build_array(value) ELSE '[]' END;
+    ELSIF NOT objects AND NOT EXISTS (
+            SELECT FROM jsonb_array_elements(value) AS e WHERE jsonb_typeof(e) IN ('array', 'object')) THEN
+        RETURN value;
+    END IF;
+    RETURN coalesce((SELECT jsonb_agg(h) FROM jsonb_array_elements(value) AS e,
+                                              jsonb_array_elements(postbox._filter_values(e, objects)) AS h), '[]');
+END
+$$;
+
+-- _filter_values of a key across a set of document objects (a JSON array).
+CREATE FUNCTION postbox._filter_gather(nodes jsonb, key text, objects boolean) RETURNS jsonb
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF jsonb_array_length(nodes) = 1 THEN
+        RETURN postbox._filter_values(nodes -> 0 -> key, objects);
+    END IF;
+    RETURN coalesce((SELECT jsonb_agg(h) FROM jsonb_array_elements(nodes) AS n,
+                                              jsonb_array_elements(postbox._filter_values(n -> key, objects)) AS h),
+                    '[]');
+END
+$$;
+
+-- Whether any of a key's conditions matches any of its leaf values. Equality
+-- is jsonb's (strings to strings, numbers numerically, true, false, null);
+-- prefix, suffix and equals-ignore-case look at strings, numeric at numbers;
+-- anything-but needs a non-null value that is none of its values; exists asks
+-- for a non-null value, or none, and exists false never matches an empty
+-- document (SNS: "an empty set of attributes results in the filter not
+-- matching").
+CREATE FUNCTION postbox._filter_conditions_match(conditions jsonb, leaves jsonb, empty boolean) RETURNS boolean
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    condition jsonb;
+    op text;
+    arg jsonb;
+    leaf jsonb;
+    hit boolean;
+BEGIN
+    FOR condition IN SELECT jsonb_array_elements(conditions) LOOP
+        IF jsonb_typeof(condition) <> 'object' THEN
+            IF leaves @> jsonb_build_array(condition) THEN
+                RETURN true;
+            END IF;
+            CONTINUE;
+        END IF;
+        SELECT e.key, e.value INTO op, arg FROM jsonb_each(condition) AS e LIMIT 1;
+        IF op = 'exists' THEN
+            IF arg = to_jsonb(EXISTS (SELECT FROM jsonb_array_elements(leaves) AS l WHERE l <> 'null'))
+               AND (arg = 'true' OR NOT empty) THEN
+                RETURN true;
+            END IF;
+            CONTINUE;
+        END IF;
+        FOR leaf IN SELECT jsonb_array_elements(leaves) LOOP
+            hit := CASE op
+                WHEN 'prefix' THEN
+                    jsonb_typeof(leaf) = 'string' AND starts_with(leaf #>> '{}', arg #>> '{}')
+                WHEN 'suffix' THEN
+                    jsonb_typeof(leaf) = 'string' AND right(leaf #>> '{}', length(arg #>> '{}')) = arg #>> '{}'
+                WHEN 'equals-ignore-case' THEN
+                    jsonb_typeof(leaf) = 'string' AND lower(leaf #>> '{}') = lower(arg #>> '{}')
+                WHEN 'anything-but' THEN
+                    leaf <> 'null' AND CASE jsonb_typeof(arg)
+                        WHEN 'object' THEN jsonb_typeof(leaf) = 'string' AND CASE
+                            WHEN arg ? 'prefix' THEN NOT starts_with(leaf #>> '{}', arg ->> 'prefix')
+                            ELSE right(leaf #>> '{}', length(arg ->> 'suffix')) <> arg ->> 'suffix' END
+                        WHEN 'array' THEN NOT arg @> jsonb_build_array(leaf)
+                        ELSE leaf <> arg END
+                WHEN 'numeric' THEN
+                    jsonb_typeof(leaf) = 'number' AND postbox._filter_numeric_matches(arg, leaf::numeric)
+                ELSE false
+            END;
+            IF hit THEN
+                RETURN true;
+            END IF;
+        END LOOP;
+    END LOOP;
+    RETURN false;
+END
+$$;
+
+-- Whether a number meets a "numeric" operator's comparison or range.
+CREATE FUNCTION postbox._filter_numeric_matches(arg jsonb, n numeric) RETURNS boolean
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT bool_and(CASE c.op
+                        WHEN '=' THEN n = c.bound
+                        WHEN '<' THEN n < c.bound
+                        WHEN '<=' THEN n <= c.bound
+                        WHEN '>' THEN n > c.bound
+                        WHEN '>=' THEN n >= c.bound
+                        ELSE false END)
+    FROM (SELECT arg ->> i AS op, (arg -> (i + 1))::numeric AS bound
+          FROM generate_series(0, jsonb_array_length(arg) - 2, 2) AS i) AS c
+$$;
+
+-- Whether a policy object matches a set of document objects (a JSON array:
+-- the document itself, or what a nested key reached, arrays flattened). Every
+-- key must match; a key's leaves are gathered from all the objects, so each
+-- key is matched on its own; "$or" needs one alternative to match. empty says
+-- the document had no keys at all.
+CREATE FUNCTION postbox._filter_policy_matches(policy jsonb, nodes jsonb, empty boolean) RETURNS boolean
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    k text;
+    v jsonb;
+    alternative jsonb;
+    matched boolean;
+BEGIN
+    FOR k, v IN SELECT e.key, e.value FROM jsonb_each(policy) AS e LOOP
+        IF k = '$or' AND postbox._filter_is_or(v) THEN
+            matched := false;
+            FOR alternative IN SELECT jsonb_array_elements(v) LOOP
+                IF postbox._filter_policy_matches(alternative, nodes, empty) THEN
+                    matched := true;
+                    EXIT;
+                END IF;
+            END LOOP;
+            IF NOT matched THEN
+                RETURN false;
+            END IF;
+        ELSIF jsonb_typeof(v) = 'object' THEN
+            IF NOT postbox._filter_policy_matches(v, postbox._filter_gather(nodes, k, true), empty) THEN
+                RETURN false;
+            END IF;
+        ELSIF jsonb_typeof(v) = 'array' THEN
+            IF NOT postbox._filter_conditions_match(v, postbox._filter_gather(nodes, k, false), empty) THEN
+                RETURN false;
+            END IF;
+        ELSE
+            RETURN false;
+        END IF;
+    END LOOP;
+    RETURN true;
+END
+$$;
+
+-- Whether a policy matches a document already made (_filter_document of the
+-- attributes, or _filter_body_document of the body, NULL when the body is no
+-- JSON object): NULL policy matches everything, a NULL document nothing else.
+CREATE FUNCTION postbox._filter_matches_document(policy jsonb, document jsonb) RETURNS boolean
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE
+        WHEN policy IS NULL THEN true
+        WHEN document IS NULL OR jsonb_typeof(policy) <> 'object' THEN false
+        ELSE postbox._filter_policy_matches(policy, jsonb_build_array(document), document = '{}')
+    END
+$$;
+
+-- Whether a message passes a subscription's filter policy in a scope:
+-- 'attributes' matches the message's attributes, 'body' its body, which must
+-- be a UTF-8 JSON object (else false, never an error). A NULL policy passes
+-- everything. Semantics as SNS's: see _filter_policy_matches and
+-- _filter_conditions_match.
+CREATE FUNCTION postbox.filter_matches(policy jsonb, scope text, attributes jsonb, body bytea) RETURNS boolean
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF policy IS NULL THEN
+        RETURN true;
+    ELSIF scope = 'attributes' THEN
+        RETURN postbox._filter_matches_document(policy, postbox._filter_document(attributes));
+    ELSIF scope = 'body' THEN
+        RETURN postbox._filter_matches_document(policy, postbox._filter_body_document(body));
+    END IF;
+    RAISE EXCEPTION USING ERRCODE = 'PB400',
+        MESSAGE = format('filter policy scope must be "attributes" or "body", not %s',
+                         coalesce(quote_literal(scope), 'NULL'));
+END
+$$;
+
+-- Recent throughput and receive latency per queue (since 0.9.0). The engine
+-- counts no sends, receives or deletes itself: a write to a shared row per call
+-- would make concurrent senders wait on one another. Each server process counts
+-- in memory instead and adds its counts here every few seconds, off the
+-- request path: one row per queue and 10-second bucket (of the time of the
+-- flush), which every process adds to. Kept for an hour (expire_activity).
+-- Sends made in SQL (postbox.send in an application's own transaction, schedule
+-- fires, redrives) pass no server and are not counted.
+CREATE TABLE postbox.queue_activity (
+    queue_id integer NOT NULL REFERENCES postbox.queues (id) ON DELETE CASCADE,
+    bucket timestamptz NOT NULL,
+    sent bigint NOT NULL DEFAULT 0,
+    received bigint NOT NULL DEFAULT 0,  -- deliveries, redeliveries too
+    deleted bigint NOT NULL DEFAULT 0,
+    -- Enqueue to first delivery, in seconds, of the first deliveries received.
+    latency_sum double precision NOT NULL DEFAULT 0,
+    latency_count bigint NOT NULL DEFAULT 0,
+    latency_max double precision,
+    PRIMARY KEY (queue_id, bucket)
+);
+
+-- Adds one server process's counts since its last flush, an entry per queue
+-- (arrays in step), to the current bucket. Queues since dropped are skipped.
+-- Rows are written in queue id order, so two processes flushing at once wait
+-- for each other rather than deadlock.
+CREATE FUNCTION postbox.record_activity(queue_names text[], sent bigint[], received bigint[], deleted bigint[],
+                                        latency_sum double precision[], latency_count bigint[],
+                                        latency_max double precision[])
+RETURNS void
+LANGUAGE sql AS $$
+    INSERT INTO postbox.queue_activity AS a (queue_id, bucket, sent, received, deleted,
+                                             latency_sum, latency_count, latency_max)
+    SELECT q.id, date_bin('10 seconds', now(), 'epoch'), t.sent, t.received, t.deleted,
+           t.latency_sum, t.latency_count, t.latency_max
+    FROM unnest(queue_names, sent, received, deleted, latency_sum, latency_count, latency_max)
+         AS t(name, sent, received, deleted, latency_sum, latency_count, latency_max)
+    JOIN postbox.queues q ON q.name = t.name
+    ORDER BY q.id
+    ON CONFLICT (queue_id, bucket) DO UPDATE
+    SET sent = a.sent + excluded.sent,
+        received = a.received + excluded.received,
+        deleted = a.deleted + excluded.deleted,
+        latency_sum = a.latency_sum + excluded.latency_sum,
+        latency_count = a.latency_count + excluded.latency_count,
+        latency_max = greatest(a.latency_max, excluded.latency_max)
+$$;
+
+-- Forgets activity older than an hour, the longest window worth asking for.
+-- Returns how many rows went.
+CREATE FUNCTION postbox.expire_activity() RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    removed bigint;
+BEGIN
+    DELETE FROM postbox.queue_activity WHERE bucket < now() - interval '1 hour';
+    GET DIAGNOSTICS removed = ROW_COUNT;
+    RETURN removed;
+END
+$$;
+
+-- Each queue's counts and rates over the last `span` (30 seconds to an hour), or
+-- one queue's (only_queue): the buckets that began in the span, divided by the
+-- seconds from the first of them to now, so the current, partial bucket counts
+-- and the rate is neither diluted nor inflated. Figures lag by up to the
+-- servers' flush period (5 s by default). Receive latency is enqueue to first
+-- delivery (a delay counts), NULL when nothing was delivered for the first time.
+CREATE FUNCTION postbox.queue_rates(span interval DEFAULT '1 minute', only_queue text DEFAULT NULL)
+RETURNS TABLE (queue_name text, sent bigint, received bigint, deleted bigint,
+               sent_per_second double precision, received_per_second double precision,
+               deleted_per_second double precision, receive_latency_avg_seconds double precision,
+               receive_latency_max_seconds double precision)
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    since timestamptz := date_bin('10 seconds', now() - span, 'epoch') + interval '10 seconds';
+    seconds double precision := extract(epoch FROM now() - since);
+BEGIN
+    IF span IS NULL OR span < interval '30 seconds' OR span > interval '1 hour' THEN
+        RAISE EXCEPTION 'span must be from 30 seconds to 1 hour, not %', span
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'activity is kept in 10-second buckets for an hour';
+    END IF;
+    RETURN QUERY
+    SELECT q.name, coalesce(sum(a.sent), 0)::bigint, coalesce(sum(a.received), 0)::bigint,
+           coalesce(sum(a.deleted), 0)::bigint,
+           coalesce(sum(a.sent), 0) / seconds, coalesce(sum(a.received), 0) / seconds,
+           coalesce(sum(a.deleted), 0) / seconds,
+           sum(a.latency_sum) / nullif(sum(a.latency_count), 0), max(a.latency_max)
+    FROM postbox.queues q
+    LEFT JOIN postbox.queue_activity a ON a.queue_id = q.id AND a.bucket >= since
+    WHERE only_queue IS NULL OR q.name = only_queue
+    GROUP BY q.name
+    ORDER BY q.name;
+END
+$$;
+
+-- For people who live in psql: every queue's throughput and receive latency
+-- over the last 1, 5 and 15 minutes, as the servers counted them (see
+-- queue_activity: sends made in SQL are not counted).
+CREATE VIEW postbox.queue_throughput AS
+SELECT r.queue_name, w.span, r.sent, r.received, r.deleted, r.sent_per_second, r.received_per_second,
+       r.deleted_per_second, r.receive_latency_avg_seconds, r.receive_latency_max_seconds
+FROM (VALUES (interval '1 minute'), (interval '5 minutes'), (interval '15 minutes')) w(span),
+     LATERAL postbox.queue_rates(w.span) r
+ORDER BY r.queue_name, w.span;
+
+-- queue_rates is for readers too, and so is the queue_throughput view.
+-- Gives the engine's functions their privileges, and makes each public one
+-- SECURITY DEFINER with a fixed search_path: a reader or writer then needs no
+-- right on the tables (a writer can call send, not insert rows of its own), and
+-- no schema of the caller's can shadow a function or operator the engine uses.
+-- Pure (IMMUTABLE) functions and internal ones (named "_...") stay as they are:
+-- they run inside a public function, whose path is fixed already, and a SET
+-- clause would keep the planner from inlining them. CREATE OR REPLACE resets
+-- a function's settings, so every install and upgrade script ends by calling
+-- this.
+CREATE OR REPLACE FUNCTION postbox._secure() RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    f record;
+    roles boolean := (SELECT count(*) = 3 FROM pg_catalog.pg_roles
+                      WHERE rolname IN ('postbox_reader', 'postbox_writer', 'postbox_admin'));
+BEGIN
+    FOR f IN SELECT p.oid::regprocedure AS signature, p.proname AS name, p.provolatile, p.prorettype
+             FROM pg_catalog.pg_proc p WHERE p.pronamespace = 'postbox'::regnamespace LOOP
+        EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', f.signature);
+        IF f.provolatile <> 'i' AND f.prorettype <> 'trigger'::regtype AND left(f.name, 1) <> '_' THEN
+            EXECUTE format('ALTER FUNCTION %s SECURITY DEFINER SET search_path = pg_catalog, postbox, pg_temp',
+                           f.signature);
+        END IF;
+        IF roles THEN
+            EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO postbox_admin', f.signature);
+            IF f.name IN ('queue_stats', 'queue_metrics', 'queue_rates', 'peek_messages', 'get_message',
+                          'list_archived_messages', 'get_queue', 'list_queues', 'list_dead_letter_source_queues', 'list_redrive_tasks',
+                          'get_topic', 'list_topics', 'get_subscription', 'list_subscriptions',
+                          'list_webhook_deliveries', 'get_schedule', 'list_schedules') THEN
+                EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO postbox_reader', f.signature);
+            ELSIF f.name IN ('send', 'send_batch', 'publish', 'publish_batch') THEN
+                EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO postbox_writer', f.signature);
+            END IF;
+        END IF;
+    END LOOP;
+    IF roles THEN
+        GRANT USAGE ON SCHEMA postbox TO postbox_reader, postbox_writer, postbox_admin;
+        GRANT ALL ON ALL TABLES IN SCHEMA postbox TO postbox_admin;
+        GRANT ALL ON ALL SEQUENCES IN SCHEMA postbox TO postbox_admin;
+        GRANT SELECT ON postbox.queue_health, postbox.queue_throughput TO postbox_reader;
+    END IF;
+END
+$$;
+
 SELECT postbox._secure();
 
 INSERT INTO postbox.schema_version (version) VALUES ('0.9.0');

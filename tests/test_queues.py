@@ -144,6 +144,42 @@ def test_list_pages_through_prefix(queues):
     assert not page.queues[0].HasField("stats")
 
 
+def test_list_full_view_fills_every_queues_stats(queues, messages):
+    prefix = unique_name("full") + "_"
+    for i, count in enumerate((0, 2, 5)):
+        name = f"{prefix}{i}"
+        queues.CreateQueue(pb.CreateQueueRequest(queue=pb.Queue(name=name)))
+        for _ in range(count):
+            messages.Send(mpb.SendRequest(queue=name, body=b"x"))
+    listed, token = [], ""
+    while True:
+        page = queues.ListQueues(
+            pb.ListQueuesRequest(
+                page_size=2, page_token=token, name_prefix=prefix, view=pb.QUEUE_VIEW_FULL
+            )
+        )
+        listed += page.queues
+        token = page.next_page_token
+        if not token:
+            break
+    assert [q.stats.visible_messages for q in listed] == [0, 2, 5]
+    for q in listed:
+        assert q.HasField("stats")
+        alone = queues.GetQueue(pb.GetQueueRequest(name=q.name)).queue.stats
+        counts = ("visible_messages", "in_flight_messages", "delayed_messages")
+        assert [getattr(q.stats, c) for c in counts] == [getattr(alone, c) for c in counts]
+        aged = [s.oldest_message_age.ToTimedelta() > timedelta(0) for s in (q.stats, alone)]
+        assert aged == [q.stats.visible_messages > 0] * 2
+    basic = queues.ListQueues(pb.ListQueuesRequest(name_prefix=prefix, view=pb.QUEUE_VIEW_BASIC))
+    assert not any(q.HasField("stats") for q in basic.queues)
+
+
+def test_list_rejects_an_unknown_view(queues):
+    error = error_of(queues.ListQueues, pb.ListQueuesRequest(view=7))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "QueueView" in error.details()
+
+
 def test_list_prefix_is_not_a_pattern(queues, queue):
     page = queues.ListQueues(pb.ListQueuesRequest(name_prefix="%"))
     assert list(page.queues) == []

@@ -76,6 +76,8 @@ READS = [
     "SELECT * FROM postbox.get_topic('events')",
     "SELECT * FROM postbox.list_subscriptions('events')",
     "SELECT * FROM postbox.queue_health",
+    "SELECT * FROM postbox.queue_throughput",
+    "SELECT * FROM postbox.queue_rates('5 minutes', 'jobs')",
 ]
 WRITES = [
     "SELECT postbox.send('jobs', 'hello')",
@@ -85,6 +87,8 @@ ADMIN = [
     "SELECT * FROM postbox.receive('jobs', 1)",
     "SELECT postbox.create_queue('more')",
     "SELECT postbox.purge_queue('jobs')",
+    # What a server writes: its processes' counts (queue_throughput's source).
+    "SELECT postbox.record_activity('{jobs}', '{1}', '{0}', '{0}', '{0}', '{0}', '{NULL}')",
 ]
 TABLES = [
     "SELECT * FROM postbox.messages",
@@ -104,24 +108,46 @@ async def _allowed(conn: asyncpg.Connection, statement: str) -> bool:
 async def test_a_reader_reads_and_nothing_more(login_as):
     conn = await login_as("postbox_reader")
     assert [await _allowed(conn, s) for s in READS] == [True] * len(READS)
-    assert [await _allowed(conn, s) for s in WRITES + ADMIN + TABLES] == [False] * 7
+    assert [await _allowed(conn, s) for s in WRITES + ADMIN + TABLES] == [False] * len(
+        WRITES + ADMIN + TABLES
+    )
 
 
 async def test_a_writer_sends_and_publishes_and_nothing_more(login_as):
     conn = await login_as("postbox_writer")
     assert [await _allowed(conn, s) for s in WRITES] == [True, True]
-    assert [await _allowed(conn, s) for s in READS + ADMIN + TABLES] == [False] * 12
+    assert [await _allowed(conn, s) for s in READS + ADMIN + TABLES] == [False] * len(
+        READS + ADMIN + TABLES
+    )
 
 
 async def test_an_admin_does_everything(login_as):
     conn = await login_as("postbox_admin")
-    assert [await _allowed(conn, s) for s in READS + WRITES + ADMIN] == [True] * 12
+    assert [await _allowed(conn, s) for s in READS + WRITES + ADMIN] == [True] * len(
+        READS + WRITES + ADMIN
+    )
     assert await _allowed(conn, TABLES[0])
 
 
 async def test_a_role_without_a_grant_calls_nothing(login_as):
     conn = await login_as(None)
-    assert [await _allowed(conn, s) for s in READS + WRITES + ADMIN] == [False] * 12
+    assert [await _allowed(conn, s) for s in READS + WRITES + ADMIN] == [False] * len(
+        READS + WRITES + ADMIN
+    )
+
+
+FILTER_HELPERS = [
+    "SELECT postbox.filter_policy_problem('{\"a\": [\"x\"]}', 'attributes')",
+    'SELECT postbox.filter_matches(\'{"a": ["x"]}\', \'body\', NULL, \'{"a": "x"}\')',
+]
+
+
+@pytest.mark.parametrize("granted", ["postbox_reader", "postbox_writer", "postbox_admin", None])
+async def test_filter_policy_helpers_are_granted_as_routing_key_problem_is(login_as, granted):
+    conn = await login_as(granted)
+    expected = await _allowed(conn, "SELECT postbox.routing_key_problem('a.b')")
+    assert [await _allowed(conn, s) for s in FILTER_HELPERS] == [expected] * 2
+    assert expected is (granted == "postbox_admin")
 
 
 async def test_a_callers_schema_cannot_shadow_what_the_engine_calls(login_as, engine_db):

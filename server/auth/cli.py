@@ -12,7 +12,7 @@ import asyncio
 import re
 import sys
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import Any, cast
 
 import grpc
 from postbox.v1 import access_service_pb2 as pb
@@ -46,7 +46,8 @@ def grant(text: str) -> pb.Grant:
             f"{text[:40]!r} is not PERMISSION:PATTERN with a permission of send, receive, "
             "publish, read, manage or admin, as in send:orders-*"
         )
-    return pb.Grant(permission=pb.Permission.Value(name), pattern=pattern)
+    # Value() gives the number; the generated stub types the field as the enum.
+    return pb.Grant(permission=cast("pb.Permission", pb.Permission.Value(name)), pattern=pattern)
 
 
 def _describe(key: pb.Key) -> str:
@@ -104,7 +105,8 @@ def _through_server(args: argparse.Namespace, channel: grpc.Channel) -> Any:
             key.expire_time.FromDatetime(datetime.now(timezone.utc) + args.expires_in)
         return access.CreateKey(pb.CreateKeyRequest(key=key))
     if args.keys_verb == "list":
-        keys, token = [], ""
+        keys: list[pb.Key] = []
+        token = ""
         while True:
             page = access.ListKeys(pb.ListKeysRequest(page_size=1000, page_token=token))
             keys += page.keys

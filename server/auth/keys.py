@@ -14,15 +14,14 @@ import hmac
 import logging
 import re
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 import asyncpg
 
 from server.auth.secrets import secret_sha256
 from server.db import hosts
-from server.db.engine import application_name
+from server.db.engine import Row, application_name
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +65,7 @@ class ApiKey:
     grants: tuple[Grant, ...]
 
     @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> ApiKey:
+    def from_row(cls, row: Row) -> ApiKey:
         expires_at = row["expires_at"]
         return cls(
             name=row["name"],

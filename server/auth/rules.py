@@ -70,6 +70,7 @@ _MESSAGES = {
 _TOPICS = {
     "CreateTopic": Rule("manage", "topic.name"),
     "GetTopic": Rule("read", "name"),
+    "UpdateTopic": Rule("manage", "topic.name"),
     "ListTopics": Rule("read", listed="topics"),
     "DeleteTopic": Rule("manage", "name"),
     # Subscriptions belong to their topic: its name is the resource.

@@ -5,20 +5,27 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeAlias
 from uuid import UUID
 
 import asyncpg
+from asyncpg.pool import PoolConnectionProxy
 
 from server.db import hosts
 from server.db.errors import translate
 from server.db.sqlfiles import queries
 from server.observability import metrics, tracing
+from server.observability.activity import ACTIVITY, Counts
 
 Record = asyncpg.Record
+# A connection of the pool (a proxy) or one of its own: calls take either.
+Connection: TypeAlias = "asyncpg.Connection | PoolConnectionProxy"
+# A row: asyncpg's Record, which is no Mapping (it iterates its values), or a dict (the
+# SQS shim's and tests' rows). Functions that only read columns by name take either.
+Row: TypeAlias = "Record | Mapping[str, Any]"
 # What a send_batch returns: message ids (decimal, as the API carries them) and
 # whether each was a duplicate, in message order.
 SentBatch = tuple[list[str], list[bool]]
@@ -58,6 +65,12 @@ assert set(_SEND_OPTIONS) | {"body"} == {f.name for f in fields(OutgoingMessage)
 _NO_OPTIONS = (None,) * len(_SEND_OPTIONS)
 
 
+def _delivery_arguments(delivery: SubscriptionDelivery) -> tuple[Any, ...]:
+    """create_ and update_subscription's filter_policy, filter_scope, sns and suspended."""
+    sns = json.dumps(delivery.sns) if delivery.sns is not None else None
+    return delivery.filter_policy, delivery.filter_scope, sns, delivery.suspended
+
+
 @dataclass(frozen=True)
 class OutgoingPublish:
     """One message to publish, as postbox.publish_batch takes it."""
@@ -67,6 +80,17 @@ class OutgoingPublish:
     attributes: str | None = None  # JSON in the engine's attribute format
     ordering_key: str | None = None
     deduplication_id: str | None = None
+    subject: str | None = None
+
+
+@dataclass(frozen=True)
+class SubscriptionDelivery:
+    """Which messages a subscription takes and how: the filter and SNS columns."""
+
+    filter_policy: str | None = None  # JSON; checked by the engine
+    filter_scope: str = "attributes"
+    sns: dict[str, Any] | None = None
+    suspended: bool = False
 
 
 @dataclass(frozen=True)
@@ -108,6 +132,12 @@ def application_name(role: str = "") -> str:
     return f"{name}/{role}" if role else name
 
 
+def _one(row: Record | None) -> Record:
+    """The row of a statement that returns one (a select of a function) or raises."""
+    assert row is not None
+    return row
+
+
 async def _keep_session(conn: asyncpg.Connection) -> None:
     """Returns a connection to the pool as it is. The engine leaves no session state
     behind (its locks are transaction locks, its settings are function settings), and
@@ -147,7 +177,7 @@ class Engine:
         await self.pool.close()
 
     async def _call(
-        self, method: str, name: str, *args: Any, conn: asyncpg.Connection | None = None
+        self, method: str, name: str, *args: Any, conn: Connection | None = None
     ) -> Any:
         try:
             with tracing.engine_span(name):
@@ -156,7 +186,7 @@ class Engine:
             raise translate(exc) from exc
 
     @contextlib.asynccontextmanager
-    async def _transaction(self) -> AsyncIterator[asyncpg.Connection]:
+    async def _transaction(self) -> AsyncIterator[Connection]:
         """A connection in a transaction, for calls that Python code must sit between."""
         try:
             async with self.pool.acquire() as conn, conn.transaction():
@@ -183,8 +213,11 @@ class Engine:
     async def get_queue_with_stats(self, name: str) -> Record:
         return await self._call("fetchrow", "get_queue_with_stats", name)
 
-    async def list_queues(self, page_size: int, after_name: str, name_prefix: str) -> list[Record]:
-        return await self._call("fetch", "list_queues", page_size, after_name, name_prefix)
+    async def list_queues(
+        self, page_size: int, after_name: str, name_prefix: str, with_stats: bool = False
+    ) -> list[Record]:
+        query = "list_queues_with_stats" if with_stats else "list_queues"
+        return await self._call("fetch", query, page_size, after_name, name_prefix)
 
     async def update_queue(self, name: str, settings: dict[str, Any]) -> Record:
         return await self._call("fetchrow", "update_queue", name, json.dumps(settings))
@@ -235,7 +268,7 @@ class Engine:
         queue: str,
         messages: Sequence[OutgoingMessage],
         *,
-        conn: asyncpg.Connection | None = None,
+        conn: Connection | None = None,
     ) -> SentBatch:
         """The message ids and duplicate flags, in message order. On `conn` it joins that
         connection's transaction (group commit)."""
@@ -245,13 +278,17 @@ class Engine:
             options.append(_optional_column(values))
         bodies = [m.body for m in messages]
         row = await self._call("fetchrow", "send_batch", queue, bodies, *options, conn=conn)
-        metrics.count(metrics.MESSAGES_SENT, queue, len(row[1]) - sum(row[1]))
+        sent = len(row[1]) - sum(row[1])
+        metrics.count(metrics.MESSAGES_SENT, queue, sent)
+        ACTIVITY.sent(queue, sent)
         return row[0], row[1]
 
     async def send_bodies(self, queue: str, bodies: Sequence[bytes]) -> SentBatch:
         """send_batch for messages that are nothing but a body."""
         row = await self._call("fetchrow", "send_batch", queue, bodies, *_NO_OPTIONS)
-        metrics.count(metrics.MESSAGES_SENT, queue, len(row[1]) - sum(row[1]))
+        sent = len(row[1]) - sum(row[1])
+        metrics.count(metrics.MESSAGES_SENT, queue, sent)
+        ACTIVITY.sent(queue, sent)
         return row[0], row[1]
 
     async def receive(
@@ -267,6 +304,7 @@ class Engine:
             "fetch", "receive", queue, max_messages, visibility_timeout, scan_from, max_bytes
         )
         metrics.count(metrics.MESSAGES_RECEIVED, queue, len(rows))
+        ACTIVITY.received(queue, rows)
         return rows
 
     async def next_visible_at(
@@ -286,6 +324,7 @@ class Engine:
     async def delete(self, queue: str, receipt: str) -> None:
         await self._call("execute", "delete", queue, receipt)
         metrics.count(metrics.MESSAGES_DELETED, queue, 1)
+        ACTIVITY.deleted(queue, 1)
 
     async def change_visibility(self, queue: str, receipt: str, timeout: timedelta) -> None:
         await self._call("execute", "change_visibility", queue, receipt, timeout)
@@ -293,7 +332,9 @@ class Engine:
     async def delete_batch(self, queue: str, receipts: Sequence[str]) -> list[str]:
         rows = await self._call("fetch", "delete_batch", queue, receipts)
         outcomes = [row[0] for row in rows]
-        metrics.count(metrics.MESSAGES_DELETED, queue, outcomes.count("ok"))
+        deleted = outcomes.count("ok")
+        metrics.count(metrics.MESSAGES_DELETED, queue, deleted)
+        ACTIVITY.deleted(queue, deleted)
         return outcomes
 
     async def change_visibility_batch(
@@ -333,8 +374,20 @@ class Engine:
 
     # Topics.
 
-    async def create_topic(self, name: str) -> Record:
-        return await self._call("fetchrow", "create_topic", name)
+    async def create_topic(
+        self, name: str, tags: dict[str, str], sns_attributes: dict[str, str]
+    ) -> Record:
+        return await self._call(
+            "fetchrow", "create_topic", name, json.dumps(tags), json.dumps(sns_attributes)
+        )
+
+    async def update_topic(
+        self, name: str, fields: Sequence[str], tags: dict[str, str], sns_attributes: dict[str, str]
+    ) -> Record:
+        return await self._call(
+            "fetchrow", "update_topic", name, list(fields), json.dumps(tags),
+            json.dumps(sns_attributes),
+        )  # fmt: skip
 
     async def get_topic(self, name: str) -> Record:
         return await self._call("fetchrow", "get_topic", name)
@@ -348,10 +401,11 @@ class Engine:
     async def create_subscription(
         self, topic: str, name: str, pattern: str, queue: str | None, webhook_url: str | None,
         webhook_secret: str | None, webhook_settings: dict[str, Any],
+        delivery: SubscriptionDelivery,
     ) -> Record:  # fmt: skip
         return await self._call(
             "fetchrow", "create_subscription", topic, name, pattern, queue, webhook_url,
-            webhook_secret, json.dumps(webhook_settings),
+            webhook_secret, json.dumps(webhook_settings), *_delivery_arguments(delivery),
         )  # fmt: skip
 
     async def get_subscription(self, topic: str, name: str) -> Record:
@@ -363,11 +417,12 @@ class Engine:
     async def update_subscription(
         self, topic: str, name: str, fields: Sequence[str], pattern: str | None,
         queue: str | None, webhook_url: str | None, webhook_secret: str | None,
-        webhook_settings: dict[str, Any],
+        webhook_settings: dict[str, Any], delivery: SubscriptionDelivery,
     ) -> Record:  # fmt: skip
         return await self._call(
             "fetchrow", "update_subscription", topic, name, list(fields), pattern, queue,
             webhook_url, webhook_secret, json.dumps(webhook_settings),
+            *_delivery_arguments(delivery),
         )  # fmt: skip
 
     async def delete_subscription(self, topic: str, name: str) -> None:
@@ -375,13 +430,21 @@ class Engine:
 
     async def publish_batch(self, topic: str, messages: Sequence[OutgoingPublish]) -> list[Record]:
         """Per message: publish_id, queues, message_ids, duplicates, webhook_deliveries."""
-        return await self._call(
+        rows = await self._call(
             "fetch", "publish_batch", topic, [m.body for m in messages],
             [m.routing_key for m in messages],
             _optional_column([m.attributes for m in messages]),
             _optional_column([m.ordering_key for m in messages]),
             _optional_column([m.deduplication_id for m in messages]),
+            _optional_column([m.subject for m in messages]),
         )  # fmt: skip
+        # What the fan-out put into each queue is sent to that queue, as a Send is.
+        for row in rows:
+            for queue, duplicate in zip(row["queues"] or (), row["duplicates"] or (), strict=True):
+                if not duplicate:
+                    metrics.count(metrics.MESSAGES_SENT, queue, 1)
+                    ACTIVITY.sent(queue, 1)
+        return rows
 
     async def list_webhook_deliveries(
         self, topic: str, subscription: str, state: str | None, after_id: int, page_size: int
@@ -449,9 +512,11 @@ class Engine:
 
     async def resume_schedule(self, name: str, next_fire: NextFire) -> Record:
         async with self._transaction() as conn:
-            row = await conn.fetchrow(self._sql["lock_schedule"], name)
-            return await conn.fetchrow(
-                self._sql["resume_schedule"], name, next_fire(row, row["db_now"])
+            row = _one(await conn.fetchrow(self._sql["lock_schedule"], name))
+            return _one(
+                await conn.fetchrow(
+                    self._sql["resume_schedule"], name, next_fire(row, row["db_now"])
+                )
             )
 
     async def fire_due_schedules(
@@ -465,8 +530,10 @@ class Engine:
         fired = []
         async with self._transaction() as conn:
             for row in await conn.fetch(self._sql["claim_due_schedules"], max_schedules):
-                error, webhook_deliveries = await conn.fetchrow(
-                    self._sql["fire_schedule"], row["id"], next_fire(row, row["db_now"])
+                error, webhook_deliveries = _one(
+                    await conn.fetchrow(
+                        self._sql["fire_schedule"], row["id"], next_fire(row, row["db_now"])
+                    )
                 )
                 fired.append((row, error, webhook_deliveries))
         return fired
@@ -519,3 +586,16 @@ class Engine:
 
     async def expire_records(self, batch_size: int) -> int:
         return await self._call("fetchval", "expire_records", batch_size)
+
+    async def expire_activity(self) -> int:
+        return await self._call("fetchval", "expire_activity")
+
+    async def record_activity(self, pending: dict[str, Counts]) -> None:
+        """Adds a flush's per-queue counts to postbox.queue_activity, in one statement."""
+        counts = pending.values()
+        await self._call(
+            "execute", "record_activity", list(pending),
+            [c.sent for c in counts], [c.received for c in counts], [c.deleted for c in counts],
+            [c.latency_sum for c in counts], [c.latency_count for c in counts],
+            [c.latency_max for c in counts],
+        )  # fmt: skip

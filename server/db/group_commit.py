@@ -22,10 +22,9 @@ import asyncio
 import logging
 from dataclasses import dataclass, field
 
-import asyncpg
 import grpc
 
-from server.db.engine import Engine, OutgoingMessage
+from server.db.engine import Connection, Engine, OutgoingMessage
 from server.db.errors import translate
 from server.errors import ApiError
 from server.observability import metrics
@@ -155,7 +154,7 @@ class GroupCommit:
                         outcomes.append(error)
             return outcomes
 
-    async def _send_by_queue(self, conn: asyncpg.Connection, group: list[_Waiting]) -> list[Sent]:
+    async def _send_by_queue(self, conn: Connection, group: list[_Waiting]) -> list[Sent]:
         """Results in group order; one send_batch per queue, in name order so that
         concurrent groups take the queues' locks in the same order."""
         positions: dict[str, list[int]] = {}

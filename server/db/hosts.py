@@ -50,10 +50,11 @@ def single_host_urls(dsn: str) -> list[tuple[str, str]]:
     ]
 
 
-async def connect(dsn: str, **kwargs: Any) -> asyncpg.Connection:
-    """asyncpg.connect, host by host for a URL of several hosts (also a pool's `connect`)."""
-    hosts = single_host_urls(dsn)
-    if not hosts:
+async def connect(dsn: str | None = None, **kwargs: Any) -> asyncpg.Connection:
+    """asyncpg.connect, host by host for a URL of several hosts (also a pool's `connect`,
+    whose signature has the dsn optional)."""
+    hosts = single_host_urls(dsn) if dsn is not None else []
+    if dsn is None or not hosts:
         return await asyncpg.connect(dsn, **kwargs)
     preferred = _last_accepted.get(dsn)
     hosts.sort(key=lambda host: host[0] != preferred)  # stable: the rest keep their order

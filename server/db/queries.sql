@@ -19,12 +19,23 @@ FROM postbox.get_queue($1) q
 
 -- name: get_queue_with_stats
 SELECT q.*, (SELECT d.name FROM postbox.queues d WHERE d.id = q.dead_letter_queue_id) AS dead_letter_queue,
-       s.*
-FROM postbox.get_queue($1) q, postbox.queue_stats($1) s
+       s.*, coalesce(r.sent_per_second, 0) AS sent_per_second,
+       coalesce(r.received_per_second, 0) AS received_per_second
+FROM postbox.get_queue($1) q CROSS JOIN postbox.queue_stats($1) s
+-- Outer: queue_rates has no row for a missing queue, and must not spare get_queue its error.
+LEFT JOIN postbox.queue_rates('1 minute', $1) r ON true
 
 -- name: list_queues
 SELECT q.*, (SELECT d.name FROM postbox.queues d WHERE d.id = q.dead_letter_queue_id) AS dead_letter_queue
 FROM postbox.list_queues($1, $2, $3) q
+
+-- name: list_queues_with_stats
+SELECT q.*, (SELECT d.name FROM postbox.queues d WHERE d.id = q.dead_letter_queue_id) AS dead_letter_queue,
+       s.*, coalesce(r.sent_per_second, 0) AS sent_per_second,
+       coalesce(r.received_per_second, 0) AS received_per_second
+FROM postbox.list_queues($1, $2, $3) q
+CROSS JOIN LATERAL postbox.queue_stats(q.name) s
+LEFT JOIN LATERAL postbox.queue_rates('1 minute', q.name) r ON true
 
 -- name: update_queue
 SELECT q.*, (SELECT d.name FROM postbox.queues d WHERE d.id = q.dead_letter_queue_id) AS dead_letter_queue
@@ -128,10 +139,19 @@ SELECT postbox.expire_messages($1)
 -- name: expire_records
 SELECT postbox.expire_records($1)
 
+-- name: expire_activity
+SELECT postbox.expire_activity()
+
+-- name: record_activity
+SELECT postbox.record_activity($1, $2, $3, $4, $5, $6, $7)
+
 -- Topics.
 
 -- name: create_topic
-SELECT * FROM postbox.create_topic($1)
+SELECT * FROM postbox.create_topic($1, $2::jsonb, $3::jsonb)
+
+-- name: update_topic
+SELECT * FROM postbox.update_topic($1, $2, $3::jsonb, $4::jsonb)
 
 -- name: get_topic
 SELECT * FROM postbox.get_topic($1)
@@ -147,7 +167,7 @@ SELECT postbox.delete_topic($1)
 -- name: create_subscription
 SELECT s.*, (SELECT t.name FROM postbox.topics t WHERE t.id = s.topic_id) AS topic,
        (SELECT q.name FROM postbox.queues q WHERE q.id = s.queue_id) AS queue
-FROM postbox.create_subscription($1, $2, $3, $4, $5, $6, $7::jsonb) s
+FROM postbox.create_subscription($1, $2, $3, $4, $5, $6, $7::jsonb, $8::jsonb, $9, $10::jsonb, $11) s
 
 -- name: get_subscription
 SELECT s.*, (SELECT t.name FROM postbox.topics t WHERE t.id = s.topic_id) AS topic,
@@ -162,13 +182,13 @@ FROM postbox.list_subscriptions($1, $2, $3) s
 -- name: update_subscription
 SELECT s.*, (SELECT t.name FROM postbox.topics t WHERE t.id = s.topic_id) AS topic,
        (SELECT q.name FROM postbox.queues q WHERE q.id = s.queue_id) AS queue
-FROM postbox.update_subscription($1, $2, $3, $4, $5, $6, $7, $8::jsonb) s
+FROM postbox.update_subscription($1, $2, $3, $4, $5, $6, $7, $8::jsonb, $9::jsonb, $10, $11::jsonb, $12) s
 
 -- name: delete_subscription
 SELECT postbox.delete_subscription($1, $2)
 
 -- name: publish_batch
-SELECT * FROM postbox.publish_batch($1, $2, $3, $4::jsonb[], $5, $6)
+SELECT * FROM postbox.publish_batch($1, $2, $3, $4::jsonb[], $5, $6, $7)
 
 -- name: list_webhook_deliveries
 SELECT * FROM postbox.list_webhook_deliveries($1, $2, $3, $4, $5)

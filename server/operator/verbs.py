@@ -70,13 +70,12 @@ def _show_one(args: argparse.Namespace, message: Any) -> None:
 
 
 def status_rows(stubs: Stubs) -> list[dict[str, Any]]:
-    """A row per queue: depth by state, its DLQ's depth, oldest age and whether paused."""
-    queues = [
-        stubs.queues.GetQueue(queue_service_pb2.GetQueueRequest(name=q.name)).queue
-        for q in pages(
-            stubs.queues.ListQueues, queue_service_pb2.ListQueuesRequest(page_size=PAGE), "queues"
-        )
-    ]
+    """A row per queue: depth by state, its DLQ's depth, oldest age, sent and received per
+    second over the last minute (as the servers counted them) and whether paused."""
+    request = queue_service_pb2.ListQueuesRequest(
+        page_size=PAGE, view=queue_service_pb2.QUEUE_VIEW_FULL
+    )
+    queues = list(pages(stubs.queues.ListQueues, request, "queues"))
     by_name = {q.name: q for q in queues}
     rows = []
     for q in queues:
@@ -100,6 +99,8 @@ def status_rows(stubs: Stubs) -> list[dict[str, Any]]:
                 "delayed": q.stats.delayed_messages,
                 "dlq_depth": dlq_depth if dlq else "",
                 "oldest_age_s": round(q.stats.oldest_message_age.ToTimedelta().total_seconds(), 1),
+                "sent_per_s": round(q.stats.sent_per_second, 2),
+                "received_per_s": round(q.stats.received_per_second, 2),
                 "paused": ",".join(paused) or "no",
             }
         )
@@ -316,25 +317,29 @@ def dlq(args: argparse.Namespace, channel: grpc.Channel) -> int:
     stubs = Stubs(channel)
     verb = args.dlq_verb
     if verb == "ls":
+        # One listing answers it: each queue names its dead-letter queue, and the
+        # full view carries every depth.
+        listing = queue_service_pb2.ListQueuesRequest(
+            page_size=PAGE, view=queue_service_pb2.QUEUE_VIEW_FULL
+        )
+        queues = list(pages(stubs.queues.ListQueues, listing, "queues"))
+        sources: dict[str, list[str]] = {}
+        for queue in queues:
+            target = queue.dead_letter_policy.dead_letter_queue
+            if target and target != queue.name:
+                sources.setdefault(target, []).append(queue.name)
         rows = []
-        for queue in pages(
-            stubs.queues.ListQueues, queue_service_pb2.ListQueuesRequest(page_size=PAGE), "queues"
-        ):
-            sources = list(
-                pages(
-                    stubs.queues.ListDeadLetterSourceQueues,
-                    queue_service_pb2.ListDeadLetterSourceQueuesRequest(
-                        dead_letter_queue=queue.name, page_size=PAGE
-                    ),
-                    "queue_names",
-                )
-            )
-            if sources:
-                stats = stubs.queues.GetQueue(
-                    queue_service_pb2.GetQueueRequest(name=queue.name)
-                ).queue.stats
+        for queue in queues:
+            if queue.name in sources:
+                stats = queue.stats
                 depth = stats.visible_messages + stats.in_flight_messages + stats.delayed_messages
-                rows.append({"name": queue.name, "messages": depth, "sources": ",".join(sources)})
+                rows.append(
+                    {
+                        "name": queue.name,
+                        "messages": depth,
+                        "sources": ",".join(sources[queue.name]),
+                    }
+                )
         if not rows:
             output.note("no queue is another's dead-letter queue")
             return 0
@@ -494,7 +499,10 @@ def add_parsers(verbs: Any, client: argparse.ArgumentParser, run: Callable[..., 
         return parser
 
     watch = verb(
-        verbs, "status", "a table of every queue: depth, DLQ depth, oldest age, paused", status
+        verbs,
+        "status",
+        "a table of every queue: depth, DLQ depth, oldest age, sent/s, received/s, paused",
+        status,
     )
     watch.add_argument("--watch", type=float, metavar="SECONDS", help="refresh every SECONDS")
 

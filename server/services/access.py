@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import grpc
 from postbox.v1 import access_service_pb2 as pb
@@ -11,7 +10,7 @@ from postbox.v1 import access_service_pb2_grpc
 
 from server.auth.keys import KeyCache
 from server.auth.secrets import Credentials
-from server.db.engine import Engine
+from server.db.engine import Engine, Row
 from server.errors import invalid
 from server.services import convert
 from server.services.pagination import decode_page_token, next_page, page_size_of
@@ -27,6 +26,12 @@ def _permission_name(permission: int) -> str:
     return pb.Permission.Name(permission).removeprefix("PERMISSION_").lower()
 
 
+def _permission(name: str) -> pb.Permission:
+    """The API Permission of the engine's name; Value() gives the number, which the
+    generated stub types as the enum."""
+    return cast("pb.Permission", pb.Permission.Value(f"PERMISSION_{name.upper()}"))
+
+
 def grant_arrays(grants: Any) -> tuple[list[str], list[str]]:
     """Grants as the engine's parallel arrays; an unknown permission is the engine's to refuse."""
     permissions = []
@@ -40,12 +45,12 @@ def grant_arrays(grants: Any) -> tuple[list[str], list[str]]:
     return permissions, [grant.pattern for grant in grants]
 
 
-def key_resource(row: Mapping[str, Any]) -> pb.Key:
+def key_resource(row: Row) -> pb.Key:
     """A row of postbox.api_key as an API Key (never anything that verifies its secret)."""
     return pb.Key(
         name=row["name"],
         grants=[
-            pb.Grant(permission=pb.Permission.Value(f"PERMISSION_{permission.upper()}"), pattern=p)
+            pb.Grant(permission=_permission(permission), pattern=p)
             for permission, p in zip(row["permissions"], row["patterns"], strict=True)
         ],
         expire_time=convert.timestamp(row["expires_at"]),

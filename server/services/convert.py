@@ -6,7 +6,7 @@ import base64
 import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import Any, overload
 
 import grpc
 from google.protobuf.duration_pb2 import Duration
@@ -15,7 +15,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from google.rpc import status_pb2
 from postbox.v1 import message_pb2
 
-from server.db.engine import OutgoingMessage
+from server.db.engine import OutgoingMessage, Row
 from server.errors import invalid
 
 # The range google.protobuf.Duration defines (about 10,000 years).
@@ -70,6 +70,10 @@ def duration(value: timedelta) -> Duration:
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
+@overload
+def timestamp(value: datetime) -> Timestamp: ...
+@overload
+def timestamp(value: None) -> None: ...
 def timestamp(value: datetime | None) -> Timestamp | None:
     """The datetime as a Timestamp; naive ones are UTC (asyncpg gives ±infinity so)."""
     if value is None:
@@ -133,7 +137,7 @@ STATE_FILTERS = {
 }
 
 
-def message(row: Mapping[str, Any]) -> message_pb2.Message:
+def message(row: Row) -> message_pb2.Message:
     """A message row of the engine (receive, peek_messages, ...) as an API Message."""
     result = message_pb2.Message(
         message_id=str(row["message_id"]),
@@ -190,7 +194,7 @@ _ARCHIVE_REASONS = {
 }
 
 
-def archive_reason(reason: str) -> message_pb2.ArchiveReason.ValueType:
+def archive_reason(reason: str) -> message_pb2.ArchiveReason:
     return _ARCHIVE_REASONS[reason]
 
 

@@ -5,10 +5,19 @@ from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Protocol, TypeVar
 
 from server.errors import ApiError, invalid
+
+
+class _Keyed(Protocol):
+    """A row whose columns are read by name: an asyncpg Record or a dict."""
+
+    def __getitem__(self, key: str, /) -> Any: ...
+
+
+_Row = TypeVar("_Row", bound=_Keyed)
 
 DEFAULT_PAGE_SIZE = 100
 MAX_PAGE_SIZE = 1000
@@ -29,8 +38,8 @@ def encode_page_token(method: str, last: str) -> str:
 
 
 def next_page(
-    rows: Sequence[Mapping[str, Any]], page_size: int, method: str, key: str = "name"
-) -> tuple[Sequence[Mapping[str, Any]], str]:
+    rows: Sequence[_Row], page_size: int, method: str, key: str = "name"
+) -> tuple[Sequence[_Row], str]:
     """A page's rows, of page_size + 1 fetched, and the next page's token ("" on the last)."""
     if len(rows) <= page_size:
         return rows, ""

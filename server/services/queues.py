@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import grpc
 from postbox.v1 import queue_service_pb2 as pb
 from postbox.v1 import queue_service_pb2_grpc
 
-from server.db.engine import Engine
+from server.db.engine import Engine, Row
 from server.errors import ApiError, invalid
 from server.services import convert
 from server.services.pagination import (
@@ -140,7 +140,7 @@ _DURATIONS = (
 _RETENTIONS = ("retention", "archive_retention")  # NULL in the engine: forever
 
 
-def queue_resource(row: Mapping[str, Any]) -> pb.Queue:
+def queue_resource(row: Row) -> pb.Queue:
     """A row of postbox.queues (with its dead_letter_queue name) as an API Queue."""
     queue = pb.Queue(
         name=row["name"],
@@ -186,12 +186,14 @@ def queue_resource(row: Mapping[str, Any]) -> pb.Queue:
                 in_flight_messages=row["in_flight"],
                 delayed_messages=row["delayed"],
                 oldest_message_age=convert.duration(row["oldest_age"]),
+                sent_per_second=row["sent_per_second"],
+                received_per_second=row["received_per_second"],
             )
         )
     return queue
 
 
-def redrive_task(row: Mapping[str, Any]) -> pb.RedriveTask:
+def redrive_task(row: Row) -> pb.RedriveTask:
     return pb.RedriveTask(
         task_id=str(row["id"]),
         dead_letter_queue=row["dead_letter_queue"] or "",
@@ -251,12 +253,16 @@ class QueueService(queue_service_pb2_grpc.QueueServiceServicer):
     async def ListQueues(
         self, request: pb.ListQueuesRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListQueuesResponse:
+        if request.view not in pb.QueueView.values():
+            raise invalid(f"view {request.view} is not a QueueView")
         page_size = page_size_of(request.page_size)
         after = decode_page_token(request.page_token, "ListQueues")
-        rows = await self.engine.list_queues(page_size + 1, after, request.name_prefix)
-        rows, token = next_page(rows, page_size, "ListQueues")
+        rows = await self.engine.list_queues(
+            page_size + 1, after, request.name_prefix, request.view == pb.QUEUE_VIEW_FULL
+        )
+        page, token = next_page(rows, page_size, "ListQueues")
         return pb.ListQueuesResponse(
-            queues=[queue_resource(row) for row in rows], next_page_token=token
+            queues=[queue_resource(row) for row in page], next_page_token=token
         )
 
     @reports_errors
@@ -314,9 +320,9 @@ class QueueService(queue_service_pb2_grpc.QueueServiceServicer):
         names = await self.engine.list_dead_letter_source_queues(
             request.dead_letter_queue, page_size + 1, after
         )
-        rows, token = next_page([{"name": name} for name in names], page_size, method)
+        page, token = next_page([{"name": name} for name in names], page_size, method)
         return pb.ListDeadLetterSourceQueuesResponse(
-            queue_names=[row["name"] for row in rows], next_page_token=token
+            queue_names=[row["name"] for row in page], next_page_token=token
         )
 
     @reports_errors
@@ -347,9 +353,9 @@ class QueueService(queue_service_pb2_grpc.QueueServiceServicer):
         rows = await self.engine.list_redrive_tasks(
             request.dead_letter_queue, page_size + 1, after_task
         )
-        rows, token = next_page(rows, page_size, method, key="id")
+        page, token = next_page(rows, page_size, method, key="id")
         return pb.ListRedriveTasksResponse(
-            tasks=[redrive_task(row) for row in rows], next_page_token=token
+            tasks=[redrive_task(row) for row in page], next_page_token=token
         )
 
     @reports_errors

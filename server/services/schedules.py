@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from datetime import datetime, timezone
-from typing import Any
 
 import grpc
 from postbox.v1 import schedule_service_pb2 as pb
 from postbox.v1 import schedule_service_pb2_grpc
 
-from server.db.engine import Engine, ScheduleFields
+from server.db.engine import Engine, Row, ScheduleFields
 from server.errors import invalid
 from server.services import convert
 from server.services.pagination import decode_page_token, next_page, page_size_of
@@ -59,7 +58,7 @@ def _check_target(schedule: pb.Schedule) -> None:
         raise invalid("a schedule needs its target: target.queue or target.topic")
 
 
-def schedule_resource(row: Mapping[str, Any]) -> pb.Schedule:
+def schedule_resource(row: Row) -> pb.Schedule:
     """A row of postbox.schedules as an API Schedule."""
     schedule = pb.Schedule(
         name=row["name"],

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+import json
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import grpc
 from postbox.v1 import topic_service_pb2 as pb
 from postbox.v1 import topic_service_pb2_grpc
 
-from server.db.engine import Engine, OutgoingPublish, Record
+from server.db.engine import Engine, OutgoingPublish, Record, Row, SubscriptionDelivery
 from server.egress import EgressPolicy, Refused
 from server.errors import ApiError, invalid
 from server.observability import tracing
@@ -35,18 +36,84 @@ _DELIVERY_FILTERS = {
 }
 
 
-def topic_resource(row: Mapping[str, Any]) -> pb.Topic:
-    return pb.Topic(name=row["name"], create_time=convert.timestamp(row["created_at"]))
+_FILTER_SCOPES = {
+    pb.FILTER_POLICY_SCOPE_UNSPECIFIED: "attributes",
+    pb.FILTER_POLICY_SCOPE_MESSAGE_ATTRIBUTES: "attributes",
+    pb.FILTER_POLICY_SCOPE_MESSAGE_BODY: "body",
+}
+_SCOPE_FIELDS = {
+    "attributes": pb.FILTER_POLICY_SCOPE_MESSAGE_ATTRIBUTES,
+    "body": pb.FILTER_POLICY_SCOPE_MESSAGE_BODY,
+}
+# The longest filter policy, as SNS has it.
+MAX_FILTER_POLICY = 256 * 1024
 
 
-def subscription_resource(row: Mapping[str, Any], *, with_secret: bool = False) -> pb.Subscription:
+def topic_resource(row: Row) -> pb.Topic:
+    return pb.Topic(
+        name=row["name"],
+        create_time=convert.timestamp(row["created_at"]),
+        tags=json.loads(row["tags"]),
+        sns_attributes=json.loads(row["sns_attributes"]),
+    )
+
+
+def _delivery(subscription: pb.Subscription) -> SubscriptionDelivery:
+    """A subscription's filter and SNS fields as the engine takes them."""
+    policy = subscription.filter_policy or None
+    if policy is not None:
+        if len(policy.encode()) > MAX_FILTER_POLICY:
+            raise invalid(
+                f"filter_policy is {len(policy.encode())} bytes; the limit is {MAX_FILTER_POLICY}"
+            )
+        try:
+            json.loads(policy)
+        except ValueError as error:
+            raise invalid(f"filter_policy is not valid JSON: {error}") from None
+    if subscription.filter_policy_scope not in _FILTER_SCOPES:
+        raise invalid(f"filter_policy_scope {subscription.filter_policy_scope} is unknown")
+    sns = None
+    if subscription.HasField("sns_delivery"):
+        delivery = subscription.sns_delivery
+        sns = {
+            "topic_arn": delivery.topic_arn,
+            "subscription_arn": delivery.subscription_arn,
+            "unsubscribe_url": delivery.unsubscribe_url or None,
+            "raw": delivery.raw,
+            "attributes": dict(delivery.attributes),
+        }
+        sns = {key: value for key, value in sns.items() if value is not None}
+    return SubscriptionDelivery(
+        filter_policy=policy,
+        filter_scope=_FILTER_SCOPES[subscription.filter_policy_scope],
+        sns=sns,
+        suspended=subscription.suspended,
+    )
+
+
+def subscription_resource(row: Row, *, with_secret: bool = False) -> pb.Subscription:
     """A subscription row (with its topic and queue names); the secret only when asked."""
     subscription = pb.Subscription(
         name=row["name"],
         topic=row["topic"],
         pattern=row["pattern"],
         create_time=convert.timestamp(row["created_at"]),
+        filter_policy=row["filter_policy"] or "",
+        suspended=row["suspended"],
     )
+    if row["filter_policy"] is not None:
+        subscription.filter_policy_scope = _SCOPE_FIELDS[row["filter_scope"]]
+    if row["sns"] is not None:
+        sns = json.loads(row["sns"])
+        subscription.sns_delivery.CopyFrom(
+            pb.SnsDelivery(
+                topic_arn=sns["topic_arn"],
+                subscription_arn=sns["subscription_arn"],
+                unsubscribe_url=sns.get("unsubscribe_url", ""),
+                raw=sns.get("raw", False),
+                attributes=sns.get("attributes", {}),
+            )
+        )
     if row["queue"] is not None:
         subscription.queue = row["queue"]
     else:
@@ -84,10 +151,11 @@ def _outgoing(entry: Any, max_message_size: int) -> OutgoingPublish:
         attributes=tracing.stamp(convert.attributes_json(entry.attributes)),
         ordering_key=entry.ordering_key or None,
         deduplication_id=entry.deduplication_id or None,
+        subject=entry.subject or None,
     )
 
 
-def _result_fields(row: Mapping[str, Any]) -> dict[str, Any]:
+def _result_fields(row: Row) -> dict[str, Any]:
     """The fields that PublishResponse and PublishResult share."""
     return {
         "publish_id": str(row["publish_id"]),
@@ -98,7 +166,7 @@ def _result_fields(row: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def webhook_delivery(row: Mapping[str, Any]) -> pb.WebhookDelivery:
+def webhook_delivery(row: Row) -> pb.WebhookDelivery:
     delivery = pb.WebhookDelivery(
         delivery_id=webhooks.delivery_id(row["publish_id"], row["id"]),
         publish_id=str(row["publish_id"]),
@@ -139,8 +207,22 @@ class TopicService(topic_service_pb2_grpc.TopicServiceServicer):
     ) -> pb.CreateTopicResponse:
         if not request.HasField("topic"):
             raise invalid("topic is required: give at least topic.name")
-        row = await self.engine.create_topic(request.topic.name)
+        topic = request.topic
+        row = await self.engine.create_topic(
+            topic.name, dict(topic.tags), dict(topic.sns_attributes)
+        )
         return pb.CreateTopicResponse(topic=topic_resource(row))
+
+    @reports_errors
+    async def UpdateTopic(
+        self, request: pb.UpdateTopicRequest, context: grpc.aio.ServicerContext
+    ) -> pb.UpdateTopicResponse:
+        topic = request.topic
+        row = await self.engine.update_topic(
+            topic.name, list(request.update_mask.paths), dict(topic.tags),
+            dict(topic.sns_attributes),
+        )  # fmt: skip
+        return pb.UpdateTopicResponse(topic=topic_resource(row))
 
     @reports_errors
     async def GetTopic(
@@ -154,11 +236,11 @@ class TopicService(topic_service_pb2_grpc.TopicServiceServicer):
     ) -> pb.ListTopicsResponse:
         page_size = page_size_of(request.page_size)
         after = decode_page_token(request.page_token, "ListTopics")
-        rows, token = next_page(
+        page, token = next_page(
             await self.engine.list_topics(page_size + 1, after), page_size, "ListTopics"
         )
         return pb.ListTopicsResponse(
-            topics=[topic_resource(row) for row in rows], next_page_token=token
+            topics=[topic_resource(row) for row in page], next_page_token=token
         )
 
     @reports_errors
@@ -187,6 +269,7 @@ class TopicService(topic_service_pb2_grpc.TopicServiceServicer):
             webhook.url if webhook is not None else None,
             (webhook.secret or None) if webhook is not None else None,
             _webhook_settings(webhook) if webhook is not None else {},
+            _delivery(subscription),
         )
         return pb.CreateSubscriptionResponse(
             subscription=subscription_resource(row, with_secret=True)
@@ -205,13 +288,13 @@ class TopicService(topic_service_pb2_grpc.TopicServiceServicer):
     ) -> pb.ListSubscriptionsResponse:
         page_size = page_size_of(request.page_size)
         after = decode_page_token(request.page_token, "ListSubscriptions")
-        rows, token = next_page(
+        page, token = next_page(
             await self.engine.list_subscriptions(request.topic, page_size + 1, after),
             page_size,
             "ListSubscriptions",
         )
         return pb.ListSubscriptionsResponse(
-            subscriptions=[subscription_resource(row) for row in rows], next_page_token=token
+            subscriptions=[subscription_resource(row) for row in page], next_page_token=token
         )
 
     @reports_errors
@@ -243,6 +326,7 @@ class TopicService(topic_service_pb2_grpc.TopicServiceServicer):
             webhook.url or None,
             webhook.secret or None,
             settings,
+            _delivery(subscription),
         )
         self.on_webhook_deliveries()  # pending deliveries may be due sooner, or elsewhere
         return pb.UpdateSubscriptionResponse(
@@ -320,7 +404,7 @@ class TopicService(topic_service_pb2_grpc.TopicServiceServicer):
             request.topic, request.subscription, _DELIVERY_FILTERS[request.state], after,
             page_size + 1,
         )  # fmt: skip
-        rows, token = next_page(rows, page_size, "ListWebhookDeliveries", "id")
+        page, token = next_page(rows, page_size, "ListWebhookDeliveries", "id")
         return pb.ListWebhookDeliveriesResponse(
-            deliveries=[webhook_delivery(row) for row in rows], next_page_token=token
+            deliveries=[webhook_delivery(row) for row in page], next_page_token=token
         )

@@ -18,6 +18,7 @@ from server.auth.client import bearer_metadata
 from server.auth.interceptor import SIGV4_REQUIRED_METADATA
 from server.config import is_loopback
 from server.observability import metrics, tracing
+from server.sns.app import SnsQuery, is_sns
 from server.sqs import jsonproto, query, shapes
 from server.sqs.actions import HANDLERS, Call
 from server.sqs.backend import CALLER, Backend
@@ -44,6 +45,8 @@ _VERIFIER = web.AppKey("verifier", Verifier)
 class _Json:
     """awsJson 1.0: the action in X-Amz-Target, parameters in a JSON body."""
 
+    handlers = HANDLERS
+
     def __init__(self, target: str) -> None:
         self.target = target
         self.action = ""
@@ -62,6 +65,8 @@ class _Json:
 
 class _Query:
     """The query protocol: Action and parameters in a form body (or the URL), XML back."""
+
+    handlers = HANDLERS
 
     action = ""
 
@@ -170,25 +175,33 @@ async def handle(request: web.Request) -> web.StreamResponse:
     started = time.perf_counter()
     response, outcome, protocol = await _respond(request)
     # Callers name the action: only the ones that exist become label values.
-    action = protocol.action if protocol.action in HANDLERS else "unknown"
+    action = protocol.action if protocol.action in protocol.handlers else "unknown"
     metrics.SQS_REQUESTS.labels(action, outcome).inc()
     metrics.SQS_SECONDS.labels(action).observe(time.perf_counter() - started)
     return response
 
 
-async def _respond(request: web.Request) -> tuple[web.StreamResponse, str, _Json | _Query]:
-    """The response to a request, its outcome (OK or the SQS error code) and its protocol."""
+async def _respond(
+    request: web.Request,
+) -> tuple[web.StreamResponse, str, _Json | _Query | SnsQuery]:
+    """The response to a request, its outcome (OK or the error code) and its protocol."""
     request_id = str(uuid.uuid4())
     call: Call | None = None
     target = request.headers.get("X-Amz-Target")
-    protocol: _Json | _Query = _Json(target) if target else _Query()
+    protocol: _Json | _Query | SnsQuery = _Json(target) if target else _Query()
     settings = request.app[_SETTINGS]
     try:
         _check_request(request, isinstance(protocol, _Json))
         body = await _read_body(request, settings.max_request_size)
-        CALLER.set(_caller(request, body, request.app.get(_VERIFIER), settings))
+        if not target and is_sns(request, body):
+            protocol = SnsQuery()
+        if isinstance(protocol, SnsQuery) and _confirmation_visit(request):
+            # A SubscribeURL visit: its token is its authority, so the shim's own key calls.
+            CALLER.set(bearer_metadata(settings.api_key))
+        else:
+            CALLER.set(_caller(request, body, request.app.get(_VERIFIER), settings))
         params = protocol.parse(request, body)
-        handler = HANDLERS.get(protocol.action)
+        handler = protocol.handlers.get(protocol.action)
         if handler is None:
             raise SqsError(
                 INVALID_ACTION, f"The action {protocol.action} is not valid for this endpoint."
@@ -203,7 +216,11 @@ async def _respond(request: web.Request) -> tuple[web.StreamResponse, str, _Json
         result = await handler(call)
         return protocol.success(result, request_id), "OK", protocol
     except SqsError as error:
-        if call is not None and error.kind is not QUEUE_DOES_NOT_EXIST:
+        if (
+            call is not None
+            and error.kind is not QUEUE_DOES_NOT_EXIST
+            and not isinstance(protocol, SnsQuery)
+        ):
             error = await _missing_queue_first(call, error)
         log.debug("%s %s: %s %s", request_id, protocol.action, error.kind.code, error.message)
         return protocol.failure(error, request_id), error.kind.code, protocol
@@ -213,6 +230,15 @@ async def _respond(request: web.Request) -> tuple[web.StreamResponse, str, _Json
             INTERNAL_FAILURE, f"Internal failure; see the shim's log for request {request_id}."
         )
         return protocol.failure(failure, request_id), failure.kind.code, protocol
+
+
+def _confirmation_visit(request: web.Request) -> bool:
+    """An unsigned GET of ConfirmSubscription: an endpoint following its SubscribeURL."""
+    return (
+        request.method == "GET"
+        and "Authorization" not in request.headers
+        and request.query.get("Action") == "ConfirmSubscription"
+    )
 
 
 async def _missing_queue_first(call: Call, error: SqsError) -> SqsError:

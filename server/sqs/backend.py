@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
-from postbox.v1 import message_service_pb2_grpc, queue_service_pb2_grpc
+from postbox.v1 import message_service_pb2_grpc, queue_service_pb2_grpc, topic_service_pb2_grpc
 from postbox_client import TLS
 
 from server.auth.interceptor import FAILURE_METADATA
@@ -110,6 +110,7 @@ class Backend:
             self.channel = grpc.aio.secure_channel(target, tls.credentials(), options=options)
         self.queues = queue_service_pb2_grpc.QueueServiceStub(self.channel)
         self.messages = message_service_pb2_grpc.MessageServiceStub(self.channel)
+        self.topics = topic_service_pb2_grpc.TopicServiceStub(self.channel)
 
     async def call(
         self,

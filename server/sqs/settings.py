@@ -39,6 +39,11 @@ class ShimSettings:
     max_request_size: int = 4 * MIB
     # Seconds a unary gRPC call may take before the shim answers ServiceUnavailable.
     grpc_timeout: float = 30.0
+    # SNS: endpoint URL prefixes whose http/https subscriptions start confirmed (no
+    # SubscriptionConfirmation handshake), and the private ranges the shim's
+    # confirmation POSTs may reach (server/egress.py).
+    sns_auto_confirm: tuple[str, ...] = ()
+    webhook_allow_cidrs: tuple[str, ...] = ()
     # Prometheus /metrics on this port (None: not served).
     metrics_host: str = "localhost"
     metrics_port: int | None = None

@@ -35,6 +35,8 @@ from server.sqs.errors import (
 )
 
 ALGORITHM = "AWS4-HMAC-SHA256"
+# The services this shim serves, as credential scopes name them.
+SERVICES = ("sqs", "sns")
 MAX_SKEW = 15 * 60
 _AUTHORIZATION = re.compile(
     r"^AWS4-HMAC-SHA256\s+Credential=(?P<credential>[^,\s]+)\s*,\s*"
@@ -75,8 +77,10 @@ def load_credentials(
 class _ExpectedSignature(SigV4Auth):
     """botocore's signer, restricted to the headers the client signed."""
 
-    def __init__(self, credentials: Credentials, region: str, signed: list[tuple[str, str]]):
-        super().__init__(credentials, "sqs", region)
+    def __init__(
+        self, credentials: Credentials, service: str, region: str, signed: list[tuple[str, str]]
+    ):
+        super().__init__(credentials, service, region)
         self._signed = signed
 
     def headers_to_sign(self, request: AWSRequest) -> HTTPHeaders:
@@ -119,13 +123,13 @@ def signed_request(
             f"parameters of algorithm {ALGORITHM}.",
         )
     scope = match["credential"].split("/")
-    if len(scope) != 5 or scope[3] != "sqs" or scope[4] != "aws4_request":
+    if len(scope) != 5 or scope[3] not in SERVICES or scope[4] != "aws4_request":
         raise SqsError(
             INCOMPLETE_SIGNATURE,
-            "Credential should be scoped to a valid region and to service sqs: "
+            "Credential should be scoped to a valid region and to service sqs or sns: "
             f"{match['credential']}",
         )
-    access_key, date, region = scope[0], scope[1], scope[2]
+    access_key, date, region, service = scope[0], scope[1], scope[2], scope[3]
     amz_date = headers.get("X-Amz-Date", "")
     signed_at = _timestamp(amz_date)
     now = time.time()
@@ -153,7 +157,7 @@ def signed_request(
     request = AWSRequest(method=method, url=f"http://{host}{raw_path}", data=body)
     request.context["timestamp"] = amz_date
     # The string to sign needs no secret; the signature is checked against it.
-    signer = _ExpectedSignature(Credentials(access_key, ""), region, signed)
+    signer = _ExpectedSignature(Credentials(access_key, ""), service, region, signed)
     string_to_sign = signer.string_to_sign(request, signer.canonical_request(request))
     return SignedRequest(access_key, string_to_sign, match["signature"])
 
@@ -175,6 +179,15 @@ class Verifier:
             verify_signature(secret, signed.string_to_sign, signed.signature)
         except SignatureProblem:
             raise SqsError(SIGNATURE_DOES_NOT_MATCH, _MISMATCH) from None
+
+
+def credential_service(authorization: str) -> str | None:
+    """The service a SigV4 Authorization header is scoped to, or None when it has none."""
+    match = _AUTHORIZATION.match(authorization)
+    if match is None:
+        return None
+    scope = match["credential"].split("/")
+    return scope[3] if len(scope) == 5 else None
 
 
 def _timestamp(amz_date: str) -> float:

@@ -1,4 +1,5 @@
-"""Runs the engine's housekeeping: redrive tasks, message expiry, archive and dedupe cleanup.
+"""Runs the engine's housekeeping: redrive tasks, message expiry, archive, dedupe and
+queue activity cleanup.
 
 Every server runs this; the SQL jobs claim their rows with SKIP LOCKED, so replicas
 share the work and never do the same piece twice.
@@ -69,6 +70,7 @@ class MaintenanceWorker:
             try:
                 await self._drain(self.engine.expire_messages)
                 await self._drain(self.engine.expire_records)
+                await self.engine.expire_activity()  # what queue_throughput no longer shows
                 outage.worked()
             except ApiError as error:
                 outage.failed(error)

@@ -9,14 +9,13 @@ first due time after now; an interval keeps its phase.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
 
+from server.db.engine import Row
 from server.errors import invalid
 
 CRON_FIELDS = ("minute", "hour", "day-of-month", "month", "day-of-week")
@@ -77,7 +76,7 @@ class Timing:
     run_at: datetime | None = None
 
     @classmethod
-    def of(cls, row: Mapping[str, Any]) -> Timing:
+    def of(cls, row: Row) -> Timing:
         """The timing of a postbox.schedules row."""
         return cls(row["cron_expression"], row["time_zone"], row["every"], row["run_at"])
 
@@ -135,11 +134,11 @@ class Timing:
         return self.after_fire(stored, now)
 
 
-def next_fire_after_fire(row: Mapping[str, Any], now: datetime) -> datetime | None:
+def next_fire_after_fire(row: Row, now: datetime) -> datetime | None:
     """Engine callback for firing a claimed schedule row."""
     return Timing.of(row).after_fire(row["next_fire_at"], now)
 
 
-def next_fire_on_resume(row: Mapping[str, Any], now: datetime) -> datetime | None:
+def next_fire_on_resume(row: Row, now: datetime) -> datetime | None:
     """Engine callback for resuming a locked schedule row."""
     return Timing.of(row).on_resume(row["next_fire_at"], now)

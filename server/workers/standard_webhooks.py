@@ -15,10 +15,11 @@ import hashlib
 import hmac
 import json
 import re
-from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import Any
 from uuid import UUID
+
+from server.db.engine import Row
 
 SECRET_PREFIX = "whsec_"
 USER_AGENT = "postbox-webhooks"
@@ -57,7 +58,7 @@ def _attributes(text: str | None) -> dict[str, dict[str, str]]:
     }
 
 
-def envelope(delivery: Mapping[str, Any]) -> bytes:
+def envelope(delivery: Row) -> bytes:
     """The POST body for a claimed delivery (a row of postbox.claim_webhook_deliveries)."""
     message: dict[str, Any] = {
         "messageId": str(delivery["publish_id"]),

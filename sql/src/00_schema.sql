@@ -204,8 +204,10 @@ CREATE UNIQUE INDEX redrive_tasks_running_idx ON postbox.redrive_tasks (dead_let
 -- Named fan-out points (see publish_batch).
 CREATE TABLE postbox.topics (
     id integer GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    name text NOT NULL UNIQUE,
-    created_at timestamptz NOT NULL DEFAULT now()
+    name text NOT NULL UNIQUE,  -- ending in .fifo (since 0.9.0): publishes need an ordering key
+    created_at timestamptz NOT NULL DEFAULT now(),
+    tags jsonb NOT NULL DEFAULT '{}',  -- since 0.9.0
+    sns_attributes jsonb NOT NULL DEFAULT '{}'  -- since 0.9.0: kept for the SNS API, not acted on
 );
 
 -- A subscription sends a topic's messages whose routing key matches its
@@ -229,6 +231,14 @@ CREATE TABLE postbox.subscriptions (
     webhook_minimum_backoff interval,
     webhook_maximum_backoff interval,
     created_at timestamptz NOT NULL DEFAULT now(),
+    -- Since 0.9.0: an SNS filter policy over the attributes or the body (see
+    -- filter_matches); SNS's delivery (see _sns_envelope): {topic_arn,
+    -- subscription_arn, unsubscribe_url, raw, attributes}; and whether
+    -- publishes pass the subscription by.
+    filter_policy jsonb,
+    filter_scope text NOT NULL DEFAULT 'attributes' CHECK (filter_scope IN ('attributes', 'body')),
+    sns jsonb,
+    suspended boolean NOT NULL DEFAULT false,
     UNIQUE (topic_id, name),
     CHECK ((queue_id IS NULL) <> (webhook_url IS NULL))
 );

@@ -1,12 +1,43 @@
 -- The message of a check of a topic, subscription or schedule name (`what`
 -- says which), or NULL when the name is valid.
+-- Topic names (since 0.9.0) are as long as SNS's, and end in ".fifo" for a
+-- FIFO topic.
 CREATE FUNCTION postbox.name_problem(what text, name text) RETURNS text
 LANGUAGE sql IMMUTABLE AS $$
     SELECT CASE
         WHEN name IS NULL OR name = '' THEN what || ' name is required'
+        WHEN what = 'topic' THEN CASE
+            WHEN length(name) > 256 THEN format('topic name is %s characters long; the limit is 256', length(name))
+            WHEN name !~ '^[A-Za-z0-9_-]+(\.fifo)?$' THEN
+                'topic name may only contain A-Z, a-z, 0-9, "_" and "-", and end in ".fifo" for a FIFO topic'
+            END
         WHEN length(name) > 80 THEN format('%s name is %s characters long; the limit is 80', what, length(name))
         WHEN name !~ '^[A-Za-z0-9_-]+$' THEN what || ' name may only contain A-Z, a-z, 0-9, "_" and "-"'
     END
+$$;
+
+-- The message of a check of a map of strings (tags, SNS attributes), or NULL
+-- when it is an object of at most max_keys string values, keys of 1 to
+-- max_key characters matching key_pattern, values of at most max_value.
+CREATE FUNCTION postbox._string_map_problem(field text, map jsonb, max_keys integer, max_key integer,
+                                            key_pattern text, max_value integer) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT format('%s must be an object of at most %s keys (1 to %s characters%s) with string values '
+                  '(at most %s characters)', field, max_keys, max_key,
+                  CASE WHEN key_pattern <> '.' THEN ' of ' || key_pattern ELSE '' END, max_value)
+    WHERE jsonb_typeof(map) IS DISTINCT FROM 'object'
+          OR (SELECT count(*) FROM jsonb_object_keys(map)) > max_keys
+          OR EXISTS (SELECT FROM jsonb_each(map) e
+                     WHERE length(e.key) NOT BETWEEN 1 AND max_key OR e.key !~ key_pattern
+                           OR jsonb_typeof(e.value) <> 'string' OR length(e.value #>> '{}') > max_value)
+$$;
+
+-- The message of a check of a topic's tags and SNS attributes, or NULL.
+CREATE FUNCTION postbox._topic_maps_problem(tags jsonb, sns_attributes jsonb) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT coalesce(postbox._string_map_problem('tags', tags, 50, 128, '.', 256),
+                    postbox._string_map_problem('sns_attributes', sns_attributes, 20, 256,
+                                                '^[A-Za-z0-9_.:-]+$', 32768))
 $$;
 
 -- The message of a routing-key check, or NULL when the key is valid: empty, or
@@ -59,17 +90,21 @@ BEGIN
 END
 $$;
 
--- Creates a topic. PB409 if it exists.
-CREATE FUNCTION postbox.create_topic(topic_name text) RETURNS postbox.topics
+-- Creates a topic, with its tags and SNS attributes (see postbox.topics).
+-- PB409 if it exists.
+CREATE FUNCTION postbox.create_topic(topic_name text, tags jsonb DEFAULT '{}', sns_attributes jsonb DEFAULT '{}')
+RETURNS postbox.topics
 LANGUAGE plpgsql AS $$
 DECLARE
-    problem text := postbox.name_problem('topic', topic_name);
+    problem text := coalesce(postbox.name_problem('topic', topic_name),
+                             postbox._topic_maps_problem(coalesce(tags, '{}'), coalesce(sns_attributes, '{}')));
     t postbox.topics;
 BEGIN
     IF problem IS NOT NULL THEN
         PERFORM postbox._invalid(problem);
     END IF;
-    INSERT INTO postbox.topics (name) VALUES (topic_name)
+    INSERT INTO postbox.topics (name, tags, sns_attributes)
+    VALUES (topic_name, coalesce(tags, '{}'), coalesce(sns_attributes, '{}'))
     ON CONFLICT (name) DO NOTHING
     RETURNING * INTO t;
     IF NOT FOUND THEN
@@ -84,6 +119,37 @@ $$;
 CREATE FUNCTION postbox.get_topic(topic_name text) RETURNS postbox.topics
 LANGUAGE sql STABLE AS $$
     SELECT postbox._topic(topic_name)
+$$;
+
+-- Replaces the fields of a topic named in `fields`: tags, sns_attributes (a
+-- NULL value empties it).
+CREATE FUNCTION postbox.update_topic(topic_name text, fields text[], tags jsonb DEFAULT NULL,
+                                     sns_attributes jsonb DEFAULT NULL)
+RETURNS postbox.topics
+LANGUAGE plpgsql AS $$
+DECLARE
+    t postbox.topics := postbox._topic(topic_name);
+    unknown text;
+    problem text;
+BEGIN
+    SELECT string_agg(f, ', ') INTO unknown FROM unnest(fields) AS f WHERE NOT f = ANY ('{tags,sns_attributes}');
+    IF unknown IS NOT NULL OR coalesce(cardinality(fields), 0) = 0 THEN
+        PERFORM postbox._invalid(format('fields to change: any of tags, sns_attributes (not %s)',
+                                        coalesce(unknown, 'none')));
+    END IF;
+    IF 'tags' = ANY (fields) THEN
+        t.tags := coalesce(tags, '{}');
+    END IF;
+    IF 'sns_attributes' = ANY (fields) THEN
+        t.sns_attributes := coalesce(sns_attributes, '{}');
+    END IF;
+    problem := postbox._topic_maps_problem(t.tags, t.sns_attributes);
+    IF problem IS NOT NULL THEN
+        PERFORM postbox._invalid(problem);
+    END IF;
+    UPDATE postbox.topics SET tags = t.tags, sns_attributes = t.sns_attributes WHERE id = t.id RETURNING * INTO t;
+    RETURN t;
+END
 $$;
 
 -- Topics in name order after after_name.
@@ -244,20 +310,61 @@ BEGIN
 END
 $$;
 
+-- The message of a check of an SNS delivery (see postbox.subscriptions), or
+-- NULL when it is NULL or valid.
+CREATE FUNCTION postbox._sns_problem(sns jsonb) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE
+        WHEN sns IS NULL THEN NULL
+        WHEN jsonb_typeof(sns) <> 'object'
+             OR EXISTS (SELECT FROM jsonb_object_keys(sns) k
+                        WHERE k NOT IN ('topic_arn', 'subscription_arn', 'unsubscribe_url', 'raw', 'attributes')) THEN
+            'sns_delivery must be an object of topic_arn, subscription_arn, unsubscribe_url, raw and attributes'
+        WHEN coalesce(sns ->> 'topic_arn', '') = '' OR length(sns ->> 'topic_arn') > 1024
+             OR coalesce(sns ->> 'subscription_arn', '') = '' OR length(sns ->> 'subscription_arn') > 1024 THEN
+            'sns_delivery needs a topic_arn and a subscription_arn of at most 1024 characters'
+        WHEN length(sns ->> 'unsubscribe_url') > 2048 THEN
+            'sns_delivery.unsubscribe_url is longer than 2048 characters'
+        WHEN jsonb_typeof(coalesce(sns -> 'raw', 'false')) <> 'boolean' THEN 'sns_delivery.raw must be true or false'
+        ELSE postbox._string_map_problem('sns_delivery.attributes', coalesce(sns -> 'attributes', '{}'), 20, 256,
+                                         '^[A-Za-z0-9_.:-]+$', 32768)
+    END
+$$;
+
+-- The message of a check of a subscription's filter policy and SNS delivery,
+-- or NULL when they are valid.
+CREATE FUNCTION postbox._delivery_problem(filter_policy jsonb, filter_scope text, sns jsonb) RETURNS text
+-- plpgsql: the filter policy functions are defined after this file.
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF filter_scope IS NULL OR filter_scope NOT IN ('attributes', 'body') THEN
+        RETURN 'filter scope must be attributes or body';
+    END IF;
+    RETURN coalesce(CASE WHEN filter_policy IS NOT NULL
+                         THEN postbox.filter_policy_problem(filter_policy, filter_scope) END,
+                    postbox._sns_problem(sns));
+END
+$$;
+
 -- Subscribes a queue (queue_name) or a webhook (webhook_url) to a topic, for
 -- the messages whose routing key matches `pattern` (see _compile_pattern).
 -- A webhook's secret is "whsec_" and the base64 of 24 to 64 bytes, generated
 -- (32 random bytes) when not given; webhook_settings take the keys of
--- webhook_defaults(). PB409 if the topic has a subscription of that name.
+-- webhook_defaults(). Since 0.9.0: a filter policy over the attributes or the
+-- body (filter_scope), an SNS delivery, and suspended (see
+-- postbox.subscriptions). PB409 if the topic has a subscription of that name.
 CREATE FUNCTION postbox.create_subscription(
     topic_name text, subscription_name text, pattern text DEFAULT '#', queue_name text DEFAULT NULL,
-    webhook_url text DEFAULT NULL, webhook_secret text DEFAULT NULL, webhook_settings jsonb DEFAULT '{}')
+    webhook_url text DEFAULT NULL, webhook_secret text DEFAULT NULL, webhook_settings jsonb DEFAULT '{}',
+    filter_policy jsonb DEFAULT NULL, filter_scope text DEFAULT 'attributes', sns jsonb DEFAULT NULL,
+    suspended boolean DEFAULT false)
 RETURNS postbox.subscriptions
 LANGUAGE plpgsql AS $$
 DECLARE
     t postbox.topics;
     problem text := coalesce(postbox.name_problem('subscription', subscription_name),
-                             postbox.name_problem('topic', topic_name));
+                             postbox.name_problem('topic', topic_name),
+                             postbox._delivery_problem(filter_policy, filter_scope, sns));
     compiled record;
     s postbox.subscriptions;
 BEGIN
@@ -285,11 +392,12 @@ BEGIN
     s.topic_id := t.id;
     INSERT INTO postbox.subscriptions (
         topic_id, name, pattern, match_kind, match_text, queue_id, webhook_url, webhook_secret,
-        webhook_timeout, webhook_max_attempts, webhook_minimum_backoff, webhook_maximum_backoff)
+        webhook_timeout, webhook_max_attempts, webhook_minimum_backoff, webhook_maximum_backoff,
+        filter_policy, filter_scope, sns, suspended)
     VALUES (
         s.topic_id, s.name, s.pattern, s.match_kind, s.match_text, s.queue_id, s.webhook_url,
         s.webhook_secret, s.webhook_timeout, s.webhook_max_attempts, s.webhook_minimum_backoff,
-        s.webhook_maximum_backoff)
+        s.webhook_maximum_backoff, filter_policy, filter_scope, sns, coalesce(suspended, false))
     ON CONFLICT (topic_id, name) DO NOTHING
     RETURNING * INTO s;
     IF NOT FOUND THEN
@@ -325,33 +433,39 @@ $$;
 -- (queue subscriptions), webhook.url, webhook.secret, webhook.timeout,
 -- webhook.max_attempts, webhook.minimum_backoff, webhook.maximum_backoff
 -- (webhook subscriptions; the settings in webhook_settings, in the shape of
--- webhook_defaults()). A named field whose value is NULL goes back to its
--- default, and an empty secret is generated anew. A subscription keeps its
+-- webhook_defaults()), and since 0.9.0 filter_policy, filter_policy_scope,
+-- sns_delivery and suspended. A named field whose value is NULL goes back to
+-- its default, and an empty secret is generated anew. A subscription keeps its
 -- kind. Takes the topic's lock, as create and delete do, so no publish sees
 -- half a change.
 CREATE FUNCTION postbox.update_subscription(
     topic_name text, subscription_name text, fields text[], pattern text DEFAULT NULL,
     queue_name text DEFAULT NULL, webhook_url text DEFAULT NULL, webhook_secret text DEFAULT NULL,
-    webhook_settings jsonb DEFAULT '{}')
+    webhook_settings jsonb DEFAULT '{}', filter_policy jsonb DEFAULT NULL, filter_scope text DEFAULT NULL,
+    sns jsonb DEFAULT NULL, suspended boolean DEFAULT NULL)
 RETURNS postbox.subscriptions
 LANGUAGE plpgsql AS $$
 DECLARE
     s postbox.subscriptions;
     hooks text[] := ARRAY['webhook.url', 'webhook.secret', 'webhook.timeout', 'webhook.max_attempts',
                           'webhook.minimum_backoff', 'webhook.maximum_backoff'];
+    deliveries text[] := ARRAY['filter_policy', 'filter_policy_scope', 'sns_delivery', 'suspended'];
     unknown text;
     compiled record;
     settings jsonb;
     field text;
+    problem text;
 BEGIN
     -- Every name is checked before anything is looked up (see _settings_name_problem).
     PERFORM postbox._invalid('queue: ' || postbox.queue_name_problem(queue_name))
     WHERE 'queue' = ANY (fields) AND queue_name IS NOT NULL AND postbox.queue_name_problem(queue_name) IS NOT NULL;
     s := postbox.get_subscription(topic_name, subscription_name);
-    SELECT string_agg(f, ', ') INTO unknown FROM unnest(fields) AS f WHERE NOT f = ANY ('{pattern,queue}' || hooks);
+    SELECT string_agg(f, ', ') INTO unknown FROM unnest(fields) AS f
+    WHERE NOT f = ANY ('{pattern,queue}' || deliveries || hooks);
     IF unknown IS NOT NULL OR coalesce(cardinality(fields), 0) = 0 THEN
-        PERFORM postbox._invalid(format('fields to change: any of pattern, queue, %s (not %s)',
-                                        array_to_string(hooks, ', '), coalesce(unknown, 'none')));
+        PERFORM postbox._invalid(format('fields to change: any of pattern, %s, queue, %s (not %s)',
+                                        array_to_string(deliveries, ', '), array_to_string(hooks, ', '),
+                                        coalesce(unknown, 'none')));
     ELSIF s.queue_id IS NOT NULL AND fields && hooks THEN
         PERFORM postbox._invalid(format('subscription %s delivers to a queue: it has no webhook to change',
                                         quote_literal(subscription_name)));
@@ -366,6 +480,22 @@ BEGIN
         s.pattern := coalesce(nullif(pattern, ''), '#');
         s.match_kind := compiled.match_kind;
         s.match_text := compiled.match_text;
+    END IF;
+    IF 'filter_policy' = ANY (fields) THEN
+        s.filter_policy := filter_policy;
+    END IF;
+    IF 'filter_policy_scope' = ANY (fields) THEN
+        s.filter_scope := coalesce(filter_scope, 'attributes');
+    END IF;
+    IF 'sns_delivery' = ANY (fields) THEN
+        s.sns := sns;
+    END IF;
+    IF 'suspended' = ANY (fields) THEN
+        s.suspended := coalesce(suspended, false);
+    END IF;
+    problem := postbox._delivery_problem(s.filter_policy, s.filter_scope, s.sns);
+    IF problem IS NOT NULL THEN
+        PERFORM postbox._invalid(problem);
     END IF;
     IF 'queue' = ANY (fields) THEN
         IF queue_name IS NULL THEN
@@ -394,7 +524,8 @@ BEGIN
     SET pattern = s.pattern, match_kind = s.match_kind, match_text = s.match_text, queue_id = s.queue_id,
         webhook_url = s.webhook_url, webhook_secret = s.webhook_secret, webhook_timeout = s.webhook_timeout,
         webhook_max_attempts = s.webhook_max_attempts, webhook_minimum_backoff = s.webhook_minimum_backoff,
-        webhook_maximum_backoff = s.webhook_maximum_backoff
+        webhook_maximum_backoff = s.webhook_maximum_backoff, filter_policy = s.filter_policy,
+        filter_scope = s.filter_scope, sns = s.sns, suspended = s.suspended
     WHERE id = s.id
     RETURNING * INTO s;
     RETURN s;

@@ -2,11 +2,13 @@
 -- so concurrent workers never get the same one) for one attempt each: counts
 -- the attempt and leases the delivery until the subscription's timeout and a
 -- margin have passed, after which another worker may try it. Report the
--- outcome with finish_webhook_deliveries.
+-- outcome with finish_webhook_deliveries. For a subscription with an SNS
+-- delivery (`sns`, since 0.9.0) the body is what to POST as it is (see
+-- publish_batch).
 CREATE FUNCTION postbox.claim_webhook_deliveries(max_deliveries integer DEFAULT 10)
 RETURNS TABLE (delivery_id bigint, lease uuid, attempt integer, publish_id uuid, published_at timestamptz,
                routing_key text, ordering_key text, attributes jsonb, body bytea, topic text,
-               subscription text, url text, secret text, timeout interval)
+               subscription text, url text, secret text, timeout interval, sns jsonb)
 LANGUAGE plpgsql
 -- An ordered walk of the due index, whatever the statistics say (see receive).
 SET enable_seqscan = off
@@ -37,7 +39,7 @@ BEGIN
         RETURNING d.*
     )
     SELECT c.id, c.lease, c.attempts, c.publish_id, c.published_at, c.routing_key, c.ordering_key,
-           c.attributes, c.body, t.name, s.name, s.webhook_url, s.webhook_secret, s.webhook_timeout
+           c.attributes, c.body, t.name, s.name, s.webhook_url, s.webhook_secret, s.webhook_timeout, s.sns
     FROM claimed c
     JOIN postbox.subscriptions s ON s.id = c.subscription_id
     JOIN postbox.topics t ON t.id = s.topic_id

@@ -44,8 +44,8 @@ BEGIN
         END IF;
         IF roles THEN
             EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO postbox_admin', f.signature);
-            IF f.name IN ('queue_stats', 'queue_metrics', 'peek_messages', 'get_message', 'list_archived_messages',
-                          'get_queue', 'list_queues', 'list_dead_letter_source_queues', 'list_redrive_tasks',
+            IF f.name IN ('queue_stats', 'queue_metrics', 'queue_rates', 'peek_messages', 'get_message',
+                          'list_archived_messages', 'get_queue', 'list_queues', 'list_dead_letter_source_queues', 'list_redrive_tasks',
                           'get_topic', 'list_topics', 'get_subscription', 'list_subscriptions',
                           'list_webhook_deliveries', 'get_schedule', 'list_schedules') THEN
                 EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO postbox_reader', f.signature);
@@ -58,7 +58,7 @@ BEGIN
         GRANT USAGE ON SCHEMA postbox TO postbox_reader, postbox_writer, postbox_admin;
         GRANT ALL ON ALL TABLES IN SCHEMA postbox TO postbox_admin;
         GRANT ALL ON ALL SEQUENCES IN SCHEMA postbox TO postbox_admin;
-        GRANT SELECT ON postbox.queue_health TO postbox_reader;
+        GRANT SELECT ON postbox.queue_health, postbox.queue_throughput TO postbox_reader;
     END IF;
 END
 $$;

@@ -78,7 +78,7 @@ _BY_CODE: dict[grpc.StatusCode, type[PostboxError]] = {
 
 def from_rpc_error(error: grpc.RpcError) -> PostboxError:
     """The typed error for a failed call."""
-    code = error.code()  # type: ignore[attr-defined]
-    details = error.details() or code.name  # type: ignore[attr-defined]
+    code = error.code()
+    details = error.details() or code.name
     cls = _BY_CODE.get(code, PostboxError)
     return cls(details, code)

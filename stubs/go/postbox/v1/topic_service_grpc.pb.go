@@ -21,6 +21,9 @@ type TopicServiceClient interface {
 	CreateTopic(ctx context.Context, in *CreateTopicRequest, opts ...grpc.CallOption) (*CreateTopicResponse, error)
 	// Returns a topic. NOT_FOUND if it does not exist.
 	GetTopic(ctx context.Context, in *GetTopicRequest, opts ...grpc.CallOption) (*GetTopicResponse, error)
+	// Changes the fields of a topic named in the update mask (its tags and SNS
+	// attributes). NOT_FOUND if it does not exist.
+	UpdateTopic(ctx context.Context, in *UpdateTopicRequest, opts ...grpc.CallOption) (*UpdateTopicResponse, error)
 	// Lists topics in name order, one page at a time.
 	ListTopics(ctx context.Context, in *ListTopicsRequest, opts ...grpc.CallOption) (*ListTopicsResponse, error)
 	// Deletes a topic, its subscriptions and their pending and failed webhook
@@ -80,6 +83,15 @@ func (c *topicServiceClient) CreateTopic(ctx context.Context, in *CreateTopicReq
 func (c *topicServiceClient) GetTopic(ctx context.Context, in *GetTopicRequest, opts ...grpc.CallOption) (*GetTopicResponse, error) {
 	out := new(GetTopicResponse)
 	err := c.cc.Invoke(ctx, "/postbox.v1.TopicService/GetTopic", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *topicServiceClient) UpdateTopic(ctx context.Context, in *UpdateTopicRequest, opts ...grpc.CallOption) (*UpdateTopicResponse, error) {
+	out := new(UpdateTopicResponse)
+	err := c.cc.Invoke(ctx, "/postbox.v1.TopicService/UpdateTopic", in, out, opts...)
 	if err != nil {
 		return nil, err
 	}
@@ -193,6 +205,9 @@ type TopicServiceServer interface {
 	CreateTopic(context.Context, *CreateTopicRequest) (*CreateTopicResponse, error)
 	// Returns a topic. NOT_FOUND if it does not exist.
 	GetTopic(context.Context, *GetTopicRequest) (*GetTopicResponse, error)
+	// Changes the fields of a topic named in the update mask (its tags and SNS
+	// attributes). NOT_FOUND if it does not exist.
+	UpdateTopic(context.Context, *UpdateTopicRequest) (*UpdateTopicResponse, error)
 	// Lists topics in name order, one page at a time.
 	ListTopics(context.Context, *ListTopicsRequest) (*ListTopicsResponse, error)
 	// Deletes a topic, its subscriptions and their pending and failed webhook
@@ -242,6 +257,9 @@ func (UnimplementedTopicServiceServer) CreateTopic(context.Context, *CreateTopic
 }
 func (UnimplementedTopicServiceServer) GetTopic(context.Context, *GetTopicRequest) (*GetTopicResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method GetTopic not implemented")
+}
+func (UnimplementedTopicServiceServer) UpdateTopic(context.Context, *UpdateTopicRequest) (*UpdateTopicResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method UpdateTopic not implemented")
 }
 func (UnimplementedTopicServiceServer) ListTopics(context.Context, *ListTopicsRequest) (*ListTopicsResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method ListTopics not implemented")
@@ -321,6 +339,24 @@ func _TopicService_GetTopic_Handler(srv interface{}, ctx context.Context, dec fu
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(TopicServiceServer).GetTopic(ctx, req.(*GetTopicRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _TopicService_UpdateTopic_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(UpdateTopicRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(TopicServiceServer).UpdateTopic(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/postbox.v1.TopicService/UpdateTopic",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(TopicServiceServer).UpdateTopic(ctx, req.(*UpdateTopicRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -534,6 +570,10 @@ var _TopicService_serviceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetTopic",
 			Handler:    _TopicService_GetTopic_Handler,
+		},
+		{
+			MethodName: "UpdateTopic",
+			Handler:    _TopicService_UpdateTopic_Handler,
 		},
 		{
 			MethodName: "ListTopics",

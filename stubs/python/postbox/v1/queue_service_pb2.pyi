@@ -119,16 +119,20 @@ class RetryPolicy(_message.Message):
     def __init__(self, minimum_backoff: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., maximum_backoff: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class QueueStats(_message.Message):
-    __slots__ = ("visible_messages", "in_flight_messages", "delayed_messages", "oldest_message_age")
+    __slots__ = ("visible_messages", "in_flight_messages", "delayed_messages", "oldest_message_age", "sent_per_second", "received_per_second")
     VISIBLE_MESSAGES_FIELD_NUMBER: _ClassVar[int]
     IN_FLIGHT_MESSAGES_FIELD_NUMBER: _ClassVar[int]
     DELAYED_MESSAGES_FIELD_NUMBER: _ClassVar[int]
     OLDEST_MESSAGE_AGE_FIELD_NUMBER: _ClassVar[int]
+    SENT_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    RECEIVED_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
     visible_messages: int
     in_flight_messages: int
     delayed_messages: int
     oldest_message_age: _duration_pb2.Duration
-    def __init__(self, visible_messages: _Optional[int] = ..., in_flight_messages: _Optional[int] = ..., delayed_messages: _Optional[int] = ..., oldest_message_age: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+    sent_per_second: float
+    received_per_second: float
+    def __init__(self, visible_messages: _Optional[int] = ..., in_flight_messages: _Optional[int] = ..., delayed_messages: _Optional[int] = ..., oldest_message_age: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., sent_per_second: _Optional[float] = ..., received_per_second: _Optional[float] = ...) -> None: ...
 
 class CreateQueueRequest(_message.Message):
     __slots__ = ("queue",)
@@ -157,14 +161,16 @@ class GetQueueResponse(_message.Message):
     def __init__(self, queue: _Optional[_Union[Queue, _Mapping]] = ...) -> None: ...
 
 class ListQueuesRequest(_message.Message):
-    __slots__ = ("page_size", "page_token", "name_prefix")
+    __slots__ = ("page_size", "page_token", "name_prefix", "view")
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     NAME_PREFIX_FIELD_NUMBER: _ClassVar[int]
+    VIEW_FIELD_NUMBER: _ClassVar[int]
     page_size: int
     page_token: str
     name_prefix: str
-    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., name_prefix: _Optional[str] = ...) -> None: ...
+    view: QueueView
+    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., name_prefix: _Optional[str] = ..., view: _Optional[_Union[QueueView, str]] = ...) -> None: ...
 
 class ListQueuesResponse(_message.Message):
     __slots__ = ("queues", "next_page_token")

@@ -13,22 +13,49 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class FilterPolicyScope(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    FILTER_POLICY_SCOPE_UNSPECIFIED: _ClassVar[FilterPolicyScope]
+    FILTER_POLICY_SCOPE_MESSAGE_ATTRIBUTES: _ClassVar[FilterPolicyScope]
+    FILTER_POLICY_SCOPE_MESSAGE_BODY: _ClassVar[FilterPolicyScope]
+
 class WebhookDeliveryState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     WEBHOOK_DELIVERY_STATE_UNSPECIFIED: _ClassVar[WebhookDeliveryState]
     WEBHOOK_DELIVERY_STATE_PENDING: _ClassVar[WebhookDeliveryState]
     WEBHOOK_DELIVERY_STATE_FAILED: _ClassVar[WebhookDeliveryState]
+FILTER_POLICY_SCOPE_UNSPECIFIED: FilterPolicyScope
+FILTER_POLICY_SCOPE_MESSAGE_ATTRIBUTES: FilterPolicyScope
+FILTER_POLICY_SCOPE_MESSAGE_BODY: FilterPolicyScope
 WEBHOOK_DELIVERY_STATE_UNSPECIFIED: WebhookDeliveryState
 WEBHOOK_DELIVERY_STATE_PENDING: WebhookDeliveryState
 WEBHOOK_DELIVERY_STATE_FAILED: WebhookDeliveryState
 
 class Topic(_message.Message):
-    __slots__ = ("name", "create_time")
+    __slots__ = ("name", "create_time", "tags", "sns_attributes")
+    class TagsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    class SnsAttributesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     NAME_FIELD_NUMBER: _ClassVar[int]
     CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
+    TAGS_FIELD_NUMBER: _ClassVar[int]
+    SNS_ATTRIBUTES_FIELD_NUMBER: _ClassVar[int]
     name: str
     create_time: _timestamp_pb2.Timestamp
-    def __init__(self, name: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    tags: _containers.ScalarMap[str, str]
+    sns_attributes: _containers.ScalarMap[str, str]
+    def __init__(self, name: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., tags: _Optional[_Mapping[str, str]] = ..., sns_attributes: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class WebhookEndpoint(_message.Message):
     __slots__ = ("url", "secret", "timeout", "max_attempts", "minimum_backoff", "maximum_backoff")
@@ -47,20 +74,49 @@ class WebhookEndpoint(_message.Message):
     def __init__(self, url: _Optional[str] = ..., secret: _Optional[str] = ..., timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_attempts: _Optional[int] = ..., minimum_backoff: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., maximum_backoff: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class Subscription(_message.Message):
-    __slots__ = ("name", "topic", "pattern", "queue", "webhook", "create_time")
+    __slots__ = ("name", "topic", "pattern", "queue", "webhook", "create_time", "filter_policy", "filter_policy_scope", "sns_delivery", "suspended")
     NAME_FIELD_NUMBER: _ClassVar[int]
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     PATTERN_FIELD_NUMBER: _ClassVar[int]
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     WEBHOOK_FIELD_NUMBER: _ClassVar[int]
     CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
+    FILTER_POLICY_FIELD_NUMBER: _ClassVar[int]
+    FILTER_POLICY_SCOPE_FIELD_NUMBER: _ClassVar[int]
+    SNS_DELIVERY_FIELD_NUMBER: _ClassVar[int]
+    SUSPENDED_FIELD_NUMBER: _ClassVar[int]
     name: str
     topic: str
     pattern: str
     queue: str
     webhook: WebhookEndpoint
     create_time: _timestamp_pb2.Timestamp
-    def __init__(self, name: _Optional[str] = ..., topic: _Optional[str] = ..., pattern: _Optional[str] = ..., queue: _Optional[str] = ..., webhook: _Optional[_Union[WebhookEndpoint, _Mapping]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    filter_policy: str
+    filter_policy_scope: FilterPolicyScope
+    sns_delivery: SnsDelivery
+    suspended: bool
+    def __init__(self, name: _Optional[str] = ..., topic: _Optional[str] = ..., pattern: _Optional[str] = ..., queue: _Optional[str] = ..., webhook: _Optional[_Union[WebhookEndpoint, _Mapping]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., filter_policy: _Optional[str] = ..., filter_policy_scope: _Optional[_Union[FilterPolicyScope, str]] = ..., sns_delivery: _Optional[_Union[SnsDelivery, _Mapping]] = ..., suspended: _Optional[bool] = ...) -> None: ...
+
+class SnsDelivery(_message.Message):
+    __slots__ = ("topic_arn", "subscription_arn", "unsubscribe_url", "raw", "attributes")
+    class AttributesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    TOPIC_ARN_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIPTION_ARN_FIELD_NUMBER: _ClassVar[int]
+    UNSUBSCRIBE_URL_FIELD_NUMBER: _ClassVar[int]
+    RAW_FIELD_NUMBER: _ClassVar[int]
+    ATTRIBUTES_FIELD_NUMBER: _ClassVar[int]
+    topic_arn: str
+    subscription_arn: str
+    unsubscribe_url: str
+    raw: bool
+    attributes: _containers.ScalarMap[str, str]
+    def __init__(self, topic_arn: _Optional[str] = ..., subscription_arn: _Optional[str] = ..., unsubscribe_url: _Optional[str] = ..., raw: _Optional[bool] = ..., attributes: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class CreateTopicRequest(_message.Message):
     __slots__ = ("topic",)
@@ -81,6 +137,20 @@ class GetTopicRequest(_message.Message):
     def __init__(self, name: _Optional[str] = ...) -> None: ...
 
 class GetTopicResponse(_message.Message):
+    __slots__ = ("topic",)
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    topic: Topic
+    def __init__(self, topic: _Optional[_Union[Topic, _Mapping]] = ...) -> None: ...
+
+class UpdateTopicRequest(_message.Message):
+    __slots__ = ("topic", "update_mask")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    UPDATE_MASK_FIELD_NUMBER: _ClassVar[int]
+    topic: Topic
+    update_mask: _field_mask_pb2.FieldMask
+    def __init__(self, topic: _Optional[_Union[Topic, _Mapping]] = ..., update_mask: _Optional[_Union[_field_mask_pb2.FieldMask, _Mapping]] = ...) -> None: ...
+
+class UpdateTopicResponse(_message.Message):
     __slots__ = ("topic",)
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     topic: Topic
@@ -199,7 +269,7 @@ class RetryWebhookDeliveryResponse(_message.Message):
     def __init__(self, retried_deliveries: _Optional[int] = ...) -> None: ...
 
 class PublishRequest(_message.Message):
-    __slots__ = ("topic", "routing_key", "body", "attributes", "ordering_key", "deduplication_id")
+    __slots__ = ("topic", "routing_key", "body", "attributes", "ordering_key", "deduplication_id", "subject")
     class AttributesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -213,13 +283,15 @@ class PublishRequest(_message.Message):
     ATTRIBUTES_FIELD_NUMBER: _ClassVar[int]
     ORDERING_KEY_FIELD_NUMBER: _ClassVar[int]
     DEDUPLICATION_ID_FIELD_NUMBER: _ClassVar[int]
+    SUBJECT_FIELD_NUMBER: _ClassVar[int]
     topic: str
     routing_key: str
     body: bytes
     attributes: _containers.MessageMap[str, _message_pb2.AttributeValue]
     ordering_key: str
     deduplication_id: str
-    def __init__(self, topic: _Optional[str] = ..., routing_key: _Optional[str] = ..., body: _Optional[bytes] = ..., attributes: _Optional[_Mapping[str, _message_pb2.AttributeValue]] = ..., ordering_key: _Optional[str] = ..., deduplication_id: _Optional[str] = ...) -> None: ...
+    subject: str
+    def __init__(self, topic: _Optional[str] = ..., routing_key: _Optional[str] = ..., body: _Optional[bytes] = ..., attributes: _Optional[_Mapping[str, _message_pb2.AttributeValue]] = ..., ordering_key: _Optional[str] = ..., deduplication_id: _Optional[str] = ..., subject: _Optional[str] = ...) -> None: ...
 
 class PublishResponse(_message.Message):
     __slots__ = ("message_ids", "webhook_deliveries", "queues", "duplicates", "publish_id")
@@ -236,7 +308,7 @@ class PublishResponse(_message.Message):
     def __init__(self, message_ids: _Optional[_Iterable[str]] = ..., webhook_deliveries: _Optional[int] = ..., queues: _Optional[_Iterable[str]] = ..., duplicates: _Optional[_Iterable[bool]] = ..., publish_id: _Optional[str] = ...) -> None: ...
 
 class PublishBatchEntry(_message.Message):
-    __slots__ = ("routing_key", "body", "attributes", "ordering_key", "deduplication_id")
+    __slots__ = ("routing_key", "body", "attributes", "ordering_key", "deduplication_id", "subject")
     class AttributesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -249,12 +321,14 @@ class PublishBatchEntry(_message.Message):
     ATTRIBUTES_FIELD_NUMBER: _ClassVar[int]
     ORDERING_KEY_FIELD_NUMBER: _ClassVar[int]
     DEDUPLICATION_ID_FIELD_NUMBER: _ClassVar[int]
+    SUBJECT_FIELD_NUMBER: _ClassVar[int]
     routing_key: str
     body: bytes
     attributes: _containers.MessageMap[str, _message_pb2.AttributeValue]
     ordering_key: str
     deduplication_id: str
-    def __init__(self, routing_key: _Optional[str] = ..., body: _Optional[bytes] = ..., attributes: _Optional[_Mapping[str, _message_pb2.AttributeValue]] = ..., ordering_key: _Optional[str] = ..., deduplication_id: _Optional[str] = ...) -> None: ...
+    subject: str
+    def __init__(self, routing_key: _Optional[str] = ..., body: _Optional[bytes] = ..., attributes: _Optional[_Mapping[str, _message_pb2.AttributeValue]] = ..., ordering_key: _Optional[str] = ..., deduplication_id: _Optional[str] = ..., subject: _Optional[str] = ...) -> None: ...
 
 class PublishBatchRequest(_message.Message):
     __slots__ = ("topic", "entries")

@@ -48,6 +48,11 @@ class TopicServiceStub:
                 request_serializer=postbox_dot_v1_dot_topic__service__pb2.GetTopicRequest.SerializeToString,
                 response_deserializer=postbox_dot_v1_dot_topic__service__pb2.GetTopicResponse.FromString,
                 _registered_method=True)
+        self.UpdateTopic = channel.unary_unary(
+                '/postbox.v1.TopicService/UpdateTopic',
+                request_serializer=postbox_dot_v1_dot_topic__service__pb2.UpdateTopicRequest.SerializeToString,
+                response_deserializer=postbox_dot_v1_dot_topic__service__pb2.UpdateTopicResponse.FromString,
+                _registered_method=True)
         self.ListTopics = channel.unary_unary(
                 '/postbox.v1.TopicService/ListTopics',
                 request_serializer=postbox_dot_v1_dot_topic__service__pb2.ListTopicsRequest.SerializeToString,
@@ -121,6 +126,14 @@ class TopicServiceServicer:
 
     def GetTopic(self, request, context):
         """Returns a topic. NOT_FOUND if it does not exist.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UpdateTopic(self, request, context):
+        """Changes the fields of a topic named in the update mask (its tags and SNS
+        attributes). NOT_FOUND if it does not exist.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -230,6 +243,11 @@ def add_TopicServiceServicer_to_server(servicer, server):
                     servicer.GetTopic,
                     request_deserializer=postbox_dot_v1_dot_topic__service__pb2.GetTopicRequest.FromString,
                     response_serializer=postbox_dot_v1_dot_topic__service__pb2.GetTopicResponse.SerializeToString,
+            ),
+            'UpdateTopic': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateTopic,
+                    request_deserializer=postbox_dot_v1_dot_topic__service__pb2.UpdateTopicRequest.FromString,
+                    response_serializer=postbox_dot_v1_dot_topic__service__pb2.UpdateTopicResponse.SerializeToString,
             ),
             'ListTopics': grpc.unary_unary_rpc_method_handler(
                     servicer.ListTopics,
@@ -345,6 +363,33 @@ class TopicService:
             '/postbox.v1.TopicService/GetTopic',
             postbox_dot_v1_dot_topic__service__pb2.GetTopicRequest.SerializeToString,
             postbox_dot_v1_dot_topic__service__pb2.GetTopicResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateTopic(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/postbox.v1.TopicService/UpdateTopic',
+            postbox_dot_v1_dot_topic__service__pb2.UpdateTopicRequest.SerializeToString,
+            postbox_dot_v1_dot_topic__service__pb2.UpdateTopicResponse.FromString,
             options,
             channel_credentials,
             insecure,

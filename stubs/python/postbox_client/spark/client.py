@@ -12,10 +12,9 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TypeAlias, TypeVar
 
 import grpc
-from google.protobuf.message import Message
 from postbox.v1 import message_service_pb2 as pb
 from postbox.v1 import (
     message_service_pb2_grpc,
@@ -26,6 +25,14 @@ from postbox.v1 import (
 )
 
 log = logging.getLogger(__name__)
+
+# What a BatchSender sends (see encode.BatchRequest) and what the server answers.
+BatchRequest = pb.SendBatchRequest | topic_service_pb2.PublishBatchRequest
+BatchResponse = pb.SendBatchResponse | topic_service_pb2.PublishBatchResponse
+# A string: grpc.Future is generic in the type stubs only.
+BatchFuture: TypeAlias = (
+    "grpc.Future[pb.SendBatchResponse] | grpc.Future[topic_service_pb2.PublishBatchResponse]"
+)
 
 # The server is restarting, failing over or overloaded: the call may or may not
 # have committed, so a retry is safe only because sends carry idempotency ids.
@@ -97,8 +104,8 @@ _REFUSED_KEY = frozenset({grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMI
 
 
 def describe(error: grpc.RpcError) -> str:
-    code = error.code()  # type: ignore[attr-defined]
-    text = f"{code.name}: {error.details()}"  # type: ignore[attr-defined]
+    code = error.code()
+    text = f"{code.name}: {error.details()}"
     if code in _REFUSED_KEY:
         text += "; check option 'auth_token' (the secret of an API key with the grant this needs)"
     return text
@@ -124,7 +131,7 @@ def check_auth_token(connection: Connection, queue: str | None, topic: str | Non
                 )
         except grpc.RpcError as error:
             # Anything else (no such queue, the server restarting) is the tasks' to meet.
-            if error.code() == grpc.StatusCode.UNAUTHENTICATED:  # type: ignore[attr-defined]
+            if error.code() == grpc.StatusCode.UNAUTHENTICATED:
                 raise PostboxCallError(f"the server refused the key: {describe(error)}") from None
 
 
@@ -149,13 +156,13 @@ def call_with_retries(
             time.sleep(delay)
 
 
-def _destination(request: Message) -> str:
+def _destination(request: BatchRequest) -> str:
     if isinstance(request, pb.SendBatchRequest):
         return f"queue {request.queue!r}"
     return f"topic {request.topic!r}"
 
 
-def _duplicates(response: Message) -> int:
+def _duplicates(response: BatchResponse) -> int:
     """Entries the server had already committed: SendBatch or PublishBatch responses."""
     if isinstance(response, pb.SendBatchResponse):
         return sum(response.duplicates)
@@ -183,14 +190,14 @@ class BatchSender:
         self._connection = connection
         self._retry = retry
         self._max_in_flight = max_in_flight
-        self._in_flight: deque[tuple[Message, grpc.Future]] = deque()
+        self._in_flight: deque[tuple[BatchRequest, BatchFuture]] = deque()
         self.messages = 0
         # Entries the server had already committed (an earlier attempt sent them).
         self.duplicates = 0
         self.batches = 0
         self.retries = 0
 
-    def submit(self, request: Message) -> None:
+    def submit(self, request: BatchRequest) -> None:
         while len(self._in_flight) >= self._max_in_flight:
             self._settle(*self._in_flight.popleft())
         self._in_flight.append((request, self._start(request)))
@@ -200,16 +207,16 @@ class BatchSender:
         while self._in_flight:
             self._settle(*self._in_flight.popleft())
 
-    def _start(self, request: Message) -> grpc.Future:
-        send = self._send_batch if isinstance(request, pb.SendBatchRequest) else self._publish_batch
-        return send.future(
-            request, timeout=self._connection.timeout, metadata=self._connection.metadata
-        )
+    def _start(self, request: BatchRequest) -> BatchFuture:
+        timeout, metadata = self._connection.timeout, self._connection.metadata
+        if isinstance(request, pb.SendBatchRequest):
+            return self._send_batch.future(request, timeout=timeout, metadata=metadata)
+        return self._publish_batch.future(request, timeout=timeout, metadata=metadata)
 
-    def _settle(self, request: Message, future: grpc.Future) -> None:
+    def _settle(self, request: BatchRequest, future: BatchFuture) -> None:
         started = [future]
 
-        def wait() -> Message:
+        def wait() -> BatchResponse:
             # The first wait is for the call already under way; a retry starts a new one.
             return (started.pop() if started else self._start(request)).result()
 

@@ -11,11 +11,14 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa
-from google.protobuf.message import Message
 from postbox.v1 import message_service_pb2 as pb
 from postbox.v1 import topic_service_pb2 as tpb
 
 from postbox_client.spark.options import AttributeColumn, WritePlan, attribute_name_problem
+
+# What an Encoder makes: SendBatch requests for a queue, PublishBatch ones for a topic.
+BatchRequest = pb.SendBatchRequest | tpb.PublishBatchRequest
+BatchEntry = pb.SendBatchEntry | tpb.PublishBatchEntry
 
 # A request stays well under the server's 64 MiB request limit even when
 # messages are large; small messages reach the 1,000-entry limit first.
@@ -57,7 +60,7 @@ def _attribute_text(value: Any) -> str:
     return str(value)
 
 
-def content_digest(entry: Message) -> str:
+def content_digest(entry: BatchEntry) -> str:
     """16 hex digits of a hash of everything the entry carries (before its id is set)."""
     return hashlib.blake2b(entry.SerializeToString(deterministic=True), digest_size=8).hexdigest()
 
@@ -76,20 +79,20 @@ class Encoder:
         self.id_prefix = id_prefix
         self.position = 0
 
-    def requests(self, batch: pa.RecordBatch) -> Iterator[Message]:
+    def requests(self, batch: pa.RecordBatch) -> Iterator[BatchRequest]:
         for start in range(0, batch.num_rows, self.plan.batch_size):
             yield from self._chunk(batch.slice(start, self.plan.batch_size))
 
     def _column(self, batch: pa.RecordBatch, name: str | None) -> list[Any] | None:
         return None if name is None else batch.column(name).to_pylist()
 
-    def _request(self) -> Message:
+    def _request(self) -> BatchRequest:
         """A SendBatchRequest, or a PublishBatchRequest when the plan names a topic."""
         if self.plan.topic is None:
             return pb.SendBatchRequest(queue=self.plan.queue)
         return tpb.PublishBatchRequest(topic=self.plan.topic)
 
-    def _chunk(self, batch: pa.RecordBatch) -> Iterator[Message]:
+    def _chunk(self, batch: pa.RecordBatch) -> Iterator[BatchRequest]:
         plan = self.plan
         if plan.body_column is None:
             bodies: list[Any] = _json_bodies(batch, plan.json_columns)
@@ -118,29 +121,34 @@ class Encoder:
                 request = self._request()
                 size = 0
             size += len(body)
-            entry = request.entries.add(body=body)
+            entry: BatchEntry = request.entries.add(body=body)
             for column, values in attributes:
-                if values[row] is None:
+                cell = values[row]
+                if cell is None:
                     continue  # a message has no null attributes: the attribute is left out
-                pairs = values[row] if column.is_map else [(column.column, values[row])]
+                pairs = cell if column.is_map else [(column.column, cell)]
                 for name, value in pairs:
                     size += self._attribute(entry, column, name, value, position)
             if groups is not None:
                 if groups[row] is None:
                     raise self._null(plan.group_column, position)
                 setattr(entry, group_field, groups[row])
-            if routing_keys is not None and routing_keys[row] is not None:
-                entry.routing_key = routing_keys[row]
-            if delays is not None and delays[row] is not None:
-                delay = delays[row]
-                if isinstance(delay, datetime.timedelta):
-                    entry.delay.FromTimedelta(delay)
-                else:
-                    entry.delay.seconds = delay
-            if deliver_ats is not None and deliver_ats[row] is not None:
-                entry.deliver_at.FromDatetime(deliver_ats[row])
-            if priorities is not None and priorities[row] is not None:
-                entry.priority = priorities[row]
+            # The plan gives a routing key only to a publish, and a delay, a delivery
+            # time or a priority only to a send.
+            if isinstance(entry, tpb.PublishBatchEntry):
+                if routing_keys is not None and routing_keys[row] is not None:
+                    entry.routing_key = routing_keys[row]
+            else:
+                if delays is not None and delays[row] is not None:
+                    delay = delays[row]
+                    if isinstance(delay, datetime.timedelta):
+                        entry.delay.FromTimedelta(delay)
+                    else:
+                        entry.delay.seconds = delay
+                if deliver_ats is not None and deliver_ats[row] is not None:
+                    entry.deliver_at.FromDatetime(deliver_ats[row])
+                if priorities is not None and priorities[row] is not None:
+                    entry.priority = priorities[row]
             # Last: the digest covers everything else the entry carries.
             if dedupes is None:
                 entry.deduplication_id = f"{self.id_prefix}:{position}:{content_digest(entry)}"
@@ -153,7 +161,7 @@ class Encoder:
             yield request
 
     def _attribute(
-        self, entry: Message, column: AttributeColumn, name: str, value: Any, position: int
+        self, entry: BatchEntry, column: AttributeColumn, name: str, value: Any, position: int
     ) -> int:
         """Sets one attribute of `entry`; returns the bytes it adds."""
         if value is None:

@@ -84,10 +84,10 @@ class PostboxStreamReader(SimpleDataSourceStreamReader):
             self._channel = self.plan.connection.open()
         return message_service_pb2_grpc.MessageServiceStub(self._channel)
 
-    def initialOffset(self) -> dict:
+    def initialOffset(self) -> dict[str, int]:
         return {"batch": 0}
 
-    def read(self, start: dict) -> tuple[Iterator[tuple], dict]:
+    def read(self, start: dict[str, int]) -> tuple[Iterator[tuple[Any, ...]], dict[str, int]]:
         self._delete_through(start["batch"])
         messages = self._receive()
         if not messages:
@@ -96,13 +96,15 @@ class PostboxStreamReader(SimpleDataSourceStreamReader):
         self._receipts[end] = [m.receipt for m in messages]
         return iter([_row(m) for m in messages]), {"batch": end}
 
-    def readBetweenOffsets(self, start: dict, end: dict) -> Iterator[tuple]:
+    def readBetweenOffsets(
+        self, start: dict[str, int], end: dict[str, int]
+    ) -> Iterator[tuple[Any, ...]]:
         # Spark replays a batch that was planned but never committed before a
         # restart. Its messages were never deleted, so they come back by
         # themselves when their visibility timeout runs out; the replay is empty.
         return iter(())
 
-    def commit(self, end: dict) -> None:
+    def commit(self, end: dict[str, int]) -> None:
         self._delete_through(end["batch"])
 
     def _delete_through(self, last: int) -> None:
@@ -115,14 +117,16 @@ class PostboxStreamReader(SimpleDataSourceStreamReader):
             request = pb.DeleteBatchRequest(
                 queue=self.plan.queue, receipts=receipts[start : start + _MAX_PER_CALL]
             )
-            response = call_with_retries(
-                f"DeleteBatch on queue {self.plan.queue!r}",
-                self.plan.retry,
-                lambda request=request: stub.DeleteBatch(
+
+            def delete(request: pb.DeleteBatchRequest = request) -> pb.DeleteBatchResponse:
+                return stub.DeleteBatch(
                     request,
                     timeout=self.plan.connection.timeout,
                     metadata=self.plan.connection.metadata,
-                ),
+                )
+
+            response = call_with_retries(
+                f"DeleteBatch on queue {self.plan.queue!r}", self.plan.retry, delete
             )
             stale += sum(1 for result in response.results if result.code != 0)
         if stale:

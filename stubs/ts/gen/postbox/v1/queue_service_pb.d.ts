@@ -392,6 +392,23 @@ export declare type QueueStats = Message<"postbox.v1.QueueStats"> & {
    * @generated from field: google.protobuf.Duration oldest_message_age = 4;
    */
   oldestMessageAge?: Duration | undefined;
+
+  /**
+   * Output only. Messages sent to the queue per second over the last minute,
+   * as every server counted them (Send, SendBatch, topic fan-out), a few
+   * seconds behind. Sends made directly in SQL are not counted.
+   *
+   * @generated from field: double sent_per_second = 5;
+   */
+  sentPerSecond: number;
+
+  /**
+   * Output only. Deliveries (redeliveries too) per second over the last
+   * minute, as every server counted them, a few seconds behind.
+   *
+   * @generated from field: double received_per_second = 6;
+   */
+  receivedPerSecond: number;
 };
 
 /**

@@ -19,7 +19,9 @@ export declare const file_postbox_v1_topic_service: GenFile;
  */
 export declare type Topic = Message<"postbox.v1.Topic"> & {
   /**
-   * Required on create, then immutable. 1-80 characters of [A-Za-z0-9_-].
+   * Required on create, then immutable. 1-256 characters of [A-Za-z0-9_-],
+   * optionally followed by ".fifo" for a FIFO topic, whose publishes must
+   * carry an ordering_key (the message group).
    *
    * @generated from field: string name = 1;
    */
@@ -31,6 +33,23 @@ export declare type Topic = Message<"postbox.v1.Topic"> & {
    * @generated from field: google.protobuf.Timestamp create_time = 2;
    */
   createTime?: Timestamp | undefined;
+
+  /**
+   * Optional. Free-form labels (the SNS topic tags): at most 50, keys 1-128
+   * characters, values at most 256 characters.
+   *
+   * @generated from field: map<string, string> tags = 3;
+   */
+  tags: { [key: string]: string };
+
+  /**
+   * Optional. Topic attributes of the SNS API that postbox keeps but does not
+   * act on (DisplayName, Policy, DeliveryPolicy, ...): at most 20, keys 1-256
+   * characters of [A-Za-z0-9_.:-], values at most 32 KiB.
+   *
+   * @generated from field: map<string, string> sns_attributes = 4;
+   */
+  snsAttributes: { [key: string]: string };
 };
 
 /**
@@ -176,6 +195,42 @@ export declare type Subscription = Message<"postbox.v1.Subscription"> & {
    * @generated from field: google.protobuf.Timestamp create_time = 6;
    */
   createTime?: Timestamp | undefined;
+
+  /**
+   * Optional. Only messages that match this filter policy reach the
+   * subscription, in the grammar of Amazon SNS filter policies: a JSON object
+   * of keys and conditions (exact strings and numbers, "prefix", "suffix",
+   * "equals-ignore-case", "anything-but", "numeric" ranges, "exists", "$or").
+   * At most 256 KiB, 5 keys and 150 combinations. Empty: every message.
+   *
+   * @generated from field: string filter_policy = 7;
+   */
+  filterPolicy: string;
+
+  /**
+   * Optional. What filter_policy looks at; default MESSAGE_ATTRIBUTES.
+   *
+   * @generated from field: postbox.v1.FilterPolicyScope filter_policy_scope = 8;
+   */
+  filterPolicyScope: FilterPolicyScope;
+
+  /**
+   * Optional. Delivery as Amazon SNS makes it, for subscriptions made through
+   * the SNS API. Unset: the message as published (queues), or the Standard
+   * Webhooks payload (webhooks).
+   *
+   * @generated from field: postbox.v1.SnsDelivery sns_delivery = 9;
+   */
+  snsDelivery?: SnsDelivery | undefined;
+
+  /**
+   * Optional. A suspended subscription takes no messages: publishes pass it
+   * by, and nothing is kept for later (an SNS subscription waiting for its
+   * confirmation is one).
+   *
+   * @generated from field: bool suspended = 10;
+   */
+  suspended: boolean;
 };
 
 /**
@@ -183,6 +238,60 @@ export declare type Subscription = Message<"postbox.v1.Subscription"> & {
  * Use `create(SubscriptionSchema)` to create a new message.
  */
 export declare const SubscriptionSchema: GenMessage<Subscription>;
+
+/**
+ * How an SNS subscription delivers. Queues get SNS's notification JSON, whose
+ * Message is the body (so the body must be UTF-8), or with `raw` the message as
+ * published. Webhooks get a POST with SNS's x-amz-sns-* headers whose body is
+ * that JSON, or with `raw` the message body.
+ *
+ * @generated from message postbox.v1.SnsDelivery
+ */
+export declare type SnsDelivery = Message<"postbox.v1.SnsDelivery"> & {
+  /**
+   * Required. The TopicArn envelopes and headers name; up to 1024 characters.
+   *
+   * @generated from field: string topic_arn = 1;
+   */
+  topicArn: string;
+
+  /**
+   * Required. The subscription's ARN, which webhook headers name; up to 1024
+   * characters.
+   *
+   * @generated from field: string subscription_arn = 2;
+   */
+  subscriptionArn: string;
+
+  /**
+   * Optional. The UnsubscribeURL envelopes carry; up to 2048 characters.
+   *
+   * @generated from field: string unsubscribe_url = 3;
+   */
+  unsubscribeUrl: string;
+
+  /**
+   * Optional. RawMessageDelivery: no envelope.
+   *
+   * @generated from field: bool raw = 4;
+   */
+  raw: boolean;
+
+  /**
+   * Optional. Further subscription attributes of the SNS API that postbox
+   * keeps but does not act on (DeliveryPolicy, RedrivePolicy, ...): at most
+   * 20, keys 1-256 characters of [A-Za-z0-9_.:-], values at most 32 KiB.
+   *
+   * @generated from field: map<string, string> attributes = 5;
+   */
+  attributes: { [key: string]: string };
+};
+
+/**
+ * Describes the message postbox.v1.SnsDelivery.
+ * Use `create(SnsDeliverySchema)` to create a new message.
+ */
+export declare const SnsDeliverySchema: GenMessage<SnsDelivery>;
 
 /**
  * Request of TopicService.CreateTopic.
@@ -263,6 +372,55 @@ export declare type GetTopicResponse = Message<"postbox.v1.GetTopicResponse"> & 
  * Use `create(GetTopicResponseSchema)` to create a new message.
  */
 export declare const GetTopicResponseSchema: GenMessage<GetTopicResponse>;
+
+/**
+ * Request of TopicService.UpdateTopic.
+ *
+ * @generated from message postbox.v1.UpdateTopicRequest
+ */
+export declare type UpdateTopicRequest = Message<"postbox.v1.UpdateTopicRequest"> & {
+  /**
+   * Required. `name` selects the topic; the fields named in `update_mask`
+   * carry the new values.
+   *
+   * @generated from field: postbox.v1.Topic topic = 1;
+   */
+  topic?: Topic | undefined;
+
+  /**
+   * Required. Fields to change: any of "tags" and "sns_attributes", each
+   * replaced whole.
+   *
+   * @generated from field: google.protobuf.FieldMask update_mask = 2;
+   */
+  updateMask?: FieldMask | undefined;
+};
+
+/**
+ * Describes the message postbox.v1.UpdateTopicRequest.
+ * Use `create(UpdateTopicRequestSchema)` to create a new message.
+ */
+export declare const UpdateTopicRequestSchema: GenMessage<UpdateTopicRequest>;
+
+/**
+ * Response of TopicService.UpdateTopic.
+ *
+ * @generated from message postbox.v1.UpdateTopicResponse
+ */
+export declare type UpdateTopicResponse = Message<"postbox.v1.UpdateTopicResponse"> & {
+  /**
+   * Output only. The topic as changed.
+   *
+   * @generated from field: postbox.v1.Topic topic = 1;
+   */
+  topic?: Topic | undefined;
+};
+
+/**
+ * Describes the message postbox.v1.UpdateTopicResponse.
+ * Use `create(UpdateTopicResponseSchema)` to create a new message.
+ */
+export declare const UpdateTopicResponseSchema: GenMessage<UpdateTopicResponse>;
 
 /**
  * Request of TopicService.ListTopics.
@@ -556,7 +714,8 @@ export declare type UpdateSubscriptionRequest = Message<"postbox.v1.UpdateSubscr
   subscription?: Subscription | undefined;
 
   /**
-   * Required. Fields to change: any of "pattern", "queue" (queue
+   * Required. Fields to change: any of "pattern", "filter_policy",
+   * "filter_policy_scope", "sns_delivery", "suspended", "queue" (queue
    * subscriptions), "webhook.url", "webhook.secret", "webhook.timeout",
    * "webhook.max_attempts", "webhook.minimum_backoff" and
    * "webhook.maximum_backoff" (webhook subscriptions). A named field that is
@@ -701,6 +860,14 @@ export declare type PublishRequest = Message<"postbox.v1.PublishRequest"> & {
    * @generated from field: string deduplication_id = 6;
    */
   deduplicationId: string;
+
+  /**
+   * Optional. A subject line of up to 100 characters, without control
+   * characters, that SNS envelopes carry (see SnsDelivery).
+   *
+   * @generated from field: string subject = 7;
+   */
+  subject: string;
 };
 
 /**
@@ -800,6 +967,13 @@ export declare type PublishBatchEntry = Message<"postbox.v1.PublishBatchEntry"> 
    * @generated from field: string deduplication_id = 5;
    */
   deduplicationId: string;
+
+  /**
+   * Optional. See PublishRequest.subject.
+   *
+   * @generated from field: string subject = 6;
+   */
+  subject: string;
 };
 
 /**
@@ -1063,6 +1237,41 @@ export declare type ListWebhookDeliveriesResponse = Message<"postbox.v1.ListWebh
 export declare const ListWebhookDeliveriesResponseSchema: GenMessage<ListWebhookDeliveriesResponse>;
 
 /**
+ * What a filter policy is matched against.
+ *
+ * @generated from enum postbox.v1.FilterPolicyScope
+ */
+export enum FilterPolicyScope {
+  /**
+   * MESSAGE_ATTRIBUTES.
+   *
+   * @generated from enum value: FILTER_POLICY_SCOPE_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * The message's attributes: String types as strings, Number types as
+   * numbers, String.Array as a JSON array of values; Binary ones are ignored.
+   *
+   * @generated from enum value: FILTER_POLICY_SCOPE_MESSAGE_ATTRIBUTES = 1;
+   */
+  MESSAGE_ATTRIBUTES = 1,
+
+  /**
+   * The message body, parsed as a JSON object (keys may nest); a body that is
+   * no JSON object matches no policy.
+   *
+   * @generated from enum value: FILTER_POLICY_SCOPE_MESSAGE_BODY = 2;
+   */
+  MESSAGE_BODY = 2,
+}
+
+/**
+ * Describes the enum postbox.v1.FilterPolicyScope.
+ */
+export declare const FilterPolicyScopeSchema: GenEnum<FilterPolicyScope>;
+
+/**
  * Where a webhook delivery stands.
  *
  * @generated from enum postbox.v1.WebhookDeliveryState
@@ -1123,6 +1332,17 @@ export declare const TopicService: GenService<{
     methodKind: "unary";
     input: typeof GetTopicRequestSchema;
     output: typeof GetTopicResponseSchema;
+  },
+  /**
+   * Changes the fields of a topic named in the update mask (its tags and SNS
+   * attributes). NOT_FOUND if it does not exist.
+   *
+   * @generated from rpc postbox.v1.TopicService.UpdateTopic
+   */
+  updateTopic: {
+    methodKind: "unary";
+    input: typeof UpdateTopicRequestSchema;
+    output: typeof UpdateTopicResponseSchema;
   },
   /**
    * Lists topics in name order, one page at a time.

@@ -156,11 +156,12 @@ def delivered(queue: str, messages: Iterable[Any], operation: str = "receive") -
 def traceparent_header(attributes: str | Mapping[str, Any] | None) -> dict[str, str]:
     """The `traceparent` HTTP header for an outbound delivery of a message with these
     attributes (the engine's JSON shape, parsed or not), or nothing."""
-    if isinstance(attributes, str):
-        attributes = json.loads(attributes)
-    if not attributes or TRACE_ATTRIBUTE not in attributes:
+    parsed: Mapping[str, Any] | None = (
+        json.loads(attributes) if isinstance(attributes, str) else attributes
+    )
+    if not parsed or TRACE_ATTRIBUTE not in parsed:
         return {}
-    value = attributes[TRACE_ATTRIBUTE]
+    value = parsed[TRACE_ATTRIBUTE]
     text = value.get("string_value") if isinstance(value, Mapping) else None
     return {"traceparent": text} if isinstance(text, str) else {}
 

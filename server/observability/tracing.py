@@ -46,17 +46,24 @@ def configure(service_name: str) -> bool:
     from opentelemetry import trace
     from opentelemetry.sdk.resources import OTELResourceDetector, Resource
     from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 
     protocol = os.environ.get(
         "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
     )
+    exporter: type[SpanExporter]
     if protocol == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-    elif protocol in (None, "", "http/protobuf"):
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import (  # type: ignore[assignment]
-            OTLPSpanExporter,
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
+            OTLPSpanExporter as GrpcExporter,
         )
+
+        exporter = GrpcExporter
+    elif protocol in (None, "", "http/protobuf"):
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+            OTLPSpanExporter as HttpExporter,
+        )
+
+        exporter = HttpExporter
     else:
         raise ValueError(
             f"OTEL_EXPORTER_OTLP_PROTOCOL is {protocol[:40]!r}: postbox exports traces over "
@@ -67,7 +74,7 @@ def configure(service_name: str) -> bool:
         OTELResourceDetector().detect()
     )
     provider = TracerProvider(resource=resource)  # the sampler comes from OTEL_TRACES_SAMPLER
-    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    provider.add_span_processor(BatchSpanProcessor(exporter()))
     trace.set_tracer_provider(provider)
     _tracer = trace.get_tracer("postbox")
     log.info("exporting traces over OTLP (%s)", protocol or "http/protobuf")

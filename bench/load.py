@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
+from typing import Any
 
 
 def percentile(samples: list[float], fraction: float) -> float:
@@ -96,7 +97,7 @@ class Paced:
 
 
 async def fixed_rate(
-    send: Callable[[int], Awaitable[None]],
+    send: Callable[[int], Coroutine[Any, Any, object]],
     *,
     rate: float,
     seconds: float,
@@ -110,7 +111,7 @@ async def fixed_rate(
     """
     loop = asyncio.get_running_loop()
     start = loop.time()
-    tasks: set[asyncio.Task[None]] = set()
+    tasks: set[asyncio.Task[object]] = set()
     count = int(rate * seconds)
     for i in range(count):
         delay = start + i / rate - loop.time()

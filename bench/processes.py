@@ -13,12 +13,26 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol, cast
 
 import grpc
 import psutil
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+class HealthChecks(Protocol):
+    """grpc_health's sync HealthStub: its stubs (types-grpcio-health-checking) declare no
+    methods on it."""
+
+    def Check(
+        self, request: health_pb2.HealthCheckRequest, *, timeout: float | None = None
+    ) -> health_pb2.HealthCheckResponse: ...
+
+
+def health_stub(channel: grpc.Channel) -> HealthChecks:
+    return cast(HealthChecks, health_pb2_grpc.HealthStub(channel))
 
 
 def free_port() -> int:
@@ -99,7 +113,7 @@ class Served:
     def _wait_serving(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         with grpc.insecure_channel(self.target) as channel:
-            health = health_pb2_grpc.HealthStub(channel)
+            health = health_stub(channel)
             while True:
                 assert self.process is not None
                 if self.process.poll() is not None:
@@ -111,7 +125,7 @@ class Served:
                 time.sleep(0.05)
 
     @staticmethod
-    def _grpc_serving(health: health_pb2_grpc.HealthStub) -> bool:
+    def _grpc_serving(health: HealthChecks) -> bool:
         try:
             reply = health.Check(health_pb2.HealthCheckRequest(), timeout=1)
         except grpc.RpcError:

@@ -7,6 +7,7 @@ import re
 import tempfile
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
+from typing import TypeAlias
 
 import asyncpg
 
@@ -15,6 +16,8 @@ from server.db.sqlfiles import queries
 
 # The server's own statements (server/db/queries.sql), for the engine-alone figures.
 SERVER_QUERIES = queries()
+# A connection of its own or one borrowed from a pool: the claims run on either.
+Connection: TypeAlias = "asyncpg.Connection | asyncpg.pool.PoolConnectionProxy"
 
 INSERT_MANY = f"""
 INSERT INTO {RAW_TABLE} (queue_id, visible_at, enqueued_at, body)
@@ -135,7 +138,9 @@ def engine_send_batch(queue: str) -> Callable[[asyncpg.Pool, Sequence[bytes]], A
     no_options = (None,) * 7  # attributes, delays, groups, deduplication, keys, priorities, times
 
     async def insert(pool: asyncpg.Pool, bodies: Sequence[bytes]) -> int:
-        ids, _ = await pool.fetchrow(statement, queue, bodies, *no_options)
+        row = await pool.fetchrow(statement, queue, bodies, *no_options)
+        assert row is not None  # send_batch returns one row: the ids and the duplicates
+        ids, _ = row
         return len(ids)
 
     return insert
@@ -150,11 +155,11 @@ async def fill(db: BenchDatabase, body: bytes, count: int) -> None:
         await pool.close()
 
 
-async def claim_delete(conn: asyncpg.Connection, batch: int) -> int:
+async def claim_delete(conn: Connection, batch: int) -> int:
     return len(await conn.fetch(CLAIM_DELETE, batch))
 
 
-async def leased_claim_delete(conn: asyncpg.Connection, batch: int) -> int:
+async def leased_claim_delete(conn: Connection, batch: int) -> int:
     """Claim with a lease, commit, delete by id and lease, commit: two round trips."""
     rows = await conn.fetch(LEASED_CLAIM, batch)
     if rows:
@@ -162,13 +167,13 @@ async def leased_claim_delete(conn: asyncpg.Connection, batch: int) -> int:
     return len(rows)
 
 
-def engine_claim_delete(queue: str) -> Callable[[asyncpg.Connection, int], Awaitable[int]]:
+def engine_claim_delete(queue: str) -> Callable[[Connection, int], Awaitable[int]]:
     """Receive then DeleteBatch as the server runs them, straight on the engine's SQL API:
     what the engine costs without the server and its transport."""
     receive, delete_batch = SERVER_QUERIES["receive"], SERVER_QUERIES["delete_batch"]
     lease = timedelta(seconds=120)
 
-    async def claim(conn: asyncpg.Connection, batch: int) -> int:
+    async def claim(conn: Connection, batch: int) -> int:
         rows = await conn.fetch(receive, queue, batch, lease, None)
         if rows:
             await conn.fetch(delete_batch, queue, [row["receipt"] for row in rows])
@@ -177,11 +182,11 @@ def engine_claim_delete(queue: str) -> Callable[[asyncpg.Connection, int], Await
     return claim
 
 
-async def fifo_claim_delete(conn: asyncpg.Connection, batch: int) -> int:
+async def fifo_claim_delete(conn: Connection, batch: int) -> int:
     return await conn.fetchval(FIFO_CLAIM_DELETE, batch)
 
 
-async def priority_claim_delete(conn: asyncpg.Connection, batch: int) -> int:
+async def priority_claim_delete(conn: Connection, batch: int) -> int:
     return len(await conn.fetch(PRIORITY_CLAIM_DELETE, batch))
 
 

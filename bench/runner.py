@@ -143,7 +143,7 @@ class Context:
         return name
 
 
-def message_stub(channel: grpc.aio.Channel) -> message_service_pb2_grpc.MessageServiceStub:
+def message_stub(channel: grpc.aio.Channel) -> message_service_pb2_grpc.MessageServiceAsyncStub:
     return message_service_pb2_grpc.MessageServiceStub(channel)
 
 

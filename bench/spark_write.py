@@ -33,6 +33,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 # pyspark forks the JVM's launcher after this process has opened gRPC channels;
 # gRPC's fork handlers can crash such a child (grpc issue 43055, epoll EBADF).
@@ -47,6 +48,10 @@ from postbox.v1 import (
     queue_service_pb2,
     queue_service_pb2_grpc,
 )
+
+if TYPE_CHECKING:
+    from bench.processes import HealthChecks
+    from server.embedded import EmbeddedPostgres
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -188,7 +193,8 @@ def _register_row_writer(spark) -> None:
                 sender.finish()
             context = TaskContext.get()
             return PartitionResult(
-                context.partitionId(), context.attemptNumber(), sender.messages,
+                context.partitionId() if context else 0,
+                context.attemptNumber() if context else 0, sender.messages,
                 sender.duplicates, sender.batches, sender.retries,
             )  # fmt: skip
 
@@ -225,7 +231,7 @@ class Server:
 
     def __init__(self, admin_url: str | None) -> None:
         self.admin_url = admin_url
-        self.embedded = None
+        self.embedded: EmbeddedPostgres | None = None
         self.database = f"postbox_spark_bench_{uuid.uuid4().hex[:8]}"
 
     def __enter__(self) -> Server:
@@ -247,7 +253,7 @@ class Server:
             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         with grpc.insecure_channel(self.target) as channel:
-            health = health_pb2_grpc.HealthStub(channel)
+            health = cast("HealthChecks", health_pb2_grpc.HealthStub(channel))
             for _ in range(600):
                 try:
                     status = health.Check(health_pb2.HealthCheckRequest(), timeout=1).status

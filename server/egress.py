@@ -69,7 +69,9 @@ class EgressPolicy:
         except (OSError, UnicodeError):
             return
         for info in infos:
-            self.check_address(host, ipaddress.ip_address(info[4][0].split("%")[0]))
+            # An IP socket address starts with its text; the stubs' union admits other families'.
+            address = str(info[4][0])
+            self.check_address(host, ipaddress.ip_address(address.split("%")[0]))
 
     def resolver(self) -> AbstractResolver:
         """An aiohttp resolver that hands the client only addresses this policy allows."""

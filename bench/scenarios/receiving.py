@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-import asyncpg
-import grpc
 from postbox.v1 import message_service_pb2 as pb
 from postbox.v1 import message_service_pb2_grpc
 
@@ -60,7 +58,7 @@ async def _feature_rows(
     plain: tuple[Load, float],
     plain_is: tuple[str, str],
     raw_fill: Callable[[], Awaitable[None]],
-    raw_claim: Callable[[asyncpg.Connection, int], Awaitable[int]],
+    raw_claim: Callable[[raw.Connection, int], Awaitable[int]],
     raw_is: str,
 ) -> list[Row]:
     """A feature's figure against the same messages without it, and against raw SQL doing
@@ -145,7 +143,9 @@ async def streaming_receives(
     committed, as a DeleteBatch response is for the Receive consumers.
     """
 
-    async def consume(stub: message_service_pb2_grpc.MessageServiceStub, counts: Counts) -> None:
+    async def consume(
+        stub: message_service_pb2_grpc.MessageServiceAsyncStub, counts: Counts
+    ) -> None:
         call = stub.StreamingReceive()
         try:
             await call.write(
@@ -155,7 +155,7 @@ async def streaming_receives(
             )
             while True:
                 response = await call.read()
-                if response is grpc.aio.EOF:
+                if not isinstance(response, pb.StreamingReceiveResponse):  # grpc.aio.EOF
                     return
                 if response.HasField("batch"):
                     receipts = [m.receipt for m in response.batch.messages]

@@ -20,7 +20,7 @@ from postbox.v1 import message_service_pb2 as pb
 
 from bench.load import fixed_rate, percentile
 from bench.runner import Context, Row, message_stub, scenario
-from bench.scenarios.latency import Stopwatch
+from bench.scenarios.latency import Stopwatch, _body
 
 CONSUMERS = 8
 WINDOW = 30.0
@@ -34,7 +34,9 @@ FROM pg_stat_user_tables s WHERE s.relid = 'postbox.messages'::regclass
 
 
 async def _table_stats(conn: asyncpg.Connection) -> dict[str, int]:
-    return dict(await conn.fetchrow(TABLE_STATS))
+    row = await conn.fetchrow(TABLE_STATS)
+    assert row is not None  # the statistics row of postbox.messages
+    return dict(row)
 
 
 @scenario(
@@ -45,7 +47,7 @@ async def _table_stats(conn: asyncpg.Connection) -> dict[str, int]:
 async def run(ctx: Context) -> list[Row]:
     served = ctx.postbox()
     queue = await ctx.new_queue(served.target, "sustained")
-    watch = Stopwatch(ctx.body_size)
+    watch = Stopwatch()
     monitor = await asyncpg.connect(ctx.db.url)
     pin = await asyncpg.connect(ctx.db.url)
     pinned_xid = None
@@ -74,7 +76,7 @@ async def run(ctx: Context) -> list[Row]:
                 deleted += len(receipts)
 
         async def send(i: int) -> None:
-            await producer.Send(pb.SendRequest(queue=queue, body=watch.body(i)))
+            await producer.Send(pb.SendRequest(queue=queue, body=_body(i, ctx.body_size)))
 
         async def observe() -> None:
             seen_latencies, seen_deleted = 0, 0
@@ -98,8 +100,8 @@ async def run(ctx: Context) -> list[Row]:
         consumers = [asyncio.ensure_future(consume()) for _ in range(CONSUMERS)]
         observer = asyncio.ensure_future(observe())
         try:
-            await fixed_rate(send, rate=ctx.sustained_rate, seconds=ctx.sustained_seconds)
-            await watch.finish(int(ctx.sustained_rate * ctx.sustained_seconds), timeout=30)
+            paced = await fixed_rate(send, rate=ctx.sustained_rate, seconds=ctx.sustained_seconds)
+            _, backlog = await watch.finish(paced.sent, timeout=30)
         finally:
             observer.cancel()
             for task in consumers:
@@ -134,7 +136,6 @@ async def run(ctx: Context) -> list[Row]:
     after = await _table_stats(monitor)
     await monitor.close()
 
-    backlog = len(watch.started)
     pin_text = f"pinned xid {pinned_xid}" if pinned_xid else "horizon not pinned"
     first, last = windows[0], windows[-1]
     pace = (

@@ -64,7 +64,7 @@ async def grpc_load(
     served: Served,
     clients: int,
     seconds: float,
-    call: Callable[[message_service_pb2_grpc.MessageServiceStub], Awaitable[int]],
+    call: Callable[[message_service_pb2_grpc.MessageServiceAsyncStub], Awaitable[int]],
     channel_count: int = 4,
 ) -> tuple[Load, float]:
     """`clients` closed loops of `call` on a few shared channels; Load and server CPU."""
@@ -116,7 +116,7 @@ async def send_batches(
 ) -> tuple[Load, float]:
     request = pb.SendBatchRequest(queue=queue, entries=[pb.SendBatchEntry(body=ctx.body())] * size)
 
-    async def call(stub: message_service_pb2_grpc.MessageServiceStub) -> int:
+    async def call(stub: message_service_pb2_grpc.MessageServiceAsyncStub) -> int:
         return len((await stub.SendBatch(request)).message_ids)
 
     return await grpc_load(served, BATCH_CLIENTS, seconds or ctx.seconds, call, channel_count)
@@ -196,7 +196,7 @@ async def single_sends(
 ) -> tuple[Load, float]:
     request = pb.SendRequest(queue=queue, body=ctx.body())
 
-    async def call(stub: message_service_pb2_grpc.MessageServiceStub) -> int:
+    async def call(stub: message_service_pb2_grpc.MessageServiceAsyncStub) -> int:
         await stub.Send(request)
         return 1
 
@@ -259,7 +259,7 @@ for _clients in (1, 16, 64):
     _send_one_scenario(_clients)
 
 
-Consume = Callable[[message_service_pb2_grpc.MessageServiceStub, "Counts"], Awaitable[None]]
+Consume = Callable[["message_service_pb2_grpc.MessageServiceAsyncStub", "Counts"], Awaitable[None]]
 
 
 async def consumed(ctx: Context, served: Served, total: int, consume: Consume) -> Load:
@@ -276,7 +276,9 @@ async def consumed(ctx: Context, served: Served, total: int, consume: Consume) -
 async def receive_deletes(ctx: Context, served: Served, queue: str, batch: int, total: int) -> Load:
     """CONSUMERS continuous streams, each deleting every batch it gets; msgs/s deleted."""
 
-    async def consume(stub: message_service_pb2_grpc.MessageServiceStub, counts: Counts) -> None:
+    async def consume(
+        stub: message_service_pb2_grpc.MessageServiceAsyncStub, counts: Counts
+    ) -> None:
         call = stub.Receive(
             pb.ReceiveRequest(
                 queue=queue,
@@ -332,7 +334,7 @@ async def raw_claim_deletes(
     ctx: Context,
     batch: int,
     total: int,
-    claim: Callable[[asyncpg.Connection, int], Awaitable[int]] = raw.claim_delete,
+    claim: Callable[[raw.Connection, int], Awaitable[int]] = raw.claim_delete,
 ) -> Load:
     """CONSUMERS connections each running `claim` (claims and deletes up to `batch`) in a loop."""
     pool = await ctx.db.pool(CONSUMERS)
@@ -415,9 +417,10 @@ class Counts:
         tasks = [asyncio.ensure_future(consume()) for _ in range(consumers)]
         over = asyncio.ensure_future(self._over.wait())
         all_done = asyncio.gather(*tasks, return_exceptions=True)
+        waits: list[asyncio.Future[Any]] = [all_done, over]
         try:
             await asyncio.wait(
-                [all_done, over],
+                waits,
                 timeout=self._end - self._loop.time() + 10,
                 return_when=asyncio.FIRST_COMPLETED,
             )

@@ -18,15 +18,43 @@ class _WithMetadata(
         self._metadata = metadata
 
     def _details(self, details: grpc.ClientCallDetails) -> grpc.ClientCallDetails:
-        return details._replace(metadata=(*(details.metadata or ()), *self._metadata))  # type: ignore[attr-defined]
+        metadata = (*(details.metadata or ()), *self._metadata)
+        # grpcio's call details are a namedtuple; the stubs type only the ABC.
+        return details._replace(metadata=metadata)  # type: ignore[attr-defined]
 
-    def _intercept(self, continuation: Callable[..., Any], details: Any, request: Any) -> Any:
-        return continuation(self._details(details), request)
+    # The parameters carry the names of the interfaces' methods (callers may pass them by
+    # keyword); `request` is one request or, for client streams, an iterator of them.
+    def intercept_unary_unary(
+        self,
+        continuation: Callable[..., Any],
+        client_call_details: grpc.ClientCallDetails,
+        request: Any,
+    ) -> Any:
+        return continuation(self._details(client_call_details), request)
 
-    intercept_unary_unary = _intercept
-    intercept_unary_stream = _intercept
-    intercept_stream_unary = _intercept
-    intercept_stream_stream = _intercept
+    def intercept_unary_stream(
+        self,
+        continuation: Callable[..., Any],
+        client_call_details: grpc.ClientCallDetails,
+        request: Any,
+    ) -> Any:
+        return continuation(self._details(client_call_details), request)
+
+    def intercept_stream_unary(
+        self,
+        continuation: Callable[..., Any],
+        client_call_details: grpc.ClientCallDetails,
+        request_iterator: Any,
+    ) -> Any:
+        return continuation(self._details(client_call_details), request_iterator)
+
+    def intercept_stream_stream(
+        self,
+        continuation: Callable[..., Any],
+        client_call_details: grpc.ClientCallDetails,
+        request_iterator: Any,
+    ) -> Any:
+        return continuation(self._details(client_call_details), request_iterator)
 
 
 def bearer_metadata(secret: str | None) -> tuple[tuple[str, str], ...]:

@@ -8,8 +8,7 @@ to what it may read. With no key in the database, every call passes.
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable
 from typing import Any
 
 import grpc
@@ -18,7 +17,7 @@ from server.auth import sigv4
 from server.auth.keys import ApiKey, KeyCache
 from server.auth.rules import ANY_RESOURCE, OPEN_SERVICES, RULES, Rule, resource_of
 from server.errors import ApiError
-from server.interceptors import WrapsEachMethod, relay
+from server.interceptors import AioMethodHandler, Context, Handler, WrapsEachMethod, relay, yields
 
 # Trailing metadata of an UNAUTHENTICATED call saying why (missing, unknown-key, expired,
 # signature), so the SQS shim can answer with the error AWS would.
@@ -41,7 +40,7 @@ def _quoted(name: str, limit: int = 80) -> str:
     return repr(name) if len(name) <= limit else f"{name[:limit]!r}... ({len(name)} characters)"
 
 
-def _metadata_value(metadata: Sequence[tuple[str, Any]] | None, name: str) -> str | None:
+def _metadata_value(metadata: Iterable[tuple[str, Any]] | None, name: str) -> str | None:
     for key, value in metadata or ():
         if key == name:
             return value if isinstance(value, str) else None
@@ -72,7 +71,7 @@ def _by_signature(keys: KeyCache, header: str) -> ApiKey:
     return key
 
 
-def authenticate(keys: KeyCache, metadata: Sequence[tuple[str, Any]] | None) -> ApiKey:
+def authenticate(keys: KeyCache, metadata: Iterable[tuple[str, Any]] | None) -> ApiKey:
     """The key a call's metadata presents, or AuthFailure saying why not."""
     header = _metadata_value(metadata, "authorization")
     if not header:
@@ -95,7 +94,7 @@ def authenticate(keys: KeyCache, metadata: Sequence[tuple[str, Any]] | None) -> 
     return key
 
 
-async def refuse(context: grpc.aio.ServicerContext, error: ApiError) -> None:
+async def refuse(context: Context, error: ApiError) -> None:
     if isinstance(error, AuthFailure):
         context.set_trailing_metadata(((FAILURE_METADATA, error.reason),))
     await context.abort(error.code, error.message)
@@ -121,9 +120,9 @@ def authorize(key: ApiKey, rule: Rule, request: Any) -> None:
         raise denied(key, rule.permission, resource)
 
 
-def filter_listed(key: ApiKey, rule: Rule, response: Any) -> Any:
-    """A List response without the resources the key may not read."""
-    items = getattr(response, rule.listed)  # type: ignore[arg-type]
+def filter_listed(key: ApiKey, rule: Rule, listed: str, response: Any) -> Any:
+    """A List response without the resources the key may not read (its field `listed`)."""
+    items = getattr(response, listed)
     kept = [
         item
         for item in items
@@ -143,12 +142,12 @@ class Authorize(WrapsEachMethod):
         self._keys = keys
         self._rules = rules
 
-    def wrap(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
+    def wrap(self, handler: AioMethodHandler, method: str) -> Handler | None:
         if method.lstrip("/").split("/")[0] in OPEN_SERVICES:
-            return handler
+            return None
         return self._wrap(handler, self._rules.get(method))
 
-    def _check(self, context: grpc.aio.ServicerContext, rule: Rule | None) -> ApiKey | None:
+    def _check(self, context: Context, rule: Rule | None) -> ApiKey | None:
         """The calling key (None while auth is off); raises ApiError for a refused call."""
         metadata = context.invocation_metadata()
         if not self._keys.enabled and not _metadata_value(metadata, SIGV4_REQUIRED_METADATA):
@@ -161,40 +160,48 @@ class Authorize(WrapsEachMethod):
             )
         return key
 
-    def _wrap(self, handler: grpc.RpcMethodHandler, rule: Rule | None) -> grpc.RpcMethodHandler:
+    def _wrap(self, handler: AioMethodHandler, rule: Rule | None) -> Handler:
         check = self._check
 
         def admits(request: Any) -> bool:
             # An undecodable request is the decoder's to refuse (INVALID_ARGUMENT).
             return hasattr(request, "DESCRIPTOR")
 
-        async def admit(request: Any, context: grpc.aio.ServicerContext) -> ApiKey | None:
+        async def admit(request: Any, context: Context) -> ApiKey | None:
             """The calling key (None while auth is off); ends the call if it is refused."""
             try:
                 key = check(context, rule)
-                if key is not None and admits(request):
-                    authorize(key, rule, request)  # type: ignore[arg-type]
+                # A key comes back only for a method with a rule.
+                if key is not None and rule is not None and admits(request):
+                    authorize(key, rule, request)
             except ApiError as error:
                 await refuse(context, error)
             return key
 
-        async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def unary(request: Any, context: Context) -> Any:
             key = await admit(request, context)
+            assert handler.unary_unary is not None  # the handler of a unary method
             response = await handler.unary_unary(request, context)
-            if key is not None and rule.listed is not None:  # type: ignore[union-attr]
-                return filter_listed(key, rule, response)  # type: ignore[arg-type]
+            if key is not None and rule is not None and rule.listed is not None:
+                return filter_listed(key, rule, rule.listed, response)
             return response
 
-        async def server_stream(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def server_stream(request: Any, context: Context) -> AsyncGenerator[Any, None]:
             await admit(request, context)
+            assert handler.unary_stream is not None
+            assert yields(handler.unary_stream)
             async for response in relay(handler.unary_stream(request, context)):
                 yield response
 
-        async def server_stream_writes(request: Any, context: grpc.aio.ServicerContext) -> None:
+        async def server_stream_writes(request: Any, context: Context) -> None:
             await admit(request, context)
+            assert handler.unary_stream is not None
+            assert not yields(handler.unary_stream)
             await handler.unary_stream(request, context)
 
-        async def bidi_stream(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext):
+        async def bidi_stream(
+            requests: AsyncIterator[Any], context: Context
+        ) -> AsyncGenerator[Any, None]:
             try:
                 key = check(context, rule)
             except ApiError as error:
@@ -203,10 +210,17 @@ class Authorize(WrapsEachMethod):
             async def checked() -> AsyncIterator[Any]:
                 async for request in requests:
                     # Requests after the first may leave the queue empty: it stays the first's.
-                    if key is not None and admits(request) and resource_of(request, rule):
-                        authorize(key, rule, request)  # type: ignore[arg-type]
+                    if (
+                        key is not None
+                        and rule is not None
+                        and admits(request)
+                        and resource_of(request, rule)
+                    ):
+                        authorize(key, rule, request)
                     yield request
 
+            assert handler.stream_stream is not None
+            assert yields(handler.stream_stream)
             async for response in relay(handler.stream_stream(checked(), context)):
                 yield response
 
@@ -216,7 +230,7 @@ class Authorize(WrapsEachMethod):
             )
         if handler.response_streaming:
             # A streaming method is an async generator, or a coroutine that calls context.write.
-            writes = not inspect.isasyncgenfunction(handler.unary_stream)
+            writes = handler.unary_stream is not None and not yields(handler.unary_stream)
             return grpc.unary_stream_rpc_method_handler(
                 server_stream_writes if writes else server_stream,
                 handler.request_deserializer,

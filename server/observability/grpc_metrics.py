@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 import grpc
 
-from server.interceptors import WrapsEachMethod, relay
+from server.interceptors import AioMethodHandler, Context, Handler, WrapsEachMethod, relay
 from server.observability.logs import CURRENT_RPC
 from server.observability.metrics import GRPC_HANDLED, GRPC_SECONDS, GRPC_STARTED, OPEN_STREAMS
 
 
-def _code_of(context: grpc.aio.ServicerContext, error: BaseException | None) -> str:
+def _code_of(context: Context, error: BaseException | None) -> str:
     if error is not None and not isinstance(error, grpc.aio.AbortError):
         return "CANCELLED" if isinstance(error, asyncio.CancelledError) else "UNKNOWN"
     code = context.code()
@@ -26,11 +26,11 @@ def _code_of(context: grpc.aio.ServicerContext, error: BaseException | None) -> 
 class CountCalls(WrapsEachMethod):
     """grpc_server_started_total, _handled_total and _handling_seconds for every method."""
 
-    def wrap(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
+    def wrap(self, handler: AioMethodHandler, method: str) -> Handler:
         return _counted(handler, method)
 
 
-def _counted(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
+def _counted(handler: AioMethodHandler, method: str) -> Handler:
     service, _, name = method.lstrip("/").partition("/")
     if handler.request_streaming and handler.response_streaming:
         kind = "bidi_stream"
@@ -51,16 +51,17 @@ def _counted(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandl
             OPEN_STREAMS.inc()
         return time.perf_counter()
 
-    def end(begun: float, context: grpc.aio.ServicerContext, error: BaseException | None) -> None:
+    def end(begun: float, context: Context, error: BaseException | None) -> None:
         if streams:
             OPEN_STREAMS.dec()
         seconds.observe(time.perf_counter() - begun)
         GRPC_HANDLED.labels(*labels, _code_of(context, error)).inc()
 
-    async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def unary(request: Any, context: Context) -> Any:
         begun, error = begin(), None
         CURRENT_RPC.set(method)
         try:
+            assert handler.unary_unary is not None  # the handler of a unary method
             return await handler.unary_unary(request, context)
         except BaseException as exc:
             error = exc
@@ -68,15 +69,14 @@ def _counted(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandl
         finally:
             end(begun, context, error)
 
-    async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+    async def stream(request: Any, context: Context) -> AsyncIterator[Any]:
         begun, error = begin(), None
         CURRENT_RPC.set(method)
         try:
-            if handler.request_streaming:
-                responses = handler.stream_stream(request, context)
-            else:
-                responses = handler.unary_stream(request, context)
-            if hasattr(responses, "__aiter__"):
+            behaviour = handler.stream_stream if handler.request_streaming else handler.unary_stream
+            assert behaviour is not None  # the handler of a response-streaming method
+            responses = behaviour(request, context)
+            if isinstance(responses, AsyncGenerator):
                 async for response in relay(responses):
                     yield response
             else:  # a coroutine that writes with context.write
@@ -97,9 +97,10 @@ def _counted(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandl
         )
     if handler.request_streaming:
 
-        async def client_stream(requests: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def client_stream(requests: Any, context: Context) -> Any:
             begun, error = begin(), None
             try:
+                assert handler.stream_unary is not None  # the handler of a client stream
                 return await handler.stream_unary(requests, context)
             except BaseException as exc:
                 error = exc

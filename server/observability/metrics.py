@@ -188,7 +188,7 @@ async def exposition(
     if engine is not None:
         queues = CollectorRegistry(auto_describe=False)
         try:
-            queues.register(_Families(await queue_families(engine, max_queues)))  # type: ignore[arg-type]
+            queues.register(_Families(await queue_families(engine, max_queues)))
         except ApiError as error:
             # The database is away: the process's own figures still tell why.
             log.warning("metrics: no queue figures: %s", error.message)

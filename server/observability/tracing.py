@@ -46,17 +46,24 @@ def configure(service_name: str) -> bool:
     from opentelemetry import trace
     from opentelemetry.sdk.resources import OTELResourceDetector, Resource
     from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 
     protocol = os.environ.get(
         "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
     )
+    exporter: type[SpanExporter]
     if protocol == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-    elif protocol in (None, "", "http/protobuf"):
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import (  # type: ignore[assignment]
-            OTLPSpanExporter,
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
+            OTLPSpanExporter as GrpcExporter,
         )
+
+        exporter = GrpcExporter
+    elif protocol in (None, "", "http/protobuf"):
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+            OTLPSpanExporter as HttpExporter,
+        )
+
+        exporter = HttpExporter
     else:
         raise ValueError(
             f"OTEL_EXPORTER_OTLP_PROTOCOL is {protocol[:40]!r}: postbox exports traces over "
@@ -67,7 +74,7 @@ def configure(service_name: str) -> bool:
         OTELResourceDetector().detect()
     )
     provider = TracerProvider(resource=resource)  # the sampler comes from OTEL_TRACES_SAMPLER
-    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    provider.add_span_processor(BatchSpanProcessor(exporter()))
     trace.set_tracer_provider(provider)
     _tracer = trace.get_tracer("postbox")
     log.info("exporting traces over OTLP (%s)", protocol or "http/protobuf")
@@ -156,11 +163,12 @@ def delivered(queue: str, messages: Iterable[Any], operation: str = "receive") -
 def traceparent_header(attributes: str | Mapping[str, Any] | None) -> dict[str, str]:
     """The `traceparent` HTTP header for an outbound delivery of a message with these
     attributes (the engine's JSON shape, parsed or not), or nothing."""
-    if isinstance(attributes, str):
-        attributes = json.loads(attributes)
-    if not attributes or TRACE_ATTRIBUTE not in attributes:
+    parsed: Mapping[str, Any] | None = (
+        json.loads(attributes) if isinstance(attributes, str) else attributes
+    )
+    if not parsed or TRACE_ATTRIBUTE not in parsed:
         return {}
-    value = attributes[TRACE_ATTRIBUTE]
+    value = parsed[TRACE_ATTRIBUTE]
     text = value.get("string_value") if isinstance(value, Mapping) else None
     return {"traceparent": text} if isinstance(text, str) else {}
 

@@ -34,7 +34,8 @@ def _texts(message: Message, document: dict[str, Any], raw_bodies: bool) -> None
                 document[field.name] = text
         elif field.type == field.TYPE_MESSAGE:
             name = field.name
-            if field.message_type.GetOptions().map_entry:
+            entry = field.message_type  # set on every message field
+            if entry is not None and entry.GetOptions().map_entry:
                 for key, item in value.items():
                     if isinstance(item, Message):
                         _texts(item, document[name][key], raw_bodies)

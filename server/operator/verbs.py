@@ -211,19 +211,18 @@ def messages(args: argparse.Namespace, channel: grpc.Channel) -> int:
             request.ttl.FromTimedelta(timedelta(seconds=args.ttl))
         _show_one(args, stubs.Send(request))
     elif verb == "cancel":
-        request = message_service_pb2.CancelMessageRequest(
-            queue=args.queue, message_id=args.message_id
+        stubs.CancelMessage(
+            message_service_pb2.CancelMessageRequest(queue=args.queue, message_id=args.message_id)
         )
-        stubs.CancelMessage(request)
         output.note(f"cancelled {args.message_id}")
     elif verb == "receive":
-        request = message_service_pb2.ReceiveRequest(
+        receive = message_service_pb2.ReceiveRequest(
             queue=args.queue, max_messages=args.max_messages
         )
-        request.wait_time.FromSeconds(args.wait)
+        receive.wait_time.FromSeconds(args.wait)
         if args.visibility_timeout is not None:
-            request.visibility_timeout.FromTimedelta(timedelta(seconds=args.visibility_timeout))
-        got = [m for response in stubs.Receive(request) for m in response.messages]
+            receive.visibility_timeout.FromTimedelta(timedelta(seconds=args.visibility_timeout))
+        got = [m for response in stubs.Receive(receive) for m in response.messages]
         if not got:
             output.note(f"no message in {args.queue} (waited {args.wait} s)")
             return 0
@@ -235,8 +234,8 @@ def messages(args: argparse.Namespace, channel: grpc.Channel) -> int:
                 )
             )
     elif verb == "peek":
-        request = message_service_pb2.PeekMessagesRequest(queue=args.queue, page_size=args.limit)
-        peeked = list(stubs.PeekMessages(request).messages)
+        peek = message_service_pb2.PeekMessagesRequest(queue=args.queue, page_size=args.limit)
+        peeked = list(stubs.PeekMessages(peek).messages)
         if not peeked:
             output.note(f"no message in {args.queue}")
             return 0
@@ -420,20 +419,20 @@ def topics(args: argparse.Namespace, channel: grpc.Channel) -> int:
             ("name", "pattern", "queue"),
         )
     elif verb == "retry":
-        request = topic_service_pb2.RetryWebhookDeliveryRequest(
+        retry = topic_service_pb2.RetryWebhookDeliveryRequest(
             topic=args.name, subscription=args.subscription, delivery_id=args.delivery_id or ""
         )
-        retried = stubs.RetryWebhookDelivery(request).retried_deliveries
+        retried = stubs.RetryWebhookDelivery(retry).retried_deliveries
         output.note(f"{retried} deliveries due now")
     elif verb == "publish":
         body = output.body_bytes(args.body, is_base64=args.base64)
-        request = topic_service_pb2.PublishRequest(
+        publish = topic_service_pb2.PublishRequest(
             topic=args.name,
             routing_key=args.routing_key or "",
             body=body,
             attributes=_attributes(args),
         )
-        _show_one(args, stubs.Publish(request))
+        _show_one(args, stubs.Publish(publish))
     return 0
 
 
@@ -448,17 +447,17 @@ def schedules(args: argparse.Namespace, channel: grpc.Channel) -> int:
             ("name", "next_fire_time", "paused"),
         )
     elif verb == "get":
-        request = schedule_service_pb2.GetScheduleRequest(name=args.name)
-        _show_one(args, stubs.GetSchedule(request).schedule)
+        get = schedule_service_pb2.GetScheduleRequest(name=args.name)
+        _show_one(args, stubs.GetSchedule(get).schedule)
     elif verb == "delete":
         stubs.DeleteSchedule(schedule_service_pb2.DeleteScheduleRequest(name=args.name))
         output.note(f"deleted {args.name}")
     elif verb == "pause":
-        request = schedule_service_pb2.PauseScheduleRequest(name=args.name)
-        _show_one(args, stubs.PauseSchedule(request).schedule)
+        pause = schedule_service_pb2.PauseScheduleRequest(name=args.name)
+        _show_one(args, stubs.PauseSchedule(pause).schedule)
     elif verb == "resume":
-        request = schedule_service_pb2.ResumeScheduleRequest(name=args.name)
-        _show_one(args, stubs.ResumeSchedule(request).schedule)
+        resume = schedule_service_pb2.ResumeScheduleRequest(name=args.name)
+        _show_one(args, stubs.ResumeSchedule(resume).schedule)
     elif verb == "run":
         ran = stubs.RunSchedule(schedule_service_pb2.RunScheduleRequest(name=args.name))
         output.note(f"fired {args.name}: {', '.join(ran.message_ids) or 'no message'}")

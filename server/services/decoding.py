@@ -9,15 +9,22 @@ the servicer sees it.
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
 from google.protobuf.message import DecodeError
 
 from server.errors import invalid
-from server.interceptors import WrapsEachMethod, relay
+from server.interceptors import (
+    AioMethodHandler,
+    Context,
+    Generates,
+    Handler,
+    WrapsEachMethod,
+    relay,
+    yields,
+)
 
 
 class _Undecodable:
@@ -42,12 +49,14 @@ def _refusal(request: _Undecodable) -> str:
     )
 
 
-async def _refuse(request: _Undecodable, context: grpc.aio.ServicerContext) -> None:
+async def _refuse(request: _Undecodable, context: Context) -> None:
     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, _refusal(request))
 
 
-def _guard_unary(behavior: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
-    async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+def _guard_unary(
+    behavior: Callable[[Any, Context], Awaitable[Any]],
+) -> Callable[[Any, Context], Awaitable[Any]]:
+    async def unary(request: Any, context: Context) -> Any:
         if isinstance(request, _Undecodable):
             await _refuse(request, context)
         return await behavior(request, context)
@@ -55,8 +64,8 @@ def _guard_unary(behavior: Callable[..., Awaitable[Any]]) -> Callable[..., Await
     return unary
 
 
-def _guard_stream(behavior: Callable[..., AsyncIterator[Any]]) -> Callable[..., AsyncIterator[Any]]:
-    async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+def _guard_stream(behavior: Generates) -> Generates:
+    async def stream(request: Any, context: Context) -> AsyncGenerator[Any, None]:
         if isinstance(request, _Undecodable):
             await _refuse(request, context)
         async for response in relay(behavior(request, context)):
@@ -65,9 +74,7 @@ def _guard_stream(behavior: Callable[..., AsyncIterator[Any]]) -> Callable[..., 
     return stream
 
 
-def _guard_requests(
-    behavior: Callable[..., AsyncIterator[Any]],
-) -> Callable[..., AsyncIterator[Any]]:
+def _guard_requests(behavior: Generates) -> Generates:
     """For request-streaming methods: an undecodable request ends the call as the method's
     own INVALID_ARGUMENT (it is raised where the method reads its requests)."""
 
@@ -77,7 +84,7 @@ def _guard_requests(
                 raise invalid(_refusal(request))
             yield request
 
-    async def stream(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> Any:
+    async def stream(requests: AsyncIterator[Any], context: Context) -> AsyncGenerator[Any, None]:
         async for response in relay(behavior(checked(requests), context)):
             yield response
 
@@ -87,21 +94,26 @@ def _guard_requests(
 class RejectUndecodable(WrapsEachMethod):
     """Answers undecodable requests with INVALID_ARGUMENT."""
 
-    def wrap(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
+    def wrap(self, handler: AioMethodHandler, method: str) -> Handler | None:
         deserialize = _tolerant(handler.request_deserializer)
         if handler.request_streaming:
-            if handler.stream_stream is None:  # no client-streaming methods exist
-                return handler
+            behavior = handler.stream_stream
+            # No client-streaming methods exist; the bidi ones (StreamingReceive, reflection)
+            # are async generators.
+            if behavior is None or not yields(behavior):
+                return None
             return grpc.stream_stream_rpc_method_handler(
-                _guard_requests(handler.stream_stream), deserialize, handler.response_serializer
+                _guard_requests(behavior), deserialize, handler.response_serializer
             )
         if handler.unary_unary is not None:
             return grpc.unary_unary_rpc_method_handler(
                 _guard_unary(handler.unary_unary), deserialize, handler.response_serializer
             )
-        behavior = handler.unary_stream
+        streams = handler.unary_stream
+        if streams is None:
+            return None
         # A streaming method is an async generator, or a coroutine that calls context.write.
-        guard = _guard_stream if inspect.isasyncgenfunction(behavior) else _guard_unary
+        guarded = _guard_stream(streams) if yields(streams) else _guard_unary(streams)
         return grpc.unary_stream_rpc_method_handler(
-            guard(behavior), deserialize, handler.response_serializer
+            guarded, deserialize, handler.response_serializer
         )

@@ -120,7 +120,8 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
         idle_until = None if idle is None else started + idle.total_seconds()
         window = self.prefetch.open(self.engine.receipts_in_flight) if continuous else None
         if window is not None:
-            context.add_done_callback(lambda _: window.close())
+            # types-grpcio's _DoneCallback is a class, not a Protocol: no function matches it.
+            context.add_done_callback(lambda _: window.close())  # type: ignore[arg-type]
             # Half a lease at most, so an unsettled batch's messages are not yet due again.
             patience = min(_PATIENCE, (visibility_timeout or _DEFAULT_LEASE).total_seconds() / 2)
         first_poll = True

@@ -106,6 +106,8 @@ class ScheduleService(schedule_service_pb2_grpc.ScheduleServiceServicer):
         _check_target(schedule)
         convert.check_message_size(schedule, self.max_message_size)
         first = timing.first(datetime.now(timezone.utc))
+        if first is None:  # _timing refused a schedule without its timing already
+            raise invalid("a schedule needs its timing: cron, interval or run_at")
         row = await self.engine.create_schedule(schedule.name, first, _fields(schedule, timing))
         self.on_change()
         return pb.CreateScheduleResponse(schedule=schedule_resource(row))

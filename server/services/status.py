@@ -29,6 +29,7 @@ def reports_errors(method: F) -> F:
             except ApiError as error:
                 await context.abort(error.code, error.message)
 
+        # functools.wraps keeps the method's signature; mypy cannot see that the wrapper is F.
         return stream  # type: ignore[return-value]
 
     @functools.wraps(method)
@@ -38,4 +39,4 @@ def reports_errors(method: F) -> F:
         except ApiError as error:
             await context.abort(error.code, error.message)
 
-    return unary  # type: ignore[return-value]
+    return unary  # type: ignore[return-value]  # as above: the wrapper is F

@@ -213,7 +213,7 @@ class StreamingReceive:
     ) -> None:
         """Waits for settle results or freed room, the end of the settle task, a wake-up
         of the queue (when given), the server's shutdown, or the timeout."""
-        waits = [
+        waits: list[asyncio.Future[Any]] = [
             asyncio.ensure_future(self.outstanding.freed.wait()),
             asyncio.ensure_future(self.hub.until_closed()),
         ]

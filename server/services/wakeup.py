@@ -26,11 +26,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from typing import cast
 
 import asyncpg
 
@@ -199,7 +201,8 @@ class WakeHub:
         if state is not None and not state.waiters and state.timer is None:
             del self._queues[queue]
 
-    def _on_notify(self, _conn: object, _pid: int, _channel: str, queue: str) -> None:
+    def _on_notify(self, _conn: object, _pid: int, _channel: str, payload: object) -> None:
+        queue = cast(str, payload)  # a NOTIFY payload is text; asyncpg's stubs say object
         if queue.startswith("#"):
             for callback in self._signals.get(queue[1:], ()):
                 callback()
@@ -232,7 +235,7 @@ class WakeHub:
                     for callback in callbacks:
                         callback()
                 listing = asyncio.create_task(self._list_forever(conn), name="postbox-list")
-                listing.add_done_callback(lambda task, event=lost: self._listing_ended(task, event))
+                listing.add_done_callback(functools.partial(self._listing_ended, lost=lost))
                 try:
                     while not lost.is_set():
                         with contextlib.suppress(asyncio.TimeoutError):

@@ -49,6 +49,8 @@ class Attribute:
 class Whole(Attribute):
     """A whole number within SQS's bounds; seconds when the field is a Duration."""
 
+    field: str
+
     def __init__(self, field: str, low: int, high: int, seconds: bool = True) -> None:
         super().__init__(field)
         self.low, self.high, self.seconds = low, high, seconds
@@ -86,6 +88,11 @@ class RetentionPeriod(Whole):
 
 
 class Flag(Attribute):
+    field: str
+
+    def __init__(self, field: str, fifo_only: bool = False) -> None:
+        super().__init__(field, fifo_only)
+
     def put(self, name: str, text: str, queue: qpb.Queue, settings: ShimSettings) -> None:
         if text.lower() not in ("true", "false"):
             raise invalid_value(name, f"must be true or false, not {text!r}.")

@@ -11,6 +11,7 @@ import json
 import socket
 import ssl
 import struct
+import subprocess
 import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator, Iterator
@@ -378,6 +379,31 @@ async def test_health_and_openapi_document(http: aiohttp.ClientSession) -> None:
     assert queue["createTime"]["format"] == "date-time"
     message = served["components"]["schemas"]["postbox.v1.Message"]["properties"]
     assert message["body"] == {"type": "string", "format": "byte"}
+
+
+def test_the_readme_curl_examples_run_as_written(http_server: HttpServer) -> None:
+    """The README's block, but its `postbox serve` (this server stands in) and with a
+    queue name of this run's (the database is shared)."""
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("<!-- http examples", 1)[1].split("```sh\n", 1)[1].split("```", 1)[0]
+    lines = [line for line in block.splitlines() if not line.startswith("postbox serve")]
+    name = unique_name("readme_orders")
+    script = "\n".join(lines).replace("localhost:8080", f"127.0.0.1:{http_server.http_port}")
+    script = script.replace('"orders"', f'"{name}"').replace('\\"orders\\"', f'\\"{name}\\"')
+    result = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", script], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    answers, text = [], result.stdout  # curl adds no newline: one JSON value after another
+    while text.strip():
+        answer, end = json.JSONDecoder().raw_decode(text.strip())
+        answers.append(answer)
+        text = text.strip()[end:]
+    created, sent, deleted, missing = answers
+    assert created["queue"]["name"] == name
+    assert sent["messageId"]
+    assert deleted == {}
+    assert missing == {"code": "not_found", "message": "queue 'nope' does not exist"}
 
 
 def test_committed_openapi_document_is_generated_from_the_protos() -> None:

@@ -21,6 +21,7 @@ from typing import Any
 import aiohttp
 import asyncpg
 import grpc
+import psutil
 import pytest
 from certificates import Authority
 from google.protobuf import message_factory
@@ -404,6 +405,48 @@ def test_the_readme_curl_examples_run_as_written(http_server: HttpServer) -> Non
     assert sent["messageId"]
     assert deleted == {}
     assert missing == {"code": "not_found", "message": "queue 'nope' does not exist"}
+
+
+async def test_workers_share_the_http_port(database_url: str) -> None:
+    """serve --workers 2: both workers listen on the HTTP port (SO_REUSEPORT) and the
+    kernel spreads connections over them (all 24 on one: 2 ** -23)."""
+    process = HttpServer(database_url, "--workers", "2").start()
+    try:
+        children = psutil.Process(process.process.pid).children()
+        assert len(children) == 2
+
+        def listening(child: psutil.Process) -> bool:
+            return any(
+                c.status == psutil.CONN_LISTEN and c.laddr.port == process.http_port
+                for c in child.net_connections(kind="tcp")
+            )
+
+        process.wait_ready(lambda: all(map(listening, children)), "both workers' HTTP", 30)
+        name = unique_name("http_workers")
+        sessions = [aiohttp.ClientSession(process.base) for _ in range(24)]
+        try:
+            create = {"queue": {"name": name}}
+            assert (await call(sessions[0], "QueueService/CreateQueue", create))[0] == 200
+            for session in sessions:
+                status, answer = await call(
+                    session, "MessageService/Send", {"queue": name, "body": "eA=="}
+                )
+                assert status == 200, answer
+            # Each worker holds kept-alive connections over which these calls succeeded.
+            for child in children:
+                served = [
+                    c
+                    for c in child.net_connections(kind="tcp")
+                    if c.laddr.port == process.http_port and c.status == psutil.CONN_ESTABLISHED
+                ]
+                assert served, f"worker {child.pid} has no HTTP connection"
+            status, answer = await call(sessions[0], "QueueService/GetQueue", {"name": name})
+            assert answer["queue"]["stats"]["visibleMessages"] == "24"
+        finally:
+            for session in sessions:
+                await session.close()
+    finally:
+        process.stop()
 
 
 def test_committed_openapi_document_is_generated_from_the_protos() -> None:

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import socket
 import ssl
 import struct
 import subprocess
+import sys
 import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator, Iterator
@@ -54,6 +56,8 @@ GREETING = {"dataType": "String", "stringValue": "greeting"}
 class HttpServer(ServerProcess):
     """`postbox serve` with its HTTP port on too."""
 
+    metrics_url = ""
+
     def __init__(self, database_url: str, *extra: str, scheme: str = "http", **kwargs) -> None:
         self.http_port = free_port()
         super().__init__(database_url, "--http-port", str(self.http_port), *extra, **kwargs)
@@ -62,7 +66,12 @@ class HttpServer(ServerProcess):
 
 @pytest.fixture(scope="module")
 def http_server(database_url: str) -> Iterator[HttpServer]:
-    process = HttpServer(database_url, "--http-max-request-size", str(BODY_LIMIT)).start()
+    process = HttpServer(
+        database_url,
+        "--http-max-request-size", str(BODY_LIMIT),
+        "--metrics-port", str(metrics_port := free_port()),
+    ).start()  # fmt: skip
+    process.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
     yield process
     process.stop()
 
@@ -359,6 +368,88 @@ async def test_a_long_poll_receive_answers_as_soon_as_a_message_is_sent(
     assert status == 200
     assert len(received["messages"]) == 1
     assert loop.time() - sent_at < 9
+
+
+async def _open_streams(http_server: HttpServer) -> float:
+    async with aiohttp.ClientSession() as session, session.get(http_server.metrics_url) as r:
+        text = await r.text()
+    [line] = [line for line in text.splitlines() if line.startswith("postbox_open_streams ")]
+    return float(line.split()[1])
+
+
+async def _until(condition, what: str, timeout: float = 30) -> None:
+    """Polls an async condition until it holds (the bound only catches a hang)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not await condition():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"{what}: not after {timeout} s")
+        await asyncio.sleep(0.05)
+
+
+async def test_a_client_that_hangs_up_ends_its_long_poll(
+    http: aiohttp.ClientSession, http_server: HttpServer
+) -> None:
+    """The HTTP call is cancelled with its connection, as a gRPC call is: the Receive
+    stops waiting, so a message sent afterwards is not claimed for nobody."""
+    name = unique_name("http_hang_up")
+    assert (await call(http, "QueueService/CreateQueue", {"queue": {"name": name}}))[0] == 200
+    async with aiohttp.ClientSession(http_server.base) as leaving:
+        waiting = asyncio.ensure_future(
+            call(leaving, "MessageService/Receive", {"queue": name, "waitTime": "120s"})
+        )
+        await _until(lambda: _open_streams_are(http_server, 1), "the receive is open")
+        waiting.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await waiting
+    await _until(lambda: _open_streams_are(http_server, 0), "the server ended the receive")
+    status, _ = await call(http, "MessageService/Send", {"queue": name, "body": "eA=="})
+    assert status == 200
+    status, answer = await call(http, "MessageService/Receive", {"queue": name, "waitTime": "0s"})
+    assert status == 200
+    assert len(answer["messages"]) == 1
+
+
+async def _open_streams_are(http_server: HttpServer, count: int) -> bool:
+    return await _open_streams(http_server) == count
+
+
+async def test_a_long_poll_ends_before_the_callers_deadline(http: aiohttp.ClientSession) -> None:
+    """Connect-Timeout-Ms is the call's deadline, as a gRPC deadline is: the long poll
+    ends at it, not at its 60 s wait. It aims 50 ms early and answers empty; on a loaded
+    machine its last look can run past the deadline, which the server then enforces
+    (deadline_exceeded), as a gRPC server does."""
+    name = unique_name("http_deadline")
+    assert (await call(http, "QueueService/CreateQueue", {"queue": {"name": name}}))[0] == 200
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    status, answer = await call(
+        http,
+        "MessageService/Receive",
+        {"queue": name, "waitTime": "60s"},
+        {**JSON, "Connect-Timeout-Ms": "1500"},
+    )
+    elapsed = loop.time() - started
+    assert (status, answer) == (200, {}) or (status, answer["code"]) == (504, "deadline_exceeded")
+    # Not before the deadline; well under the 60 s wait (generous for a loaded machine).
+    assert 1.4 < elapsed < 20
+
+
+def test_serve_refuses_an_anonymous_http_network_address(admin_url: str) -> None:
+    """--http-host follows --grpc-host's rule: beyond loopback only with a key, or on
+    purpose."""
+    url = create_database(admin_url, "postbox_http_open")
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "server", "serve", "--database-url", url,
+             "--grpc-host", "127.0.0.1", "--grpc-port", str(free_port()),
+             "--http-host", "0.0.0.0", "--http-port", str(free_port())],
+            capture_output=True, text=True, cwd=ROOT, timeout=60,
+        )  # fmt: skip
+        assert result.returncode == 2, result.stderr
+        assert "'0.0.0.0'" in result.stderr
+        assert "--insecure-allow-anonymous" in result.stderr
+    finally:
+        drop_database(admin_url, url)
 
 
 async def test_health_and_openapi_document(http: aiohttp.ClientSession) -> None:

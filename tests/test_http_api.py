@@ -540,6 +540,20 @@ async def test_workers_share_the_http_port(database_url: str) -> None:
         process.stop()
 
 
+def test_connect_clients_speak_it(http_server: HttpServer) -> None:
+    """The committed TypeScript stubs with Connect for Node's Connect transport (HTTP/1.1,
+    JSON: what @connectrpc/connect-web does in a browser): unary calls, a server stream,
+    an error with its code and message."""
+    assert (ROOT / "stubs/ts/node_modules").is_dir(), "run `npm ci --prefix stubs/ts` first"
+    scenario = ROOT / "tests" / "polyglot" / "ts" / "http_scenario.mjs"
+    result = subprocess.run(
+        ["node", str(scenario), http_server.base, unique_name("connect")],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, f"{result.stdout}\n{result.stderr}"
+    assert "6 passed, 0 failed" in result.stdout
+
+
 def test_committed_openapi_document_is_generated_from_the_protos() -> None:
     from server.http.openapi import postbox_document, render
 

@@ -12,9 +12,10 @@ which is a long-poll Receive for curl. A bidirectional stream has no HTTP/1.1 fo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from typing import Any, cast
 
 import grpc
@@ -84,7 +85,7 @@ def _failure(context: HttpCallContext, error: BaseException) -> ConnectError:
         return ConnectError(code, context.details() or "")
     if isinstance(error, ApiError):
         return ConnectError(error.code, error.message)
-    if isinstance(error, asyncio.TimeoutError):
+    if isinstance(error, asyncio.TimeoutError) and context.time_remaining() == 0:
         return ConnectError(
             grpc.StatusCode.DEADLINE_EXCEEDED, "the call ran past its Connect-Timeout-Ms"
         )
@@ -169,8 +170,9 @@ class ConnectHandler:
             # types-grpcio types handlers for the sync server; grpc.aio's are coroutines.
             return await cast(Any, procedure.handler.unary_unary)(call, grpc_context)
         merged = procedure.response_class()
-        async for response in _responses(procedure, call, grpc_context):
-            merged.MergeFrom(response)
+        async with contextlib.aclosing(_responses(procedure, call, grpc_context)) as stream:
+            async for response in stream:
+                merged.MergeFrom(response)
         return merged
 
     async def _stream(
@@ -188,24 +190,29 @@ class ConnectHandler:
         grpc_context = cast(grpc.aio.ServicerContext, context)
 
         async def pump() -> None:
-            async for response in _responses(procedure, call, grpc_context):
-                await answer.write(connect.envelope(0, codec.encode(response)))
+            # aclosing: a client gone mid-write ends the stream now, releasing what it claimed.
+            async with contextlib.aclosing(_responses(procedure, call, grpc_context)) as stream:
+                async for response in stream:
+                    await answer.write(connect.envelope(0, codec.encode(response)))
 
         error = None
         try:
             await asyncio.wait_for(pump(), timeout)
+        except ConnectionResetError:
+            return answer  # the client left; the stream's cleanup has run
         except Exception as failure:
             error = _failure(context, failure)
         finally:
             context.done()
-        await answer.write(connect.end_of_stream(error))
-        await answer.write_eof()
+        with contextlib.suppress(ConnectionResetError):
+            await answer.write(connect.end_of_stream(error))
+            await answer.write_eof()
         return answer
 
 
 async def _responses(
     procedure: Procedure, call: Any, context: grpc.aio.ServicerContext
-) -> AsyncIterator[Message]:
+) -> AsyncGenerator[Message, None]:
     # An async generator: the outermost interceptor (the call counter) makes every
     # streaming handler one.
     async for response in cast(Any, procedure.handler.unary_stream)(call, context):

@@ -31,7 +31,7 @@ from server.egress import EgressPolicy
 from server.embedded import EmbeddedPostgres
 from server.errors import ApiError
 from server.http.app import build_app
-from server.http.openapi import postbox_document
+from server.http.openapi import committed_document
 from server.http.procedures import MethodTable, Procedure, procedures
 from server.observability import activity, metrics, tracing
 from server.observability.grpc_metrics import CountCalls
@@ -188,7 +188,7 @@ async def serve_http(
         http_procedures,
         max_request_size=settings.http_max_request_size,
         serving=serving,
-        openapi=postbox_document(),
+        openapi=committed_document(),
     )
     # handler_cancellation: a client that hangs up ends its call, and a long-poll
     # Receive releases what it claimed, as a cancelled gRPC call does.

@@ -466,11 +466,14 @@ async def test_health_and_openapi_document(http: aiohttp.ClientSession) -> None:
     )
     assert all(set(operations) == {"post"} for operations in served["paths"].values())
     queue = served["components"]["schemas"]["postbox.v1.Queue"]["properties"]
-    assert queue["maxDepth"] == {"type": "string", "format": "int64"}
+    assert (queue["maxDepth"]["type"], queue["maxDepth"]["format"]) == ("string", "int64")
+    assert queue["maxDepth"]["description"].startswith("Optional. Most messages the queue")
     assert queue["visibilityTimeout"]["type"] == "string"
     assert queue["createTime"]["format"] == "date-time"
     message = served["components"]["schemas"]["postbox.v1.Message"]["properties"]
-    assert message["body"] == {"type": "string", "format": "byte"}
+    assert (message["body"]["type"], message["body"]["format"]) == ("string", "byte")
+    receive = served["paths"]["/postbox.v1.MessageService/Receive"]["post"]
+    assert receive["description"].startswith("Claims messages")  # the proto's comment
 
 
 def test_the_readme_curl_examples_run_as_written(http_server: HttpServer) -> None:

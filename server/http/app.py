@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from collections.abc import AsyncGenerator, Callable
 from typing import Any, cast
@@ -236,16 +235,16 @@ def build_app(
     *,
     max_request_size: int,
     serving: Callable[[], bool],
-    openapi: dict[str, Any],
+    openapi: bytes,
 ) -> web.Application:
-    document = json.dumps(openapi, indent=2).encode()
+    """`openapi`: the OpenAPI document GET /openapi.json serves."""
 
     async def healthz(_: web.Request) -> web.Response:
         status = "SERVING" if serving() else "NOT_SERVING"
         return web.json_response({"status": status}, status=200 if serving() else 503)
 
     async def openapi_json(_: web.Request) -> web.Response:
-        return web.Response(body=document, content_type="application/json")
+        return web.Response(body=openapi, content_type="application/json")
 
     app = web.Application()
     app.router.add_get("/healthz", healthz)

@@ -59,8 +59,12 @@ class HttpServer(ServerProcess):
     metrics_url = ""
 
     def __init__(self, database_url: str, *extra: str, scheme: str = "http", **kwargs) -> None:
+        super().__init__(database_url, *extra, **kwargs)
+        # Free now, and not the gRPC port (which the kernel may hand out twice in a row).
         self.http_port = free_port()
-        super().__init__(database_url, "--http-port", str(self.http_port), *extra, **kwargs)
+        while self.http_port == self.port:
+            self.http_port = free_port()
+        self.extra_args = ("--http-port", str(self.http_port), *self.extra_args)
         self.base = f"{scheme}://127.0.0.1:{self.http_port}"
 
 
@@ -608,9 +612,10 @@ async def test_api_keys_over_http_are_gRPC_s_rules(
     server, secrets = keyed
     queue = f"orders-{unique_name('keys')}"
     other = f"billing-{unique_name('keys')}"
-    with grpc.insecure_channel(server.target) as channel:
-        from postbox.v1 import queue_service_pb2 as qpb
+    from postbox.v1 import message_service_pb2 as mpb
+    from postbox.v1 import queue_service_pb2 as qpb
 
+    with grpc.insecure_channel(server.target) as channel:
         create = qpb.DESCRIPTOR.services_by_name["QueueService"].methods_by_name["CreateQueue"]
         grpc_anonymous = call_method(channel, create, qpb.CreateQueueRequest())
     async with aiohttp.ClientSession(server.base) as http:
@@ -645,6 +650,17 @@ async def test_api_keys_over_http_are_gRPC_s_rules(
         )
         assert status == 403
         assert answer["code"] == "permission_denied"
+        with grpc.insecure_channel(server.target) as channel:
+            send = mpb.DESCRIPTOR.services_by_name["MessageService"].methods_by_name["Send"]
+            denied = channel.unary_unary(f"/postbox.v1.MessageService/{send.name}")
+            with pytest.raises(grpc.RpcError) as caught:
+                denied(
+                    mpb.SendRequest(queue=other, body=b"hi").SerializeToString(),
+                    metadata=[("authorization", f"Bearer {secrets['sender']}")],
+                    timeout=10,
+                )
+        assert caught.value.code() is grpc.StatusCode.PERMISSION_DENIED
+        assert answer["message"] == caught.value.details()
         assert "'send'" in answer["message"]
         assert other in answer["message"]
         status, answer = await call(http, "QueueService/DeleteQueue", {"name": queue}, sender)

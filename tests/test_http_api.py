@@ -209,6 +209,15 @@ async def test_bad_requests_get_precise_4xx(http: aiohttp.ClientSession) -> None
     assert status == 400
     assert answer["code"] == "invalid_argument"
     assert "colour" in answer["message"]
+    for not_an_object in ([], None, "x", ["name"]):
+        status, answer = await call(http, queue, not_an_object)
+        assert status == 400, not_an_object
+        assert answer["code"] == "invalid_argument"
+    status, answer = await call(http, queue, b'{"name": ' + b"[" * 30_000 + b"]" * 30_000 + b"}")
+    assert status == 400  # deeper than Python's recursion: still the caller's error
+    status, answer = await call(http, queue, b'{"name": "x", "name": "y"}')
+    assert status == 400
+    assert "duplicate" in answer["message"]
     status, answer = await call(http, queue, {"name": 12})
     assert status == 400
     assert answer["code"] == "invalid_argument"

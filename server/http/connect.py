@@ -101,6 +101,8 @@ class Codec:
             text = data.decode()
         except UnicodeDecodeError as error:
             raise ValueError(f"the body is not UTF-8: {error}") from None
+        if not text.lstrip().startswith("{"):
+            raise ValueError("the body is not a JSON object; a message in JSON is one")
         try:
             json_format.Parse(text, message, ignore_unknown_fields=False)
         except json_format.ParseError as error:

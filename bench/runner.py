@@ -26,7 +26,7 @@ import psutil
 from postbox.v1 import message_service_pb2_grpc, queue_service_pb2, queue_service_pb2_grpc
 
 from bench.database import RAW_TABLE, BenchDatabase
-from bench.processes import Served
+from bench.processes import Served, free_port
 
 
 @dataclass
@@ -89,6 +89,7 @@ class Context:
     # Scenario output beyond the table (e.g. the sustained run's windows), kept in the JSON.
     extra: dict[str, Any] = field(default_factory=dict)
     _servers: dict[str, Served] = field(default_factory=dict)
+    _http_urls: dict[str, str] = field(default_factory=dict)
     _stack: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
 
     def postbox(self, workers: int = 1) -> Served:
@@ -99,6 +100,15 @@ class Context:
             served = Served.postbox(self.db.url, *extra, name=key)
             self._servers[key] = self._stack.enter_context(served)
         return self._servers[key]
+
+    def postbox_http(self) -> tuple[Served, str]:
+        """A one-worker postbox server with its HTTP/JSON port on too; that port's URL."""
+        if "postbox-http" not in self._servers:
+            http_port = free_port()
+            served = Served.postbox(self.db.url, "--http-port", str(http_port), name="postbox-http")
+            self._servers["postbox-http"] = self._stack.enter_context(served)
+            self._http_urls["postbox-http"] = f"http://127.0.0.1:{http_port}"
+        return self._servers["postbox-http"], self._http_urls["postbox-http"]
 
     def empty(self) -> Served:
         if "empty" not in self._servers:

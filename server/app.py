@@ -7,20 +7,18 @@ import contextlib
 import functools
 import logging
 import signal
+from collections.abc import Callable
+from typing import Any
 
 import grpc
+from aiohttp import web
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from postbox.v1 import (
-    access_service_pb2,
     access_service_pb2_grpc,
-    message_service_pb2,
     message_service_pb2_grpc,
-    queue_service_pb2,
     queue_service_pb2_grpc,
-    schedule_service_pb2,
     schedule_service_pb2_grpc,
-    topic_service_pb2,
     topic_service_pb2_grpc,
 )
 
@@ -34,10 +32,14 @@ from server.durability import require_synchronous_commit
 from server.egress import EgressPolicy
 from server.embedded import EmbeddedPostgres
 from server.errors import ApiError
+from server.http.app import build_app
+from server.http.openapi import committed_document
+from server.http.procedures import MethodTable, Procedure, procedures
 from server.observability import activity, metrics, tracing
 from server.observability.grpc_metrics import CountCalls
 from server.observability.metrics import serve_metrics
 from server.services.access import AccessService
+from server.services.catalog import SERVICES
 from server.services.decoding import RejectUndecodable
 from server.services.messages import MessageService
 from server.services.queues import QueueService
@@ -51,13 +53,7 @@ from server.workers.webhooks import WebhookWorker
 
 log = logging.getLogger(__name__)
 
-SERVICE_NAMES = (
-    queue_service_pb2.DESCRIPTOR.services_by_name["QueueService"].full_name,
-    message_service_pb2.DESCRIPTOR.services_by_name["MessageService"].full_name,
-    topic_service_pb2.DESCRIPTOR.services_by_name["TopicService"].full_name,
-    schedule_service_pb2.DESCRIPTOR.services_by_name["ScheduleService"].full_name,
-    access_service_pb2.DESCRIPTOR.services_by_name["AccessService"].full_name,
-)
+SERVICE_NAMES = tuple(service.full_name for service in SERVICES)
 # The database is pinged this often while it answers (an idle server stays quiet;
 # a dropped LISTEN connection triggers a ping at once), and every second while not.
 HEALTH_CHECK_INTERVAL = 10.0
@@ -78,7 +74,22 @@ def grpc_options(settings: Settings, *, reuse_port: bool = False) -> list[tuple[
     ]
 
 
-async def _set_health(servicer: health.aio.HealthServicer, serving: bool) -> None:
+class Serving:
+    """Whether the server serves (the database answers, no shutdown yet), for the health
+    checks that are not gRPC's (HTTP's /healthz)."""
+
+    def __init__(self) -> None:
+        self.now = False
+
+    def __call__(self) -> bool:
+        return self.now
+
+
+async def _set_health(
+    servicer: health.aio.HealthServicer, serving: bool, state: Serving | None = None
+) -> None:
+    if state is not None:
+        state.now = serving
     status = (
         health_pb2.HealthCheckResponse.SERVING
         if serving
@@ -88,7 +99,9 @@ async def _set_health(servicer: health.aio.HealthServicer, serving: bool) -> Non
         await servicer.set(name, status)
 
 
-async def _watch_health(engine: Engine, servicer: health.aio.HealthServicer, hub: WakeHub) -> None:
+async def _watch_health(
+    engine: Engine, servicer: health.aio.HealthServicer, hub: WakeHub, state: Serving
+) -> None:
     """SERVING while the database answers, NOT_SERVING while it does not."""
     serving = None
     check_now = asyncio.Event()
@@ -103,7 +116,7 @@ async def _watch_health(engine: Engine, servicer: health.aio.HealthServicer, hub
             now_serving = False
         if now_serving != serving:
             serving = now_serving
-            await _set_health(servicer, serving)
+            await _set_health(servicer, serving, state)
             log.log(
                 logging.INFO if serving else logging.WARNING,
                 "database %s",
@@ -169,6 +182,39 @@ def refuse_anonymous_exposure(host: str, keys: KeyCache, allow_anonymous: bool) 
     )
 
 
+async def serve_http(
+    settings: Settings, http_procedures: dict[str, Procedure], serving: Serving
+) -> tuple[web.AppRunner, int]:
+    """Starts the HTTP/JSON front door; its runner and the port it listens on."""
+    app = build_app(
+        http_procedures,
+        max_request_size=settings.http_max_request_size,
+        serving=serving,
+        openapi=committed_document(),
+    )
+    # handler_cancellation: a client that hangs up ends its call, and a long-poll
+    # Receive releases what it claimed, as a cancelled gRPC call does.
+    runner = web.AppRunner(
+        app, handler_cancellation=True, access_log=None, shutdown_timeout=settings.shutdown_grace
+    )
+    await runner.setup()
+    site = web.TCPSite(
+        runner,
+        settings.http_host.strip("[]"),
+        settings.http_port,
+        ssl_context=None if settings.tls is None else settings.tls.ssl_context(),
+        reuse_port=settings.reuse_port,
+    )
+    try:
+        await site.start()
+    except OSError as error:
+        await runner.cleanup()
+        raise OSError(
+            f"cannot listen on {settings.http_host}:{settings.http_port}: {error.strerror}"
+        ) from None
+    return runner, runner.addresses[0][1]
+
+
 async def _scrape(engine: Engine, max_queues: int) -> bytes:
     metrics.observe_pool(engine)
     return await metrics.exposition(engine, max_queues)
@@ -180,7 +226,8 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     stop_on_signals(stop)
     dsn, embedded = await open_database(settings)
     tracing.configure("postbox")
-    engine = hub = server = health_servicer = keys = metrics_runner = None
+    engine = hub = server = health_servicer = keys = metrics_runner = http_runner = None
+    serving = Serving()
     tasks: list[asyncio.Task[None]] = []
     # Sessions of their own (LISTEN, the migration) need a direct connection.
     direct_dsn = settings.listen_database_url or dsn
@@ -189,6 +236,8 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         keys = KeyCache(direct_dsn)
         await keys.start()
         refuse_anonymous_exposure(settings.grpc_host, keys, settings.insecure_allow_anonymous)
+        if settings.http_port is not None:
+            refuse_anonymous_exposure(settings.http_host, keys, settings.insecure_allow_anonymous)
         engine = await Engine.connect(
             dsn,
             pool_size=settings.pool_size,
@@ -210,18 +259,6 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
             ],
             options=grpc_options(settings, reuse_port=settings.reuse_port),
         )
-        queue_service_pb2_grpc.add_QueueServiceServicer_to_server(
-            QueueService(engine, max_message_size=settings.max_message_size), server
-        )
-        message_service_pb2_grpc.add_MessageServiceServicer_to_server(
-            MessageService(
-                engine,
-                hub,
-                max_message_size=settings.max_message_size,
-                max_response_size=settings.max_response_size,
-            ),
-            server,
-        )
         egress = EgressPolicy(settings.webhook_allow_cidrs)
         webhooks = WebhookWorker(engine, egress, poll_interval=IDLE_POLL_INTERVAL)
         scheduler = SchedulerWorker(
@@ -229,23 +266,45 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         )
         hub.on_signal("webhooks", webhooks.wake)
         hub.on_signal("schedules", scheduler.wake)
-        topic_service_pb2_grpc.add_TopicServiceServicer_to_server(
-            TopicService(
-                engine, hub, webhooks.wake, egress, max_message_size=settings.max_message_size
+        # Each servicer goes to both front doors; the generated add_* functions take the
+        # grpc server, or the HTTP side's MethodTable, which stands in for one.
+        servicers: tuple[tuple[Callable[[Any, Any], None], object], ...] = (
+            (
+                queue_service_pb2_grpc.add_QueueServiceServicer_to_server,
+                QueueService(engine, max_message_size=settings.max_message_size),
             ),
-            server,
+            (
+                message_service_pb2_grpc.add_MessageServiceServicer_to_server,
+                MessageService(
+                    engine,
+                    hub,
+                    max_message_size=settings.max_message_size,
+                    max_response_size=settings.max_response_size,
+                ),
+            ),
+            (
+                topic_service_pb2_grpc.add_TopicServiceServicer_to_server,
+                TopicService(
+                    engine, hub, webhooks.wake, egress, max_message_size=settings.max_message_size
+                ),
+            ),
+            (
+                schedule_service_pb2_grpc.add_ScheduleServiceServicer_to_server,
+                ScheduleService(engine, scheduler.wake, max_message_size=settings.max_message_size),
+            ),
+            (
+                access_service_pb2_grpc.add_AccessServiceServicer_to_server,
+                AccessService(engine, keys),
+            ),
         )
-        schedule_service_pb2_grpc.add_ScheduleServiceServicer_to_server(
-            ScheduleService(engine, scheduler.wake, max_message_size=settings.max_message_size),
-            server,
-        )
-        access_service_pb2_grpc.add_AccessServiceServicer_to_server(
-            AccessService(engine, keys), server
-        )
+        methods = MethodTable()
+        for add_to_server, servicer in servicers:
+            add_to_server(servicer, server)
+            add_to_server(servicer, methods)
         health_servicer = health.aio.HealthServicer()
         # The servicer starts out SERVING the whole server; nothing is served until
         # the database has answered a ping.
-        await _set_health(health_servicer, serving=False)
+        await _set_health(health_servicer, False, serving)
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
         reflection.enable_server_reflection(
             (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
@@ -258,6 +317,13 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         if port == 0:
             raise OSError(f"cannot listen on {address}")
         await server.start()
+        if settings.http_port is not None:
+            # The gRPC server's servicers behind the same interceptors, tracing aside
+            # (its interceptor reads gRPC's own call objects).
+            http_procedures = procedures(
+                SERVICES, methods, [CountCalls(), Authorize(keys), RejectUndecodable()]
+            )
+            http_runner, http_port = await serve_http(settings, http_procedures, serving)
         if settings.metrics_port is not None:
             metrics_runner = await serve_metrics(
                 settings.metrics_host,
@@ -272,7 +338,9 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         )
         hub.on_signal("redrives", maintenance.wake)
         tasks = [
-            asyncio.create_task(_watch_health(engine, health_servicer, hub), name="postbox-health"),
+            asyncio.create_task(
+                _watch_health(engine, health_servicer, hub, serving), name="postbox-health"
+            ),
             asyncio.create_task(maintenance.run(), name="postbox-maintenance"),
             asyncio.create_task(webhooks.run(), name="postbox-webhooks"),
             asyncio.create_task(scheduler.run(), name="postbox-scheduler"),
@@ -286,9 +354,17 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
             settings.grpc_host,
             port,
         )
+        if http_runner is not None:
+            log.info(
+                "postbox serving HTTP/JSON (Connect)%s on %s:%d",
+                "" if settings.tls is None else " over TLS",
+                settings.http_host,
+                http_port,
+            )
         await stop.wait()
         log.info("shutting down")
     finally:
+        serving.now = False
         if health_servicer is not None:
             # Before any stream ends, so balancers stop sending calls while the
             # grace lasts; later sets (the health watcher's) are ignored.
@@ -300,6 +376,8 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
             await metrics_runner.cleanup()
         if hub is not None:
             await hub.close()  # waiting streams end now, with what they have
+        if http_runner is not None:
+            await http_runner.cleanup()
         if server is not None:
             await server.stop(settings.shutdown_grace)
         if engine is not None:

@@ -14,7 +14,12 @@ from typing import Any
 import grpc
 
 from server import __version__
-from server.config import MESSAGE_SIZE_RANGE, RESPONSE_SIZE_RANGE, Settings
+from server.config import (
+    HTTP_REQUEST_SIZE_RANGE,
+    MESSAGE_SIZE_RANGE,
+    RESPONSE_SIZE_RANGE,
+    Settings,
+)
 from server.egress import parse_cidrs
 from server.embedded import default_data_dir
 from server.observability.logs import FORMATS
@@ -59,6 +64,9 @@ def _serve(args: argparse.Namespace) -> int:
         activity_interval=args.activity_interval,
         reuse_port=args.reuse_port,
         insecure_allow_anonymous=args.insecure_allow_anonymous,
+        http_host=args.grpc_host if args.http_host is None else args.http_host,
+        http_port=args.http_port,
+        http_max_request_size=args.http_max_request_size,
         metrics_host=args.metrics_host,
         metrics_port=args.metrics_port,
         metrics_max_queues=args.metrics_max_queues,
@@ -239,6 +247,7 @@ def positive_seconds(text: str) -> float:
 # --max-message-size: the range a queue's max_message_size has.
 message_size = _size_flag(*MESSAGE_SIZE_RANGE, "1 KiB to 64 MiB")
 response_size = _size_flag(*RESPONSE_SIZE_RANGE, "64 KiB to 64 MiB")
+http_request_size = _size_flag(*HTTP_REQUEST_SIZE_RANGE, "64 KiB to 1 GiB")
 
 
 def _add_logging_flags(parser: argparse.ArgumentParser, level: str, log_format: str) -> None:
@@ -376,6 +385,28 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="serve an address beyond loopback while no API key exists, so that anyone "
         "reaching it may do anything",
+    )
+    serve.add_argument(
+        "--http-port",
+        type=int,
+        default=int(os.environ["POSTBOX_HTTP_PORT"]) if "POSTBOX_HTTP_PORT" in os.environ else None,
+        help="serve every RPC as HTTP + JSON (the Connect protocol: POST "
+        "/postbox.v1.<Service>/<Method>) on this port, with the gRPC port's TLS and API keys "
+        "(default: $POSTBOX_HTTP_PORT or not at all)",
+    )
+    serve.add_argument(
+        "--http-host",
+        default=os.environ.get("POSTBOX_HTTP_HOST"),
+        help="address of the HTTP port, under the same rules as --grpc-host (default: "
+        "$POSTBOX_HTTP_HOST or the --grpc-host)",
+    )
+    serve.add_argument(
+        "--http-max-request-size",
+        type=http_request_size,
+        default=Settings.http_max_request_size,
+        metavar="BYTES",
+        help="largest HTTP request body; a larger one is refused with resource_exhausted "
+        "before it is read (default: %(default)s)",
     )
     serve.add_argument(
         "--metrics-port",

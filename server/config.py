@@ -17,6 +17,8 @@ MESSAGE_SIZE_RANGE = (1024, 64 * MIB)
 BATCH_REQUEST_SIZE = 64 * MIB
 # Room in a request beyond one message's body and attributes: queue name, ids, framing.
 REQUEST_ENVELOPE = MIB
+# The range of --http-max-request-size.
+HTTP_REQUEST_SIZE_RANGE = (64 * 1024, 1024 * MIB)
 # The range of --max-response-size. A gRPC client takes 4 MiB unless told otherwise.
 RESPONSE_SIZE_RANGE = (64 * 1024, 64 * MIB)
 
@@ -61,6 +63,13 @@ class Settings:
     insecure_allow_anonymous: bool = False
     # Ranges webhooks may reach besides public addresses (server/egress.py).
     webhook_allow_cidrs: tuple[str, ...] = ()
+    # HTTP/JSON (the Connect protocol, server/http/) on this port (None: not served), on
+    # this address (the CLI defaults it to the gRPC host's), with bodies of at most this
+    # many bytes: a full gRPC request in JSON, where bytes take 4/3 in base64 and strings
+    # may need escapes.
+    http_port: int | None = None
+    http_host: str = "localhost"
+    http_max_request_size: int = 2 * BATCH_REQUEST_SIZE
     # Prometheus /metrics on this port (None: not served), and how many queues it shows.
     metrics_host: str = "localhost"
     metrics_port: int | None = None

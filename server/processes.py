@@ -57,6 +57,11 @@ def worker_command(settings: Settings, log_level: str, log_format: str) -> list[
         "--activity-interval", str(settings.activity_interval),
         "--reuse-port",
         *([] if settings.tls is None else settings.tls.flags()),
+        *([] if settings.http_port is None else [
+            "--http-host", settings.http_host,
+            "--http-port", str(settings.http_port),
+            "--http-max-request-size", str(settings.http_max_request_size),
+        ]),
         *(arg for cidr in settings.webhook_allow_cidrs for arg in ("--webhook-allow-cidr", cidr)),
         *(["--insecure-allow-anonymous"] if settings.insecure_allow_anonymous else []),
         *(["--require-synchronous-commit"] if settings.require_synchronous_commit else []),
@@ -70,6 +75,10 @@ async def serve_workers(
     if settings.grpc_port == 0:
         raise ValueError("--workers needs a fixed --grpc-port for the workers to share")
     _check_port_free(settings.grpc_host, settings.grpc_port)
+    if settings.http_port is not None:
+        if settings.http_port == 0:
+            raise ValueError("--workers needs a fixed --http-port for the workers to share")
+        _check_port_free(settings.http_host, settings.http_port)
     stop = asyncio.Event()
     stop_on_signals(stop)
     dsn, embedded = await open_database(settings)

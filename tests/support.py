@@ -26,6 +26,8 @@ import pytest
 from google.protobuf.duration_pb2 import Duration
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from server.auth.secrets import new_secret, secret_sha256, sigv4_secret
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -71,6 +73,26 @@ def kept(seconds_: float | None):
     if seconds_ is None:
         return queue_service_pb2.Retention()
     return queue_service_pb2.Retention(period=seconds(seconds_))
+
+
+def bootstrap_key(database_url: str, name: str, *grants: str) -> str:
+    """Creates a key directly in the database, as `postbox keys create --database-url` does."""
+    secret = new_secret()
+    permissions = [grant.split(":", 1)[0] for grant in grants]
+    patterns = [grant.split(":", 1)[1] for grant in grants]
+
+    async def run() -> None:
+        conn = await asyncpg.connect(database_url)
+        try:
+            await conn.execute(
+                "SELECT postbox.create_key($1, $2, $3, $4, $5)",
+                name, secret_sha256(secret), sigv4_secret(secret), permissions, patterns,
+            )  # fmt: skip
+        finally:
+            await conn.close()
+
+    asyncio.run(run())
+    return secret
 
 
 def error_of(call, *args, **kwargs) -> grpc.RpcError:

@@ -7,7 +7,6 @@ every server of a database, which the other suites' shared server must not see.
 
 from __future__ import annotations
 
-import asyncio
 import importlib
 import pkgutil
 import subprocess
@@ -16,7 +15,6 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-import asyncpg
 import grpc
 import postbox.v1
 import pytest
@@ -26,36 +24,24 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from postbox.v1 import access_service_pb2 as access_pb
 from postbox.v1 import access_service_pb2_grpc, queue_service_pb2, queue_service_pb2_grpc
-from support import ROOT, ServerProcess, create_database, drop_database, error_of, free_port
+from support import (
+    ROOT,
+    ServerProcess,
+    bootstrap_key,
+    create_database,
+    drop_database,
+    error_of,
+    free_port,
+)
 
 from server.auth.rules import RULES, Rule
-from server.auth.secrets import new_secret, secret_sha256, sigv4_secret
+from server.auth.secrets import sigv4_secret
 
 # The name every matrix request names: malformed for every kind of resource, so no
 # call changes anything, yet grants on "authz-*" match it.
 RESOURCE = "authz-no such name"
 # A permission that does not allow the rule's call (publish allows only publishing).
 OTHER_PERMISSION = {"publish": "send"}  # default: "publish"
-
-
-def bootstrap_key(database_url: str, name: str, *grants: str) -> str:
-    """Creates a key directly in the database, as `postbox keys create --database-url` does."""
-    secret = new_secret()
-    permissions = [grant.split(":", 1)[0] for grant in grants]
-    patterns = [grant.split(":", 1)[1] for grant in grants]
-
-    async def run() -> None:
-        conn = await asyncpg.connect(database_url)
-        try:
-            await conn.execute(
-                "SELECT postbox.create_key($1, $2, $3, $4, $5)",
-                name, secret_sha256(secret), sigv4_secret(secret), permissions, patterns,
-            )  # fmt: skip
-        finally:
-            await conn.close()
-
-    asyncio.run(run())
-    return secret
 
 
 def bearer(secret: str) -> list[tuple[str, str]]:
@@ -529,8 +515,6 @@ def test_access_service_refuses_a_duplicate_and_a_past_expiry(
 
 def test_keys_sigv4_secret_derives_the_sqs_secret_from_the_key(keys: Keys) -> None:
     from test_cli import postbox
-
-    from server.auth.secrets import sigv4_secret
 
     result = postbox("keys", "sigv4-secret", env={"POSTBOX_API_KEY": keys.admin})
     assert result.returncode == 0, result.stderr

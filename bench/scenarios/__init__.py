@@ -3,6 +3,7 @@
 from bench.scenarios import (
     auth,
     engine,
+    http,
     idle,
     latency,
     producer,
@@ -22,6 +23,7 @@ __all__ = [
     "LONG",
     "auth",
     "engine",
+    "http",
     "idle",
     "latency",
     "producer",

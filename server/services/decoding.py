@@ -26,10 +26,16 @@ from server.interceptors import (
     yields,
 )
 
+_PROTOBUF_ADVICE = "send a valid protobuf message (string fields must be UTF-8)"
 
-class _Undecodable:
-    def __init__(self, reason: str) -> None:
+
+class Undecodable:
+    """Stands for a request that did not decode, in place of the message; the HTTP front
+    door hands its undecodable JSON over as one too, so it is refused in the same place."""
+
+    def __init__(self, reason: str, advice: str = _PROTOBUF_ADVICE) -> None:
         self.reason = reason
+        self.advice = advice
 
 
 def _tolerant(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], Any]:
@@ -37,19 +43,16 @@ def _tolerant(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], 
         try:
             return deserializer(data) if deserializer else data
         except DecodeError as exc:
-            return _Undecodable(str(exc))
+            return Undecodable(str(exc))
 
     return deserialize
 
 
-def _refusal(request: _Undecodable) -> str:
-    return (
-        f"the request could not be decoded: {request.reason}; send a valid protobuf message "
-        "(string fields must be UTF-8)"
-    )
+def _refusal(request: Undecodable) -> str:
+    return f"the request could not be decoded: {request.reason}; {request.advice}"
 
 
-async def _refuse(request: _Undecodable, context: Context) -> None:
+async def _refuse(request: Undecodable, context: Context) -> None:
     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, _refusal(request))
 
 
@@ -57,7 +60,7 @@ def _guard_unary(
     behavior: Callable[[Any, Context], Awaitable[Any]],
 ) -> Callable[[Any, Context], Awaitable[Any]]:
     async def unary(request: Any, context: Context) -> Any:
-        if isinstance(request, _Undecodable):
+        if isinstance(request, Undecodable):
             await _refuse(request, context)
         return await behavior(request, context)
 
@@ -66,7 +69,7 @@ def _guard_unary(
 
 def _guard_stream(behavior: Generates) -> Generates:
     async def stream(request: Any, context: Context) -> AsyncGenerator[Any, None]:
-        if isinstance(request, _Undecodable):
+        if isinstance(request, Undecodable):
             await _refuse(request, context)
         async for response in relay(behavior(request, context)):
             yield response
@@ -80,7 +83,7 @@ def _guard_requests(behavior: Generates) -> Generates:
 
     async def checked(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
         async for request in requests:
-            if isinstance(request, _Undecodable):
+            if isinstance(request, Undecodable):
                 raise invalid(_refusal(request))
             yield request
 

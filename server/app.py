@@ -20,6 +20,8 @@ from postbox.v1 import (
     queue_service_pb2_grpc,
     schedule_service_pb2,
     schedule_service_pb2_grpc,
+    stream_service_pb2,
+    stream_service_pb2_grpc,
     topic_service_pb2,
     topic_service_pb2_grpc,
 )
@@ -42,6 +44,7 @@ from server.services.decoding import RejectUndecodable
 from server.services.messages import MessageService
 from server.services.queues import QueueService
 from server.services.schedules import ScheduleService
+from server.services.streams import StreamService, StreamWaiters
 from server.services.topics import TopicService
 from server.services.wakeup import WakeHub
 from server.workers.activity import run_flusher
@@ -55,6 +58,7 @@ SERVICE_NAMES = (
     queue_service_pb2.DESCRIPTOR.services_by_name["QueueService"].full_name,
     message_service_pb2.DESCRIPTOR.services_by_name["MessageService"].full_name,
     topic_service_pb2.DESCRIPTOR.services_by_name["TopicService"].full_name,
+    stream_service_pb2.DESCRIPTOR.services_by_name["StreamService"].full_name,
     schedule_service_pb2.DESCRIPTOR.services_by_name["ScheduleService"].full_name,
     access_service_pb2.DESCRIPTOR.services_by_name["AccessService"].full_name,
 )
@@ -229,11 +233,20 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         )
         hub.on_signal("webhooks", webhooks.wake)
         hub.on_signal("schedules", scheduler.wake)
+        stream_waiters = StreamWaiters()
         topic_service_pb2_grpc.add_TopicServiceServicer_to_server(
             TopicService(
-                engine, hub, webhooks.wake, egress, max_message_size=settings.max_message_size
+                engine,
+                hub,
+                webhooks.wake,
+                egress,
+                max_message_size=settings.max_message_size,
+                on_published=stream_waiters.wake,
             ),
             server,
+        )
+        stream_service_pb2_grpc.add_StreamServiceServicer_to_server(
+            StreamService(engine, stream_waiters), server
         )
         schedule_service_pb2_grpc.add_ScheduleServiceServicer_to_server(
             ScheduleService(engine, scheduler.wake, max_message_size=settings.max_message_size),

@@ -453,11 +453,12 @@ $$;
 -- One pass of the log's rotation (the servers' maintenance workers run it):
 -- truncates every retired slot that is done (see _stream_slot_done), then
 -- retires the current slot, if it holds rows and has been current for
--- rotation_period, in favour of an empty one. A slot whose lock is not free
+-- rotation_period (NULL: half the shortest stream retention, at most an hour),
+-- in favour of an empty one. A slot whose lock is not free
 -- within lock_wait (a reader, or a transaction that appended to it, holds it)
 -- is left for the next pass: nobody waits behind a TRUNCATE for longer. Returns
 -- how many slots it truncated. One pass at a time; a second returns 0 at once.
-CREATE FUNCTION postbox.rotate_streams(rotation_period interval DEFAULT '1 minute',
+CREATE FUNCTION postbox.rotate_streams(rotation_period interval DEFAULT NULL,
                                        lock_wait interval DEFAULT '20 milliseconds') RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -466,7 +467,7 @@ DECLARE
     previous_lock_timeout text := current_setting('lock_timeout');
     empty_slot smallint;
 BEGIN
-    IF rotation_period IS NULL OR rotation_period < interval '0' THEN
+    IF rotation_period < interval '0' THEN
         PERFORM postbox._invalid(format('rotation_period must not be negative, not %s', rotation_period));
     ELSIF lock_wait IS NULL OR lock_wait < interval '1 millisecond' OR lock_wait > interval '10 seconds' THEN
         PERFORM postbox._invalid(format('lock_wait must be from 1 millisecond to 10 seconds, not %s', lock_wait));
@@ -491,6 +492,8 @@ BEGIN
             PERFORM set_config('lock_timeout', previous_lock_timeout, true);
         END;
     END LOOP;
+    rotation_period := coalesce(rotation_period, least(interval '1 hour', (SELECT min(t.stream_retention) / 2
+                                                                         FROM postbox.topics t)));
     SELECT * INTO s FROM postbox.stream_slots WHERE state = 'current';
     IF s.since <= now() - rotation_period AND EXISTS (SELECT FROM postbox.stream_log l WHERE l.slot = s.slot) THEN
         SELECT e.slot INTO empty_slot FROM postbox.stream_slots e

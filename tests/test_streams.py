@@ -536,3 +536,25 @@ async def test_a_truncate_waiting_for_its_lock_holds_no_publisher_up(own_databas
         for c in (conn, reader, rotator):
             await c.close()
         topics.DeleteTopic(tpb.DeleteTopicRequest(name=stream))
+
+
+async def test_the_maintenance_worker_rotates_the_log(own_database):
+    worker = ServerProcess(own_database, "--expiry-interval", "0.2").start()
+    conn = await asyncpg.connect(own_database)
+    try:
+        with grpc.insecure_channel(worker.target) as channel:
+            topics = topic_service_pb2_grpc.TopicServiceStub(channel)
+            streams = stream_service_pb2_grpc.StreamServiceStub(channel)
+            stream = new_stream(topics, "by_worker", retention=1)
+            create_group(streams, stream, "g")
+            publish(topics, stream, b"a", b"b")
+            ack(streams, stream, "g", take(streams, stream, "g", 2).batch)
+            # Retired once its slot is half a retention old, truncated a retention later.
+            await until(
+                conn, "SELECT NOT EXISTS (SELECT FROM postbox.stream_log l "
+                "JOIN postbox.topics t ON t.id = l.topic_id WHERE t.name = $1)", stream,
+            )  # fmt: skip
+            assert get_group(streams, stream, "g").lag_messages == 0
+    finally:
+        await conn.close()
+        worker.stop()

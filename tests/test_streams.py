@@ -266,6 +266,34 @@ async def test_concurrent_readers_of_a_group_never_get_the_same_batch(
         await first.close()
 
 
+def test_many_readers_of_a_group_share_its_messages_without_overlap(topics, streams, stream):
+    for round_ in range(6):
+        publish(topics, stream, *(f"{round_}.{i}".encode() for i in range(10)))
+    create_group(streams, stream, "g")
+    taken: list[list[int]] = []
+    lock = threading.Lock()
+
+    def consume() -> None:
+        for _ in range(200):
+            with lock:
+                if sum(map(len, taken)) >= 60:
+                    return
+            batch = read(streams, stream, "g", max_messages=7, wait_time=seconds(0.2))
+            if batch.batch:
+                with lock:
+                    taken.append([m.offset for m in batch.messages])
+                ack(streams, stream, "g", batch.batch)
+
+    readers = [threading.Thread(target=consume) for _ in range(6)]
+    for reader in readers:
+        reader.start()
+    for reader in readers:
+        reader.join(60)
+    offsets = [offset for batch in taken for offset in batch]
+    assert len(offsets) == len(set(offsets)) == 60
+    assert offsets == sorted(offsets)  # batches went out one after another, in order
+
+
 async def test_a_publish_in_an_open_transaction_holds_reads_back_rather_than_being_skipped(
     topics, streams, stream, db, database_url
 ):

@@ -1810,6 +1810,19 @@ BEGIN
 END
 $$;
 
+-- Consumer groups' lag for the servers' metrics: up to max_groups groups, in
+-- topic and group name order.
+CREATE FUNCTION postbox.stream_metrics(max_groups integer DEFAULT 1000)
+RETURNS TABLE (topic text, name text, lag_messages bigint, lag_seconds double precision)
+LANGUAGE sql STABLE AS $$
+    SELECT v.topic, v.name, v.lag_messages, v.lag_seconds
+    FROM postbox.consumer_groups g
+    JOIN postbox.topics t ON t.id = g.topic_id
+    CROSS JOIN LATERAL postbox._consumer_group_view(g, t.name) v
+    ORDER BY t.name, g.name
+    LIMIT max_groups
+$$;
+
 -- queue_rates is for readers too, and so is the queue_throughput view.
 -- Gives the engine's functions their privileges, and makes each public one
 -- SECURITY DEFINER with a fixed search_path: a reader or writer then needs no
@@ -1840,7 +1853,7 @@ BEGIN
                           'list_archived_messages', 'get_queue', 'list_queues', 'list_dead_letter_source_queues', 'list_redrive_tasks',
                           'get_topic', 'list_topics', 'get_subscription', 'list_subscriptions',
                           'list_webhook_deliveries', 'get_schedule', 'list_schedules', 'get_consumer_group',
-                          'list_consumer_groups') THEN
+                          'list_consumer_groups', 'stream_metrics') THEN
                 EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO postbox_reader', f.signature);
             ELSIF f.name IN ('send', 'send_batch', 'publish', 'publish_batch') THEN
                 EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO postbox_writer', f.signature);

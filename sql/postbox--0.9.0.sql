@@ -4434,6 +4434,19 @@ BEGIN
 END
 $$;
 
+-- Consumer groups' lag for the servers' metrics: up to max_groups groups, in
+-- topic and group name order.
+CREATE FUNCTION postbox.stream_metrics(max_groups integer DEFAULT 1000)
+RETURNS TABLE (topic text, name text, lag_messages bigint, lag_seconds double precision)
+LANGUAGE sql STABLE AS $$
+    SELECT v.topic, v.name, v.lag_messages, v.lag_seconds
+    FROM postbox.consumer_groups g
+    JOIN postbox.topics t ON t.id = g.topic_id
+    CROSS JOIN LATERAL postbox._consumer_group_view(g, t.name) v
+    ORDER BY t.name, g.name
+    LIMIT max_groups
+$$;
+
 -- Claims up to max_deliveries due webhook deliveries (FOR UPDATE SKIP LOCKED,
 -- so concurrent workers never get the same one) for one attempt each: counts
 -- the attempt and leases the delivery until the subscription's timeout and a
@@ -5257,7 +5270,7 @@ BEGIN
                           'list_archived_messages', 'get_queue', 'list_queues', 'list_dead_letter_source_queues', 'list_redrive_tasks',
                           'get_topic', 'list_topics', 'get_subscription', 'list_subscriptions',
                           'list_webhook_deliveries', 'get_schedule', 'list_schedules', 'get_consumer_group',
-                          'list_consumer_groups') THEN
+                          'list_consumer_groups', 'stream_metrics') THEN
                 EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO postbox_reader', f.signature);
             ELSIF f.name IN ('send', 'send_batch', 'publish', 'publish_batch') THEN
                 EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO postbox_writer', f.signature);

@@ -625,6 +625,10 @@ class Engine:
     async def expire_messages(self, batch_size: int) -> int:
         return await self._call("fetchval", "expire_messages", batch_size)
 
+    async def stream_metrics(self, max_groups: int) -> list[Record]:
+        """Lag of the first max_groups consumer groups by topic and name."""
+        return await self._call("fetch", "stream_metrics", max_groups)
+
     async def queue_metrics(self, max_queues: int) -> list[Record]:
         """Depth figures of the first max_queues queues by name (postbox.queue_metrics)."""
         return await self._call("fetch", "queue_metrics", max_queues)

@@ -296,3 +296,6 @@ SELECT * FROM postbox.seek_consumer_group($1, $2, $3, $4)
 
 -- name: rotate_streams
 SELECT postbox.rotate_streams($1, $2)
+
+-- name: stream_metrics
+SELECT * FROM postbox.stream_metrics($1)

@@ -508,3 +508,16 @@ BEGIN
     RETURN truncated;
 END
 $$;
+
+-- Consumer groups' lag for the servers' metrics: up to max_groups groups, in
+-- topic and group name order.
+CREATE FUNCTION postbox.stream_metrics(max_groups integer DEFAULT 1000)
+RETURNS TABLE (topic text, name text, lag_messages bigint, lag_seconds double precision)
+LANGUAGE sql STABLE AS $$
+    SELECT v.topic, v.name, v.lag_messages, v.lag_seconds
+    FROM postbox.consumer_groups g
+    JOIN postbox.topics t ON t.id = g.topic_id
+    CROSS JOIN LATERAL postbox._consumer_group_view(g, t.name) v
+    ORDER BY t.name, g.name
+    LIMIT max_groups
+$$;

@@ -10,10 +10,12 @@ their range: the machine's noise moves both sides of a round alike.
 from __future__ import annotations
 
 import statistics
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+import asyncpg
 import grpc
 from postbox.v1 import stream_service_pb2 as spb
 from postbox.v1 import stream_service_pb2_grpc, topic_service_pb2_grpc
@@ -122,3 +124,115 @@ async def stream_publish(ctx: Context) -> list[Row]:
     finally:
         await channels.close()
     return rows
+
+
+READ_ROWS = 50_000
+READ_BATCH = 1000
+
+# The raw read: the same rows in the same order, a keyset page at a time.
+_RAW_PAGE = """
+SELECT l.tx, l.stream_offset, l.published_at, l.publish_id, l.routing_key, l.ordering_key,
+       l.subject, l.attributes, l.body
+FROM postbox.stream_log l
+WHERE l.topic_id = $1 AND (l.tx, l.stream_offset) > ($2::xid8, $3::bigint)
+ORDER BY l.tx, l.stream_offset
+LIMIT $4
+"""
+
+
+async def _timed(read_all: Callable[[], Awaitable[int]]) -> float:
+    """msgs/s of one pass over the whole log."""
+    began = time.perf_counter()
+    read = await read_all()
+    if read != READ_ROWS:
+        raise RuntimeError(f"read {read} of {READ_ROWS} messages")
+    return read / (time.perf_counter() - began)
+
+
+@scenario(
+    "stream_read",
+    f"one consumer group reading a stream of {READ_ROWS:,} messages, ReadStream({READ_BATCH}) + "
+    f"AckStream, vs a raw keyset SELECT of the same rows, {ROUNDS} rounds in turns",
+)
+async def stream_read(ctx: Context) -> list[Row]:
+    served = ctx.postbox()
+    topic = f"read_{uuid.uuid4().hex[:8]}"
+    conn = await asyncpg.connect(ctx.db.url)
+    channel = grpc.aio.insecure_channel(served.target)
+    try:
+        await conn.execute("SELECT postbox.create_topic($1, stream_retention => '1 day')", topic)
+        for _ in range(READ_ROWS // 1000):
+            await conn.execute(
+                "SELECT count(*) "
+                "FROM postbox.publish_batch($1, array_fill($2::bytea, ARRAY[1000]))",
+                topic,
+                ctx.body(),
+            )
+        topic_id = await conn.fetchval("SELECT id FROM postbox.topics WHERE name = $1", topic)
+        await conn.execute("VACUUM ANALYZE postbox.stream_log")
+        streams = stream_service_pb2_grpc.StreamServiceStub(channel)
+
+        async def ours() -> int:
+            group = spb.ConsumerGroup(topic=topic, name=f"g{uuid.uuid4().hex[:8]}")
+            await streams.CreateConsumerGroup(spb.CreateConsumerGroupRequest(consumer_group=group))
+            read = 0
+            while True:
+                batch = await streams.ReadStream(
+                    spb.ReadStreamRequest(
+                        topic=topic, consumer_group=group.name, max_messages=READ_BATCH
+                    )
+                )
+                if not batch.batch:
+                    return read
+                read += len(batch.messages)
+                await streams.AckStream(
+                    spb.AckStreamRequest(topic=topic, consumer_group=group.name, batch=batch.batch)
+                )
+
+        async def raw_select() -> int:
+            read, tx, offset = 0, 0, 0
+            while rows := await conn.fetch(_RAW_PAGE, topic_id, tx, offset, READ_BATCH):
+                read += len(rows)
+                tx, offset = rows[-1]["tx"], rows[-1]["stream_offset"]
+            return read
+
+        async def engine() -> int:
+            group = f"e{uuid.uuid4().hex[:8]}"
+            await conn.execute("SELECT FROM postbox.create_consumer_group($1, $2)", topic, group)
+            read = 0
+            while rows := await conn.fetch(
+                "SELECT * FROM postbox.read_stream($1, $2, $3)", topic, group, READ_BATCH
+            ):
+                read += len(rows)
+                await conn.execute("SELECT postbox.ack_stream($1, $2, $3)", topic, group,
+                                   rows[0]["batch"])  # fmt: skip
+            return read
+
+        passes = {"ours": ours, "engine": engine, "raw": raw_select}
+        rates: dict[str, list[float]] = {kind: [] for kind in passes}
+        for round_ in range(ROUNDS):
+            kinds = list(passes)
+            for kind in kinds[round_ % 3 :] + kinds[: round_ % 3]:  # rotated
+                rates[kind].append(await _timed(passes[kind]))
+    finally:
+        await channel.close()
+        await conn.close()
+    ratios = [o / r for o, r in zip(rates["ours"], rates["raw"], strict=True)]
+    engine_ratios = [e / r for e, r in zip(rates["engine"], rates["raw"], strict=True)]
+    ours_rate, raw_rate = statistics.median(rates["ours"]), statistics.median(rates["raw"])
+    return [
+        Row(
+            f"ReadStream({READ_BATCH}) + AckStream, 1 group",
+            "msgs/s",
+            ours_rate,
+            raw_rate,
+            f"asyncpg keyset SELECT of {READ_BATCH}",
+            note=(
+                f"medians of {ROUNDS} passes over {READ_ROWS:,} messages: ours {ours_rate:,.0f}, "
+                f"raw {raw_rate:,.0f} msgs/s; ours/raw per round {_median_range(ratios)}; "
+                f"the engine alone (read_stream + ack_stream over asyncpg) "
+                f"{statistics.median(rates['engine']):,.0f} msgs/s, engine/raw "
+                f"{_median_range(engine_ratios)}"
+            ),
+        )
+    ]

@@ -16,6 +16,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from postbox.v1 import queue_service_pb2_grpc, stream_service_pb2_grpc, topic_service_pb2_grpc
 from postbox.v1 import stream_service_pb2 as spb
 from postbox.v1 import topic_service_pb2 as tpb
+from postbox_client import AsyncClient
 from support import (
     ServerProcess,
     create_database,
@@ -308,6 +309,28 @@ async def test_a_publish_in_an_open_transaction_holds_reads_back_rather_than_bei
         assert bodies(take(streams, stream, "g", 2)) == [b"first", b"second"]
     finally:
         await writer.close()
+
+
+async def test_the_sdk_reader_acks_what_its_handler_returns_and_gets_back_what_it_raises(
+    topics, streams, stream, server
+):
+    create_group(streams, stream, "g")
+    publish(topics, stream, b"a", b"b", b"c")
+    seen: list[tuple[int, list[bytes]]] = []
+    async with AsyncClient(server.target) as client:
+        reader = client.stream_reader(
+            stream, "g", min_messages=3, lease=timedelta(seconds=1), wait_time=timedelta(seconds=5)
+        )
+
+        async def handle(batch) -> None:
+            seen.append((batch.delivery_count, [m.body for m in batch.messages]))
+            if batch.delivery_count == 1:
+                raise RuntimeError("the first delivery fails")
+            reader.stop()  # the loop ends after this batch's ack
+
+        await asyncio.wait_for(reader.run(handle), 30)
+    assert seen == [(1, [b"a", b"b", b"c"]), (2, [b"a", b"b", b"c"])]
+    assert get_group(streams, stream, "g").lag_messages == 0
 
 
 def test_bad_input_gets_a_precise_error_and_changes_nothing(topics, streams, stream):

@@ -17,7 +17,7 @@ from bench.scenarios import (
 )
 
 # Scenarios too long for a default run; they run when named with --only.
-LONG = frozenset({"spark_write", "sustained", "send_sync_replication"})
+LONG = frozenset({"spark_write", "sustained", "sustained_stream", "send_sync_replication"})
 
 __all__ = [
     "LONG",

@@ -33,7 +33,8 @@ POLL_INTERVAL = 0.25  # seconds
 
 
 class StreamWaiters:
-    """ReadStream calls of this process waiting on a topic, woken by its publishes here."""
+    """ReadStream calls of this process waiting on a topic, woken by its publishes, acks and
+    seeks here."""
 
     def __init__(self) -> None:
         # Bumped by every publish: a reader that saw an older one before its empty read
@@ -185,6 +186,7 @@ class StreamService(stream_service_pb2_grpc.StreamServiceServicer):
                 f"batch {request.batch[:40]!r} is not a batch token: pass ReadStreamResponse.batch"
             ) from None
         cursor = await self.engine.ack_stream(request.topic, request.consumer_group, batch)
+        self.waiters.wake(request.topic)  # readers waiting while the batch was out: go on
         return pb.AckStreamResponse(cursor_offset=cursor)
 
     @reports_errors
@@ -199,4 +201,5 @@ class StreamService(stream_service_pb2_grpc.StreamServiceServicer):
             request.offset if target == "offset" else None,
             convert.optional_datetime(request, "time"),
         )  # fmt: skip
+        self.waiters.wake(request.topic)  # a batch called back: the group can read again
         return pb.SeekConsumerGroupResponse(consumer_group=consumer_group(row))

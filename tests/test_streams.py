@@ -245,6 +245,29 @@ def test_a_waiting_read_takes_what_is_published_meanwhile(topics, streams, strea
     assert bodies(result[0]) == [b"late"]
 
 
+async def test_a_streaming_read_hands_out_the_next_batch_once_the_one_before_is_acked(
+    topics, streams, stream, aio_channel
+):
+    create_group(streams, stream, "g")
+    publish(topics, stream, b"a", b"b")
+    publish(topics, stream, b"c")
+    stub = stream_service_pb2_grpc.StreamServiceStub(aio_channel)
+    call = stub.StreamingReadStream(
+        spb.StreamingReadStreamRequest(topic=stream, consumer_group="g", max_messages=2)
+    )
+    try:
+        first = await asyncio.wait_for(call.read(), 15)
+        assert [m.body for m in first.messages] == [b"a", b"b"]
+        assert get_group(streams, stream, "g").HasField("lease_expire_time")
+        ack(streams, stream, "g", first.batch)
+        second = await asyncio.wait_for(call.read(), 15)
+        assert ([m.body for m in second.messages], second.delivery_count) == ([b"c"], 1)
+        ack(streams, stream, "g", second.batch)
+    finally:
+        call.cancel()
+    assert get_group(streams, stream, "g").lag_messages == 0
+
+
 async def test_concurrent_readers_of_a_group_never_get_the_same_batch(
     topics, streams, stream, database_url
 ):

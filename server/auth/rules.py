@@ -92,6 +92,7 @@ _STREAMS = {
     "ListConsumerGroups": Rule("read", "topic", also=("receive",)),
     "DeleteConsumerGroup": Rule("manage", "topic"),
     "ReadStream": Rule("receive", "topic"),
+    "StreamingReadStream": Rule("receive", "topic"),
     "AckStream": Rule("receive", "topic"),
     "SeekConsumerGroup": Rule("receive", "topic", also=("manage",)),
 }

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
+from collections.abc import AsyncIterator
 from datetime import timedelta
 
 import grpc
@@ -30,6 +31,8 @@ MAX_BATCH_WAIT = timedelta(hours=1)
 # A waiting ReadStream hears of publishes through this server at once; of those
 # through other servers, and of leases running out, by looking again this often.
 POLL_INTERVAL = 0.25  # seconds
+# The same for an idle StreamingReadStream, which stays open for good: less often.
+STREAM_POLL_INTERVAL = 1.0  # seconds
 
 
 class StreamWaiters:
@@ -88,7 +91,11 @@ def stream_message(row: Row) -> pb.StreamMessage:
     )
 
 
-def _bounded(request: pb.ReadStreamRequest, field: str, high: timedelta | None) -> timedelta | None:
+def _bounded(
+    request: pb.ReadStreamRequest | pb.StreamingReadStreamRequest,
+    field: str,
+    high: timedelta | None,
+) -> timedelta | None:
     """The Duration field, None when unset; INVALID_ARGUMENT outside 0 to high."""
     value = convert.optional_timedelta(request, field)
     low = timedelta(0)
@@ -172,6 +179,29 @@ class StreamService(stream_service_pb2_grpc.StreamServiceServicer):
             messages=[stream_message(row) for row in rows],
             delivery_count=rows[0]["delivery_count"],
         )
+
+    @reports_errors
+    async def StreamingReadStream(
+        self, request: pb.StreamingReadStreamRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.StreamingReadStreamResponse]:
+        lease = _bounded(request, "lease_duration", None)
+        batch_wait = _bounded(request, "max_batch_wait", MAX_BATCH_WAIT)
+        while True:
+            seen = self.waiters.generation(request.topic)
+            rows = await self.engine.read_stream(
+                request.topic, request.consumer_group,
+                request.max_messages or DEFAULT_MAX_MESSAGES,
+                DEFAULT_LEASE if lease is None else lease,
+                request.min_messages or 1, batch_wait,
+            )  # fmt: skip
+            if not rows:
+                await self.waiters.wait(request.topic, seen, STREAM_POLL_INTERVAL)
+                continue
+            yield pb.StreamingReadStreamResponse(
+                batch=str(rows[0]["batch"]),
+                messages=[stream_message(row) for row in rows],
+                delivery_count=rows[0]["delivery_count"],
+            )
 
     @reports_errors
     async def AckStream(

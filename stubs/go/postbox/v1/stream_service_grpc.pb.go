@@ -32,6 +32,11 @@ type StreamServiceClient interface {
 	// than min_messages, none older than max_batch_wait), or the group's batch
 	// is out with another consumer whose lease is running.
 	ReadStream(ctx context.Context, in *ReadStreamRequest, opts ...grpc.CallOption) (*ReadStreamResponse, error)
+	// Reads the group's batches as they come, one response per batch, until the
+	// client cancels. The next batch comes once the one before is acknowledged
+	// (AckStream) or its lease runs out; other readers of the group may take
+	// batches in between.
+	StreamingReadStream(ctx context.Context, in *StreamingReadStreamRequest, opts ...grpc.CallOption) (StreamService_StreamingReadStreamClient, error)
 	// Acknowledges a batch: the group's cursor moves past it.
 	// FAILED_PRECONDITION when the batch is no longer the group's (its lease ran
 	// out and it went out again, it was acknowledged, or the group was sought).
@@ -94,6 +99,38 @@ func (c *streamServiceClient) ReadStream(ctx context.Context, in *ReadStreamRequ
 	return out, nil
 }
 
+func (c *streamServiceClient) StreamingReadStream(ctx context.Context, in *StreamingReadStreamRequest, opts ...grpc.CallOption) (StreamService_StreamingReadStreamClient, error) {
+	stream, err := c.cc.NewStream(ctx, &_StreamService_serviceDesc.Streams[0], "/postbox.v1.StreamService/StreamingReadStream", opts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &streamServiceStreamingReadStreamClient{stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+type StreamService_StreamingReadStreamClient interface {
+	Recv() (*StreamingReadStreamResponse, error)
+	grpc.ClientStream
+}
+
+type streamServiceStreamingReadStreamClient struct {
+	grpc.ClientStream
+}
+
+func (x *streamServiceStreamingReadStreamClient) Recv() (*StreamingReadStreamResponse, error) {
+	m := new(StreamingReadStreamResponse)
+	if err := x.ClientStream.RecvMsg(m); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
 func (c *streamServiceClient) AckStream(ctx context.Context, in *AckStreamRequest, opts ...grpc.CallOption) (*AckStreamResponse, error) {
 	out := new(AckStreamResponse)
 	err := c.cc.Invoke(ctx, "/postbox.v1.StreamService/AckStream", in, out, opts...)
@@ -131,6 +168,11 @@ type StreamServiceServer interface {
 	// than min_messages, none older than max_batch_wait), or the group's batch
 	// is out with another consumer whose lease is running.
 	ReadStream(context.Context, *ReadStreamRequest) (*ReadStreamResponse, error)
+	// Reads the group's batches as they come, one response per batch, until the
+	// client cancels. The next batch comes once the one before is acknowledged
+	// (AckStream) or its lease runs out; other readers of the group may take
+	// batches in between.
+	StreamingReadStream(*StreamingReadStreamRequest, StreamService_StreamingReadStreamServer) error
 	// Acknowledges a batch: the group's cursor moves past it.
 	// FAILED_PRECONDITION when the batch is no longer the group's (its lease ran
 	// out and it went out again, it was acknowledged, or the group was sought).
@@ -159,6 +201,9 @@ func (UnimplementedStreamServiceServer) DeleteConsumerGroup(context.Context, *De
 }
 func (UnimplementedStreamServiceServer) ReadStream(context.Context, *ReadStreamRequest) (*ReadStreamResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method ReadStream not implemented")
+}
+func (UnimplementedStreamServiceServer) StreamingReadStream(*StreamingReadStreamRequest, StreamService_StreamingReadStreamServer) error {
+	return status.Errorf(codes.Unimplemented, "method StreamingReadStream not implemented")
 }
 func (UnimplementedStreamServiceServer) AckStream(context.Context, *AckStreamRequest) (*AckStreamResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method AckStream not implemented")
@@ -269,6 +314,27 @@ func _StreamService_ReadStream_Handler(srv interface{}, ctx context.Context, dec
 	return interceptor(ctx, in, info, handler)
 }
 
+func _StreamService_StreamingReadStream_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(StreamingReadStreamRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(StreamServiceServer).StreamingReadStream(m, &streamServiceStreamingReadStreamServer{stream})
+}
+
+type StreamService_StreamingReadStreamServer interface {
+	Send(*StreamingReadStreamResponse) error
+	grpc.ServerStream
+}
+
+type streamServiceStreamingReadStreamServer struct {
+	grpc.ServerStream
+}
+
+func (x *streamServiceStreamingReadStreamServer) Send(m *StreamingReadStreamResponse) error {
+	return x.ServerStream.SendMsg(m)
+}
+
 func _StreamService_AckStream_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(AckStreamRequest)
 	if err := dec(in); err != nil {
@@ -338,6 +404,12 @@ var _StreamService_serviceDesc = grpc.ServiceDesc{
 			Handler:    _StreamService_SeekConsumerGroup_Handler,
 		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "StreamingReadStream",
+			Handler:       _StreamService_StreamingReadStream_Handler,
+			ServerStreams: true,
+		},
+	},
 	Metadata: "postbox/v1/stream_service.proto",
 }

@@ -158,6 +158,32 @@ class ReadStreamResponse(_message.Message):
     delivery_count: int
     def __init__(self, batch: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[StreamMessage, _Mapping]]] = ..., delivery_count: _Optional[int] = ...) -> None: ...
 
+class StreamingReadStreamRequest(_message.Message):
+    __slots__ = ("topic", "consumer_group", "max_messages", "min_messages", "max_batch_wait", "lease_duration")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    CONSUMER_GROUP_FIELD_NUMBER: _ClassVar[int]
+    MAX_MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    MIN_MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    MAX_BATCH_WAIT_FIELD_NUMBER: _ClassVar[int]
+    LEASE_DURATION_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    consumer_group: str
+    max_messages: int
+    min_messages: int
+    max_batch_wait: _duration_pb2.Duration
+    lease_duration: _duration_pb2.Duration
+    def __init__(self, topic: _Optional[str] = ..., consumer_group: _Optional[str] = ..., max_messages: _Optional[int] = ..., min_messages: _Optional[int] = ..., max_batch_wait: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., lease_duration: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+
+class StreamingReadStreamResponse(_message.Message):
+    __slots__ = ("batch", "messages", "delivery_count")
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    DELIVERY_COUNT_FIELD_NUMBER: _ClassVar[int]
+    batch: str
+    messages: _containers.RepeatedCompositeFieldContainer[StreamMessage]
+    delivery_count: int
+    def __init__(self, batch: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[StreamMessage, _Mapping]]] = ..., delivery_count: _Optional[int] = ...) -> None: ...
+
 class AckStreamRequest(_message.Message):
     __slots__ = ("topic", "consumer_group", "batch")
     TOPIC_FIELD_NUMBER: _ClassVar[int]

@@ -68,6 +68,11 @@ class StreamServiceStub:
                 request_serializer=postbox_dot_v1_dot_stream__service__pb2.ReadStreamRequest.SerializeToString,
                 response_deserializer=postbox_dot_v1_dot_stream__service__pb2.ReadStreamResponse.FromString,
                 _registered_method=True)
+        self.StreamingReadStream = channel.unary_stream(
+                '/postbox.v1.StreamService/StreamingReadStream',
+                request_serializer=postbox_dot_v1_dot_stream__service__pb2.StreamingReadStreamRequest.SerializeToString,
+                response_deserializer=postbox_dot_v1_dot_stream__service__pb2.StreamingReadStreamResponse.FromString,
+                _registered_method=True)
         self.AckStream = channel.unary_unary(
                 '/postbox.v1.StreamService/AckStream',
                 request_serializer=postbox_dot_v1_dot_stream__service__pb2.AckStreamRequest.SerializeToString,
@@ -132,6 +137,16 @@ class StreamServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def StreamingReadStream(self, request, context):
+        """Reads the group's batches as they come, one response per batch, until the
+        client cancels. The next batch comes once the one before is acknowledged
+        (AckStream) or its lease runs out; other readers of the group may take
+        batches in between.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def AckStream(self, request, context):
         """Acknowledges a batch: the group's cursor moves past it.
         FAILED_PRECONDITION when the batch is no longer the group's (its lease ran
@@ -176,6 +191,11 @@ def add_StreamServiceServicer_to_server(servicer, server):
                     servicer.ReadStream,
                     request_deserializer=postbox_dot_v1_dot_stream__service__pb2.ReadStreamRequest.FromString,
                     response_serializer=postbox_dot_v1_dot_stream__service__pb2.ReadStreamResponse.SerializeToString,
+            ),
+            'StreamingReadStream': grpc.unary_stream_rpc_method_handler(
+                    servicer.StreamingReadStream,
+                    request_deserializer=postbox_dot_v1_dot_stream__service__pb2.StreamingReadStreamRequest.FromString,
+                    response_serializer=postbox_dot_v1_dot_stream__service__pb2.StreamingReadStreamResponse.SerializeToString,
             ),
             'AckStream': grpc.unary_unary_rpc_method_handler(
                     servicer.AckStream,
@@ -332,6 +352,33 @@ class StreamService:
             '/postbox.v1.StreamService/ReadStream',
             postbox_dot_v1_dot_stream__service__pb2.ReadStreamRequest.SerializeToString,
             postbox_dot_v1_dot_stream__service__pb2.ReadStreamResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StreamingReadStream(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/postbox.v1.StreamService/StreamingReadStream',
+            postbox_dot_v1_dot_stream__service__pb2.StreamingReadStreamRequest.SerializeToString,
+            postbox_dot_v1_dot_stream__service__pb2.StreamingReadStreamResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -60,6 +60,12 @@ class StreamServiceStub:
     than min_messages, none older than max_batch_wait), or the group's batch
     is out with another consumer whose lease is running.
     """
+    StreamingReadStream: _grpc.UnaryStreamMultiCallable[_stream_service_pb2.StreamingReadStreamRequest, _stream_service_pb2.StreamingReadStreamResponse]
+    """Reads the group's batches as they come, one response per batch, until the
+    client cancels. The next batch comes once the one before is acknowledged
+    (AckStream) or its lease runs out; other readers of the group may take
+    batches in between.
+    """
     AckStream: _grpc.UnaryUnaryMultiCallable[_stream_service_pb2.AckStreamRequest, _stream_service_pb2.AckStreamResponse]
     """Acknowledges a batch: the group's cursor moves past it.
     FAILED_PRECONDITION when the batch is no longer the group's (its lease ran
@@ -101,6 +107,12 @@ class StreamServiceAsyncStub(StreamServiceStub):
     response means nothing was ready: no message past the cursor (or fewer
     than min_messages, none older than max_batch_wait), or the group's batch
     is out with another consumer whose lease is running.
+    """
+    StreamingReadStream: _aio.UnaryStreamMultiCallable[_stream_service_pb2.StreamingReadStreamRequest, _stream_service_pb2.StreamingReadStreamResponse]  # type: ignore[assignment]
+    """Reads the group's batches as they come, one response per batch, until the
+    client cancels. The next batch comes once the one before is acknowledged
+    (AckStream) or its lease runs out; other readers of the group may take
+    batches in between.
     """
     AckStream: _aio.UnaryUnaryMultiCallable[_stream_service_pb2.AckStreamRequest, _stream_service_pb2.AckStreamResponse]  # type: ignore[assignment]
     """Acknowledges a batch: the group's cursor moves past it.
@@ -170,6 +182,18 @@ class StreamServiceServicer(metaclass=_abc_1.ABCMeta):
         response means nothing was ready: no message past the cursor (or fewer
         than min_messages, none older than max_batch_wait), or the group's batch
         is out with another consumer whose lease is running.
+        """
+
+    @_abc_1.abstractmethod
+    def StreamingReadStream(
+        self,
+        request: _stream_service_pb2.StreamingReadStreamRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_stream_service_pb2.StreamingReadStreamResponse], _abc.AsyncIterator[_stream_service_pb2.StreamingReadStreamResponse]]:
+        """Reads the group's batches as they come, one response per batch, until the
+        client cancels. The next batch comes once the one before is acknowledged
+        (AckStream) or its lease runs out; other readers of the group may take
+        batches in between.
         """
 
     @_abc_1.abstractmethod

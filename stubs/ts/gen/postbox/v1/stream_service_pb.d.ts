@@ -460,6 +460,95 @@ export declare type ReadStreamResponse = Message<"postbox.v1.ReadStreamResponse"
 export declare const ReadStreamResponseSchema: GenMessage<ReadStreamResponse>;
 
 /**
+ * Request of StreamService.StreamingReadStream.
+ *
+ * @generated from message postbox.v1.StreamingReadStreamRequest
+ */
+export declare type StreamingReadStreamRequest = Message<"postbox.v1.StreamingReadStreamRequest"> & {
+  /**
+   * Required. Name of the stream topic.
+   *
+   * @generated from field: string topic = 1;
+   */
+  topic: string;
+
+  /**
+   * Required. Name of the consumer group.
+   *
+   * @generated from field: string consumer_group = 2;
+   */
+  consumerGroup: string;
+
+  /**
+   * Optional. As ReadStreamRequest.max_messages.
+   *
+   * @generated from field: int32 max_messages = 3;
+   */
+  maxMessages: number;
+
+  /**
+   * Optional. As ReadStreamRequest.min_messages.
+   *
+   * @generated from field: int32 min_messages = 4;
+   */
+  minMessages: number;
+
+  /**
+   * Optional. As ReadStreamRequest.max_batch_wait.
+   *
+   * @generated from field: google.protobuf.Duration max_batch_wait = 5;
+   */
+  maxBatchWait?: Duration | undefined;
+
+  /**
+   * Optional. As ReadStreamRequest.lease_duration.
+   *
+   * @generated from field: google.protobuf.Duration lease_duration = 6;
+   */
+  leaseDuration?: Duration | undefined;
+};
+
+/**
+ * Describes the message postbox.v1.StreamingReadStreamRequest.
+ * Use `create(StreamingReadStreamRequestSchema)` to create a new message.
+ */
+export declare const StreamingReadStreamRequestSchema: GenMessage<StreamingReadStreamRequest>;
+
+/**
+ * One batch of StreamService.StreamingReadStream.
+ *
+ * @generated from message postbox.v1.StreamingReadStreamResponse
+ */
+export declare type StreamingReadStreamResponse = Message<"postbox.v1.StreamingReadStreamResponse"> & {
+  /**
+   * Output only. The token that AckStream takes.
+   *
+   * @generated from field: string batch = 1;
+   */
+  batch: string;
+
+  /**
+   * Output only. The batch's messages, in read order.
+   *
+   * @generated from field: repeated postbox.v1.StreamMessage messages = 2;
+   */
+  messages: StreamMessage[];
+
+  /**
+   * Output only. How many times this batch has gone out, 1 the first time.
+   *
+   * @generated from field: int32 delivery_count = 3;
+   */
+  deliveryCount: number;
+};
+
+/**
+ * Describes the message postbox.v1.StreamingReadStreamResponse.
+ * Use `create(StreamingReadStreamResponseSchema)` to create a new message.
+ */
+export declare const StreamingReadStreamResponseSchema: GenMessage<StreamingReadStreamResponse>;
+
+/**
  * Request of StreamService.AckStream.
  *
  * @generated from message postbox.v1.AckStreamRequest
@@ -693,6 +782,19 @@ export declare const StreamService: GenService<{
     methodKind: "unary";
     input: typeof ReadStreamRequestSchema;
     output: typeof ReadStreamResponseSchema;
+  },
+  /**
+   * Reads the group's batches as they come, one response per batch, until the
+   * client cancels. The next batch comes once the one before is acknowledged
+   * (AckStream) or its lease runs out; other readers of the group may take
+   * batches in between.
+   *
+   * @generated from rpc postbox.v1.StreamService.StreamingReadStream
+   */
+  streamingReadStream: {
+    methodKind: "server_streaming";
+    input: typeof StreamingReadStreamRequestSchema;
+    output: typeof StreamingReadStreamResponseSchema;
   },
   /**
    * Acknowledges a batch: the group's cursor moves past it.

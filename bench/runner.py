@@ -130,7 +130,7 @@ class Context:
         """Empties the database between scenarios, so one's leftovers do not slow the next."""
         conn = await asyncpg.connect(self.db.url)
         try:
-            await conn.execute(f"TRUNCATE postbox.messages, {RAW_TABLE}")
+            await conn.execute(f"TRUNCATE postbox.messages, postbox.stream_log, {RAW_TABLE}")
             await conn.execute("SELECT postbox.delete_topic(name) FROM postbox.topics")
             await conn.execute("SELECT postbox.drop_queue(name) FROM postbox.queues")
             await conn.execute(f"VACUUM ANALYZE postbox.messages, {RAW_TABLE}")

@@ -19,6 +19,7 @@ from postbox.v1 import (
     message_service_pb2_grpc,
     queue_service_pb2_grpc,
     schedule_service_pb2_grpc,
+    stream_service_pb2_grpc,
     topic_service_pb2_grpc,
 )
 
@@ -44,6 +45,7 @@ from server.services.decoding import RejectUndecodable
 from server.services.messages import MessageService
 from server.services.queues import QueueService
 from server.services.schedules import ScheduleService
+from server.services.streams import StreamService, StreamWaiters
 from server.services.topics import TopicService
 from server.services.wakeup import WakeHub
 from server.workers.activity import run_flusher
@@ -268,6 +270,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         hub.on_signal("schedules", scheduler.wake)
         # Each servicer goes to both front doors; the generated add_* functions take the
         # grpc server, or the HTTP side's MethodTable, which stands in for one.
+        stream_waiters = StreamWaiters()
         servicers: tuple[tuple[Callable[[Any, Any], None], object], ...] = (
             (
                 queue_service_pb2_grpc.add_QueueServiceServicer_to_server,
@@ -285,8 +288,17 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
             (
                 topic_service_pb2_grpc.add_TopicServiceServicer_to_server,
                 TopicService(
-                    engine, hub, webhooks.wake, egress, max_message_size=settings.max_message_size
+                    engine,
+                    hub,
+                    webhooks.wake,
+                    egress,
+                    max_message_size=settings.max_message_size,
+                    on_published=stream_waiters.wake,
                 ),
+            ),
+            (
+                stream_service_pb2_grpc.add_StreamServiceServicer_to_server,
+                StreamService(engine, stream_waiters),
             ),
             (
                 schedule_service_pb2_grpc.add_ScheduleServiceServicer_to_server,

@@ -199,6 +199,25 @@ def test_topics_and_schedules_verbs(server):
     assert isinstance(json.loads(ok("schedules", "ls", "-o", "json", *target)), list)
 
 
+def test_a_stream_topic_and_its_groups_lag(server):
+    from postbox.v1 import stream_service_pb2, stream_service_pb2_grpc
+
+    target = ["--target", server.target]
+    topic = unique_name("cli_stream")
+    created = json.loads(
+        ok("topics", "create", topic, "--stream-retention", "3600", "-o", "json", *target)
+    )
+    assert created["stream_retention"] == "3600s"
+    group = stream_service_pb2.ConsumerGroup(topic=topic, name="billing")
+    stream_service_pb2_grpc.StreamServiceStub(
+        grpc.insecure_channel(server.target)
+    ).CreateConsumerGroup(stream_service_pb2.CreateConsumerGroupRequest(consumer_group=group))
+    ok("topics", "publish", topic, "{}", *target)
+    (listed,) = json.loads(ok("topics", "groups", topic, "-o", "json", *target))
+    assert (listed["name"], listed["lag_messages"]) == ("billing", "1")
+    assert "billing" in ok("topics", "groups", topic, *target)
+
+
 def test_cancel_ttl_run_and_preview_verbs(server):
     target = ["--target", server.target]
     queue = unique_name("cli_new")

@@ -296,3 +296,25 @@ def test_the_sqs_shim_counts_requests_by_action_and_error(observed):
     missing = {"action": "GetQueueUrl", "code": "AWS.SimpleQueueService.NonExistentQueue"}
     assert value(samples, "postbox_sqs_requests_total", **missing) == 1
     assert value(samples, "postbox_sqs_request_seconds_count", action="SendMessage") == 1
+
+
+def test_consumer_group_lag_is_shown_at_scrape_time(observed):
+    from postbox.v1 import stream_service_pb2 as spb
+    from postbox.v1 import stream_service_pb2_grpc, topic_service_pb2_grpc
+    from postbox.v1 import topic_service_pb2 as tpb
+
+    topic = unique_name("metrics_stream")
+    with grpc.insecure_channel(observed.process.target) as channel:
+        topics = topic_service_pb2_grpc.TopicServiceStub(channel)
+        created = tpb.Topic(name=topic, stream_retention=seconds(3600))
+        topics.CreateTopic(tpb.CreateTopicRequest(topic=created))
+        group = spb.ConsumerGroup(topic=topic, name="lagging")
+        stream_service_pb2_grpc.StreamServiceStub(channel).CreateConsumerGroup(
+            spb.CreateConsumerGroupRequest(consumer_group=group)
+        )
+        entries = [tpb.PublishBatchEntry(body=b"x")] * 3
+        topics.PublishBatch(tpb.PublishBatchRequest(topic=topic, entries=entries))
+    samples = observed.scrape()
+    labels = {"topic": topic, "group": "lagging"}
+    assert value(samples, "postbox_consumer_group_lag_messages", **labels) == 3
+    assert value(samples, "postbox_consumer_group_lag_seconds", **labels) >= 0

@@ -11,13 +11,14 @@ from bench.scenarios import (
     replication,
     spark,
     sqs,
+    streams,
     sustained,
     throughput,
     topics,
 )
 
 # Scenarios too long for a default run; they run when named with --only.
-LONG = frozenset({"spark_write", "sustained", "send_sync_replication"})
+LONG = frozenset({"spark_write", "sustained", "sustained_stream", "send_sync_replication"})
 
 __all__ = [
     "LONG",
@@ -31,6 +32,7 @@ __all__ = [
     "replication",
     "spark",
     "sqs",
+    "streams",
     "sustained",
     "throughput",
     "topics",

@@ -84,6 +84,18 @@ _TOPICS = {
     "PublishBatch": Rule("publish", "topic"),
     "ListWebhookDeliveries": Rule("read", "topic"),
 }
+# Consumer groups belong to their stream topic: its name is the resource. Reading
+# a stream is receiving from it; a consumer may also seek its group to replay.
+_STREAMS = {
+    "CreateConsumerGroup": Rule("manage", "consumer_group.topic"),
+    "GetConsumerGroup": Rule("read", "topic", also=("receive",)),
+    "ListConsumerGroups": Rule("read", "topic", also=("receive",)),
+    "DeleteConsumerGroup": Rule("manage", "topic"),
+    "ReadStream": Rule("receive", "topic"),
+    "StreamingReadStream": Rule("receive", "topic"),
+    "AckStream": Rule("receive", "topic"),
+    "SeekConsumerGroup": Rule("receive", "topic", also=("manage",)),
+}
 _SCHEDULES = {
     "CreateSchedule": Rule("manage", "schedule.name"),
     "GetSchedule": Rule("read", "name"),
@@ -110,6 +122,7 @@ RULES: dict[str, Rule] = {
         ("QueueService", _QUEUES),
         ("MessageService", _MESSAGES),
         ("TopicService", _TOPICS),
+        ("StreamService", _STREAMS),
         ("ScheduleService", _SCHEDULES),
         ("AccessService", _ACCESS),
     )

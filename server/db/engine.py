@@ -375,18 +375,21 @@ class Engine:
     # Topics.
 
     async def create_topic(
-        self, name: str, tags: dict[str, str], sns_attributes: dict[str, str]
-    ) -> Record:
+        self, name: str, tags: dict[str, str], sns_attributes: dict[str, str],
+        stream_retention: timedelta | None = None,
+    ) -> Record:  # fmt: skip
         return await self._call(
-            "fetchrow", "create_topic", name, json.dumps(tags), json.dumps(sns_attributes)
-        )
+            "fetchrow", "create_topic", name, json.dumps(tags), json.dumps(sns_attributes),
+            stream_retention,
+        )  # fmt: skip
 
     async def update_topic(
-        self, name: str, fields: Sequence[str], tags: dict[str, str], sns_attributes: dict[str, str]
-    ) -> Record:
+        self, name: str, fields: Sequence[str], tags: dict[str, str],
+        sns_attributes: dict[str, str], stream_retention: timedelta | None = None,
+    ) -> Record:  # fmt: skip
         return await self._call(
             "fetchrow", "update_topic", name, list(fields), json.dumps(tags),
-            json.dumps(sns_attributes),
+            json.dumps(sns_attributes), stream_retention,
         )  # fmt: skip
 
     async def get_topic(self, name: str) -> Record:
@@ -445,6 +448,48 @@ class Engine:
                     metrics.count(metrics.MESSAGES_SENT, queue, 1)
                     ACTIVITY.sent(queue, 1)
         return rows
+
+    # Stream topics. Group rows carry topic, name, created_at, cursor_offset, acked_at,
+    # lease_expires_at, lag_messages and lag_seconds.
+
+    async def create_consumer_group(
+        self, topic: str, name: str, start: str, start_time: datetime | None
+    ) -> Record:
+        return await self._call("fetchrow", "create_consumer_group", topic, name, start, start_time)
+
+    async def get_consumer_group(self, topic: str, name: str) -> Record:
+        return await self._call("fetchrow", "get_consumer_group", topic, name)
+
+    async def list_consumer_groups(
+        self, topic: str, page_size: int, after_name: str
+    ) -> list[Record]:
+        return await self._call("fetch", "list_consumer_groups", topic, page_size, after_name)
+
+    async def delete_consumer_group(self, topic: str, name: str) -> None:
+        await self._call("execute", "delete_consumer_group", topic, name)
+
+    async def read_stream(
+        self, topic: str, group: str, max_messages: int, lease_duration: timedelta,
+        min_messages: int, max_batch_wait: timedelta | None,
+    ) -> list[Record]:  # fmt: skip
+        """The batch's rows (each with the batch token and its delivery count); [] if none."""
+        return await self._call(
+            "fetch", "read_stream", topic, group, max_messages, lease_duration, min_messages,
+            max_batch_wait,
+        )  # fmt: skip
+
+    async def ack_stream(self, topic: str, group: str, batch: UUID) -> int:
+        """The group's cursor offset after the ack."""
+        return await self._call("fetchval", "ack_stream", topic, group, batch)
+
+    async def seek_consumer_group(
+        self, topic: str, group: str, to_offset: int | None, to_time: datetime | None
+    ) -> Record:
+        return await self._call("fetchrow", "seek_consumer_group", topic, group, to_offset, to_time)
+
+    async def rotate_streams(self, rotation_period: timedelta | None, lock_wait: timedelta) -> int:
+        """Slots of the stream log truncated by one rotation pass."""
+        return await self._call("fetchval", "rotate_streams", rotation_period, lock_wait)
 
     async def list_webhook_deliveries(
         self, topic: str, subscription: str, state: str | None, after_id: int, page_size: int
@@ -579,6 +624,10 @@ class Engine:
 
     async def expire_messages(self, batch_size: int) -> int:
         return await self._call("fetchval", "expire_messages", batch_size)
+
+    async def stream_metrics(self, max_groups: int) -> list[Record]:
+        """Lag of the first max_groups consumer groups by topic and name."""
+        return await self._call("fetch", "stream_metrics", max_groups)
 
     async def queue_metrics(self, max_queues: int) -> list[Record]:
         """Depth figures of the first max_queues queues by name (postbox.queue_metrics)."""

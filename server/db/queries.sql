@@ -148,10 +148,10 @@ SELECT postbox.record_activity($1, $2, $3, $4, $5, $6, $7)
 -- Topics.
 
 -- name: create_topic
-SELECT * FROM postbox.create_topic($1, $2::jsonb, $3::jsonb)
+SELECT * FROM postbox.create_topic($1, $2::jsonb, $3::jsonb, $4)
 
 -- name: update_topic
-SELECT * FROM postbox.update_topic($1, $2, $3::jsonb, $4::jsonb)
+SELECT * FROM postbox.update_topic($1, $2, $3::jsonb, $4::jsonb, $5)
 
 -- name: get_topic
 SELECT * FROM postbox.get_topic($1)
@@ -270,3 +270,32 @@ SELECT postbox.delete_key($1)
 
 -- name: queue_metrics
 SELECT * FROM postbox.queue_metrics($1)
+
+-- Stream topics: consumer groups and their reads.
+
+-- name: create_consumer_group
+SELECT * FROM postbox.create_consumer_group($1, $2, $3, $4)
+
+-- name: get_consumer_group
+SELECT * FROM postbox.get_consumer_group($1, $2)
+
+-- name: list_consumer_groups
+SELECT * FROM postbox.list_consumer_groups($1, $2, $3)
+
+-- name: delete_consumer_group
+SELECT postbox.delete_consumer_group($1, $2)
+
+-- name: read_stream
+SELECT * FROM postbox.read_stream($1, $2, $3, $4, $5, $6)
+
+-- name: ack_stream
+SELECT postbox.ack_stream($1, $2, $3)
+
+-- name: seek_consumer_group
+SELECT * FROM postbox.seek_consumer_group($1, $2, $3, $4)
+
+-- name: rotate_streams
+SELECT postbox.rotate_streams($1, $2)
+
+-- name: stream_metrics
+SELECT * FROM postbox.stream_metrics($1)

@@ -167,6 +167,26 @@ async def queue_families(engine: Engine, max_queues: int) -> list[Metric]:
     return [*families.values(), *counters.values(), paused, omitted]
 
 
+async def stream_families(engine: Engine, max_groups: int) -> list[Metric]:
+    """Every consumer group's lag (up to max_groups, by topic and group name), one query."""
+    rows = await engine.stream_metrics(max_groups)
+    labels = ["topic", "group"]
+    messages = GaugeMetricFamily(
+        "postbox_consumer_group_lag_messages",
+        "Messages of a stream topic's log past the group's cursor.",
+        labels=labels,
+    )
+    seconds = GaugeMetricFamily(
+        "postbox_consumer_group_lag_seconds",
+        "Age of the first message past the group's cursor; 0 when none is.",
+        labels=labels,
+    )
+    for row in rows:
+        messages.add_metric([row["topic"], row["name"]], float(row["lag_messages"]))
+        seconds.add_metric([row["topic"], row["name"]], float(row["lag_seconds"]))
+    return [messages, seconds]
+
+
 class _Families:
     def __init__(self, families: list[Metric]) -> None:
         self._families = families
@@ -188,7 +208,9 @@ async def exposition(
     if engine is not None:
         queues = CollectorRegistry(auto_describe=False)
         try:
-            queues.register(_Families(await queue_families(engine, max_queues)))
+            families = await queue_families(engine, max_queues)
+            families += await stream_families(engine, max_queues)
+            queues.register(_Families(families))
         except ApiError as error:
             # The database is away: the process's own figures still tell why.
             log.warning("metrics: no queue figures: %s", error.message)

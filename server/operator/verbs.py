@@ -25,6 +25,8 @@ from postbox.v1 import (
     queue_service_pb2_grpc,
     schedule_service_pb2,
     schedule_service_pb2_grpc,
+    stream_service_pb2,
+    stream_service_pb2_grpc,
     topic_service_pb2,
     topic_service_pb2_grpc,
 )
@@ -42,6 +44,7 @@ class Stubs:
         self.messages = message_service_pb2_grpc.MessageServiceStub(channel)
         self.topics = topic_service_pb2_grpc.TopicServiceStub(channel)
         self.schedules = schedule_service_pb2_grpc.ScheduleServiceStub(channel)
+        self.streams = stream_service_pb2_grpc.StreamServiceStub(channel)
 
 
 def pages(call: Callable[..., Any], request: Any, field: str) -> Iterator[Any]:
@@ -398,7 +401,11 @@ def _redrive(stubs: Stubs, args: argparse.Namespace) -> int:
 def topics(args: argparse.Namespace, channel: grpc.Channel) -> int:
     stubs = Stubs(channel).topics
     verb = args.topics_verb
-    if verb == "ls":
+    if verb == "groups":
+        groups = stream_service_pb2.ListConsumerGroupsRequest(topic=args.name, page_size=PAGE)
+        listed = list(pages(Stubs(channel).streams.ListConsumerGroups, groups, "consumer_groups"))
+        _show(args, listed, ("name", "lag_messages", "lag", "cursor_offset"))
+    elif verb == "ls":
         listed = list(
             pages(stubs.ListTopics, topic_service_pb2.ListTopicsRequest(page_size=PAGE), "topics")
         )
@@ -407,6 +414,8 @@ def topics(args: argparse.Namespace, channel: grpc.Channel) -> int:
         _show_one(args, stubs.GetTopic(topic_service_pb2.GetTopicRequest(name=args.name)).topic)
     elif verb == "create":
         topic = topic_service_pb2.Topic(name=args.name)
+        if args.stream_retention is not None:
+            topic.stream_retention.FromTimedelta(timedelta(seconds=args.stream_retention))
         _show_one(args, stubs.CreateTopic(topic_service_pb2.CreateTopicRequest(topic=topic)).topic)
     elif verb == "delete":
         stubs.DeleteTopic(topic_service_pb2.DeleteTopicRequest(name=args.name))
@@ -586,13 +595,22 @@ def add_parsers(verbs: Any, client: argparse.ArgumentParser, run: Callable[..., 
     )
 
     group = verbs.add_parser(
-        "topics", help="ls, get, create, delete, subscriptions, publish, retry"
+        "topics", help="ls, get, create, delete, subscriptions, groups, publish, retry"
     )
     sub = group.add_subparsers(dest="topics_verb", required=True)
     verb(sub, "ls", "list topics", topics)
-    for name in ("get", "create", "delete", "subscriptions"):
+    for name in ("get", "delete", "subscriptions"):
         verb(sub, name, f"{name} a topic" if name != "subscriptions" else "a topic's subscriptions",
              topics).add_argument("name")  # fmt: skip
+    create = verb(sub, "create", "create a topic", topics)
+    create.add_argument("name")
+    create.add_argument(
+        "--stream-retention", type=float, metavar="SECONDS",
+        help="make it a stream topic that keeps its messages this long for consumer groups",
+    )  # fmt: skip
+    verb(sub, "groups", "a stream topic's consumer groups, with their lag", topics).add_argument(
+        "name"
+    )
     publish = verb(sub, "publish", "publish a message", topics)
     publish.add_argument("name")
     publish.add_argument("body")

@@ -8,6 +8,7 @@ from postbox.v1 import (
     message_service_pb2,
     queue_service_pb2,
     schedule_service_pb2,
+    stream_service_pb2,
     topic_service_pb2,
 )
 
@@ -15,6 +16,7 @@ SERVICES: tuple[ServiceDescriptor, ...] = (
     queue_service_pb2.DESCRIPTOR.services_by_name["QueueService"],
     message_service_pb2.DESCRIPTOR.services_by_name["MessageService"],
     topic_service_pb2.DESCRIPTOR.services_by_name["TopicService"],
+    stream_service_pb2.DESCRIPTOR.services_by_name["StreamService"],
     schedule_service_pb2.DESCRIPTOR.services_by_name["ScheduleService"],
     access_service_pb2.DESCRIPTOR.services_by_name["AccessService"],
 )

@@ -50,12 +50,15 @@ MAX_FILTER_POLICY = 256 * 1024
 
 
 def topic_resource(row: Row) -> pb.Topic:
-    return pb.Topic(
+    topic = pb.Topic(
         name=row["name"],
         create_time=convert.timestamp(row["created_at"]),
         tags=json.loads(row["tags"]),
         sns_attributes=json.loads(row["sns_attributes"]),
     )
+    if row["stream_retention"] is not None:
+        topic.stream_retention.CopyFrom(convert.duration(row["stream_retention"]))
+    return topic
 
 
 def _delivery(subscription: pb.Subscription) -> SubscriptionDelivery:
@@ -193,8 +196,11 @@ class TopicService(topic_service_pb2_grpc.TopicServiceServicer):
         egress: EgressPolicy,
         *,
         max_message_size: int,
+        on_published: Callable[[str], None] = lambda topic: None,
     ) -> None:
         self.engine = engine
+        # Wakes this server's ReadStream calls waiting on the topic's log.
+        self.on_published = on_published
         self.egress = egress
         self.max_message_size = max_message_size
         self.hub = hub
@@ -209,8 +215,9 @@ class TopicService(topic_service_pb2_grpc.TopicServiceServicer):
             raise invalid("topic is required: give at least topic.name")
         topic = request.topic
         row = await self.engine.create_topic(
-            topic.name, dict(topic.tags), dict(topic.sns_attributes)
-        )
+            topic.name, dict(topic.tags), dict(topic.sns_attributes),
+            convert.optional_timedelta(topic, "stream_retention"),
+        )  # fmt: skip
         return pb.CreateTopicResponse(topic=topic_resource(row))
 
     @reports_errors
@@ -220,7 +227,7 @@ class TopicService(topic_service_pb2_grpc.TopicServiceServicer):
         topic = request.topic
         row = await self.engine.update_topic(
             topic.name, list(request.update_mask.paths), dict(topic.tags),
-            dict(topic.sns_attributes),
+            dict(topic.sns_attributes), convert.optional_timedelta(topic, "stream_retention"),
         )  # fmt: skip
         return pb.UpdateTopicResponse(topic=topic_resource(row))
 
@@ -361,6 +368,7 @@ class TopicService(topic_service_pb2_grpc.TopicServiceServicer):
     async def _publish(self, topic: str, entries: list[OutgoingPublish]) -> list[Record]:
         rows = await self.engine.publish_batch(topic, entries)
         self._woken(rows)
+        self.on_published(topic)
         return rows
 
     def _woken(self, rows: Iterable[Record]) -> None:

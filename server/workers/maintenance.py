@@ -1,5 +1,5 @@
 """Runs the engine's housekeeping: redrive tasks, message expiry, archive, dedupe and
-queue activity cleanup.
+queue activity cleanup, and the rotation of the stream log.
 
 Every server runs this; the SQL jobs claim their rows with SKIP LOCKED, so replicas
 share the work and never do the same piece twice.
@@ -11,12 +11,17 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
+from datetime import timedelta
 
 from server.db.engine import Engine
 from server.errors import ApiError
 from server.workers import OutageLog
 
 log = logging.getLogger(__name__)
+
+# How long a rotation pass waits for a slot's lock before it leaves the slot for the
+# next pass: readers and publishers queue behind a waiting TRUNCATE at most this long.
+STREAM_ROTATION_LOCK_WAIT = timedelta(milliseconds=20)
 
 
 class MaintenanceWorker:
@@ -71,6 +76,8 @@ class MaintenanceWorker:
                 await self._drain(self.engine.expire_messages)
                 await self._drain(self.engine.expire_records)
                 await self.engine.expire_activity()  # what queue_throughput no longer shows
+                # The engine's own rotation period: half the shortest stream retention.
+                await self.engine.rotate_streams(None, STREAM_ROTATION_LOCK_WAIT)
                 outage.worked()
             except ApiError as error:
                 outage.failed(error)

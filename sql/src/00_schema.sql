@@ -207,7 +207,10 @@ CREATE TABLE postbox.topics (
     name text NOT NULL UNIQUE,  -- ending in .fifo (since 0.9.0): publishes need an ordering key
     created_at timestamptz NOT NULL DEFAULT now(),
     tags jsonb NOT NULL DEFAULT '{}',  -- since 0.9.0
-    sns_attributes jsonb NOT NULL DEFAULT '{}'  -- since 0.9.0: kept for the SNS API, not acted on
+    sns_attributes jsonb NOT NULL DEFAULT '{}',  -- since 0.9.0: kept for the SNS API, not acted on
+    -- Since 0.9.0: a stream topic keeps its messages in the stream log at least
+    -- this long, for consumer groups (see 66_streams.sql); NULL: no log.
+    stream_retention interval
 );
 
 -- A subscription sends a topic's messages whose routing key matches its

@@ -90,21 +90,23 @@ BEGIN
 END
 $$;
 
--- Creates a topic, with its tags and SNS attributes (see postbox.topics).
--- PB409 if it exists.
-CREATE FUNCTION postbox.create_topic(topic_name text, tags jsonb DEFAULT '{}', sns_attributes jsonb DEFAULT '{}')
+-- Creates a topic, with its tags and SNS attributes (see postbox.topics), and
+-- a stream_retention for a stream topic. PB409 if it exists.
+CREATE FUNCTION postbox.create_topic(topic_name text, tags jsonb DEFAULT '{}', sns_attributes jsonb DEFAULT '{}',
+                                     stream_retention interval DEFAULT NULL)
 RETURNS postbox.topics
 LANGUAGE plpgsql AS $$
 DECLARE
     problem text := coalesce(postbox.name_problem('topic', topic_name),
-                             postbox._topic_maps_problem(coalesce(tags, '{}'), coalesce(sns_attributes, '{}')));
+                             postbox._topic_maps_problem(coalesce(tags, '{}'), coalesce(sns_attributes, '{}')),
+                             postbox._stream_retention_problem(stream_retention));
     t postbox.topics;
 BEGIN
     IF problem IS NOT NULL THEN
         PERFORM postbox._invalid(problem);
     END IF;
-    INSERT INTO postbox.topics (name, tags, sns_attributes)
-    VALUES (topic_name, coalesce(tags, '{}'), coalesce(sns_attributes, '{}'))
+    INSERT INTO postbox.topics (name, tags, sns_attributes, stream_retention)
+    VALUES (topic_name, coalesce(tags, '{}'), coalesce(sns_attributes, '{}'), stream_retention)
     ON CONFLICT (name) DO NOTHING
     RETURNING * INTO t;
     IF NOT FOUND THEN
@@ -122,9 +124,10 @@ LANGUAGE sql STABLE AS $$
 $$;
 
 -- Replaces the fields of a topic named in `fields`: tags, sns_attributes (a
--- NULL value empties it).
+-- NULL value empties it), stream_retention (NULL: no longer a stream topic,
+-- which PB412 refuses while it has consumer groups).
 CREATE FUNCTION postbox.update_topic(topic_name text, fields text[], tags jsonb DEFAULT NULL,
-                                     sns_attributes jsonb DEFAULT NULL)
+                                     sns_attributes jsonb DEFAULT NULL, stream_retention interval DEFAULT NULL)
 RETURNS postbox.topics
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -132,10 +135,21 @@ DECLARE
     unknown text;
     problem text;
 BEGIN
-    SELECT string_agg(f, ', ') INTO unknown FROM unnest(fields) AS f WHERE NOT f = ANY ('{tags,sns_attributes}');
+    SELECT string_agg(f, ', ') INTO unknown FROM unnest(fields) AS f
+    WHERE NOT f = ANY ('{tags,sns_attributes,stream_retention}');
     IF unknown IS NOT NULL OR coalesce(cardinality(fields), 0) = 0 THEN
-        PERFORM postbox._invalid(format('fields to change: any of tags, sns_attributes (not %s)',
+        PERFORM postbox._invalid(format('fields to change: any of tags, sns_attributes, stream_retention (not %s)',
                                         coalesce(unknown, 'none')));
+    END IF;
+    IF 'stream_retention' = ANY (fields) THEN
+        PERFORM postbox._invalid(postbox._stream_retention_problem(stream_retention))
+        WHERE postbox._stream_retention_problem(stream_retention) IS NOT NULL;
+        IF stream_retention IS NULL AND EXISTS (SELECT FROM postbox.consumer_groups g WHERE g.topic_id = t.id) THEN
+            RAISE EXCEPTION USING ERRCODE = 'PB412', MESSAGE = format(
+                'topic %s has consumer groups: delete them before it stops being a stream topic',
+                quote_literal(t.name));
+        END IF;
+        t.stream_retention := stream_retention;
     END IF;
     IF 'tags' = ANY (fields) THEN
         t.tags := coalesce(tags, '{}');
@@ -147,7 +161,8 @@ BEGIN
     IF problem IS NOT NULL THEN
         PERFORM postbox._invalid(problem);
     END IF;
-    UPDATE postbox.topics SET tags = t.tags, sns_attributes = t.sns_attributes WHERE id = t.id RETURNING * INTO t;
+    UPDATE postbox.topics SET tags = t.tags, sns_attributes = t.sns_attributes, stream_retention = t.stream_retention
+    WHERE id = t.id RETURNING * INTO t;
     RETURN t;
 END
 $$;

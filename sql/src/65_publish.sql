@@ -128,6 +128,8 @@ BEGIN
     keys := CASE WHEN n = 1 THEN ARRAY[coalesce(routing_keys[1], '')]
                  ELSE ARRAY(SELECT coalesce(routing_keys[i], '') FROM generate_series(1, n) AS i) END;
 
+    PERFORM postbox._append_to_stream(t, ids, published_at, keys, ordering_keys, subjects, attributes, bodies)
+    WHERE t.stream_retention IS NOT NULL;
     PERFORM postbox._lock_topic(t.id, false);
     -- One send_batch per queue, in queue name order (so concurrent publishes
     -- take the queues' locks in one order). One subtransaction for all of them,

@@ -21,6 +21,7 @@ from postbox_client.errors import (
     Unavailable,
 )
 from postbox_client.producer import Producer
+from postbox_client.streams import StreamBatch, StreamReader
 
 __all__ = [
     "TLS",
@@ -38,6 +39,8 @@ __all__ = [
     "ReceivedMessage",
     "ResourceExhausted",
     "Retry",
+    "StreamBatch",
+    "StreamReader",
     "Unauthenticated",
     "Unavailable",
 ]

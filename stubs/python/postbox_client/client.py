@@ -1,10 +1,10 @@
 """Clients of a postbox server: `AsyncClient` (asyncio) and `Client` (blocking).
 
 Both wrap the generated stubs (reachable as `.queues`, `.messages`, `.topics`,
-`.schedules` for everything the helpers here do not cover), present an API key when
-given one, map failures to the typed errors of `postbox_client.errors`, and retry
-UNAVAILABLE with exponential backoff on calls that are safe to repeat: reads, deletes by
-receipt, and sends that carry a deduplication id.
+`.schedules`, and `.streams` on AsyncClient, for everything the helpers here do not
+cover), present an API key when given one, map failures to the typed errors of
+`postbox_client.errors`, and retry UNAVAILABLE with exponential backoff on calls that are
+safe to repeat: reads, deletes by receipt, and sends that carry a deduplication id.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from postbox.v1 import (
     queue_service_pb2,
     queue_service_pb2_grpc,
     schedule_service_pb2_grpc,
+    stream_service_pb2_grpc,
     topic_service_pb2,
     topic_service_pb2_grpc,
 )
@@ -134,6 +135,7 @@ class AsyncClient:
         self.messages = message_service_pb2_grpc.MessageServiceStub(self.channel)
         self.topics = topic_service_pb2_grpc.TopicServiceStub(self.channel)
         self.schedules = schedule_service_pb2_grpc.ScheduleServiceStub(self.channel)
+        self.streams = stream_service_pb2_grpc.StreamServiceStub(self.channel)
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -260,6 +262,12 @@ class AsyncClient:
         from postbox_client.consumer import Consumer
 
         return Consumer(self, queue, **options)
+
+    def stream_reader(self, topic: str, group: str, **options: Any) -> Any:
+        """A reader of a stream topic's consumer group (see postbox_client.streams)."""
+        from postbox_client.streams import StreamReader
+
+        return StreamReader(self, topic, group, **options)
 
 
 class Client:

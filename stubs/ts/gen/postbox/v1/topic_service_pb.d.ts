@@ -50,6 +50,16 @@ export declare type Topic = Message<"postbox.v1.Topic"> & {
    * @generated from field: map<string, string> sns_attributes = 4;
    */
   snsAttributes: { [key: string]: string };
+
+  /**
+   * Optional. Makes the topic a stream topic: every message published to it
+   * is also kept in its log, for at least this long (1 s to 30 days) and
+   * until every consumer group has acknowledged it, for StreamService to
+   * read. Unset: no log.
+   *
+   * @generated from field: google.protobuf.Duration stream_retention = 5;
+   */
+  streamRetention?: Duration | undefined;
 };
 
 /**
@@ -388,8 +398,9 @@ export declare type UpdateTopicRequest = Message<"postbox.v1.UpdateTopicRequest"
   topic?: Topic | undefined;
 
   /**
-   * Required. Fields to change: any of "tags" and "sns_attributes", each
-   * replaced whole.
+   * Required. Fields to change: any of "tags", "sns_attributes" and
+   * "stream_retention", each replaced whole (an unset stream_retention ends the
+   * log, which FAILED_PRECONDITION refuses while consumer groups exist).
    *
    * @generated from field: google.protobuf.FieldMask update_mask = 2;
    */

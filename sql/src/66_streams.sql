@@ -1,0 +1,525 @@
+-- Since 0.9.0: stream topics. A topic with a stream_retention keeps every
+-- message published to it in one shared, append-only log, beside its queue and
+-- webhook subscriptions. Consumer groups read the log through a cursor each, so
+-- a publish costs one row however many groups read it, a new group can replay
+-- what the log holds, and lag is a count behind the cursor.
+--
+-- Order. Each row carries the id of the transaction that appended it (tx) and
+-- an offset from one sequence. A group reads rows in (tx, offset) order, and
+-- only rows whose transaction is older than every transaction still running
+-- (tx < xmin of the current snapshot): those rows are final, and every row
+-- still to come sorts after them, so a cursor never passes a row that commits
+-- later. Offsets grow with publish time; two transactions that overlap may be
+-- read in the other order. The price, as Kafka's last stable offset: a
+-- transaction that holds a transaction id open (a write, anywhere in the
+-- database) holds stream reads back until it ends. A read-only transaction,
+-- however long, does not.
+--
+-- Rotation. The log is a table partitioned in four slots. Appends go to the
+-- current slot; rotate_streams retires it once it is older than the rotation
+-- period and an empty slot can take over, and TRUNCATEs a retired slot once
+-- every consumer group of every topic in it has acknowledged its rows and the
+-- topics' retention has passed since the slot was retired. TRUNCATE leaves no
+-- dead tuples, whatever the xmin horizon; it waits for its lock at most
+-- lock_wait and otherwise tries again on the next pass, so it never holds
+-- writers or readers behind a long transaction.
+--
+-- Consumer groups. One batch of a group is out at a time, under a lease: a
+-- group is one cursor, as a Kafka partition is one offset per group, so
+-- ordering holds across the whole topic and acknowledging is one update.
+-- Readers that want parallelism take larger batches, or more groups.
+
+CREATE SEQUENCE postbox.stream_offsets AS bigint;
+
+CREATE TABLE postbox.stream_log (
+    slot smallint NOT NULL,
+    topic_id integer NOT NULL,  -- no foreign key: a deleted topic's rows go with their slot
+    tx xid8 NOT NULL,
+    stream_offset bigint NOT NULL,
+    published_at timestamptz NOT NULL,
+    publish_id uuid NOT NULL,
+    routing_key text NOT NULL,
+    ordering_key text,
+    subject text,
+    attributes jsonb,
+    body bytea NOT NULL
+) PARTITION BY LIST (slot);
+CREATE TABLE postbox.stream_log_0 PARTITION OF postbox.stream_log FOR VALUES IN (0);
+CREATE TABLE postbox.stream_log_1 PARTITION OF postbox.stream_log FOR VALUES IN (1);
+CREATE TABLE postbox.stream_log_2 PARTITION OF postbox.stream_log FOR VALUES IN (2);
+CREATE TABLE postbox.stream_log_3 PARTITION OF postbox.stream_log FOR VALUES IN (3);
+-- Reads walk it from a cursor; rotation finds a topic's last row in a slot.
+CREATE INDEX stream_log_position_idx ON postbox.stream_log (topic_id, tx, stream_offset);
+
+-- The log's slots: one current (appends go there), the others retired (since
+-- `since`, waiting to be truncated) or empty.
+CREATE TABLE postbox.stream_slots (
+    slot smallint PRIMARY KEY CHECK (slot BETWEEN 0 AND 3),
+    state text NOT NULL CHECK (state IN ('current', 'retired', 'empty')),
+    since timestamptz NOT NULL DEFAULT now()
+);
+CREATE UNIQUE INDEX stream_slots_current_idx ON postbox.stream_slots (state) WHERE state = 'current';
+INSERT INTO postbox.stream_slots (slot, state) VALUES (0, 'current'), (1, 'empty'), (2, 'empty'), (3, 'empty');
+
+-- A consumer group: a cursor into a stream topic's log, the position (tx,
+-- offset) of the last row it acknowledged ((0, 0): before every row), and the
+-- batch out now, if any: its lease token and deadline, its last position and
+-- how many times it has gone out.
+CREATE TABLE postbox.consumer_groups (
+    id integer GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    topic_id integer NOT NULL REFERENCES postbox.topics (id) ON DELETE CASCADE,
+    name text NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    cursor_tx xid8 NOT NULL,
+    cursor_offset bigint NOT NULL,
+    acked_at timestamptz,
+    lease uuid,
+    lease_expires_at timestamptz,
+    lease_end_tx xid8,
+    lease_end_offset bigint,
+    lease_deliveries integer,
+    UNIQUE (topic_id, name)
+) WITH (fillfactor = 50);  -- every read and ack updates the row: room for HOT updates
+
+-- The slots' states are not dumped: this script makes them, and a restore that
+-- starts them afresh loses nothing (a slot marked empty that holds rows is
+-- truncated only once it has been current and then retired).
+DO $$
+BEGIN
+    PERFORM pg_catalog.pg_extension_config_dump('postbox.stream_log_0', '');
+    PERFORM pg_catalog.pg_extension_config_dump('postbox.stream_log_1', '');
+    PERFORM pg_catalog.pg_extension_config_dump('postbox.stream_log_2', '');
+    PERFORM pg_catalog.pg_extension_config_dump('postbox.stream_log_3', '');
+    PERFORM pg_catalog.pg_extension_config_dump('postbox.consumer_groups', '');
+EXCEPTION WHEN feature_not_supported THEN
+    NULL;  -- installed from a plain script, not by CREATE EXTENSION
+END
+$$;
+
+-- The message of a check of a stream retention, or NULL when it is NULL (no
+-- stream) or from 1 second to 30 days.
+CREATE FUNCTION postbox._stream_retention_problem(retention interval) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT format('stream_retention must be from 1 second to 30 days, not %s', retention)
+    WHERE retention < interval '1 second' OR retention > interval '30 days'
+$$;
+
+-- Appends a publish's entries to the stream log (publish_batch calls it for
+-- stream topics). The transaction id is taken before any offset, so that every
+-- offset this transaction takes sorts after the rows of transactions that
+-- finished before it.
+CREATE FUNCTION postbox._append_to_stream(topic postbox.topics, publish_ids uuid[], published_at timestamptz,
+                                          routing_keys text[], ordering_keys text[], subjects text[],
+                                          attributes jsonb[], bodies bytea[]) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    tx xid8 := pg_current_xact_id();
+    problem text;
+BEGIN
+    SELECT format('%stopic %s is a stream topic: its messages hold at most 1048576 bytes, not %s',
+                  postbox._entry_prefix(e.i::integer, cardinality(bodies)), quote_literal(topic.name),
+                  postbox.message_size(e.b, e.a))
+    INTO problem
+    FROM unnest(bodies, attributes) WITH ORDINALITY AS e(b, a, i)
+    WHERE postbox.message_size(e.b, e.a) > 1048576
+    ORDER BY e.i
+    LIMIT 1;
+    IF problem IS NOT NULL THEN
+        PERFORM postbox._invalid(problem);
+    END IF;
+    INSERT INTO postbox.stream_log (slot, topic_id, tx, stream_offset, published_at, publish_id, routing_key,
+                                    ordering_key, subject, attributes, body)
+    SELECT (SELECT s.slot FROM postbox.stream_slots s WHERE s.state = 'current'), topic.id, tx,
+           nextval('postbox.stream_offsets'), published_at, e.id, e.k, e.o, e.s, e.a, e.b
+    FROM unnest(publish_ids, routing_keys, ordering_keys, subjects, attributes, bodies) AS e(id, k, o, s, a, b);
+END
+$$;
+
+-- The stream topic of that name; PB404 if there is none, PB412 if it is no
+-- stream topic.
+CREATE FUNCTION postbox._stream_topic(topic_name text) RETURNS postbox.topics
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    t postbox.topics := postbox._topic(topic_name);
+BEGIN
+    IF t.stream_retention IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'PB412', MESSAGE = format(
+            'topic %s is not a stream topic: give it a stream_retention first', quote_literal(topic_name));
+    END IF;
+    RETURN t;
+END
+$$;
+
+-- The consumer group of that name on a stream topic, locked for update;
+-- PB404 if there is none. With skip_locked, NULL when another transaction
+-- holds it (a concurrent read of the same group).
+CREATE FUNCTION postbox._consumer_group(t postbox.topics, group_name text, skip_locked boolean DEFAULT false)
+RETURNS postbox.consumer_groups
+LANGUAGE plpgsql AS $$
+DECLARE
+    g postbox.consumer_groups;
+BEGIN
+    IF skip_locked THEN
+        SELECT * INTO g FROM postbox.consumer_groups WHERE topic_id = t.id AND name = group_name
+        FOR UPDATE SKIP LOCKED;
+    ELSE
+        SELECT * INTO g FROM postbox.consumer_groups WHERE topic_id = t.id AND name = group_name FOR UPDATE;
+    END IF;
+    IF NOT FOUND AND NOT EXISTS (SELECT FROM postbox.consumer_groups WHERE topic_id = t.id AND name = group_name)
+    THEN
+        PERFORM postbox._invalid(postbox.name_problem('consumer group', group_name))
+        WHERE postbox.name_problem('consumer group', group_name) IS NOT NULL;
+        RAISE EXCEPTION USING ERRCODE = 'PB404', MESSAGE = format(
+            'consumer group %s of topic %s does not exist', quote_literal(group_name), quote_literal(t.name));
+    END IF;
+    RETURN g;
+END
+$$;
+
+-- Where a cursor goes to read from a point on: just before the first row (in
+-- read order) of the topic with an offset of at least from_offset, or
+-- published at from_time or later. Where no such row is in the log yet: the
+-- end (see _stream_end). Rows of transactions that overlapped the point may
+-- come again: the cursor errs towards reading twice, never towards skipping.
+CREATE FUNCTION postbox._stream_position(topic_id integer, from_offset bigint, from_time timestamptz,
+                                         OUT tx xid8, OUT stream_offset bigint)
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    SELECT l.tx, l.stream_offset - 1 INTO tx, stream_offset
+    FROM postbox.stream_log l
+    WHERE l.topic_id = _stream_position.topic_id
+          AND (l.stream_offset >= from_offset OR l.published_at >= from_time)
+    ORDER BY l.tx, l.stream_offset
+    LIMIT 1;
+    IF NOT FOUND THEN
+        SELECT e.tx, e.stream_offset INTO tx, stream_offset FROM postbox._stream_end() e;
+    END IF;
+END
+$$;
+
+-- The end of every stream: a cursor here has read every row of a finished
+-- transaction, and reads those of transactions still running.
+CREATE FUNCTION postbox._stream_end(OUT tx xid8, OUT stream_offset bigint)
+LANGUAGE sql STABLE AS $$
+    SELECT pg_snapshot_xmin(pg_current_snapshot()), 0::bigint
+$$;
+
+-- A consumer group as get_ and list_consumer_groups show it: its cursor (the
+-- offset of the last acknowledged row, 0 before any), the batch out now, and
+-- its lag: the rows of the log past its cursor, and how long ago the first of
+-- them was published (0 with none).
+CREATE FUNCTION postbox._consumer_group_view(g postbox.consumer_groups, topic_name text)
+RETURNS TABLE (topic text, name text, created_at timestamptz, cursor_offset bigint, acked_at timestamptz,
+               lease_expires_at timestamptz, lag_messages bigint, lag_seconds double precision)
+LANGUAGE sql STABLE AS $$
+    SELECT topic_name, g.name, g.created_at, g.cursor_offset, g.acked_at,
+           CASE WHEN g.lease IS NOT NULL THEN g.lease_expires_at END,
+           (SELECT count(*) FROM postbox.stream_log l
+            WHERE l.topic_id = g.topic_id AND (l.tx, l.stream_offset) > (g.cursor_tx, g.cursor_offset)),
+           coalesce((SELECT greatest(extract(epoch FROM now() - l.published_at), 0)::double precision
+                     FROM postbox.stream_log l
+                     WHERE l.topic_id = g.topic_id AND (l.tx, l.stream_offset) > (g.cursor_tx, g.cursor_offset)
+                     ORDER BY l.tx, l.stream_offset LIMIT 1), 0)
+$$;
+
+-- Creates a consumer group on a stream topic, reading from `start`: earliest
+-- (everything the log holds), latest (what is published from now on) or time
+-- (what was published at start_time or later; a time in the future is
+-- refused). PB409 if it exists.
+CREATE FUNCTION postbox.create_consumer_group(topic_name text, group_name text, start text DEFAULT 'earliest',
+                                              start_time timestamptz DEFAULT NULL)
+RETURNS TABLE (topic text, name text, created_at timestamptz, cursor_offset bigint, acked_at timestamptz,
+               lease_expires_at timestamptz, lag_messages bigint, lag_seconds double precision)
+LANGUAGE plpgsql AS $$
+DECLARE
+    t postbox.topics := postbox._stream_topic(topic_name);
+    g postbox.consumer_groups;
+    start_at record;
+BEGIN
+    PERFORM postbox._invalid(postbox.name_problem('consumer group', group_name))
+    WHERE postbox.name_problem('consumer group', group_name) IS NOT NULL;
+    IF start IS NULL OR start NOT IN ('earliest', 'latest', 'time') THEN
+        PERFORM postbox._invalid(format('start must be earliest, latest or time, not %s',
+                                        coalesce(quote_literal(start), 'NULL')));
+    ELSIF (start = 'time') <> (start_time IS NOT NULL) THEN
+        PERFORM postbox._invalid('start_time is required with start time, and only with it');
+    ELSIF start_time > now() THEN
+        PERFORM postbox._invalid(format('start_time %s is in the future', start_time));
+    END IF;
+    IF start = 'earliest' THEN
+        SELECT '0'::xid8 AS tx, 0::bigint AS stream_offset INTO start_at;
+    ELSIF start = 'latest' THEN
+        SELECT * INTO start_at FROM postbox._stream_end();
+    ELSE
+        SELECT * INTO start_at FROM postbox._stream_position(t.id, NULL, start_time);
+    END IF;
+    INSERT INTO postbox.consumer_groups (topic_id, name, cursor_tx, cursor_offset)
+    VALUES (t.id, group_name, start_at.tx, start_at.stream_offset)
+    ON CONFLICT ON CONSTRAINT consumer_groups_topic_id_name_key DO NOTHING
+    RETURNING * INTO g;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'PB409', MESSAGE = format(
+            'consumer group %s of topic %s already exists', quote_literal(group_name), quote_literal(topic_name));
+    END IF;
+    RETURN QUERY SELECT * FROM postbox._consumer_group_view(g, t.name);
+END
+$$;
+
+-- A consumer group with its lag; PB404 if there is none.
+CREATE FUNCTION postbox.get_consumer_group(topic_name text, group_name text)
+RETURNS TABLE (topic text, name text, created_at timestamptz, cursor_offset bigint, acked_at timestamptz,
+               lease_expires_at timestamptz, lag_messages bigint, lag_seconds double precision)
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    t postbox.topics := postbox._topic(topic_name);
+    g postbox.consumer_groups;
+BEGIN
+    SELECT * INTO g FROM postbox.consumer_groups c WHERE c.topic_id = t.id AND c.name = group_name;
+    IF NOT FOUND THEN
+        PERFORM postbox._invalid(postbox.name_problem('consumer group', group_name))
+        WHERE postbox.name_problem('consumer group', group_name) IS NOT NULL;
+        RAISE EXCEPTION USING ERRCODE = 'PB404', MESSAGE = format(
+            'consumer group %s of topic %s does not exist', quote_literal(group_name), quote_literal(topic_name));
+    END IF;
+    RETURN QUERY SELECT * FROM postbox._consumer_group_view(g, t.name);
+END
+$$;
+
+-- A topic's consumer groups in name order after after_name, with their lag.
+CREATE FUNCTION postbox.list_consumer_groups(topic_name text, page_size integer DEFAULT 100,
+                                             after_name text DEFAULT '')
+RETURNS TABLE (topic text, name text, created_at timestamptz, cursor_offset bigint, acked_at timestamptz,
+               lease_expires_at timestamptz, lag_messages bigint, lag_seconds double precision)
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    t postbox.topics := postbox._topic(topic_name);
+BEGIN
+    RETURN QUERY
+    SELECT v.* FROM postbox.consumer_groups g, LATERAL postbox._consumer_group_view(g, t.name) v
+    WHERE g.topic_id = t.id AND g.name > coalesce(after_name, '')
+    ORDER BY g.name
+    LIMIT page_size;
+END
+$$;
+
+-- Deletes a consumer group; its rows of the log no longer wait for it.
+CREATE FUNCTION postbox.delete_consumer_group(topic_name text, group_name text) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    g postbox.consumer_groups := postbox._consumer_group(postbox._topic(topic_name), group_name);
+BEGIN
+    DELETE FROM postbox.consumer_groups WHERE id = g.id;
+END
+$$;
+
+-- Reads the next batch of a consumer group: up to max_messages (1-1000) rows
+-- past its cursor, leased for lease_duration (1 second to 12 hours), with a
+-- token (batch) that ack_stream takes. Returns no rows when the group's batch
+-- is out with another consumer (its lease running, or a read of the group in
+-- progress), when nothing is past the cursor, or, as batch controls, when
+-- fewer than min_messages (1 to max_messages) are and the first of them has
+-- waited less than max_batch_wait (NULL: no limit). A batch whose lease ran out
+-- comes back whole, to the next read, with its delivery_count one higher: a
+-- group gets every message at least once.
+CREATE FUNCTION postbox.read_stream(topic_name text, group_name text, max_messages integer DEFAULT 100,
+                                    lease_duration interval DEFAULT '30 seconds', min_messages integer DEFAULT 1,
+                                    max_batch_wait interval DEFAULT NULL)
+RETURNS TABLE (batch uuid, stream_offset bigint, published_at timestamptz, publish_id uuid, routing_key text,
+               ordering_key text, subject text, attributes jsonb, body bytea, delivery_count integer)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    t postbox.topics := postbox._stream_topic(topic_name);
+    g postbox.consumer_groups;
+    horizon xid8;
+    waiting integer;
+    first_at timestamptz;
+    end_tx xid8;
+    end_offset bigint;
+BEGIN
+    IF max_messages IS NULL OR max_messages NOT BETWEEN 1 AND 1000 THEN
+        PERFORM postbox._invalid(format('max_messages must be from 1 to 1000, not %s', max_messages));
+    ELSIF lease_duration IS NULL OR lease_duration < interval '1 second' OR lease_duration > interval '12 hours' THEN
+        PERFORM postbox._invalid(format('lease_duration must be from 1 second to 12 hours, not %s', lease_duration));
+    ELSIF min_messages IS NULL OR min_messages NOT BETWEEN 1 AND max_messages THEN
+        PERFORM postbox._invalid(format('min_messages must be from 1 to max_messages (%s), not %s', max_messages,
+                                        min_messages));
+    ELSIF max_batch_wait < interval '0' THEN
+        PERFORM postbox._invalid(format('max_batch_wait must not be negative, not %s', max_batch_wait));
+    END IF;
+    g := postbox._consumer_group(t, group_name, skip_locked => true);
+    IF g.id IS NULL OR (g.lease IS NOT NULL AND g.lease_expires_at > now()) THEN
+        RETURN;
+    END IF;
+    IF g.lease IS NULL THEN
+        horizon := pg_snapshot_xmin(pg_current_snapshot());
+        SELECT count(*), min(r.published_at), (array_agg(r.tx ORDER BY r.tx DESC, r.stream_offset DESC))[1],
+               (array_agg(r.stream_offset ORDER BY r.tx DESC, r.stream_offset DESC))[1]
+        INTO waiting, first_at, g.lease_end_tx, g.lease_end_offset
+        FROM (SELECT l.tx, l.stream_offset, l.published_at FROM postbox.stream_log l
+              WHERE l.topic_id = t.id AND (l.tx, l.stream_offset) > (g.cursor_tx, g.cursor_offset) AND l.tx < horizon
+              ORDER BY l.tx, l.stream_offset
+              LIMIT max_messages) AS r;
+        IF waiting = 0 OR (waiting < min_messages
+                           AND (max_batch_wait IS NULL OR first_at > now() - max_batch_wait)) THEN
+            RETURN;
+        END IF;
+        g.lease_deliveries := 0;
+    END IF;
+    UPDATE postbox.consumer_groups c
+    SET lease = gen_random_uuid(), lease_expires_at = now() + lease_duration, lease_end_tx = g.lease_end_tx,
+        lease_end_offset = g.lease_end_offset, lease_deliveries = g.lease_deliveries + 1
+    WHERE c.id = g.id
+    RETURNING c.lease, c.lease_deliveries INTO g.lease, g.lease_deliveries;
+    RETURN QUERY
+    SELECT g.lease, l.stream_offset, l.published_at, l.publish_id, l.routing_key, l.ordering_key, l.subject,
+           l.attributes, l.body, g.lease_deliveries
+    FROM postbox.stream_log l
+    WHERE l.topic_id = t.id AND (l.tx, l.stream_offset) > (g.cursor_tx, g.cursor_offset)
+          AND (l.tx, l.stream_offset) <= (g.lease_end_tx, g.lease_end_offset)
+    ORDER BY l.tx, l.stream_offset;
+END
+$$;
+
+-- Acknowledges a batch of read_stream: the group's cursor moves past it.
+-- PB412 when the batch is no longer the group's: its lease ran out and it went
+-- out again, it was acknowledged already, or the group was sought since.
+-- Returns the group's cursor (the offset of the batch's last row).
+CREATE FUNCTION postbox.ack_stream(topic_name text, group_name text, batch uuid) RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    g postbox.consumer_groups := postbox._consumer_group(postbox._stream_topic(topic_name), group_name);
+BEGIN
+    IF batch IS NULL THEN
+        PERFORM postbox._invalid('batch is required: the token read_stream returned with the batch');
+    END IF;
+    IF g.lease IS DISTINCT FROM batch THEN
+        RAISE EXCEPTION USING ERRCODE = 'PB412', MESSAGE = format(
+            'batch %s is not the batch out of consumer group %s: its lease ran out and it went out again, it was '
+            'acknowledged already, or the group was sought since', batch, quote_literal(group_name));
+    END IF;
+    UPDATE postbox.consumer_groups
+    SET cursor_tx = lease_end_tx, cursor_offset = lease_end_offset, acked_at = now(), lease = NULL,
+        lease_expires_at = NULL, lease_end_tx = NULL, lease_end_offset = NULL, lease_deliveries = NULL
+    WHERE id = g.id;
+    RETURN g.lease_end_offset;
+END
+$$;
+
+-- Moves a consumer group's cursor to read again, or skip, from a point on:
+-- just before the message with offset to_offset (0 or more), or the first
+-- published at to_time or later (one of them; see _stream_position). A batch
+-- out is called back: its ack fails. Returns the group as get_consumer_group.
+CREATE FUNCTION postbox.seek_consumer_group(topic_name text, group_name text, to_offset bigint DEFAULT NULL,
+                                            to_time timestamptz DEFAULT NULL)
+RETURNS TABLE (topic text, name text, created_at timestamptz, cursor_offset bigint, acked_at timestamptz,
+               lease_expires_at timestamptz, lag_messages bigint, lag_seconds double precision)
+LANGUAGE plpgsql AS $$
+DECLARE
+    t postbox.topics := postbox._stream_topic(topic_name);
+    g postbox.consumer_groups := postbox._consumer_group(t, group_name);
+    target record;
+BEGIN
+    IF (to_offset IS NULL) = (to_time IS NULL) THEN
+        PERFORM postbox._invalid('give one of to_offset and to_time');
+    ELSIF to_offset < 0 THEN
+        PERFORM postbox._invalid(format('to_offset must be 0 or more, not %s', to_offset));
+    END IF;
+    SELECT * INTO target FROM postbox._stream_position(t.id, to_offset, to_time);
+    UPDATE postbox.consumer_groups c
+    SET cursor_tx = target.tx, cursor_offset = target.stream_offset, lease = NULL, lease_expires_at = NULL,
+        lease_end_tx = NULL, lease_end_offset = NULL, lease_deliveries = NULL
+    WHERE c.id = g.id
+    RETURNING * INTO g;
+    RETURN QUERY SELECT * FROM postbox._consumer_group_view(g, t.name);
+END
+$$;
+
+-- Whether a retired slot of the log may go: for every stream topic with rows
+-- in it, the slot was retired longer ago than the topic's retention, and every
+-- consumer group of the topic has acknowledged the topic's last row there.
+CREATE FUNCTION postbox._stream_slot_done(slot smallint, retired_at timestamptz) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT NOT EXISTS (
+        SELECT FROM postbox.topics t
+        CROSS JOIN LATERAL (SELECT l.tx, l.stream_offset FROM postbox.stream_log l
+                            WHERE l.slot = _stream_slot_done.slot AND l.topic_id = t.id
+                            ORDER BY l.tx DESC, l.stream_offset DESC LIMIT 1) last
+        WHERE t.stream_retention IS NOT NULL
+              AND (retired_at > now() - t.stream_retention
+                   OR EXISTS (SELECT FROM postbox.consumer_groups g
+                              WHERE g.topic_id = t.id
+                                    AND (g.cursor_tx, g.cursor_offset) < (last.tx, last.stream_offset))))
+$$;
+
+-- One pass of the log's rotation (the servers' maintenance workers run it):
+-- truncates every retired slot that is done (see _stream_slot_done), then
+-- retires the current slot, if it holds rows and has been current for
+-- rotation_period (NULL: half the shortest stream retention, at most an hour),
+-- in favour of an empty one. A slot whose lock is not free
+-- within lock_wait (a reader, or a transaction that appended to it, holds it)
+-- is left for the next pass: nobody waits behind a TRUNCATE for longer. Returns
+-- how many slots it truncated. One pass at a time; a second returns 0 at once.
+CREATE FUNCTION postbox.rotate_streams(rotation_period interval DEFAULT NULL,
+                                       lock_wait interval DEFAULT '20 milliseconds') RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    s postbox.stream_slots;
+    truncated integer := 0;
+    previous_lock_timeout text := current_setting('lock_timeout');
+    empty_slot smallint;
+BEGIN
+    IF rotation_period < interval '0' THEN
+        PERFORM postbox._invalid(format('rotation_period must not be negative, not %s', rotation_period));
+    ELSIF lock_wait IS NULL OR lock_wait < interval '1 millisecond' OR lock_wait > interval '10 seconds' THEN
+        PERFORM postbox._invalid(format('lock_wait must be from 1 millisecond to 10 seconds, not %s', lock_wait));
+    END IF;
+    IF NOT pg_try_advisory_xact_lock(1886350201, 0) THEN
+        RETURN 0;
+    END IF;
+    FOR s IN SELECT * FROM postbox.stream_slots WHERE state = 'retired' ORDER BY since LOOP
+        CONTINUE WHEN NOT postbox._stream_slot_done(s.slot, s.since);
+        BEGIN
+            PERFORM set_config('lock_timeout', (extract(epoch FROM lock_wait) * 1000)::integer::text, true);
+            EXECUTE format('LOCK TABLE postbox.stream_log_%s IN ACCESS EXCLUSIVE MODE', s.slot);
+            PERFORM set_config('lock_timeout', previous_lock_timeout, true);
+            -- Again under the lock: a publish that read the slot as current before
+            -- it was retired may have added rows since.
+            IF postbox._stream_slot_done(s.slot, s.since) THEN
+                EXECUTE format('TRUNCATE postbox.stream_log_%s', s.slot);
+                UPDATE postbox.stream_slots SET state = 'empty', since = now() WHERE slot = s.slot;
+                truncated := truncated + 1;
+            END IF;
+        EXCEPTION WHEN lock_not_available THEN
+            PERFORM set_config('lock_timeout', previous_lock_timeout, true);
+        END;
+    END LOOP;
+    rotation_period := coalesce(rotation_period, least(interval '1 hour', (SELECT min(t.stream_retention) / 2
+                                                                         FROM postbox.topics t)));
+    SELECT * INTO s FROM postbox.stream_slots WHERE state = 'current';
+    IF s.since <= now() - rotation_period AND EXISTS (SELECT FROM postbox.stream_log l WHERE l.slot = s.slot) THEN
+        SELECT e.slot INTO empty_slot FROM postbox.stream_slots e
+        WHERE e.state = 'empty' ORDER BY (e.slot - s.slot + 4) % 4 LIMIT 1;
+        IF FOUND THEN
+            -- Retention counts from here: a publish that still appends to this slot
+            -- read it as current, so it took its publish time before this commits.
+            UPDATE postbox.stream_slots SET state = 'retired', since = clock_timestamp() WHERE slot = s.slot;
+            UPDATE postbox.stream_slots SET state = 'current', since = now() WHERE slot = empty_slot;
+        END IF;
+    END IF;
+    RETURN truncated;
+END
+$$;
+
+-- Consumer groups' lag for the servers' metrics: up to max_groups groups, in
+-- topic and group name order.
+CREATE FUNCTION postbox.stream_metrics(max_groups integer DEFAULT 1000)
+RETURNS TABLE (topic text, name text, lag_messages bigint, lag_seconds double precision)
+LANGUAGE sql STABLE AS $$
+    SELECT v.topic, v.name, v.lag_messages, v.lag_seconds
+    FROM postbox.consumer_groups g
+    JOIN postbox.topics t ON t.id = g.topic_id
+    CROSS JOIN LATERAL postbox._consumer_group_view(g, t.name) v
+    ORDER BY t.name, g.name
+    LIMIT max_groups
+$$;

@@ -1451,6 +1451,18 @@ BEGIN
 END
 $$;
 
+-- The group name, when it keeps the grammar of names; INVALID_ARGUMENT saying
+-- what is allowed otherwise. Called first, so a malformed name is refused
+-- whatever else the call names (an absent topic included).
+CREATE FUNCTION postbox._group_name(group_name text) RETURNS text
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM postbox._invalid(postbox.name_problem('consumer group', group_name))
+    WHERE postbox.name_problem('consumer group', group_name) IS NOT NULL;
+    RETURN group_name;
+END
+$$;
+
 -- The consumer group of that name on a stream topic, locked for update;
 -- PB404 if there is none. With skip_locked, NULL when another transaction
 -- holds it (a concurrent read of the same group).
@@ -1533,6 +1545,7 @@ RETURNS TABLE (topic text, name text, created_at timestamptz, cursor_offset bigi
                lease_expires_at timestamptz, lag_messages bigint, lag_seconds double precision)
 LANGUAGE plpgsql AS $$
 DECLARE
+    checked_name text := postbox._group_name(group_name);  -- before any lookup
     t postbox.topics := postbox._stream_topic(topic_name);
     g postbox.consumer_groups;
     start_at record;
@@ -1572,6 +1585,7 @@ RETURNS TABLE (topic text, name text, created_at timestamptz, cursor_offset bigi
                lease_expires_at timestamptz, lag_messages bigint, lag_seconds double precision)
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
+    checked_name text := postbox._group_name(group_name);  -- before any lookup
     t postbox.topics := postbox._topic(topic_name);
     g postbox.consumer_groups;
 BEGIN
@@ -1607,6 +1621,7 @@ $$;
 CREATE FUNCTION postbox.delete_consumer_group(topic_name text, group_name text) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
+    checked_name text := postbox._group_name(group_name);  -- before any lookup
     g postbox.consumer_groups := postbox._consumer_group(postbox._topic(topic_name), group_name);
 BEGIN
     DELETE FROM postbox.consumer_groups WHERE id = g.id;
@@ -1630,6 +1645,7 @@ RETURNS TABLE (batch uuid, stream_offset bigint, published_at timestamptz, publi
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
+    checked_name text := postbox._group_name(group_name);  -- before any lookup
     t postbox.topics := postbox._stream_topic(topic_name);
     g postbox.consumer_groups;
     horizon xid8;
@@ -1689,6 +1705,7 @@ $$;
 CREATE FUNCTION postbox.ack_stream(topic_name text, group_name text, batch uuid) RETURNS bigint
 LANGUAGE plpgsql AS $$
 DECLARE
+    checked_name text := postbox._group_name(group_name);  -- before any lookup
     g postbox.consumer_groups := postbox._consumer_group(postbox._stream_topic(topic_name), group_name);
 BEGIN
     IF batch IS NULL THEN
@@ -1717,6 +1734,7 @@ RETURNS TABLE (topic text, name text, created_at timestamptz, cursor_offset bigi
                lease_expires_at timestamptz, lag_messages bigint, lag_seconds double precision)
 LANGUAGE plpgsql AS $$
 DECLARE
+    checked_name text := postbox._group_name(group_name);  -- before any lookup
     t postbox.topics := postbox._stream_topic(topic_name);
     g postbox.consumer_groups := postbox._consumer_group(t, group_name);
     target record;

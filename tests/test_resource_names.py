@@ -36,6 +36,9 @@ NAMING = {
     "subscription.name",
     "subscription.topic",
     "subscription.queue",
+    "consumer_group",
+    "consumer_group.topic",
+    "consumer_group.name",
 }
 # A value of each that breaks the grammar in a way no name can have: "/" is allowed
 # nowhere, and no name is empty or over 256 characters (topics take 256, the rest 80).
@@ -60,6 +63,8 @@ FILLERS = {
     "CancelMessage": lambda r: setattr(r, "message_id", "1"),
     "UpdateSubscription": lambda r: r.update_mask.paths.append("queue"),
     "PreviewSchedule": lambda r: r.schedule.interval.FromSeconds(60),
+    "AckStream": lambda r: setattr(r, "batch", "00000000-0000-0000-0000-000000000000"),
+    "SeekConsumerGroup": lambda r: setattr(r, "offset", 0),
 }
 # Fields a call ignores (PreviewSchedule stores nothing; only its timing matters).
 IGNORED = {
@@ -134,6 +139,7 @@ def test_the_cases_cover_every_service():
         "MessageService",
         "QueueService",
         "ScheduleService",
+        "StreamService",
         "TopicService",
     }
     assert len(MALFORMED_CASES) >= 90

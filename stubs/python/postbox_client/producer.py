@@ -5,7 +5,9 @@ are bounded by calls, not by the database. The producer sends at once while fewe
 than `max_in_flight` batches are on their way (the sends of one turn of the event loop
 go together); otherwise what its callers send gathers until a batch comes back, for at
 most `linger` seconds, or until `max_entries` messages or `max_bytes` of bodies wait,
-and goes in one SendBatch. Each caller's future gets its own message id.
+and goes in one SendBatch. Each caller's future gets its own message id; a message
+the server refuses (it names the entry) fails its own future, and the rest of the
+batch goes again without it.
 
 With `idempotent` (the default) each message gets a deduplication id, so a batch that
 failed with UNAVAILABLE is sent again without duplicating what the first attempt may
@@ -18,16 +20,20 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from postbox.v1 import message_service_pb2
 
 from postbox_client.client import send_fields
+from postbox_client.errors import InvalidArgument
 
 if TYPE_CHECKING:
     from postbox_client.client import AsyncClient
 
 MAX_BATCH = 1000  # the server's largest SendBatch
+# How the server names the entry of a batch it refused: "entry 3: ttl is ...".
+_REFUSED_ENTRY = re.compile(r"entry (\d+): (.*)", re.DOTALL)
 _ID_BYTES = 16  # random bytes of a deduplication id the producer makes: 32 hex digits
 
 # What waits to be sent: a message that is nothing but a body, as its bytes, or an entry.
@@ -129,7 +135,27 @@ class Producer:
         try:
             request, repeatable = self._request(batch)
             client = self.client
-            response = await client.call(client.messages.SendBatch, request, repeatable=repeatable)
+            while True:
+                try:
+                    response = await client.call(
+                        client.messages.SendBatch, request, repeatable=repeatable
+                    )
+                    break
+                except InvalidArgument as error:
+                    # A batch is all or nothing: the server names the entry it refused
+                    # and committed none. That entry's caller gets the error, the others'
+                    # messages go again without it (with the same ids).
+                    refused = _refused_entry(error, len(batch))
+                    if refused is None:
+                        raise
+                    index, reason = refused
+                    (_, future) = batch.pop(index)
+                    del request.entries[index]
+                    if not future.done():
+                        future.set_exception(InvalidArgument(reason, error.code))
+                    if not batch:
+                        return
+                    self.batches_sent += 1
         except Exception as error:
             for _, future in batch:
                 if not future.done():
@@ -164,3 +190,11 @@ class Producer:
 
 def _body_size(waiting: Waiting) -> int:
     return len(waiting) if isinstance(waiting, bytes) else len(waiting.body)
+
+
+def _refused_entry(error: InvalidArgument, entries: int) -> tuple[int, str] | None:
+    """The index of the entry a refusal names, and the reason without the index."""
+    match = _REFUSED_ENTRY.match(error.message)
+    if match is None or not 0 <= int(match[1]) < entries:
+        return None
+    return int(match[1]), match[2]

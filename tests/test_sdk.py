@@ -119,6 +119,8 @@ async def test_a_refused_message_fails_only_its_own_future(server, db):
                 producer.send("bad priority", priority=42),  # refused by the engine
                 producer.send("ok 4"),
             ]
+            with pytest.raises(TypeError):
+                producer.send(bytearray(b"not bytes"))  # refused at once, not in the batch
             outcomes = await asyncio.gather(*futures, return_exceptions=True)
             # The batch, then again without each refused entry.
             assert producer.batches_sent == 3

@@ -74,14 +74,17 @@ class Producer:
         if self._closed:
             raise RuntimeError("the producer is closed")
         waiting: Waiting
-        if fields:
+        if isinstance(body, str):
+            body = body.encode()
+        if fields or not isinstance(body, bytes):
             if self.idempotent and not fields.get("deduplication_id"):
                 fields["deduplication_id"] = os.urandom(_ID_BYTES).hex()
+            # A body of another type raises here, to its caller, not in the batch.
             waiting = message_service_pb2.SendBatchEntry(**send_fields(body, **fields))
             size = len(waiting.body)
         else:
-            waiting = body.encode() if isinstance(body, str) else body
-            size = len(waiting)
+            waiting = body
+            size = len(body)
         future: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         self._pending.append((waiting, future))
         self._pending_bytes += size

@@ -48,10 +48,21 @@ async def interleaved(rounds: int, *measures: Callable[[], Awaitable[Load]]) -> 
     drift reach every figure of a comparison alike, not whichever ran at that moment.
     """
     totals = [Load(0, 0.0) for _ in measures]
-    for _ in range(rounds):
-        for index, measure in enumerate(measures):
-            totals[index] = totals[index] + await measure()
+    for loads in await interleaved_rounds(rounds, *measures):
+        for index, load in enumerate(loads):
+            totals[index] = totals[index] + load
     return totals
+
+
+async def interleaved_rounds(
+    rounds: int, *measures: Callable[[], Awaitable[Load]]
+) -> list[list[Load]]:
+    """As interleaved, but each round's loads apart (a list per round, in measure order),
+    for same-round ratios and their spread."""
+    result = []
+    for _ in range(rounds):
+        result.append([await measure() for measure in measures])
+    return result
 
 
 async def closed_loop(

@@ -44,6 +44,35 @@ def test_send_batch_returns_ids_in_order(messages, queue):
     assert [by_id[i] for i in response.message_ids] == bodies
 
 
+def test_send_batch_deduplicates_entries_that_set_only_a_body_and_an_id(messages, queue):
+    """The Producer's batches: the short way keeps deduplication, across batches and within."""
+    first = messages.SendBatch(
+        pb.SendBatchRequest(
+            queue=queue,
+            entries=[
+                pb.SendBatchEntry(body=b"a", deduplication_id="id-a"),
+                pb.SendBatchEntry(body=b"b"),
+            ],
+        )
+    )
+    assert list(first.duplicates) == [False, False]
+    again = messages.SendBatch(
+        pb.SendBatchRequest(
+            queue=queue,
+            entries=[
+                pb.SendBatchEntry(body=b"c", deduplication_id="id-c"),
+                pb.SendBatchEntry(body=b"a", deduplication_id="id-a"),
+                pb.SendBatchEntry(body=b"c", deduplication_id="id-c"),
+            ],
+        )
+    )
+    assert list(again.duplicates) == [False, True, True]
+    assert again.message_ids[1] == first.message_ids[0]
+    assert again.message_ids[2] == again.message_ids[0]
+    bodies = sorted(m.body for m in receive(messages, queue, count=10))
+    assert bodies == [b"a", b"b", b"c"]
+
+
 @pytest.mark.parametrize("count", [0, 1001])
 def test_send_batch_size_limits(messages, queue, count):
     error = error_of(
@@ -73,6 +102,9 @@ def test_send_batch_size_limits(messages, queue, count):
             ),
             "NUL",
         ),
+        # Body and deduplication id only: the batch takes the short way (plain_batch).
+        (pb.SendBatchEntry(body=b"x", deduplication_id="d" * 129), "deduplication_id"),
+        (pb.SendBatchEntry(body=b"x", deduplication_id="d d"), "deduplication_id"),
     ],
 )
 def test_send_batch_is_all_or_nothing(messages, queues, queue, bad_entry, says):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from postbox.v1 import queue_service_pb2 as qpb
-from postbox_client import AsyncClient, Client, NotFound, Retry, Unavailable
+from postbox_client import AsyncClient, Client, InvalidArgument, NotFound, Retry, Unavailable
 from support import unique_name
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -79,6 +79,66 @@ async def test_the_producer_batches_concurrent_sends(server, db):
         }
         with pytest.raises(NotFound):
             await client.producer(unique_name("sdk_gone")).send("x")
+
+
+async def test_64_callers_fill_one_batch_a_round(server, db):
+    """Callers that each await their send before the next: all 64 sends of a round
+    go in one SendBatch, counted by the server's transactions (one per SendBatch)."""
+    name = unique_name("sdk_fill")
+    async with AsyncClient(server.target) as client:
+        await client.create_queue(name)
+        async with client.producer(name) as producer:
+
+            async def caller(n: int) -> list[str]:
+                return [await producer.send(f"{n}-{i}") for i in range(5)]
+
+            ids = await asyncio.gather(*(caller(n) for n in range(64)))
+            assert producer.batches_sent == 5
+    rows = await db.fetch(
+        "SELECT m.id, m.body, m.xmin::text AS transaction FROM postbox.messages m "
+        "JOIN postbox.queues q ON q.id = m.queue_id WHERE q.name = $1",
+        name,
+    )
+    assert len({r["transaction"] for r in rows}) == 5
+    assert {str(r["id"]): r["body"] for r in rows} == {
+        message_id: f"{n}-{i}".encode()
+        for n, sent in enumerate(ids)
+        for i, message_id in enumerate(sent)
+    }
+
+
+async def test_a_refused_message_fails_only_its_own_future(server, db):
+    name = unique_name("sdk_refused")
+    async with AsyncClient(server.target) as client:
+        await client.create_queue(name)
+        async with client.producer(name) as producer:
+            futures = [
+                producer.send("ok 0"),
+                producer.send("bad ttl", ttl=timedelta(seconds=-1)),  # refused by the server
+                producer.send("ok 2"),
+                producer.send("bad priority", priority=42),  # refused by the engine
+                producer.send("ok 4"),
+            ]
+            with pytest.raises(TypeError):
+                producer.send(bytearray(b"not bytes"))  # refused at once, not in the batch
+            outcomes = await asyncio.gather(*futures, return_exceptions=True)
+            # The batch, then again without each refused entry.
+            assert producer.batches_sent == 3
+    ttl, priority = outcomes[1], outcomes[3]
+    assert isinstance(ttl, InvalidArgument)
+    assert ttl.message.startswith("ttl is -1.0 s")
+    assert isinstance(priority, InvalidArgument)
+    assert priority.message == "priority 42 is outside 0 to 9"
+    stored = await db.fetch(
+        "SELECT m.id, m.body FROM postbox.messages m JOIN postbox.queues q "
+        "ON q.id = m.queue_id WHERE q.name = $1",
+        name,
+    )
+    assert {str(r["id"]): r["body"] for r in stored} == {
+        outcomes[0]: b"ok 0",
+        outcomes[2]: b"ok 2",
+        outcomes[4]: b"ok 4",
+    }
 
 
 async def test_a_slow_handler_keeps_its_message_past_the_visibility_timeout(server):

@@ -807,6 +807,44 @@ async def test_content_based_deduplication_from_sql(conns):
     ]
 
 
+PRINTABLE_ID = re.compile(r"[!-~]{1,128}")
+
+
+@pytest.mark.parametrize("field", ["deduplication_ids", "message_group_ids"])
+async def test_ids_are_1_to_128_printable_ascii_characters_and_nothing_else(conns, field):
+    """send_batch checks these ids by length and a character class; this pins the rule
+    that its old pattern, ^[!-~]{1,128}$, stated."""
+    setup, _, _ = conns
+    queue = f"sql_ids_{field}.fifo"
+    await setup.execute(
+        "SELECT postbox.create_queue($1, '{\"content_based_deduplication\": true}')", queue
+    )
+    texts = ["", "!", "~", "a" * 128, "a" * 129, "é" * 10, "a b", "a\tb", "a\x7f", "ab\n"]
+    texts += ["\x1f", " a", "a ", "€", "a" * 127 + "é", "a" * 64 + "é" * 64]
+    other = "message_group_ids" if field == "deduplication_ids" else "deduplication_ids"
+    sent = 0
+    for n, text in enumerate(texts):
+        call = (
+            f"SELECT count(*) FROM postbox.send_batch($1, ARRAY['x']::bytea[], {field} => $2, "
+            f"{other} => $3)"
+        )
+        if PRINTABLE_ID.fullmatch(text):
+            assert await setup.fetchval(call, queue, [text], [f"other-{n}"]) == 1
+            sent += 1
+            continue
+        with pytest.raises(asyncpg.PostgresError) as caught:
+            await setup.fetchval(call, queue, [text], [f"other-{n}"])
+        assert caught.value.sqlstate == "PB400", repr(text)
+        what = field.removesuffix("s")
+        assert f"{what} must be 1 to 128 printable ASCII characters" in str(caught.value)
+    stored = await setup.fetchval(
+        "SELECT count(*) FROM postbox.messages m JOIN postbox.queues q ON q.id = m.queue_id "
+        "WHERE q.name = $1",
+        queue,
+    )
+    assert stored == sent == 3
+
+
 # Topics' webhook deliveries and schedules: the claims of replicas' workers.
 
 

@@ -63,6 +63,7 @@ _SEND_OPTIONS = (
 )
 assert set(_SEND_OPTIONS) | {"body"} == {f.name for f in fields(OutgoingMessage)}
 _NO_OPTIONS = (None,) * len(_SEND_OPTIONS)
+assert _SEND_OPTIONS[3] == "deduplication_id"  # where send_bodies puts the ids
 
 
 def _delivery_arguments(delivery: SubscriptionDelivery) -> tuple[Any, ...]:
@@ -283,9 +284,18 @@ class Engine:
         ACTIVITY.sent(queue, sent)
         return row[0], row[1]
 
-    async def send_bodies(self, queue: str, bodies: Sequence[bytes]) -> SentBatch:
-        """send_batch for messages that are nothing but a body."""
-        row = await self._call("fetchrow", "send_batch", queue, bodies, *_NO_OPTIONS)
+    async def send_bodies(
+        self,
+        queue: str,
+        bodies: Sequence[bytes],
+        deduplication_ids: Sequence[str | None] | None = None,
+    ) -> SentBatch:
+        """send_batch for messages that are nothing but a body and perhaps a deduplication id."""
+        if deduplication_ids is None:
+            options: tuple[Any, ...] = _NO_OPTIONS
+        else:
+            options = (None, None, None, deduplication_ids, *_NO_OPTIONS[4:])
+        row = await self._call("fetchrow", "send_batch", queue, bodies, *options)
         sent = len(row[1]) - sum(row[1])
         metrics.count(metrics.MESSAGES_SENT, queue, sent)
         ACTIVITY.sent(queue, sent)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any, overload
 
@@ -231,20 +232,41 @@ def _field_size(length: int) -> int:
     return 5 + length if length < 0x10000000 else 6 + length
 
 
-def plain_bodies(request: Any, max_message_size: int) -> list[bytes] | None:
-    """The bodies of a SendBatchRequest whose entries set nothing but a non-empty body
-    within the size limit, or None: then each entry takes outgoing(). Told by the
-    request's wire size, which upb computes without building a Python object per
-    field (ListFields() per entry cost more than the rest of a plain send)."""
-    bodies = [entry.body for entry in request.entries]
+@dataclass(slots=True)
+class PlainBatch:
+    """A SendBatchRequest's entries that set nothing but a body and, for some, a
+    deduplication id (as the SDK's Producer sends them)."""
+
+    bodies: list[bytes]
+    deduplication_ids: list[str | None] | None  # None when no entry has one
+
+
+def plain_batch(request: Any, max_message_size: int) -> PlainBatch | None:
+    """The bodies (and deduplication ids) of a SendBatchRequest whose entries set nothing
+    but a non-empty body within the size limit and perhaps a deduplication id, or None:
+    then each entry takes outgoing(). Told by the request's wire size, which upb computes
+    without building a Python object per field (ListFields() per entry cost more than
+    the rest of a plain send). An id is counted in characters: one that is not ASCII
+    (which the engine refuses) makes the sizes differ, so it goes the long way."""
+    entries = request.entries
+    bodies = [entry.body for entry in entries]
     lengths = list(map(len, bodies))
     if not lengths or min(lengths) == 0 or max(lengths) > max_message_size:
         return None
     size = _field_size
-    expected = sum(size(size(length)) for length in lengths)
+    actual = request.ByteSize()
     if request.queue:
-        expected += size(len(request.queue.encode()))
-    return bodies if request.ByteSize() == expected else None
+        actual -= size(len(request.queue.encode()))
+    if actual == sum(size(size(length)) for length in lengths):
+        return PlainBatch(bodies, None)
+    ids = [entry.deduplication_id for entry in entries]
+    with_ids = sum(
+        size(size(length) + (size(len(id_)) if id_ else 0))
+        for length, id_ in zip(lengths, ids, strict=True)
+    )
+    if actual != with_ids:
+        return None
+    return PlainBatch(bodies, [id_ or None for id_ in ids])
 
 
 def outgoing(entry: Any, max_message_size: int) -> OutgoingMessage:

@@ -82,9 +82,11 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
     ) -> pb.SendBatchResponse:
         # With tracing on, every message takes the producer's context along.
         traced = tracing.enabled()
-        bodies = None if traced else convert.plain_bodies(request, self.max_message_size)
-        if bodies is not None:  # most batches
-            ids, duplicates = await self.engine.send_bodies(request.queue, bodies)
+        plain = None if traced else convert.plain_batch(request, self.max_message_size)
+        if plain is not None:  # most batches
+            ids, duplicates = await self.engine.send_bodies(
+                request.queue, plain.bodies, plain.deduplication_ids
+            )
         else:
             outgoing = []
             for index, entry in enumerate(request.entries):

@@ -5,27 +5,39 @@ are bounded by calls, not by the database. The producer sends at once while fewe
 than `max_in_flight` batches are on their way (the sends of one turn of the event loop
 go together); otherwise what its callers send gathers until a batch comes back, for at
 most `linger` seconds, or until `max_entries` messages or `max_bytes` of bodies wait,
-and goes in one SendBatch. Each caller's future gets its own message id.
+and goes in one SendBatch. Each caller's future gets its own message id; a message
+the server refuses (it names the entry) fails its own future, and the rest of the
+batch goes again without it.
 
 With `idempotent` (the default) each message gets a deduplication id, so a batch that
 failed with UNAVAILABLE is sent again without duplicating what the first attempt may
-have committed (within the queue's deduplication window).
+have committed (within the queue's deduplication window). A message that is nothing
+but a body waits as its bytes, and its entry (with its id) is made when its batch is:
+building an entry, and a uuid4, for each send() cost more than the rest of it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import uuid
-from typing import TYPE_CHECKING, Any
+import os
+import re
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from postbox.v1 import message_service_pb2
 
 from postbox_client.client import send_fields
+from postbox_client.errors import InvalidArgument
 
 if TYPE_CHECKING:
     from postbox_client.client import AsyncClient
 
 MAX_BATCH = 1000  # the server's largest SendBatch
+# How the server names the entry of a batch it refused: "entry 3: ttl is ...".
+_REFUSED_ENTRY = re.compile(r"entry (\d+): (.*)", re.DOTALL)
+_ID_BYTES = 16  # random bytes of a deduplication id the producer makes: 32 hex digits
+
+# What waits to be sent: a message that is nothing but a body, as its bytes, or an entry.
+Waiting: TypeAlias = "bytes | message_service_pb2.SendBatchEntry"
 
 
 class Producer:
@@ -49,7 +61,7 @@ class Producer:
         self.linger = linger
         self.idempotent = idempotent
         self.batches_sent = 0  # SendBatch calls made
-        self._pending: list[tuple[message_service_pb2.SendBatchEntry, asyncio.Future[str]]] = []
+        self._pending: list[tuple[Waiting, asyncio.Future[str]]] = []
         self._pending_bytes = 0
         self._timer: asyncio.TimerHandle | None = None
         self.max_in_flight = max_in_flight
@@ -61,12 +73,21 @@ class Producer:
         """Queues a message; the future resolves to its id once its batch committed."""
         if self._closed:
             raise RuntimeError("the producer is closed")
-        if self.idempotent and not fields.get("deduplication_id"):
-            fields["deduplication_id"] = uuid.uuid4().hex
-        entry = message_service_pb2.SendBatchEntry(**send_fields(body, **fields))
+        waiting: Waiting
+        if isinstance(body, str):
+            body = body.encode()
+        if fields or not isinstance(body, bytes):
+            if self.idempotent and not fields.get("deduplication_id"):
+                fields["deduplication_id"] = os.urandom(_ID_BYTES).hex()
+            # A body of another type raises here, to its caller, not in the batch.
+            waiting = message_service_pb2.SendBatchEntry(**send_fields(body, **fields))
+            size = len(waiting.body)
+        else:
+            waiting = body
+            size = len(body)
         future: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        self._pending.append((entry, future))
-        self._pending_bytes += len(entry.body)
+        self._pending.append((waiting, future))
+        self._pending_bytes += size
         if len(self._pending) >= self.max_entries or self._pending_bytes >= self.max_bytes:
             self._dispatch()
         elif self._timer is None:
@@ -85,16 +106,59 @@ class Producer:
         while self._pending and (self._in_flight < self.max_in_flight or self._closed):
             batch = self._pending[: self.max_entries]
             self._pending = self._pending[self.max_entries :]
-            self._pending_bytes -= sum(len(entry.body) for entry, _ in batch)
+            self._pending_bytes -= sum(map(_body_size, (waiting for waiting, _ in batch)))
             self._in_flight += 1
             task = asyncio.create_task(self._send(batch))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    async def _send(self, batch: list[tuple[message_service_pb2.SendBatchEntry, Any]]) -> None:
+    def _request(self, batch: list[tuple[Waiting, Any]]) -> tuple[Any, bool]:
+        """The SendBatchRequest of a batch, and whether it may be repeated (every entry
+        has a deduplication id). Made once: a retry sends the same ids again."""
+        request = message_service_pb2.SendBatchRequest(queue=self.queue)
+        entries, add = request.entries, request.entries.add
+        # One random draw for the batch's ids rather than one per message.
+        ids = os.urandom(_ID_BYTES * len(batch)).hex() if self.idempotent else ""
+        step = 2 * _ID_BYTES
+        repeatable = True
+        for index, (waiting, _) in enumerate(batch):
+            if isinstance(waiting, bytes):
+                if ids:
+                    add(body=waiting, deduplication_id=ids[index * step : (index + 1) * step])
+                else:
+                    add(body=waiting)
+                    repeatable = False
+            else:
+                entries.append(waiting)
+                repeatable = repeatable and bool(waiting.deduplication_id)
+        return request, repeatable
+
+    async def _send(self, batch: list[tuple[Waiting, Any]]) -> None:
         self.batches_sent += 1
         try:
-            response = await self.client.send_batch(self.queue, [entry for entry, _ in batch])
+            request, repeatable = self._request(batch)
+            client = self.client
+            while True:
+                try:
+                    response = await client.call(
+                        client.messages.SendBatch, request, repeatable=repeatable
+                    )
+                    break
+                except InvalidArgument as error:
+                    # A batch is all or nothing: the server names the entry it refused
+                    # and committed none. That entry's caller gets the error, the others'
+                    # messages go again without it (with the same ids).
+                    refused = _refused_entry(error, len(batch))
+                    if refused is None:
+                        raise
+                    index, reason = refused
+                    (_, future) = batch.pop(index)
+                    del request.entries[index]
+                    if not future.done():
+                        future.set_exception(InvalidArgument(reason, error.code))
+                    if not batch:
+                        return
+                    self.batches_sent += 1
         except Exception as error:
             for _, future in batch:
                 if not future.done():
@@ -125,3 +189,15 @@ class Producer:
 
     async def __aexit__(self, *_: object) -> None:
         await self.close()
+
+
+def _body_size(waiting: Waiting) -> int:
+    return len(waiting) if isinstance(waiting, bytes) else len(waiting.body)
+
+
+def _refused_entry(error: InvalidArgument, entries: int) -> tuple[int, str] | None:
+    """The index of the entry a refusal names, and the reason without the index."""
+    match = _REFUSED_ENTRY.match(error.message)
+    if match is None or not 0 <= int(match[1]) < entries:
+        return None
+    return int(match[1]), match[2]

@@ -531,6 +531,15 @@ export declare type ListQueuesRequest = Message<"postbox.v1.ListQueuesRequest"> 
    * @generated from field: string name_prefix = 3;
    */
   namePrefix: string;
+
+  /**
+   * Optional. QUEUE_VIEW_FULL fills each listed queue's `stats`, counted in one
+   * query for the whole page (no call per queue); not set or QUEUE_VIEW_BASIC
+   * leaves them empty, which is cheaper.
+   *
+   * @generated from field: postbox.v1.QueueView view = 4;
+   */
+  view: QueueView;
 };
 
 /**

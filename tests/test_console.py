@@ -455,3 +455,41 @@ def test_the_committed_bundle_is_served(open_console):
         served = response.read()
         assert response.headers["Content-Type"].startswith("text/javascript")
     assert served == (ROOT / "server" / "console" / "static" / "app.js").read_bytes()
+
+
+def test_the_overview_pages_through_more_than_a_thousand_queues(page, open_console, channel_of):
+    """ListQueues answers at most 1,000 a page: the overview follows the page tokens, and
+    its filter finds a queue beyond the first page."""
+    channel = channel_of(open_console)
+    queues = queue_service_pb2_grpc.QueueServiceStub(channel)
+    names = [f"console-many-{number:04d}" for number in range(1100)]
+    for name in names:
+        queues.CreateQueue(
+            queue_service_pb2.CreateQueueRequest(queue=queue_service_pb2.Queue(name=name))
+        )
+    total = 0
+    token = ""
+    while True:
+        listed = queues.ListQueues(
+            queue_service_pb2.ListQueuesRequest(page_size=1000, page_token=token)
+        )
+        total += len(listed.queues)
+        token = listed.next_page_token
+        if not token:
+            break
+    assert total > 1000
+    page.get(open_console.url + "/")
+    wait(
+        page,
+        lambda d: text_of(d, "#queue-count") == f"{total} of {total} queues",
+        f"all {total} queues listed",
+    )
+    page.find_element(By.ID, "queue-filter").send_keys("console-many-1099")
+    wait(
+        page,
+        lambda d: (
+            text_of(d, "#queue-count") == f"1 of {total} queues"
+            and d.find_elements(By.CSS_SELECTOR, 'tr[data-queue="console-many-1099"]')
+        ),
+        "the filter finds the last queue",
+    )

@@ -26,6 +26,8 @@ from postbox.v1 import (
     message_service_pb2_grpc,
     queue_service_pb2,
     queue_service_pb2_grpc,
+    schedule_service_pb2,
+    schedule_service_pb2_grpc,
     topic_service_pb2,
     topic_service_pb2_grpc,
 )
@@ -338,6 +340,173 @@ def test_retrying_a_failed_webhook_delivery(page, keyed_console, channel_of):
         wait(page, lambda d: not d.find_elements(By.CSS_SELECTOR, row), "no delivery left")
     finally:
         receiver.stop()
+
+
+def test_editing_attributes_sends_only_the_changed_fields(page, keyed_console, channel_of):
+    channel = channel_of(keyed_console)
+    create_queue(channel, keyed_console, "console-edit")
+    log_in(page, keyed_console, keyed_console.secret)
+    page.get(keyed_console.url + "/#/queues/console-edit")
+    field = wait(
+        page,
+        lambda d: d.find_elements(By.CSS_SELECTOR, "#attributes input[name=visibility_timeout]"),
+        "the attributes",
+    )[0]
+    field.clear()
+    field.send_keys("45")
+    page.find_element(By.CSS_SELECTOR, "#attributes input[name=max_depth]").send_keys("500")
+    page.find_element(By.ID, "save-attributes").click()
+
+    def saved():
+        queue = (
+            queue_service_pb2_grpc.QueueServiceStub(channel)
+            .GetQueue(
+                queue_service_pb2.GetQueueRequest(name="console-edit"),
+                metadata=keyed_console.metadata(),
+            )
+            .queue
+        )
+        return queue.visibility_timeout.seconds == 45 and queue.max_depth == 500 and queue
+
+    queue = eventually(saved, what="the queue updated")
+    assert queue.delivery_delay.seconds == 0  # untouched
+    wait(
+        page,
+        lambda d: not d.find_element(By.ID, "save-attributes").is_enabled(),
+        "nothing left to save",
+    )
+
+
+def test_redriving_a_dead_letter_queue_shows_the_task_and_its_progress(
+    page, keyed_console, channel_of
+):
+    channel = channel_of(keyed_console)
+    metadata = keyed_console.metadata()
+    queues = queue_service_pb2_grpc.QueueServiceStub(channel)
+    messages = message_service_pb2_grpc.MessageServiceStub(channel)
+    Queue = queue_service_pb2.Queue
+    queues.CreateQueue(
+        queue_service_pb2.CreateQueueRequest(queue=Queue(name="console-dlq")), metadata=metadata
+    )
+    policy = queue_service_pb2.DeadLetterPolicy(
+        dead_letter_queue="console-dlq", max_receive_count=1
+    )
+    queues.CreateQueue(
+        queue_service_pb2.CreateQueueRequest(
+            queue=Queue(name="console-source", dead_letter_policy=policy)
+        ),
+        metadata=metadata,
+    )
+    for number in range(4):
+        messages.Send(
+            msg_pb.SendRequest(queue="console-source", body=b"%d" % number), metadata=metadata
+        )
+    request = msg_pb.ReceiveRequest(queue="console-source", max_messages=10)
+    received = [m for r in messages.Receive(request, metadata=metadata) for m in r.messages]
+    assert len(received) == 4
+    for message in received:
+        messages.Nack(
+            msg_pb.NackRequest(queue="console-source", receipt=message.receipt, delay=duration(0)),
+            metadata=metadata,
+        )
+    # The second receive dead-letters all four instead of delivering them.
+    assert not [m for r in messages.Receive(request, metadata=metadata) for m in r.messages]
+    assert visible(channel, keyed_console, "console-dlq") == 4
+
+    log_in(page, keyed_console, keyed_console.secret)
+    page.get(keyed_console.url + "/#/queues/console-dlq")
+    sources = wait(page, lambda d: text_of(d, "#redrive ul.sources"), "the source queues")
+    assert sources == "console-source"
+    page.find_element(By.ID, "redrive-button").click()
+    wait(
+        page,
+        lambda d: (text_of(d, "#redrive .task") or "").startswith("COMPLETED"),
+        "the redrive task completed",
+    )
+    assert "4 / 4" in text_of(page, "#redrive .task")
+    progress = page.find_element(By.CSS_SELECTOR, "#redrive .task progress")
+    assert progress.get_attribute("value") == progress.get_attribute("max") == "4"
+    assert visible(channel, keyed_console, "console-source") == 4
+
+
+def test_keys_are_created_with_the_secret_shown_once_and_revoked(page, keyed_console):
+    log_in(page, keyed_console, keyed_console.secret)
+    page.get(keyed_console.url + "/#/keys")
+    wait(page, lambda d: d.find_elements(By.ID, "key-name"), "the keys page")[0].send_keys(
+        "console-made"
+    )
+    grants = page.find_element(By.ID, "key-grants")
+    grants.clear()
+    grants.send_keys("send:orders-* read:*")
+    page.find_element(By.ID, "create-key").click()
+    secret = wait(page, lambda d: text_of(d, "#new-secret pre"), "the new key's secret")
+    row = 'tr[data-key="console-made"]'
+    assert wait(page, lambda d: text_of(d, f"{row} td.mono"), "the key listed") == (
+        "read:* send:orders-*"
+    )
+    # The secret works, with the grants given.
+    eventually(lambda: _logs_in(keyed_console, secret), what="the new key logs in")
+    page.find_element(By.CSS_SELECTOR, "#new-secret button").click()
+    assert not page.find_elements(By.ID, "new-secret")
+    page.find_element(By.CSS_SELECTOR, f"{row} button.danger").click()
+    wait(page, lambda d: d.find_elements(By.CSS_SELECTOR, f"{row} .confirm button.danger"), "")[
+        0
+    ].click()
+    wait(page, lambda d: not d.find_elements(By.CSS_SELECTOR, row), "the key revoked")
+    eventually(lambda: not _logs_in(keyed_console, secret), what="the revoked key refused")
+
+
+def _logs_in(console: Console, secret: str) -> bool:
+    async def attempt() -> bool:
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(f"{console.url}/console/login", json={"secret": secret}) as response,
+        ):
+            return response.status == 200
+
+    return asyncio.run(attempt())
+
+
+def test_schedules_show_next_fire_times_run_now_and_pause(page, keyed_console, channel_of):
+    channel = channel_of(keyed_console)
+    create_queue(channel, keyed_console, "console-scheduled")
+    schedules = schedule_service_pb2_grpc.ScheduleServiceStub(channel)
+    schedules.CreateSchedule(
+        schedule_service_pb2.CreateScheduleRequest(
+            schedule=schedule_service_pb2.Schedule(
+                name="console-nightly",
+                cron=schedule_service_pb2.CronSpec(expression="0 2 * * *", time_zone="UTC"),
+                target=schedule_service_pb2.ScheduleTarget(queue="console-scheduled"),
+                body=b"tick",
+            )
+        ),
+        metadata=keyed_console.metadata(),
+    )
+    log_in(page, keyed_console, keyed_console.secret)
+    page.get(keyed_console.url + "/#/schedules")
+    row = 'tr[data-schedule="console-nightly"]'
+    buttons = {
+        button.text: button
+        for button in wait(
+            page, lambda d: d.find_elements(By.CSS_SELECTOR, f"{row} button"), "the schedule"
+        )
+    }
+    buttons["Next 5"].click()
+    times = wait(
+        page, lambda d: d.find_elements(By.CSS_SELECTOR, f"{row} ul.fire-times li"), "fire times"
+    )
+    assert len(times) == 5
+    assert all(item.text.endswith("02:00:00Z") for item in times)
+    buttons["Run now"].click()
+    eventually(
+        lambda: visible(channel, keyed_console, "console-scheduled") == 1, what="the run's message"
+    )
+    page.find_element(By.XPATH, "//tr[@data-schedule='console-nightly']//button[.='Pause']").click()
+    wait(page, lambda d: "paused" in (text_of(d, f"{row} td:nth-child(4)") or ""), "paused")
+    assert schedules.GetSchedule(
+        schedule_service_pb2.GetScheduleRequest(name="console-nightly"),
+        metadata=keyed_console.metadata(),
+    ).schedule.paused
 
 
 async def test_a_change_without_the_csrf_token_is_refused(keyed_console, channel_of):

@@ -22,6 +22,8 @@ import aiohttp
 import grpc
 import pytest
 from postbox.v1 import (
+    access_service_pb2,
+    access_service_pb2_grpc,
     message_pb2,
     message_service_pb2_grpc,
     queue_service_pb2,
@@ -299,6 +301,20 @@ def test_a_key_without_rights_sees_no_purge_button_and_only_its_queues(
     assert all(
         not field.is_enabled() for field in page.find_elements(By.CSS_SELECTOR, "#attributes input")
     )
+
+
+def test_a_revoked_key_ends_its_session(page, keyed_console, channel_of):
+    secret = bootstrap_key(keyed_console.database_url, "console-doomed", "read:*")
+    log_in(page, keyed_console, secret)
+    assert text_of(page, "#who") == "key console-doomed"
+    access = access_service_pb2_grpc.AccessServiceStub(channel_of(keyed_console))
+    access.DeleteKey(
+        access_service_pb2.DeleteKeyRequest(name="console-doomed"),
+        metadata=keyed_console.metadata(),
+    )
+    # The overview's next poll is refused; the page asks for a key again.
+    message = wait(page, lambda d: text_of(d, ".login .error"), "the login form again")
+    assert message == "Your session ended: log in again."
 
 
 def test_retrying_a_failed_webhook_delivery(page, keyed_console, channel_of):

@@ -2,6 +2,7 @@
 
 from bench.scenarios import (
     auth,
+    console,
     engine,
     idle,
     latency,
@@ -21,6 +22,7 @@ LONG = frozenset({"spark_write", "sustained", "send_sync_replication"})
 __all__ = [
     "LONG",
     "auth",
+    "console",
     "engine",
     "idle",
     "latency",

@@ -20,6 +20,13 @@ function pausedText(queue) {
   return "";
 }
 
+// What a sparkline draws: a flat line is the same whatever its length, so an idle queue's
+// row stops being drawn again once it has two points.
+function shape(values) {
+  if (values.length < 2) return "";
+  return values.every((value) => value === values[0]) ? `flat ${values[0]}` : values.join();
+}
+
 // One queue's row, drawn again only when what it shows changed: a poll of 1,000 queues
 // redraws the few that moved.
 class Row extends Component {
@@ -90,7 +97,7 @@ export function Overview() {
           const signature = [
             stats.visibleMessages, stats.inFlightMessages, stats.delayedMessages,
             stats.oldestMessageAge?.seconds, stats.sentPerSecond, stats.receivedPerSecond,
-            dlq ? depth(dlq) : "", queue.sendPaused, queue.receivePaused, trail.sent.join(), trail.received.join(),
+            dlq ? depth(dlq) : "", queue.sendPaused, queue.receivePaused, shape(trail.sent), shape(trail.received),
           ].join("|");
           return html`<${Row} key=${queue.name} queue=${queue} dlq=${dlq} sent=${trail.sent}
             received=${trail.received} signature=${signature} />`;

@@ -635,6 +635,17 @@ def test_workers_and_the_console_are_refused_together():
     assert "--workers" in result.stderr
 
 
+def test_a_console_beyond_loopback_without_keys_is_refused(open_console):
+    result = subprocess.run(
+        [sys.executable, "-m", "server", "serve", "--database-url", open_console.database_url,
+         "--grpc-port", str(free_port()), "--console-host", "0.0.0.0",
+         "--console-port", str(free_port())],
+        capture_output=True, text=True, cwd=ROOT, check=False, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert "refusing to serve '0.0.0.0' without authentication" in result.stderr
+
+
 def test_the_committed_bundle_is_served(open_console):
     with urlopen(f"{open_console.url}/static/app.js") as response:
         served = response.read()

@@ -12,9 +12,11 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import ssl
 import subprocess
 import sys
 from collections.abc import Iterator
+from http.cookies import SimpleCookie
 from pathlib import Path
 from urllib.request import urlopen
 
@@ -44,6 +46,7 @@ from selenium.webdriver.support.ui import WebDriverWait
 from support import ROOT, ServerProcess, create_database, drop_database, eventually, free_port
 from support import seconds as duration
 from test_auth import bearer, bootstrap_key
+from test_tls import Authority
 
 from server.console.sessions import Sessions
 
@@ -644,6 +647,32 @@ def test_a_console_beyond_loopback_without_keys_is_refused(open_console):
     )  # fmt: skip
     assert result.returncode == 2, result.stderr
     assert "refusing to serve '0.0.0.0' without authentication" in result.stderr
+
+
+def test_over_tls_the_session_cookie_is_secure(admin_url, tmp_path):
+    authority = Authority(tmp_path, "console")
+    pair = authority.issue("server", server=True)
+    url = create_database(admin_url, "postbox_console_tls")
+    console = Console(url)
+    console.server = ServerProcess(
+        url, "--console-port", str(console.console_port),
+        "--tls-cert", str(pair.certificate), "--tls-key", str(pair.key),
+        credentials=grpc.ssl_channel_credentials(authority.path.read_bytes()),
+    )  # fmt: skip
+    console.server.start()
+    try:
+        trust = ssl.create_default_context(cafile=str(authority.path))
+        with urlopen(
+            f"https://127.0.0.1:{console.console_port}/console/session", context=trust
+        ) as response:
+            cookies = SimpleCookie(response.headers["Set-Cookie"])
+        cookie = cookies["postbox_console"]
+        assert cookie["secure"] is True
+        assert cookie["httponly"] is True
+        assert cookie["samesite"] == "Strict"
+    finally:
+        console.server.stop()
+        drop_database(admin_url, url)
 
 
 def test_the_committed_bundle_is_served(open_console):

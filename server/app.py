@@ -222,6 +222,7 @@ async def serve_console(
         keys,
         ConnectHandler(http_procedures, settings.http_max_request_size),
         secure_cookie=settings.tls is not None,
+        bound_host=settings.console_host,
     )
     runner = web.AppRunner(
         app, handler_cancellation=True, access_log=None, shutdown_timeout=settings.shutdown_grace

@@ -675,6 +675,29 @@ def test_over_tls_the_session_cookie_is_secure(admin_url, tmp_path):
         drop_database(admin_url, url)
 
 
+async def test_an_open_console_answers_no_other_host_name(open_console, keyed_console):
+    """DNS rebinding: a page at evil.example whose name resolves to 127.0.0.1 is
+    same-origin with what it reaches; without keys the console refuses that Host."""
+    async with aiohttp.ClientSession() as http:
+        for host in ("evil.example", f"evil.example:{open_console.console_port}"):
+            async with http.get(
+                f"{open_console.url}/console/session", headers={"Host": host}
+            ) as response:
+                assert response.status == 403
+                assert "no API key exists" in (await response.json())["message"]
+        for host in ("localhost", f"127.0.0.1:{open_console.console_port}", "[::1]"):
+            async with http.get(
+                f"{open_console.url}/console/session", headers={"Host": host}
+            ) as response:
+                assert response.status == 200, host
+        # With keys, the name does not matter: every call needs a key's session anyway.
+        async with http.get(
+            f"{keyed_console.url}/console/session", headers={"Host": "evil.example"}
+        ) as response:
+            assert response.status == 200
+            assert (await response.json())["signedIn"] is False
+
+
 def test_the_committed_bundle_is_served(open_console):
     with urlopen(f"{open_console.url}/static/app.js") as response:
         served = response.read()

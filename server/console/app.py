@@ -10,6 +10,7 @@ session's CSRF token (header X-CSRF-Token) on every call.
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Awaitable, Callable
 from importlib import resources
 from typing import Any
@@ -71,6 +72,25 @@ def _same_origin(request: web.Request) -> bool:
     return urlsplit(origin).netloc == request.host
 
 
+def _host_name(host: str) -> str:
+    """The name or address of a Host header, without its port."""
+    return urlsplit(f"//{host}").hostname or ""
+
+
+def _open_to(request: web.Request, bound_host: str) -> bool:
+    """While no key exists, a page may use the console only at an IP address, at
+    localhost, or at the name it listens on: a site whose name an attacker points at
+    127.0.0.1 (DNS rebinding) would otherwise be same-origin with an open console."""
+    name = _host_name(request.host)
+    if name in ("localhost", bound_host.strip("[]").lower()):
+        return True
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
+
+
 def _grants(keys: KeyCache, session: Session) -> dict[str, Any] | None:
     if session.secret is None:
         return None
@@ -84,7 +104,12 @@ def _grants(keys: KeyCache, session: Session) -> dict[str, Any] | None:
 
 
 def build_console_app(
-    keys: KeyCache, api: Handler, *, secure_cookie: bool, sessions: Sessions | None = None
+    keys: KeyCache,
+    api: Handler,
+    *,
+    secure_cookie: bool,
+    bound_host: str = "localhost",
+    sessions: Sessions | None = None,
 ) -> web.Application:
     """The console; `api` answers Connect calls by path (server.http.app.ConnectHandler)."""
     assets = _assets()
@@ -114,6 +139,12 @@ def build_console_app(
             return _connect_error(
                 grpc.StatusCode.PERMISSION_DENIED,
                 "cross-origin requests are refused: use the console from its own address",
+            )
+        if not keys.enabled and not _open_to(request, bound_host):
+            return _connect_error(
+                grpc.StatusCode.PERMISSION_DENIED,
+                "no API key exists, so this console answers only at an IP address, localhost "
+                f"or {bound_host!r}; create a key to reach it by another name",
             )
         response = await handler(request)
         response.headers.update(_SECURITY_HEADERS)

@@ -31,7 +31,7 @@ from server.durability import require_synchronous_commit
 from server.egress import EgressPolicy
 from server.embedded import EmbeddedPostgres
 from server.errors import ApiError
-from server.http.app import ConnectHandler, build_app
+from server.http.app import build_app
 from server.http.openapi import postbox_document
 from server.http.procedures import MethodTable, Procedure, procedures
 from server.observability import activity, metrics, tracing
@@ -220,7 +220,8 @@ async def serve_console(
     """Starts the web console; its runner and the port it listens on."""
     app = build_console_app(
         keys,
-        ConnectHandler(http_procedures, settings.http_max_request_size),
+        http_procedures,
+        max_request_size=settings.http_max_request_size,
         secure_cookie=settings.tls is not None,
         bound_host=settings.console_host,
     )

@@ -21,7 +21,9 @@ from aiohttp import web
 
 from server.auth.keys import KeyCache
 from server.console.sessions import Session, Sessions
+from server.http.app import ConnectHandler
 from server.http.connect import ConnectError
+from server.http.procedures import Procedure
 
 COOKIE = "postbox_console"
 CSRF_HEADER = "X-CSRF-Token"
@@ -105,13 +107,15 @@ def _grants(keys: KeyCache, session: Session) -> dict[str, Any] | None:
 
 def build_console_app(
     keys: KeyCache,
-    api: Handler,
+    procedures: dict[str, Procedure],
     *,
+    max_request_size: int,
     secure_cookie: bool,
     bound_host: str = "localhost",
     sessions: Sessions | None = None,
 ) -> web.Application:
-    """The console; `api` answers Connect calls by path (server.http.app.ConnectHandler)."""
+    """The console; `procedures` are the HTTP API's (server.http.procedures)."""
+    api = ConnectHandler(procedures, max_request_size)
     assets = _assets()
     sessions = sessions or Sessions()
 

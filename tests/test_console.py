@@ -261,6 +261,20 @@ def test_peeking_a_message_shows_its_body_as_text_or_json_and_its_attributes(
     )
     # Peeking leaves the message where it was.
     assert visible(channel_of(keyed_console), keyed_console, "console-peek") == 1
+    # A body that is not UTF-8 shows in base64.
+    message_service_pb2_grpc.MessageServiceStub(channel_of(keyed_console)).Send(
+        msg_pb.SendRequest(queue="console-peek", body=b"\xff\x00binary"),
+        metadata=keyed_console.metadata(),
+    )
+    page.find_element(By.CSS_SELECTOR, "#peek button").click()  # Refresh
+    wait(
+        page,
+        lambda d: (
+            [e.text for e in d.find_elements(By.CSS_SELECTOR, "tr[data-message] pre.body")][1:]
+            == ["(binary, base64) /wBiaW5hcnk="]
+        ),
+        "the binary body in base64",
+    )
 
 
 def test_purging_after_a_confirmation(page, keyed_console, channel_of):

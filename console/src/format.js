@@ -27,10 +27,22 @@ export function time(timestamp) {
   return date.toISOString().replace("T", " ").replace(/\.\d+Z$/, "Z");
 }
 
-const decoder = new TextDecoder("utf-8", { fatal: false });
+const decoder = new TextDecoder("utf-8", { fatal: true });
 
+function base64(bytes) {
+  let text = "";
+  for (const byte of bytes) text += String.fromCharCode(byte);
+  return btoa(text);
+}
+
+// A body as text, pretty-printed when asked and it is JSON; in base64 when it is not UTF-8.
 export function bodyText(bytes, asJson) {
-  const text = decoder.decode(bytes);
+  let text;
+  try {
+    text = decoder.decode(bytes);
+  } catch {
+    return `(binary, base64) ${base64(bytes)}`;
+  }
   if (!asJson) return text;
   try {
     return JSON.stringify(JSON.parse(text), null, 2);

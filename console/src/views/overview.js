@@ -43,7 +43,7 @@ class Row extends Component {
       <td class="num visible">${count(stats.visibleMessages)}</td>
       <td class="num in-flight">${count(stats.inFlightMessages)}</td>
       <td class="num delayed">${count(stats.delayedMessages)}</td>
-      <td class="num dlq" title=${dlqName ?? ""}>${dlqName ? (dlq ? count(depth(dlq)) : "?") : "–"}</td>
+      <td class="num dlq" title=${dlqName ? `${dlqName}, oldest ${age(dlq?.stats?.oldestMessageAge)}` : ""}>${dlqName ? (dlq ? count(depth(dlq)) : "?") : "–"}</td>
       <td class="num oldest">${age(stats.oldestMessageAge)}</td>
       <td class="num sent">${rate(stats.sentPerSecond)}/s</td>
       <td><${Sparkline} values=${sent} /></td>

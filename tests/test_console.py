@@ -41,6 +41,7 @@ from selenium import webdriver
 from selenium.common.exceptions import WebDriverException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
+from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
 from support import ROOT, ServerProcess, create_database, drop_database, eventually, free_port
@@ -158,6 +159,14 @@ def text_of(driver: WebDriver, selector: str) -> str | None:
     return found[0].text if found else None
 
 
+def retype(field, text: str) -> None:
+    """Replaces a field's text by keystrokes, as a person would: selenium's clear() fires
+    no input event, so a page that redraws meanwhile would put the old text back."""
+    field.send_keys(Keys.CONTROL, "a")
+    field.send_keys(Keys.BACKSPACE)
+    field.send_keys(text)
+
+
 def log_in(driver: WebDriver, console: Console, secret: str) -> None:
     driver.get(console.url + "/")
     field = wait(driver, lambda d: d.find_elements(By.ID, "api-key"), "the login form")[0]
@@ -216,8 +225,7 @@ def test_logging_in_with_a_key(page, keyed_console, channel_of):
     page.find_element(By.ID, "login").click()
     error = wait(page, lambda d: text_of(d, ".login .error"), "the refusal")
     assert "not known" in error
-    field.clear()
-    field.send_keys(keyed_console.secret)
+    retype(field, keyed_console.secret)
     page.find_element(By.ID, "login").click()
     assert wait(page, lambda d: text_of(d, "#who"), "the signed-in console") == "key console-admin"
     wait(
@@ -385,8 +393,7 @@ def test_editing_attributes_sends_only_the_changed_fields(page, keyed_console, c
         lambda d: d.find_elements(By.CSS_SELECTOR, "#attributes input[name=visibility_timeout]"),
         "the attributes",
     )[0]
-    field.clear()
-    field.send_keys("45")
+    retype(field, "45")
     page.find_element(By.CSS_SELECTOR, "#attributes input[name=max_depth]").send_keys("500")
     page.find_element(By.ID, "save-attributes").click()
 
@@ -469,8 +476,7 @@ def test_keys_are_created_with_the_secret_shown_once_and_revoked(page, keyed_con
         "console-made"
     )
     grants = page.find_element(By.ID, "key-grants")
-    grants.clear()
-    grants.send_keys("send:orders-* read:*")
+    retype(grants, "send:orders-* read:*")
     page.find_element(By.ID, "create-key").click()
     secret = wait(page, lambda d: text_of(d, "#new-secret pre"), "the new key's secret")
     row = 'tr[data-key="console-made"]'

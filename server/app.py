@@ -26,6 +26,7 @@ from postbox.v1 import (
 from server.auth.interceptor import Authorize
 from server.auth.keys import KeyCache
 from server.config import Settings, is_loopback
+from server.console.app import build_console_app
 from server.db import hosts
 from server.db.engine import Engine, application_name
 from server.db.migrate import format_version, migrate
@@ -217,6 +218,37 @@ async def serve_http(
     return runner, runner.addresses[0][1]
 
 
+async def serve_console(
+    settings: Settings, http_procedures: dict[str, Procedure], keys: KeyCache
+) -> tuple[web.AppRunner, int]:
+    """Starts the web console; its runner and the port it listens on."""
+    app = build_console_app(
+        keys,
+        http_procedures,
+        max_request_size=settings.http_max_request_size,
+        secure_cookie=settings.tls is not None,
+        bound_host=settings.console_host,
+    )
+    runner = web.AppRunner(
+        app, handler_cancellation=True, access_log=None, shutdown_timeout=settings.shutdown_grace
+    )
+    await runner.setup()
+    site = web.TCPSite(
+        runner,
+        settings.console_host.strip("[]"),
+        settings.console_port,
+        ssl_context=None if settings.tls is None else settings.tls.ssl_context(),
+    )
+    try:
+        await site.start()
+    except OSError as error:
+        await runner.cleanup()
+        raise OSError(
+            f"cannot listen on {settings.console_host}:{settings.console_port}: {error.strerror}"
+        ) from None
+    return runner, runner.addresses[0][1]
+
+
 async def _scrape(engine: Engine, max_queues: int) -> bytes:
     metrics.observe_pool(engine)
     return await metrics.exposition(engine, max_queues)
@@ -229,6 +261,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     dsn, embedded = await open_database(settings)
     tracing.configure("postbox")
     engine = hub = server = health_servicer = keys = metrics_runner = http_runner = None
+    console_runner = None
     serving = Serving()
     tasks: list[asyncio.Task[None]] = []
     # Sessions of their own (LISTEN, the migration) need a direct connection.
@@ -240,6 +273,10 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         refuse_anonymous_exposure(settings.grpc_host, keys, settings.insecure_allow_anonymous)
         if settings.http_port is not None:
             refuse_anonymous_exposure(settings.http_host, keys, settings.insecure_allow_anonymous)
+        if settings.console_port is not None:
+            refuse_anonymous_exposure(
+                settings.console_host, keys, settings.insecure_allow_anonymous
+            )
         engine = await Engine.connect(
             dsn,
             pool_size=settings.pool_size,
@@ -329,13 +366,16 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         if port == 0:
             raise OSError(f"cannot listen on {address}")
         await server.start()
-        if settings.http_port is not None:
+        if settings.http_port is not None or settings.console_port is not None:
             # The gRPC server's servicers behind the same interceptors, tracing aside
             # (its interceptor reads gRPC's own call objects).
             http_procedures = procedures(
                 SERVICES, methods, [CountCalls(), Authorize(keys), RejectUndecodable()]
             )
+        if settings.http_port is not None:
             http_runner, http_port = await serve_http(settings, http_procedures, serving)
+        if settings.console_port is not None:
+            console_runner, console_port = await serve_console(settings, http_procedures, keys)
         if settings.metrics_port is not None:
             metrics_runner = await serve_metrics(
                 settings.metrics_host,
@@ -373,6 +413,13 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
                 settings.http_host,
                 http_port,
             )
+        if console_runner is not None:
+            log.info(
+                "postbox serving the web console on %s://%s:%d/",
+                "http" if settings.tls is None else "https",
+                settings.console_host,
+                console_port,
+            )
         await stop.wait()
         log.info("shutting down")
     finally:
@@ -390,6 +437,8 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
             await hub.close()  # waiting streams end now, with what they have
         if http_runner is not None:
             await http_runner.cleanup()
+        if console_runner is not None:
+            await console_runner.cleanup()
         if server is not None:
             await server.stop(settings.shutdown_grace)
         if engine is not None:

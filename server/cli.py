@@ -67,10 +67,22 @@ def _serve(args: argparse.Namespace) -> int:
         http_host=args.grpc_host if args.http_host is None else args.http_host,
         http_port=args.http_port,
         http_max_request_size=args.http_max_request_size,
+        console_host=(args.console_host or args.http_host or args.grpc_host),
+        console_port=args.console_port,
         metrics_host=args.metrics_host,
         metrics_port=args.metrics_port,
         metrics_max_queues=args.metrics_max_queues,
     )
+    if args.workers > 1 and args.console_port is not None:
+        # A session lives in the memory of the process that opened it, and SO_REUSEPORT
+        # would hand the next request to any process.
+        print(
+            "postbox serve: --console-port serves sessions from one process's memory, so it "
+            "cannot be combined with --workers; run the console on a separate `postbox serve` "
+            "(without --workers) on the same database",
+            file=sys.stderr,
+        )
+        return 2
     try:
         if args.workers > 1:
             return asyncio.run(
@@ -407,6 +419,21 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="BYTES",
         help="largest HTTP request body; a larger one is refused with resource_exhausted "
         "before it is read (default: %(default)s)",
+    )
+    serve.add_argument(
+        "--console-port",
+        type=int,
+        default=int(os.environ["POSTBOX_CONSOLE_PORT"])
+        if "POSTBOX_CONSOLE_PORT" in os.environ
+        else None,
+        help="serve the web console on this port: log in with an API key, act with its grants "
+        "through the HTTP API (default: $POSTBOX_CONSOLE_PORT or not at all)",
+    )
+    serve.add_argument(
+        "--console-host",
+        default=os.environ.get("POSTBOX_CONSOLE_HOST"),
+        help="address of the console port, under the same rules as --grpc-host (default: "
+        "$POSTBOX_CONSOLE_HOST, or the --http-host, or the --grpc-host)",
     )
     serve.add_argument(
         "--metrics-port",

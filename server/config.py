@@ -70,6 +70,10 @@ class Settings:
     http_port: int | None = None
     http_host: str = "localhost"
     http_max_request_size: int = 2 * BATCH_REQUEST_SIZE
+    # The web console (server/console/) on this port (None: not served), on this address
+    # (the CLI defaults it to the HTTP host's, or the gRPC host's).
+    console_port: int | None = None
+    console_host: str = "localhost"
     # Prometheus /metrics on this port (None: not served), and how many queues it shows.
     metrics_host: str = "localhost"
     metrics_port: int | None = None

@@ -33,6 +33,15 @@ from support import (
 )
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
+    """Each phase's report on the test item, for fixtures that act on a failure (the
+    console tests keep a screenshot)."""
+    report = yield
+    setattr(item, f"report_{report.when}", report)
+    return report
+
+
 @pytest.fixture(scope="session")
 def admin_url() -> Iterator[str]:
     """A PostgreSQL superuser URL: $POSTBOX_TEST_DATABASE_URL, or an embedded server."""

@@ -2,6 +2,7 @@
 
 from bench.scenarios import (
     auth,
+    console,
     engine,
     http,
     idle,
@@ -23,6 +24,7 @@ LONG = frozenset({"spark_write", "sustained", "sustained_stream", "send_sync_rep
 __all__ = [
     "LONG",
     "auth",
+    "console",
     "engine",
     "http",
     "idle",

@@ -63,7 +63,12 @@ function Attributes({ queue, canManage, onSaved }) {
         <span>${attribute.label}</span>
         <input name=${attribute.path} disabled=${!canManage}
           value=${edits[attribute.path] ?? String(attribute.read(queue))}
-          onInput=${(event) => setEdits({ ...edits, [attribute.path]: event.currentTarget.value })} />
+          onInput=${(event) => {
+            // An updater, not the rendered `edits`: two fields typed into before the
+            // next render would otherwise keep only the last one.
+            const value = event.currentTarget.value;
+            setEdits((current) => ({ ...current, [attribute.path]: value }));
+          }} />
       </label>`)}
       <div class="fixed"><span>FIFO</span> ${queue.fifo ? "yes" : "no"}</div>
       <div class="fixed"><span>Created</span> ${time(queue.createTime)}</div>

@@ -67,7 +67,7 @@ var pt,A,Cr,ni,de,wr,Ur,Yr,cn,ut,Xe,Lr,dn,un,ln,ri,dt={},mt=[],oi=/acit|ex(?:s|g
         <span>${c.label}</span>
         <input name=${c.path} disabled=${!t}
           value=${r[c.path]??String(c.read(e))}
-          onInput=${u=>o({...r,[c.path]:u.currentTarget.value})} />
+          onInput=${u=>{let l=u.currentTarget.value;o(p=>({...p,[c.path]:l}))}} />
       </label>`)}
       <div class="fixed"><span>FIFO</span> ${e.fifo?"yes":"no"}</div>
       <div class="fixed"><span>Created</span> ${F(e.createTime)}</div>

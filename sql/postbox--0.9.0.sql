@@ -3672,16 +3672,14 @@ $$;
 -- the queues refuses (paused, too small for its message, dropped meanwhile):
 -- the caller then sends queue by queue, for send_batch's word on it. Raises
 -- what _sns_envelope raises.
+-- plain_queue_ids are those pairs' queues, in id order. It runs under
+-- publish_batch's plan_cache_mode.
 CREATE FUNCTION postbox._publish_to_plain_queues(
-    queue_ids integer[], entries integer[], envelopes jsonb[], plain boolean[], bodies bytea[],
-    attributes jsonb[], subjects text[], publish_ids uuid[], published_at timestamptz)
+    queue_ids integer[], entries integer[], envelopes jsonb[], plain boolean[], plain_queue_ids integer[],
+    bodies bytea[], attributes jsonb[], subjects text[], publish_ids uuid[], published_at timestamptz)
 RETURNS bigint[]
-LANGUAGE plpgsql
-SET plan_cache_mode = force_generic_plan  -- as publish_batch
-AS $$
+LANGUAGE plpgsql AS $$
 DECLARE
-    plain_queue_ids integer[] := ARRAY(SELECT DISTINCT p.q FROM unnest(queue_ids, plain) AS p(q, plain)
-                                       WHERE p.plain ORDER BY p.q);
     sent_at timestamptz;
     sent_ids bigint[];
 BEGIN
@@ -3717,7 +3715,7 @@ BEGIN
     SELECT array_agg(id ORDER BY id) INTO sent_ids FROM inserted;
     IF sent_ids IS NOT NULL THEN
         PERFORM postbox._notify(q) FROM postbox.queues q
-        WHERE q.id = ANY (plain_queue_ids) AND EXISTS (SELECT FROM postbox.queue_listeners l WHERE l.queue_id = q.id)
+        WHERE q.id IN (SELECT l.queue_id FROM postbox.queue_listeners l WHERE l.queue_id = ANY (plain_queue_ids))
         ORDER BY q.id;
     END IF;
     RETURN sent_ids;
@@ -3781,6 +3779,7 @@ DECLARE
     pair_envelopes jsonb[];
     pair_plain boolean[];
     plain_count integer;
+    plain_queue_ids integer[];
     plain_entries integer[];
     plain_queues text[];
     plain_ids bigint[];
@@ -3856,13 +3855,14 @@ BEGIN
     -- ORDER BY in each aggregate would sort eight times).
     SELECT array_agg(p.queue_id), array_agg(p.queue), array_agg(p.fifo), array_agg(p.content_based_deduplication),
            array_agg(p.subscription), array_agg(p.i), array_agg(p.envelope), array_agg(p.plain),
-           count(*) FILTER (WHERE p.plain), array_agg(p.i) FILTER (WHERE p.plain),
+           count(*) FILTER (WHERE p.plain), array_agg(DISTINCT p.queue_id) FILTER (WHERE p.plain),
+           array_agg(p.i) FILTER (WHERE p.plain),
            array_agg(p.queue) FILTER (WHERE p.plain),
            -- Here, rather than a statement of its own (each costs its start).
            (SELECT count(*) > 0 FROM postbox.subscriptions w
             WHERE w.topic_id = t.id AND w.webhook_url IS NOT NULL AND NOT w.suspended)
     INTO pair_queue_ids, pair_queues, pair_fifo, pair_content_based, pair_subscriptions, pair_entries,
-         pair_envelopes, pair_plain, plain_count, plain_entries, plain_queues, any_webhooks
+         pair_envelopes, pair_plain, plain_count, plain_queue_ids, plain_entries, plain_queues, any_webhooks
     FROM (SELECT q.id AS queue_id, q.name AS queue, q.fifo, q.content_based_deduplication, m.subscription, m.i,
                  m.envelope,
                  NOT q.fifo AND NOT q.content_based_deduplication AND q.max_depth IS NULL
@@ -3882,15 +3882,16 @@ BEGIN
 
     IF plain_count > 0 THEN
         IF array_remove(pair_envelopes, NULL) = '{}' THEN
-            plain_ids := postbox._publish_to_plain_queues(pair_queue_ids, pair_entries, pair_envelopes, pair_plain,
-                                                          bodies, attributes, subjects, ids, published_at);
+            plain_ids := postbox._publish_to_plain_queues(
+                pair_queue_ids, pair_entries, pair_envelopes, pair_plain, plain_queue_ids, bodies, attributes,
+                subjects, ids, published_at);
         ELSE
             -- An envelope refuses a body that is not UTF-8 by raising, in a
             -- subtransaction, then, so that queue by queue can take over.
             BEGIN
-                plain_ids := postbox._publish_to_plain_queues(pair_queue_ids, pair_entries, pair_envelopes,
-                                                              pair_plain, bodies, attributes, subjects, ids,
-                                                              published_at);
+                plain_ids := postbox._publish_to_plain_queues(
+                    pair_queue_ids, pair_entries, pair_envelopes, pair_plain, plain_queue_ids, bodies, attributes,
+                    subjects, ids, published_at);
             EXCEPTION WHEN OTHERS THEN
                 GET STACKED DIAGNOSTICS state = RETURNED_SQLSTATE;
                 IF state NOT LIKE 'PB%' THEN

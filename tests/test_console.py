@@ -38,7 +38,7 @@ from postbox.v1 import (
 from postbox.v1 import message_service_pb2 as msg_pb
 from receiver import Receiver
 from selenium import webdriver
-from selenium.common.exceptions import WebDriverException
+from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
@@ -151,7 +151,11 @@ def page(
 
 
 def wait(driver: WebDriver, condition, what: str):
-    return WebDriverWait(driver, WAIT).until(lambda d: condition(d), f"not after {WAIT} s: {what}")
+    """Until `condition` holds. The page redraws on every poll, so an element found a
+    moment ago may be gone by the time it is read: that is asked again, not a failure."""
+    return WebDriverWait(driver, WAIT, ignored_exceptions=(StaleElementReferenceException,)).until(
+        lambda d: condition(d), f"not after {WAIT} s: {what}"
+    )
 
 
 def text_of(driver: WebDriver, selector: str) -> str | None:

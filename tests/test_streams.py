@@ -16,13 +16,15 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from postbox.v1 import queue_service_pb2_grpc, stream_service_pb2_grpc, topic_service_pb2_grpc
 from postbox.v1 import stream_service_pb2 as spb
 from postbox.v1 import topic_service_pb2 as tpb
-from postbox_client import AsyncClient
+from postbox_client import AsyncClient, Client
+from postbox_client.errors import NotFound
 from support import (
     ServerProcess,
     create_database,
     create_queue,
     drop_database,
     error_of,
+    eventually,
     receive,
     seconds,
     unique_name,
@@ -354,6 +356,47 @@ async def test_the_sdk_reader_acks_what_its_handler_returns_and_gets_back_what_i
         await asyncio.wait_for(reader.run(handle), 30)
     assert seen == [(1, [b"a", b"b", b"c"]), (2, [b"a", b"b", b"c"])]
     assert get_group(streams, stream, "g").lag_messages == 0
+
+
+def test_the_blocking_sdk_reader_acks_what_its_handler_returns_and_gets_back_what_it_raises(
+    topics, streams, stream, server
+):
+    create_group(streams, stream, "g")
+    publish(topics, stream, b"a", b"b", b"c")
+    seen: list[tuple[int, list[bytes]]] = []
+    with Client(server.target) as client:
+        reader = client.stream_reader(
+            stream, "g", min_messages=3, lease=timedelta(seconds=1), wait_time=timedelta(seconds=5)
+        )
+
+        def handle(batch) -> None:
+            seen.append((batch.delivery_count, [m.body for m in batch.messages]))
+            if batch.delivery_count == 1:
+                raise RuntimeError("the first delivery fails")
+            reader.stop()  # the loop ends after this batch's ack
+
+        runner = threading.Thread(target=reader.run, args=(handle,))
+        runner.start()
+        runner.join(30)
+        assert not runner.is_alive()
+    assert seen == [(1, [b"a", b"b", b"c"]), (2, [b"a", b"b", b"c"])]
+    assert get_group(streams, stream, "g").lag_messages == 0
+
+
+def test_stopping_the_blocking_reader_cancels_its_waiting_read(streams, stream, server):
+    create_group(streams, stream, "g")
+    with Client(server.target) as client:
+        reader = client.stream_reader(stream, "g", wait_time=timedelta(seconds=20))
+        runner = threading.Thread(target=reader.run, args=(lambda batch: None,))
+        runner.start()
+        # The read is out and waiting (nothing is published): stop() must cut it short
+        # rather than let it run its 20 s.
+        eventually(lambda: reader._waiting is not None, what="a read waiting for a batch")
+        reader.stop()
+        runner.join(10)
+        assert not runner.is_alive()
+        with pytest.raises(NotFound, match="consumer group 'absent'"):
+            client.stream_reader(stream, "absent").read()
 
 
 def test_bad_input_gets_a_precise_error_and_changes_nothing(topics, streams, stream):

@@ -12,6 +12,7 @@ import pytest
 from postbox.v1 import stream_service_pb2 as spb
 from postbox.v1 import stream_service_pb2_grpc, topic_service_pb2_grpc
 from postbox.v1 import topic_service_pb2 as tpb
+from pyspark.errors import StreamingQueryException
 from support import seconds, unique_name
 
 GROUP = "spark"
@@ -157,3 +158,37 @@ def test_a_batch_that_never_committed_reads_the_same_range_again(
         query.stop()
     assert [row.offset for row in batches[last]] == first_run
     assert _bodies(batches) == [f"m{i}".encode() for i in range(900)]
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({}, "option 'consumer_group' is required"),
+        ({"consumer_group": GROUP, "queue": "q"}, "unknown option 'queue'"),
+        (
+            {"consumer_group": GROUP, "visibility_timeout": "30"},
+            "unknown option 'visibility_timeout'",
+        ),
+        ({"consumer_group": GROUP, "max_messages_per_batch": "0"}, "is 0; it must be 1 to 1e"),
+        ({"consumer_group": "absent"}, "consumer group 'absent' of topic"),
+    ],
+)
+def test_topic_reader_mistakes_fail_the_query_and_move_no_group(
+    spark, server, streams, stream, tmp_path, options, message
+):
+    reader = spark.readStream.format("postbox").option("target", server.target)
+    for key, value in {"topic": stream, **options}.items():
+        reader = reader.option(key, value)
+    query = (
+        reader.load()
+        .writeStream.foreachBatch(lambda batch, batch_id: None)
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .start()
+    )
+    try:
+        with pytest.raises(StreamingQueryException, match=message):
+            query.awaitTermination(120)
+    finally:
+        query.stop()
+    request = spb.GetStreamPositionRequest(topic=stream, consumer_group=GROUP)
+    assert streams.GetStreamPosition(request).cursor_position == spb.StreamPosition()

@@ -32,6 +32,8 @@ from postbox.v1 import (
     queue_service_pb2_grpc,
     schedule_service_pb2,
     schedule_service_pb2_grpc,
+    stream_service_pb2,
+    stream_service_pb2_grpc,
     topic_service_pb2,
     topic_service_pb2_grpc,
 )
@@ -385,6 +387,56 @@ def test_retrying_a_failed_webhook_delivery(page, keyed_console, channel_of):
         wait(page, lambda d: not d.find_elements(By.CSS_SELECTOR, row), "no delivery left")
     finally:
         receiver.stop()
+
+
+def test_a_stream_topic_shows_its_consumer_groups_lag_as_it_changes(
+    page, keyed_console, channel_of
+):
+    channel = channel_of(keyed_console)
+    topics = topic_service_pb2_grpc.TopicServiceStub(channel)
+    streams = stream_service_pb2_grpc.StreamServiceStub(channel)
+    metadata = keyed_console.metadata()
+    topics.CreateTopic(
+        topic_service_pb2.CreateTopicRequest(
+            topic=topic_service_pb2.Topic(name="console-s", stream_retention=duration(3600))
+        ),
+        metadata=metadata,
+    )
+    streams.CreateConsumerGroup(
+        stream_service_pb2.CreateConsumerGroupRequest(
+            consumer_group=stream_service_pb2.ConsumerGroup(topic="console-s", name="billing")
+        ),
+        metadata=metadata,
+    )
+    log_in(page, keyed_console, keyed_console.secret)
+    page.get(keyed_console.url + "/#/topics/console-s")
+    row = "#consumer-groups tr[data-group=billing]"
+    wait(page, lambda d: text_of(d, f"{row} td.lag-messages") == "0", "the group, with no lag")
+    assert text_of(page, f"{row} td.lag-time") == "\u2013"  # no message past the cursor
+    for body in (b"one", b"two", b"three"):
+        topics.Publish(
+            topic_service_pb2.PublishRequest(topic="console-s", body=body), metadata=metadata
+        )
+    # The page's own poll brings the new lag: no reload.
+    wait(page, lambda d: text_of(d, f"{row} td.lag-messages") == "3", "a lag of 3 messages")
+    assert (text_of(page, f"{row} td.lag-time") or "").endswith(" s")
+    batch = streams.ReadStream(
+        stream_service_pb2.ReadStreamRequest(
+            topic="console-s", consumer_group="billing", max_messages=2
+        ),
+        metadata=metadata,
+    )
+    assert [m.body for m in batch.messages] == [b"one", b"two"]
+    acked = streams.AckStream(
+        stream_service_pb2.AckStreamRequest(
+            topic="console-s", consumer_group="billing", batch=batch.batch
+        ),
+        metadata=metadata,
+    )
+    wait(page, lambda d: text_of(d, f"{row} td.lag-messages") == "1", "a lag of 1 after the ack")
+    assert text_of(page, f"{row} td.cursor") == f"{acked.cursor_offset:,}"
+    page.get(keyed_console.url + "/#/topics")
+    wait(page, lambda d: text_of(d, "[data-topic=console-s] .tag") == "stream", "the stream tag")
 
 
 def test_editing_attributes_sends_only_the_changed_fields(page, keyed_console, channel_of):

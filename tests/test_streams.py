@@ -16,13 +16,15 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from postbox.v1 import queue_service_pb2_grpc, stream_service_pb2_grpc, topic_service_pb2_grpc
 from postbox.v1 import stream_service_pb2 as spb
 from postbox.v1 import topic_service_pb2 as tpb
-from postbox_client import AsyncClient
+from postbox_client import AsyncClient, Client
+from postbox_client.errors import NotFound
 from support import (
     ServerProcess,
     create_database,
     create_queue,
     drop_database,
     error_of,
+    eventually,
     receive,
     seconds,
     unique_name,
@@ -356,6 +358,122 @@ async def test_the_sdk_reader_acks_what_its_handler_returns_and_gets_back_what_i
     assert get_group(streams, stream, "g").lag_messages == 0
 
 
+def test_the_blocking_sdk_reader_acks_what_its_handler_returns_and_gets_back_what_it_raises(
+    topics, streams, stream, server
+):
+    create_group(streams, stream, "g")
+    publish(topics, stream, b"a", b"b", b"c")
+    seen: list[tuple[int, list[bytes]]] = []
+    with Client(server.target) as client:
+        reader = client.stream_reader(
+            stream, "g", min_messages=3, lease=timedelta(seconds=1), wait_time=timedelta(seconds=5)
+        )
+
+        def handle(batch) -> None:
+            seen.append((batch.delivery_count, [m.body for m in batch.messages]))
+            if batch.delivery_count == 1:
+                raise RuntimeError("the first delivery fails")
+            reader.stop()  # the loop ends after this batch's ack
+
+        runner = threading.Thread(target=reader.run, args=(handle,))
+        runner.start()
+        runner.join(30)
+        assert not runner.is_alive()
+    assert seen == [(1, [b"a", b"b", b"c"]), (2, [b"a", b"b", b"c"])]
+    assert get_group(streams, stream, "g").lag_messages == 0
+
+
+def test_stopping_the_blocking_reader_cancels_its_waiting_read(streams, stream, server):
+    create_group(streams, stream, "g")
+    with Client(server.target) as client:
+        reader = client.stream_reader(stream, "g", wait_time=timedelta(seconds=20))
+        runner = threading.Thread(target=reader.run, args=(lambda batch: None,))
+        runner.start()
+        # The read is out and waiting (nothing is published): stop() must cut it short
+        # rather than let it run its 20 s.
+        eventually(lambda: reader._waiting is not None, what="a read waiting for a batch")
+        reader.stop()
+        runner.join(10)
+        assert not runner.is_alive()
+        with pytest.raises(NotFound, match="consumer group 'absent'"):
+            client.stream_reader(stream, "absent").read()
+
+
+def read_range(streams, topic: str, after=None, until=None, **options):
+    request = spb.ReadStreamRangeRequest(topic=topic, after=after, until=until, **options)
+    return streams.ReadStreamRange(request)
+
+
+def position(streams, topic: str, group: str) -> spb.GetStreamPositionResponse:
+    return streams.GetStreamPosition(
+        spb.GetStreamPositionRequest(topic=topic, consumer_group=group)
+    )
+
+
+def test_a_range_of_the_log_reads_the_same_again_and_a_position_seek_commits_it(
+    topics, streams, stream
+):
+    create_group(streams, stream, "g")
+    publish(topics, stream, *(str(i).encode() for i in range(5)))
+    start = position(streams, stream, "g").cursor_position
+    assert (start.tx, start.offset) == (0, 0)
+    # Rows are read once every older transaction has ended (any database's: the
+    # horizon is the cluster's); wait for that rather than assume it.
+    end = eventually(
+        lambda: (p := position(streams, stream, "g").end_position) != start and p,
+        what="the publish below the horizon",
+    )
+    first = read_range(streams, stream, after=start, max_messages=2)
+    assert bodies(first) == [b"0", b"1"]
+    rest = read_range(streams, stream, after=first.last_position, until=end)
+    assert bodies(rest) == [b"2", b"3", b"4"]
+    assert rest.last_position == end
+    # Replayed: the same rows, and nothing past `until`.
+    again = read_range(streams, stream, after=start, until=first.last_position)
+    assert bodies(again) == [b"0", b"1"]
+    assert again.last_position == first.last_position
+    empty = read_range(streams, stream, after=end)
+    assert bodies(empty) == []
+    assert empty.last_position == end
+    # Nothing leased, nothing acked: the group still lags by all 5.
+    assert get_group(streams, stream, "g").lag_messages == 5
+    request = spb.SeekConsumerGroupRequest(
+        topic=stream, consumer_group="g", position=first.last_position
+    )
+    assert streams.SeekConsumerGroup(request).consumer_group.lag_messages == 3
+    assert position(streams, stream, "g").cursor_position == first.last_position
+    assert bodies(take(streams, stream, "g", 3)) == [b"2", b"3", b"4"]
+
+
+def test_bad_positions_get_a_precise_error_and_change_nothing(topics, streams, stream):
+    create_group(streams, stream, "g")
+    publish(topics, stream, b"x")
+    far = spb.StreamPosition(tx=2**62, offset=0)
+    cases = [
+        (lambda: read_range(streams, stream, max_messages=1001),
+         grpc.StatusCode.INVALID_ARGUMENT, "max_messages must be from 1 to 1000, not 1001"),
+        (lambda: read_range(streams, stream, after=spb.StreamPosition(tx=-1)),
+         grpc.StatusCode.INVALID_ARGUMENT, "after must be a position of 0 or more"),
+        (lambda: read_range(streams, stream, after=spb.StreamPosition(tx=5, offset=1),
+                            until=spb.StreamPosition(tx=5, offset=0)),
+         grpc.StatusCode.INVALID_ARGUMENT, "the range ends at (5, 0), before it starts at (5, 1)"),
+        (lambda: read_range(streams, unique_name("absent")),
+         grpc.StatusCode.NOT_FOUND, "does not exist"),
+        (lambda: position(streams, stream, "absent"),
+         grpc.StatusCode.NOT_FOUND, "consumer group 'absent'"),
+        (lambda: streams.SeekConsumerGroup(
+            spb.SeekConsumerGroupRequest(topic=stream, consumer_group="g", position=far)),
+         grpc.StatusCode.INVALID_ARGUMENT, "is past the end readers see now"),
+        (lambda: streams.SeekConsumerGroup(spb.SeekConsumerGroupRequest(
+            topic=stream, consumer_group="g", position=spb.StreamPosition(offset=-1))),
+         grpc.StatusCode.INVALID_ARGUMENT, "the position must be of 0 or more"),
+    ]  # fmt: skip
+    for call, code, text in cases:
+        error = error_of(call)
+        assert (error.code(), text in error.details()) == (code, True), error.details()
+    assert position(streams, stream, "g").cursor_position == spb.StreamPosition()
+
+
 def test_bad_input_gets_a_precise_error_and_changes_nothing(topics, streams, stream):
     plain = unique_name("plain")
     topics.CreateTopic(tpb.CreateTopicRequest(topic=tpb.Topic(name=plain)))
@@ -401,7 +519,7 @@ def test_bad_input_gets_a_precise_error_and_changes_nothing(topics, streams, str
          grpc.StatusCode.INVALID_ARGUMENT, "to_offset must be 0 or more, not -1"),
         (lambda: streams.SeekConsumerGroup(
             spb.SeekConsumerGroupRequest(topic=stream, consumer_group="g")),
-         grpc.StatusCode.INVALID_ARGUMENT, "offset or time is required"),
+         grpc.StatusCode.INVALID_ARGUMENT, "offset, time or position is required"),
         (lambda: topics.CreateTopic(tpb.CreateTopicRequest(
             topic=tpb.Topic(name=unique_name("short"), stream_retention=seconds(0.5)))),
          grpc.StatusCode.INVALID_ARGUMENT, "stream_retention must be from 1 second to 30 days"),

@@ -7,6 +7,7 @@ import { AccessService } from "../../stubs/ts/gen/postbox/v1/access_service_pb.j
 import { MessageService } from "../../stubs/ts/gen/postbox/v1/message_service_pb.js";
 import { QueueService } from "../../stubs/ts/gen/postbox/v1/queue_service_pb.js";
 import { ScheduleService } from "../../stubs/ts/gen/postbox/v1/schedule_service_pb.js";
+import { StreamService } from "../../stubs/ts/gen/postbox/v1/stream_service_pb.js";
 import { TopicService } from "../../stubs/ts/gen/postbox/v1/topic_service_pb.js";
 
 let csrf = null;
@@ -38,6 +39,7 @@ export const queues = createClient(QueueService, transport);
 export const messages = createClient(MessageService, transport);
 export const topics = createClient(TopicService, transport);
 export const schedules = createClient(ScheduleService, transport);
+export const streams = createClient(StreamService, transport);
 export const access = createClient(AccessService, transport);
 
 export function errorText(error) {

@@ -95,6 +95,9 @@ _STREAMS = {
     "StreamingReadStream": Rule("receive", "topic"),
     "AckStream": Rule("receive", "topic"),
     "SeekConsumerGroup": Rule("receive", "topic", also=("manage",)),
+    # Reading the log by position gives the messages, as ReadStream does.
+    "ReadStreamRange": Rule("receive", "topic"),
+    "GetStreamPosition": Rule("read", "topic", also=("receive",)),
 }
 _SCHEDULES = {
     "CreateSchedule": Rule("manage", "schedule.name"),

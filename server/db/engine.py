@@ -497,6 +497,28 @@ class Engine:
     ) -> Record:
         return await self._call("fetchrow", "seek_consumer_group", topic, group, to_offset, to_time)
 
+    async def read_stream_range(
+        self, topic: str, after: tuple[int, int], until: tuple[int, int] | None, max_messages: int
+    ) -> list[Record]:
+        """Rows of the log by position (each with its tx and stream_offset); no lease."""
+        until_tx, until_offset = until if until is not None else (None, None)
+        return await self._call(
+            "fetch", "read_stream_range", topic, after[0], after[1], until_tx, until_offset,
+            max_messages,
+        )  # fmt: skip
+
+    async def stream_position(self, topic: str, group: str) -> Record:
+        """The group's cursor (cursor_tx, cursor_offset) and the log's end for readers now
+        (end_tx, end_offset)."""
+        return await self._call("fetchrow", "stream_position", topic, group)
+
+    async def set_consumer_group_cursor(
+        self, topic: str, group: str, position: tuple[int, int]
+    ) -> Record:
+        return await self._call(
+            "fetchrow", "set_consumer_group_cursor", topic, group, position[0], position[1]
+        )
+
     async def rotate_streams(self, rotation_period: timedelta | None, lock_wait: timedelta) -> int:
         """Slots of the stream log truncated by one rotation pass."""
         return await self._call("fetchval", "rotate_streams", rotation_period, lock_wait)

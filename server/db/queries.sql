@@ -294,6 +294,15 @@ SELECT postbox.ack_stream($1, $2, $3)
 -- name: seek_consumer_group
 SELECT * FROM postbox.seek_consumer_group($1, $2, $3, $4)
 
+-- name: read_stream_range
+SELECT * FROM postbox.read_stream_range($1, $2, $3, $4, $5, $6)
+
+-- name: stream_position
+SELECT * FROM postbox.stream_position($1, $2)
+
+-- name: set_consumer_group_cursor
+SELECT * FROM postbox.set_consumer_group_cursor($1, $2, $3, $4)
+
 -- name: rotate_streams
 SELECT postbox.rotate_streams($1, $2)
 

@@ -104,6 +104,11 @@ def _bounded(
     return value
 
 
+def _position(position: pb.StreamPosition) -> tuple[int, int]:
+    """(tx, offset); the engine says what is out of range."""
+    return position.tx, position.offset
+
+
 class StreamService(stream_service_pb2_grpc.StreamServiceServicer):
     def __init__(self, engine: Engine, waiters: StreamWaiters) -> None:
         self.engine = engine
@@ -225,11 +230,41 @@ class StreamService(stream_service_pb2_grpc.StreamServiceServicer):
     ) -> pb.SeekConsumerGroupResponse:
         target = request.WhichOneof("target")
         if target is None:
-            raise invalid("offset or time is required: where the group reads from next")
-        row = await self.engine.seek_consumer_group(
-            request.topic, request.consumer_group,
-            request.offset if target == "offset" else None,
-            convert.optional_datetime(request, "time"),
-        )  # fmt: skip
+            raise invalid("offset, time or position is required: where the group reads from next")
+        if target == "position":
+            row = await self.engine.set_consumer_group_cursor(
+                request.topic, request.consumer_group, _position(request.position)
+            )
+        else:
+            row = await self.engine.seek_consumer_group(
+                request.topic, request.consumer_group,
+                request.offset if target == "offset" else None,
+                convert.optional_datetime(request, "time"),
+            )  # fmt: skip
         self.waiters.wake(request.topic)  # a batch called back: the group can read again
         return pb.SeekConsumerGroupResponse(consumer_group=consumer_group(row))
+
+    @reports_errors
+    async def ReadStreamRange(
+        self, request: pb.ReadStreamRangeRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ReadStreamRangeResponse:
+        after = _position(request.after)
+        until = _position(request.until) if request.HasField("until") else None
+        rows = await self.engine.read_stream_range(
+            request.topic, after, until, request.max_messages or DEFAULT_MAX_MESSAGES
+        )
+        last = (rows[-1]["tx"], rows[-1]["stream_offset"]) if rows else after
+        return pb.ReadStreamRangeResponse(
+            messages=[stream_message(row) for row in rows],
+            last_position=pb.StreamPosition(tx=last[0], offset=last[1]),
+        )
+
+    @reports_errors
+    async def GetStreamPosition(
+        self, request: pb.GetStreamPositionRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetStreamPositionResponse:
+        row = await self.engine.stream_position(request.topic, request.consumer_group)
+        return pb.GetStreamPositionResponse(
+            cursor_position=pb.StreamPosition(tx=row["cursor_tx"], offset=row["cursor_offset"]),
+            end_position=pb.StreamPosition(tx=row["end_tx"], offset=row["end_offset"]),
+        )

@@ -529,6 +529,110 @@ BEGIN
 END
 $$;
 
+-- Reads by position, for readers that keep their own positions (Spark's stream
+-- source): a position is a row's (tx, offset), the order groups read in, given
+-- as two bigints. read_stream_range reads without a lease or a group: up to
+-- max_messages (1-1000) rows after (after_tx, after_offset) and at or before
+-- (until_tx, until_offset) (NULL: no bound), in read order, and only rows whose
+-- transaction is below the horizon (see Order above), so that reading a range
+-- again gives the same rows, as long as rotation has not truncated them (a
+-- group whose cursor stays at or before the range keeps them).
+CREATE FUNCTION postbox.read_stream_range(topic_name text, after_tx bigint, after_offset bigint,
+                                          until_tx bigint DEFAULT NULL, until_offset bigint DEFAULT NULL,
+                                          max_messages integer DEFAULT 100)
+RETURNS TABLE (tx bigint, stream_offset bigint, published_at timestamptz, publish_id uuid, routing_key text,
+               ordering_key text, subject text, attributes jsonb, body bytea)
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    t postbox.topics := postbox._stream_topic(topic_name);
+BEGIN
+    IF max_messages IS NULL OR max_messages NOT BETWEEN 1 AND 1000 THEN
+        PERFORM postbox._invalid(format('max_messages must be from 1 to 1000, not %s', max_messages));
+    ELSIF after_tx IS NULL OR after_offset IS NULL OR after_tx < 0 OR after_offset < 0 THEN
+        PERFORM postbox._invalid(format('after must be a position of 0 or more, not (%s, %s)', after_tx,
+                                        after_offset));
+    ELSIF (until_tx IS NULL) <> (until_offset IS NULL) THEN
+        PERFORM postbox._invalid('give both until_tx and until_offset, or neither');
+    ELSIF (until_tx, until_offset) < (after_tx, after_offset) THEN
+        PERFORM postbox._invalid(format('the range ends at (%s, %s), before it starts at (%s, %s)', until_tx,
+                                        until_offset, after_tx, after_offset));
+    END IF;
+    RETURN QUERY
+    SELECT l.tx::text::bigint, l.stream_offset, l.published_at, l.publish_id, l.routing_key, l.ordering_key,
+           l.subject, l.attributes, l.body
+    FROM postbox.stream_log l
+    WHERE l.topic_id = t.id AND (l.tx, l.stream_offset) > (after_tx::text::xid8, after_offset)
+          AND l.tx < pg_snapshot_xmin(pg_current_snapshot())
+          AND (until_tx IS NULL OR (l.tx, l.stream_offset) <= (until_tx::text::xid8, until_offset))
+    ORDER BY l.tx, l.stream_offset
+    LIMIT max_messages;
+END
+$$;
+
+-- Where a consumer group's cursor stands, and where the topic's log ends for
+-- readers now: its last row below the horizon, or the cursor when no such row
+-- is past it. PB404 if the group does not exist.
+CREATE FUNCTION postbox.stream_position(topic_name text, group_name text, OUT cursor_tx bigint,
+                                        OUT cursor_offset bigint, OUT end_tx bigint, OUT end_offset bigint)
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    checked_name text := postbox._group_name(group_name);  -- before any lookup
+    t postbox.topics := postbox._stream_topic(topic_name);
+    g postbox.consumer_groups;
+BEGIN
+    SELECT * INTO g FROM postbox.consumer_groups c WHERE c.topic_id = t.id AND c.name = group_name;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'PB404', MESSAGE = format(
+            'consumer group %s of topic %s does not exist', quote_literal(group_name), quote_literal(topic_name));
+    END IF;
+    cursor_tx := g.cursor_tx::text::bigint;
+    cursor_offset := g.cursor_offset;
+    SELECT l.tx::text::bigint, l.stream_offset INTO end_tx, end_offset
+    FROM postbox.stream_log l
+    WHERE l.topic_id = t.id AND (l.tx, l.stream_offset) > (g.cursor_tx, g.cursor_offset)
+          AND l.tx < pg_snapshot_xmin(pg_current_snapshot())
+    ORDER BY l.tx DESC, l.stream_offset DESC
+    LIMIT 1;
+    IF NOT FOUND THEN
+        end_tx := cursor_tx;
+        end_offset := cursor_offset;
+    END IF;
+END
+$$;
+
+-- Moves a consumer group's cursor to just after a position (one that
+-- read_stream_range or stream_position gave): what a reader keeping its own
+-- positions commits, so that lag and rotation follow it. A batch out is called
+-- back. A position past the horizon is refused: rows of transactions still
+-- running could commit behind it and be skipped. Returns the group as
+-- get_consumer_group.
+CREATE FUNCTION postbox.set_consumer_group_cursor(topic_name text, group_name text, to_tx bigint,
+                                                  to_offset bigint)
+RETURNS TABLE (topic text, name text, created_at timestamptz, cursor_offset bigint, acked_at timestamptz,
+               lease_expires_at timestamptz, lag_messages bigint, lag_seconds double precision)
+LANGUAGE plpgsql AS $$
+DECLARE
+    checked_name text := postbox._group_name(group_name);  -- before any lookup
+    t postbox.topics := postbox._stream_topic(topic_name);
+    g postbox.consumer_groups := postbox._consumer_group(t, group_name);
+    horizon xid8 := pg_snapshot_xmin(pg_current_snapshot());
+BEGIN
+    IF to_tx IS NULL OR to_offset IS NULL OR to_tx < 0 OR to_offset < 0 THEN
+        PERFORM postbox._invalid(format('the position must be of 0 or more, not (%s, %s)', to_tx, to_offset));
+    ELSIF (to_tx::text::xid8, to_offset) > (horizon, 0::bigint) THEN
+        PERFORM postbox._invalid(format(
+            'position (%s, %s) is past the end readers see now (%s, 0): rows still to commit could fall behind it',
+            to_tx, to_offset, horizon));
+    END IF;
+    UPDATE postbox.consumer_groups c
+    SET cursor_tx = to_tx::text::xid8, cursor_offset = to_offset, acked_at = now(), lease = NULL,
+        lease_expires_at = NULL, lease_end_tx = NULL, lease_end_offset = NULL, lease_deliveries = NULL
+    WHERE c.id = g.id
+    RETURNING * INTO g;
+    RETURN QUERY SELECT * FROM postbox._consumer_group_view(g, t.name);
+END
+$$;
+
 -- Consumer groups' lag for the servers' metrics: up to max_groups groups, in
 -- topic and group name order.
 CREATE FUNCTION postbox.stream_metrics(max_groups integer DEFAULT 1000)

@@ -1,6 +1,6 @@
 import { WebhookDeliveryState } from "../../../stubs/ts/gen/postbox/v1/topic_service_pb.js";
-import { listAll, topics } from "../api.js";
-import { time } from "../format.js";
+import { listAll, streams, topics } from "../api.js";
+import { age, count, time } from "../format.js";
 import { ErrorLine, html, useAction, usePoll } from "../ui.js";
 
 export function TopicList() {
@@ -11,6 +11,7 @@ export function TopicList() {
     <ul class="list" id="topics">
       ${(found ?? []).map((topic) => html`<li key=${topic.name} data-topic=${topic.name}>
         <a href=${`#/topics/${encodeURIComponent(topic.name)}`}>${topic.name}</a>
+        ${topic.streamRetention ? html` <span class="tag">stream</span>` : null}
         <span class="muted"> created ${time(topic.createTime)}</span></li>`)}
     </ul>
     ${found && found.length === 0 ? html`<p class="muted">No topics.</p>` : null}
@@ -57,11 +58,37 @@ function Deliveries({ topic, subscription, canManage }) {
   </div>`;
 }
 
+// A stream topic's consumer groups with their cursor and lag, asked again at every poll.
+function ConsumerGroups({ groups }) {
+  if (groups.length === 0) return html`<p class="muted">No consumer groups.</p>`;
+  return html`<table id="consumer-groups">
+    <thead><tr><th>Group</th><th class="num">Cursor offset</th><th class="num">Lag (messages)</th>
+      <th class="num">Lag (time)</th><th>Last ack</th><th>Batch out until</th></tr></thead>
+    <tbody>${groups.map((group) => html`<tr key=${group.name} data-group=${group.name}>
+      <td>${group.name}</td>
+      <td class="num cursor">${count(group.cursorOffset)}</td>
+      <td class="num lag-messages">${count(group.lagMessages)}</td>
+      <td class="num lag-time">${age(group.lag)}</td>
+      <td>${time(group.ackTime)}</td>
+      <td>${time(group.leaseExpireTime)}</td>
+    </tr>`)}</tbody>
+  </table>`;
+}
+
 export function TopicDetail({ name, access }) {
-  const [subscriptions, error] = usePoll(
-    () => listAll(topics.listSubscriptions, { topic: name }, "subscriptions", 100),
-    [name],
-  );
+  // One poll for both, so the groups are as fresh as the subscriptions.
+  const [found, error] = usePoll(async () => {
+    const { topic } = await topics.getTopic({ name });
+    const [subscriptions, groups] = await Promise.all([
+      listAll(topics.listSubscriptions, { topic: name }, "subscriptions", 100),
+      topic?.streamRetention
+        ? listAll(streams.listConsumerGroups, { topic: name }, "consumerGroups", 1000)
+        : null,
+    ]);
+    return { subscriptions, groups };
+  }, [name]);
+  const subscriptions = found?.subscriptions;
+  const groups = found?.groups;
   const canManage = access.can("manage", name);
   return html`<section>
     <p><a href="#/topics">← Topics</a></p>
@@ -76,5 +103,9 @@ export function TopicDetail({ name, access }) {
         : null}
     </section>`)}
     ${subscriptions && subscriptions.length === 0 ? html`<p class="muted">No subscriptions.</p>` : null}
+    ${groups ? html`<section class="card" id="stream">
+      <h3>Consumer groups <span class="tag">stream</span></h3>
+      <${ConsumerGroups} groups=${groups} />
+    </section>` : null}
   </section>`;
 }

@@ -292,6 +292,7 @@ class Client:
         self.messages = message_service_pb2_grpc.MessageServiceStub(self.channel)
         self.topics = topic_service_pb2_grpc.TopicServiceStub(self.channel)
         self.schedules = schedule_service_pb2_grpc.ScheduleServiceStub(self.channel)
+        self.streams = stream_service_pb2_grpc.StreamServiceStub(self.channel)
 
     def __enter__(self) -> Client:
         return self
@@ -366,3 +367,9 @@ class Client:
             **fields,
         )
         return self.call(self.topics.Publish, request)
+
+    def stream_reader(self, topic: str, group: str, **options: Any) -> Any:
+        """A blocking reader of a stream topic's consumer group (see postbox_client.streams)."""
+        from postbox_client.streams import BlockingStreamReader
+
+        return BlockingStreamReader(self, topic, group, **options)

@@ -6,22 +6,30 @@ batch: a return acknowledges the batch (the group's cursor moves past it); an ex
 leaves it unacknowledged, so it comes back, whole, once its lease runs out. At least
 once per group: a handler must tolerate a batch it has seen (`delivery_count` > 1).
 `stop()` ends the loop after the batch in hand.
+
+`StreamReader` is the asyncio reader (`AsyncClient.stream_reader`); `BlockingStreamReader`
+the same for a thread (`Client.stream_reader`), whose `stop()` may be called from any
+thread or from the handler.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+import grpc
 from google.protobuf.duration_pb2 import Duration
 from postbox.v1 import stream_service_pb2
 
+from postbox_client.errors import from_rpc_error
+
 if TYPE_CHECKING:
-    from postbox_client.client import AsyncClient
+    from postbox_client.client import AsyncClient, Client
 
 log = logging.getLogger(__name__)
 
@@ -46,32 +54,37 @@ class StreamBatch:
         return await self.reader.ack(self.batch)
 
 
+def _read_request(
+    topic: str,
+    group: str,
+    *,
+    max_messages: int = 100,
+    min_messages: int = 1,
+    max_batch_wait: timedelta | None = None,
+    lease: timedelta = timedelta(seconds=30),
+    wait_time: timedelta = timedelta(seconds=20),
+) -> stream_service_pb2.ReadStreamRequest:
+    request = stream_service_pb2.ReadStreamRequest(
+        topic=topic,
+        consumer_group=group,
+        max_messages=max_messages,
+        min_messages=min_messages,
+        wait_time=_duration(wait_time),
+        lease_duration=_duration(lease),
+    )
+    if max_batch_wait is not None:
+        request.max_batch_wait.CopyFrom(_duration(max_batch_wait))
+    return request
+
+
 class StreamReader:
-    def __init__(
-        self,
-        client: AsyncClient,
-        topic: str,
-        group: str,
-        *,
-        max_messages: int = 100,
-        min_messages: int = 1,
-        max_batch_wait: timedelta | None = None,
-        lease: timedelta = timedelta(seconds=30),
-        wait_time: timedelta = timedelta(seconds=20),
-    ) -> None:
+    def __init__(self, client: AsyncClient, topic: str, group: str, **options: Any) -> None:
+        """`options`: max_messages (1-1000), min_messages, max_batch_wait, lease and
+        wait_time (timedeltas), as ReadStreamRequest has them."""
         self.client = client
         self.topic = topic
         self.group = group
-        self.request = stream_service_pb2.ReadStreamRequest(
-            topic=topic,
-            consumer_group=group,
-            max_messages=max_messages,
-            min_messages=min_messages,
-            wait_time=_duration(wait_time),
-            lease_duration=_duration(lease),
-        )
-        if max_batch_wait is not None:
-            self.request.max_batch_wait.CopyFrom(_duration(max_batch_wait))
+        self.request = _read_request(topic, group, **options)
         self._stopping = asyncio.Event()
 
     async def read(self) -> StreamBatch | None:
@@ -117,3 +130,90 @@ class StreamReader:
     def stop(self) -> None:
         """Ends run() after the batch in hand (its ack included)."""
         self._stopping.set()
+
+
+@dataclass
+class BlockingStreamBatch:
+    """One batch of a consumer group, read by a BlockingStreamReader."""
+
+    reader: BlockingStreamReader
+    batch: str
+    messages: list[stream_service_pb2.StreamMessage]
+    delivery_count: int
+
+    def ack(self) -> int:
+        """Moves the group's cursor past this batch; returns the cursor's offset."""
+        return self.reader.ack(self.batch)
+
+
+class BlockingStreamReader:
+    """StreamReader for a thread: the same reads, acks and handler rules, blocking."""
+
+    def __init__(self, client: Client, topic: str, group: str, **options: Any) -> None:
+        self.client = client
+        self.topic = topic
+        self.group = group
+        self.request = _read_request(topic, group, **options)
+        self._stopping = threading.Event()
+        self._lock = threading.Lock()
+        self._waiting: grpc.Future[Any] | None = None
+
+    def read(self) -> BlockingStreamBatch | None:
+        """The group's next batch, waiting up to wait_time; None when none came or when
+        stop() cut the wait short (a batch the read was about to take comes back after
+        its lease)."""
+        with self._lock:
+            if self._stopping.is_set():
+                return None
+            # A future rather than a plain call, so that stop() can cancel the wait.
+            waiting = self.client.streams.ReadStream.future(
+                self.request, metadata=self.client.metadata
+            )
+            self._waiting = waiting
+        try:
+            response = waiting.result()
+        except grpc.FutureCancelledError:
+            return None
+        except grpc.RpcError as error:
+            if waiting.cancelled():
+                return None
+            raise from_rpc_error(error) from None
+        finally:
+            with self._lock:
+                self._waiting = None
+        if not response.batch:
+            return None
+        return BlockingStreamBatch(
+            self, response.batch, list(response.messages), response.delivery_count
+        )
+
+    def ack(self, batch: str) -> int:
+        request = stream_service_pb2.AckStreamRequest(
+            topic=self.topic, consumer_group=self.group, batch=batch
+        )
+        return self.client.call(self.client.streams.AckStream, request).cursor_offset
+
+    def run(self, handler: Callable[[BlockingStreamBatch], Any]) -> None:
+        """Handles batches until stop(): a handler that returns acks its batch; one that
+        raises leaves it to come back after its lease."""
+        while not self._stopping.is_set():
+            batch = self.read()
+            if batch is None:
+                continue
+            try:
+                handler(batch)
+            except Exception:
+                log.exception(
+                    "handler failed on batch %s of %s/%s; it comes back after its lease",
+                    batch.batch, self.topic, self.group,
+                )  # fmt: skip
+            else:
+                batch.ack()
+
+    def stop(self) -> None:
+        """Ends run() after the batch in hand (its ack included); a read waiting for a
+        batch is cancelled at once. Safe from any thread."""
+        with self._lock:
+            self._stopping.set()
+            if self._waiting is not None:
+                self._waiting.cancel()

@@ -44,6 +44,17 @@ type StreamServiceClient interface {
 	// Moves a group's cursor back or forward to an offset or a time, to read
 	// again or to skip; a batch out is called back (its AckStream fails).
 	SeekConsumerGroup(ctx context.Context, in *SeekConsumerGroupRequest, opts ...grpc.CallOption) (*SeekConsumerGroupResponse, error)
+	// Reads the log of a stream topic by position, without a group or a lease:
+	// the messages after one position and up to another, in read order, for
+	// readers that keep their own positions (Spark's stream source). Only
+	// messages every reader sees as final are read (see the README's "Order and
+	// open transactions"), so reading a range again gives the same messages, as
+	// long as rotation has kept them: a consumer group whose cursor stays at or
+	// before the range keeps them.
+	ReadStreamRange(ctx context.Context, in *ReadStreamRangeRequest, opts ...grpc.CallOption) (*ReadStreamRangeResponse, error)
+	// Returns where a consumer group's cursor stands and where the topic's log
+	// ends for readers now, as positions. NOT_FOUND if the group does not exist.
+	GetStreamPosition(ctx context.Context, in *GetStreamPositionRequest, opts ...grpc.CallOption) (*GetStreamPositionResponse, error)
 }
 
 type streamServiceClient struct {
@@ -149,6 +160,24 @@ func (c *streamServiceClient) SeekConsumerGroup(ctx context.Context, in *SeekCon
 	return out, nil
 }
 
+func (c *streamServiceClient) ReadStreamRange(ctx context.Context, in *ReadStreamRangeRequest, opts ...grpc.CallOption) (*ReadStreamRangeResponse, error) {
+	out := new(ReadStreamRangeResponse)
+	err := c.cc.Invoke(ctx, "/postbox.v1.StreamService/ReadStreamRange", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *streamServiceClient) GetStreamPosition(ctx context.Context, in *GetStreamPositionRequest, opts ...grpc.CallOption) (*GetStreamPositionResponse, error) {
+	out := new(GetStreamPositionResponse)
+	err := c.cc.Invoke(ctx, "/postbox.v1.StreamService/GetStreamPosition", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // StreamServiceServer is the server API for StreamService service.
 // All implementations must embed UnimplementedStreamServiceServer
 // for forward compatibility
@@ -180,6 +209,17 @@ type StreamServiceServer interface {
 	// Moves a group's cursor back or forward to an offset or a time, to read
 	// again or to skip; a batch out is called back (its AckStream fails).
 	SeekConsumerGroup(context.Context, *SeekConsumerGroupRequest) (*SeekConsumerGroupResponse, error)
+	// Reads the log of a stream topic by position, without a group or a lease:
+	// the messages after one position and up to another, in read order, for
+	// readers that keep their own positions (Spark's stream source). Only
+	// messages every reader sees as final are read (see the README's "Order and
+	// open transactions"), so reading a range again gives the same messages, as
+	// long as rotation has kept them: a consumer group whose cursor stays at or
+	// before the range keeps them.
+	ReadStreamRange(context.Context, *ReadStreamRangeRequest) (*ReadStreamRangeResponse, error)
+	// Returns where a consumer group's cursor stands and where the topic's log
+	// ends for readers now, as positions. NOT_FOUND if the group does not exist.
+	GetStreamPosition(context.Context, *GetStreamPositionRequest) (*GetStreamPositionResponse, error)
 	mustEmbedUnimplementedStreamServiceServer()
 }
 
@@ -210,6 +250,12 @@ func (UnimplementedStreamServiceServer) AckStream(context.Context, *AckStreamReq
 }
 func (UnimplementedStreamServiceServer) SeekConsumerGroup(context.Context, *SeekConsumerGroupRequest) (*SeekConsumerGroupResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method SeekConsumerGroup not implemented")
+}
+func (UnimplementedStreamServiceServer) ReadStreamRange(context.Context, *ReadStreamRangeRequest) (*ReadStreamRangeResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ReadStreamRange not implemented")
+}
+func (UnimplementedStreamServiceServer) GetStreamPosition(context.Context, *GetStreamPositionRequest) (*GetStreamPositionResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method GetStreamPosition not implemented")
 }
 func (UnimplementedStreamServiceServer) mustEmbedUnimplementedStreamServiceServer() {}
 
@@ -371,6 +417,42 @@ func _StreamService_SeekConsumerGroup_Handler(srv interface{}, ctx context.Conte
 	return interceptor(ctx, in, info, handler)
 }
 
+func _StreamService_ReadStreamRange_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReadStreamRangeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(StreamServiceServer).ReadStreamRange(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/postbox.v1.StreamService/ReadStreamRange",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(StreamServiceServer).ReadStreamRange(ctx, req.(*ReadStreamRangeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _StreamService_GetStreamPosition_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetStreamPositionRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(StreamServiceServer).GetStreamPosition(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/postbox.v1.StreamService/GetStreamPosition",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(StreamServiceServer).GetStreamPosition(ctx, req.(*GetStreamPositionRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 var _StreamService_serviceDesc = grpc.ServiceDesc{
 	ServiceName: "postbox.v1.StreamService",
 	HandlerType: (*StreamServiceServer)(nil),
@@ -402,6 +484,14 @@ var _StreamService_serviceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "SeekConsumerGroup",
 			Handler:    _StreamService_SeekConsumerGroup_Handler,
+		},
+		{
+			MethodName: "ReadStreamRange",
+			Handler:    _StreamService_ReadStreamRange_Handler,
+		},
+		{
+			MethodName: "GetStreamPosition",
+			Handler:    _StreamService_GetStreamPosition_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

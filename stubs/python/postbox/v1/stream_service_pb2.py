@@ -27,7 +27,7 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from postbox.v1 import message_pb2 as postbox_dot_v1_dot_message__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fpostbox/v1/stream_service.proto\x12\npostbox.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18postbox/v1/message.proto\"\x97\x02\n\rConsumerGroup\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12/\n\x0b\x63reate_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x15\n\rcursor_offset\x18\x04 \x01(\x03\x12,\n\x08\x61\x63k_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x35\n\x11lease_expire_time\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x14\n\x0clag_messages\x18\x07 \x01(\x03\x12&\n\x03lag\x18\x08 \x01(\x0b\x32\x19.google.protobuf.Duration\"\xbd\x02\n\rStreamMessage\x12\x0e\n\x06offset\x18\x01 \x01(\x03\x12\x12\n\npublish_id\x18\x02 \x01(\t\x12\x30\n\x0cpublish_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x13\n\x0brouting_key\x18\x04 \x01(\t\x12\x14\n\x0cordering_key\x18\x05 \x01(\t\x12\x0f\n\x07subject\x18\x06 \x01(\t\x12\x0c\n\x04\x62ody\x18\x07 \x01(\x0c\x12=\n\nattributes\x18\x08 \x03(\x0b\x32).postbox.v1.StreamMessage.AttributesEntry\x1aM\n\x0f\x41ttributesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12)\n\x05value\x18\x02 \x01(\x0b\x32\x1a.postbox.v1.AttributeValue:\x02\x38\x01\"\xa7\x01\n\x1a\x43reateConsumerGroupRequest\x12\x31\n\x0e\x63onsumer_group\x18\x01 \x01(\x0b\x32\x19.postbox.v1.ConsumerGroup\x12&\n\x05start\x18\x02 \x01(\x0e\x32\x17.postbox.v1.StreamStart\x12.\n\nstart_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"P\n\x1b\x43reateConsumerGroupResponse\x12\x31\n\x0e\x63onsumer_group\x18\x01 \x01(\x0b\x32\x19.postbox.v1.ConsumerGroup\"6\n\x17GetConsumerGroupRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\"M\n\x18GetConsumerGroupResponse\x12\x31\n\x0e\x63onsumer_group\x18\x01 \x01(\x0b\x32\x19.postbox.v1.ConsumerGroup\"Q\n\x19ListConsumerGroupsRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"i\n\x1aListConsumerGroupsResponse\x12\x32\n\x0f\x63onsumer_groups\x18\x01 \x03(\x0b\x32\x19.postbox.v1.ConsumerGroup\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"9\n\x1a\x44\x65leteConsumerGroupRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\"\x1d\n\x1b\x44\x65leteConsumerGroupResponse\"\xfa\x01\n\x11ReadStreamRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x16\n\x0e\x63onsumer_group\x18\x02 \x01(\t\x12\x14\n\x0cmax_messages\x18\x03 \x01(\x05\x12\x14\n\x0cmin_messages\x18\x04 \x01(\x05\x12\x31\n\x0emax_batch_wait\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\x12,\n\twait_time\x18\x06 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x31\n\x0elease_duration\x18\x07 \x01(\x0b\x32\x19.google.protobuf.Duration\"h\n\x12ReadStreamResponse\x12\r\n\x05\x62\x61tch\x18\x01 \x01(\t\x12+\n\x08messages\x18\x02 \x03(\x0b\x32\x19.postbox.v1.StreamMessage\x12\x16\n\x0e\x64\x65livery_count\x18\x03 \x01(\x05\"\xd5\x01\n\x1aStreamingReadStreamRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x16\n\x0e\x63onsumer_group\x18\x02 \x01(\t\x12\x14\n\x0cmax_messages\x18\x03 \x01(\x05\x12\x14\n\x0cmin_messages\x18\x04 \x01(\x05\x12\x31\n\x0emax_batch_wait\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x31\n\x0elease_duration\x18\x06 \x01(\x0b\x32\x19.google.protobuf.Duration\"q\n\x1bStreamingReadStreamResponse\x12\r\n\x05\x62\x61tch\x18\x01 \x01(\t\x12+\n\x08messages\x18\x02 \x03(\x0b\x32\x19.postbox.v1.StreamMessage\x12\x16\n\x0e\x64\x65livery_count\x18\x03 \x01(\x05\"H\n\x10\x41\x63kStreamRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x16\n\x0e\x63onsumer_group\x18\x02 \x01(\t\x12\r\n\x05\x62\x61tch\x18\x03 \x01(\t\"*\n\x11\x41\x63kStreamResponse\x12\x15\n\rcursor_offset\x18\x01 \x01(\x03\"\x89\x01\n\x18SeekConsumerGroupRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x16\n\x0e\x63onsumer_group\x18\x02 \x01(\t\x12\x10\n\x06offset\x18\x03 \x01(\x03H\x00\x12*\n\x04time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.TimestampH\x00\x42\x08\n\x06target\"N\n\x19SeekConsumerGroupResponse\x12\x31\n\x0e\x63onsumer_group\x18\x01 \x01(\x0b\x32\x19.postbox.v1.ConsumerGroup*v\n\x0bStreamStart\x12\x1c\n\x18STREAM_START_UNSPECIFIED\x10\x00\x12\x19\n\x15STREAM_START_EARLIEST\x10\x01\x12\x17\n\x13STREAM_START_LATEST\x10\x02\x12\x15\n\x11STREAM_START_TIME\x10\x03\x32\x86\x06\n\rStreamService\x12\x66\n\x13\x43reateConsumerGroup\x12&.postbox.v1.CreateConsumerGroupRequest\x1a\'.postbox.v1.CreateConsumerGroupResponse\x12]\n\x10GetConsumerGroup\x12#.postbox.v1.GetConsumerGroupRequest\x1a$.postbox.v1.GetConsumerGroupResponse\x12\x63\n\x12ListConsumerGroups\x12%.postbox.v1.ListConsumerGroupsRequest\x1a&.postbox.v1.ListConsumerGroupsResponse\x12\x66\n\x13\x44\x65leteConsumerGroup\x12&.postbox.v1.DeleteConsumerGroupRequest\x1a\'.postbox.v1.DeleteConsumerGroupResponse\x12K\n\nReadStream\x12\x1d.postbox.v1.ReadStreamRequest\x1a\x1e.postbox.v1.ReadStreamResponse\x12h\n\x13StreamingReadStream\x12&.postbox.v1.StreamingReadStreamRequest\x1a\'.postbox.v1.StreamingReadStreamResponse0\x01\x12H\n\tAckStream\x12\x1c.postbox.v1.AckStreamRequest\x1a\x1d.postbox.v1.AckStreamResponse\x12`\n\x11SeekConsumerGroup\x12$.postbox.v1.SeekConsumerGroupRequest\x1a%.postbox.v1.SeekConsumerGroupResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fpostbox/v1/stream_service.proto\x12\npostbox.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18postbox/v1/message.proto\",\n\x0eStreamPosition\x12\n\n\x02tx\x18\x01 \x01(\x03\x12\x0e\n\x06offset\x18\x02 \x01(\x03\"\x97\x02\n\rConsumerGroup\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12/\n\x0b\x63reate_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x15\n\rcursor_offset\x18\x04 \x01(\x03\x12,\n\x08\x61\x63k_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x35\n\x11lease_expire_time\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x14\n\x0clag_messages\x18\x07 \x01(\x03\x12&\n\x03lag\x18\x08 \x01(\x0b\x32\x19.google.protobuf.Duration\"\xbd\x02\n\rStreamMessage\x12\x0e\n\x06offset\x18\x01 \x01(\x03\x12\x12\n\npublish_id\x18\x02 \x01(\t\x12\x30\n\x0cpublish_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x13\n\x0brouting_key\x18\x04 \x01(\t\x12\x14\n\x0cordering_key\x18\x05 \x01(\t\x12\x0f\n\x07subject\x18\x06 \x01(\t\x12\x0c\n\x04\x62ody\x18\x07 \x01(\x0c\x12=\n\nattributes\x18\x08 \x03(\x0b\x32).postbox.v1.StreamMessage.AttributesEntry\x1aM\n\x0f\x41ttributesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12)\n\x05value\x18\x02 \x01(\x0b\x32\x1a.postbox.v1.AttributeValue:\x02\x38\x01\"\xa7\x01\n\x1a\x43reateConsumerGroupRequest\x12\x31\n\x0e\x63onsumer_group\x18\x01 \x01(\x0b\x32\x19.postbox.v1.ConsumerGroup\x12&\n\x05start\x18\x02 \x01(\x0e\x32\x17.postbox.v1.StreamStart\x12.\n\nstart_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"P\n\x1b\x43reateConsumerGroupResponse\x12\x31\n\x0e\x63onsumer_group\x18\x01 \x01(\x0b\x32\x19.postbox.v1.ConsumerGroup\"6\n\x17GetConsumerGroupRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\"M\n\x18GetConsumerGroupResponse\x12\x31\n\x0e\x63onsumer_group\x18\x01 \x01(\x0b\x32\x19.postbox.v1.ConsumerGroup\"Q\n\x19ListConsumerGroupsRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"i\n\x1aListConsumerGroupsResponse\x12\x32\n\x0f\x63onsumer_groups\x18\x01 \x03(\x0b\x32\x19.postbox.v1.ConsumerGroup\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"9\n\x1a\x44\x65leteConsumerGroupRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\"\x1d\n\x1b\x44\x65leteConsumerGroupResponse\"\xfa\x01\n\x11ReadStreamRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x16\n\x0e\x63onsumer_group\x18\x02 \x01(\t\x12\x14\n\x0cmax_messages\x18\x03 \x01(\x05\x12\x14\n\x0cmin_messages\x18\x04 \x01(\x05\x12\x31\n\x0emax_batch_wait\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\x12,\n\twait_time\x18\x06 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x31\n\x0elease_duration\x18\x07 \x01(\x0b\x32\x19.google.protobuf.Duration\"h\n\x12ReadStreamResponse\x12\r\n\x05\x62\x61tch\x18\x01 \x01(\t\x12+\n\x08messages\x18\x02 \x03(\x0b\x32\x19.postbox.v1.StreamMessage\x12\x16\n\x0e\x64\x65livery_count\x18\x03 \x01(\x05\"\xd5\x01\n\x1aStreamingReadStreamRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x16\n\x0e\x63onsumer_group\x18\x02 \x01(\t\x12\x14\n\x0cmax_messages\x18\x03 \x01(\x05\x12\x14\n\x0cmin_messages\x18\x04 \x01(\x05\x12\x31\n\x0emax_batch_wait\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x31\n\x0elease_duration\x18\x06 \x01(\x0b\x32\x19.google.protobuf.Duration\"q\n\x1bStreamingReadStreamResponse\x12\r\n\x05\x62\x61tch\x18\x01 \x01(\t\x12+\n\x08messages\x18\x02 \x03(\x0b\x32\x19.postbox.v1.StreamMessage\x12\x16\n\x0e\x64\x65livery_count\x18\x03 \x01(\x05\"H\n\x10\x41\x63kStreamRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x16\n\x0e\x63onsumer_group\x18\x02 \x01(\t\x12\r\n\x05\x62\x61tch\x18\x03 \x01(\t\"*\n\x11\x41\x63kStreamResponse\x12\x15\n\rcursor_offset\x18\x01 \x01(\x03\"\xb9\x01\n\x18SeekConsumerGroupRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x16\n\x0e\x63onsumer_group\x18\x02 \x01(\t\x12\x10\n\x06offset\x18\x03 \x01(\x03H\x00\x12*\n\x04time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.TimestampH\x00\x12.\n\x08position\x18\x05 \x01(\x0b\x32\x1a.postbox.v1.StreamPositionH\x00\x42\x08\n\x06target\"N\n\x19SeekConsumerGroupResponse\x12\x31\n\x0e\x63onsumer_group\x18\x01 \x01(\x0b\x32\x19.postbox.v1.ConsumerGroup\"\x93\x01\n\x16ReadStreamRangeRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12)\n\x05\x61\x66ter\x18\x02 \x01(\x0b\x32\x1a.postbox.v1.StreamPosition\x12)\n\x05until\x18\x03 \x01(\x0b\x32\x1a.postbox.v1.StreamPosition\x12\x14\n\x0cmax_messages\x18\x04 \x01(\x05\"y\n\x17ReadStreamRangeResponse\x12+\n\x08messages\x18\x01 \x03(\x0b\x32\x19.postbox.v1.StreamMessage\x12\x31\n\rlast_position\x18\x02 \x01(\x0b\x32\x1a.postbox.v1.StreamPosition\"A\n\x18GetStreamPositionRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x16\n\x0e\x63onsumer_group\x18\x02 \x01(\t\"\x82\x01\n\x19GetStreamPositionResponse\x12\x33\n\x0f\x63ursor_position\x18\x01 \x01(\x0b\x32\x1a.postbox.v1.StreamPosition\x12\x30\n\x0c\x65nd_position\x18\x02 \x01(\x0b\x32\x1a.postbox.v1.StreamPosition*v\n\x0bStreamStart\x12\x1c\n\x18STREAM_START_UNSPECIFIED\x10\x00\x12\x19\n\x15STREAM_START_EARLIEST\x10\x01\x12\x17\n\x13STREAM_START_LATEST\x10\x02\x12\x15\n\x11STREAM_START_TIME\x10\x03\x32\xc4\x07\n\rStreamService\x12\x66\n\x13\x43reateConsumerGroup\x12&.postbox.v1.CreateConsumerGroupRequest\x1a\'.postbox.v1.CreateConsumerGroupResponse\x12]\n\x10GetConsumerGroup\x12#.postbox.v1.GetConsumerGroupRequest\x1a$.postbox.v1.GetConsumerGroupResponse\x12\x63\n\x12ListConsumerGroups\x12%.postbox.v1.ListConsumerGroupsRequest\x1a&.postbox.v1.ListConsumerGroupsResponse\x12\x66\n\x13\x44\x65leteConsumerGroup\x12&.postbox.v1.DeleteConsumerGroupRequest\x1a\'.postbox.v1.DeleteConsumerGroupResponse\x12K\n\nReadStream\x12\x1d.postbox.v1.ReadStreamRequest\x1a\x1e.postbox.v1.ReadStreamResponse\x12h\n\x13StreamingReadStream\x12&.postbox.v1.StreamingReadStreamRequest\x1a\'.postbox.v1.StreamingReadStreamResponse0\x01\x12H\n\tAckStream\x12\x1c.postbox.v1.AckStreamRequest\x1a\x1d.postbox.v1.AckStreamResponse\x12`\n\x11SeekConsumerGroup\x12$.postbox.v1.SeekConsumerGroupRequest\x1a%.postbox.v1.SeekConsumerGroupResponse\x12Z\n\x0fReadStreamRange\x12\".postbox.v1.ReadStreamRangeRequest\x1a#.postbox.v1.ReadStreamRangeResponse\x12`\n\x11GetStreamPosition\x12$.postbox.v1.GetStreamPositionRequest\x1a%.postbox.v1.GetStreamPositionResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,46 +36,56 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_STREAMMESSAGE_ATTRIBUTESENTRY']._loaded_options = None
   _globals['_STREAMMESSAGE_ATTRIBUTESENTRY']._serialized_options = b'8\001'
-  _globals['_STREAMSTART']._serialized_start=2435
-  _globals['_STREAMSTART']._serialized_end=2553
-  _globals['_CONSUMERGROUP']._serialized_start=139
-  _globals['_CONSUMERGROUP']._serialized_end=418
-  _globals['_STREAMMESSAGE']._serialized_start=421
-  _globals['_STREAMMESSAGE']._serialized_end=738
-  _globals['_STREAMMESSAGE_ATTRIBUTESENTRY']._serialized_start=661
-  _globals['_STREAMMESSAGE_ATTRIBUTESENTRY']._serialized_end=738
-  _globals['_CREATECONSUMERGROUPREQUEST']._serialized_start=741
-  _globals['_CREATECONSUMERGROUPREQUEST']._serialized_end=908
-  _globals['_CREATECONSUMERGROUPRESPONSE']._serialized_start=910
-  _globals['_CREATECONSUMERGROUPRESPONSE']._serialized_end=990
-  _globals['_GETCONSUMERGROUPREQUEST']._serialized_start=992
-  _globals['_GETCONSUMERGROUPREQUEST']._serialized_end=1046
-  _globals['_GETCONSUMERGROUPRESPONSE']._serialized_start=1048
-  _globals['_GETCONSUMERGROUPRESPONSE']._serialized_end=1125
-  _globals['_LISTCONSUMERGROUPSREQUEST']._serialized_start=1127
-  _globals['_LISTCONSUMERGROUPSREQUEST']._serialized_end=1208
-  _globals['_LISTCONSUMERGROUPSRESPONSE']._serialized_start=1210
-  _globals['_LISTCONSUMERGROUPSRESPONSE']._serialized_end=1315
-  _globals['_DELETECONSUMERGROUPREQUEST']._serialized_start=1317
-  _globals['_DELETECONSUMERGROUPREQUEST']._serialized_end=1374
-  _globals['_DELETECONSUMERGROUPRESPONSE']._serialized_start=1376
-  _globals['_DELETECONSUMERGROUPRESPONSE']._serialized_end=1405
-  _globals['_READSTREAMREQUEST']._serialized_start=1408
-  _globals['_READSTREAMREQUEST']._serialized_end=1658
-  _globals['_READSTREAMRESPONSE']._serialized_start=1660
-  _globals['_READSTREAMRESPONSE']._serialized_end=1764
-  _globals['_STREAMINGREADSTREAMREQUEST']._serialized_start=1767
-  _globals['_STREAMINGREADSTREAMREQUEST']._serialized_end=1980
-  _globals['_STREAMINGREADSTREAMRESPONSE']._serialized_start=1982
-  _globals['_STREAMINGREADSTREAMRESPONSE']._serialized_end=2095
-  _globals['_ACKSTREAMREQUEST']._serialized_start=2097
-  _globals['_ACKSTREAMREQUEST']._serialized_end=2169
-  _globals['_ACKSTREAMRESPONSE']._serialized_start=2171
-  _globals['_ACKSTREAMRESPONSE']._serialized_end=2213
-  _globals['_SEEKCONSUMERGROUPREQUEST']._serialized_start=2216
-  _globals['_SEEKCONSUMERGROUPREQUEST']._serialized_end=2353
-  _globals['_SEEKCONSUMERGROUPRESPONSE']._serialized_start=2355
-  _globals['_SEEKCONSUMERGROUPRESPONSE']._serialized_end=2433
-  _globals['_STREAMSERVICE']._serialized_start=2556
-  _globals['_STREAMSERVICE']._serialized_end=3330
+  _globals['_STREAMSTART']._serialized_start=3002
+  _globals['_STREAMSTART']._serialized_end=3120
+  _globals['_STREAMPOSITION']._serialized_start=138
+  _globals['_STREAMPOSITION']._serialized_end=182
+  _globals['_CONSUMERGROUP']._serialized_start=185
+  _globals['_CONSUMERGROUP']._serialized_end=464
+  _globals['_STREAMMESSAGE']._serialized_start=467
+  _globals['_STREAMMESSAGE']._serialized_end=784
+  _globals['_STREAMMESSAGE_ATTRIBUTESENTRY']._serialized_start=707
+  _globals['_STREAMMESSAGE_ATTRIBUTESENTRY']._serialized_end=784
+  _globals['_CREATECONSUMERGROUPREQUEST']._serialized_start=787
+  _globals['_CREATECONSUMERGROUPREQUEST']._serialized_end=954
+  _globals['_CREATECONSUMERGROUPRESPONSE']._serialized_start=956
+  _globals['_CREATECONSUMERGROUPRESPONSE']._serialized_end=1036
+  _globals['_GETCONSUMERGROUPREQUEST']._serialized_start=1038
+  _globals['_GETCONSUMERGROUPREQUEST']._serialized_end=1092
+  _globals['_GETCONSUMERGROUPRESPONSE']._serialized_start=1094
+  _globals['_GETCONSUMERGROUPRESPONSE']._serialized_end=1171
+  _globals['_LISTCONSUMERGROUPSREQUEST']._serialized_start=1173
+  _globals['_LISTCONSUMERGROUPSREQUEST']._serialized_end=1254
+  _globals['_LISTCONSUMERGROUPSRESPONSE']._serialized_start=1256
+  _globals['_LISTCONSUMERGROUPSRESPONSE']._serialized_end=1361
+  _globals['_DELETECONSUMERGROUPREQUEST']._serialized_start=1363
+  _globals['_DELETECONSUMERGROUPREQUEST']._serialized_end=1420
+  _globals['_DELETECONSUMERGROUPRESPONSE']._serialized_start=1422
+  _globals['_DELETECONSUMERGROUPRESPONSE']._serialized_end=1451
+  _globals['_READSTREAMREQUEST']._serialized_start=1454
+  _globals['_READSTREAMREQUEST']._serialized_end=1704
+  _globals['_READSTREAMRESPONSE']._serialized_start=1706
+  _globals['_READSTREAMRESPONSE']._serialized_end=1810
+  _globals['_STREAMINGREADSTREAMREQUEST']._serialized_start=1813
+  _globals['_STREAMINGREADSTREAMREQUEST']._serialized_end=2026
+  _globals['_STREAMINGREADSTREAMRESPONSE']._serialized_start=2028
+  _globals['_STREAMINGREADSTREAMRESPONSE']._serialized_end=2141
+  _globals['_ACKSTREAMREQUEST']._serialized_start=2143
+  _globals['_ACKSTREAMREQUEST']._serialized_end=2215
+  _globals['_ACKSTREAMRESPONSE']._serialized_start=2217
+  _globals['_ACKSTREAMRESPONSE']._serialized_end=2259
+  _globals['_SEEKCONSUMERGROUPREQUEST']._serialized_start=2262
+  _globals['_SEEKCONSUMERGROUPREQUEST']._serialized_end=2447
+  _globals['_SEEKCONSUMERGROUPRESPONSE']._serialized_start=2449
+  _globals['_SEEKCONSUMERGROUPRESPONSE']._serialized_end=2527
+  _globals['_READSTREAMRANGEREQUEST']._serialized_start=2530
+  _globals['_READSTREAMRANGEREQUEST']._serialized_end=2677
+  _globals['_READSTREAMRANGERESPONSE']._serialized_start=2679
+  _globals['_READSTREAMRANGERESPONSE']._serialized_end=2800
+  _globals['_GETSTREAMPOSITIONREQUEST']._serialized_start=2802
+  _globals['_GETSTREAMPOSITIONREQUEST']._serialized_end=2867
+  _globals['_GETSTREAMPOSITIONRESPONSE']._serialized_start=2870
+  _globals['_GETSTREAMPOSITIONRESPONSE']._serialized_end=3000
+  _globals['_STREAMSERVICE']._serialized_start=3123
+  _globals['_STREAMSERVICE']._serialized_end=4087
 # @@protoc_insertion_point(module_scope)

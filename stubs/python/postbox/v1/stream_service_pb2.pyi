@@ -23,6 +23,14 @@ STREAM_START_EARLIEST: StreamStart
 STREAM_START_LATEST: StreamStart
 STREAM_START_TIME: StreamStart
 
+class StreamPosition(_message.Message):
+    __slots__ = ("tx", "offset")
+    TX_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    tx: int
+    offset: int
+    def __init__(self, tx: _Optional[int] = ..., offset: _Optional[int] = ...) -> None: ...
+
 class ConsumerGroup(_message.Message):
     __slots__ = ("topic", "name", "create_time", "cursor_offset", "ack_time", "lease_expire_time", "lag_messages", "lag")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
@@ -201,19 +209,57 @@ class AckStreamResponse(_message.Message):
     def __init__(self, cursor_offset: _Optional[int] = ...) -> None: ...
 
 class SeekConsumerGroupRequest(_message.Message):
-    __slots__ = ("topic", "consumer_group", "offset", "time")
+    __slots__ = ("topic", "consumer_group", "offset", "time", "position")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     CONSUMER_GROUP_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     TIME_FIELD_NUMBER: _ClassVar[int]
+    POSITION_FIELD_NUMBER: _ClassVar[int]
     topic: str
     consumer_group: str
     offset: int
     time: _timestamp_pb2.Timestamp
-    def __init__(self, topic: _Optional[str] = ..., consumer_group: _Optional[str] = ..., offset: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    position: StreamPosition
+    def __init__(self, topic: _Optional[str] = ..., consumer_group: _Optional[str] = ..., offset: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., position: _Optional[_Union[StreamPosition, _Mapping]] = ...) -> None: ...
 
 class SeekConsumerGroupResponse(_message.Message):
     __slots__ = ("consumer_group",)
     CONSUMER_GROUP_FIELD_NUMBER: _ClassVar[int]
     consumer_group: ConsumerGroup
     def __init__(self, consumer_group: _Optional[_Union[ConsumerGroup, _Mapping]] = ...) -> None: ...
+
+class ReadStreamRangeRequest(_message.Message):
+    __slots__ = ("topic", "after", "until", "max_messages")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    AFTER_FIELD_NUMBER: _ClassVar[int]
+    UNTIL_FIELD_NUMBER: _ClassVar[int]
+    MAX_MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    after: StreamPosition
+    until: StreamPosition
+    max_messages: int
+    def __init__(self, topic: _Optional[str] = ..., after: _Optional[_Union[StreamPosition, _Mapping]] = ..., until: _Optional[_Union[StreamPosition, _Mapping]] = ..., max_messages: _Optional[int] = ...) -> None: ...
+
+class ReadStreamRangeResponse(_message.Message):
+    __slots__ = ("messages", "last_position")
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    LAST_POSITION_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[StreamMessage]
+    last_position: StreamPosition
+    def __init__(self, messages: _Optional[_Iterable[_Union[StreamMessage, _Mapping]]] = ..., last_position: _Optional[_Union[StreamPosition, _Mapping]] = ...) -> None: ...
+
+class GetStreamPositionRequest(_message.Message):
+    __slots__ = ("topic", "consumer_group")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    CONSUMER_GROUP_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    consumer_group: str
+    def __init__(self, topic: _Optional[str] = ..., consumer_group: _Optional[str] = ...) -> None: ...
+
+class GetStreamPositionResponse(_message.Message):
+    __slots__ = ("cursor_position", "end_position")
+    CURSOR_POSITION_FIELD_NUMBER: _ClassVar[int]
+    END_POSITION_FIELD_NUMBER: _ClassVar[int]
+    cursor_position: StreamPosition
+    end_position: StreamPosition
+    def __init__(self, cursor_position: _Optional[_Union[StreamPosition, _Mapping]] = ..., end_position: _Optional[_Union[StreamPosition, _Mapping]] = ...) -> None: ...

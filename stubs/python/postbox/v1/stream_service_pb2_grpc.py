@@ -83,6 +83,16 @@ class StreamServiceStub:
                 request_serializer=postbox_dot_v1_dot_stream__service__pb2.SeekConsumerGroupRequest.SerializeToString,
                 response_deserializer=postbox_dot_v1_dot_stream__service__pb2.SeekConsumerGroupResponse.FromString,
                 _registered_method=True)
+        self.ReadStreamRange = channel.unary_unary(
+                '/postbox.v1.StreamService/ReadStreamRange',
+                request_serializer=postbox_dot_v1_dot_stream__service__pb2.ReadStreamRangeRequest.SerializeToString,
+                response_deserializer=postbox_dot_v1_dot_stream__service__pb2.ReadStreamRangeResponse.FromString,
+                _registered_method=True)
+        self.GetStreamPosition = channel.unary_unary(
+                '/postbox.v1.StreamService/GetStreamPosition',
+                request_serializer=postbox_dot_v1_dot_stream__service__pb2.GetStreamPositionRequest.SerializeToString,
+                response_deserializer=postbox_dot_v1_dot_stream__service__pb2.GetStreamPositionResponse.FromString,
+                _registered_method=True)
 
 
 class StreamServiceServicer:
@@ -164,6 +174,27 @@ class StreamServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReadStreamRange(self, request, context):
+        """Reads the log of a stream topic by position, without a group or a lease:
+        the messages after one position and up to another, in read order, for
+        readers that keep their own positions (Spark's stream source). Only
+        messages every reader sees as final are read (see the README's "Order and
+        open transactions"), so reading a range again gives the same messages, as
+        long as rotation has kept them: a consumer group whose cursor stays at or
+        before the range keeps them.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetStreamPosition(self, request, context):
+        """Returns where a consumer group's cursor stands and where the topic's log
+        ends for readers now, as positions. NOT_FOUND if the group does not exist.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_StreamServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -206,6 +237,16 @@ def add_StreamServiceServicer_to_server(servicer, server):
                     servicer.SeekConsumerGroup,
                     request_deserializer=postbox_dot_v1_dot_stream__service__pb2.SeekConsumerGroupRequest.FromString,
                     response_serializer=postbox_dot_v1_dot_stream__service__pb2.SeekConsumerGroupResponse.SerializeToString,
+            ),
+            'ReadStreamRange': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReadStreamRange,
+                    request_deserializer=postbox_dot_v1_dot_stream__service__pb2.ReadStreamRangeRequest.FromString,
+                    response_serializer=postbox_dot_v1_dot_stream__service__pb2.ReadStreamRangeResponse.SerializeToString,
+            ),
+            'GetStreamPosition': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetStreamPosition,
+                    request_deserializer=postbox_dot_v1_dot_stream__service__pb2.GetStreamPositionRequest.FromString,
+                    response_serializer=postbox_dot_v1_dot_stream__service__pb2.GetStreamPositionResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -433,6 +474,60 @@ class StreamService:
             '/postbox.v1.StreamService/SeekConsumerGroup',
             postbox_dot_v1_dot_stream__service__pb2.SeekConsumerGroupRequest.SerializeToString,
             postbox_dot_v1_dot_stream__service__pb2.SeekConsumerGroupResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReadStreamRange(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/postbox.v1.StreamService/ReadStreamRange',
+            postbox_dot_v1_dot_stream__service__pb2.ReadStreamRangeRequest.SerializeToString,
+            postbox_dot_v1_dot_stream__service__pb2.ReadStreamRangeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetStreamPosition(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/postbox.v1.StreamService/GetStreamPosition',
+            postbox_dot_v1_dot_stream__service__pb2.GetStreamPositionRequest.SerializeToString,
+            postbox_dot_v1_dot_stream__service__pb2.GetStreamPositionResponse.FromString,
             options,
             channel_credentials,
             insecure,

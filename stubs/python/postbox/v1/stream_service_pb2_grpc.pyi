@@ -75,6 +75,19 @@ class StreamServiceStub:
     """Moves a group's cursor back or forward to an offset or a time, to read
     again or to skip; a batch out is called back (its AckStream fails).
     """
+    ReadStreamRange: _grpc.UnaryUnaryMultiCallable[_stream_service_pb2.ReadStreamRangeRequest, _stream_service_pb2.ReadStreamRangeResponse]
+    """Reads the log of a stream topic by position, without a group or a lease:
+    the messages after one position and up to another, in read order, for
+    readers that keep their own positions (Spark's stream source). Only
+    messages every reader sees as final are read (see the README's "Order and
+    open transactions"), so reading a range again gives the same messages, as
+    long as rotation has kept them: a consumer group whose cursor stays at or
+    before the range keeps them.
+    """
+    GetStreamPosition: _grpc.UnaryUnaryMultiCallable[_stream_service_pb2.GetStreamPositionRequest, _stream_service_pb2.GetStreamPositionResponse]
+    """Returns where a consumer group's cursor stands and where the topic's log
+    ends for readers now, as positions. NOT_FOUND if the group does not exist.
+    """
 
 @_typing.type_check_only
 class StreamServiceAsyncStub(StreamServiceStub):
@@ -122,6 +135,19 @@ class StreamServiceAsyncStub(StreamServiceStub):
     SeekConsumerGroup: _aio.UnaryUnaryMultiCallable[_stream_service_pb2.SeekConsumerGroupRequest, _stream_service_pb2.SeekConsumerGroupResponse]  # type: ignore[assignment]
     """Moves a group's cursor back or forward to an offset or a time, to read
     again or to skip; a batch out is called back (its AckStream fails).
+    """
+    ReadStreamRange: _aio.UnaryUnaryMultiCallable[_stream_service_pb2.ReadStreamRangeRequest, _stream_service_pb2.ReadStreamRangeResponse]  # type: ignore[assignment]
+    """Reads the log of a stream topic by position, without a group or a lease:
+    the messages after one position and up to another, in read order, for
+    readers that keep their own positions (Spark's stream source). Only
+    messages every reader sees as final are read (see the README's "Order and
+    open transactions"), so reading a range again gives the same messages, as
+    long as rotation has kept them: a consumer group whose cursor stays at or
+    before the range keeps them.
+    """
+    GetStreamPosition: _aio.UnaryUnaryMultiCallable[_stream_service_pb2.GetStreamPositionRequest, _stream_service_pb2.GetStreamPositionResponse]  # type: ignore[assignment]
+    """Returns where a consumer group's cursor stands and where the topic's log
+    ends for readers now, as positions. NOT_FOUND if the group does not exist.
     """
 
 class StreamServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -215,6 +241,31 @@ class StreamServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_stream_service_pb2.SeekConsumerGroupResponse, _abc.Awaitable[_stream_service_pb2.SeekConsumerGroupResponse]]:
         """Moves a group's cursor back or forward to an offset or a time, to read
         again or to skip; a batch out is called back (its AckStream fails).
+        """
+
+    @_abc_1.abstractmethod
+    def ReadStreamRange(
+        self,
+        request: _stream_service_pb2.ReadStreamRangeRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_stream_service_pb2.ReadStreamRangeResponse, _abc.Awaitable[_stream_service_pb2.ReadStreamRangeResponse]]:
+        """Reads the log of a stream topic by position, without a group or a lease:
+        the messages after one position and up to another, in read order, for
+        readers that keep their own positions (Spark's stream source). Only
+        messages every reader sees as final are read (see the README's "Order and
+        open transactions"), so reading a range again gives the same messages, as
+        long as rotation has kept them: a consumer group whose cursor stays at or
+        before the range keeps them.
+        """
+
+    @_abc_1.abstractmethod
+    def GetStreamPosition(
+        self,
+        request: _stream_service_pb2.GetStreamPositionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_stream_service_pb2.GetStreamPositionResponse, _abc.Awaitable[_stream_service_pb2.GetStreamPositionResponse]]:
+        """Returns where a consumer group's cursor stands and where the topic's log
+        ends for readers now, as positions. NOT_FOUND if the group does not exist.
         """
 
 def add_StreamServiceServicer_to_server(servicer: StreamServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -77,6 +77,8 @@ READ_OPTIONS = CONNECTION_OPTIONS | {
     "max_messages_per_batch",
     "wait_time",
 }
+# Reading a stream topic's log instead of a queue.
+TOPIC_READ_OPTIONS = CONNECTION_OPTIONS | {"topic", "consumer_group", "max_messages_per_batch"}
 # Options Spark itself passes to a data source.
 _SPARK_OPTIONS = frozenset({"path", "checkpointlocation"})
 
@@ -157,6 +159,15 @@ class ReadPlan:
     visibility_timeout: float
     max_messages_per_batch: int
     wait_time: float
+
+
+@dataclass(frozen=True)
+class TopicReadPlan:
+    connection: Connection
+    retry: RetryPolicy
+    topic: str
+    consumer_group: str
+    max_messages_per_batch: int
 
 
 class _Options:
@@ -431,4 +442,26 @@ def read_plan(options: Mapping[str, str]) -> ReadPlan:
         visibility_timeout=opts.number("visibility_timeout", 300.0, 1.0, 12 * 3600.0),
         max_messages_per_batch=opts.integer("max_messages_per_batch", 10_000, 1, 1_000_000),
         wait_time=opts.number("wait_time", 1.0, 0.0, 20.0),
+    )
+
+
+def reads_topic(options: Mapping[str, str]) -> bool:
+    """Whether the reader reads a stream topic (option `topic`) rather than a queue."""
+    return any(key.lower() == "topic" for key in options)
+
+
+def topic_read_plan(options: Mapping[str, str]) -> TopicReadPlan:
+    opts = _Options(options, TOPIC_READ_OPTIONS)
+    topic = opts.required("topic", "the name of the stream topic to read")
+    group = opts.required(
+        "consumer_group",
+        "the consumer group (it must exist) whose cursor the query starts from and commits to",
+    )
+    connection, retry = _connection(opts)
+    return TopicReadPlan(
+        connection=connection,
+        retry=retry,
+        topic=topic,
+        consumer_group=group,
+        max_messages_per_batch=opts.integer("max_messages_per_batch", 10_000, 1, 1_000_000),
     )

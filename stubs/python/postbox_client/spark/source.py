@@ -6,8 +6,15 @@ from pyspark.sql.datasource import DataSource
 from pyspark.sql.types import StructType
 
 from postbox_client.spark.client import check_auth_token
-from postbox_client.spark.options import PostboxOptionError, read_plan, write_plan
+from postbox_client.spark.options import (
+    PostboxOptionError,
+    read_plan,
+    reads_topic,
+    topic_read_plan,
+    write_plan,
+)
 from postbox_client.spark.reader import SCHEMA, PostboxStreamReader
+from postbox_client.spark.topic_reader import TOPIC_SCHEMA, PostboxTopicStreamReader
 from postbox_client.spark.writer import PostboxStreamWriter, PostboxWriter
 
 
@@ -20,14 +27,15 @@ def _append_only(overwrite: bool) -> None:
 
 
 class PostboxDataSource(DataSource):
-    """Writes DataFrames to a postbox queue (batch and streaming); reads a queue as a stream."""
+    """Writes DataFrames to a postbox queue (batch and streaming); reads a queue, or a
+    stream topic's log through a consumer group, as a stream."""
 
     @classmethod
     def name(cls) -> str:
         return "postbox"
 
     def schema(self) -> str:
-        return SCHEMA
+        return TOPIC_SCHEMA if reads_topic(self.options) else SCHEMA
 
     def writer(self, schema: StructType, overwrite: bool) -> PostboxWriter:
         _append_only(overwrite)
@@ -41,7 +49,13 @@ class PostboxDataSource(DataSource):
         check_auth_token(plan.connection, plan.queue, plan.topic)
         return PostboxStreamWriter(plan)
 
-    def simpleStreamReader(self, schema: StructType) -> PostboxStreamReader:
+    def simpleStreamReader(
+        self, schema: StructType
+    ) -> PostboxStreamReader | PostboxTopicStreamReader:
+        if reads_topic(self.options):
+            topic_plan = topic_read_plan(self.options)
+            check_auth_token(topic_plan.connection, None, topic_plan.topic)
+            return PostboxTopicStreamReader(topic_plan)
         plan = read_plan(self.options)
         check_auth_token(plan.connection, plan.queue, None)
         return PostboxStreamReader(plan)

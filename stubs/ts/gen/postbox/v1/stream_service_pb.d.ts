@@ -13,6 +13,35 @@ import type { AttributeValue } from "./message_pb.js";
 export declare const file_postbox_v1_stream_service: GenFile;
 
 /**
+ * A place in a stream topic's log, in the order consumer groups read it: the
+ * id of the transaction that published a message, then its offset.
+ *
+ * @generated from message postbox.v1.StreamPosition
+ */
+export declare type StreamPosition = Message<"postbox.v1.StreamPosition"> & {
+  /**
+   * Required. The publishing transaction's id; 0 before every message.
+   *
+   * @generated from field: int64 tx = 1;
+   */
+  tx: bigint;
+
+  /**
+   * Required. The message's offset; 0 before every message of that
+   * transaction.
+   *
+   * @generated from field: int64 offset = 2;
+   */
+  offset: bigint;
+};
+
+/**
+ * Describes the message postbox.v1.StreamPosition.
+ * Use `create(StreamPositionSchema)` to create a new message.
+ */
+export declare const StreamPositionSchema: GenMessage<StreamPosition>;
+
+/**
  * A cursor into a stream topic's log.
  *
  * @generated from message postbox.v1.ConsumerGroup
@@ -645,6 +674,17 @@ export declare type SeekConsumerGroupRequest = Message<"postbox.v1.SeekConsumerG
      */
     value: Timestamp;
     case: "time";
+  } | {
+    /**
+     * The messages after this position (as ReadStreamRange and
+     * GetStreamPosition give it): what a reader that keeps its own positions
+     * commits. INVALID_ARGUMENT past GetStreamPosition's end_position, where
+     * messages still to commit could fall behind it.
+     *
+     * @generated from field: postbox.v1.StreamPosition position = 5;
+     */
+    value: StreamPosition;
+    case: "position";
   } | { case: undefined; value?: undefined };
 };
 
@@ -673,6 +713,133 @@ export declare type SeekConsumerGroupResponse = Message<"postbox.v1.SeekConsumer
  * Use `create(SeekConsumerGroupResponseSchema)` to create a new message.
  */
 export declare const SeekConsumerGroupResponseSchema: GenMessage<SeekConsumerGroupResponse>;
+
+/**
+ * Request of StreamService.ReadStreamRange.
+ *
+ * @generated from message postbox.v1.ReadStreamRangeRequest
+ */
+export declare type ReadStreamRangeRequest = Message<"postbox.v1.ReadStreamRangeRequest"> & {
+  /**
+   * Required. Name of the stream topic.
+   *
+   * @generated from field: string topic = 1;
+   */
+  topic: string;
+
+  /**
+   * Optional. Read the messages after this position; unset: from the start.
+   *
+   * @generated from field: postbox.v1.StreamPosition after = 2;
+   */
+  after?: StreamPosition | undefined;
+
+  /**
+   * Optional. Read no message past this position (not before after); unset:
+   * up to the end readers see now.
+   *
+   * @generated from field: postbox.v1.StreamPosition until = 3;
+   */
+  until?: StreamPosition | undefined;
+
+  /**
+   * Optional. Most messages to return, 1-1000; default 100.
+   *
+   * @generated from field: int32 max_messages = 4;
+   */
+  maxMessages: number;
+};
+
+/**
+ * Describes the message postbox.v1.ReadStreamRangeRequest.
+ * Use `create(ReadStreamRangeRequestSchema)` to create a new message.
+ */
+export declare const ReadStreamRangeRequestSchema: GenMessage<ReadStreamRangeRequest>;
+
+/**
+ * Response of StreamService.ReadStreamRange.
+ *
+ * @generated from message postbox.v1.ReadStreamRangeResponse
+ */
+export declare type ReadStreamRangeResponse = Message<"postbox.v1.ReadStreamRangeResponse"> & {
+  /**
+   * Output only. The messages of the range, in read order; fewer than
+   * max_messages when the range (or what readers see now) ends.
+   *
+   * @generated from field: repeated postbox.v1.StreamMessage messages = 1;
+   */
+  messages: StreamMessage[];
+
+  /**
+   * Output only. The position of the last message returned, or the request's
+   * after when none is: where the next read of the range goes on.
+   *
+   * @generated from field: postbox.v1.StreamPosition last_position = 2;
+   */
+  lastPosition?: StreamPosition | undefined;
+};
+
+/**
+ * Describes the message postbox.v1.ReadStreamRangeResponse.
+ * Use `create(ReadStreamRangeResponseSchema)` to create a new message.
+ */
+export declare const ReadStreamRangeResponseSchema: GenMessage<ReadStreamRangeResponse>;
+
+/**
+ * Request of StreamService.GetStreamPosition.
+ *
+ * @generated from message postbox.v1.GetStreamPositionRequest
+ */
+export declare type GetStreamPositionRequest = Message<"postbox.v1.GetStreamPositionRequest"> & {
+  /**
+   * Required. Name of the stream topic.
+   *
+   * @generated from field: string topic = 1;
+   */
+  topic: string;
+
+  /**
+   * Required. Name of the consumer group.
+   *
+   * @generated from field: string consumer_group = 2;
+   */
+  consumerGroup: string;
+};
+
+/**
+ * Describes the message postbox.v1.GetStreamPositionRequest.
+ * Use `create(GetStreamPositionRequestSchema)` to create a new message.
+ */
+export declare const GetStreamPositionRequestSchema: GenMessage<GetStreamPositionRequest>;
+
+/**
+ * Response of StreamService.GetStreamPosition.
+ *
+ * @generated from message postbox.v1.GetStreamPositionResponse
+ */
+export declare type GetStreamPositionResponse = Message<"postbox.v1.GetStreamPositionResponse"> & {
+  /**
+   * Output only. Where the group's cursor stands: it reads next what comes
+   * after this position.
+   *
+   * @generated from field: postbox.v1.StreamPosition cursor_position = 1;
+   */
+  cursorPosition?: StreamPosition | undefined;
+
+  /**
+   * Output only. The position of the last message readers see now past the
+   * cursor; the cursor's when there is none.
+   *
+   * @generated from field: postbox.v1.StreamPosition end_position = 2;
+   */
+  endPosition?: StreamPosition | undefined;
+};
+
+/**
+ * Describes the message postbox.v1.GetStreamPositionResponse.
+ * Use `create(GetStreamPositionResponseSchema)` to create a new message.
+ */
+export declare const GetStreamPositionResponseSchema: GenMessage<GetStreamPositionResponse>;
 
 /**
  * Where a new consumer group starts reading.
@@ -818,6 +985,33 @@ export declare const StreamService: GenService<{
     methodKind: "unary";
     input: typeof SeekConsumerGroupRequestSchema;
     output: typeof SeekConsumerGroupResponseSchema;
+  },
+  /**
+   * Reads the log of a stream topic by position, without a group or a lease:
+   * the messages after one position and up to another, in read order, for
+   * readers that keep their own positions (Spark's stream source). Only
+   * messages every reader sees as final are read (see the README's "Order and
+   * open transactions"), so reading a range again gives the same messages, as
+   * long as rotation has kept them: a consumer group whose cursor stays at or
+   * before the range keeps them.
+   *
+   * @generated from rpc postbox.v1.StreamService.ReadStreamRange
+   */
+  readStreamRange: {
+    methodKind: "unary";
+    input: typeof ReadStreamRangeRequestSchema;
+    output: typeof ReadStreamRangeResponseSchema;
+  },
+  /**
+   * Returns where a consumer group's cursor stands and where the topic's log
+   * ends for readers now, as positions. NOT_FOUND if the group does not exist.
+   *
+   * @generated from rpc postbox.v1.StreamService.GetStreamPosition
+   */
+  getStreamPosition: {
+    methodKind: "unary";
+    input: typeof GetStreamPositionRequestSchema;
+    output: typeof GetStreamPositionResponseSchema;
   },
 }>;
 

@@ -2174,7 +2174,8 @@ BEGIN
     -- reads the queues, so that it sees a drop that committed meanwhile.
     LOCK TABLE postbox.messages IN ROW EXCLUSIVE MODE;
     sent_at := clock_timestamp();
-    PERFORM pg_advisory_xact_lock_shared(1886350198, q) FROM unnest(plain_queue_ids) AS q;
+    PERFORM pg_advisory_xact_lock_shared(1886350198, q)
+    FROM (SELECT DISTINCT q FROM unnest(plain_queue_ids) AS q ORDER BY q) AS d;
     -- All or none: nothing goes in when some pair's queue is gone, paused, or
     -- too small for its message. Identity values are drawn in insertion order,
     -- so id order is pair order.
@@ -2340,10 +2341,12 @@ BEGIN
     WHERE t.stream_retention IS NOT NULL;
     PERFORM pg_advisory_xact_lock_shared(1886350200, t.id);  -- postbox._lock_topic, inline
     -- The aggregates take the pairs in the order of the sorted sub-select (an
-    -- ORDER BY in each aggregate would sort eight times).
+    -- ORDER BY in each aggregate would sort eight times). None of them may have
+    -- DISTINCT or ORDER BY: PostgreSQL 16 and later then sort the input for it,
+    -- and every aggregate would see the pairs in that order instead.
     SELECT array_agg(p.queue_id), array_agg(p.queue), array_agg(p.fifo), array_agg(p.content_based_deduplication),
            array_agg(p.subscription), array_agg(p.i), array_agg(p.envelope), array_agg(p.plain),
-           count(*) FILTER (WHERE p.plain), array_agg(DISTINCT p.queue_id) FILTER (WHERE p.plain),
+           count(*) FILTER (WHERE p.plain), array_agg(p.queue_id) FILTER (WHERE p.plain),
            array_agg(p.i) FILTER (WHERE p.plain),
            array_agg(p.queue) FILTER (WHERE p.plain),
            -- Here, rather than a statement of its own (each costs its start).

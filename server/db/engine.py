@@ -16,7 +16,9 @@ from asyncpg.pool import PoolConnectionProxy
 
 from server.db import hosts
 from server.db.errors import translate
+from server.db.own_sessions import UNTHROTTLED_SETTING, OwnSessions
 from server.db.sqlfiles import queries
+from server.errors import ApiError
 from server.observability import metrics, tracing
 from server.observability.activity import ACTIVITY, Counts
 
@@ -149,9 +151,11 @@ async def _keep_session(conn: asyncpg.Connection) -> None:
 class Engine:
     """Runs the named queries of queries.sql on a connection pool."""
 
-    def __init__(self, pool: asyncpg.Pool) -> None:
+    def __init__(self, pool: asyncpg.Pool, own_sessions: OwnSessions | None = None) -> None:
         self.pool = pool
         self._sql = queries()
+        # None behind a transaction pooler, whose server sessions are not this pool's.
+        self.own_sessions = own_sessions
 
     @classmethod
     async def connect(
@@ -160,6 +164,18 @@ class Engine:
         """A pool on `dsn`. Behind a transaction pooler, consecutive calls of one pool
         connection may reach different server connections, where a named prepared
         statement does not exist: asyncpg then prepares unnamed ones, per call."""
+        own = None if transaction_pooler else OwnSessions()
+
+        async def init(conn: asyncpg.Connection) -> None:
+            if own is not None:
+                # This server wakes its own streams (see wakeup.OwnSessions).
+                await conn.execute(f"SELECT set_config('{UNTHROTTLED_SETTING}', 'on', false)")
+                own.connected(conn.get_server_pid())
+
+        async def setup(conn: PoolConnectionProxy) -> None:
+            if own is not None:
+                own.acquired(conn.get_server_pid())
+
         try:
             pool = await asyncpg.create_pool(
                 dsn,
@@ -169,10 +185,28 @@ class Engine:
                 reset=_keep_session,
                 statement_cache_size=0 if transaction_pooler else 100,
                 connect=hosts.connect,
+                init=init,
+                setup=setup,
             )
         except Exception as exc:
             raise translate(exc) from exc
-        return cls(pool)
+        return cls(pool, own)
+
+    @contextlib.asynccontextmanager
+    async def _sending(self, queue: str, conn: Connection | None) -> AsyncIterator[Connection]:
+        """`conn`, or a connection of the pool, for a send into `queue` whose NOTIFY this
+        server's hub skips: every caller wakes the queue's local streams itself."""
+        try:
+            async with contextlib.AsyncExitStack() as stack:
+                if conn is None:
+                    conn = await stack.enter_async_context(self.pool.acquire())
+                if self.own_sessions is not None:
+                    self.own_sessions.sending(conn.get_server_pid(), queue)
+                yield conn
+        except ApiError:
+            raise
+        except Exception as exc:
+            raise translate(exc) from exc
 
     async def close(self) -> None:
         await self.pool.close()
@@ -278,7 +312,8 @@ class Engine:
             values = [getattr(message, name) for message in messages]
             options.append(_optional_column(values))
         bodies = [m.body for m in messages]
-        row = await self._call("fetchrow", "send_batch", queue, bodies, *options, conn=conn)
+        async with self._sending(queue, conn) as sending:
+            row = await self._call("fetchrow", "send_batch", queue, bodies, *options, conn=sending)
         sent = len(row[1]) - sum(row[1])
         metrics.count(metrics.MESSAGES_SENT, queue, sent)
         ACTIVITY.sent(queue, sent)
@@ -295,7 +330,8 @@ class Engine:
             options: tuple[Any, ...] = _NO_OPTIONS
         else:
             options = (None, None, None, deduplication_ids, *_NO_OPTIONS[4:])
-        row = await self._call("fetchrow", "send_batch", queue, bodies, *options)
+        async with self._sending(queue, None) as conn:
+            row = await self._call("fetchrow", "send_batch", queue, bodies, *options, conn=conn)
         sent = len(row[1]) - sum(row[1])
         metrics.count(metrics.MESSAGES_SENT, queue, sent)
         ACTIVITY.sent(queue, sent)

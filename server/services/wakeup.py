@@ -17,6 +17,14 @@ So once listed, the hub looks at the queues itself, at once (sends committed bef
 the listing) and again once every transaction in progress at the listing has ended
 (sends that had looked already but not yet committed).
 
+A send through this server wakes its local streams itself once it has committed,
+so here the NOTIFY of that send is redundant (other servers still need it): it
+would make a stream that has claimed the message already claim again. The hub
+skips it (OwnSessions). This server's sessions do not throttle their NOTIFYs, so
+every other change they make to a waited-on queue (a move to a dead-letter
+queue, a FIFO promotion, a resume, a schedule's fire) wakes by its own NOTIFY,
+and only other sessions' NOTIFYs need the trailing look (see _on_notify).
+
 The same channel carries the engine's signals to the workers (a payload starting
 with "#", which no queue name can: "#webhooks", "#schedules", "#redrives"), so an
 idle worker sleeps until its next due time or a signal, not on a short poll.
@@ -38,6 +46,7 @@ import asyncpg
 
 from server.db import hosts
 from server.db.engine import application_name
+from server.db.own_sessions import OwnSessions
 
 log = logging.getLogger(__name__)
 
@@ -70,11 +79,14 @@ class WakeHub:
         safety_interval: float = 10.0,
         trailing_wake: float = 0.02,
         reconnect_delay: float = 0.5,
+        own_sessions: OwnSessions | None = None,
     ) -> None:
         self._dsn = dsn
+        self._own = own_sessions
         self._safety_interval = safety_interval
-        # The engine throttles NOTIFY per queue; a sender that skipped one commits
-        # a moment after the notifying sender, so waiters look once more shortly after.
+        # The engine throttles NOTIFY per queue and session (other than this server's);
+        # a sender that skipped one commits a moment after the notifying sender, so
+        # waiters look once more shortly after.
         self._trailing_wake = trailing_wake
         self._reconnect_delay = reconnect_delay
         self._queues: dict[str, _QueueWaiters] = {}
@@ -201,14 +213,18 @@ class WakeHub:
         if state is not None and not state.waiters and state.timer is None:
             del self._queues[queue]
 
-    def _on_notify(self, _conn: object, _pid: int, _channel: str, payload: object) -> None:
+    def _on_notify(self, _conn: object, pid: int, _channel: str, payload: object) -> None:
         queue = cast(str, payload)  # a NOTIFY payload is text; asyncpg's stubs say object
         if queue.startswith("#"):
             for callback in self._signals.get(queue[1:], ()):
                 callback()
             return
-        if queue in self._queues:
-            self.wake(queue)
+        if queue not in self._queues:
+            return
+        if self._own is not None and self._own.covers(pid, queue):
+            return  # a send of this server's, which woke the queue itself
+        self.wake(queue)
+        if self._own is None or not self._own.own(pid):
             asyncio.get_running_loop().call_later(self._trailing_wake, self.wake, queue)
 
     async def _listen_forever(self) -> None:

@@ -165,28 +165,18 @@ class Engine:
         connection may reach different server connections, where a named prepared
         statement does not exist: asyncpg then prepares unnamed ones, per call."""
         own = None if transaction_pooler else OwnSessions()
-
-        async def init(conn: asyncpg.Connection) -> None:
-            if own is not None:
-                # This server wakes its own streams (see wakeup.OwnSessions).
-                await conn.execute(f"SELECT set_config('{UNTHROTTLED_SETTING}', 'on', false)")
-                own.connected(conn.get_server_pid())
-
-        async def setup(conn: PoolConnectionProxy) -> None:
-            if own is not None:
-                own.acquired(conn.get_server_pid())
-
+        settings = {"application_name": application_name()}
+        if own is not None:
+            settings[UNTHROTTLED_SETTING] = "on"  # this server wakes its own streams
         try:
             pool = await asyncpg.create_pool(
                 dsn,
                 min_size=min(2, pool_size),
                 max_size=pool_size,
-                server_settings={"application_name": application_name()},
+                server_settings=settings,
                 reset=_keep_session,
                 statement_cache_size=0 if transaction_pooler else 100,
                 connect=hosts.connect,
-                init=init,
-                setup=setup,
             )
         except Exception as exc:
             raise translate(exc) from exc
@@ -199,7 +189,7 @@ class Engine:
         try:
             async with contextlib.AsyncExitStack() as stack:
                 if conn is None:
-                    conn = await stack.enter_async_context(self.pool.acquire())
+                    conn = await stack.enter_async_context(self.connection())
                 if self.own_sessions is not None:
                     self.own_sessions.sending(conn.get_server_pid(), queue)
                 yield conn
@@ -216,15 +206,27 @@ class Engine:
     ) -> Any:
         try:
             with tracing.engine_span(name):
-                return await getattr(conn or self.pool, method)(self._sql[name], *args)
+                if conn is not None:
+                    return await getattr(conn, method)(self._sql[name], *args)
+                async with self.connection() as acquired:
+                    return await getattr(acquired, method)(self._sql[name], *args)
         except Exception as exc:
             raise translate(exc) from exc
+
+    @contextlib.asynccontextmanager
+    async def connection(self) -> AsyncIterator[Connection]:
+        """A connection of the pool; every call takes its connection here, so that the
+        wake-up hub knows what each session does last (see OwnSessions)."""
+        async with self.pool.acquire() as conn:
+            if self.own_sessions is not None:
+                self.own_sessions.acquired(conn.get_server_pid())
+            yield conn
 
     @contextlib.asynccontextmanager
     async def _transaction(self) -> AsyncIterator[Connection]:
         """A connection in a transaction, for calls that Python code must sit between."""
         try:
-            async with self.pool.acquire() as conn, conn.transaction():
+            async with self.connection() as conn, conn.transaction():
                 yield conn
         except Exception as exc:
             raise translate(exc) from exc

@@ -10,7 +10,7 @@ other change they make to a waited-on queue wakes by its own NOTIFY.
 from __future__ import annotations
 
 # The session setting that tells postbox._notify not to throttle this session's
-# NOTIFYs: this server's pool sessions set it.
+# NOTIFYs: this server's pool sessions set it when they connect.
 UNTHROTTLED_SETTING = "postbox.notify_unthrottled"
 
 
@@ -25,10 +25,8 @@ class OwnSessions:
         self._pids: set[int] = set()
         self._sending: dict[int, set[str]] = {}
 
-    def connected(self, pid: int) -> None:
-        self._pids.add(pid)
-
     def acquired(self, pid: int) -> None:
+        self._pids.add(pid)
         self._sending.pop(pid, None)
 
     def sending(self, pid: int, queue: str) -> None:

@@ -61,9 +61,6 @@ _ENDED_POLL = (0.005, 0.2)  # first and longest, seconds
 
 @dataclass
 class _QueueWaiters:
-    # Bumped by every wake-up; a stream that saw an older generation before its
-    # empty poll does not sleep, so no wake-up falls between poll and wait.
-    generation: int = 0
     waiters: deque[asyncio.Future[None]] = field(default_factory=deque)
     timer: asyncio.TimerHandle | None = None
     timer_at: float = 0.0
@@ -90,6 +87,10 @@ class WakeHub:
         self._trailing_wake = trailing_wake
         self._reconnect_delay = reconnect_delay
         self._queues: dict[str, _QueueWaiters] = {}
+        # Per queue that streams have claimed from, bumped by every wake-up, also while
+        # no stream waits; a stream that saw an older generation before its empty
+        # claim does not sleep, so no wake-up falls between claim and wait.
+        self._generations: dict[str, int] = {}
         # Queues listed in postbox.queue_listeners for this LISTEN connection, with
         # the loop time a stream last waited on each; and those to list next.
         self._listed: dict[str, float] = {}
@@ -141,16 +142,15 @@ class WakeHub:
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
     def generation(self, queue: str) -> int:
-        state = self._queues.get(queue)
-        return state.generation if state else 0
+        return self._generations.setdefault(queue, 0)
 
     async def wait(self, queue: str, seen_generation: int, timeout: float | None) -> None:
         """Sleeps until the queue is woken after `seen_generation`, or the timeout passes."""
         if self.closing:
             return
-        state = self._queues.setdefault(queue, _QueueWaiters())
-        if state.generation != seen_generation:
+        if self._generations.get(queue, 0) != seen_generation:
             return
+        state = self._queues.setdefault(queue, _QueueWaiters())
         loop = asyncio.get_running_loop()
         if queue in self._listed:
             self._listed[queue] = loop.time()
@@ -176,10 +176,11 @@ class WakeHub:
 
     def wake(self, queue: str, *, everyone: bool = False) -> None:
         """Wakes the longest-waiting stream of the queue (or the next one to wait), or all."""
+        if queue in self._generations:
+            self._generations[queue] += 1
         state = self._queues.get(queue)
         if state is None:
             return
-        state.generation += 1
         while state.waiters:
             waiter = state.waiters.popleft()
             if not waiter.done():

@@ -19,13 +19,15 @@ from support import ServerProcess, create_database, drop_database, run_sql, seco
 # PostgreSQL reports a backend's function counts when it goes idle, up to 10 s later
 # (PGSTAT_IDLE_INTERVAL): waiting that out is not a wait on the server.
 STATS_DELAY = 11.0
-MESSAGES = 40
-RATE = 50.0  # sends per second, one at a time, as a steady producer sends
-# At most 1.3 receive calls per delivered message. One is the claim that delivers it;
-# the rest is slack for this noisy machine: a send that commits while the stream is
-# still claiming the previous message wakes it once more. Before the hub skipped its
-# own sends' NOTIFYs (and their trailing looks) it was about 1.8.
-MAX_RECEIVES_PER_MESSAGE = 1.3
+MESSAGES = 200
+RATE = 100.0  # sends per second, one at a time, as a steady producer sends (issue 17)
+# At most 1.2 receive calls per delivered message (the goal is 1.1; 1.01-1.03 here on a
+# machine shared with other work). One is the claim that delivers it; the rest is slack
+# for a loaded run: a send that commits just before a claim begins wakes the stream just
+# after, for a message that claim has delivered already. Before the hub skipped its own
+# sends' NOTIFYs (counted exactly, see OwnSessions) it was about 1.8, and 1.1-1.25 while
+# it forgot a session's sends at the session's next call.
+MAX_RECEIVES_PER_MESSAGE = 1.2
 # Far longer than the test: only a NOTIFY or a local wake-up can deliver in time.
 SAFETY_POLL = 120.0
 

@@ -185,14 +185,23 @@ class Engine:
     @contextlib.asynccontextmanager
     async def _sending(self, queue: str, conn: Connection | None) -> AsyncIterator[Connection]:
         """`conn`, or a connection of the pool, for a send into `queue` whose NOTIFY this
-        server's hub skips: every caller wakes the queue's local streams itself."""
+        server's hub skips: every caller wakes the queue's local streams itself. Only
+        a send outside a transaction: one inside may be rolled back after it returns,
+        or share its NOTIFY with another send into the queue (PostgreSQL sends one)."""
         try:
             async with contextlib.AsyncExitStack() as stack:
                 if conn is None:
                     conn = await stack.enter_async_context(self.connection())
-                if self.own_sessions is not None:
-                    self.own_sessions.sending(conn.get_server_pid(), queue)
-                yield conn
+                own, pid = self.own_sessions, conn.get_server_pid()
+                counted = own is not None and not conn.is_in_transaction()
+                if own is not None and counted:
+                    counted = own.sending(pid, queue)
+                try:
+                    yield conn
+                except BaseException:
+                    if own is not None and counted:
+                        own.failed(pid, queue)
+                    raise
         except ApiError:
             raise
         except Exception as exc:

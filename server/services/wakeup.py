@@ -80,6 +80,8 @@ class WakeHub:
     ) -> None:
         self._dsn = dsn
         self._own = own_sessions
+        if own_sessions is not None:
+            own_sessions.listed = self._is_listed
         self._safety_interval = safety_interval
         # The engine throttles NOTIFY per queue and session (other than this server's);
         # a sender that skipped one commits a moment after the notifying sender, so
@@ -140,6 +142,9 @@ class WakeHub:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def _is_listed(self, queue: str) -> bool:
+        return queue in self._listed
 
     def generation(self, queue: str) -> int:
         return self._generations.setdefault(queue, 0)
@@ -220,10 +225,11 @@ class WakeHub:
             for callback in self._signals.get(queue[1:], ()):
                 callback()
             return
-        if queue not in self._queues:
-            return
+        # Taken off the count first, whether or not a stream waits on the queue now.
         if self._own is not None and self._own.covers(pid, queue):
             return  # a send of this server's, which woke the queue itself
+        if queue not in self._queues:
+            return
         self.wake(queue)
         if self._own is None or not self._own.own(pid):
             asyncio.get_running_loop().call_later(self._trailing_wake, self.wake, queue)
@@ -242,6 +248,8 @@ class WakeHub:
                 # cleared by the next listen_to); streams list their queues as they wait.
                 self._listed.clear()
                 self._to_list.clear()
+                if self._own is not None:
+                    self._own.forget()  # sent while listed on the last connection
                 self._connected.set()
                 log.info("listening for wake-ups on channel %r", CHANNEL)
                 # Notifications sent while disconnected are gone: look at every queue,
@@ -366,3 +374,5 @@ class WakeHub:
             await conn.execute("SELECT postbox.unlisten($1::text[])", idle)
         for queue in idle:
             self._listed.pop(queue, None)
+            if self._own is not None:
+                self._own.forget(queue)  # a send that missed the listing does not notify

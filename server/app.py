@@ -284,7 +284,11 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         )
         if settings.require_synchronous_commit:
             await require_synchronous_commit(engine)
-        hub = WakeHub(direct_dsn, safety_interval=settings.safety_poll_interval)
+        hub = WakeHub(
+            direct_dsn,
+            safety_interval=settings.safety_poll_interval,
+            own_sessions=engine.own_sessions,
+        )
         await hub.start()
 
         server = grpc.aio.server(

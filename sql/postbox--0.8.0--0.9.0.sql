@@ -2125,7 +2125,7 @@ BEGIN
 END
 $$;
 
--- Topic fan-out in one INSERT for the plain queues (issue 17).
+-- Issue 17: topic fan-out in one INSERT for the plain queues; a server's own sessions do not throttle their NOTIFYs.
 
 -- The message of a routing-key check, or NULL when the key is valid: empty, or
 -- up to 255 characters of words of A-Z, a-z, 0-9, "_" and "-" joined by single
@@ -2640,6 +2640,39 @@ BEGIN
     WHERE c.id = g.id
     RETURNING * INTO g;
     RETURN QUERY SELECT * FROM postbox._consumer_group_view(g, t.name);
+END
+$$;
+
+-- Wakes receivers waiting on a queue: NOTIFY on channel "postbox" with the
+-- queue name, delivered when the sending transaction commits. NOTIFY makes
+-- committing transactions queue up behind one another, so only a queue that a
+-- server waits on (postbox.queue_listeners) is notified; the look runs after the
+-- caller's change, and listen_to's caller covers a registration that commits
+-- meanwhile. And a session notifies a queue at most once per 5 ms. A
+-- send that skips commits moments after the notification of the same session's
+-- previous, committed transaction (a rolled-back one takes its setting along);
+-- servers poll once more a little after each notification to pick it up. The
+-- time sits in a session setting, not a table row: a row updated this often
+-- would leave a dead version per notification while the xmin horizon is pinned,
+-- and every sender would walk them all to find the live one.
+CREATE OR REPLACE FUNCTION postbox._notify(q postbox.queues) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    setting text := 'postbox.notified_' || q.id;
+    now_ms numeric := extract(epoch FROM clock_timestamp()) * 1000;
+BEGIN
+    IF NOT EXISTS (SELECT FROM postbox.queue_listeners l WHERE l.queue_id = q.id) THEN
+        RETURN;
+    END IF;
+    -- A postbox server's sessions set postbox.notify_unthrottled (since 0.9.0):
+    -- their server wakes its own streams after each send and skips those
+    -- NOTIFYs, so every other NOTIFY of theirs must reach it.
+    IF coalesce(nullif(current_setting(setting, true), ''), '0')::numeric > now_ms - 5
+       AND current_setting('postbox.notify_unthrottled', true) IS DISTINCT FROM 'on' THEN
+        RETURN;
+    END IF;
+    PERFORM set_config(setting, now_ms::text, false);
+    PERFORM pg_notify('postbox', q.name);
 END
 $$;
 

@@ -971,7 +971,11 @@ BEGIN
     IF NOT EXISTS (SELECT FROM postbox.queue_listeners l WHERE l.queue_id = q.id) THEN
         RETURN;
     END IF;
-    IF coalesce(nullif(current_setting(setting, true), ''), '0')::numeric > now_ms - 5 THEN
+    -- A postbox server's sessions set postbox.notify_unthrottled (since 0.9.0):
+    -- their server wakes its own streams after each send and skips those
+    -- NOTIFYs, so every other NOTIFY of theirs must reach it.
+    IF coalesce(nullif(current_setting(setting, true), ''), '0')::numeric > now_ms - 5
+       AND current_setting('postbox.notify_unthrottled', true) IS DISTINCT FROM 'on' THEN
         RETURN;
     END IF;
     PERFORM set_config(setting, now_ms::text, false);

@@ -16,7 +16,9 @@ from asyncpg.pool import PoolConnectionProxy
 
 from server.db import hosts
 from server.db.errors import translate
+from server.db.own_sessions import UNTHROTTLED_SETTING, OwnSessions
 from server.db.sqlfiles import queries
+from server.errors import ApiError
 from server.observability import metrics, tracing
 from server.observability.activity import ACTIVITY, Counts
 
@@ -149,9 +151,11 @@ async def _keep_session(conn: asyncpg.Connection) -> None:
 class Engine:
     """Runs the named queries of queries.sql on a connection pool."""
 
-    def __init__(self, pool: asyncpg.Pool) -> None:
+    def __init__(self, pool: asyncpg.Pool, own_sessions: OwnSessions | None = None) -> None:
         self.pool = pool
         self._sql = queries()
+        # None behind a transaction pooler, whose server sessions are not this pool's.
+        self.own_sessions = own_sessions
 
     @classmethod
     async def connect(
@@ -160,19 +164,48 @@ class Engine:
         """A pool on `dsn`. Behind a transaction pooler, consecutive calls of one pool
         connection may reach different server connections, where a named prepared
         statement does not exist: asyncpg then prepares unnamed ones, per call."""
+        own = None if transaction_pooler else OwnSessions()
+        settings = {"application_name": application_name()}
+        if own is not None:
+            settings[UNTHROTTLED_SETTING] = "on"  # this server wakes its own streams
         try:
             pool = await asyncpg.create_pool(
                 dsn,
                 min_size=min(2, pool_size),
                 max_size=pool_size,
-                server_settings={"application_name": application_name()},
+                server_settings=settings,
                 reset=_keep_session,
                 statement_cache_size=0 if transaction_pooler else 100,
                 connect=hosts.connect,
             )
         except Exception as exc:
             raise translate(exc) from exc
-        return cls(pool)
+        return cls(pool, own)
+
+    @contextlib.asynccontextmanager
+    async def _sending(self, queue: str, conn: Connection | None) -> AsyncIterator[Connection]:
+        """`conn`, or a connection of the pool, for a send into `queue` whose NOTIFY this
+        server's hub skips: every caller wakes the queue's local streams itself. Only
+        a send outside a transaction: one inside may be rolled back after it returns,
+        or share its NOTIFY with another send into the queue (PostgreSQL sends one)."""
+        try:
+            async with contextlib.AsyncExitStack() as stack:
+                if conn is None:
+                    conn = await stack.enter_async_context(self.connection())
+                own, pid = self.own_sessions, conn.get_server_pid()
+                counted = own is not None and not conn.is_in_transaction()
+                if own is not None and counted:
+                    counted = own.sending(pid, queue)
+                try:
+                    yield conn
+                except BaseException:
+                    if own is not None and counted:
+                        own.failed(pid, queue)
+                    raise
+        except ApiError:
+            raise
+        except Exception as exc:
+            raise translate(exc) from exc
 
     async def close(self) -> None:
         await self.pool.close()
@@ -182,15 +215,27 @@ class Engine:
     ) -> Any:
         try:
             with tracing.engine_span(name):
-                return await getattr(conn or self.pool, method)(self._sql[name], *args)
+                if conn is not None:
+                    return await getattr(conn, method)(self._sql[name], *args)
+                async with self.connection() as acquired:
+                    return await getattr(acquired, method)(self._sql[name], *args)
         except Exception as exc:
             raise translate(exc) from exc
+
+    @contextlib.asynccontextmanager
+    async def connection(self) -> AsyncIterator[Connection]:
+        """A connection of the pool; every call takes its connection here, so that the
+        wake-up hub knows what each session does last (see OwnSessions)."""
+        async with self.pool.acquire() as conn:
+            if self.own_sessions is not None:
+                self.own_sessions.acquired(conn.get_server_pid())
+            yield conn
 
     @contextlib.asynccontextmanager
     async def _transaction(self) -> AsyncIterator[Connection]:
         """A connection in a transaction, for calls that Python code must sit between."""
         try:
-            async with self.pool.acquire() as conn, conn.transaction():
+            async with self.connection() as conn, conn.transaction():
                 yield conn
         except Exception as exc:
             raise translate(exc) from exc
@@ -278,7 +323,8 @@ class Engine:
             values = [getattr(message, name) for message in messages]
             options.append(_optional_column(values))
         bodies = [m.body for m in messages]
-        row = await self._call("fetchrow", "send_batch", queue, bodies, *options, conn=conn)
+        async with self._sending(queue, conn) as sending:
+            row = await self._call("fetchrow", "send_batch", queue, bodies, *options, conn=sending)
         sent = len(row[1]) - sum(row[1])
         metrics.count(metrics.MESSAGES_SENT, queue, sent)
         ACTIVITY.sent(queue, sent)
@@ -295,7 +341,8 @@ class Engine:
             options: tuple[Any, ...] = _NO_OPTIONS
         else:
             options = (None, None, None, deduplication_ids, *_NO_OPTIONS[4:])
-        row = await self._call("fetchrow", "send_batch", queue, bodies, *options)
+        async with self._sending(queue, None) as conn:
+            row = await self._call("fetchrow", "send_batch", queue, bodies, *options, conn=conn)
         sent = len(row[1]) - sum(row[1])
         metrics.count(metrics.MESSAGES_SENT, queue, sent)
         ACTIVITY.sent(queue, sent)

@@ -128,7 +128,7 @@ class GroupCommit:
                 self._flush()  # the next group filled up while this one committed
 
     async def _run(self, group: list[_Waiting]) -> list[Sent | ApiError]:
-        async with self._engine.pool.acquire() as conn:
+        async with self._engine.connection() as conn:
             try:
                 if len({w.queue for w in group}) == 1:
                     # One send_batch statement is a transaction of its own: no BEGIN

@@ -12,7 +12,7 @@ from postbox.v1 import message_pb2, message_service_pb2_grpc
 from postbox.v1 import message_service_pb2 as pb
 
 from server.config import Settings
-from server.db.engine import Engine
+from server.db.engine import Engine, SentBatch
 from server.db.group_commit import GroupCommit
 from server.errors import ApiError, invalid
 from server.observability import tracing
@@ -72,8 +72,11 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
     ) -> pb.SendResponse:
         outgoing = convert.outgoing(request, self.max_message_size)
         outgoing.attributes = tracing.stamp(outgoing.attributes)
-        message_id, duplicate = await self.sends.send(request.queue, outgoing)
-        self.hub.wake(request.queue)
+        try:
+            message_id, duplicate = await self.sends.send(request.queue, outgoing)
+        finally:
+            # Failed too: the hub skipped any NOTIFY of the session's last call.
+            self.hub.wake(request.queue)
         return pb.SendResponse(message_id=message_id, duplicate=duplicate)
 
     @reports_errors
@@ -83,6 +86,15 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
         # With tracing on, every message takes the producer's context along.
         traced = tracing.enabled()
         plain = None if traced else convert.plain_batch(request, self.max_message_size)
+        try:
+            ids, duplicates = await self._send_batch(request, plain, traced)
+        finally:
+            self.hub.wake(request.queue)  # failed too, as in Send
+        return pb.SendBatchResponse(message_ids=ids, duplicates=duplicates)
+
+    async def _send_batch(
+        self, request: pb.SendBatchRequest, plain: convert.PlainBatch | None, traced: bool
+    ) -> SentBatch:
         if plain is not None:  # most batches
             ids, duplicates = await self.engine.send_bodies(
                 request.queue, plain.bodies, plain.deduplication_ids
@@ -97,8 +109,7 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
                 if traced:
                     outgoing[-1].attributes = tracing.stamp(outgoing[-1].attributes)
             ids, duplicates = await self.engine.send_batch(request.queue, outgoing)
-        self.hub.wake(request.queue)
-        return pb.SendBatchResponse(message_ids=ids, duplicates=duplicates)
+        return ids, duplicates
 
     @reports_errors
     async def Receive(

@@ -151,6 +151,9 @@ class StreamingReceive:
     ) -> AsyncIterator[pb.StreamingReceiveResponse]:
         queue = opening.queue
         first_claim = True
+        # The wake-up generation of the last claim that found fewer messages than it
+        # could take, while no wake-up has come since: nothing new can be visible.
+        exhausted_at: int | None = None
         while not self.hub.closing:
             while not self.results.empty():
                 yield self.results.get_nowait()
@@ -162,6 +165,15 @@ class StreamingReceive:
             if want <= 0:
                 await self._until_stirred(settling, self.outstanding.until_next_expiry())
                 continue
+            if exhausted_at is not None and exhausted_at == self.hub.generation(queue):
+                # Stirred by settles or freed room only: that claim was not short of
+                # room, so claiming again would find nothing (every send, timer and
+                # NOTIFY that could change that wakes the queue).
+                await self._until_stirred(
+                    settling, self.outstanding.until_next_expiry(), (queue, exhausted_at)
+                )
+                continue
+            exhausted_at = None
             generation = self.hub.generation(queue)
             try:
                 rows = await self.claims.claim(queue, want, opening.visibility_timeout)
@@ -201,6 +213,7 @@ class StreamingReceive:
                     next_visible = None
             if next_visible is not None:
                 self.hub.wake_at(queue, next_visible)
+            exhausted_at = generation
             await self._until_stirred(
                 settling, self.outstanding.until_next_expiry(), (queue, generation)
             )

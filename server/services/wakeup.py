@@ -17,6 +17,14 @@ So once listed, the hub looks at the queues itself, at once (sends committed bef
 the listing) and again once every transaction in progress at the listing has ended
 (sends that had looked already but not yet committed).
 
+A send through this server wakes its local streams itself once it has committed,
+so here the NOTIFY of that send is redundant (other servers still need it): it
+would make a stream that has claimed the message already claim again. The hub
+skips it (OwnSessions). This server's sessions do not throttle their NOTIFYs, so
+every other change they make to a waited-on queue (a move to a dead-letter
+queue, a FIFO promotion, a resume, a schedule's fire) wakes by its own NOTIFY,
+and only other sessions' NOTIFYs need the trailing look (see _on_notify).
+
 The same channel carries the engine's signals to the workers (a payload starting
 with "#", which no queue name can: "#webhooks", "#schedules", "#redrives"), so an
 idle worker sleeps until its next due time or a signal, not on a short poll.
@@ -38,6 +46,7 @@ import asyncpg
 
 from server.db import hosts
 from server.db.engine import application_name
+from server.db.own_sessions import OwnSessions
 
 log = logging.getLogger(__name__)
 
@@ -52,9 +61,6 @@ _ENDED_POLL = (0.005, 0.2)  # first and longest, seconds
 
 @dataclass
 class _QueueWaiters:
-    # Bumped by every wake-up; a stream that saw an older generation before its
-    # empty poll does not sleep, so no wake-up falls between poll and wait.
-    generation: int = 0
     waiters: deque[asyncio.Future[None]] = field(default_factory=deque)
     timer: asyncio.TimerHandle | None = None
     timer_at: float = 0.0
@@ -70,14 +76,23 @@ class WakeHub:
         safety_interval: float = 10.0,
         trailing_wake: float = 0.02,
         reconnect_delay: float = 0.5,
+        own_sessions: OwnSessions | None = None,
     ) -> None:
         self._dsn = dsn
+        self._own = own_sessions
+        if own_sessions is not None:
+            own_sessions.listed = self._is_listed
         self._safety_interval = safety_interval
-        # The engine throttles NOTIFY per queue; a sender that skipped one commits
-        # a moment after the notifying sender, so waiters look once more shortly after.
+        # The engine throttles NOTIFY per queue and session (other than this server's);
+        # a sender that skipped one commits a moment after the notifying sender, so
+        # waiters look once more shortly after.
         self._trailing_wake = trailing_wake
         self._reconnect_delay = reconnect_delay
         self._queues: dict[str, _QueueWaiters] = {}
+        # Per queue that streams have claimed from, bumped by every wake-up, also while
+        # no stream waits; a stream that saw an older generation before its empty
+        # claim does not sleep, so no wake-up falls between claim and wait.
+        self._generations: dict[str, int] = {}
         # Queues listed in postbox.queue_listeners for this LISTEN connection, with
         # the loop time a stream last waited on each; and those to list next.
         self._listed: dict[str, float] = {}
@@ -128,17 +143,19 @@ class WakeHub:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
+    def _is_listed(self, queue: str) -> bool:
+        return queue in self._listed
+
     def generation(self, queue: str) -> int:
-        state = self._queues.get(queue)
-        return state.generation if state else 0
+        return self._generations.setdefault(queue, 0)
 
     async def wait(self, queue: str, seen_generation: int, timeout: float | None) -> None:
         """Sleeps until the queue is woken after `seen_generation`, or the timeout passes."""
         if self.closing:
             return
-        state = self._queues.setdefault(queue, _QueueWaiters())
-        if state.generation != seen_generation:
+        if self._generations.get(queue, 0) != seen_generation:
             return
+        state = self._queues.setdefault(queue, _QueueWaiters())
         loop = asyncio.get_running_loop()
         if queue in self._listed:
             self._listed[queue] = loop.time()
@@ -164,10 +181,11 @@ class WakeHub:
 
     def wake(self, queue: str, *, everyone: bool = False) -> None:
         """Wakes the longest-waiting stream of the queue (or the next one to wait), or all."""
+        if queue in self._generations:
+            self._generations[queue] += 1
         state = self._queues.get(queue)
         if state is None:
             return
-        state.generation += 1
         while state.waiters:
             waiter = state.waiters.popleft()
             if not waiter.done():
@@ -201,14 +219,19 @@ class WakeHub:
         if state is not None and not state.waiters and state.timer is None:
             del self._queues[queue]
 
-    def _on_notify(self, _conn: object, _pid: int, _channel: str, payload: object) -> None:
+    def _on_notify(self, _conn: object, pid: int, _channel: str, payload: object) -> None:
         queue = cast(str, payload)  # a NOTIFY payload is text; asyncpg's stubs say object
         if queue.startswith("#"):
             for callback in self._signals.get(queue[1:], ()):
                 callback()
             return
-        if queue in self._queues:
-            self.wake(queue)
+        # Taken off the count first, whether or not a stream waits on the queue now.
+        if self._own is not None and self._own.covers(pid, queue):
+            return  # a send of this server's, which woke the queue itself
+        if queue not in self._queues:
+            return
+        self.wake(queue)
+        if self._own is None or not self._own.own(pid):
             asyncio.get_running_loop().call_later(self._trailing_wake, self.wake, queue)
 
     async def _listen_forever(self) -> None:
@@ -225,6 +248,8 @@ class WakeHub:
                 # cleared by the next listen_to); streams list their queues as they wait.
                 self._listed.clear()
                 self._to_list.clear()
+                if self._own is not None:
+                    self._own.forget()  # sent while listed on the last connection
                 self._connected.set()
                 log.info("listening for wake-ups on channel %r", CHANNEL)
                 # Notifications sent while disconnected are gone: look at every queue,
@@ -349,3 +374,5 @@ class WakeHub:
             await conn.execute("SELECT postbox.unlisten($1::text[])", idle)
         for queue in idle:
             self._listed.pop(queue, None)
+            if self._own is not None:
+                self._own.forget(queue)  # a send that missed the listing does not notify

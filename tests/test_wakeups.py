@@ -46,6 +46,18 @@ class CountingEngine(Engine):
 class InProcess:
     engine: CountingEngine
     messages: message_service_pb2_grpc.MessageServiceStub
+    hub: WakeHub
+
+    async def until_listed(self, queue: str) -> None:
+        """Until the hub's look at the queue it just listed is over: that look runs once
+        the transactions in progress at the listing end (on a loaded machine, seconds
+        later), and a look that met a message sent meanwhile would wake the stream a second
+        time, which the counts here cannot allow for."""
+        for _ in range(1500):
+            if self.hub._is_listed(queue) and self.hub.looks_pending == 0:
+                return
+            await asyncio.sleep(0.02)
+        raise AssertionError("the hub still looks at the newly listed queue after 30 s")
 
     async def until_claims(self, count: int) -> None:
         for _ in range(250):
@@ -78,7 +90,7 @@ async def in_process(database_url: str, server: Any) -> AsyncIterator[InProcess]
     await grpc_server.start()
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-            yield InProcess(engine, message_service_pb2_grpc.MessageServiceStub(channel))
+            yield InProcess(engine, message_service_pb2_grpc.MessageServiceStub(channel), hub)
     finally:
         await hub.close()
         await grpc_server.stop(0)
@@ -119,6 +131,7 @@ async def test_a_stream_that_got_less_than_it_asked_for_waits_without_claiming_a
     call = await opening(in_process.messages, queue_name)
     try:
         await in_process.until_claims(1)  # found the queue empty; waits now
+        await in_process.until_listed(queue_name)
         # Sent through the SQL API, so its notification is the one wake-up (a Send to
         # this server would also wake the stream itself, at a moment of its own).
         await in_process.engine.send_bodies(queue_name, [b"one"])

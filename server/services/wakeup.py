@@ -96,6 +96,8 @@ class WakeHub:
         # Queues listed in postbox.queue_listeners for this LISTEN connection, with
         # the loop time a stream last waited on each; and those to list next.
         self._listed: dict[str, float] = {}
+        # Looks at newly listed queues still waiting for older transactions to end.
+        self.looks_pending = 0
         self._to_list: set[str] = set()
         self._list_requested = asyncio.Event()
         # One statement at a time on the LISTEN connection.
@@ -326,10 +328,15 @@ class WakeHub:
                 await self._wake_ready(conn, queues)  # committed before the listing
                 look = asyncio.create_task(self._look_once_ended(conn, queues, in_progress))
                 looks.add(look)
+                self.looks_pending += 1
+                look.add_done_callback(self._look_done)
                 look.add_done_callback(looks.discard)
         finally:
             for look in looks:
                 look.cancel()
+
+    def _look_done(self, _look: asyncio.Task[None]) -> None:
+        self.looks_pending -= 1
 
     async def _look_once_ended(
         self, conn: asyncpg.Connection, queues: list[str], snapshot: str

@@ -5,14 +5,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from datetime import timedelta
+from typing import Any
 
 import grpc
 from postbox.v1 import stream_service_pb2 as pb
 from postbox.v1 import stream_service_pb2_grpc
 
-from server.db.engine import Engine, Row
+from server.db.engine import Engine, Record, Row
 from server.errors import invalid
 from server.services import convert
 from server.services.pagination import decode_page_token, next_page, page_size_of
@@ -109,6 +110,15 @@ def _position(position: pb.StreamPosition) -> tuple[int, int]:
     return position.tx, position.offset
 
 
+def _batch(rows: Sequence[Row]) -> dict[str, Any]:
+    """The fields ReadStream and StreamingReadStream answer a batch with."""
+    return {
+        "batch": str(rows[0]["batch"]),
+        "messages": [stream_message(row) for row in rows],
+        "delivery_count": rows[0]["delivery_count"],
+    }
+
+
 class StreamService(stream_service_pb2_grpc.StreamServiceServicer):
     def __init__(self, engine: Engine, waiters: StreamWaiters) -> None:
         self.engine = engine
@@ -167,23 +177,28 @@ class StreamService(stream_service_pb2_grpc.StreamServiceServicer):
         deadline = loop.time() + wait.total_seconds()
         while True:
             seen = self.waiters.generation(request.topic)
-            rows = await self.engine.read_stream(
-                request.topic, request.consumer_group,
-                request.max_messages or DEFAULT_MAX_MESSAGES,
-                DEFAULT_LEASE if lease is None else lease,
-                request.min_messages or 1, batch_wait,
-            )  # fmt: skip
+            rows = await self._read(request, lease, batch_wait)
             remaining = deadline - loop.time()
             if rows or remaining <= 0:
                 break
             await self.waiters.wait(request.topic, seen, min(remaining, POLL_INTERVAL))
         if not rows:
             return pb.ReadStreamResponse()
-        return pb.ReadStreamResponse(
-            batch=str(rows[0]["batch"]),
-            messages=[stream_message(row) for row in rows],
-            delivery_count=rows[0]["delivery_count"],
-        )
+        return pb.ReadStreamResponse(**_batch(rows))
+
+    async def _read(
+        self,
+        request: pb.ReadStreamRequest | pb.StreamingReadStreamRequest,
+        lease: timedelta | None,
+        batch_wait: timedelta | None,
+    ) -> list[Record]:
+        """The group's next batch for a reader's request; none while another is out."""
+        return await self.engine.read_stream(
+            request.topic, request.consumer_group,
+            request.max_messages or DEFAULT_MAX_MESSAGES,
+            DEFAULT_LEASE if lease is None else lease,
+            request.min_messages or 1, batch_wait,
+        )  # fmt: skip
 
     @reports_errors
     async def StreamingReadStream(
@@ -193,20 +208,11 @@ class StreamService(stream_service_pb2_grpc.StreamServiceServicer):
         batch_wait = _bounded(request, "max_batch_wait", MAX_BATCH_WAIT)
         while True:
             seen = self.waiters.generation(request.topic)
-            rows = await self.engine.read_stream(
-                request.topic, request.consumer_group,
-                request.max_messages or DEFAULT_MAX_MESSAGES,
-                DEFAULT_LEASE if lease is None else lease,
-                request.min_messages or 1, batch_wait,
-            )  # fmt: skip
+            rows = await self._read(request, lease, batch_wait)
             if not rows:
                 await self.waiters.wait(request.topic, seen, STREAM_POLL_INTERVAL)
                 continue
-            yield pb.StreamingReadStreamResponse(
-                batch=str(rows[0]["batch"]),
-                messages=[stream_message(row) for row in rows],
-                delivery_count=rows[0]["delivery_count"],
-            )
+            yield pb.StreamingReadStreamResponse(**_batch(rows))
 
     @reports_errors
     async def AckStream(

@@ -24,6 +24,7 @@ from postbox.v1 import stream_service_pb2 as spb
 from postbox.v1 import stream_service_pb2_grpc, topic_service_pb2_grpc
 from postbox.v1 import topic_service_pb2 as tpb
 
+from bench import raw
 from bench.load import closed_loop, fixed_rate, percentile
 from bench.runner import Context, Row, scenario
 from bench.scenarios.throughput import Channels
@@ -124,9 +125,58 @@ async def stream_publish(ctx: Context) -> list[Row]:
                     ),
                 )
             )
+        rows.append(await _per_commit_bound(ctx, topics))
     finally:
         await channels.close()
     return rows
+
+
+async def _per_commit_bound(ctx: Context, topics: dict[str, str]) -> Row:
+    """Why Publish(1) stays far from 5x: one message per commit costs a commit on both
+    sides, and the commit dominates. The engine alone (pgbench calling postbox.publish)
+    and raw SQL (pgbench inserting 1 row, and the 10 rows a fan-out writes, per commit)
+    show the ceiling no publish path can pass."""
+    clients = WORKLOADS[0].clients
+    hex_body = ctx.body().hex()
+    scripts = {
+        kind: f"SELECT count(*) FROM postbox.publish('{topics[kind]}', '\\x{hex_body}'::bytea);"
+        for kind in ("stream", "fanout")
+    }
+    scripts["raw1"] = (
+        f"INSERT INTO {raw.RAW_TABLE} (queue_id, visible_at, enqueued_at, body) "
+        f"VALUES (1, now(), now(), '\\x{hex_body}'::bytea);"
+    )
+    scripts[f"raw{GROUPS}"] = (
+        f"INSERT INTO {raw.RAW_TABLE} (queue_id, visible_at, enqueued_at, body) "
+        f"SELECT q, now(), now(), '\\x{hex_body}'::bytea FROM generate_series(1, {GROUPS}) q;"
+    )
+    tps: dict[str, list[float]] = {kind: [] for kind in scripts}
+    for round_ in range(ROUNDS):
+        kinds = list(scripts)
+        for kind in kinds[round_ % len(kinds) :] + kinds[: round_ % len(kinds)]:  # rotated
+            tps[kind].append(
+                await raw.pgbench_tps(ctx.db, scripts[kind], clients=clients, seconds=ctx.seconds)
+            )
+    await ctx.db.reset_raw()
+    engine = [s / f for s, f in zip(tps["stream"], tps["fanout"], strict=True)]
+    ceiling = [a / b for a, b in zip(tps["raw1"], tps[f"raw{GROUPS}"], strict=True)]
+    return Row(
+        f"bound: postbox.publish(1) x{clients}, engine alone, stream ÷ fan-out",
+        "ratio",
+        statistics.median(engine),
+        statistics.median(ceiling),
+        f"raw 1 row ÷ {GROUPS} rows per commit",
+        note=(
+            f"pgbench -M prepared, {ROUNDS} rounds rotated, per-round ratios: engine "
+            f"stream/fan-out {_median_range(engine)} (stream "
+            f"{statistics.median(tps['stream']):,.0f}, fan-out "
+            f"{statistics.median(tps['fanout']):,.0f} publishes/s); raw INSERT of 1 row per "
+            f"commit ÷ {GROUPS} rows per commit {_median_range(ceiling)} "
+            f"({statistics.median(tps['raw1']):,.0f} / "
+            f"{statistics.median(tps[f'raw{GROUPS}']):,.0f} commits/s): with one message per "
+            f"commit the commit dominates, and no publish path passes the raw ratio"
+        ),
+    )
 
 
 READ_ROWS = 50_000

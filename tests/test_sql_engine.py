@@ -609,16 +609,28 @@ async def test_fifo_send_racing_a_dead_letter_move_never_orphans_a_message(conns
         assert await _fifo_group(setup, queue) == [(b"new", False)], f"schedule {positions}"
 
 
-async def test_a_send_racing_a_queue_drop_leaves_no_orphans(conns):
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "SELECT postbox.send('dropped_under_a_send', 'x')",
+        # send_batch's straight path (bodies alone into a plain queue).
+        "SELECT count(*) FROM postbox.send_batch('dropped_under_a_send', ARRAY['x', 'y']::bytea[])",
+    ],
+    ids=["send", "send_batch"],
+)
+async def test_a_send_racing_a_queue_drop_leaves_no_orphans(conns, statement):
     setup, dropper, sender = conns
     await new_queue(setup, "dropped_under_a_send", 0)
     await dropper.execute("BEGIN")
     await dropper.execute("SELECT postbox.drop_queue('dropped_under_a_send')")
     # The send finds the queue (the drop has not committed) and waits for its lock.
-    send = sender.execute("SELECT postbox.send('dropped_under_a_send', 'x')")
-    sending = asyncio.ensure_future(send)
-    done, _ = await asyncio.wait([sending], timeout=0.3)
-    assert not done, "the send should wait for the drop"
+    sending = asyncio.ensure_future(sender.execute(statement))
+    waiting = "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1"
+    for _ in range(1500):  # up to 30 s: a loaded machine starts the statement late
+        if sending.done() or await setup.fetchval(waiting, sender.get_server_pid()):
+            break
+        await asyncio.sleep(0.02)
+    assert not sending.done(), "the send should wait for the drop"
     await dropper.execute("COMMIT")
     with pytest.raises(asyncpg.PostgresError) as caught:
         await sending

@@ -63,22 +63,9 @@ LANGUAGE sql STABLE AS $$
                 ELSE sent_at + coalesce(delay, default_delay) END
 $$;
 
--- Sends up to 1,000 messages in one go; returns their ids in input order, and
--- whether each was a duplicate (then nothing was enqueued and the id is the
--- original message's). Entry i of every array belongs to bodies[i]; an array may
--- be NULL or shorter (missing entries are NULL):
---   attributes       see attribute_problem
---   delays           invisible this long first (NULL: the queue's delivery_delay)
---   message_group_ids  FIFO queues: required; delivery is in order per group
---   deduplication_ids  a repeat within the queue's deduplication_window is
---                      dropped (content-based when the queue says so)
---   dedupe_keys      standard queues: replaces the body and attributes of a
---                    waiting (never received) message with the same key
---   priorities       0-9, standard queues; higher is received first
---   deliver_ats      invisible until then (instead of a delay)
--- Nothing is sent if any entry is invalid; the error names the entry by its
--- 0-based index. PB503 while sends are paused, PB429 when max_depth is reached.
-CREATE FUNCTION postbox.send_batch(
+-- send_batch's every case: options, FIFO order, deduplication, depth limits and
+-- every error. send_batch (below) takes the plain case past it.
+CREATE FUNCTION postbox._send_batch_general(
     queue_name text, bodies bytea[], attributes jsonb[] DEFAULT NULL, delays interval[] DEFAULT NULL,
     message_group_ids text[] DEFAULT NULL, deduplication_ids text[] DEFAULT NULL,
     dedupe_keys text[] DEFAULT NULL, priorities integer[] DEFAULT NULL,
@@ -309,6 +296,77 @@ BEGIN
 END
 $$;
 
+-- Sends up to 1,000 messages in one go; returns their ids in input order, and
+-- whether each was a duplicate (then nothing was enqueued and the id is the
+-- original message's). Entry i of every array belongs to bodies[i]; an array may
+-- be NULL or shorter (missing entries are NULL):
+--   attributes       see attribute_problem
+--   delays           invisible this long first (NULL: the queue's delivery_delay)
+--   message_group_ids  FIFO queues: required; delivery is in order per group
+--   deduplication_ids  a repeat within the queue's deduplication_window is
+--                      dropped (content-based when the queue says so)
+--   dedupe_keys      standard queues: replaces the body and attributes of a
+--                    waiting (never received) message with the same key
+--   priorities       0-9, standard queues; higher is received first
+--   deliver_ats      invisible until then (instead of a delay)
+-- Nothing is sent if any entry is invalid; the error names the entry by its
+-- 0-based index. PB503 while sends are paused, PB429 when max_depth is reached.
+--
+-- Bodies alone into a queue without FIFO order, deduplication, a depth limit or
+-- paused sends take a straight path of three statements: the general one's
+-- checks and branches cost as much as the insert of a hundred messages.
+CREATE FUNCTION postbox.send_batch(
+    queue_name text, bodies bytea[], attributes jsonb[] DEFAULT NULL, delays interval[] DEFAULT NULL,
+    message_group_ids text[] DEFAULT NULL, deduplication_ids text[] DEFAULT NULL,
+    dedupe_keys text[] DEFAULT NULL, priorities integer[] DEFAULT NULL,
+    deliver_ats timestamptz[] DEFAULT NULL, ttls interval[] DEFAULT NULL, expire_ats timestamptz[] DEFAULT NULL)
+RETURNS TABLE (message_id bigint, duplicate boolean)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    q postbox.queues;
+    sent_at timestamptz;
+BEGIN
+    IF num_nonnulls(attributes, delays, message_group_ids, deduplication_ids, dedupe_keys, priorities,
+                    deliver_ats, ttls, expire_ats) = 0 AND cardinality(bodies) BETWEEN 1 AND 1000 THEN
+        SELECT * INTO q FROM postbox.queues x WHERE x.name = queue_name;
+    END IF;
+    IF q.id IS NULL OR q.fifo OR q.content_based_deduplication OR q.max_depth IS NOT NULL OR q.send_paused
+       OR array_position(bodies, NULL) IS NOT NULL
+       OR EXISTS (SELECT FROM unnest(bodies) AS b WHERE octet_length(b) > q.max_message_size) THEN
+        -- Everything else, and every error.
+        RETURN QUERY SELECT * FROM postbox._send_batch_general(
+            queue_name, bodies, attributes, delays, message_group_ids, deduplication_ids, dedupe_keys,
+            priorities, deliver_ats, ttls, expire_ats);
+        RETURN;
+    END IF;
+    -- As the general path: the table lock before the clock, then the queue's.
+    LOCK TABLE postbox.messages IN ROW EXCLUSIVE MODE;
+    sent_at := clock_timestamp();
+    PERFORM pg_advisory_xact_lock_shared(1886350198, q.id);  -- postbox._lock_queue, inline
+    -- Joined to the queue, read after the lock: nothing when a drop committed
+    -- meanwhile. Identity values are drawn in insertion order, so id order is
+    -- input order.
+    RETURN QUERY
+    WITH inserted AS (
+        INSERT INTO postbox.messages (queue_id, visible_at, enqueued_at, body, priority)
+        SELECT x.id, sent_at + q.delivery_delay, sent_at, e.b, 0
+        FROM postbox.queues x, unnest(bodies) WITH ORDINALITY AS e(b, i)
+        WHERE x.id = q.id
+        ORDER BY e.i
+        RETURNING id
+    )
+    SELECT id, false FROM inserted ORDER BY id;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'PB404',
+            MESSAGE = 'the queue was deleted while the message was being sent';
+    END IF;
+    IF EXISTS (SELECT FROM postbox.queue_listeners l WHERE l.queue_id = q.id) THEN
+        PERFORM postbox._notify(q);  -- which looks again: a call saved when nobody listens
+    END IF;
+END
+$$;
+
 -- Sends one message; returns its id (the original's, for a duplicate). See
 -- send_batch for the options and rules. A message that is nothing but a body,
 -- into a queue without FIFO order, deduplication or a depth limit (the common
@@ -333,7 +391,7 @@ BEGIN
     IF q.id IS NULL OR q.fifo OR q.content_based_deduplication OR q.max_depth IS NOT NULL OR q.send_paused
        OR octet_length(body) > q.max_message_size THEN
         -- Everything else, and every error, as send_batch has it.
-        RETURN (SELECT s.message_id FROM postbox.send_batch(
+        RETURN (SELECT s.message_id FROM postbox._send_batch_general(
             queue_name, ARRAY[body], postbox._array_of(attributes), postbox._array_of(delay),
             postbox._array_of(message_group_id), postbox._array_of(deduplication_id),
             postbox._array_of(dedupe_key), postbox._array_of(priority), postbox._array_of(deliver_at),

@@ -179,7 +179,13 @@ async def engine_vs_pgmq(ctx: Context) -> list[Row]:
         if have_pgmq:
             by_pgmq = [p / q for p, q in zip(rates["postbox"], rates["pgmq"], strict=True)]
             pgmq = statistics.median(rates["pgmq"])
-            note += f"; postbox/PGMQ per round {_median_range(by_pgmq)}"
+            # Raw SQL writes a copy of postbox.messages (indexes and all): where it
+            # trails PGMQ, the table's shape bounds the engine, not its functions.
+            raw_by_pgmq = [r / q for r, q in zip(rates["raw"], rates["pgmq"], strict=True)]
+            note += (
+                f"; postbox/PGMQ per round {_median_range(by_pgmq)}; raw (a copy of "
+                f"postbox.messages)/PGMQ {_median_range(raw_by_pgmq)}"
+            )
             met = statistics.median(by_pgmq) >= workload.target
         else:
             pgmq, met = None, None

@@ -445,13 +445,74 @@ def test_a_range_of_the_log_reads_the_same_again_and_a_position_seek_commits_it(
     assert bodies(take(streams, stream, "g", 3)) == [b"2", b"3", b"4"]
 
 
+def test_positions_only_gives_where_a_range_ends_and_how_many_it_holds_without_messages(
+    topics, streams, stream
+):
+    create_group(streams, stream, "g")
+    publish(topics, stream, *(str(i).encode() for i in range(5)))
+    publish(topics, stream, *(str(i).encode() for i in range(5, 7)))
+    start = position(streams, stream, "g").cursor_position
+    end = eventually(
+        lambda: (p := position(streams, stream, "g").end_position) != start and p,
+        what="the publishes below the horizon",
+    )
+    everything = read_range(streams, stream, after=start, until=end, max_messages=1000)
+    assert (len(everything.messages), everything.message_count) == (7, 7)
+    # The position of the 3rd message, across the two publishing transactions too:
+    # as a read of 3 messages ends, with no message sent.
+    three = read_range(streams, stream, after=start, max_messages=3, positions_only=True)
+    assert (list(three.messages), three.message_count) == ([], 3)
+    read_three = read_range(streams, stream, after=start, max_messages=3)
+    assert three.last_position == read_three.last_position
+    six = read_range(streams, stream, after=start, max_messages=6, positions_only=True)
+    assert six.last_position.tx > three.last_position.tx  # the second publish's
+    assert six.message_count == 6
+    # From one position to the next: the parts of a range, each read alike.
+    rest = read_range(
+        streams, stream, after=three.last_position, until=end, max_messages=1_000_000,
+        positions_only=True,
+    )  # fmt: skip
+    assert (rest.last_position, rest.message_count) == (end, 4)
+    part = read_range(streams, stream, after=three.last_position, until=six.last_position)
+    assert (bodies(part), part.message_count) == ([b"3", b"4", b"5"], 3)
+    # until bounds it, and a range without messages ends where it starts.
+    bounded = read_range(
+        streams, stream, after=start, until=three.last_position, max_messages=10,
+        positions_only=True,
+    )  # fmt: skip
+    assert (bounded.last_position, bounded.message_count) == (three.last_position, 3)
+    empty = read_range(streams, stream, after=end, positions_only=True)
+    assert (empty.last_position, empty.message_count) == (end, 0)
+    # The default, as for messages: 100.
+    default = read_range(streams, stream, after=start, positions_only=True)
+    assert (default.last_position, default.message_count) == (end, 7)
+    assert get_group(streams, stream, "g").lag_messages == 7  # nothing read, nothing moved
+
+
 def test_bad_positions_get_a_precise_error_and_change_nothing(topics, streams, stream):
     create_group(streams, stream, "g")
     publish(topics, stream, b"x")
     far = spb.StreamPosition(tx=2**62, offset=0)
     cases = [
         (lambda: read_range(streams, stream, max_messages=1001),
-         grpc.StatusCode.INVALID_ARGUMENT, "max_messages must be from 1 to 1000, not 1001"),
+         grpc.StatusCode.INVALID_ARGUMENT, "max_messages must be from 1 to 1000, not 1001"
+                                           " (up to 1000000 with positions_only"),
+        (lambda: read_range(streams, stream, max_messages=-1),
+         grpc.StatusCode.INVALID_ARGUMENT, "max_messages must be from 1 to 1000, not -1"),
+        (lambda: read_range(streams, stream, max_messages=1_000_001, positions_only=True),
+         grpc.StatusCode.INVALID_ARGUMENT,
+         "max_messages must be from 1 to 1000000 with positions_only, not 1000001"),
+        (lambda: read_range(streams, stream, max_messages=-5, positions_only=True),
+         grpc.StatusCode.INVALID_ARGUMENT,
+         "max_messages must be from 1 to 1000000 with positions_only, not -5"),
+        (lambda: read_range(streams, stream, after=spb.StreamPosition(offset=-1),
+                            positions_only=True),
+         grpc.StatusCode.INVALID_ARGUMENT, "after must be a position of 0 or more"),
+        (lambda: read_range(streams, stream, after=spb.StreamPosition(tx=5, offset=1),
+                            until=spb.StreamPosition(tx=5, offset=0), positions_only=True),
+         grpc.StatusCode.INVALID_ARGUMENT, "the range ends at (5, 0), before it starts at (5, 1)"),
+        (lambda: read_range(streams, unique_name("absent"), positions_only=True),
+         grpc.StatusCode.NOT_FOUND, "does not exist"),
         (lambda: read_range(streams, stream, after=spb.StreamPosition(tx=-1)),
          grpc.StatusCode.INVALID_ARGUMENT, "after must be a position of 0 or more"),
         (lambda: read_range(streams, stream, after=spb.StreamPosition(tx=5, offset=1),

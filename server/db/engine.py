@@ -554,6 +554,17 @@ class Engine:
             max_messages,
         )  # fmt: skip
 
+    async def read_stream_positions(
+        self, topic: str, after: tuple[int, int], until: tuple[int, int] | None, max_messages: int
+    ) -> Record:
+        """Where the range of read_stream_range would end after max_messages rows, without
+        reading them: last_tx, last_offset and message_count (the rows passed over)."""
+        until_tx, until_offset = until if until is not None else (None, None)
+        return await self._call(
+            "fetchrow", "read_stream_positions", topic, after[0], after[1], until_tx, until_offset,
+            max_messages,
+        )  # fmt: skip
+
     async def stream_position(self, topic: str, group: str) -> Record:
         """The group's cursor (cursor_tx, cursor_offset) and the log's end for readers now
         (end_tx, end_offset)."""

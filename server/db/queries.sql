@@ -297,6 +297,9 @@ SELECT * FROM postbox.seek_consumer_group($1, $2, $3, $4)
 -- name: read_stream_range
 SELECT * FROM postbox.read_stream_range($1, $2, $3, $4, $5, $6)
 
+-- name: read_stream_positions
+SELECT * FROM postbox.read_stream_positions($1, $2, $3, $4, $5, $6)
+
 -- name: stream_position
 SELECT * FROM postbox.stream_position($1, $2)
 

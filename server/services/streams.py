@@ -26,6 +26,9 @@ _STARTS = {
     pb.STREAM_START_TIME: "time",
 }
 DEFAULT_MAX_MESSAGES = 100
+MAX_RANGE_MESSAGES = 1000
+# ReadStreamRange with positions_only reads no message, only the index.
+MAX_RANGE_POSITIONS = 1_000_000
 DEFAULT_LEASE = timedelta(seconds=30)
 MAX_WAIT_TIME = timedelta(seconds=20)
 MAX_BATCH_WAIT = timedelta(hours=1)
@@ -256,13 +259,32 @@ class StreamService(stream_service_pb2_grpc.StreamServiceServicer):
     ) -> pb.ReadStreamRangeResponse:
         after = _position(request.after)
         until = _position(request.until) if request.HasField("until") else None
-        rows = await self.engine.read_stream_range(
-            request.topic, after, until, request.max_messages or DEFAULT_MAX_MESSAGES
-        )
+        most = request.max_messages or DEFAULT_MAX_MESSAGES
+        if request.positions_only:
+            if not 1 <= most <= MAX_RANGE_POSITIONS:
+                raise invalid(
+                    f"max_messages must be from 1 to {MAX_RANGE_POSITIONS} with positions_only,"
+                    f" not {most}"
+                )
+            row = await self.engine.read_stream_positions(request.topic, after, until, most)
+            return pb.ReadStreamRangeResponse(
+                last_position=pb.StreamPosition(tx=row["last_tx"], offset=row["last_offset"]),
+                message_count=row["message_count"],
+            )
+        if not 1 <= most <= MAX_RANGE_MESSAGES:
+            more = (
+                f" (up to {MAX_RANGE_POSITIONS} with positions_only, which returns no messages,"
+                " only where they end)"
+                if MAX_RANGE_MESSAGES < most <= MAX_RANGE_POSITIONS
+                else ""
+            )
+            raise invalid(f"max_messages must be from 1 to {MAX_RANGE_MESSAGES}, not {most}{more}")
+        rows = await self.engine.read_stream_range(request.topic, after, until, most)
         last = (rows[-1]["tx"], rows[-1]["stream_offset"]) if rows else after
         return pb.ReadStreamRangeResponse(
             messages=[stream_message(row) for row in rows],
             last_position=pb.StreamPosition(tx=last[0], offset=last[1]),
+            message_count=len(rows),
         )
 
     @reports_errors

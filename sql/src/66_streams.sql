@@ -569,6 +569,53 @@ BEGIN
 END
 $$;
 
+-- Positions only, for readers that plan their reads of a range (Spark's stream
+-- source finds the end of a batch, and splits it into partitions, with it):
+-- where read_stream_range with the same bounds would end after max_messages
+-- (1-1000000) rows, without reading a row. last_tx and last_offset are the
+-- position of the max_messages-th row after (after_tx, after_offset), at or
+-- before (until_tx, until_offset) (NULL: no bound) and below the horizon, or of
+-- the range's last row when it holds fewer, or (after_tx, after_offset) when it
+-- holds none; message_count is how many rows that passes over. It walks the
+-- index on (topic_id, tx, stream_offset) alone, never a body.
+CREATE FUNCTION postbox.read_stream_positions(topic_name text, after_tx bigint, after_offset bigint,
+                                              until_tx bigint DEFAULT NULL, until_offset bigint DEFAULT NULL,
+                                              max_messages integer DEFAULT 100, OUT last_tx bigint,
+                                              OUT last_offset bigint, OUT message_count bigint)
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    t postbox.topics := postbox._stream_topic(topic_name);
+BEGIN
+    IF max_messages IS NULL OR max_messages NOT BETWEEN 1 AND 1000000 THEN
+        PERFORM postbox._invalid(format('max_messages must be from 1 to 1000000, not %s', max_messages));
+    ELSIF after_tx IS NULL OR after_offset IS NULL OR after_tx < 0 OR after_offset < 0 THEN
+        PERFORM postbox._invalid(format('after must be a position of 0 or more, not (%s, %s)', after_tx,
+                                        after_offset));
+    ELSIF (until_tx IS NULL) <> (until_offset IS NULL) THEN
+        PERFORM postbox._invalid('give both until_tx and until_offset, or neither');
+    ELSIF (until_tx, until_offset) < (after_tx, after_offset) THEN
+        PERFORM postbox._invalid(format('the range ends at (%s, %s), before it starts at (%s, %s)', until_tx,
+                                        until_offset, after_tx, after_offset));
+    END IF;
+    -- The rows in read order, numbered; the last of them is the highest number.
+    SELECT r.tx::text::bigint, r.stream_offset, r.n INTO last_tx, last_offset, message_count
+    FROM (SELECT l.tx, l.stream_offset, row_number() OVER (ORDER BY l.tx, l.stream_offset) AS n
+          FROM postbox.stream_log l
+          WHERE l.topic_id = t.id AND (l.tx, l.stream_offset) > (after_tx::text::xid8, after_offset)
+                AND l.tx < pg_snapshot_xmin(pg_current_snapshot())
+                AND (until_tx IS NULL OR (l.tx, l.stream_offset) <= (until_tx::text::xid8, until_offset))
+          ORDER BY l.tx, l.stream_offset
+          LIMIT max_messages) AS r
+    ORDER BY r.n DESC
+    LIMIT 1;
+    IF NOT FOUND THEN
+        last_tx := after_tx;
+        last_offset := after_offset;
+        message_count := 0;
+    END IF;
+END
+$$;
+
 -- Where a consumer group's cursor stands, and where the topic's log ends for
 -- readers now: its last row below the horizon, or the cursor when no such row
 -- is past it. PB404 if the group does not exist.

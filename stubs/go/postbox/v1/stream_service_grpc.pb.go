@@ -50,7 +50,9 @@ type StreamServiceClient interface {
 	// messages every reader sees as final are read (see the README's "Order and
 	// open transactions"), so reading a range again gives the same messages, as
 	// long as rotation has kept them: a consumer group whose cursor stays at or
-	// before the range keeps them.
+	// before the range keeps them. With positions_only it reads no message,
+	// only where a range of up to a million of them ends and how many it holds,
+	// to plan reads of the range.
 	ReadStreamRange(ctx context.Context, in *ReadStreamRangeRequest, opts ...grpc.CallOption) (*ReadStreamRangeResponse, error)
 	// Returns where a consumer group's cursor stands and where the topic's log
 	// ends for readers now, as positions. NOT_FOUND if the group does not exist.
@@ -215,7 +217,9 @@ type StreamServiceServer interface {
 	// messages every reader sees as final are read (see the README's "Order and
 	// open transactions"), so reading a range again gives the same messages, as
 	// long as rotation has kept them: a consumer group whose cursor stays at or
-	// before the range keeps them.
+	// before the range keeps them. With positions_only it reads no message,
+	// only where a range of up to a million of them ends and how many it holds,
+	// to plan reads of the range.
 	ReadStreamRange(context.Context, *ReadStreamRangeRequest) (*ReadStreamRangeResponse, error)
 	// Returns where a consumer group's cursor stands and where the topic's log
 	// ends for readers now, as positions. NOT_FOUND if the group does not exist.

@@ -229,24 +229,28 @@ class SeekConsumerGroupResponse(_message.Message):
     def __init__(self, consumer_group: _Optional[_Union[ConsumerGroup, _Mapping]] = ...) -> None: ...
 
 class ReadStreamRangeRequest(_message.Message):
-    __slots__ = ("topic", "after", "until", "max_messages")
+    __slots__ = ("topic", "after", "until", "max_messages", "positions_only")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     AFTER_FIELD_NUMBER: _ClassVar[int]
     UNTIL_FIELD_NUMBER: _ClassVar[int]
     MAX_MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    POSITIONS_ONLY_FIELD_NUMBER: _ClassVar[int]
     topic: str
     after: StreamPosition
     until: StreamPosition
     max_messages: int
-    def __init__(self, topic: _Optional[str] = ..., after: _Optional[_Union[StreamPosition, _Mapping]] = ..., until: _Optional[_Union[StreamPosition, _Mapping]] = ..., max_messages: _Optional[int] = ...) -> None: ...
+    positions_only: bool
+    def __init__(self, topic: _Optional[str] = ..., after: _Optional[_Union[StreamPosition, _Mapping]] = ..., until: _Optional[_Union[StreamPosition, _Mapping]] = ..., max_messages: _Optional[int] = ..., positions_only: _Optional[bool] = ...) -> None: ...
 
 class ReadStreamRangeResponse(_message.Message):
-    __slots__ = ("messages", "last_position")
+    __slots__ = ("messages", "last_position", "message_count")
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     LAST_POSITION_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_COUNT_FIELD_NUMBER: _ClassVar[int]
     messages: _containers.RepeatedCompositeFieldContainer[StreamMessage]
     last_position: StreamPosition
-    def __init__(self, messages: _Optional[_Iterable[_Union[StreamMessage, _Mapping]]] = ..., last_position: _Optional[_Union[StreamPosition, _Mapping]] = ...) -> None: ...
+    message_count: int
+    def __init__(self, messages: _Optional[_Iterable[_Union[StreamMessage, _Mapping]]] = ..., last_position: _Optional[_Union[StreamPosition, _Mapping]] = ..., message_count: _Optional[int] = ...) -> None: ...
 
 class GetStreamPositionRequest(_message.Message):
     __slots__ = ("topic", "consumer_group")

@@ -181,7 +181,9 @@ class StreamServiceServicer:
         messages every reader sees as final are read (see the README's "Order and
         open transactions"), so reading a range again gives the same messages, as
         long as rotation has kept them: a consumer group whose cursor stays at or
-        before the range keeps them.
+        before the range keeps them. With positions_only it reads no message,
+        only where a range of up to a million of them ends and how many it holds,
+        to plan reads of the range.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -82,7 +82,9 @@ class StreamServiceStub:
     messages every reader sees as final are read (see the README's "Order and
     open transactions"), so reading a range again gives the same messages, as
     long as rotation has kept them: a consumer group whose cursor stays at or
-    before the range keeps them.
+    before the range keeps them. With positions_only it reads no message,
+    only where a range of up to a million of them ends and how many it holds,
+    to plan reads of the range.
     """
     GetStreamPosition: _grpc.UnaryUnaryMultiCallable[_stream_service_pb2.GetStreamPositionRequest, _stream_service_pb2.GetStreamPositionResponse]
     """Returns where a consumer group's cursor stands and where the topic's log
@@ -143,7 +145,9 @@ class StreamServiceAsyncStub(StreamServiceStub):
     messages every reader sees as final are read (see the README's "Order and
     open transactions"), so reading a range again gives the same messages, as
     long as rotation has kept them: a consumer group whose cursor stays at or
-    before the range keeps them.
+    before the range keeps them. With positions_only it reads no message,
+    only where a range of up to a million of them ends and how many it holds,
+    to plan reads of the range.
     """
     GetStreamPosition: _aio.UnaryUnaryMultiCallable[_stream_service_pb2.GetStreamPositionRequest, _stream_service_pb2.GetStreamPositionResponse]  # type: ignore[assignment]
     """Returns where a consumer group's cursor stands and where the topic's log
@@ -255,7 +259,9 @@ class StreamServiceServicer(metaclass=_abc_1.ABCMeta):
         messages every reader sees as final are read (see the README's "Order and
         open transactions"), so reading a range again gives the same messages, as
         long as rotation has kept them: a consumer group whose cursor stays at or
-        before the range keeps them.
+        before the range keeps them. With positions_only it reads no message,
+        only where a range of up to a million of them ends and how many it holds,
+        to plan reads of the range.
         """
 
     @_abc_1.abstractmethod

@@ -78,7 +78,12 @@ READ_OPTIONS = CONNECTION_OPTIONS | {
     "wait_time",
 }
 # Reading a stream topic's log instead of a queue.
-TOPIC_READ_OPTIONS = CONNECTION_OPTIONS | {"topic", "consumer_group", "max_messages_per_batch"}
+TOPIC_READ_OPTIONS = CONNECTION_OPTIONS | {
+    "topic",
+    "consumer_group",
+    "max_messages_per_batch",
+    "max_messages_per_partition",
+}
 # Options Spark itself passes to a data source.
 _SPARK_OPTIONS = frozenset({"path", "checkpointlocation"})
 
@@ -168,6 +173,8 @@ class TopicReadPlan:
     topic: str
     consumer_group: str
     max_messages_per_batch: int
+    # A micro-batch is read by Spark tasks, one per part of at most this many messages.
+    max_messages_per_partition: int
 
 
 class _Options:
@@ -464,4 +471,5 @@ def topic_read_plan(options: Mapping[str, str]) -> TopicReadPlan:
         topic=topic,
         consumer_group=group,
         max_messages_per_batch=opts.integer("max_messages_per_batch", 10_000, 1, 1_000_000),
+        max_messages_per_partition=opts.integer("max_messages_per_partition", 10_000, 1, 1_000_000),
     )

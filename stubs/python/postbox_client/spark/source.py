@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pyspark.errors import PySparkNotImplementedError
 from pyspark.sql.datasource import DataSource
 from pyspark.sql.types import StructType
 
@@ -49,13 +50,18 @@ class PostboxDataSource(DataSource):
         check_auth_token(plan.connection, plan.queue, plan.topic)
         return PostboxStreamWriter(plan)
 
-    def simpleStreamReader(
-        self, schema: StructType
-    ) -> PostboxStreamReader | PostboxTopicStreamReader:
-        if reads_topic(self.options):
-            topic_plan = topic_read_plan(self.options)
-            check_auth_token(topic_plan.connection, None, topic_plan.topic)
-            return PostboxTopicStreamReader(topic_plan)
+    def streamReader(self, schema: StructType) -> PostboxTopicStreamReader:
+        """A stream topic's reader, whose micro-batches Spark tasks read; a queue's reader
+        is the simple one, which Spark falls back to on PySparkNotImplementedError."""
+        if not reads_topic(self.options):
+            raise PySparkNotImplementedError(
+                errorClass="NOT_IMPLEMENTED", messageParameters={"feature": "streamReader"}
+            )
+        plan = topic_read_plan(self.options)
+        check_auth_token(plan.connection, None, plan.topic)
+        return PostboxTopicStreamReader(plan)
+
+    def simpleStreamReader(self, schema: StructType) -> PostboxStreamReader:
         plan = read_plan(self.options)
         check_auth_token(plan.connection, plan.queue, None)
         return PostboxStreamReader(plan)

@@ -743,11 +743,24 @@ export declare type ReadStreamRangeRequest = Message<"postbox.v1.ReadStreamRange
   until?: StreamPosition | undefined;
 
   /**
-   * Optional. Most messages to return, 1-1000; default 100.
+   * Optional. Most messages to return, 1-1000 (1-1000000 with
+   * positions_only); default 100.
    *
    * @generated from field: int32 max_messages = 4;
    */
   maxMessages: number;
+
+  /**
+   * Optional. Return no messages, only where they end: last_position is the
+   * position of the max_messages-th message after after (not past until), or
+   * of the range's last message when it holds fewer, and message_count how
+   * many messages that passes over. No body is read, so max_messages may be
+   * up to 1000000: a reader finds the end of a batch, or splits a range into
+   * parts to read in parallel, without moving the messages. Default false.
+   *
+   * @generated from field: bool positions_only = 5;
+   */
+  positionsOnly: boolean;
 };
 
 /**
@@ -771,12 +784,22 @@ export declare type ReadStreamRangeResponse = Message<"postbox.v1.ReadStreamRang
   messages: StreamMessage[];
 
   /**
-   * Output only. The position of the last message returned, or the request's
-   * after when none is: where the next read of the range goes on.
+   * Output only. The position of the last message returned (with
+   * positions_only: passed over), or the request's after when none is: where
+   * the next read of the range goes on.
    *
    * @generated from field: postbox.v1.StreamPosition last_position = 2;
    */
   lastPosition?: StreamPosition | undefined;
+
+  /**
+   * Output only. How many messages the range from after to last_position
+   * holds: as many as messages has, or with positions_only the messages
+   * passed over; 0 to max_messages.
+   *
+   * @generated from field: int64 message_count = 3;
+   */
+  messageCount: bigint;
 };
 
 /**
@@ -993,7 +1016,9 @@ export declare const StreamService: GenService<{
    * messages every reader sees as final are read (see the README's "Order and
    * open transactions"), so reading a range again gives the same messages, as
    * long as rotation has kept them: a consumer group whose cursor stays at or
-   * before the range keeps them.
+   * before the range keeps them. With positions_only it reads no message,
+   * only where a range of up to a million of them ends and how many it holds,
+   * to plan reads of the range.
    *
    * @generated from rpc postbox.v1.StreamService.ReadStreamRange
    */

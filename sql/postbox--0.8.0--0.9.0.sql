@@ -3082,7 +3082,7 @@ BEGIN
 END
 $$;
 
--- delete_batch: the plain delete in one statement with the parse.
+-- delete_batch: the plain delete without _remove's call.
 -- Deletes received messages by receipt. One outcome per receipt, in order;
 -- see _receipt_outcomes. Archives them if the queue archives.
 CREATE OR REPLACE FUNCTION postbox.delete_batch(queue_name text, receipts text[])
@@ -3101,22 +3101,243 @@ DECLARE
     done bigint[];
 BEGIN
     PERFORM postbox._check_batch_size(cardinality(receipts));
+    SELECT array_agg(p.message_id) AS ids, array_agg(p.lease) AS leases INTO parsed
+    FROM postbox._parse_receipts(receipts) p WHERE p.message_id IS NOT NULL;
     IF q.archive_on_delete OR q.fifo THEN
-        SELECT array_agg(p.message_id) AS ids, array_agg(p.lease) AS leases INTO parsed
-        FROM postbox._parse_receipts(receipts) p WHERE p.message_id IS NOT NULL;
         done := postbox._remove(q, parsed.ids, parsed.leases, 'deleted');
     ELSE
-        -- _remove's plain delete, in one statement with the parse: the common
-        -- case, where the statements and the call around it cost more than it.
+        -- _remove's plain delete, here: the common case, where the call and its
+        -- settings cost more than the delete. From the parsed arrays, not the
+        -- parse itself: joined to that, a plan made while the table was small
+        -- walked the whole table once it had grown.
         WITH gone AS (
             DELETE FROM postbox.messages m
-            USING postbox._parse_receipts(receipts) p
-            WHERE m.id = p.message_id AND m.queue_id + 0 = q.id AND m.lease = p.lease
+            USING unnest(parsed.ids, parsed.leases) AS t(id, lease)
+            WHERE m.id = t.id AND m.queue_id + 0 = q.id AND m.lease = t.lease
             RETURNING m.id
         )
         SELECT coalesce(array_agg(g.id), '{}') INTO done FROM gone g;
     END IF;
     RETURN QUERY SELECT * FROM postbox._receipt_outcomes(q, receipts, done);
+END
+$$;
+
+-- Receives through SQL start at their session's floor.
+-- Where receives of a queue may start their walk of the ready index: before it
+-- lies no message of the queue that a receive could deliver, now or later. Dead
+-- row versions stay in the index while some transaction could still see them (a
+-- long transaction, a lagging replication slot), and a receive that starts at
+-- the front of the index visits every one; from the floor on it skips them. The
+-- floor is the earliest visibility time among the queue's rows, held back to a
+-- second ago and to the start of the oldest transaction writing messages now
+-- (whose rows this call cannot see). Every writer sets visibility times from
+-- the clock at the time it writes, so a row written later is never behind it.
+-- Call it outside a REPEATABLE READ transaction, as a role that can see the
+-- writers' sessions (pg_read_all_stats, or the same role): a writer it cannot see
+-- counts only when it commits within the second. It walks the dead entries once:
+-- compute it every few seconds and pass it to every receive meanwhile.
+CREATE OR REPLACE FUNCTION postbox.receive_floor(queue_name text) RETURNS timestamptz
+LANGUAGE plpgsql
+-- The ordered walk, as in receive.
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+AS $$
+BEGIN
+    RETURN postbox._receive_floor(postbox._queue(queue_name));
+END
+$$;
+
+-- receive_floor's work, for a queue in hand.
+CREATE FUNCTION postbox._receive_floor(q postbox.queues) RETURNS timestamptz
+LANGUAGE plpgsql AS $$
+DECLARE
+    writing_since timestamptz;
+    earliest timestamptz;
+BEGIN
+    -- Writers first, then the rows in a later snapshot: a writer gone from the
+    -- locks by then has committed (its rows are seen) or rolled back.
+    SELECT min(a.xact_start) INTO writing_since
+    FROM pg_catalog.pg_locks l JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid
+    WHERE l.locktype = 'relation' AND l.relation = 'postbox.messages'::regclass
+      AND l.database = (SELECT oid FROM pg_catalog.pg_database WHERE datname = current_database())
+      AND l.mode = 'RowExclusiveLock' AND l.pid <> pg_backend_pid();
+    SELECT min(m.visible_at) INTO earliest FROM postbox.messages m WHERE m.queue_id = q.id;
+    RETURN least(now() - interval '1 second', writing_since, earliest);
+END
+$$;
+
+-- Where a receive called without scan_from starts (since 0.9.0): this session's
+-- floor for the queue, so that applications receiving through SQL skip the dead
+-- entries as the server's receives do. A floor holds for later receives too (a
+-- writer stamps its messages with the clock when it writes), so the session
+-- keeps it in a setting, as
+-- _notify keeps its time, and computes it again once it is a second old: the
+-- walk to the live rows, once a second, rather than on every receive. It is
+-- computed only in READ COMMITTED, where each statement sees the writers that
+-- committed before it; an older snapshot would miss them and put the floor past
+-- their messages. Elsewhere the last floor serves, or none (the front).
+CREATE FUNCTION postbox._session_floor(q postbox.queues) RETURNS timestamptz
+LANGUAGE plpgsql AS $$
+DECLARE
+    setting text := 'postbox.floor_' || q.id;
+    -- "<floor> <computed at>", both in microseconds since the epoch: exact, and
+    -- read back whatever the session's DateStyle and time zone.
+    kept bigint[] := string_to_array(nullif(current_setting(setting, true), ''), ' ')::bigint[];
+    now_us bigint := (extract(epoch FROM clock_timestamp()) * 1000000)::bigint;
+    floor timestamptz;
+BEGIN
+    IF kept IS NOT NULL AND (kept[2] > now_us - 1000000
+                             OR current_setting('transaction_isolation') <> 'read committed') THEN
+        RETURN timestamptz 'epoch' + kept[1] * interval '1 microsecond';
+    ELSIF current_setting('transaction_isolation') <> 'read committed' THEN
+        RETURN NULL;
+    END IF;
+    floor := postbox._receive_floor(q);
+    PERFORM set_config(setting, (extract(epoch FROM floor) * 1000000)::bigint || ' ' || now_us, false);
+    RETURN floor;
+END
+$$;
+
+-- Claims up to max_messages visible messages (FOR UPDATE SKIP LOCKED, so
+-- concurrent receivers never get the same message), makes them invisible for
+-- the visibility timeout (the queue's when NULL), counts the delivery and gives
+-- each a fresh receipt "<message id>:<lease>". Order: priority, then visibility
+-- time, then id; FIFO queues hand out only group heads. On the way, expired
+-- messages are removed and messages received max_receive_count times already
+-- move to the dead-letter queue instead. A rate-limited queue returns fewer
+-- messages when its tokens run short. PB503 while receives are paused.
+-- scan_from: where to start in the ready index, from receive_floor (NULL: this
+-- session's floor, see _session_floor). max_bytes (since 0.8.0; NULL: no limit) bounds the claim by size: it
+-- stops before the message that would take the sum of the claimed messages'
+-- sizes (body, attributes and 256 bytes for the rest) past max_bytes, and always
+-- claims one. `more` (on every row) says that deliverable messages were left for
+-- the next call, so a caller that wants them all claims again at once.
+CREATE OR REPLACE FUNCTION postbox.receive(queue_name text, max_messages integer DEFAULT 1,
+                                visibility_timeout interval DEFAULT NULL, scan_from timestamptz DEFAULT NULL,
+                                max_bytes bigint DEFAULT NULL)
+RETURNS TABLE (message_id bigint, body bytea, attributes jsonb, enqueued_at timestamptz,
+               receive_count integer, first_received_at timestamptz, receipt text, priority smallint,
+               message_group_id text, deduplication_id text, dead_letter_source text, last_error text,
+               more boolean)
+LANGUAGE plpgsql
+-- Receive must walk the ready index in order and stop at the first rows it can
+-- claim. With stale statistics the planner may instead fetch every visible row
+-- (a bitmap or sequential scan) and sort them, which on a deep queue, or one
+-- full of dead index entries, costs more than everything else put together.
+-- Nor may it read the ready index and sort: a range on visible_at (scan_from to
+-- now) looks like a few rows to the planner, which then fetched every visible
+-- message of a priority queue to sort them instead of reading the priority index.
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_sort = off
+-- The size budget's window sorts a claim's few rows, which enable_sort = off
+-- prices as enormous; that price must not buy a JIT compilation (hundreds of
+-- milliseconds) on every receive.
+SET jit = off
+AS $$
+#variable_conflict use_column
+DECLARE
+    q postbox.queues := postbox._queue(queue_name);
+    timeout interval := coalesce(visibility_timeout, q.visibility_timeout);
+    expired_before timestamptz := now() - q.retention;
+    scan_start timestamptz;
+    allowed integer;
+    to_deliver bigint[];
+    to_expire bigint[];
+    to_bury bigint[];
+    left_over boolean;
+BEGIN
+    IF max_messages IS NULL OR max_messages NOT BETWEEN 1 AND 1000 THEN
+        PERFORM postbox._invalid(format('max_messages is %s; it must be 1 to 1000', max_messages));
+    END IF;
+    IF timeout < interval '0' OR timeout > interval '12 hours' THEN
+        PERFORM postbox._invalid(format('visibility timeout %s is outside 0 s to 12 h', timeout));
+    END IF;
+    IF q.receive_paused THEN
+        RAISE EXCEPTION USING ERRCODE = 'PB503', MESSAGE = format(
+            'queue %s is paused for receiving; ResumeQueue lets receives in again', quote_literal(queue_name));
+    END IF;
+    scan_start := coalesce(scan_from, postbox._session_floor(q), '-infinity');
+    -- Each round removes what it must not deliver; a few rounds find deliverable
+    -- messages behind expired ones, the maintenance worker does the rest.
+    FOR attempt IN 1..10 LOOP
+        allowed := CASE WHEN q.receive_rate_limit IS NULL THEN max_messages
+                        ELSE postbox._take_receive_tokens(q, max_messages) END;
+        EXIT WHEN allowed = 0;
+        SELECT array_agg(p.id ORDER BY p.priority DESC, p.visible_at, p.id) FILTER (WHERE p.deliver),
+               array_agg(p.id) FILTER (WHERE p.gone),
+               array_agg(p.id) FILTER (WHERE p.dead AND NOT p.gone),
+               coalesce(bool_or(NOT p.gone AND NOT p.dead AND NOT p.deliver), false)
+        INTO to_deliver, to_expire, to_bury, left_over
+        FROM (
+          SELECT c.*,
+                 NOT c.gone AND NOT c.dead
+                 AND (max_bytes IS NULL
+                      -- A prefix of the deliverable candidates, in claim order, within
+                      -- max_bytes; at least the first.
+                      OR sum(c.size) FILTER (WHERE NOT c.gone AND NOT c.dead)
+                             OVER (ORDER BY c.priority DESC, c.visible_at, c.id) <= max_bytes
+                      OR count(*) FILTER (WHERE NOT c.gone AND NOT c.dead)
+                             OVER (ORDER BY c.priority DESC, c.visible_at, c.id) = 1) AS deliver
+          FROM (
+            SELECT * FROM (  -- priority > 0 first, through its partial index
+                SELECT m.id, m.priority, m.visible_at, coalesce(m.enqueued_at < expired_before, false)
+                                                                  OR coalesce(m.expires_at <= now(), false) AS gone,
+                       coalesce(m.receive_count >= q.max_receive_count, false) AS dead,
+                       -- octet_length reads a TOASTed body's size without fetching it.
+                       octet_length(m.body) + coalesce(pg_column_size(m.attributes), 0) + 256 AS size
+                FROM postbox.messages m
+                WHERE m.queue_id = q.id AND m.priority > 0 AND m.visible_at BETWEEN scan_start AND now()
+                ORDER BY m.priority DESC, m.visible_at, m.id
+                LIMIT allowed
+                FOR UPDATE SKIP LOCKED) AS high
+            UNION ALL
+            SELECT * FROM (  -- then the rest, in visibility order
+                SELECT m.id, m.priority, m.visible_at, coalesce(m.enqueued_at < expired_before, false)
+                                                             OR coalesce(m.expires_at <= now(), false),
+                       coalesce(m.receive_count >= q.max_receive_count, false),
+                       octet_length(m.body) + coalesce(pg_column_size(m.attributes), 0) + 256
+                FROM postbox.messages m
+                WHERE m.queue_id = q.id AND m.priority = 0 AND m.visible_at BETWEEN scan_start AND now()
+                ORDER BY m.visible_at, m.id
+                LIMIT allowed
+                FOR UPDATE SKIP LOCKED) AS normal
+            LIMIT allowed
+          ) AS c
+        ) AS p;
+        IF to_expire IS NOT NULL THEN
+            PERFORM postbox._remove(q, to_expire, NULL, 'expired');
+        END IF;
+        IF to_bury IS NOT NULL THEN
+            PERFORM postbox._move(to_bury, q, (SELECT d FROM postbox.queues d WHERE d.id = q.dead_letter_queue_id),
+                                  true);
+        END IF;
+        IF q.receive_rate_limit IS NOT NULL THEN
+            PERFORM postbox._return_receive_tokens(q, allowed - coalesce(cardinality(to_deliver), 0));
+        END IF;
+        IF to_deliver IS NOT NULL THEN
+            RETURN QUERY
+            WITH claimed AS (
+                UPDATE postbox.messages m
+                SET visible_at = clock_timestamp() + timeout,
+                    receive_count = m.receive_count + 1,
+                    first_received_at = coalesce(m.first_received_at, clock_timestamp()),
+                    lease = gen_random_uuid(),
+                    dedupe_key = NULL
+                WHERE m.id = ANY (to_deliver)
+                RETURNING m.*
+            )
+            SELECT c.id, c.body, c.attributes, c.enqueued_at, c.receive_count, c.first_received_at,
+                   c.id || ':' || c.lease, c.priority, c.message_group_id, c.deduplication_id,
+                   (SELECT s.name FROM postbox.queues s WHERE s.id = c.source_queue_id), c.last_error,
+                   left_over
+            -- In claim order: the claim overwrote visible_at, so the order comes from to_deliver.
+            FROM claimed c JOIN unnest(to_deliver) WITH ORDINALITY AS o(id, n) ON o.id = c.id
+            ORDER BY o.n;
+            RETURN;
+        END IF;
+        EXIT WHEN to_expire IS NULL AND to_bury IS NULL;
+    END LOOP;
 END
 $$;
 

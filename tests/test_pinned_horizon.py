@@ -176,6 +176,87 @@ async def test_a_transaction_older_than_the_floor_that_writes_after_it_is_seen(c
     assert [r["message_id"] for r in got] == [late]
 
 
+# This session's floor of a queue, as postbox._session_floor keeps it:
+# "<floor> <computed at>" in microseconds, or NULL.
+SESSION_FLOOR = """
+SELECT nullif(current_setting('postbox.floor_' || (SELECT id FROM postbox.queues WHERE name = $1),
+                              true), '')
+"""
+SQL_RECEIVE = "SELECT message_id FROM postbox.receive($1, 1)"
+
+
+async def _twice_on_one_floor(conn: asyncpg.Connection, queue: str) -> tuple[list, list, int, int]:
+    """Two receives without scan_from in one transaction (rolled back): their rows and the
+    ready-index entries each read. Tried again when the session computed its floor anew
+    for the second (a second passed between them on a loaded machine)."""
+    for _ in range(10):
+        await conn.execute("BEGIN")
+        try:
+            start = await conn.fetchval(VISITED)
+            first = await conn.fetch(SQL_RECEIVE, queue)
+            middle, kept = await conn.fetchval(VISITED), await conn.fetchval(SESSION_FLOOR, queue)
+            second = await conn.fetch(SQL_RECEIVE, queue)
+            end = await conn.fetchval(VISITED)
+            if await conn.fetchval(SESSION_FLOOR, queue) == kept:
+                return first, second, middle - start, end - middle
+        finally:
+            await conn.execute("ROLLBACK")
+    raise AssertionError("every second receive computed the floor again")
+
+
+async def test_receives_through_sql_start_at_their_sessions_floor(conn, pinned):
+    await conn.execute("SELECT postbox.create_queue('by_sql')")
+    await churn(conn, "by_sql", 5)
+    churned = await conn.fetchval("SELECT clock_timestamp()")
+    # A floor stays a second behind the clock: the churn must be further behind.
+    await conn.execute("SELECT pg_sleep_until($1::timestamptz + interval '1.1 s')", churned)
+    sent = [await conn.fetchval("SELECT postbox.send('by_sql', $1)", body) for body in (b"a", b"b")]
+    first, second, walked_first, walked_second = await _twice_on_one_floor(conn, "by_sql")
+    assert [r["message_id"] for r in first + second] == sent
+    assert walked_first >= 5000, "the first receive finds the floor past the dead front"
+    assert walked_second <= 3, "the second starts at the floor the first kept"
+
+
+async def test_a_sessions_floor_does_not_hide_a_send_in_flight_when_it_was_kept(conn, engine_url):
+    """A send more than the floor's second old, still uncommitted when a receive keeps
+    the session's floor, is received on that floor once it commits."""
+    writer = await asyncpg.connect(engine_url)
+    try:
+        for attempt in range(10):  # again when a second passed between the two receives
+            queue = f"kept_floor_{attempt}"
+            await conn.execute("SELECT postbox.create_queue($1)", queue)
+            await writer.execute("BEGIN")
+            late = await writer.fetchval("SELECT postbox.send($1, 'late')", queue)
+            sent_at = await writer.fetchval(
+                "SELECT visible_at FROM postbox.messages WHERE id = $1", late
+            )
+            await conn.execute("SELECT pg_sleep_until($1::timestamptz + interval '1.1 s')", sent_at)
+            assert await conn.fetch(SQL_RECEIVE, queue) == []  # keeps the floor
+            kept = await conn.fetchval(SESSION_FLOOR, queue)
+            await writer.execute("COMMIT")
+            got = await conn.fetch(SQL_RECEIVE, queue)
+            if await conn.fetchval(SESSION_FLOOR, queue) == kept:
+                break
+        else:
+            raise AssertionError("every second receive computed the floor again")
+    finally:
+        await writer.close()
+    assert kept is not None
+    assert [r["message_id"] for r in got] == [late]
+
+
+async def test_no_floor_is_computed_in_a_repeatable_read_transaction(conn):
+    await conn.execute("SELECT postbox.create_queue('repeatable')")
+    sent = await conn.fetchval("SELECT postbox.send('repeatable', 'x')")
+    await conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+    try:
+        got = await conn.fetch(SQL_RECEIVE, "repeatable")
+        assert await conn.fetchval(SESSION_FLOOR, "repeatable") is None
+    finally:
+        await conn.execute("ROLLBACK")
+    assert [r["message_id"] for r in got] == [sent]
+
+
 async def test_scan_floors_are_computed_in_the_background_and_refreshed(engine_url):
     engine = await Engine.connect(engine_url, pool_size=2)
     try:

@@ -157,8 +157,8 @@ $$;
 -- messages are removed and messages received max_receive_count times already
 -- move to the dead-letter queue instead. A rate-limited queue returns fewer
 -- messages when its tokens run short. PB503 while receives are paused.
--- scan_from: where to start in the ready index, from receive_floor (NULL: the
--- front). max_bytes (since 0.8.0; NULL: no limit) bounds the claim by size: it
+-- scan_from: where to start in the ready index, from receive_floor (NULL: this
+-- session's floor, see _session_floor). max_bytes (since 0.8.0; NULL: no limit) bounds the claim by size: it
 -- stops before the message that would take the sum of the claimed messages'
 -- sizes (body, attributes and 256 bytes for the rest) past max_bytes, and always
 -- claims one. `more` (on every row) says that deliverable messages were left for
@@ -191,7 +191,7 @@ DECLARE
     q postbox.queues := postbox._queue(queue_name);
     timeout interval := coalesce(visibility_timeout, q.visibility_timeout);
     expired_before timestamptz := now() - q.retention;
-    scan_start timestamptz := coalesce(scan_from, '-infinity');
+    scan_start timestamptz;
     allowed integer;
     to_deliver bigint[];
     to_expire bigint[];
@@ -208,6 +208,7 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'PB503', MESSAGE = format(
             'queue %s is paused for receiving; ResumeQueue lets receives in again', quote_literal(queue_name));
     END IF;
+    scan_start := coalesce(scan_from, postbox._session_floor(q), '-infinity');
     -- Each round removes what it must not deliver; a few rounds find deliverable
     -- messages behind expired ones, the maintenance worker does the rest.
     FOR attempt IN 1..10 LOOP

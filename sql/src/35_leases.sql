@@ -61,17 +61,19 @@ DECLARE
     done bigint[];
 BEGIN
     PERFORM postbox._check_batch_size(cardinality(receipts));
+    SELECT array_agg(p.message_id) AS ids, array_agg(p.lease) AS leases INTO parsed
+    FROM postbox._parse_receipts(receipts) p WHERE p.message_id IS NOT NULL;
     IF q.archive_on_delete OR q.fifo THEN
-        SELECT array_agg(p.message_id) AS ids, array_agg(p.lease) AS leases INTO parsed
-        FROM postbox._parse_receipts(receipts) p WHERE p.message_id IS NOT NULL;
         done := postbox._remove(q, parsed.ids, parsed.leases, 'deleted');
     ELSE
-        -- _remove's plain delete, in one statement with the parse: the common
-        -- case, where the statements and the call around it cost more than it.
+        -- _remove's plain delete, here: the common case, where the call and its
+        -- settings cost more than the delete. From the parsed arrays, not the
+        -- parse itself: joined to that, a plan made while the table was small
+        -- walked the whole table once it had grown.
         WITH gone AS (
             DELETE FROM postbox.messages m
-            USING postbox._parse_receipts(receipts) p
-            WHERE m.id = p.message_id AND m.queue_id + 0 = q.id AND m.lease = p.lease
+            USING unnest(parsed.ids, parsed.leases) AS t(id, lease)
+            WHERE m.id = t.id AND m.queue_id + 0 = q.id AND m.lease = t.lease
             RETURNING m.id
         )
         SELECT coalesce(array_agg(g.id), '{}') INTO done FROM gone g;
@@ -303,8 +305,15 @@ LANGUAGE plpgsql
 SET enable_seqscan = off
 SET enable_bitmapscan = off
 AS $$
+BEGIN
+    RETURN postbox._receive_floor(postbox._queue(queue_name));
+END
+$$;
+
+-- receive_floor's work, for a queue in hand.
+CREATE FUNCTION postbox._receive_floor(q postbox.queues) RETURNS timestamptz
+LANGUAGE plpgsql AS $$
 DECLARE
-    q postbox.queues := postbox._queue(queue_name);
     writing_since timestamptz;
     earliest timestamptz;
 BEGIN
@@ -317,6 +326,38 @@ BEGIN
       AND l.mode = 'RowExclusiveLock' AND l.pid <> pg_backend_pid();
     SELECT min(m.visible_at) INTO earliest FROM postbox.messages m WHERE m.queue_id = q.id;
     RETURN least(now() - interval '1 second', writing_since, earliest);
+END
+$$;
+
+-- Where a receive called without scan_from starts (since 0.9.0): this session's
+-- floor for the queue, so that applications receiving through SQL skip the dead
+-- entries as the server's receives do. A floor holds for later receives too (a
+-- writer stamps its messages with the clock when it writes), so the session
+-- keeps it in a setting, as
+-- _notify keeps its time, and computes it again once it is a second old: the
+-- walk to the live rows, once a second, rather than on every receive. It is
+-- computed only in READ COMMITTED, where each statement sees the writers that
+-- committed before it; an older snapshot would miss them and put the floor past
+-- their messages. Elsewhere the last floor serves, or none (the front).
+CREATE FUNCTION postbox._session_floor(q postbox.queues) RETURNS timestamptz
+LANGUAGE plpgsql AS $$
+DECLARE
+    setting text := 'postbox.floor_' || q.id;
+    -- "<floor> <computed at>", both in microseconds since the epoch: exact, and
+    -- read back whatever the session's DateStyle and time zone.
+    kept bigint[] := string_to_array(nullif(current_setting(setting, true), ''), ' ')::bigint[];
+    now_us bigint := (extract(epoch FROM clock_timestamp()) * 1000000)::bigint;
+    floor timestamptz;
+BEGIN
+    IF kept IS NOT NULL AND (kept[2] > now_us - 1000000
+                             OR current_setting('transaction_isolation') <> 'read committed') THEN
+        RETURN timestamptz 'epoch' + kept[1] * interval '1 microsecond';
+    ELSIF current_setting('transaction_isolation') <> 'read committed' THEN
+        RETURN NULL;
+    END IF;
+    floor := postbox._receive_floor(q);
+    PERFORM set_config(setting, (extract(epoch FROM floor) * 1000000)::bigint || ' ' || now_us, false);
+    RETURN floor;
 END
 $$;
 

@@ -74,7 +74,8 @@ def _delivery_arguments(delivery: SubscriptionDelivery) -> tuple[Any, ...]:
     return delivery.filter_policy, delivery.filter_scope, sns, delivery.suspended
 
 
-@dataclass(frozen=True)
+# Slots and not frozen, as OutgoingMessage: PublishBatch builds one per entry.
+@dataclass(slots=True)
 class OutgoingPublish:
     """One message to publish, as postbox.publish_batch takes it."""
 

@@ -1658,7 +1658,7 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'PB503', MESSAGE = format(
             'queue %s is paused for receiving; ResumeQueue lets receives in again', quote_literal(queue_name));
     END IF;
-    scan_start := coalesce(scan_from, postbox._session_floor(q), '-infinity');
+    scan_start := coalesce(scan_from, postbox._session_floor(q.id), '-infinity');
     -- Each round removes what it must not deliver; a few rounds find deliverable
     -- messages behind expired ones, the maintenance worker does the rest.
     FOR attempt IN 1..10 LOOP
@@ -2050,12 +2050,12 @@ SET enable_seqscan = off
 SET enable_bitmapscan = off
 AS $$
 BEGIN
-    RETURN postbox._receive_floor(postbox._queue(queue_name));
+    RETURN postbox._receive_floor((postbox._queue(queue_name)).id);
 END
 $$;
 
--- receive_floor's work, for a queue in hand.
-CREATE FUNCTION postbox._receive_floor(q postbox.queues) RETURNS timestamptz
+-- receive_floor's work, for a queue's id.
+CREATE FUNCTION postbox._receive_floor(queue_id integer) RETURNS timestamptz
 LANGUAGE plpgsql AS $$
 DECLARE
     writing_since timestamptz;
@@ -2068,7 +2068,7 @@ BEGIN
     WHERE l.locktype = 'relation' AND l.relation = 'postbox.messages'::regclass
       AND l.database = (SELECT oid FROM pg_catalog.pg_database WHERE datname = current_database())
       AND l.mode = 'RowExclusiveLock' AND l.pid <> pg_backend_pid();
-    SELECT min(m.visible_at) INTO earliest FROM postbox.messages m WHERE m.queue_id = q.id;
+    SELECT min(m.visible_at) INTO earliest FROM postbox.messages m WHERE m.queue_id = _receive_floor.queue_id;
     RETURN least(now() - interval '1 second', writing_since, earliest);
 END
 $$;
@@ -2077,16 +2077,16 @@ $$;
 -- floor for the queue, so that applications receiving through SQL skip the dead
 -- entries as the server's receives do. A floor holds for later receives too (a
 -- writer stamps its messages with the clock when it writes), so the session
--- keeps it in a setting, as
--- _notify keeps its time, and computes it again once it is a second old: the
--- walk to the live rows, once a second, rather than on every receive. It is
+-- keeps it in a setting, as _notify keeps its time, and computes it again once
+-- it is a second old: the walk to the live rows, once a second, rather than on
+-- every receive. It is
 -- computed only in READ COMMITTED, where each statement sees the writers that
 -- committed before it; an older snapshot would miss them and put the floor past
 -- their messages. Elsewhere the last floor serves, or none (the front).
-CREATE FUNCTION postbox._session_floor(q postbox.queues) RETURNS timestamptz
+CREATE FUNCTION postbox._session_floor(queue_id integer) RETURNS timestamptz
 LANGUAGE plpgsql AS $$
 DECLARE
-    setting text := 'postbox.floor_' || q.id;
+    setting text := 'postbox.floor_' || queue_id;
     -- "<floor> <computed at>", both in microseconds since the epoch: exact, and
     -- read back whatever the session's DateStyle and time zone.
     kept bigint[] := string_to_array(nullif(current_setting(setting, true), ''), ' ')::bigint[];
@@ -2099,7 +2099,7 @@ BEGIN
     ELSIF current_setting('transaction_isolation') <> 'read committed' THEN
         RETURN NULL;
     END IF;
-    floor := postbox._receive_floor(q);
+    floor := postbox._receive_floor(queue_id);
     PERFORM set_config(setting, (extract(epoch FROM floor) * 1000000)::bigint || ' ' || now_us, false);
     RETURN floor;
 END

@@ -208,7 +208,7 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'PB503', MESSAGE = format(
             'queue %s is paused for receiving; ResumeQueue lets receives in again', quote_literal(queue_name));
     END IF;
-    scan_start := coalesce(scan_from, postbox._session_floor(q), '-infinity');
+    scan_start := coalesce(scan_from, postbox._session_floor(q.id), '-infinity');
     -- Each round removes what it must not deliver; a few rounds find deliverable
     -- messages behind expired ones, the maintenance worker does the rest.
     FOR attempt IN 1..10 LOOP

@@ -1659,6 +1659,51 @@ BEGIN
             'queue %s is paused for receiving; ResumeQueue lets receives in again', quote_literal(queue_name));
     END IF;
     scan_start := coalesce(scan_from, postbox._session_floor(q.id), '-infinity');
+    IF q.receive_rate_limit IS NULL AND max_bytes IS NULL THEN
+        -- The common case in one statement: the candidates are claimed when none of
+        -- them has expired or run out of receives; else, or with none, the rounds.
+        RETURN QUERY
+        WITH c AS MATERIALIZED (
+            SELECT * FROM (  -- priority > 0 first, through its partial index
+                SELECT m.id, m.priority, m.visible_at, coalesce(m.enqueued_at < expired_before, false)
+                                                                  OR coalesce(m.expires_at <= now(), false) AS gone,
+                       coalesce(m.receive_count >= q.max_receive_count, false) AS dead
+                FROM postbox.messages m
+                WHERE m.queue_id = q.id AND m.priority > 0 AND m.visible_at BETWEEN scan_start AND now()
+                ORDER BY m.priority DESC, m.visible_at, m.id
+                LIMIT max_messages
+                FOR UPDATE SKIP LOCKED) AS high
+            UNION ALL
+            SELECT * FROM (  -- then the rest, in visibility order
+                SELECT m.id, m.priority, m.visible_at, coalesce(m.enqueued_at < expired_before, false)
+                                                             OR coalesce(m.expires_at <= now(), false),
+                       coalesce(m.receive_count >= q.max_receive_count, false)
+                FROM postbox.messages m
+                WHERE m.queue_id = q.id AND m.priority = 0 AND m.visible_at BETWEEN scan_start AND now()
+                ORDER BY m.visible_at, m.id
+                LIMIT max_messages
+                FOR UPDATE SKIP LOCKED) AS normal
+            LIMIT max_messages
+        ), claimed AS (
+            UPDATE postbox.messages m
+            SET visible_at = clock_timestamp() + timeout,
+                receive_count = m.receive_count + 1,
+                first_received_at = coalesce(m.first_received_at, clock_timestamp()),
+                lease = gen_random_uuid(),
+                dedupe_key = NULL
+            FROM c
+            WHERE m.id = c.id AND NOT EXISTS (SELECT FROM c x WHERE x.gone OR x.dead)
+            RETURNING m.*, c.priority AS claim_priority, c.visible_at AS claim_visible_at
+        )
+        SELECT c.id, c.body, c.attributes, c.enqueued_at, c.receive_count, c.first_received_at,
+               c.id || ':' || c.lease, c.priority, c.message_group_id, c.deduplication_id,
+               (SELECT s.name FROM postbox.queues s WHERE s.id = c.source_queue_id), c.last_error, false
+        FROM claimed c
+        ORDER BY c.claim_priority DESC, c.claim_visible_at, c.id;
+        IF FOUND THEN
+            RETURN;
+        END IF;
+    END IF;
     -- Each round removes what it must not deliver; a few rounds find deliverable
     -- messages behind expired ones, the maintenance worker does the rest.
     FOR attempt IN 1..10 LOOP

@@ -609,6 +609,31 @@ async def test_fifo_send_racing_a_dead_letter_move_never_orphans_a_message(conns
         assert await _fifo_group(setup, queue) == [(b"new", False)], f"schedule {positions}"
 
 
+async def test_a_receive_claims_in_order_and_takes_the_rounds_past_an_expired_candidate(conns):
+    """receive's one-statement claim, and its fall-back to the rounds that remove what
+    must not be delivered."""
+    setup, _, _ = conns
+    await new_queue(setup, "claim_order", 0)
+    low = await setup.fetchval("SELECT postbox.send('claim_order', 'low')")
+    high = await setup.fetchval("SELECT postbox.send('claim_order', 'high', priority => 5)")
+    later = await setup.fetchval("SELECT postbox.send('claim_order', 'later')")
+    claim = "SELECT message_id, more FROM postbox.receive('claim_order', 10, '1 hour')"
+    got = await setup.fetch(claim)
+    assert [r["message_id"] for r in got] == [high, low, later]
+    assert not any(r["more"] for r in got)
+
+    gone = await setup.fetchval("SELECT postbox.send('claim_order', 'gone', ttl => '1 ms')")
+    kept = await setup.fetchval("SELECT postbox.send('claim_order', 'kept')")
+    await setup.execute(
+        "SELECT pg_sleep_until(expires_at + interval '1 ms') FROM postbox.messages WHERE id = $1",
+        gone,
+    )
+    assert [r["message_id"] for r in await setup.fetch(claim)] == [kept]
+    assert not await setup.fetchval(
+        "SELECT EXISTS (SELECT FROM postbox.messages WHERE id = $1)", gone
+    )
+
+
 @pytest.mark.parametrize(
     "statement",
     [

@@ -1,4 +1,5 @@
-"""Group commit of single Sends, through the real server: shared commits, own ids, own errors."""
+"""Group commit of single Sends and single Publishes, through the real server: shared commits,
+own ids, own errors."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from postbox.v1 import message_pb2 as msg
 from postbox.v1 import message_service_pb2 as pb
-from postbox.v1 import message_service_pb2_grpc
-from support import seconds
+from postbox.v1 import message_service_pb2_grpc, topic_service_pb2_grpc
+from postbox.v1 import topic_service_pb2 as tpb
+from support import seconds, unique_name
 
 
 @pytest.fixture
@@ -66,9 +68,12 @@ async def commit_sizes(db):
         )
 
 
-async def under_load(db, aio_channel, make_calls, while_held=lambda calls: None) -> list:
-    """Makes the Send calls against a busy database, as under real load, and returns
-    their outcomes (responses or errors).
+async def under_load(
+    db, aio_channel, make_calls, while_held=lambda calls: None, statement="postbox.send_batch"
+) -> list:
+    """Makes the calls (Sends, or Publishes with statement="postbox.publish_batch")
+    against a busy database, as under real load, and returns their outcomes
+    (responses or errors).
 
     Inserts are held back until two groups wait at the database; a Health check on
     the same channel, answered after the server took every earlier call, shows the
@@ -86,7 +91,8 @@ async def under_load(db, aio_channel, make_calls, while_held=lambda calls: None)
             # Activity is a snapshot per transaction: clear it to see the waits now.
             blocked = await db.fetchval(
                 "SELECT count(*) FROM pg_stat_clear_snapshot(), pg_stat_activity "
-                "WHERE wait_event_type = 'Lock' AND query LIKE '%postbox.send_batch%'"
+                "WHERE wait_event_type = 'Lock' AND query LIKE $1",
+                f"%{statement}%",
             )
             if blocked >= 2:
                 break
@@ -218,3 +224,112 @@ async def test_delayed_and_plain_sends_in_one_group(stub, db, queue, aio_channel
         [int(r.message_id) for r in responses],
     )
     assert {str(r["id"]) for r in delayed} == {r.message_id for r in responses[1::2]}
+
+
+@pytest.fixture
+def topic_stub(aio_channel) -> topic_service_pb2_grpc.TopicServiceStub:
+    return topic_service_pb2_grpc.TopicServiceStub(aio_channel)
+
+
+@pytest.fixture
+async def fan_out(db):
+    """A topic whose every message goes to three plain queues and, by routing key
+    "small", to a fourth that holds messages of at most 1,024 bytes."""
+    topic = unique_name("gc_topic")
+    queue_names = [unique_name(f"gc_fan_{i}") for i in range(3)]
+    small = unique_name("gc_small")
+    await db.execute("SELECT postbox.create_topic($1)", topic)
+    for i, name in enumerate(queue_names):
+        await db.execute("SELECT postbox.create_queue($1)", name)
+        await db.execute(
+            "SELECT postbox.create_subscription($1, $2, '#', $3)", topic, f"s{i}", name
+        )
+    await db.execute("""SELECT postbox.create_queue($1, '{"max_message_size": 1024}')""", small)
+    await db.execute("SELECT postbox.create_subscription($1, 'small', 'small', $2)", topic, small)
+    yield topic, queue_names, small
+    await db.execute("SELECT postbox.delete_topic($1)", topic)
+    for name in [*queue_names, small]:
+        await db.execute("SELECT postbox.drop_queue($1)", name)
+
+
+async def test_concurrent_publishes_share_commits_and_keep_their_own_results(
+    topic_stub, db, aio_channel, commit_sizes, fan_out
+):
+    topic, queue_names, _ = fan_out
+    bodies = [f"published {i}".encode() for i in range(200)]
+    responses = await under_load(
+        db,
+        aio_channel,
+        lambda: [topic_stub.Publish(tpb.PublishRequest(topic=topic, body=b)) for b in bodies],
+        statement="postbox.publish_batch",
+    )
+    assert len({r.publish_id for r in responses}) == len(bodies)
+    for name in queue_names:
+        stored = await bodies_by_id(db, name)
+        assert len(stored) == len(bodies)
+        for body, response in zip(bodies, responses, strict=True):
+            assert list(response.queues) == sorted(queue_names)
+            # Each caller got the ids its own message took in every queue.
+            assert stored[response.message_ids[sorted(queue_names).index(name)]] == body
+    ids = [i for r in responses for i in r.message_ids]
+    assert_shared(await commit_sizes(ids))
+
+
+async def test_a_refused_publish_fails_only_its_own_caller(
+    topic_stub, db, aio_channel, commit_sizes, fan_out
+):
+    topic, queue_names, small = fan_out
+    requests = []
+    for i in range(120):
+        if i % 10 == 3:  # too big for the small queue: the whole publish is refused
+            requests.append(tpb.PublishRequest(topic=topic, body=b"x" * 2000, routing_key="small"))
+        elif i % 10 == 7:
+            requests.append(tpb.PublishRequest(topic="no_such_topic_gc", body=b"lost"))
+        else:
+            requests.append(tpb.PublishRequest(topic=topic, body=f"good {i}".encode()))
+    outcomes = await under_load(
+        db,
+        aio_channel,
+        lambda: [topic_stub.Publish(r) for r in requests],
+        statement="postbox.publish_batch",
+    )
+    for i, outcome in enumerate(outcomes):
+        if i % 10 == 3:
+            assert outcome.code() == grpc.StatusCode.INVALID_ARGUMENT, outcome
+            assert "subscription 'small'" in outcome.details()
+        elif i % 10 == 7:
+            assert outcome.code() == grpc.StatusCode.NOT_FOUND, outcome
+        else:
+            assert isinstance(outcome, tpb.PublishResponse), outcome
+    good = sorted(r.body for i, r in enumerate(requests) if i % 10 not in (3, 7))
+    for name in queue_names:
+        assert sorted((await bodies_by_id(db, name)).values()) == good
+    assert await bodies_by_id(db, small) == {}  # nothing of a refused publish went anywhere
+    ids = [i for o in outcomes if isinstance(o, tpb.PublishResponse) for i in o.message_ids]
+    assert_shared(await commit_sizes(ids))
+
+
+async def test_a_paused_queue_fails_only_the_sends_into_it(
+    stub, db, queue, queues, aio_channel, commit_sizes
+):
+    from postbox.v1 import queue_service_pb2 as qpb
+
+    paused = unique_name("gc_paused")
+    queues.CreateQueue(qpb.CreateQueueRequest(queue=qpb.Queue(name=paused)))
+    queues.PauseQueue(qpb.PauseQueueRequest(name=paused, sends=True))
+    try:
+        requests = [
+            pb.SendRequest(queue=paused if i % 5 == 0 else queue, body=f"{i}".encode())
+            for i in range(100)
+        ]
+        outcomes = await under_load(db, aio_channel, lambda: [stub.Send(r) for r in requests])
+        for i, outcome in enumerate(outcomes):
+            if i % 5 == 0:
+                assert outcome.code() == grpc.StatusCode.UNAVAILABLE, outcome
+                assert "paused" in outcome.details()
+            else:
+                assert isinstance(outcome, pb.SendResponse), outcome
+        sent = [o.message_id for o in outcomes if isinstance(o, pb.SendResponse)]
+        assert_shared(await commit_sizes(sent))
+    finally:
+        queues.DeleteQueue(qpb.DeleteQueueRequest(name=paused))

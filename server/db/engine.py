@@ -489,8 +489,15 @@ class Engine:
     async def delete_subscription(self, topic: str, name: str) -> None:
         await self._call("execute", "delete_subscription", topic, name)
 
-    async def publish_batch(self, topic: str, messages: Sequence[OutgoingPublish]) -> list[Record]:
-        """Per message: publish_id, queues, message_ids, duplicates, webhook_deliveries."""
+    async def publish_batch(
+        self,
+        topic: str,
+        messages: Sequence[OutgoingPublish],
+        *,
+        conn: Connection | None = None,
+    ) -> list[Record]:
+        """Per message: publish_id, queues, message_ids, duplicates, webhook_deliveries.
+        On `conn` it joins that connection's transaction (group commit)."""
         rows = await self._call(
             "fetch", "publish_batch", topic, [m.body for m in messages],
             [m.routing_key for m in messages],
@@ -498,6 +505,7 @@ class Engine:
             _optional_column([m.ordering_key for m in messages]),
             _optional_column([m.deduplication_id for m in messages]),
             _optional_column([m.subject for m in messages]),
+            conn=conn,
         )  # fmt: skip
         # What the fan-out put into each queue is sent to that queue, as a Send is.
         for row in rows:

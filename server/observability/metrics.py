@@ -69,7 +69,7 @@ WEBHOOK_DELIVERIES = Counter(
 SCHEDULE_FIRES = Counter("postbox_schedule_fires_total", "Schedules fired.", ("outcome",))
 GROUP_COMMIT_SIZE = Histogram(
     "postbox_group_commit_batch_size",
-    "Single Sends that shared one transaction.",
+    "Single Sends, or single Publishes, that shared one transaction.",
     buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
 )
 OPEN_STREAMS = Gauge(

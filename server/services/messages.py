@@ -12,7 +12,7 @@ from postbox.v1 import message_pb2, message_service_pb2_grpc
 from postbox.v1 import message_service_pb2 as pb
 
 from server.config import Settings
-from server.db.engine import Engine, SentBatch
+from server.db.engine import Connection, Engine, OutgoingMessage, SentBatch
 from server.db.group_commit import GroupCommit
 from server.errors import ApiError, invalid
 from server.observability import tracing
@@ -62,7 +62,9 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
         self.engine = engine
         self.max_message_size = max_message_size
         self.hub = hub
-        self.sends = GroupCommit(engine)
+        self.sends: GroupCommit[OutgoingMessage, tuple[str, bool]] = GroupCommit(
+            engine, self._send_group
+        )
         self.prefetch = Prefetch()
         self.claims = Claims(engine, hub, max_response_size=max_response_size)
 
@@ -73,11 +75,18 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
         outgoing = convert.outgoing(request, self.max_message_size)
         outgoing.attributes = tracing.stamp(outgoing.attributes)
         try:
-            message_id, duplicate = await self.sends.send(request.queue, outgoing)
+            message_id, duplicate = await self.sends.write(request.queue, outgoing)
         finally:
             # Failed too: the hub skipped any NOTIFY of the session's last call.
             self.hub.wake(request.queue)
         return pb.SendResponse(message_id=message_id, duplicate=duplicate)
+
+    async def _send_group(
+        self, conn: Connection, queue: str, messages: list[OutgoingMessage]
+    ) -> list[tuple[str, bool]]:
+        """One queue's share of a group of single Sends: (id, duplicate) per message."""
+        ids, duplicates = await self.engine.send_batch(queue, messages, conn=conn)
+        return list(zip(ids, duplicates, strict=True))
 
     @reports_errors
     async def SendBatch(

@@ -10,7 +10,8 @@ import grpc
 from postbox.v1 import topic_service_pb2 as pb
 from postbox.v1 import topic_service_pb2_grpc
 
-from server.db.engine import Engine, OutgoingPublish, Record, Row, SubscriptionDelivery
+from server.db.engine import Connection, Engine, OutgoingPublish, Record, Row, SubscriptionDelivery
+from server.db.group_commit import GroupCommit
 from server.egress import EgressPolicy, Refused
 from server.errors import ApiError, invalid
 from server.observability import tracing
@@ -204,6 +205,9 @@ class TopicService(topic_service_pb2_grpc.TopicServiceServicer):
         on_published: Callable[[str], None] = lambda topic: None,
     ) -> None:
         self.engine = engine
+        self.publishes: GroupCommit[OutgoingPublish, Record] = GroupCommit(
+            engine, self._publish_group
+        )
         # Wakes this server's ReadStream calls waiting on the topic's log.
         self.on_published = on_published
         self.egress = egress
@@ -384,11 +388,21 @@ class TopicService(topic_service_pb2_grpc.TopicServiceServicer):
         if any(row["webhook_deliveries"] for row in rows):
             self.on_webhook_deliveries()
 
+    async def _publish_group(
+        self, conn: Connection, topic: str, entries: list[OutgoingPublish]
+    ) -> list[Record]:
+        """One topic's share of a group of single Publishes: a row per entry."""
+        return await self.engine.publish_batch(topic, entries, conn=conn)
+
     @reports_errors
     async def Publish(
         self, request: pb.PublishRequest, context: grpc.aio.ServicerContext
     ) -> pb.PublishResponse:
-        (row,) = await self._publish(request.topic, [_outgoing(request, self.max_message_size)])
+        # Concurrent Publishes share commits, as Sends do: each fans out to every
+        # subscribed queue, and one commit per Publish would bound them all.
+        row = await self.publishes.write(request.topic, _outgoing(request, self.max_message_size))
+        self._woken((row,))
+        self.on_published(request.topic)
         response = pb.PublishResponse()
         _fill_result(response, row)
         return response

@@ -12,6 +12,9 @@ their own client code against the same ceiling:
   * either way a stream is at most two batches ahead of the deletes, as postbox's is;
   * Delete and DeleteBatch answer OK for every receipt.
 
+TopicService's Publish answers at once as a publish to FANOUT_QUEUES queues would
+(their names and made-up ids), for the fan-out scenario's transport ceiling.
+
 `python -m bench.empty_server --grpc-port N`.
 """
 
@@ -27,14 +30,16 @@ from collections.abc import AsyncIterator, Iterable
 import grpc
 from google.rpc import status_pb2
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from postbox.v1 import message_pb2, message_service_pb2_grpc
+from postbox.v1 import message_pb2, message_service_pb2_grpc, topic_service_pb2_grpc
 from postbox.v1 import message_service_pb2 as pb
+from postbox.v1 import topic_service_pb2 as tpb
 
 from server.app import grpc_options
 from server.config import Settings
 
 RELAY, CANNED = "relay-", "canned-"
 BATCHES_AHEAD = 2  # as server/services/prefetch.py
+FANOUT_QUEUES = 10  # as bench/scenarios/topics.py subscribes
 
 
 class _Window:
@@ -147,6 +152,22 @@ class EmptyMessageService(message_service_pb2_grpc.MessageServiceServicer):
         return pb.ReceiveResponse(messages=messages)
 
 
+class EmptyTopicService(topic_service_pb2_grpc.TopicServiceServicer):
+    def __init__(self) -> None:
+        self._ids = itertools.count()
+
+    async def Publish(
+        self, request: tpb.PublishRequest, context: grpc.aio.ServicerContext
+    ) -> tpb.PublishResponse:
+        first = next(self._ids) * FANOUT_QUEUES
+        return tpb.PublishResponse(
+            publish_id="00000000-0000-0000-0000-000000000000",
+            queues=[f"sub{i}" for i in range(FANOUT_QUEUES)],
+            message_ids=[str(first + i) for i in range(FANOUT_QUEUES)],
+            duplicates=[False] * FANOUT_QUEUES,
+        )
+
+
 async def serve(host: str, port: int) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -158,6 +179,8 @@ async def serve(host: str, port: int) -> None:
     # them abstract.
     servicer = EmptyMessageService()  # type: ignore[abstract]
     message_service_pb2_grpc.add_MessageServiceServicer_to_server(servicer, server)
+    topics = EmptyTopicService()  # type: ignore[abstract]
+    topic_service_pb2_grpc.add_TopicServiceServicer_to_server(topics, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)

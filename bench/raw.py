@@ -174,7 +174,7 @@ def engine_claim_delete(queue: str) -> Callable[[Connection, int], Awaitable[int
     lease = timedelta(seconds=120)
 
     async def claim(conn: Connection, batch: int) -> int:
-        rows = await conn.fetch(receive, queue, batch, lease, None)
+        rows = await conn.fetch(receive, queue, batch, lease, None, None)
         if rows:
             await conn.fetch(delete_batch, queue, [row["receipt"] for row in rows])
         return len(rows)

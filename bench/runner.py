@@ -12,6 +12,7 @@ import json
 import math
 import os
 import platform
+import statistics
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -61,6 +62,11 @@ class Scenario:
 
 
 SCENARIOS: dict[str, Scenario] = {}
+
+
+def median_range(values: list[float], unit: str = "") -> str:
+    """A median with its range, as the README's tables give every figure of several rounds."""
+    return f"{statistics.median(values):.2f}{unit} ({min(values):.2f}-{max(values):.2f})"
 
 
 def scenario(name: str, description: str) -> Callable[[Run], Run]:

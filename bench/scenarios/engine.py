@@ -22,7 +22,7 @@ import asyncpg
 
 from bench import raw
 from bench.database import RAW_TABLE
-from bench.runner import Context, Row, scenario
+from bench.runner import Context, Row, median_range, scenario
 from bench.scenarios.producer import PGMQ_SQL
 
 log = logging.getLogger(__name__)
@@ -140,10 +140,6 @@ async def _left(url: str) -> dict[str, int]:
         await conn.close()
 
 
-def _median_range(values: list[float]) -> str:
-    return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
-
-
 @scenario(
     "engine_vs_pgmq",
     "the SQL engine alone vs PGMQ 1.5.1 and raw SQL, pgbench -M prepared: send 1 x64 "
@@ -174,7 +170,7 @@ async def engine_vs_pgmq(ctx: Context) -> list[Row]:
         by_raw = [p / r for p, r in zip(rates["postbox"], rates["raw"], strict=True)]
         note = (
             f"msgs/s, medians of {ROUNDS} rounds of {seconds} s: postbox {ours:,.0f}, "
-            f"raw {statistics.median(rates['raw']):,.0f}; postbox/raw {_median_range(by_raw)}"
+            f"raw {statistics.median(rates['raw']):,.0f}; postbox/raw {median_range(by_raw)}"
         )
         if have_pgmq:
             by_pgmq = [p / q for p, q in zip(rates["postbox"], rates["pgmq"], strict=True)]
@@ -183,8 +179,8 @@ async def engine_vs_pgmq(ctx: Context) -> list[Row]:
             # trails PGMQ, the table's shape bounds the engine, not its functions.
             raw_by_pgmq = [r / q for r, q in zip(rates["raw"], rates["pgmq"], strict=True)]
             note += (
-                f"; postbox/PGMQ per round {_median_range(by_pgmq)}; raw (a copy of "
-                f"postbox.messages)/PGMQ {_median_range(raw_by_pgmq)}"
+                f"; postbox/PGMQ per round {median_range(by_pgmq)}; raw (a copy of "
+                f"postbox.messages)/PGMQ {median_range(raw_by_pgmq)}"
             )
             met = statistics.median(by_pgmq) >= workload.target
         else:

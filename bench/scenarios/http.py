@@ -13,15 +13,11 @@ from postbox.v1 import message_service_pb2 as pb
 from postbox.v1 import message_service_pb2_grpc
 
 from bench.load import Load, closed_loop
-from bench.runner import Context, Row, scenario
+from bench.runner import Context, Row, median_range, scenario
 from bench.scenarios.throughput import grpc_load, measured
 
 CLIENTS = 16
 ROUNDS = 3
-
-
-def _median_range(values: list[float]) -> str:
-    return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
 
 
 @scenario(
@@ -83,7 +79,7 @@ async def run(ctx: Context) -> list[Row]:
             grpc_rate,
             "gRPC, same server",
             note=f"medians of {ROUNDS} rounds of {seconds} s; HTTP/gRPC per round "
-            f"{_median_range(ratios)}; p50 {http_all.latency_ms(0.5):.1f} / p99 "
+            f"{median_range(ratios)}; p50 {http_all.latency_ms(0.5):.1f} / p99 "
             f"{http_all.latency_ms(0.99):.1f} ms (gRPC {grpc_all.latency_ms(0.5):.1f} / "
             f"{grpc_all.latency_ms(0.99):.1f})",
         )

@@ -26,7 +26,7 @@ from postbox.v1 import topic_service_pb2 as tpb
 
 from bench import raw
 from bench.load import closed_loop, fixed_rate, percentile
-from bench.runner import Context, Row, scenario
+from bench.runner import Context, Row, median_range, scenario
 from bench.scenarios.throughput import Channels
 from bench.scenarios.topics import SUBSCRIBED_QUEUES
 from bench.scenarios.topics import _topic as fanout_topic
@@ -82,10 +82,6 @@ def _publisher(
     return publish_batch
 
 
-def _median_range(values: list[float]) -> str:
-    return f"{statistics.median(values):.2f}x ({min(values):.2f}-{max(values):.2f})"
-
-
 @scenario(
     "stream_publish",
     f"msgs/s published to a stream topic with {GROUPS} consumer groups vs to a topic that "
@@ -121,7 +117,7 @@ async def stream_publish(ctx: Context) -> list[Row]:
                     note=(
                         f"medians of {ROUNDS} rounds of {ctx.seconds:g} s: stream {ours:,.0f}, "
                         f"fan-out {theirs:,.0f} msgs/s; stream/fan-out per round "
-                        f"{_median_range(ratios)}"
+                        f"{median_range(ratios, 'x')}"
                     ),
                 )
             )
@@ -168,10 +164,10 @@ async def _per_commit_bound(ctx: Context, topics: dict[str, str]) -> Row:
         f"raw 1 row ÷ {GROUPS} rows per commit",
         note=(
             f"pgbench -M prepared, {ROUNDS} rounds rotated, per-round ratios: engine "
-            f"stream/fan-out {_median_range(engine)} (stream "
+            f"stream/fan-out {median_range(engine, 'x')} (stream "
             f"{statistics.median(tps['stream']):,.0f}, fan-out "
             f"{statistics.median(tps['fanout']):,.0f} publishes/s); raw INSERT of 1 row per "
-            f"commit ÷ {GROUPS} rows per commit {_median_range(ceiling)} "
+            f"commit ÷ {GROUPS} rows per commit {median_range(ceiling, 'x')} "
             f"({statistics.median(tps['raw1']):,.0f} / "
             f"{statistics.median(tps[f'raw{GROUPS}']):,.0f} commits/s): with one message per "
             f"commit the commit dominates, and no publish path passes the raw ratio"
@@ -282,10 +278,10 @@ async def stream_read(ctx: Context) -> list[Row]:
             f"asyncpg keyset SELECT of {READ_BATCH}",
             note=(
                 f"medians of {ROUNDS} passes over {READ_ROWS:,} messages: ours {ours_rate:,.0f}, "
-                f"raw {raw_rate:,.0f} msgs/s; ours/raw per round {_median_range(ratios)}; "
+                f"raw {raw_rate:,.0f} msgs/s; ours/raw per round {median_range(ratios, 'x')}; "
                 f"the engine alone (read_stream + ack_stream over asyncpg) "
                 f"{statistics.median(rates['engine']):,.0f} msgs/s, engine/raw "
-                f"{_median_range(engine_ratios)}"
+                f"{median_range(engine_ratios, 'x')}"
             ),
         )
     ]

@@ -318,3 +318,48 @@ def test_consumer_group_lag_is_shown_at_scrape_time(observed):
     labels = {"topic": topic, "group": "lagging"}
     assert value(samples, "postbox_consumer_group_lag_messages", **labels) == 3
     assert value(samples, "postbox_consumer_group_lag_seconds", **labels) >= 0
+
+
+def test_a_fan_out_counts_what_each_queue_took(observed, stubs):
+    from postbox.v1 import topic_service_pb2 as tpb
+    from postbox.v1 import topic_service_pb2_grpc
+
+    queues = stubs[0]
+    topic = unique_name("metrics_fan")
+    names = [unique_name(f"metrics_fan_{i}") for i in range(2)]
+    for name in names:
+        queues.CreateQueue(qpb.CreateQueueRequest(queue=qpb.Queue(name=name)))
+    before = observed.scrape()
+    with grpc.insecure_channel(observed.process.target) as channel:
+        topics = topic_service_pb2_grpc.TopicServiceStub(channel)
+        topics.CreateTopic(tpb.CreateTopicRequest(topic=tpb.Topic(name=topic)))
+        topics.CreateSubscription(
+            tpb.CreateSubscriptionRequest(
+                subscription=tpb.Subscription(name="all", topic=topic, queue=names[0])
+            )
+        )
+        topics.CreateSubscription(
+            tpb.CreateSubscriptionRequest(
+                subscription=tpb.Subscription(
+                    name="even", topic=topic, pattern="even", queue=names[1]
+                )
+            )
+        )
+        entries = [
+            tpb.PublishBatchEntry(body=b"x", routing_key="even" if i % 2 == 0 else "odd")
+            for i in range(5)
+        ]
+        topics.PublishBatch(tpb.PublishBatchRequest(topic=topic, entries=entries))
+        topics.Publish(tpb.PublishRequest(topic=topic, body=b"y", routing_key="even"))
+        # A duplicate adds nothing.
+        for _ in range(2):
+            topics.Publish(tpb.PublishRequest(topic=topic, body=b"z", deduplication_id="once"))
+    after = observed.scrape()
+
+    def grew(queue: str) -> float:
+        return value(after, "postbox_messages_sent_total", queue=queue) - value(
+            before, "postbox_messages_sent_total", queue=queue
+        )
+
+    assert grew(names[0]) == 5 + 1 + 1
+    assert grew(names[1]) == 3 + 1

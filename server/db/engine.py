@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import os
@@ -507,12 +508,17 @@ class Engine:
             _optional_column([m.subject for m in messages]),
             conn=conn,
         )  # fmt: skip
-        # What the fan-out put into each queue is sent to that queue, as a Send is.
+        # What the fan-out put into each queue is sent to that queue, as a Send is;
+        # counted once per queue, not per message (a group of Publishes to a topic
+        # with many queues would otherwise spend more here than on the call).
+        sent: collections.Counter[str] = collections.Counter()
         for row in rows:
             for queue, duplicate in zip(row["queues"] or (), row["duplicates"] or (), strict=True):
                 if not duplicate:
-                    metrics.count(metrics.MESSAGES_SENT, queue, 1)
-                    ACTIVITY.sent(queue, 1)
+                    sent[queue] += 1
+        for queue, amount in sent.items():
+            metrics.count(metrics.MESSAGES_SENT, queue, amount)
+            ACTIVITY.sent(queue, amount)
         return rows
 
     # Stream topics. Group rows carry topic, name, created_at, cursor_offset, acked_at,

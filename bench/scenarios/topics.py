@@ -95,6 +95,7 @@ async def topic_fanout(ctx: Context) -> list[Row]:
         await channels.close()
         await bare.close()
         await pool.close()
+    engine_row = await _engine_alone(ctx, topic)
     await ctx.db.reset_raw()
     ratios = [r["ours"].rate / r["raw"].rate for r in rounds]
     of_transport = [r["ours"].rate / r["transport"].rate for r in rounds]
@@ -129,4 +130,49 @@ async def topic_fanout(ctx: Context) -> list[Row]:
                 f"does {median_range(transport_by_raw)} of raw, so it bounds ours below that"
             ),
         ),
+        engine_row,
     ]
+
+
+GROUPED = 8  # publishes per publish_batch, about what group commit forms with 16 publishers
+
+
+async def _engine_alone(ctx: Context, topic: str) -> Row:
+    """The engine's own fan-out, pgbench -M prepared from PUBLISHERS sessions: postbox.publish
+    once per commit, and publish_batch of GROUPED (as group commit shares a commit),
+    against the raw INSERT of the same rows, one publish's rows per commit."""
+    hex_body = ctx.body().hex()
+    scripts = {
+        "publish": f"SELECT count(*) FROM postbox.publish('{topic}', '\\x{hex_body}'::bytea);",
+        "grouped": f"SELECT count(*) FROM postbox.publish_batch('{topic}', "
+        f"array_fill('\\x{hex_body}'::bytea, ARRAY[{GROUPED}]));",
+        "raw": f"INSERT INTO {raw.RAW_TABLE} (queue_id, visible_at, enqueued_at, body) "
+        f"SELECT q, now(), now(), '\\x{hex_body}'::bytea "
+        f"FROM generate_series(1, {SUBSCRIBED_QUEUES}) q;",
+    }
+    per_call = {"publish": 1, "grouped": GROUPED, "raw": 1}
+    rates: dict[str, list[float]] = {kind: [] for kind in scripts}
+    kinds = list(scripts)
+    for round_ in range(ROUNDS):
+        for kind in kinds[round_ % len(kinds) :] + kinds[: round_ % len(kinds)]:  # rotated
+            tps = await raw.pgbench_tps(
+                ctx.db, scripts[kind], clients=PUBLISHERS, seconds=ctx.seconds
+            )
+            rates[kind].append(tps * per_call[kind])
+    single = [p / r for p, r in zip(rates["publish"], rates["raw"], strict=True)]
+    grouped = [g / r for g, r in zip(rates["grouped"], rates["raw"], strict=True)]
+    return Row(
+        f"postbox.publish x{PUBLISHERS} -> {SUBSCRIBED_QUEUES} queues, engine alone",
+        "msgs/s",
+        statistics.median(rates["publish"]),
+        statistics.median(rates["raw"]),
+        f"pgbench INSERT of {SUBSCRIBED_QUEUES} rows/commit",
+        target=f">= {TARGET} of raw",
+        met=statistics.median(single) >= TARGET,
+        note=(
+            f"pgbench -M prepared, {ROUNDS} rounds rotated; one publish per commit "
+            f"{median_range(single)} of raw; publish_batch of {GROUPED} per commit "
+            f"{median_range(grouped)} ({statistics.median(rates['grouped']):,.0f} publishes/s), "
+            f"which the server's group commit forms"
+        ),
+    )

@@ -172,10 +172,9 @@ class GroupCommit(Generic[Item, Result]):
         positions: dict[str, list[int]] = {}
         for position, waiting in enumerate(group):
             positions.setdefault(waiting.destination, []).append(position)
-        results: list[Result | None] = [None] * len(group)
+        results: dict[int, Result] = {}
         for destination in sorted(positions):
             items = [group[p].item for p in positions[destination]]
             written = await self._write_batch(conn, destination, items)
-            for position, result in zip(positions[destination], written, strict=True):
-                results[position] = result
-        return results  # type: ignore[return-value]  # every position was filled
+            results.update(zip(positions[destination], written, strict=True))
+        return [results[position] for position in range(len(group))]

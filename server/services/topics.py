@@ -376,12 +376,13 @@ class TopicService(topic_service_pb2_grpc.TopicServiceServicer):
 
     async def _publish(self, topic: str, entries: list[OutgoingPublish]) -> list[Record]:
         rows = await self.engine.publish_batch(topic, entries)
-        self._woken(rows)
-        self.on_published(topic)
+        self._woken(topic, rows)
         return rows
 
-    def _woken(self, rows: Iterable[Record]) -> None:
-        """Streams on this server waiting on the queues, and its webhook worker, look now."""
+    def _woken(self, topic: str, rows: Iterable[Record]) -> None:
+        """Streams on this server waiting on the topic's log or on the queues, and its
+        webhook worker, look now."""
+        self.on_published(topic)
         queues = {queue for row in rows for queue in row["queues"]}
         for queue in queues:
             self.hub.wake(queue)
@@ -401,8 +402,7 @@ class TopicService(topic_service_pb2_grpc.TopicServiceServicer):
         # Concurrent Publishes share commits, as Sends do: each fans out to every
         # subscribed queue, and one commit per Publish would bound them all.
         row = await self.publishes.write(request.topic, _outgoing(request, self.max_message_size))
-        self._woken((row,))
-        self.on_published(request.topic)
+        self._woken(request.topic, (row,))
         response = pb.PublishResponse()
         _fill_result(response, row)
         return response

@@ -19,8 +19,6 @@ import asyncpg
 import pytest
 from support import create_database, drop_database
 
-# The engine's queue lock (postbox._lock_queue): a purge or drop holds it alone.
-QUEUE_LOCK = 1886350198
 # A send that waits longer than this is past what the floor's own margin covers.
 PAST_THE_MARGIN = "1.2 seconds"
 
@@ -50,10 +48,9 @@ WHERE pid = $1 AND wait_event_type = 'Lock' AND now() - xact_start > interval '{
 async def _hold_queue_lock(conn: asyncpg.Connection, queue: str) -> asyncpg.transaction.Transaction:
     transaction = conn.transaction()
     await transaction.start()
+    # The engine's queue lock, as a purge or drop holds it: alone.
     await conn.execute(
-        "SELECT pg_advisory_xact_lock($1, (SELECT id FROM postbox.queues WHERE name = $2))",
-        QUEUE_LOCK,
-        queue,
+        "SELECT postbox._lock_queue(id, true) FROM postbox.queues WHERE name = $1", queue
     )
     return transaction
 

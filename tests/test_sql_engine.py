@@ -667,6 +667,60 @@ async def test_a_send_racing_a_queue_drop_leaves_no_orphans(conns, statement):
     assert orphans == 0
 
 
+STRIPE_CLASS = (
+    1886350208  # postbox._lock_queue: stripe s is the advisory lock (STRIPE_CLASS + s, queue id)
+)
+HOLDS = """SELECT EXISTS (SELECT FROM pg_locks WHERE pid = $1 AND locktype = 'advisory'
+                  AND classid = $2::bigint AND objid = $3::bigint AND granted = $4)"""
+
+
+async def until(conn: asyncpg.Connection, query: str, *args: object) -> None:
+    for _ in range(1500):  # up to 30 s: a loaded machine starts statements late
+        if await conn.fetchval(query, *args):
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"never true: {query} {args}")
+
+
+async def test_a_drop_waits_for_the_sends_in_every_stripe_of_the_queue_lock(database_url, conns):
+    """A send holds one of the queue lock's 16 stripes, its session's; a drop takes all of
+    them, so it waits for every send in progress, whichever stripe that send holds."""
+    setup, dropper, _ = conns
+    await new_queue(setup, "striped", 0)
+    queue_id = await setup.fetchval("SELECT id FROM postbox.queues WHERE name = 'striped'")
+    senders = [await asyncpg.connect(database_url)]
+    try:
+        # A second session in another stripe: pids differ, so a few tries find one.
+        for _ in range(32):
+            other = await asyncpg.connect(database_url)
+            if other.get_server_pid() % 16 != senders[0].get_server_pid() % 16:
+                senders.append(other)
+                break
+            await other.close()
+        assert len(senders) == 2, "no two sessions in different stripes"
+        for sender in senders:
+            await sender.execute("BEGIN")
+            await sender.execute("SELECT postbox.send('striped', 'x')")
+            stripe = STRIPE_CLASS + sender.get_server_pid() % 16
+            assert await setup.fetchval(HOLDS, sender.get_server_pid(), stripe, queue_id, True)
+        dropping = asyncio.ensure_future(dropper.execute("SELECT postbox.drop_queue('striped')"))
+        # Whichever order they come in, the drop ends up waiting for the second sender's stripe.
+        await senders[0].execute("COMMIT")
+        second = STRIPE_CLASS + senders[1].get_server_pid() % 16
+        await until(setup, HOLDS, dropper.get_server_pid(), second, queue_id, False)
+        assert not dropping.done(), "the drop should wait for the send in the other stripe"
+        await senders[1].execute("COMMIT")
+        await dropping
+    finally:
+        for sender in senders:
+            await sender.close()
+    # Both sends committed before the drop went through: it removed their messages.
+    assert (
+        await setup.fetchval("SELECT count(*) FROM postbox.messages WHERE queue_id = $1", queue_id)
+        == 0
+    )
+
+
 # Wake-up notifications.
 
 

@@ -164,7 +164,7 @@ async def test_a_send_that_waited_on_a_lock_wakes_a_waiting_stream(
         # What a purge or a queue drop holds while it runs: sends wait for it.
         await holder.execute("BEGIN")
         await holder.execute(
-            "SELECT pg_advisory_xact_lock(1886350198, id) FROM postbox.queues WHERE name = $1",
+            "SELECT postbox._lock_queue(id, true) FROM postbox.queues WHERE name = $1",
             queue_name,
         )
         sending = asyncio.ensure_future(stub.Send(pb.SendRequest(queue=queue_name, body=b"late")))

@@ -343,7 +343,7 @@ BEGIN
     -- As the general path: the table lock before the clock, then the queue's.
     LOCK TABLE postbox.messages IN ROW EXCLUSIVE MODE;
     sent_at := clock_timestamp();
-    PERFORM pg_advisory_xact_lock_shared(1886350198, q.id);  -- postbox._lock_queue, inline
+    PERFORM pg_advisory_xact_lock_shared(1886350208 + pg_backend_pid() % 16, q.id);  -- _lock_queue, inline
     -- Joined to the queue, read after the lock: nothing when a drop committed
     -- meanwhile. Identity values are drawn in insertion order, so id order is
     -- input order.
@@ -400,7 +400,7 @@ BEGIN
     -- As send_batch: the table lock before the clock (see there), then the queue's.
     LOCK TABLE postbox.messages IN ROW EXCLUSIVE MODE;
     sent_at := clock_timestamp();
-    PERFORM pg_advisory_xact_lock_shared(1886350198, q.id);  -- postbox._lock_queue, inline
+    PERFORM pg_advisory_xact_lock_shared(1886350208 + pg_backend_pid() % 16, q.id);  -- _lock_queue, inline
     -- Joined to the queue, read after the lock: nothing when a drop committed meanwhile.
     INSERT INTO postbox.messages (queue_id, visible_at, enqueued_at, body, priority)
     SELECT x.id, sent_at + q.delivery_delay, sent_at, body, 0

@@ -53,7 +53,7 @@ BEGIN
     -- reads the queues, so that it sees a drop that committed meanwhile.
     LOCK TABLE postbox.messages IN ROW EXCLUSIVE MODE;
     sent_at := clock_timestamp();
-    PERFORM pg_advisory_xact_lock_shared(1886350198, q)
+    PERFORM pg_advisory_xact_lock_shared(1886350208 + pg_backend_pid() % 16, q)
     FROM (SELECT DISTINCT q FROM unnest(plain_queue_ids) AS q ORDER BY q) AS d;
     -- All or none: nothing goes in when some pair's queue is gone, paused, or
     -- too small for its message. Identity values are drawn in insertion order,

@@ -179,6 +179,14 @@ def eventually(check: Callable[[], object], timeout: float = 30.0, what: str = "
     return result
 
 
+async def until(conn: asyncpg.Connection, query: str, *args: object) -> None:
+    """Waits for a condition the database reports true, for at most 30 seconds."""
+    deadline = asyncio.get_running_loop().time() + 30
+    while not await conn.fetchval(query, *args):
+        assert asyncio.get_running_loop().time() < deadline, f"never true: {query}"
+        await asyncio.sleep(0.02)
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import asyncpg
 import pytest
-from support import create_database, drop_database
+from support import create_database, drop_database, until
 
 from server.db.migrate import Scripts, format_version, installed_version, migrate
 from server.db.sqlfiles import engine_dir
@@ -672,14 +672,6 @@ STRIPE_CLASS = (
 )
 HOLDS = """SELECT EXISTS (SELECT FROM pg_locks WHERE pid = $1 AND locktype = 'advisory'
                   AND classid = $2::bigint AND objid = $3::bigint AND granted = $4)"""
-
-
-async def until(conn: asyncpg.Connection, query: str, *args: object) -> None:
-    for _ in range(1500):  # up to 30 s: a loaded machine starts statements late
-        if await conn.fetchval(query, *args):
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"never true: {query} {args}")
 
 
 async def test_a_drop_waits_for_the_sends_in_every_stripe_of_the_queue_lock(database_url, conns):

@@ -28,6 +28,7 @@ from support import (
     receive,
     seconds,
     unique_name,
+    until,
 )
 
 HOUR = 3600.0
@@ -651,14 +652,6 @@ DEAD_IN_LOG = """
 SELECT coalesce(sum(n_dead_tup), 0) FROM pg_stat_user_tables
 WHERE schemaname = 'postbox' AND relname LIKE 'stream_log_%'
 """
-
-
-async def until(conn: asyncpg.Connection, query: str, *args: object) -> None:
-    """Waits for a condition the database reports true, for at most 30 seconds."""
-    deadline = asyncio.get_running_loop().time() + 30
-    while not await conn.fetchval(query, *args):
-        assert asyncio.get_running_loop().time() < deadline, f"never true: {query}"
-        await asyncio.sleep(0.02)
 
 
 async def flush_stats(conn: asyncpg.Connection) -> None:

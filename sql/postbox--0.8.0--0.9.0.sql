@@ -2496,19 +2496,16 @@ BEGIN
     LOCK TABLE postbox.messages IN ROW EXCLUSIVE MODE;
     sent_at := clock_timestamp();
     PERFORM pg_advisory_xact_lock_shared(1886350208 + pg_backend_pid() % 16, q.id);  -- _lock_queue, inline
-    -- Joined to the queue, read after the lock: nothing when a drop committed
-    -- meanwhile. Identity values are drawn in insertion order, so id order is
-    -- input order.
+    -- The queue is looked up again, after the lock: nothing is inserted when a
+    -- drop committed meanwhile. The look is a one-time filter, not a join, so
+    -- the rows go from unnest to the insert in input order with no sort: ids
+    -- are drawn, and returned, in input order (as the tests hold).
     RETURN QUERY
-    WITH inserted AS (
-        INSERT INTO postbox.messages (queue_id, visible_at, enqueued_at, body, priority)
-        SELECT x.id, sent_at + q.delivery_delay, sent_at, e.b, 0
-        FROM postbox.queues x, unnest(bodies) WITH ORDINALITY AS e(b, i)
-        WHERE x.id = q.id
-        ORDER BY e.i
-        RETURNING id
-    )
-    SELECT id, false FROM inserted ORDER BY id;
+    INSERT INTO postbox.messages (queue_id, visible_at, enqueued_at, body, priority)
+    SELECT q.id, sent_at + q.delivery_delay, sent_at, b, 0
+    FROM unnest(bodies) AS b
+    WHERE EXISTS (SELECT FROM postbox.queues x WHERE x.id = q.id)
+    RETURNING id, false;
     IF NOT FOUND THEN
         RAISE EXCEPTION USING ERRCODE = 'PB404',
             MESSAGE = 'the queue was deleted while the message was being sent';

@@ -79,6 +79,7 @@ def server(database_url: str) -> Iterator[ServerProcess]:
         "0.2",
         "--expiry-interval",
         "0.5",
+        metrics=True,
     ).start()
     yield process
     process.stop()

@@ -25,6 +25,7 @@ import grpc
 import pytest
 from google.protobuf.duration_pb2 import Duration
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prometheus_client.parser import text_string_to_metric_families
 
 from server.auth.secrets import new_secret, secret_sha256, sigv4_secret
 
@@ -193,6 +194,23 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def scrape(port: int) -> dict[tuple[str, frozenset], float]:
+    """Every sample of a /metrics page, by name and labels."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        assert response.headers["Content-Type"].startswith("text/plain")
+        text = response.read().decode()
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def metric(samples: dict, name: str, **labels: str) -> float:
+    """One sample of a scrape; 0 when the page does not show it (yet)."""
+    return samples.get((name, frozenset(labels.items())), 0.0)
+
+
 def unique_name(hint: str) -> str:
     """A valid queue name derived from a test name."""
     cleaned = re.sub(r"[^A-Za-z0-9_-]", "_", hint)[:60]
@@ -262,9 +280,16 @@ class ServerProcess(ChildProcess):
         *extra_args: str,
         loopback_webhooks: bool = True,
         credentials: grpc.ChannelCredentials | None = None,
+        metrics: bool = False,
     ) -> None:
         super().__init__()
         self.database_url = database_url
+        # With metrics: the port of its /metrics page, on 127.0.0.1.
+        self.metrics_port = free_port() if metrics else None
+        if self.metrics_port is not None:
+            extra_args = (
+                *extra_args, "--metrics-port", str(self.metrics_port), "--metrics-host", "127.0.0.1"
+            )  # fmt: skip
         # For a server started with --tls-cert: how the readiness check reaches it.
         self.credentials = credentials
         # The tests' webhook receivers listen on loopback, which the egress policy

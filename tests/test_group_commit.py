@@ -7,12 +7,11 @@ import asyncio
 
 import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 from postbox.v1 import message_pb2 as msg
 from postbox.v1 import message_service_pb2 as pb
 from postbox.v1 import message_service_pb2_grpc, topic_service_pb2_grpc
 from postbox.v1 import topic_service_pb2 as tpb
-from support import seconds, unique_name
+from support import ServerProcess, metric, scrape, seconds, unique_name
 
 
 @pytest.fixture
@@ -69,17 +68,22 @@ async def commit_sizes(db):
 
 
 async def under_load(
-    db, aio_channel, make_calls, while_held=lambda calls: None, statement="postbox.send_batch"
+    db,
+    server: ServerProcess,
+    make_calls,
+    while_held=lambda calls: None,
+    statement="postbox.send_batch",
 ) -> list:
     """Makes the calls (Sends, or Publishes with statement="postbox.publish_batch")
     against a busy database, as under real load, and returns their outcomes
     (responses or errors).
 
-    Inserts are held back until two groups wait at the database; a Health check on
-    the same channel, answered after the server took every earlier call, shows the
-    rest have joined the queue behind them. Without this, how many sends share a
-    commit would depend on the machine's speed.
+    Inserts are held back until two groups wait at the database and the server's
+    pending writes show every other call waiting behind them (or answered already,
+    refused before it could join). Without this, how many calls share a commit
+    would depend on the machine's speed.
     """
+    assert server.metrics_port is not None
     held = db.transaction()
     await held.start()
     try:
@@ -98,7 +102,15 @@ async def under_load(
                 break
             await asyncio.sleep(0.01)
         assert blocked >= 2, "the first groups never reached the database"
-        await health_pb2_grpc.HealthStub(aio_channel).Check(health_pb2.HealthCheckRequest())
+        # 30 s: the calls only need to cross loopback, but CI machines stall.
+        deadline = asyncio.get_running_loop().time() + 30
+        while True:
+            samples = await asyncio.to_thread(scrape, server.metrics_port)
+            pending = metric(samples, "postbox_group_commit_pending")
+            if pending + sum(call.done() for call in calls) >= len(calls):
+                break
+            assert asyncio.get_running_loop().time() < deadline, f"{pending} of {len(calls)} joined"
+            await asyncio.sleep(0.02)
         while_held(calls)
     finally:
         await held.rollback()
@@ -113,11 +125,11 @@ def assert_shared(sizes: list[int]) -> None:
 
 
 async def test_concurrent_sends_share_commits_and_keep_their_own_ids(
-    stub, db, queue, aio_channel, commit_sizes
+    stub, db, queue, server, commit_sizes
 ):
     bodies = [f"message {i}".encode() for i in range(300)]
     responses = await under_load(
-        db, aio_channel, lambda: [stub.Send(pb.SendRequest(queue=queue, body=b)) for b in bodies]
+        db, server, lambda: [stub.Send(pb.SendRequest(queue=queue, body=b)) for b in bodies]
     )
     ids = [r.message_id for r in responses]
     assert len(set(ids)) == len(bodies)
@@ -126,9 +138,7 @@ async def test_concurrent_sends_share_commits_and_keep_their_own_ids(
     assert_shared(await commit_sizes(ids))
 
 
-async def test_a_refused_message_fails_only_its_own_caller(
-    stub, db, queue, aio_channel, commit_sizes
-):
+async def test_a_refused_message_fails_only_its_own_caller(stub, db, queue, server, commit_sizes):
     bad_attribute = {"AWS.reserved": msg.AttributeValue(data_type="String", string_value="x")}
     requests = []
     for i in range(120):
@@ -138,7 +148,7 @@ async def test_a_refused_message_fails_only_its_own_caller(
             requests.append(pb.SendRequest(queue="no_such_queue_gc", body=b"lost"))
         else:
             requests.append(pb.SendRequest(queue=queue, body=f"good {i}".encode()))
-    outcomes = await under_load(db, aio_channel, lambda: [stub.Send(r) for r in requests])
+    outcomes = await under_load(db, server, lambda: [stub.Send(r) for r in requests])
     stored = await bodies_by_id(db, queue)
     for i, (request, outcome) in enumerate(zip(requests, outcomes, strict=True)):
         if i % 10 == 3:
@@ -157,7 +167,7 @@ async def test_a_refused_message_fails_only_its_own_caller(
     assert_shared(await commit_sizes(good))
 
 
-async def test_sends_to_several_queues_in_one_group(stub, db, queues, aio_channel, commit_sizes):
+async def test_sends_to_several_queues_in_one_group(stub, db, queues, server, commit_sizes):
     from postbox.v1 import queue_service_pb2 as qpb
 
     names = [f"gc_multi_{i}" for i in range(4)]
@@ -168,7 +178,7 @@ async def test_sends_to_several_queues_in_one_group(stub, db, queues, aio_channe
             pb.SendRequest(queue=names[i % 4], body=f"{names[i % 4]}:{i}".encode())
             for i in range(200)
         ]
-        responses = await under_load(db, aio_channel, lambda: [stub.Send(r) for r in requests])
+        responses = await under_load(db, server, lambda: [stub.Send(r) for r in requests])
         for name in names:
             stored = await bodies_by_id(db, name)
             mine = [
@@ -183,9 +193,7 @@ async def test_sends_to_several_queues_in_one_group(stub, db, queues, aio_channe
             queues.DeleteQueue(qpb.DeleteQueueRequest(name=name))
 
 
-async def test_cancelled_callers_do_not_disturb_the_others(
-    stub, db, queue, aio_channel, commit_sizes
-):
+async def test_cancelled_callers_do_not_disturb_the_others(stub, db, queue, server, commit_sizes):
     def make_calls() -> list:
         return [stub.Send(pb.SendRequest(queue=queue, body=f"{i}".encode())) for i in range(200)]
 
@@ -193,7 +201,7 @@ async def test_cancelled_callers_do_not_disturb_the_others(
         for call in calls[::3]:
             call.cancel()
 
-    outcomes = await under_load(db, aio_channel, make_calls, while_held=cancel_every_third)
+    outcomes = await under_load(db, server, make_calls, while_held=cancel_every_third)
     stored = await bodies_by_id(db, queue)
     for i, outcome in enumerate(outcomes):
         if isinstance(outcome, pb.SendResponse):
@@ -209,14 +217,14 @@ async def test_cancelled_callers_do_not_disturb_the_others(
     assert (await bodies_by_id(db, queue))[response.message_id] == b"after"
 
 
-async def test_delayed_and_plain_sends_in_one_group(stub, db, queue, aio_channel, commit_sizes):
+async def test_delayed_and_plain_sends_in_one_group(stub, db, queue, server, commit_sizes):
     requests = [
         pb.SendRequest(queue=queue, body=f"{i}".encode(), delay=seconds(60))
         if i % 2
         else pb.SendRequest(queue=queue, body=f"{i}".encode())
         for i in range(50)
     ]
-    responses = await under_load(db, aio_channel, lambda: [stub.Send(r) for r in requests])
+    responses = await under_load(db, server, lambda: [stub.Send(r) for r in requests])
     assert_shared(await commit_sizes([r.message_id for r in responses]))
     delayed = await db.fetch(
         "SELECT id FROM postbox.messages WHERE id = ANY($1::bigint[]) "
@@ -253,13 +261,13 @@ async def fan_out(db):
 
 
 async def test_concurrent_publishes_share_commits_and_keep_their_own_results(
-    topic_stub, db, aio_channel, commit_sizes, fan_out
+    topic_stub, db, server, commit_sizes, fan_out
 ):
     topic, queue_names, _ = fan_out
     bodies = [f"published {i}".encode() for i in range(200)]
     responses = await under_load(
         db,
-        aio_channel,
+        server,
         lambda: [topic_stub.Publish(tpb.PublishRequest(topic=topic, body=b)) for b in bodies],
         statement="postbox.publish_batch",
     )
@@ -276,7 +284,7 @@ async def test_concurrent_publishes_share_commits_and_keep_their_own_results(
 
 
 async def test_a_refused_publish_fails_only_its_own_caller(
-    topic_stub, db, aio_channel, commit_sizes, fan_out
+    topic_stub, db, server, commit_sizes, fan_out
 ):
     topic, queue_names, small = fan_out
     requests = []
@@ -289,7 +297,7 @@ async def test_a_refused_publish_fails_only_its_own_caller(
             requests.append(tpb.PublishRequest(topic=topic, body=f"good {i}".encode()))
     outcomes = await under_load(
         db,
-        aio_channel,
+        server,
         lambda: [topic_stub.Publish(r) for r in requests],
         statement="postbox.publish_batch",
     )
@@ -310,7 +318,7 @@ async def test_a_refused_publish_fails_only_its_own_caller(
 
 
 async def test_a_paused_queue_fails_only_the_sends_into_it(
-    stub, db, queue, queues, aio_channel, commit_sizes
+    stub, db, queue, queues, server, commit_sizes
 ):
     from postbox.v1 import queue_service_pb2 as qpb
 
@@ -322,7 +330,7 @@ async def test_a_paused_queue_fails_only_the_sends_into_it(
             pb.SendRequest(queue=paused if i % 5 == 0 else queue, body=f"{i}".encode())
             for i in range(100)
         ]
-        outcomes = await under_load(db, aio_channel, lambda: [stub.Send(r) for r in requests])
+        outcomes = await under_load(db, server, lambda: [stub.Send(r) for r in requests])
         for i, outcome in enumerate(outcomes):
             if i % 5 == 0:
                 assert outcome.code() == grpc.StatusCode.UNAVAILABLE, outcome

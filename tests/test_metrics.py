@@ -13,36 +13,17 @@ import pytest
 from postbox.v1 import message_service_pb2 as pb
 from postbox.v1 import message_service_pb2_grpc, queue_service_pb2_grpc
 from postbox.v1 import queue_service_pb2 as qpb
-from prometheus_client.parser import text_string_to_metric_families
-from support import ServerProcess, free_port, seconds, unique_name
+from support import ServerProcess, free_port, metric, scrape, seconds, unique_name
 
 
 class MetricsServer:
     def __init__(self, database_url: str, *args: str) -> None:
-        self.metrics_port = free_port()
-        self.process = ServerProcess(
-            database_url, "--metrics-port", str(self.metrics_port), "--metrics-host", "127.0.0.1",
-            *args,
-        )  # fmt: skip
+        self.process = ServerProcess(database_url, *args, metrics=True)
+        assert self.process.metrics_port is not None
+        self.metrics_port = self.process.metrics_port
 
     def scrape(self) -> dict[tuple[str, frozenset], float]:
         return scrape(self.metrics_port)
-
-
-def scrape(port: int) -> dict[tuple[str, frozenset], float]:
-    """Every sample of a /metrics page, by name and labels."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-        assert response.headers["Content-Type"].startswith("text/plain")
-        text = response.read().decode()
-    return {
-        (sample.name, frozenset(sample.labels.items())): sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    }
-
-
-def value(samples: dict, name: str, **labels: str) -> float:
-    return samples.get((name, frozenset(labels.items())), 0.0)
 
 
 @contextlib.contextmanager
@@ -93,7 +74,7 @@ def test_rpcs_and_messages_are_counted_by_method_code_and_queue(observed, stubs)
     after = observed.scrape()
 
     def grew(name_: str, **labels: str) -> float:
-        return value(after, name_, **labels) - value(before, name_, **labels)
+        return metric(after, name_, **labels) - metric(before, name_, **labels)
 
     send = {
         "grpc_type": "unary",
@@ -114,11 +95,13 @@ def test_rpcs_and_messages_are_counted_by_method_code_and_queue(observed, stubs)
     assert grew("postbox_messages_received_total", queue=name) == 5
     assert grew("postbox_messages_deleted_total", queue=name) == 3
     assert grew("postbox_group_commit_batch_size_count") >= 1  # the single Send went through it
+    assert ("postbox_group_commit_pending", frozenset()) in after
+    assert metric(after, "postbox_group_commit_pending") == 0  # and was answered
     # Depths come from the database at scrape time: 2 in flight, none visible.
-    assert value(after, "postbox_queue_messages_in_flight", queue=name) == 2
-    assert value(after, "postbox_queue_messages_visible", queue=name) == 0
-    assert value(after, "postbox_queue_paused", queue=name) == 0
-    assert value(after, "postbox_db_pool_connections", state="idle") >= 1
+    assert metric(after, "postbox_queue_messages_in_flight", queue=name) == 2
+    assert metric(after, "postbox_queue_messages_visible", queue=name) == 0
+    assert metric(after, "postbox_queue_paused", queue=name) == 0
+    assert metric(after, "postbox_db_pool_connections", state="idle") >= 1
 
 
 def test_queue_depths_include_the_dead_letter_queue_and_oldest_age(observed, stubs):
@@ -137,11 +120,11 @@ def test_queue_depths_include_the_dead_letter_queue_and_oldest_age(observed, stu
     messages.Send(pb.SendRequest(queue=source, body=b"later", delay=seconds(300)))
     started = time.monotonic()
     samples = observed.scrape()
-    assert value(samples, "postbox_queue_dead_letter_messages", queue=source) == 1
+    assert metric(samples, "postbox_queue_dead_letter_messages", queue=source) == 1
     # A queue without a dead-letter queue has no such series.
     assert ("postbox_queue_dead_letter_messages", frozenset({("queue", dlq)})) not in samples
-    assert value(samples, "postbox_queue_messages_delayed", queue=source) == 1
-    age = value(samples, "postbox_queue_oldest_message_age_seconds", queue=dlq)
+    assert metric(samples, "postbox_queue_messages_delayed", queue=source) == 1
+    age = metric(samples, "postbox_queue_oldest_message_age_seconds", queue=dlq)
     assert 0 <= age <= time.monotonic() - started + 60
 
 
@@ -188,29 +171,29 @@ async def test_expired_and_dead_lettered_messages_are_counted_by_queue(
     assert _receive(messages, source) == []
 
     samples = observed.scrape()
-    assert value(samples, "postbox_messages_expired_total", queue=met) == 3
-    assert value(samples, "postbox_messages_expired_total", queue=swept) == 2
-    assert value(samples, "postbox_messages_dead_lettered_total", queue=source) == 2
-    assert value(samples, "postbox_messages_expired_total", queue=source) == 0
-    assert value(samples, "postbox_messages_dead_lettered_total", queue=dlq) == 0
-    assert value(samples, "postbox_queue_dead_letter_messages", queue=source) == 2
+    assert metric(samples, "postbox_messages_expired_total", queue=met) == 3
+    assert metric(samples, "postbox_messages_expired_total", queue=swept) == 2
+    assert metric(samples, "postbox_messages_dead_lettered_total", queue=source) == 2
+    assert metric(samples, "postbox_messages_expired_total", queue=source) == 0
+    assert metric(samples, "postbox_messages_dead_lettered_total", queue=dlq) == 0
+    assert metric(samples, "postbox_queue_dead_letter_messages", queue=source) == 2
 
 
 def test_open_streams_are_counted_while_they_wait(observed, stubs):
     queues, messages = stubs
     name = unique_name("metrics_streams")
     queues.CreateQueue(qpb.CreateQueueRequest(queue=qpb.Queue(name=name)))
-    before = value(observed.scrape(), "postbox_open_streams")
+    before = metric(observed.scrape(), "postbox_open_streams")
     call = messages.Receive(pb.ReceiveRequest(queue=name, wait_time=seconds(20)))
     try:
         deadline = time.monotonic() + 10
-        while value(observed.scrape(), "postbox_open_streams") < before + 1:
+        while metric(observed.scrape(), "postbox_open_streams") < before + 1:
             assert time.monotonic() < deadline, "the waiting stream was never counted"
             time.sleep(0.05)
     finally:
         call.cancel()
     deadline = time.monotonic() + 10
-    while value(observed.scrape(), "postbox_open_streams") > before:
+    while metric(observed.scrape(), "postbox_open_streams") > before:
         assert time.monotonic() < deadline, "the cancelled stream stayed counted"
         time.sleep(0.05)
 
@@ -224,7 +207,7 @@ def test_queues_shown_are_capped_in_one_scrape(database_url):
             if name == "postbox_queue_messages_visible"
         }
         assert len(shown) == 3
-        assert value(samples, "postbox_queues_omitted") == 1  # other tests' queues exist
+        assert metric(samples, "postbox_queues_omitted") == 1  # other tests' queues exist
 
 
 def test_workers_are_scraped_as_one(database_url):
@@ -247,8 +230,8 @@ def test_workers_are_scraped_as_one(database_url):
             for channel in channels:
                 channel.close()
         samples = server.scrape()
-        assert value(samples, "postbox_messages_sent_total", queue=name) == 8
-        assert value(samples, "postbox_queue_messages_visible", queue=name) == 8
+        assert metric(samples, "postbox_messages_sent_total", queue=name) == 8
+        assert metric(samples, "postbox_queue_messages_visible", queue=name) == 8
 
 
 def test_the_grafana_dashboard_asks_only_for_families_the_server_serves(observed, stubs):
@@ -291,11 +274,11 @@ def test_the_sqs_shim_counts_requests_by_action_and_error(observed):
         samples = scrape(metrics_port)
     finally:
         shim.stop()
-    assert value(samples, "postbox_sqs_requests_total", action="SendMessage", code="OK") == 1
-    assert value(samples, "postbox_sqs_requests_total", action="CreateQueue", code="OK") == 1
+    assert metric(samples, "postbox_sqs_requests_total", action="SendMessage", code="OK") == 1
+    assert metric(samples, "postbox_sqs_requests_total", action="CreateQueue", code="OK") == 1
     missing = {"action": "GetQueueUrl", "code": "AWS.SimpleQueueService.NonExistentQueue"}
-    assert value(samples, "postbox_sqs_requests_total", **missing) == 1
-    assert value(samples, "postbox_sqs_request_seconds_count", action="SendMessage") == 1
+    assert metric(samples, "postbox_sqs_requests_total", **missing) == 1
+    assert metric(samples, "postbox_sqs_request_seconds_count", action="SendMessage") == 1
 
 
 def test_consumer_group_lag_is_shown_at_scrape_time(observed):
@@ -316,8 +299,8 @@ def test_consumer_group_lag_is_shown_at_scrape_time(observed):
         topics.PublishBatch(tpb.PublishBatchRequest(topic=topic, entries=entries))
     samples = observed.scrape()
     labels = {"topic": topic, "group": "lagging"}
-    assert value(samples, "postbox_consumer_group_lag_messages", **labels) == 3
-    assert value(samples, "postbox_consumer_group_lag_seconds", **labels) >= 0
+    assert metric(samples, "postbox_consumer_group_lag_messages", **labels) == 3
+    assert metric(samples, "postbox_consumer_group_lag_seconds", **labels) >= 0
 
 
 def test_a_fan_out_counts_what_each_queue_took(observed, stubs):
@@ -357,7 +340,7 @@ def test_a_fan_out_counts_what_each_queue_took(observed, stubs):
     after = observed.scrape()
 
     def grew(queue: str) -> float:
-        return value(after, "postbox_messages_sent_total", queue=queue) - value(
+        return metric(after, "postbox_messages_sent_total", queue=queue) - metric(
             before, "postbox_messages_sent_total", queue=queue
         )
 

@@ -98,7 +98,11 @@ class GroupCommit(Generic[Item, Result]):
             self._schedule(0.0)
         else:
             self._schedule(self._max_wait)
-        return await waiting.future
+        metrics.GROUP_COMMIT_PENDING.inc()
+        try:
+            return await waiting.future
+        finally:
+            metrics.GROUP_COMMIT_PENDING.dec()
 
     def _schedule(self, delay: float) -> None:
         loop = asyncio.get_running_loop()

@@ -72,6 +72,12 @@ GROUP_COMMIT_SIZE = Histogram(
     "Single Sends, or single Publishes, that shared one transaction.",
     buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
 )
+GROUP_COMMIT_PENDING = Gauge(
+    "postbox_group_commit_pending",
+    "Single Sends and single Publishes not yet answered: gathering into a group, or at the "
+    "database with it.",
+    multiprocess_mode="livesum",
+)
 OPEN_STREAMS = Gauge(
     "postbox_open_streams",
     "Receive and StreamingReceive calls open now.",

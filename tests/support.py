@@ -188,10 +188,15 @@ async def until(conn: asyncpg.Connection, query: str, *args: object) -> None:
         await asyncio.sleep(0.02)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def free_port(*taken: int) -> int:
+    """A port free now on 127.0.0.1, other than `taken` (the kernel may hand out the
+    same port twice in a row)."""
+    while True:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        if port not in taken:
+            return port
 
 
 def scrape(port: int) -> dict[tuple[str, frozenset], float]:
@@ -285,7 +290,7 @@ class ServerProcess(ChildProcess):
         super().__init__()
         self.database_url = database_url
         # With metrics: the port of its /metrics page, on 127.0.0.1.
-        self.metrics_port = free_port() if metrics else None
+        self.metrics_port = free_port(self.port) if metrics else None
         if self.metrics_port is not None:
             extra_args = (
                 *extra_args, "--metrics-port", str(self.metrics_port), "--metrics-host", "127.0.0.1"

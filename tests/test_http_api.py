@@ -38,6 +38,7 @@ from support import (
     create_database,
     drop_database,
     free_port,
+    scrape,
     unique_name,
 )
 
@@ -58,14 +59,9 @@ GREETING = {"dataType": "String", "stringValue": "greeting"}
 class HttpServer(ServerProcess):
     """`postbox serve` with its HTTP port on too."""
 
-    metrics_url = ""
-
     def __init__(self, database_url: str, *extra: str, scheme: str = "http", **kwargs) -> None:
         super().__init__(database_url, *extra, **kwargs)
-        # Free now, and not the gRPC port (which the kernel may hand out twice in a row).
-        self.http_port = free_port()
-        while self.http_port == self.port:
-            self.http_port = free_port()
+        self.http_port = free_port(self.port, self.metrics_port or 0)
         self.extra_args = ("--http-port", str(self.http_port), *self.extra_args)
         self.base = f"{scheme}://127.0.0.1:{self.http_port}"
 
@@ -75,9 +71,8 @@ def http_server(database_url: str) -> Iterator[HttpServer]:
     process = HttpServer(
         database_url,
         "--http-max-request-size", str(BODY_LIMIT),
-        "--metrics-port", str(metrics_port := free_port()),
+        metrics=True,
     ).start()  # fmt: skip
-    process.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
     yield process
     process.stop()
 
@@ -434,10 +429,9 @@ async def test_a_long_poll_receive_answers_as_soon_as_a_message_is_sent(
 
 
 async def _open_streams(http_server: HttpServer) -> float:
-    async with aiohttp.ClientSession() as session, session.get(http_server.metrics_url) as r:
-        text = await r.text()
-    [line] = [line for line in text.splitlines() if line.startswith("postbox_open_streams ")]
-    return float(line.split()[1])
+    assert http_server.metrics_port is not None
+    samples = await asyncio.to_thread(scrape, http_server.metrics_port)
+    return samples[("postbox_open_streams", frozenset())]
 
 
 async def _until(condition, what: str, timeout: float = 30) -> None:

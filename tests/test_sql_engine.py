@@ -1097,3 +1097,35 @@ async def test_a_plain_send_fails_as_send_batch_does(conns, setting_up, queue, b
         "WHERE q.name = $1"
     )
     assert await setup.fetchval(count, queue) == 0
+
+
+async def test_a_plain_batch_checks_each_body_only_when_the_whole_is_over_the_limit(conns):
+    """send_batch's straight path bounds every body by the size of the whole array,
+    and looks at the bodies one by one only past that bound. Both sides of it: a
+    batch larger than max_message_size whose bodies all fit is sent, in order;
+    one body over the limit fails the batch by its entry, and nothing is sent."""
+    setup, _, _ = conns
+    queue = "batch_size_bound"
+    await setup.execute("SELECT postbox.create_queue($1)", queue)
+    await setup.execute("SELECT postbox.update_queue($1, '{\"max_message_size\": 1024}')", queue)
+    fitting = [bytes([65 + i]) * 1024 for i in range(3)]
+    ids = [
+        row["message_id"]
+        for row in await setup.fetch("SELECT * FROM postbox.send_batch($1, $2)", queue, fitting)
+    ]
+    assert len(ids) == 3
+    assert ids == sorted(ids)
+    bodies = await setup.fetch(
+        "SELECT m.body FROM postbox.messages m WHERE m.id = ANY ($1) ORDER BY m.id", ids
+    )
+    assert [row["body"] for row in bodies] == fitting
+    with pytest.raises(asyncpg.PostgresError) as caught:
+        await setup.execute("SELECT postbox.send_batch($1, $2)", queue, [b"x", b"y" * 1025, b"z"])
+    assert caught.value.sqlstate == "PB400"
+    assert "entry 1" in str(caught.value)
+    assert "1024" in str(caught.value)
+    count = (
+        "SELECT count(*) FROM postbox.messages m JOIN postbox.queues q ON q.id = m.queue_id "
+        "WHERE q.name = $1"
+    )
+    assert await setup.fetchval(count, queue) == 3

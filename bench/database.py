@@ -18,13 +18,26 @@ from server.embedded import EmbeddedPostgres
 RAW_TABLE = "bench_raw.messages"
 
 
+async def install(conn: asyncpg.Connection, apply_sql: list[Path]) -> None:
+    """The engine, the SQL of --apply-sql after it, and the raw side's table."""
+    await migrate(conn)
+    for path in apply_sql:
+        await conn.execute(path.read_text())
+    await conn.execute(
+        f"""
+        CREATE SCHEMA bench_raw;
+        CREATE TABLE {RAW_TABLE} (LIKE postbox.messages INCLUDING ALL);
+        """
+    )
+
+
 class BenchDatabase:
     """Owns the database of one run: created with the engine installed, dropped at the end."""
 
     def __init__(self, admin_url: str | None, apply_sql: list[Path] | None = None) -> None:
         self._admin_url = admin_url
         # SQL run after the engine is installed: engine changes measured before they land.
-        self._apply_sql = apply_sql or []
+        self.apply_sql = apply_sql or []
         self._embedded: EmbeddedPostgres | None = None
         self._directory: str | None = None
         self.url = ""
@@ -48,15 +61,7 @@ class BenchDatabase:
         self.url = urlunsplit(urlsplit(self._admin_url)._replace(path="/" + name))
         conn = await asyncpg.connect(self.url)
         try:
-            await migrate(conn)
-            for path in self._apply_sql:
-                await conn.execute(path.read_text())
-            await conn.execute(
-                f"""
-                CREATE SCHEMA bench_raw;
-                CREATE TABLE {RAW_TABLE} (LIKE postbox.messages INCLUDING ALL);
-                """
-            )
+            await install(conn, self.apply_sql)
             self.server_version = await conn.fetchval("SHOW server_version")
         finally:
             await conn.close()

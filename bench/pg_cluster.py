@@ -23,14 +23,14 @@ PG_BIN = Path("/usr/lib/postgresql/15/bin")
 PGBOUNCER = Path("/usr/sbin/pgbouncer")
 
 
-def _as_owner(command: list[str]) -> list[str]:
+def as_owner(command: list[str]) -> list[str]:
     # runuser rather than subprocess's user=: that forks without exec in a process
     # with gRPC threads, whose fork handlers can crash the child.
     return ["runuser", "-u", "postgres", "--", *command] if os.geteuid() == 0 else command
 
 
 def _run(command: list[str], timeout: float = 60) -> str:
-    done = subprocess.run(_as_owner(command), capture_output=True, text=True, timeout=timeout)
+    done = subprocess.run(as_owner(command), capture_output=True, text=True, timeout=timeout)
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(command)} failed:\n{done.stdout}\n{done.stderr}")
     return done.stdout

@@ -2621,6 +2621,30 @@ BEGIN
 END
 $$;
 
+-- _parse_receipts: each receipt checked once, not once per use of the check.
+CREATE OR REPLACE FUNCTION postbox._parse_receipts(receipts text[])
+RETURNS TABLE (i bigint, receipt text, message_id bigint, lease uuid)
+LANGUAGE sql IMMUTABLE AS $$
+    -- A pattern without counted repetitions, then lengths and the dashes'
+    -- places: counted repetitions cost more than the rest of a delete together,
+    -- and translate() walks the text character by character as multibyte.
+    -- OFFSET 0 keeps `ok` a column of its own: the function is inlined, and a
+    -- flattened subquery would check each receipt once for every use of `ok`
+    -- (three in delete_batch), a tenth of a receive-and-delete's instructions.
+    SELECT t.i, t.r,
+           CASE WHEN t.ok THEN left(t.r, t.colon - 1)::bigint END,
+           CASE WHEN t.ok THEN substr(t.r, t.colon + 1)::uuid END
+    FROM (SELECT r, i, colon,
+                 coalesce(colon BETWEEN 2 AND 19 AND octet_length(r) = colon + 36
+                          AND r ~ '^[0-9]+:[0-9a-f-]+$'
+                          AND octet_length(replace(r, '-', '')) = colon + 32
+                          AND substr(r, colon + 9, 1) || substr(r, colon + 14, 1)
+                              || substr(r, colon + 19, 1) || substr(r, colon + 24, 1) = '----',
+                          false) AS ok
+          FROM unnest(receipts) WITH ORDINALITY AS u(r, i), strpos(r, ':') AS colon
+          OFFSET 0) AS t
+$$;
+
 -- delete_batch: the plain delete without _remove's call.
 -- Deletes received messages by receipt. One outcome per receipt, in order;
 -- see _receipt_outcomes. Archives them if the queue archives.

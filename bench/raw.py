@@ -12,7 +12,9 @@ from typing import TypeAlias
 import asyncpg
 
 from bench.database import RAW_TABLE, BenchDatabase
+from server.config import Settings
 from server.db.sqlfiles import queries
+from server.services.claims import claim_budget
 
 # The server's own statements (server/db/queries.sql), for the engine-alone figures.
 SERVER_QUERIES = queries()
@@ -172,9 +174,12 @@ def engine_claim_delete(queue: str) -> Callable[[Connection, int], Awaitable[int
     what the engine costs without the server and its transport."""
     receive, delete_batch = SERVER_QUERIES["receive"], SERVER_QUERIES["delete_batch"]
     lease = timedelta(seconds=120)
+    # A claim's size budget, as the server's default settings give it (the server
+    # also passes its scan floor, which the engine finds by itself when given none).
+    max_bytes = claim_budget(Settings().max_response_size)
 
     async def claim(conn: Connection, batch: int) -> int:
-        rows = await conn.fetch(receive, queue, batch, lease, None, None)
+        rows = await conn.fetch(receive, queue, batch, lease, None, max_bytes)
         if rows:
             await conn.fetch(delete_batch, queue, [row["receipt"] for row in rows])
         return len(rows)

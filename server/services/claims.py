@@ -26,14 +26,18 @@ _OUTAGE_RETRY = 5.0
 _RESPONSE_FRAMING = 16 * 1024
 
 
+def claim_budget(max_response_size: int) -> int:
+    """What one claim may hold (the engine's max_bytes): one response's worth, so a
+    stream holds at most the bodies of the response it is sending."""
+    return max_response_size - _RESPONSE_FRAMING
+
+
 class Claims:
     def __init__(self, engine: Engine, hub: WakeHub, *, max_response_size: int) -> None:
         self.engine = engine
         self.hub = hub
         self.floors = ScanFloors(engine.receive_floor)
-        # What one claim may hold: one response's worth, so a stream holds at most
-        # the bodies of the response it is sending.
-        self.max_bytes = max_response_size - _RESPONSE_FRAMING
+        self.max_bytes = claim_budget(max_response_size)
 
     async def claim(
         self, queue: str, count: int, visibility_timeout: timedelta | None

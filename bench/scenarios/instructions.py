@@ -30,7 +30,7 @@ from pathlib import Path
 
 import asyncpg
 
-from bench.database import install
+from bench.database import RAW_TABLE, install
 from bench.pg_cluster import PG_BIN, Postgres, as_owner, scratch_directory
 from bench.runner import Context, Row, median_range, scenario
 from bench.scenarios.engine import Workload, _fill, _install, _workloads
@@ -41,6 +41,8 @@ log = logging.getLogger(__name__)
 ROUNDS = 3  # counts barely move; three show that they do not
 CALLS = 40  # N: each figure is (count of 3N calls - count of N) / 2N
 DATABASE = "bench"
+TOPIC = "bench_fanout"
+FANOUT = 10  # queues subscribed to the topic, as topic_fanout has them
 _COLLECTED = re.compile(r"Collected : (\d+)")
 
 
@@ -85,7 +87,34 @@ async def _prepare(cluster: Postgres, apply_sql: list[Path], body: bytes) -> boo
         await conn.close()
     have_pgmq = PGMQ_SQL.is_file()
     await _install(url, have_pgmq, body)
+    conn = await asyncpg.connect(url)
+    try:
+        await conn.execute("SELECT postbox.create_topic($1)", TOPIC)
+        for queue in (f"{TOPIC}_{i}" for i in range(FANOUT)):
+            await conn.execute("SELECT postbox.create_queue($1)", queue)
+            await conn.execute(
+                "SELECT postbox.create_subscription($1, $2, queue_name => $2)", TOPIC, queue
+            )
+    finally:
+        await conn.close()
     return have_pgmq
+
+
+def _fanout(body: bytes) -> Workload:
+    """Issue 17's fan-out: one publish into 10 plain queues, against the raw INSERT of
+    the same 10 rows (one commit each, as topic_fanout's raw side)."""
+    body_literal = f"'\\x{body.hex()}'::bytea"
+    return Workload(
+        f"publish to {FANOUT} queues",
+        16,
+        FANOUT,
+        0.5,
+        {
+            "raw": f"INSERT INTO {RAW_TABLE} (queue_id, visible_at, enqueued_at, body) "
+            f"SELECT q, now(), now(), {body_literal} FROM generate_series(1, {FANOUT}) q;",
+            "postbox": f"SELECT postbox.publish('{TOPIC}', {body_literal});",
+        },
+    )
 
 
 async def _per_message(
@@ -172,6 +201,25 @@ async def engine_instructions(ctx: Context) -> list[Row]:
                     note=note,
                 )
             )
+        fanout = _fanout(body)
+        per_message = await _per_message(directory, fanout, ["raw", "postbox"])
+        raw_by_ours = [
+            r / p for r, p in zip(per_message["raw"], per_message["postbox"], strict=True)
+        ]
+        rows.append(
+            Row(
+                f"SQL {fanout.name}, CPU",
+                "instr/msg",
+                statistics.median(per_message["postbox"]),
+                statistics.median(per_message["raw"]),
+                f"raw {FANOUT}-row INSERT, callgrind",
+                note=(
+                    f"instructions per queued message, medians of {ROUNDS} rounds; raw/postbox "
+                    "(the throughput ratio where the cores are the limit) "
+                    f"{median_range(raw_by_ours)}"
+                ),
+            )
+        )
         return rows
     finally:
         cluster.stop_if_running()

@@ -56,14 +56,19 @@ def _document(body: bytes) -> str:
     return json.dumps({"b": body.decode("ascii")[: max(1, len(body) - 13)]})
 
 
+def body_literal(body: bytes) -> str:
+    """The body as a bytea literal, for pgbench and single-user scripts."""
+    return f"'\\x{body.hex()}'::bytea"
+
+
 def _workloads(body: bytes) -> list[Workload]:
     document = f"'{_document(body)}'::jsonb"
-    body_literal = f"'\\x{body.hex()}'::bytea"
+    literal = body_literal(body)
     send_100 = {
         "raw": f"INSERT INTO {RAW_TABLE} (queue_id, visible_at, enqueued_at, body) "
-        f"SELECT 1, now(), now(), {body_literal} FROM generate_series(1, 100);",
+        f"SELECT 1, now(), now(), {literal} FROM generate_series(1, 100);",
         "pgmq": f"SELECT pgmq.send_batch('{QUEUE}', array_fill({document}, ARRAY[100]));",
-        "postbox": f"SELECT postbox.send_batch('{QUEUE}', array_fill({body_literal}, ARRAY[100]));",
+        "postbox": f"SELECT postbox.send_batch('{QUEUE}', array_fill({literal}, ARRAY[100]));",
     }
     raw_claim = (
         f"SELECT id FROM {RAW_TABLE} WHERE queue_id = 2 AND visible_at <= now() "
@@ -77,9 +82,9 @@ def _workloads(body: bytes) -> list[Workload]:
             1.2,
             {
                 "raw": f"INSERT INTO {RAW_TABLE} (queue_id, visible_at, enqueued_at, body) "
-                f"VALUES (1, now(), now(), {body_literal});",
+                f"VALUES (1, now(), now(), {literal});",
                 "pgmq": f"SELECT pgmq.send('{QUEUE}', {document});",
-                "postbox": f"SELECT postbox.send('{QUEUE}', {body_literal});",
+                "postbox": f"SELECT postbox.send('{QUEUE}', {literal});",
             },
         ),
         Workload("send 100 per call", 8, 100, 1.0, send_100),

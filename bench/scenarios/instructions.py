@@ -33,7 +33,7 @@ import asyncpg
 from bench.database import RAW_TABLE, install
 from bench.pg_cluster import PG_BIN, Postgres, as_owner, scratch_directory
 from bench.runner import Context, Row, median_range, scenario
-from bench.scenarios.engine import Workload, _fill, _install, _workloads
+from bench.scenarios.engine import Workload, _fill, _install, _workloads, body_literal
 from bench.scenarios.producer import PGMQ_SQL
 
 log = logging.getLogger(__name__)
@@ -83,12 +83,6 @@ async def _prepare(cluster: Postgres, apply_sql: list[Path], body: bytes) -> boo
     conn = await asyncpg.connect(url)
     try:
         await install(conn, apply_sql)
-    finally:
-        await conn.close()
-    have_pgmq = PGMQ_SQL.is_file()
-    await _install(url, have_pgmq, body)
-    conn = await asyncpg.connect(url)
-    try:
         await conn.execute("SELECT postbox.create_topic($1)", TOPIC)
         for queue in (f"{TOPIC}_{i}" for i in range(FANOUT)):
             await conn.execute("SELECT postbox.create_queue($1)", queue)
@@ -97,22 +91,24 @@ async def _prepare(cluster: Postgres, apply_sql: list[Path], body: bytes) -> boo
             )
     finally:
         await conn.close()
+    have_pgmq = PGMQ_SQL.is_file()
+    await _install(url, have_pgmq, body)
     return have_pgmq
 
 
 def _fanout(body: bytes) -> Workload:
     """Issue 17's fan-out: one publish into 10 plain queues, against the raw INSERT of
     the same 10 rows (one commit each, as topic_fanout's raw side)."""
-    body_literal = f"'\\x{body.hex()}'::bytea"
+    literal = body_literal(body)
     return Workload(
         f"publish to {FANOUT} queues",
         16,
         FANOUT,
-        0.5,
+        None,  # Workload's target is against PGMQ, which has no topics; issue 17's is 0.5 of raw
         {
             "raw": f"INSERT INTO {RAW_TABLE} (queue_id, visible_at, enqueued_at, body) "
-            f"SELECT q, now(), now(), {body_literal} FROM generate_series(1, {FANOUT}) q;",
-            "postbox": f"SELECT postbox.publish('{TOPIC}', {body_literal});",
+            f"SELECT q, now(), now(), {literal} FROM generate_series(1, {FANOUT}) q;",
+            "postbox": f"SELECT postbox.publish('{TOPIC}', {literal});",
         },
     )
 

@@ -51,7 +51,12 @@ CREATE TABLE postbox.queues (
     receive_paused boolean NOT NULL,
     tags jsonb NOT NULL,
     -- Since 0.7.0: the last purge, which SQS clients may not repeat within 60 s.
-    purged_at timestamptz
+    purged_at timestamptz,
+    -- Since 0.9.0: whether the queue has rows in queue_listeners, kept by
+    -- listen_to and unlisten, so that a send finds out with the queue's row
+    -- instead of looking in a second table (a tenth of a plain send's cost).
+    -- It may stay true for a while after the last listener's session is gone.
+    listened boolean NOT NULL DEFAULT false
 );
 
 -- Every queue's messages live in this one table, keyed by queue_id, rather than
@@ -699,23 +704,26 @@ $$;
 
 -- Serialises queue deletion against sends: a send holds this lock shared, so a
 -- message is never committed into a queue that a concurrent drop just removed.
--- The lock comes in 16 stripes since 0.9.0: advisory locks (1886350208 + s,
--- queue id) for s in 0-15, where 1886350198 = 'post'. A send holds the stripe
--- of its session's pid; a drop or purge holds all 16, taken in order. Every
--- send of a busy queue sharing one lock made them queue up in the lock manager:
--- 64 sessions each sending one message per transaction did about 10% more
--- without it.
-CREATE FUNCTION postbox._lock_queue(queue_id integer, exclusive boolean) RETURNS void
+-- The lock comes in 16 stripes: advisory locks (1886350224 + s, hashtext of the
+-- queue's name) for s in 0-15, where 1886350198 = 'post'. A send holds the
+-- stripe of its session's pid; a drop or purge holds all 16, taken in order.
+-- Every send of a busy queue sharing one lock made them queue up in the lock
+-- manager: 64 sessions each sending one message per transaction did about 10%
+-- more without it. The key is the name (since 0.9.0; before, the queue's id,
+-- under 1886350208 + s) so that a plain send can lock before it looks the queue
+-- up, and that look is then the one that sees a drop. Two names of one hash
+-- share a lock, and a drop of one waits for sends into the other: no more.
+-- Shared, it looks again for the caller, who looked the queue up first.
+CREATE FUNCTION postbox._lock_queue(q postbox.queues, exclusive boolean) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
     IF exclusive THEN
-        PERFORM pg_advisory_xact_lock(1886350208 + stripe, queue_id) FROM generate_series(0, 15) AS stripe;
+        PERFORM pg_advisory_xact_lock(1886350224 + stripe, hashtext(q.name)) FROM generate_series(0, 15) AS stripe;
     ELSE
-        PERFORM pg_advisory_xact_lock_shared(1886350208 + pg_backend_pid() % 16, queue_id);
-        -- The sender looked its queue up before it had the lock: a drop that
-        -- committed in between has removed the queue, and only this check, a
-        -- statement later, can see it.
-        IF NOT EXISTS (SELECT FROM postbox.queues q WHERE q.id = queue_id) THEN
+        PERFORM pg_advisory_xact_lock_shared(1886350224 + pg_backend_pid() % 16, hashtext(q.name));
+        -- A drop that committed between the caller's look and the lock has
+        -- removed the queue, and only this check, a statement later, can see it.
+        IF NOT EXISTS (SELECT FROM postbox.queues x WHERE x.id = q.id) THEN
             RAISE EXCEPTION USING ERRCODE = 'PB404',
                 MESSAGE = 'the queue was deleted while the message was being sent';
         END IF;
@@ -738,7 +746,7 @@ BEGIN
             'queue %s is the dead-letter queue of %s; remove their dead_letter_policy first',
             quote_literal(queue_name), sources);
     END IF;
-    PERFORM postbox._lock_queue(q.id, true);
+    PERFORM postbox._lock_queue(q, true);
     DELETE FROM postbox.messages WHERE queue_id = q.id;
     DELETE FROM postbox.deduplication WHERE queue_id = q.id;
     DELETE FROM postbox.archive WHERE queue_id = q.id;
@@ -759,7 +767,7 @@ DECLARE
     q postbox.queues := postbox._queue(queue_name);
     purged bigint;
 BEGIN
-    PERFORM postbox._lock_queue(q.id, true);
+    PERFORM postbox._lock_queue(q, true);
     DELETE FROM postbox.messages WHERE queue_id = q.id;
     GET DIAGNOSTICS purged = ROW_COUNT;
     UPDATE postbox.queues SET purged_at = now() WHERE id = q.id;
@@ -1006,23 +1014,59 @@ $$;
 -- sessions that are gone. A send that looked for listeners before this commits
 -- does not notify: the caller takes pg_current_snapshot() once this has
 -- committed, waits until every transaction in progress then has ended, and
--- looks at the queues itself (ready_queues).
+-- looks at the queues itself (ready_queues). Senders look at queues.listened,
+-- and take their transaction id before they look, so that they are among those
+-- transactions.
 CREATE FUNCTION postbox.listen_to(queue_names text[]) RETURNS void
-LANGUAGE sql AS $$
+LANGUAGE plpgsql AS $$
+DECLARE
+    queue_ids integer[];
+BEGIN
+    -- The queues whose listeners change, locked (see _mark_listened).
+    SELECT array_agg(x.id) INTO queue_ids
+    FROM (SELECT q.id FROM postbox.queues q
+          WHERE q.name = ANY (queue_names)
+             OR q.id IN (SELECT l.queue_id FROM postbox.queue_listeners l
+                         WHERE l.listener <> pg_backend_pid()
+                           AND NOT EXISTS (SELECT FROM pg_stat_activity a WHERE a.pid = l.listener))
+          ORDER BY q.id
+          FOR NO KEY UPDATE) AS x;
     DELETE FROM postbox.queue_listeners l
-    WHERE l.listener <> pg_backend_pid()
+    WHERE l.queue_id = ANY (queue_ids) AND l.listener <> pg_backend_pid()
       AND NOT EXISTS (SELECT FROM pg_stat_activity a WHERE a.pid = l.listener);
     INSERT INTO postbox.queue_listeners (queue_id, listener)
-    SELECT q.id, pg_backend_pid() FROM postbox.queues q WHERE q.name = ANY (queue_names)
+    SELECT q.id, pg_backend_pid() FROM postbox.queues q WHERE q.id = ANY (queue_ids) AND q.name = ANY (queue_names)
     ON CONFLICT DO NOTHING;
+    PERFORM postbox._mark_listened(queue_ids);
+END
 $$;
 
 -- Takes this session off the named queues' listeners (since 0.8.0).
 CREATE FUNCTION postbox.unlisten(queue_names text[]) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    queue_ids integer[];
+BEGIN
+    SELECT array_agg(x.id) INTO queue_ids
+    FROM (SELECT q.id FROM postbox.queues q WHERE q.name = ANY (queue_names) ORDER BY q.id
+          FOR NO KEY UPDATE) AS x;
+    DELETE FROM postbox.queue_listeners l WHERE l.queue_id = ANY (queue_ids) AND l.listener = pg_backend_pid();
+    PERFORM postbox._mark_listened(queue_ids);
+END
+$$;
+
+-- Sets queues.listened of the queues to whether they have listeners (since
+-- 0.9.0). The caller has locked their rows and changed their listeners since:
+-- listings of a queue take turns, and each counts what those before it
+-- committed, so a queue with a committed listener is never left unflagged. Only
+-- a flag that changes is written: each write leaves a dead version of the
+-- queue's row, which every send walks past while the xmin horizon is pinned.
+CREATE FUNCTION postbox._mark_listened(queue_ids integer[]) RETURNS void
 LANGUAGE sql AS $$
-    DELETE FROM postbox.queue_listeners l
-    USING postbox.queues q
-    WHERE l.queue_id = q.id AND q.name = ANY (queue_names) AND l.listener = pg_backend_pid();
+    UPDATE postbox.queues q SET listened = f.listened
+    FROM (SELECT x.id, EXISTS (SELECT FROM postbox.queue_listeners l WHERE l.queue_id = x.id) AS listened
+          FROM unnest(queue_ids) AS x(id)) AS f
+    WHERE q.id = f.id AND q.listened <> f.listened;
 $$;
 
 -- The queues among `names` that hold a message a receive could claim now
@@ -1201,7 +1245,7 @@ BEGIN
         PERFORM postbox._invalid(problem);
     END IF;
 
-    PERFORM postbox._lock_queue(q.id, false);
+    PERFORM postbox._lock_queue(q, false);
     IF NOT q.fifo AND NOT q.content_based_deduplication AND q.max_depth IS NULL
        AND deduplication_ids IS NULL AND dedupe_keys IS NULL THEN
         -- The common case, in one statement: identity values are drawn in
@@ -1350,8 +1394,17 @@ $$;
 -- 0-based index. PB503 while sends are paused, PB429 when max_depth is reached.
 --
 -- Bodies alone into a queue without FIFO order, deduplication, a depth limit or
--- paused sends take a straight path of three statements: the general one's
--- checks and branches cost as much as the insert of a hundred messages.
+-- paused sends take a straight path of two statements: the general one's
+-- checks and branches cost as much as the insert of a hundred messages. It
+-- takes, in one expression (an assignment is evaluated without starting a
+-- statement), its transaction id and the queue's lock by name, then looks the
+-- queue up:
+--   * the lock first, so the look sees a drop that committed meanwhile, and the
+--     insert needs no second look;
+--   * the transaction id first, so that a listing that the look misses sees
+--     this transaction in progress, and waits for it (see listen_to).
+-- The clock is read in the insert, which holds the table's lock by then (see
+-- the general path).
 CREATE FUNCTION postbox.send_batch(
     queue_name text, bodies bytea[], attributes jsonb[] DEFAULT NULL, delays interval[] DEFAULT NULL,
     message_group_ids text[] DEFAULT NULL, deduplication_ids text[] DEFAULT NULL,
@@ -1361,48 +1414,49 @@ RETURNS TABLE (message_id bigint, duplicate boolean)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
-    q postbox.queues;
-    sent_at timestamptz;
+    -- The queue's, as scalars (see send).
+    q_id integer;
+    q_delay interval;
+    q_max_message_size integer;
+    q_listened boolean;
+    locked text;
 BEGIN
     IF num_nonnulls(attributes, delays, message_group_ids, deduplication_ids, dedupe_keys, priorities,
-                    deliver_ats, ttls, expire_ats) = 0 AND cardinality(bodies) BETWEEN 1 AND 1000 THEN
-        SELECT * INTO q FROM postbox.queues x WHERE x.name = queue_name;
+                    deliver_ats, ttls, expire_ats) = 0 AND cardinality(bodies) BETWEEN 1 AND 1000
+       AND array_position(bodies, NULL) IS NULL THEN
+        locked := concat(pg_current_xact_id(),
+                         pg_advisory_xact_lock_shared(1886350224 + pg_backend_pid() % 16, hashtext(queue_name)));
+        SELECT x.id, x.delivery_delay, x.max_message_size, x.listened
+        INTO q_id, q_delay, q_max_message_size, q_listened
+        FROM postbox.queues x
+        WHERE x.name = queue_name AND NOT (x.fifo OR x.content_based_deduplication OR x.max_depth IS NOT NULL
+                                           OR x.send_paused);
     END IF;
-    IF q.id IS NULL OR q.fifo OR q.content_based_deduplication OR q.max_depth IS NOT NULL OR q.send_paused
-       OR array_position(bodies, NULL) IS NOT NULL
-       -- No body is longer than the whole array, so the bodies are looked at one
-       -- by one only when the array is over the limit: that look cost 4% of a
-       -- batch of 100 (valgrind). An expanded array (plpgsql expands its array
-       -- arguments) is never compressed; the second test says so for certain.
-       OR (pg_column_size(bodies) > q.max_message_size OR pg_column_compression(bodies) IS NOT NULL)
-          AND EXISTS (SELECT FROM unnest(bodies) AS b WHERE octet_length(b) > q.max_message_size) THEN
+    -- No body is longer than the whole array, so the bodies are looked at one by
+    -- one only when the array is over the limit: that look cost 4% of a batch
+    -- of 100 (valgrind). An expanded array (plpgsql expands its array arguments)
+    -- is never compressed; the second test says so for certain.
+    IF q_id IS NULL
+       OR (pg_column_size(bodies) > q_max_message_size OR pg_column_compression(bodies) IS NOT NULL)
+          AND EXISTS (SELECT FROM unnest(bodies) AS b WHERE octet_length(b) > q_max_message_size) THEN
         -- Everything else, and every error.
         RETURN QUERY SELECT * FROM postbox._send_batch_general(
             queue_name, bodies, attributes, delays, message_group_ids, deduplication_ids, dedupe_keys,
             priorities, deliver_ats, ttls, expire_ats);
         RETURN;
     END IF;
-    -- As the general path: the table lock before the clock, then the queue's.
-    LOCK TABLE postbox.messages IN ROW EXCLUSIVE MODE;
-    sent_at := clock_timestamp();
-    PERFORM pg_advisory_xact_lock_shared(1886350208 + pg_backend_pid() % 16, q.id);  -- _lock_queue, inline
-    -- The queue is looked up again, after the lock: nothing is inserted when a
-    -- drop committed meanwhile. The look is a one-time filter, not a join, and
-    -- unnest sits in the select list (a ProjectSet, where FROM unnest would
-    -- first copy every body into a tuplestore), so the rows go to the insert
-    -- in input order with no sort: ids are drawn, and returned, in input order
-    -- (as the tests hold).
+    -- unnest sits in the select list (a ProjectSet, where FROM unnest would first
+    -- copy every body into a tuplestore), so the rows go to the insert in input
+    -- order with no sort: ids are drawn, and returned, in input order (as the
+    -- tests hold).
     RETURN QUERY
     INSERT INTO postbox.messages (queue_id, visible_at, enqueued_at, body, priority)
-    SELECT q.id, sent_at + q.delivery_delay, sent_at, unnest(bodies), 0
-    WHERE EXISTS (SELECT FROM postbox.queues x WHERE x.id = q.id)
+    SELECT q_id, c.sent_at + q_delay, c.sent_at, unnest(bodies), 0
+    FROM (SELECT clock_timestamp() AS sent_at) AS c
     RETURNING id, false;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION USING ERRCODE = 'PB404',
-            MESSAGE = 'the queue was deleted while the message was being sent';
-    END IF;
-    IF EXISTS (SELECT FROM postbox.queue_listeners l WHERE l.queue_id = q.id) THEN
-        PERFORM postbox._notify(q);  -- which looks again: a call saved when nobody listens
+    IF q_listened THEN
+        -- Which looks again: a call saved when nobody listens.
+        PERFORM postbox._notify(x) FROM postbox.queues x WHERE x.id = q_id;
     END IF;
 END
 $$;
@@ -1420,16 +1474,24 @@ CREATE FUNCTION postbox.send(
 RETURNS bigint
 LANGUAGE plpgsql AS $$
 DECLARE
-    q postbox.queues;
-    sent_at timestamptz;
+    -- The queue's, as scalars: a row variable's fields cost 5% of the call (valgrind).
+    q_id integer;
+    q_delay interval;
+    q_listened boolean;
+    locked text;
     sent_id bigint;
 BEGIN
     IF body IS NOT NULL AND num_nonnulls(attributes, delay, message_group_id, deduplication_id, dedupe_key,
                                          priority, deliver_at, ttl, expire_at) = 0 THEN
-        SELECT * INTO q FROM postbox.queues x WHERE x.name = queue_name;
+        -- As send_batch's straight path (see there).
+        locked := concat(pg_current_xact_id(),
+                         pg_advisory_xact_lock_shared(1886350224 + pg_backend_pid() % 16, hashtext(queue_name)));
+        SELECT x.id, x.delivery_delay, x.listened INTO q_id, q_delay, q_listened
+        FROM postbox.queues x
+        WHERE x.name = queue_name AND NOT (x.fifo OR x.content_based_deduplication OR x.max_depth IS NOT NULL
+                                           OR x.send_paused OR octet_length(body) > x.max_message_size);
     END IF;
-    IF q.id IS NULL OR q.fifo OR q.content_based_deduplication OR q.max_depth IS NOT NULL OR q.send_paused
-       OR octet_length(body) > q.max_message_size THEN
+    IF q_id IS NULL THEN
         -- Everything else, and every error, as send_batch has it.
         RETURN (SELECT s.message_id FROM postbox._send_batch_general(
             queue_name, ARRAY[body], postbox._array_of(attributes), postbox._array_of(delay),
@@ -1437,21 +1499,13 @@ BEGIN
             postbox._array_of(dedupe_key), postbox._array_of(priority), postbox._array_of(deliver_at),
             postbox._array_of(ttl), postbox._array_of(expire_at)) s);
     END IF;
-    -- As send_batch: the table lock before the clock (see there), then the queue's.
-    LOCK TABLE postbox.messages IN ROW EXCLUSIVE MODE;
-    sent_at := clock_timestamp();
-    PERFORM pg_advisory_xact_lock_shared(1886350208 + pg_backend_pid() % 16, q.id);  -- _lock_queue, inline
-    -- Joined to the queue, read after the lock: nothing when a drop committed meanwhile.
     INSERT INTO postbox.messages (queue_id, visible_at, enqueued_at, body, priority)
-    SELECT x.id, sent_at + q.delivery_delay, sent_at, body, 0
-    FROM postbox.queues x WHERE x.id = q.id
+    SELECT q_id, c.sent_at + q_delay, c.sent_at, body, 0
+    FROM (SELECT clock_timestamp() AS sent_at) AS c
     RETURNING messages.id INTO sent_id;
-    IF sent_id IS NULL THEN
-        RAISE EXCEPTION USING ERRCODE = 'PB404',
-            MESSAGE = 'the queue was deleted while the message was being sent';
-    END IF;
-    IF EXISTS (SELECT FROM postbox.queue_listeners l WHERE l.queue_id = q.id) THEN
-        PERFORM postbox._notify(q);  -- which looks again: a call saved when nobody listens
+    IF q_listened THEN
+        -- Which looks again: a call saved when nobody listens.
+        PERFORM postbox._notify(x) FROM postbox.queues x WHERE x.id = q_id;
     END IF;
     RETURN sent_id;
 END
@@ -3894,8 +3948,8 @@ BEGIN
     -- reads the queues, so that it sees a drop that committed meanwhile.
     LOCK TABLE postbox.messages IN ROW EXCLUSIVE MODE;
     sent_at := clock_timestamp();
-    PERFORM pg_advisory_xact_lock_shared(1886350208 + pg_backend_pid() % 16, q)
-    FROM (SELECT DISTINCT q FROM unnest(plain_queue_ids) AS q ORDER BY q) AS d;
+    PERFORM pg_advisory_xact_lock_shared(1886350224 + pg_backend_pid() % 16, hashtext(x.name))
+    FROM (SELECT x.name FROM postbox.queues x WHERE x.id = ANY (plain_queue_ids) ORDER BY x.id) AS x;
     -- All or none: nothing goes in when some pair's queue is gone, paused, or
     -- too small for its message. Identity values are drawn in insertion order,
     -- so id order is pair order.
@@ -3921,8 +3975,7 @@ BEGIN
     )
     SELECT array_agg(id ORDER BY id) INTO sent_ids FROM inserted;
     IF sent_ids IS NOT NULL THEN
-        PERFORM postbox._notify(q) FROM postbox.queues q
-        WHERE q.id IN (SELECT l.queue_id FROM postbox.queue_listeners l WHERE l.queue_id = ANY (plain_queue_ids))
+        PERFORM postbox._notify(q) FROM postbox.queues q WHERE q.id = ANY (plain_queue_ids) AND q.listened
         ORDER BY q.id;
     END IF;
     RETURN sent_ids;

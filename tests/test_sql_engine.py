@@ -667,14 +667,22 @@ async def test_a_send_racing_a_queue_drop_leaves_no_orphans(conns, statement):
     assert orphans == 0
 
 
-STRIPE_CLASS = (
-    1886350208  # postbox._lock_queue: stripe s is the advisory lock (STRIPE_CLASS + s, queue id)
-)
+STRIPE_CLASS = 1886350224  # postbox._lock_queue: stripe s is (STRIPE_CLASS + s, hashtext(name))
 HOLDS = """SELECT EXISTS (SELECT FROM pg_locks WHERE pid = $1 AND locktype = 'advisory'
-                  AND classid = $2::bigint AND objid = $3::bigint AND granted = $4)"""
+                  AND classid = $2::bigint AND objid = hashtext($3)::oid AND granted = $4)"""
 
 
-async def test_a_drop_waits_for_the_sends_in_every_stripe_of_the_queue_lock(database_url, conns):
+@pytest.mark.parametrize(
+    "send",
+    [
+        "SELECT postbox.send('striped', 'x')",  # the straight path: locks, then looks
+        "SELECT postbox.send('striped', 'x', priority => 1)",  # the general: looks, then locks
+    ],
+    ids=["straight", "general"],
+)
+async def test_a_drop_waits_for_the_sends_in_every_stripe_of_the_queue_lock(
+    database_url, conns, send
+):
     """A send holds one of the queue lock's 16 stripes, its session's; a drop takes all of
     them, so it waits for every send in progress, whichever stripe that send holds."""
     setup, dropper, _ = conns
@@ -692,14 +700,14 @@ async def test_a_drop_waits_for_the_sends_in_every_stripe_of_the_queue_lock(data
         assert len(senders) == 2, "no two sessions in different stripes"
         for sender in senders:
             await sender.execute("BEGIN")
-            await sender.execute("SELECT postbox.send('striped', 'x')")
+            await sender.execute(send)
             stripe = STRIPE_CLASS + sender.get_server_pid() % 16
-            assert await setup.fetchval(HOLDS, sender.get_server_pid(), stripe, queue_id, True)
+            assert await setup.fetchval(HOLDS, sender.get_server_pid(), stripe, "striped", True)
         dropping = asyncio.ensure_future(dropper.execute("SELECT postbox.drop_queue('striped')"))
         # Whichever order they come in, the drop ends up waiting for the second sender's stripe.
         await senders[0].execute("COMMIT")
         second = STRIPE_CLASS + senders[1].get_server_pid() % 16
-        await until(setup, HOLDS, dropper.get_server_pid(), second, queue_id, False)
+        await until(setup, HOLDS, dropper.get_server_pid(), second, "striped", False)
         assert not dropping.done(), "the drop should wait for the send in the other stripe"
         await senders[1].execute("COMMIT")
         await dropping
@@ -780,6 +788,48 @@ async def test_listings_of_sessions_that_are_gone_are_cleared(conns, database_ur
     assert [r["listener"] for r in listeners] == [
         await listener.fetchval("SELECT pg_backend_pid()")
     ]
+    assert await setup.fetchval(LISTENED, "listened_once")
+    await listener.execute("SELECT postbox.unlisten($1::text[])", ["listened_once"])
+    assert not await setup.fetchval(LISTENED, "listened_once"), "the gone session still counted"
+
+
+LISTENED = "SELECT listened FROM postbox.queues WHERE name = $1"
+
+
+async def test_the_listened_flag_follows_the_listeners(conns):
+    """Sends read queues.listened rather than queue_listeners: true while some session
+    listens, false once the last one has unlistened."""
+    setup, first, second = conns
+    await new_queue(setup, "flagged", 0)
+    assert not await setup.fetchval(LISTENED, "flagged")
+    await listens_to(first, "flagged")
+    await listens_to(second, "flagged")
+    assert await setup.fetchval(LISTENED, "flagged")
+    await first.execute("SELECT postbox.unlisten($1::text[])", ["flagged"])
+    assert await setup.fetchval(LISTENED, "flagged"), "the second session still listens"
+    await second.execute("SELECT postbox.unlisten($1::text[])", ["flagged"])
+    assert not await setup.fetchval(LISTENED, "flagged")
+
+
+async def test_a_listing_racing_the_last_unlisting_leaves_the_queue_flagged(conns):
+    """The last listener unlists, and before it commits another session lists: the
+    listing waits for the unlisting and counts itself after it. Had each counted in its
+    own snapshot, the unlisting (which saw no other listener) would commit false last,
+    and sends would stop notifying a queue that a server waits on."""
+    setup, leaving, arriving = conns
+    await new_queue(setup, "handed_over", 0)
+    await listens_to(leaving, "handed_over")
+    await leaving.execute("BEGIN")
+    await leaving.execute("SELECT postbox.unlisten($1::text[])", ["handed_over"])
+    listing = asyncio.ensure_future(listens_to(arriving, "handed_over"))
+    waiting = "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1"
+    for _ in range(1500):  # up to 30 s: a loaded machine starts the statement late
+        if listing.done() or await setup.fetchval(waiting, arriving.get_server_pid()):
+            break
+        await asyncio.sleep(0.02)
+    await leaving.execute("COMMIT")
+    await listing
+    assert await setup.fetchval(LISTENED, "handed_over")
 
 
 async def test_send_notifies_waiters_with_the_queue_name(conns):

@@ -164,7 +164,7 @@ async def test_a_send_that_waited_on_a_lock_wakes_a_waiting_stream(
         # What a purge or a queue drop holds while it runs: sends wait for it.
         await holder.execute("BEGIN")
         await holder.execute(
-            "SELECT postbox._lock_queue(id, true) FROM postbox.queues WHERE name = $1",
+            "SELECT postbox._lock_queue(q, true) FROM postbox.queues q WHERE q.name = $1",
             queue_name,
         )
         sending = asyncio.ensure_future(stub.Send(pb.SendRequest(queue=queue_name, body=b"late")))
@@ -273,20 +273,7 @@ async def test_a_send_that_committed_while_the_listing_waited_still_wakes_the_st
     observer, heard = await _notifications(database_url)
     call = None
     try:
-        # Reads pass this lock (so the send can look for listeners); the listing waits.
-        await holder.execute("BEGIN")
-        await holder.execute("LOCK TABLE postbox.queue_listeners IN EXCLUSIVE MODE")
-        call = await _receive(in_process.messages, queue_name)
-        await in_process.until_claims(1)
-        for _ in range(500):
-            if await observer.fetchval(
-                "SELECT count(*) FROM pg_stat_clear_snapshot(), pg_stat_activity "
-                "WHERE wait_event_type = 'Lock' AND query LIKE '%listen_to%'"
-            ):
-                break
-            await asyncio.sleep(0.01)
-        else:
-            raise AssertionError("the listing never waited on the lock")
+        call = await _waiting_with_the_listing_held(in_process, queue_name, holder, observer)
         await observer.execute("SELECT postbox.send($1, 'between')", queue_name)
         await holder.execute("COMMIT")
         assert await _read_one(call) == [b"between"]
@@ -296,6 +283,72 @@ async def test_a_send_that_committed_while_the_listing_waited_still_wakes_the_st
             call.cancel()
         await holder.close()
         await observer.close()
+
+
+async def test_a_send_that_looked_before_the_listing_and_inserts_after_it_still_wakes_the_stream(
+    in_process: InProcess, queue_name: str, database_url: str
+) -> None:
+    """The send looks at the queue (nobody listens yet), then waits to insert while the
+    listing commits. It took its transaction id before it looked, so the listing finds
+    it in progress and the hub waits for it, then looks itself. A send that took its id
+    only when it inserted would be missed: no NOTIFY, and the hub's look over before the
+    message is there. The listing drew its own id first (it locks the queue's row), so
+    unless another transaction ends meanwhile, the send's id is past the listing
+    snapshot's xmax: running, but not among the ids the snapshot lists."""
+    listing_held = await asyncpg.connect(database_url)
+    insert_held = await asyncpg.connect(database_url)
+    sender = await asyncpg.connect(database_url)
+    observer, heard = await _notifications(database_url)
+    call = None
+    try:
+        call = await _waiting_with_the_listing_held(in_process, queue_name, listing_held, observer)
+        await insert_held.execute("BEGIN")
+        await insert_held.execute("LOCK TABLE postbox.messages IN SHARE MODE")
+        sending = asyncio.ensure_future(
+            sender.execute("SELECT postbox.send($1, 'late')", queue_name)
+        )
+        await _until_waiting(observer, f"pid = {sender.get_server_pid()}")  # looked; inserts next
+        await listing_held.execute("COMMIT")
+        for _ in range(1500):  # up to 30 s: the listing's own statements on a loaded machine
+            if in_process.hub._is_listed(queue_name) and in_process.hub.looks_pending:
+                break
+            await asyncio.sleep(0.02)
+        else:
+            raise AssertionError("the hub did not wait for the send in progress at the listing")
+        await insert_held.execute("ROLLBACK")
+        await sending
+        assert await _read_one(call) == [b"late"]
+        assert queue_name not in heard  # woken by the hub's own look, not a NOTIFY
+    finally:
+        if call is not None:
+            call.cancel()
+        for conn in (listing_held, insert_held, sender, observer):
+            await conn.close()
+
+
+async def _waiting_with_the_listing_held(
+    in_process: InProcess, queue: str, holder: asyncpg.Connection, observer: asyncpg.Connection
+) -> Any:
+    """A Receive stream that found the queue empty and waits, its listing held up by
+    `holder`'s lock on the listeners (reads pass it, so sends can look for listeners)."""
+    await holder.execute("BEGIN")
+    await holder.execute("LOCK TABLE postbox.queue_listeners IN EXCLUSIVE MODE")
+    call = await _receive(in_process.messages, queue)
+    await in_process.until_claims(1)
+    await _until_waiting(observer, "query LIKE '%listen_to%'")
+    return call
+
+
+async def _until_waiting(conn: asyncpg.Connection, which: str) -> None:
+    """Until a session that `which` picks out of pg_stat_activity waits on a table's lock."""
+    for _ in range(1500):  # up to 30 s: a loaded machine starts the statement late
+        if await conn.fetchval(
+            "SELECT count(*) FROM pg_stat_clear_snapshot(), pg_stat_activity "
+            f"WHERE wait_event_type = 'Lock' AND wait_event = 'relation' AND {which}"
+        ):
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"no session waited on a table's lock where {which}")
 
 
 async def test_a_send_after_the_listing_notifies(

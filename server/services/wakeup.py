@@ -320,13 +320,21 @@ class WakeHub:
                 queues = sorted(self._to_list)
                 async with self._conn_lock:
                     await conn.execute("SELECT postbox.listen_to($1::text[])", queues)
-                    in_progress = await conn.fetchval("SELECT pg_current_snapshot()::text")
+                    # The snapshot, then an id drawn after it: above every id that a
+                    # transaction in progress at the snapshot can have.
+                    drawn = await conn.fetchrow(
+                        "SELECT pg_current_snapshot()::text, pg_current_xact_id()::text::bigint"
+                    )
+                    assert drawn is not None  # a SELECT without FROM has its row
+                    snapshot, drawn_after = drawn
                 now = loop.time()
                 for queue in queues:
                     self._to_list.discard(queue)
                     self._listed[queue] = now
                 await self._wake_ready(conn, queues)  # committed before the listing
-                look = asyncio.create_task(self._look_once_ended(conn, queues, in_progress))
+                look = asyncio.create_task(
+                    self._look_once_ended(conn, queues, snapshot, drawn_after)
+                )
                 looks.add(look)
                 self.looks_pending += 1
                 look.add_done_callback(self._look_done)
@@ -339,19 +347,29 @@ class WakeHub:
         self.looks_pending -= 1
 
     async def _look_once_ended(
-        self, conn: asyncpg.Connection, queues: list[str], snapshot: str
+        self, conn: asyncpg.Connection, queues: list[str], snapshot: str, drawn_after: int
     ) -> None:
         """Looks at `queues` once the transactions in progress at `snapshot` have ended,
-        or gives up after the safety interval, whose poll covers the rest."""
+        or gives up after the safety interval, whose poll covers the rest. A snapshot
+        lists the ids in progress below its xmax (one past the newest id to have ended)
+        and counts every id from there on as in progress without listing it: those up
+        to `drawn_after`, an id drawn after the snapshot, are looked at as well."""
         deadline = asyncio.get_running_loop().time() + self._safety_interval
         delay, longest = _ENDED_POLL
         try:
             while True:
                 async with self._conn_lock:
                     ended = await conn.fetchval(
-                        "SELECT NOT EXISTS (SELECT FROM pg_snapshot_xip($1::text::pg_snapshot) x "
-                        "WHERE pg_xact_status(x) = 'in progress')",
+                        "SELECT NOT EXISTS ("
+                        " SELECT FROM pg_snapshot_xip($1::text::pg_snapshot) AS x"
+                        " WHERE pg_xact_status(x) = 'in progress'"
+                        " UNION ALL"
+                        " SELECT FROM generate_series("
+                        "  pg_snapshot_xmax($1::text::pg_snapshot)::text::bigint,"
+                        "  $2::bigint - 1) AS x"
+                        " WHERE pg_xact_status(x::text::xid8) = 'in progress')",
                         snapshot,
+                        drawn_after,
                     )
                 if ended:
                     await self._wake_ready(conn, queues)

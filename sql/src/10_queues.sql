@@ -358,23 +358,26 @@ $$;
 
 -- Serialises queue deletion against sends: a send holds this lock shared, so a
 -- message is never committed into a queue that a concurrent drop just removed.
--- The lock comes in 16 stripes since 0.9.0: advisory locks (1886350208 + s,
--- queue id) for s in 0-15, where 1886350198 = 'post'. A send holds the stripe
--- of its session's pid; a drop or purge holds all 16, taken in order. Every
--- send of a busy queue sharing one lock made them queue up in the lock manager:
--- 64 sessions each sending one message per transaction did about 10% more
--- without it.
-CREATE FUNCTION postbox._lock_queue(queue_id integer, exclusive boolean) RETURNS void
+-- The lock comes in 16 stripes: advisory locks (1886350224 + s, hashtext of the
+-- queue's name) for s in 0-15, where 1886350198 = 'post'. A send holds the
+-- stripe of its session's pid; a drop or purge holds all 16, taken in order.
+-- Every send of a busy queue sharing one lock made them queue up in the lock
+-- manager: 64 sessions each sending one message per transaction did about 10%
+-- more without it. The key is the name (since 0.9.0; before, the queue's id,
+-- under 1886350208 + s) so that a plain send can lock before it looks the queue
+-- up, and that look is then the one that sees a drop. Two names of one hash
+-- share a lock, and a drop of one waits for sends into the other: no more.
+-- Shared, it looks again for the caller, who looked the queue up first.
+CREATE FUNCTION postbox._lock_queue(q postbox.queues, exclusive boolean) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
     IF exclusive THEN
-        PERFORM pg_advisory_xact_lock(1886350208 + stripe, queue_id) FROM generate_series(0, 15) AS stripe;
+        PERFORM pg_advisory_xact_lock(1886350224 + stripe, hashtext(q.name)) FROM generate_series(0, 15) AS stripe;
     ELSE
-        PERFORM pg_advisory_xact_lock_shared(1886350208 + pg_backend_pid() % 16, queue_id);
-        -- The sender looked its queue up before it had the lock: a drop that
-        -- committed in between has removed the queue, and only this check, a
-        -- statement later, can see it.
-        IF NOT EXISTS (SELECT FROM postbox.queues q WHERE q.id = queue_id) THEN
+        PERFORM pg_advisory_xact_lock_shared(1886350224 + pg_backend_pid() % 16, hashtext(q.name));
+        -- A drop that committed between the caller's look and the lock has
+        -- removed the queue, and only this check, a statement later, can see it.
+        IF NOT EXISTS (SELECT FROM postbox.queues x WHERE x.id = q.id) THEN
             RAISE EXCEPTION USING ERRCODE = 'PB404',
                 MESSAGE = 'the queue was deleted while the message was being sent';
         END IF;
@@ -397,7 +400,7 @@ BEGIN
             'queue %s is the dead-letter queue of %s; remove their dead_letter_policy first',
             quote_literal(queue_name), sources);
     END IF;
-    PERFORM postbox._lock_queue(q.id, true);
+    PERFORM postbox._lock_queue(q, true);
     DELETE FROM postbox.messages WHERE queue_id = q.id;
     DELETE FROM postbox.deduplication WHERE queue_id = q.id;
     DELETE FROM postbox.archive WHERE queue_id = q.id;
@@ -418,7 +421,7 @@ DECLARE
     q postbox.queues := postbox._queue(queue_name);
     purged bigint;
 BEGIN
-    PERFORM postbox._lock_queue(q.id, true);
+    PERFORM postbox._lock_queue(q, true);
     DELETE FROM postbox.messages WHERE queue_id = q.id;
     GET DIAGNOSTICS purged = ROW_COUNT;
     UPDATE postbox.queues SET purged_at = now() WHERE id = q.id;

@@ -48,23 +48,59 @@ $$;
 -- sessions that are gone. A send that looked for listeners before this commits
 -- does not notify: the caller takes pg_current_snapshot() once this has
 -- committed, waits until every transaction in progress then has ended, and
--- looks at the queues itself (ready_queues).
+-- looks at the queues itself (ready_queues). Senders look at queues.listened,
+-- and take their transaction id before they look, so that they are among those
+-- transactions.
 CREATE FUNCTION postbox.listen_to(queue_names text[]) RETURNS void
-LANGUAGE sql AS $$
+LANGUAGE plpgsql AS $$
+DECLARE
+    queue_ids integer[];
+BEGIN
+    -- The queues whose listeners change, locked (see _mark_listened).
+    SELECT array_agg(x.id) INTO queue_ids
+    FROM (SELECT q.id FROM postbox.queues q
+          WHERE q.name = ANY (queue_names)
+             OR q.id IN (SELECT l.queue_id FROM postbox.queue_listeners l
+                         WHERE l.listener <> pg_backend_pid()
+                           AND NOT EXISTS (SELECT FROM pg_stat_activity a WHERE a.pid = l.listener))
+          ORDER BY q.id
+          FOR NO KEY UPDATE) AS x;
     DELETE FROM postbox.queue_listeners l
-    WHERE l.listener <> pg_backend_pid()
+    WHERE l.queue_id = ANY (queue_ids) AND l.listener <> pg_backend_pid()
       AND NOT EXISTS (SELECT FROM pg_stat_activity a WHERE a.pid = l.listener);
     INSERT INTO postbox.queue_listeners (queue_id, listener)
-    SELECT q.id, pg_backend_pid() FROM postbox.queues q WHERE q.name = ANY (queue_names)
+    SELECT q.id, pg_backend_pid() FROM postbox.queues q WHERE q.id = ANY (queue_ids) AND q.name = ANY (queue_names)
     ON CONFLICT DO NOTHING;
+    PERFORM postbox._mark_listened(queue_ids);
+END
 $$;
 
 -- Takes this session off the named queues' listeners (since 0.8.0).
 CREATE FUNCTION postbox.unlisten(queue_names text[]) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    queue_ids integer[];
+BEGIN
+    SELECT array_agg(x.id) INTO queue_ids
+    FROM (SELECT q.id FROM postbox.queues q WHERE q.name = ANY (queue_names) ORDER BY q.id
+          FOR NO KEY UPDATE) AS x;
+    DELETE FROM postbox.queue_listeners l WHERE l.queue_id = ANY (queue_ids) AND l.listener = pg_backend_pid();
+    PERFORM postbox._mark_listened(queue_ids);
+END
+$$;
+
+-- Sets queues.listened of the queues to whether they have listeners (since
+-- 0.9.0). The caller has locked their rows and changed their listeners since:
+-- listings of a queue take turns, and each counts what those before it
+-- committed, so a queue with a committed listener is never left unflagged. Only
+-- a flag that changes is written: each write leaves a dead version of the
+-- queue's row, which every send walks past while the xmin horizon is pinned.
+CREATE FUNCTION postbox._mark_listened(queue_ids integer[]) RETURNS void
 LANGUAGE sql AS $$
-    DELETE FROM postbox.queue_listeners l
-    USING postbox.queues q
-    WHERE l.queue_id = q.id AND q.name = ANY (queue_names) AND l.listener = pg_backend_pid();
+    UPDATE postbox.queues q SET listened = f.listened
+    FROM (SELECT x.id, EXISTS (SELECT FROM postbox.queue_listeners l WHERE l.queue_id = x.id) AS listened
+          FROM unnest(queue_ids) AS x(id)) AS f
+    WHERE q.id = f.id AND q.listened <> f.listened;
 $$;
 
 -- The queues among `names` that hold a message a receive could claim now

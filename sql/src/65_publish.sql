@@ -53,8 +53,8 @@ BEGIN
     -- reads the queues, so that it sees a drop that committed meanwhile.
     LOCK TABLE postbox.messages IN ROW EXCLUSIVE MODE;
     sent_at := clock_timestamp();
-    PERFORM pg_advisory_xact_lock_shared(1886350208 + pg_backend_pid() % 16, q)
-    FROM (SELECT DISTINCT q FROM unnest(plain_queue_ids) AS q ORDER BY q) AS d;
+    PERFORM pg_advisory_xact_lock_shared(1886350224 + pg_backend_pid() % 16, hashtext(x.name))
+    FROM (SELECT x.name FROM postbox.queues x WHERE x.id = ANY (plain_queue_ids) ORDER BY x.id) AS x;
     -- All or none: nothing goes in when some pair's queue is gone, paused, or
     -- too small for its message. Identity values are drawn in insertion order,
     -- so id order is pair order.
@@ -80,8 +80,7 @@ BEGIN
     )
     SELECT array_agg(id ORDER BY id) INTO sent_ids FROM inserted;
     IF sent_ids IS NOT NULL THEN
-        PERFORM postbox._notify(q) FROM postbox.queues q
-        WHERE q.id IN (SELECT l.queue_id FROM postbox.queue_listeners l WHERE l.queue_id = ANY (plain_queue_ids))
+        PERFORM postbox._notify(q) FROM postbox.queues q WHERE q.id = ANY (plain_queue_ids) AND q.listened
         ORDER BY q.id;
     END IF;
     RETURN sent_ids;

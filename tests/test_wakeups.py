@@ -19,7 +19,7 @@ from support import seconds, unique_name
 
 from server.db.engine import Engine
 from server.services.messages import MessageService
-from server.services.wakeup import WakeHub
+from server.services.wakeup import ENDED, WakeHub
 
 
 class CountingEngine(Engine):
@@ -349,6 +349,33 @@ async def _until_waiting(conn: asyncpg.Connection, which: str) -> None:
             return
         await asyncio.sleep(0.02)
     raise AssertionError(f"no session waited on a table's lock where {which}")
+
+
+async def test_the_look_after_a_listing_waits_for_ids_past_its_snapshot(database_url: str) -> None:
+    """A snapshot lists the ids in progress below its xmax, one past the newest id to
+    have ended, and counts every id from there on as running without listing it: a
+    send holding the newest id, which the listing must wait for, is one of those. Here
+    the running transaction draws its id after the snapshot, so it is past the xmax
+    whatever else the cluster does, and before the id the hub draws next."""
+    observer = await asyncpg.connect(database_url)
+    running = await asyncpg.connect(database_url)
+    try:
+        snapshot = await observer.fetchval("SELECT pg_current_snapshot()::text")
+        await running.execute("BEGIN")
+        xid = await running.fetchval("SELECT pg_current_xact_id()::text::bigint")
+        drawn_after = await observer.fetchval("SELECT pg_current_xact_id()::text::bigint")
+        listed = await observer.fetchval(
+            "SELECT $2::text::xid8 = ANY (ARRAY(SELECT pg_snapshot_xip($1::text::pg_snapshot)))",
+            snapshot,
+            str(xid),
+        )
+        assert not listed
+        assert not await observer.fetchval(ENDED, snapshot, drawn_after)
+        await running.execute("COMMIT")
+        assert await observer.fetchval(ENDED, snapshot, drawn_after)
+    finally:
+        await observer.close()
+        await running.close()
 
 
 async def test_a_send_after_the_listing_notifies(

@@ -57,6 +57,16 @@ _RETRY_LOCKED = 0.02  # seconds
 LISTED_LINGER = 30.0
 # Between looks at whether the transactions in progress at a listing have ended.
 _ENDED_POLL = (0.005, 0.2)  # first and longest, seconds
+# Whether every transaction in progress at a snapshot ($1) has ended, given an id
+# drawn after it ($2): see WakeHub._look_once_ended.
+ENDED = """
+SELECT NOT EXISTS (
+    SELECT FROM pg_snapshot_xip($1::text::pg_snapshot) AS x WHERE pg_xact_status(x) = 'in progress'
+    UNION ALL
+    SELECT FROM generate_series(pg_snapshot_xmax($1::text::pg_snapshot)::text::bigint,
+                                $2::bigint - 1) AS x
+    WHERE pg_xact_status(x::text::xid8) = 'in progress')
+"""
 
 
 @dataclass
@@ -359,18 +369,7 @@ class WakeHub:
         try:
             while True:
                 async with self._conn_lock:
-                    ended = await conn.fetchval(
-                        "SELECT NOT EXISTS ("
-                        " SELECT FROM pg_snapshot_xip($1::text::pg_snapshot) AS x"
-                        " WHERE pg_xact_status(x) = 'in progress'"
-                        " UNION ALL"
-                        " SELECT FROM generate_series("
-                        "  pg_snapshot_xmax($1::text::pg_snapshot)::text::bigint,"
-                        "  $2::bigint - 1) AS x"
-                        " WHERE pg_xact_status(x::text::xid8) = 'in progress')",
-                        snapshot,
-                        drawn_after,
-                    )
+                    ended = await conn.fetchval(ENDED, snapshot, drawn_after)
                 if ended:
                     await self._wake_ready(conn, queues)
                     return

@@ -2040,6 +2040,11 @@ BEGIN
     sent_at := clock_timestamp();
     PERFORM pg_advisory_xact_lock_shared(1886350224 + pg_backend_pid() % 16, hashtext(x.name))
     FROM (SELECT x.name FROM postbox.queues x WHERE x.id = ANY (plain_queue_ids) ORDER BY x.id) AS x;
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        -- The insert's look reads the transaction's snapshot, which may predate
+        -- a drop: a serialization failure instead (see _lock_queue).
+        PERFORM FROM postbox.queues x WHERE x.id = ANY (plain_queue_ids) ORDER BY x.id FOR KEY SHARE;
+    END IF;
     -- All or none: nothing goes in when some pair's queue is gone, paused, or
     -- too small for its message. Identity values are drawn in insertion order,
     -- so id order is pair order.
@@ -2478,7 +2483,9 @@ $$;
 --   * the transaction id first, so that a listing that the look misses sees
 --     this transaction in progress, and waits for it (see listen_to).
 -- The clock is read in the insert, which holds the table's lock by then (see
--- the general path).
+-- the general path). Only in READ COMMITTED: elsewhere the look reads the
+-- transaction's snapshot, which may predate a drop, and the general path looks
+-- under a row lock instead (see _lock_queue).
 CREATE OR REPLACE FUNCTION postbox.send_batch(
     queue_name text, bodies bytea[], attributes jsonb[] DEFAULT NULL, delays interval[] DEFAULT NULL,
     message_group_ids text[] DEFAULT NULL, deduplication_ids text[] DEFAULT NULL,
@@ -2497,7 +2504,7 @@ DECLARE
 BEGIN
     IF num_nonnulls(attributes, delays, message_group_ids, deduplication_ids, dedupe_keys, priorities,
                     deliver_ats, ttls, expire_ats) = 0 AND cardinality(bodies) BETWEEN 1 AND 1000
-       AND array_position(bodies, NULL) IS NULL THEN
+       AND array_position(bodies, NULL) IS NULL AND current_setting('transaction_isolation') = 'read committed' THEN
         locked := concat(pg_current_xact_id(),
                          pg_advisory_xact_lock_shared(1886350224 + pg_backend_pid() % 16, hashtext(queue_name)));
         SELECT x.id, x.delivery_delay, x.max_message_size, x.listened
@@ -2556,7 +2563,8 @@ DECLARE
     sent_id bigint;
 BEGIN
     IF body IS NOT NULL AND num_nonnulls(attributes, delay, message_group_id, deduplication_id, dedupe_key,
-                                         priority, deliver_at, ttl, expire_at) = 0 THEN
+                                         priority, deliver_at, ttl, expire_at) = 0
+       AND current_setting('transaction_isolation') = 'read committed' THEN
         -- As send_batch's straight path (see there).
         locked := concat(pg_current_xact_id(),
                          pg_advisory_xact_lock_shared(1886350224 + pg_backend_pid() % 16, hashtext(queue_name)));
@@ -2976,20 +2984,28 @@ DROP FUNCTION postbox._lock_queue(integer, boolean);
 -- under 1886350208 + s) so that a plain send can lock before it looks the queue
 -- up, and that look is then the one that sees a drop. Two names of one hash
 -- share a lock, and a drop of one waits for sends into the other: no more.
--- Shared, it looks again for the caller, who looked the queue up first.
+-- Shared, it looks again for the caller, who looked the queue up first: in
+-- READ COMMITTED a statement after the lock sees a drop that committed before
+-- it. A REPEATABLE READ or SERIALIZABLE transaction reads its first snapshot
+-- throughout, which may predate the drop; a row lock reads the queue's latest
+-- version, and raises a serialization failure (40001) when a drop committed
+-- since the snapshot, rather than let the send leave its message behind.
 CREATE FUNCTION postbox._lock_queue(q postbox.queues, exclusive boolean) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
     IF exclusive THEN
         PERFORM pg_advisory_xact_lock(1886350224 + stripe, hashtext(q.name)) FROM generate_series(0, 15) AS stripe;
+        RETURN;
+    END IF;
+    PERFORM pg_advisory_xact_lock_shared(1886350224 + pg_backend_pid() % 16, hashtext(q.name));
+    IF current_setting('transaction_isolation') = 'read committed' THEN
+        PERFORM FROM postbox.queues x WHERE x.id = q.id;
     ELSE
-        PERFORM pg_advisory_xact_lock_shared(1886350224 + pg_backend_pid() % 16, hashtext(q.name));
-        -- A drop that committed between the caller's look and the lock has
-        -- removed the queue, and only this check, a statement later, can see it.
-        IF NOT EXISTS (SELECT FROM postbox.queues x WHERE x.id = q.id) THEN
-            RAISE EXCEPTION USING ERRCODE = 'PB404',
-                MESSAGE = 'the queue was deleted while the message was being sent';
-        END IF;
+        PERFORM FROM postbox.queues x WHERE x.id = q.id FOR KEY SHARE;
+    END IF;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'PB404',
+            MESSAGE = 'the queue was deleted while the message was being sent';
     END IF;
 END
 $$;

@@ -667,6 +667,41 @@ async def test_a_send_racing_a_queue_drop_leaves_no_orphans(conns, statement):
     assert orphans == 0
 
 
+SENDS_INTO = {
+    "send": "SELECT postbox.send($1, 'x')",
+    "send_batch": "SELECT count(*) FROM postbox.send_batch($1, ARRAY['x']::bytea[])",
+    "publish": "SELECT count(*) FROM postbox.publish($1 || '_topic', 'x')",
+}
+
+
+@pytest.mark.parametrize("kind", list(SENDS_INTO))
+async def test_a_send_in_a_snapshot_older_than_a_drop_fails_and_leaves_no_orphans(conns, kind):
+    """REPEATABLE READ: the transaction's snapshot predates the drop, so every look at the
+    queue still finds it. The send must not put its message into the dropped queue; it
+    fails with a serialization failure, which the application retries."""
+    setup, dropper, sender = conns
+    queue = f"dropped_since_{kind}"
+    await new_queue(setup, queue, 0)
+    await setup.execute("SELECT postbox.create_topic($1 || '_topic')", queue)
+    await setup.execute(
+        "SELECT postbox.create_subscription($1 || '_topic', 'all', queue_name => $1)", queue
+    )
+    await sender.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+    try:
+        await sender.execute("SELECT count(*) FROM postbox.queues")  # takes the snapshot
+        await dropper.execute("SELECT postbox.drop_queue($1)", queue)
+        with pytest.raises(asyncpg.PostgresError) as caught:
+            await sender.execute(SENDS_INTO[kind], queue)
+        assert caught.value.sqlstate == "40001"
+    finally:
+        await sender.execute("ROLLBACK")
+    orphans = await setup.fetchval(
+        "SELECT count(*) FROM postbox.messages m "
+        "WHERE NOT EXISTS (SELECT FROM postbox.queues q WHERE q.id = m.queue_id)"
+    )
+    assert orphans == 0
+
+
 STRIPE_CLASS = 1886350224  # postbox._lock_queue: stripe s is (STRIPE_CLASS + s, hashtext(name))
 HOLDS = """SELECT EXISTS (SELECT FROM pg_locks WHERE pid = $1 AND locktype = 'advisory'
                   AND classid = $2::bigint AND objid = hashtext($3)::oid AND granted = $4)"""

@@ -367,20 +367,28 @@ $$;
 -- under 1886350208 + s) so that a plain send can lock before it looks the queue
 -- up, and that look is then the one that sees a drop. Two names of one hash
 -- share a lock, and a drop of one waits for sends into the other: no more.
--- Shared, it looks again for the caller, who looked the queue up first.
+-- Shared, it looks again for the caller, who looked the queue up first: in
+-- READ COMMITTED a statement after the lock sees a drop that committed before
+-- it. A REPEATABLE READ or SERIALIZABLE transaction reads its first snapshot
+-- throughout, which may predate the drop; a row lock reads the queue's latest
+-- version, and raises a serialization failure (40001) when a drop committed
+-- since the snapshot, rather than let the send leave its message behind.
 CREATE FUNCTION postbox._lock_queue(q postbox.queues, exclusive boolean) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
     IF exclusive THEN
         PERFORM pg_advisory_xact_lock(1886350224 + stripe, hashtext(q.name)) FROM generate_series(0, 15) AS stripe;
+        RETURN;
+    END IF;
+    PERFORM pg_advisory_xact_lock_shared(1886350224 + pg_backend_pid() % 16, hashtext(q.name));
+    IF current_setting('transaction_isolation') = 'read committed' THEN
+        PERFORM FROM postbox.queues x WHERE x.id = q.id;
     ELSE
-        PERFORM pg_advisory_xact_lock_shared(1886350224 + pg_backend_pid() % 16, hashtext(q.name));
-        -- A drop that committed between the caller's look and the lock has
-        -- removed the queue, and only this check, a statement later, can see it.
-        IF NOT EXISTS (SELECT FROM postbox.queues x WHERE x.id = q.id) THEN
-            RAISE EXCEPTION USING ERRCODE = 'PB404',
-                MESSAGE = 'the queue was deleted while the message was being sent';
-        END IF;
+        PERFORM FROM postbox.queues x WHERE x.id = q.id FOR KEY SHARE;
+    END IF;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'PB404',
+            MESSAGE = 'the queue was deleted while the message was being sent';
     END IF;
 END
 $$;

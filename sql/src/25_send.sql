@@ -323,7 +323,9 @@ $$;
 --   * the transaction id first, so that a listing that the look misses sees
 --     this transaction in progress, and waits for it (see listen_to).
 -- The clock is read in the insert, which holds the table's lock by then (see
--- the general path).
+-- the general path). Only in READ COMMITTED: elsewhere the look reads the
+-- transaction's snapshot, which may predate a drop, and the general path looks
+-- under a row lock instead (see _lock_queue).
 CREATE FUNCTION postbox.send_batch(
     queue_name text, bodies bytea[], attributes jsonb[] DEFAULT NULL, delays interval[] DEFAULT NULL,
     message_group_ids text[] DEFAULT NULL, deduplication_ids text[] DEFAULT NULL,
@@ -342,7 +344,7 @@ DECLARE
 BEGIN
     IF num_nonnulls(attributes, delays, message_group_ids, deduplication_ids, dedupe_keys, priorities,
                     deliver_ats, ttls, expire_ats) = 0 AND cardinality(bodies) BETWEEN 1 AND 1000
-       AND array_position(bodies, NULL) IS NULL THEN
+       AND array_position(bodies, NULL) IS NULL AND current_setting('transaction_isolation') = 'read committed' THEN
         locked := concat(pg_current_xact_id(),
                          pg_advisory_xact_lock_shared(1886350224 + pg_backend_pid() % 16, hashtext(queue_name)));
         SELECT x.id, x.delivery_delay, x.max_message_size, x.listened
@@ -401,7 +403,8 @@ DECLARE
     sent_id bigint;
 BEGIN
     IF body IS NOT NULL AND num_nonnulls(attributes, delay, message_group_id, deduplication_id, dedupe_key,
-                                         priority, deliver_at, ttl, expire_at) = 0 THEN
+                                         priority, deliver_at, ttl, expire_at) = 0
+       AND current_setting('transaction_isolation') = 'read committed' THEN
         -- As send_batch's straight path (see there).
         locked := concat(pg_current_xact_id(),
                          pg_advisory_xact_lock_shared(1886350224 + pg_backend_pid() % 16, hashtext(queue_name)));

@@ -55,6 +55,11 @@ BEGIN
     sent_at := clock_timestamp();
     PERFORM pg_advisory_xact_lock_shared(1886350224 + pg_backend_pid() % 16, hashtext(x.name))
     FROM (SELECT x.name FROM postbox.queues x WHERE x.id = ANY (plain_queue_ids) ORDER BY x.id) AS x;
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        -- The insert's look reads the transaction's snapshot, which may predate
+        -- a drop: a serialization failure instead (see _lock_queue).
+        PERFORM FROM postbox.queues x WHERE x.id = ANY (plain_queue_ids) ORDER BY x.id FOR KEY SHARE;
+    END IF;
     -- All or none: nothing goes in when some pair's queue is gone, paused, or
     -- too small for its message. Identity values are drawn in insertion order,
     -- so id order is pair order.

@@ -711,7 +711,7 @@ HOLDS = """SELECT EXISTS (SELECT FROM pg_locks WHERE pid = $1 AND locktype = 'ad
     "send",
     [
         "SELECT postbox.send('striped', 'x')",  # the straight path: locks, then looks
-        "SELECT postbox.send('striped', 'x', priority => 1)",  # the general: looks, then locks
+        "SELECT postbox.send('striped', 'x', delay => '0 s')",  # the general: looks, then locks
     ],
     ids=["straight", "general"],
 )
@@ -875,6 +875,46 @@ async def test_send_notifies_waiters_with_the_queue_name(conns):
         listener, lambda: setup.execute("SELECT postbox.send('notify_me', 'x')")
     )
     assert payloads == ["notify_me"]
+
+
+PRIORITIZED = "SELECT prioritized FROM postbox.queues WHERE name = $1"
+RECEIVE_BODIES = "SELECT body FROM postbox.receive($1, 10, visibility_timeout => '0 s')"
+
+
+async def test_a_queue_takes_priorities_first_from_its_first_committed_priority_send(conns):
+    """Receive's straight path reads the priority index only once queues.prioritized is
+    set: the first send of a priority sets it, in the send's own transaction."""
+    setup, sender, _ = conns
+    await new_queue(setup, "ranked", 0)
+    await setup.execute("SELECT postbox.send('ranked', 'plain')")
+    assert not await setup.fetchval(PRIORITIZED, "ranked")
+    assert [r[0] for r in await setup.fetch(RECEIVE_BODIES, "ranked")] == [b"plain"]
+    await sender.execute("BEGIN")
+    await sender.execute("SELECT postbox.send('ranked', 'rolled back', priority => 5)")
+    await sender.execute("ROLLBACK")
+    assert not await setup.fetchval(PRIORITIZED, "ranked"), "the flag rolls back with its send"
+    await setup.execute("SELECT postbox.send('ranked', 'urgent', priority => 5)")
+    assert await setup.fetchval(PRIORITIZED, "ranked")
+    assert [r[0] for r in await setup.fetch(RECEIVE_BODIES, "ranked")] == [b"urgent", b"plain"]
+
+
+async def test_a_dead_lettered_priority_message_prioritizes_the_dead_letter_queue(conns):
+    """A move keeps a message's priority, so it sets the flag of the queue it moves to."""
+    setup, _, _ = conns
+    await new_queue(setup, "ranked_dlq", 0)
+    await setup.execute(
+        "SELECT postbox.create_queue('ranked_source', jsonb_build_object('dead_letter_policy', "
+        "jsonb_build_object('dead_letter_queue', 'ranked_dlq', 'max_receive_count', 1)))"
+    )
+    await setup.execute("SELECT postbox.send('ranked_dlq', 'waiting')")
+    await setup.execute("SELECT postbox.send('ranked_source', 'failed', priority => 7)")
+    assert [r[0] for r in await setup.fetch(RECEIVE_BODIES, "ranked_source")] == [b"failed"]
+    assert await setup.fetch(RECEIVE_BODIES, "ranked_source") == []  # moves it
+    assert await setup.fetchval(PRIORITIZED, "ranked_dlq")
+    assert [r[0] for r in await setup.fetch(RECEIVE_BODIES, "ranked_dlq")] == [
+        b"failed",
+        b"waiting",
+    ]
 
 
 async def test_a_batch_notifies_once(conns):

@@ -56,7 +56,11 @@ CREATE TABLE postbox.queues (
     -- listen_to and unlisten, so that a send finds out with the queue's row
     -- instead of looking in a second table (a tenth of a plain send's cost).
     -- It may stay true for a while after the last listener's session is gone.
-    listened boolean NOT NULL DEFAULT false
+    listened boolean NOT NULL DEFAULT false,
+    -- Since 0.9.0: whether a message of priority above 0 has ever been in the
+    -- queue (a send or a move sets it, nothing clears it). Until then receive
+    -- leaves the priority index out of its straight path.
+    prioritized boolean NOT NULL DEFAULT false
 );
 
 -- Every queue's messages live in this one table, keyed by queue_id, rather than

@@ -165,6 +165,10 @@ BEGIN
     END IF;
 
     PERFORM postbox._lock_queue(q, false);
+    IF NOT q.prioritized AND EXISTS (SELECT FROM unnest(priorities) p WHERE p > 0) THEN
+        -- Written once in a queue's life: receive's straight path reads it.
+        UPDATE postbox.queues x SET prioritized = true WHERE x.id = q.id AND NOT x.prioritized;
+    END IF;
     IF NOT q.fifo AND NOT q.content_based_deduplication AND q.max_depth IS NULL
        AND deduplication_ids IS NULL AND dedupe_keys IS NULL THEN
         -- The common case, in one statement: identity values are drawn in

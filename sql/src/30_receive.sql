@@ -193,6 +193,11 @@ SET enable_sort = off
 -- prices as enormous; that price must not buy a JIT compilation (hundreds of
 -- milliseconds) on every receive.
 SET jit = off
+-- Plans made once, not on every call: given the floor and now(), a custom plan
+-- estimated the rows exactly and so looked cheaper than the generic one, and a
+-- session beside a deep queue planned the claim anew each time (a third of a
+-- receive and delete, valgrind). The settings above already fix its shape.
+SET plan_cache_mode = force_generic_plan
 AS $$
 #variable_conflict use_column
 DECLARE

@@ -50,7 +50,9 @@ $$;
 -- committed, waits until every transaction in progress then has ended, and
 -- looks at the queues itself (ready_queues). Senders look at queues.listened,
 -- and take their transaction id before they look, so that they are among those
--- transactions.
+-- transactions. A snapshot lists only the ids below its xmax (one past the
+-- newest to have ended), so the caller also draws an id right after it and
+-- waits on every id from xmax up to that one (the server's wakeup.ENDED).
 CREATE FUNCTION postbox.listen_to(queue_names text[]) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE

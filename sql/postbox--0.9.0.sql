@@ -1158,6 +1158,15 @@ LANGUAGE sql STABLE AS $$
                 ELSE sent_at + coalesce(delay, default_delay) END
 $$;
 
+-- Sets queues.prioritized (since 0.9.0), in the transaction that puts a message
+-- of priority above 0 into the queue. Written once in a queue's life: receive's
+-- straight path reads the flag. Until that transaction ends, another one that
+-- sets it waits on the row.
+CREATE FUNCTION postbox._mark_prioritized(queue_id integer) RETURNS void
+LANGUAGE sql AS $$
+    UPDATE postbox.queues x SET prioritized = true WHERE x.id = queue_id AND NOT x.prioritized;
+$$;
+
 -- send_batch's every case: options, FIFO order, deduplication, depth limits and
 -- every error. send_batch (below) takes the plain case past it.
 CREATE FUNCTION postbox._send_batch_general(
@@ -1261,8 +1270,7 @@ BEGIN
 
     PERFORM postbox._lock_queue(q, false);
     IF NOT q.prioritized AND EXISTS (SELECT FROM unnest(priorities) p WHERE p > 0) THEN
-        -- Written once in a queue's life: receive's straight path reads it.
-        UPDATE postbox.queues x SET prioritized = true WHERE x.id = q.id AND NOT x.prioritized;
+        PERFORM postbox._mark_prioritized(q.id);
     END IF;
     IF NOT q.fifo AND NOT q.content_based_deduplication AND q.max_depth IS NULL
        AND deduplication_ids IS NULL AND dedupe_keys IS NULL THEN
@@ -1655,7 +1663,7 @@ BEGIN
     INTO groups, with_priority
     FROM postbox.messages m WHERE m.id = ANY (ids);
     IF with_priority AND NOT target.prioritized THEN
-        UPDATE postbox.queues x SET prioritized = true WHERE x.id = target.id AND NOT x.prioritized;  -- see send
+        PERFORM postbox._mark_prioritized(target.id);
     END IF;
     IF groups IS NOT NULL AND (source.fifo OR target.fifo) THEN
         -- Both queues' group locks, the lower queue id first.
@@ -1694,8 +1702,8 @@ $$;
 -- the visibility timeout (the queue's when NULL), counts the delivery and gives
 -- each a fresh receipt "<message id>:<lease>". The messages of one call share a
 -- lease: a call delivers a message once, so the pair names the delivery, and a
--- strong random draw per row cost 5% of a receive of ten. Order: priority, then visibility
--- time, then id; FIFO queues hand out only group heads. On the way, expired
+-- strong random draw per row cost 5% of a receive of ten. Order: priority, then
+-- visibility time, then id; FIFO queues hand out only group heads. On the way, expired
 -- messages are removed and messages received max_receive_count times already
 -- move to the dead-letter queue instead. A rate-limited queue returns fewer
 -- messages when its tokens run short. PB503 while receives are paused.
@@ -2265,8 +2273,8 @@ DECLARE
     floor timestamptz;
 BEGIN
     IF current_setting('transaction_isolation') <> 'read committed' THEN
-        RETURN timestamptz 'epoch'
-               + (string_to_array(current_setting(setting, true), ' ')::bigint[])[1] * interval '1 microsecond';
+        RETURN timestamptz 'epoch'  -- NULL when none was kept
+               + nullif(split_part(current_setting(setting, true), ' ', 1), '')::bigint * interval '1 microsecond';
     END IF;
     floor := postbox._receive_floor(queue_id);
     PERFORM set_config(setting, (extract(epoch FROM floor) * 1000000)::bigint || ' '

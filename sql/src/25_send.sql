@@ -63,6 +63,15 @@ LANGUAGE sql STABLE AS $$
                 ELSE sent_at + coalesce(delay, default_delay) END
 $$;
 
+-- Sets queues.prioritized (since 0.9.0), in the transaction that puts a message
+-- of priority above 0 into the queue. Written once in a queue's life: receive's
+-- straight path reads the flag. Until that transaction ends, another one that
+-- sets it waits on the row.
+CREATE FUNCTION postbox._mark_prioritized(queue_id integer) RETURNS void
+LANGUAGE sql AS $$
+    UPDATE postbox.queues x SET prioritized = true WHERE x.id = queue_id AND NOT x.prioritized;
+$$;
+
 -- send_batch's every case: options, FIFO order, deduplication, depth limits and
 -- every error. send_batch (below) takes the plain case past it.
 CREATE FUNCTION postbox._send_batch_general(
@@ -166,8 +175,7 @@ BEGIN
 
     PERFORM postbox._lock_queue(q, false);
     IF NOT q.prioritized AND EXISTS (SELECT FROM unnest(priorities) p WHERE p > 0) THEN
-        -- Written once in a queue's life: receive's straight path reads it.
-        UPDATE postbox.queues x SET prioritized = true WHERE x.id = q.id AND NOT x.prioritized;
+        PERFORM postbox._mark_prioritized(q.id);
     END IF;
     IF NOT q.fifo AND NOT q.content_based_deduplication AND q.max_depth IS NULL
        AND deduplication_ids IS NULL AND dedupe_keys IS NULL THEN

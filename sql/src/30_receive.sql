@@ -121,7 +121,7 @@ BEGIN
     INTO groups, with_priority
     FROM postbox.messages m WHERE m.id = ANY (ids);
     IF with_priority AND NOT target.prioritized THEN
-        UPDATE postbox.queues x SET prioritized = true WHERE x.id = target.id AND NOT x.prioritized;  -- see send
+        PERFORM postbox._mark_prioritized(target.id);
     END IF;
     IF groups IS NOT NULL AND (source.fifo OR target.fifo) THEN
         -- Both queues' group locks, the lower queue id first.
@@ -160,8 +160,8 @@ $$;
 -- the visibility timeout (the queue's when NULL), counts the delivery and gives
 -- each a fresh receipt "<message id>:<lease>". The messages of one call share a
 -- lease: a call delivers a message once, so the pair names the delivery, and a
--- strong random draw per row cost 5% of a receive of ten. Order: priority, then visibility
--- time, then id; FIFO queues hand out only group heads. On the way, expired
+-- strong random draw per row cost 5% of a receive of ten. Order: priority, then
+-- visibility time, then id; FIFO queues hand out only group heads. On the way, expired
 -- messages are removed and messages received max_receive_count times already
 -- move to the dead-letter queue instead. A rate-limited queue returns fewer
 -- messages when its tokens run short. PB503 while receives are paused.

@@ -380,8 +380,8 @@ DECLARE
     floor timestamptz;
 BEGIN
     IF current_setting('transaction_isolation') <> 'read committed' THEN
-        RETURN timestamptz 'epoch'
-               + (string_to_array(current_setting(setting, true), ' ')::bigint[])[1] * interval '1 microsecond';
+        RETURN timestamptz 'epoch'  -- NULL when none was kept
+               + nullif(split_part(current_setting(setting, true), ' ', 1), '')::bigint * interval '1 microsecond';
     END IF;
     floor := postbox._receive_floor(queue_id);
     PERFORM set_config(setting, (extract(epoch FROM floor) * 1000000)::bigint || ' '

@@ -16,6 +16,23 @@ WHERE EXISTS (SELECT FROM postbox.queue_listeners l WHERE l.queue_id = q.id);
 ALTER TABLE postbox.queues ADD COLUMN prioritized boolean NOT NULL DEFAULT false;
 UPDATE postbox.queues q SET prioritized = true
 WHERE EXISTS (SELECT FROM postbox.messages m WHERE m.queue_id = q.id AND m.priority > 0);
+-- Messages with an expiry of their own, in a table of their own (see
+-- postbox.message_expiries), not a partial index on messages.
+CREATE TABLE postbox.message_expiries (
+    message_id bigint PRIMARY KEY,
+    expires_at timestamptz NOT NULL
+);
+CREATE INDEX message_expiries_due_idx ON postbox.message_expiries (expires_at);
+INSERT INTO postbox.message_expiries (message_id, expires_at)
+SELECT m.id, m.expires_at FROM postbox.messages m WHERE m.expires_at IS NOT NULL;
+DROP INDEX postbox.messages_expiry_idx;
+DO $$
+BEGIN
+    PERFORM pg_catalog.pg_extension_config_dump('postbox.message_expiries', '');
+EXCEPTION WHEN feature_not_supported THEN
+    NULL;  -- installed from a plain script, not by CREATE EXTENSION
+END
+$$;
 ALTER TABLE postbox.subscriptions
     ADD COLUMN filter_policy jsonb,
     ADD COLUMN filter_scope text NOT NULL DEFAULT 'attributes' CHECK (filter_scope IN ('attributes', 'body')),
@@ -2335,17 +2352,17 @@ BEGIN
         PERFORM postbox._mark_prioritized(q.id);
     END IF;
     IF NOT q.fifo AND NOT q.content_based_deduplication AND q.max_depth IS NULL
-       AND deduplication_ids IS NULL AND dedupe_keys IS NULL THEN
+       AND deduplication_ids IS NULL AND dedupe_keys IS NULL AND ttls IS NULL AND expire_ats IS NULL THEN
         -- The common case, in one statement: identity values are drawn in
         -- insertion order, so id order is input order.
         RETURN QUERY
         WITH inserted AS (
             INSERT INTO postbox.messages (queue_id, visible_at, enqueued_at, attributes, body, priority,
-                                          message_group_id, expires_at)
+                                          message_group_id)
             SELECT q.id, postbox._visible_at(sent_at, d, t, q.delivery_delay), sent_at,
-                   a, b, coalesce(p, 0), g, coalesce(x, sent_at + l)
-            FROM unnest(bodies, attributes, delays, deliver_ats, priorities, message_group_ids, ttls, expire_ats)
-                 WITH ORDINALITY AS e(b, a, d, t, p, g, l, x, i)
+                   a, b, coalesce(p, 0), g
+            FROM unnest(bodies, attributes, delays, deliver_ats, priorities, message_group_ids)
+                 WITH ORDINALITY AS e(b, a, d, t, p, g, i)
             ORDER BY i
             RETURNING id
         )
@@ -2460,6 +2477,10 @@ BEGIN
          WITH ORDINALITY AS e(b, a, d, t, p, g, x, k, r, l, e, i)
     WHERE e.k IS NULL AND e.r = ids[e.i]
     ORDER BY e.i;
+    -- A key's message may have taken a new expiry, or lost its own.
+    IF ttls IS NOT NULL OR expire_ats IS NOT NULL OR dedupe_keys IS NOT NULL THEN
+        PERFORM postbox._sync_expiries(resolved);
+    END IF;
     PERFORM postbox._notify(q);
     RETURN QUERY SELECT e.r, e.r <> ids[e.i] FROM unnest(resolved) WITH ORDINALITY AS e(r, i) ORDER BY e.i;
 END
@@ -2694,6 +2715,7 @@ DECLARE
     q_plain boolean;
     parsed record;
     done bigint[];
+    expiring boolean;  -- whether a deleted message had an expiry of its own
 BEGIN
     SELECT x.id, NOT (x.archive_on_delete OR x.fifo) INTO q_id, q_plain
     FROM postbox.queues x WHERE x.name = queue_name;
@@ -2716,9 +2738,12 @@ BEGIN
             DELETE FROM postbox.messages m
             USING unnest(parsed.ids, parsed.leases) AS t(id, lease)
             WHERE m.id = t.id AND m.queue_id + 0 = q_id AND m.lease = t.lease
-            RETURNING m.id
+            RETURNING m.id, m.expires_at
         )
-        SELECT coalesce(array_agg(g.id), '{}') INTO done FROM gone g;
+        SELECT coalesce(array_agg(g.id), '{}'), bool_or(g.expires_at IS NOT NULL) INTO done, expiring FROM gone g;
+        IF expiring THEN
+            DELETE FROM postbox.message_expiries WHERE message_id = ANY (done);
+        END IF;
     END IF;
     IF cardinality(done) = cardinality(receipts) THEN
         -- _receipt_outcomes' common case, without the call.
@@ -3127,7 +3152,7 @@ BEGIN
             quote_literal(queue_name), sources);
     END IF;
     PERFORM postbox._lock_queue(q, true);
-    DELETE FROM postbox.messages WHERE queue_id = q.id;
+    PERFORM postbox._delete_messages(q.id);
     DELETE FROM postbox.deduplication WHERE queue_id = q.id;
     DELETE FROM postbox.archive WHERE queue_id = q.id;
     DELETE FROM postbox.receive_tokens WHERE queue_id = q.id;
@@ -3148,8 +3173,7 @@ DECLARE
     purged bigint;
 BEGIN
     PERFORM postbox._lock_queue(q, true);
-    DELETE FROM postbox.messages WHERE queue_id = q.id;
-    GET DIAGNOSTICS purged = ROW_COUNT;
+    purged := postbox._delete_messages(q.id);
     UPDATE postbox.queues SET purged_at = now() WHERE id = q.id;
     RETURN purged;
 END
@@ -3209,6 +3233,153 @@ BEGIN
         PERFORM postbox._count(source.id, 0, cardinality(ids));
     END IF;
     PERFORM postbox._notify(target);
+END
+$$;
+
+-- Brings message_expiries in step with the expiry of messages `ids`, which
+-- were just sent or given new content: a row for each one with an expiry, at
+-- that expiry, and none for the others.
+CREATE FUNCTION postbox._sync_expiries(ids bigint[]) RETURNS void
+LANGUAGE sql AS $$
+    INSERT INTO postbox.message_expiries AS e (message_id, expires_at)
+    SELECT m.id, m.expires_at FROM postbox.messages m WHERE m.id = ANY (ids) AND m.expires_at IS NOT NULL
+    ON CONFLICT (message_id) DO UPDATE SET expires_at = excluded.expires_at
+    WHERE e.expires_at IS DISTINCT FROM excluded.expires_at;
+    DELETE FROM postbox.message_expiries e
+    WHERE e.message_id = ANY (ids)
+      AND NOT EXISTS (SELECT FROM postbox.messages m WHERE m.id = e.message_id AND m.expires_at IS NOT NULL);
+$$;
+
+-- Deletes every message of queue queue_id, with their expiries; returns how
+-- many. The caller holds the queue's lock (exclusive).
+CREATE FUNCTION postbox._delete_messages(queue_id integer) RETURNS bigint
+LANGUAGE sql AS $$
+    WITH gone AS (
+        DELETE FROM postbox.messages m WHERE m.queue_id = _delete_messages.queue_id RETURNING m.id, m.expires_at
+    ), expiries AS (
+        DELETE FROM postbox.message_expiries e USING gone g WHERE e.message_id = g.id AND g.expires_at IS NOT NULL
+    )
+    SELECT count(*) FROM gone;
+$$;
+
+-- Functions that take messages by id reach them through the primary key,
+-- whatever the planner thinks. A session plans each statement once, often while
+-- the table was small, and keeps the plan until an ANALYZE, which a pinned xmin
+-- horizon holds off: a sequential scan, bitmap scan or hash join chosen then
+-- reads every dead row version on every later call. So they allow only index
+-- scans and nested loops, and say `queue_id + 0` (offered queue_id as an index
+-- condition, the planner fetched the whole queue through the ready index).
+CREATE OR REPLACE FUNCTION postbox._remove(q postbox.queues, ids bigint[], leases uuid[], why text) RETURNS bigint[]
+LANGUAGE plpgsql
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_indexonlyscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+AS $$
+DECLARE
+    removed bigint[];
+    groups text[];
+    expiring bigint[];
+BEGIN
+    IF q.archive_on_delete THEN
+        WITH gone AS (
+            DELETE FROM postbox.messages m
+            USING unnest(ids, leases) AS t(id, lease)
+            WHERE m.id = t.id AND m.queue_id + 0 = q.id AND (t.lease IS NULL OR m.lease = t.lease)
+            RETURNING m.*
+        ), archived AS (
+            INSERT INTO postbox.archive (id, queue_id, receive_count, enqueued_at, first_received_at,
+                                         archived_at, reason, priority, message_group_id,
+                                         deduplication_id, source_queue_id, last_error, attributes, body)
+            SELECT g.id, g.queue_id, g.receive_count, g.enqueued_at, g.first_received_at,
+                   clock_timestamp(), why, g.priority, g.message_group_id, g.deduplication_id,
+                   g.source_queue_id, g.last_error, g.attributes, g.body
+            FROM gone g
+        )
+        SELECT array_agg(g.id), array_agg(g.message_group_id), array_agg(g.id) FILTER (WHERE g.expires_at IS NOT NULL)
+        INTO removed, groups, expiring FROM gone g;
+    ELSE
+        -- The same delete without the archive: a data-modifying CTE costs even
+        -- when it inserts nothing, and this is the path of every plain delete.
+        WITH gone AS (
+            DELETE FROM postbox.messages m
+            USING unnest(ids, leases) AS t(id, lease)
+            WHERE m.id = t.id AND m.queue_id + 0 = q.id AND (t.lease IS NULL OR m.lease = t.lease)
+            RETURNING m.id, m.message_group_id, m.expires_at
+        )
+        SELECT array_agg(g.id), array_agg(g.message_group_id), array_agg(g.id) FILTER (WHERE g.expires_at IS NOT NULL)
+        INTO removed, groups, expiring FROM gone g;
+    END IF;
+    IF expiring IS NOT NULL THEN
+        DELETE FROM postbox.message_expiries WHERE message_id = ANY (expiring);
+    END IF;
+    IF q.fifo AND groups IS NOT NULL THEN
+        PERFORM postbox._lock_groups(q.id, groups);
+        PERFORM postbox._promote(q, groups);
+        PERFORM postbox._notify(q);
+    END IF;
+    IF why = 'expired' AND removed IS NOT NULL THEN
+        PERFORM postbox._count(q.id, cardinality(removed), 0);
+    END IF;
+    RETURN coalesce(removed, '{}');
+END
+$$;
+
+-- Removes up to batch_size expired messages (archiving them where the queue
+-- archives), claimed with SKIP LOCKED so servers running this together never
+-- touch the same rows. The ready index finds most of them cheaply, since
+-- visible_at >= enqueued_at; parked FIFO messages are looked up by group.
+-- Receive never delivers an expired message meanwhile. Messages past their
+-- own expires_at (a ttl or expire_time) come through message_expiries.
+-- Returns how many.
+CREATE OR REPLACE FUNCTION postbox.expire_messages(batch_size integer DEFAULT 1000) RETURNS bigint
+LANGUAGE plpgsql
+-- An ordered walk of the ready index, whatever the statistics say (see receive).
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+AS $$
+DECLARE
+    q postbox.queues;
+    picked bigint[];
+    total bigint := 0;
+BEGIN
+    FOR q IN SELECT * FROM postbox.queues WHERE retention IS NOT NULL ORDER BY id LOOP
+        EXIT WHEN total >= batch_size;
+        SELECT array_agg(m.id) INTO picked
+        FROM (SELECT m.id FROM postbox.messages m
+              WHERE m.queue_id = q.id AND m.visible_at < now() - q.retention
+              ORDER BY m.visible_at LIMIT batch_size - total
+              FOR UPDATE SKIP LOCKED) AS m;
+        IF picked IS NULL AND q.fifo THEN
+            SELECT array_agg(m.id) INTO picked
+            FROM (SELECT m.id FROM postbox.messages m
+                  WHERE m.queue_id = q.id AND m.message_group_id IS NOT NULL
+                        AND m.visible_at = 'infinity' AND m.enqueued_at < now() - q.retention
+                  ORDER BY m.message_group_id, m.id LIMIT batch_size - total
+                  FOR UPDATE SKIP LOCKED) AS m;
+        END IF;
+        IF picked IS NOT NULL THEN
+            total := total + cardinality(postbox._remove(q, picked, NULL, 'expired'));
+        END IF;
+    END LOOP;
+    -- Messages past their own expiry, oldest expiry first, a queue at a time.
+    FOR q IN SELECT * FROM postbox.queues
+             WHERE id IN (SELECT m.queue_id FROM postbox.message_expiries e
+                          JOIN postbox.messages m ON m.id = e.message_id
+                          WHERE e.expires_at <= now() ORDER BY e.expires_at LIMIT batch_size)
+             ORDER BY id LOOP
+        EXIT WHEN total >= batch_size;
+        SELECT array_agg(m.id) INTO picked
+        FROM (SELECT m.id FROM postbox.message_expiries e JOIN postbox.messages m ON m.id = e.message_id
+              WHERE e.expires_at <= now() AND m.queue_id = q.id AND m.expires_at <= now()
+              ORDER BY e.expires_at LIMIT batch_size - total
+              FOR UPDATE OF m SKIP LOCKED) AS m;
+        IF picked IS NOT NULL THEN
+            total := total + cardinality(postbox._remove(q, picked, NULL, 'expired'));
+        END IF;
+    END LOOP;
+    RETURN total;
 END
 $$;
 

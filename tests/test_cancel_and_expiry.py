@@ -92,9 +92,13 @@ def _timestamp(when: datetime) -> Timestamp:
 
 
 async def _expire_now(db: asyncpg.Connection, message_id: str) -> None:
-    """Moves a message's own expiry into the past, as if its ttl had run out."""
+    """Moves a message's own expiry into the past, as if its ttl had run out:
+    on the message, and where maintenance looks for due ones."""
     await db.execute(
-        "UPDATE postbox.messages SET expires_at = now() - interval '1 second' WHERE id = $1",
+        "WITH m AS (UPDATE postbox.messages SET expires_at = now() - interval '1 second' "
+        "WHERE id = $1 RETURNING id, expires_at) "
+        "UPDATE postbox.message_expiries e SET expires_at = m.expires_at "
+        "FROM m WHERE e.message_id = m.id",
         int(message_id),
     )
 
@@ -164,3 +168,105 @@ async def test_a_dedupe_key_replacement_takes_the_new_expiry(messages, queue, db
         "SELECT expires_at FROM postbox.messages WHERE id = $1", int(first.message_id)
     )
     assert expires is None
+
+
+# A message's own expiry is kept twice: on the message (which receive and peek
+# read) and in postbox.message_expiries (where maintenance finds the due ones,
+# since 0.9.0). Each way a message leaves must take its expiry row along, or
+# the table would keep rows for messages long gone.
+EXPIRIES = (
+    "SELECT message_id, expires_at FROM postbox.message_expiries "
+    "WHERE message_id = ANY($1::bigint[])"
+)
+SEND_WITH_TTL = "SELECT postbox.send($1, 'x', ttl => '1 hour')"
+
+
+async def _expiries(db: asyncpg.Connection, *ids: int) -> dict[int, datetime]:
+    return {row["message_id"]: row["expires_at"] for row in await db.fetch(EXPIRIES, list(ids))}
+
+
+async def _assert_gone(db: asyncpg.Connection, message_id: int) -> None:
+    """The message and its expiry row are both gone."""
+    exists = "SELECT EXISTS (SELECT FROM postbox.messages WHERE id = $1)"
+    assert not await db.fetchval(exists, message_id)
+    assert await _expiries(db, message_id) == {}
+
+
+async def _receive_and_delete(db: asyncpg.Connection, queue: str) -> int:
+    (got,) = await db.fetch("SELECT message_id, receipt FROM postbox.receive($1, 1)", queue)
+    delete = "SELECT outcome FROM postbox.delete_batch($1, ARRAY[$2])"
+    outcomes = await db.fetch(delete, queue, got["receipt"])
+    assert [row["outcome"] for row in outcomes] == ["ok"]
+    return got["message_id"]
+
+
+async def test_a_message_has_an_expiry_row_exactly_when_it_has_an_expiry(queues, db):
+    queue = create_queue(queues, unique_name("expiry_rows")).name
+    until = datetime.now(timezone.utc) + timedelta(hours=2)
+    ttl = await db.fetchval(SEND_WITH_TTL, queue)
+    at = await db.fetchval("SELECT postbox.send($1, 'x', expire_at => $2)", queue, until)
+    (batch_ttl, batch_none) = [
+        row[0]
+        for row in await db.fetch(
+            "SELECT message_id FROM postbox.send_batch($1, ARRAY['a', 'b']::bytea[], "
+            "ttls => ARRAY[interval '1 hour', NULL])",
+            queue,
+        )
+    ]
+    plain = await db.fetchval("SELECT postbox.send($1, 'x')", queue)
+    on_messages = {
+        row["id"]: row["expires_at"]
+        for row in await db.fetch(
+            "SELECT id, expires_at FROM postbox.messages WHERE id = ANY($1::bigint[]) "
+            "AND expires_at IS NOT NULL",
+            [ttl, at, batch_ttl, batch_none, plain],
+        )
+    }
+    assert set(on_messages) == {ttl, at, batch_ttl}
+    assert await _expiries(db, ttl, at, batch_ttl, batch_none, plain) == on_messages
+
+
+async def test_a_dedupe_key_replacement_moves_or_removes_the_expiry_row(queues, db):
+    queue = create_queue(queues, unique_name("expiry_rows_key")).name
+    keyed = "SELECT postbox.send($1, $2::bytea, dedupe_key => 'k', ttl => $3::interval)"
+    first = await db.fetchval(keyed, queue, b"v1", timedelta(hours=1))
+    (hour,) = (await _expiries(db, first)).values()
+    assert await db.fetchval(keyed, queue, b"v2", timedelta(hours=3)) == first
+    (later,) = (await _expiries(db, first)).values()
+    assert later - hour > timedelta(hours=1, minutes=59)
+    assert await db.fetchval(keyed, queue, b"v3", None) == first
+    assert await _expiries(db, first) == {}
+
+
+async def test_every_way_a_message_leaves_takes_its_expiry_row_along(queues, db):
+    plain = create_queue(queues, unique_name("expiry_rows_plain")).name
+    archiving = create_queue(queues, unique_name("expiry_rows_arch"), archive_on_delete=True).name
+    purged = create_queue(queues, unique_name("expiry_rows_purge")).name
+    dropped = create_queue(queues, unique_name("expiry_rows_drop")).name
+
+    # delete_batch's plain path, and _remove's archiving one.
+    for queue in (plain, archiving):
+        sent = await db.fetchval(SEND_WITH_TTL, queue)
+        assert await _receive_and_delete(db, queue) == sent
+        await _assert_gone(db, sent)
+
+    cancelled = await db.fetchval(SEND_WITH_TTL, plain)
+    await db.execute("SELECT postbox.cancel_message($1, $2)", plain, cancelled)
+    await _assert_gone(db, cancelled)
+
+    # Past its expiry: a receive meets it first, or else maintenance.
+    met = await db.fetchval(SEND_WITH_TTL, plain)
+    await _expire_now(db, str(met))
+    assert await db.fetch("SELECT * FROM postbox.receive($1, 1)", plain) == []
+    await _assert_gone(db, met)
+    swept = await db.fetchval(SEND_WITH_TTL, plain)
+    await _expire_now(db, str(swept))
+    assert await db.fetchval("SELECT postbox.expire_messages(1000)") >= 1
+    await _assert_gone(db, swept)
+
+    in_purged = await db.fetchval(SEND_WITH_TTL, purged)
+    assert await db.fetchval("SELECT postbox.purge_queue($1)", purged) == 1
+    assert await _expiries(db, in_purged) == {}
+    in_dropped = await db.fetchval(SEND_WITH_TTL, dropped)
+    await db.execute("SELECT postbox.drop_queue($1)", dropped)
+    assert await _expiries(db, in_dropped) == {}

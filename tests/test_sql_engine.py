@@ -94,6 +94,38 @@ async def test_fresh_install_equals_oldest_install_plus_every_upgrade(admin_url,
     assert replayed == fresh
 
 
+async def test_the_0_9_upgrade_carries_every_own_expiry_into_message_expiries(admin_url):
+    """0.9.0 moved the expiry index off postbox.messages into a table of its own;
+    messages sent with a ttl under 0.8.0 must still expire."""
+    url = await asyncio.to_thread(create_database, admin_url, "postbox_upgrade")
+    conn = await asyncpg.connect(url)
+    try:
+        *to_0_8, (latest, last) = Scripts.load().upgrade_path(OLDEST_VERSION)
+        assert (to_0_8[-1][0], latest) == ((0, 8, 0), (0, 9, 0))
+        await conn.execute(OLDEST_INSTALL.read_text())
+        for _version, script in to_0_8:
+            await conn.execute(script.read_text())
+        await conn.execute("SELECT postbox.create_queue('upgraded')")
+        expiring = await conn.fetchval("SELECT postbox.send('upgraded', 'x', ttl => '1 hour')")
+        await conn.execute("SELECT postbox.send('upgraded', 'y')")
+        async with conn.transaction():
+            await conn.execute(last.read_text())
+        rows = await conn.fetch(
+            "SELECT e.message_id, e.expires_at = m.expires_at AS same "
+            "FROM postbox.message_expiries e JOIN postbox.messages m ON m.id = e.message_id"
+        )
+        assert [tuple(row) for row in rows] == [(expiring, True)]
+        await conn.execute(
+            "UPDATE postbox.message_expiries SET expires_at = now() - interval '1 s'; "
+            "UPDATE postbox.messages SET expires_at = now() - interval '1 s' WHERE id = "
+            f"{expiring}"
+        )
+        assert await conn.fetchval("SELECT postbox.expire_messages(10)") == 1
+    finally:
+        await conn.close()
+        await asyncio.to_thread(drop_database, admin_url, url)
+
+
 async def test_sql_holds_one_install_and_a_path_to_it_from_every_version():
     scripts = Scripts.load()
     # Only the latest version installs from scratch; older ones only upgrade.
@@ -149,7 +181,7 @@ async def test_create_extension_installs_the_same_engine(admin_url, fresh_db):
         dumped = await fresh_db.fetchval(
             "SELECT array_length(extconfig, 1) FROM pg_extension WHERE extname = 'postbox'"
         )
-        assert dumped == 18  # every table but the runtime state keeps its data in pg_dump
+        assert dumped == 19  # every table but the runtime state keeps its data in pg_dump
         assert await migrate(fresh_db) == Scripts.load().latest  # recognised as current
     finally:
         for path in copied:

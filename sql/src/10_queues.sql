@@ -393,6 +393,18 @@ BEGIN
 END
 $$;
 
+-- Deletes every message of queue queue_id, with their expiries; returns how
+-- many. The caller holds the queue's lock (exclusive).
+CREATE FUNCTION postbox._delete_messages(queue_id integer) RETURNS bigint
+LANGUAGE sql AS $$
+    WITH gone AS (
+        DELETE FROM postbox.messages m WHERE m.queue_id = _delete_messages.queue_id RETURNING m.id, m.expires_at
+    ), expiries AS (
+        DELETE FROM postbox.message_expiries e USING gone g WHERE e.message_id = g.id AND g.expires_at IS NOT NULL
+    )
+    SELECT count(*) FROM gone;
+$$;
+
 -- Deletes a queue and all its messages. PB412 while it is another queue's
 -- dead-letter queue.
 CREATE FUNCTION postbox.drop_queue(queue_name text) RETURNS void
@@ -409,7 +421,7 @@ BEGIN
             quote_literal(queue_name), sources);
     END IF;
     PERFORM postbox._lock_queue(q, true);
-    DELETE FROM postbox.messages WHERE queue_id = q.id;
+    PERFORM postbox._delete_messages(q.id);
     DELETE FROM postbox.deduplication WHERE queue_id = q.id;
     DELETE FROM postbox.archive WHERE queue_id = q.id;
     DELETE FROM postbox.receive_tokens WHERE queue_id = q.id;
@@ -430,8 +442,7 @@ DECLARE
     purged bigint;
 BEGIN
     PERFORM postbox._lock_queue(q, true);
-    DELETE FROM postbox.messages WHERE queue_id = q.id;
-    GET DIAGNOSTICS purged = ROW_COUNT;
+    purged := postbox._delete_messages(q.id);
     UPDATE postbox.queues SET purged_at = now() WHERE id = q.id;
     RETURN purged;
 END

@@ -72,6 +72,20 @@ LANGUAGE sql AS $$
     UPDATE postbox.queues x SET prioritized = true WHERE x.id = queue_id AND NOT x.prioritized;
 $$;
 
+-- Brings message_expiries in step with the expiry of messages `ids`, which
+-- were just sent or given new content: a row for each one with an expiry, at
+-- that expiry, and none for the others.
+CREATE FUNCTION postbox._sync_expiries(ids bigint[]) RETURNS void
+LANGUAGE sql AS $$
+    INSERT INTO postbox.message_expiries AS e (message_id, expires_at)
+    SELECT m.id, m.expires_at FROM postbox.messages m WHERE m.id = ANY (ids) AND m.expires_at IS NOT NULL
+    ON CONFLICT (message_id) DO UPDATE SET expires_at = excluded.expires_at
+    WHERE e.expires_at IS DISTINCT FROM excluded.expires_at;
+    DELETE FROM postbox.message_expiries e
+    WHERE e.message_id = ANY (ids)
+      AND NOT EXISTS (SELECT FROM postbox.messages m WHERE m.id = e.message_id AND m.expires_at IS NOT NULL);
+$$;
+
 -- send_batch's every case: options, FIFO order, deduplication, depth limits and
 -- every error. send_batch (below) takes the plain case past it.
 CREATE FUNCTION postbox._send_batch_general(
@@ -178,17 +192,17 @@ BEGIN
         PERFORM postbox._mark_prioritized(q.id);
     END IF;
     IF NOT q.fifo AND NOT q.content_based_deduplication AND q.max_depth IS NULL
-       AND deduplication_ids IS NULL AND dedupe_keys IS NULL THEN
+       AND deduplication_ids IS NULL AND dedupe_keys IS NULL AND ttls IS NULL AND expire_ats IS NULL THEN
         -- The common case, in one statement: identity values are drawn in
         -- insertion order, so id order is input order.
         RETURN QUERY
         WITH inserted AS (
             INSERT INTO postbox.messages (queue_id, visible_at, enqueued_at, attributes, body, priority,
-                                          message_group_id, expires_at)
+                                          message_group_id)
             SELECT q.id, postbox._visible_at(sent_at, d, t, q.delivery_delay), sent_at,
-                   a, b, coalesce(p, 0), g, coalesce(x, sent_at + l)
-            FROM unnest(bodies, attributes, delays, deliver_ats, priorities, message_group_ids, ttls, expire_ats)
-                 WITH ORDINALITY AS e(b, a, d, t, p, g, l, x, i)
+                   a, b, coalesce(p, 0), g
+            FROM unnest(bodies, attributes, delays, deliver_ats, priorities, message_group_ids)
+                 WITH ORDINALITY AS e(b, a, d, t, p, g, i)
             ORDER BY i
             RETURNING id
         )
@@ -303,6 +317,10 @@ BEGIN
          WITH ORDINALITY AS e(b, a, d, t, p, g, x, k, r, l, e, i)
     WHERE e.k IS NULL AND e.r = ids[e.i]
     ORDER BY e.i;
+    -- A key's message may have taken a new expiry, or lost its own.
+    IF ttls IS NOT NULL OR expire_ats IS NOT NULL OR dedupe_keys IS NOT NULL THEN
+        PERFORM postbox._sync_expiries(resolved);
+    END IF;
     PERFORM postbox._notify(q);
     RETURN QUERY SELECT e.r, e.r <> ids[e.i] FROM unnest(resolved) WITH ORDINALITY AS e(r, i) ORDER BY e.i;
 END

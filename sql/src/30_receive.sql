@@ -58,6 +58,7 @@ AS $$
 DECLARE
     removed bigint[];
     groups text[];
+    expiring bigint[];
 BEGIN
     IF q.archive_on_delete THEN
         WITH gone AS (
@@ -74,7 +75,8 @@ BEGIN
                    g.source_queue_id, g.last_error, g.attributes, g.body
             FROM gone g
         )
-        SELECT array_agg(g.id), array_agg(g.message_group_id) INTO removed, groups FROM gone g;
+        SELECT array_agg(g.id), array_agg(g.message_group_id), array_agg(g.id) FILTER (WHERE g.expires_at IS NOT NULL)
+        INTO removed, groups, expiring FROM gone g;
     ELSE
         -- The same delete without the archive: a data-modifying CTE costs even
         -- when it inserts nothing, and this is the path of every plain delete.
@@ -82,9 +84,13 @@ BEGIN
             DELETE FROM postbox.messages m
             USING unnest(ids, leases) AS t(id, lease)
             WHERE m.id = t.id AND m.queue_id + 0 = q.id AND (t.lease IS NULL OR m.lease = t.lease)
-            RETURNING m.id, m.message_group_id
+            RETURNING m.id, m.message_group_id, m.expires_at
         )
-        SELECT array_agg(g.id), array_agg(g.message_group_id) INTO removed, groups FROM gone g;
+        SELECT array_agg(g.id), array_agg(g.message_group_id), array_agg(g.id) FILTER (WHERE g.expires_at IS NOT NULL)
+        INTO removed, groups, expiring FROM gone g;
+    END IF;
+    IF expiring IS NOT NULL THEN
+        DELETE FROM postbox.message_expiries WHERE message_id = ANY (expiring);
     END IF;
     IF q.fifo AND groups IS NOT NULL THEN
         PERFORM postbox._lock_groups(q.id, groups);

@@ -66,6 +66,7 @@ DECLARE
     q_plain boolean;
     parsed record;
     done bigint[];
+    expiring boolean;  -- whether a deleted message had an expiry of its own
 BEGIN
     SELECT x.id, NOT (x.archive_on_delete OR x.fifo) INTO q_id, q_plain
     FROM postbox.queues x WHERE x.name = queue_name;
@@ -88,9 +89,12 @@ BEGIN
             DELETE FROM postbox.messages m
             USING unnest(parsed.ids, parsed.leases) AS t(id, lease)
             WHERE m.id = t.id AND m.queue_id + 0 = q_id AND m.lease = t.lease
-            RETURNING m.id
+            RETURNING m.id, m.expires_at
         )
-        SELECT coalesce(array_agg(g.id), '{}') INTO done FROM gone g;
+        SELECT coalesce(array_agg(g.id), '{}'), bool_or(g.expires_at IS NOT NULL) INTO done, expiring FROM gone g;
+        IF expiring THEN
+            DELETE FROM postbox.message_expiries WHERE message_id = ANY (done);
+        END IF;
     END IF;
     IF cardinality(done) = cardinality(receipts) THEN
         -- _receipt_outcomes' common case, without the call.

@@ -3,7 +3,7 @@
 -- touch the same rows. The ready index finds most of them cheaply, since
 -- visible_at >= enqueued_at; parked FIFO messages are looked up by group.
 -- Receive never delivers an expired message meanwhile. Messages past their
--- own expires_at (a ttl or expire_time) come through messages_expiry_idx.
+-- own expires_at (a ttl or expire_time) come through message_expiries.
 -- Returns how many.
 CREATE FUNCTION postbox.expire_messages(batch_size integer DEFAULT 1000) RETURNS bigint
 LANGUAGE plpgsql
@@ -37,15 +37,16 @@ BEGIN
     END LOOP;
     -- Messages past their own expiry, oldest expiry first, a queue at a time.
     FOR q IN SELECT * FROM postbox.queues
-             WHERE id IN (SELECT m.queue_id FROM postbox.messages m
-                          WHERE m.expires_at <= now() ORDER BY m.expires_at LIMIT batch_size)
+             WHERE id IN (SELECT m.queue_id FROM postbox.message_expiries e
+                          JOIN postbox.messages m ON m.id = e.message_id
+                          WHERE e.expires_at <= now() ORDER BY e.expires_at LIMIT batch_size)
              ORDER BY id LOOP
         EXIT WHEN total >= batch_size;
         SELECT array_agg(m.id) INTO picked
-        FROM (SELECT m.id FROM postbox.messages m
-              WHERE m.expires_at <= now() AND m.queue_id = q.id
-              ORDER BY m.expires_at LIMIT batch_size - total
-              FOR UPDATE SKIP LOCKED) AS m;
+        FROM (SELECT m.id FROM postbox.message_expiries e JOIN postbox.messages m ON m.id = e.message_id
+              WHERE e.expires_at <= now() AND m.queue_id = q.id AND m.expires_at <= now()
+              ORDER BY e.expires_at LIMIT batch_size - total
+              FOR UPDATE OF m SKIP LOCKED) AS m;
         IF picked IS NOT NULL THEN
             total := total + cardinality(postbox._remove(q, picked, NULL, 'expired'));
         END IF;

@@ -124,23 +124,35 @@ CREATE INDEX messages_priority_idx ON postbox.messages (queue_id, priority DESC,
 -- The messages of a group in order: FIFO promotion and appends.
 CREATE INDEX messages_group_idx ON postbox.messages (queue_id, message_group_id, id)
     WHERE message_group_id IS NOT NULL;
--- Idempotent enqueue: one waiting message per key.
-CREATE UNIQUE INDEX messages_dedupe_key_idx ON postbox.messages (queue_id, dedupe_key)
-    WHERE dedupe_key IS NOT NULL;
+
+-- Two features' look-ups live in tables of their own (since 0.9.0; partial
+-- indexes on messages before). An index costs every insert into its table,
+-- whether or not the row enters it: each partial index on messages cost a
+-- one-message send 6k instructions (valgrind), a twentieth of its insert.
+-- Here only the messages that use the feature pay.
 
 -- The messages with an expiry of their own (messages.expires_at), where
--- maintenance finds the due ones (since 0.9.0; a partial index on messages
--- before). An index costs every insert into its table, whether or not the row
--- enters it: a partial index on messages cost a one-message send 6k
--- instructions (valgrind), a twentieth of its insert. Here only the messages
--- with an expiry pay. What gives a message an expiry, changes it or removes
--- the message writes its row here in the same transaction (_sync_expiries,
--- _remove, delete_batch, purge_queue, delete_queue).
+-- maintenance finds the due ones. What gives a message an expiry, changes it
+-- or removes the message writes its row here in the same transaction
+-- (_sync_expiries, _remove, delete_batch, _delete_messages).
 CREATE TABLE postbox.message_expiries (
     message_id bigint PRIMARY KEY,
     expires_at timestamptz NOT NULL
 );
 CREATE INDEX message_expiries_due_idx ON postbox.message_expiries (expires_at);
+
+-- Idempotent enqueue: the message that holds each dedupe key of a queue (one
+-- waiting message per key). A send locks the key's row before it looks at
+-- the message; a receive or removal deletes the row when it can do so without
+-- waiting (_free_keys), so a row may name a message that was received,
+-- removed or has expired since: the next send of the key finds that out and
+-- names its own message instead (see _send_batch_general).
+CREATE TABLE postbox.dedupe_keys (
+    queue_id integer NOT NULL,
+    dedupe_key text NOT NULL,
+    message_id bigint NOT NULL,
+    PRIMARY KEY (queue_id, dedupe_key)
+);
 
 -- Deduplication ids seen within each queue's deduplication window. Kept after
 -- the message itself is deleted: a duplicate must stay a duplicate.
@@ -349,6 +361,7 @@ BEGIN
     PERFORM pg_catalog.pg_extension_config_dump('postbox.messages', '');
     PERFORM pg_catalog.pg_extension_config_dump('postbox.deduplication', '');
     PERFORM pg_catalog.pg_extension_config_dump('postbox.message_expiries', '');
+    PERFORM pg_catalog.pg_extension_config_dump('postbox.dedupe_keys', '');
     PERFORM pg_catalog.pg_extension_config_dump('postbox.archive', '');
     PERFORM pg_catalog.pg_extension_config_dump('postbox.redrive_tasks', '');
     PERFORM pg_catalog.pg_extension_config_dump('postbox.topics', '');
@@ -756,14 +769,16 @@ BEGIN
 END
 $$;
 
--- Deletes every message of queue queue_id, with their expiries; returns how
--- many. The caller holds the queue's lock (exclusive).
+-- Deletes every message of queue queue_id, with their expiries and dedupe
+-- keys; returns how many. The caller holds the queue's lock (exclusive).
 CREATE FUNCTION postbox._delete_messages(queue_id integer) RETURNS bigint
 LANGUAGE sql AS $$
     WITH gone AS (
         DELETE FROM postbox.messages m WHERE m.queue_id = _delete_messages.queue_id RETURNING m.id, m.expires_at
     ), expiries AS (
         DELETE FROM postbox.message_expiries e USING gone g WHERE e.message_id = g.id AND g.expires_at IS NOT NULL
+    ), keys AS (
+        DELETE FROM postbox.dedupe_keys d WHERE d.queue_id = _delete_messages.queue_id
     )
     SELECT count(*) FROM gone;
 $$;
@@ -1224,6 +1239,8 @@ DECLARE
     ids bigint[];
     resolved bigint[];
     dedup text[];
+    keys text[];  -- dedupe keys, and the messages their rows named when claimed
+    holders bigint[];
     with_ids integer;  -- entries with a deduplication id
     claimed bigint;  -- of them, those whose id this send recorded
     adding bigint;
@@ -1370,39 +1387,58 @@ BEGIN
         END IF;
     END IF;
 
-    -- Idempotent enqueue: the last entry of a key carries the content; a waiting
-    -- message with the key takes it, otherwise a new message is inserted.
+    -- Idempotent enqueue: the last entry of a key carries the content. The
+    -- key's row in dedupe_keys, locked first (in key order, so two batches
+    -- never wait on each other in a circle), names the message that holds the
+    -- key. While that message waits (not received, removed or expired) it takes
+    -- the content; otherwise the entry becomes a message of its own, which the
+    -- row then names. Receives and removals free keys without waiting for rows
+    -- (see _free_keys), so a row may name a message that holds its key no more.
     IF dedupe_keys IS NOT NULL THEN
-        -- An expired message is gone for receivers already, though maintenance
-        -- has not removed it yet: it gives up its key, so the send makes a new
-        -- message rather than filling one that will never be delivered.
-        IF q.retention IS NOT NULL THEN
-            UPDATE postbox.messages m SET dedupe_key = NULL
-            WHERE m.queue_id = q.id AND m.dedupe_key = ANY (dedupe_keys) AND m.enqueued_at < now() - q.retention;
-        END IF;
-        UPDATE postbox.messages m SET dedupe_key = NULL
-        WHERE m.queue_id = q.id AND m.dedupe_key = ANY (dedupe_keys) AND m.expires_at <= now();
-        WITH upserted AS (
-            INSERT INTO postbox.messages AS m (id, queue_id, visible_at, enqueued_at, attributes, body,
-                                               priority, message_group_id, dedupe_key, expires_at)
-            OVERRIDING SYSTEM VALUE
-            SELECT DISTINCT ON (e.k) ids[e.i], q.id,
-                   postbox._visible_at(sent_at, e.d, e.t, q.delivery_delay), sent_at,
-                   e.a, e.b, coalesce(e.p, 0), e.g, e.k, coalesce(e.x, sent_at + e.l)
-            FROM unnest(bodies, attributes, delays, deliver_ats, priorities, message_group_ids, dedupe_keys,
-                        ttls, expire_ats)
-                 WITH ORDINALITY AS e(b, a, d, t, p, g, k, l, x, i)
+        WITH claimed AS (
+            INSERT INTO postbox.dedupe_keys AS d (queue_id, dedupe_key, message_id)
+            SELECT DISTINCT ON (e.k) q.id, e.k, ids[e.i]
+            FROM unnest(dedupe_keys) WITH ORDINALITY AS e(k, i)
             WHERE e.k IS NOT NULL
             ORDER BY e.k, e.i DESC
-            ON CONFLICT (queue_id, dedupe_key) WHERE dedupe_key IS NOT NULL DO UPDATE
-            SET body = excluded.body, attributes = excluded.attributes, priority = excluded.priority,
-                expires_at = excluded.expires_at
+            ON CONFLICT (queue_id, dedupe_key) DO UPDATE SET message_id = d.message_id  -- locks, keeps
+            RETURNING d.dedupe_key, d.message_id
+        )
+        SELECT array_agg(c.dedupe_key), array_agg(c.message_id) INTO keys, holders FROM claimed c;
+        -- A statement of its own: its snapshot sees a holder whose send committed
+        -- while the claim waited for the key's row.
+        WITH entry AS (
+            SELECT DISTINCT ON (e.k) e.*, h.id AS holder
+            FROM unnest(dedupe_keys, bodies, attributes, delays, deliver_ats, priorities, message_group_ids,
+                        ttls, expire_ats) WITH ORDINALITY AS e(k, b, a, d, t, p, g, l, x, i)
+            JOIN unnest(keys, holders) AS h(k, id) ON h.k = e.k
+            ORDER BY e.k, e.i DESC
+        ), filled AS (
+            UPDATE postbox.messages m
+            SET body = e.b, attributes = e.a, priority = coalesce(e.p, 0), expires_at = coalesce(e.x, sent_at + e.l)
+            FROM entry e
+            WHERE m.id = e.holder AND e.holder <> ids[e.i] AND m.queue_id = q.id AND m.dedupe_key = e.k
+              AND NOT coalesce(m.enqueued_at < now() - q.retention OR m.expires_at <= now(), false)
             RETURNING m.id, m.dedupe_key
+        ), fresh AS (
+            SELECT e.* FROM entry e WHERE NOT EXISTS (SELECT FROM filled f WHERE f.dedupe_key = e.k)
+        ), named AS (
+            UPDATE postbox.dedupe_keys d SET message_id = ids[f.i]
+            FROM fresh f
+            WHERE d.queue_id = q.id AND d.dedupe_key = f.k AND d.message_id <> ids[f.i]
+        ), inserted AS (
+            INSERT INTO postbox.messages (id, queue_id, visible_at, enqueued_at, attributes, body, priority,
+                                          message_group_id, dedupe_key, expires_at)
+            OVERRIDING SYSTEM VALUE
+            SELECT ids[f.i], q.id, postbox._visible_at(sent_at, f.d, f.t, q.delivery_delay), sent_at,
+                   f.a, f.b, coalesce(f.p, 0), f.g, f.k, coalesce(f.x, sent_at + f.l)
+            FROM fresh f
         )
         SELECT ARRAY(
-            SELECT coalesce(u.id, resolved[e.i])
+            SELECT CASE WHEN e.k IS NULL THEN resolved[e.i] ELSE coalesce(f.id, ids[n.i]) END
             FROM unnest(dedupe_keys) WITH ORDINALITY AS e(k, i)
-            LEFT JOIN upserted u ON u.dedupe_key = e.k
+            LEFT JOIN filled f ON f.dedupe_key = e.k
+            LEFT JOIN entry n ON n.k = e.k
             ORDER BY e.i)
         INTO resolved;
     END IF;
@@ -1624,6 +1660,20 @@ LANGUAGE sql AS $$
                   dead_lettered = c.dead_lettered + excluded.dead_lettered
 $$;
 
+-- Deletes the dedupe_keys rows of `keys` that still name one of `message_ids`
+-- (messages received or removed, which the caller holds), skipping rows that a
+-- concurrent send has locked. That send holds the key's row and may be
+-- waiting for one of those messages: waiting for the row here would close the
+-- circle. It finds the message holds the key no more, and names its own.
+CREATE FUNCTION postbox._free_keys(queue_id integer, keys text[], message_ids bigint[]) RETURNS void
+LANGUAGE sql AS $$
+    DELETE FROM postbox.dedupe_keys d
+    WHERE (d.queue_id, d.dedupe_key) IN (
+        SELECT x.queue_id, x.dedupe_key FROM postbox.dedupe_keys x
+        WHERE x.queue_id = _free_keys.queue_id AND x.dedupe_key = ANY (keys) AND x.message_id = ANY (message_ids)
+        FOR UPDATE SKIP LOCKED);
+$$;
+
 -- Functions that take messages by id reach them through the primary key,
 -- whatever the planner thinks. A session plans each statement once, often while
 -- the table was small, and keeps the plan until an ANALYZE, which a pinned xmin
@@ -1643,6 +1693,7 @@ DECLARE
     removed bigint[];
     groups text[];
     expiring bigint[];
+    keys text[];
 BEGIN
     IF q.archive_on_delete THEN
         WITH gone AS (
@@ -1659,8 +1710,9 @@ BEGIN
                    g.source_queue_id, g.last_error, g.attributes, g.body
             FROM gone g
         )
-        SELECT array_agg(g.id), array_agg(g.message_group_id), array_agg(g.id) FILTER (WHERE g.expires_at IS NOT NULL)
-        INTO removed, groups, expiring FROM gone g;
+        SELECT array_agg(g.id), array_agg(g.message_group_id), array_agg(g.id) FILTER (WHERE g.expires_at IS NOT NULL),
+               array_agg(g.dedupe_key) FILTER (WHERE g.dedupe_key IS NOT NULL)
+        INTO removed, groups, expiring, keys FROM gone g;
     ELSE
         -- The same delete without the archive: a data-modifying CTE costs even
         -- when it inserts nothing, and this is the path of every plain delete.
@@ -1668,13 +1720,17 @@ BEGIN
             DELETE FROM postbox.messages m
             USING unnest(ids, leases) AS t(id, lease)
             WHERE m.id = t.id AND m.queue_id + 0 = q.id AND (t.lease IS NULL OR m.lease = t.lease)
-            RETURNING m.id, m.message_group_id, m.expires_at
+            RETURNING m.id, m.message_group_id, m.expires_at, m.dedupe_key
         )
-        SELECT array_agg(g.id), array_agg(g.message_group_id), array_agg(g.id) FILTER (WHERE g.expires_at IS NOT NULL)
-        INTO removed, groups, expiring FROM gone g;
+        SELECT array_agg(g.id), array_agg(g.message_group_id), array_agg(g.id) FILTER (WHERE g.expires_at IS NOT NULL),
+               array_agg(g.dedupe_key) FILTER (WHERE g.dedupe_key IS NOT NULL)
+        INTO removed, groups, expiring, keys FROM gone g;
     END IF;
     IF expiring IS NOT NULL THEN
         DELETE FROM postbox.message_expiries WHERE message_id = ANY (expiring);
+    END IF;
+    IF keys IS NOT NULL THEN
+        PERFORM postbox._free_keys(q.id, keys, removed);
     END IF;
     IF q.fifo AND groups IS NOT NULL THEN
         PERFORM postbox._lock_groups(q.id, groups);
@@ -1800,6 +1856,7 @@ DECLARE
     to_expire bigint[];
     to_bury bigint[];
     left_over boolean;
+    keys text[];  -- dedupe keys of the messages to deliver
 BEGIN
     -- Looked up here, not through _queue: a nested call costs more than the look.
     SELECT * INTO q FROM postbox.queues x WHERE x.name = queue_name;
@@ -1821,13 +1878,15 @@ BEGIN
     scan_start := coalesce(scan_from, postbox._kept_floor(q.id), postbox._session_floor(q.id), '-infinity');
     IF q.receive_rate_limit IS NULL AND max_bytes IS NULL AND NOT q.prioritized THEN
         -- The common case in one statement: the candidates are claimed when none of
-        -- them has expired or run out of receives; else, or with none, the rounds.
+        -- them has expired, run out of receives or holds a dedupe key (whose row
+        -- the rounds free); else, or with none, the rounds.
         -- Without priorities: the priority index's scan cost 3% of a receive of ten.
         RETURN QUERY
         WITH c AS MATERIALIZED (
             SELECT m.id, m.visible_at, coalesce(m.enqueued_at < expired_before, false)
                                        OR coalesce(m.expires_at <= now(), false) AS gone,
-                   coalesce(m.receive_count >= q.max_receive_count, false) AS dead
+                   coalesce(m.receive_count >= q.max_receive_count, false) AS dead,
+                   m.dedupe_key IS NOT NULL AS keyed
             FROM postbox.messages m
             WHERE m.queue_id = q.id AND m.priority = 0 AND m.visible_at BETWEEN scan_start AND now()
             ORDER BY m.visible_at, m.id
@@ -1841,7 +1900,7 @@ BEGIN
                 lease = (SELECT gen_random_uuid()),  -- once per call (above)
                 dedupe_key = NULL
             FROM c
-            WHERE m.id = c.id AND NOT EXISTS (SELECT FROM c x WHERE x.gone OR x.dead)
+            WHERE m.id = c.id AND NOT EXISTS (SELECT FROM c x WHERE x.gone OR x.dead OR x.keyed)
             RETURNING m.*, c.visible_at AS claim_visible_at
         )
         SELECT c.id, c.body, c.attributes, c.enqueued_at, c.receive_count, c.first_received_at,
@@ -1864,8 +1923,9 @@ BEGIN
         SELECT array_agg(p.id ORDER BY p.priority DESC, p.visible_at, p.id) FILTER (WHERE p.deliver),
                array_agg(p.id) FILTER (WHERE p.gone),
                array_agg(p.id) FILTER (WHERE p.dead AND NOT p.gone),
-               coalesce(bool_or(NOT p.gone AND NOT p.dead AND NOT p.deliver), false)
-        INTO to_deliver, to_expire, to_bury, left_over
+               coalesce(bool_or(NOT p.gone AND NOT p.dead AND NOT p.deliver), false),
+               array_agg(p.dedupe_key) FILTER (WHERE p.deliver AND p.dedupe_key IS NOT NULL)
+        INTO to_deliver, to_expire, to_bury, left_over, keys
         FROM (
           SELECT c.*,
                  NOT c.gone AND NOT c.dead
@@ -1882,7 +1942,8 @@ BEGIN
                                                                   OR coalesce(m.expires_at <= now(), false) AS gone,
                        coalesce(m.receive_count >= q.max_receive_count, false) AS dead,
                        -- octet_length reads a TOASTed body's size without fetching it.
-                       octet_length(m.body) + coalesce(pg_column_size(m.attributes), 0) + 256 AS size
+                       octet_length(m.body) + coalesce(pg_column_size(m.attributes), 0) + 256 AS size,
+                       m.dedupe_key
                 FROM postbox.messages m
                 WHERE m.queue_id = q.id AND m.priority > 0 AND m.visible_at BETWEEN scan_start AND now()
                 ORDER BY m.priority DESC, m.visible_at, m.id
@@ -1893,7 +1954,8 @@ BEGIN
                 SELECT m.id, m.priority, m.visible_at, coalesce(m.enqueued_at < expired_before, false)
                                                              OR coalesce(m.expires_at <= now(), false),
                        coalesce(m.receive_count >= q.max_receive_count, false),
-                       octet_length(m.body) + coalesce(pg_column_size(m.attributes), 0) + 256
+                       octet_length(m.body) + coalesce(pg_column_size(m.attributes), 0) + 256,
+                       m.dedupe_key
                 FROM postbox.messages m
                 WHERE m.queue_id = q.id AND m.priority = 0 AND m.visible_at BETWEEN scan_start AND now()
                 ORDER BY m.visible_at, m.id
@@ -1911,6 +1973,10 @@ BEGIN
         END IF;
         IF q.receive_rate_limit IS NOT NULL THEN
             PERFORM postbox._return_receive_tokens(q, allowed - coalesce(cardinality(to_deliver), 0));
+        END IF;
+        IF keys IS NOT NULL THEN
+            -- The keys go with the first delivery (the claim clears them below).
+            PERFORM postbox._free_keys(q.id, keys, to_deliver);
         END IF;
         IF to_deliver IS NOT NULL THEN
             RETURN QUERY

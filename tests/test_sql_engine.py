@@ -94,9 +94,10 @@ async def test_fresh_install_equals_oldest_install_plus_every_upgrade(admin_url,
     assert replayed == fresh
 
 
-async def test_the_0_9_upgrade_carries_every_own_expiry_into_message_expiries(admin_url):
-    """0.9.0 moved the expiry index off postbox.messages into a table of its own;
-    messages sent with a ttl under 0.8.0 must still expire."""
+async def test_the_0_9_upgrade_carries_every_expiry_and_dedupe_key_over(admin_url):
+    """0.9.0 moved the expiry and dedupe key indexes off postbox.messages into
+    tables of their own: messages sent with a ttl under 0.8.0 must still expire,
+    and a waiting message's key must still take the next send of it."""
     url = await asyncio.to_thread(create_database, admin_url, "postbox_upgrade")
     conn = await asyncpg.connect(url)
     try:
@@ -108,8 +109,11 @@ async def test_the_0_9_upgrade_carries_every_own_expiry_into_message_expiries(ad
         await conn.execute("SELECT postbox.create_queue('upgraded')")
         expiring = await conn.fetchval("SELECT postbox.send('upgraded', 'x', ttl => '1 hour')")
         await conn.execute("SELECT postbox.send('upgraded', 'y')")
+        keyed = await conn.fetchval("SELECT postbox.send('upgraded', 'v1', dedupe_key => 'k')")
         async with conn.transaction():
             await conn.execute(last.read_text())
+        again = "SELECT postbox.send('upgraded', 'v2', dedupe_key => 'k')"
+        assert await conn.fetchval(again) == keyed
         rows = await conn.fetch(
             "SELECT e.message_id, e.expires_at = m.expires_at AS same "
             "FROM postbox.message_expiries e JOIN postbox.messages m ON m.id = e.message_id"
@@ -181,7 +185,7 @@ async def test_create_extension_installs_the_same_engine(admin_url, fresh_db):
         dumped = await fresh_db.fetchval(
             "SELECT array_length(extconfig, 1) FROM pg_extension WHERE extname = 'postbox'"
         )
-        assert dumped == 19  # every table but the runtime state keeps its data in pg_dump
+        assert dumped == 20  # every table but the runtime state keeps its data in pg_dump
         assert await migrate(fresh_db) == Scripts.load().latest  # recognised as current
     finally:
         for path in copied:
@@ -947,6 +951,81 @@ async def test_a_dead_lettered_priority_message_prioritizes_the_dead_letter_queu
         b"failed",
         b"waiting",
     ]
+
+
+# Idempotent enqueue through postbox.dedupe_keys (since 0.9.0): a send locks the
+# key's row, then fills the message the row names while that one still holds
+# the key, or makes a message of its own.
+KEYED_SEND = "SELECT postbox.send($1, $2::bytea, dedupe_key => 'k')"
+WAITS_ON_A_LOCK = "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1"
+KEY_ROW = (
+    "SELECT message_id FROM postbox.dedupe_keys d JOIN postbox.queues q ON q.id = d.queue_id "
+    "WHERE q.name = $1 AND d.dedupe_key = 'k'"
+)
+BODIES = (
+    "SELECT id, body FROM postbox.messages m "
+    "WHERE queue_id = (SELECT id FROM postbox.queues WHERE name = $1) ORDER BY id"
+)
+
+
+@pytest.mark.parametrize("first_ends", ["COMMIT", "ROLLBACK"])
+async def test_a_keyed_send_waits_for_a_concurrent_send_of_its_key(conns, first_ends):
+    """The second send of a key waits on the key's row: it fills the first's message
+    when that commits, and makes its own when that rolls back; never two."""
+    setup, first, second = conns
+    queue = f"keyed_race_{first_ends.lower()}"
+    await new_queue(setup, queue, 0)
+    await first.execute("BEGIN")
+    first_id = await first.fetchval(KEYED_SEND, queue, b"v1")
+    sending = asyncio.ensure_future(second.fetchval(KEYED_SEND, queue, b"v2"))
+    await until(setup, WAITS_ON_A_LOCK, second.get_server_pid())
+    assert not sending.done()
+    await first.execute(first_ends)
+    second_id = await sending
+    (message,) = await setup.fetch(BODIES, queue)
+    assert (message["id"], message["body"]) == (second_id, b"v2")
+    assert (second_id == first_id) == (first_ends == "COMMIT")
+    assert await setup.fetchval(KEY_ROW, queue) == second_id
+
+
+async def test_a_keyed_send_whose_message_is_received_meanwhile_makes_its_own(conns):
+    """The race the key's row is locked for: a send holds the row and waits for the
+    message it names, which a receive holds and delivers. The receive frees the key
+    without waiting for the row (or the two would wait on each other), and the send,
+    finding the message no longer holds the key, makes a message of its own."""
+    setup, receiver, sender = conns
+    await new_queue(setup, "keyed_received", 0)
+    held = await setup.fetchval(KEYED_SEND, "keyed_received", b"v1")
+    await receiver.execute("BEGIN")
+    await receiver.execute("SELECT FROM postbox.messages WHERE id = $1 FOR UPDATE", held)
+    sending = asyncio.ensure_future(sender.fetchval(KEYED_SEND, "keyed_received", b"v2"))
+    await until(setup, WAITS_ON_A_LOCK, sender.get_server_pid())
+    got = await asyncio.wait_for(
+        receiver.fetch("SELECT message_id, body FROM postbox.receive('keyed_received', 10)"),
+        timeout=30,  # a wait for the key's row would be a deadlock, reported after 1 s
+    )
+    assert [(m["message_id"], m["body"]) for m in got] == [(held, b"v1")]
+    await receiver.execute("COMMIT")
+    made = await sending
+    assert made != held
+    assert await setup.fetchval(KEY_ROW, "keyed_received") == made
+    got = await setup.fetch("SELECT message_id, body FROM postbox.receive('keyed_received', 10)")
+    assert [(m["message_id"], m["body"]) for m in got] == [(made, b"v2")]
+
+
+async def test_a_key_row_leaves_with_the_first_delivery_or_the_message(conns):
+    setup, _, _ = conns
+    await new_queue(setup, "key_rows", 0)
+    await setup.fetchval(KEYED_SEND, "key_rows", b"v1")
+    assert await setup.fetchval(KEY_ROW, "key_rows") is not None
+    assert len(await setup.fetch("SELECT * FROM postbox.receive('key_rows', 10)")) == 1
+    assert await setup.fetchval(KEY_ROW, "key_rows") is None
+    cancelled = await setup.fetchval(KEYED_SEND, "key_rows", b"v2")
+    await setup.execute("SELECT postbox.cancel_message('key_rows', $1)", cancelled)
+    assert await setup.fetchval(KEY_ROW, "key_rows") is None
+    await setup.fetchval(KEYED_SEND, "key_rows", b"v3")
+    await setup.execute("SELECT postbox.purge_queue('key_rows')")
+    assert await setup.fetchval(KEY_ROW, "key_rows") is None
 
 
 async def test_a_batch_notifies_once(conns):

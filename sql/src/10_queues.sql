@@ -393,14 +393,16 @@ BEGIN
 END
 $$;
 
--- Deletes every message of queue queue_id, with their expiries; returns how
--- many. The caller holds the queue's lock (exclusive).
+-- Deletes every message of queue queue_id, with their expiries and dedupe
+-- keys; returns how many. The caller holds the queue's lock (exclusive).
 CREATE FUNCTION postbox._delete_messages(queue_id integer) RETURNS bigint
 LANGUAGE sql AS $$
     WITH gone AS (
         DELETE FROM postbox.messages m WHERE m.queue_id = _delete_messages.queue_id RETURNING m.id, m.expires_at
     ), expiries AS (
         DELETE FROM postbox.message_expiries e USING gone g WHERE e.message_id = g.id AND g.expires_at IS NOT NULL
+    ), keys AS (
+        DELETE FROM postbox.dedupe_keys d WHERE d.queue_id = _delete_messages.queue_id
     )
     SELECT count(*) FROM gone;
 $$;

@@ -105,6 +105,8 @@ DECLARE
     ids bigint[];
     resolved bigint[];
     dedup text[];
+    keys text[];  -- dedupe keys, and the messages their rows named when claimed
+    holders bigint[];
     with_ids integer;  -- entries with a deduplication id
     claimed bigint;  -- of them, those whose id this send recorded
     adding bigint;
@@ -251,39 +253,58 @@ BEGIN
         END IF;
     END IF;
 
-    -- Idempotent enqueue: the last entry of a key carries the content; a waiting
-    -- message with the key takes it, otherwise a new message is inserted.
+    -- Idempotent enqueue: the last entry of a key carries the content. The
+    -- key's row in dedupe_keys, locked first (in key order, so two batches
+    -- never wait on each other in a circle), names the message that holds the
+    -- key. While that message waits (not received, removed or expired) it takes
+    -- the content; otherwise the entry becomes a message of its own, which the
+    -- row then names. Receives and removals free keys without waiting for rows
+    -- (see _free_keys), so a row may name a message that holds its key no more.
     IF dedupe_keys IS NOT NULL THEN
-        -- An expired message is gone for receivers already, though maintenance
-        -- has not removed it yet: it gives up its key, so the send makes a new
-        -- message rather than filling one that will never be delivered.
-        IF q.retention IS NOT NULL THEN
-            UPDATE postbox.messages m SET dedupe_key = NULL
-            WHERE m.queue_id = q.id AND m.dedupe_key = ANY (dedupe_keys) AND m.enqueued_at < now() - q.retention;
-        END IF;
-        UPDATE postbox.messages m SET dedupe_key = NULL
-        WHERE m.queue_id = q.id AND m.dedupe_key = ANY (dedupe_keys) AND m.expires_at <= now();
-        WITH upserted AS (
-            INSERT INTO postbox.messages AS m (id, queue_id, visible_at, enqueued_at, attributes, body,
-                                               priority, message_group_id, dedupe_key, expires_at)
-            OVERRIDING SYSTEM VALUE
-            SELECT DISTINCT ON (e.k) ids[e.i], q.id,
-                   postbox._visible_at(sent_at, e.d, e.t, q.delivery_delay), sent_at,
-                   e.a, e.b, coalesce(e.p, 0), e.g, e.k, coalesce(e.x, sent_at + e.l)
-            FROM unnest(bodies, attributes, delays, deliver_ats, priorities, message_group_ids, dedupe_keys,
-                        ttls, expire_ats)
-                 WITH ORDINALITY AS e(b, a, d, t, p, g, k, l, x, i)
+        WITH claimed AS (
+            INSERT INTO postbox.dedupe_keys AS d (queue_id, dedupe_key, message_id)
+            SELECT DISTINCT ON (e.k) q.id, e.k, ids[e.i]
+            FROM unnest(dedupe_keys) WITH ORDINALITY AS e(k, i)
             WHERE e.k IS NOT NULL
             ORDER BY e.k, e.i DESC
-            ON CONFLICT (queue_id, dedupe_key) WHERE dedupe_key IS NOT NULL DO UPDATE
-            SET body = excluded.body, attributes = excluded.attributes, priority = excluded.priority,
-                expires_at = excluded.expires_at
+            ON CONFLICT (queue_id, dedupe_key) DO UPDATE SET message_id = d.message_id  -- locks, keeps
+            RETURNING d.dedupe_key, d.message_id
+        )
+        SELECT array_agg(c.dedupe_key), array_agg(c.message_id) INTO keys, holders FROM claimed c;
+        -- A statement of its own: its snapshot sees a holder whose send committed
+        -- while the claim waited for the key's row.
+        WITH entry AS (
+            SELECT DISTINCT ON (e.k) e.*, h.id AS holder
+            FROM unnest(dedupe_keys, bodies, attributes, delays, deliver_ats, priorities, message_group_ids,
+                        ttls, expire_ats) WITH ORDINALITY AS e(k, b, a, d, t, p, g, l, x, i)
+            JOIN unnest(keys, holders) AS h(k, id) ON h.k = e.k
+            ORDER BY e.k, e.i DESC
+        ), filled AS (
+            UPDATE postbox.messages m
+            SET body = e.b, attributes = e.a, priority = coalesce(e.p, 0), expires_at = coalesce(e.x, sent_at + e.l)
+            FROM entry e
+            WHERE m.id = e.holder AND e.holder <> ids[e.i] AND m.queue_id = q.id AND m.dedupe_key = e.k
+              AND NOT coalesce(m.enqueued_at < now() - q.retention OR m.expires_at <= now(), false)
             RETURNING m.id, m.dedupe_key
+        ), fresh AS (
+            SELECT e.* FROM entry e WHERE NOT EXISTS (SELECT FROM filled f WHERE f.dedupe_key = e.k)
+        ), named AS (
+            UPDATE postbox.dedupe_keys d SET message_id = ids[f.i]
+            FROM fresh f
+            WHERE d.queue_id = q.id AND d.dedupe_key = f.k AND d.message_id <> ids[f.i]
+        ), inserted AS (
+            INSERT INTO postbox.messages (id, queue_id, visible_at, enqueued_at, attributes, body, priority,
+                                          message_group_id, dedupe_key, expires_at)
+            OVERRIDING SYSTEM VALUE
+            SELECT ids[f.i], q.id, postbox._visible_at(sent_at, f.d, f.t, q.delivery_delay), sent_at,
+                   f.a, f.b, coalesce(f.p, 0), f.g, f.k, coalesce(f.x, sent_at + f.l)
+            FROM fresh f
         )
         SELECT ARRAY(
-            SELECT coalesce(u.id, resolved[e.i])
+            SELECT CASE WHEN e.k IS NULL THEN resolved[e.i] ELSE coalesce(f.id, ids[n.i]) END
             FROM unnest(dedupe_keys) WITH ORDINALITY AS e(k, i)
-            LEFT JOIN upserted u ON u.dedupe_key = e.k
+            LEFT JOIN filled f ON f.dedupe_key = e.k
+            LEFT JOIN entry n ON n.k = e.k
             ORDER BY e.i)
         INTO resolved;
     END IF;

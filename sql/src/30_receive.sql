@@ -40,6 +40,20 @@ LANGUAGE sql AS $$
                   dead_lettered = c.dead_lettered + excluded.dead_lettered
 $$;
 
+-- Deletes the dedupe_keys rows of `keys` that still name one of `message_ids`
+-- (messages received or removed, which the caller holds), skipping rows that a
+-- concurrent send has locked. That send holds the key's row and may be
+-- waiting for one of those messages: waiting for the row here would close the
+-- circle. It finds the message holds the key no more, and names its own.
+CREATE FUNCTION postbox._free_keys(queue_id integer, keys text[], message_ids bigint[]) RETURNS void
+LANGUAGE sql AS $$
+    DELETE FROM postbox.dedupe_keys d
+    WHERE (d.queue_id, d.dedupe_key) IN (
+        SELECT x.queue_id, x.dedupe_key FROM postbox.dedupe_keys x
+        WHERE x.queue_id = _free_keys.queue_id AND x.dedupe_key = ANY (keys) AND x.message_id = ANY (message_ids)
+        FOR UPDATE SKIP LOCKED);
+$$;
+
 -- Functions that take messages by id reach them through the primary key,
 -- whatever the planner thinks. A session plans each statement once, often while
 -- the table was small, and keeps the plan until an ANALYZE, which a pinned xmin
@@ -59,6 +73,7 @@ DECLARE
     removed bigint[];
     groups text[];
     expiring bigint[];
+    keys text[];
 BEGIN
     IF q.archive_on_delete THEN
         WITH gone AS (
@@ -75,8 +90,9 @@ BEGIN
                    g.source_queue_id, g.last_error, g.attributes, g.body
             FROM gone g
         )
-        SELECT array_agg(g.id), array_agg(g.message_group_id), array_agg(g.id) FILTER (WHERE g.expires_at IS NOT NULL)
-        INTO removed, groups, expiring FROM gone g;
+        SELECT array_agg(g.id), array_agg(g.message_group_id), array_agg(g.id) FILTER (WHERE g.expires_at IS NOT NULL),
+               array_agg(g.dedupe_key) FILTER (WHERE g.dedupe_key IS NOT NULL)
+        INTO removed, groups, expiring, keys FROM gone g;
     ELSE
         -- The same delete without the archive: a data-modifying CTE costs even
         -- when it inserts nothing, and this is the path of every plain delete.
@@ -84,13 +100,17 @@ BEGIN
             DELETE FROM postbox.messages m
             USING unnest(ids, leases) AS t(id, lease)
             WHERE m.id = t.id AND m.queue_id + 0 = q.id AND (t.lease IS NULL OR m.lease = t.lease)
-            RETURNING m.id, m.message_group_id, m.expires_at
+            RETURNING m.id, m.message_group_id, m.expires_at, m.dedupe_key
         )
-        SELECT array_agg(g.id), array_agg(g.message_group_id), array_agg(g.id) FILTER (WHERE g.expires_at IS NOT NULL)
-        INTO removed, groups, expiring FROM gone g;
+        SELECT array_agg(g.id), array_agg(g.message_group_id), array_agg(g.id) FILTER (WHERE g.expires_at IS NOT NULL),
+               array_agg(g.dedupe_key) FILTER (WHERE g.dedupe_key IS NOT NULL)
+        INTO removed, groups, expiring, keys FROM gone g;
     END IF;
     IF expiring IS NOT NULL THEN
         DELETE FROM postbox.message_expiries WHERE message_id = ANY (expiring);
+    END IF;
+    IF keys IS NOT NULL THEN
+        PERFORM postbox._free_keys(q.id, keys, removed);
     END IF;
     IF q.fifo AND groups IS NOT NULL THEN
         PERFORM postbox._lock_groups(q.id, groups);
@@ -216,6 +236,7 @@ DECLARE
     to_expire bigint[];
     to_bury bigint[];
     left_over boolean;
+    keys text[];  -- dedupe keys of the messages to deliver
 BEGIN
     -- Looked up here, not through _queue: a nested call costs more than the look.
     SELECT * INTO q FROM postbox.queues x WHERE x.name = queue_name;
@@ -237,13 +258,15 @@ BEGIN
     scan_start := coalesce(scan_from, postbox._kept_floor(q.id), postbox._session_floor(q.id), '-infinity');
     IF q.receive_rate_limit IS NULL AND max_bytes IS NULL AND NOT q.prioritized THEN
         -- The common case in one statement: the candidates are claimed when none of
-        -- them has expired or run out of receives; else, or with none, the rounds.
+        -- them has expired, run out of receives or holds a dedupe key (whose row
+        -- the rounds free); else, or with none, the rounds.
         -- Without priorities: the priority index's scan cost 3% of a receive of ten.
         RETURN QUERY
         WITH c AS MATERIALIZED (
             SELECT m.id, m.visible_at, coalesce(m.enqueued_at < expired_before, false)
                                        OR coalesce(m.expires_at <= now(), false) AS gone,
-                   coalesce(m.receive_count >= q.max_receive_count, false) AS dead
+                   coalesce(m.receive_count >= q.max_receive_count, false) AS dead,
+                   m.dedupe_key IS NOT NULL AS keyed
             FROM postbox.messages m
             WHERE m.queue_id = q.id AND m.priority = 0 AND m.visible_at BETWEEN scan_start AND now()
             ORDER BY m.visible_at, m.id
@@ -257,7 +280,7 @@ BEGIN
                 lease = (SELECT gen_random_uuid()),  -- once per call (above)
                 dedupe_key = NULL
             FROM c
-            WHERE m.id = c.id AND NOT EXISTS (SELECT FROM c x WHERE x.gone OR x.dead)
+            WHERE m.id = c.id AND NOT EXISTS (SELECT FROM c x WHERE x.gone OR x.dead OR x.keyed)
             RETURNING m.*, c.visible_at AS claim_visible_at
         )
         SELECT c.id, c.body, c.attributes, c.enqueued_at, c.receive_count, c.first_received_at,
@@ -280,8 +303,9 @@ BEGIN
         SELECT array_agg(p.id ORDER BY p.priority DESC, p.visible_at, p.id) FILTER (WHERE p.deliver),
                array_agg(p.id) FILTER (WHERE p.gone),
                array_agg(p.id) FILTER (WHERE p.dead AND NOT p.gone),
-               coalesce(bool_or(NOT p.gone AND NOT p.dead AND NOT p.deliver), false)
-        INTO to_deliver, to_expire, to_bury, left_over
+               coalesce(bool_or(NOT p.gone AND NOT p.dead AND NOT p.deliver), false),
+               array_agg(p.dedupe_key) FILTER (WHERE p.deliver AND p.dedupe_key IS NOT NULL)
+        INTO to_deliver, to_expire, to_bury, left_over, keys
         FROM (
           SELECT c.*,
                  NOT c.gone AND NOT c.dead
@@ -298,7 +322,8 @@ BEGIN
                                                                   OR coalesce(m.expires_at <= now(), false) AS gone,
                        coalesce(m.receive_count >= q.max_receive_count, false) AS dead,
                        -- octet_length reads a TOASTed body's size without fetching it.
-                       octet_length(m.body) + coalesce(pg_column_size(m.attributes), 0) + 256 AS size
+                       octet_length(m.body) + coalesce(pg_column_size(m.attributes), 0) + 256 AS size,
+                       m.dedupe_key
                 FROM postbox.messages m
                 WHERE m.queue_id = q.id AND m.priority > 0 AND m.visible_at BETWEEN scan_start AND now()
                 ORDER BY m.priority DESC, m.visible_at, m.id
@@ -309,7 +334,8 @@ BEGIN
                 SELECT m.id, m.priority, m.visible_at, coalesce(m.enqueued_at < expired_before, false)
                                                              OR coalesce(m.expires_at <= now(), false),
                        coalesce(m.receive_count >= q.max_receive_count, false),
-                       octet_length(m.body) + coalesce(pg_column_size(m.attributes), 0) + 256
+                       octet_length(m.body) + coalesce(pg_column_size(m.attributes), 0) + 256,
+                       m.dedupe_key
                 FROM postbox.messages m
                 WHERE m.queue_id = q.id AND m.priority = 0 AND m.visible_at BETWEEN scan_start AND now()
                 ORDER BY m.visible_at, m.id
@@ -327,6 +353,10 @@ BEGIN
         END IF;
         IF q.receive_rate_limit IS NOT NULL THEN
             PERFORM postbox._return_receive_tokens(q, allowed - coalesce(cardinality(to_deliver), 0));
+        END IF;
+        IF keys IS NOT NULL THEN
+            -- The keys go with the first delivery (the claim clears them below).
+            PERFORM postbox._free_keys(q.id, keys, to_deliver);
         END IF;
         IF to_deliver IS NOT NULL THEN
             RETURN QUERY

@@ -988,6 +988,27 @@ async def test_a_keyed_send_waits_for_a_concurrent_send_of_its_key(conns, first_
     assert await setup.fetchval(KEY_ROW, queue) == second_id
 
 
+async def test_keyed_batches_take_their_keys_rows_in_key_order(conns):
+    """Two transactions sending keys a and b in opposite orders never wait on each
+    other in a circle: a batch takes its keys' rows in key order, so the one that
+    sends (b, a) waits for a before it holds b."""
+    setup, first, second = conns
+    await new_queue(setup, "keyed_order", 0)
+    batch = (
+        "SELECT message_id FROM postbox.send_batch('keyed_order', $1::bytea[], dedupe_keys => $2)"
+    )
+    await first.execute("BEGIN")
+    (a,) = [row[0] for row in await first.fetch(batch, [b"a1"], ["a"])]
+    sending = asyncio.ensure_future(second.fetch(batch, [b"b2", b"a2"], ["b", "a"]))
+    await until(setup, WAITS_ON_A_LOCK, second.get_server_pid())
+    # A wait for b here, while the other batch held it and waited for a, would be
+    # a deadlock, which PostgreSQL reports after a second.
+    (b,) = [row[0] for row in await asyncio.wait_for(first.fetch(batch, [b"b1"], ["b"]), 30)]
+    await first.execute("COMMIT")
+    assert [row[0] for row in await sending] == [b, a]
+    assert dict(await setup.fetch(BODIES, "keyed_order")) == {a: b"a2", b: b"b2"}
+
+
 async def test_a_keyed_send_whose_message_is_received_meanwhile_makes_its_own(conns):
     """The race the key's row is locked for: a send holds the row and waits for the
     message it names, which a receive holds and delivers. The receive frees the key

@@ -60,7 +60,11 @@ CREATE TABLE postbox.queues (
     -- Since 0.9.0: whether a message of priority above 0 has ever been in the
     -- queue (a send or a move sets it, nothing clears it). Until then receive
     -- leaves the priority index out of its straight path.
-    prioritized boolean NOT NULL DEFAULT false
+    prioritized boolean NOT NULL DEFAULT false,
+    -- Since 0.9.0: whether a message with a dedupe key has ever been sent to the
+    -- queue (nothing clears it). From then on receives take the rounds, which
+    -- free the keys of what they deliver (see postbox.dedupe_keys).
+    keyed boolean NOT NULL DEFAULT false
 );
 
 -- Every queue's messages live in this one table, keyed by queue_id, rather than
@@ -134,7 +138,7 @@ CREATE INDEX messages_group_idx ON postbox.messages (queue_id, message_group_id,
 -- The messages with an expiry of their own (messages.expires_at), where
 -- maintenance finds the due ones. What gives a message an expiry, changes it
 -- or removes the message writes its row here in the same transaction
--- (_sync_expiries, _remove, delete_batch, _delete_messages).
+-- (_send_batch_general, _remove, delete_batch, _delete_messages).
 CREATE TABLE postbox.message_expiries (
     message_id bigint PRIMARY KEY,
     expires_at timestamptz NOT NULL
@@ -1197,27 +1201,16 @@ LANGUAGE sql STABLE AS $$
                 ELSE sent_at + coalesce(delay, default_delay) END
 $$;
 
--- Sets queues.prioritized (since 0.9.0), in the transaction that puts a message
--- of priority above 0 into the queue. Written once in a queue's life: receive's
--- straight path reads the flag. Until that transaction ends, another one that
--- sets it waits on the row.
-CREATE FUNCTION postbox._mark_prioritized(queue_id integer) RETURNS void
+-- Sets queues.prioritized or queues.keyed (since 0.9.0), as asked, in the
+-- transaction that puts a message of priority above 0, or with a dedupe key,
+-- into the queue. Each is written once in a queue's life: receive's straight
+-- path reads them. Until that transaction ends, another one that sets one
+-- waits on the row.
+CREATE FUNCTION postbox._mark_queue(queue_id integer, prioritized boolean, keyed boolean) RETURNS void
 LANGUAGE sql AS $$
-    UPDATE postbox.queues x SET prioritized = true WHERE x.id = queue_id AND NOT x.prioritized;
-$$;
-
--- Brings message_expiries in step with the expiry of messages `ids`, which
--- were just sent or given new content: a row for each one with an expiry, at
--- that expiry, and none for the others.
-CREATE FUNCTION postbox._sync_expiries(ids bigint[]) RETURNS void
-LANGUAGE sql AS $$
-    INSERT INTO postbox.message_expiries AS e (message_id, expires_at)
-    SELECT m.id, m.expires_at FROM postbox.messages m WHERE m.id = ANY (ids) AND m.expires_at IS NOT NULL
-    ON CONFLICT (message_id) DO UPDATE SET expires_at = excluded.expires_at
-    WHERE e.expires_at IS DISTINCT FROM excluded.expires_at;
-    DELETE FROM postbox.message_expiries e
-    WHERE e.message_id = ANY (ids)
-      AND NOT EXISTS (SELECT FROM postbox.messages m WHERE m.id = e.message_id AND m.expires_at IS NOT NULL);
+    UPDATE postbox.queues x
+    SET prioritized = x.prioritized OR _mark_queue.prioritized, keyed = x.keyed OR _mark_queue.keyed
+    WHERE x.id = queue_id AND (_mark_queue.prioritized AND NOT x.prioritized OR _mark_queue.keyed AND NOT x.keyed);
 $$;
 
 -- send_batch's every case: options, FIFO order, deduplication, depth limits and
@@ -1241,6 +1234,11 @@ DECLARE
     dedup text[];
     keys text[];  -- dedupe keys, and the messages their rows named when claimed
     holders bigint[];
+    held integer;  -- keys whose row named a message already
+    with_priority boolean;
+    with_keys boolean;
+    filled bigint[];  -- messages that hold their key and took new content
+    filled_keys text[];
     with_ids integer;  -- entries with a deduplication id
     claimed bigint;  -- of them, those whose id this send recorded
     adding bigint;
@@ -1324,23 +1322,28 @@ BEGIN
     END IF;
 
     PERFORM postbox._lock_queue(q, false);
-    IF NOT q.prioritized AND EXISTS (SELECT FROM unnest(priorities) p WHERE p > 0) THEN
-        PERFORM postbox._mark_prioritized(q.id);
+    with_priority := EXISTS (SELECT FROM unnest(priorities) p WHERE p > 0);
+    with_keys := EXISTS (SELECT FROM unnest(dedupe_keys) k WHERE k IS NOT NULL);
+    IF with_priority AND NOT q.prioritized OR with_keys AND NOT q.keyed THEN
+        PERFORM postbox._mark_queue(q.id, with_priority, with_keys);
     END IF;
     IF NOT q.fifo AND NOT q.content_based_deduplication AND q.max_depth IS NULL
-       AND deduplication_ids IS NULL AND dedupe_keys IS NULL AND ttls IS NULL AND expire_ats IS NULL THEN
+       AND deduplication_ids IS NULL AND dedupe_keys IS NULL THEN
         -- The common case, in one statement: identity values are drawn in
         -- insertion order, so id order is input order.
         RETURN QUERY
         WITH inserted AS (
             INSERT INTO postbox.messages (queue_id, visible_at, enqueued_at, attributes, body, priority,
-                                          message_group_id)
+                                          message_group_id, expires_at)
             SELECT q.id, postbox._visible_at(sent_at, d, t, q.delivery_delay), sent_at,
-                   a, b, coalesce(p, 0), g
-            FROM unnest(bodies, attributes, delays, deliver_ats, priorities, message_group_ids)
-                 WITH ORDINALITY AS e(b, a, d, t, p, g, i)
+                   a, b, coalesce(p, 0), g, coalesce(x, sent_at + l)
+            FROM unnest(bodies, attributes, delays, deliver_ats, priorities, message_group_ids, ttls, expire_ats)
+                 WITH ORDINALITY AS e(b, a, d, t, p, g, l, x, i)
             ORDER BY i
-            RETURNING id
+            RETURNING id, expires_at
+        ), expiring AS (
+            INSERT INTO postbox.message_expiries (message_id, expires_at)
+            SELECT id, expires_at FROM inserted WHERE expires_at IS NOT NULL
         )
         SELECT id, false FROM inserted ORDER BY id;
         PERFORM postbox._notify(q);
@@ -1404,41 +1407,50 @@ BEGIN
             ON CONFLICT (queue_id, dedupe_key) DO UPDATE SET message_id = d.message_id  -- locks, keeps
             RETURNING d.dedupe_key, d.message_id
         )
-        SELECT array_agg(c.dedupe_key), array_agg(c.message_id) INTO keys, holders FROM claimed c;
-        -- A statement of its own: its snapshot sees a holder whose send committed
-        -- while the claim waited for the key's row.
-        WITH entry AS (
-            SELECT DISTINCT ON (e.k) e.*, h.id AS holder
-            FROM unnest(dedupe_keys, bodies, attributes, delays, deliver_ats, priorities, message_group_ids,
-                        ttls, expire_ats) WITH ORDINALITY AS e(k, b, a, d, t, p, g, l, x, i)
-            JOIN unnest(keys, holders) AS h(k, id) ON h.k = e.k
-            ORDER BY e.k, e.i DESC
-        ), filled AS (
-            UPDATE postbox.messages m
-            SET body = e.b, attributes = e.a, priority = coalesce(e.p, 0), expires_at = coalesce(e.x, sent_at + e.l)
-            FROM entry e
-            WHERE m.id = e.holder AND e.holder <> ids[e.i] AND m.queue_id = q.id AND m.dedupe_key = e.k
-              AND NOT coalesce(m.enqueued_at < now() - q.retention OR m.expires_at <= now(), false)
-            RETURNING m.id, m.dedupe_key
-        ), fresh AS (
-            SELECT e.* FROM entry e WHERE NOT EXISTS (SELECT FROM filled f WHERE f.dedupe_key = e.k)
-        ), named AS (
-            UPDATE postbox.dedupe_keys d SET message_id = ids[f.i]
-            FROM fresh f
-            WHERE d.queue_id = q.id AND d.dedupe_key = f.k AND d.message_id <> ids[f.i]
-        ), inserted AS (
-            INSERT INTO postbox.messages (id, queue_id, visible_at, enqueued_at, attributes, body, priority,
-                                          message_group_id, dedupe_key, expires_at)
-            OVERRIDING SYSTEM VALUE
-            SELECT ids[f.i], q.id, postbox._visible_at(sent_at, f.d, f.t, q.delivery_delay), sent_at,
-                   f.a, f.b, coalesce(f.p, 0), f.g, f.k, coalesce(f.x, sent_at + f.l)
-            FROM fresh f
-        )
+        SELECT array_agg(c.dedupe_key), array_agg(c.message_id), count(*) FILTER (WHERE c.message_id <> ALL (ids))
+        INTO keys, holders, held
+        FROM claimed c;
+        IF held > 0 THEN
+            -- A statement of its own: its snapshot sees a holder whose send
+            -- committed while the claim waited for the key's row.
+            WITH filled AS (
+                UPDATE postbox.messages m
+                SET body = e.b, attributes = e.a, priority = coalesce(e.p, 0),
+                    expires_at = coalesce(e.x, sent_at + e.l)
+                FROM (SELECT DISTINCT ON (e.k) e.*
+                      FROM unnest(dedupe_keys, bodies, attributes, priorities, ttls, expire_ats)
+                           WITH ORDINALITY AS e(k, b, a, p, l, x, i)
+                      WHERE e.k IS NOT NULL
+                      ORDER BY e.k, e.i DESC) AS e
+                JOIN unnest(keys, holders) AS h(k, id) ON h.k = e.k
+                WHERE m.id = h.id AND m.queue_id = q.id AND m.dedupe_key = e.k
+                  AND NOT coalesce(m.enqueued_at < now() - q.retention OR m.expires_at <= now(), false)
+                RETURNING m.id, m.dedupe_key
+            )
+            SELECT array_agg(f.id), array_agg(f.dedupe_key) INTO filled, filled_keys FROM filled f;
+            -- Their expiries as they are now.
+            DELETE FROM postbox.message_expiries WHERE message_id = ANY (filled);
+            IF ttls IS NOT NULL OR expire_ats IS NOT NULL THEN
+                INSERT INTO postbox.message_expiries (message_id, expires_at)
+                SELECT m.id, m.expires_at FROM postbox.messages m WHERE m.id = ANY (filled) AND m.expires_at IS NOT NULL;
+            END IF;
+            IF coalesce(cardinality(filled), 0) < held THEN
+                -- Keys whose message holds them no more name the message this send makes.
+                UPDATE postbox.dedupe_keys d SET message_id = ids[e.i]
+                FROM (SELECT DISTINCT ON (e.k) e.k, e.i FROM unnest(dedupe_keys) WITH ORDINALITY AS e(k, i)
+                      WHERE e.k IS NOT NULL ORDER BY e.k, e.i DESC) AS e
+                WHERE d.queue_id = q.id AND d.dedupe_key = e.k AND d.message_id <> ids[e.i]
+                  AND d.message_id <> ALL (coalesce(filled, '{}'));
+            END IF;
+        END IF;
+        -- A key's entries resolve to the message that took the content, or to the
+        -- key's last entry, which the insert below makes a message.
         SELECT ARRAY(
-            SELECT CASE WHEN e.k IS NULL THEN resolved[e.i] ELSE coalesce(f.id, ids[n.i]) END
+            SELECT CASE WHEN e.k IS NULL THEN resolved[e.i]
+                        ELSE coalesce(filled[array_position(filled_keys, e.k)], ids[n.i]) END
             FROM unnest(dedupe_keys) WITH ORDINALITY AS e(k, i)
-            LEFT JOIN filled f ON f.dedupe_key = e.k
-            LEFT JOIN entry n ON n.k = e.k
+            LEFT JOIN (SELECT DISTINCT ON (x.k) x.k, x.i FROM unnest(dedupe_keys) WITH ORDINALITY AS x(k, i)
+                       WHERE x.k IS NOT NULL ORDER BY x.k, x.i DESC) AS n ON n.k = e.k
             ORDER BY e.i)
         INTO resolved;
     END IF;
@@ -1446,8 +1458,7 @@ BEGIN
     IF q.max_depth IS NOT NULL THEN
         -- Bounded queues take their sends one at a time, so the count is exact.
         PERFORM pg_advisory_xact_lock(1886350199, q.id);  -- 'posu'
-        SELECT count(*) FILTER (WHERE r = id AND (k IS NULL)) INTO adding
-        FROM unnest(resolved, ids, dedupe_keys) AS e(r, id, k);
+        SELECT count(*) FILTER (WHERE r = id) INTO adding FROM unnest(resolved, ids) AS e(r, id);
         SELECT count(*) INTO depth
         FROM (SELECT FROM postbox.messages WHERE queue_id = q.id LIMIT q.max_depth + 1) AS s;
         IF depth + adding > q.max_depth THEN
@@ -1457,8 +1468,10 @@ BEGIN
         END IF;
     END IF;
 
+    -- Every entry that is a message of its own: no duplicate, and for a key the
+    -- last entry, when the key's message did not take its content.
     INSERT INTO postbox.messages (id, queue_id, visible_at, enqueued_at, attributes, body, priority,
-                                  message_group_id, deduplication_id, expires_at)
+                                  message_group_id, deduplication_id, dedupe_key, expires_at)
     OVERRIDING SYSTEM VALUE
     SELECT ids[e.i], q.id,
            CASE WHEN q.fifo AND (row_number() OVER (PARTITION BY e.g ORDER BY e.i) > 1
@@ -1466,15 +1479,15 @@ BEGIN
                                             WHERE x.queue_id = q.id AND x.message_group_id = e.g))
                 THEN 'infinity'
                 ELSE postbox._visible_at(sent_at, e.d, e.t, q.delivery_delay) END,
-           sent_at, e.a, e.b, coalesce(e.p, 0), e.g, e.x, coalesce(e.e, sent_at + e.l)
+           sent_at, e.a, e.b, coalesce(e.p, 0), e.g, e.x, e.k, coalesce(e.e, sent_at + e.l)
     FROM unnest(bodies, attributes, delays, deliver_ats, priorities, message_group_ids, dedup,
                 dedupe_keys, resolved, ttls, expire_ats)
          WITH ORDINALITY AS e(b, a, d, t, p, g, x, k, r, l, e, i)
-    WHERE e.k IS NULL AND e.r = ids[e.i]
+    WHERE e.r = ids[e.i]
     ORDER BY e.i;
-    -- A key's message may have taken a new expiry, or lost its own.
-    IF ttls IS NOT NULL OR expire_ats IS NOT NULL OR dedupe_keys IS NOT NULL THEN
-        PERFORM postbox._sync_expiries(resolved);
+    IF ttls IS NOT NULL OR expire_ats IS NOT NULL THEN
+        INSERT INTO postbox.message_expiries (message_id, expires_at)
+        SELECT m.id, m.expires_at FROM postbox.messages m WHERE m.id = ANY (ids) AND m.expires_at IS NOT NULL;
     END IF;
     PERFORM postbox._notify(q);
     RETURN QUERY SELECT e.r, e.r <> ids[e.i] FROM unnest(resolved) WITH ORDINALITY AS e(r, i) ORDER BY e.i;
@@ -1665,13 +1678,22 @@ $$;
 -- concurrent send has locked. That send holds the key's row and may be
 -- waiting for one of those messages: waiting for the row here would close the
 -- circle. It finds the message holds the key no more, and names its own.
+-- plpgsql, for its cached plans (a SQL function is planned on every call),
+-- which reach the rows by key, whatever the planner thinks (see _remove).
 CREATE FUNCTION postbox._free_keys(queue_id integer, keys text[], message_ids bigint[]) RETURNS void
-LANGUAGE sql AS $$
-    DELETE FROM postbox.dedupe_keys d
-    WHERE (d.queue_id, d.dedupe_key) IN (
-        SELECT x.queue_id, x.dedupe_key FROM postbox.dedupe_keys x
-        WHERE x.queue_id = _free_keys.queue_id AND x.dedupe_key = ANY (keys) AND x.message_id = ANY (message_ids)
-        FOR UPDATE SKIP LOCKED);
+LANGUAGE plpgsql
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+AS $$
+DECLARE
+    free text[];
+BEGIN
+    SELECT array_agg(x.dedupe_key) INTO free
+    FROM (SELECT x.dedupe_key FROM postbox.dedupe_keys x
+          WHERE x.queue_id = _free_keys.queue_id AND x.dedupe_key = ANY (keys) AND x.message_id = ANY (message_ids)
+          FOR UPDATE SKIP LOCKED) AS x;
+    DELETE FROM postbox.dedupe_keys d WHERE d.queue_id = _free_keys.queue_id AND d.dedupe_key = ANY (free);
+END
 $$;
 
 -- Functions that take messages by id reach them through the primary key,
@@ -1767,7 +1789,7 @@ BEGIN
     INTO groups, with_priority
     FROM postbox.messages m WHERE m.id = ANY (ids);
     IF with_priority AND NOT target.prioritized THEN
-        PERFORM postbox._mark_prioritized(target.id);
+        PERFORM postbox._mark_queue(target.id, true, false);
     END IF;
     IF groups IS NOT NULL AND (source.fifo OR target.fifo) THEN
         -- Both queues' group locks, the lower queue id first.
@@ -1876,17 +1898,16 @@ BEGIN
             'queue %s is paused for receiving; ResumeQueue lets receives in again', quote_literal(queue_name));
     END IF;
     scan_start := coalesce(scan_from, postbox._kept_floor(q.id), postbox._session_floor(q.id), '-infinity');
-    IF q.receive_rate_limit IS NULL AND max_bytes IS NULL AND NOT q.prioritized THEN
+    IF q.receive_rate_limit IS NULL AND max_bytes IS NULL AND NOT q.prioritized AND NOT q.keyed THEN
         -- The common case in one statement: the candidates are claimed when none of
-        -- them has expired, run out of receives or holds a dedupe key (whose row
-        -- the rounds free); else, or with none, the rounds.
+        -- them has expired or run out of receives; else, or with none, the rounds.
         -- Without priorities: the priority index's scan cost 3% of a receive of ten.
+        -- Without dedupe keys, whose rows the rounds free.
         RETURN QUERY
         WITH c AS MATERIALIZED (
             SELECT m.id, m.visible_at, coalesce(m.enqueued_at < expired_before, false)
                                        OR coalesce(m.expires_at <= now(), false) AS gone,
-                   coalesce(m.receive_count >= q.max_receive_count, false) AS dead,
-                   m.dedupe_key IS NOT NULL AS keyed
+                   coalesce(m.receive_count >= q.max_receive_count, false) AS dead
             FROM postbox.messages m
             WHERE m.queue_id = q.id AND m.priority = 0 AND m.visible_at BETWEEN scan_start AND now()
             ORDER BY m.visible_at, m.id
@@ -1900,7 +1921,7 @@ BEGIN
                 lease = (SELECT gen_random_uuid()),  -- once per call (above)
                 dedupe_key = NULL
             FROM c
-            WHERE m.id = c.id AND NOT EXISTS (SELECT FROM c x WHERE x.gone OR x.dead OR x.keyed)
+            WHERE m.id = c.id AND NOT EXISTS (SELECT FROM c x WHERE x.gone OR x.dead)
             RETURNING m.*, c.visible_at AS claim_visible_at
         )
         SELECT c.id, c.body, c.attributes, c.enqueued_at, c.receive_count, c.first_received_at,

@@ -114,6 +114,9 @@ async def test_the_0_9_upgrade_carries_every_expiry_and_dedupe_key_over(admin_ur
             await conn.execute(last.read_text())
         again = "SELECT postbox.send('upgraded', 'v2', dedupe_key => 'k')"
         assert await conn.fetchval(again) == keyed
+        # The queue takes the receive that frees the key's row.
+        await conn.fetch("SELECT * FROM postbox.receive('upgraded', 10)")
+        assert await conn.fetchval("SELECT count(*) FROM postbox.dedupe_keys") == 0
         rows = await conn.fetch(
             "SELECT e.message_id, e.expires_at = m.expires_at AS same "
             "FROM postbox.message_expiries e JOIN postbox.messages m ON m.id = e.message_id"

@@ -60,7 +60,11 @@ CREATE TABLE postbox.queues (
     -- Since 0.9.0: whether a message of priority above 0 has ever been in the
     -- queue (a send or a move sets it, nothing clears it). Until then receive
     -- leaves the priority index out of its straight path.
-    prioritized boolean NOT NULL DEFAULT false
+    prioritized boolean NOT NULL DEFAULT false,
+    -- Since 0.9.0: whether a message with a dedupe key has ever been sent to the
+    -- queue (nothing clears it). From then on receives take the rounds, which
+    -- free the keys of what they deliver (see postbox.dedupe_keys).
+    keyed boolean NOT NULL DEFAULT false
 );
 
 -- Every queue's messages live in this one table, keyed by queue_id, rather than
@@ -134,7 +138,7 @@ CREATE INDEX messages_group_idx ON postbox.messages (queue_id, message_group_id,
 -- The messages with an expiry of their own (messages.expires_at), where
 -- maintenance finds the due ones. What gives a message an expiry, changes it
 -- or removes the message writes its row here in the same transaction
--- (_sync_expiries, _remove, delete_batch, _delete_messages).
+-- (_send_batch_general, _remove, delete_batch, _delete_messages).
 CREATE TABLE postbox.message_expiries (
     message_id bigint PRIMARY KEY,
     expires_at timestamptz NOT NULL

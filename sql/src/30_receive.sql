@@ -45,13 +45,22 @@ $$;
 -- concurrent send has locked. That send holds the key's row and may be
 -- waiting for one of those messages: waiting for the row here would close the
 -- circle. It finds the message holds the key no more, and names its own.
+-- plpgsql, for its cached plans (a SQL function is planned on every call),
+-- which reach the rows by key, whatever the planner thinks (see _remove).
 CREATE FUNCTION postbox._free_keys(queue_id integer, keys text[], message_ids bigint[]) RETURNS void
-LANGUAGE sql AS $$
-    DELETE FROM postbox.dedupe_keys d
-    WHERE (d.queue_id, d.dedupe_key) IN (
-        SELECT x.queue_id, x.dedupe_key FROM postbox.dedupe_keys x
-        WHERE x.queue_id = _free_keys.queue_id AND x.dedupe_key = ANY (keys) AND x.message_id = ANY (message_ids)
-        FOR UPDATE SKIP LOCKED);
+LANGUAGE plpgsql
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+AS $$
+DECLARE
+    free text[];
+BEGIN
+    SELECT array_agg(x.dedupe_key) INTO free
+    FROM (SELECT x.dedupe_key FROM postbox.dedupe_keys x
+          WHERE x.queue_id = _free_keys.queue_id AND x.dedupe_key = ANY (keys) AND x.message_id = ANY (message_ids)
+          FOR UPDATE SKIP LOCKED) AS x;
+    DELETE FROM postbox.dedupe_keys d WHERE d.queue_id = _free_keys.queue_id AND d.dedupe_key = ANY (free);
+END
 $$;
 
 -- Functions that take messages by id reach them through the primary key,
@@ -147,7 +156,7 @@ BEGIN
     INTO groups, with_priority
     FROM postbox.messages m WHERE m.id = ANY (ids);
     IF with_priority AND NOT target.prioritized THEN
-        PERFORM postbox._mark_prioritized(target.id);
+        PERFORM postbox._mark_queue(target.id, true, false);
     END IF;
     IF groups IS NOT NULL AND (source.fifo OR target.fifo) THEN
         -- Both queues' group locks, the lower queue id first.
@@ -256,17 +265,16 @@ BEGIN
             'queue %s is paused for receiving; ResumeQueue lets receives in again', quote_literal(queue_name));
     END IF;
     scan_start := coalesce(scan_from, postbox._kept_floor(q.id), postbox._session_floor(q.id), '-infinity');
-    IF q.receive_rate_limit IS NULL AND max_bytes IS NULL AND NOT q.prioritized THEN
+    IF q.receive_rate_limit IS NULL AND max_bytes IS NULL AND NOT q.prioritized AND NOT q.keyed THEN
         -- The common case in one statement: the candidates are claimed when none of
-        -- them has expired, run out of receives or holds a dedupe key (whose row
-        -- the rounds free); else, or with none, the rounds.
+        -- them has expired or run out of receives; else, or with none, the rounds.
         -- Without priorities: the priority index's scan cost 3% of a receive of ten.
+        -- Without dedupe keys, whose rows the rounds free.
         RETURN QUERY
         WITH c AS MATERIALIZED (
             SELECT m.id, m.visible_at, coalesce(m.enqueued_at < expired_before, false)
                                        OR coalesce(m.expires_at <= now(), false) AS gone,
-                   coalesce(m.receive_count >= q.max_receive_count, false) AS dead,
-                   m.dedupe_key IS NOT NULL AS keyed
+                   coalesce(m.receive_count >= q.max_receive_count, false) AS dead
             FROM postbox.messages m
             WHERE m.queue_id = q.id AND m.priority = 0 AND m.visible_at BETWEEN scan_start AND now()
             ORDER BY m.visible_at, m.id
@@ -280,7 +288,7 @@ BEGIN
                 lease = (SELECT gen_random_uuid()),  -- once per call (above)
                 dedupe_key = NULL
             FROM c
-            WHERE m.id = c.id AND NOT EXISTS (SELECT FROM c x WHERE x.gone OR x.dead OR x.keyed)
+            WHERE m.id = c.id AND NOT EXISTS (SELECT FROM c x WHERE x.gone OR x.dead)
             RETURNING m.*, c.visible_at AS claim_visible_at
         )
         SELECT c.id, c.body, c.attributes, c.enqueued_at, c.receive_count, c.first_received_at,

@@ -2271,13 +2271,13 @@ DECLARE
     ids bigint[];
     resolved bigint[];
     dedup text[];
-    keys text[];  -- dedupe keys, and the messages their rows named when claimed
+    keys text[];  -- dedupe keys; each one's last entry; the message its row named when claimed
+    lasts bigint[];
     holders bigint[];
     held integer;  -- keys whose row named a message already
     with_priority boolean;
     with_keys boolean;
     filled bigint[];  -- messages that hold their key and took new content
-    filled_keys text[];
     with_ids integer;  -- entries with a deduplication id
     claimed bigint;  -- of them, those whose id this send recorded
     adding bigint;
@@ -2437,36 +2437,32 @@ BEGIN
     -- row then names. Receives and removals free keys without waiting for rows
     -- (see _free_keys), so a row may name a message that holds its key no more.
     IF dedupe_keys IS NOT NULL THEN
+        SELECT array_agg(l.k ORDER BY l.k), array_agg(l.i ORDER BY l.k) INTO keys, lasts
+        FROM (SELECT DISTINCT ON (e.k) e.k, e.i FROM unnest(dedupe_keys) WITH ORDINALITY AS e(k, i)
+              WHERE e.k IS NOT NULL ORDER BY e.k, e.i DESC) AS l;
         WITH claimed AS (
             INSERT INTO postbox.dedupe_keys AS d (queue_id, dedupe_key, message_id)
-            SELECT DISTINCT ON (e.k) q.id, e.k, ids[e.i]
-            FROM unnest(dedupe_keys) WITH ORDINALITY AS e(k, i)
-            WHERE e.k IS NOT NULL
-            ORDER BY e.k, e.i DESC
+            SELECT q.id, l.k, ids[l.i] FROM unnest(keys, lasts) WITH ORDINALITY AS l(k, i, n) ORDER BY l.n
             ON CONFLICT (queue_id, dedupe_key) DO UPDATE SET message_id = d.message_id  -- locks, keeps
             RETURNING d.dedupe_key, d.message_id
         )
-        SELECT array_agg(c.dedupe_key), array_agg(c.message_id), count(*) FILTER (WHERE c.message_id <> ALL (ids))
-        INTO keys, holders, held
-        FROM claimed c;
+        SELECT array_agg(c.message_id ORDER BY l.n), count(*) FILTER (WHERE c.message_id <> ALL (ids))
+        INTO holders, held
+        FROM unnest(keys) WITH ORDINALITY AS l(k, n) JOIN claimed c ON c.dedupe_key = l.k;
         IF held > 0 THEN
             -- A statement of its own: its snapshot sees a holder whose send
             -- committed while the claim waited for the key's row.
             WITH filled AS (
                 UPDATE postbox.messages m
-                SET body = e.b, attributes = e.a, priority = coalesce(e.p, 0),
-                    expires_at = coalesce(e.x, sent_at + e.l)
-                FROM (SELECT DISTINCT ON (e.k) e.*
-                      FROM unnest(dedupe_keys, bodies, attributes, priorities, ttls, expire_ats)
-                           WITH ORDINALITY AS e(k, b, a, p, l, x, i)
-                      WHERE e.k IS NOT NULL
-                      ORDER BY e.k, e.i DESC) AS e
-                JOIN unnest(keys, holders) AS h(k, id) ON h.k = e.k
-                WHERE m.id = h.id AND m.queue_id = q.id AND m.dedupe_key = e.k
+                SET body = bodies[h.i], attributes = _send_batch_general.attributes[h.i],
+                    priority = coalesce(priorities[h.i], 0),
+                    expires_at = coalesce(expire_ats[h.i], sent_at + ttls[h.i])
+                FROM unnest(keys, lasts, holders) AS h(k, i, id)
+                WHERE m.id = h.id AND h.id <> ids[h.i] AND m.queue_id = q.id AND m.dedupe_key = h.k
                   AND NOT coalesce(m.enqueued_at < now() - q.retention OR m.expires_at <= now(), false)
-                RETURNING m.id, m.dedupe_key
+                RETURNING m.id
             )
-            SELECT array_agg(f.id), array_agg(f.dedupe_key) INTO filled, filled_keys FROM filled f;
+            SELECT array_agg(f.id) INTO filled FROM filled f;
             -- Their expiries as they are now.
             DELETE FROM postbox.message_expiries WHERE message_id = ANY (filled);
             IF ttls IS NOT NULL OR expire_ats IS NOT NULL THEN
@@ -2475,21 +2471,20 @@ BEGIN
             END IF;
             IF coalesce(cardinality(filled), 0) < held THEN
                 -- Keys whose message holds them no more name the message this send makes.
-                UPDATE postbox.dedupe_keys d SET message_id = ids[e.i]
-                FROM (SELECT DISTINCT ON (e.k) e.k, e.i FROM unnest(dedupe_keys) WITH ORDINALITY AS e(k, i)
-                      WHERE e.k IS NOT NULL ORDER BY e.k, e.i DESC) AS e
-                WHERE d.queue_id = q.id AND d.dedupe_key = e.k AND d.message_id <> ids[e.i]
-                  AND d.message_id <> ALL (coalesce(filled, '{}'));
+                UPDATE postbox.dedupe_keys d SET message_id = ids[h.i]
+                FROM unnest(keys, lasts, holders) AS h(k, i, id)
+                WHERE d.queue_id = q.id AND d.dedupe_key = h.k AND h.id <> ids[h.i]
+                  AND h.id <> ALL (coalesce(filled, '{}'));
             END IF;
         END IF;
         -- A key's entries resolve to the message that took the content, or to the
         -- key's last entry, which the insert below makes a message.
         SELECT ARRAY(
             SELECT CASE WHEN e.k IS NULL THEN resolved[e.i]
-                        ELSE coalesce(filled[array_position(filled_keys, e.k)], ids[n.i]) END
+                        WHEN h.id = ANY (filled) THEN h.id
+                        ELSE ids[h.i] END
             FROM unnest(dedupe_keys) WITH ORDINALITY AS e(k, i)
-            LEFT JOIN (SELECT DISTINCT ON (x.k) x.k, x.i FROM unnest(dedupe_keys) WITH ORDINALITY AS x(k, i)
-                       WHERE x.k IS NOT NULL ORDER BY x.k, x.i DESC) AS n ON n.k = e.k
+            LEFT JOIN unnest(keys, lasts, holders) AS h(k, i, id) ON h.k = e.k
             ORDER BY e.i)
         INTO resolved;
     END IF;

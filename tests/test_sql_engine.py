@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import itertools
+import json
 import os
 import re
 import shutil
@@ -1035,6 +1036,23 @@ async def test_a_keyed_send_whose_message_is_received_meanwhile_makes_its_own(co
     assert await setup.fetchval(KEY_ROW, "keyed_received") == made
     got = await setup.fetch("SELECT message_id, body FROM postbox.receive('keyed_received', 10)")
     assert [(m["message_id"], m["body"]) for m in got] == [(made, b"v2")]
+
+
+async def test_a_keyed_send_replaces_body_attributes_and_priority_of_the_waiting_message(conns):
+    setup, _, _ = conns
+    await new_queue(setup, "keyed_content", 0)
+    keyed = (
+        "SELECT message_id, duplicate FROM postbox.send_batch('keyed_content', "
+        "ARRAY[$1::bytea], attributes => ARRAY[$2::jsonb], priorities => ARRAY[$3::integer], "
+        "dedupe_keys => ARRAY['k'])"
+    )
+    attribute = '{"n": {"data_type": "String", "string_value": "%s"}}'
+    first = await setup.fetchrow(keyed, b"v1", attribute % 1, 0)
+    second = await setup.fetchrow(keyed, b"v2", attribute % 2, 3)
+    assert (second["message_id"], second["duplicate"]) == (first["message_id"], True)
+    (got,) = await setup.fetch("SELECT * FROM postbox.receive('keyed_content', 10)")
+    assert (got["message_id"], got["body"], got["priority"]) == (first["message_id"], b"v2", 3)
+    assert json.loads(got["attributes"])["n"]["string_value"] == "2"
 
 
 async def test_a_key_row_leaves_with_the_first_delivery_or_the_message(conns):

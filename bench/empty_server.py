@@ -34,6 +34,7 @@ from postbox.v1 import message_pb2, message_service_pb2_grpc, topic_service_pb2_
 from postbox.v1 import message_service_pb2 as pb
 from postbox.v1 import topic_service_pb2 as tpb
 
+from server import event_loop
 from server.app import grpc_options
 from server.config import Settings
 
@@ -196,7 +197,8 @@ def main() -> None:
     parser.add_argument("--grpc-host", default="127.0.0.1")
     parser.add_argument("--grpc-port", type=int, required=True)
     args = parser.parse_args()
-    asyncio.run(serve(args.grpc_host, args.grpc_port))
+    # The server's own loop, so that the transport alone is the server's transport.
+    event_loop.run(serve(args.grpc_host, args.grpc_port))
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from typing import Any
 
 import grpc
 
-from server import __version__
+from server import __version__, event_loop
 from server.config import (
     HTTP_REQUEST_SIZE_RANGE,
     MESSAGE_SIZE_RANGE,
@@ -85,10 +85,10 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     try:
         if args.workers > 1:
-            return asyncio.run(
+            return event_loop.run(
                 serve_workers(settings, args.workers, args.log_level, args.log_format)
             )
-        asyncio.run(serve(settings))
+        event_loop.run(serve(settings))
     except (AnonymousExposure, NotDurable, DatabaseUnreachable) as refusal:
         print(f"postbox serve: {refusal}", file=sys.stderr)
         return 2
@@ -131,7 +131,7 @@ def _sqs(args: argparse.Namespace) -> int:
         webhook_allow_cidrs=tuple(args.webhook_allow_cidr),
     )
     try:
-        asyncio.run(serve(settings))
+        event_loop.run(serve(settings))
     except AnonymousExposure as refusal:
         print(f"postbox sqs: {refusal}", file=sys.stderr)
         return 2

@@ -85,7 +85,10 @@ class GroupCommit(Generic[Item, Result]):
         self._max_in_flight = max_in_flight
         self._waiting: list[_Waiting[Item, Result]] = []
         self._in_flight = 0
-        self._timer: asyncio.TimerHandle | None = None
+        # The pending flush and when it is due: uvloop's call_later(0) gives a plain
+        # Handle, which has no when() to ask.
+        self._timer: asyncio.Handle | None = None
+        self._timer_at = 0.0
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def write(self, destination: str, item: Item) -> Result:
@@ -106,11 +109,12 @@ class GroupCommit(Generic[Item, Result]):
 
     def _schedule(self, delay: float) -> None:
         loop = asyncio.get_running_loop()
+        at = loop.time() + delay
         if self._timer is not None:
-            if self._timer.when() <= loop.time() + delay:
+            if self._timer_at <= at:
                 return
             self._timer.cancel()
-        self._timer = loop.call_later(delay, self._flush)
+        self._timer, self._timer_at = loop.call_later(delay, self._flush), at
 
     def _flush(self) -> None:
         self._timer = None

@@ -72,7 +72,7 @@ SELECT NOT EXISTS (
 @dataclass
 class _QueueWaiters:
     waiters: deque[asyncio.Future[None]] = field(default_factory=deque)
-    timer: asyncio.TimerHandle | None = None
+    timer: asyncio.Handle | None = None  # uvloop gives a plain Handle for a time past
     timer_at: float = 0.0
 
 

@@ -3,7 +3,7 @@
 A served message passes through gRPC's handlers, two asyncpg calls and their
 socket writes, all callbacks of the loop, and uvloop runs those callbacks for
 less CPU than asyncio's own loop: the server spent about a seventh less CPU per
-message of Receive+Delete (bench receive_delete_10, six alternating runs each).
+message of Receive+Delete (bench receive_delete_10, five and six alternating runs).
 """
 
 from __future__ import annotations

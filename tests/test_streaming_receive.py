@@ -315,3 +315,83 @@ async def test_a_receive_paused_queue_is_unavailable_at_open(stub, aio_channel, 
     code, details = await status_of(stub, pb.StreamingReceiveRequest(queue=queue))
     assert code == grpc.StatusCode.UNAVAILABLE
     assert "paused" in details
+
+
+@pytest.fixture
+async def settle_transactions(db):
+    """The top-level transaction of each claim (an UPDATE that sets a lease) and each
+    delete of a message, as a trigger saw them."""
+    await db.execute(
+        """
+        CREATE TABLE public.settle_probe (message_id bigint, op text, top_xid bigint);
+        CREATE FUNCTION public.settle_probe() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            IF TG_OP = 'DELETE' THEN
+                INSERT INTO public.settle_probe VALUES (OLD.id, 'delete', txid_current());
+            ELSIF NEW.lease IS DISTINCT FROM OLD.lease AND NEW.lease IS NOT NULL THEN
+                INSERT INTO public.settle_probe VALUES (NEW.id, 'claim', txid_current());
+            END IF;
+            RETURN NULL;
+        END $$;
+        CREATE TRIGGER settle_probe AFTER UPDATE OR DELETE ON postbox.messages
+            FOR EACH ROW EXECUTE FUNCTION public.settle_probe();
+        """
+    )
+
+    async def transactions(op: str, ids: list[str]) -> set[int]:
+        rows = await db.fetch(
+            "SELECT DISTINCT top_xid FROM public.settle_probe "
+            "WHERE op = $1 AND message_id = ANY($2::bigint[])",
+            op,
+            [int(i) for i in ids],
+        )
+        return {row[0] for row in rows}
+
+    try:
+        yield transactions
+    finally:
+        await db.execute(
+            "DROP TRIGGER settle_probe ON postbox.messages;"
+            "DROP FUNCTION public.settle_probe(); DROP TABLE public.settle_probe"
+        )
+
+
+async def full_stream(stub, queue: str) -> tuple[Stream, list]:
+    """A stream holding as many unsettled messages as it may (10 of the queue's 20), so
+    that it waits for its consumer's deletes before it claims again."""
+    await fill(stub, queue, 20)
+    call = await open_stream(stub, queue, max_messages=10, max_outstanding_messages=10)
+    first = (await call.read()).batch.messages
+    assert len(first) == 10
+    # Nothing more comes while the stream is full; by now its generator has gone
+    # back to waiting for room, where it takes the deletes that free some.
+    assert await call.nothing_within(0.3)
+    return call, list(first)
+
+
+async def test_deletes_that_free_room_go_with_the_next_claim(stub, queue, settle_transactions):
+    call, first = await full_stream(stub, queue)
+    await call.write(delete_receipts=[m.receipt for m in first])
+    assert [r.code for r in (await call.read()).settle_results.deletes] == [OK] * 10
+    second = (await call.read()).batch.messages
+    assert len(second) == 10
+    deleted_in = await settle_transactions("delete", [m.message_id for m in first])
+    claimed_in = await settle_transactions("claim", [m.message_id for m in second])
+    assert len(deleted_in) == 1
+    assert deleted_in == claimed_in  # one call, one commit
+    call.cancel()
+
+
+async def test_deletes_are_kept_when_the_claim_with_them_fails(stub, aio_channel, queue):
+    """The claim that takes the deletes fails (receives paused after the stream opened),
+    which undoes the deletes with it: they are made on their own, and say OK."""
+    call, first = await full_stream(stub, queue)
+    queues = queue_service_pb2_grpc.QueueServiceStub(aio_channel)
+    await queues.PauseQueue(qpb.PauseQueueRequest(name=queue, receives=True))
+    await call.write(delete_receipts=[m.receipt for m in first])
+    assert [r.code for r in (await call.read()).settle_results.deletes] == [OK] * 10
+    assert await call.nothing_within(0.5)  # paused: the stream waits on
+    peek = await stub.PeekMessages(pb.PeekMessagesRequest(queue=queue))
+    assert {m.message_id for m in peek.messages}.isdisjoint(m.message_id for m in first)
+    assert len(peek.messages) == 10
+    call.cancel()

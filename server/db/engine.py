@@ -129,6 +129,17 @@ def _optional_column(values: list[Any]) -> list[Any] | None:
     return values if any(v is not None for v in values) else None
 
 
+def _count_received(queue: str, rows: list[Any]) -> None:
+    metrics.count(metrics.MESSAGES_RECEIVED, queue, len(rows))
+    ACTIVITY.received(queue, rows)
+
+
+def _count_deleted(queue: str, outcomes: list[str]) -> None:
+    deleted = outcomes.count("ok")
+    metrics.count(metrics.MESSAGES_DELETED, queue, deleted)
+    ACTIVITY.deleted(queue, deleted)
+
+
 def application_name(role: str = "") -> str:
     """What pg_stat_activity shows for this process's connections: `postbox/<pid>`, and
     `postbox/<pid>/<role>` for a connection with a role of its own (listen, migrate), so
@@ -362,8 +373,7 @@ class Engine:
         rows = await self._call(
             "fetch", "receive", queue, max_messages, visibility_timeout, scan_from, max_bytes
         )
-        metrics.count(metrics.MESSAGES_RECEIVED, queue, len(rows))
-        ACTIVITY.received(queue, rows)
+        _count_received(queue, rows)
         return rows
 
     async def next_visible_at(
@@ -391,10 +401,34 @@ class Engine:
     async def delete_batch(self, queue: str, receipts: Sequence[str]) -> list[str]:
         rows = await self._call("fetch", "delete_batch", queue, receipts)
         outcomes = [row[0] for row in rows]
-        deleted = outcomes.count("ok")
-        metrics.count(metrics.MESSAGES_DELETED, queue, deleted)
-        ACTIVITY.deleted(queue, deleted)
+        _count_deleted(queue, outcomes)
         return outcomes
+
+    async def delete_and_receive(
+        self,
+        queue: str,
+        receipts: Sequence[str],
+        max_messages: int,
+        visibility_timeout: timedelta | None,
+        scan_from: datetime | None = None,
+        max_bytes: int | None = None,
+    ) -> tuple[list[str], list[Record]]:
+        """delete_batch's outcomes and receive's rows, committed together."""
+        rows = await self._call(
+            "fetch",
+            "delete_and_receive",
+            queue,
+            receipts,
+            max_messages,
+            visibility_timeout,
+            scan_from,
+            max_bytes,
+        )
+        outcomes = list(rows[0]["outcomes"])
+        received = [row for row in rows if row["message_id"] is not None]
+        _count_deleted(queue, outcomes)
+        _count_received(queue, received)
+        return outcomes, received
 
     async def change_visibility_batch(
         self, queue: str, receipts: Sequence[str], timeouts: Sequence[timedelta]

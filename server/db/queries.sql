@@ -101,6 +101,14 @@ SELECT postbox.delete($1, $2)
 -- name: delete_batch
 SELECT outcome FROM postbox.delete_batch($1, $2) ORDER BY i
 
+-- name: delete_and_receive
+-- A stream's settled batch deleted and its next batch claimed in one statement:
+-- one round trip and one commit where two calls took two of each. The left join
+-- runs the deletes first; the claim's row columns are null when it found nothing.
+SELECT d.outcomes, r.*
+FROM (SELECT array_agg(outcome ORDER BY i) AS outcomes FROM postbox.delete_batch($1, $2)) d
+LEFT JOIN LATERAL postbox.receive($1, $3, $4, $5, $6) r ON true
+
 -- name: change_visibility
 SELECT postbox.change_visibility($1, $2, $3)
 

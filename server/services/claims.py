@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from datetime import datetime, timedelta
+from typing import TypeVar
 
 import grpc
 
@@ -15,6 +17,8 @@ from server.services.scan_floors import ScanFloors
 from server.services.wakeup import WakeHub
 
 log = logging.getLogger(__name__)
+
+_Claimed = TypeVar("_Claimed", list[Record], tuple[list[str], list[Record]])
 
 # While the database is away a continuous stream looks again as soon as the wake-up
 # listener has reconnected, or after this many seconds at the latest.
@@ -45,20 +49,41 @@ class Claims:
         """Claims up to `count` messages that fit one response (or one message larger than
         that); more_left() tells whether others were left for the next claim. If the client
         goes away meanwhile, gives them back before leaving."""
-        claim = asyncio.ensure_future(
+        return await self._delivered_or_released(
+            queue,
             self.engine.receive(
                 queue, count, visibility_timeout, self.floors.get(queue), self.max_bytes
-            )
+            ),
         )
+
+    async def delete_and_claim(
+        self,
+        queue: str,
+        receipts: list[str],
+        count: int,
+        visibility_timeout: timedelta | None,
+    ) -> tuple[list[str], list[Record]]:
+        """Deletes settled messages (an outcome per receipt) and claims as claim() does,
+        in one transaction."""
+        return await self._delivered_or_released(
+            queue,
+            self.engine.delete_and_receive(
+                queue, receipts, count, visibility_timeout, self.floors.get(queue), self.max_bytes
+            ),
+        )
+
+    async def _delivered_or_released(self, queue: str, call: Awaitable[_Claimed]) -> _Claimed:
+        """The call's result; if the caller is cancelled meanwhile, what it claimed is
+        released once the call has finished."""
+        running = asyncio.ensure_future(call)
         try:
-            return await asyncio.shield(claim)
+            return await asyncio.shield(running)
         except asyncio.CancelledError:
-            try:
-                rows = await claim
-            except Exception:
-                rows = []
-            if rows:
-                await self.release(queue, rows)
+            with contextlib.suppress(Exception):  # a failed call claimed nothing
+                result = await running
+                rows = result[1] if isinstance(result, tuple) else result
+                if rows:
+                    await self.release(queue, rows)
             raise
 
     async def next_visible_at(self, queue: str) -> datetime | None:

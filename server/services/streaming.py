@@ -12,6 +12,10 @@ the settle task reads requests, settles them in the database and queues their
 results, which the generator sends in request order. Settle results and freed
 room stir the generator; queue wake-ups reach it only while it has room, so a
 full stream never takes a wake-up that another stream could use.
+
+A request that only deletes is offered to the generator first (a Handoff): the
+room its deletes free is what the next claim fills, so the generator deletes
+and claims in one engine call, which costs about what either call costs alone.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from typing import Any
 import grpc
 from postbox.v1 import message_service_pb2 as pb
 
-from server.db.engine import Engine
+from server.db.engine import Engine, Record
 from server.errors import ApiError, invalid
 from server.observability import tracing
 from server.services import convert
@@ -40,6 +44,12 @@ MAX_SETTLES = 1000
 MAX_VISIBILITY = timedelta(hours=12)
 
 _FIRST_ONLY = ("queue", "max_messages", "visibility_timeout", "max_outstanding_messages")
+
+# How long the settle task waits for the generator to take its deletes before it
+# deletes them itself: the generator takes them at once unless it is claiming
+# (milliseconds) or sending to a client that has stopped reading (then the deletes
+# must not wait on the client).
+HANDOFF_WAIT = 0.1
 
 
 @dataclass(frozen=True)
@@ -115,6 +125,21 @@ class Outstanding:
         self._deadlines.clear()
 
 
+class Handoff:
+    """Deletes of one request, offered by the settle task to the generator's next claim."""
+
+    def __init__(self, deletes: list[str]) -> None:
+        self.deletes = deletes
+        self.taken = asyncio.Event()
+        # True once the generator has deleted them and queued their results; False
+        # when it gives them back for the settle task to delete alone.
+        self.done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+
+    def give_back(self) -> None:
+        if not self.done.done():
+            self.done.set_result(False)
+
+
 class StreamingReceive:
     """One StreamingReceive call."""
 
@@ -125,6 +150,7 @@ class StreamingReceive:
         self.registry = registry
         self.outstanding = Outstanding(registry)
         self.results: asyncio.Queue[pb.StreamingReceiveResponse] = asyncio.Queue()
+        self._offer: Handoff | None = None
 
     async def run(
         self, requests: AsyncIterator[pb.StreamingReceiveRequest]
@@ -160,12 +186,17 @@ class StreamingReceive:
             if settling.done():
                 settling.result()  # the settle task's error ends the stream
                 return  # the client half-closed, and the results of its settles are out
+            handoff = self._take_offer()
             self.outstanding.freed.clear()
             want = min(opening.max_messages, opening.max_outstanding - self.outstanding.count())
             if want <= 0:
+                if handoff is not None:
+                    handoff.give_back()
                 await self._until_stirred(settling, self.outstanding.until_next_expiry())
                 continue
             if exhausted_at is not None and exhausted_at == self.hub.generation(queue):
+                if handoff is not None:
+                    handoff.give_back()
                 # Stirred by settles or freed room only: that claim was not short of
                 # room, so claiming again would find nothing (every send, timer and
                 # NOTIFY that could change that wakes the queue).
@@ -176,7 +207,7 @@ class StreamingReceive:
             exhausted_at = None
             generation = self.hub.generation(queue)
             try:
-                rows = await self.claims.claim(queue, want, opening.visibility_timeout)
+                rows = await self._claim(queue, want, opening.visibility_timeout, handoff)
                 next_visible = None if rows else await self.claims.next_visible_at(queue)
             except ApiError as error:
                 if error.paused and not first_claim:
@@ -193,6 +224,8 @@ class StreamingReceive:
                 self.outstanding.delivered(receipts, lease)
                 batch = [convert.message(row) for row in rows]
                 tracing.delivered(queue, batch)
+                while not self.results.empty():  # those of the deletes claimed with
+                    yield self.results.get_nowait()
                 try:
                     yield pb.StreamingReceiveResponse(batch=pb.MessageBatch(messages=batch))
                 except BaseException:
@@ -217,6 +250,34 @@ class StreamingReceive:
             await self._until_stirred(
                 settling, self.outstanding.until_next_expiry(), (queue, generation)
             )
+
+    def _take_offer(self) -> Handoff | None:
+        """The settle task's pending deletes, now the generator's; they stop counting
+        as outstanding, as they will once deleted."""
+        handoff, self._offer = self._offer, None
+        if handoff is not None:
+            handoff.taken.set()
+            self.registry.settled(handoff.deletes)
+        return handoff
+
+    async def _claim(
+        self, queue: str, want: int, timeout: timedelta | None, handoff: Handoff | None
+    ) -> list[Record]:
+        """Claims, deleting the handed-off receipts in the same call."""
+        if handoff is None:
+            return await self.claims.claim(queue, want, timeout)
+        try:
+            outcomes, rows = await self.claims.delete_and_claim(
+                queue, handoff.deletes, want, timeout
+            )
+        except ApiError:
+            # Undone with the claim: the settle task deletes them on its own, and
+            # the claim's error takes the course a plain claim's would.
+            handoff.give_back()
+            raise
+        self._queue_results(pb.SettleResults(deletes=convert.batch_results(outcomes)))
+        handoff.done.set_result(True)
+        return rows
 
     async def _until_stirred(
         self,
@@ -264,6 +325,8 @@ class StreamingReceive:
         ):
             if len(entries) > MAX_SETTLES:
                 raise invalid(f"{name} has {len(entries)} entries; at most {MAX_SETTLES} a request")
+        if deletes and not (nacks or changes) and await self._handed_off(deletes):
+            return
         timeouts = []
         for index, change in enumerate(changes):
             timeout = convert.optional_timedelta(change, "visibility_timeout")
@@ -288,6 +351,21 @@ class StreamingReceive:
         self.registry.settled(deletes + nacks)
         if nacks or any(not timeout for timeout in timeouts):
             self.hub.wake(queue)
+        self._queue_results(results)
+
+    async def _handed_off(self, deletes: list[str]) -> bool:
+        """Offers the deletes to the generator's next claim; True once it has deleted
+        them, False if it did not take them in time or gave them back."""
+        handoff = self._offer = Handoff(deletes)
+        self.outstanding.freed.set()  # stirs a waiting generator
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(handoff.taken.wait(), HANDOFF_WAIT)
+        if not handoff.taken.is_set():
+            self._offer = None
+            return False
+        return await handoff.done
+
+    def _queue_results(self, results: pb.SettleResults) -> None:
         self.results.put_nowait(pb.StreamingReceiveResponse(settle_results=results))
         self.outstanding.freed.set()
 

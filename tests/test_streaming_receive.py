@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import Counter
 
+import asyncpg
 import grpc
 import pytest
 from postbox.v1 import message_pb2, message_service_pb2_grpc, queue_service_pb2_grpc
 from postbox.v1 import message_service_pb2 as pb
 from postbox.v1 import queue_service_pb2 as qpb
-from support import seconds
+from support import seconds, until
 
 OK = grpc.StatusCode.OK.value[0]
 
@@ -394,4 +396,97 @@ async def test_deletes_are_kept_when_the_claim_with_them_fails(stub, aio_channel
     peek = await stub.PeekMessages(pb.PeekMessagesRequest(queue=queue))
     assert {m.message_id for m in peek.messages}.isdisjoint(m.message_id for m in first)
     assert len(peek.messages) == 10
+    call.cancel()
+
+
+@contextlib.asynccontextmanager
+async def first_delete_waiting(call: Stream, db, database_url: str, message):
+    """Deletes `message` on the stream while its row lock is held on purpose: inside the
+    block that delete waits in the database; the lock goes at the block's end."""
+    holder = await asyncpg.connect(database_url)
+    try:
+        async with holder.transaction():
+            await holder.execute(
+                "SELECT FROM postbox.messages WHERE id = $1 FOR UPDATE", int(message.message_id)
+            )
+            await call.write(delete_receipts=[message.receipt])
+            await until(
+                db,
+                "SELECT count(*) > 0 FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND query LIKE '%delete_batch%' AND datname = current_database()",
+            )
+            yield
+    finally:
+        await holder.close()
+
+
+async def delete_results(call: Stream, count: int) -> list[int]:
+    """The codes of the next `count` settle results, each of a one-receipt request."""
+    codes = []
+    while len(codes) < count:
+        response = await call.read()
+        if response.HasField("settle_results"):
+            assert len(response.settle_results.deletes) == 1  # one result per request
+            codes.append(response.settle_results.deletes[0].code)
+    return codes
+
+
+async def test_deletes_that_arrive_during_a_settle_go_together_next(
+    stub, queue, db, database_url, settle_transactions
+):
+    """One-message deletes (as a consumer with several handlers sends them) that arrive
+    while a delete waits in the database go to it in one call, each with its own result."""
+    call, first = await full_stream(stub, queue)
+    async with first_delete_waiting(call, db, database_url, first[0]):
+        for message in first[1:]:
+            await call.write(delete_receipts=[message.receipt])
+        # Released once the client has written all nine: the server reads a stream's
+        # requests as they come, while its settle task waits (nothing it shows says
+        # that it has read them).
+    assert await delete_results(call, 10) == [OK] * 10
+    later = [await settle_transactions("delete", [m.message_id]) for m in first[1:]]
+    # All nine in one call in every run so far; two if the last one was still on
+    # its way when the lock went. One call each without the gathering.
+    assert len(set().union(*later)) <= 2
+    first_in = await settle_transactions("delete", [first[0].message_id])
+    assert first_in.isdisjoint(set().union(*later))
+    call.cancel()
+
+
+async def test_a_bad_request_ends_the_stream_after_the_settles_before_it(stub, queue):
+    call, first = await full_stream(stub, queue)
+    for message in first:
+        await call.write(delete_receipts=[message.receipt])
+    await call.write(queue=queue)  # only the first request may name the queue
+    statuses = []
+    try:
+        while (response := await call.read()) is not grpc.aio.EOF:
+            statuses.extend(r.code for r in response.settle_results.deletes)
+    except grpc.aio.AioRpcError as error:
+        code = error.code()
+    else:
+        code = await call.code()
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    assert statuses == [OK] * 10
+    peek = await stub.PeekMessages(pb.PeekMessagesRequest(queue=queue))
+    assert {m.message_id for m in peek.messages}.isdisjoint(m.message_id for m in first)
+
+
+async def test_more_requests_than_are_read_ahead_are_all_settled_in_order(
+    stub, queue, db, database_url
+):
+    """While a delete waits in the database the server reads up to MAX_WAITING_REQUESTS
+    (100) requests ahead and then stops reading; those behind them are read as the
+    first ones are settled, and each gets its result in request order."""
+    call, first = await full_stream(stub, queue)
+    # 150 requests, each for a receipt no message has (as one a client kept too
+    # long), then the stream's other nine.
+    stale = [f"{first[0].message_id}:{i:08d}-0000-0000-0000-000000000000" for i in range(141)]
+    async with first_delete_waiting(call, db, database_url, first[0]):
+        for receipt in stale + [m.receipt for m in first[1:]]:
+            await call.write(delete_receipts=[receipt])
+    codes = await delete_results(call, 151)
+    assert codes[0] == OK
+    assert OK not in codes[1:142]
+    assert codes[142:] == [OK] * 9
     call.cancel()

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import deque
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -41,6 +42,9 @@ from server.services.wakeup import WakeHub
 DEFAULT_MAX_MESSAGES = 10
 MAX_OUTSTANDING = 10_000
 MAX_SETTLES = 1000
+# Requests read ahead of their settling, at most: beyond, gRPC's flow control
+# holds the client back. Enough to gather a consumer's one-message deletes.
+MAX_WAITING_REQUESTS = 100
 MAX_VISIBILITY = timedelta(hours=12)
 
 _FIRST_ONLY = ("queue", "max_messages", "visibility_timeout", "max_outstanding_messages")
@@ -115,6 +119,10 @@ class Outstanding:
         self._registry.forget(expired)
         return len(self._deadlines)
 
+    def among(self, receipts: Iterable[str]) -> int:
+        """How many of these receipts count."""
+        return sum(1 for receipt in receipts if receipt in self._deadlines)
+
     def until_next_expiry(self) -> float | None:
         if not self._deadlines:
             return None
@@ -126,10 +134,12 @@ class Outstanding:
 
 
 class Handoff:
-    """Deletes of one request, offered by the settle task to the generator's next claim."""
+    """Deletes of one or more requests (`sizes` receipts each), offered by the settle
+    task to the generator's next claim."""
 
-    def __init__(self, deletes: list[str]) -> None:
+    def __init__(self, deletes: list[str], sizes: list[int]) -> None:
         self.deletes = deletes
+        self.sizes = sizes
         self.taken = asyncio.Event()
         # True once the generator has deleted them and queued their results; False
         # when it gives them back for the settle task to delete alone.
@@ -275,7 +285,7 @@ class StreamingReceive:
             # the claim's error takes the course a plain claim's would.
             handoff.give_back()
             raise
-        self._queue_results(pb.SettleResults(deletes=convert.batch_results(outcomes)))
+        self._queue_delete_results(handoff.sizes, convert.batch_results(outcomes))
         handoff.done.set_result(True)
         return rows
 
@@ -306,11 +316,39 @@ class StreamingReceive:
         first: pb.StreamingReceiveRequest,
         requests: AsyncIterator[pb.StreamingReceiveRequest],
     ) -> None:
-        await self._settle(opening.queue, first)
-        async for request in requests:
-            if set_fields := [f for f in _FIRST_ONLY if _is_set(request, f)]:
-                raise invalid(f"{', '.join(set_fields)} may be set in the first request only")
-            await self._settle(opening.queue, request)
+        """Settles the requests in order. Those that only delete and arrive while a
+        settle is in the database go to it together next: a client that deletes each
+        message on its own (as a consumer with several handlers does) gets one call
+        per batch of them, not per message."""
+        arrived = Arrivals()
+        reading = asyncio.ensure_future(arrived.read(first, requests))
+        try:
+            while (request := await arrived.next()) is not None:
+                if not _deletes_only(request):
+                    await self._settle(opening.queue, request)
+                    continue
+                group = [request]
+                total = len(request.delete_receipts)
+                while (following := arrived.peek()) is not None and _deletes_only(following):
+                    if total + len(following.delete_receipts) > MAX_SETTLES:
+                        break
+                    group.append(arrived.take())
+                    total += len(following.delete_receipts)
+                await self._delete(opening, group)
+        finally:
+            reading.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reading
+
+    async def _delete(self, opening: Opening, requests: list[pb.StreamingReceiveRequest]) -> None:
+        """The deletes of requests that only delete, in one call; a result per request."""
+        sizes = [len(request.delete_receipts) for request in requests]
+        deletes = [receipt for request in requests for receipt in request.delete_receipts]
+        if self._frees_a_batch(opening, deletes) and await self._handed_off(deletes, sizes):
+            return
+        outcomes = await self._outcomes(self.engine.delete_batch, opening.queue, deletes)
+        self.registry.settled(deletes)
+        self._queue_delete_results(sizes, outcomes)
 
     async def _settle(self, queue: str, request: pb.StreamingReceiveRequest) -> None:
         deletes = list(request.delete_receipts)
@@ -325,8 +363,6 @@ class StreamingReceive:
         ):
             if len(entries) > MAX_SETTLES:
                 raise invalid(f"{name} has {len(entries)} entries; at most {MAX_SETTLES} a request")
-        if deletes and not (nacks or changes) and await self._handed_off(deletes):
-            return
         timeouts = []
         for index, change in enumerate(changes):
             timeout = convert.optional_timedelta(change, "visibility_timeout")
@@ -353,10 +389,17 @@ class StreamingReceive:
             self.hub.wake(queue)
         self._queue_results(results)
 
-    async def _handed_off(self, deletes: list[str]) -> bool:
+    def _frees_a_batch(self, opening: Opening, deletes: list[str]) -> bool:
+        """Whether the stream has room for a whole batch once these are deleted. Only
+        then do deletes wait for a claim: a consumer that deletes one message at a
+        time would otherwise have every delete wait for a claim of one."""
+        held = self.outstanding.count() - self.outstanding.among(deletes)
+        return opening.max_outstanding - held >= opening.max_messages
+
+    async def _handed_off(self, deletes: list[str], sizes: list[int]) -> bool:
         """Offers the deletes to the generator's next claim; True once it has deleted
         them, False if it did not take them in time or gave them back."""
-        handoff = self._offer = Handoff(deletes)
+        handoff = self._offer = Handoff(deletes, sizes)
         self.outstanding.freed.set()  # stirs a waiting generator
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(handoff.taken.wait(), HANDOFF_WAIT)
@@ -367,6 +410,16 @@ class StreamingReceive:
 
     def _queue_results(self, results: pb.SettleResults) -> None:
         self.results.put_nowait(pb.StreamingReceiveResponse(settle_results=results))
+        self.outstanding.freed.set()
+
+    def _queue_delete_results(self, sizes: list[int], statuses: list[Any]) -> None:
+        start = 0
+        for size in sizes:
+            deletes = statuses[start : start + size]
+            self.results.put_nowait(
+                pb.StreamingReceiveResponse(settle_results=pb.SettleResults(deletes=deletes))
+            )
+            start += size
         self.outstanding.freed.set()
 
     @staticmethod
@@ -381,6 +434,74 @@ class StreamingReceive:
             if error.code != grpc.StatusCode.UNAVAILABLE or error.paused:
                 raise
             return convert.batch_results(["unavailable"] * len(receipts))
+
+
+class Arrivals:
+    """A stream's requests as they arrive, read ahead of their settling (up to
+    MAX_WAITING_REQUESTS), so that the settle task can see which have arrived. An
+    error reading them (a request that breaks a rule, or one that cannot be decoded)
+    takes its place in the order: the requests before it are settled first."""
+
+    def __init__(self) -> None:
+        self._waiting: deque[pb.StreamingReceiveRequest | Exception] = deque()
+        self._arrived = asyncio.Event()
+        self._room = asyncio.Semaphore(MAX_WAITING_REQUESTS)
+        self._ended = False
+
+    async def read(
+        self, first: pb.StreamingReceiveRequest, requests: AsyncIterator[pb.StreamingReceiveRequest]
+    ) -> None:
+        try:
+            await self._room.acquire()
+            self._add(first)
+            async for request in requests:
+                if set_fields := [f for f in _FIRST_ONLY if _is_set(request, f)]:
+                    self._add(
+                        invalid(f"{', '.join(set_fields)} may be set in the first request only")
+                    )
+                    return
+                await self._room.acquire()
+                self._add(request)
+        except Exception as error:
+            self._add(error)
+        finally:
+            self._ended = True
+            self._arrived.set()
+
+    def _add(self, item: pb.StreamingReceiveRequest | Exception) -> None:
+        self._waiting.append(item)
+        self._arrived.set()
+
+    async def next(self) -> pb.StreamingReceiveRequest | None:
+        """The next request to settle; None once the client has half-closed and every
+        request is out. Raises the error that ended the reading, in its turn."""
+        while not self._waiting:
+            if self._ended:
+                return None
+            self._arrived.clear()
+            await self._arrived.wait()
+        return self.take()
+
+    def peek(self) -> pb.StreamingReceiveRequest | None:
+        """The request after the one being settled, if it has arrived."""
+        if self._waiting and isinstance(self._waiting[0], pb.StreamingReceiveRequest):
+            return self._waiting[0]
+        return None
+
+    def take(self) -> pb.StreamingReceiveRequest:
+        item = self._waiting.popleft()
+        if isinstance(item, Exception):
+            raise item
+        self._room.release()
+        return item
+
+
+def _deletes_only(request: pb.StreamingReceiveRequest) -> bool:
+    """A request that only deletes, within the limit (_settle says what is wrong with
+    one beyond it)."""
+    return 0 < len(request.delete_receipts) <= MAX_SETTLES and not (
+        request.nack_receipts or request.visibility_changes
+    )
 
 
 def _is_set(request: pb.StreamingReceiveRequest, field: str) -> bool:

@@ -238,6 +238,38 @@ async def test_a_stop_finishes_started_work_and_gives_the_rest_back(server):
         assert {m.receive_count for m in rest} == {2}  # delivered once before, to the stopper
 
 
+async def test_acks_of_handlers_finishing_together_go_in_one_request(server):
+    """Eight handlers return at once (a barrier holds them until all eight have a
+    message): their acks go to the server in one request, not eight."""
+    name = unique_name("sdk_acks")
+    async with AsyncClient(server.target) as client:
+        await client.create_queue(name)
+        await client.send_batch(name, [client_entry(f"m{i}") for i in range(40)])
+        consumer = client.consumer(name)
+        together = asyncio.Barrier(8)
+        handled = 0
+
+        async def handler(message) -> None:
+            nonlocal handled
+            await together.wait()
+            handled += 1
+
+        running = asyncio.create_task(consumer.run(handler, concurrency=8))
+
+        async def all_handled() -> bool:
+            return handled == 40
+
+        await wait_until(all_handled, "the consumer never handled all 40")
+        consumer.stop()
+        await asyncio.wait_for(running, 30)
+        # Five rounds of eight acks, each round's within _SETTLE_LATENCY: a round goes
+        # in one request, or in two where a request fills up (max_messages, 10) or
+        # rounds run together. Forty requests without batching.
+        assert consumer.settle_requests <= 10
+        stats = (await client.get_queue(name)).stats
+        assert (stats.visible_messages, stats.in_flight_messages) == (0, 0)
+
+
 def client_entry(body: str):
     from postbox.v1 import message_service_pb2
 

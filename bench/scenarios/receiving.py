@@ -1,11 +1,16 @@
-"""Receive+Delete with queue features: FIFO groups, priorities, the StreamingReceive stream."""
+"""Receive+Delete with queue features: FIFO groups, priorities, the StreamingReceive stream,
+the Python SDK's consumer."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
+from datetime import timedelta
 
+import asyncpg
 from postbox.v1 import message_service_pb2 as pb
 from postbox.v1 import message_service_pb2_grpc
+from postbox_client import AsyncClient
 
 from bench import raw
 from bench.load import Load
@@ -170,31 +175,101 @@ async def streaming_receives(
     return await consumed(ctx, served, total, consume)
 
 
-@scenario(
-    "streaming_receive",
-    f"StreamingReceive with deletes on the stream, batch {BATCH}, {CONSUMERS} consumers, vs "
-    "Receive + DeleteBatch and vs raw SKIP LOCKED claim+delete",
-)
-async def streaming_receive(ctx: Context) -> list[Row]:
+async def sdk_consumers(ctx: Context, served: Served, queue: str, batch: int, total: int) -> Load:
+    """CONSUMERS consumers of the Python SDK (postbox_client.Consumer), each running its
+    default 8 handlers, which ack each message on its own. They run for --seconds and
+    are then stopped gracefully (their settles answered); a message counts when its
+    delete has committed: the queue's rows gone, counted in the database."""
+    async with AsyncClient(served.target) as client:
+        consumers = [
+            client.consumer(queue, max_messages=batch, lease=timedelta(seconds=120))
+            for _ in range(CONSUMERS)
+        ]
+
+        async def handler(message: object) -> None:
+            pass
+
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        runs = [asyncio.ensure_future(c.run(handler)) for c in consumers]
+        await asyncio.sleep(ctx.seconds)  # a run of fixed length, as Counts' window is
+        for consumer in consumers:
+            consumer.stop()
+        await asyncio.gather(*runs)
+        elapsed = loop.time() - started
+    conn = await asyncpg.connect(ctx.db.url)
+    try:
+        left = await conn.fetchval(
+            "SELECT count(*) FROM postbox.messages m JOIN postbox.queues q ON q.id = m.queue_id "
+            "WHERE q.name = $1",
+            queue,
+        )
+    finally:
+        await conn.close()
+    return Load(total - left, elapsed)
+
+
+async def _plain_rows(
+    ctx: Context,
+    label: str,
+    ours: tuple[str, Measure],
+    theirs: tuple[str, Measure],
+    theirs_is: str,
+) -> list[Row]:
+    """Plain messages consumed by `ours` against `theirs` (each a queue hint and a
+    measure) on the same server, and against both raw claims."""
     served = ctx.postbox()
     body = ctx.body()
 
     def entry(i: int) -> pb.SendBatchEntry:
         return pb.SendBatchEntry(body=body)
 
-    ours, cpu = await _receive_rate(ctx, served, "streaming", entry, measure=streaming_receives)
-    unary, unary_cpu = await _receive_rate(ctx, served, "unary", entry)
-    label = f"StreamingReceive({BATCH}) x{CONSUMERS}"
-    one_statement, leased = await raw_receive_rows(ctx, label, ours, body, BATCH, _total(ctx))
+    (our_hint, our_measure), (their_hint, their_measure) = ours, theirs
+    our_load, cpu = await _receive_rate(ctx, served, our_hint, entry, measure=our_measure)
+    their_load, their_cpu = await _receive_rate(
+        ctx, served, their_hint, entry, measure=their_measure
+    )
+    one_statement, leased = await raw_receive_rows(ctx, label, our_load, body, BATCH, _total(ctx))
     return [
         Row(
             label,
             "msgs/s",
-            ours.rate,
-            unary.rate,
-            "Receive + DeleteBatch",
-            note=f"server CPU {cpu:.0%} (Receive + DeleteBatch: {unary_cpu:.0%})",
+            our_load.rate,
+            their_load.rate,
+            theirs_is,
+            note=f"server CPU {cpu:.0%} ({their_hint}: {their_cpu:.0%})",
         ),
         one_statement,
         leased,
     ]
+
+
+@scenario(
+    "sdk_consumer",
+    f"Python SDK consumers (postbox_client.Consumer, 8 handlers each, one ack per message), "
+    f"{CONSUMERS} of them, vs StreamingReceive deleting each batch and vs raw SKIP LOCKED "
+    "claim+delete",
+)
+async def sdk_consumer(ctx: Context) -> list[Row]:
+    return await _plain_rows(
+        ctx,
+        f"SDK Consumer x{CONSUMERS}",
+        ("sdk", sdk_consumers),
+        ("streaming", streaming_receives),
+        f"StreamingReceive({BATCH}), a delete per batch",
+    )
+
+
+@scenario(
+    "streaming_receive",
+    f"StreamingReceive with deletes on the stream, batch {BATCH}, {CONSUMERS} consumers, vs "
+    "Receive + DeleteBatch and vs raw SKIP LOCKED claim+delete",
+)
+async def streaming_receive(ctx: Context) -> list[Row]:
+    return await _plain_rows(
+        ctx,
+        f"StreamingReceive({BATCH}) x{CONSUMERS}",
+        ("streaming", streaming_receives),
+        ("unary", receive_deletes),
+        "Receive + DeleteBatch",
+    )

@@ -1,7 +1,8 @@
 """A consumer over StreamingReceive: lease management, flow control and a graceful stop.
 
 One bidirectional stream carries the messages and their settles (acks, nacks, lease
-extensions), as Pub/Sub's streaming pull does. While a message is held — handed out and
+extensions), as Pub/Sub's streaming pull does; acks and nacks made within _SETTLE_LATENCY
+of each other share a request. While a message is held — handed out and
 not settled — the consumer extends its lease before it runs out, up to `max_lease`, so
 a slow handler never sees its message delivered to someone else. Flow control: the
 server claims more only while fewer than `max_outstanding_messages` are unsettled, and
@@ -36,6 +37,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _GIVE_BACK_BATCH = 1000  # receipts per ChangeVisibilityBatch
+# How long an ack or nack may wait for others to go in the same request (as
+# google-cloud-pubsub's dispatcher batches acks): one request per message cost
+# the server a database call per message.
+_SETTLE_LATENCY = 0.01  # seconds
 
 
 class ReceivedMessage:
@@ -112,6 +117,11 @@ class Consumer:
         self.lease = lease
         self.max_lease = max_lease
         self.extensions = 0  # lease extensions sent
+        self.settle_requests = 0  # requests that carried acks and nacks
+        self._deletes: list[str] = []  # acked, not yet sent
+        self._nacks: list[str] = []
+        self._settles_due: asyncio.TimerHandle | None = None
+        self._flushes: set[asyncio.Task[None]] = set()
         self._held: dict[str, _Held] = {}
         self._held_bytes = 0
         self._room = asyncio.Condition()
@@ -167,8 +177,10 @@ class Consumer:
             # Stop reading (so the server stops sending) while the held bodies are too many.
             await self._room.wait_for(lambda: self._held_bytes <= self.max_outstanding_bytes)
 
-    async def _write(self, request: message_service_pb2.StreamingReceiveRequest) -> None:
-        stream = self._stream
+    async def _write(
+        self, request: message_service_pb2.StreamingReceiveRequest, stream: _Stream | None = None
+    ) -> None:
+        stream = stream or self._stream
         if stream is None:
             return
         async with stream.write_lock:
@@ -181,14 +193,46 @@ class Consumer:
         if held is None:
             return  # settled already: settling twice changes nothing
         self._held_bytes -= len(message.body)
-        request = message_service_pb2.StreamingReceiveRequest()
         if delete:
-            request.delete_receipts.append(message.receipt)
+            self._deletes.append(message.receipt)
         elif nack:
-            request.nack_receipts.append(message.receipt)
-        await self._write(request)
+            self._nacks.append(message.receipt)
+        if len(self._deletes) + len(self._nacks) >= self.max_messages:
+            await self._send_settles(self._stream)
+        elif self._settles_due is None:
+            self._settles_due = asyncio.get_running_loop().call_later(
+                _SETTLE_LATENCY, self._send_settles_soon
+            )
         async with self._room:
             self._room.notify_all()
+
+    def _send_settles_soon(self) -> None:
+        self._settles_due = None
+        flush = asyncio.ensure_future(self._send_settles(self._stream))
+        self._flushes.add(flush)
+        flush.add_done_callback(self._flushes.discard)
+
+    async def _send_settles(self, stream: _Stream | None) -> None:
+        """Sends the acks and nacks waiting, in one request on `stream`."""
+        if self._settles_due is not None:
+            self._settles_due.cancel()
+            self._settles_due = None
+        if not (self._deletes or self._nacks):
+            return
+        request = message_service_pb2.StreamingReceiveRequest(
+            delete_receipts=self._deletes, nack_receipts=self._nacks
+        )
+        self._deletes, self._nacks = [], []
+        self.settle_requests += 1
+        try:
+            await self._write(request, stream)
+        except (grpc.RpcError, asyncio.InvalidStateError):
+            # The stream has ended (its reader reports why): the messages come back
+            # when their leases run out, as for any settle that never arrived.
+            log.debug(
+                "settles for %d messages not sent: the stream ended",
+                len(request.delete_receipts) + len(request.nack_receipts),
+            )
 
     async def _give_back(self, receipts: list[str]) -> None:
         """Makes messages visible again now, for another consumer. A unary call after the
@@ -291,6 +335,8 @@ class Consumer:
         stream.leases.cancel()
         async with self._room:
             self._room.notify_all()
+        await self._send_settles(stream)
+        await asyncio.gather(*self._flushes)
         with contextlib.suppress(grpc.RpcError, asyncio.InvalidStateError):
             async with stream.write_lock:
                 await stream.call.done_writing()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime, timedelta
 from typing import TypeVar
 
@@ -18,7 +18,7 @@ from server.services.wakeup import WakeHub
 
 log = logging.getLogger(__name__)
 
-_Claimed = TypeVar("_Claimed", list[Record], tuple[list[str], list[Record]])
+_Claimed = TypeVar("_Claimed")
 
 # While the database is away a continuous stream looks again as soon as the wake-up
 # listener has reconnected, or after this many seconds at the latest.
@@ -54,6 +54,7 @@ class Claims:
             self.engine.receive(
                 queue, count, visibility_timeout, self.floors.get(queue), self.max_bytes
             ),
+            lambda rows: rows,
         )
 
     async def delete_and_claim(
@@ -70,18 +71,23 @@ class Claims:
             self.engine.delete_and_receive(
                 queue, receipts, count, visibility_timeout, self.floors.get(queue), self.max_bytes
             ),
+            lambda result: result[1],
         )
 
-    async def _delivered_or_released(self, queue: str, call: Awaitable[_Claimed]) -> _Claimed:
-        """The call's result; if the caller is cancelled meanwhile, what it claimed is
-        released once the call has finished."""
+    async def _delivered_or_released(
+        self,
+        queue: str,
+        call: Awaitable[_Claimed],
+        claimed: Callable[[_Claimed], Sequence[Record]],
+    ) -> _Claimed:
+        """The call's result; if the caller is cancelled meanwhile, what it claimed (the
+        rows claimed() finds in its result) is released once the call has finished."""
         running = asyncio.ensure_future(call)
         try:
             return await asyncio.shield(running)
         except asyncio.CancelledError:
             with contextlib.suppress(Exception):  # a failed call claimed nothing
-                result = await running
-                rows = result[1] if isinstance(result, tuple) else result
+                rows = claimed(await running)
                 if rows:
                     await self.release(queue, rows)
             raise

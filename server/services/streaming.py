@@ -415,12 +415,8 @@ class StreamingReceive:
     def _queue_delete_results(self, sizes: list[int], statuses: list[Any]) -> None:
         start = 0
         for size in sizes:
-            deletes = statuses[start : start + size]
-            self.results.put_nowait(
-                pb.StreamingReceiveResponse(settle_results=pb.SettleResults(deletes=deletes))
-            )
+            self._queue_results(pb.SettleResults(deletes=statuses[start : start + size]))
             start += size
-        self.outstanding.freed.set()
 
     @staticmethod
     async def _outcomes(settle: Any, queue: str, receipts: list[str], *args: Any) -> list[Any]:

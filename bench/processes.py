@@ -18,6 +18,7 @@ from typing import Protocol, cast
 import grpc
 import psutil
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prometheus_client.parser import text_string_to_metric_families
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -41,6 +42,20 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+@dataclass(frozen=True)
+class GroupCommits:
+    """A postbox server's group commits so far: the groups, and the single Sends and
+    Publishes they carried (postbox_group_commit_batch_size)."""
+
+    groups: float
+    calls: float
+
+    def mean_since(self, before: GroupCommits) -> float:
+        """Calls per group between two samples; 0 when no group committed."""
+        groups = self.groups - before.groups
+        return (self.calls - before.calls) / groups if groups else 0.0
+
+
 @dataclass
 class CpuSample:
     cpu_seconds: float
@@ -62,13 +77,20 @@ class Served:
         self.http = http
         self.log_path = Path(tempfile.mkstemp(prefix=f"postbox-bench-{name}-", suffix=".log")[1])
         self.process: subprocess.Popen[bytes] | None = None
+        self.metrics_port: int | None = None
 
     @classmethod
     def postbox(cls, database_url: str, *extra: str, name: str = "postbox") -> Served:
-        return cls(
-            [sys.executable, "-m", "server", "serve", "--database-url", database_url, *extra],
+        metrics_port = free_port()
+        served = cls(
+            [
+                sys.executable, "-m", "server", "serve", "--database-url", database_url, *extra,
+                "--metrics-host", "127.0.0.1", "--metrics-port", str(metrics_port),
+            ],
             name=name,
-        )
+        )  # fmt: skip
+        served.metrics_port = metrics_port
+        return served
 
     @classmethod
     def empty(cls) -> Served:
@@ -145,6 +167,24 @@ class Served:
         assert self.process is not None
         parent = psutil.Process(self.process.pid)
         return [parent, *parent.children(recursive=True)]
+
+    def group_commits(self) -> GroupCommits:
+        """The group commits of a postbox server (all its workers) so far."""
+        if self.metrics_port is None:
+            raise RuntimeError(f"{self.name} serves no metrics")
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as response:
+            text = response.read().decode()
+        samples = {
+            sample.name: sample.value
+            for family in text_string_to_metric_families(text)
+            if family.name == "postbox_group_commit_batch_size"
+            for sample in family.samples
+        }
+        return GroupCommits(
+            samples.get("postbox_group_commit_batch_size_count", 0.0),
+            samples.get("postbox_group_commit_batch_size_sum", 0.0),
+        )
 
     def cpu(self) -> CpuSample:
         """CPU seconds used so far by the server and its worker processes."""

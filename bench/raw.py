@@ -13,6 +13,7 @@ import asyncpg
 
 from bench.database import RAW_TABLE, BenchDatabase
 from server.config import Settings
+from server.db.engine import NO_SEND_OPTIONS
 from server.db.sqlfiles import queries
 from server.services.claims import claim_budget
 
@@ -137,10 +138,9 @@ async def insert_many(pool: asyncpg.Pool, bodies: Sequence[bytes]) -> int:
 def engine_send_batch(queue: str) -> Callable[[asyncpg.Pool, Sequence[bytes]], Awaitable[int]]:
     """SendBatch's statement as the server runs it, straight on the engine's SQL API."""
     statement = SERVER_QUERIES["send_batch"]
-    no_options = (None,) * 7  # attributes, delays, groups, deduplication, keys, priorities, times
 
     async def insert(pool: asyncpg.Pool, bodies: Sequence[bytes]) -> int:
-        row = await pool.fetchrow(statement, queue, bodies, *no_options)
+        row = await pool.fetchrow(statement, queue, bodies, *NO_SEND_OPTIONS)
         assert row is not None  # send_batch returns one row: the ids and the duplicates
         ids, _ = row
         return len(ids)

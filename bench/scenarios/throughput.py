@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import statistics
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -90,10 +91,13 @@ class ServerTurns:
     ) -> None:
         self._ctx, self._served, self._measure = ctx, served, measure
         self._cpu_shares: list[float] = []
+        self._groups: list[float] = []
 
     async def postbox(self) -> Load:
+        before = self._served.group_commits()
         load, cpu = await self._measure(self._served)
         self._cpu_shares.append(cpu)
+        self._groups.append(self._served.group_commits().mean_since(before))
         return load
 
     async def empty(self) -> Load:
@@ -104,6 +108,12 @@ class ServerTurns:
     def cpu(self) -> float:
         """postbox's mean CPU share (of a core) over its turns."""
         return sum(self._cpu_shares) / len(self._cpu_shares)
+
+    @property
+    def group(self) -> float:
+        """The median over postbox's turns of the calls its group commits carried per
+        group (0 for calls that do not go through group commit)."""
+        return statistics.median(self._groups)
 
 
 async def send_batches(
@@ -229,7 +239,7 @@ def _send_one_scenario(clients: int) -> None:
         note = (
             f"p50 {ours.latency_ms(0.5):.1f} / p99 {ours.latency_ms(0.99):.1f} ms "
             f"(empty: {empty.latency_ms(0.5):.1f} / {empty.latency_ms(0.99):.1f}); "
-            f"server CPU {turns.cpu:.0%}; {TURNS} turns each"
+            f"server CPU {turns.cpu:.0%}; Sends per commit {turns.group:.1f}; {TURNS} turns each"
         )
         ceiling = Row(
             f"Send(1) x{clients}", "calls/s", ours.rate, empty.rate, "empty gRPC handler", note=note

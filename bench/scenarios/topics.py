@@ -64,11 +64,13 @@ async def topic_fanout(ctx: Context) -> list[Row]:
         return call
 
     async def ours() -> Load:
+        before = served.group_commits()
         load, cpu = await measured(
             served,
             lambda: closed_loop(publish(channels), clients=PUBLISHERS, seconds=ctx.seconds),
         )
         cpus.append(cpu)
+        groups.append(served.group_commits().mean_since(before))
         return load
 
     async def theirs() -> Load:
@@ -84,6 +86,7 @@ async def topic_fanout(ctx: Context) -> list[Row]:
     # The machine's load drifts: the three take turns, each going first in some
     # rounds, and the figures are medians of the rounds' ratios.
     cpus: list[float] = []
+    groups: list[float] = []  # Publishes per commit, per round
     rounds: list[dict[str, Load]] = []
     measures = {"ours": ours, "raw": theirs, "transport": transport}
     order = list(measures)
@@ -121,7 +124,8 @@ async def topic_fanout(ctx: Context) -> list[Row]:
                 f"medians of {ROUNDS} rounds; ratio per round {median_range(ratios)}; "
                 f"last round p50 {last['ours'].latency_ms(0.5):.1f} / p99 "
                 f"{last['ours'].latency_ms(0.99):.1f} ms (raw {last['raw'].latency_ms(0.5):.1f} / "
-                f"{last['raw'].latency_ms(0.99):.1f}); server CPU {statistics.median(cpus):.0%}"
+                f"{last['raw'].latency_ms(0.99):.1f}); server CPU {statistics.median(cpus):.0%}; "
+                f"Publishes per commit {statistics.median(groups):.1f}"
             ),
         ),
         Row(

@@ -137,8 +137,12 @@ class Context:
         conn = await asyncpg.connect(self.db.url)
         try:
             await conn.execute(f"TRUNCATE postbox.messages, postbox.stream_log, {RAW_TABLE}")
-            await conn.execute("SELECT postbox.delete_topic(name) FROM postbox.topics")
-            await conn.execute("SELECT postbox.drop_queue(name) FROM postbox.queues")
+            # One transaction each: a drop takes locks until its commit, and console_overview's
+            # 1,000 queues dropped in one statement ran out of max_locks_per_transaction.
+            for topic in await conn.fetch("SELECT name FROM postbox.topics"):
+                await conn.execute("SELECT postbox.delete_topic($1)", topic["name"])
+            for queue in await conn.fetch("SELECT name FROM postbox.queues"):
+                await conn.execute("SELECT postbox.drop_queue($1)", queue["name"])
             await conn.execute(f"VACUUM ANALYZE postbox.messages, {RAW_TABLE}")
         finally:
             await conn.close()

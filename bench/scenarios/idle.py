@@ -40,6 +40,9 @@ async def _idle_cpu(served: Served, seconds: float) -> float:
 
 @scenario("idle_streams", f"server CPU and RSS with {STREAMS} waiting streams, vs none")
 async def run(ctx: Context) -> list[Row]:
+    # The database's statements are this server's alone: servers that earlier scenarios
+    # left running (a second worker, the HTTP port's) have rounds of their own.
+    ctx.stop_servers()
     served = ctx.postbox()
     # Longer than the safety poll (10 s by default), so its rounds are in the figure.
     seconds = max(12.0, ctx.seconds * 2)

@@ -8,7 +8,7 @@ at a time: writes that arrive meanwhile wait for its commit and then go in toget
 at an idle server goes at once. So groups grow with the load by themselves, with no
 timer to tune: under 16 closed-loop callers they held 3 Sends on average where two
 groups in flight held fewer than 2, and the server, whose CPU bounds these calls,
-answered 10-25% more of them (issue 17's bench).
+answered 20-30% more Sends and 15% more Publishes (issue 17's bench).
 
 The promises of a lone call still hold for each caller:
   * it is answered only after the shared transaction committed, with its own result;

@@ -1,0 +1,127 @@
+"""Where a measured turn's CPU went: the bench's clients, the server, PostgreSQL, the rest.
+
+On this machine the clients, the server and PostgreSQL share two cores, and under
+load the cores are all busy. A rate then is the cores divided by the CPU that one
+operation costs all processes together, so the split per operation says which
+part holds a rate down, and how much CPU a part may take for a target rate.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import psutil
+
+from bench.load import Load
+from bench.processes import Served
+
+
+@dataclass(frozen=True)
+class CpuTotals:
+    """CPU seconds used so far, by part."""
+
+    client: float  # this process: the bench's own clients
+    server: float  # the server measured (0 when none)
+    database: float  # every PostgreSQL process of the machine
+    machine: float  # every process of the machine
+    at: float
+
+
+def _database_seconds() -> float:
+    used = 0.0
+    for process in psutil.process_iter(["name"]):
+        if process.info["name"] not in ("postgres", "postmaster"):
+            continue
+        try:
+            times = process.cpu_times()
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue  # ended meanwhile: its last moments go uncounted
+        used += times.user + times.system
+    return used
+
+
+def cpu_totals(server: Served | None) -> CpuTotals:
+    own = os.times()
+    machine = psutil.cpu_times()
+    return CpuTotals(
+        client=own.user + own.system,
+        server=server.cpu().cpu_seconds if server is not None else 0.0,
+        database=_database_seconds(),
+        machine=machine.user + machine.system + machine.nice + machine.irq + machine.softirq,
+        at=time.monotonic(),
+    )
+
+
+@dataclass(frozen=True)
+class CpuPerOperation:
+    """Milliseconds of CPU per operation of a turn, by part; busy is the share of all
+    cores the machine used meanwhile."""
+
+    client: float
+    server: float
+    database: float
+    other: float  # the kernel's share not charged to a process, other processes
+    busy: float
+
+    @property
+    def total(self) -> float:
+        return self.client + self.server + self.database + self.other
+
+    def __str__(self) -> str:
+        return (
+            f"client {self.client:.2f} + server {self.server:.2f} + PostgreSQL "
+            f"{self.database:.2f} + other {self.other:.2f} = {self.total:.2f} ms "
+            f"(machine {self.busy:.0%} busy)"
+        )
+
+
+def per_operation(before: CpuTotals, after: CpuTotals, operations: int) -> CpuPerOperation:
+    per = 1000 / max(operations, 1)
+    client = (after.client - before.client) * per
+    server = (after.server - before.server) * per
+    database = (after.database - before.database) * per
+    machine = (after.machine - before.machine) * per
+    cores = psutil.cpu_count() or 1
+    return CpuPerOperation(
+        client=client,
+        server=server,
+        database=database,
+        other=max(machine - client - server - database, 0.0),
+        busy=(after.machine - before.machine) / max(after.at - before.at, 1e-9) / cores,
+    )
+
+
+async def metered(
+    server: Served | None, work: Callable[[], Awaitable[Load]]
+) -> tuple[Load, CpuPerOperation]:
+    """Runs the work; returns its Load and the CPU each part spent per operation."""
+    before = cpu_totals(server)
+    load = await work()
+    return load, per_operation(before, cpu_totals(server), load.operations)
+
+
+def median_split(splits: list[CpuPerOperation]) -> CpuPerOperation:
+    """Each part's median over turns (so the parts need not add up to the median total)."""
+    return CpuPerOperation(
+        client=statistics.median([s.client for s in splits]),
+        server=statistics.median([s.server for s in splits]),
+        database=statistics.median([s.database for s in splits]),
+        other=statistics.median([s.other for s in splits]),
+        busy=statistics.median([s.busy for s in splits]),
+    )
+
+
+def server_budget(
+    cores: int, target_rate: float, ours: CpuPerOperation, transport: CpuPerOperation
+) -> tuple[float, float]:
+    """What the server's own work beyond gRPC (ms of CPU per operation) may cost for
+    target_rate on a machine whose cores are all busy, with the other parts as ours
+    spent them and gRPC's server side as the empty server spent it; and what it costs
+    now. The first is negative when the other parts alone already exceed the budget."""
+    budget = cores * 1000 / target_rate
+    fixed = ours.client + ours.database + ours.other + transport.server
+    return budget - fixed, ours.server - transport.server

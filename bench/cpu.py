@@ -95,13 +95,34 @@ def per_operation(before: CpuTotals, after: CpuTotals, operations: int) -> CpuPe
     )
 
 
+class CpuWindow:
+    """The CPU each part spends over a load's measured interval (see load.Window)."""
+
+    def __init__(self, server: Served | None) -> None:
+        self._server = server
+        self._opened: CpuTotals | None = None
+        self._closed: CpuTotals | None = None
+
+    def open(self) -> None:
+        self._opened = cpu_totals(self._server)
+
+    def close(self) -> None:
+        self._closed = cpu_totals(self._server)
+
+    def per_operation(self, operations: int) -> CpuPerOperation:
+        if self._opened is None or self._closed is None:
+            raise RuntimeError("the load ended before its measured interval did")
+        return per_operation(self._opened, self._closed, operations)
+
+
 async def metered(
-    server: Served | None, work: Callable[[], Awaitable[Load]]
+    server: Served | None, work: Callable[[CpuWindow], Awaitable[Load]]
 ) -> tuple[Load, CpuPerOperation]:
-    """Runs the work; returns its Load and the CPU each part spent per operation."""
-    before = cpu_totals(server)
-    load = await work()
-    return load, per_operation(before, cpu_totals(server), load.operations)
+    """Runs the work, which opens and closes the window around its measured interval;
+    returns its Load and the CPU each part spent per operation meanwhile."""
+    window = CpuWindow(server)
+    load = await work(window)
+    return load, window.per_operation(load.operations)
 
 
 def median_split(splits: list[CpuPerOperation]) -> CpuPerOperation:

@@ -6,7 +6,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 
 def percentile(samples: list[float], fraction: float) -> float:
@@ -65,8 +65,20 @@ async def interleaved_rounds(
     return result
 
 
+class Window(Protocol):
+    """Told when a load's measured interval opens and closes (after its warm-up)."""
+
+    def open(self) -> None: ...
+    def close(self) -> None: ...
+
+
 async def closed_loop(
-    call: Callable[[], Awaitable[int]], *, clients: int, seconds: float, warmup: float = 0.5
+    call: Callable[[], Awaitable[int]],
+    *,
+    clients: int,
+    seconds: float,
+    warmup: float = 0.5,
+    window: Window | None = None,
 ) -> Load:
     """`clients` loops each awaiting `call` back to back; `call` returns how many operations it did.
 
@@ -76,6 +88,9 @@ async def closed_loop(
     loop = asyncio.get_running_loop()
     start = loop.time() + warmup
     end = start + seconds
+    if window is not None:
+        loop.call_at(start, window.open)
+        loop.call_at(end, window.close)
     counted = 0
     latencies: list[float] = []
 

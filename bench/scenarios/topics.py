@@ -100,7 +100,9 @@ async def _take_turns(ctx: Context, served: Served, topic: str, publishers: int)
         before = served.group_commits()
         load, split = await metered(
             served,
-            lambda: closed_loop(publish(channels), clients=publishers, seconds=ctx.seconds),
+            lambda window: closed_loop(
+                publish(channels), clients=publishers, seconds=ctx.seconds, window=window
+            ),
         )
         turns.splits["ours"].append(split)
         turns.groups.append(served.group_commits().mean_since(before))
@@ -109,10 +111,11 @@ async def _take_turns(ctx: Context, served: Served, topic: str, publishers: int)
     async def theirs() -> Load:
         load, split = await metered(
             None,
-            lambda: closed_loop(
+            lambda window: closed_loop(
                 lambda: raw.insert_fanout(pool, body, SUBSCRIBED_QUEUES),
                 clients=publishers,
                 seconds=ctx.seconds,
+                window=window,
             ),
         )
         turns.splits["raw"].append(split)
@@ -121,7 +124,9 @@ async def _take_turns(ctx: Context, served: Served, topic: str, publishers: int)
     async def transport() -> Load:
         load, split = await metered(
             ctx.empty(),
-            lambda: closed_loop(publish(bare), clients=publishers, seconds=ctx.seconds),
+            lambda window: closed_loop(
+                publish(bare), clients=publishers, seconds=ctx.seconds, window=window
+            ),
         )
         turns.splits["transport"].append(split)
         return load

@@ -18,6 +18,7 @@ import psutil
 
 from bench.load import Load
 from bench.processes import Served
+from bench.runner import Row
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,7 @@ class CpuTotals:
     server: float  # the server measured (0 when none)
     database: float  # every PostgreSQL process of the machine
     machine: float  # every process of the machine
+    stolen: float  # time the host ran something else while this machine's cores wanted to run
     at: float
 
 
@@ -52,6 +54,7 @@ def cpu_totals(server: Served | None) -> CpuTotals:
         server=server.cpu().cpu_seconds if server is not None else 0.0,
         database=_database_seconds(),
         machine=machine.user + machine.system + machine.nice + machine.irq + machine.softirq,
+        stolen=machine.steal,
         at=time.monotonic(),
     )
 
@@ -66,6 +69,7 @@ class CpuPerOperation:
     database: float
     other: float  # the kernel's share not charged to a process, other processes
     busy: float
+    stolen: float  # share of all cores the host took meanwhile (a shared machine's noise)
 
     @property
     def total(self) -> float:
@@ -75,7 +79,7 @@ class CpuPerOperation:
         return (
             f"client {self.client:.2f} + server {self.server:.2f} + PostgreSQL "
             f"{self.database:.2f} + other {self.other:.2f} = {self.total:.2f} ms "
-            f"(machine {self.busy:.0%} busy)"
+            f"(machine {self.busy:.0%} busy, {self.stolen:.0%} stolen by its host)"
         )
 
 
@@ -86,12 +90,14 @@ def per_operation(before: CpuTotals, after: CpuTotals, operations: int) -> CpuPe
     database = (after.database - before.database) * per
     machine = (after.machine - before.machine) * per
     cores = psutil.cpu_count() or 1
+    seconds = max(after.at - before.at, 1e-9)
     return CpuPerOperation(
         client=client,
         server=server,
         database=database,
         other=max(machine - client - server - database, 0.0),
-        busy=(after.machine - before.machine) / max(after.at - before.at, 1e-9) / cores,
+        busy=(after.machine - before.machine) / seconds / cores,
+        stolen=(after.stolen - before.stolen) / seconds / cores,
     )
 
 
@@ -133,6 +139,7 @@ def median_split(splits: list[CpuPerOperation]) -> CpuPerOperation:
         database=statistics.median([s.database for s in splits]),
         other=statistics.median([s.other for s in splits]),
         busy=statistics.median([s.busy for s in splits]),
+        stolen=statistics.median([s.stolen for s in splits]),
     )
 
 
@@ -146,3 +153,30 @@ def server_budget(
     budget = cores * 1000 / target_rate
     fixed = ours.client + ours.database + ours.other + transport.server
     return budget - fixed, ours.server - transport.server
+
+
+def cpu_row(
+    label: str,
+    operation: str,
+    parts: tuple[CpuPerOperation, CpuPerOperation, CpuPerOperation],
+    target: float,
+    raw_rate: float,
+    measured: str,
+) -> Row:
+    """CPU per operation of ours, raw and the transport alone, and what `target` (of
+    raw's rate) leaves the server's own work were the cores all busy."""
+    ours, theirs, transport = parts
+    left, now = server_budget(psutil.cpu_count() or 1, target * raw_rate, ours, transport)
+    return Row(
+        f"{label}, CPU per {operation}",
+        "ms",
+        ours.total,
+        theirs.total,
+        "raw's, all processes",
+        note=(
+            f"{measured}; ours {ours}; raw {theirs}; transport {transport}. For {target} of "
+            f"raw, were the cores all busy, with the client, PostgreSQL and other as ours "
+            f"spent them and gRPC's server side as the empty server's, the server's own work "
+            f"could take {left:.2f} ms per {operation}; it takes {now:.2f}"
+        ),
+    )

@@ -229,7 +229,9 @@ async def _plain_rows(
     their_load, their_cpu = await _receive_rate(
         ctx, served, their_hint, entry, measure=their_measure
     )
-    one_statement, leased = await raw_receive_rows(ctx, label, our_load, body, BATCH, _total(ctx))
+    one_statement, leased, _ = await raw_receive_rows(
+        ctx, label, our_load, body, BATCH, _total(ctx)
+    )
     return [
         Row(
             label,

@@ -8,12 +8,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import grpc
-import psutil
 from postbox.v1 import topic_service_pb2 as tpb
 from postbox.v1 import topic_service_pb2_grpc
 
 from bench import raw
-from bench.cpu import CpuPerOperation, median_split, metered, server_budget
+from bench.cpu import CpuPerOperation, cpu_row, median_split, metered
 from bench.empty_server import FANOUT_QUEUES
 from bench.load import Load, closed_loop
 from bench.processes import Served
@@ -154,8 +153,6 @@ def _rows(turns: _Turns, engine_grouped: float) -> list[Row]:
     # What the server could do at most if the cores were its limit: its gRPC calls and
     # the engine's publishes in the batches its group commit forms, each measured alone.
     bound = costs_added(turns.rate("transport"), engine_grouped)
-    ours, theirs, transport = (median_split(turns.splits[n]) for n in ("ours", "raw", "transport"))
-    left, now = server_budget(psutil.cpu_count() or 1, TARGET * raw_rate, ours, transport)
     return [
         Row(
             label,
@@ -187,18 +184,17 @@ def _rows(turns: _Turns, engine_grouped: float) -> list[Row]:
                 f"ours {ours_rate / bound:.2f} of that"
             ),
         ),
-        Row(
-            f"{label}, CPU per publish",
-            "ms",
-            ours.total,
-            theirs.total,
-            "raw's, all processes",
-            note=(
-                f"medians of {ROUNDS} rounds; ours {ours}; raw {theirs}; transport {transport}. "
-                f"For {TARGET} of raw, were the cores all busy, with the client, PostgreSQL and "
-                f"other as ours spent them and gRPC's server side as the empty server's, the "
-                f"server's own work could take {left:.2f} ms per publish; it takes {now:.2f}"
+        cpu_row(
+            label,
+            "publish",
+            (
+                median_split(turns.splits["ours"]),
+                median_split(turns.splits["raw"]),
+                median_split(turns.splits["transport"]),
             ),
+            TARGET,
+            raw_rate,
+            f"medians of {ROUNDS} rounds",
         ),
     ]
 

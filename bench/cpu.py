@@ -1,9 +1,11 @@
 """Where a measured turn's CPU went: the bench's clients, the server, PostgreSQL, the rest.
 
-On this machine the clients, the server and PostgreSQL share two cores, and under
-load the cores are all busy. A rate then is the cores divided by the CPU that one
-operation costs all processes together, so the split per operation says which
-part holds a rate down, and how much CPU a part may take for a target rate.
+On this machine the clients, the server and PostgreSQL share two cores. When a load
+keeps them all busy, its rate is the cores divided by the CPU that one operation
+costs all processes together, so the split per operation says which part holds the
+rate down, and how much CPU a part may take for a target rate. When it does not (the
+busy share says so), a wait holds the rate down instead, such as a commit that the
+next calls queue behind; and a share the host stole leaves the machine fewer cores.
 """
 
 from __future__ import annotations

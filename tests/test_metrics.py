@@ -13,7 +13,15 @@ import pytest
 from postbox.v1 import message_service_pb2 as pb
 from postbox.v1 import message_service_pb2_grpc, queue_service_pb2_grpc
 from postbox.v1 import queue_service_pb2 as qpb
-from support import ServerProcess, free_port, metric, scrape, seconds, unique_name
+from support import (
+    ServerProcess,
+    eventually,
+    free_port,
+    metric,
+    scrape,
+    seconds,
+    unique_name,
+)
 
 
 class MetricsServer:
@@ -71,25 +79,39 @@ def test_rpcs_and_messages_are_counted_by_method_code_and_queue(observed, stubs)
     with pytest.raises(grpc.RpcError) as missing:
         messages.Send(pb.SendRequest(queue=unique_name("metrics_missing"), body=b"x"))
     assert missing.value.code() == grpc.StatusCode.NOT_FOUND
-    after = observed.scrape()
-
-    def grew(name_: str, **labels: str) -> float:
-        return metric(after, name_, **labels) - metric(before, name_, **labels)
-
     send = {
         "grpc_type": "unary",
         "grpc_service": "postbox.v1.MessageService",
         "grpc_method": "Send",
     }
-    assert grew("grpc_server_started_total", **send) == 2
-    assert grew("grpc_server_handled_total", **send, grpc_code="OK") == 1
-    assert grew("grpc_server_handled_total", **send, grpc_code="NOT_FOUND") == 1
-    assert grew("grpc_server_handling_seconds_count", **send) == 2
+
     receive = {
         "grpc_type": "server_stream",
         "grpc_service": "postbox.v1.MessageService",
         "grpc_method": "Receive",
     }
+
+    # A call is counted as handled when its handler has returned, which can be just after
+    # the client has its status: an aborted call's status goes out first.
+    def all_handled() -> dict | None:
+        samples = observed.scrape()
+        counted = [
+            metric(samples, "grpc_server_handling_seconds_count", **labels)
+            - metric(before, "grpc_server_handling_seconds_count", **labels)
+            for labels in (send, receive)
+        ]
+        return samples if counted == [2, 1] else None
+
+    after = eventually(all_handled, what="both Sends and the Receive counted as handled")
+    assert isinstance(after, dict)
+
+    def grew(name_: str, **labels: str) -> float:
+        return metric(after, name_, **labels) - metric(before, name_, **labels)
+
+    assert grew("grpc_server_started_total", **send) == 2
+    assert grew("grpc_server_handled_total", **send, grpc_code="OK") == 1
+    assert grew("grpc_server_handled_total", **send, grpc_code="NOT_FOUND") == 1
+    assert grew("grpc_server_handling_seconds_count", **send) == 2
     assert grew("grpc_server_handled_total", **receive, grpc_code="OK") == 1
     assert grew("postbox_messages_sent_total", queue=name) == 5
     assert grew("postbox_messages_received_total", queue=name) == 5

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import os
 import statistics
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import psutil
 
 from bench.load import Load
-from bench.processes import Served
+from bench.processes import Served, machine_cpu
 from bench.runner import Row
 
 
@@ -50,14 +49,14 @@ def _database_seconds() -> float:
 
 def cpu_totals(server: Served | None) -> CpuTotals:
     own = os.times()
-    machine = psutil.cpu_times()
+    machine = machine_cpu()
     return CpuTotals(
         client=own.user + own.system,
         server=server.cpu().cpu_seconds if server is not None else 0.0,
         database=_database_seconds(),
-        machine=machine.user + machine.system + machine.nice + machine.irq + machine.softirq,
-        stolen=machine.steal,
-        at=time.monotonic(),
+        machine=machine.cpu_seconds,
+        stolen=psutil.cpu_times().steal,
+        at=machine.at,
     )
 
 

@@ -95,40 +95,32 @@ async def _take_turns(ctx: Context, served: Served, topic: str, publishers: int)
 
         return call
 
-    async def ours() -> Load:
-        before = served.group_commits()
+    async def metered_turn(
+        name: str, server: Served | None, call: Callable[[], Awaitable[int]]
+    ) -> Load:
+        """One turn of `call` in a closed loop, keeping each part's CPU per publish."""
         load, split = await metered(
-            served,
+            server,
             lambda window: closed_loop(
-                publish(channels), clients=publishers, seconds=ctx.seconds, window=window
+                call, clients=publishers, seconds=ctx.seconds, window=window
             ),
         )
-        turns.splits["ours"].append(split)
+        turns.splits[name].append(split)
+        return load
+
+    async def ours() -> Load:
+        before = served.group_commits()
+        load = await metered_turn("ours", served, publish(channels))
         turns.groups.append(served.group_commits().mean_since(before))
         return load
 
     async def theirs() -> Load:
-        load, split = await metered(
-            None,
-            lambda window: closed_loop(
-                lambda: raw.insert_fanout(pool, body, SUBSCRIBED_QUEUES),
-                clients=publishers,
-                seconds=ctx.seconds,
-                window=window,
-            ),
+        return await metered_turn(
+            "raw", None, lambda: raw.insert_fanout(pool, body, SUBSCRIBED_QUEUES)
         )
-        turns.splits["raw"].append(split)
-        return load
 
     async def transport() -> Load:
-        load, split = await metered(
-            ctx.empty(),
-            lambda window: closed_loop(
-                publish(bare), clients=publishers, seconds=ctx.seconds, window=window
-            ),
-        )
-        turns.splits["transport"].append(split)
-        return load
+        return await metered_turn("transport", ctx.empty(), publish(bare))
 
     # The machine's load drifts: the three take turns, each going first in some
     # rounds, and the figures are medians of the rounds' ratios.

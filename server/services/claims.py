@@ -63,16 +63,19 @@ class Claims:
         receipts: list[str],
         count: int,
         visibility_timeout: timedelta | None,
+        ended: Callable[[asyncio.Future[tuple[list[str], list[Record]]]], None] | None = None,
     ) -> tuple[list[str], list[Record]]:
         """Deletes settled messages (an outcome per receipt) and claims as claim() does,
-        in one transaction."""
-        return await self._delivered_or_released(
-            queue,
+        in one transaction. `ended` is called with the engine's call when it ends, even
+        if the caller is cancelled before."""
+        running = asyncio.ensure_future(
             self.engine.delete_and_receive(
                 queue, receipts, count, visibility_timeout, self.floors.get(queue), self.max_bytes
-            ),
-            lambda result: result[1],
+            )
         )
+        if ended is not None:
+            running.add_done_callback(ended)
+        return await self._delivered_or_released(queue, running, lambda result: result[1])
 
     async def _delivered_or_released(
         self,

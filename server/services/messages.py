@@ -145,7 +145,7 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
         remaining = request.max_total_messages if request.HasField("max_total_messages") else None
         wait_until = None if wait is None else started + wait.total_seconds()
         idle_until = None if idle is None else started + idle.total_seconds()
-        window = self.prefetch.open(self.engine.receipts_in_flight) if continuous else None
+        window = self.prefetch.open(self.engine.receipts_in_flight, queue) if continuous else None
         if window is not None:
             # types-grpcio's _DoneCallback is a class, not a Protocol: no function matches it.
             context.add_done_callback(lambda _: window.close())  # type: ignore[arg-type]
@@ -153,12 +153,16 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
             patience = min(_PATIENCE, (visibility_timeout or _DEFAULT_LEASE).total_seconds() / 2)
         first_poll = True
         while not self.hub.closing:
-            if window is not None:
-                await window.room(patience)
+            handed = None if window is None else await window.room(patience)
             generation = self.hub.generation(queue)
             want = min(max_messages, remaining) if remaining else max_messages
             try:
-                rows = await self.claims.claim(queue, want, visibility_timeout)
+                if handed is None:
+                    rows = await self.claims.claim(queue, want, visibility_timeout)
+                else:
+                    _, rows = await self.claims.delete_and_claim(
+                        queue, handed.receipts, want, visibility_timeout, handed.claimed
+                    )
             except ApiError as error:
                 # A new stream on a paused queue fails; one already waiting waits on.
                 if error.paused and not first_poll:
@@ -247,8 +251,12 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
     async def DeleteBatch(
         self, request: pb.DeleteBatchRequest, context: grpc.aio.ServicerContext
     ) -> pb.DeleteBatchResponse:
-        outcomes = await self.engine.delete_batch(request.queue, list(request.receipts))
-        self.prefetch.settled(request.receipts)  # ok, stale or gone: none is pending now
+        receipts = list(request.receipts)
+        handed = self.prefetch.hand(request.queue, receipts)
+        outcomes = None if handed is None else await handed.outcomes
+        if outcomes is None:
+            outcomes = await self.engine.delete_batch(request.queue, receipts)
+        self.prefetch.settled(receipts)  # ok, stale or gone: none is pending now
         return pb.DeleteBatchResponse(results=convert.batch_results(outcomes))
 
     @reports_errors

@@ -171,17 +171,27 @@ async def leased_claim_delete(conn: Connection, batch: int) -> int:
 
 def engine_claim_delete(queue: str) -> Callable[[Connection, int], Awaitable[int]]:
     """Receive then DeleteBatch as the server runs them, straight on the engine's SQL API:
-    what the engine costs without the server and its transport."""
-    receive, delete_batch = SERVER_QUERIES["receive"], SERVER_QUERIES["delete_batch"]
+    what the engine costs without the server and its transport. A consumer's DeleteBatch
+    goes with its stream's next claim (one delete_and_receive), so each connection
+    deletes the batch it claimed before in the statement that claims the next."""
+    receive, delete_and_receive = SERVER_QUERIES["receive"], SERVER_QUERIES["delete_and_receive"]
     lease = timedelta(seconds=120)
     # A claim's size budget, as the server's default settings give it (the server
     # also passes its scan floor, which the engine finds by itself when given none).
     max_bytes = claim_budget(Settings().max_response_size)
+    held: dict[Connection, list[str]] = {}
 
     async def claim(conn: Connection, batch: int) -> int:
-        rows = await conn.fetch(receive, queue, batch, lease, None, max_bytes)
+        receipts = held.pop(conn, None)
+        if receipts is None:
+            rows = await conn.fetch(receive, queue, batch, lease, None, max_bytes)
+        else:
+            both = await conn.fetch(
+                delete_and_receive, queue, receipts, batch, lease, None, max_bytes
+            )
+            rows = [row for row in both if row["message_id"] is not None]
         if rows:
-            await conn.fetch(delete_batch, queue, [row["receipt"] for row in rows])
+            held[conn] = [row["receipt"] for row in rows]
         return len(rows)
 
     return claim

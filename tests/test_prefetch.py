@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
+import grpc
+import pytest
 from postbox.v1 import message_service_pb2 as pb
 from postbox.v1 import message_service_pb2_grpc, queue_service_pb2_grpc
 from postbox.v1 import queue_service_pb2 as qpb
@@ -51,11 +53,11 @@ async def test_stream_waits_for_the_consumer_before_claiming_more(aio_channel, q
     call.cancel()
 
 
-async def _two_batches_ahead(aio_channel, archived: str):
-    """A continuous stream of batches of 2 over 8 messages, both of its batches ahead
-    read: it now waits for the older one to be settled. Returns the call, the stub
-    and the two batches."""
-    stub, call = await _continuous(aio_channel, archived, 8, 2)
+async def _two_batches_ahead(aio_channel, archived: str, batch: int = 2):
+    """A continuous stream of batches of `batch` over four batches' messages, both of
+    its batches ahead read: it now waits for the older one to be settled. Returns the
+    call, the stub and the two batches."""
+    stub, call = await _continuous(aio_channel, archived, 4 * batch, batch)
     return call, stub, await call.read(), await call.read()
 
 
@@ -170,3 +172,29 @@ async def test_handed_deletes_learn_their_outcomes_from_the_claim():
     call.set_result((["ok", "stale"], []))
     handed.claimed(call)
     assert handed.outcomes.result() == ["ok", "stale"]
+
+
+async def test_a_delete_of_the_older_batch_of_one_commits_with_the_next_claim(
+    aio_channel, queues, db
+):
+    archived = create_queue(queues, unique_name("handed1"), archive_on_delete=True).name
+    call, stub, older, newer = await _two_batches_ahead(aio_channel, archived, batch=1)
+    try:
+        await stub.Delete(pb.DeleteRequest(queue=archived, receipt=older.messages[0].receipt))
+        third = await call.read()
+        archived_by = await _transactions(db, "archive", older)
+        assert len(archived_by) == 1
+        assert await _transactions(db, "messages", third) == archived_by
+
+        # A handed delete that finds its message gone (deleted behind the stream's
+        # back, as through another replica) says so, as a Delete on its own does,
+        # and the stream claims on.
+        await db.execute(
+            "DELETE FROM postbox.messages WHERE id = $1", int(newer.messages[0].message_id)
+        )
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await stub.Delete(pb.DeleteRequest(queue=archived, receipt=newer.messages[0].receipt))
+        assert refused.value.code() == grpc.StatusCode.NOT_FOUND
+        assert (await call.read()).messages[0].receive_count == 1
+    finally:
+        call.cancel()

@@ -518,7 +518,7 @@ def _receive_scenario(batch: int) -> None:
                 label,
                 ours.rate,
                 (transport.rate, "the same client, in-memory server"),
-                (engine.rate, "engine alone: receive + delete_batch via asyncpg"),
+                (engine.rate, "engine alone: delete_and_receive via asyncpg"),
             ),
             # Issue 17's target for the server's Receive + Delete: 0.35 of the raw delete.
             cpu_row(

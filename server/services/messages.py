@@ -243,7 +243,11 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
     async def Delete(
         self, request: pb.DeleteRequest, context: grpc.aio.ServicerContext
     ) -> pb.DeleteResponse:
-        await self.engine.delete(request.queue, request.receipt)
+        handed = self.prefetch.hand(request.queue, [request.receipt])
+        if handed is None or await handed.outcomes != ["ok"]:
+            # Deleted here, or told precisely why not: a handed delete that was not
+            # "ok" changed nothing.
+            await self.engine.delete(request.queue, request.receipt)
         self.prefetch.settled([request.receipt])
         return pb.DeleteResponse()
 

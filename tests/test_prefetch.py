@@ -37,19 +37,24 @@ async def _continuous(aio_channel, queue: str, messages: int, batch: int):
 
 async def test_stream_waits_for_the_consumer_before_claiming_more(aio_channel, queue):
     stub, call = await _continuous(aio_channel, queue, 100, 10)
-    first = await call.read()
-    await asyncio.sleep(0.3)  # well inside the stream's patience (1 s)
-    assert await in_flight(aio_channel, queue) == 20  # the batch read and one more
+    first, _ = await call.read(), await call.read()
+    # Both batches ahead are out, and the stream waits for the older to be settled
+    # (or for its patience of 1 s, which this look comes well inside).
+    assert await in_flight(aio_channel, queue) == 20
 
     await stub.DeleteBatch(
         pb.DeleteBatchRequest(queue=queue, receipts=[m.receipt for m in first.messages])
     )
-    await asyncio.sleep(0.3)
-    assert await in_flight(aio_channel, queue) == 20  # one settled, one more claimed
+    # One settled, one more claimed: in the delete's own transaction, so already.
+    assert await in_flight(aio_channel, queue) == 20
+    await call.read()
 
     # A consumer that never settles still gets a batch per second of patience.
-    await asyncio.sleep(1.5)
-    assert await in_flight(aio_channel, queue) >= 30
+    loop = asyncio.get_running_loop()
+    waited_from = loop.time()
+    await call.read()
+    assert loop.time() - waited_from >= 0.5  # on the patience, not at once
+    assert await in_flight(aio_channel, queue) == 30
     call.cancel()
 
 

@@ -96,9 +96,8 @@ class Window:
             not self._waiting
             or self._handed is not None
             or queue != self._queue
-            or not self._batches
-            or self._batches[0] is not batch
             or len(self._batches) < BATCHES_AHEAD
+            or self._batches[0] is not batch
             or set(receipts) != batch
         ):
             return None
@@ -114,9 +113,7 @@ class Window:
             return await self._room(patience)
         finally:
             self._waiting = False
-            if self._handed is not None:  # left without taking them (cancelled, or settled)
-                self._handed.give_back()
-                self._handed = None
+            self._give_back()  # left without taking them (cancelled, or settled meanwhile)
 
     async def _room(self, patience: float) -> HandedDeletes | None:
         loop = asyncio.get_running_loop()
@@ -150,10 +147,14 @@ class Window:
     def _forget(self, batch: set[str]) -> None:
         self._registry.forget(batch)
 
-    def close(self) -> None:
+    def _give_back(self) -> None:
+        """Deletes handed and not taken go back to their DeleteBatch, which makes them itself."""
         if self._handed is not None:
             self._handed.give_back()
             self._handed = None
+
+    def close(self) -> None:
+        self._give_back()
         while self._batches:
             self._forget(self._batches.popleft())
 

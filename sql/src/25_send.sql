@@ -411,10 +411,15 @@ BEGIN
     -- No body is longer than the whole array, so the bodies are looked at one by
     -- one only when the array is over the limit: that look cost 4% of a batch
     -- of 100 (valgrind). An expanded array (plpgsql expands its array arguments)
-    -- is never compressed; the second test says so for certain.
-    IF q_id IS NULL
-       OR (pg_column_size(bodies) > q_max_message_size OR pg_column_compression(bodies) IS NOT NULL)
-          AND EXISTS (SELECT FROM unnest(bodies) AS b WHERE octet_length(b) > q_max_message_size) THEN
+    -- is never compressed; the second test says so for certain. The look has an
+    -- IF of its own: plpgsql runs a condition with a subquery as a statement,
+    -- on every call (0.6% of a batch of 100).
+    IF pg_column_size(bodies) > q_max_message_size OR pg_column_compression(bodies) IS NOT NULL THEN
+        IF EXISTS (SELECT FROM unnest(bodies) AS b WHERE octet_length(b) > q_max_message_size) THEN
+            q_id := NULL;  -- the general path says which body is too long
+        END IF;
+    END IF;
+    IF q_id IS NULL THEN
         -- Everything else, and every error.
         RETURN QUERY SELECT * FROM postbox._send_batch_general(
             queue_name, bodies, attributes, delays, message_group_ids, deduplication_ids, dedupe_keys,
@@ -424,11 +429,14 @@ BEGIN
     -- unnest sits in the select list (a ProjectSet, where FROM unnest would first
     -- copy every body into a tuplestore), so the rows go to the insert in input
     -- order with no sort: ids are drawn, and returned, in input order (as the
-    -- tests hold).
+    -- tests hold). The call's values are worked out once, in a one-row subquery
+    -- that OFFSET 0 keeps from being pulled up: in the select list, they were
+    -- evaluated for each row (0.3%).
     RETURN QUERY
     INSERT INTO postbox.messages (queue_id, visible_at, enqueued_at, body, priority)
-    SELECT q_id, c.sent_at + q_delay, c.sent_at, unnest(bodies), 0
-    FROM (SELECT clock_timestamp() AS sent_at) AS c
+    SELECT c.queue_id, c.visible_at, c.sent_at, unnest(bodies), 0
+    FROM (SELECT q_id AS queue_id, t AS sent_at, t + q_delay AS visible_at
+          FROM clock_timestamp() AS t OFFSET 0) AS c
     RETURNING id, false;
     IF q_listened THEN
         -- Which looks again: a call saved when nobody listens.

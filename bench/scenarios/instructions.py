@@ -194,19 +194,6 @@ def _tables(body: bytes, send_100: Workload) -> Workload:
     )
 
 
-async def _truncate(cluster: Postgres, tables: list[str]) -> None:
-    """Empties the tables, so that each is counted from the same start."""
-    cluster.start()
-    try:
-        conn = await asyncpg.connect(cluster.url(DATABASE))
-        try:
-            await conn.execute(f"TRUNCATE {', '.join(tables)}")
-        finally:
-            await conn.close()
-    finally:
-        cluster.stop()
-
-
 def _table_row(tables: dict[str, list[float]]) -> Row:
     """The bare inserts against PGMQ's; the note adds each function's share of its call."""
 
@@ -322,12 +309,15 @@ async def engine_instructions(ctx: Context) -> list[Row]:
                     note=note,
                 )
             )
-        send_100 = next(w for w in workloads if w.messages_per_call == 100)
         if have_pgmq:
             # The backlogs go first: every table is counted from empty.
-            await _truncate(cluster, ["postbox.messages", RAW_TABLE, PLAIN_TABLE, OWN_QUEUE_TABLE,
-                                      f"pgmq.q_{QUEUE}"])  # fmt: skip
-            tables = _tables(body, send_100)
+            cluster.start()
+            try:
+                cluster.sql(f"TRUNCATE postbox.messages, {RAW_TABLE}, {PLAIN_TABLE}, "
+                            f"{OWN_QUEUE_TABLE}, pgmq.q_{QUEUE}", DATABASE)  # fmt: skip
+            finally:
+                cluster.stop()
+            tables = _tables(body, next(w for w in workloads if w.messages_per_call == 100))
             rows.append(_table_row(await _per_message(directory, tables, list(tables.scripts))))
         fanout = _fanout(body)
         per_message = await _per_message(directory, fanout, ["raw", "postbox"])

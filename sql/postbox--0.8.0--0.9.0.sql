@@ -8,6 +8,11 @@ ALTER TABLE postbox.topics
     ADD COLUMN tags jsonb NOT NULL DEFAULT '{}',
     ADD COLUMN sns_attributes jsonb NOT NULL DEFAULT '{}',
     ADD COLUMN stream_retention interval;
+-- The message indexes' keys are unique (each ends in the id): deduplication
+-- only cost their inserts (see postbox.messages).
+ALTER INDEX postbox.messages_ready_idx SET (deduplicate_items = off);
+ALTER INDEX postbox.messages_priority_idx SET (deduplicate_items = off);
+ALTER INDEX postbox.messages_group_idx SET (deduplicate_items = off);
 -- Whether a server listens for a queue's wake-ups, on the queue's row.
 ALTER TABLE postbox.queues ADD COLUMN listened boolean NOT NULL DEFAULT false;
 UPDATE postbox.queues q SET listened = true

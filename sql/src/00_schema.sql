@@ -118,16 +118,23 @@ CREATE TABLE postbox.messages (
 
 -- Receive scans this index from the oldest visible_at of a queue: in-flight and
 -- delayed messages sort after now() and are never visited.
-CREATE INDEX messages_ready_idx ON postbox.messages (queue_id, visible_at, id);
+--
+-- Every key of the three indexes below ends in the message's id, so no two
+-- entries are equal and deduplication never merges any: left on, it would walk
+-- each full leaf page in vain before splitting it, 1.7% of an insert of 100
+-- (valgrind). Old row versions are still cleared before a split, by bottom-up
+-- deletion, which does not depend on it.
+CREATE INDEX messages_ready_idx ON postbox.messages (queue_id, visible_at, id)
+    WITH (deduplicate_items = off);
 
 -- The partial indexes below hold only the rows that use a feature, so a plain
 -- message pays nothing for them.
 -- Receive takes messages of priority > 0 first, through this index.
 CREATE INDEX messages_priority_idx ON postbox.messages (queue_id, priority DESC, visible_at, id)
-    WHERE priority > 0;
+    WITH (deduplicate_items = off) WHERE priority > 0;
 -- The messages of a group in order: FIFO promotion and appends.
 CREATE INDEX messages_group_idx ON postbox.messages (queue_id, message_group_id, id)
-    WHERE message_group_id IS NOT NULL;
+    WITH (deduplicate_items = off) WHERE message_group_id IS NOT NULL;
 
 -- Two features' look-ups live in tables of their own (since 0.9.0; partial
 -- indexes on messages before). An index costs every insert into its table,

@@ -82,16 +82,20 @@ WHERE a.attrelid = 'postbox.messages'::regclass AND a.attnum > 0 AND NOT a.attis
 async def _create_cheaper_tables(conn: asyncpg.Connection) -> None:
     """postbox.messages without its feature columns and their FIFO group index,
     twice: with its ready key, and with the key that a table of the queue's own
-    would need (PGMQ's design: no queue_id to compare). Their indexes are
-    postbox.messages's, deduplication off as there."""
+    would need (PGMQ's design: no queue_id to compare). Their indexes take
+    the storage options of postbox.messages's, read from the catalog."""
     columns = await conn.fetchval(_PLAIN_COLUMNS, FEATURE_COLUMNS)
+    options = await conn.fetchval(
+        "SELECT coalesce(' WITH (' || array_to_string(reloptions, ', ') || ')', '') "
+        "FROM pg_class WHERE oid = 'postbox.messages_ready_idx'::regclass"
+    )
     for table, queue in ((PLAIN_TABLE, "queue_id, "), (OWN_QUEUE_TABLE, "")):
         await conn.execute(
             f"""
             CREATE TABLE {table} ({columns}, PRIMARY KEY (id));
-            CREATE INDEX ON {table} ({queue}visible_at, id) WITH (deduplicate_items = off);
-            CREATE INDEX ON {table} ({queue}priority DESC, visible_at, id)
-                WITH (deduplicate_items = off) WHERE priority > 0;
+            CREATE INDEX ON {table} ({queue}visible_at, id){options};
+            CREATE INDEX ON {table} ({queue}priority DESC, visible_at, id){options}
+                WHERE priority > 0;
             """
         )
 

@@ -59,6 +59,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--list", action="store_true", help="list the scenarios and exit")
     parser.add_argument(
+        "--charts",
+        type=Path,
+        metavar="RESULTS",
+        help="draw the charts of a results file (--json's, or docs/performance/results.json) "
+        "and exit; they go beside it unless --charts-dir says where",
+    )
+    parser.add_argument(
+        "--charts-dir",
+        type=Path,
+        help="where charts go; with a run, draw this run's charts there too",
+    )
+    parser.add_argument(
         "--explain",
         action="store_true",
         help="print EXPLAIN (ANALYZE, BUFFERS) of the engine's hot statements and exit",
@@ -130,6 +142,12 @@ def main(argv: list[str] | None = None) -> None:
     if args.explain:
         print(asyncio.run(_explain(args)))
         return
+    if args.charts:
+        from bench.charts import draw_file
+
+        for path in draw_file(args.charts, args.charts_dir):
+            print(f"drew {path}")
+        return
     report = asyncio.run(run(args))
     machine = report.machine
     print(
@@ -141,6 +159,11 @@ def main(argv: list[str] | None = None) -> None:
     if args.json:
         report.write(args.json)
         print(f"results written to {args.json}")
+    if args.charts_dir:
+        from bench.charts import draw
+
+        for path in draw(report.to_json(), args.charts_dir):
+            print(f"drew {path}")
     if report.failed:
         sys.exit(1)
 

@@ -65,7 +65,7 @@ SCENARIOS: dict[str, Scenario] = {}
 
 
 def median_range(values: list[float], unit: str = "") -> str:
-    """A median with its range, as the README's tables give every figure of several rounds."""
+    """A median with its range, as the performance pages give every figure of several rounds."""
     return f"{statistics.median(values):.2f}{unit} ({min(values):.2f}-{max(values):.2f})"
 
 

@@ -533,11 +533,11 @@ async def test_health_and_openapi_document(http: aiohttp.ClientSession) -> None:
     assert receive["description"].startswith("Claims messages")  # the proto's comment
 
 
-def test_the_readme_curl_examples_run_as_written(http_server: HttpServer) -> None:
-    """The README's block, but its `postbox serve` (this server stands in) and with a
-    queue name of this run's (the database is shared)."""
-    readme = (ROOT / "README.md").read_text()
-    block = readme.split("<!-- http examples", 1)[1].split("```sh\n", 1)[1].split("```", 1)[0]
+def test_the_documented_curl_examples_run_as_written(http_server: HttpServer) -> None:
+    """The block of docs/clients/http.md, but its `postbox serve` (this server stands in)
+    and with a queue name of this run's (the database is shared)."""
+    page = (ROOT / "docs" / "clients" / "http.md").read_text()
+    block = page.split("<!-- http examples", 1)[1].split("```sh\n", 1)[1].split("```", 1)[0]
     lines = [line for line in block.splitlines() if not line.startswith("postbox serve")]
     name = unique_name("readme_orders")
     script = "\n".join(lines).replace("localhost:8080", f"127.0.0.1:{http_server.http_port}")

@@ -1,5 +1,5 @@
 """The transactional outbox: the engine's functions called inside an application's own
-transaction, as the README states it.
+transaction, as docs/clients/psql.md states it.
 
 - A message sent (send, send_batch, publish) exists if and only if the transaction
   commits; receivers see it, and waiting streams wake, only after the commit.

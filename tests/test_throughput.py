@@ -188,7 +188,7 @@ def test_topic_fan_out_counts_as_sent_and_sql_sends_do_not(two_servers, database
             finally:
                 await conn.close()
 
-        # First the SQL send, the limit the README states: it passes no server.
+        # First the SQL send, the limit docs/operations/monitoring.md states: it passes no server.
         asyncio.run(send_in_sql())
         for _ in range(2):
             topics.Publish(topic_service_pb2.PublishRequest(topic=topic, body=b"x"))

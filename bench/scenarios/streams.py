@@ -311,7 +311,7 @@ async def sustained_stream(ctx: Context) -> list[Row]:
     pin = await asyncpg.connect(ctx.db.url)
     if ctx.sustained_pin:
         # A snapshot, not a transaction id: an open transaction id would hold the group's
-        # reads back by design (see README, Stream topics); a snapshot pins vacuum alone.
+        # reads back by design (see docs/concepts/streams.md); a snapshot pins vacuum alone.
         await pin.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
         await pin.fetchval("SELECT count(*) FROM postbox.queues")
     read = 0

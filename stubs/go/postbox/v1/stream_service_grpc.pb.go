@@ -47,12 +47,12 @@ type StreamServiceClient interface {
 	// Reads the log of a stream topic by position, without a group or a lease:
 	// the messages after one position and up to another, in read order, for
 	// readers that keep their own positions (Spark's stream source). Only
-	// messages every reader sees as final are read (see the README's "Order and
-	// open transactions"), so reading a range again gives the same messages, as
-	// long as rotation has kept them: a consumer group whose cursor stays at or
-	// before the range keeps them. With positions_only it reads no message,
-	// only where a range of up to a million of them ends and how many it holds,
-	// to plan reads of the range.
+	// messages every reader sees as final are read (see "Order and open
+	// transactions" in docs/concepts/streams.md), so reading a range again
+	// gives the same messages, as long as rotation has kept them: a consumer
+	// group whose cursor stays at or before the range keeps them. With
+	// positions_only it reads no message, only where a range of up to a million
+	// of them ends and how many it holds, to plan reads of the range.
 	ReadStreamRange(ctx context.Context, in *ReadStreamRangeRequest, opts ...grpc.CallOption) (*ReadStreamRangeResponse, error)
 	// Returns where a consumer group's cursor stands and where the topic's log
 	// ends for readers now, as positions. NOT_FOUND if the group does not exist.
@@ -214,12 +214,12 @@ type StreamServiceServer interface {
 	// Reads the log of a stream topic by position, without a group or a lease:
 	// the messages after one position and up to another, in read order, for
 	// readers that keep their own positions (Spark's stream source). Only
-	// messages every reader sees as final are read (see the README's "Order and
-	// open transactions"), so reading a range again gives the same messages, as
-	// long as rotation has kept them: a consumer group whose cursor stays at or
-	// before the range keeps them. With positions_only it reads no message,
-	// only where a range of up to a million of them ends and how many it holds,
-	// to plan reads of the range.
+	// messages every reader sees as final are read (see "Order and open
+	// transactions" in docs/concepts/streams.md), so reading a range again
+	// gives the same messages, as long as rotation has kept them: a consumer
+	// group whose cursor stays at or before the range keeps them. With
+	// positions_only it reads no message, only where a range of up to a million
+	// of them ends and how many it holds, to plan reads of the range.
 	ReadStreamRange(context.Context, *ReadStreamRangeRequest) (*ReadStreamRangeResponse, error)
 	// Returns where a consumer group's cursor stands and where the topic's log
 	// ends for readers now, as positions. NOT_FOUND if the group does not exist.

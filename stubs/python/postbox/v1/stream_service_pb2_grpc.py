@@ -178,12 +178,12 @@ class StreamServiceServicer:
         """Reads the log of a stream topic by position, without a group or a lease:
         the messages after one position and up to another, in read order, for
         readers that keep their own positions (Spark's stream source). Only
-        messages every reader sees as final are read (see the README's "Order and
-        open transactions"), so reading a range again gives the same messages, as
-        long as rotation has kept them: a consumer group whose cursor stays at or
-        before the range keeps them. With positions_only it reads no message,
-        only where a range of up to a million of them ends and how many it holds,
-        to plan reads of the range.
+        messages every reader sees as final are read (see "Order and open
+        transactions" in docs/concepts/streams.md), so reading a range again
+        gives the same messages, as long as rotation has kept them: a consumer
+        group whose cursor stays at or before the range keeps them. With
+        positions_only it reads no message, only where a range of up to a million
+        of them ends and how many it holds, to plan reads of the range.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -79,12 +79,12 @@ class StreamServiceStub:
     """Reads the log of a stream topic by position, without a group or a lease:
     the messages after one position and up to another, in read order, for
     readers that keep their own positions (Spark's stream source). Only
-    messages every reader sees as final are read (see the README's "Order and
-    open transactions"), so reading a range again gives the same messages, as
-    long as rotation has kept them: a consumer group whose cursor stays at or
-    before the range keeps them. With positions_only it reads no message,
-    only where a range of up to a million of them ends and how many it holds,
-    to plan reads of the range.
+    messages every reader sees as final are read (see "Order and open
+    transactions" in docs/concepts/streams.md), so reading a range again
+    gives the same messages, as long as rotation has kept them: a consumer
+    group whose cursor stays at or before the range keeps them. With
+    positions_only it reads no message, only where a range of up to a million
+    of them ends and how many it holds, to plan reads of the range.
     """
     GetStreamPosition: _grpc.UnaryUnaryMultiCallable[_stream_service_pb2.GetStreamPositionRequest, _stream_service_pb2.GetStreamPositionResponse]
     """Returns where a consumer group's cursor stands and where the topic's log
@@ -142,12 +142,12 @@ class StreamServiceAsyncStub(StreamServiceStub):
     """Reads the log of a stream topic by position, without a group or a lease:
     the messages after one position and up to another, in read order, for
     readers that keep their own positions (Spark's stream source). Only
-    messages every reader sees as final are read (see the README's "Order and
-    open transactions"), so reading a range again gives the same messages, as
-    long as rotation has kept them: a consumer group whose cursor stays at or
-    before the range keeps them. With positions_only it reads no message,
-    only where a range of up to a million of them ends and how many it holds,
-    to plan reads of the range.
+    messages every reader sees as final are read (see "Order and open
+    transactions" in docs/concepts/streams.md), so reading a range again
+    gives the same messages, as long as rotation has kept them: a consumer
+    group whose cursor stays at or before the range keeps them. With
+    positions_only it reads no message, only where a range of up to a million
+    of them ends and how many it holds, to plan reads of the range.
     """
     GetStreamPosition: _aio.UnaryUnaryMultiCallable[_stream_service_pb2.GetStreamPositionRequest, _stream_service_pb2.GetStreamPositionResponse]  # type: ignore[assignment]
     """Returns where a consumer group's cursor stands and where the topic's log
@@ -256,12 +256,12 @@ class StreamServiceServicer(metaclass=_abc_1.ABCMeta):
         """Reads the log of a stream topic by position, without a group or a lease:
         the messages after one position and up to another, in read order, for
         readers that keep their own positions (Spark's stream source). Only
-        messages every reader sees as final are read (see the README's "Order and
-        open transactions"), so reading a range again gives the same messages, as
-        long as rotation has kept them: a consumer group whose cursor stays at or
-        before the range keeps them. With positions_only it reads no message,
-        only where a range of up to a million of them ends and how many it holds,
-        to plan reads of the range.
+        messages every reader sees as final are read (see "Order and open
+        transactions" in docs/concepts/streams.md), so reading a range again
+        gives the same messages, as long as rotation has kept them: a consumer
+        group whose cursor stays at or before the range keeps them. With
+        positions_only it reads no message, only where a range of up to a million
+        of them ends and how many it holds, to plan reads of the range.
         """
 
     @_abc_1.abstractmethod

@@ -364,6 +364,10 @@ async def test_previews_store_nothing(http: aiohttp.ClientSession) -> None:
     assert (status, preview["every"], len(preview["next_fires"])) == (200, 86400, 2)
     status, bad, _ = await request(http, "POST", "/v1/previews", {"cron": "61 * * * *"})
     refused(status, bad, 400)
+    status, bad, _ = await request(http, "POST", "/v1/previews", {"every": 60, "count": 0})
+    refused(status, bad, 400, "count")
+    status, bad, _ = await request(http, "POST", "/v1/previews", {"every": 60, "count": 101})
+    refused(status, bad, 400, "count")
     status, bad, _ = await request(http, "POST", "/v1/previews", {"count": 3})
     refused(status, bad, 400, "timing")
 
@@ -380,6 +384,14 @@ async def test_previews_store_nothing(http: aiohttp.ClientSession) -> None:
         ("GET", "/messages?vt=-5", None, ["vt"]),
         ("GET", "/messages?fifo=maybe", None, ["fifo"]),
         ("GET", "/messages?max=1001", None, ["1001"]),
+        ("GET", "/messages?max=0", None, ["max"]),
+        ("GET", "/messages?vt=43201", None, ["12 h"]),
+        ("GET", "/messages?wait=301", None, ["300"]),
+        ("GET", "/messages?wait=1234567890", None, ["9 digits"]),
+        ("POST", "/messages", [], ["1"]),
+        ("POST", "/messages", [{"message": i} for i in range(1001)], ["1001"]),
+        ("POST", "/messages", {"message": 1, "headers": {f"h{i}": i for i in range(11)}}, ["10"]),
+        ("DELETE", "/messages", {"ids": []}, ["1"]),
         ("DELETE", "/messages", {"ids": [1, 2]}, ["ids"]),
         ("PATCH", "/messages/1:x", {}, ["vt"]),
         ("PATCH", "/messages/1:x", {"vt": "soon"}, ["vt"]),

@@ -100,6 +100,8 @@ def _received(message: Any) -> dict[str, Any]:
 
 async def receive(call: RestCall) -> web.Response:
     most = call.query_int("max", DEFAULT_MAX)
+    if most < 1:  # 0 would mean ReceiveRequest's default, ten
+        raise BadInput(f"query parameter max is {most}; it must be 1 to 1000")
     vt = call.query_int("vt", DEFAULT_VT)
     wait = call.query_int("wait", DEFAULT_WAIT)
     # The queue's kind decides its order; beyond-queue's flag is taken and checked only.

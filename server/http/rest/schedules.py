@@ -343,7 +343,8 @@ async def preview(call: RestCall) -> web.Response:
     body = await call.json_object()
     _unknown(body, ("cron", "every", "fire_at", "when", "timezone", "count", "name"))
     count = body.get("count", PREVIEW_COUNT)
-    if isinstance(count, bool) or not isinstance(count, int):
+    # 0 would mean PreviewScheduleRequest's default, ten.
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
         raise BadInput(f"count is a JSON {json_type(count)}; how many fire times, 1 to 100")
     name = body.get("name", "")
     if not isinstance(name, str):

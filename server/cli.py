@@ -72,7 +72,16 @@ def _serve(args: argparse.Namespace) -> int:
         metrics_host=args.metrics_host,
         metrics_port=args.metrics_port,
         metrics_max_queues=args.metrics_max_queues,
+        run_api=args.verb != "worker",
+        run_workers=not args.no_workers,
     )
+    if args.verb == "worker" and args.workers > 1:
+        print(
+            "postbox worker: runs as one process (--workers is for `serve`); start more "
+            "worker processes if one cannot keep up",
+            file=sys.stderr,
+        )
+        return 2
     if args.workers > 1 and args.console_port is not None:
         # A session lives in the memory of the process that opened it, and SO_REUSEPORT
         # would hand the next request to any process.
@@ -286,24 +295,8 @@ class _VerbsWithLogging:
         return self._verbs.add_parser(name, **kwargs)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="postbox", description=__doc__)
-    parser.add_argument("--version", action="version", version=f"postbox {__version__}")
-    _add_logging_flags(parser, os.environ.get("POSTBOX_LOG_LEVEL", "INFO"),
-                       os.environ.get("POSTBOX_LOG_FORMAT", "text"))  # fmt: skip
-    # The same flags after the verb (`postbox serve --log-level DEBUG`) win over those before.
-    after_verb = argparse.ArgumentParser(add_help=False)
-    _add_logging_flags(after_verb, argparse.SUPPRESS, argparse.SUPPRESS)
-    verbs = _VerbsWithLogging(parser.add_subparsers(dest="verb", required=True), after_verb)
-
-    data_dir = argparse.ArgumentParser(add_help=False)
-    data_dir.add_argument(
-        "--data-dir",
-        type=Path,
-        default=Path(os.environ.get("POSTBOX_DATA_DIR") or default_data_dir()),
-        help="data directory of the embedded PostgreSQL (default: %(default)s)",
-    )
-    serve = verbs.add_parser("serve", help="serve the gRPC API", parents=[data_dir])
+def _add_serve_flags(serve: argparse.ArgumentParser) -> None:
+    """The flags of `serve`, which `worker` takes too."""
     serve.add_argument(
         "--database-url",
         default=os.environ.get("DATABASE_URL"),
@@ -458,7 +451,42 @@ def build_parser() -> argparse.ArgumentParser:
     add_server_flags(serve, "the gRPC port")
     # Set by `--workers` on the processes it starts; sharing the port is otherwise an error.
     serve.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="postbox", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"postbox {__version__}")
+    _add_logging_flags(parser, os.environ.get("POSTBOX_LOG_LEVEL", "INFO"),
+                       os.environ.get("POSTBOX_LOG_FORMAT", "text"))  # fmt: skip
+    # The same flags after the verb (`postbox serve --log-level DEBUG`) win over those before.
+    after_verb = argparse.ArgumentParser(add_help=False)
+    _add_logging_flags(after_verb, argparse.SUPPRESS, argparse.SUPPRESS)
+    verbs = _VerbsWithLogging(parser.add_subparsers(dest="verb", required=True), after_verb)
+
+    data_dir = argparse.ArgumentParser(add_help=False)
+    data_dir.add_argument(
+        "--data-dir",
+        type=Path,
+        default=Path(os.environ.get("POSTBOX_DATA_DIR") or default_data_dir()),
+        help="data directory of the embedded PostgreSQL (default: %(default)s)",
+    )
+    serve = verbs.add_parser("serve", help="serve the gRPC API", parents=[data_dir])
+    _add_serve_flags(serve)
+    serve.add_argument(
+        "--no-workers",
+        action="store_true",
+        help="serve the API only: leave maintenance, webhook deliveries and schedules to "
+        "`postbox worker` processes on the same database",
+    )
     serve.set_defaults(run=_serve)
+    worker = verbs.add_parser(
+        "worker",
+        help="run maintenance, webhook deliveries and schedules only, for API nodes started "
+        "with `serve --no-workers` (serve's flags; its API ports are not opened)",
+        parents=[data_dir],
+    )
+    _add_serve_flags(worker)
+    worker.set_defaults(run=_serve, no_workers=False)
 
     from server.sqs.settings import ShimSettings
 

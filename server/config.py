@@ -78,6 +78,11 @@ class Settings:
     metrics_host: str = "localhost"
     metrics_port: int | None = None
     metrics_max_queues: int = 1000
+    # The roles this process plays: the API (gRPC, HTTP, console), and the workers
+    # (maintenance, webhook deliveries, schedules). `serve --no-workers` drops the workers;
+    # `postbox worker` the API.
+    run_api: bool = True
+    run_workers: bool = True
 
     @property
     def max_request_size(self) -> int:

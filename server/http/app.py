@@ -24,6 +24,7 @@ from server.http.connect import Codec, ConnectError
 from server.http.context import HttpCallContext
 from server.http.procedures import Procedure
 from server.http.rest import routes as rest
+from server.observability.probes import Ready, add_probes
 from server.services.decoding import Undecodable
 
 _JSON_ADVICE = "send the request message in proto3 JSON (field names as in the protos)"
@@ -166,9 +167,10 @@ def build_app(
     *,
     max_request_size: int,
     serving: Callable[[], bool],
+    ready: Ready,
     openapi: bytes,
 ) -> web.Application:
-    """`openapi`: the OpenAPI document GET /openapi.json serves."""
+    """`openapi`: the OpenAPI document GET /openapi.json serves; `ready`: /readyz's check."""
 
     async def healthz(_: web.Request) -> web.Response:
         status = "SERVING" if serving() else "NOT_SERVING"
@@ -180,6 +182,7 @@ def build_app(
     app = web.Application()
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/openapi.json", openapi_json)
+    add_probes(app, ready)
     rest.add_routes(app, procedures, max_body=max_request_size, deadline=None)
     # Every other path: a procedure's, or a Connect not_found naming where they are.
     app.router.add_route("*", "/{path:.*}", ConnectHandler(procedures, max_request_size))

@@ -28,6 +28,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from server.errors import ApiError
+from server.observability.probes import Ready, add_probes
 
 if TYPE_CHECKING:
     from server.db.engine import Engine
@@ -226,9 +227,10 @@ async def exposition(
 
 
 async def serve_metrics(
-    host: str, port: int, scrape: Callable[[], Awaitable[bytes]]
+    host: str, port: int, scrape: Callable[[], Awaitable[bytes]], ready: Ready | None = None
 ) -> web.AppRunner:
-    """Serves GET /metrics on host:port until the returned runner is cleaned up."""
+    """Serves GET /metrics on host:port until the returned runner is cleaned up, and the
+    probes /livez and /readyz when there is a `ready` check."""
 
     async def metrics(_: web.Request) -> web.Response:
         body = await scrape()
@@ -236,6 +238,8 @@ async def serve_metrics(
 
     app = web.Application()
     app.router.add_get("/metrics", metrics)
+    if ready is not None:
+        add_probes(app, ready)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, host.strip("[]"), port).start()

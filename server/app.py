@@ -31,6 +31,7 @@ from server.console.app import build_console_app
 from server.db import hosts
 from server.db.engine import Engine, application_name
 from server.db.migrate import format_version, migrate
+from server.deadline import DefaultDeadline
 from server.durability import require_synchronous_commit
 from server.egress import EgressPolicy
 from server.embedded import EmbeddedPostgres
@@ -287,6 +288,7 @@ async def _serve_api(
             *tracing.server_interceptors(),
             Authorize(keys),
             RejectUndecodable(),
+            DefaultDeadline(settings.unary_deadline),
         ],
         options=grpc_options(settings, reuse_port=settings.reuse_port),
     )
@@ -351,7 +353,14 @@ async def _serve_api(
         # The gRPC server's servicers behind the same interceptors, tracing aside
         # (its interceptor reads gRPC's own call objects).
         http_procedures = procedures(
-            SERVICES, methods, [CountCalls(), Authorize(keys), RejectUndecodable()]
+            SERVICES,
+            methods,
+            [
+                CountCalls(),
+                Authorize(keys),
+                RejectUndecodable(),
+                DefaultDeadline(settings.unary_deadline),
+            ],
         )
     if settings.http_port is not None:
         http_runner, http_port = await serve_http(settings, http_procedures, serving, ready)

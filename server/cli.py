@@ -73,6 +73,7 @@ def _serve(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port,
         metrics_max_queues=args.metrics_max_queues,
         run_api=args.verb != "worker",
+        unary_deadline=args.unary_deadline,
         run_workers=not args.no_workers,
     )
     if args.verb == "worker" and args.workers > 1:
@@ -357,6 +358,15 @@ def _add_serve_flags(serve: argparse.ArgumentParser) -> None:
         "link-local and other non-public addresses are refused otherwise",
     )
     serve.add_argument("--safety-poll-interval", type=float, default=Settings.safety_poll_interval)
+    serve.add_argument(
+        "--unary-deadline",
+        type=positive_seconds,
+        default=os.environ.get("POSTBOX_UNARY_DEADLINE", str(Settings.unary_deadline)),
+        metavar="SECONDS",
+        help="a unary call whose client set no deadline ends with DEADLINE_EXCEEDED after this "
+        "long, what it had not committed rolled back; streams such as a long-poll Receive "
+        "are not limited (default: $POSTBOX_UNARY_DEADLINE or %(default)s)",
+    )
     serve.add_argument(
         "--maintenance-interval",
         type=float,

@@ -82,6 +82,8 @@ class Settings:
     # (maintenance, webhook deliveries, schedules). `serve --no-workers` drops the workers;
     # `postbox worker` the API.
     run_api: bool = True
+    # Seconds a unary call without a deadline of its own may take (server/deadline.py).
+    unary_deadline: float = 60.0
     run_workers: bool = True
 
     @property

@@ -56,6 +56,7 @@ def worker_command(settings: Settings, log_level: str, log_format: str) -> list[
         "--maintenance-interval", str(settings.maintenance_interval),
         "--expiry-interval", str(settings.expiry_interval),
         "--activity-interval", str(settings.activity_interval),
+        "--unary-deadline", str(settings.unary_deadline),
         "--reuse-port",
         *([] if settings.tls is None else settings.tls.flags()),
         *([] if settings.http_port is None else [

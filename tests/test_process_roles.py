@@ -18,7 +18,7 @@ from postbox.v1 import message_service_pb2_grpc
 from receiver import Receiver
 from support import (
     ChildProcess,
-    ServerProcess,
+    HttpServerProcess,
     create_database,
     drop_database,
     eventually,
@@ -36,14 +36,11 @@ from server import __version__
 EXPIRY_INTERVAL = "0.2"
 
 
-class ApiNode(ServerProcess):
+class ApiNode(HttpServerProcess):
     """`postbox serve --no-workers`, with its HTTP and metrics ports."""
 
     def __init__(self, database_url: str) -> None:
         super().__init__(database_url, "--no-workers", metrics=True)
-        self.http_port = free_port(self.port, self.metrics_port or 0)
-        self.extra_args = ("--http-port", str(self.http_port), *self.extra_args)
-        self.base = f"http://127.0.0.1:{self.http_port}"
 
 
 class Worker(ChildProcess):

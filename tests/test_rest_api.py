@@ -16,11 +16,10 @@ import aiohttp
 import pytest
 from receiver import Receiver
 from support import (
-    ServerProcess,
+    HttpServerProcess,
     bootstrap_key,
     create_database,
     drop_database,
-    free_port,
     unique_name,
 )
 
@@ -40,14 +39,7 @@ SEED_ROUTES = {
 }  # fmt: skip
 
 
-class RestServer(ServerProcess):
-    """`postbox serve` with its HTTP port on too."""
-
-    def __init__(self, database_url: str, *extra: str, **kwargs: Any) -> None:
-        super().__init__(database_url, *extra, **kwargs)
-        self.http_port = free_port(self.port)
-        self.extra_args = ("--http-port", str(self.http_port), *self.extra_args)
-        self.base = f"http://127.0.0.1:{self.http_port}"
+RestServer = HttpServerProcess
 
 
 @pytest.fixture(scope="module")

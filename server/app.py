@@ -417,6 +417,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
             dsn,
             pool_size=settings.pool_size,
             transaction_pooler=settings.listen_database_url is not None,
+            acquire_timeout=settings.pool_acquire_timeout,
         )
         if settings.require_synchronous_commit:
             await require_synchronous_commit(engine)

@@ -54,6 +54,7 @@ def _serve(args: argparse.Namespace) -> int:
         grpc_port=args.grpc_port,
         tls=tls,
         pool_size=args.pool_size,
+        pool_acquire_timeout=args.pool_acquire_timeout,
         require_synchronous_commit=args.require_synchronous_commit,
         max_message_size=args.max_message_size,
         max_response_size=args.max_response_size,
@@ -326,6 +327,14 @@ def _add_serve_flags(serve: argparse.ArgumentParser) -> None:
         "--grpc-port", type=int, default=int(os.environ.get("POSTBOX_GRPC_PORT", "50051"))
     )
     serve.add_argument("--pool-size", type=int, default=Settings.pool_size)
+    serve.add_argument(
+        "--pool-acquire-timeout",
+        type=positive_seconds,
+        default=Settings.pool_acquire_timeout,
+        metavar="SECONDS",
+        help="a call that finds every pooled database connection busy for this long is "
+        "refused with UNAVAILABLE, to retry (default: %(default)s)",
+    )
     serve.add_argument(
         "--require-synchronous-commit",
         action="store_true",

@@ -37,6 +37,8 @@ class Settings:
     # None: plaintext gRPC (server/tls.py).
     tls: ServerTls | None = None
     pool_size: int = 10
+    # Seconds a call waits for a pooled connection before UNAVAILABLE.
+    pool_acquire_timeout: float = 30.0
     # Refuse to serve unless commits wait for a synchronous standby (server/durability.py).
     require_synchronous_commit: bool = False
     # Largest message (body and attributes) this server accepts and a queue may be

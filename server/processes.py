@@ -50,6 +50,7 @@ def worker_command(settings: Settings, log_level: str, log_format: str) -> list[
         "--grpc-host", settings.grpc_host,
         "--grpc-port", str(settings.grpc_port),
         "--pool-size", str(settings.pool_size),
+        "--pool-acquire-timeout", str(settings.pool_acquire_timeout),
         "--max-message-size", str(settings.max_message_size),
         "--max-response-size", str(settings.max_response_size),
         "--safety-poll-interval", str(settings.safety_poll_interval),

@@ -132,6 +132,11 @@ def test_each_kind_of_work_is_done_once_by_the_worker(
     finally:
         receiver.stop()
     assert len(receiver.on("/roles")) == 1
+    # How long the attempt took: one observation, on the worker.
+    duration = "postbox_webhook_delivery_seconds"
+    worker_samples = scrape(worker.metrics_port)
+    assert metric(worker_samples, f"{duration}_count", outcome="delivered") == 1
+    assert metric(worker_samples, f"{duration}_sum", outcome="delivered") > 0
     # A schedule due now fires once.
     name = unique_name("roles_once")
     now = datetime.now(timezone.utc).isoformat()
@@ -164,6 +169,7 @@ def test_each_kind_of_work_is_done_once_by_the_worker(
         samples = scrape(port)
         assert metric(samples, "postbox_webhook_deliveries_total", outcome="delivered") == 0
         assert metric(samples, "postbox_schedule_fires_total", outcome="fired") == 0
+        assert metric(samples, "postbox_webhook_delivery_seconds_count", outcome="delivered") == 0
     # The engine counts the expiry wherever it happens: once, for the whole database.
     assert expired() == 1
 

@@ -39,18 +39,15 @@ SEED_ROUTES = {
 }  # fmt: skip
 
 
-RestServer = HttpServerProcess
-
-
 @pytest.fixture(scope="module")
-def rest_server(database_url: str) -> Iterator[RestServer]:
-    process = RestServer(database_url).start()
+def rest_server(database_url: str) -> Iterator[HttpServerProcess]:
+    process = HttpServerProcess(database_url).start()
     yield process
     process.stop()
 
 
 @pytest.fixture
-async def http(rest_server: RestServer) -> AsyncIterator[aiohttp.ClientSession]:
+async def http(rest_server: HttpServerProcess) -> AsyncIterator[aiohttp.ClientSession]:
     async with aiohttp.ClientSession(rest_server.base) as session:
         yield session
 
@@ -447,9 +444,9 @@ async def test_unknown_paths_and_methods(http: aiohttp.ClientSession) -> None:
 
 
 @pytest.fixture(scope="module")
-def keyed(admin_url: str) -> Iterator[tuple[RestServer, dict[str, str]]]:
+def keyed(admin_url: str) -> Iterator[tuple[HttpServerProcess, dict[str, str]]]:
     url = create_database(admin_url, "postbox_rest_auth")
-    process = RestServer(url).start()
+    process = HttpServerProcess(url).start()
     secrets = {
         "admin": bootstrap_key(url, "rest-admin", "manage:*", "send:*", "receive:*", "read:*"),
         "sender": bootstrap_key(url, "rest-sender", "send:orders-*", "read:orders-*"),
@@ -470,7 +467,7 @@ def keyed(admin_url: str) -> Iterator[tuple[RestServer, dict[str, str]]]:
 
 
 async def test_keys_and_grants_answer_as_over_connect(
-    keyed: tuple[RestServer, dict[str, str]],
+    keyed: tuple[HttpServerProcess, dict[str, str]],
 ) -> None:
     server, secrets = keyed
     admin = {"Authorization": f"Bearer {secrets['admin']}"}

@@ -116,11 +116,20 @@ async def test_queues_create_list_metrics_purge_delete(http: aiohttp.ClientSessi
     assert created["is_partitioned"] is False
     assert created["is_unlogged"] is False
     assert created["created_at"].endswith("Z")
-    # As beyond-queue's: creating it again as it is is no error; as a FIFO queue it is.
+    # As beyond-queue's: creating it again is no error.
     status, again, _ = await request(http, "POST", "/v1/queues", {"name": name})
-    assert (status, again["name"]) == (200, name)
+    assert (status, again) == (200, created)
+    # A FIFO queue's name says so, as in SQS.
     status, clash, _ = await request(http, "POST", "/v1/queues", {"name": name, "fifo": True})
-    refused(status, clash, 409)
+    refused(status, clash, 400, ".fifo")
+    status, fifo, _ = await request(http, "POST", "/v1/queues", {"name": f"{name}.fifo"})
+    assert (status, fifo["fifo"]) == (201, True)
+    status, clash, _ = await request(
+        http, "POST", "/v1/queues", {"name": f"{name}2.fifo", "fifo": False}
+    )
+    refused(status, clash, 400, ".fifo")
+    status, listed, _ = await request(http, "GET", "/v1/queues")
+    assert f"{name}2.fifo" not in [q["name"] for q in listed]
     status, listed, _ = await request(http, "GET", "/v1/queues")
     assert status == 200
     assert [q for q in listed if q["name"] == name] == [created]

@@ -19,9 +19,11 @@ from server.http.rest.framework import (
     Route,
     json_type,
     path_param,
+    quoted,
 )
 from server.http.rest.shapes import time_text
 
+FIFO_SUFFIX = ".fifo"
 # Queues listed per ListQueues call.
 LIST_PAGE = 1000
 NAME = path_param("name", "Name of the queue.")
@@ -49,27 +51,39 @@ def _queue(queue: qpb.Queue) -> dict[str, Any]:
 
 async def create(call: RestCall) -> web.Response:
     body = await call.json_object()
-    name, fifo = body.get("name"), body.get("fifo", False)
+    name = body.get("name")
     if not isinstance(name, str):
         raise BadInput(f"name is a JSON {json_type(name)}; the body needs the queue's name")
+    fifo = body.get("fifo", name.endswith(FIFO_SUFFIX))
     if not isinstance(fifo, bool):
         raise BadInput(f"fifo is a JSON {json_type(fifo)}; it must be true or false")
-    request = qpb.CreateQueueRequest(queue=qpb.Queue(name=name, fifo=fifo))
+    if fifo != name.endswith(FIFO_SUFFIX):
+        # postbox tells a FIFO queue by its name, as SQS does.
+        raise BadInput(
+            f"fifo is {str(fifo).lower()} but the name {quoted(name)} "
+            f"{'does not end' if fifo else 'ends'} in {FIFO_SUFFIX}: a FIFO queue's name ends "
+            f"in {FIFO_SUFFIX}, and only a FIFO queue's does"
+        )
+    request = qpb.CreateQueueRequest(queue=qpb.Queue(name=name))
     try:
         created = await call.call("QueueService/CreateQueue", request)
     except RestError as error:
         if error.code is not grpc.StatusCode.ALREADY_EXISTS:
             raise
-        # As beyond-queue's create: a queue that exists as asked is no error.
+        taken = error
+    else:
+        return web.json_response(
+            _queue(created.queue), status=201, headers={"Location": f"/v1/queues/{name}"}
+        )
+    # As beyond-queue's create: creating a queue that exists is no error (its name says
+    # its kind). A key that may not read it hears that it exists, as CreateQueue said.
+    try:
         existing = await call.call(
             "QueueService/GetQueue", qpb.GetQueueRequest(name=name, view=qpb.QUEUE_VIEW_BASIC)
         )
-        if existing.queue.fifo != fifo:
-            raise
-        return web.json_response(_queue(existing.queue), status=200)
-    return web.json_response(
-        _queue(created.queue), status=201, headers={"Location": f"/v1/queues/{name}"}
-    )
+    except RestError:
+        raise taken from None
+    return web.json_response(_queue(existing.queue), status=200)
 
 
 async def list_all(call: RestCall) -> web.Response:
@@ -132,14 +146,14 @@ _ERROR_REPLIES = {404: Reply("No queue of that name.")}
 ROUTES = (
     Route(
         "POST", "/v1/queues", "QueueService/CreateQueue", create,
-        "Create a queue; one that exists as asked answers 200.",
+        "Create a queue (a FIFO queue's name ends in .fifo); one that exists answers 200.",
         body={
             "type": "object",
             "required": ["name"],
             "properties": {"name": {"type": "string"}, "fifo": {"type": "boolean"}},
         },
         replies={201: Reply("Created.", QUEUE_SCHEMA), 200: Reply("It existed.", QUEUE_SCHEMA),
-                 409: Reply("It exists with the other fifo setting.")},
+                 400: Reply("fifo disagrees with the name, or the name is not valid.")},
     ),
     Route(
         "GET", "/v1/queues", "QueueService/ListQueues", list_all,

@@ -8,7 +8,7 @@ message delivered to another since. `message_id` is the message's id, as sends r
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 from aiohttp import web
 from postbox.v1 import message_service_pb2 as mpb
@@ -40,10 +40,14 @@ from server.http.rest.shapes import (
 # beyond-queue's receive defaults: one message, a 30 s lease, no wait.
 DEFAULT_MAX, DEFAULT_VT, DEFAULT_WAIT = 1, 30, 0
 RECEIPT = path_param("id", "The `id` a receive returned (the delivery's receipt).")
+# The messages a send's body fills.
+Sendable = TypeVar("Sendable", mpb.SendRequest, mpb.SendBatchEntry)
 _SEND_FIELDS = ("message", "headers", "delay", "group_id", "deduplication_id")
 
 
-def _entry(value: Any, where: str) -> mpb.SendBatchEntry:
+def _fill(message: Sendable, value: Any, where: str) -> Sendable:
+    """Sets a send's fields (a SendRequest's or a SendBatchEntry's: the same names) from
+    one message of the body."""
     if not isinstance(value, dict):
         raise BadInput(f"{where} is a JSON {json_type(value)}; a message is an object")
     unknown = sorted(set(value) - set(_SEND_FIELDS))
@@ -54,12 +58,11 @@ def _entry(value: Any, where: str) -> mpb.SendBatchEntry:
         )
     if "message" not in value:
         raise BadInput(f"{where} has no message; put the payload in `message`")
-    entry = mpb.SendBatchEntry(
-        body=body_of(value["message"]),
-        attributes=attributes_of(value.get("headers"), f"{where}.headers"),
-    )
+    message.body = body_of(value["message"])
+    for name, attribute in attributes_of(value.get("headers"), f"{where}.headers").items():
+        message.attributes[name].CopyFrom(attribute)
     if value.get("delay") is not None:
-        entry.delay.CopyFrom(duration(whole_seconds(value["delay"], f"{where}.delay")))
+        message.delay.CopyFrom(duration(whole_seconds(value["delay"], f"{where}.delay")))
     for field, target in (
         ("group_id", "message_group_id"),
         ("deduplication_id", "deduplication_id"),
@@ -67,24 +70,25 @@ def _entry(value: Any, where: str) -> mpb.SendBatchEntry:
         if value.get(field) is not None:
             if not isinstance(value[field], str):
                 raise BadInput(f"{where}.{field} is a JSON {json_type(value[field])}; a string")
-            setattr(entry, target, value[field])
-    return entry
+            setattr(message, target, value[field])
+    return message
 
 
 async def send(call: RestCall) -> web.Response:
-    """One message (an object) or a batch (an array); either way one transaction."""
+    """One message (an object), or a batch (an array) in one transaction."""
+    queue = call.path("name")
     body = await call.json()
-    batch = isinstance(body, list)
-    entries = (
-        [_entry(item, f"[{i}]") for i, item in enumerate(body)]
-        if batch
-        else [_entry(body, "the body")]
+    if isinstance(body, list):
+        entries = [_fill(mpb.SendBatchEntry(), item, f"[{i}]") for i, item in enumerate(body)]
+        sent = await call.call(
+            "MessageService/SendBatch", mpb.SendBatchRequest(queue=queue, entries=entries)
+        )
+        return web.json_response({"ids": [message_id(i) for i in sent.message_ids]}, status=201)
+    # A lone message as Send: it may share a commit with concurrent ones (group commit).
+    one = await call.call(
+        "MessageService/Send", _fill(mpb.SendRequest(queue=queue), body, "the body")
     )
-    sent = await call.call(
-        "MessageService/SendBatch", mpb.SendBatchRequest(queue=call.path("name"), entries=entries)
-    )
-    ids = [message_id(i) for i in sent.message_ids]
-    return web.json_response({"ids": ids} if batch else {"id": ids[0]}, status=201)
+    return web.json_response({"id": message_id(one.message_id)}, status=201)
 
 
 def _received(message: Any) -> dict[str, Any]:
@@ -179,7 +183,7 @@ _NOT_FOUND = {404: Reply("No queue of that name, or the message is gone.")}
 _MESSAGES = "/v1/queues/{name}/messages"
 ROUTES = (
     Route(
-        "POST", _MESSAGES, "MessageService/SendBatch", send,
+        "POST", _MESSAGES, "MessageService/Send", send,
         "Send a message, or a batch (an array) in one transaction.", params=(NAME,),
         body={"oneOf": [_SEND_ONE, {"type": "array", "items": _SEND_ONE}]},
         replies={

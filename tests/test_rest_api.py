@@ -37,11 +37,13 @@ SEED_ROUTES = {
     ("PATCH", "/v1/schedules/{name}"), ("DELETE", "/v1/schedules/{name}"),
     ("POST", "/v1/schedules/{name}/runs"), ("POST", "/v1/previews"),
 }  # fmt: skip
+# The smallest --http-max-request-size, so a test exceeds it cheaply.
+BODY_LIMIT = 64 * 1024
 
 
 @pytest.fixture(scope="module")
 def rest_server(database_url: str) -> Iterator[HttpServerProcess]:
-    process = HttpServerProcess(database_url).start()
+    process = HttpServerProcess(database_url, "--http-max-request-size", str(BODY_LIMIT)).start()
     yield process
     process.stop()
 
@@ -434,6 +436,19 @@ async def test_bad_schedules_are_refused_and_nothing_is_stored(
     refused(status, answer, 400, *words)
     status, _, _ = await request(http, "GET", "/v1/schedules/x")
     assert status == 404
+
+
+async def test_a_body_over_the_limit_is_refused_unread(http: aiohttp.ClientSession) -> None:
+    queue = await new_queue(http, "rest_limit")
+    status, answer, _ = await request(
+        http, "POST", f"/v1/queues/{queue}/messages", {"message": "x" * BODY_LIMIT}
+    )
+    refused(status, answer, 429, "--http-max-request-size", str(BODY_LIMIT))
+    assert answer["code"] == "resource_exhausted"
+    assert await depth(http, queue) == 0
+    long_name = "q" * 81
+    status, answer, _ = await request(http, "POST", "/v1/queues", {"name": long_name})
+    refused(status, answer, 400, "81")
 
 
 async def test_put_names_one_schedule(http: aiohttp.ClientSession) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from openapi_spec_validator import validate
 from receiver import Receiver
 from support import (
     HttpServerProcess,
@@ -96,6 +97,7 @@ async def test_the_openapi_document_is_the_route_table(http: aiohttp.ClientSessi
     assert status == 200
     assert headers["Content-Type"].startswith("application/json")
     assert document["openapi"].startswith("3.1")
+    validate(document)  # an independent validator of OpenAPI 3.1
     served = {
         (method.upper(), path)
         for path, operations in document["paths"].items()

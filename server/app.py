@@ -8,6 +8,7 @@ import functools
 import logging
 import signal
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -30,6 +31,7 @@ from server.console.app import build_console_app
 from server.db import hosts
 from server.db.engine import Engine, application_name
 from server.db.migrate import format_version, migrate
+from server.deadline import DefaultDeadline
 from server.durability import require_synchronous_commit
 from server.egress import EgressPolicy
 from server.embedded import EmbeddedPostgres
@@ -40,6 +42,7 @@ from server.http.procedures import MethodTable, Procedure, procedures
 from server.observability import activity, metrics, tracing
 from server.observability.grpc_metrics import CountCalls
 from server.observability.metrics import serve_metrics
+from server.observability.probes import Ready, database_ready
 from server.services.access import AccessService
 from server.services.catalog import SERVICES
 from server.services.decoding import RejectUndecodable
@@ -186,13 +189,14 @@ def refuse_anonymous_exposure(host: str, keys: KeyCache, allow_anonymous: bool) 
 
 
 async def serve_http(
-    settings: Settings, http_procedures: dict[str, Procedure], serving: Serving
+    settings: Settings, http_procedures: dict[str, Procedure], serving: Serving, ready: Ready
 ) -> tuple[web.AppRunner, int]:
     """Starts the HTTP/JSON front door; its runner and the port it listens on."""
     app = build_app(
         http_procedures,
         max_request_size=settings.http_max_request_size,
         serving=serving,
+        ready=ready,
         openapi=committed_document(),
     )
     # handler_cancellation: a client that hangs up ends its call, and a long-poll
@@ -254,6 +258,137 @@ async def _scrape(engine: Engine, max_queues: int) -> bytes:
     return await metrics.exposition(engine, max_queues)
 
 
+@dataclass
+class ApiFront:
+    """The API's front doors, as _serve_api started them."""
+
+    server: grpc.aio.Server
+    http: web.AppRunner | None = None
+    console: web.AppRunner | None = None
+
+
+async def _serve_api(
+    settings: Settings,
+    engine: Engine,
+    hub: WakeHub,
+    keys: KeyCache,
+    workers: tuple[EgressPolicy, WebhookWorker, SchedulerWorker],
+    health_servicer: health.aio.HealthServicer,
+    serving: Serving,
+    ready: Ready,
+) -> ApiFront:
+    """Starts the gRPC server and the HTTP and console ports on the servicers."""
+    egress, webhooks, scheduler = workers
+    http_runner = console_runner = None
+    server = grpc.aio.server(
+        # Authentication first: an anonymous caller learns nothing, not even decoding errors.
+        # Counting first, so that refused calls are counted too.
+        interceptors=[
+            CountCalls(),
+            *tracing.server_interceptors(),
+            Authorize(keys),
+            RejectUndecodable(),
+            DefaultDeadline(settings.unary_deadline),
+        ],
+        options=grpc_options(settings, reuse_port=settings.reuse_port),
+    )
+    # Each servicer goes to both front doors; the generated add_* functions take the
+    # grpc server, or the HTTP side's MethodTable, which stands in for one.
+    stream_waiters = StreamWaiters()
+    servicers: tuple[tuple[Callable[[Any, Any], None], object], ...] = (
+        (
+            queue_service_pb2_grpc.add_QueueServiceServicer_to_server,
+            QueueService(engine, max_message_size=settings.max_message_size),
+        ),
+        (
+            message_service_pb2_grpc.add_MessageServiceServicer_to_server,
+            MessageService(
+                engine,
+                hub,
+                max_message_size=settings.max_message_size,
+                max_response_size=settings.max_response_size,
+            ),
+        ),
+        (
+            topic_service_pb2_grpc.add_TopicServiceServicer_to_server,
+            TopicService(
+                engine,
+                hub,
+                webhooks.wake,
+                egress,
+                max_message_size=settings.max_message_size,
+                on_published=stream_waiters.wake,
+            ),
+        ),
+        (
+            stream_service_pb2_grpc.add_StreamServiceServicer_to_server,
+            StreamService(engine, stream_waiters),
+        ),
+        (
+            schedule_service_pb2_grpc.add_ScheduleServiceServicer_to_server,
+            ScheduleService(engine, scheduler.wake, max_message_size=settings.max_message_size),
+        ),
+        (
+            access_service_pb2_grpc.add_AccessServiceServicer_to_server,
+            AccessService(engine, keys),
+        ),
+    )
+    methods = MethodTable()
+    for add_to_server, servicer in servicers:
+        add_to_server(servicer, server)
+        add_to_server(servicer, methods)
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(
+        (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+    )
+    address = f"{settings.grpc_host}:{settings.grpc_port}"
+    if settings.tls is None:
+        port = server.add_insecure_port(address)
+    else:
+        port = server.add_secure_port(address, settings.tls.grpc_credentials())
+    if port == 0:
+        raise OSError(f"cannot listen on {address}")
+    await server.start()
+    if settings.http_port is not None or settings.console_port is not None:
+        # The gRPC server's servicers behind the same interceptors, tracing aside
+        # (its interceptor reads gRPC's own call objects).
+        http_procedures = procedures(
+            SERVICES,
+            methods,
+            [
+                CountCalls(),
+                Authorize(keys),
+                RejectUndecodable(),
+                DefaultDeadline(settings.unary_deadline),
+            ],
+        )
+    if settings.http_port is not None:
+        http_runner, http_port = await serve_http(settings, http_procedures, serving, ready)
+    if settings.console_port is not None:
+        console_runner, console_port = await serve_console(settings, http_procedures, keys)
+    log.info(
+        "postbox serving gRPC%s on %s:%d",
+        "" if settings.tls is None else " over TLS",
+        settings.grpc_host,
+        port,
+    )
+    if http_runner is not None:
+        log.info(
+            "postbox serving HTTP/JSON (Connect)%s on %s:%d",
+            "" if settings.tls is None else " over TLS",
+            settings.http_host,
+            http_port,
+        )
+    if console_runner is not None:
+        log.info(
+            "postbox serving the web console on %s://%s:%d/",
+            "http" if settings.tls is None else "https",
+            settings.console_host,
+            console_port,
+        )
+    return ApiFront(server, http_runner, console_runner)
+
+
 async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     """Serves until `stop` is set (or SIGINT/SIGTERM arrives), then shuts down in order."""
     stop = stop or asyncio.Event()
@@ -270,20 +405,23 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         await install_engine(direct_dsn)
         keys = KeyCache(direct_dsn)
         await keys.start()
-        refuse_anonymous_exposure(settings.grpc_host, keys, settings.insecure_allow_anonymous)
-        if settings.http_port is not None:
-            refuse_anonymous_exposure(settings.http_host, keys, settings.insecure_allow_anonymous)
-        if settings.console_port is not None:
-            refuse_anonymous_exposure(
-                settings.console_host, keys, settings.insecure_allow_anonymous
-            )
+        if settings.run_api:
+            for host, port in (
+                (settings.grpc_host, settings.grpc_port),
+                (settings.http_host, settings.http_port),
+                (settings.console_host, settings.console_port),
+            ):
+                if port is not None:
+                    refuse_anonymous_exposure(host, keys, settings.insecure_allow_anonymous)
         engine = await Engine.connect(
             dsn,
             pool_size=settings.pool_size,
             transaction_pooler=settings.listen_database_url is not None,
+            acquire_timeout=settings.pool_acquire_timeout,
         )
         if settings.require_synchronous_commit:
             await require_synchronous_commit(engine)
+        ready = database_ready(engine.ping, lambda: not stop.is_set())
         hub = WakeHub(
             direct_dsn,
             safety_interval=settings.safety_poll_interval,
@@ -291,17 +429,6 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         )
         await hub.start()
 
-        server = grpc.aio.server(
-            # Authentication first: an anonymous caller learns nothing, not even decoding errors.
-            # Counting first, so that refused calls are counted too.
-            interceptors=[
-                CountCalls(),
-                *tracing.server_interceptors(),
-                Authorize(keys),
-                RejectUndecodable(),
-            ],
-            options=grpc_options(settings, reuse_port=settings.reuse_port),
-        )
         egress = EgressPolicy(settings.webhook_allow_cidrs)
         webhooks = WebhookWorker(engine, egress, poll_interval=IDLE_POLL_INTERVAL)
         scheduler = SchedulerWorker(
@@ -309,82 +436,28 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         )
         hub.on_signal("webhooks", webhooks.wake)
         hub.on_signal("schedules", scheduler.wake)
-        # Each servicer goes to both front doors; the generated add_* functions take the
-        # grpc server, or the HTTP side's MethodTable, which stands in for one.
-        stream_waiters = StreamWaiters()
-        servicers: tuple[tuple[Callable[[Any, Any], None], object], ...] = (
-            (
-                queue_service_pb2_grpc.add_QueueServiceServicer_to_server,
-                QueueService(engine, max_message_size=settings.max_message_size),
-            ),
-            (
-                message_service_pb2_grpc.add_MessageServiceServicer_to_server,
-                MessageService(
-                    engine,
-                    hub,
-                    max_message_size=settings.max_message_size,
-                    max_response_size=settings.max_response_size,
-                ),
-            ),
-            (
-                topic_service_pb2_grpc.add_TopicServiceServicer_to_server,
-                TopicService(
-                    engine,
-                    hub,
-                    webhooks.wake,
-                    egress,
-                    max_message_size=settings.max_message_size,
-                    on_published=stream_waiters.wake,
-                ),
-            ),
-            (
-                stream_service_pb2_grpc.add_StreamServiceServicer_to_server,
-                StreamService(engine, stream_waiters),
-            ),
-            (
-                schedule_service_pb2_grpc.add_ScheduleServiceServicer_to_server,
-                ScheduleService(engine, scheduler.wake, max_message_size=settings.max_message_size),
-            ),
-            (
-                access_service_pb2_grpc.add_AccessServiceServicer_to_server,
-                AccessService(engine, keys),
-            ),
-        )
-        methods = MethodTable()
-        for add_to_server, servicer in servicers:
-            add_to_server(servicer, server)
-            add_to_server(servicer, methods)
         health_servicer = health.aio.HealthServicer()
         # The servicer starts out SERVING the whole server; nothing is served until
         # the database has answered a ping.
         await _set_health(health_servicer, False, serving)
-        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-        reflection.enable_server_reflection(
-            (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
-        )
-        address = f"{settings.grpc_host}:{settings.grpc_port}"
-        if settings.tls is None:
-            port = server.add_insecure_port(address)
-        else:
-            port = server.add_secure_port(address, settings.tls.grpc_credentials())
-        if port == 0:
-            raise OSError(f"cannot listen on {address}")
-        await server.start()
-        if settings.http_port is not None or settings.console_port is not None:
-            # The gRPC server's servicers behind the same interceptors, tracing aside
-            # (its interceptor reads gRPC's own call objects).
-            http_procedures = procedures(
-                SERVICES, methods, [CountCalls(), Authorize(keys), RejectUndecodable()]
+        if settings.run_api:
+            front = await _serve_api(
+                settings,
+                engine,
+                hub,
+                keys,
+                (egress, webhooks, scheduler),
+                health_servicer,
+                serving,
+                ready,
             )
-        if settings.http_port is not None:
-            http_runner, http_port = await serve_http(settings, http_procedures, serving)
-        if settings.console_port is not None:
-            console_runner, console_port = await serve_console(settings, http_procedures, keys)
+            server, http_runner, console_runner = front.server, front.http, front.console
         if settings.metrics_port is not None:
             metrics_runner = await serve_metrics(
                 settings.metrics_host,
                 settings.metrics_port,
                 functools.partial(_scrape, engine, settings.metrics_max_queues),
+                ready,
             )
         maintenance = MaintenanceWorker(
             engine,
@@ -397,33 +470,17 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
             asyncio.create_task(
                 _watch_health(engine, health_servicer, hub, serving), name="postbox-health"
             ),
-            asyncio.create_task(maintenance.run(), name="postbox-maintenance"),
-            asyncio.create_task(webhooks.run(), name="postbox-webhooks"),
-            asyncio.create_task(scheduler.run(), name="postbox-scheduler"),
             asyncio.create_task(
                 run_flusher(engine, settings.activity_interval), name="postbox-activity"
             ),
         ]
-        log.info(
-            "postbox serving gRPC%s on %s:%d",
-            "" if settings.tls is None else " over TLS",
-            settings.grpc_host,
-            port,
-        )
-        if http_runner is not None:
-            log.info(
-                "postbox serving HTTP/JSON (Connect)%s on %s:%d",
-                "" if settings.tls is None else " over TLS",
-                settings.http_host,
-                http_port,
-            )
-        if console_runner is not None:
-            log.info(
-                "postbox serving the web console on %s://%s:%d/",
-                "http" if settings.tls is None else "https",
-                settings.console_host,
-                console_port,
-            )
+        if settings.run_workers:
+            tasks += [
+                asyncio.create_task(maintenance.run(), name="postbox-maintenance"),
+                asyncio.create_task(webhooks.run(), name="postbox-webhooks"),
+                asyncio.create_task(scheduler.run(), name="postbox-scheduler"),
+            ]
+            log.info("postbox running maintenance, webhook deliveries and schedules")
         await stop.wait()
         log.info("shutting down")
     finally:

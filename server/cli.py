@@ -54,6 +54,7 @@ def _serve(args: argparse.Namespace) -> int:
         grpc_port=args.grpc_port,
         tls=tls,
         pool_size=args.pool_size,
+        pool_acquire_timeout=args.pool_acquire_timeout,
         require_synchronous_commit=args.require_synchronous_commit,
         max_message_size=args.max_message_size,
         max_response_size=args.max_response_size,
@@ -72,7 +73,17 @@ def _serve(args: argparse.Namespace) -> int:
         metrics_host=args.metrics_host,
         metrics_port=args.metrics_port,
         metrics_max_queues=args.metrics_max_queues,
+        run_api=args.verb != "worker",
+        unary_deadline=args.unary_deadline,
+        run_workers=not args.no_workers,
     )
+    if args.verb == "worker" and args.workers > 1:
+        print(
+            "postbox worker: runs as one process (--workers is for `serve`); start more "
+            "worker processes if one cannot keep up",
+            file=sys.stderr,
+        )
+        return 2
     if args.workers > 1 and args.console_port is not None:
         # A session lives in the memory of the process that opened it, and SO_REUSEPORT
         # would hand the next request to any process.
@@ -286,24 +297,8 @@ class _VerbsWithLogging:
         return self._verbs.add_parser(name, **kwargs)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="postbox", description=__doc__)
-    parser.add_argument("--version", action="version", version=f"postbox {__version__}")
-    _add_logging_flags(parser, os.environ.get("POSTBOX_LOG_LEVEL", "INFO"),
-                       os.environ.get("POSTBOX_LOG_FORMAT", "text"))  # fmt: skip
-    # The same flags after the verb (`postbox serve --log-level DEBUG`) win over those before.
-    after_verb = argparse.ArgumentParser(add_help=False)
-    _add_logging_flags(after_verb, argparse.SUPPRESS, argparse.SUPPRESS)
-    verbs = _VerbsWithLogging(parser.add_subparsers(dest="verb", required=True), after_verb)
-
-    data_dir = argparse.ArgumentParser(add_help=False)
-    data_dir.add_argument(
-        "--data-dir",
-        type=Path,
-        default=Path(os.environ.get("POSTBOX_DATA_DIR") or default_data_dir()),
-        help="data directory of the embedded PostgreSQL (default: %(default)s)",
-    )
-    serve = verbs.add_parser("serve", help="serve the gRPC API", parents=[data_dir])
+def _add_serve_flags(serve: argparse.ArgumentParser) -> None:
+    """The flags of `serve`, which `worker` takes too."""
     serve.add_argument(
         "--database-url",
         default=os.environ.get("DATABASE_URL"),
@@ -332,6 +327,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--grpc-port", type=int, default=int(os.environ.get("POSTBOX_GRPC_PORT", "50051"))
     )
     serve.add_argument("--pool-size", type=int, default=Settings.pool_size)
+    serve.add_argument(
+        "--pool-acquire-timeout",
+        type=positive_seconds,
+        default=Settings.pool_acquire_timeout,
+        metavar="SECONDS",
+        help="a call that finds every pooled database connection busy for this long is "
+        "refused with UNAVAILABLE, to retry (default: %(default)s)",
+    )
     serve.add_argument(
         "--require-synchronous-commit",
         action="store_true",
@@ -364,6 +367,15 @@ def build_parser() -> argparse.ArgumentParser:
         "link-local and other non-public addresses are refused otherwise",
     )
     serve.add_argument("--safety-poll-interval", type=float, default=Settings.safety_poll_interval)
+    serve.add_argument(
+        "--unary-deadline",
+        type=positive_seconds,
+        default=os.environ.get("POSTBOX_UNARY_DEADLINE", str(Settings.unary_deadline)),
+        metavar="SECONDS",
+        help="a unary call whose client set no deadline ends with DEADLINE_EXCEEDED after this "
+        "long, what it had not committed rolled back; streams such as a long-poll Receive "
+        "are not limited (default: $POSTBOX_UNARY_DEADLINE or %(default)s)",
+    )
     serve.add_argument(
         "--maintenance-interval",
         type=float,
@@ -458,7 +470,42 @@ def build_parser() -> argparse.ArgumentParser:
     add_server_flags(serve, "the gRPC port")
     # Set by `--workers` on the processes it starts; sharing the port is otherwise an error.
     serve.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="postbox", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"postbox {__version__}")
+    _add_logging_flags(parser, os.environ.get("POSTBOX_LOG_LEVEL", "INFO"),
+                       os.environ.get("POSTBOX_LOG_FORMAT", "text"))  # fmt: skip
+    # The same flags after the verb (`postbox serve --log-level DEBUG`) win over those before.
+    after_verb = argparse.ArgumentParser(add_help=False)
+    _add_logging_flags(after_verb, argparse.SUPPRESS, argparse.SUPPRESS)
+    verbs = _VerbsWithLogging(parser.add_subparsers(dest="verb", required=True), after_verb)
+
+    data_dir = argparse.ArgumentParser(add_help=False)
+    data_dir.add_argument(
+        "--data-dir",
+        type=Path,
+        default=Path(os.environ.get("POSTBOX_DATA_DIR") or default_data_dir()),
+        help="data directory of the embedded PostgreSQL (default: %(default)s)",
+    )
+    serve = verbs.add_parser("serve", help="serve the gRPC API", parents=[data_dir])
+    _add_serve_flags(serve)
+    serve.add_argument(
+        "--no-workers",
+        action="store_true",
+        help="serve the API only: leave maintenance, webhook deliveries and schedules to "
+        "`postbox worker` processes on the same database",
+    )
     serve.set_defaults(run=_serve)
+    worker = verbs.add_parser(
+        "worker",
+        help="run maintenance, webhook deliveries and schedules only, for API nodes started "
+        "with `serve --no-workers` (serve's flags; its API ports are not opened)",
+        parents=[data_dir],
+    )
+    _add_serve_flags(worker)
+    worker.set_defaults(run=_serve, no_workers=False)
 
     from server.sqs.settings import ShimSettings
 

@@ -37,6 +37,8 @@ class Settings:
     # None: plaintext gRPC (server/tls.py).
     tls: ServerTls | None = None
     pool_size: int = 10
+    # Seconds a call waits for a pooled connection before UNAVAILABLE.
+    pool_acquire_timeout: float = 30.0
     # Refuse to serve unless commits wait for a synchronous standby (server/durability.py).
     require_synchronous_commit: bool = False
     # Largest message (body and attributes) this server accepts and a queue may be
@@ -78,6 +80,13 @@ class Settings:
     metrics_host: str = "localhost"
     metrics_port: int | None = None
     metrics_max_queues: int = 1000
+    # The roles this process plays: the API (gRPC, HTTP, console), and the workers
+    # (maintenance, webhook deliveries, schedules). `serve --no-workers` drops the workers;
+    # `postbox worker` the API.
+    run_api: bool = True
+    # Seconds a unary call without a deadline of its own may take (server/deadline.py).
+    unary_deadline: float = 60.0
+    run_workers: bool = True
 
     @property
     def max_request_size(self) -> int:

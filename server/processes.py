@@ -25,6 +25,7 @@ from server.app import install_engine, open_database, stop_on_signals
 from server.config import Settings
 from server.db.engine import Engine
 from server.observability.metrics import exposition, serve_metrics
+from server.observability.probes import database_ready
 
 log = logging.getLogger(__name__)
 
@@ -49,12 +50,14 @@ def worker_command(settings: Settings, log_level: str, log_format: str) -> list[
         "--grpc-host", settings.grpc_host,
         "--grpc-port", str(settings.grpc_port),
         "--pool-size", str(settings.pool_size),
+        "--pool-acquire-timeout", str(settings.pool_acquire_timeout),
         "--max-message-size", str(settings.max_message_size),
         "--max-response-size", str(settings.max_response_size),
         "--safety-poll-interval", str(settings.safety_poll_interval),
         "--maintenance-interval", str(settings.maintenance_interval),
         "--expiry-interval", str(settings.expiry_interval),
         "--activity-interval", str(settings.activity_interval),
+        "--unary-deadline", str(settings.unary_deadline),
         "--reuse-port",
         *([] if settings.tls is None else settings.tls.flags()),
         *([] if settings.http_port is None else [
@@ -65,6 +68,7 @@ def worker_command(settings: Settings, log_level: str, log_format: str) -> list[
         *(arg for cidr in settings.webhook_allow_cidrs for arg in ("--webhook-allow-cidr", cidr)),
         *(["--insecure-allow-anonymous"] if settings.insecure_allow_anonymous else []),
         *(["--require-synchronous-commit"] if settings.require_synchronous_commit else []),
+        *([] if settings.run_workers else ["--no-workers"]),
     ]  # fmt: skip
 
 
@@ -103,6 +107,7 @@ async def serve_workers(
                 functools.partial(
                     exposition, engine, settings.metrics_max_queues, multiprocess_dir=metrics_dir
                 ),
+                database_ready(engine.ping, lambda: not stop.is_set()),
             )
         command = worker_command(settings, log_level, log_format)
         for _ in range(workers):

@@ -31,7 +31,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support import (
     ROOT,
-    ServerProcess,
+    HttpServerProcess,
     api_methods,
     bootstrap_key,
     call_method,
@@ -56,14 +56,7 @@ BODY_LIMIT = 64 * 1024
 GREETING = {"dataType": "String", "stringValue": "greeting"}
 
 
-class HttpServer(ServerProcess):
-    """`postbox serve` with its HTTP port on too."""
-
-    def __init__(self, database_url: str, *extra: str, scheme: str = "http", **kwargs) -> None:
-        super().__init__(database_url, *extra, **kwargs)
-        self.http_port = free_port(self.port, self.metrics_port or 0)
-        self.extra_args = ("--http-port", str(self.http_port), *self.extra_args)
-        self.base = f"{scheme}://127.0.0.1:{self.http_port}"
+HttpServer = HttpServerProcess
 
 
 @pytest.fixture(scope="module")

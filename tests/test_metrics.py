@@ -21,6 +21,7 @@ from support import (
     scrape,
     seconds,
     unique_name,
+    until,
 )
 
 
@@ -374,3 +375,60 @@ def test_a_fan_out_counts_what_each_queue_took(observed, stubs):
 
     assert grew(names[0]) == 5 + 1 + 1
     assert grew(names[1]) == 3 + 1
+
+
+def test_redeliveries_and_age_at_first_receive_are_counted_by_queue(observed, stubs):
+    queues, messages = stubs
+    queue = unique_name("metrics_redelivered")
+    queues.CreateQueue(qpb.CreateQueueRequest(queue=qpb.Queue(name=queue)), timeout=10)
+    messages.Send(pb.SendRequest(queue=queue, body=b"again"), timeout=10)
+    receive = pb.ReceiveRequest(
+        queue=queue, max_messages=1, visibility_timeout=seconds(0), wait_time=seconds(5)
+    )
+    # A lease of 0 s makes the message visible again at once: the second receive is a
+    # redelivery, and only the first delivery has an age at receive.
+    for expected_count in (1, 2):
+        [response] = list(messages.Receive(receive, timeout=30))
+        assert response.messages[0].receive_count == expected_count
+    samples = observed.scrape()
+    assert metric(samples, "postbox_messages_received_total", queue=queue) == 2
+    assert metric(samples, "postbox_messages_redelivered_total", queue=queue) == 1
+    assert metric(samples, "postbox_message_age_at_receive_seconds_count", queue=queue) == 1
+    assert metric(samples, "postbox_message_age_at_receive_seconds_sum", queue=queue) >= 0
+
+
+async def test_a_pool_acquire_timeout_is_refused_and_counted(database_url):
+    # One pooled connection, held by a call waiting on the test's lock: the next call finds
+    # none free within 0.5 s. No workers, so nothing else of the server takes the pool.
+    server = MetricsServer(
+        database_url, "--pool-size", "1", "--pool-acquire-timeout", "0.5", "--no-workers"
+    )
+    queue = unique_name("metrics_pool")
+    with running(server), grpc.insecure_channel(server.process.target) as channel:
+        queues = queue_service_pb2_grpc.QueueServiceStub(channel)
+        queues.CreateQueue(qpb.CreateQueueRequest(queue=qpb.Queue(name=queue)), timeout=10)
+        before = metric(server.scrape(), "postbox_db_pool_acquire_timeouts_total")
+        holder = await asyncpg.connect(database_url)
+        try:
+            async with holder.transaction():
+                await holder.execute("SELECT FROM postbox.queues WHERE name = $1 FOR UPDATE", queue)
+                held = queues.UpdateQueue.future(
+                    qpb.UpdateQueueRequest(
+                        queue=qpb.Queue(name=queue, visibility_timeout=seconds(45)),
+                        update_mask={"paths": ["visibility_timeout"]},
+                    ),
+                    timeout=30,
+                )
+                await until(
+                    holder,
+                    "SELECT count(*) > 0 FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                    "AND datname = current_database()",
+                )
+                with pytest.raises(grpc.RpcError) as refused:
+                    queues.GetQueue(qpb.GetQueueRequest(name=queue), timeout=30)
+        finally:
+            await holder.close()
+        assert refused.value.code() is grpc.StatusCode.UNAVAILABLE
+        assert "--pool-acquire-timeout" in refused.value.details()
+        assert held.result().queue.visibility_timeout.seconds == 45
+        assert metric(server.scrape(), "postbox_db_pool_acquire_timeouts_total") >= before + 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import contextlib
 import json
@@ -16,7 +17,7 @@ import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
 from server.db import hosts
-from server.db.errors import translate
+from server.db.errors import pool_exhausted, translate
 from server.db.own_sessions import UNTHROTTLED_SETTING, OwnSessions
 from server.db.sqlfiles import queries
 from server.errors import ApiError
@@ -132,6 +133,14 @@ def _optional_column(values: list[Any]) -> list[Any] | None:
 
 def _count_received(queue: str, rows: list[Any]) -> None:
     metrics.count(metrics.MESSAGES_RECEIVED, queue, len(rows))
+    redelivered = 0
+    for row in rows:
+        if row["receive_count"] > 1:
+            redelivered += 1
+        elif row["first_received_at"] is not None:
+            age = row["first_received_at"] - row["enqueued_at"]
+            metrics.AGE_AT_RECEIVE.labels(queue).observe(max(age.total_seconds(), 0.0))
+    metrics.count(metrics.MESSAGES_REDELIVERED, queue, redelivered)
     ACTIVITY.received(queue, rows)
 
 
@@ -162,18 +171,34 @@ async def _keep_session(conn: asyncpg.Connection) -> None:
     round trip on every call."""
 
 
+# Seconds a call waits for a pooled connection by default (--pool-acquire-timeout).
+DEFAULT_ACQUIRE_TIMEOUT = 30.0
+
+
 class Engine:
     """Runs the named queries of queries.sql on a connection pool."""
 
-    def __init__(self, pool: asyncpg.Pool, own_sessions: OwnSessions | None = None) -> None:
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        own_sessions: OwnSessions | None = None,
+        acquire_timeout: float = DEFAULT_ACQUIRE_TIMEOUT,
+    ) -> None:
         self.pool = pool
+        # Longest a call waits for a pooled connection before it is refused UNAVAILABLE.
+        self.acquire_timeout = acquire_timeout
         self._sql = queries()
         # None behind a transaction pooler, whose server sessions are not this pool's.
         self.own_sessions = own_sessions
 
     @classmethod
     async def connect(
-        cls, dsn: str, *, pool_size: int = 10, transaction_pooler: bool = False
+        cls,
+        dsn: str,
+        *,
+        pool_size: int = 10,
+        transaction_pooler: bool = False,
+        acquire_timeout: float = DEFAULT_ACQUIRE_TIMEOUT,
     ) -> Engine:
         """A pool on `dsn`. Behind a transaction pooler, consecutive calls of one pool
         connection may reach different server connections, where a named prepared
@@ -194,7 +219,7 @@ class Engine:
             )
         except Exception as exc:
             raise translate(exc) from exc
-        return cls(pool, own)
+        return cls(pool, own, acquire_timeout)
 
     @contextlib.asynccontextmanager
     async def _sending(self, queue: str, conn: Connection | None) -> AsyncIterator[Connection]:
@@ -240,10 +265,17 @@ class Engine:
     async def connection(self) -> AsyncIterator[Connection]:
         """A connection of the pool; every call takes its connection here, so that the
         wake-up hub knows what each session does last (see OwnSessions)."""
-        async with self.pool.acquire() as conn:
+        try:
+            conn = await self.pool.acquire(timeout=self.acquire_timeout)
+        except asyncio.TimeoutError:
+            metrics.POOL_ACQUIRE_TIMEOUTS.inc()
+            raise pool_exhausted(self.acquire_timeout, self.pool.get_max_size()) from None
+        try:
             if self.own_sessions is not None:
                 self.own_sessions.acquired(conn.get_server_pid())
             yield conn
+        finally:
+            await self.pool.release(conn)
 
     @contextlib.asynccontextmanager
     async def _transaction(self) -> AsyncIterator[Connection]:

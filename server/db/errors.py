@@ -48,6 +48,15 @@ def _is_unavailable(exc: BaseException) -> bool:
     return state.startswith(("08", "53", "57P"))
 
 
+def pool_exhausted(timeout: float, size: int) -> ApiError:
+    """No pooled connection came free within `timeout`: the caller may retry."""
+    return ApiError(
+        grpc.StatusCode.UNAVAILABLE,
+        f"no database connection came free within {timeout:g} s: all {size} of the pool "
+        "are busy (--pool-size, --pool-acquire-timeout); retry",
+    )
+
+
 def translate(exc: BaseException) -> ApiError:
     """The ApiError to report for a failure of a database call."""
     if isinstance(exc, ApiError):

@@ -13,30 +13,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import Callable
 from typing import Any, cast
 
 import grpc
 from aiohttp import web
-from google.protobuf.message import Message
 
-from server.errors import ApiError
-from server.http import connect
+from server.http import connect, invoke
 from server.http.connect import Codec, ConnectError
 from server.http.context import HttpCallContext
 from server.http.procedures import Procedure
+from server.http.rest import routes as rest
+from server.observability.probes import Ready, add_probes
 from server.services.decoding import Undecodable
-
-log = logging.getLogger(__name__)
 
 _JSON_ADVICE = "send the request message in proto3 JSON (field names as in the protos)"
 _PROTO_ADVICE = "send the request message in the protobuf binary format"
-# Headers of the HTTP exchange itself, which gRPC metadata would not hold either.
-_NOT_METADATA = frozenset(
-    ("content-type", "content-length", "content-encoding", "host", "connection",
-     "transfer-encoding", "accept-encoding", "user-agent", "connect-timeout-ms")
-)  # fmt: skip
+_CLIENT_DEADLINE = "its Connect-Timeout-Ms"
 
 
 def _error_response(
@@ -49,48 +42,6 @@ def _error_response(
         content_type="application/json",
         headers=headers,
     )
-
-
-async def _read_body(request: web.Request, limit: int) -> bytes:
-    """The body, refused before it is read when it says it is larger than the limit, and
-    as soon as it grows past it when it does not say."""
-    too_large = ConnectError(
-        grpc.StatusCode.RESOURCE_EXHAUSTED,
-        f"the request body is larger than this server accepts ({limit} bytes, "
-        "--http-max-request-size)",
-    )
-    if request.content_length is not None and request.content_length > limit:
-        raise too_large
-    body = bytearray()
-    async for chunk in request.content.iter_any():
-        body += chunk
-        if len(body) > limit:
-            raise too_large
-    return bytes(body)
-
-
-def _metadata(request: web.Request) -> list[tuple[str, str]]:
-    return [
-        (name.lower(), value)
-        for name, value in request.headers.items()
-        if name.lower() not in _NOT_METADATA
-    ]
-
-
-def _failure(context: HttpCallContext, error: BaseException) -> ConnectError:
-    """What the client is told of a call that raised `error`."""
-    if isinstance(error, grpc.aio.AbortError):
-        code = context.code() or grpc.StatusCode.UNKNOWN
-        return ConnectError(code, context.details() or "")
-    if isinstance(error, ApiError):
-        return ConnectError(error.code, error.message)
-    if isinstance(error, asyncio.TimeoutError) and context.time_remaining() == 0:
-        return ConnectError(
-            grpc.StatusCode.DEADLINE_EXCEEDED, "the call ran past its Connect-Timeout-Ms"
-        )
-    # As grpc.aio answers a servicer's crash: UNKNOWN, the cause in the server's log.
-    log.error("%s failed", type(error).__name__, exc_info=error)
-    return ConnectError(grpc.StatusCode.UNKNOWN, f"Unexpected {type(error).__name__}")
 
 
 class ConnectHandler:
@@ -145,34 +96,23 @@ class ConnectHandler:
         codec = Codec(types[content_type])
         try:
             timeout = connect.timeout_seconds(request.headers.get("Connect-Timeout-Ms"))
-            body = await _read_body(request, self._max_request_size)
+            body = await invoke.read_body(request, self._max_request_size)
         except ConnectError as error:
             return _error_response(error)
         loop = asyncio.get_running_loop()
         context = HttpCallContext(
-            _metadata(request), None if timeout is None else loop.time() + timeout
+            invoke.metadata(request), None if timeout is None else loop.time() + timeout
         )
         call = _decoded(codec, procedure, body, streaming)
         if streaming:
             return await self._stream(request, procedure, codec, call, context, timeout)
         try:
-            response = await asyncio.wait_for(self._unary(procedure, call, context), timeout)
+            response = await asyncio.wait_for(invoke.answer(procedure, call, context), timeout)
         except Exception as error:
-            return _error_response(_failure(context, error))
+            return _error_response(invoke.failure(context, error, _CLIENT_DEADLINE))
         finally:
             context.done()
         return web.Response(body=codec.encode(response), content_type=content_type)
-
-    async def _unary(self, procedure: Procedure, call: Any, context: HttpCallContext) -> Message:
-        grpc_context = cast(grpc.aio.ServicerContext, context)
-        if not procedure.server_streaming:
-            # types-grpcio types handlers for the sync server; grpc.aio's are coroutines.
-            return await cast(Any, procedure.handler.unary_unary)(call, grpc_context)
-        merged = procedure.response_class()
-        async with contextlib.aclosing(_responses(procedure, call, grpc_context)) as stream:
-            async for response in stream:
-                merged.MergeFrom(response)
-        return merged
 
     async def _stream(
         self,
@@ -190,7 +130,8 @@ class ConnectHandler:
 
         async def pump() -> None:
             # aclosing: a client gone mid-write ends the stream now, releasing what it claimed.
-            async with contextlib.aclosing(_responses(procedure, call, grpc_context)) as stream:
+            replies = invoke.responses(procedure, call, grpc_context)
+            async with contextlib.aclosing(replies) as stream:
                 async for response in stream:
                     await answer.write(connect.envelope(0, codec.encode(response)))
 
@@ -200,22 +141,13 @@ class ConnectHandler:
         except ConnectionResetError:
             return answer  # the client left; the stream's cleanup has run
         except Exception as failure:
-            error = _failure(context, failure)
+            error = invoke.failure(context, failure, _CLIENT_DEADLINE)
         finally:
             context.done()
         with contextlib.suppress(ConnectionResetError):
             await answer.write(connect.end_of_stream(error))
             await answer.write_eof()
         return answer
-
-
-async def _responses(
-    procedure: Procedure, call: Any, context: grpc.aio.ServicerContext
-) -> AsyncGenerator[Message, None]:
-    # An async generator: the outermost interceptor (the call counter) makes every
-    # streaming handler one.
-    async for response in cast(Any, procedure.handler.unary_stream)(call, context):
-        yield response
 
 
 def _decoded(codec: Codec, procedure: Procedure, body: bytes, streaming: bool) -> Any:
@@ -235,9 +167,10 @@ def build_app(
     *,
     max_request_size: int,
     serving: Callable[[], bool],
+    ready: Ready,
     openapi: bytes,
 ) -> web.Application:
-    """`openapi`: the OpenAPI document GET /openapi.json serves."""
+    """`openapi`: the OpenAPI document GET /openapi.json serves; `ready`: /readyz's check."""
 
     async def healthz(_: web.Request) -> web.Response:
         status = "SERVING" if serving() else "NOT_SERVING"
@@ -249,6 +182,8 @@ def build_app(
     app = web.Application()
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/openapi.json", openapi_json)
+    add_probes(app, ready)
+    rest.add_routes(app, procedures, max_body=max_request_size, deadline=None)
     # Every other path: a procedure's, or a Connect not_found naming where they are.
     app.router.add_route("*", "/{path:.*}", ConnectHandler(procedures, max_request_size))
     return app

@@ -28,6 +28,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from server.errors import ApiError
+from server.observability.probes import Ready, add_probes
 
 if TYPE_CHECKING:
     from server.db.engine import Engine
@@ -55,6 +56,17 @@ MESSAGES_SENT = Counter("postbox_messages_sent_total", "Messages sent, by queue.
 MESSAGES_RECEIVED = Counter(
     "postbox_messages_received_total", "Deliveries of messages, by queue.", ("queue",)
 )
+MESSAGES_REDELIVERED = Counter(
+    "postbox_messages_redelivered_total",
+    "Deliveries of messages delivered before (a lease ran out, or a nack), by queue.",
+    ("queue",),
+)
+AGE_AT_RECEIVE = Histogram(
+    "postbox_message_age_at_receive_seconds",
+    "Seconds from a message's send to its first delivery, by queue.",
+    ("queue",),
+    buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 1800, 3600),
+)
 MESSAGES_DELETED = Counter(
     "postbox_messages_deleted_total", "Messages deleted by their receipt, by queue.", ("queue",)
 )
@@ -65,6 +77,12 @@ WEBHOOK_DELIVERIES = Counter(
     "postbox_webhook_deliveries_total",
     "Webhook delivery attempts, by outcome (delivered, retrying, failed).",
     ("outcome",),
+)
+WEBHOOK_SECONDS = Histogram(
+    "postbox_webhook_delivery_seconds",
+    "Seconds a webhook delivery attempt took (the POST and its answer), by outcome.",
+    ("outcome",),
+    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
 )
 SCHEDULE_FIRES = Counter("postbox_schedule_fires_total", "Schedules fired.", ("outcome",))
 GROUP_COMMIT_SIZE = Histogram(
@@ -90,6 +108,11 @@ POOL_CONNECTIONS = Gauge(
     multiprocess_mode="livesum",
 )
 
+POOL_ACQUIRE_TIMEOUTS = Counter(
+    "postbox_db_pool_acquire_timeouts_total",
+    "Calls refused because no pooled database connection came free in time "
+    "(--pool-acquire-timeout).",
+)
 
 SQS_REQUESTS = Counter(
     "postbox_sqs_requests_total",
@@ -226,9 +249,10 @@ async def exposition(
 
 
 async def serve_metrics(
-    host: str, port: int, scrape: Callable[[], Awaitable[bytes]]
+    host: str, port: int, scrape: Callable[[], Awaitable[bytes]], ready: Ready | None = None
 ) -> web.AppRunner:
-    """Serves GET /metrics on host:port until the returned runner is cleaned up."""
+    """Serves GET /metrics on host:port until the returned runner is cleaned up, and the
+    probes /livez and /readyz when there is a `ready` check."""
 
     async def metrics(_: web.Request) -> web.Response:
         body = await scrape()
@@ -236,6 +260,8 @@ async def serve_metrics(
 
     app = web.Application()
     app.router.add_get("/metrics", metrics)
+    if ready is not None:
+        add_probes(app, ready)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, host.strip("[]"), port).start()

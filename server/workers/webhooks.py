@@ -130,7 +130,9 @@ class WebhookWorker:
         self._nudge.set()
 
     async def _attempt(self, session: aiohttp.ClientSession, delivery: Record) -> None:
+        began = time.monotonic()
         status, error = await self._post(session, delivery)
+        took = time.monotonic() - began
         try:
             outcome = await self.engine.finish_webhook_delivery(
                 delivery["delivery_id"], delivery["lease"], status, error
@@ -140,6 +142,7 @@ class WebhookWorker:
             log.warning("could not record a webhook attempt: %s", failure.message)
             return
         metrics.WEBHOOK_DELIVERIES.labels(outcome).inc()
+        metrics.WEBHOOK_SECONDS.labels(outcome).observe(took)
         if outcome == "failed":
             log.warning(
                 "webhook delivery %s to subscription %r of topic %r failed after %d attempts: %s",

@@ -1,0 +1,545 @@
+"""The native REST API under /v1 (beyond-queue's routes), driven with a plain HTTP client
+(aiohttp) against a real server over real sockets: each route's shapes and status codes
+as beyond-queue's route table gives them, its key and grant rules (Connect's codes), and
+bad input refused with a precise 400 that changes nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.error
+import urllib.request
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import aiohttp
+import pytest
+from openapi_spec_validator import validate
+from receiver import Receiver
+from support import (
+    HttpServerProcess,
+    bootstrap_key,
+    create_database,
+    drop_database,
+    unique_name,
+)
+
+# beyond-queue's route table, method and path, as its seed lists it (cert aside).
+SEED_ROUTES = {
+    ("POST", "/v1/queues"), ("GET", "/v1/queues"), ("GET", "/v1/queues/{name}"),
+    ("DELETE", "/v1/queues/{name}"), ("POST", "/v1/queues/{name}/purge"),
+    ("POST", "/v1/queues/{name}/messages"), ("GET", "/v1/queues/{name}/messages"),
+    ("DELETE", "/v1/queues/{name}/messages"), ("DELETE", "/v1/queues/{name}/messages/{id}"),
+    ("PATCH", "/v1/queues/{name}/messages/{id}"), ("POST", "/v1/events/{routing_key}"),
+    ("POST", "/v1/events/{pattern}/subscriptions"), ("GET", "/v1/events/{pattern}/subscriptions"),
+    ("DELETE", "/v1/events/{pattern}/subscriptions/{id}"),
+    ("GET", "/v1/queues/{name}/subscriptions"), ("POST", "/v1/schedules"),
+    ("GET", "/v1/schedules"), ("GET", "/v1/schedules/{name}"), ("PUT", "/v1/schedules/{name}"),
+    ("PATCH", "/v1/schedules/{name}"), ("DELETE", "/v1/schedules/{name}"),
+    ("POST", "/v1/schedules/{name}/runs"), ("POST", "/v1/previews"),
+}  # fmt: skip
+# The smallest --http-max-request-size, so a test exceeds it cheaply.
+BODY_LIMIT = 64 * 1024
+
+
+@pytest.fixture(scope="module")
+def rest_server(database_url: str) -> Iterator[HttpServerProcess]:
+    process = HttpServerProcess(database_url, "--http-max-request-size", str(BODY_LIMIT)).start()
+    yield process
+    process.stop()
+
+
+@pytest.fixture
+async def http(rest_server: HttpServerProcess) -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession(rest_server.base) as session:
+        yield session
+
+
+async def request(
+    http: aiohttp.ClientSession,
+    method: str,
+    path: str,
+    body: Any = None,
+    *,
+    raw: bytes | None = None,
+    headers: dict[str, str] | None = None,
+) -> tuple[int, Any, dict[str, str]]:
+    """The status, the JSON answer (None when empty) and the headers."""
+    data = raw if raw is not None else None if body is None else json.dumps(body).encode()
+    sent = {"Content-Type": "application/json", **(headers or {})}
+    async with http.request(method, path, data=data, headers=sent) as answer:
+        text = await answer.read()
+        return answer.status, json.loads(text) if text else None, dict(answer.headers)
+
+
+async def new_queue(http: aiohttp.ClientSession, hint: str, **fields: Any) -> str:
+    name = unique_name(hint)
+    status, created, _ = await request(http, "POST", "/v1/queues", {"name": name, **fields})
+    assert status == 201, created
+    return name
+
+
+async def depth(http: aiohttp.ClientSession, queue: str) -> int:
+    status, metrics, _ = await request(http, "GET", f"/v1/queues/{queue}")
+    assert status == 200, metrics
+    return metrics["queue_length"]
+
+
+def refused(status: int, answer: Any, code: int, *words: str) -> None:
+    assert status == code, answer
+    assert set(answer) == {"error", "code"}, answer
+    for word in words:
+        assert word in answer["error"], answer
+
+
+async def test_the_openapi_document_is_the_route_table(http: aiohttp.ClientSession) -> None:
+    status, document, headers = await request(http, "GET", "/v1/openapi.json")
+    assert status == 200
+    assert headers["Content-Type"].startswith("application/json")
+    assert document["openapi"].startswith("3.1")
+    validate(document)  # an independent validator of OpenAPI 3.1
+    served = {
+        (method.upper(), path)
+        for path, operations in document["paths"].items()
+        for method in operations
+    }
+    assert served == SEED_ROUTES
+    create = document["paths"]["/v1/schedules"]["post"]
+    assert set(create["responses"]) >= {"201", "409", "default"}
+    receive = document["paths"]["/v1/queues/{name}/messages"]["get"]
+    assert [p["name"] for p in receive["parameters"]] == ["name", "max", "vt", "wait", "fifo"]
+
+
+async def test_queues_create_list_metrics_purge_delete(http: aiohttp.ClientSession) -> None:
+    name = unique_name("rest_queue")
+    status, created, headers = await request(http, "POST", "/v1/queues", {"name": name})
+    assert status == 201, created
+    assert headers["Location"] == f"/v1/queues/{name}"
+    assert created["name"] == name
+    assert created["fifo"] is False
+    assert created["is_partitioned"] is False
+    assert created["is_unlogged"] is False
+    assert created["created_at"].endswith("Z")
+    # As beyond-queue's: creating it again is no error.
+    status, again, _ = await request(http, "POST", "/v1/queues", {"name": name})
+    assert (status, again) == (200, created)
+    # A FIFO queue's name says so, as in SQS.
+    status, clash, _ = await request(http, "POST", "/v1/queues", {"name": name, "fifo": True})
+    refused(status, clash, 400, ".fifo")
+    status, fifo, _ = await request(http, "POST", "/v1/queues", {"name": f"{name}.fifo"})
+    assert (status, fifo["fifo"]) == (201, True)
+    status, clash, _ = await request(
+        http, "POST", "/v1/queues", {"name": f"{name}2.fifo", "fifo": False}
+    )
+    refused(status, clash, 400, ".fifo")
+    status, listed, _ = await request(http, "GET", "/v1/queues")
+    assert f"{name}2.fifo" not in [q["name"] for q in listed]
+    status, listed, _ = await request(http, "GET", "/v1/queues")
+    assert status == 200
+    assert [q for q in listed if q["name"] == name] == [created]
+    for i in range(3):
+        await request(http, "POST", f"/v1/queues/{name}/messages", {"message": i})
+    status, metrics, _ = await request(http, "GET", f"/v1/queues/{name}")
+    assert status == 200
+    assert metrics["queue_name"] == name
+    assert metrics["queue_length"] == metrics["visible_messages"] == 3
+    assert metrics["oldest_msg_age_sec"] >= 0
+    assert metrics["newest_msg_age_sec"] is None
+    assert metrics["total_messages"] is None
+    status, purged, _ = await request(http, "POST", f"/v1/queues/{name}/purge")
+    assert (status, purged) == (200, {"deleted": 3})
+    assert await depth(http, name) == 0
+    status, gone, _ = await request(http, "DELETE", f"/v1/queues/{name}")
+    assert (status, gone) == (204, None)
+    status, missing, _ = await request(http, "DELETE", f"/v1/queues/{name}")
+    refused(status, missing, 404, name)
+    assert missing["code"] == "not_found"
+    status, missing, _ = await request(http, "GET", f"/v1/queues/{name}")
+    refused(status, missing, 404)
+
+
+async def test_messages_send_receive_visibility_delete(http: aiohttp.ClientSession) -> None:
+    queue = await new_queue(http, "rest_messages")
+    messages = f"/v1/queues/{queue}/messages"
+    status, sent, _ = await request(
+        http, "POST", messages, {"message": {"order": 7}, "headers": {"kind": "new", "n": 2}}
+    )
+    assert status == 201, sent
+    assert isinstance(sent["id"], int)
+    status, batch, _ = await request(http, "POST", messages, [{"message": "a"}, {"message": [1]}])
+    assert status == 201, batch
+    assert len(batch["ids"]) == 2
+    assert all(isinstance(i, int) for i in batch["ids"])
+    # Receive: max, vt, and the shapes.
+    status, received, _ = await request(http, "GET", f"{messages}?max=1&vt=60")
+    assert status == 200, received
+    [first] = received
+    assert first["message_id"] == sent["id"]
+    assert first["message"] == {"order": 7}
+    assert first["headers"] == {"kind": "new", "n": 2}
+    assert first["read_ct"] == 1
+    assert first["enqueued_at"].endswith("Z")
+    assert first["id"].startswith(f"{sent['id']}:")  # the receipt
+    status, rest, _ = await request(http, "GET", f"{messages}?max=10")
+    assert sorted(json.dumps(m["message"]) for m in rest) == ['"a"', "[1]"]
+    # Nothing visible: the default wait (0) answers at once, empty.
+    status, empty, _ = await request(http, "GET", messages)
+    assert (status, empty) == (200, [])
+    # PATCH: visible again now; the old receipt is stale after the next delivery.
+    status, changed, _ = await request(http, "PATCH", f"{messages}/{first['id']}", {"vt": 0})
+    assert status == 200, changed
+    assert changed["id"] == first["id"]
+    assert changed["visible_at"].endswith("Z")
+    status, [again], _ = await request(http, "GET", f"{messages}?vt=60")
+    assert again["message_id"] == sent["id"]
+    assert again["read_ct"] == 2
+    status, stale, _ = await request(http, "DELETE", f"{messages}/{first['id']}")
+    refused(status, stale, 400, "stale")
+    assert stale["code"] == "failed_precondition"
+    status, deleted, _ = await request(http, "DELETE", f"{messages}/{again['id']}")
+    assert (status, deleted) == (204, None)
+    status, gone, _ = await request(http, "DELETE", f"{messages}/{again['id']}")
+    refused(status, gone, 404)
+    # Batch delete: the ids deleted, each on its own.
+    status, batch_deleted, _ = await request(
+        http, "DELETE", messages, {"ids": [rest[0]["id"], rest[1]["id"], first["id"]]}
+    )
+    assert status == 200, batch_deleted
+    assert batch_deleted == {"deleted": [rest[0]["id"], rest[1]["id"]]}
+    assert await depth(http, queue) == 0
+
+
+async def test_receive_waits_for_a_message(http: aiohttp.ClientSession) -> None:
+    queue = await new_queue(http, "rest_wait")
+    messages = f"/v1/queues/{queue}/messages"
+    waiting = asyncio.create_task(request(http, "GET", f"{messages}?wait=20"))
+    # The receive may start before or after the send: either way it returns the message,
+    # and the 20 s wait is far longer than either takes on a loaded machine.
+    await request(http, "POST", messages, {"message": "late"})
+    status, [message], _ = await waiting
+    assert (status, message["message"]) == (200, "late")
+
+
+async def test_events_fan_out_to_queues_and_endpoints(http: aiohttp.ClientSession) -> None:
+    queue = await new_queue(http, "rest_events")
+    word = unique_name("orders").replace("-", "_")
+    pattern = f"{word}.*"
+    status, subscribed, _ = await request(
+        http, "POST", f"/v1/events/{pattern}/subscriptions", {"queue_name": queue}
+    )
+    assert status == 201, subscribed
+    assert subscribed["pattern"] == pattern
+    assert subscribed["queue_name"] == queue
+    assert subscribed["protocol"] == "sqs"
+    assert subscribed["endpoint"] is None
+    receiver = Receiver().start()
+    try:
+        status, hook, _ = await request(
+            http,
+            "POST",
+            f"/v1/events/{pattern}/subscriptions",
+            {"protocol": "http", "endpoint": receiver.url("/hook")},
+        )
+        assert status == 201, hook
+        assert hook["protocol"] == "http"
+        assert hook["envelope"] is False
+        status, listed, _ = await request(http, "GET", f"/v1/events/{pattern}/subscriptions")
+        assert status == 200
+        assert sorted(s["id"] for s in listed) == sorted([subscribed["id"], hook["id"]])
+        status, by_queue, _ = await request(http, "GET", f"/v1/queues/{queue}/subscriptions")
+        assert (status, by_queue) == (200, [subscribed])
+        status, published, _ = await request(
+            http, "POST", f"/v1/events/{word}.created", {"message": {"total": 5}}
+        )
+        assert status == 201, published
+        assert published["queues_matched"] == 1
+        assert published["messages"][0]["queue"] == queue
+        assert published["webhook_deliveries"] == 1
+        # The endpoint gets the raw message, as beyond-queue's REST subscriptions default.
+        [delivered] = await asyncio.to_thread(receiver.wait_for, "/hook", 1)
+        assert json.loads(delivered.body) == {"total": 5}
+    finally:
+        receiver.stop()
+    status, [message], _ = await request(http, "GET", f"/v1/queues/{queue}/messages")
+    assert message["message_id"] == published["messages"][0]["id"]
+    assert message["message"] == {"total": 5}
+    status, nothing, _ = await request(http, "POST", f"/v1/events/{word}", {"message": 1})
+    assert (status, nothing["queues_matched"]) == (201, 0)
+    path = f"/v1/events/{pattern}/subscriptions/{subscribed['id']}"
+    status, _, _ = await request(http, "DELETE", path)
+    assert status == 204
+    status, missing, _ = await request(http, "DELETE", path)
+    refused(status, missing, 404)
+    status, other, _ = await request(
+        http,
+        "DELETE",
+        f"/v1/events/{word}.%23/subscriptions/{hook['id']}",  # "#", escaped
+    )
+    refused(status, other, 404, "pattern")
+
+
+async def test_schedules_create_upsert_pause_run_delete(http: aiohttp.ClientSession) -> None:
+    queue = await new_queue(http, "rest_schedules")
+    name = unique_name("nightly")
+    spec = {
+        "name": name,
+        "cron": "0 9 * * *",
+        "timezone": "Europe/Berlin",
+        "target_kind": "queue",
+        "target": queue,
+        "message": {"job": "report"},
+        "headers": {"source": "cron"},
+    }
+    status, created, headers = await request(http, "POST", "/v1/schedules", spec)
+    assert status == 201, created
+    assert headers["Location"] == f"/v1/schedules/{name}"
+    assert created["cron"] == "0 9 * * *"
+    assert created["timezone"] == "Europe/Berlin"
+    assert created["status"] == "active"
+    assert created["fire_count"] == 0
+    assert len(created["next_fires"]) == 5
+    assert created["next_fires"][0] == created["next_fire_at"]
+    status, taken, _ = await request(http, "POST", "/v1/schedules", spec)
+    refused(status, taken, 409)
+    status, got, _ = await request(http, "GET", f"/v1/schedules/{name}")
+    assert (status, got) == (200, created)
+    # PUT: 200 updating, 201 creating.
+    status, updated, _ = await request(
+        http,
+        "PUT",
+        f"/v1/schedules/{name}",
+        {**spec, "every": "5m", "cron": None, "timezone": None},
+    )
+    assert status == 200, updated
+    assert updated["every"] == 300
+    assert "cron" not in updated
+    fresh = unique_name("hourly")
+    status, made, _ = await request(
+        http, "PUT", f"/v1/schedules/{fresh}",
+        {"every": 3600, "target_kind": "topic", "target": "reports.hourly", "message": 1},
+    )  # fmt: skip
+    assert status == 201, made
+    assert (made["target_kind"], made["target"]) == ("topic", "reports.hourly")
+    # PATCH pauses and resumes.
+    status, paused, _ = await request(http, "PATCH", f"/v1/schedules/{name}", {"status": "paused"})
+    assert (status, paused["status"], paused["next_fires"]) == (200, "paused", [])
+    status, listed, _ = await request(
+        http, "GET", f"/v1/schedules?status=paused&name_prefix={name}"
+    )
+    assert [s["name"] for s in listed] == [name]
+    status, listed, _ = await request(http, "GET", "/v1/schedules?target_kind=topic")
+    assert fresh in [s["name"] for s in listed]
+    assert name not in [s["name"] for s in listed]
+    status, resumed, _ = await request(http, "PATCH", f"/v1/schedules/{name}", {"status": "active"})
+    assert (status, resumed["status"]) == (200, "active")
+    # A run now: 202 with the ids of the messages it committed.
+    status, ran, _ = await request(http, "POST", f"/v1/schedules/{name}/runs")
+    assert status == 202, ran
+    assert ran["schedule"] == name
+    assert len(ran["msg_ids"]) == 1
+    status, [fired], _ = await request(http, "GET", f"/v1/queues/{queue}/messages")
+    assert fired["message_id"] == ran["msg_ids"][0]
+    assert fired["message"] == {"job": "report"}
+    assert fired["headers"] == {"source": "cron"}
+    status, after, _ = await request(http, "GET", f"/v1/schedules/{name}")
+    assert after["fire_count"] == 1
+    assert after["next_fire_at"] == resumed["next_fire_at"]
+    # DELETE is idempotent.
+    for _ in range(2):
+        status, answer, _ = await request(http, "DELETE", f"/v1/schedules/{name}")
+        assert (status, answer) == (204, None)
+    status, missing, _ = await request(http, "GET", f"/v1/schedules/{name}")
+    refused(status, missing, 404)
+    status, missing, _ = await request(http, "POST", f"/v1/schedules/{name}/runs")
+    refused(status, missing, 404)
+
+
+async def test_previews_store_nothing(http: aiohttp.ClientSession) -> None:
+    status, preview, _ = await request(
+        http, "POST", "/v1/previews", {"cron": "30 6 * * MON", "timezone": "UTC", "count": 3}
+    )
+    assert status == 200, preview
+    assert preview["cron"] == "30 6 * * MON"
+    assert len(preview["next_fires"]) == 3
+    assert all(t.endswith("T06:30:00Z") for t in preview["next_fires"])
+    status, preview, _ = await request(http, "POST", "/v1/previews", {"every": "1d", "count": 2})
+    assert (status, preview["every"], len(preview["next_fires"])) == (200, 86400, 2)
+    status, bad, _ = await request(http, "POST", "/v1/previews", {"cron": "61 * * * *"})
+    refused(status, bad, 400)
+    status, bad, _ = await request(http, "POST", "/v1/previews", {"every": 60, "count": 0})
+    refused(status, bad, 400, "count")
+    status, bad, _ = await request(http, "POST", "/v1/previews", {"every": 60, "count": 101})
+    refused(status, bad, 400, "count")
+    status, bad, _ = await request(http, "POST", "/v1/previews", {"count": 3})
+    refused(status, bad, 400, "timing")
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body", "words"),
+    [
+        ("POST", "/messages", {"message": 1, "headers": {"h": {"nested": 1}}}, ["headers"]),
+        ("POST", "/messages", {"message": 1, "delay": -1}, ["delay", "0 or more"]),
+        ("POST", "/messages", [{"message": 1}, {"body": 2}], ["[1]", "body"]),
+        ("POST", "/messages", b"{not json", ["not JSON"]),
+        ("POST", "/messages", b"", ["empty"]),
+        ("GET", "/messages?max=ten", None, ["max", "'ten'"]),
+        ("GET", "/messages?vt=-5", None, ["vt"]),
+        ("GET", "/messages?fifo=maybe", None, ["fifo"]),
+        ("GET", "/messages?max=1001", None, ["1001"]),
+        ("GET", "/messages?max=0", None, ["max"]),
+        ("GET", "/messages?vt=43201", None, ["12 h"]),
+        ("GET", "/messages?wait=301", None, ["300"]),
+        ("GET", "/messages?wait=1234567890", None, ["9 digits"]),
+        ("POST", "/messages", [], ["1"]),
+        ("POST", "/messages", [{"message": i} for i in range(1001)], ["1001"]),
+        ("POST", "/messages", {"message": 1, "headers": {f"h{i}": i for i in range(11)}}, ["10"]),
+        ("DELETE", "/messages", {"ids": []}, ["1"]),
+        ("DELETE", "/messages", {"ids": [1, 2]}, ["ids"]),
+        ("PATCH", "/messages/1:x", {}, ["vt"]),
+        ("PATCH", "/messages/1:x", {"vt": "soon"}, ["vt"]),
+        ("DELETE", "/messages/not-a-receipt", None, ["receipt"]),
+    ],
+)
+async def test_bad_input_is_a_precise_400_that_changes_nothing(
+    http: aiohttp.ClientSession, method: str, path: str, body: Any, words: list[str]
+) -> None:
+    queue = await new_queue(http, "rest_bad")
+    await request(http, "POST", f"/v1/queues/{queue}/messages", {"message": "kept"})
+    raw = body if isinstance(body, bytes) else None
+    status, answer, _ = await request(
+        http, method, f"/v1/queues/{queue}{path}", None if raw is not None else body, raw=raw
+    )
+    refused(status, answer, 400, *words)
+    assert answer["code"] == "invalid_argument"
+    assert await depth(http, queue) == 1
+    status, [kept], _ = await request(http, "GET", f"/v1/queues/{queue}/messages")
+    assert kept["read_ct"] == 1  # no receive claimed it
+
+
+@pytest.mark.parametrize(
+    ("body", "words"),
+    [
+        ({"name": "x", "cron": "* * * * *", "every": 60}, ["one timing"]),
+        ({"name": "x", "when": "every monday", "target_kind": "queue", "target": "q"}, ["when"]),
+        ({"name": "x", "every": "5 minutes"}, ["every", '"5m"']),
+        ({"name": "x", "every": 60, "target_kind": "workflow", "target": "w"}, ["target_kind"]),
+        ({"name": "x", "every": 60, "timezone": "UTC"}, ["timezone"]),
+        ({"name": "x", "every": 60, "target_kind": "queue", "target": "q", "status": "on"},
+         ["status"]),
+        ({"name": "x", "fire_at": "tomorrow"}, ["fire_at", "RFC 3339"]),
+        ({"name": "x", "colour": "red"}, ["colour"]),
+        ({"cron": "* * * * *"}, ["name"]),
+    ],
+)  # fmt: skip
+async def test_bad_schedules_are_refused_and_nothing_is_stored(
+    http: aiohttp.ClientSession, body: dict[str, Any], words: list[str]
+) -> None:
+    status, answer, _ = await request(http, "POST", "/v1/schedules", body)
+    refused(status, answer, 400, *words)
+    status, _, _ = await request(http, "GET", "/v1/schedules/x")
+    assert status == 404
+
+
+async def test_a_body_over_the_limit_is_refused_unread(http: aiohttp.ClientSession) -> None:
+    queue = await new_queue(http, "rest_limit")
+    status, answer, _ = await request(
+        http, "POST", f"/v1/queues/{queue}/messages", {"message": "x" * BODY_LIMIT}
+    )
+    refused(status, answer, 429, "--http-max-request-size", str(BODY_LIMIT))
+    assert answer["code"] == "resource_exhausted"
+    assert await depth(http, queue) == 0
+    long_name = "q" * 81
+    status, answer, _ = await request(http, "POST", "/v1/queues", {"name": long_name})
+    refused(status, answer, 400, "81")
+
+
+async def test_put_names_one_schedule(http: aiohttp.ClientSession) -> None:
+    status, answer, _ = await request(http, "PUT", "/v1/schedules/a", {"name": "b", "every": 60})
+    refused(status, answer, 400, "'b'", "'a'")
+
+
+async def test_unknown_paths_and_methods(http: aiohttp.ClientSession) -> None:
+    status, answer, _ = await request(http, "GET", "/v1/nothing-here")
+    refused(status, answer, 404, "openapi.json")
+    status, answer, headers = await request(http, "PUT", "/v1/queues")
+    refused(status, answer, 405)
+    assert headers["Allow"] == "POST, GET"
+
+
+# Keys: a database of their own (a key turns authentication on for the whole database).
+
+
+@pytest.fixture(scope="module")
+def keyed(admin_url: str) -> Iterator[tuple[HttpServerProcess, dict[str, str]]]:
+    url = create_database(admin_url, "postbox_rest_auth")
+    process = HttpServerProcess(url).start()
+    secrets = {
+        "admin": bootstrap_key(url, "rest-admin", "manage:*", "send:*", "receive:*", "read:*"),
+        "sender": bootstrap_key(url, "rest-sender", "send:orders-*", "read:orders-*"),
+    }
+    probe = urllib.request.Request(f"{process.base}/v1/queues")
+
+    def keys_known() -> bool:
+        try:
+            urllib.request.urlopen(probe, timeout=5).close()
+        except urllib.error.HTTPError as refusal:
+            return refusal.code == 401
+        return False
+
+    process.wait_ready(keys_known, "authentication turned on by the first key", 30)
+    yield process, secrets
+    process.stop()
+    drop_database(admin_url, url)
+
+
+async def test_keys_and_grants_answer_as_over_connect(
+    keyed: tuple[HttpServerProcess, dict[str, str]],
+) -> None:
+    server, secrets = keyed
+    admin = {"Authorization": f"Bearer {secrets['admin']}"}
+    sender = {"Authorization": f"Bearer {secrets['sender']}"}
+    mine, other = f"orders-{unique_name('rest')}", f"billing-{unique_name('rest')}"
+    async with aiohttp.ClientSession(server.base) as http:
+        for name in (mine, other):
+            status, created, _ = await request(
+                http, "POST", "/v1/queues", {"name": name}, headers=admin
+            )
+            assert status == 201, created
+        send = {"message": "hi"}
+        # No key: 401, before the body is looked at (bad input is no different).
+        status, answer, _ = await request(http, "POST", f"/v1/queues/{mine}/messages", send)
+        refused(status, answer, 401, "API key")
+        status, answer, _ = await request(
+            http, "POST", f"/v1/queues/{mine}/messages", raw=b"{broken"
+        )
+        refused(status, answer, 401)
+        # Within the grant, and beyond it: Connect's 403 and message.
+        status, _, _ = await request(
+            http, "POST", f"/v1/queues/{mine}/messages", send, headers=sender
+        )
+        assert status == 201
+        status, answer, _ = await request(
+            http, "POST", f"/v1/queues/{other}/messages", send, headers=sender
+        )
+        refused(status, answer, 403, "'send'", other)
+        connect = {"Content-Type": "application/json", **sender}
+        async with http.post(
+            "/postbox.v1.MessageService/Send",
+            data=json.dumps({"queue": other, "body": "aGk="}),
+            headers=connect,
+        ) as over_connect:
+            assert over_connect.status == 403
+            assert (await over_connect.json())["message"] == answer["error"]
+        status, answer, _ = await request(http, "DELETE", f"/v1/queues/{mine}", headers=sender)
+        refused(status, answer, 403, "'manage'")
+        # A key's bad input is the key's to hear about.
+        status, answer, _ = await request(
+            http, "POST", f"/v1/queues/{mine}/messages", raw=b"{broken", headers=sender
+        )
+        refused(status, answer, 400, "not JSON")
+        # Lists come back filtered to what the key may read.
+        status, listed, _ = await request(http, "GET", "/v1/queues", headers=sender)
+        assert status == 200
+        names = {q["name"] for q in listed}
+        assert mine in names
+        assert other not in names

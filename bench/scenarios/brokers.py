@@ -62,6 +62,7 @@ RABBITMQ_URL = os.environ.get("POSTBOX_BENCH_RABBITMQ_URL", "amqp://guest:guest@
 NATS_URL = os.environ.get("POSTBOX_BENCH_NATS_URL", "nats://127.0.0.1:4222")
 
 POSTBOX, RABBITMQ, JETSTREAM = "postbox", "RabbitMQ", "JetStream"
+UNARY = "postbox unary Send"
 DURABILITY = {
     POSTBOX: "OK after PostgreSQL's commit (fsync {fsync}, synchronous_commit {sync})",
     RABBITMQ: "confirm once the persistent message is on disk (durable queue)",
@@ -485,6 +486,17 @@ class Postbox(Broker):
         finally:
             await self.client.delete_queue(queue)
 
+    async def unary_sends(self, seconds: float, window: CpuParts) -> Load:
+        """As sends, but each a unary Send call: what AsyncClient.send was before SendStream."""
+        queue = await self._queue("unary")
+        request = pb.SendRequest(queue=queue, body=self.body)
+        try:
+            return await self._callers(
+                seconds, lambda: self.client.call(self.client.messages.Send, request), window
+            )
+        finally:
+            await self.client.delete_queue(queue)
+
     async def producer_sends(self, seconds: float, window: CpuParts) -> Load:
         queue = await self._queue("producer")
         try:
@@ -675,6 +687,10 @@ async def brokers(ctx: Context) -> list[Row]:
                 sends.add(system.name, load.rate)
                 sends.cpu.setdefault(system.name, []).append(window.per_message(load))
             window = CpuParts(served)
+            load = await postbox.unary_sends(turn, window)
+            sends.add(UNARY, load.rate)
+            sends.cpu.setdefault(UNARY, []).append(window.per_message(load))
+            window = CpuParts(served)
             load = await postbox.producer_sends(turn, window)
             producer.add(POSTBOX, load.rate)
             producer.cpu.setdefault(POSTBOX, []).append(window.per_message(load))
@@ -702,6 +718,7 @@ async def brokers(ctx: Context) -> list[Row]:
         targets={RABBITMQ: at_least},
         durability=durability,
     )
+    rows += _rows(f"send, {CALLERS} callers awaiting each", "msgs/s", sends, [UNARY])
     rows += _rows(
         f"Producer, {CALLERS} callers",
         "msgs/s",

@@ -25,6 +25,8 @@ from support import (
     unique_name,
 )
 
+from server.services.send_stream import MAX_IN_PROGRESS
+
 _METHOD = {"grpc_service": "postbox.v1.MessageService"}
 
 
@@ -206,3 +208,44 @@ async def test_a_server_without_send_stream_gets_unary_sends():
         )
     finally:
         await older.stop(None)
+
+
+async def test_a_stream_has_at_most_1000_sends_in_progress(server, db, queue):
+    """Past MAX_IN_PROGRESS unanswered requests the server stops reading the stream; the
+    rest wait in gRPC's flow control and go on as answers free room."""
+    assert server.metrics_port is not None
+    total = MAX_IN_PROGRESS + 100
+
+    def pending() -> float:
+        return metric(scrape(server.metrics_port), "postbox_group_commit_pending")
+
+    async with grpc.aio.insecure_channel(server.target) as channel:
+        held = db.transaction()
+        await held.start()
+        try:
+            await db.execute("LOCK TABLE postbox.messages IN SHARE MODE")
+            call = message_service_pb2_grpc.MessageServiceStub(channel).SendStream()
+
+            async def write_all() -> None:
+                for tag in range(total):
+                    body = f"{tag}".encode()
+                    await call.write(
+                        pb.SendStreamRequest(tag=tag, send=pb.SendRequest(queue=queue, body=body))
+                    )
+                await call.done_writing()
+
+            writing = asyncio.ensure_future(write_all())
+            # 60 s: 1,000 small requests cross loopback in well under a second, but CI stalls.
+            deadline = asyncio.get_running_loop().time() + 60
+            while (now := await asyncio.to_thread(pending)) < MAX_IN_PROGRESS:
+                assert asyncio.get_running_loop().time() < deadline, f"{now} in progress"
+            # The server holds no more than the limit however long the commit waits.
+            for _ in range(20):
+                assert await asyncio.to_thread(pending) == MAX_IN_PROGRESS
+        finally:
+            await held.rollback()
+        answers = [result async for response in call for result in response.results]
+        await writing
+    assert sorted(answer.tag for answer in answers) == list(range(total))
+    assert all(answer.HasField("sent") for answer in answers)
+    assert len(await bodies_by_id(db, queue)) == total

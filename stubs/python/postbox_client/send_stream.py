@@ -98,7 +98,7 @@ class SendStream:
         return self._stream
 
     async def _read(self, stream: _Stream) -> None:
-        failure: PostboxError
+        failure: PostboxError = Unavailable("the send stream ended before answering; send again")
         try:
             async for response in stream.call:
                 for result in response.results:
@@ -109,7 +109,6 @@ class SendStream:
                         answer.set_result(result.sent)
                     else:
                         answer.set_exception(from_status(result.error))
-            failure = Unavailable("the send stream ended before answering; send again")
         except grpc.RpcError as error:
             failure = from_rpc_error(error)
             if failure.code == grpc.StatusCode.UNIMPLEMENTED:
@@ -119,11 +118,11 @@ class SendStream:
         finally:
             if self._stream is stream:
                 self._stream = None  # the next send opens a new stream
-        # Written to this stream and not answered: their outcome is unknown.
-        for answer in stream.waiting.values():
-            if not answer.done():
-                answer.set_exception(failure)
-        stream.waiting.clear()
+            # Written to this stream and not answered: their outcome is unknown.
+            for answer in stream.waiting.values():
+                if not answer.done():
+                    answer.set_exception(failure)
+            stream.waiting.clear()
 
     async def close(self) -> None:
         """Half-closes the stream, after its sends, and waits for their answers."""

@@ -249,3 +249,24 @@ async def test_a_stream_has_at_most_1000_sends_in_progress(server, db, queue):
     assert sorted(answer.tag for answer in answers) == list(range(total))
     assert all(answer.HasField("sent") for answer in answers)
     assert len(await bodies_by_id(db, queue)) == total
+
+
+async def test_a_shutdown_ends_an_idle_stream_at_once_with_unavailable(
+    own_server: ServerProcess, database_url: str
+):
+    """An SDK client keeps its send stream open between sends; the server's shutdown ends
+    it at once, saying why, rather than cutting it when the grace period runs out."""
+    queue = unique_name("send_stream_shutdown")
+    async with AsyncClient(own_server.target) as client:
+        await client.create_queue(queue)
+        async with grpc.aio.insecure_channel(own_server.target) as channel:
+            call = message_service_pb2_grpc.MessageServiceStub(channel).SendStream()
+            await call.write(pb.SendStreamRequest(tag=1, send=pb.SendRequest(queue=queue)))
+            (answer,) = (await call.read()).results
+            assert answer.HasField("sent")
+            stopping = asyncio.ensure_future(asyncio.to_thread(own_server.stop))
+            with pytest.raises(grpc.aio.AioRpcError) as ended:
+                await call.read()
+            assert ended.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert "shutting down" in (ended.value.details() or "")
+            await stopping

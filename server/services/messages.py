@@ -84,7 +84,7 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
         # At once, not with the first answer: the SDK writes its first send after it, so
         # that it learns of a server without this method before writing (send_stream.py).
         await context.send_initial_metadata(())
-        async for response in SendStreamCall(self._send).run(requests):
+        async for response in SendStreamCall(self._send).run(requests, self.hub.until_closed()):
             yield response
 
     async def _send(self, request: pb.SendRequest) -> pb.SendResponse:

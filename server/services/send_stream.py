@@ -9,15 +9,17 @@ is answered only after its own message committed, or with its own error.
 A reader task takes requests off the stream, at most MAX_IN_PROGRESS unanswered at a
 time (then it stops reading, so the client's writes wait: gRPC's flow control), and
 starts a task per send; the answers of the sends that finished together go out in
-one response.
+one response. When the server shuts down, the stream stops reading, answers what it
+read and ends with UNAVAILABLE at once: an idle stream of every connected client would
+otherwise hold the shutdown for its whole grace period.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 
+import grpc
 from google.rpc import status_pb2
 from postbox.v1 import message_service_pb2 as pb
 
@@ -43,11 +45,14 @@ class SendStreamCall:
         self._sending: set[asyncio.Task[None]] = set()
 
     async def run(
-        self, requests: AsyncIterator[pb.SendStreamRequest | Refused]
+        self, requests: AsyncIterator[pb.SendStreamRequest | Refused], closing: Awaitable[None]
     ) -> AsyncIterator[pb.SendStreamResponse]:
-        reader = asyncio.create_task(self._read(requests))
-        # The reader's end (the client half-closed, or the stream broke) ends the answers.
-        reader.add_done_callback(lambda _: self._answers.put_nowait(None))
+        """The responses of the stream until the client half-closes, the stream breaks, or
+        `closing` returns (the server shuts down)."""
+        reading = asyncio.create_task(self._read(requests))
+        closed = asyncio.ensure_future(closing)
+        ending = asyncio.create_task(self._end(reading, closed))
+        ending.add_done_callback(lambda _: self._answers.put_nowait(None))
         try:
             ended = False
             while not ended:
@@ -59,13 +64,31 @@ class SendStreamCall:
                 answered = [result for result in results if result is not None]
                 if answered:
                     yield pb.SendStreamResponse(results=answered)
-            await reader  # raises what broke the stream
+            await ending  # raises what broke the stream
         finally:
-            reader.cancel()
-            for task in self._sending:
+            for task in (reading, closed, ending, *self._sending):
                 task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reader
+            await asyncio.gather(reading, closed, ending, return_exceptions=True)
+
+    async def _end(self, reading: asyncio.Task[None], closed: asyncio.Future[None]) -> None:
+        """Once the client half-closed, the stream broke or the server shuts down: waits
+        until every send read so far is answered, then ends the stream."""
+        await asyncio.wait([reading, closed], return_when=asyncio.FIRST_COMPLETED)
+        shutting_down = not reading.done()
+        if shutting_down:
+            reading.cancel()  # read no more: what is not read yet was not sent
+            await asyncio.gather(reading, return_exceptions=True)
+        while self._sending:
+            await asyncio.gather(*self._sending, return_exceptions=True)
+        if shutting_down:
+            # Rather than the grace period's cut: the client learns at once, and sends
+            # its unanswered messages (none read, so none committed) to another server.
+            raise ApiError(
+                grpc.StatusCode.UNAVAILABLE,
+                "the server is shutting down; sends not answered on this stream were not "
+                "sent: send them again",
+            )
+        reading.result()  # raises what broke the stream
 
     async def _read(self, requests: AsyncIterator[pb.SendStreamRequest | Refused]) -> None:
         async for request in requests:
@@ -80,9 +103,6 @@ class SendStreamCall:
             task = asyncio.create_task(self._answer(request))
             self._sending.add(task)
             task.add_done_callback(self._sending.discard)
-        # Half-closed: every send read so far is answered before the stream ends.
-        while self._sending:
-            await asyncio.gather(*self._sending, return_exceptions=True)
 
     async def _answer(self, request: pb.SendStreamRequest) -> None:
         try:

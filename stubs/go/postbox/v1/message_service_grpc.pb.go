@@ -29,8 +29,10 @@ type MessageServiceClient interface {
 	// exactly as Send would have answered; answers may come in any order. One
 	// refused message does not end the stream nor fail the others. At most 1,000
 	// requests of a stream are in progress at once: the server reads further
-	// requests as earlier ones are answered. If the stream breaks, requests not
-	// yet answered may or may not have committed, as a Send whose call broke.
+	// requests as earlier ones are answered. A server shutting down answers the
+	// requests it has read and ends the stream with UNAVAILABLE; it has not read
+	// the others. If the stream breaks, requests not yet answered may or may not
+	// have committed, as a Send whose call broke.
 	SendStream(ctx context.Context, opts ...grpc.CallOption) (MessageService_SendStreamClient, error)
 	// Claims messages and streams them in batches. In long-poll mode the stream
 	// ends after the first non-empty batch, or empty when the wait runs out. In
@@ -297,8 +299,10 @@ type MessageServiceServer interface {
 	// exactly as Send would have answered; answers may come in any order. One
 	// refused message does not end the stream nor fail the others. At most 1,000
 	// requests of a stream are in progress at once: the server reads further
-	// requests as earlier ones are answered. If the stream breaks, requests not
-	// yet answered may or may not have committed, as a Send whose call broke.
+	// requests as earlier ones are answered. A server shutting down answers the
+	// requests it has read and ends the stream with UNAVAILABLE; it has not read
+	// the others. If the stream breaks, requests not yet answered may or may not
+	// have committed, as a Send whose call broke.
 	SendStream(MessageService_SendStreamServer) error
 	// Claims messages and streams them in batches. In long-poll mode the stream
 	// ends after the first non-empty batch, or empty when the wait runs out. In

@@ -140,8 +140,10 @@ class MessageServiceServicer:
         exactly as Send would have answered; answers may come in any order. One
         refused message does not end the stream nor fail the others. At most 1,000
         requests of a stream are in progress at once: the server reads further
-        requests as earlier ones are answered. If the stream breaks, requests not
-        yet answered may or may not have committed, as a Send whose call broke.
+        requests as earlier ones are answered. A server shutting down answers the
+        requests it has read and ends the stream with UNAVAILABLE; it has not read
+        the others. If the stream breaks, requests not yet answered may or may not
+        have committed, as a Send whose call broke.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

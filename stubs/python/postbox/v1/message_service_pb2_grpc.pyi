@@ -51,8 +51,10 @@ class MessageServiceStub:
     exactly as Send would have answered; answers may come in any order. One
     refused message does not end the stream nor fail the others. At most 1,000
     requests of a stream are in progress at once: the server reads further
-    requests as earlier ones are answered. If the stream breaks, requests not
-    yet answered may or may not have committed, as a Send whose call broke.
+    requests as earlier ones are answered. A server shutting down answers the
+    requests it has read and ends the stream with UNAVAILABLE; it has not read
+    the others. If the stream breaks, requests not yet answered may or may not
+    have committed, as a Send whose call broke.
     """
     Receive: _grpc.UnaryStreamMultiCallable[_message_service_pb2.ReceiveRequest, _message_service_pb2.ReceiveResponse]
     """Claims messages and streams them in batches. In long-poll mode the stream
@@ -133,8 +135,10 @@ class MessageServiceAsyncStub(MessageServiceStub):
     exactly as Send would have answered; answers may come in any order. One
     refused message does not end the stream nor fail the others. At most 1,000
     requests of a stream are in progress at once: the server reads further
-    requests as earlier ones are answered. If the stream breaks, requests not
-    yet answered may or may not have committed, as a Send whose call broke.
+    requests as earlier ones are answered. A server shutting down answers the
+    requests it has read and ends the stream with UNAVAILABLE; it has not read
+    the others. If the stream breaks, requests not yet answered may or may not
+    have committed, as a Send whose call broke.
     """
     Receive: _aio.UnaryStreamMultiCallable[_message_service_pb2.ReceiveRequest, _message_service_pb2.ReceiveResponse]  # type: ignore[assignment]
     """Claims messages and streams them in batches. In long-poll mode the stream
@@ -230,8 +234,10 @@ class MessageServiceServicer(metaclass=_abc_1.ABCMeta):
         exactly as Send would have answered; answers may come in any order. One
         refused message does not end the stream nor fail the others. At most 1,000
         requests of a stream are in progress at once: the server reads further
-        requests as earlier ones are answered. If the stream breaks, requests not
-        yet answered may or may not have committed, as a Send whose call broke.
+        requests as earlier ones are answered. A server shutting down answers the
+        requests it has read and ends the stream with UNAVAILABLE; it has not read
+        the others. If the stream breaks, requests not yet answered may or may not
+        have committed, as a Send whose call broke.
         """
 
     @_abc_1.abstractmethod

@@ -13,6 +13,7 @@ so. A system whose port does not answer is left out of the run with a printed no
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import contextlib
 import itertools
@@ -140,29 +141,30 @@ class Results:
         return f"{system} CPU ms/msg: " + ", ".join(shown)
 
 
-class Broker:
-    """One system's side of every workload; subclasses fill in what they can do."""
+class Broker(abc.ABC):
+    """One system's side of every workload."""
 
     name = ""
 
+    @abc.abstractmethod
     async def sends(self, seconds: float, window: CpuParts) -> Load:
         """CALLERS loops, each awaiting one durable send at a time."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     async def consumes(self, total: int) -> Load:
         """`total` messages already waiting, then CONSUMERS consumers acking each one."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     async def latency(self, rate: float, seconds: float, size: int) -> Load:
         """Send (from a process of its own) to delivery, at `rate` msgs/s."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     async def fanout(self, seconds: float) -> Load:
         """CALLERS loops publishing, each message to SUBSCRIBERS subscribers."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     async def close(self) -> None:
-        raise NotImplementedError
+        """Closes the system's connections."""
 
 
 def _name(hint: str) -> str:

@@ -21,6 +21,8 @@ from bench.load import Load
 from bench.processes import Served, machine_cpu
 from bench.runner import Row
 
+DATABASE_PROCESSES = frozenset({"postgres", "postmaster"})
+
 
 @dataclass(frozen=True)
 class CpuTotals:
@@ -34,10 +36,11 @@ class CpuTotals:
     at: float
 
 
-def _database_seconds() -> float:
+def seconds_of(names: frozenset[str]) -> float:
+    """CPU seconds used so far by every process of the machine with one of these names."""
     used = 0.0
     for process in psutil.process_iter(["name"]):
-        if process.info["name"] not in ("postgres", "postmaster"):
+        if process.info["name"] not in names:
             continue
         try:
             times = process.cpu_times()
@@ -53,7 +56,7 @@ def cpu_totals(server: Served | None) -> CpuTotals:
     return CpuTotals(
         client=own.user + own.system,
         server=server.cpu().cpu_seconds if server is not None else 0.0,
-        database=_database_seconds(),
+        database=seconds_of(DATABASE_PROCESSES),
         machine=machine.cpu_seconds,
         stolen=psutil.cpu_times().steal,
         at=machine.at,

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
+from typing import Any
 
 import grpc
 
@@ -39,3 +41,13 @@ class ApiError(Exception):
 
 def invalid(message: str) -> ApiError:
     return ApiError(grpc.StatusCode.INVALID_ARGUMENT, message)
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A request of a stream whose method answers each request on its own (Rule.per_request)
+    that the authorisation interceptor refused: passed on in its place, with the error, for
+    the method to answer, so one refused request does not end the stream."""
+
+    request: Any
+    error: ApiError

@@ -197,3 +197,42 @@ def spark(tmp_path_factory: pytest.TempPathFactory):
     register(session)
     yield session
     session.stop()
+
+
+@pytest.fixture
+async def commit_sizes(db):
+    """How the top-level transactions that inserted given messages shared them.
+
+    A trigger notes txid_current() for every inserted message: unlike xmin, it is
+    the same in every savepoint of a transaction, so a group that fell back to one
+    savepoint per message still counts as the one commit it was.
+    """
+    await db.execute(
+        """
+        CREATE TABLE public.group_commit_probe (message_id bigint, top_xid bigint);
+        CREATE FUNCTION public.group_commit_probe() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            INSERT INTO public.group_commit_probe VALUES (NEW.id, txid_current());
+            RETURN NEW;
+        END $$;
+        CREATE TRIGGER group_commit_probe AFTER INSERT ON postbox.messages
+            FOR EACH ROW EXECUTE FUNCTION public.group_commit_probe();
+        """
+    )
+
+    async def sizes(ids: list[str]) -> list[int]:
+        """How many of these messages each commit carried."""
+        rows = await db.fetch(
+            "SELECT count(*) FROM public.group_commit_probe "
+            "WHERE message_id = ANY($1::bigint[]) GROUP BY top_xid",
+            [int(i) for i in ids],
+        )
+        return [row[0] for row in rows]
+
+    try:
+        yield sizes
+    finally:
+        await db.execute(
+            "DROP TRIGGER group_commit_probe ON postbox.messages;"
+            "DROP FUNCTION public.group_commit_probe(); DROP TABLE public.group_commit_probe"
+        )

@@ -427,3 +427,79 @@ def sqs_client(
     )
     assert client.meta.service_model.protocol == protocol
     return client
+
+
+# Group commit under load (the group commit's and the send stream's tests).
+
+
+async def bodies_by_id(db, queue: str) -> dict[str, bytes]:
+    rows = await db.fetch(
+        "SELECT m.id, m.body FROM postbox.messages m JOIN postbox.queues q ON q.id = m.queue_id "
+        "WHERE q.name = $1",
+        queue,
+    )
+    return {str(row["id"]): row["body"] for row in rows}
+
+
+async def under_load(
+    db,
+    server: ServerProcess,
+    make_calls,
+    while_held=lambda calls: None,
+    statement="postbox.send_batch",
+) -> list:
+    """Makes the calls (Sends, or Publishes with statement="postbox.publish_batch")
+    against a busy database, as under real load, and returns their outcomes
+    (responses or errors).
+
+    Inserts are held back until the first group waits at the database and the
+    server's pending writes show every other call waiting behind it (or answered already,
+    refused before it could join). Without this, how many calls share a commit
+    would depend on the machine's speed.
+    """
+    assert server.metrics_port is not None
+
+    async def groups_at_database() -> int:
+        # Activity is a snapshot per transaction: clear it to see the waits now.
+        return await db.fetchval(
+            "SELECT count(*) FROM pg_stat_clear_snapshot(), pg_stat_activity "
+            "WHERE wait_event_type = 'Lock' AND query LIKE $1",
+            f"%{statement}%",
+        )
+
+    held = db.transaction()
+    await held.start()
+    try:
+        await db.execute("LOCK TABLE postbox.messages IN SHARE MODE")
+        calls = make_calls()  # a call starts when it is made
+        outcomes = asyncio.gather(*calls, return_exceptions=True)
+        blocked = 0
+        for _ in range(1000):
+            blocked = await groups_at_database()
+            if blocked:
+                break
+            await asyncio.sleep(0.01)
+        assert blocked, "the first group never reached the database"
+        # 30 s: the calls only need to cross loopback, but CI machines stall.
+        deadline = asyncio.get_running_loop().time() + 30
+        while True:
+            samples = await asyncio.to_thread(scrape, server.metrics_port)
+            pending = metric(samples, "postbox_group_commit_pending")
+            if pending + sum(call.done() for call in calls) >= len(calls):
+                break
+            assert asyncio.get_running_loop().time() < deadline, f"{pending} of {len(calls)} joined"
+            await asyncio.sleep(0.02)
+        # Everyone else waits in the server for the group at the database, not beside it.
+        blocked = await groups_at_database()
+        assert blocked == 1, f"{blocked} groups at the database at once"
+        while_held(calls)
+    finally:
+        await held.rollback()
+    return await outcomes
+
+
+def assert_shared(sizes: list[int]) -> None:
+    # Sends that arrived while the first group was held at the database went
+    # in together: at least one commit carried many of them. How many arrived in
+    # time depends on the machine, so the bound is low; one Send per commit gives 1.
+    assert max(sizes) >= 10, sorted(sizes)

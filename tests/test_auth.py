@@ -23,7 +23,13 @@ from google.protobuf.descriptor import MethodDescriptor
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from postbox.v1 import access_service_pb2 as access_pb
-from postbox.v1 import access_service_pb2_grpc, queue_service_pb2, queue_service_pb2_grpc
+from postbox.v1 import (
+    access_service_pb2_grpc,
+    message_service_pb2,
+    message_service_pb2_grpc,
+    queue_service_pb2,
+    queue_service_pb2_grpc,
+)
 from support import (
     ROOT,
     ServerProcess,
@@ -58,6 +64,7 @@ def service_methods() -> Iterator[MethodDescriptor]:
 
 
 METHODS = {f"/{m.containing_service.full_name}/{m.name}": m for m in service_methods()}
+STATUS_BY_NUMBER = {code.value[0]: code for code in grpc.StatusCode}
 
 
 def matrix_request(method: MethodDescriptor, rule: Rule | None):
@@ -72,9 +79,11 @@ def matrix_request(method: MethodDescriptor, rule: Rule | None):
 
 
 def call_status(channel: grpc.Channel, path: str, secret: str | None) -> grpc.StatusCode:
-    """The status of one call of `path` with the matrix request, presenting `secret`."""
+    """The status of one call of `path` with the matrix request, presenting `secret`; for
+    a stream answering each request on its own (Rule.per_request), its request's answer."""
     method = METHODS[path]
-    request = matrix_request(method, RULES.get(path))
+    rule = RULES.get(path)
+    request = matrix_request(method, rule)
     metadata = bearer(secret) if secret is not None else None
     serialize = type(request).SerializeToString
     parse = message_factory.GetMessageClass(method.output_type).FromString
@@ -82,7 +91,11 @@ def call_status(channel: grpc.Channel, path: str, secret: str | None) -> grpc.St
         if method.client_streaming:
             call = channel.stream_stream(path, serialize, parse)
             responses = call(iter([request]), metadata=metadata, timeout=10)
-            next(responses, None)
+            first = next(responses, None)
+            if rule is not None and rule.per_request and first is not None:
+                (answer,) = first.results
+                if answer.HasField("error"):
+                    return STATUS_BY_NUMBER[answer.error.code]
         elif method.server_streaming:
             responses = channel.unary_stream(path, serialize, parse)(
                 request, metadata=metadata, timeout=10
@@ -524,8 +537,6 @@ def test_keys_sigv4_secret_derives_the_sqs_secret_from_the_key(keys: Keys) -> No
 def test_a_streaming_receive_is_checked_on_every_queue_it_names(
     keys: Keys, auth_database: str, auth_channel: grpc.Channel
 ) -> None:
-    from postbox.v1 import message_service_pb2, message_service_pb2_grpc
-
     queues = queue_service_pb2_grpc.QueueServiceStub(auth_channel)
     queues.CreateQueue(
         queue_service_pb2.CreateQueueRequest(queue=queue_service_pb2.Queue(name="stream-mine")),
@@ -554,3 +565,37 @@ def test_a_streaming_receive_is_checked_on_every_queue_it_names(
             pass
     assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
     assert "'stream-theirs'" in refused.value.details()
+
+
+def test_a_send_stream_refuses_a_send_alone_and_goes_on(
+    keys: Keys, auth_channel: grpc.Channel
+) -> None:
+    admin = bearer(keys.admin)
+    queues = queue_service_pb2_grpc.QueueServiceStub(auth_channel)
+    for name in ("send-mine", "send-theirs"):
+        queues.CreateQueue(
+            queue_service_pb2.CreateQueueRequest(queue=queue_service_pb2.Queue(name=name)),
+            metadata=admin,
+        )
+    access = access_service_pb2_grpc.AccessServiceStub(auth_channel)
+    sender = access.CreateKey(
+        access_pb.CreateKeyRequest(
+            key=access_pb.Key(name="stream-sender", grants=[_grant("send", "send-mine")])
+        ),
+        metadata=admin,
+    ).secret
+    requests = [
+        message_service_pb2.SendStreamRequest(
+            tag=tag, send=message_service_pb2.SendRequest(queue=queue, body=b"x")
+        )
+        for tag, queue in ((1, "send-mine"), (2, "send-theirs"), (3, "send-mine"))
+    ]
+    responses = message_service_pb2_grpc.MessageServiceStub(auth_channel).SendStream(
+        iter(requests), metadata=bearer(sender), timeout=20
+    )
+    answers = {result.tag: result for response in responses for result in response.results}
+    assert answers[1].sent.message_id
+    assert answers[3].sent.message_id
+    assert answers[2].error.code == grpc.StatusCode.PERMISSION_DENIED.value[0]
+    assert "'send-theirs'" in answers[2].error.message
+    assert "'send'" in answers[2].error.message

@@ -11,124 +11,12 @@ from postbox.v1 import message_pb2 as msg
 from postbox.v1 import message_service_pb2 as pb
 from postbox.v1 import message_service_pb2_grpc, topic_service_pb2_grpc
 from postbox.v1 import topic_service_pb2 as tpb
-from support import ServerProcess, metric, scrape, seconds, unique_name
+from support import assert_shared, bodies_by_id, seconds, under_load, unique_name
 
 
 @pytest.fixture
 def stub(aio_channel) -> message_service_pb2_grpc.MessageServiceStub:
     return message_service_pb2_grpc.MessageServiceStub(aio_channel)
-
-
-async def bodies_by_id(db, queue: str) -> dict[str, bytes]:
-    rows = await db.fetch(
-        "SELECT m.id, m.body FROM postbox.messages m JOIN postbox.queues q ON q.id = m.queue_id "
-        "WHERE q.name = $1",
-        queue,
-    )
-    return {str(row["id"]): row["body"] for row in rows}
-
-
-@pytest.fixture
-async def commit_sizes(db):
-    """How the top-level transactions that inserted given messages shared them.
-
-    A trigger notes txid_current() for every inserted message: unlike xmin, it is
-    the same in every savepoint of a transaction, so a group that fell back to one
-    savepoint per message still counts as the one commit it was.
-    """
-    await db.execute(
-        """
-        CREATE TABLE public.group_commit_probe (message_id bigint, top_xid bigint);
-        CREATE FUNCTION public.group_commit_probe() RETURNS trigger LANGUAGE plpgsql AS $$
-        BEGIN
-            INSERT INTO public.group_commit_probe VALUES (NEW.id, txid_current());
-            RETURN NEW;
-        END $$;
-        CREATE TRIGGER group_commit_probe AFTER INSERT ON postbox.messages
-            FOR EACH ROW EXECUTE FUNCTION public.group_commit_probe();
-        """
-    )
-
-    async def sizes(ids: list[str]) -> list[int]:
-        """How many of these messages each commit carried."""
-        rows = await db.fetch(
-            "SELECT count(*) FROM public.group_commit_probe "
-            "WHERE message_id = ANY($1::bigint[]) GROUP BY top_xid",
-            [int(i) for i in ids],
-        )
-        return [row[0] for row in rows]
-
-    try:
-        yield sizes
-    finally:
-        await db.execute(
-            "DROP TRIGGER group_commit_probe ON postbox.messages;"
-            "DROP FUNCTION public.group_commit_probe(); DROP TABLE public.group_commit_probe"
-        )
-
-
-async def under_load(
-    db,
-    server: ServerProcess,
-    make_calls,
-    while_held=lambda calls: None,
-    statement="postbox.send_batch",
-) -> list:
-    """Makes the calls (Sends, or Publishes with statement="postbox.publish_batch")
-    against a busy database, as under real load, and returns their outcomes
-    (responses or errors).
-
-    Inserts are held back until the first group waits at the database and the
-    server's pending writes show every other call waiting behind it (or answered already,
-    refused before it could join). Without this, how many calls share a commit
-    would depend on the machine's speed.
-    """
-    assert server.metrics_port is not None
-
-    async def groups_at_database() -> int:
-        # Activity is a snapshot per transaction: clear it to see the waits now.
-        return await db.fetchval(
-            "SELECT count(*) FROM pg_stat_clear_snapshot(), pg_stat_activity "
-            "WHERE wait_event_type = 'Lock' AND query LIKE $1",
-            f"%{statement}%",
-        )
-
-    held = db.transaction()
-    await held.start()
-    try:
-        await db.execute("LOCK TABLE postbox.messages IN SHARE MODE")
-        calls = make_calls()  # a call starts when it is made
-        outcomes = asyncio.gather(*calls, return_exceptions=True)
-        blocked = 0
-        for _ in range(1000):
-            blocked = await groups_at_database()
-            if blocked:
-                break
-            await asyncio.sleep(0.01)
-        assert blocked, "the first group never reached the database"
-        # 30 s: the calls only need to cross loopback, but CI machines stall.
-        deadline = asyncio.get_running_loop().time() + 30
-        while True:
-            samples = await asyncio.to_thread(scrape, server.metrics_port)
-            pending = metric(samples, "postbox_group_commit_pending")
-            if pending + sum(call.done() for call in calls) >= len(calls):
-                break
-            assert asyncio.get_running_loop().time() < deadline, f"{pending} of {len(calls)} joined"
-            await asyncio.sleep(0.02)
-        # Everyone else waits in the server for the group at the database, not beside it.
-        blocked = await groups_at_database()
-        assert blocked == 1, f"{blocked} groups at the database at once"
-        while_held(calls)
-    finally:
-        await held.rollback()
-    return await outcomes
-
-
-def assert_shared(sizes: list[int]) -> None:
-    # Sends that arrived while the first group was held at the database went
-    # in together: at least one commit carried many of them. How many arrived in
-    # time depends on the machine, so the bound is low; one Send per commit gives 1.
-    assert max(sizes) >= 10, sorted(sizes)
 
 
 async def test_concurrent_sends_share_commits_and_keep_their_own_ids(

@@ -2,6 +2,7 @@
 
 from bench.scenarios import (
     auth,
+    brokers,
     console,
     engine,
     http,
@@ -25,6 +26,7 @@ LONG = frozenset({"spark_write", "sustained", "sustained_stream", "send_sync_rep
 __all__ = [
     "LONG",
     "auth",
+    "brokers",
     "console",
     "engine",
     "http",

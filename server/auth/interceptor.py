@@ -16,7 +16,7 @@ import grpc
 from server.auth import sigv4
 from server.auth.keys import ApiKey, KeyCache
 from server.auth.rules import ANY_RESOURCE, OPEN_SERVICES, RULES, Rule, resource_of
-from server.errors import ApiError
+from server.errors import ApiError, Refused
 from server.interceptors import AioMethodHandler, Context, Handler, WrapsEachMethod, relay, yields
 
 # Trailing metadata of an UNAUTHENTICATED call saying why (missing, unknown-key, expired,
@@ -216,7 +216,13 @@ class Authorize(WrapsEachMethod):
                         and admits(request)
                         and resource_of(request, rule)
                     ):
-                        authorize(key, rule, request)
+                        try:
+                            authorize(key, rule, request)
+                        except ApiError as error:
+                            if not rule.per_request:
+                                raise
+                            yield Refused(request, error)
+                            continue
                     yield request
 
             assert handler.stream_stream is not None

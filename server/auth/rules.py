@@ -23,6 +23,9 @@ class Rule:
     listed: str | None = None
     # Other permissions that allow the call too.
     also: tuple[str, ...] = ()
+    # For a request stream whose requests are answered each on its own: a refused request
+    # reaches the method as a server.errors.Refused, rather than ending the stream.
+    per_request: bool = False
 
     @property
     def permissions(self) -> tuple[str, ...]:
@@ -54,6 +57,8 @@ _QUEUES = {
 _MESSAGES = {
     "Send": Rule("send", "queue"),
     "SendBatch": Rule("send", "queue"),
+    # Each request names its queue: a refused one is answered alone, the stream goes on.
+    "SendStream": Rule("send", "send.queue", per_request=True),
     "Receive": Rule("receive", "queue"),
     "StreamingReceive": Rule("receive", "queue"),
     "Delete": Rule("receive", "queue"),

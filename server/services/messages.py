@@ -14,7 +14,7 @@ from postbox.v1 import message_service_pb2 as pb
 from server.config import Settings
 from server.db.engine import Connection, Engine, OutgoingMessage, SentBatch
 from server.db.group_commit import GroupCommit
-from server.errors import ApiError, invalid
+from server.errors import ApiError, Refused, invalid
 from server.observability import tracing
 from server.services import convert
 from server.services.claims import Claims, more_left
@@ -25,6 +25,7 @@ from server.services.pagination import (
     page_size_of,
 )
 from server.services.prefetch import Prefetch
+from server.services.send_stream import SendStreamCall
 from server.services.status import reports_errors
 from server.services.streaming import StreamingReceive
 from server.services.wakeup import WakeHub
@@ -72,6 +73,22 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
     async def Send(
         self, request: pb.SendRequest, context: grpc.aio.ServicerContext
     ) -> pb.SendResponse:
+        return await self._send(request)
+
+    @reports_errors
+    async def SendStream(
+        self,
+        requests: AsyncIterator[pb.SendStreamRequest | Refused],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[pb.SendStreamResponse]:
+        # At once, not with the first answer: the SDK writes its first send after it, so
+        # that it learns of a server without this method before writing (send_stream.py).
+        await context.send_initial_metadata(())
+        async for response in SendStreamCall(self._send).run(requests, self.hub.until_closed()):
+            yield response
+
+    async def _send(self, request: pb.SendRequest) -> pb.SendResponse:
+        """One message, through the group commit; its id once committed."""
         outgoing = convert.outgoing(request, self.max_message_size)
         outgoing.attributes = tracing.stamp(outgoing.attributes)
         try:

@@ -30,7 +30,8 @@ from postbox.v1 import (
     topic_service_pb2_grpc,
 )
 
-from postbox_client.errors import Unavailable, from_rpc_error
+from postbox_client.errors import PostboxError, Unavailable, from_rpc_error
+from postbox_client.send_stream import SendStream
 
 T = TypeVar("T")
 Attributes = Mapping[str, str | bytes]
@@ -109,7 +110,10 @@ def send_fields(
     return fields
 
 
-def _metadata(api_key: str | None) -> tuple[tuple[str, str], ...]:
+Metadata = tuple[tuple[str, str], ...]
+
+
+def _metadata(api_key: str | None) -> Metadata:
     return (("authorization", f"Bearer {api_key}"),) if api_key else ()
 
 
@@ -136,6 +140,7 @@ class AsyncClient:
         self.topics = topic_service_pb2_grpc.TopicServiceStub(self.channel)
         self.schedules = schedule_service_pb2_grpc.ScheduleServiceStub(self.channel)
         self.streams = stream_service_pb2_grpc.StreamServiceStub(self.channel)
+        self.send_stream = SendStream(self.messages, self.metadata)
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -144,6 +149,7 @@ class AsyncClient:
         await self.close()
 
     async def close(self) -> None:
+        await self.send_stream.close()
         await self.channel.close()
 
     async def call(
@@ -156,6 +162,8 @@ class AsyncClient:
                 return await method(request, metadata=self.metadata)
             except grpc.RpcError as error:
                 failure = from_rpc_error(error)
+            except PostboxError as error:  # typed already: a send of the send stream
+                failure = error
             if not isinstance(failure, Unavailable) or (wait := next(delays, None)) is None:
                 raise failure
             await asyncio.sleep(wait)
@@ -189,10 +197,24 @@ class AsyncClient:
     # Messages.
 
     async def send(self, queue: str, body: bytes | str, **fields: Any) -> str:
-        """Sends one message; returns its id. Retried only with a deduplication_id."""
+        """Sends one message; returns its id once committed. Retried only with a
+        deduplication_id. Every send of the client goes over one stream (see
+        postbox_client.send_stream), or as a unary Send to a server without it."""
         request = message_service_pb2.SendRequest(queue=queue, **send_fields(body, **fields))
         repeatable = bool(fields.get("deduplication_id"))
-        return (await self.call(self.messages.Send, request, repeatable=repeatable)).message_id
+        return (await self.call(self._send, request, repeatable=repeatable)).message_id
+
+    async def _send(
+        self, request: message_service_pb2.SendRequest, metadata: Metadata
+    ) -> message_service_pb2.SendResponse:
+        if self.send_stream.supported:
+            try:
+                return await self.send_stream.send(request)
+            except PostboxError as error:
+                # The server has no SendStream, so it sent nothing: unary from now on.
+                if error.code != grpc.StatusCode.UNIMPLEMENTED:
+                    raise
+        return await self.messages.Send(request, metadata=metadata)
 
     async def send_batch(
         self, queue: str, entries: Sequence[message_service_pb2.SendBatchEntry]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import grpc
+from google.rpc import status_pb2
 
 
 class PostboxError(Exception):
@@ -82,3 +83,12 @@ def from_rpc_error(error: grpc.RpcError) -> PostboxError:
     details = error.details() or code.name
     cls = _BY_CODE.get(code, PostboxError)
     return cls(details, code)
+
+
+_BY_NUMBER = {code.value[0]: code for code in grpc.StatusCode}
+
+
+def from_status(status: status_pb2.Status) -> PostboxError:
+    """The typed error for a google.rpc.Status that a stream answered one request with."""
+    code = _BY_NUMBER.get(status.code, grpc.StatusCode.UNKNOWN)
+    return _BY_CODE.get(code, PostboxError)(status.message or code.name, code)

@@ -22,6 +22,18 @@ type MessageServiceClient interface {
 	// Enqueues up to 1,000 messages in one transaction: all are committed or,
 	// when any entry is invalid, none is.
 	SendBatch(ctx context.Context, in *SendBatchRequest, opts ...grpc.CallOption) (*SendBatchResponse, error)
+	// Sends over one long-lived bidirectional stream, one message per request, so
+	// that a send costs a stream message rather than a call (the SDK sends every
+	// send() of a client this way). Each request is answered, by a result with
+	// its tag, once its message has committed, or with that message's own error,
+	// exactly as Send would have answered; answers may come in any order. One
+	// refused message does not end the stream nor fail the others. At most 1,000
+	// requests of a stream are in progress at once: the server reads further
+	// requests as earlier ones are answered. A server shutting down answers the
+	// requests it has read and ends the stream with UNAVAILABLE; it has not read
+	// the others. If the stream breaks, requests not yet answered may or may not
+	// have committed, as a Send whose call broke.
+	SendStream(ctx context.Context, opts ...grpc.CallOption) (MessageService_SendStreamClient, error)
 	// Claims messages and streams them in batches. In long-poll mode the stream
 	// ends after the first non-empty batch, or empty when the wait runs out. In
 	// continuous mode it keeps sending batches as messages become visible until
@@ -96,8 +108,39 @@ func (c *messageServiceClient) SendBatch(ctx context.Context, in *SendBatchReque
 	return out, nil
 }
 
+func (c *messageServiceClient) SendStream(ctx context.Context, opts ...grpc.CallOption) (MessageService_SendStreamClient, error) {
+	stream, err := c.cc.NewStream(ctx, &_MessageService_serviceDesc.Streams[0], "/postbox.v1.MessageService/SendStream", opts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &messageServiceSendStreamClient{stream}
+	return x, nil
+}
+
+type MessageService_SendStreamClient interface {
+	Send(*SendStreamRequest) error
+	Recv() (*SendStreamResponse, error)
+	grpc.ClientStream
+}
+
+type messageServiceSendStreamClient struct {
+	grpc.ClientStream
+}
+
+func (x *messageServiceSendStreamClient) Send(m *SendStreamRequest) error {
+	return x.ClientStream.SendMsg(m)
+}
+
+func (x *messageServiceSendStreamClient) Recv() (*SendStreamResponse, error) {
+	m := new(SendStreamResponse)
+	if err := x.ClientStream.RecvMsg(m); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
 func (c *messageServiceClient) Receive(ctx context.Context, in *ReceiveRequest, opts ...grpc.CallOption) (MessageService_ReceiveClient, error) {
-	stream, err := c.cc.NewStream(ctx, &_MessageService_serviceDesc.Streams[0], "/postbox.v1.MessageService/Receive", opts...)
+	stream, err := c.cc.NewStream(ctx, &_MessageService_serviceDesc.Streams[1], "/postbox.v1.MessageService/Receive", opts...)
 	if err != nil {
 		return nil, err
 	}
@@ -129,7 +172,7 @@ func (x *messageServiceReceiveClient) Recv() (*ReceiveResponse, error) {
 }
 
 func (c *messageServiceClient) StreamingReceive(ctx context.Context, opts ...grpc.CallOption) (MessageService_StreamingReceiveClient, error) {
-	stream, err := c.cc.NewStream(ctx, &_MessageService_serviceDesc.Streams[1], "/postbox.v1.MessageService/StreamingReceive", opts...)
+	stream, err := c.cc.NewStream(ctx, &_MessageService_serviceDesc.Streams[2], "/postbox.v1.MessageService/StreamingReceive", opts...)
 	if err != nil {
 		return nil, err
 	}
@@ -249,6 +292,18 @@ type MessageServiceServer interface {
 	// Enqueues up to 1,000 messages in one transaction: all are committed or,
 	// when any entry is invalid, none is.
 	SendBatch(context.Context, *SendBatchRequest) (*SendBatchResponse, error)
+	// Sends over one long-lived bidirectional stream, one message per request, so
+	// that a send costs a stream message rather than a call (the SDK sends every
+	// send() of a client this way). Each request is answered, by a result with
+	// its tag, once its message has committed, or with that message's own error,
+	// exactly as Send would have answered; answers may come in any order. One
+	// refused message does not end the stream nor fail the others. At most 1,000
+	// requests of a stream are in progress at once: the server reads further
+	// requests as earlier ones are answered. A server shutting down answers the
+	// requests it has read and ends the stream with UNAVAILABLE; it has not read
+	// the others. If the stream breaks, requests not yet answered may or may not
+	// have committed, as a Send whose call broke.
+	SendStream(MessageService_SendStreamServer) error
 	// Claims messages and streams them in batches. In long-poll mode the stream
 	// ends after the first non-empty batch, or empty when the wait runs out. In
 	// continuous mode it keeps sending batches as messages become visible until
@@ -307,6 +362,9 @@ func (UnimplementedMessageServiceServer) Send(context.Context, *SendRequest) (*S
 }
 func (UnimplementedMessageServiceServer) SendBatch(context.Context, *SendBatchRequest) (*SendBatchResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method SendBatch not implemented")
+}
+func (UnimplementedMessageServiceServer) SendStream(MessageService_SendStreamServer) error {
+	return status.Errorf(codes.Unimplemented, "method SendStream not implemented")
 }
 func (UnimplementedMessageServiceServer) Receive(*ReceiveRequest, MessageService_ReceiveServer) error {
 	return status.Errorf(codes.Unimplemented, "method Receive not implemented")
@@ -388,6 +446,32 @@ func _MessageService_SendBatch_Handler(srv interface{}, ctx context.Context, dec
 		return srv.(MessageServiceServer).SendBatch(ctx, req.(*SendBatchRequest))
 	}
 	return interceptor(ctx, in, info, handler)
+}
+
+func _MessageService_SendStream_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(MessageServiceServer).SendStream(&messageServiceSendStreamServer{stream})
+}
+
+type MessageService_SendStreamServer interface {
+	Send(*SendStreamResponse) error
+	Recv() (*SendStreamRequest, error)
+	grpc.ServerStream
+}
+
+type messageServiceSendStreamServer struct {
+	grpc.ServerStream
+}
+
+func (x *messageServiceSendStreamServer) Send(m *SendStreamResponse) error {
+	return x.ServerStream.SendMsg(m)
+}
+
+func (x *messageServiceSendStreamServer) Recv() (*SendStreamRequest, error) {
+	m := new(SendStreamRequest)
+	if err := x.ServerStream.RecvMsg(m); err != nil {
+		return nil, err
+	}
+	return m, nil
 }
 
 func _MessageService_Receive_Handler(srv interface{}, stream grpc.ServerStream) error {
@@ -649,6 +733,12 @@ var _MessageService_serviceDesc = grpc.ServiceDesc{
 		},
 	},
 	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "SendStream",
+			Handler:       _MessageService_SendStream_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
+		},
 		{
 			StreamName:    "Receive",
 			Handler:       _MessageService_Receive_Handler,

@@ -110,6 +110,30 @@ class SendBatchResponse(_message.Message):
     duplicates: _containers.RepeatedScalarFieldContainer[bool]
     def __init__(self, message_ids: _Optional[_Iterable[str]] = ..., duplicates: _Optional[_Iterable[bool]] = ...) -> None: ...
 
+class SendStreamRequest(_message.Message):
+    __slots__ = ("tag", "send")
+    TAG_FIELD_NUMBER: _ClassVar[int]
+    SEND_FIELD_NUMBER: _ClassVar[int]
+    tag: int
+    send: SendRequest
+    def __init__(self, tag: _Optional[int] = ..., send: _Optional[_Union[SendRequest, _Mapping]] = ...) -> None: ...
+
+class SendStreamResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[SendStreamResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[SendStreamResult, _Mapping]]] = ...) -> None: ...
+
+class SendStreamResult(_message.Message):
+    __slots__ = ("tag", "sent", "error")
+    TAG_FIELD_NUMBER: _ClassVar[int]
+    SENT_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    tag: int
+    sent: SendResponse
+    error: _status_pb2.Status
+    def __init__(self, tag: _Optional[int] = ..., sent: _Optional[_Union[SendResponse, _Mapping]] = ..., error: _Optional[_Union[_status_pb2.Status, _Mapping]] = ...) -> None: ...
+
 class ReceiveRequest(_message.Message):
     __slots__ = ("queue", "max_messages", "visibility_timeout", "wait_time", "mode", "max_total_messages", "idle_timeout")
     QUEUE_FIELD_NUMBER: _ClassVar[int]

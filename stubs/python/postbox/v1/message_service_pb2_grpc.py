@@ -48,6 +48,11 @@ class MessageServiceStub:
                 request_serializer=postbox_dot_v1_dot_message__service__pb2.SendBatchRequest.SerializeToString,
                 response_deserializer=postbox_dot_v1_dot_message__service__pb2.SendBatchResponse.FromString,
                 _registered_method=True)
+        self.SendStream = channel.stream_stream(
+                '/postbox.v1.MessageService/SendStream',
+                request_serializer=postbox_dot_v1_dot_message__service__pb2.SendStreamRequest.SerializeToString,
+                response_deserializer=postbox_dot_v1_dot_message__service__pb2.SendStreamResponse.FromString,
+                _registered_method=True)
         self.Receive = channel.unary_stream(
                 '/postbox.v1.MessageService/Receive',
                 request_serializer=postbox_dot_v1_dot_message__service__pb2.ReceiveRequest.SerializeToString,
@@ -122,6 +127,23 @@ class MessageServiceServicer:
     def SendBatch(self, request, context):
         """Enqueues up to 1,000 messages in one transaction: all are committed or,
         when any entry is invalid, none is.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SendStream(self, request_iterator, context):
+        """Sends over one long-lived bidirectional stream, one message per request, so
+        that a send costs a stream message rather than a call (the SDK sends every
+        send() of a client this way). Each request is answered, by a result with
+        its tag, once its message has committed, or with that message's own error,
+        exactly as Send would have answered; answers may come in any order. One
+        refused message does not end the stream nor fail the others. At most 1,000
+        requests of a stream are in progress at once: the server reads further
+        requests as earlier ones are answered. A server shutting down answers the
+        requests it has read and ends the stream with UNAVAILABLE; it has not read
+        the others. If the stream breaks, requests not yet answered may or may not
+        have committed, as a Send whose call broke.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -241,6 +263,11 @@ def add_MessageServiceServicer_to_server(servicer, server):
                     request_deserializer=postbox_dot_v1_dot_message__service__pb2.SendBatchRequest.FromString,
                     response_serializer=postbox_dot_v1_dot_message__service__pb2.SendBatchResponse.SerializeToString,
             ),
+            'SendStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.SendStream,
+                    request_deserializer=postbox_dot_v1_dot_message__service__pb2.SendStreamRequest.FromString,
+                    response_serializer=postbox_dot_v1_dot_message__service__pb2.SendStreamResponse.SerializeToString,
+            ),
             'Receive': grpc.unary_stream_rpc_method_handler(
                     servicer.Receive,
                     request_deserializer=postbox_dot_v1_dot_message__service__pb2.ReceiveRequest.FromString,
@@ -355,6 +382,33 @@ class MessageService:
             '/postbox.v1.MessageService/SendBatch',
             postbox_dot_v1_dot_message__service__pb2.SendBatchRequest.SerializeToString,
             postbox_dot_v1_dot_message__service__pb2.SendBatchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SendStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/postbox.v1.MessageService/SendStream',
+            postbox_dot_v1_dot_message__service__pb2.SendStreamRequest.SerializeToString,
+            postbox_dot_v1_dot_message__service__pb2.SendStreamResponse.FromString,
             options,
             channel_credentials,
             insecure,

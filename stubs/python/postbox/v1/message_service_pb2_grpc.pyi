@@ -43,6 +43,19 @@ class MessageServiceStub:
     """Enqueues up to 1,000 messages in one transaction: all are committed or,
     when any entry is invalid, none is.
     """
+    SendStream: _grpc.StreamStreamMultiCallable[_message_service_pb2.SendStreamRequest, _message_service_pb2.SendStreamResponse]
+    """Sends over one long-lived bidirectional stream, one message per request, so
+    that a send costs a stream message rather than a call (the SDK sends every
+    send() of a client this way). Each request is answered, by a result with
+    its tag, once its message has committed, or with that message's own error,
+    exactly as Send would have answered; answers may come in any order. One
+    refused message does not end the stream nor fail the others. At most 1,000
+    requests of a stream are in progress at once: the server reads further
+    requests as earlier ones are answered. A server shutting down answers the
+    requests it has read and ends the stream with UNAVAILABLE; it has not read
+    the others. If the stream breaks, requests not yet answered may or may not
+    have committed, as a Send whose call broke.
+    """
     Receive: _grpc.UnaryStreamMultiCallable[_message_service_pb2.ReceiveRequest, _message_service_pb2.ReceiveResponse]
     """Claims messages and streams them in batches. In long-poll mode the stream
     ends after the first non-empty batch, or empty when the wait runs out. In
@@ -113,6 +126,19 @@ class MessageServiceAsyncStub(MessageServiceStub):
     SendBatch: _aio.UnaryUnaryMultiCallable[_message_service_pb2.SendBatchRequest, _message_service_pb2.SendBatchResponse]  # type: ignore[assignment]
     """Enqueues up to 1,000 messages in one transaction: all are committed or,
     when any entry is invalid, none is.
+    """
+    SendStream: _aio.StreamStreamMultiCallable[_message_service_pb2.SendStreamRequest, _message_service_pb2.SendStreamResponse]  # type: ignore[assignment]
+    """Sends over one long-lived bidirectional stream, one message per request, so
+    that a send costs a stream message rather than a call (the SDK sends every
+    send() of a client this way). Each request is answered, by a result with
+    its tag, once its message has committed, or with that message's own error,
+    exactly as Send would have answered; answers may come in any order. One
+    refused message does not end the stream nor fail the others. At most 1,000
+    requests of a stream are in progress at once: the server reads further
+    requests as earlier ones are answered. A server shutting down answers the
+    requests it has read and ends the stream with UNAVAILABLE; it has not read
+    the others. If the stream breaks, requests not yet answered may or may not
+    have committed, as a Send whose call broke.
     """
     Receive: _aio.UnaryStreamMultiCallable[_message_service_pb2.ReceiveRequest, _message_service_pb2.ReceiveResponse]  # type: ignore[assignment]
     """Claims messages and streams them in batches. In long-poll mode the stream
@@ -193,6 +219,25 @@ class MessageServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_message_service_pb2.SendBatchResponse, _abc.Awaitable[_message_service_pb2.SendBatchResponse]]:
         """Enqueues up to 1,000 messages in one transaction: all are committed or,
         when any entry is invalid, none is.
+        """
+
+    @_abc_1.abstractmethod
+    def SendStream(
+        self,
+        request_iterator: _MaybeAsyncIterator[_message_service_pb2.SendStreamRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_message_service_pb2.SendStreamResponse], _abc.AsyncIterator[_message_service_pb2.SendStreamResponse]]:
+        """Sends over one long-lived bidirectional stream, one message per request, so
+        that a send costs a stream message rather than a call (the SDK sends every
+        send() of a client this way). Each request is answered, by a result with
+        its tag, once its message has committed, or with that message's own error,
+        exactly as Send would have answered; answers may come in any order. One
+        refused message does not end the stream nor fail the others. At most 1,000
+        requests of a stream are in progress at once: the server reads further
+        requests as earlier ones are answered. A server shutting down answers the
+        requests it has read and ends the stream with UNAVAILABLE; it has not read
+        the others. If the stream breaks, requests not yet answered may or may not
+        have committed, as a Send whose call broke.
         """
 
     @_abc_1.abstractmethod

@@ -311,6 +311,101 @@ export declare type SendBatchResponse = Message<"postbox.v1.SendBatchResponse"> 
 export declare const SendBatchResponseSchema: GenMessage<SendBatchResponse>;
 
 /**
+ * One message of a MessageService.SendStream.
+ *
+ * @generated from message postbox.v1.SendStreamRequest
+ */
+export declare type SendStreamRequest = Message<"postbox.v1.SendStreamRequest"> & {
+  /**
+   * Required. Chosen by the client to match this request's response: any value,
+   * unique among the stream's requests not yet answered.
+   *
+   * @generated from field: uint64 tag = 1;
+   */
+  tag: bigint;
+
+  /**
+   * Required. The message, with the fields and limits of Send.
+   *
+   * @generated from field: postbox.v1.SendRequest send = 2;
+   */
+  send?: SendRequest | undefined;
+};
+
+/**
+ * Describes the message postbox.v1.SendStreamRequest.
+ * Use `create(SendStreamRequestSchema)` to create a new message.
+ */
+export declare const SendStreamRequestSchema: GenMessage<SendStreamRequest>;
+
+/**
+ * Answers of a MessageService.SendStream: the server answers the requests
+ * whose messages committed together in one response.
+ *
+ * @generated from message postbox.v1.SendStreamResponse
+ */
+export declare type SendStreamResponse = Message<"postbox.v1.SendStreamResponse"> & {
+  /**
+   * Output only. One or more answers, each to a request not answered before.
+   *
+   * @generated from field: repeated postbox.v1.SendStreamResult results = 1;
+   */
+  results: SendStreamResult[];
+};
+
+/**
+ * Describes the message postbox.v1.SendStreamResponse.
+ * Use `create(SendStreamResponseSchema)` to create a new message.
+ */
+export declare const SendStreamResponseSchema: GenMessage<SendStreamResponse>;
+
+/**
+ * The answer to one SendStreamRequest.
+ *
+ * @generated from message postbox.v1.SendStreamResult
+ */
+export declare type SendStreamResult = Message<"postbox.v1.SendStreamResult"> & {
+  /**
+   * Output only. The tag of the request answered.
+   *
+   * @generated from field: uint64 tag = 1;
+   */
+  tag: bigint;
+
+  /**
+   * Output only. Exactly one is set.
+   *
+   * @generated from oneof postbox.v1.SendStreamResult.result
+   */
+  result: {
+    /**
+     * Output only. The committed message, as Send returns it.
+     *
+     * @generated from field: postbox.v1.SendResponse sent = 2;
+     */
+    value: SendResponse;
+    case: "sent";
+  } | {
+    /**
+     * Output only. Why the message was not sent: the status and message Send
+     * would have failed with (a google.rpc.Code value). Nothing of it was
+     * committed, except after UNAVAILABLE, which, as for Send, may follow a
+     * commit whose outcome the server could not learn.
+     *
+     * @generated from field: google.rpc.Status error = 3;
+     */
+    value: Status;
+    case: "error";
+  } | { case: undefined; value?: undefined };
+};
+
+/**
+ * Describes the message postbox.v1.SendStreamResult.
+ * Use `create(SendStreamResultSchema)` to create a new message.
+ */
+export declare const SendStreamResultSchema: GenMessage<SendStreamResult>;
+
+/**
  * Request of MessageService.Receive.
  *
  * @generated from message postbox.v1.ReceiveRequest
@@ -1120,6 +1215,26 @@ export declare const MessageService: GenService<{
     methodKind: "unary";
     input: typeof SendBatchRequestSchema;
     output: typeof SendBatchResponseSchema;
+  },
+  /**
+   * Sends over one long-lived bidirectional stream, one message per request, so
+   * that a send costs a stream message rather than a call (the SDK sends every
+   * send() of a client this way). Each request is answered, by a result with
+   * its tag, once its message has committed, or with that message's own error,
+   * exactly as Send would have answered; answers may come in any order. One
+   * refused message does not end the stream nor fail the others. At most 1,000
+   * requests of a stream are in progress at once: the server reads further
+   * requests as earlier ones are answered. A server shutting down answers the
+   * requests it has read and ends the stream with UNAVAILABLE; it has not read
+   * the others. If the stream breaks, requests not yet answered may or may not
+   * have committed, as a Send whose call broke.
+   *
+   * @generated from rpc postbox.v1.MessageService.SendStream
+   */
+  sendStream: {
+    methodKind: "bidi_streaming";
+    input: typeof SendStreamRequestSchema;
+    output: typeof SendStreamResponseSchema;
   },
   /**
    * Claims messages and streams them in batches. In long-poll mode the stream

@@ -1,0 +1,134 @@
+"""Every `AsyncClient.send` of a client over one MessageService.SendStream.
+
+A unary Send costs a gRPC call in client and server alike, and with many concurrent
+callers those calls, not the database, bound the rate. On the stream a send is one
+request message with a tag; the server answers each tag once its message committed
+(sends that arrive together share a commit), or with that message's own error.
+
+The stream opens with the first send and opens again after it ends. When it breaks,
+the sends not yet answered fail with Unavailable: their messages may or may not have
+committed, as with a unary Send whose call broke. A caller that stops waiting (it is
+cancelled) leaves the stream and the other sends alone. A server without SendStream
+answers UNIMPLEMENTED, and the client sends unary calls from then on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+from postbox.v1 import message_service_pb2
+
+from postbox_client.errors import PostboxError, Unavailable, from_rpc_error, from_status
+
+# Codes a broken stream ends with that say nothing about the sends on it: their outcome
+# is unknown, which a caller learns as Unavailable (retry with a deduplication id).
+_BROKEN = (
+    grpc.StatusCode.CANCELLED,
+    grpc.StatusCode.UNKNOWN,
+    grpc.StatusCode.INTERNAL,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+)
+
+
+@dataclass
+class _Stream:
+    """One SendStream call and the sends written to it not answered yet, by tag."""
+
+    call: Any
+    waiting: dict[int, asyncio.Future[message_service_pb2.SendResponse]] = field(
+        default_factory=dict
+    )
+    accepted: bool = False  # the server sent its initial metadata
+
+
+class SendStream:
+    """Multiplexes sends over one stream of a channel's MessageService."""
+
+    def __init__(self, messages: Any, metadata: Sequence[tuple[str, str]]) -> None:
+        self._messages = messages
+        self._metadata = metadata
+        self._tags = itertools.count(1)
+        self._stream: _Stream | None = None
+        self._readers: set[asyncio.Task[None]] = set()
+        self._writing = asyncio.Lock()  # grpc.aio takes one write at a time
+        self.supported = True  # False once the server answered UNIMPLEMENTED
+
+    async def send(
+        self, request: message_service_pb2.SendRequest
+    ) -> message_service_pb2.SendResponse:
+        """Sends one message; its SendResponse once committed, or its typed error."""
+        tag = next(self._tags)
+        answer: asyncio.Future[message_service_pb2.SendResponse] = (
+            asyncio.get_running_loop().create_future()
+        )
+        frame = message_service_pb2.SendStreamRequest(tag=tag, send=request)
+        async with self._writing:
+            if not self.supported:  # learnt while this send waited to write
+                raise PostboxError("the server has no SendStream", grpc.StatusCode.UNIMPLEMENTED)
+            stream = self._open()
+            stream.waiting[tag] = answer
+            if not stream.accepted:
+                # The server's initial metadata says it took the stream. A write to a call
+                # the server had already ended (no such method, a refused key) would turn
+                # its status into INTERNAL (grpc/grpc#36066), hiding an UNIMPLEMENTED.
+                with contextlib.suppress(grpc.RpcError):
+                    await stream.call.initial_metadata()
+                stream.accepted = True
+            # A write to a stream that ended fails; its reader fails the sends waiting on it.
+            if not stream.call.done():
+                with contextlib.suppress(grpc.RpcError, asyncio.InvalidStateError):
+                    await stream.call.write(frame)
+        try:
+            return await answer
+        finally:
+            stream.waiting.pop(tag, None)  # answered, failed or given up (cancelled)
+
+    def _open(self) -> _Stream:
+        if self._stream is None:
+            self._stream = _Stream(self._messages.SendStream(metadata=self._metadata))
+            reader = asyncio.ensure_future(self._read(self._stream))
+            self._readers.add(reader)
+            reader.add_done_callback(self._readers.discard)
+        return self._stream
+
+    async def _read(self, stream: _Stream) -> None:
+        failure: PostboxError = Unavailable("the send stream ended before answering; send again")
+        try:
+            async for response in stream.call:
+                for result in response.results:
+                    answer = stream.waiting.pop(result.tag, None)
+                    if answer is None or answer.done():
+                        continue  # its caller gave up
+                    if result.HasField("sent"):
+                        answer.set_result(result.sent)
+                    else:
+                        answer.set_exception(from_status(result.error))
+        except grpc.RpcError as error:
+            failure = from_rpc_error(error)
+            if failure.code == grpc.StatusCode.UNIMPLEMENTED:
+                self.supported = False
+            elif failure.code in _BROKEN:
+                failure = Unavailable(f"the send stream broke ({failure}); send again")
+        finally:
+            if self._stream is stream:
+                self._stream = None  # the next send opens a new stream
+            # Written to this stream and not answered: their outcome is unknown.
+            for answer in stream.waiting.values():
+                if not answer.done():
+                    answer.set_exception(failure)
+            stream.waiting.clear()
+
+    async def close(self) -> None:
+        """Half-closes the stream, after its sends, and waits for their answers."""
+        async with self._writing:
+            stream, self._stream = self._stream, None
+            if stream is not None:
+                with contextlib.suppress(grpc.RpcError, asyncio.InvalidStateError):
+                    await stream.call.done_writing()
+        await asyncio.gather(*self._readers, return_exceptions=True)

@@ -3504,6 +3504,67 @@ DROP FUNCTION postbox.send(text, bytea, jsonb, interval, text, text, text, integ
 DROP FUNCTION postbox.get_message(text, bigint);
 DROP FUNCTION postbox.peek_messages(text, text, bigint, integer);
 
+-- Moves messages (locked by the caller) into queue `target`: as dead letters of
+-- `source` (leaving their own max_receive_count behind, since 0.9.0), or back
+-- (redrive) with their deliveries uncounted. In a FIFO target
+-- they join the end of their groups; in a FIFO source the next messages move up.
+CREATE OR REPLACE FUNCTION postbox._move(ids bigint[], source postbox.queues, target postbox.queues,
+                              as_dead_letters boolean)
+RETURNS void
+LANGUAGE plpgsql
+-- By primary key (see _remove).
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_indexonlyscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+AS $$
+DECLARE
+    groups text[];
+    with_priority boolean;
+BEGIN
+    SELECT array_agg(DISTINCT m.message_group_id) FILTER (WHERE m.message_group_id IS NOT NULL),
+           coalesce(bool_or(m.priority > 0), false)
+    INTO groups, with_priority
+    FROM postbox.messages m WHERE m.id = ANY (ids);
+    IF with_priority AND NOT target.prioritized THEN
+        PERFORM postbox._mark_queue(target.id, true, false);
+    END IF;
+    IF groups IS NOT NULL AND (source.fifo OR target.fifo) THEN
+        -- Both queues' group locks, the lower queue id first.
+        PERFORM postbox._lock_groups(least(source.id, target.id), groups);
+        PERFORM postbox._lock_groups(greatest(source.id, target.id), groups);
+    END IF;
+    UPDATE postbox.messages m
+    SET queue_id = target.id,
+        source_queue_id = CASE WHEN as_dead_letters THEN source.id END,
+        dead_lettered_at = CASE WHEN as_dead_letters THEN clock_timestamp() END,
+        receive_count = CASE WHEN as_dead_letters THEN m.receive_count ELSE 0 END,
+        first_received_at = CASE WHEN as_dead_letters THEN m.first_received_at END,
+        -- A message's own limit is its source queue's business: a dead letter
+        -- follows the dead-letter queue's.
+        max_receive_count = CASE WHEN NOT as_dead_letters THEN m.max_receive_count END,
+        lease = NULL,
+        visible_at = v.visible_at
+    FROM (SELECT x.id,
+                 CASE WHEN target.fifo AND (
+                          row_number() OVER (PARTITION BY x.message_group_id ORDER BY x.id) > 1
+                          OR EXISTS (SELECT FROM postbox.messages y
+                                     WHERE y.queue_id = target.id AND y.message_group_id = x.message_group_id))
+                      THEN 'infinity'::timestamptz ELSE clock_timestamp() END AS visible_at
+          FROM postbox.messages x WHERE x.id = ANY (ids)) AS v
+    WHERE m.id = v.id;
+    IF source.fifo AND groups IS NOT NULL THEN
+        PERFORM postbox._promote(source, groups);
+        PERFORM postbox._notify(source);
+    END IF;
+    IF as_dead_letters THEN
+        PERFORM postbox._count(source.id, 0, cardinality(ids));
+    END IF;
+    PERFORM postbox._notify(target);
+END
+$$;
+
 -- Functions that take messages by id reach them through the primary key,
 -- whatever the planner thinks. A session plans each statement once, often while
 -- the table was small, and keeps the plan until an ANALYZE, which a pinned xmin
@@ -3516,7 +3577,7 @@ DROP FUNCTION postbox.peek_messages(text, text, bigint, integer);
 -- expired, cancelled or failed) and results[i] what the consumer returned for
 -- ids[i] (since 0.9.0); and promotes the next message of their FIFO groups.
 -- Returns the ids removed.
-CREATE FUNCTION postbox._remove(q postbox.queues, ids bigint[], leases uuid[], why text,
+CREATE OR REPLACE FUNCTION postbox._remove(q postbox.queues, ids bigint[], leases uuid[], why text,
                                 results bytea[] DEFAULT NULL)
 RETURNS bigint[]
 LANGUAGE plpgsql
@@ -3586,7 +3647,7 @@ $$;
 -- Ends the tries of messages (locked by the caller) of queue q: into its
 -- dead-letter queue, or where it has none, removed as failed (archived where the
 -- queue archives). Since 0.9.0.
-CREATE FUNCTION postbox._bury(q postbox.queues, ids bigint[]) RETURNS void
+CREATE OR REPLACE FUNCTION postbox._bury(q postbox.queues, ids bigint[]) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
     dlq postbox.queues;
@@ -3603,7 +3664,7 @@ $$;
 -- What is wrong with a consumer id (NULL when nothing is): 1 to 128 characters
 -- of letters, digits and _ . : @ / - (so that it is safe as a metrics label and
 -- in logs). The id is quoted by a prefix and its length only.
-CREATE FUNCTION postbox.consumer_id_problem(consumer_id text) RETURNS text
+CREATE OR REPLACE FUNCTION postbox.consumer_id_problem(consumer_id text) RETURNS text
 LANGUAGE sql IMMUTABLE AS $$
     SELECT CASE WHEN length(consumer_id) NOT BETWEEN 1 AND 128 OR consumer_id ~ '[^A-Za-z0-9_.:@/-]' THEN format(
         'consumer_id %s (%s characters) must be 1 to 128 characters of letters, digits and _ . : @ / -',
@@ -3631,7 +3692,7 @@ $$;
 -- is in flight. A message's own max_receive_count (see send_batch) overrides the
 -- queue's; where the queue has no dead-letter queue, a message past it fails
 -- for good (archived as failed where the queue archives).
-CREATE FUNCTION postbox.receive(queue_name text, max_messages integer DEFAULT 1,
+CREATE OR REPLACE FUNCTION postbox.receive(queue_name text, max_messages integer DEFAULT 1,
                                 visibility_timeout interval DEFAULT NULL, scan_from timestamptz DEFAULT NULL,
                                 max_bytes bigint DEFAULT NULL, consumer_id text DEFAULT NULL)
 RETURNS TABLE (message_id bigint, body bytea, attributes jsonb, enqueued_at timestamptz,
@@ -3826,7 +3887,7 @@ $$;
 
 -- PB400 unless results has at most `receipts` entries of at most 64 KiB each
 -- (since 0.9.0).
-CREATE FUNCTION postbox._check_results(results bytea[], receipts integer) RETURNS void
+CREATE OR REPLACE FUNCTION postbox._check_results(results bytea[], receipts integer) RETURNS void
 LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
     problem text;
@@ -3851,7 +3912,7 @@ $$;
 -- see _receipt_outcomes. Archives them if the queue archives, with results[i]
 -- (since 0.9.0; at most 64 KiB each) as what the job of receipts[i] returned:
 -- a queue that does not archive keeps no results.
-CREATE FUNCTION postbox.delete_batch(queue_name text, receipts text[], results bytea[] DEFAULT NULL)
+CREATE OR REPLACE FUNCTION postbox.delete_batch(queue_name text, receipts text[], results bytea[] DEFAULT NULL)
 RETURNS TABLE (i bigint, outcome text)
 LANGUAGE plpgsql
 -- By primary key (see _remove).
@@ -3918,7 +3979,7 @@ $$;
 
 -- Deletes a received message, with what its job returned (since 0.9.0; see
 -- delete_batch). PB412 for a stale receipt, PB404 if it is gone.
-CREATE FUNCTION postbox.delete(queue_name text, receipt text, result bytea DEFAULT NULL) RETURNS void
+CREATE OR REPLACE FUNCTION postbox.delete(queue_name text, receipt text, result bytea DEFAULT NULL) RETURNS void
 LANGUAGE sql AS $$
     SELECT postbox._raise_receipt_outcome(outcome, receipt)
     FROM postbox.delete_batch(queue_name, ARRAY[receipt], postbox._array_of(result))
@@ -3930,7 +3991,7 @@ $$;
 -- Where dead_letters[i] (since 0.9.0) is true the message is not retried: it
 -- moves to the queue's dead-letter queue at once, or where there is none, fails
 -- for good (archived as failed where the queue archives); not with a delay.
-CREATE FUNCTION postbox.nack_batch(queue_name text, receipts text[], delays interval[] DEFAULT NULL,
+CREATE OR REPLACE FUNCTION postbox.nack_batch(queue_name text, receipts text[], delays interval[] DEFAULT NULL,
                                    errors text[] DEFAULT NULL, dead_letters boolean[] DEFAULT NULL)
 RETURNS TABLE (i bigint, outcome text)
 LANGUAGE plpgsql
@@ -3989,7 +4050,7 @@ $$;
 
 -- Gives one received message back, or with dead_letter (since 0.9.0) ends its
 -- tries; see nack_batch. PB412 for a stale receipt, PB404 if the message is gone.
-CREATE FUNCTION postbox.nack(queue_name text, receipt text, delay interval DEFAULT NULL,
+CREATE OR REPLACE FUNCTION postbox.nack(queue_name text, receipt text, delay interval DEFAULT NULL,
                              error text DEFAULT NULL, dead_letter boolean DEFAULT false)
 RETURNS void
 LANGUAGE sql AS $$
@@ -4000,7 +4061,7 @@ $$;
 
 -- send_batch's every case: options, FIFO order, deduplication, depth limits and
 -- every error. send_batch (below) takes the plain case past it.
-CREATE FUNCTION postbox._send_batch_general(
+CREATE OR REPLACE FUNCTION postbox._send_batch_general(
     queue_name text, bodies bytea[], attributes jsonb[] DEFAULT NULL, delays interval[] DEFAULT NULL,
     message_group_ids text[] DEFAULT NULL, deduplication_ids text[] DEFAULT NULL,
     dedupe_keys text[] DEFAULT NULL, priorities integer[] DEFAULT NULL,
@@ -4312,7 +4373,7 @@ $$;
 -- the general path). Only in READ COMMITTED: elsewhere the look reads the
 -- transaction's snapshot, which may predate a drop, and the general path looks
 -- under a row lock instead (see _lock_queue).
-CREATE FUNCTION postbox.send_batch(
+CREATE OR REPLACE FUNCTION postbox.send_batch(
     queue_name text, bodies bytea[], attributes jsonb[] DEFAULT NULL, delays interval[] DEFAULT NULL,
     message_group_ids text[] DEFAULT NULL, deduplication_ids text[] DEFAULT NULL,
     dedupe_keys text[] DEFAULT NULL, priorities integer[] DEFAULT NULL,
@@ -4382,7 +4443,7 @@ $$;
 -- into a queue without FIFO order, deduplication or a depth limit (the common
 -- transactional send), takes a straight path: send_batch's checks and branches
 -- cost as much as the insert itself when many sessions each send one.
-CREATE FUNCTION postbox.send(
+CREATE OR REPLACE FUNCTION postbox.send(
     queue_name text, body bytea, attributes jsonb DEFAULT NULL, delay interval DEFAULT NULL,
     message_group_id text DEFAULT NULL, deduplication_id text DEFAULT NULL,
     dedupe_key text DEFAULT NULL, priority integer DEFAULT NULL, deliver_at timestamptz DEFAULT NULL,
@@ -4433,7 +4494,7 @@ $$;
 -- ('dead', whatever their state). Expired messages are not shown. Since 0.9.0
 -- with the consumer that took the latest delivery, when, and the message's own
 -- max_receive_count.
-CREATE FUNCTION postbox.peek_messages(queue_name text, in_state text DEFAULT NULL, after_id bigint DEFAULT 0,
+CREATE OR REPLACE FUNCTION postbox.peek_messages(queue_name text, in_state text DEFAULT NULL, after_id bigint DEFAULT 0,
                                       page_size integer DEFAULT 100)
 RETURNS TABLE (message_id bigint, body bytea, attributes jsonb, enqueued_at timestamptz,
                receive_count integer, first_received_at timestamptz, priority smallint,
@@ -4486,7 +4547,7 @@ $$;
 -- seen_from NULL, every queue's messages, each as seen from the queue that
 -- holds it. Each side is walked by id, so a rare state or a small queue among
 -- many messages reads the messages between.
-CREATE FUNCTION postbox._message_lives(seen_from integer, in_state text, first_id bigint, last_id bigint,
+CREATE OR REPLACE FUNCTION postbox._message_lives(seen_from integer, in_state text, first_id bigint, last_id bigint,
                                        page_size integer)
 RETURNS TABLE (message_id bigint, queue text, body bytea, attributes jsonb, enqueued_at timestamptz,
                receive_count integer, first_received_at timestamptz, priority smallint,
@@ -4540,7 +4601,7 @@ $$;
 -- flight, or (since 0.9.0) dead-lettered, expired, and where the queue archives
 -- succeeded with its result, failed or cancelled. PB404 if the queue never
 -- held it, or forgot it.
-CREATE FUNCTION postbox.get_message(queue_name text, id bigint)
+CREATE OR REPLACE FUNCTION postbox.get_message(queue_name text, id bigint)
 RETURNS TABLE (message_id bigint, queue text, body bytea, attributes jsonb, enqueued_at timestamptz,
                receive_count integer, first_received_at timestamptz, priority smallint,
                message_group_id text, deduplication_id text, dead_letter_source text, last_error text,
@@ -4563,7 +4624,7 @@ $$;
 -- NULL every queue's, in id order after after_id; in_state one of visible,
 -- in_flight, delayed, dead_lettered, expired, succeeded, failed, cancelled or
 -- dead, or NULL for all (since 0.9.0).
-CREATE FUNCTION postbox.list_messages(queue_name text DEFAULT NULL, in_state text DEFAULT NULL,
+CREATE OR REPLACE FUNCTION postbox.list_messages(queue_name text DEFAULT NULL, in_state text DEFAULT NULL,
                                       after_id bigint DEFAULT 0, page_size integer DEFAULT 100)
 RETURNS TABLE (message_id bigint, queue text, body bytea, attributes jsonb, enqueued_at timestamptz,
                receive_count integer, first_received_at timestamptz, priority smallint,
@@ -4597,7 +4658,7 @@ $$;
 -- row '(other)' for the rest; deliveries taken without a consumer id count as
 -- '(none)'. Neither is a valid consumer id, so neither is mistaken for one. So
 -- a scrape has at most max_consumers rows plus one per queue.
-CREATE FUNCTION postbox.consumer_metrics(max_consumers integer DEFAULT 20)
+CREATE OR REPLACE FUNCTION postbox.consumer_metrics(max_consumers integer DEFAULT 20)
 RETURNS TABLE (queue_name text, consumer_id text, in_flight bigint)
 LANGUAGE sql STABLE AS $$
     WITH held AS (

@@ -23,6 +23,8 @@ class Rule:
     listed: str | None = None
     # Other permissions that allow the call too.
     also: tuple[str, ...] = ()
+    # Whether an empty `field` names every resource (then the permission is needed on "*").
+    empty_means_all: bool = False
 
     @property
     def permissions(self) -> tuple[str, ...]:
@@ -64,6 +66,8 @@ _MESSAGES = {
     "PeekMessages": Rule("read", "queue"),
     "GetMessage": Rule("read", "queue"),
     "ListArchivedMessages": Rule("read", "queue"),
+    # Without a queue it lists every queue's messages.
+    "ListMessages": Rule("read", "queue", empty_means_all=True),
     # A producer takes back a message it sent, before anyone receives it.
     "CancelMessage": Rule("send", "queue", also=("manage",)),
 }
@@ -140,4 +144,6 @@ def resource_of(request: object, rule: Rule) -> str:
     value = request
     for part in rule.field.split("."):
         value = getattr(value, part)
+    if rule.empty_means_all and not value:
+        return ANY_RESOURCE
     return str(value)

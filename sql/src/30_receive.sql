@@ -140,7 +140,8 @@ END
 $$;
 
 -- Moves messages (locked by the caller) into queue `target`: as dead letters of
--- `source`, or back (redrive) with their deliveries uncounted. In a FIFO target
+-- `source` (leaving their own max_receive_count behind, since 0.9.0), or back
+-- (redrive) with their deliveries uncounted. In a FIFO target
 -- they join the end of their groups; in a FIFO source the next messages move up.
 CREATE FUNCTION postbox._move(ids bigint[], source postbox.queues, target postbox.queues,
                               as_dead_letters boolean)
@@ -175,6 +176,9 @@ BEGIN
         dead_lettered_at = CASE WHEN as_dead_letters THEN clock_timestamp() END,
         receive_count = CASE WHEN as_dead_letters THEN m.receive_count ELSE 0 END,
         first_received_at = CASE WHEN as_dead_letters THEN m.first_received_at END,
+        -- A message's own limit is its source queue's business: a dead letter
+        -- follows the dead-letter queue's.
+        max_receive_count = CASE WHEN NOT as_dead_letters THEN m.max_receive_count END,
         lease = NULL,
         visible_at = v.visible_at
     FROM (SELECT x.id,

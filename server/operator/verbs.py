@@ -188,6 +188,9 @@ def _queue_settings(queue: queue_service_pb2.Queue, args: argparse.Namespace) ->
     if getattr(args, "max_message_size", None) is not None:
         queue.max_message_size = args.max_message_size
         given.append("max_message_size")
+    if getattr(args, "archive", False):
+        queue.archive_on_delete = True
+        given.append("archive_on_delete")
     if getattr(args, "dead_letter_queue", None):
         queue.dead_letter_policy.dead_letter_queue = args.dead_letter_queue
         queue.dead_letter_policy.max_receive_count = args.max_receive_count
@@ -573,6 +576,11 @@ def add_parsers(verbs: Any, client: argparse.ArgumentParser, run: Callable[..., 
             help='how long messages are kept: seconds, or "forever"',
         )
         settings.add_argument("--max-message-size", type=int, metavar="BYTES")
+        settings.add_argument(
+            "--archive",
+            action="store_true",
+            help="keep finished messages (their history, for `messages get` and `list`)",
+        )
         settings.add_argument("--dead-letter-queue", metavar="QUEUE")
         settings.add_argument(
             "--max-receive-count", type=int, default=5, help="with --dead-letter-queue"

@@ -184,10 +184,10 @@ def engine_claim_delete(queue: str) -> Callable[[Connection, int], Awaitable[int
     async def claim(conn: Connection, batch: int) -> int:
         receipts = held.pop(conn, None)
         if receipts is None:
-            rows = await conn.fetch(receive, queue, batch, lease, None, max_bytes)
+            rows = await conn.fetch(receive, queue, batch, lease, None, max_bytes, None)
         else:
             both = await conn.fetch(
-                delete_and_receive, queue, receipts, batch, lease, None, max_bytes
+                delete_and_receive, queue, receipts, batch, lease, None, max_bytes, None
             )
             rows = [row for row in both if row["message_id"] is not None]
         if rows:

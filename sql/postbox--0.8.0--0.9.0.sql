@@ -3476,6 +3476,1206 @@ LANGUAGE sql AS $$
     WHERE x.id = queue_id AND (_mark_queue.prioritized AND NOT x.prioritized OR _mark_queue.keyed AND NOT x.keyed);
 $$;
 
+-- Jobs (since 0.9.0): a consumer names itself when it receives (consumer_id), a
+-- delete may carry the job's result and a nack may end the message's tries
+-- (dead_letter); a message may carry its own max_receive_count; and a queue
+-- that archives keeps each message's whole life for get_message and
+-- list_messages.
+ALTER TABLE postbox.messages
+    ADD COLUMN consumer_id text,
+    ADD COLUMN received_at timestamptz,
+    ADD COLUMN max_receive_count integer;
+ALTER TABLE postbox.archive
+    ADD COLUMN result bytea,
+    ADD COLUMN consumer_id text,
+    ADD COLUMN dead_lettered_at timestamptz;
+DROP FUNCTION postbox._remove(postbox.queues, bigint[], uuid[], text);
+DROP FUNCTION postbox.receive(text, integer, interval, timestamptz, bigint);
+DROP FUNCTION postbox.delete_batch(text, text[]);
+DROP FUNCTION postbox.delete(text, text);
+DROP FUNCTION postbox.nack_batch(text, text[], interval[], text[]);
+DROP FUNCTION postbox.nack(text, text, interval, text);
+DROP FUNCTION postbox._send_batch_general(text, bytea[], jsonb[], interval[], text[], text[], text[], integer[],
+                                          timestamptz[], interval[], timestamptz[]);
+DROP FUNCTION postbox.send_batch(text, bytea[], jsonb[], interval[], text[], text[], text[], integer[],
+                                 timestamptz[], interval[], timestamptz[]);
+DROP FUNCTION postbox.send(text, bytea, jsonb, interval, text, text, text, integer, timestamptz, interval,
+                           timestamptz);
+DROP FUNCTION postbox.get_message(text, bigint);
+DROP FUNCTION postbox.peek_messages(text, text, bigint, integer);
+
+-- Moves messages (locked by the caller) into queue `target`: as dead letters of
+-- `source` (leaving their own max_receive_count behind, since 0.9.0), or back
+-- (redrive) with their deliveries uncounted. In a FIFO target
+-- they join the end of their groups; in a FIFO source the next messages move up.
+CREATE OR REPLACE FUNCTION postbox._move(ids bigint[], source postbox.queues, target postbox.queues,
+                              as_dead_letters boolean)
+RETURNS void
+LANGUAGE plpgsql
+-- By primary key (see _remove).
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_indexonlyscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+AS $$
+DECLARE
+    groups text[];
+    with_priority boolean;
+BEGIN
+    SELECT array_agg(DISTINCT m.message_group_id) FILTER (WHERE m.message_group_id IS NOT NULL),
+           coalesce(bool_or(m.priority > 0), false)
+    INTO groups, with_priority
+    FROM postbox.messages m WHERE m.id = ANY (ids);
+    IF with_priority AND NOT target.prioritized THEN
+        PERFORM postbox._mark_queue(target.id, true, false);
+    END IF;
+    IF groups IS NOT NULL AND (source.fifo OR target.fifo) THEN
+        -- Both queues' group locks, the lower queue id first.
+        PERFORM postbox._lock_groups(least(source.id, target.id), groups);
+        PERFORM postbox._lock_groups(greatest(source.id, target.id), groups);
+    END IF;
+    UPDATE postbox.messages m
+    SET queue_id = target.id,
+        source_queue_id = CASE WHEN as_dead_letters THEN source.id END,
+        dead_lettered_at = CASE WHEN as_dead_letters THEN clock_timestamp() END,
+        receive_count = CASE WHEN as_dead_letters THEN m.receive_count ELSE 0 END,
+        first_received_at = CASE WHEN as_dead_letters THEN m.first_received_at END,
+        -- A message's own limit is its source queue's business: a dead letter
+        -- follows the dead-letter queue's.
+        max_receive_count = CASE WHEN NOT as_dead_letters THEN m.max_receive_count END,
+        lease = NULL,
+        visible_at = v.visible_at
+    FROM (SELECT x.id,
+                 CASE WHEN target.fifo AND (
+                          row_number() OVER (PARTITION BY x.message_group_id ORDER BY x.id) > 1
+                          OR EXISTS (SELECT FROM postbox.messages y
+                                     WHERE y.queue_id = target.id AND y.message_group_id = x.message_group_id))
+                      THEN 'infinity'::timestamptz ELSE clock_timestamp() END AS visible_at
+          FROM postbox.messages x WHERE x.id = ANY (ids)) AS v
+    WHERE m.id = v.id;
+    IF source.fifo AND groups IS NOT NULL THEN
+        PERFORM postbox._promote(source, groups);
+        PERFORM postbox._notify(source);
+    END IF;
+    IF as_dead_letters THEN
+        PERFORM postbox._count(source.id, 0, cardinality(ids));
+    END IF;
+    PERFORM postbox._notify(target);
+END
+$$;
+
+-- Functions that take messages by id reach them through the primary key,
+-- whatever the planner thinks. A session plans each statement once, often while
+-- the table was small, and keeps the plan until an ANALYZE, which a pinned xmin
+-- horizon holds off: a sequential scan, bitmap scan or hash join chosen then
+-- reads every dead row version on every later call. So they allow only index
+-- scans and nested loops, and say `queue_id + 0` (offered queue_id as an index
+-- condition, the planner fetched the whole queue through the ready index).
+-- Removes messages (all of ids, or, with leases, those whose lease still
+-- matches), archiving them if the queue archives, why being the reason (deleted,
+-- expired, cancelled or failed) and results[i] what the consumer returned for
+-- ids[i] (since 0.9.0); and promotes the next message of their FIFO groups.
+-- Returns the ids removed.
+CREATE OR REPLACE FUNCTION postbox._remove(q postbox.queues, ids bigint[], leases uuid[], why text,
+                                results bytea[] DEFAULT NULL)
+RETURNS bigint[]
+LANGUAGE plpgsql
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_indexonlyscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+AS $$
+DECLARE
+    removed bigint[];
+    groups text[];
+    expiring bigint[];
+    keys text[];
+BEGIN
+    IF q.archive_on_delete THEN
+        WITH gone AS (
+            DELETE FROM postbox.messages m
+            USING unnest(ids, leases, results) AS t(id, lease, result)
+            WHERE m.id = t.id AND m.queue_id + 0 = q.id AND (t.lease IS NULL OR m.lease = t.lease)
+            RETURNING m.*, t.result
+        ), archived AS (
+            INSERT INTO postbox.archive (id, queue_id, receive_count, enqueued_at, first_received_at,
+                                         archived_at, reason, priority, message_group_id,
+                                         deduplication_id, source_queue_id, last_error, attributes, body,
+                                         result, consumer_id, dead_lettered_at)
+            SELECT g.id, g.queue_id, g.receive_count, g.enqueued_at, g.first_received_at,
+                   clock_timestamp(), why, g.priority, g.message_group_id, g.deduplication_id,
+                   g.source_queue_id, g.last_error, g.attributes, g.body, g.result, g.consumer_id,
+                   g.dead_lettered_at
+            FROM gone g
+        )
+        SELECT array_agg(g.id), array_agg(g.message_group_id), array_agg(g.id) FILTER (WHERE g.expires_at IS NOT NULL),
+               array_agg(g.dedupe_key) FILTER (WHERE g.dedupe_key IS NOT NULL)
+        INTO removed, groups, expiring, keys FROM gone g;
+    ELSE
+        -- The same delete without the archive: a data-modifying CTE costs even
+        -- when it inserts nothing, and this is the path of every plain delete.
+        WITH gone AS (
+            DELETE FROM postbox.messages m
+            USING unnest(ids, leases) AS t(id, lease)
+            WHERE m.id = t.id AND m.queue_id + 0 = q.id AND (t.lease IS NULL OR m.lease = t.lease)
+            RETURNING m.id, m.message_group_id, m.expires_at, m.dedupe_key
+        )
+        SELECT array_agg(g.id), array_agg(g.message_group_id), array_agg(g.id) FILTER (WHERE g.expires_at IS NOT NULL),
+               array_agg(g.dedupe_key) FILTER (WHERE g.dedupe_key IS NOT NULL)
+        INTO removed, groups, expiring, keys FROM gone g;
+    END IF;
+    IF expiring IS NOT NULL THEN
+        DELETE FROM postbox.message_expiries WHERE message_id = ANY (expiring);
+    END IF;
+    IF keys IS NOT NULL THEN
+        PERFORM postbox._free_keys(q.id, keys, removed);
+    END IF;
+    IF q.fifo AND groups IS NOT NULL THEN
+        PERFORM postbox._lock_groups(q.id, groups);
+        PERFORM postbox._promote(q, groups);
+        PERFORM postbox._notify(q);
+    END IF;
+    IF why = 'expired' AND removed IS NOT NULL THEN
+        PERFORM postbox._count(q.id, cardinality(removed), 0);
+    END IF;
+    RETURN coalesce(removed, '{}');
+END
+$$;
+
+-- Ends the tries of messages (locked by the caller) of queue q: into its
+-- dead-letter queue, or where it has none, removed as failed (archived where the
+-- queue archives). Since 0.9.0.
+CREATE OR REPLACE FUNCTION postbox._bury(q postbox.queues, ids bigint[]) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    dlq postbox.queues;
+BEGIN
+    SELECT * INTO dlq FROM postbox.queues d WHERE d.id = q.dead_letter_queue_id;
+    IF FOUND THEN
+        PERFORM postbox._move(ids, q, dlq, true);
+    ELSE
+        PERFORM postbox._remove(q, ids, NULL, 'failed');
+    END IF;
+END
+$$;
+
+-- What is wrong with a consumer id (NULL when nothing is): 1 to 128 characters
+-- of letters, digits and _ . : @ / - (so that it is safe as a metrics label and
+-- in logs). The id is quoted by a prefix and its length only.
+CREATE OR REPLACE FUNCTION postbox.consumer_id_problem(consumer_id text) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN length(consumer_id) NOT BETWEEN 1 AND 128 OR consumer_id ~ '[^A-Za-z0-9_.:@/-]' THEN format(
+        'consumer_id %s (%s characters) must be 1 to 128 characters of letters, digits and _ . : @ / -',
+        quote_literal(left(consumer_id, 40)), length(consumer_id)) END
+$$;
+
+-- Claims up to max_messages visible messages (FOR UPDATE SKIP LOCKED, so
+-- concurrent receivers never get the same message), makes them invisible for
+-- the visibility timeout (the queue's when NULL), counts the delivery and gives
+-- each a fresh receipt "<message id>:<lease>". The messages of one call share a
+-- lease: a call delivers a message once, so the pair names the delivery, and a
+-- strong random draw per row cost 5% of a receive of ten. Order: priority, then
+-- visibility time, then id; FIFO queues hand out only group heads. On the way, expired
+-- messages are removed and messages received max_receive_count times already
+-- move to the dead-letter queue instead. A rate-limited queue returns fewer
+-- messages when its tokens run short. PB503 while receives are paused.
+-- scan_from: where to start in the ready index, from receive_floor (NULL: this
+-- session's floor, see _kept_floor). max_bytes (since 0.8.0; NULL: no limit) bounds the claim by size: it
+-- stops before the message that would take the sum of the claimed messages'
+-- sizes (body, attributes and 256 bytes for the rest) past max_bytes, and always
+-- claims one. `more` (on every row) says that deliverable messages were left for
+-- the next call, so a caller that wants them all claims again at once.
+-- consumer_id (since 0.9.0; NULL: unnamed; see consumer_id_problem) names who
+-- takes the delivery: get_message and peek_messages show it while the message
+-- is in flight. A message's own max_receive_count (see send_batch) overrides the
+-- queue's; where the queue has no dead-letter queue, a message past it fails
+-- for good (archived as failed where the queue archives).
+CREATE OR REPLACE FUNCTION postbox.receive(queue_name text, max_messages integer DEFAULT 1,
+                                visibility_timeout interval DEFAULT NULL, scan_from timestamptz DEFAULT NULL,
+                                max_bytes bigint DEFAULT NULL, consumer_id text DEFAULT NULL)
+RETURNS TABLE (message_id bigint, body bytea, attributes jsonb, enqueued_at timestamptz,
+               receive_count integer, first_received_at timestamptz, receipt text, priority smallint,
+               message_group_id text, deduplication_id text, dead_letter_source text, last_error text,
+               more boolean)
+LANGUAGE plpgsql
+-- Receive must walk the ready index in order and stop at the first rows it can
+-- claim. With stale statistics the planner may instead fetch every visible row
+-- (a bitmap or sequential scan) and sort them, which on a deep queue, or one
+-- full of dead index entries, costs more than everything else put together.
+-- Nor may it read the ready index and sort: a range on visible_at (scan_from to
+-- now) looks like a few rows to the planner, which then fetched every visible
+-- message of a priority queue to sort them instead of reading the priority index.
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_sort = off
+-- The size budget's window sorts a claim's few rows, which enable_sort = off
+-- prices as enormous; that price must not buy a JIT compilation (hundreds of
+-- milliseconds) on every receive.
+SET jit = off
+-- Plans made once, not on every call: given the floor and now(), a custom plan
+-- estimated the rows exactly and so looked cheaper than the generic one, and a
+-- session beside a deep queue planned the claim anew each time (a third of a
+-- receive and delete, valgrind). The settings above already fix its shape.
+SET plan_cache_mode = force_generic_plan
+AS $$
+#variable_conflict use_column
+DECLARE
+    q postbox.queues;
+    timeout interval;
+    expired_before timestamptz;
+    scan_start timestamptz;
+    allowed integer;
+    to_deliver bigint[];
+    to_expire bigint[];
+    to_bury bigint[];
+    left_over boolean;
+    keys text[];  -- dedupe keys of the messages to deliver
+BEGIN
+    -- Looked up here, not through _queue: a nested call costs more than the look.
+    SELECT * INTO q FROM postbox.queues x WHERE x.name = queue_name;
+    IF NOT FOUND THEN
+        PERFORM postbox._queue(queue_name);  -- raises PB400 or PB404
+    END IF;
+    timeout := coalesce(visibility_timeout, q.visibility_timeout);
+    expired_before := now() - q.retention;
+    IF max_messages IS NULL OR max_messages NOT BETWEEN 1 AND 1000 THEN
+        PERFORM postbox._invalid(format('max_messages is %s; it must be 1 to 1000', max_messages));
+    END IF;
+    IF timeout < interval '0' OR timeout > interval '12 hours' THEN
+        PERFORM postbox._invalid(format('visibility timeout %s is outside 0 s to 12 h', timeout));
+    END IF;
+    IF consumer_id IS NOT NULL AND postbox.consumer_id_problem(consumer_id) IS NOT NULL THEN
+        PERFORM postbox._invalid(postbox.consumer_id_problem(consumer_id));
+    END IF;
+    IF q.receive_paused THEN
+        RAISE EXCEPTION USING ERRCODE = 'PB503', MESSAGE = format(
+            'queue %s is paused for receiving; ResumeQueue lets receives in again', quote_literal(queue_name));
+    END IF;
+    scan_start := coalesce(scan_from, postbox._kept_floor(q.id), postbox._session_floor(q.id), '-infinity');
+    IF q.receive_rate_limit IS NULL AND max_bytes IS NULL AND NOT q.prioritized AND NOT q.keyed THEN
+        -- The common case in one statement: the candidates are claimed when none of
+        -- them has expired or run out of receives; else, or with none, the rounds.
+        -- Without priorities: the priority index's scan cost 3% of a receive of ten.
+        -- Without dedupe keys, whose rows the rounds free.
+        RETURN QUERY
+        WITH c AS MATERIALIZED (
+            SELECT m.id, m.visible_at, coalesce(m.enqueued_at < expired_before, false)
+                                       OR coalesce(m.expires_at <= now(), false) AS gone,
+                   coalesce(m.receive_count >= coalesce(m.max_receive_count, q.max_receive_count), false) AS dead
+            FROM postbox.messages m
+            WHERE m.queue_id = q.id AND m.priority = 0 AND m.visible_at BETWEEN scan_start AND now()
+            ORDER BY m.visible_at, m.id
+            LIMIT max_messages
+            FOR UPDATE SKIP LOCKED
+        ), claimed AS (
+            UPDATE postbox.messages m
+            SET visible_at = clock_timestamp() + timeout,
+                receive_count = m.receive_count + 1,
+                first_received_at = coalesce(m.first_received_at, clock_timestamp()),
+                lease = (SELECT gen_random_uuid()),  -- once per call (above)
+                dedupe_key = NULL,
+                consumer_id = receive.consumer_id,
+                received_at = clock_timestamp()
+            FROM c
+            WHERE m.id = c.id AND NOT EXISTS (SELECT FROM c x WHERE x.gone OR x.dead)
+            RETURNING m.*, c.visible_at AS claim_visible_at
+        )
+        SELECT c.id, c.body, c.attributes, c.enqueued_at, c.receive_count, c.first_received_at,
+               c.id || ':' || c.lease, c.priority, c.message_group_id, c.deduplication_id,
+               -- Only a dead letter looks its source up.
+               CASE WHEN c.source_queue_id IS NOT NULL
+                    THEN (SELECT s.name FROM postbox.queues s WHERE s.id = c.source_queue_id) END, c.last_error, false
+        FROM claimed c
+        ORDER BY c.claim_visible_at, c.id;
+        IF FOUND THEN
+            RETURN;
+        END IF;
+    END IF;
+    -- Each round removes what it must not deliver; a few rounds find deliverable
+    -- messages behind expired ones, the maintenance worker does the rest.
+    FOR attempt IN 1..10 LOOP
+        allowed := CASE WHEN q.receive_rate_limit IS NULL THEN max_messages
+                        ELSE postbox._take_receive_tokens(q, max_messages) END;
+        EXIT WHEN allowed = 0;
+        SELECT array_agg(p.id ORDER BY p.priority DESC, p.visible_at, p.id) FILTER (WHERE p.deliver),
+               array_agg(p.id) FILTER (WHERE p.gone),
+               array_agg(p.id) FILTER (WHERE p.dead AND NOT p.gone),
+               coalesce(bool_or(NOT p.gone AND NOT p.dead AND NOT p.deliver), false),
+               array_agg(p.dedupe_key) FILTER (WHERE p.deliver AND p.dedupe_key IS NOT NULL)
+        INTO to_deliver, to_expire, to_bury, left_over, keys
+        FROM (
+          SELECT c.*,
+                 NOT c.gone AND NOT c.dead
+                 AND (max_bytes IS NULL
+                      -- A prefix of the deliverable candidates, in claim order, within
+                      -- max_bytes; at least the first.
+                      OR sum(c.size) FILTER (WHERE NOT c.gone AND NOT c.dead)
+                             OVER (ORDER BY c.priority DESC, c.visible_at, c.id) <= max_bytes
+                      OR count(*) FILTER (WHERE NOT c.gone AND NOT c.dead)
+                             OVER (ORDER BY c.priority DESC, c.visible_at, c.id) = 1) AS deliver
+          FROM (
+            SELECT * FROM (  -- priority > 0 first, through its partial index
+                SELECT m.id, m.priority, m.visible_at, coalesce(m.enqueued_at < expired_before, false)
+                                                                  OR coalesce(m.expires_at <= now(), false) AS gone,
+                       coalesce(m.receive_count >= coalesce(m.max_receive_count, q.max_receive_count), false) AS dead,
+                       -- octet_length reads a TOASTed body's size without fetching it.
+                       octet_length(m.body) + coalesce(pg_column_size(m.attributes), 0) + 256 AS size,
+                       m.dedupe_key
+                FROM postbox.messages m
+                WHERE m.queue_id = q.id AND m.priority > 0 AND m.visible_at BETWEEN scan_start AND now()
+                ORDER BY m.priority DESC, m.visible_at, m.id
+                LIMIT allowed
+                FOR UPDATE SKIP LOCKED) AS high
+            UNION ALL
+            SELECT * FROM (  -- then the rest, in visibility order
+                SELECT m.id, m.priority, m.visible_at, coalesce(m.enqueued_at < expired_before, false)
+                                                             OR coalesce(m.expires_at <= now(), false),
+                       coalesce(m.receive_count >= coalesce(m.max_receive_count, q.max_receive_count), false),
+                       octet_length(m.body) + coalesce(pg_column_size(m.attributes), 0) + 256,
+                       m.dedupe_key
+                FROM postbox.messages m
+                WHERE m.queue_id = q.id AND m.priority = 0 AND m.visible_at BETWEEN scan_start AND now()
+                ORDER BY m.visible_at, m.id
+                LIMIT allowed
+                FOR UPDATE SKIP LOCKED) AS normal
+            LIMIT allowed
+          ) AS c
+        ) AS p;
+        IF to_expire IS NOT NULL THEN
+            PERFORM postbox._remove(q, to_expire, NULL, 'expired');
+        END IF;
+        IF to_bury IS NOT NULL THEN
+            PERFORM postbox._bury(q, to_bury);
+        END IF;
+        IF q.receive_rate_limit IS NOT NULL THEN
+            PERFORM postbox._return_receive_tokens(q, allowed - coalesce(cardinality(to_deliver), 0));
+        END IF;
+        IF keys IS NOT NULL THEN
+            -- The keys go with the first delivery (the claim clears them below).
+            PERFORM postbox._free_keys(q.id, keys, to_deliver);
+        END IF;
+        IF to_deliver IS NOT NULL THEN
+            RETURN QUERY
+            WITH claimed AS (
+                UPDATE postbox.messages m
+                SET visible_at = clock_timestamp() + timeout,
+                    receive_count = m.receive_count + 1,
+                    first_received_at = coalesce(m.first_received_at, clock_timestamp()),
+                    lease = (SELECT gen_random_uuid()),  -- once per call (above)
+                    dedupe_key = NULL,
+                    consumer_id = receive.consumer_id,
+                    received_at = clock_timestamp()
+                WHERE m.id = ANY (to_deliver)
+                RETURNING m.*
+            )
+            SELECT c.id, c.body, c.attributes, c.enqueued_at, c.receive_count, c.first_received_at,
+                   c.id || ':' || c.lease, c.priority, c.message_group_id, c.deduplication_id,
+                   CASE WHEN c.source_queue_id IS NOT NULL
+                        THEN (SELECT s.name FROM postbox.queues s WHERE s.id = c.source_queue_id) END, c.last_error,
+                   left_over
+            -- In claim order: the claim overwrote visible_at, so the order comes from to_deliver.
+            FROM claimed c JOIN unnest(to_deliver) WITH ORDINALITY AS o(id, n) ON o.id = c.id
+            ORDER BY o.n;
+            RETURN;
+        END IF;
+        EXIT WHEN to_expire IS NULL AND to_bury IS NULL;
+    END LOOP;
+END
+$$;
+
+-- PB400 unless results has at most `receipts` entries of at most 64 KiB each
+-- (since 0.9.0).
+CREATE OR REPLACE FUNCTION postbox._check_results(results bytea[], receipts integer) RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    problem text;
+BEGIN
+    IF cardinality(results) > receipts THEN
+        PERFORM postbox._invalid(format('%s results for %s receipts: give at most one result per receipt',
+                                        cardinality(results), receipts));
+    END IF;
+    SELECT postbox._entry_prefix(r.i, receipts) || format(
+               'result is %s bytes; at most 65536 (64 KiB) are kept', octet_length(r.result))
+    INTO problem
+    FROM unnest(results) WITH ORDINALITY AS r(result, i)
+    WHERE octet_length(r.result) > 65536
+    ORDER BY r.i LIMIT 1;
+    IF problem IS NOT NULL THEN
+        PERFORM postbox._invalid(problem);
+    END IF;
+END
+$$;
+
+-- Deletes received messages by receipt. One outcome per receipt, in order;
+-- see _receipt_outcomes. Archives them if the queue archives, with results[i]
+-- (since 0.9.0; at most 64 KiB each) as what the job of receipts[i] returned:
+-- a queue that does not archive keeps no results.
+CREATE OR REPLACE FUNCTION postbox.delete_batch(queue_name text, receipts text[], results bytea[] DEFAULT NULL)
+RETURNS TABLE (i bigint, outcome text)
+LANGUAGE plpgsql
+-- By primary key (see _remove).
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_indexonlyscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+AS $$
+DECLARE
+    -- The queue's, as scalars, and no nested calls on the plain path: there the
+    -- calls and the settings cost more than the delete (valgrind).
+    q_id integer;
+    q_plain boolean;
+    parsed record;
+    done bigint[];
+    expiring boolean;  -- whether a deleted message had an expiry of its own
+BEGIN
+    SELECT x.id, NOT (x.archive_on_delete OR x.fifo) INTO q_id, q_plain
+    FROM postbox.queues x WHERE x.name = queue_name;
+    IF NOT FOUND THEN
+        PERFORM postbox._queue(queue_name);  -- raises PB400 or PB404
+    END IF;
+    IF coalesce(cardinality(receipts), 0) NOT BETWEEN 1 AND 1000 THEN
+        PERFORM postbox._check_batch_size(cardinality(receipts));
+    END IF;
+    IF results IS NULL THEN
+        SELECT array_agg(p.message_id) AS ids, array_agg(p.lease) AS leases, NULL::bytea[] AS results INTO parsed
+        FROM postbox._parse_receipts(receipts) p WHERE p.message_id IS NOT NULL;
+    ELSE
+        PERFORM postbox._check_results(results, cardinality(receipts));
+        -- Each result beside its receipt's message (an archive keeps it).
+        SELECT array_agg(p.message_id) AS ids, array_agg(p.lease) AS leases, array_agg(results[p.i]) AS results
+        INTO parsed
+        FROM postbox._parse_receipts(receipts) p WHERE p.message_id IS NOT NULL;
+        q_plain := false;
+    END IF;
+    IF NOT q_plain THEN
+        done := postbox._remove(postbox._queue(queue_name), parsed.ids, parsed.leases, 'deleted', parsed.results);
+    ELSE
+        -- _remove's plain delete, here: the common case, where the call and its
+        -- settings cost more than the delete. From the parsed arrays, not the
+        -- parse itself: joined to that, a plan made while the table was small
+        -- walked the whole table once it had grown.
+        WITH gone AS (
+            DELETE FROM postbox.messages m
+            USING unnest(parsed.ids, parsed.leases) AS t(id, lease)
+            WHERE m.id = t.id AND m.queue_id + 0 = q_id AND m.lease = t.lease
+            RETURNING m.id, m.expires_at
+        )
+        SELECT coalesce(array_agg(g.id), '{}'), bool_or(g.expires_at IS NOT NULL) INTO done, expiring FROM gone g;
+        IF expiring THEN
+            DELETE FROM postbox.message_expiries WHERE message_id = ANY (done);
+        END IF;
+    END IF;
+    IF cardinality(done) = cardinality(receipts) THEN
+        -- _receipt_outcomes' common case, without the call.
+        RETURN QUERY SELECT g, 'ok' FROM generate_series(1::bigint, cardinality(receipts)) g;
+    ELSE
+        RETURN QUERY SELECT * FROM postbox._receipt_outcomes(postbox._queue(queue_name), receipts, done);
+    END IF;
+END
+$$;
+
+-- Deletes a received message, with what its job returned (since 0.9.0; see
+-- delete_batch). PB412 for a stale receipt, PB404 if it is gone.
+CREATE OR REPLACE FUNCTION postbox.delete(queue_name text, receipt text, result bytea DEFAULT NULL) RETURNS void
+LANGUAGE sql AS $$
+    SELECT postbox._raise_receipt_outcome(outcome, receipt)
+    FROM postbox.delete_batch(queue_name, ARRAY[receipt], postbox._array_of(result))
+$$;
+
+-- Gives received messages back: visible again after `delays[i]` (NULL: the
+-- queue's retry backoff), recording errors[i] as the message's last error. The
+-- receipt is spent. One outcome per receipt, in order; see _receipt_outcomes.
+-- Where dead_letters[i] (since 0.9.0) is true the message is not retried: it
+-- moves to the queue's dead-letter queue at once, or where there is none, fails
+-- for good (archived as failed where the queue archives); not with a delay.
+CREATE OR REPLACE FUNCTION postbox.nack_batch(queue_name text, receipts text[], delays interval[] DEFAULT NULL,
+                                   errors text[] DEFAULT NULL, dead_letters boolean[] DEFAULT NULL)
+RETURNS TABLE (i bigint, outcome text)
+LANGUAGE plpgsql
+-- By primary key (see _remove).
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_indexonlyscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+AS $$
+DECLARE
+    q postbox.queues := postbox._queue(queue_name);
+    n integer := coalesce(cardinality(receipts), 0);
+    problem text;
+    done bigint[];
+    buried bigint[];
+BEGIN
+    PERFORM postbox._check_batch_size(n);
+    IF greatest(cardinality(delays), cardinality(errors), cardinality(dead_letters)) > n THEN
+        PERFORM postbox._invalid('delays, errors and dead_letters may not have more entries than receipts');
+    END IF;
+    SELECT postbox._entry_prefix(e.i, n) || CASE
+               WHEN e.d < interval '0' OR e.d > interval '12 hours' THEN format('delay %s is outside 0 s to 12 h', e.d)
+               WHEN e.d IS NOT NULL AND e.b THEN
+                   'a dead-lettered message is not retried, so it takes no delay; give one or the other'
+               ELSE format('error is %s characters; at most 4096 are kept', length(e.r)) END
+    INTO problem
+    FROM unnest(delays, errors, dead_letters) WITH ORDINALITY AS e(d, r, b, i)
+    WHERE e.d < interval '0' OR e.d > interval '12 hours' OR length(e.r) > 4096 OR (e.d IS NOT NULL AND e.b)
+    ORDER BY e.i LIMIT 1;
+    IF problem IS NOT NULL THEN
+        PERFORM postbox._invalid(problem);
+    END IF;
+    WITH nacked AS (
+        UPDATE postbox.messages m
+        SET visible_at = CASE WHEN e.b THEN m.visible_at
+                              ELSE clock_timestamp() + coalesce(e.d, postbox._backoff(q, m.receive_count)) END,
+            lease = CASE WHEN e.b THEN m.lease END,
+            last_error = coalesce(e.r, m.last_error)
+        FROM postbox._parse_receipts(receipts) p
+        LEFT JOIN unnest(delays, errors, dead_letters) WITH ORDINALITY AS e(d, r, b, i) ON e.i = p.i
+        WHERE m.id = p.message_id AND m.queue_id + 0 = q.id AND m.lease = p.lease
+        RETURNING m.id, coalesce(e.b, false) AS bury
+    )
+    SELECT array_agg(id), array_agg(id) FILTER (WHERE bury) INTO done, buried FROM nacked;
+    IF buried IS NOT NULL THEN
+        -- Locked by the update above; its error is on them already.
+        PERFORM postbox._bury(q, buried);
+    END IF;
+    IF done IS NOT NULL THEN
+        PERFORM postbox._notify(q);
+    END IF;
+    RETURN QUERY SELECT * FROM postbox._receipt_outcomes(q, receipts, done);
+END
+$$;
+
+-- Gives one received message back, or with dead_letter (since 0.9.0) ends its
+-- tries; see nack_batch. PB412 for a stale receipt, PB404 if the message is gone.
+CREATE OR REPLACE FUNCTION postbox.nack(queue_name text, receipt text, delay interval DEFAULT NULL,
+                             error text DEFAULT NULL, dead_letter boolean DEFAULT false)
+RETURNS void
+LANGUAGE sql AS $$
+    SELECT postbox._raise_receipt_outcome(outcome, receipt)
+    FROM postbox.nack_batch(queue_name, ARRAY[receipt], postbox._array_of(delay), postbox._array_of(error),
+                            postbox._array_of(nullif(dead_letter, false)))
+$$;
+
+-- send_batch's every case: options, FIFO order, deduplication, depth limits and
+-- every error. send_batch (below) takes the plain case past it.
+CREATE OR REPLACE FUNCTION postbox._send_batch_general(
+    queue_name text, bodies bytea[], attributes jsonb[] DEFAULT NULL, delays interval[] DEFAULT NULL,
+    message_group_ids text[] DEFAULT NULL, deduplication_ids text[] DEFAULT NULL,
+    dedupe_keys text[] DEFAULT NULL, priorities integer[] DEFAULT NULL,
+    deliver_ats timestamptz[] DEFAULT NULL, ttls interval[] DEFAULT NULL, expire_ats timestamptz[] DEFAULT NULL,
+    max_receive_counts integer[] DEFAULT NULL)
+RETURNS TABLE (message_id bigint, duplicate boolean)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    q postbox.queues := postbox._queue(queue_name);
+    n integer := coalesce(cardinality(bodies), 0);
+    problem text;
+    sent_at timestamptz;
+    latest timestamptz;
+    ids bigint[];
+    resolved bigint[];
+    dedup text[];
+    keys text[];  -- dedupe keys; each one's last entry; the message its row named when claimed
+    lasts bigint[];
+    holders bigint[];
+    held integer;  -- keys whose row named a message already
+    with_priority boolean;
+    with_keys boolean;
+    filled bigint[];  -- messages that hold their key and took new content
+    with_ids integer;  -- entries with a deduplication id
+    claimed bigint;  -- of them, those whose id this send recorded
+    adding bigint;
+    depth bigint;
+BEGIN
+    IF q.send_paused THEN
+        RAISE EXCEPTION USING ERRCODE = 'PB503', MESSAGE = format(
+            'queue %s is paused for sending; ResumeQueue lets sends in again', quote_literal(queue_name));
+    END IF;
+    -- A writer of the messages table from here on, before the clock is read:
+    -- receive_floor stays at or before the start of every transaction that holds
+    -- this lock, so a message stamped sent_at can never land behind the floor,
+    -- however long the locks below keep the send waiting. (The lock is the one
+    -- the insert takes anyway, and conflicts with no other writer.)
+    LOCK TABLE postbox.messages IN ROW EXCLUSIVE MODE;
+    sent_at := clock_timestamp();
+    PERFORM postbox._check_batch_size(n);
+    IF greatest(cardinality(attributes), cardinality(delays), cardinality(message_group_ids),
+                cardinality(deduplication_ids), cardinality(dedupe_keys), cardinality(priorities),
+                cardinality(deliver_ats), cardinality(ttls), cardinality(expire_ats),
+                cardinality(max_receive_counts)) > n THEN
+        PERFORM postbox._invalid('per-entry arrays may not have more entries than bodies');
+    END IF;
+    -- A message must become visible before it expires, so a delay stays below
+    -- the retention (with none, below a year).
+    latest := sent_at + coalesce(q.retention, interval '365 days');
+    SELECT postbox._entry_prefix(c.i, n) || c.problem INTO problem
+    FROM (
+        SELECT e.i, CASE
+            WHEN e.b IS NULL THEN 'body must not be NULL'
+            WHEN q.fifo AND (e.d IS NOT NULL OR e.t IS NOT NULL) THEN
+                'FIFO queues take no per-message delay; set the queue''s delivery_delay instead'
+            WHEN e.d IS NOT NULL AND e.t IS NOT NULL THEN 'give a delay or a delivery time, not both'
+            WHEN e.d < interval '0' THEN format('delay %s s is negative', trim_scale(extract(epoch FROM e.d)))
+            WHEN sent_at + e.d >= latest AND q.retention IS NULL THEN
+                format('delay %s s is beyond the longest delay, 365 days', trim_scale(extract(epoch FROM e.d)))
+            WHEN sent_at + e.d >= latest THEN format(
+                'delay %s s is not shorter than the queue''s retention, %s s: the message would expire before '
+                'it became visible; shorten the delay or raise retention',
+                trim_scale(extract(epoch FROM e.d)), trim_scale(extract(epoch FROM q.retention)))
+            WHEN e.t >= latest AND q.retention IS NULL THEN
+                format('delivery time %s is beyond the longest delay, 365 days from now', e.t)
+            WHEN e.t >= latest THEN format(
+                'delivery time %s is not before %s, when the message would expire (the queue''s retention is '
+                '%s s): deliver it sooner or raise retention', e.t, latest, trim_scale(extract(epoch FROM q.retention)))
+            WHEN e.l IS NOT NULL AND e.e IS NOT NULL THEN 'give a ttl or an expire_time, not both'
+            WHEN e.l <= interval '0' THEN format('ttl %s s must be above 0', trim_scale(extract(epoch FROM e.l)))
+            WHEN coalesce(e.e, sent_at + e.l) <= postbox._visible_at(sent_at, e.d, e.t, q.delivery_delay) THEN format(
+                'the message would expire (at %s) before it became visible (at %s): expire it later or deliver it '
+                'sooner', coalesce(e.e, sent_at + e.l), postbox._visible_at(sent_at, e.d, e.t, q.delivery_delay))
+            WHEN e.p NOT BETWEEN 0 AND 9 THEN format('priority %s is outside 0 to 9', e.p)
+            WHEN q.fifo AND e.p > 0 THEN 'FIFO queues deliver in order; priority is for standard queues'
+            WHEN q.fifo AND e.g IS NULL THEN 'FIFO queues need a message_group_id'
+            -- Length and a character class, not '^[!-~]{1,128}$': the bounded repetition
+            -- made the regex engine take tens of microseconds per id, more than a
+            -- message's insert (the SDK's Producer gives every message an id).
+            WHEN length(e.g) NOT BETWEEN 1 AND 128 OR e.g ~ '[^!-~]' THEN
+                'message_group_id must be 1 to 128 printable ASCII characters'
+            WHEN length(e.x) NOT BETWEEN 1 AND 128 OR e.x ~ '[^!-~]' THEN
+                'deduplication_id must be 1 to 128 printable ASCII characters'
+            WHEN q.fifo AND e.x IS NULL AND NOT q.content_based_deduplication THEN
+                'FIFO queues need a deduplication_id unless the queue has content_based_deduplication'
+            WHEN e.k IS NOT NULL AND q.fifo THEN
+                'dedupe_key is for standard queues; FIFO queues deduplicate by deduplication_id'
+            WHEN e.k IS NOT NULL AND e.x IS NOT NULL THEN 'give a dedupe_key or a deduplication_id, not both'
+            WHEN length(e.k) NOT BETWEEN 1 AND 256 THEN 'dedupe_key must be 1 to 256 characters'
+            WHEN postbox.message_size(e.b, e.a) > q.max_message_size THEN format(
+                'message is %s bytes; the queue takes at most %s (body and attributes)',
+                postbox.message_size(e.b, e.a), q.max_message_size)
+            WHEN e.r NOT BETWEEN 1 AND 1000 THEN format('max_receive_count is %s; it must be 1 to 1000', e.r)
+        END AS problem
+        FROM unnest(bodies, delays, deliver_ats, priorities, message_group_ids, deduplication_ids,
+                    dedupe_keys, attributes, ttls, expire_ats, max_receive_counts)
+             WITH ORDINALITY AS e(b, d, t, p, g, x, k, a, l, e, r, i)
+    ) AS c
+    WHERE c.problem IS NOT NULL
+    ORDER BY c.i
+    LIMIT 1;
+    IF problem IS NULL AND attributes IS NOT NULL THEN
+        problem := postbox._attributes_problem(attributes, n);
+    END IF;
+    IF problem IS NOT NULL THEN
+        PERFORM postbox._invalid(problem);
+    END IF;
+
+    PERFORM postbox._lock_queue(q, false);
+    with_priority := EXISTS (SELECT FROM unnest(priorities) p WHERE p > 0);
+    with_keys := EXISTS (SELECT FROM unnest(dedupe_keys) k WHERE k IS NOT NULL);
+    IF with_priority AND NOT q.prioritized OR with_keys AND NOT q.keyed THEN
+        PERFORM postbox._mark_queue(q.id, with_priority, with_keys);
+    END IF;
+    IF NOT q.fifo AND NOT q.content_based_deduplication AND q.max_depth IS NULL
+       AND deduplication_ids IS NULL AND dedupe_keys IS NULL THEN
+        -- The common case, in one statement: identity values are drawn in
+        -- insertion order, so id order is input order.
+        RETURN QUERY
+        WITH inserted AS (
+            INSERT INTO postbox.messages (queue_id, visible_at, enqueued_at, attributes, body, priority,
+                                          message_group_id, expires_at, max_receive_count)
+            SELECT q.id, postbox._visible_at(sent_at, d, t, q.delivery_delay), sent_at,
+                   a, b, coalesce(p, 0), g, coalesce(x, sent_at + l), r
+            FROM unnest(bodies, attributes, delays, deliver_ats, priorities, message_group_ids, ttls, expire_ats,
+                        max_receive_counts)
+                 WITH ORDINALITY AS e(b, a, d, t, p, g, l, x, r, i)
+            ORDER BY i
+            RETURNING id, expires_at
+        ), expiring AS (
+            INSERT INTO postbox.message_expiries (message_id, expires_at)
+            SELECT id, expires_at FROM inserted WHERE expires_at IS NOT NULL
+        )
+        SELECT id, false FROM inserted ORDER BY id;
+        PERFORM postbox._notify(q);
+        RETURN;
+    END IF;
+
+    -- FIFO groups are locked before ids are drawn, so a group's id order is the
+    -- order in which its sends commit.
+    IF q.fifo THEN
+        PERFORM postbox._lock_groups(q.id, message_group_ids);
+    END IF;
+    SELECT array_agg(nextval('postbox.messages_id_seq') ORDER BY s) INTO ids FROM generate_series(1, n) AS s;
+    resolved := ids;
+
+    -- Deduplication: the first entry with an id claims it unless the queue saw it
+    -- within its window (a concurrent claimer is waited for); the rest resolve to
+    -- the claimer's message. An entry with a dedupe_key is never deduplicated by
+    -- content: its key decides, and it may not become a message of its own id, so
+    -- a recorded hash would point later sends at a message that never existed.
+    dedup := ARRAY(
+        SELECT CASE WHEN k IS NULL THEN
+                   coalesce(x, CASE WHEN q.content_based_deduplication THEN encode(sha256(b), 'hex') END)
+               END
+        FROM unnest(bodies, deduplication_ids, dedupe_keys) WITH ORDINALITY AS e(b, x, k, i) ORDER BY i);
+    with_ids := cardinality(array_remove(dedup, NULL));
+    IF with_ids > 0 THEN
+        INSERT INTO postbox.deduplication AS d (queue_id, deduplication_id, message_id, expires_at)
+        SELECT DISTINCT ON (e.x) q.id, e.x, ids[e.i], sent_at + q.deduplication_window
+        FROM unnest(dedup) WITH ORDINALITY AS e(x, i)
+        WHERE e.x IS NOT NULL
+        ORDER BY e.x, e.i
+        ON CONFLICT (queue_id, deduplication_id) DO UPDATE
+        SET message_id = excluded.message_id, expires_at = excluded.expires_at
+        WHERE d.expires_at <= sent_at;
+        GET DIAGNOSTICS claimed = ROW_COUNT;
+        -- Every entry with an id claimed it (the ids were distinct, none seen within
+        -- the window): each resolves to its own message, and the look-ups, one index
+        -- scan per entry, are skipped (a tenth of a Producer's batch in the database).
+        IF claimed < with_ids THEN
+            resolved := ARRAY(
+                SELECT coalesce((SELECT d.message_id FROM postbox.deduplication d
+                                 WHERE d.queue_id = q.id AND d.deduplication_id = e.x), ids[e.i])
+                FROM unnest(dedup) WITH ORDINALITY AS e(x, i) ORDER BY e.i);
+        END IF;
+    END IF;
+
+    -- Idempotent enqueue: the last entry of a key carries the content. The
+    -- key's row in dedupe_keys, locked first (in key order, so two batches
+    -- never wait on each other in a circle), names the message that holds the
+    -- key. While that message waits (not received, removed or expired) it takes
+    -- the content; otherwise the entry becomes a message of its own, which the
+    -- row then names. Receives and removals free keys without waiting for rows
+    -- (see _free_keys), so a row may name a message that holds its key no more.
+    IF dedupe_keys IS NOT NULL THEN
+        SELECT array_agg(l.k ORDER BY l.k), array_agg(l.i ORDER BY l.k) INTO keys, lasts
+        FROM (SELECT DISTINCT ON (e.k) e.k, e.i FROM unnest(dedupe_keys) WITH ORDINALITY AS e(k, i)
+              WHERE e.k IS NOT NULL ORDER BY e.k, e.i DESC) AS l;
+        WITH claimed AS (
+            INSERT INTO postbox.dedupe_keys AS d (queue_id, dedupe_key, message_id)
+            SELECT q.id, l.k, ids[l.i] FROM unnest(keys, lasts) WITH ORDINALITY AS l(k, i, n) ORDER BY l.n
+            ON CONFLICT (queue_id, dedupe_key) DO UPDATE SET message_id = d.message_id  -- locks, keeps
+            RETURNING d.dedupe_key, d.message_id
+        )
+        SELECT array_agg(c.message_id ORDER BY l.n), count(*) FILTER (WHERE c.message_id <> ALL (ids))
+        INTO holders, held
+        FROM unnest(keys) WITH ORDINALITY AS l(k, n) JOIN claimed c ON c.dedupe_key = l.k;
+        IF held > 0 THEN
+            -- A statement of its own: its snapshot sees a holder whose send
+            -- committed while the claim waited for the key's row.
+            WITH filled AS (
+                UPDATE postbox.messages m
+                SET body = bodies[h.i], attributes = _send_batch_general.attributes[h.i],
+                    priority = coalesce(priorities[h.i], 0),
+                    expires_at = coalesce(expire_ats[h.i], sent_at + ttls[h.i]),
+                    max_receive_count = max_receive_counts[h.i]
+                FROM unnest(keys, lasts, holders) AS h(k, i, id)
+                WHERE m.id = h.id AND h.id <> ids[h.i] AND m.queue_id = q.id AND m.dedupe_key = h.k
+                  AND NOT coalesce(m.enqueued_at < now() - q.retention OR m.expires_at <= now(), false)
+                RETURNING m.id
+            )
+            SELECT array_agg(f.id) INTO filled FROM filled f;
+            -- Their expiries as they are now.
+            DELETE FROM postbox.message_expiries WHERE message_id = ANY (filled);
+            IF ttls IS NOT NULL OR expire_ats IS NOT NULL THEN
+                INSERT INTO postbox.message_expiries (message_id, expires_at)
+                SELECT m.id, m.expires_at FROM postbox.messages m WHERE m.id = ANY (filled) AND m.expires_at IS NOT NULL;
+            END IF;
+            IF coalesce(cardinality(filled), 0) < held THEN
+                -- Keys whose message holds them no more name the message this send makes.
+                UPDATE postbox.dedupe_keys d SET message_id = ids[h.i]
+                FROM unnest(keys, lasts, holders) AS h(k, i, id)
+                WHERE d.queue_id = q.id AND d.dedupe_key = h.k AND h.id <> ids[h.i]
+                  AND h.id <> ALL (coalesce(filled, '{}'));
+            END IF;
+        END IF;
+        -- A key's entries resolve to the message that took the content, or to the
+        -- key's last entry, which the insert below makes a message.
+        SELECT ARRAY(
+            SELECT CASE WHEN e.k IS NULL THEN resolved[e.i]
+                        WHEN h.id = ANY (filled) THEN h.id
+                        ELSE ids[h.i] END
+            FROM unnest(dedupe_keys) WITH ORDINALITY AS e(k, i)
+            LEFT JOIN unnest(keys, lasts, holders) AS h(k, i, id) ON h.k = e.k
+            ORDER BY e.i)
+        INTO resolved;
+    END IF;
+
+    IF q.max_depth IS NOT NULL THEN
+        -- Bounded queues take their sends one at a time, so the count is exact.
+        PERFORM pg_advisory_xact_lock(1886350199, q.id);  -- 'posu'
+        SELECT count(*) FILTER (WHERE r = id) INTO adding FROM unnest(resolved, ids) AS e(r, id);
+        SELECT count(*) INTO depth
+        FROM (SELECT FROM postbox.messages WHERE queue_id = q.id LIMIT q.max_depth + 1) AS s;
+        IF depth + adding > q.max_depth THEN
+            RAISE EXCEPTION USING ERRCODE = 'PB429', MESSAGE = format(
+                'queue %s holds %s messages and its max_depth is %s, so %s more do not fit; '
+                'receive some or raise max_depth', quote_literal(queue_name), depth, q.max_depth, adding);
+        END IF;
+    END IF;
+
+    -- Every entry that is a message of its own: no duplicate, and for a key the
+    -- last entry, when the key's message did not take its content.
+    INSERT INTO postbox.messages (id, queue_id, visible_at, enqueued_at, attributes, body, priority,
+                                  message_group_id, deduplication_id, dedupe_key, expires_at, max_receive_count)
+    OVERRIDING SYSTEM VALUE
+    SELECT ids[e.i], q.id,
+           CASE WHEN q.fifo AND (row_number() OVER (PARTITION BY e.g ORDER BY e.i) > 1
+                                 OR EXISTS (SELECT FROM postbox.messages x
+                                            WHERE x.queue_id = q.id AND x.message_group_id = e.g))
+                THEN 'infinity'
+                ELSE postbox._visible_at(sent_at, e.d, e.t, q.delivery_delay) END,
+           sent_at, e.a, e.b, coalesce(e.p, 0), e.g, e.x, e.k, coalesce(e.e, sent_at + e.l), e.c
+    FROM unnest(bodies, attributes, delays, deliver_ats, priorities, message_group_ids, dedup,
+                dedupe_keys, resolved, ttls, expire_ats, max_receive_counts)
+         WITH ORDINALITY AS e(b, a, d, t, p, g, x, k, r, l, e, c, i)
+    WHERE e.r = ids[e.i]
+    ORDER BY e.i;
+    IF ttls IS NOT NULL OR expire_ats IS NOT NULL THEN
+        INSERT INTO postbox.message_expiries (message_id, expires_at)
+        SELECT m.id, m.expires_at FROM postbox.messages m WHERE m.id = ANY (ids) AND m.expires_at IS NOT NULL;
+    END IF;
+    PERFORM postbox._notify(q);
+    RETURN QUERY SELECT e.r, e.r <> ids[e.i] FROM unnest(resolved) WITH ORDINALITY AS e(r, i) ORDER BY e.i;
+END
+$$;
+
+-- Sends up to 1,000 messages in one go; returns their ids in input order, and
+-- whether each was a duplicate (then nothing was enqueued and the id is the
+-- original message's). Entry i of every array belongs to bodies[i]; an array may
+-- be NULL or shorter (missing entries are NULL):
+--   attributes       see attribute_problem
+--   delays           invisible this long first (NULL: the queue's delivery_delay)
+--   message_group_ids  FIFO queues: required; delivery is in order per group
+--   deduplication_ids  a repeat within the queue's deduplication_window is
+--                      dropped (content-based when the queue says so)
+--   dedupe_keys      standard queues: replaces the body and attributes of a
+--                    waiting (never received) message with the same key
+--   priorities       0-9, standard queues; higher is received first
+--   deliver_ats      invisible until then (instead of a delay)
+--   max_receive_counts  since 0.9.0: 1-1000 deliveries, the message's own
+--                    limit in place of the queue's (see receive)
+-- Nothing is sent if any entry is invalid; the error names the entry by its
+-- 0-based index. PB503 while sends are paused, PB429 when max_depth is reached.
+--
+-- Bodies alone into a queue without FIFO order, deduplication, a depth limit or
+-- paused sends take a straight path of two statements: the general one's
+-- checks and branches cost as much as the insert of a hundred messages. It
+-- takes, in one expression (an assignment is evaluated without starting a
+-- statement), its transaction id and the queue's lock by name, then looks the
+-- queue up:
+--   * the lock first, so the look sees a drop that committed meanwhile, and the
+--     insert needs no second look;
+--   * the transaction id first, so that a listing that the look misses sees
+--     this transaction in progress, and waits for it (see listen_to).
+-- The clock is read in the insert, which holds the table's lock by then (see
+-- the general path). Only in READ COMMITTED: elsewhere the look reads the
+-- transaction's snapshot, which may predate a drop, and the general path looks
+-- under a row lock instead (see _lock_queue).
+CREATE OR REPLACE FUNCTION postbox.send_batch(
+    queue_name text, bodies bytea[], attributes jsonb[] DEFAULT NULL, delays interval[] DEFAULT NULL,
+    message_group_ids text[] DEFAULT NULL, deduplication_ids text[] DEFAULT NULL,
+    dedupe_keys text[] DEFAULT NULL, priorities integer[] DEFAULT NULL,
+    deliver_ats timestamptz[] DEFAULT NULL, ttls interval[] DEFAULT NULL, expire_ats timestamptz[] DEFAULT NULL,
+    max_receive_counts integer[] DEFAULT NULL)
+RETURNS TABLE (message_id bigint, duplicate boolean)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    -- The queue's, as scalars (see send).
+    q_id integer;
+    q_delay interval;
+    q_max_message_size integer;
+    q_listened boolean;
+    locked text;
+BEGIN
+    IF num_nonnulls(attributes, delays, message_group_ids, deduplication_ids, dedupe_keys, priorities,
+                    deliver_ats, ttls, expire_ats, max_receive_counts) = 0 AND cardinality(bodies) BETWEEN 1 AND 1000
+       AND array_position(bodies, NULL) IS NULL AND current_setting('transaction_isolation') = 'read committed' THEN
+        locked := concat(pg_current_xact_id(),
+                         pg_advisory_xact_lock_shared(1886350224 + pg_backend_pid() % 16, hashtext(queue_name)));
+        SELECT x.id, x.delivery_delay, x.max_message_size, x.listened
+        INTO q_id, q_delay, q_max_message_size, q_listened
+        FROM postbox.queues x
+        WHERE x.name = queue_name AND NOT (x.fifo OR x.content_based_deduplication OR x.max_depth IS NOT NULL
+                                           OR x.send_paused);
+    END IF;
+    -- No body is longer than the whole array, so the bodies are looked at one by
+    -- one only when the array is over the limit: that look cost 4% of a batch
+    -- of 100 (valgrind). An expanded array (plpgsql expands its array arguments)
+    -- is never compressed; the second test says so for certain. The look has an
+    -- IF of its own: plpgsql runs a condition with a subquery as a statement,
+    -- on every call (0.6% of a batch of 100).
+    IF pg_column_size(bodies) > q_max_message_size OR pg_column_compression(bodies) IS NOT NULL THEN
+        IF EXISTS (SELECT FROM unnest(bodies) AS b WHERE octet_length(b) > q_max_message_size) THEN
+            q_id := NULL;  -- the general path says which body is too long
+        END IF;
+    END IF;
+    IF q_id IS NULL THEN
+        -- Everything else, and every error.
+        RETURN QUERY SELECT * FROM postbox._send_batch_general(
+            queue_name, bodies, attributes, delays, message_group_ids, deduplication_ids, dedupe_keys,
+            priorities, deliver_ats, ttls, expire_ats, max_receive_counts);
+        RETURN;
+    END IF;
+    -- unnest sits in the select list (a ProjectSet, where FROM unnest would first
+    -- copy every body into a tuplestore), so the rows go to the insert in input
+    -- order with no sort: ids are drawn, and returned, in input order (as the
+    -- tests hold). The call's values are worked out once, in a one-row subquery
+    -- that OFFSET 0 keeps from being pulled up: in the select list, they were
+    -- evaluated for each row (0.3%).
+    RETURN QUERY
+    INSERT INTO postbox.messages (queue_id, visible_at, enqueued_at, body, priority)
+    SELECT c.queue_id, c.visible_at, c.sent_at, unnest(bodies), 0
+    FROM (SELECT q_id AS queue_id, t AS sent_at, t + q_delay AS visible_at
+          FROM clock_timestamp() AS t OFFSET 0) AS c
+    RETURNING id, false;
+    IF q_listened THEN
+        -- Which looks again: a call saved when nobody listens.
+        PERFORM postbox._notify(x) FROM postbox.queues x WHERE x.id = q_id;
+    END IF;
+END
+$$;
+
+-- Sends one message; returns its id (the original's, for a duplicate). See
+-- send_batch for the options and rules. A message that is nothing but a body,
+-- into a queue without FIFO order, deduplication or a depth limit (the common
+-- transactional send), takes a straight path: send_batch's checks and branches
+-- cost as much as the insert itself when many sessions each send one.
+CREATE OR REPLACE FUNCTION postbox.send(
+    queue_name text, body bytea, attributes jsonb DEFAULT NULL, delay interval DEFAULT NULL,
+    message_group_id text DEFAULT NULL, deduplication_id text DEFAULT NULL,
+    dedupe_key text DEFAULT NULL, priority integer DEFAULT NULL, deliver_at timestamptz DEFAULT NULL,
+    ttl interval DEFAULT NULL, expire_at timestamptz DEFAULT NULL, max_receive_count integer DEFAULT NULL)
+RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    -- The queue's, as scalars: a row variable's fields cost 5% of the call (valgrind).
+    q_id integer;
+    q_delay interval;
+    q_listened boolean;
+    locked text;
+    sent_id bigint;
+BEGIN
+    IF body IS NOT NULL AND num_nonnulls(attributes, delay, message_group_id, deduplication_id, dedupe_key,
+                                         priority, deliver_at, ttl, expire_at, max_receive_count) = 0
+       AND current_setting('transaction_isolation') = 'read committed' THEN
+        -- As send_batch's straight path (see there).
+        locked := concat(pg_current_xact_id(),
+                         pg_advisory_xact_lock_shared(1886350224 + pg_backend_pid() % 16, hashtext(queue_name)));
+        SELECT x.id, x.delivery_delay, x.listened INTO q_id, q_delay, q_listened
+        FROM postbox.queues x
+        WHERE x.name = queue_name AND NOT (x.fifo OR x.content_based_deduplication OR x.max_depth IS NOT NULL
+                                           OR x.send_paused OR octet_length(body) > x.max_message_size);
+    END IF;
+    IF q_id IS NULL THEN
+        -- Everything else, and every error, as send_batch has it.
+        RETURN (SELECT s.message_id FROM postbox._send_batch_general(
+            queue_name, ARRAY[body], postbox._array_of(attributes), postbox._array_of(delay),
+            postbox._array_of(message_group_id), postbox._array_of(deduplication_id),
+            postbox._array_of(dedupe_key), postbox._array_of(priority), postbox._array_of(deliver_at),
+            postbox._array_of(ttl), postbox._array_of(expire_at), postbox._array_of(max_receive_count)) s);
+    END IF;
+    INSERT INTO postbox.messages (queue_id, visible_at, enqueued_at, body, priority)
+    SELECT q_id, c.sent_at + q_delay, c.sent_at, body, 0
+    FROM (SELECT clock_timestamp() AS sent_at) AS c
+    RETURNING messages.id INTO sent_id;
+    IF q_listened THEN
+        -- Which looks again: a call saved when nobody listens.
+        PERFORM postbox._notify(x) FROM postbox.queues x WHERE x.id = q_id;
+    END IF;
+    RETURN sent_id;
+END
+$$;
+
+-- Browses a queue's messages in id order without claiming them: all of them,
+-- or those in one state (visible, in_flight, delayed), or the dead letters
+-- ('dead', whatever their state). Expired messages are not shown. Since 0.9.0
+-- with the consumer that took the latest delivery, when, and the message's own
+-- max_receive_count.
+CREATE OR REPLACE FUNCTION postbox.peek_messages(queue_name text, in_state text DEFAULT NULL, after_id bigint DEFAULT 0,
+                                      page_size integer DEFAULT 100)
+RETURNS TABLE (message_id bigint, body bytea, attributes jsonb, enqueued_at timestamptz,
+               receive_count integer, first_received_at timestamptz, priority smallint,
+               message_group_id text, deduplication_id text, dead_letter_source text, last_error text,
+               state text, visible_at timestamptz, expires_at timestamptz,
+               consumer_id text, received_at timestamptz, max_receive_count integer)
+LANGUAGE plpgsql STABLE AS $$
+#variable_conflict use_column
+DECLARE
+    q postbox.queues := postbox._queue(queue_name);
+BEGIN
+    IF in_state IS NOT NULL AND in_state NOT IN ('visible', 'in_flight', 'delayed', 'dead') THEN
+        PERFORM postbox._invalid(format('state %s is none of visible, in_flight, delayed, dead', in_state));
+    END IF;
+    -- The API pages by at most 1000 and asks for one more row to see whether a
+    -- next page exists; psql callers get the same ten-fold headroom.
+    IF page_size NOT BETWEEN 1 AND 10000 THEN
+        PERFORM postbox._invalid(format('page_size is %s; it must be 1 to 10000', page_size));
+    END IF;
+    RETURN QUERY
+    SELECT m.id, m.body, m.attributes, m.enqueued_at, m.receive_count, m.first_received_at, m.priority,
+           m.message_group_id, m.deduplication_id,
+           (SELECT s.name FROM postbox.queues s WHERE s.id = m.source_queue_id), m.last_error,
+           postbox._state(m.visible_at, m.lease), m.visible_at, m.expires_at,
+           m.consumer_id, m.received_at, m.max_receive_count
+    FROM postbox.messages m
+    WHERE m.queue_id = q.id AND m.id > coalesce(after_id, 0)
+          AND (q.retention IS NULL OR m.enqueued_at >= now() - q.retention)
+          AND (m.expires_at IS NULL OR m.expires_at > now())
+          AND (in_state IS NULL
+               OR (in_state = 'dead' AND m.source_queue_id IS NOT NULL)
+               OR postbox._state(m.visible_at, m.lease) = in_state)
+    ORDER BY m.id
+    LIMIT page_size;
+END
+$$;
+
+-- The lives of messages in id order from first_id to last_id (at most
+-- page_size), in one state or all: the messages of queue seen_from, those that
+-- left it as dead letters, and, where queues archive, the finished ones
+-- (since 0.9.0). State, as seen from seen_from:
+--   visible, in_flight, delayed   waiting, or held by a consumer (consumer_id,
+--                                 since received_at), or waiting to be retried
+--   dead_lettered                 moved to another queue (`queue`) as a dead
+--                                 letter, at finished_at
+--   expired                       past its retention or expiry (finished_at)
+--   succeeded, failed, cancelled  deleted by a consumer (with its result),
+--                                 failed for good, or cancelled; archived
+-- and 'dead' as a filter: dead letters held by seen_from, in any state. With
+-- seen_from NULL, every queue's messages, each as seen from the queue that
+-- holds it. Each side is walked by id, so a rare state or a small queue among
+-- many messages reads the messages between.
+CREATE OR REPLACE FUNCTION postbox._message_lives(seen_from integer, in_state text, first_id bigint, last_id bigint,
+                                       page_size integer)
+RETURNS TABLE (message_id bigint, queue text, body bytea, attributes jsonb, enqueued_at timestamptz,
+               receive_count integer, first_received_at timestamptz, priority smallint,
+               message_group_id text, deduplication_id text, dead_letter_source text, last_error text,
+               state text, visible_at timestamptz, expires_at timestamptz, consumer_id text,
+               received_at timestamptz, finished_at timestamptz, result bytea, max_receive_count integer)
+LANGUAGE sql STABLE AS $$
+    SELECT l.* FROM (
+        (SELECT m.id, h.name, m.body, m.attributes, m.enqueued_at, m.receive_count, m.first_received_at,
+                m.priority, m.message_group_id, m.deduplication_id,
+                (SELECT s.name FROM postbox.queues s WHERE s.id = m.source_queue_id), m.last_error,
+                x.state, m.visible_at, m.expires_at, m.consumer_id, m.received_at,
+                CASE x.state WHEN 'dead_lettered' THEN m.dead_lettered_at
+                             WHEN 'expired' THEN least(m.expires_at, m.enqueued_at + h.retention) END,
+                NULL::bytea, m.max_receive_count
+         FROM postbox.messages m
+         JOIN postbox.queues h ON h.id = m.queue_id
+         CROSS JOIN LATERAL (
+             SELECT CASE WHEN m.queue_id <> seen_from THEN 'dead_lettered'
+                         WHEN m.enqueued_at < now() - h.retention OR m.expires_at <= now() THEN 'expired'
+                         ELSE postbox._state(m.visible_at, m.lease) END AS state) x
+         WHERE m.id BETWEEN first_id AND last_id
+           AND (seen_from IS NULL OR m.queue_id = seen_from OR m.source_queue_id = seen_from)
+           AND (in_state IS NULL OR x.state = in_state
+                OR (in_state = 'dead' AND m.source_queue_id IS NOT NULL AND x.state <> 'dead_lettered'))
+         ORDER BY m.id LIMIT page_size)
+        UNION ALL
+        (SELECT a.id, h.name, a.body, a.attributes, a.enqueued_at, a.receive_count, a.first_received_at,
+                a.priority, a.message_group_id, a.deduplication_id,
+                (SELECT s.name FROM postbox.queues s WHERE s.id = a.source_queue_id), a.last_error,
+                x.state, NULL::timestamptz, NULL::timestamptz, a.consumer_id, NULL::timestamptz,
+                CASE x.state WHEN 'dead_lettered' THEN a.dead_lettered_at ELSE a.archived_at END,
+                a.result, NULL::integer
+         FROM postbox.archive a
+         JOIN postbox.queues h ON h.id = a.queue_id
+         CROSS JOIN LATERAL (
+             SELECT CASE WHEN a.queue_id <> seen_from THEN 'dead_lettered'
+                         WHEN a.reason = 'deleted' THEN 'succeeded'
+                         ELSE a.reason END AS state) x
+         WHERE a.id BETWEEN first_id AND last_id
+           AND (seen_from IS NULL OR a.queue_id = seen_from OR a.source_queue_id = seen_from)
+           AND (in_state IS NULL OR x.state = in_state
+                OR (in_state = 'dead' AND a.source_queue_id IS NOT NULL AND x.state <> 'dead_lettered'))
+         ORDER BY a.id LIMIT page_size)
+    ) AS l
+    ORDER BY l.id
+    LIMIT page_size
+$$;
+
+-- One message's life as seen from a queue (see _message_lives): waiting, in
+-- flight, or (since 0.9.0) dead-lettered, expired, and where the queue archives
+-- succeeded with its result, failed or cancelled. PB404 if the queue never
+-- held it, or forgot it.
+CREATE OR REPLACE FUNCTION postbox.get_message(queue_name text, id bigint)
+RETURNS TABLE (message_id bigint, queue text, body bytea, attributes jsonb, enqueued_at timestamptz,
+               receive_count integer, first_received_at timestamptz, priority smallint,
+               message_group_id text, deduplication_id text, dead_letter_source text, last_error text,
+               state text, visible_at timestamptz, expires_at timestamptz, consumer_id text,
+               received_at timestamptz, finished_at timestamptz, result bytea, max_receive_count integer)
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    q postbox.queues := postbox._queue(queue_name);
+BEGIN
+    RETURN QUERY SELECT * FROM postbox._message_lives(q.id, NULL, id, id, 1);
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'PB404', MESSAGE = format(
+            'message %s is not in queue %s: never sent there, or finished where the queue keeps no history '
+            '(archive_on_delete), or its archive_retention passed', id, quote_literal(queue_name));
+    END IF;
+END
+$$;
+
+-- The lives of one queue's messages (see _message_lives), or with queue_name
+-- NULL every queue's, in id order after after_id; in_state one of visible,
+-- in_flight, delayed, dead_lettered, expired, succeeded, failed, cancelled or
+-- dead, or NULL for all (since 0.9.0).
+CREATE OR REPLACE FUNCTION postbox.list_messages(queue_name text DEFAULT NULL, in_state text DEFAULT NULL,
+                                      after_id bigint DEFAULT 0, page_size integer DEFAULT 100)
+RETURNS TABLE (message_id bigint, queue text, body bytea, attributes jsonb, enqueued_at timestamptz,
+               receive_count integer, first_received_at timestamptz, priority smallint,
+               message_group_id text, deduplication_id text, dead_letter_source text, last_error text,
+               state text, visible_at timestamptz, expires_at timestamptz, consumer_id text,
+               received_at timestamptz, finished_at timestamptz, result bytea, max_receive_count integer)
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    seen_from integer;
+BEGIN
+    IF queue_name IS NOT NULL THEN
+        seen_from := (postbox._queue(queue_name)).id;
+    END IF;
+    IF in_state IS NOT NULL AND in_state NOT IN ('visible', 'in_flight', 'delayed', 'dead_lettered', 'expired',
+                                                 'succeeded', 'failed', 'cancelled', 'dead') THEN
+        PERFORM postbox._invalid(format(
+            'state %s is none of visible, in_flight, delayed, dead_lettered, expired, succeeded, failed, '
+            'cancelled, dead', quote_literal(left(in_state, 40))));
+    END IF;
+    -- As peek_messages: the API pages by at most 1000 and asks for one more row.
+    IF page_size IS NULL OR page_size NOT BETWEEN 1 AND 10000 THEN
+        PERFORM postbox._invalid(format('page_size is %s; it must be 1 to 10000', page_size));
+    END IF;
+    RETURN QUERY SELECT * FROM postbox._message_lives(seen_from, in_state, coalesce(after_id, 0) + 1,
+                                                      9223372036854775807, page_size);
+END
+$$;
+
+-- In-flight messages per queue and consumer, for metrics (since 0.9.0): the
+-- max_consumers (queue, consumer) pairs that hold the most, and per queue one
+-- row '(other)' for the rest; deliveries taken without a consumer id count as
+-- '(none)'. Neither is a valid consumer id, so neither is mistaken for one. So
+-- a scrape has at most max_consumers rows plus one per queue.
+CREATE OR REPLACE FUNCTION postbox.consumer_metrics(max_consumers integer DEFAULT 20)
+RETURNS TABLE (queue_name text, consumer_id text, in_flight bigint)
+LANGUAGE sql STABLE AS $$
+    WITH held AS (
+        SELECT m.queue_id, coalesce(m.consumer_id, '(none)') AS consumer, count(*) AS n
+        FROM postbox.messages m
+        WHERE m.visible_at > now() AND m.visible_at <> 'infinity' AND m.lease IS NOT NULL
+        GROUP BY 1, 2
+    ), ranked AS (
+        SELECT h.*, row_number() OVER (ORDER BY h.n DESC, h.queue_id, h.consumer) <= max_consumers AS shown
+        FROM held h
+    )
+    SELECT q.name, CASE WHEN r.shown THEN r.consumer ELSE '(other)' END, sum(r.n)::bigint
+    FROM ranked r JOIN postbox.queues q ON q.id = r.queue_id
+    GROUP BY 1, 2
+    ORDER BY 1, 2
+$$;
+
 SELECT postbox._secure();
 
 INSERT INTO postbox.schema_version (version) VALUES ('0.9.0');

@@ -107,7 +107,13 @@ CREATE TABLE postbox.messages (
     source_queue_id integer,  -- dead letters: the queue the message came from
     dead_lettered_at timestamptz,
     last_error text,  -- from the latest nack
-    expires_at timestamptz  -- since 0.8.0: the message's own expiry (ttl or expire_time); NULL: none
+    expires_at timestamptz,  -- since 0.8.0: the message's own expiry (ttl or expire_time); NULL: none
+    -- Since 0.9.0: who took the latest delivery (receive's consumer_id; NULL:
+    -- unnamed) and when it began, and the message's own max_receive_count
+    -- (NULL: the queue's).
+    consumer_id text,
+    received_at timestamptz,
+    max_receive_count integer
 ) WITH (
     -- A queue table turns over constantly: vacuum early and without throttling,
     -- so dead tuples do not pile up in front of the receive index scan.
@@ -176,7 +182,8 @@ CREATE TABLE postbox.deduplication (
 );
 CREATE INDEX deduplication_expiry_idx ON postbox.deduplication (expires_at);
 
--- Deleted and expired messages of queues with archive_on_delete.
+-- The finished messages of queues with archive_on_delete (their history):
+-- deleted, expired, cancelled, or failed for good.
 CREATE TABLE postbox.archive (
     id bigint PRIMARY KEY,
     queue_id integer NOT NULL,
@@ -184,14 +191,19 @@ CREATE TABLE postbox.archive (
     enqueued_at timestamptz NOT NULL,
     first_received_at timestamptz,
     archived_at timestamptz NOT NULL,
-    reason text NOT NULL,  -- deleted or expired
+    reason text NOT NULL,  -- deleted, expired, cancelled or (since 0.9.0) failed
     priority smallint NOT NULL,
     message_group_id text,
     deduplication_id text,
     source_queue_id integer,
     last_error text,
     attributes jsonb,
-    body bytea NOT NULL
+    body bytea NOT NULL,
+    -- Since 0.9.0: what the consumer that deleted the message returned (at most
+    -- 64 KiB), that consumer, and when the message became a dead letter.
+    result bytea,
+    consumer_id text,
+    dead_lettered_at timestamptz
 );
 CREATE INDEX archive_queue_idx ON postbox.archive (queue_id, id);
 CREATE INDEX archive_expiry_idx ON postbox.archive (queue_id, archived_at);
@@ -1226,7 +1238,8 @@ CREATE FUNCTION postbox._send_batch_general(
     queue_name text, bodies bytea[], attributes jsonb[] DEFAULT NULL, delays interval[] DEFAULT NULL,
     message_group_ids text[] DEFAULT NULL, deduplication_ids text[] DEFAULT NULL,
     dedupe_keys text[] DEFAULT NULL, priorities integer[] DEFAULT NULL,
-    deliver_ats timestamptz[] DEFAULT NULL, ttls interval[] DEFAULT NULL, expire_ats timestamptz[] DEFAULT NULL)
+    deliver_ats timestamptz[] DEFAULT NULL, ttls interval[] DEFAULT NULL, expire_ats timestamptz[] DEFAULT NULL,
+    max_receive_counts integer[] DEFAULT NULL)
 RETURNS TABLE (message_id bigint, duplicate boolean)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
@@ -1265,7 +1278,8 @@ BEGIN
     PERFORM postbox._check_batch_size(n);
     IF greatest(cardinality(attributes), cardinality(delays), cardinality(message_group_ids),
                 cardinality(deduplication_ids), cardinality(dedupe_keys), cardinality(priorities),
-                cardinality(deliver_ats), cardinality(ttls), cardinality(expire_ats)) > n THEN
+                cardinality(deliver_ats), cardinality(ttls), cardinality(expire_ats),
+                cardinality(max_receive_counts)) > n THEN
         PERFORM postbox._invalid('per-entry arrays may not have more entries than bodies');
     END IF;
     -- A message must become visible before it expires, so a delay stays below
@@ -1314,9 +1328,11 @@ BEGIN
             WHEN postbox.message_size(e.b, e.a) > q.max_message_size THEN format(
                 'message is %s bytes; the queue takes at most %s (body and attributes)',
                 postbox.message_size(e.b, e.a), q.max_message_size)
+            WHEN e.r NOT BETWEEN 1 AND 1000 THEN format('max_receive_count is %s; it must be 1 to 1000', e.r)
         END AS problem
         FROM unnest(bodies, delays, deliver_ats, priorities, message_group_ids, deduplication_ids,
-                    dedupe_keys, attributes, ttls, expire_ats) WITH ORDINALITY AS e(b, d, t, p, g, x, k, a, l, e, i)
+                    dedupe_keys, attributes, ttls, expire_ats, max_receive_counts)
+             WITH ORDINALITY AS e(b, d, t, p, g, x, k, a, l, e, r, i)
     ) AS c
     WHERE c.problem IS NOT NULL
     ORDER BY c.i
@@ -1341,11 +1357,12 @@ BEGIN
         RETURN QUERY
         WITH inserted AS (
             INSERT INTO postbox.messages (queue_id, visible_at, enqueued_at, attributes, body, priority,
-                                          message_group_id, expires_at)
+                                          message_group_id, expires_at, max_receive_count)
             SELECT q.id, postbox._visible_at(sent_at, d, t, q.delivery_delay), sent_at,
-                   a, b, coalesce(p, 0), g, coalesce(x, sent_at + l)
-            FROM unnest(bodies, attributes, delays, deliver_ats, priorities, message_group_ids, ttls, expire_ats)
-                 WITH ORDINALITY AS e(b, a, d, t, p, g, l, x, i)
+                   a, b, coalesce(p, 0), g, coalesce(x, sent_at + l), r
+            FROM unnest(bodies, attributes, delays, deliver_ats, priorities, message_group_ids, ttls, expire_ats,
+                        max_receive_counts)
+                 WITH ORDINALITY AS e(b, a, d, t, p, g, l, x, r, i)
             ORDER BY i
             RETURNING id, expires_at
         ), expiring AS (
@@ -1424,7 +1441,8 @@ BEGIN
                 UPDATE postbox.messages m
                 SET body = bodies[h.i], attributes = _send_batch_general.attributes[h.i],
                     priority = coalesce(priorities[h.i], 0),
-                    expires_at = coalesce(expire_ats[h.i], sent_at + ttls[h.i])
+                    expires_at = coalesce(expire_ats[h.i], sent_at + ttls[h.i]),
+                    max_receive_count = max_receive_counts[h.i]
                 FROM unnest(keys, lasts, holders) AS h(k, i, id)
                 WHERE m.id = h.id AND h.id <> ids[h.i] AND m.queue_id = q.id AND m.dedupe_key = h.k
                   AND NOT coalesce(m.enqueued_at < now() - q.retention OR m.expires_at <= now(), false)
@@ -1473,7 +1491,7 @@ BEGIN
     -- Every entry that is a message of its own: no duplicate, and for a key the
     -- last entry, when the key's message did not take its content.
     INSERT INTO postbox.messages (id, queue_id, visible_at, enqueued_at, attributes, body, priority,
-                                  message_group_id, deduplication_id, dedupe_key, expires_at)
+                                  message_group_id, deduplication_id, dedupe_key, expires_at, max_receive_count)
     OVERRIDING SYSTEM VALUE
     SELECT ids[e.i], q.id,
            CASE WHEN q.fifo AND (row_number() OVER (PARTITION BY e.g ORDER BY e.i) > 1
@@ -1481,10 +1499,10 @@ BEGIN
                                             WHERE x.queue_id = q.id AND x.message_group_id = e.g))
                 THEN 'infinity'
                 ELSE postbox._visible_at(sent_at, e.d, e.t, q.delivery_delay) END,
-           sent_at, e.a, e.b, coalesce(e.p, 0), e.g, e.x, e.k, coalesce(e.e, sent_at + e.l)
+           sent_at, e.a, e.b, coalesce(e.p, 0), e.g, e.x, e.k, coalesce(e.e, sent_at + e.l), e.c
     FROM unnest(bodies, attributes, delays, deliver_ats, priorities, message_group_ids, dedup,
-                dedupe_keys, resolved, ttls, expire_ats)
-         WITH ORDINALITY AS e(b, a, d, t, p, g, x, k, r, l, e, i)
+                dedupe_keys, resolved, ttls, expire_ats, max_receive_counts)
+         WITH ORDINALITY AS e(b, a, d, t, p, g, x, k, r, l, e, c, i)
     WHERE e.r = ids[e.i]
     ORDER BY e.i;
     IF ttls IS NOT NULL OR expire_ats IS NOT NULL THEN
@@ -1509,6 +1527,8 @@ $$;
 --                    waiting (never received) message with the same key
 --   priorities       0-9, standard queues; higher is received first
 --   deliver_ats      invisible until then (instead of a delay)
+--   max_receive_counts  since 0.9.0: 1-1000 deliveries, the message's own
+--                    limit in place of the queue's (see receive)
 -- Nothing is sent if any entry is invalid; the error names the entry by its
 -- 0-based index. PB503 while sends are paused, PB429 when max_depth is reached.
 --
@@ -1530,7 +1550,8 @@ CREATE FUNCTION postbox.send_batch(
     queue_name text, bodies bytea[], attributes jsonb[] DEFAULT NULL, delays interval[] DEFAULT NULL,
     message_group_ids text[] DEFAULT NULL, deduplication_ids text[] DEFAULT NULL,
     dedupe_keys text[] DEFAULT NULL, priorities integer[] DEFAULT NULL,
-    deliver_ats timestamptz[] DEFAULT NULL, ttls interval[] DEFAULT NULL, expire_ats timestamptz[] DEFAULT NULL)
+    deliver_ats timestamptz[] DEFAULT NULL, ttls interval[] DEFAULT NULL, expire_ats timestamptz[] DEFAULT NULL,
+    max_receive_counts integer[] DEFAULT NULL)
 RETURNS TABLE (message_id bigint, duplicate boolean)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
@@ -1543,7 +1564,7 @@ DECLARE
     locked text;
 BEGIN
     IF num_nonnulls(attributes, delays, message_group_ids, deduplication_ids, dedupe_keys, priorities,
-                    deliver_ats, ttls, expire_ats) = 0 AND cardinality(bodies) BETWEEN 1 AND 1000
+                    deliver_ats, ttls, expire_ats, max_receive_counts) = 0 AND cardinality(bodies) BETWEEN 1 AND 1000
        AND array_position(bodies, NULL) IS NULL AND current_setting('transaction_isolation') = 'read committed' THEN
         locked := concat(pg_current_xact_id(),
                          pg_advisory_xact_lock_shared(1886350224 + pg_backend_pid() % 16, hashtext(queue_name)));
@@ -1568,7 +1589,7 @@ BEGIN
         -- Everything else, and every error.
         RETURN QUERY SELECT * FROM postbox._send_batch_general(
             queue_name, bodies, attributes, delays, message_group_ids, deduplication_ids, dedupe_keys,
-            priorities, deliver_ats, ttls, expire_ats);
+            priorities, deliver_ats, ttls, expire_ats, max_receive_counts);
         RETURN;
     END IF;
     -- unnest sits in the select list (a ProjectSet, where FROM unnest would first
@@ -1599,7 +1620,7 @@ CREATE FUNCTION postbox.send(
     queue_name text, body bytea, attributes jsonb DEFAULT NULL, delay interval DEFAULT NULL,
     message_group_id text DEFAULT NULL, deduplication_id text DEFAULT NULL,
     dedupe_key text DEFAULT NULL, priority integer DEFAULT NULL, deliver_at timestamptz DEFAULT NULL,
-    ttl interval DEFAULT NULL, expire_at timestamptz DEFAULT NULL)
+    ttl interval DEFAULT NULL, expire_at timestamptz DEFAULT NULL, max_receive_count integer DEFAULT NULL)
 RETURNS bigint
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -1611,7 +1632,7 @@ DECLARE
     sent_id bigint;
 BEGIN
     IF body IS NOT NULL AND num_nonnulls(attributes, delay, message_group_id, deduplication_id, dedupe_key,
-                                         priority, deliver_at, ttl, expire_at) = 0
+                                         priority, deliver_at, ttl, expire_at, max_receive_count) = 0
        AND current_setting('transaction_isolation') = 'read committed' THEN
         -- As send_batch's straight path (see there).
         locked := concat(pg_current_xact_id(),
@@ -1627,7 +1648,7 @@ BEGIN
             queue_name, ARRAY[body], postbox._array_of(attributes), postbox._array_of(delay),
             postbox._array_of(message_group_id), postbox._array_of(deduplication_id),
             postbox._array_of(dedupe_key), postbox._array_of(priority), postbox._array_of(deliver_at),
-            postbox._array_of(ttl), postbox._array_of(expire_at)) s);
+            postbox._array_of(ttl), postbox._array_of(expire_at), postbox._array_of(max_receive_count)) s);
     END IF;
     INSERT INTO postbox.messages (queue_id, visible_at, enqueued_at, body, priority)
     SELECT q_id, c.sent_at + q_delay, c.sent_at, body, 0
@@ -1669,9 +1690,6 @@ LANGUAGE sql AS $$
     WHERE queue_id = q.id AND unused > 0
 $$;
 
--- Removes messages (all of ids, or, with leases, those whose lease still
--- matches), archiving them if the queue archives and promoting the next message
--- of their FIFO groups. Returns the ids removed.
 -- Adds to a queue's counters (postbox.queue_counters).
 CREATE FUNCTION postbox._count(counted_queue integer, expired_count bigint, dead_lettered_count bigint)
 RETURNS void
@@ -1713,7 +1731,14 @@ $$;
 -- reads every dead row version on every later call. So they allow only index
 -- scans and nested loops, and say `queue_id + 0` (offered queue_id as an index
 -- condition, the planner fetched the whole queue through the ready index).
-CREATE FUNCTION postbox._remove(q postbox.queues, ids bigint[], leases uuid[], why text) RETURNS bigint[]
+-- Removes messages (all of ids, or, with leases, those whose lease still
+-- matches), archiving them if the queue archives, why being the reason (deleted,
+-- expired, cancelled or failed) and results[i] what the consumer returned for
+-- ids[i] (since 0.9.0); and promotes the next message of their FIFO groups.
+-- Returns the ids removed.
+CREATE FUNCTION postbox._remove(q postbox.queues, ids bigint[], leases uuid[], why text,
+                                results bytea[] DEFAULT NULL)
+RETURNS bigint[]
 LANGUAGE plpgsql
 SET enable_seqscan = off
 SET enable_bitmapscan = off
@@ -1730,16 +1755,18 @@ BEGIN
     IF q.archive_on_delete THEN
         WITH gone AS (
             DELETE FROM postbox.messages m
-            USING unnest(ids, leases) AS t(id, lease)
+            USING unnest(ids, leases, results) AS t(id, lease, result)
             WHERE m.id = t.id AND m.queue_id + 0 = q.id AND (t.lease IS NULL OR m.lease = t.lease)
-            RETURNING m.*
+            RETURNING m.*, t.result
         ), archived AS (
             INSERT INTO postbox.archive (id, queue_id, receive_count, enqueued_at, first_received_at,
                                          archived_at, reason, priority, message_group_id,
-                                         deduplication_id, source_queue_id, last_error, attributes, body)
+                                         deduplication_id, source_queue_id, last_error, attributes, body,
+                                         result, consumer_id, dead_lettered_at)
             SELECT g.id, g.queue_id, g.receive_count, g.enqueued_at, g.first_received_at,
                    clock_timestamp(), why, g.priority, g.message_group_id, g.deduplication_id,
-                   g.source_queue_id, g.last_error, g.attributes, g.body
+                   g.source_queue_id, g.last_error, g.attributes, g.body, g.result, g.consumer_id,
+                   g.dead_lettered_at
             FROM gone g
         )
         SELECT array_agg(g.id), array_agg(g.message_group_id), array_agg(g.id) FILTER (WHERE g.expires_at IS NOT NULL),
@@ -1777,7 +1804,8 @@ END
 $$;
 
 -- Moves messages (locked by the caller) into queue `target`: as dead letters of
--- `source`, or back (redrive) with their deliveries uncounted. In a FIFO target
+-- `source` (leaving their own max_receive_count behind, since 0.9.0), or back
+-- (redrive) with their deliveries uncounted. In a FIFO target
 -- they join the end of their groups; in a FIFO source the next messages move up.
 CREATE FUNCTION postbox._move(ids bigint[], source postbox.queues, target postbox.queues,
                               as_dead_letters boolean)
@@ -1812,6 +1840,9 @@ BEGIN
         dead_lettered_at = CASE WHEN as_dead_letters THEN clock_timestamp() END,
         receive_count = CASE WHEN as_dead_letters THEN m.receive_count ELSE 0 END,
         first_received_at = CASE WHEN as_dead_letters THEN m.first_received_at END,
+        -- A message's own limit is its source queue's business: a dead letter
+        -- follows the dead-letter queue's.
+        max_receive_count = CASE WHEN NOT as_dead_letters THEN m.max_receive_count END,
         lease = NULL,
         visible_at = v.visible_at
     FROM (SELECT x.id,
@@ -1833,6 +1864,33 @@ BEGIN
 END
 $$;
 
+-- Ends the tries of messages (locked by the caller) of queue q: into its
+-- dead-letter queue, or where it has none, removed as failed (archived where the
+-- queue archives). Since 0.9.0.
+CREATE FUNCTION postbox._bury(q postbox.queues, ids bigint[]) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    dlq postbox.queues;
+BEGIN
+    SELECT * INTO dlq FROM postbox.queues d WHERE d.id = q.dead_letter_queue_id;
+    IF FOUND THEN
+        PERFORM postbox._move(ids, q, dlq, true);
+    ELSE
+        PERFORM postbox._remove(q, ids, NULL, 'failed');
+    END IF;
+END
+$$;
+
+-- What is wrong with a consumer id (NULL when nothing is): 1 to 128 characters
+-- of letters, digits and _ . : @ / - (so that it is safe as a metrics label and
+-- in logs). The id is quoted by a prefix and its length only.
+CREATE FUNCTION postbox.consumer_id_problem(consumer_id text) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN length(consumer_id) NOT BETWEEN 1 AND 128 OR consumer_id ~ '[^A-Za-z0-9_.:@/-]' THEN format(
+        'consumer_id %s (%s characters) must be 1 to 128 characters of letters, digits and _ . : @ / -',
+        quote_literal(left(consumer_id, 40)), length(consumer_id)) END
+$$;
+
 -- Claims up to max_messages visible messages (FOR UPDATE SKIP LOCKED, so
 -- concurrent receivers never get the same message), makes them invisible for
 -- the visibility timeout (the queue's when NULL), counts the delivery and gives
@@ -1849,9 +1907,14 @@ $$;
 -- sizes (body, attributes and 256 bytes for the rest) past max_bytes, and always
 -- claims one. `more` (on every row) says that deliverable messages were left for
 -- the next call, so a caller that wants them all claims again at once.
+-- consumer_id (since 0.9.0; NULL: unnamed; see consumer_id_problem) names who
+-- takes the delivery: get_message and peek_messages show it while the message
+-- is in flight. A message's own max_receive_count (see send_batch) overrides the
+-- queue's; where the queue has no dead-letter queue, a message past it fails
+-- for good (archived as failed where the queue archives).
 CREATE FUNCTION postbox.receive(queue_name text, max_messages integer DEFAULT 1,
                                 visibility_timeout interval DEFAULT NULL, scan_from timestamptz DEFAULT NULL,
-                                max_bytes bigint DEFAULT NULL)
+                                max_bytes bigint DEFAULT NULL, consumer_id text DEFAULT NULL)
 RETURNS TABLE (message_id bigint, body bytea, attributes jsonb, enqueued_at timestamptz,
                receive_count integer, first_received_at timestamptz, receipt text, priority smallint,
                message_group_id text, deduplication_id text, dead_letter_source text, last_error text,
@@ -1903,6 +1966,9 @@ BEGIN
     IF timeout < interval '0' OR timeout > interval '12 hours' THEN
         PERFORM postbox._invalid(format('visibility timeout %s is outside 0 s to 12 h', timeout));
     END IF;
+    IF consumer_id IS NOT NULL AND postbox.consumer_id_problem(consumer_id) IS NOT NULL THEN
+        PERFORM postbox._invalid(postbox.consumer_id_problem(consumer_id));
+    END IF;
     IF q.receive_paused THEN
         RAISE EXCEPTION USING ERRCODE = 'PB503', MESSAGE = format(
             'queue %s is paused for receiving; ResumeQueue lets receives in again', quote_literal(queue_name));
@@ -1917,7 +1983,7 @@ BEGIN
         WITH c AS MATERIALIZED (
             SELECT m.id, m.visible_at, coalesce(m.enqueued_at < expired_before, false)
                                        OR coalesce(m.expires_at <= now(), false) AS gone,
-                   coalesce(m.receive_count >= q.max_receive_count, false) AS dead
+                   coalesce(m.receive_count >= coalesce(m.max_receive_count, q.max_receive_count), false) AS dead
             FROM postbox.messages m
             WHERE m.queue_id = q.id AND m.priority = 0 AND m.visible_at BETWEEN scan_start AND now()
             ORDER BY m.visible_at, m.id
@@ -1929,7 +1995,9 @@ BEGIN
                 receive_count = m.receive_count + 1,
                 first_received_at = coalesce(m.first_received_at, clock_timestamp()),
                 lease = (SELECT gen_random_uuid()),  -- once per call (above)
-                dedupe_key = NULL
+                dedupe_key = NULL,
+                consumer_id = receive.consumer_id,
+                received_at = clock_timestamp()
             FROM c
             WHERE m.id = c.id AND NOT EXISTS (SELECT FROM c x WHERE x.gone OR x.dead)
             RETURNING m.*, c.visible_at AS claim_visible_at
@@ -1971,7 +2039,7 @@ BEGIN
             SELECT * FROM (  -- priority > 0 first, through its partial index
                 SELECT m.id, m.priority, m.visible_at, coalesce(m.enqueued_at < expired_before, false)
                                                                   OR coalesce(m.expires_at <= now(), false) AS gone,
-                       coalesce(m.receive_count >= q.max_receive_count, false) AS dead,
+                       coalesce(m.receive_count >= coalesce(m.max_receive_count, q.max_receive_count), false) AS dead,
                        -- octet_length reads a TOASTed body's size without fetching it.
                        octet_length(m.body) + coalesce(pg_column_size(m.attributes), 0) + 256 AS size,
                        m.dedupe_key
@@ -1984,7 +2052,7 @@ BEGIN
             SELECT * FROM (  -- then the rest, in visibility order
                 SELECT m.id, m.priority, m.visible_at, coalesce(m.enqueued_at < expired_before, false)
                                                              OR coalesce(m.expires_at <= now(), false),
-                       coalesce(m.receive_count >= q.max_receive_count, false),
+                       coalesce(m.receive_count >= coalesce(m.max_receive_count, q.max_receive_count), false),
                        octet_length(m.body) + coalesce(pg_column_size(m.attributes), 0) + 256,
                        m.dedupe_key
                 FROM postbox.messages m
@@ -1999,8 +2067,7 @@ BEGIN
             PERFORM postbox._remove(q, to_expire, NULL, 'expired');
         END IF;
         IF to_bury IS NOT NULL THEN
-            PERFORM postbox._move(to_bury, q, (SELECT d FROM postbox.queues d WHERE d.id = q.dead_letter_queue_id),
-                                  true);
+            PERFORM postbox._bury(q, to_bury);
         END IF;
         IF q.receive_rate_limit IS NOT NULL THEN
             PERFORM postbox._return_receive_tokens(q, allowed - coalesce(cardinality(to_deliver), 0));
@@ -2017,7 +2084,9 @@ BEGIN
                     receive_count = m.receive_count + 1,
                     first_received_at = coalesce(m.first_received_at, clock_timestamp()),
                     lease = (SELECT gen_random_uuid()),  -- once per call (above)
-                    dedupe_key = NULL
+                    dedupe_key = NULL,
+                    consumer_id = receive.consumer_id,
+                    received_at = clock_timestamp()
                 WHERE m.id = ANY (to_deliver)
                 RETURNING m.*
             )
@@ -2086,8 +2155,10 @@ END
 $$;
 
 -- Deletes received messages by receipt. One outcome per receipt, in order;
--- see _receipt_outcomes. Archives them if the queue archives.
-CREATE FUNCTION postbox.delete_batch(queue_name text, receipts text[])
+-- see _receipt_outcomes. Archives them if the queue archives, with results[i]
+-- (since 0.9.0; at most 64 KiB each) as what the job of receipts[i] returned:
+-- a queue that does not archive keeps no results.
+CREATE FUNCTION postbox.delete_batch(queue_name text, receipts text[], results bytea[] DEFAULT NULL)
 RETURNS TABLE (i bigint, outcome text)
 LANGUAGE plpgsql
 -- By primary key (see _remove).
@@ -2114,10 +2185,19 @@ BEGIN
     IF coalesce(cardinality(receipts), 0) NOT BETWEEN 1 AND 1000 THEN
         PERFORM postbox._check_batch_size(cardinality(receipts));
     END IF;
-    SELECT array_agg(p.message_id) AS ids, array_agg(p.lease) AS leases INTO parsed
-    FROM postbox._parse_receipts(receipts) p WHERE p.message_id IS NOT NULL;
+    IF results IS NULL THEN
+        SELECT array_agg(p.message_id) AS ids, array_agg(p.lease) AS leases, NULL::bytea[] AS results INTO parsed
+        FROM postbox._parse_receipts(receipts) p WHERE p.message_id IS NOT NULL;
+    ELSE
+        PERFORM postbox._check_results(results, cardinality(receipts));
+        -- Each result beside its receipt's message (an archive keeps it).
+        SELECT array_agg(p.message_id) AS ids, array_agg(p.lease) AS leases, array_agg(results[p.i]) AS results
+        INTO parsed
+        FROM postbox._parse_receipts(receipts) p WHERE p.message_id IS NOT NULL;
+        q_plain := false;
+    END IF;
     IF NOT q_plain THEN
-        done := postbox._remove(postbox._queue(queue_name), parsed.ids, parsed.leases, 'deleted');
+        done := postbox._remove(postbox._queue(queue_name), parsed.ids, parsed.leases, 'deleted', parsed.results);
     ELSE
         -- _remove's plain delete, here: the common case, where the call and its
         -- settings cost more than the delete. From the parsed arrays, not the
@@ -2202,11 +2282,35 @@ BEGIN
 END
 $$;
 
--- Deletes a received message. PB412 for a stale receipt, PB404 if it is gone.
-CREATE FUNCTION postbox.delete(queue_name text, receipt text) RETURNS void
+-- PB400 unless results has at most `receipts` entries of at most 64 KiB each
+-- (since 0.9.0).
+CREATE FUNCTION postbox._check_results(results bytea[], receipts integer) RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    problem text;
+BEGIN
+    IF cardinality(results) > receipts THEN
+        PERFORM postbox._invalid(format('%s results for %s receipts: give at most one result per receipt',
+                                        cardinality(results), receipts));
+    END IF;
+    SELECT postbox._entry_prefix(r.i, receipts) || format(
+               'result is %s bytes; at most 65536 (64 KiB) are kept', octet_length(r.result))
+    INTO problem
+    FROM unnest(results) WITH ORDINALITY AS r(result, i)
+    WHERE octet_length(r.result) > 65536
+    ORDER BY r.i LIMIT 1;
+    IF problem IS NOT NULL THEN
+        PERFORM postbox._invalid(problem);
+    END IF;
+END
+$$;
+
+-- Deletes a received message, with what its job returned (since 0.9.0; see
+-- delete_batch). PB412 for a stale receipt, PB404 if it is gone.
+CREATE FUNCTION postbox.delete(queue_name text, receipt text, result bytea DEFAULT NULL) RETURNS void
 LANGUAGE sql AS $$
     SELECT postbox._raise_receipt_outcome(outcome, receipt)
-    FROM postbox.delete_batch(queue_name, ARRAY[receipt])
+    FROM postbox.delete_batch(queue_name, ARRAY[receipt], postbox._array_of(result))
 $$;
 
 -- Sets when a received message becomes visible again, `timeout` from now.
@@ -2229,8 +2333,11 @@ $$;
 -- Gives received messages back: visible again after `delays[i]` (NULL: the
 -- queue's retry backoff), recording errors[i] as the message's last error. The
 -- receipt is spent. One outcome per receipt, in order; see _receipt_outcomes.
+-- Where dead_letters[i] (since 0.9.0) is true the message is not retried: it
+-- moves to the queue's dead-letter queue at once, or where there is none, fails
+-- for good (archived as failed where the queue archives); not with a delay.
 CREATE FUNCTION postbox.nack_batch(queue_name text, receipts text[], delays interval[] DEFAULT NULL,
-                                   errors text[] DEFAULT NULL)
+                                   errors text[] DEFAULT NULL, dead_letters boolean[] DEFAULT NULL)
 RETURNS TABLE (i bigint, outcome text)
 LANGUAGE plpgsql
 -- By primary key (see _remove).
@@ -2245,32 +2352,40 @@ DECLARE
     n integer := coalesce(cardinality(receipts), 0);
     problem text;
     done bigint[];
+    buried bigint[];
 BEGIN
     PERFORM postbox._check_batch_size(n);
-    IF greatest(cardinality(delays), cardinality(errors)) > n THEN
-        PERFORM postbox._invalid('delays and errors may not have more entries than receipts');
+    IF greatest(cardinality(delays), cardinality(errors), cardinality(dead_letters)) > n THEN
+        PERFORM postbox._invalid('delays, errors and dead_letters may not have more entries than receipts');
     END IF;
     SELECT postbox._entry_prefix(e.i, n) || CASE
                WHEN e.d < interval '0' OR e.d > interval '12 hours' THEN format('delay %s is outside 0 s to 12 h', e.d)
+               WHEN e.d IS NOT NULL AND e.b THEN
+                   'a dead-lettered message is not retried, so it takes no delay; give one or the other'
                ELSE format('error is %s characters; at most 4096 are kept', length(e.r)) END
     INTO problem
-    FROM unnest(delays, errors) WITH ORDINALITY AS e(d, r, i)
-    WHERE e.d < interval '0' OR e.d > interval '12 hours' OR length(e.r) > 4096
+    FROM unnest(delays, errors, dead_letters) WITH ORDINALITY AS e(d, r, b, i)
+    WHERE e.d < interval '0' OR e.d > interval '12 hours' OR length(e.r) > 4096 OR (e.d IS NOT NULL AND e.b)
     ORDER BY e.i LIMIT 1;
     IF problem IS NOT NULL THEN
         PERFORM postbox._invalid(problem);
     END IF;
     WITH nacked AS (
         UPDATE postbox.messages m
-        SET visible_at = clock_timestamp() + coalesce(e.d, postbox._backoff(q, m.receive_count)),
-            lease = NULL,
+        SET visible_at = CASE WHEN e.b THEN m.visible_at
+                              ELSE clock_timestamp() + coalesce(e.d, postbox._backoff(q, m.receive_count)) END,
+            lease = CASE WHEN e.b THEN m.lease END,
             last_error = coalesce(e.r, m.last_error)
         FROM postbox._parse_receipts(receipts) p
-        LEFT JOIN unnest(delays, errors) WITH ORDINALITY AS e(d, r, i) ON e.i = p.i
+        LEFT JOIN unnest(delays, errors, dead_letters) WITH ORDINALITY AS e(d, r, b, i) ON e.i = p.i
         WHERE m.id = p.message_id AND m.queue_id + 0 = q.id AND m.lease = p.lease
-        RETURNING m.id
+        RETURNING m.id, coalesce(e.b, false) AS bury
     )
-    SELECT array_agg(id) INTO done FROM nacked;
+    SELECT array_agg(id), array_agg(id) FILTER (WHERE bury) INTO done, buried FROM nacked;
+    IF buried IS NOT NULL THEN
+        -- Locked by the update above; its error is on them already.
+        PERFORM postbox._bury(q, buried);
+    END IF;
     IF done IS NOT NULL THEN
         PERFORM postbox._notify(q);
     END IF;
@@ -2278,14 +2393,15 @@ BEGIN
 END
 $$;
 
--- Gives one received message back; see nack_batch. PB412 for a stale receipt,
--- PB404 if the message is gone.
+-- Gives one received message back, or with dead_letter (since 0.9.0) ends its
+-- tries; see nack_batch. PB412 for a stale receipt, PB404 if the message is gone.
 CREATE FUNCTION postbox.nack(queue_name text, receipt text, delay interval DEFAULT NULL,
-                             error text DEFAULT NULL)
+                             error text DEFAULT NULL, dead_letter boolean DEFAULT false)
 RETURNS void
 LANGUAGE sql AS $$
     SELECT postbox._raise_receipt_outcome(outcome, receipt)
-    FROM postbox.nack_batch(queue_name, ARRAY[receipt], postbox._array_of(delay), postbox._array_of(error))
+    FROM postbox.nack_batch(queue_name, ARRAY[receipt], postbox._array_of(delay), postbox._array_of(error),
+                            postbox._array_of(nullif(dead_letter, false)))
 $$;
 
 -- Gives back claimed messages that never reached a consumer (the server calls
@@ -2779,13 +2895,16 @@ $$;
 
 -- Browses a queue's messages in id order without claiming them: all of them,
 -- or those in one state (visible, in_flight, delayed), or the dead letters
--- ('dead', whatever their state). Expired messages are not shown.
+-- ('dead', whatever their state). Expired messages are not shown. Since 0.9.0
+-- with the consumer that took the latest delivery, when, and the message's own
+-- max_receive_count.
 CREATE FUNCTION postbox.peek_messages(queue_name text, in_state text DEFAULT NULL, after_id bigint DEFAULT 0,
                                       page_size integer DEFAULT 100)
 RETURNS TABLE (message_id bigint, body bytea, attributes jsonb, enqueued_at timestamptz,
                receive_count integer, first_received_at timestamptz, priority smallint,
                message_group_id text, deduplication_id text, dead_letter_source text, last_error text,
-               state text, visible_at timestamptz, expires_at timestamptz)
+               state text, visible_at timestamptz, expires_at timestamptz,
+               consumer_id text, received_at timestamptz, max_receive_count integer)
 LANGUAGE plpgsql STABLE AS $$
 #variable_conflict use_column
 DECLARE
@@ -2803,7 +2922,8 @@ BEGIN
     SELECT m.id, m.body, m.attributes, m.enqueued_at, m.receive_count, m.first_received_at, m.priority,
            m.message_group_id, m.deduplication_id,
            (SELECT s.name FROM postbox.queues s WHERE s.id = m.source_queue_id), m.last_error,
-           postbox._state(m.visible_at, m.lease), m.visible_at, m.expires_at
+           postbox._state(m.visible_at, m.lease), m.visible_at, m.expires_at,
+           m.consumer_id, m.received_at, m.max_receive_count
     FROM postbox.messages m
     WHERE m.queue_id = q.id AND m.id > coalesce(after_id, 0)
           AND (q.retention IS NULL OR m.enqueued_at >= now() - q.retention)
@@ -2816,19 +2936,124 @@ BEGIN
 END
 $$;
 
--- One message of a queue, as peek_messages shows it. PB404 if it is not there.
-CREATE FUNCTION postbox.get_message(queue_name text, id bigint)
-RETURNS TABLE (message_id bigint, body bytea, attributes jsonb, enqueued_at timestamptz,
+-- The lives of messages in id order from first_id to last_id (at most
+-- page_size), in one state or all: the messages of queue seen_from, those that
+-- left it as dead letters, and, where queues archive, the finished ones
+-- (since 0.9.0). State, as seen from seen_from:
+--   visible, in_flight, delayed   waiting, or held by a consumer (consumer_id,
+--                                 since received_at), or waiting to be retried
+--   dead_lettered                 moved to another queue (`queue`) as a dead
+--                                 letter, at finished_at
+--   expired                       past its retention or expiry (finished_at)
+--   succeeded, failed, cancelled  deleted by a consumer (with its result),
+--                                 failed for good, or cancelled; archived
+-- and 'dead' as a filter: dead letters held by seen_from, in any state. With
+-- seen_from NULL, every queue's messages, each as seen from the queue that
+-- holds it. Each side is walked by id, so a rare state or a small queue among
+-- many messages reads the messages between.
+CREATE FUNCTION postbox._message_lives(seen_from integer, in_state text, first_id bigint, last_id bigint,
+                                       page_size integer)
+RETURNS TABLE (message_id bigint, queue text, body bytea, attributes jsonb, enqueued_at timestamptz,
                receive_count integer, first_received_at timestamptz, priority smallint,
                message_group_id text, deduplication_id text, dead_letter_source text, last_error text,
-               state text, visible_at timestamptz, expires_at timestamptz)
+               state text, visible_at timestamptz, expires_at timestamptz, consumer_id text,
+               received_at timestamptz, finished_at timestamptz, result bytea, max_receive_count integer)
+LANGUAGE sql STABLE AS $$
+    SELECT l.* FROM (
+        (SELECT m.id, h.name, m.body, m.attributes, m.enqueued_at, m.receive_count, m.first_received_at,
+                m.priority, m.message_group_id, m.deduplication_id,
+                (SELECT s.name FROM postbox.queues s WHERE s.id = m.source_queue_id), m.last_error,
+                x.state, m.visible_at, m.expires_at, m.consumer_id, m.received_at,
+                CASE x.state WHEN 'dead_lettered' THEN m.dead_lettered_at
+                             WHEN 'expired' THEN least(m.expires_at, m.enqueued_at + h.retention) END,
+                NULL::bytea, m.max_receive_count
+         FROM postbox.messages m
+         JOIN postbox.queues h ON h.id = m.queue_id
+         CROSS JOIN LATERAL (
+             SELECT CASE WHEN m.queue_id <> seen_from THEN 'dead_lettered'
+                         WHEN m.enqueued_at < now() - h.retention OR m.expires_at <= now() THEN 'expired'
+                         ELSE postbox._state(m.visible_at, m.lease) END AS state) x
+         WHERE m.id BETWEEN first_id AND last_id
+           AND (seen_from IS NULL OR m.queue_id = seen_from OR m.source_queue_id = seen_from)
+           AND (in_state IS NULL OR x.state = in_state
+                OR (in_state = 'dead' AND m.source_queue_id IS NOT NULL AND x.state <> 'dead_lettered'))
+         ORDER BY m.id LIMIT page_size)
+        UNION ALL
+        (SELECT a.id, h.name, a.body, a.attributes, a.enqueued_at, a.receive_count, a.first_received_at,
+                a.priority, a.message_group_id, a.deduplication_id,
+                (SELECT s.name FROM postbox.queues s WHERE s.id = a.source_queue_id), a.last_error,
+                x.state, NULL::timestamptz, NULL::timestamptz, a.consumer_id, NULL::timestamptz,
+                CASE x.state WHEN 'dead_lettered' THEN a.dead_lettered_at ELSE a.archived_at END,
+                a.result, NULL::integer
+         FROM postbox.archive a
+         JOIN postbox.queues h ON h.id = a.queue_id
+         CROSS JOIN LATERAL (
+             SELECT CASE WHEN a.queue_id <> seen_from THEN 'dead_lettered'
+                         WHEN a.reason = 'deleted' THEN 'succeeded'
+                         ELSE a.reason END AS state) x
+         WHERE a.id BETWEEN first_id AND last_id
+           AND (seen_from IS NULL OR a.queue_id = seen_from OR a.source_queue_id = seen_from)
+           AND (in_state IS NULL OR x.state = in_state
+                OR (in_state = 'dead' AND a.source_queue_id IS NOT NULL AND x.state <> 'dead_lettered'))
+         ORDER BY a.id LIMIT page_size)
+    ) AS l
+    ORDER BY l.id
+    LIMIT page_size
+$$;
+
+-- One message's life as seen from a queue (see _message_lives): waiting, in
+-- flight, or (since 0.9.0) dead-lettered, expired, and where the queue archives
+-- succeeded with its result, failed or cancelled. PB404 if the queue never
+-- held it, or forgot it.
+CREATE FUNCTION postbox.get_message(queue_name text, id bigint)
+RETURNS TABLE (message_id bigint, queue text, body bytea, attributes jsonb, enqueued_at timestamptz,
+               receive_count integer, first_received_at timestamptz, priority smallint,
+               message_group_id text, deduplication_id text, dead_letter_source text, last_error text,
+               state text, visible_at timestamptz, expires_at timestamptz, consumer_id text,
+               received_at timestamptz, finished_at timestamptz, result bytea, max_receive_count integer)
 LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    q postbox.queues := postbox._queue(queue_name);
 BEGIN
-    RETURN QUERY SELECT * FROM postbox.peek_messages(queue_name, NULL, id - 1, 1) p WHERE p.message_id = id;
+    RETURN QUERY SELECT * FROM postbox._message_lives(q.id, NULL, id, id, 1);
     IF NOT FOUND THEN
         RAISE EXCEPTION USING ERRCODE = 'PB404', MESSAGE = format(
-            'message %s is not in queue %s (deleted, expired, or never there)', id, quote_literal(queue_name));
+            'message %s is not in queue %s: never sent there, or finished where the queue keeps no history '
+            '(archive_on_delete), or its archive_retention passed', id, quote_literal(queue_name));
     END IF;
+END
+$$;
+
+-- The lives of one queue's messages (see _message_lives), or with queue_name
+-- NULL every queue's, in id order after after_id; in_state one of visible,
+-- in_flight, delayed, dead_lettered, expired, succeeded, failed, cancelled or
+-- dead, or NULL for all (since 0.9.0).
+CREATE FUNCTION postbox.list_messages(queue_name text DEFAULT NULL, in_state text DEFAULT NULL,
+                                      after_id bigint DEFAULT 0, page_size integer DEFAULT 100)
+RETURNS TABLE (message_id bigint, queue text, body bytea, attributes jsonb, enqueued_at timestamptz,
+               receive_count integer, first_received_at timestamptz, priority smallint,
+               message_group_id text, deduplication_id text, dead_letter_source text, last_error text,
+               state text, visible_at timestamptz, expires_at timestamptz, consumer_id text,
+               received_at timestamptz, finished_at timestamptz, result bytea, max_receive_count integer)
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    seen_from integer;
+BEGIN
+    IF queue_name IS NOT NULL THEN
+        seen_from := (postbox._queue(queue_name)).id;
+    END IF;
+    IF in_state IS NOT NULL AND in_state NOT IN ('visible', 'in_flight', 'delayed', 'dead_lettered', 'expired',
+                                                 'succeeded', 'failed', 'cancelled', 'dead') THEN
+        PERFORM postbox._invalid(format(
+            'state %s is none of visible, in_flight, delayed, dead_lettered, expired, succeeded, failed, '
+            'cancelled, dead', quote_literal(left(in_state, 40))));
+    END IF;
+    -- As peek_messages: the API pages by at most 1000 and asks for one more row.
+    IF page_size IS NULL OR page_size NOT BETWEEN 1 AND 10000 THEN
+        PERFORM postbox._invalid(format('page_size is %s; it must be 1 to 10000', page_size));
+    END IF;
+    RETURN QUERY SELECT * FROM postbox._message_lives(seen_from, in_state, coalesce(after_id, 0) + 1,
+                                                      9223372036854775807, page_size);
 END
 $$;
 
@@ -2889,6 +3114,29 @@ END
 $$;
 
 -- Topics (since 0.3.0).
+
+-- In-flight messages per queue and consumer, for metrics (since 0.9.0): the
+-- max_consumers (queue, consumer) pairs that hold the most, and per queue one
+-- row '(other)' for the rest; deliveries taken without a consumer id count as
+-- '(none)'. Neither is a valid consumer id, so neither is mistaken for one. So
+-- a scrape has at most max_consumers rows plus one per queue.
+CREATE FUNCTION postbox.consumer_metrics(max_consumers integer DEFAULT 20)
+RETURNS TABLE (queue_name text, consumer_id text, in_flight bigint)
+LANGUAGE sql STABLE AS $$
+    WITH held AS (
+        SELECT m.queue_id, coalesce(m.consumer_id, '(none)') AS consumer, count(*) AS n
+        FROM postbox.messages m
+        WHERE m.visible_at > now() AND m.visible_at <> 'infinity' AND m.lease IS NOT NULL
+        GROUP BY 1, 2
+    ), ranked AS (
+        SELECT h.*, row_number() OVER (ORDER BY h.n DESC, h.queue_id, h.consumer) <= max_consumers AS shown
+        FROM held h
+    )
+    SELECT q.name, CASE WHEN r.shown THEN r.consumer ELSE '(other)' END, sum(r.n)::bigint
+    FROM ranked r JOIN postbox.queues q ON q.id = r.queue_id
+    GROUP BY 1, 2
+    ORDER BY 1, 2
+$$;
 
 -- Recent throughput and receive latency per queue (since 0.9.0). The engine
 -- counts no sends, receives or deletes itself: a write to a shared row per call

@@ -599,3 +599,32 @@ def test_a_send_stream_refuses_a_send_alone_and_goes_on(
     assert answers[2].error.code == grpc.StatusCode.PERMISSION_DENIED.value[0]
     assert "'send-theirs'" in answers[2].error.message
     assert "'send'" in answers[2].error.message
+
+
+def test_listing_every_queues_messages_needs_read_on_every_queue(
+    keys: Keys, auth_database: str, auth_channel: grpc.Channel
+) -> None:
+    from postbox.v1 import message_service_pb2, message_service_pb2_grpc
+
+    messages = message_service_pb2_grpc.MessageServiceStub(auth_channel)
+    queues = queue_service_pb2_grpc.QueueServiceStub(auth_channel)
+    queues.CreateQueue(
+        queue_service_pb2.CreateQueueRequest(queue=queue_service_pb2.Queue(name="jobs-eu")),
+        metadata=bearer(keys.admin),
+    )
+    reader = bootstrap_key(auth_database, "jobs-reader", "read:jobs-*")
+    _wait_until(
+        lambda: (
+            call_status(auth_channel, "/postbox.v1.QueueService/ListQueues", reader)
+            == grpc.StatusCode.OK
+        ),
+        5,
+        "the new key",
+    )
+    one = message_service_pb2.ListMessagesRequest(queue="jobs-eu")
+    assert list(messages.ListMessages(one, metadata=bearer(reader)).messages) == []
+    every = message_service_pb2.ListMessagesRequest()
+    denied = error_of(messages.ListMessages, every, metadata=bearer(reader))
+    assert denied.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert "lacks permission 'read' on any resource" in denied.details()
+    messages.ListMessages(every, metadata=bearer(keys.admin))

@@ -284,3 +284,35 @@ def test_an_unreachable_server_is_an_error_not_a_traceback(verb):
     assert result.returncode == 1
     assert result.stderr.startswith("UNAVAILABLE: ")
     assert "Traceback" not in result.stderr
+
+
+def test_messages_get_and_list_follow_a_job_through_its_life(server):
+    target = ["--target", server.target]
+    name = unique_name("cli_jobs")
+    ok("queues", "create", name, "--archive", *target)
+    sent = json.loads(ok("messages", "send", name, "job", "-o", "json", *target))
+    (received,) = json.loads(
+        ok("messages", "receive", name, "--consumer-id", "cli-worker", "-o", "json", *target)
+    )
+    held = json.loads(ok("messages", "get", name, sent["message_id"], "-o", "json", *target))
+    assert held["state"] == "MESSAGE_STATE_IN_FLIGHT"
+    assert held["consumer_id"] == "cli-worker"
+    assert held["receive_count"] == 1
+    second = json.loads(ok("messages", "send", name, "second", "-o", "json", *target))
+    in_flight = json.loads(
+        ok("messages", "list", name, "--state", "in_flight", "-o", "json", *target)
+    )
+    assert [m["message_id"] for m in in_flight] == [received["message_id"]]
+    every = json.loads(ok("messages", "list", name, "-o", "json", *target))
+    assert [m["state"] for m in every] == ["MESSAGE_STATE_IN_FLIGHT", "MESSAGE_STATE_VISIBLE"]
+    queued = json.loads(ok("messages", "list", name, "--state", "queued", "-o", "json", *target))
+    assert [m["message_id"] for m in queued] == [second["message_id"]]
+    table = ok("messages", "list", name, *target)  # a row per message, its state shown
+    assert "MESSAGE_STATE_VISIBLE" in table
+    assert "MESSAGE_STATE_IN_FLIGHT" in table
+    bad = postbox("messages", "receive", name, "--consumer-id", "no spaces", *target)
+    assert bad.returncode != 0
+    assert "consumer_id 'no spaces' (9 characters) must be 1 to 128 characters" in bad.stderr
+    missing = postbox("messages", "get", name, "999999999", *target)
+    assert missing.returncode != 0
+    assert "is not in queue" in missing.stderr

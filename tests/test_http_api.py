@@ -127,6 +127,43 @@ async def test_create_send_receive_delete_round_trip(http: aiohttp.ClientSession
     assert gone["code"] == "not_found"
 
 
+async def test_a_jobs_life_over_http(http: aiohttp.ClientSession) -> None:
+    name = unique_name("http_jobs")
+    status, _ = await call(
+        http, "QueueService/CreateQueue", {"queue": {"name": name, "archiveOnDelete": True}}
+    )
+    assert status == 200
+    status, sent = await call(http, "MessageService/Send", {"queue": name, "maxReceiveCount": 3})
+    assert status == 200, sent
+    status, received = await call(
+        http, "MessageService/Receive", {"queue": name, "consumerId": "http-worker"}
+    )
+    [message] = received["messages"]
+    result = base64.b64encode(b'{"ok": true}').decode()
+    ack = {"queue": name, "receipt": message["receipt"], "result": result}
+    status, deleted = await call(http, "MessageService/Delete", ack)
+    assert (status, deleted) == (200, {})
+    status, found = await call(
+        http, "MessageService/GetMessage", {"queue": name, "messageId": sent["messageId"]}
+    )
+    assert status == 200, found
+    job = found["message"]
+    assert job["state"] == "MESSAGE_STATE_SUCCEEDED"
+    assert (job["consumerId"], job["receiveCount"], job["queue"]) == ("http-worker", 1, name)
+    assert base64.b64decode(job["result"]) == b'{"ok": true}'
+    assert {"enqueueTime", "firstReceiveTime", "finishTime"} <= set(job)
+    status, listed = await call(
+        http, "MessageService/ListMessages", {"queue": name, "state": "MESSAGE_STATE_SUCCEEDED"}
+    )
+    assert [m["messageId"] for m in listed["messages"]] == [sent["messageId"]]
+    status, bad = await call(
+        http, "MessageService/Receive", {"queue": name, "consumerId": "has space"}
+    )
+    assert (status, bad["code"]) == (400, "invalid_argument")
+    assert "consumer_id 'has space'" in bad["message"]
+    await call(http, "QueueService/DeleteQueue", {"name": name})
+
+
 def _connect_code(code: grpc.StatusCode) -> str:
     return "canceled" if code is grpc.StatusCode.CANCELLED else code.name.lower()
 

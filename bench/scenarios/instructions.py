@@ -59,10 +59,11 @@ _COLLECTED = re.compile(r"Collected : (\d+)")
 PLAIN_TABLE = "bench_raw.plain_messages"
 OWN_QUEUE_TABLE = "bench_raw.own_queue_messages"
 # postbox.messages's feature columns (FIFO groups, deduplication, dead letters,
-# the last error, expiry): the cheaper tables keep the others.
+# the last error, expiry, jobs' consumers and limits): the cheaper tables keep the others.
 FEATURE_COLUMNS = [
     "message_group_id", "deduplication_id", "dedupe_key", "source_queue_id",
     "dead_lettered_at", "last_error", "expires_at",
+    "consumer_id", "received_at", "max_receive_count",
 ]  # fmt: skip
 # The declarations of the others, read from the catalog. The tables are made
 # anew: a column dropped from a copy would still take its slot in every row.

@@ -26,6 +26,8 @@ class Rule:
     # For a request stream whose requests are answered each on its own: a refused request
     # reaches the method as a server.errors.Refused, rather than ending the stream.
     per_request: bool = False
+    # Whether an empty `field` names every resource (then the permission is needed on "*").
+    empty_means_all: bool = False
 
     @property
     def permissions(self) -> tuple[str, ...]:
@@ -69,6 +71,8 @@ _MESSAGES = {
     "PeekMessages": Rule("read", "queue"),
     "GetMessage": Rule("read", "queue"),
     "ListArchivedMessages": Rule("read", "queue"),
+    # Without a queue it lists every queue's messages.
+    "ListMessages": Rule("read", "queue", empty_means_all=True),
     # A producer takes back a message it sent, before anyone receives it.
     "CancelMessage": Rule("send", "queue", also=("manage",)),
 }
@@ -145,4 +149,6 @@ def resource_of(request: object, rule: Rule) -> str:
     value = request
     for part in rule.field.split("."):
         value = getattr(value, part)
+    if rule.empty_means_all and not value:
+        return ANY_RESOURCE
     return str(value)

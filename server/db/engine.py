@@ -51,6 +51,7 @@ class OutgoingMessage:
     deliver_at: datetime | None = None
     ttl: timedelta | None = None
     expire_at: datetime | None = None
+    max_receive_count: int | None = None
 
 
 # send_batch's per-entry arrays after the bodies, in its parameter order.
@@ -64,6 +65,7 @@ _SEND_OPTIONS = (
     "deliver_at",
     "ttl",
     "expire_at",
+    "max_receive_count",
 )
 assert set(_SEND_OPTIONS) | {"body"} == {f.name for f in fields(OutgoingMessage)}
 # send_batch's optional columns, all left out (the bench calls the statement too).
@@ -401,11 +403,13 @@ class Engine:
         visibility_timeout: timedelta | None,
         scan_from: datetime | None = None,
         max_bytes: int | None = None,
+        consumer_id: str | None = None,
     ) -> list[Record]:
         """Claims messages; each row's `more` says that max_bytes left some behind."""
         rows = await self._call(
-            "fetch", "receive", queue, max_messages, visibility_timeout, scan_from, max_bytes
-        )
+            "fetch", "receive", queue, max_messages, visibility_timeout, scan_from, max_bytes,
+            consumer_id,
+        )  # fmt: skip
         _count_received(queue, rows)
         return rows
 
@@ -423,16 +427,19 @@ class Engine:
     async def receipts_in_flight(self, receipts: Sequence[str]) -> int:
         return await self._call("fetchval", "receipts_in_flight", receipts)
 
-    async def delete(self, queue: str, receipt: str) -> None:
-        await self._call("execute", "delete", queue, receipt)
+    async def delete(self, queue: str, receipt: str, result: bytes | None = None) -> None:
+        await self._call("execute", "delete", queue, receipt, result)
         metrics.count(metrics.MESSAGES_DELETED, queue, 1)
         ACTIVITY.deleted(queue, 1)
 
     async def change_visibility(self, queue: str, receipt: str, timeout: timedelta) -> None:
         await self._call("execute", "change_visibility", queue, receipt, timeout)
 
-    async def delete_batch(self, queue: str, receipts: Sequence[str]) -> list[str]:
-        rows = await self._call("fetch", "delete_batch", queue, receipts)
+    async def delete_batch(
+        self, queue: str, receipts: Sequence[str], results: Sequence[bytes | None] | None = None
+    ) -> list[str]:
+        """An outcome per receipt; results[i] is what the job of receipts[i] returned."""
+        rows = await self._call("fetch", "delete_batch", queue, receipts, results)
         outcomes = [row[0] for row in rows]
         _count_deleted(queue, outcomes)
         return outcomes
@@ -445,6 +452,7 @@ class Engine:
         visibility_timeout: timedelta | None,
         scan_from: datetime | None = None,
         max_bytes: int | None = None,
+        consumer_id: str | None = None,
     ) -> tuple[list[str], list[Record]]:
         """delete_batch's outcomes and receive's rows, committed together."""
         rows = await self._call(
@@ -456,6 +464,7 @@ class Engine:
             visibility_timeout,
             scan_from,
             max_bytes,
+            consumer_id,
         )
         outcomes = list(rows[0]["outcomes"])
         received = [row for row in rows if row["message_id"] is not None]
@@ -470,9 +479,15 @@ class Engine:
         return [row[0] for row in rows]
 
     async def nack(
-        self, queue: str, receipt: str, delay: timedelta | None, error: str | None
+        self,
+        queue: str,
+        receipt: str,
+        delay: timedelta | None,
+        error: str | None,
+        dead_letter: bool = False,
     ) -> None:
-        await self._call("execute", "nack", queue, receipt, delay, error)
+        """Gives the message back for a retry, or with dead_letter ends its tries."""
+        await self._call("execute", "nack", queue, receipt, delay, error, dead_letter)
         metrics.count(metrics.MESSAGES_NACKED, queue, 1)
 
     async def nack_batch(self, queue: str, receipts: Sequence[str]) -> list[str]:
@@ -492,6 +507,12 @@ class Engine:
 
     async def cancel_message(self, queue: str, message_id: int) -> None:
         await self._call("execute", "cancel_message", queue, message_id)
+
+    async def list_messages(
+        self, queue: str | None, state: str | None, after_id: int, page_size: int
+    ) -> list[Record]:
+        """Messages' lives (postbox.list_messages): one queue's, or every queue's (None)."""
+        return await self._call("fetch", "list_messages", queue, state, after_id, page_size)
 
     async def list_archived_messages(
         self, queue: str, after_id: int, page_size: int
@@ -800,6 +821,10 @@ class Engine:
     async def stream_metrics(self, max_groups: int) -> list[Record]:
         """Lag of the first max_groups consumer groups by topic and name."""
         return await self._call("fetch", "stream_metrics", max_groups)
+
+    async def consumer_metrics(self, max_consumers: int) -> list[Record]:
+        """In-flight messages per queue and consumer (postbox.consumer_metrics)."""
+        return await self._call("fetch", "consumer_metrics", max_consumers)
 
     async def queue_metrics(self, max_queues: int) -> list[Record]:
         """Depth figures of the first max_queues queues by name (postbox.queue_metrics)."""

@@ -80,11 +80,11 @@ FROM postbox.cancel_redrive($1) t
 -- ids in Python cost more than the rest of the server's part of a SendBatch.
 SELECT coalesce(array_agg(s.message_id::text ORDER BY s.n), '{}'),
        coalesce(array_agg(s.duplicate ORDER BY s.n), '{}')
-FROM postbox.send_batch($1, $2, $3::jsonb[], $4, $5, $6, $7, $8, $9, $10, $11)
+FROM postbox.send_batch($1, $2, $3::jsonb[], $4, $5, $6, $7, $8, $9, $10, $11, $12)
      WITH ORDINALITY AS s(message_id, duplicate, n)
 
 -- name: receive
-SELECT * FROM postbox.receive($1, $2, $3, $4, $5)
+SELECT * FROM postbox.receive($1, $2, $3, $4, $5, $6)
 
 -- name: next_visible_at
 SELECT postbox.next_visible_at($1, $2)
@@ -96,10 +96,10 @@ SELECT postbox.receive_floor($1)
 SELECT postbox.release($1, $2)
 
 -- name: delete
-SELECT postbox.delete($1, $2)
+SELECT postbox.delete($1, $2, $3)
 
 -- name: delete_batch
-SELECT outcome FROM postbox.delete_batch($1, $2) ORDER BY i
+SELECT outcome FROM postbox.delete_batch($1, $2, $3) ORDER BY i
 
 -- name: delete_and_receive
 -- A stream's settled batch deleted and its next batch claimed in one statement:
@@ -107,7 +107,7 @@ SELECT outcome FROM postbox.delete_batch($1, $2) ORDER BY i
 -- runs the deletes first; the claim's row columns are null when it found nothing.
 SELECT d.outcomes, r.*
 FROM (SELECT array_agg(outcome ORDER BY i) AS outcomes FROM postbox.delete_batch($1, $2)) d
-LEFT JOIN LATERAL postbox.receive($1, $3, $4, $5, $6) r ON true
+LEFT JOIN LATERAL postbox.receive($1, $3, $4, $5, $6, $7) r ON true
 
 -- name: change_visibility
 SELECT postbox.change_visibility($1, $2, $3)
@@ -119,7 +119,7 @@ SELECT outcome FROM postbox.change_visibility_batch($1, $2, $3) ORDER BY i
 SELECT postbox.receipts_in_flight($1)
 
 -- name: nack
-SELECT postbox.nack($1, $2, $3, $4)
+SELECT postbox.nack($1, $2, $3, $4, $5)
 
 -- name: nack_batch
 SELECT outcome FROM postbox.nack_batch($1, $2) ORDER BY i
@@ -129,6 +129,9 @@ SELECT * FROM postbox.peek_messages($1, $2, $3, $4)
 
 -- name: get_message
 SELECT * FROM postbox.get_message($1, $2)
+
+-- name: list_messages
+SELECT * FROM postbox.list_messages($1, $2, $3, $4)
 
 -- name: cancel_message
 SELECT postbox.cancel_message($1, $2)
@@ -316,6 +319,9 @@ SELECT * FROM postbox.set_consumer_group_cursor($1, $2, $3, $4)
 
 -- name: rotate_streams
 SELECT postbox.rotate_streams($1, $2)
+
+-- name: consumer_metrics
+SELECT * FROM postbox.consumer_metrics($1)
 
 -- name: stream_metrics
 SELECT * FROM postbox.stream_metrics($1)

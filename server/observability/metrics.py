@@ -196,6 +196,27 @@ async def queue_families(engine: Engine, max_queues: int) -> list[Metric]:
     return [*families.values(), *counters.values(), paused, omitted]
 
 
+# In-flight messages per consumer: the (queue, consumer) pairs holding the most get a
+# series each, the rest of a queue's share one with consumer="(other)", so a scrape has
+# at most this many series plus one per queue, however many consumers come and go.
+# Deliveries taken without a consumer_id show as consumer="(none)".
+MAX_CONSUMER_SERIES = 20
+
+
+async def consumer_families(engine: Engine, max_consumers: int) -> list[Metric]:
+    """In-flight messages per queue and consumer (postbox.consumer_metrics), one query."""
+    rows = await engine.consumer_metrics(max_consumers)
+    in_flight = GaugeMetricFamily(
+        "postbox_consumer_messages_in_flight",
+        "Messages delivered to a consumer (ReceiveRequest.consumer_id), not settled; "
+        f"the {max_consumers} largest holders, then (other) per queue; (none): unnamed.",
+        labels=["queue", "consumer"],
+    )
+    for row in rows:
+        in_flight.add_metric([row["queue_name"], row["consumer_id"]], float(row["in_flight"]))
+    return [in_flight]
+
+
 async def stream_families(engine: Engine, max_groups: int) -> list[Metric]:
     """Every consumer group's lag (up to max_groups, by topic and group name), one query."""
     rows = await engine.stream_metrics(max_groups)
@@ -239,6 +260,7 @@ async def exposition(
         try:
             families = await queue_families(engine, max_queues)
             families += await stream_families(engine, max_queues)
+            families += await consumer_families(engine, MAX_CONSUMER_SERIES)
             queues.register(_Families(families))
         except ApiError as error:
             # The database is away: the process's own figures still tell why.

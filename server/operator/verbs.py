@@ -8,6 +8,7 @@ verb takes (--target, --api-key). Output follows output.py: snake_case, readable
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 import time
@@ -187,6 +188,9 @@ def _queue_settings(queue: queue_service_pb2.Queue, args: argparse.Namespace) ->
     if getattr(args, "max_message_size", None) is not None:
         queue.max_message_size = args.max_message_size
         given.append("max_message_size")
+    if getattr(args, "archive", False):
+        queue.archive_on_delete = True
+        given.append("archive_on_delete")
     if getattr(args, "dead_letter_queue", None):
         queue.dead_letter_policy.dead_letter_queue = args.dead_letter_queue
         queue.dead_letter_policy.max_receive_count = args.max_receive_count
@@ -218,9 +222,14 @@ def messages(args: argparse.Namespace, channel: grpc.Channel) -> int:
             message_service_pb2.CancelMessageRequest(queue=args.queue, message_id=args.message_id)
         )
         output.note(f"cancelled {args.message_id}")
+    elif verb == "get":
+        lookup = message_service_pb2.GetMessageRequest(queue=args.queue, message_id=args.message_id)
+        _show_one(args, stubs.GetMessage(lookup).message)
+    elif verb == "list":
+        return _list_messages(stubs, args)
     elif verb == "receive":
         receive = message_service_pb2.ReceiveRequest(
-            queue=args.queue, max_messages=args.max_messages
+            queue=args.queue, max_messages=args.max_messages, consumer_id=args.consumer_id or ""
         )
         receive.wait_time.FromSeconds(args.wait)
         if args.visibility_timeout is not None:
@@ -245,6 +254,36 @@ def messages(args: argparse.Namespace, channel: grpc.Channel) -> int:
         _show(args, peeked, ("message_id", "body", "receive_count", "enqueue_time"))
     elif verb == "tail":
         return _tail(stubs, args)
+    return 0
+
+
+# `messages list --state` names, as the API's MessageState values.
+MESSAGE_STATES = {
+    "queued": message_pb2.MESSAGE_STATE_VISIBLE,
+    "delayed": message_pb2.MESSAGE_STATE_DELAYED,
+    "in_flight": message_pb2.MESSAGE_STATE_IN_FLIGHT,
+    "succeeded": message_pb2.MESSAGE_STATE_SUCCEEDED,
+    "failed": message_pb2.MESSAGE_STATE_FAILED,
+    "dead_lettered": message_pb2.MESSAGE_STATE_DEAD_LETTERED,
+    "expired": message_pb2.MESSAGE_STATE_EXPIRED,
+    "cancelled": message_pb2.MESSAGE_STATE_CANCELLED,
+    "dead": message_pb2.MESSAGE_STATE_DEAD,
+}
+
+
+def _list_messages(stubs: Any, args: argparse.Namespace) -> int:
+    """Up to --limit messages of a queue (or of every queue) with their state, page by page."""
+    request = message_service_pb2.ListMessagesRequest(
+        queue=args.queue or "", page_size=min(args.limit, PAGE)
+    )
+    if args.state is not None:
+        request.state = MESSAGE_STATES[args.state]
+    listed = list(itertools.islice(pages(stubs.ListMessages, request, "messages"), args.limit))
+    if not listed:
+        output.note(f"no message in {args.queue or 'any queue'}")
+        return 0
+    columns = ("message_id", "queue", "state", "receive_count", "consumer_id", "enqueue_time")
+    _show(args, listed, columns)
     return 0
 
 
@@ -537,6 +576,11 @@ def add_parsers(verbs: Any, client: argparse.ArgumentParser, run: Callable[..., 
             help='how long messages are kept: seconds, or "forever"',
         )
         settings.add_argument("--max-message-size", type=int, metavar="BYTES")
+        settings.add_argument(
+            "--archive",
+            action="store_true",
+            help="keep finished messages (their history, for `messages get` and `list`)",
+        )
         settings.add_argument("--dead-letter-queue", metavar="QUEUE")
         settings.add_argument(
             "--max-receive-count", type=int, default=5, help="with --dead-letter-queue"
@@ -547,7 +591,7 @@ def add_parsers(verbs: Any, client: argparse.ArgumentParser, run: Callable[..., 
         pausing.add_argument("--sends", action="store_true")
         pausing.add_argument("--receives", action="store_true")
 
-    group = verbs.add_parser("messages", help="send, receive, peek or tail messages")
+    group = verbs.add_parser("messages", help="send, receive, peek, tail, get or list messages")
     sub = group.add_subparsers(dest="messages_verb", required=True)
     send = verb(sub, "send", "send a message, or a JSON Lines file of them", messages)
     send.add_argument("queue")
@@ -562,6 +606,13 @@ def add_parsers(verbs: Any, client: argparse.ArgumentParser, run: Callable[..., 
     cancel = verb(sub, "cancel", "remove a message no consumer holds", messages)
     cancel.add_argument("queue")
     cancel.add_argument("message_id")
+    get = verb(sub, "get", "where a message stands in its life: state, attempts, result", messages)
+    get.add_argument("queue")
+    get.add_argument("message_id")
+    listing = verb(sub, "list", "messages with their state, of a queue or of all", messages)
+    listing.add_argument("queue", nargs="?", help="(default: every queue)")
+    listing.add_argument("--state", choices=sorted(MESSAGE_STATES))
+    listing.add_argument("--limit", type=int, default=100)
     receive = verb(
         sub, "receive", "receive one batch; says so on stderr when there is none", messages
     )
@@ -569,6 +620,7 @@ def add_parsers(verbs: Any, client: argparse.ArgumentParser, run: Callable[..., 
     receive.add_argument("--max-messages", type=int, default=10)
     receive.add_argument("--wait", type=int, default=0, help="seconds to wait for a message")
     receive.add_argument("--ack", action="store_true", help="delete what was received")
+    receive.add_argument("--consumer-id", help="name this consumer (1-128 of A-Z a-z 0-9 _.:@/-)")
     receive.add_argument(
         "--visibility-timeout", type=float, metavar="SECONDS", help="(default: the queue's)"
     )

@@ -44,15 +44,25 @@ class Claims:
         self.max_bytes = claim_budget(max_response_size)
 
     async def claim(
-        self, queue: str, count: int, visibility_timeout: timedelta | None
+        self,
+        queue: str,
+        count: int,
+        visibility_timeout: timedelta | None,
+        consumer_id: str | None = None,
     ) -> list[Record]:
         """Claims up to `count` messages that fit one response (or one message larger than
-        that); more_left() tells whether others were left for the next claim. If the client
-        goes away meanwhile, gives them back before leaving."""
+        that) for the consumer named consumer_id; more_left() tells whether others were
+        left for the next claim. If the client goes away meanwhile, gives them back before
+        leaving."""
         return await self._delivered_or_released(
             queue,
             self.engine.receive(
-                queue, count, visibility_timeout, self.floors.get(queue), self.max_bytes
+                queue,
+                count,
+                visibility_timeout,
+                self.floors.get(queue),
+                self.max_bytes,
+                consumer_id,
             ),
             lambda rows: rows,
         )
@@ -64,13 +74,20 @@ class Claims:
         count: int,
         visibility_timeout: timedelta | None,
         ended: Callable[[asyncio.Future[tuple[list[str], list[Record]]]], None] | None = None,
+        consumer_id: str | None = None,
     ) -> tuple[list[str], list[Record]]:
         """Deletes settled messages (an outcome per receipt) and claims as claim() does,
         in one transaction. `ended` is called with the engine's call when it ends, even
         if the caller is cancelled before."""
         running = asyncio.ensure_future(
             self.engine.delete_and_receive(
-                queue, receipts, count, visibility_timeout, self.floors.get(queue), self.max_bytes
+                queue,
+                receipts,
+                count,
+                visibility_timeout,
+                self.floors.get(queue),
+                self.max_bytes,
+                consumer_id,
             )
         )
         if ended is not None:

@@ -124,18 +124,31 @@ def attributes_from_json(text: str | None) -> dict[str, message_pb2.AttributeVal
     return result
 
 
+# The engine's states of a message's life (postbox._message_lives), as the API has them.
 _STATES = {
     "visible": message_pb2.MESSAGE_STATE_VISIBLE,
     "in_flight": message_pb2.MESSAGE_STATE_IN_FLIGHT,
     "delayed": message_pb2.MESSAGE_STATE_DELAYED,
+    "succeeded": message_pb2.MESSAGE_STATE_SUCCEEDED,
+    "failed": message_pb2.MESSAGE_STATE_FAILED,
+    "dead_lettered": message_pb2.MESSAGE_STATE_DEAD_LETTERED,
+    "expired": message_pb2.MESSAGE_STATE_EXPIRED,
+    "cancelled": message_pb2.MESSAGE_STATE_CANCELLED,
 }
-STATE_FILTERS = {
+# What ListMessages filters by: any state, or the dead letters a queue holds.
+LIFE_STATE_FILTERS: dict[int, str | None] = {
     message_pb2.MESSAGE_STATE_UNSPECIFIED: None,
-    message_pb2.MESSAGE_STATE_VISIBLE: "visible",
-    message_pb2.MESSAGE_STATE_IN_FLIGHT: "in_flight",
-    message_pb2.MESSAGE_STATE_DELAYED: "delayed",
     message_pb2.MESSAGE_STATE_DEAD: "dead",
+    **{value: name for name, value in _STATES.items()},
 }
+# PeekMessages sees only the messages a queue holds.
+STATE_FILTERS = {
+    value: name
+    for value, name in LIFE_STATE_FILTERS.items()
+    if name in (None, "visible", "in_flight", "delayed", "dead")
+}
+# States in which a message is still in a queue, and has a visibility time.
+_WAITING = ("in_flight", "delayed")
 
 
 def message(row: Row) -> message_pb2.Message:
@@ -157,11 +170,27 @@ def message(row: Row) -> message_pb2.Message:
         result.receipt = row["receipt"]
     if "state" in row:
         result.state = _STATES[row["state"]]
-        if row["state"] != "visible":
+        if row["state"] in _WAITING:
             result.visible_time.CopyFrom(timestamp(row["visible_at"]))
     if row.get("expires_at") is not None:
         result.expire_time.CopyFrom(timestamp(row["expires_at"]))
+    if "consumer_id" in row:  # peek_messages, get_message, list_messages
+        _life(result, row)
     return result
+
+
+def _life(result: message_pb2.Message, row: Row) -> None:
+    """The job's side of a message: who took it, since when, how it ended."""
+    result.consumer_id = row["consumer_id"] or ""
+    result.max_receive_count = row["max_receive_count"] or 0
+    if row["received_at"] is not None:
+        result.receive_time.CopyFrom(timestamp(row["received_at"]))
+    if row.get("finished_at") is not None:
+        result.finish_time.CopyFrom(timestamp(row["finished_at"]))
+    if row.get("result") is not None:
+        result.result = row["result"]
+    if row.get("queue") is not None:
+        result.queue = row["queue"]
 
 
 # The engine's outcome of one receipt of a batch settle, as the API reports it.
@@ -192,6 +221,7 @@ _ARCHIVE_REASONS = {
     "deleted": message_pb2.ARCHIVE_REASON_DELETED,
     "expired": message_pb2.ARCHIVE_REASON_EXPIRED,
     "cancelled": message_pb2.ARCHIVE_REASON_CANCELLED,
+    "failed": message_pb2.ARCHIVE_REASON_FAILED,
 }
 
 
@@ -283,6 +313,7 @@ def outgoing(entry: Any, max_message_size: int) -> OutgoingMessage:
     if ttl is not None and ttl <= timedelta(0):
         raise invalid(f"ttl is {ttl.total_seconds()} s; it must be above 0")
     return OutgoingMessage(
+        max_receive_count=entry.max_receive_count or None,
         ttl=ttl,
         expire_at=optional_datetime(entry, "expire_time"),
         body=entry.body,

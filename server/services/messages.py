@@ -22,6 +22,7 @@ from server.services.pagination import (
     decode_id_page_token,
     encode_page_token,
     is_bigint_id,
+    next_page,
     page_size_of,
 )
 from server.services.prefetch import Prefetch
@@ -162,6 +163,7 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
         remaining = request.max_total_messages if request.HasField("max_total_messages") else None
         wait_until = None if wait is None else started + wait.total_seconds()
         idle_until = None if idle is None else started + idle.total_seconds()
+        consumer_id = request.consumer_id or None  # the engine checks it with the first claim
         window = self.prefetch.open(self.engine.receipts_in_flight, queue) if continuous else None
         if window is not None:
             # types-grpcio's _DoneCallback is a class, not a Protocol: no function matches it.
@@ -175,10 +177,15 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
             want = min(max_messages, remaining) if remaining else max_messages
             try:
                 if handed is None:
-                    rows = await self.claims.claim(queue, want, visibility_timeout)
+                    rows = await self.claims.claim(queue, want, visibility_timeout, consumer_id)
                 else:
                     _, rows = await self.claims.delete_and_claim(
-                        queue, handed.receipts, want, visibility_timeout, handed.claimed
+                        queue,
+                        handed.receipts,
+                        want,
+                        visibility_timeout,
+                        handed.claimed,
+                        consumer_id=consumer_id,
                     )
             except ApiError as error:
                 # A new stream on a paused queue fails; one already waiting waits on.
@@ -260,11 +267,12 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
     async def Delete(
         self, request: pb.DeleteRequest, context: grpc.aio.ServicerContext
     ) -> pb.DeleteResponse:
-        handed = self.prefetch.hand(request.queue, [request.receipt])
+        # A delete with a result is not handed to a stream's claim, which keeps none.
+        handed = None if request.result else self.prefetch.hand(request.queue, [request.receipt])
         if handed is None or await handed.outcomes != ["ok"]:
             # Deleted here, or told precisely why not: a handed delete that was not
             # "ok" changed nothing.
-            await self.engine.delete(request.queue, request.receipt)
+            await self.engine.delete(request.queue, request.receipt, request.result or None)
         self.prefetch.settled([request.receipt])
         return pb.DeleteResponse()
 
@@ -273,8 +281,14 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
         self, request: pb.DeleteBatchRequest, context: grpc.aio.ServicerContext
     ) -> pb.DeleteBatchResponse:
         receipts = list(request.receipts)
-        handed = self.prefetch.hand(request.queue, receipts)
-        outcomes = None if handed is None else await handed.outcomes
+        outcomes: list[str] | None = None
+        if request.results:
+            # Deleted here: a stream's claim, which takes handed deletes, keeps no results.
+            results = [result or None for result in request.results]
+            outcomes = await self.engine.delete_batch(request.queue, receipts, results)
+        else:
+            handed = self.prefetch.hand(request.queue, receipts)
+            outcomes = None if handed is None else await handed.outcomes
         if outcomes is None:
             outcomes = await self.engine.delete_batch(request.queue, receipts)
         self.prefetch.settled(receipts)  # ok, stale or gone: none is pending now
@@ -302,6 +316,7 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
             request.receipt,
             convert.optional_timedelta(request, "delay"),
             request.error or None,
+            request.dead_letter,
         )
         self.prefetch.settled([request.receipt])
         self.hub.wake(request.queue)  # a waiting stream sets a timer for the backoff
@@ -337,6 +352,22 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
     ) -> pb.CancelMessageResponse:
         await self.engine.cancel_message(request.queue, _message_id(request.message_id))
         return pb.CancelMessageResponse()
+
+    @reports_errors
+    async def ListMessages(
+        self, request: pb.ListMessagesRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListMessagesResponse:
+        if request.state not in convert.LIFE_STATE_FILTERS:
+            raise invalid(f"state {request.state} is not a known message state")
+        page_size = page_size_of(request.page_size)
+        after = decode_id_page_token(request.page_token, "ListMessages")
+        rows = await self.engine.list_messages(
+            request.queue or None, convert.LIFE_STATE_FILTERS[request.state], after, page_size + 1
+        )
+        page, token = next_page(rows, page_size, "ListMessages", key="message_id")
+        return pb.ListMessagesResponse(
+            messages=[convert.message(row) for row in page], next_page_token=token
+        )
 
     @reports_errors
     async def ListArchivedMessages(

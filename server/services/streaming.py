@@ -47,7 +47,13 @@ MAX_SETTLES = 1000
 MAX_WAITING_REQUESTS = 100
 MAX_VISIBILITY = timedelta(hours=12)
 
-_FIRST_ONLY = ("queue", "max_messages", "visibility_timeout", "max_outstanding_messages")
+_FIRST_ONLY = (
+    "queue",
+    "max_messages",
+    "visibility_timeout",
+    "max_outstanding_messages",
+    "consumer_id",
+)
 
 # How long the settle task waits for the generator to take its deletes before it
 # deletes them itself: the generator takes them at once unless it is claiming
@@ -64,6 +70,7 @@ class Opening:
     max_messages: int
     visibility_timeout: timedelta | None
     max_outstanding: int
+    consumer_id: str | None  # the engine checks it with the first claim
 
     @classmethod
     def parse(cls, request: pb.StreamingReceiveRequest) -> Opening:
@@ -80,7 +87,7 @@ class Opening:
             raise invalid(
                 f"max_outstanding_messages is {outstanding}; it must be 1 to {MAX_OUTSTANDING:,}"
             )
-        return cls(request.queue, max_messages, timeout, outstanding)
+        return cls(request.queue, max_messages, timeout, outstanding, request.consumer_id or None)
 
 
 class Outstanding:
@@ -217,7 +224,7 @@ class StreamingReceive:
             exhausted_at = None
             generation = self.hub.generation(queue)
             try:
-                rows = await self._claim(queue, want, opening.visibility_timeout, handoff)
+                rows = await self._claim(opening, want, handoff)
                 next_visible = None if rows else await self.claims.next_visible_at(queue)
             except ApiError as error:
                 if error.paused and not first_claim:
@@ -270,15 +277,14 @@ class StreamingReceive:
             self.registry.settled(handoff.deletes)
         return handoff
 
-    async def _claim(
-        self, queue: str, want: int, timeout: timedelta | None, handoff: Handoff | None
-    ) -> list[Record]:
+    async def _claim(self, opening: Opening, want: int, handoff: Handoff | None) -> list[Record]:
         """Claims, deleting the handed-off receipts in the same call."""
+        queue, timeout, consumer_id = opening.queue, opening.visibility_timeout, opening.consumer_id
         if handoff is None:
-            return await self.claims.claim(queue, want, timeout)
+            return await self.claims.claim(queue, want, timeout, consumer_id)
         try:
             outcomes, rows = await self.claims.delete_and_claim(
-                queue, handoff.deletes, want, timeout
+                queue, handoff.deletes, want, timeout, consumer_id=consumer_id
             )
         except ApiError:
             # Undone with the claim: the settle task deletes them on its own, and

@@ -107,7 +107,13 @@ CREATE TABLE postbox.messages (
     source_queue_id integer,  -- dead letters: the queue the message came from
     dead_lettered_at timestamptz,
     last_error text,  -- from the latest nack
-    expires_at timestamptz  -- since 0.8.0: the message's own expiry (ttl or expire_time); NULL: none
+    expires_at timestamptz,  -- since 0.8.0: the message's own expiry (ttl or expire_time); NULL: none
+    -- Since 0.9.0: who took the latest delivery (receive's consumer_id; NULL:
+    -- unnamed) and when it began, and the message's own max_receive_count
+    -- (NULL: the queue's).
+    consumer_id text,
+    received_at timestamptz,
+    max_receive_count integer
 ) WITH (
     -- A queue table turns over constantly: vacuum early and without throttling,
     -- so dead tuples do not pile up in front of the receive index scan.
@@ -176,7 +182,8 @@ CREATE TABLE postbox.deduplication (
 );
 CREATE INDEX deduplication_expiry_idx ON postbox.deduplication (expires_at);
 
--- Deleted and expired messages of queues with archive_on_delete.
+-- The finished messages of queues with archive_on_delete (their history):
+-- deleted, expired, cancelled, or failed for good.
 CREATE TABLE postbox.archive (
     id bigint PRIMARY KEY,
     queue_id integer NOT NULL,
@@ -184,14 +191,19 @@ CREATE TABLE postbox.archive (
     enqueued_at timestamptz NOT NULL,
     first_received_at timestamptz,
     archived_at timestamptz NOT NULL,
-    reason text NOT NULL,  -- deleted or expired
+    reason text NOT NULL,  -- deleted, expired, cancelled or (since 0.9.0) failed
     priority smallint NOT NULL,
     message_group_id text,
     deduplication_id text,
     source_queue_id integer,
     last_error text,
     attributes jsonb,
-    body bytea NOT NULL
+    body bytea NOT NULL,
+    -- Since 0.9.0: what the consumer that deleted the message returned (at most
+    -- 64 KiB), that consumer, and when the message became a dead letter.
+    result bytea,
+    consumer_id text,
+    dead_lettered_at timestamptz
 );
 CREATE INDEX archive_queue_idx ON postbox.archive (queue_id, id);
 CREATE INDEX archive_expiry_idx ON postbox.archive (queue_id, archived_at);

@@ -81,7 +81,8 @@ CREATE FUNCTION postbox._send_batch_general(
     queue_name text, bodies bytea[], attributes jsonb[] DEFAULT NULL, delays interval[] DEFAULT NULL,
     message_group_ids text[] DEFAULT NULL, deduplication_ids text[] DEFAULT NULL,
     dedupe_keys text[] DEFAULT NULL, priorities integer[] DEFAULT NULL,
-    deliver_ats timestamptz[] DEFAULT NULL, ttls interval[] DEFAULT NULL, expire_ats timestamptz[] DEFAULT NULL)
+    deliver_ats timestamptz[] DEFAULT NULL, ttls interval[] DEFAULT NULL, expire_ats timestamptz[] DEFAULT NULL,
+    max_receive_counts integer[] DEFAULT NULL)
 RETURNS TABLE (message_id bigint, duplicate boolean)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
@@ -120,7 +121,8 @@ BEGIN
     PERFORM postbox._check_batch_size(n);
     IF greatest(cardinality(attributes), cardinality(delays), cardinality(message_group_ids),
                 cardinality(deduplication_ids), cardinality(dedupe_keys), cardinality(priorities),
-                cardinality(deliver_ats), cardinality(ttls), cardinality(expire_ats)) > n THEN
+                cardinality(deliver_ats), cardinality(ttls), cardinality(expire_ats),
+                cardinality(max_receive_counts)) > n THEN
         PERFORM postbox._invalid('per-entry arrays may not have more entries than bodies');
     END IF;
     -- A message must become visible before it expires, so a delay stays below
@@ -169,9 +171,11 @@ BEGIN
             WHEN postbox.message_size(e.b, e.a) > q.max_message_size THEN format(
                 'message is %s bytes; the queue takes at most %s (body and attributes)',
                 postbox.message_size(e.b, e.a), q.max_message_size)
+            WHEN e.r NOT BETWEEN 1 AND 1000 THEN format('max_receive_count is %s; it must be 1 to 1000', e.r)
         END AS problem
         FROM unnest(bodies, delays, deliver_ats, priorities, message_group_ids, deduplication_ids,
-                    dedupe_keys, attributes, ttls, expire_ats) WITH ORDINALITY AS e(b, d, t, p, g, x, k, a, l, e, i)
+                    dedupe_keys, attributes, ttls, expire_ats, max_receive_counts)
+             WITH ORDINALITY AS e(b, d, t, p, g, x, k, a, l, e, r, i)
     ) AS c
     WHERE c.problem IS NOT NULL
     ORDER BY c.i
@@ -196,11 +200,12 @@ BEGIN
         RETURN QUERY
         WITH inserted AS (
             INSERT INTO postbox.messages (queue_id, visible_at, enqueued_at, attributes, body, priority,
-                                          message_group_id, expires_at)
+                                          message_group_id, expires_at, max_receive_count)
             SELECT q.id, postbox._visible_at(sent_at, d, t, q.delivery_delay), sent_at,
-                   a, b, coalesce(p, 0), g, coalesce(x, sent_at + l)
-            FROM unnest(bodies, attributes, delays, deliver_ats, priorities, message_group_ids, ttls, expire_ats)
-                 WITH ORDINALITY AS e(b, a, d, t, p, g, l, x, i)
+                   a, b, coalesce(p, 0), g, coalesce(x, sent_at + l), r
+            FROM unnest(bodies, attributes, delays, deliver_ats, priorities, message_group_ids, ttls, expire_ats,
+                        max_receive_counts)
+                 WITH ORDINALITY AS e(b, a, d, t, p, g, l, x, r, i)
             ORDER BY i
             RETURNING id, expires_at
         ), expiring AS (
@@ -279,7 +284,8 @@ BEGIN
                 UPDATE postbox.messages m
                 SET body = bodies[h.i], attributes = _send_batch_general.attributes[h.i],
                     priority = coalesce(priorities[h.i], 0),
-                    expires_at = coalesce(expire_ats[h.i], sent_at + ttls[h.i])
+                    expires_at = coalesce(expire_ats[h.i], sent_at + ttls[h.i]),
+                    max_receive_count = max_receive_counts[h.i]
                 FROM unnest(keys, lasts, holders) AS h(k, i, id)
                 WHERE m.id = h.id AND h.id <> ids[h.i] AND m.queue_id = q.id AND m.dedupe_key = h.k
                   AND NOT coalesce(m.enqueued_at < now() - q.retention OR m.expires_at <= now(), false)
@@ -328,7 +334,7 @@ BEGIN
     -- Every entry that is a message of its own: no duplicate, and for a key the
     -- last entry, when the key's message did not take its content.
     INSERT INTO postbox.messages (id, queue_id, visible_at, enqueued_at, attributes, body, priority,
-                                  message_group_id, deduplication_id, dedupe_key, expires_at)
+                                  message_group_id, deduplication_id, dedupe_key, expires_at, max_receive_count)
     OVERRIDING SYSTEM VALUE
     SELECT ids[e.i], q.id,
            CASE WHEN q.fifo AND (row_number() OVER (PARTITION BY e.g ORDER BY e.i) > 1
@@ -336,10 +342,10 @@ BEGIN
                                             WHERE x.queue_id = q.id AND x.message_group_id = e.g))
                 THEN 'infinity'
                 ELSE postbox._visible_at(sent_at, e.d, e.t, q.delivery_delay) END,
-           sent_at, e.a, e.b, coalesce(e.p, 0), e.g, e.x, e.k, coalesce(e.e, sent_at + e.l)
+           sent_at, e.a, e.b, coalesce(e.p, 0), e.g, e.x, e.k, coalesce(e.e, sent_at + e.l), e.c
     FROM unnest(bodies, attributes, delays, deliver_ats, priorities, message_group_ids, dedup,
-                dedupe_keys, resolved, ttls, expire_ats)
-         WITH ORDINALITY AS e(b, a, d, t, p, g, x, k, r, l, e, i)
+                dedupe_keys, resolved, ttls, expire_ats, max_receive_counts)
+         WITH ORDINALITY AS e(b, a, d, t, p, g, x, k, r, l, e, c, i)
     WHERE e.r = ids[e.i]
     ORDER BY e.i;
     IF ttls IS NOT NULL OR expire_ats IS NOT NULL THEN
@@ -364,6 +370,8 @@ $$;
 --                    waiting (never received) message with the same key
 --   priorities       0-9, standard queues; higher is received first
 --   deliver_ats      invisible until then (instead of a delay)
+--   max_receive_counts  since 0.9.0: 1-1000 deliveries, the message's own
+--                    limit in place of the queue's (see receive)
 -- Nothing is sent if any entry is invalid; the error names the entry by its
 -- 0-based index. PB503 while sends are paused, PB429 when max_depth is reached.
 --
@@ -385,7 +393,8 @@ CREATE FUNCTION postbox.send_batch(
     queue_name text, bodies bytea[], attributes jsonb[] DEFAULT NULL, delays interval[] DEFAULT NULL,
     message_group_ids text[] DEFAULT NULL, deduplication_ids text[] DEFAULT NULL,
     dedupe_keys text[] DEFAULT NULL, priorities integer[] DEFAULT NULL,
-    deliver_ats timestamptz[] DEFAULT NULL, ttls interval[] DEFAULT NULL, expire_ats timestamptz[] DEFAULT NULL)
+    deliver_ats timestamptz[] DEFAULT NULL, ttls interval[] DEFAULT NULL, expire_ats timestamptz[] DEFAULT NULL,
+    max_receive_counts integer[] DEFAULT NULL)
 RETURNS TABLE (message_id bigint, duplicate boolean)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
@@ -398,7 +407,7 @@ DECLARE
     locked text;
 BEGIN
     IF num_nonnulls(attributes, delays, message_group_ids, deduplication_ids, dedupe_keys, priorities,
-                    deliver_ats, ttls, expire_ats) = 0 AND cardinality(bodies) BETWEEN 1 AND 1000
+                    deliver_ats, ttls, expire_ats, max_receive_counts) = 0 AND cardinality(bodies) BETWEEN 1 AND 1000
        AND array_position(bodies, NULL) IS NULL AND current_setting('transaction_isolation') = 'read committed' THEN
         locked := concat(pg_current_xact_id(),
                          pg_advisory_xact_lock_shared(1886350224 + pg_backend_pid() % 16, hashtext(queue_name)));
@@ -423,7 +432,7 @@ BEGIN
         -- Everything else, and every error.
         RETURN QUERY SELECT * FROM postbox._send_batch_general(
             queue_name, bodies, attributes, delays, message_group_ids, deduplication_ids, dedupe_keys,
-            priorities, deliver_ats, ttls, expire_ats);
+            priorities, deliver_ats, ttls, expire_ats, max_receive_counts);
         RETURN;
     END IF;
     -- unnest sits in the select list (a ProjectSet, where FROM unnest would first
@@ -454,7 +463,7 @@ CREATE FUNCTION postbox.send(
     queue_name text, body bytea, attributes jsonb DEFAULT NULL, delay interval DEFAULT NULL,
     message_group_id text DEFAULT NULL, deduplication_id text DEFAULT NULL,
     dedupe_key text DEFAULT NULL, priority integer DEFAULT NULL, deliver_at timestamptz DEFAULT NULL,
-    ttl interval DEFAULT NULL, expire_at timestamptz DEFAULT NULL)
+    ttl interval DEFAULT NULL, expire_at timestamptz DEFAULT NULL, max_receive_count integer DEFAULT NULL)
 RETURNS bigint
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -466,7 +475,7 @@ DECLARE
     sent_id bigint;
 BEGIN
     IF body IS NOT NULL AND num_nonnulls(attributes, delay, message_group_id, deduplication_id, dedupe_key,
-                                         priority, deliver_at, ttl, expire_at) = 0
+                                         priority, deliver_at, ttl, expire_at, max_receive_count) = 0
        AND current_setting('transaction_isolation') = 'read committed' THEN
         -- As send_batch's straight path (see there).
         locked := concat(pg_current_xact_id(),
@@ -482,7 +491,7 @@ BEGIN
             queue_name, ARRAY[body], postbox._array_of(attributes), postbox._array_of(delay),
             postbox._array_of(message_group_id), postbox._array_of(deduplication_id),
             postbox._array_of(dedupe_key), postbox._array_of(priority), postbox._array_of(deliver_at),
-            postbox._array_of(ttl), postbox._array_of(expire_at)) s);
+            postbox._array_of(ttl), postbox._array_of(expire_at), postbox._array_of(max_receive_count)) s);
     END IF;
     INSERT INTO postbox.messages (queue_id, visible_at, enqueued_at, body, priority)
     SELECT q_id, c.sent_at + q_delay, c.sent_at, body, 0

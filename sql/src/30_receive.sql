@@ -26,9 +26,6 @@ LANGUAGE sql AS $$
     WHERE queue_id = q.id AND unused > 0
 $$;
 
--- Removes messages (all of ids, or, with leases, those whose lease still
--- matches), archiving them if the queue archives and promoting the next message
--- of their FIFO groups. Returns the ids removed.
 -- Adds to a queue's counters (postbox.queue_counters).
 CREATE FUNCTION postbox._count(counted_queue integer, expired_count bigint, dead_lettered_count bigint)
 RETURNS void
@@ -70,7 +67,14 @@ $$;
 -- reads every dead row version on every later call. So they allow only index
 -- scans and nested loops, and say `queue_id + 0` (offered queue_id as an index
 -- condition, the planner fetched the whole queue through the ready index).
-CREATE FUNCTION postbox._remove(q postbox.queues, ids bigint[], leases uuid[], why text) RETURNS bigint[]
+-- Removes messages (all of ids, or, with leases, those whose lease still
+-- matches), archiving them if the queue archives, why being the reason (deleted,
+-- expired, cancelled or failed) and results[i] what the consumer returned for
+-- ids[i] (since 0.9.0); and promotes the next message of their FIFO groups.
+-- Returns the ids removed.
+CREATE FUNCTION postbox._remove(q postbox.queues, ids bigint[], leases uuid[], why text,
+                                results bytea[] DEFAULT NULL)
+RETURNS bigint[]
 LANGUAGE plpgsql
 SET enable_seqscan = off
 SET enable_bitmapscan = off
@@ -87,16 +91,18 @@ BEGIN
     IF q.archive_on_delete THEN
         WITH gone AS (
             DELETE FROM postbox.messages m
-            USING unnest(ids, leases) AS t(id, lease)
+            USING unnest(ids, leases, results) AS t(id, lease, result)
             WHERE m.id = t.id AND m.queue_id + 0 = q.id AND (t.lease IS NULL OR m.lease = t.lease)
-            RETURNING m.*
+            RETURNING m.*, t.result
         ), archived AS (
             INSERT INTO postbox.archive (id, queue_id, receive_count, enqueued_at, first_received_at,
                                          archived_at, reason, priority, message_group_id,
-                                         deduplication_id, source_queue_id, last_error, attributes, body)
+                                         deduplication_id, source_queue_id, last_error, attributes, body,
+                                         result, consumer_id, dead_lettered_at)
             SELECT g.id, g.queue_id, g.receive_count, g.enqueued_at, g.first_received_at,
                    clock_timestamp(), why, g.priority, g.message_group_id, g.deduplication_id,
-                   g.source_queue_id, g.last_error, g.attributes, g.body
+                   g.source_queue_id, g.last_error, g.attributes, g.body, g.result, g.consumer_id,
+                   g.dead_lettered_at
             FROM gone g
         )
         SELECT array_agg(g.id), array_agg(g.message_group_id), array_agg(g.id) FILTER (WHERE g.expires_at IS NOT NULL),
@@ -134,7 +140,8 @@ END
 $$;
 
 -- Moves messages (locked by the caller) into queue `target`: as dead letters of
--- `source`, or back (redrive) with their deliveries uncounted. In a FIFO target
+-- `source` (leaving their own max_receive_count behind, since 0.9.0), or back
+-- (redrive) with their deliveries uncounted. In a FIFO target
 -- they join the end of their groups; in a FIFO source the next messages move up.
 CREATE FUNCTION postbox._move(ids bigint[], source postbox.queues, target postbox.queues,
                               as_dead_letters boolean)
@@ -169,6 +176,9 @@ BEGIN
         dead_lettered_at = CASE WHEN as_dead_letters THEN clock_timestamp() END,
         receive_count = CASE WHEN as_dead_letters THEN m.receive_count ELSE 0 END,
         first_received_at = CASE WHEN as_dead_letters THEN m.first_received_at END,
+        -- A message's own limit is its source queue's business: a dead letter
+        -- follows the dead-letter queue's.
+        max_receive_count = CASE WHEN NOT as_dead_letters THEN m.max_receive_count END,
         lease = NULL,
         visible_at = v.visible_at
     FROM (SELECT x.id,
@@ -190,6 +200,33 @@ BEGIN
 END
 $$;
 
+-- Ends the tries of messages (locked by the caller) of queue q: into its
+-- dead-letter queue, or where it has none, removed as failed (archived where the
+-- queue archives). Since 0.9.0.
+CREATE FUNCTION postbox._bury(q postbox.queues, ids bigint[]) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    dlq postbox.queues;
+BEGIN
+    SELECT * INTO dlq FROM postbox.queues d WHERE d.id = q.dead_letter_queue_id;
+    IF FOUND THEN
+        PERFORM postbox._move(ids, q, dlq, true);
+    ELSE
+        PERFORM postbox._remove(q, ids, NULL, 'failed');
+    END IF;
+END
+$$;
+
+-- What is wrong with a consumer id (NULL when nothing is): 1 to 128 characters
+-- of letters, digits and _ . : @ / - (so that it is safe as a metrics label and
+-- in logs). The id is quoted by a prefix and its length only.
+CREATE FUNCTION postbox.consumer_id_problem(consumer_id text) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN length(consumer_id) NOT BETWEEN 1 AND 128 OR consumer_id ~ '[^A-Za-z0-9_.:@/-]' THEN format(
+        'consumer_id %s (%s characters) must be 1 to 128 characters of letters, digits and _ . : @ / -',
+        quote_literal(left(consumer_id, 40)), length(consumer_id)) END
+$$;
+
 -- Claims up to max_messages visible messages (FOR UPDATE SKIP LOCKED, so
 -- concurrent receivers never get the same message), makes them invisible for
 -- the visibility timeout (the queue's when NULL), counts the delivery and gives
@@ -206,9 +243,14 @@ $$;
 -- sizes (body, attributes and 256 bytes for the rest) past max_bytes, and always
 -- claims one. `more` (on every row) says that deliverable messages were left for
 -- the next call, so a caller that wants them all claims again at once.
+-- consumer_id (since 0.9.0; NULL: unnamed; see consumer_id_problem) names who
+-- takes the delivery: get_message and peek_messages show it while the message
+-- is in flight. A message's own max_receive_count (see send_batch) overrides the
+-- queue's; where the queue has no dead-letter queue, a message past it fails
+-- for good (archived as failed where the queue archives).
 CREATE FUNCTION postbox.receive(queue_name text, max_messages integer DEFAULT 1,
                                 visibility_timeout interval DEFAULT NULL, scan_from timestamptz DEFAULT NULL,
-                                max_bytes bigint DEFAULT NULL)
+                                max_bytes bigint DEFAULT NULL, consumer_id text DEFAULT NULL)
 RETURNS TABLE (message_id bigint, body bytea, attributes jsonb, enqueued_at timestamptz,
                receive_count integer, first_received_at timestamptz, receipt text, priority smallint,
                message_group_id text, deduplication_id text, dead_letter_source text, last_error text,
@@ -260,6 +302,9 @@ BEGIN
     IF timeout < interval '0' OR timeout > interval '12 hours' THEN
         PERFORM postbox._invalid(format('visibility timeout %s is outside 0 s to 12 h', timeout));
     END IF;
+    IF consumer_id IS NOT NULL AND postbox.consumer_id_problem(consumer_id) IS NOT NULL THEN
+        PERFORM postbox._invalid(postbox.consumer_id_problem(consumer_id));
+    END IF;
     IF q.receive_paused THEN
         RAISE EXCEPTION USING ERRCODE = 'PB503', MESSAGE = format(
             'queue %s is paused for receiving; ResumeQueue lets receives in again', quote_literal(queue_name));
@@ -274,7 +319,7 @@ BEGIN
         WITH c AS MATERIALIZED (
             SELECT m.id, m.visible_at, coalesce(m.enqueued_at < expired_before, false)
                                        OR coalesce(m.expires_at <= now(), false) AS gone,
-                   coalesce(m.receive_count >= q.max_receive_count, false) AS dead
+                   coalesce(m.receive_count >= coalesce(m.max_receive_count, q.max_receive_count), false) AS dead
             FROM postbox.messages m
             WHERE m.queue_id = q.id AND m.priority = 0 AND m.visible_at BETWEEN scan_start AND now()
             ORDER BY m.visible_at, m.id
@@ -286,7 +331,9 @@ BEGIN
                 receive_count = m.receive_count + 1,
                 first_received_at = coalesce(m.first_received_at, clock_timestamp()),
                 lease = (SELECT gen_random_uuid()),  -- once per call (above)
-                dedupe_key = NULL
+                dedupe_key = NULL,
+                consumer_id = receive.consumer_id,
+                received_at = clock_timestamp()
             FROM c
             WHERE m.id = c.id AND NOT EXISTS (SELECT FROM c x WHERE x.gone OR x.dead)
             RETURNING m.*, c.visible_at AS claim_visible_at
@@ -328,7 +375,7 @@ BEGIN
             SELECT * FROM (  -- priority > 0 first, through its partial index
                 SELECT m.id, m.priority, m.visible_at, coalesce(m.enqueued_at < expired_before, false)
                                                                   OR coalesce(m.expires_at <= now(), false) AS gone,
-                       coalesce(m.receive_count >= q.max_receive_count, false) AS dead,
+                       coalesce(m.receive_count >= coalesce(m.max_receive_count, q.max_receive_count), false) AS dead,
                        -- octet_length reads a TOASTed body's size without fetching it.
                        octet_length(m.body) + coalesce(pg_column_size(m.attributes), 0) + 256 AS size,
                        m.dedupe_key
@@ -341,7 +388,7 @@ BEGIN
             SELECT * FROM (  -- then the rest, in visibility order
                 SELECT m.id, m.priority, m.visible_at, coalesce(m.enqueued_at < expired_before, false)
                                                              OR coalesce(m.expires_at <= now(), false),
-                       coalesce(m.receive_count >= q.max_receive_count, false),
+                       coalesce(m.receive_count >= coalesce(m.max_receive_count, q.max_receive_count), false),
                        octet_length(m.body) + coalesce(pg_column_size(m.attributes), 0) + 256,
                        m.dedupe_key
                 FROM postbox.messages m
@@ -356,8 +403,7 @@ BEGIN
             PERFORM postbox._remove(q, to_expire, NULL, 'expired');
         END IF;
         IF to_bury IS NOT NULL THEN
-            PERFORM postbox._move(to_bury, q, (SELECT d FROM postbox.queues d WHERE d.id = q.dead_letter_queue_id),
-                                  true);
+            PERFORM postbox._bury(q, to_bury);
         END IF;
         IF q.receive_rate_limit IS NOT NULL THEN
             PERFORM postbox._return_receive_tokens(q, allowed - coalesce(cardinality(to_deliver), 0));
@@ -374,7 +420,9 @@ BEGIN
                     receive_count = m.receive_count + 1,
                     first_received_at = coalesce(m.first_received_at, clock_timestamp()),
                     lease = (SELECT gen_random_uuid()),  -- once per call (above)
-                    dedupe_key = NULL
+                    dedupe_key = NULL,
+                    consumer_id = receive.consumer_id,
+                    received_at = clock_timestamp()
                 WHERE m.id = ANY (to_deliver)
                 RETURNING m.*
             )

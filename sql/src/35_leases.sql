@@ -48,8 +48,10 @@ END
 $$;
 
 -- Deletes received messages by receipt. One outcome per receipt, in order;
--- see _receipt_outcomes. Archives them if the queue archives.
-CREATE FUNCTION postbox.delete_batch(queue_name text, receipts text[])
+-- see _receipt_outcomes. Archives them if the queue archives, with results[i]
+-- (since 0.9.0; at most 64 KiB each) as what the job of receipts[i] returned:
+-- a queue that does not archive keeps no results.
+CREATE FUNCTION postbox.delete_batch(queue_name text, receipts text[], results bytea[] DEFAULT NULL)
 RETURNS TABLE (i bigint, outcome text)
 LANGUAGE plpgsql
 -- By primary key (see _remove).
@@ -76,10 +78,19 @@ BEGIN
     IF coalesce(cardinality(receipts), 0) NOT BETWEEN 1 AND 1000 THEN
         PERFORM postbox._check_batch_size(cardinality(receipts));
     END IF;
-    SELECT array_agg(p.message_id) AS ids, array_agg(p.lease) AS leases INTO parsed
-    FROM postbox._parse_receipts(receipts) p WHERE p.message_id IS NOT NULL;
+    IF results IS NULL THEN
+        SELECT array_agg(p.message_id) AS ids, array_agg(p.lease) AS leases, NULL::bytea[] AS results INTO parsed
+        FROM postbox._parse_receipts(receipts) p WHERE p.message_id IS NOT NULL;
+    ELSE
+        PERFORM postbox._check_results(results, cardinality(receipts));
+        -- Each result beside its receipt's message (an archive keeps it).
+        SELECT array_agg(p.message_id) AS ids, array_agg(p.lease) AS leases, array_agg(results[p.i]) AS results
+        INTO parsed
+        FROM postbox._parse_receipts(receipts) p WHERE p.message_id IS NOT NULL;
+        q_plain := false;
+    END IF;
     IF NOT q_plain THEN
-        done := postbox._remove(postbox._queue(queue_name), parsed.ids, parsed.leases, 'deleted');
+        done := postbox._remove(postbox._queue(queue_name), parsed.ids, parsed.leases, 'deleted', parsed.results);
     ELSE
         -- _remove's plain delete, here: the common case, where the call and its
         -- settings cost more than the delete. From the parsed arrays, not the
@@ -164,11 +175,35 @@ BEGIN
 END
 $$;
 
--- Deletes a received message. PB412 for a stale receipt, PB404 if it is gone.
-CREATE FUNCTION postbox.delete(queue_name text, receipt text) RETURNS void
+-- PB400 unless results has at most `receipts` entries of at most 64 KiB each
+-- (since 0.9.0).
+CREATE FUNCTION postbox._check_results(results bytea[], receipts integer) RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    problem text;
+BEGIN
+    IF cardinality(results) > receipts THEN
+        PERFORM postbox._invalid(format('%s results for %s receipts: give at most one result per receipt',
+                                        cardinality(results), receipts));
+    END IF;
+    SELECT postbox._entry_prefix(r.i, receipts) || format(
+               'result is %s bytes; at most 65536 (64 KiB) are kept', octet_length(r.result))
+    INTO problem
+    FROM unnest(results) WITH ORDINALITY AS r(result, i)
+    WHERE octet_length(r.result) > 65536
+    ORDER BY r.i LIMIT 1;
+    IF problem IS NOT NULL THEN
+        PERFORM postbox._invalid(problem);
+    END IF;
+END
+$$;
+
+-- Deletes a received message, with what its job returned (since 0.9.0; see
+-- delete_batch). PB412 for a stale receipt, PB404 if it is gone.
+CREATE FUNCTION postbox.delete(queue_name text, receipt text, result bytea DEFAULT NULL) RETURNS void
 LANGUAGE sql AS $$
     SELECT postbox._raise_receipt_outcome(outcome, receipt)
-    FROM postbox.delete_batch(queue_name, ARRAY[receipt])
+    FROM postbox.delete_batch(queue_name, ARRAY[receipt], postbox._array_of(result))
 $$;
 
 -- Sets when a received message becomes visible again, `timeout` from now.
@@ -191,8 +226,11 @@ $$;
 -- Gives received messages back: visible again after `delays[i]` (NULL: the
 -- queue's retry backoff), recording errors[i] as the message's last error. The
 -- receipt is spent. One outcome per receipt, in order; see _receipt_outcomes.
+-- Where dead_letters[i] (since 0.9.0) is true the message is not retried: it
+-- moves to the queue's dead-letter queue at once, or where there is none, fails
+-- for good (archived as failed where the queue archives); not with a delay.
 CREATE FUNCTION postbox.nack_batch(queue_name text, receipts text[], delays interval[] DEFAULT NULL,
-                                   errors text[] DEFAULT NULL)
+                                   errors text[] DEFAULT NULL, dead_letters boolean[] DEFAULT NULL)
 RETURNS TABLE (i bigint, outcome text)
 LANGUAGE plpgsql
 -- By primary key (see _remove).
@@ -207,32 +245,40 @@ DECLARE
     n integer := coalesce(cardinality(receipts), 0);
     problem text;
     done bigint[];
+    buried bigint[];
 BEGIN
     PERFORM postbox._check_batch_size(n);
-    IF greatest(cardinality(delays), cardinality(errors)) > n THEN
-        PERFORM postbox._invalid('delays and errors may not have more entries than receipts');
+    IF greatest(cardinality(delays), cardinality(errors), cardinality(dead_letters)) > n THEN
+        PERFORM postbox._invalid('delays, errors and dead_letters may not have more entries than receipts');
     END IF;
     SELECT postbox._entry_prefix(e.i, n) || CASE
                WHEN e.d < interval '0' OR e.d > interval '12 hours' THEN format('delay %s is outside 0 s to 12 h', e.d)
+               WHEN e.d IS NOT NULL AND e.b THEN
+                   'a dead-lettered message is not retried, so it takes no delay; give one or the other'
                ELSE format('error is %s characters; at most 4096 are kept', length(e.r)) END
     INTO problem
-    FROM unnest(delays, errors) WITH ORDINALITY AS e(d, r, i)
-    WHERE e.d < interval '0' OR e.d > interval '12 hours' OR length(e.r) > 4096
+    FROM unnest(delays, errors, dead_letters) WITH ORDINALITY AS e(d, r, b, i)
+    WHERE e.d < interval '0' OR e.d > interval '12 hours' OR length(e.r) > 4096 OR (e.d IS NOT NULL AND e.b)
     ORDER BY e.i LIMIT 1;
     IF problem IS NOT NULL THEN
         PERFORM postbox._invalid(problem);
     END IF;
     WITH nacked AS (
         UPDATE postbox.messages m
-        SET visible_at = clock_timestamp() + coalesce(e.d, postbox._backoff(q, m.receive_count)),
-            lease = NULL,
+        SET visible_at = CASE WHEN e.b THEN m.visible_at
+                              ELSE clock_timestamp() + coalesce(e.d, postbox._backoff(q, m.receive_count)) END,
+            lease = CASE WHEN e.b THEN m.lease END,
             last_error = coalesce(e.r, m.last_error)
         FROM postbox._parse_receipts(receipts) p
-        LEFT JOIN unnest(delays, errors) WITH ORDINALITY AS e(d, r, i) ON e.i = p.i
+        LEFT JOIN unnest(delays, errors, dead_letters) WITH ORDINALITY AS e(d, r, b, i) ON e.i = p.i
         WHERE m.id = p.message_id AND m.queue_id + 0 = q.id AND m.lease = p.lease
-        RETURNING m.id
+        RETURNING m.id, coalesce(e.b, false) AS bury
     )
-    SELECT array_agg(id) INTO done FROM nacked;
+    SELECT array_agg(id), array_agg(id) FILTER (WHERE bury) INTO done, buried FROM nacked;
+    IF buried IS NOT NULL THEN
+        -- Locked by the update above; its error is on them already.
+        PERFORM postbox._bury(q, buried);
+    END IF;
     IF done IS NOT NULL THEN
         PERFORM postbox._notify(q);
     END IF;
@@ -240,14 +286,15 @@ BEGIN
 END
 $$;
 
--- Gives one received message back; see nack_batch. PB412 for a stale receipt,
--- PB404 if the message is gone.
+-- Gives one received message back, or with dead_letter (since 0.9.0) ends its
+-- tries; see nack_batch. PB412 for a stale receipt, PB404 if the message is gone.
 CREATE FUNCTION postbox.nack(queue_name text, receipt text, delay interval DEFAULT NULL,
-                             error text DEFAULT NULL)
+                             error text DEFAULT NULL, dead_letter boolean DEFAULT false)
 RETURNS void
 LANGUAGE sql AS $$
     SELECT postbox._raise_receipt_outcome(outcome, receipt)
-    FROM postbox.nack_batch(queue_name, ARRAY[receipt], postbox._array_of(delay), postbox._array_of(error))
+    FROM postbox.nack_batch(queue_name, ARRAY[receipt], postbox._array_of(delay), postbox._array_of(error),
+                            postbox._array_of(nullif(dead_letter, false)))
 $$;
 
 -- Gives back claimed messages that never reached a consumer (the server calls

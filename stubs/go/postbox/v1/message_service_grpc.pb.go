@@ -70,11 +70,20 @@ type MessageServiceClient interface {
 	Nack(ctx context.Context, in *NackRequest, opts ...grpc.CallOption) (*NackResponse, error)
 	// Browses a queue's messages in id order without claiming them.
 	PeekMessages(ctx context.Context, in *PeekMessagesRequest, opts ...grpc.CallOption) (*PeekMessagesResponse, error)
-	// Returns one message of a queue without claiming it. NOT_FOUND if it is not
-	// there (deleted, expired or never sent).
+	// Returns one message of a queue without claiming it, with where it stands
+	// in its life: waiting, delayed, in flight (by which consumer, since when),
+	// dead-lettered or expired; and where the queue keeps history
+	// (Queue.archive_on_delete), succeeded (with its result), failed or
+	// cancelled. NOT_FOUND if the queue never held it, or has forgotten it
+	// (finished without history, or past archive_retention).
 	GetMessage(ctx context.Context, in *GetMessageRequest, opts ...grpc.CallOption) (*GetMessageResponse, error)
 	// Lists a queue's archived messages (see Queue.archive_on_delete) in id order.
 	ListArchivedMessages(ctx context.Context, in *ListArchivedMessagesRequest, opts ...grpc.CallOption) (*ListArchivedMessagesResponse, error)
+	// Lists messages in id order with where each stands in its life, as
+	// GetMessage reports it, in one state or all, for one queue or all of them.
+	// Finished messages (succeeded, failed, cancelled) show only where the queue
+	// keeps history (Queue.archive_on_delete), for its archive_retention.
+	ListMessages(ctx context.Context, in *ListMessagesRequest, opts ...grpc.CallOption) (*ListMessagesResponse, error)
 	// Removes a message that no consumer holds (waiting, delayed, or back from
 	// a lease that ran out); it is archived as cancelled where the queue
 	// archives. FAILED_PRECONDITION while a consumer holds it; NOT_FOUND if it
@@ -274,6 +283,15 @@ func (c *messageServiceClient) ListArchivedMessages(ctx context.Context, in *Lis
 	return out, nil
 }
 
+func (c *messageServiceClient) ListMessages(ctx context.Context, in *ListMessagesRequest, opts ...grpc.CallOption) (*ListMessagesResponse, error) {
+	out := new(ListMessagesResponse)
+	err := c.cc.Invoke(ctx, "/postbox.v1.MessageService/ListMessages", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *messageServiceClient) CancelMessage(ctx context.Context, in *CancelMessageRequest, opts ...grpc.CallOption) (*CancelMessageResponse, error) {
 	out := new(CancelMessageResponse)
 	err := c.cc.Invoke(ctx, "/postbox.v1.MessageService/CancelMessage", in, out, opts...)
@@ -340,11 +358,20 @@ type MessageServiceServer interface {
 	Nack(context.Context, *NackRequest) (*NackResponse, error)
 	// Browses a queue's messages in id order without claiming them.
 	PeekMessages(context.Context, *PeekMessagesRequest) (*PeekMessagesResponse, error)
-	// Returns one message of a queue without claiming it. NOT_FOUND if it is not
-	// there (deleted, expired or never sent).
+	// Returns one message of a queue without claiming it, with where it stands
+	// in its life: waiting, delayed, in flight (by which consumer, since when),
+	// dead-lettered or expired; and where the queue keeps history
+	// (Queue.archive_on_delete), succeeded (with its result), failed or
+	// cancelled. NOT_FOUND if the queue never held it, or has forgotten it
+	// (finished without history, or past archive_retention).
 	GetMessage(context.Context, *GetMessageRequest) (*GetMessageResponse, error)
 	// Lists a queue's archived messages (see Queue.archive_on_delete) in id order.
 	ListArchivedMessages(context.Context, *ListArchivedMessagesRequest) (*ListArchivedMessagesResponse, error)
+	// Lists messages in id order with where each stands in its life, as
+	// GetMessage reports it, in one state or all, for one queue or all of them.
+	// Finished messages (succeeded, failed, cancelled) show only where the queue
+	// keeps history (Queue.archive_on_delete), for its archive_retention.
+	ListMessages(context.Context, *ListMessagesRequest) (*ListMessagesResponse, error)
 	// Removes a message that no consumer holds (waiting, delayed, or back from
 	// a lease that ran out); it is archived as cancelled where the queue
 	// archives. FAILED_PRECONDITION while a consumer holds it; NOT_FOUND if it
@@ -395,6 +422,9 @@ func (UnimplementedMessageServiceServer) GetMessage(context.Context, *GetMessage
 }
 func (UnimplementedMessageServiceServer) ListArchivedMessages(context.Context, *ListArchivedMessagesRequest) (*ListArchivedMessagesResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method ListArchivedMessages not implemented")
+}
+func (UnimplementedMessageServiceServer) ListMessages(context.Context, *ListMessagesRequest) (*ListMessagesResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ListMessages not implemented")
 }
 func (UnimplementedMessageServiceServer) CancelMessage(context.Context, *CancelMessageRequest) (*CancelMessageResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method CancelMessage not implemented")
@@ -665,6 +695,24 @@ func _MessageService_ListArchivedMessages_Handler(srv interface{}, ctx context.C
 	return interceptor(ctx, in, info, handler)
 }
 
+func _MessageService_ListMessages_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListMessagesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MessageServiceServer).ListMessages(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/postbox.v1.MessageService/ListMessages",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MessageServiceServer).ListMessages(ctx, req.(*ListMessagesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _MessageService_CancelMessage_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(CancelMessageRequest)
 	if err := dec(in); err != nil {
@@ -726,6 +774,10 @@ var _MessageService_serviceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListArchivedMessages",
 			Handler:    _MessageService_ListArchivedMessages_Handler,
+		},
+		{
+			MethodName: "ListMessages",
+			Handler:    _MessageService_ListMessages_Handler,
 		},
 		{
 			MethodName: "CancelMessage",

@@ -17,6 +17,11 @@ class MessageState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     MESSAGE_STATE_IN_FLIGHT: _ClassVar[MessageState]
     MESSAGE_STATE_DELAYED: _ClassVar[MessageState]
     MESSAGE_STATE_DEAD: _ClassVar[MessageState]
+    MESSAGE_STATE_SUCCEEDED: _ClassVar[MessageState]
+    MESSAGE_STATE_FAILED: _ClassVar[MessageState]
+    MESSAGE_STATE_DEAD_LETTERED: _ClassVar[MessageState]
+    MESSAGE_STATE_EXPIRED: _ClassVar[MessageState]
+    MESSAGE_STATE_CANCELLED: _ClassVar[MessageState]
 
 class ArchiveReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -24,15 +29,22 @@ class ArchiveReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ARCHIVE_REASON_DELETED: _ClassVar[ArchiveReason]
     ARCHIVE_REASON_EXPIRED: _ClassVar[ArchiveReason]
     ARCHIVE_REASON_CANCELLED: _ClassVar[ArchiveReason]
+    ARCHIVE_REASON_FAILED: _ClassVar[ArchiveReason]
 MESSAGE_STATE_UNSPECIFIED: MessageState
 MESSAGE_STATE_VISIBLE: MessageState
 MESSAGE_STATE_IN_FLIGHT: MessageState
 MESSAGE_STATE_DELAYED: MessageState
 MESSAGE_STATE_DEAD: MessageState
+MESSAGE_STATE_SUCCEEDED: MessageState
+MESSAGE_STATE_FAILED: MessageState
+MESSAGE_STATE_DEAD_LETTERED: MessageState
+MESSAGE_STATE_EXPIRED: MessageState
+MESSAGE_STATE_CANCELLED: MessageState
 ARCHIVE_REASON_UNSPECIFIED: ArchiveReason
 ARCHIVE_REASON_DELETED: ArchiveReason
 ARCHIVE_REASON_EXPIRED: ArchiveReason
 ARCHIVE_REASON_CANCELLED: ArchiveReason
+ARCHIVE_REASON_FAILED: ArchiveReason
 
 class AttributeValue(_message.Message):
     __slots__ = ("data_type", "string_value", "binary_value")
@@ -45,7 +57,7 @@ class AttributeValue(_message.Message):
     def __init__(self, data_type: _Optional[str] = ..., string_value: _Optional[str] = ..., binary_value: _Optional[bytes] = ...) -> None: ...
 
 class Message(_message.Message):
-    __slots__ = ("message_id", "body", "attributes", "enqueue_time", "receive_count", "first_receive_time", "receipt", "priority", "message_group_id", "deduplication_id", "dead_letter_source_queue", "last_error", "state", "visible_time", "expire_time")
+    __slots__ = ("message_id", "body", "attributes", "enqueue_time", "receive_count", "first_receive_time", "receipt", "priority", "message_group_id", "deduplication_id", "dead_letter_source_queue", "last_error", "state", "visible_time", "expire_time", "consumer_id", "receive_time", "finish_time", "result", "queue", "max_receive_count")
     class AttributesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -68,6 +80,12 @@ class Message(_message.Message):
     STATE_FIELD_NUMBER: _ClassVar[int]
     VISIBLE_TIME_FIELD_NUMBER: _ClassVar[int]
     EXPIRE_TIME_FIELD_NUMBER: _ClassVar[int]
+    CONSUMER_ID_FIELD_NUMBER: _ClassVar[int]
+    RECEIVE_TIME_FIELD_NUMBER: _ClassVar[int]
+    FINISH_TIME_FIELD_NUMBER: _ClassVar[int]
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    MAX_RECEIVE_COUNT_FIELD_NUMBER: _ClassVar[int]
     message_id: str
     body: bytes
     attributes: _containers.MessageMap[str, AttributeValue]
@@ -83,7 +101,13 @@ class Message(_message.Message):
     state: MessageState
     visible_time: _timestamp_pb2.Timestamp
     expire_time: _timestamp_pb2.Timestamp
-    def __init__(self, message_id: _Optional[str] = ..., body: _Optional[bytes] = ..., attributes: _Optional[_Mapping[str, AttributeValue]] = ..., enqueue_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., receive_count: _Optional[int] = ..., first_receive_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., receipt: _Optional[str] = ..., priority: _Optional[int] = ..., message_group_id: _Optional[str] = ..., deduplication_id: _Optional[str] = ..., dead_letter_source_queue: _Optional[str] = ..., last_error: _Optional[str] = ..., state: _Optional[_Union[MessageState, str]] = ..., visible_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    consumer_id: str
+    receive_time: _timestamp_pb2.Timestamp
+    finish_time: _timestamp_pb2.Timestamp
+    result: bytes
+    queue: str
+    max_receive_count: int
+    def __init__(self, message_id: _Optional[str] = ..., body: _Optional[bytes] = ..., attributes: _Optional[_Mapping[str, AttributeValue]] = ..., enqueue_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., receive_count: _Optional[int] = ..., first_receive_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., receipt: _Optional[str] = ..., priority: _Optional[int] = ..., message_group_id: _Optional[str] = ..., deduplication_id: _Optional[str] = ..., dead_letter_source_queue: _Optional[str] = ..., last_error: _Optional[str] = ..., state: _Optional[_Union[MessageState, str]] = ..., visible_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., consumer_id: _Optional[str] = ..., receive_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finish_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., result: _Optional[bytes] = ..., queue: _Optional[str] = ..., max_receive_count: _Optional[int] = ...) -> None: ...
 
 class ArchivedMessage(_message.Message):
     __slots__ = ("message", "archive_time", "reason")

@@ -23,7 +23,7 @@ RECEIVE_MODE_LONG_POLL: ReceiveMode
 RECEIVE_MODE_CONTINUOUS: ReceiveMode
 
 class SendRequest(_message.Message):
-    __slots__ = ("queue", "body", "attributes", "delay", "deliver_at", "message_group_id", "deduplication_id", "dedupe_key", "priority", "ttl", "expire_time")
+    __slots__ = ("queue", "body", "attributes", "delay", "deliver_at", "message_group_id", "deduplication_id", "dedupe_key", "priority", "ttl", "expire_time", "max_receive_count")
     class AttributesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -42,6 +42,7 @@ class SendRequest(_message.Message):
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     TTL_FIELD_NUMBER: _ClassVar[int]
     EXPIRE_TIME_FIELD_NUMBER: _ClassVar[int]
+    MAX_RECEIVE_COUNT_FIELD_NUMBER: _ClassVar[int]
     queue: str
     body: bytes
     attributes: _containers.MessageMap[str, _message_pb2.AttributeValue]
@@ -53,7 +54,8 @@ class SendRequest(_message.Message):
     priority: int
     ttl: _duration_pb2.Duration
     expire_time: _timestamp_pb2.Timestamp
-    def __init__(self, queue: _Optional[str] = ..., body: _Optional[bytes] = ..., attributes: _Optional[_Mapping[str, _message_pb2.AttributeValue]] = ..., delay: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., deliver_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., message_group_id: _Optional[str] = ..., deduplication_id: _Optional[str] = ..., dedupe_key: _Optional[str] = ..., priority: _Optional[int] = ..., ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    max_receive_count: int
+    def __init__(self, queue: _Optional[str] = ..., body: _Optional[bytes] = ..., attributes: _Optional[_Mapping[str, _message_pb2.AttributeValue]] = ..., delay: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., deliver_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., message_group_id: _Optional[str] = ..., deduplication_id: _Optional[str] = ..., dedupe_key: _Optional[str] = ..., priority: _Optional[int] = ..., ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., max_receive_count: _Optional[int] = ...) -> None: ...
 
 class SendResponse(_message.Message):
     __slots__ = ("message_id", "duplicate")
@@ -64,7 +66,7 @@ class SendResponse(_message.Message):
     def __init__(self, message_id: _Optional[str] = ..., duplicate: _Optional[bool] = ...) -> None: ...
 
 class SendBatchEntry(_message.Message):
-    __slots__ = ("body", "attributes", "delay", "deliver_at", "message_group_id", "deduplication_id", "dedupe_key", "priority", "ttl", "expire_time")
+    __slots__ = ("body", "attributes", "delay", "deliver_at", "message_group_id", "deduplication_id", "dedupe_key", "priority", "ttl", "expire_time", "max_receive_count")
     class AttributesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -82,6 +84,7 @@ class SendBatchEntry(_message.Message):
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     TTL_FIELD_NUMBER: _ClassVar[int]
     EXPIRE_TIME_FIELD_NUMBER: _ClassVar[int]
+    MAX_RECEIVE_COUNT_FIELD_NUMBER: _ClassVar[int]
     body: bytes
     attributes: _containers.MessageMap[str, _message_pb2.AttributeValue]
     delay: _duration_pb2.Duration
@@ -92,7 +95,8 @@ class SendBatchEntry(_message.Message):
     priority: int
     ttl: _duration_pb2.Duration
     expire_time: _timestamp_pb2.Timestamp
-    def __init__(self, body: _Optional[bytes] = ..., attributes: _Optional[_Mapping[str, _message_pb2.AttributeValue]] = ..., delay: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., deliver_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., message_group_id: _Optional[str] = ..., deduplication_id: _Optional[str] = ..., dedupe_key: _Optional[str] = ..., priority: _Optional[int] = ..., ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    max_receive_count: int
+    def __init__(self, body: _Optional[bytes] = ..., attributes: _Optional[_Mapping[str, _message_pb2.AttributeValue]] = ..., delay: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., deliver_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., message_group_id: _Optional[str] = ..., deduplication_id: _Optional[str] = ..., dedupe_key: _Optional[str] = ..., priority: _Optional[int] = ..., ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., max_receive_count: _Optional[int] = ...) -> None: ...
 
 class SendBatchRequest(_message.Message):
     __slots__ = ("queue", "entries")
@@ -135,7 +139,7 @@ class SendStreamResult(_message.Message):
     def __init__(self, tag: _Optional[int] = ..., sent: _Optional[_Union[SendResponse, _Mapping]] = ..., error: _Optional[_Union[_status_pb2.Status, _Mapping]] = ...) -> None: ...
 
 class ReceiveRequest(_message.Message):
-    __slots__ = ("queue", "max_messages", "visibility_timeout", "wait_time", "mode", "max_total_messages", "idle_timeout")
+    __slots__ = ("queue", "max_messages", "visibility_timeout", "wait_time", "mode", "max_total_messages", "idle_timeout", "consumer_id")
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     MAX_MESSAGES_FIELD_NUMBER: _ClassVar[int]
     VISIBILITY_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
@@ -143,6 +147,7 @@ class ReceiveRequest(_message.Message):
     MODE_FIELD_NUMBER: _ClassVar[int]
     MAX_TOTAL_MESSAGES_FIELD_NUMBER: _ClassVar[int]
     IDLE_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
+    CONSUMER_ID_FIELD_NUMBER: _ClassVar[int]
     queue: str
     max_messages: int
     visibility_timeout: _duration_pb2.Duration
@@ -150,7 +155,8 @@ class ReceiveRequest(_message.Message):
     mode: ReceiveMode
     max_total_messages: int
     idle_timeout: _duration_pb2.Duration
-    def __init__(self, queue: _Optional[str] = ..., max_messages: _Optional[int] = ..., visibility_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., wait_time: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., mode: _Optional[_Union[ReceiveMode, str]] = ..., max_total_messages: _Optional[int] = ..., idle_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+    consumer_id: str
+    def __init__(self, queue: _Optional[str] = ..., max_messages: _Optional[int] = ..., visibility_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., wait_time: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., mode: _Optional[_Union[ReceiveMode, str]] = ..., max_total_messages: _Optional[int] = ..., idle_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., consumer_id: _Optional[str] = ...) -> None: ...
 
 class ReceiveResponse(_message.Message):
     __slots__ = ("messages",)
@@ -159,7 +165,7 @@ class ReceiveResponse(_message.Message):
     def __init__(self, messages: _Optional[_Iterable[_Union[_message_pb2.Message, _Mapping]]] = ...) -> None: ...
 
 class StreamingReceiveRequest(_message.Message):
-    __slots__ = ("queue", "max_messages", "visibility_timeout", "max_outstanding_messages", "delete_receipts", "nack_receipts", "visibility_changes")
+    __slots__ = ("queue", "max_messages", "visibility_timeout", "max_outstanding_messages", "delete_receipts", "nack_receipts", "visibility_changes", "consumer_id")
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     MAX_MESSAGES_FIELD_NUMBER: _ClassVar[int]
     VISIBILITY_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
@@ -167,6 +173,7 @@ class StreamingReceiveRequest(_message.Message):
     DELETE_RECEIPTS_FIELD_NUMBER: _ClassVar[int]
     NACK_RECEIPTS_FIELD_NUMBER: _ClassVar[int]
     VISIBILITY_CHANGES_FIELD_NUMBER: _ClassVar[int]
+    CONSUMER_ID_FIELD_NUMBER: _ClassVar[int]
     queue: str
     max_messages: int
     visibility_timeout: _duration_pb2.Duration
@@ -174,7 +181,8 @@ class StreamingReceiveRequest(_message.Message):
     delete_receipts: _containers.RepeatedScalarFieldContainer[str]
     nack_receipts: _containers.RepeatedScalarFieldContainer[str]
     visibility_changes: _containers.RepeatedCompositeFieldContainer[ChangeVisibilityBatchEntry]
-    def __init__(self, queue: _Optional[str] = ..., max_messages: _Optional[int] = ..., visibility_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_outstanding_messages: _Optional[int] = ..., delete_receipts: _Optional[_Iterable[str]] = ..., nack_receipts: _Optional[_Iterable[str]] = ..., visibility_changes: _Optional[_Iterable[_Union[ChangeVisibilityBatchEntry, _Mapping]]] = ...) -> None: ...
+    consumer_id: str
+    def __init__(self, queue: _Optional[str] = ..., max_messages: _Optional[int] = ..., visibility_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_outstanding_messages: _Optional[int] = ..., delete_receipts: _Optional[_Iterable[str]] = ..., nack_receipts: _Optional[_Iterable[str]] = ..., visibility_changes: _Optional[_Iterable[_Union[ChangeVisibilityBatchEntry, _Mapping]]] = ..., consumer_id: _Optional[str] = ...) -> None: ...
 
 class StreamingReceiveResponse(_message.Message):
     __slots__ = ("batch", "settle_results")
@@ -201,24 +209,28 @@ class SettleResults(_message.Message):
     def __init__(self, deletes: _Optional[_Iterable[_Union[_status_pb2.Status, _Mapping]]] = ..., nacks: _Optional[_Iterable[_Union[_status_pb2.Status, _Mapping]]] = ..., visibility_changes: _Optional[_Iterable[_Union[_status_pb2.Status, _Mapping]]] = ...) -> None: ...
 
 class DeleteRequest(_message.Message):
-    __slots__ = ("queue", "receipt")
+    __slots__ = ("queue", "receipt", "result")
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     RECEIPT_FIELD_NUMBER: _ClassVar[int]
+    RESULT_FIELD_NUMBER: _ClassVar[int]
     queue: str
     receipt: str
-    def __init__(self, queue: _Optional[str] = ..., receipt: _Optional[str] = ...) -> None: ...
+    result: bytes
+    def __init__(self, queue: _Optional[str] = ..., receipt: _Optional[str] = ..., result: _Optional[bytes] = ...) -> None: ...
 
 class DeleteResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class DeleteBatchRequest(_message.Message):
-    __slots__ = ("queue", "receipts")
+    __slots__ = ("queue", "receipts", "results")
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     RECEIPTS_FIELD_NUMBER: _ClassVar[int]
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
     queue: str
     receipts: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, queue: _Optional[str] = ..., receipts: _Optional[_Iterable[str]] = ...) -> None: ...
+    results: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, queue: _Optional[str] = ..., receipts: _Optional[_Iterable[str]] = ..., results: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class DeleteBatchResponse(_message.Message):
     __slots__ = ("results",)
@@ -263,16 +275,18 @@ class ChangeVisibilityBatchResponse(_message.Message):
     def __init__(self, results: _Optional[_Iterable[_Union[_status_pb2.Status, _Mapping]]] = ...) -> None: ...
 
 class NackRequest(_message.Message):
-    __slots__ = ("queue", "receipt", "delay", "error")
+    __slots__ = ("queue", "receipt", "delay", "error", "dead_letter")
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     RECEIPT_FIELD_NUMBER: _ClassVar[int]
     DELAY_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    DEAD_LETTER_FIELD_NUMBER: _ClassVar[int]
     queue: str
     receipt: str
     delay: _duration_pb2.Duration
     error: str
-    def __init__(self, queue: _Optional[str] = ..., receipt: _Optional[str] = ..., delay: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., error: _Optional[str] = ...) -> None: ...
+    dead_letter: bool
+    def __init__(self, queue: _Optional[str] = ..., receipt: _Optional[str] = ..., delay: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., error: _Optional[str] = ..., dead_letter: _Optional[bool] = ...) -> None: ...
 
 class NackResponse(_message.Message):
     __slots__ = ()
@@ -341,3 +355,23 @@ class ListArchivedMessagesResponse(_message.Message):
     messages: _containers.RepeatedCompositeFieldContainer[_message_pb2.ArchivedMessage]
     next_page_token: str
     def __init__(self, messages: _Optional[_Iterable[_Union[_message_pb2.ArchivedMessage, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class ListMessagesRequest(_message.Message):
+    __slots__ = ("queue", "state", "page_size", "page_token")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    state: _message_pb2.MessageState
+    page_size: int
+    page_token: str
+    def __init__(self, queue: _Optional[str] = ..., state: _Optional[_Union[_message_pb2.MessageState, str]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class ListMessagesResponse(_message.Message):
+    __slots__ = ("messages", "next_page_token")
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[_message_pb2.Message]
+    next_page_token: str
+    def __init__(self, messages: _Optional[_Iterable[_Union[_message_pb2.Message, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...

@@ -103,6 +103,11 @@ class MessageServiceStub:
                 request_serializer=postbox_dot_v1_dot_message__service__pb2.ListArchivedMessagesRequest.SerializeToString,
                 response_deserializer=postbox_dot_v1_dot_message__service__pb2.ListArchivedMessagesResponse.FromString,
                 _registered_method=True)
+        self.ListMessages = channel.unary_unary(
+                '/postbox.v1.MessageService/ListMessages',
+                request_serializer=postbox_dot_v1_dot_message__service__pb2.ListMessagesRequest.SerializeToString,
+                response_deserializer=postbox_dot_v1_dot_message__service__pb2.ListMessagesResponse.FromString,
+                _registered_method=True)
         self.CancelMessage = channel.unary_unary(
                 '/postbox.v1.MessageService/CancelMessage',
                 request_serializer=postbox_dot_v1_dot_message__service__pb2.CancelMessageRequest.SerializeToString,
@@ -226,8 +231,12 @@ class MessageServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetMessage(self, request, context):
-        """Returns one message of a queue without claiming it. NOT_FOUND if it is not
-        there (deleted, expired or never sent).
+        """Returns one message of a queue without claiming it, with where it stands
+        in its life: waiting, delayed, in flight (by which consumer, since when),
+        dead-lettered or expired; and where the queue keeps history
+        (Queue.archive_on_delete), succeeded (with its result), failed or
+        cancelled. NOT_FOUND if the queue never held it, or has forgotten it
+        (finished without history, or past archive_retention).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -235,6 +244,16 @@ class MessageServiceServicer:
 
     def ListArchivedMessages(self, request, context):
         """Lists a queue's archived messages (see Queue.archive_on_delete) in id order.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListMessages(self, request, context):
+        """Lists messages in id order with where each stands in its life, as
+        GetMessage reports it, in one state or all, for one queue or all of them.
+        Finished messages (succeeded, failed, cancelled) show only where the queue
+        keeps history (Queue.archive_on_delete), for its archive_retention.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -317,6 +336,11 @@ def add_MessageServiceServicer_to_server(servicer, server):
                     servicer.ListArchivedMessages,
                     request_deserializer=postbox_dot_v1_dot_message__service__pb2.ListArchivedMessagesRequest.FromString,
                     response_serializer=postbox_dot_v1_dot_message__service__pb2.ListArchivedMessagesResponse.SerializeToString,
+            ),
+            'ListMessages': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListMessages,
+                    request_deserializer=postbox_dot_v1_dot_message__service__pb2.ListMessagesRequest.FromString,
+                    response_serializer=postbox_dot_v1_dot_message__service__pb2.ListMessagesResponse.SerializeToString,
             ),
             'CancelMessage': grpc.unary_unary_rpc_method_handler(
                     servicer.CancelMessage,
@@ -679,6 +703,33 @@ class MessageService:
             '/postbox.v1.MessageService/ListArchivedMessages',
             postbox_dot_v1_dot_message__service__pb2.ListArchivedMessagesRequest.SerializeToString,
             postbox_dot_v1_dot_message__service__pb2.ListArchivedMessagesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListMessages(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/postbox.v1.MessageService/ListMessages',
+            postbox_dot_v1_dot_message__service__pb2.ListMessagesRequest.SerializeToString,
+            postbox_dot_v1_dot_message__service__pb2.ListMessagesResponse.FromString,
             options,
             channel_credentials,
             insecure,

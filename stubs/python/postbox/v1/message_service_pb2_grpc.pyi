@@ -100,11 +100,21 @@ class MessageServiceStub:
     PeekMessages: _grpc.UnaryUnaryMultiCallable[_message_service_pb2.PeekMessagesRequest, _message_service_pb2.PeekMessagesResponse]
     """Browses a queue's messages in id order without claiming them."""
     GetMessage: _grpc.UnaryUnaryMultiCallable[_message_service_pb2.GetMessageRequest, _message_service_pb2.GetMessageResponse]
-    """Returns one message of a queue without claiming it. NOT_FOUND if it is not
-    there (deleted, expired or never sent).
+    """Returns one message of a queue without claiming it, with where it stands
+    in its life: waiting, delayed, in flight (by which consumer, since when),
+    dead-lettered or expired; and where the queue keeps history
+    (Queue.archive_on_delete), succeeded (with its result), failed or
+    cancelled. NOT_FOUND if the queue never held it, or has forgotten it
+    (finished without history, or past archive_retention).
     """
     ListArchivedMessages: _grpc.UnaryUnaryMultiCallable[_message_service_pb2.ListArchivedMessagesRequest, _message_service_pb2.ListArchivedMessagesResponse]
     """Lists a queue's archived messages (see Queue.archive_on_delete) in id order."""
+    ListMessages: _grpc.UnaryUnaryMultiCallable[_message_service_pb2.ListMessagesRequest, _message_service_pb2.ListMessagesResponse]
+    """Lists messages in id order with where each stands in its life, as
+    GetMessage reports it, in one state or all, for one queue or all of them.
+    Finished messages (succeeded, failed, cancelled) show only where the queue
+    keeps history (Queue.archive_on_delete), for its archive_retention.
+    """
     CancelMessage: _grpc.UnaryUnaryMultiCallable[_message_service_pb2.CancelMessageRequest, _message_service_pb2.CancelMessageResponse]
     """Removes a message that no consumer holds (waiting, delayed, or back from
     a lease that ran out); it is archived as cancelled where the queue
@@ -184,11 +194,21 @@ class MessageServiceAsyncStub(MessageServiceStub):
     PeekMessages: _aio.UnaryUnaryMultiCallable[_message_service_pb2.PeekMessagesRequest, _message_service_pb2.PeekMessagesResponse]  # type: ignore[assignment]
     """Browses a queue's messages in id order without claiming them."""
     GetMessage: _aio.UnaryUnaryMultiCallable[_message_service_pb2.GetMessageRequest, _message_service_pb2.GetMessageResponse]  # type: ignore[assignment]
-    """Returns one message of a queue without claiming it. NOT_FOUND if it is not
-    there (deleted, expired or never sent).
+    """Returns one message of a queue without claiming it, with where it stands
+    in its life: waiting, delayed, in flight (by which consumer, since when),
+    dead-lettered or expired; and where the queue keeps history
+    (Queue.archive_on_delete), succeeded (with its result), failed or
+    cancelled. NOT_FOUND if the queue never held it, or has forgotten it
+    (finished without history, or past archive_retention).
     """
     ListArchivedMessages: _aio.UnaryUnaryMultiCallable[_message_service_pb2.ListArchivedMessagesRequest, _message_service_pb2.ListArchivedMessagesResponse]  # type: ignore[assignment]
     """Lists a queue's archived messages (see Queue.archive_on_delete) in id order."""
+    ListMessages: _aio.UnaryUnaryMultiCallable[_message_service_pb2.ListMessagesRequest, _message_service_pb2.ListMessagesResponse]  # type: ignore[assignment]
+    """Lists messages in id order with where each stands in its life, as
+    GetMessage reports it, in one state or all, for one queue or all of them.
+    Finished messages (succeeded, failed, cancelled) show only where the queue
+    keeps history (Queue.archive_on_delete), for its archive_retention.
+    """
     CancelMessage: _aio.UnaryUnaryMultiCallable[_message_service_pb2.CancelMessageRequest, _message_service_pb2.CancelMessageResponse]  # type: ignore[assignment]
     """Removes a message that no consumer holds (waiting, delayed, or back from
     a lease that ran out); it is archived as cancelled where the queue
@@ -337,8 +357,12 @@ class MessageServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _message_service_pb2.GetMessageRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_message_service_pb2.GetMessageResponse, _abc.Awaitable[_message_service_pb2.GetMessageResponse]]:
-        """Returns one message of a queue without claiming it. NOT_FOUND if it is not
-        there (deleted, expired or never sent).
+        """Returns one message of a queue without claiming it, with where it stands
+        in its life: waiting, delayed, in flight (by which consumer, since when),
+        dead-lettered or expired; and where the queue keeps history
+        (Queue.archive_on_delete), succeeded (with its result), failed or
+        cancelled. NOT_FOUND if the queue never held it, or has forgotten it
+        (finished without history, or past archive_retention).
         """
 
     @_abc_1.abstractmethod
@@ -348,6 +372,18 @@ class MessageServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_message_service_pb2.ListArchivedMessagesResponse, _abc.Awaitable[_message_service_pb2.ListArchivedMessagesResponse]]:
         """Lists a queue's archived messages (see Queue.archive_on_delete) in id order."""
+
+    @_abc_1.abstractmethod
+    def ListMessages(
+        self,
+        request: _message_service_pb2.ListMessagesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_message_service_pb2.ListMessagesResponse, _abc.Awaitable[_message_service_pb2.ListMessagesResponse]]:
+        """Lists messages in id order with where each stands in its life, as
+        GetMessage reports it, in one state or all, for one queue or all of them.
+        Finished messages (succeeded, failed, cancelled) show only where the queue
+        keeps history (Queue.archive_on_delete), for its archive_retention.
+        """
 
     @_abc_1.abstractmethod
     def CancelMessage(

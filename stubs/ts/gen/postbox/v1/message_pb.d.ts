@@ -175,6 +175,59 @@ export declare type Message = Message$1<"postbox.v1.Message"> & {
    * @generated from field: google.protobuf.Timestamp expire_time = 15;
    */
   expireTime?: Timestamp | undefined;
+
+  /**
+   * Output only. The consumer that took the latest delivery, as it named
+   * itself in ReceiveRequest.consumer_id (1-128 characters); empty when it
+   * gave none. Set by PeekMessages, GetMessage and ListMessages.
+   *
+   * @generated from field: string consumer_id = 16;
+   */
+  consumerId: string;
+
+  /**
+   * Output only. When the latest delivery began (for an in-flight message:
+   * held since then). Set by PeekMessages, GetMessage and ListMessages for
+   * messages still in a queue.
+   *
+   * @generated from field: google.protobuf.Timestamp receive_time = 17;
+   */
+  receiveTime?: Timestamp | undefined;
+
+  /**
+   * Output only. When the message's life in the queue ended: deleted,
+   * failed, cancelled, expired or moved to the dead-letter queue. Set by
+   * GetMessage and ListMessages for those states.
+   *
+   * @generated from field: google.protobuf.Timestamp finish_time = 18;
+   */
+  finishTime?: Timestamp | undefined;
+
+  /**
+   * Output only. For a succeeded message: the result its consumer gave
+   * Delete, up to 65,536 bytes; empty when it gave none. Kept only by queues
+   * that keep history (Queue.archive_on_delete).
+   *
+   * @generated from field: bytes result = 19;
+   */
+  result: Uint8Array;
+
+  /**
+   * Output only. The queue that holds the message now (for a dead letter, the
+   * dead-letter queue). Set by GetMessage and ListMessages.
+   *
+   * @generated from field: string queue = 20;
+   */
+  queue: string;
+
+  /**
+   * Output only. The message's own max_receive_count (1-1000), as sent; 0
+   * when it follows its queue's dead_letter_policy. Set by PeekMessages,
+   * GetMessage and ListMessages for messages still in a queue.
+   *
+   * @generated from field: int32 max_receive_count = 21;
+   */
+  maxReceiveCount: number;
 };
 
 /**
@@ -184,7 +237,8 @@ export declare type Message = Message$1<"postbox.v1.Message"> & {
 export declare const MessageSchema: GenMessage<Message>;
 
 /**
- * A message kept in a queue's archive after it was deleted or expired.
+ * A message kept in a queue's archive after it was deleted, expired, cancelled
+ * or failed.
  *
  * @generated from message postbox.v1.ArchivedMessage
  */
@@ -259,6 +313,45 @@ export enum MessageState {
    * @generated from enum value: MESSAGE_STATE_DEAD = 4;
    */
   DEAD = 4,
+
+  /**
+   * A consumer deleted it (acknowledged it), perhaps with a result. Seen only
+   * where the queue keeps history (Queue.archive_on_delete).
+   *
+   * @generated from enum value: MESSAGE_STATE_SUCCEEDED = 5;
+   */
+  SUCCEEDED = 5,
+
+  /**
+   * Its tries ended for good (a Nack with dead_letter, or its
+   * max_receive_count ran out) in a queue without a dead-letter queue. Seen
+   * only where the queue keeps history.
+   *
+   * @generated from enum value: MESSAGE_STATE_FAILED = 6;
+   */
+  FAILED = 6,
+
+  /**
+   * Moved to the queue's dead-letter queue (`queue` names it), with its
+   * last_error.
+   *
+   * @generated from enum value: MESSAGE_STATE_DEAD_LETTERED = 7;
+   */
+  DEAD_LETTERED = 7,
+
+  /**
+   * Past its queue's retention or its own expire_time.
+   *
+   * @generated from enum value: MESSAGE_STATE_EXPIRED = 8;
+   */
+  EXPIRED = 8,
+
+  /**
+   * Removed by CancelMessage. Seen only where the queue keeps history.
+   *
+   * @generated from enum value: MESSAGE_STATE_CANCELLED = 9;
+   */
+  CANCELLED = 9,
 }
 
 /**
@@ -299,6 +392,14 @@ export enum ArchiveReason {
    * @generated from enum value: ARCHIVE_REASON_CANCELLED = 3;
    */
   CANCELLED = 3,
+
+  /**
+   * Its tries ended for good in a queue without a dead-letter queue (a Nack
+   * with dead_letter, or its max_receive_count ran out).
+   *
+   * @generated from enum value: ARCHIVE_REASON_FAILED = 4;
+   */
+  FAILED = 4,
 }
 
 /**

@@ -123,6 +123,16 @@ export declare type SendRequest = Message<"postbox.v1.SendRequest"> & {
     value: Timestamp;
     case: "expireTime";
   } | { case: undefined; value?: undefined };
+
+  /**
+   * Optional. Deliveries after which the message's tries end, 1-1000, in
+   * place of the queue's dead_letter_policy.max_receive_count: it then moves
+   * to the dead-letter queue, or where the queue has none, fails for good.
+   * Unset or 0: the queue's (none: retried until it expires).
+   *
+   * @generated from field: int32 max_receive_count = 12;
+   */
+  maxReceiveCount: number;
 };
 
 /**
@@ -246,6 +256,13 @@ export declare type SendBatchEntry = Message<"postbox.v1.SendBatchEntry"> & {
     value: Timestamp;
     case: "expireTime";
   } | { case: undefined; value?: undefined };
+
+  /**
+   * Optional. As SendRequest.max_receive_count.
+   *
+   * @generated from field: int32 max_receive_count = 11;
+   */
+  maxReceiveCount: number;
 };
 
 /**
@@ -463,6 +480,16 @@ export declare type ReceiveRequest = Message<"postbox.v1.ReceiveRequest"> & {
    * @generated from field: google.protobuf.Duration idle_timeout = 7;
    */
   idleTimeout?: Duration | undefined;
+
+  /**
+   * Optional. Who is receiving: 1-128 characters of letters, digits and
+   * _ . : @ / - (e.g. "worker-3@host-a"). Shown on the messages it holds
+   * (Message.consumer_id) and in the in-flight metrics per consumer. Unset:
+   * unnamed.
+   *
+   * @generated from field: string consumer_id = 8;
+   */
+  consumerId: string;
 };
 
 /**
@@ -557,6 +584,14 @@ export declare type StreamingReceiveRequest = Message<"postbox.v1.StreamingRecei
    * @generated from field: repeated postbox.v1.ChangeVisibilityBatchEntry visibility_changes = 7;
    */
   visibilityChanges: ChangeVisibilityBatchEntry[];
+
+  /**
+   * Optional, first request only. Who is receiving, as
+   * ReceiveRequest.consumer_id.
+   *
+   * @generated from field: string consumer_id = 8;
+   */
+  consumerId: string;
 };
 
 /**
@@ -681,6 +716,16 @@ export declare type DeleteRequest = Message<"postbox.v1.DeleteRequest"> & {
    * @generated from field: string receipt = 2;
    */
   receipt: string;
+
+  /**
+   * Optional. What the job produced, up to 65,536 bytes (64 KiB); GetMessage
+   * returns it with the succeeded message. Kept only where the queue keeps
+   * history (Queue.archive_on_delete); elsewhere the message is deleted and
+   * the result dropped.
+   *
+   * @generated from field: bytes result = 3;
+   */
+  result: Uint8Array;
 };
 
 /**
@@ -722,6 +767,15 @@ export declare type DeleteBatchRequest = Message<"postbox.v1.DeleteBatchRequest"
    * @generated from field: repeated string receipts = 2;
    */
   receipts: string[];
+
+  /**
+   * Optional. Results, as DeleteRequest.result: results[i] belongs to
+   * receipts[i]; at most as many as receipts (missing or empty: none), each
+   * up to 65,536 bytes.
+   *
+   * @generated from field: repeated bytes results = 3;
+   */
+  results: Uint8Array[];
 };
 
 /**
@@ -910,6 +964,16 @@ export declare type NackRequest = Message<"postbox.v1.NackRequest"> & {
    * @generated from field: string error = 4;
    */
   error: string;
+
+  /**
+   * Optional. End the message's tries now rather than retry it: it moves to
+   * the queue's dead-letter queue at once, with `error`, or where the queue
+   * has none it fails for good (MESSAGE_STATE_FAILED where the queue keeps
+   * history; otherwise it is removed). Not with `delay`. Default false.
+   *
+   * @generated from field: bool dead_letter = 5;
+   */
+  deadLetter: boolean;
 };
 
 /**
@@ -1151,6 +1215,78 @@ export declare type ListArchivedMessagesResponse = Message<"postbox.v1.ListArchi
 export declare const ListArchivedMessagesResponseSchema: GenMessage<ListArchivedMessagesResponse>;
 
 /**
+ * Request of MessageService.ListMessages.
+ *
+ * @generated from message postbox.v1.ListMessagesRequest
+ */
+export declare type ListMessagesRequest = Message<"postbox.v1.ListMessagesRequest"> & {
+  /**
+   * Optional. Name of the queue whose messages to list: those it holds,
+   * those it moved to its dead-letter queue (MESSAGE_STATE_DEAD_LETTERED) and
+   * the finished ones it keeps. Empty: every queue's messages, each once, as
+   * seen from the queue that holds it (needs `read` on every queue).
+   *
+   * @generated from field: string queue = 1;
+   */
+  queue: string;
+
+  /**
+   * Optional. Only messages in this state. Unset: all.
+   *
+   * @generated from field: postbox.v1.MessageState state = 2;
+   */
+  state: MessageState;
+
+  /**
+   * Optional. Most messages to return, 1-1000; default 100.
+   *
+   * @generated from field: int32 page_size = 3;
+   */
+  pageSize: number;
+
+  /**
+   * Optional. `next_page_token` of the previous page; empty for the first page.
+   *
+   * @generated from field: string page_token = 4;
+   */
+  pageToken: string;
+};
+
+/**
+ * Describes the message postbox.v1.ListMessagesRequest.
+ * Use `create(ListMessagesRequestSchema)` to create a new message.
+ */
+export declare const ListMessagesRequestSchema: GenMessage<ListMessagesRequest>;
+
+/**
+ * Response of MessageService.ListMessages.
+ *
+ * @generated from message postbox.v1.ListMessagesResponse
+ */
+export declare type ListMessagesResponse = Message<"postbox.v1.ListMessagesResponse"> & {
+  /**
+   * Output only. Messages in id order, each with its state, attempts
+   * (receive_count) and times, without receipts.
+   *
+   * @generated from field: repeated postbox.v1.Message messages = 1;
+   */
+  messages: Message$1[];
+
+  /**
+   * Output only. Token for the next page; empty on the last page.
+   *
+   * @generated from field: string next_page_token = 2;
+   */
+  nextPageToken: string;
+};
+
+/**
+ * Describes the message postbox.v1.ListMessagesResponse.
+ * Use `create(ListMessagesResponseSchema)` to create a new message.
+ */
+export declare const ListMessagesResponseSchema: GenMessage<ListMessagesResponse>;
+
+/**
  * How a Receive stream behaves.
  *
  * @generated from enum postbox.v1.ReceiveMode
@@ -1337,8 +1473,12 @@ export declare const MessageService: GenService<{
     output: typeof PeekMessagesResponseSchema;
   },
   /**
-   * Returns one message of a queue without claiming it. NOT_FOUND if it is not
-   * there (deleted, expired or never sent).
+   * Returns one message of a queue without claiming it, with where it stands
+   * in its life: waiting, delayed, in flight (by which consumer, since when),
+   * dead-lettered or expired; and where the queue keeps history
+   * (Queue.archive_on_delete), succeeded (with its result), failed or
+   * cancelled. NOT_FOUND if the queue never held it, or has forgotten it
+   * (finished without history, or past archive_retention).
    *
    * @generated from rpc postbox.v1.MessageService.GetMessage
    */
@@ -1356,6 +1496,19 @@ export declare const MessageService: GenService<{
     methodKind: "unary";
     input: typeof ListArchivedMessagesRequestSchema;
     output: typeof ListArchivedMessagesResponseSchema;
+  },
+  /**
+   * Lists messages in id order with where each stands in its life, as
+   * GetMessage reports it, in one state or all, for one queue or all of them.
+   * Finished messages (succeeded, failed, cancelled) show only where the queue
+   * keeps history (Queue.archive_on_delete), for its archive_retention.
+   *
+   * @generated from rpc postbox.v1.MessageService.ListMessages
+   */
+  listMessages: {
+    methodKind: "unary";
+    input: typeof ListMessagesRequestSchema;
+    output: typeof ListMessagesResponseSchema;
   },
   /**
    * Removes a message that no consumer holds (waiting, delayed, or back from

@@ -3991,17 +3991,19 @@ $$;
 
 -- Uninstall (since 0.9.0): removes what postbox made and nothing else.
 
--- The roles this database's install created (see 90_security.sql): roles
--- belong to the cluster, so one that existed before, made by hand or by an
--- install in another database, is not this install's to drop.
-CREATE TABLE postbox.installed_roles (
-    role_name text PRIMARY KEY
-);
+-- The comment on the roles an install created.
+CREATE FUNCTION postbox._role_mark() RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT 'created by postbox; postbox.uninstall() drops it'::text
+$$;
 
 -- Removes postbox from this database: its pg_cron job, its capture triggers,
 -- the schema with everything in it (the extension, when installed as one) and
--- the roles the install created. A role still needed elsewhere (privileges in
--- another database, or objects it owns) is kept, and named in the result.
+-- postbox's roles, those an install created (their comment says so: roles
+-- belong to the cluster, and one made by hand is not postbox's to drop). A
+-- role still needed elsewhere (postbox in another database, privileges or
+-- objects of its own) is kept and named in the result: the last uninstall in
+-- the cluster drops it.
 -- Returns {"cron_jobs", "captures", "dropped_roles", "kept_roles"}. For the
 -- schema's owner only; the owner needs CREATEROLE to drop the roles.
 CREATE FUNCTION postbox.uninstall() RETURNS jsonb
@@ -4010,9 +4012,10 @@ DECLARE
     cron_jobs integer := postbox.stop();
     captures integer := 0;
     captured regclass;
-    roles text[] := ARRAY(SELECT i.role_name FROM postbox.installed_roles i
-                          WHERE i.role_name IN ('postbox_admin', 'postbox_reader', 'postbox_writer')
-                          ORDER BY i.role_name);
+    roles text[] := ARRAY(SELECT r.rolname FROM pg_catalog.pg_roles r
+                          WHERE r.rolname IN ('postbox_admin', 'postbox_reader', 'postbox_writer')
+                                AND pg_catalog.shobj_description(r.oid, 'pg_authid') = postbox._role_mark()
+                          ORDER BY r.rolname);
     role_name text;
     dropped text[] := '{}';
     kept text[] := '{}';
@@ -4040,11 +4043,21 @@ BEGIN
 END
 $$;
 
--- Roles made by an earlier version's install are taken as this install's own:
--- their names are postbox's. uninstall keeps one another database still needs.
-INSERT INTO postbox.installed_roles
-SELECT rolname FROM pg_catalog.pg_roles
-WHERE rolname IN ('postbox_reader', 'postbox_writer', 'postbox_admin');
+-- Roles an earlier version's install made (postbox's names, with no comment of
+-- their own) are marked as an install's, for uninstall.
+DO $$
+DECLARE
+    role_name text;
+BEGIN
+    FOR role_name IN SELECT r.rolname FROM pg_catalog.pg_roles r
+                     WHERE r.rolname IN ('postbox_reader', 'postbox_writer', 'postbox_admin')
+                           AND pg_catalog.shobj_description(r.oid, 'pg_authid') IS NULL LOOP
+        EXECUTE format('COMMENT ON ROLE %I IS %L', role_name, postbox._role_mark());
+    END LOOP;
+EXCEPTION WHEN insufficient_privilege THEN
+    RAISE NOTICE 'postbox: roles were not marked as postbox''s (%); uninstall will keep them', SQLERRM;
+END
+$$;
 
 -- Gives the engine's functions their privileges, and makes each public one
 -- SECURITY DEFINER with a fixed search_path: a reader or writer then needs no
@@ -4092,8 +4105,6 @@ BEGIN
         GRANT ALL ON ALL TABLES IN SCHEMA postbox TO postbox_admin;
         GRANT ALL ON ALL SEQUENCES IN SCHEMA postbox TO postbox_admin;
         GRANT SELECT ON postbox.queue_health, postbox.queue_throughput TO postbox_reader;
-        -- uninstall drops the roles named there: the owner's alone to write.
-        REVOKE ALL ON postbox.installed_roles FROM postbox_admin;
     END IF;
 END
 $$;

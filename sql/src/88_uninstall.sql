@@ -1,16 +1,18 @@
 -- Uninstall (since 0.9.0): removes what postbox made and nothing else.
 
--- The roles this database's install created (see 90_security.sql): roles
--- belong to the cluster, so one that existed before, made by hand or by an
--- install in another database, is not this install's to drop.
-CREATE TABLE postbox.installed_roles (
-    role_name text PRIMARY KEY
-);
+-- The comment on the roles an install created.
+CREATE FUNCTION postbox._role_mark() RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT 'created by postbox; postbox.uninstall() drops it'::text
+$$;
 
 -- Removes postbox from this database: its pg_cron job, its capture triggers,
 -- the schema with everything in it (the extension, when installed as one) and
--- the roles the install created. A role still needed elsewhere (privileges in
--- another database, or objects it owns) is kept, and named in the result.
+-- postbox's roles, those an install created (their comment says so: roles
+-- belong to the cluster, and one made by hand is not postbox's to drop). A
+-- role still needed elsewhere (postbox in another database, privileges or
+-- objects of its own) is kept and named in the result: the last uninstall in
+-- the cluster drops it.
 -- Returns {"cron_jobs", "captures", "dropped_roles", "kept_roles"}. For the
 -- schema's owner only; the owner needs CREATEROLE to drop the roles.
 CREATE FUNCTION postbox.uninstall() RETURNS jsonb
@@ -19,9 +21,10 @@ DECLARE
     cron_jobs integer := postbox.stop();
     captures integer := 0;
     captured regclass;
-    roles text[] := ARRAY(SELECT i.role_name FROM postbox.installed_roles i
-                          WHERE i.role_name IN ('postbox_admin', 'postbox_reader', 'postbox_writer')
-                          ORDER BY i.role_name);
+    roles text[] := ARRAY(SELECT r.rolname FROM pg_catalog.pg_roles r
+                          WHERE r.rolname IN ('postbox_admin', 'postbox_reader', 'postbox_writer')
+                                AND pg_catalog.shobj_description(r.oid, 'pg_authid') = postbox._role_mark()
+                          ORDER BY r.rolname);
     role_name text;
     dropped text[] := '{}';
     kept text[] := '{}';

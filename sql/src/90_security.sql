@@ -2,8 +2,8 @@
 -- transactions: postbox_reader (stats, peek, get and list), postbox_writer
 -- (send and publish) and postbox_admin (everything). Grant them to login
 -- roles, e.g. GRANT postbox_writer TO app. Roles belong to the cluster, so a
--- second database reuses them (only the roles this install created are
--- recorded in installed_roles, for uninstall). A script run by a role that may
+-- second database reuses them (the roles an install created say so in their
+-- comment, for uninstall). A script run by a role that may
 -- not create roles skips them with a notice; then only the owner can call the
 -- engine.
 DO $$
@@ -13,7 +13,7 @@ BEGIN
     FOREACH role_name IN ARRAY ARRAY['postbox_reader', 'postbox_writer', 'postbox_admin'] LOOP
         IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = role_name) THEN
             EXECUTE format('CREATE ROLE %I NOLOGIN', role_name);
-            INSERT INTO postbox.installed_roles VALUES (role_name);
+            EXECUTE format('COMMENT ON ROLE %I IS %L', role_name, postbox._role_mark());
         END IF;
     END LOOP;
 EXCEPTION WHEN insufficient_privilege THEN
@@ -68,8 +68,6 @@ BEGIN
         GRANT ALL ON ALL TABLES IN SCHEMA postbox TO postbox_admin;
         GRANT ALL ON ALL SEQUENCES IN SCHEMA postbox TO postbox_admin;
         GRANT SELECT ON postbox.queue_health, postbox.queue_throughput TO postbox_reader;
-        -- uninstall drops the roles named there: the owner's alone to write.
-        REVOKE ALL ON postbox.installed_roles FROM postbox_admin;
     END IF;
 END
 $$;

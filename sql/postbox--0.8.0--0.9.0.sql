@@ -3918,9 +3918,10 @@ $$;
 -- The trigger of capture: publishes {"operation", "schema", "table", "old",
 -- "new"} (rows as JSON objects, NULL where the operation has none) to the
 -- topic TG_ARGV[0], with routing key "<TG_ARGV[1]>.<insert|update|delete>" (or
--- the operation alone when TG_ARGV[1] is empty) and the table's name as
--- ordering key. Runs as the schema's owner, so whoever may write the table may
--- publish this way without rights on postbox.
+-- the operation alone when TG_ARGV[1] is empty) and the table's oid as
+-- ordering key (FIFO queues keep each table's changes in order; a table's
+-- name may hold characters an ordering key may not). Runs as the schema's
+-- owner, so whoever may write the table publishes without rights on postbox.
 CREATE FUNCTION postbox._capture() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, postbox, pg_temp AS $$
 DECLARE
@@ -3933,7 +3934,7 @@ BEGIN
             'old', CASE WHEN TG_OP IN ('UPDATE', 'DELETE') THEN to_jsonb(OLD) END,
             'new', CASE WHEN TG_OP IN ('INSERT', 'UPDATE') THEN to_jsonb(NEW) END)::text, 'UTF8'),
         CASE WHEN TG_ARGV[1] = '' THEN operation ELSE TG_ARGV[1] || '.' || operation END,
-        ordering_key => TG_TABLE_SCHEMA || '.' || TG_TABLE_NAME);
+        ordering_key => TG_RELID::text);
     RETURN NULL;
 END
 $$;

@@ -23,9 +23,10 @@ from cron_cluster import cron_cluster
 from support import create_database, drop_database
 
 from bench.pg_cluster import PG_BIN, Postgres
+from server.db.engine import Engine
 from server.db.migrate import migrate
 from server.errors import ApiError
-from server.workers.scheduling import next_cron_time, next_interval_time
+from server.workers.scheduling import next_cron_time, next_fire_after_fire, next_interval_time
 
 EXPRESSIONS = [
     "* * * * *", "0 9 * * MON-FRI", "*/15 * * * *", "30 2 * * *", "0 2 * * *", "15 1 * * *",
@@ -251,6 +252,32 @@ async def test_tick_skips_work_another_session_holds(engine, engine_url):
         assert await _depth(engine, "fired") == 3
     finally:
         await server_side.close()
+
+
+async def test_the_servers_workers_skip_what_a_running_tick_holds(engine, engine_url):
+    """The other way round, through the server's own Engine calls (the ones its
+    maintenance and scheduler workers make): while a tick's transaction is open, they
+    find nothing to do, and after it commits nothing is left to do twice."""
+    await _seed(engine)
+    server = await Engine.connect(engine_url, pool_size=2)
+    try:
+        ticking = engine.transaction()
+        await ticking.start()
+        counts = json.loads(await engine.fetchval("SELECT postbox.tick()"))
+        assert counts["fired_schedules"] == 3
+        assert counts["expired_messages"] == 1
+        started = time.monotonic()
+        assert await server.fire_due_schedules(10, next_fire_after_fire) == []
+        assert await server.rotate_streams(None, timedelta(milliseconds=20)) == 0
+        assert await server.expire_activity() == 0
+        assert await server.expire_messages(1000) == 0
+        assert time.monotonic() - started < 10  # generous: none of them waited for tick
+        await ticking.commit()
+        assert await server.fire_due_schedules(10, next_fire_after_fire) == []
+        assert await server.expire_messages(1000) == 0
+        assert await _depth(engine, "fired") == 3
+    finally:
+        await server.close()
 
 
 async def test_start_without_pg_cron_names_the_alternative(engine):

@@ -60,26 +60,33 @@ async def conn(engine_url: str) -> AsyncIterator[asyncpg.Connection]:
 
 async def _changes(conn: asyncpg.Connection, queue: str = "all-changes") -> list[dict]:
     rows = await conn.fetch(
-        "SELECT body FROM postbox.peek_messages($1, page_size => 1000) ORDER BY message_id", queue
+        "SELECT m.body FROM postbox.messages m JOIN postbox.queues q ON q.id = m.queue_id"
+        " WHERE q.name = $1 ORDER BY m.id",
+        queue,
     )
     return [json.loads(row["body"]) for row in rows]
 
 
-async def test_a_bulk_insert_publishes_every_row(conn):
+async def test_a_bulk_insert_and_delete_publish_every_row_in_order(conn):
+    """2,500 rows: more than one of the trigger's batches of 1,000."""
     await conn.execute(
-        f"INSERT INTO {TABLE} SELECT i, 'item ' || i, i FROM generate_series(1, 500) i"
+        f"INSERT INTO {TABLE} SELECT i, 'item ' || i, i FROM generate_series(1, 2500) i"
     )
     changes = await _changes(conn)
-    assert [c["new"]["id"] for c in changes] == list(range(1, 501))
-    first = changes[0]
-    assert first == {
+    assert [c["new"]["id"] for c in changes] == list(range(1, 2501))
+    assert changes[0] == {
         "operation": "insert",
         "schema": "Shop Data",
         "table": "Order Lines",
         "old": None,
         "new": {"id": 1, "item": "item 1", "qty": 1},
     }
+    assert {c["operation"] for c in changes} == {"insert"}
     assert await _changes(conn, "deletes") == []
+    await conn.execute(f"DELETE FROM {TABLE} WHERE id > 1")
+    deletes = await _changes(conn, "deletes")
+    assert sorted(c["old"]["id"] for c in deletes) == list(range(2, 2501))
+    assert {c["new"] is None for c in deletes} == {True}
 
 
 async def test_a_rollback_publishes_nothing(conn):

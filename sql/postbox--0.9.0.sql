@@ -6133,10 +6133,11 @@ RETURNS boolean
 LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
     dom integer := extract(day FROM day);
-    month_end integer := extract(day FROM date_trunc('month', day) + interval '1 month' - interval '1 day');
+    -- On timestamps without a time zone: the session's zone plays no part.
+    last_day date := (date_trunc('month', day::timestamp) + interval '1 month' - interval '1 day')::date;
+    month_end integer := extract(day FROM last_day);
     weekday integer := extract(dow FROM day);
-    last_weekday integer := month_end - CASE extract(dow FROM date_trunc('month', day) + interval '1 month' - interval '1 day')
-                                             WHEN 0 THEN 2 WHEN 6 THEN 1 ELSE 0 END;
+    last_weekday integer := month_end - CASE extract(dow FROM last_day) WHEN 0 THEN 2 WHEN 6 THEN 1 ELSE 0 END;
     by_month_day boolean;
     by_weekday boolean;
 BEGIN

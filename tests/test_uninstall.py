@@ -10,6 +10,7 @@ trigger on the user's table, a pg_cron job, its roles granted to the user's role
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -86,10 +87,20 @@ async def _catalog(url: str) -> list[str]:
         await conn.close()
 
 
-def _postbox(*args: str) -> subprocess.CompletedProcess[str]:
+def _postbox(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "server", *args], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "server", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **(env or {})},
     )
+
+
+def test_uninstall_needs_a_database_url():
+    refused = _postbox("uninstall", "--yes", env={"DATABASE_URL": ""})
+    assert refused.returncode == 2
+    assert "give --database-url or set DATABASE_URL" in refused.stderr
 
 
 async def test_uninstall_leaves_the_catalog_as_it_was_before_the_install(cluster):

@@ -6,12 +6,13 @@
 -- schedule at the same times.
 
 -- Cron fields, by number: 1 minute, 2 hour, 3 day of month, 4 month, 5 day of
--- week. A field's name for errors, and its lowest and highest value.
+-- week. A field's name, for errors.
 CREATE FUNCTION postbox._cron_field_name(field integer) RETURNS text
 LANGUAGE sql IMMUTABLE AS $$
     SELECT (ARRAY['minute', 'hour', 'day-of-month', 'month', 'day-of-week'])[field]
 $$;
 
+-- A cron field's lowest and highest value (day of week 7 is Sunday too).
 CREATE FUNCTION postbox._cron_bounds(field integer, OUT low integer, OUT high integer)
 LANGUAGE sql IMMUTABLE AS $$
     SELECT (ARRAY[0, 0, 1, 1, 0])[field], (ARRAY[59, 23, 31, 12, 7])[field]

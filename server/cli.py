@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import os
 import sys
@@ -167,6 +168,47 @@ def _migrate(args: argparse.Namespace) -> int:
 
     asyncio.run(run())
     return 0
+
+
+def _uninstall(args: argparse.Namespace) -> int:
+    import asyncpg
+
+    if not args.database_url:
+        print("postbox uninstall: give --database-url or set DATABASE_URL", file=sys.stderr)
+        return 2
+    if not args.yes:
+        print(
+            "postbox uninstall: this drops schema postbox with every queue, topic and message in "
+            "it, postbox's pg_cron job, capture triggers and roles; add --yes to go ahead",
+            file=sys.stderr,
+        )
+        return 2
+
+    async def run() -> int:
+        conn = await asyncpg.connect(args.database_url)
+        try:
+            if await conn.fetchval("SELECT to_regnamespace('postbox') IS NULL"):
+                print(
+                    "postbox uninstall: postbox is not installed in that database", file=sys.stderr
+                )
+                return 1
+            done = json.loads(await conn.fetchval("SELECT postbox.uninstall()"))
+        except asyncpg.PostgresError as error:
+            print(f"postbox uninstall: {error}", file=sys.stderr)
+            return 1
+        finally:
+            await conn.close()
+        dropped = ", ".join(done["dropped_roles"]) or "none"
+        print(
+            f"postbox uninstalled: {done['cron_jobs']} pg_cron job(s) and {done['captures']} "
+            f"capture trigger(s) removed; roles dropped: {dropped}"
+        )
+        if done["kept_roles"]:
+            kept = ", ".join(done["kept_roles"])
+            print(f"roles kept, still in use elsewhere in the cluster: {kept}")
+        return 0
+
+    return asyncio.run(run())
 
 
 def client_channel(args: argparse.Namespace) -> grpc.Channel:
@@ -607,6 +649,16 @@ def build_parser() -> argparse.ArgumentParser:
     migrate = verbs.add_parser("migrate", help="install or upgrade the SQL engine in a database")
     migrate.add_argument("--database-url", default=os.environ.get("DATABASE_URL"))
     migrate.set_defaults(run=_migrate)
+
+    uninstall = verbs.add_parser(
+        "uninstall",
+        help="remove postbox from a database: its schema, pg_cron job, capture triggers and roles",
+    )
+    uninstall.add_argument("--database-url", default=os.environ.get("DATABASE_URL"))
+    uninstall.add_argument(
+        "--yes", action="store_true", help="confirm: every queue, topic and message is dropped"
+    )
+    uninstall.set_defaults(run=_uninstall)
 
     # Client verbs: --target may follow the verb, wherever it is.
     target = argparse.ArgumentParser(add_help=False)

@@ -1520,6 +1520,7 @@ CREATE TABLE postbox.consumer_groups (
     lease_end_tx xid8,
     lease_end_offset bigint,
     lease_deliveries integer,
+    paused boolean NOT NULL DEFAULT false,  -- reads refused until resume_consumer_group
     UNIQUE (topic_id, name)
 ) WITH (fillfactor = 50);  -- every read and ack updates the row: room for HOT updates
 
@@ -1659,12 +1660,13 @@ LANGUAGE sql STABLE AS $$
 $$;
 
 -- A consumer group as get_ and list_consumer_groups show it: its cursor (the
--- offset of the last acknowledged row, 0 before any), the batch out now, and
--- its lag: the rows of the log past its cursor, and how long ago the first of
--- them was published (0 with none).
+-- offset of the last acknowledged row, 0 before any), the batch out now, its
+-- lag: the rows of the log past its cursor, and how long ago the first of
+-- them was published (0 with none), and whether it is paused.
 CREATE FUNCTION postbox._consumer_group_view(g postbox.consumer_groups, topic_name text)
 RETURNS TABLE (topic text, name text, created_at timestamptz, cursor_offset bigint, acked_at timestamptz,
-               lease_expires_at timestamptz, lag_messages bigint, lag_seconds double precision)
+               lease_expires_at timestamptz, lag_messages bigint, lag_seconds double precision,
+               paused boolean)
 LANGUAGE sql STABLE AS $$
     SELECT topic_name, g.name, g.created_at, g.cursor_offset, g.acked_at,
            CASE WHEN g.lease IS NOT NULL THEN g.lease_expires_at END,
@@ -1673,7 +1675,8 @@ LANGUAGE sql STABLE AS $$
            coalesce((SELECT greatest(extract(epoch FROM now() - l.published_at), 0)::double precision
                      FROM postbox.stream_log l
                      WHERE l.topic_id = g.topic_id AND (l.tx, l.stream_offset) > (g.cursor_tx, g.cursor_offset)
-                     ORDER BY l.tx, l.stream_offset LIMIT 1), 0)
+                     ORDER BY l.tx, l.stream_offset LIMIT 1), 0),
+           g.paused
 $$;
 
 -- Creates a consumer group on a stream topic, reading from `start`: earliest
@@ -1683,7 +1686,8 @@ $$;
 CREATE FUNCTION postbox.create_consumer_group(topic_name text, group_name text, start text DEFAULT 'earliest',
                                               start_time timestamptz DEFAULT NULL)
 RETURNS TABLE (topic text, name text, created_at timestamptz, cursor_offset bigint, acked_at timestamptz,
-               lease_expires_at timestamptz, lag_messages bigint, lag_seconds double precision)
+               lease_expires_at timestamptz, lag_messages bigint, lag_seconds double precision,
+               paused boolean)
 LANGUAGE plpgsql AS $$
 DECLARE
     checked_name text := postbox._group_name(group_name);  -- before any lookup
@@ -1723,7 +1727,8 @@ $$;
 -- A consumer group with its lag; PB404 if there is none.
 CREATE FUNCTION postbox.get_consumer_group(topic_name text, group_name text)
 RETURNS TABLE (topic text, name text, created_at timestamptz, cursor_offset bigint, acked_at timestamptz,
-               lease_expires_at timestamptz, lag_messages bigint, lag_seconds double precision)
+               lease_expires_at timestamptz, lag_messages bigint, lag_seconds double precision,
+               paused boolean)
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
     checked_name text := postbox._group_name(group_name);  -- before any lookup
@@ -1745,7 +1750,8 @@ $$;
 CREATE FUNCTION postbox.list_consumer_groups(topic_name text, page_size integer DEFAULT 100,
                                              after_name text DEFAULT '')
 RETURNS TABLE (topic text, name text, created_at timestamptz, cursor_offset bigint, acked_at timestamptz,
-               lease_expires_at timestamptz, lag_messages bigint, lag_seconds double precision)
+               lease_expires_at timestamptz, lag_messages bigint, lag_seconds double precision,
+               paused boolean)
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
     t postbox.topics := postbox._topic(topic_name);
@@ -1756,6 +1762,44 @@ BEGIN
     ORDER BY g.name
     LIMIT page_size;
 END
+$$;
+
+-- Sets whether a consumer group is paused; the group as get_consumer_group
+-- shows it.
+CREATE FUNCTION postbox._set_group_paused(topic_name text, group_name text, pause boolean)
+RETURNS TABLE (topic text, name text, created_at timestamptz, cursor_offset bigint, acked_at timestamptz,
+               lease_expires_at timestamptz, lag_messages bigint, lag_seconds double precision,
+               paused boolean)
+LANGUAGE plpgsql AS $$
+DECLARE
+    checked_name text := postbox._group_name(group_name);  -- before any lookup
+    t postbox.topics := postbox._topic(topic_name);
+    g postbox.consumer_groups := postbox._consumer_group(t, group_name);
+BEGIN
+    UPDATE postbox.consumer_groups c SET paused = pause WHERE c.id = g.id RETURNING * INTO g;
+    RETURN QUERY SELECT * FROM postbox._consumer_group_view(g, t.name);
+END
+$$;
+
+-- Pauses a consumer group (since 0.9.0): its reads fail with PB503 until
+-- resume_consumer_group; a batch out now may still be acknowledged. The group
+-- keeps its cursor, so rotation keeps the rows past it. Pausing a paused group
+-- changes nothing.
+CREATE FUNCTION postbox.pause_consumer_group(topic_name text, group_name text)
+RETURNS TABLE (topic text, name text, created_at timestamptz, cursor_offset bigint, acked_at timestamptz,
+               lease_expires_at timestamptz, lag_messages bigint, lag_seconds double precision,
+               paused boolean)
+LANGUAGE sql AS $$
+    SELECT * FROM postbox._set_group_paused(topic_name, group_name, true)
+$$;
+
+-- Lets a paused consumer group read again, from its cursor.
+CREATE FUNCTION postbox.resume_consumer_group(topic_name text, group_name text)
+RETURNS TABLE (topic text, name text, created_at timestamptz, cursor_offset bigint, acked_at timestamptz,
+               lease_expires_at timestamptz, lag_messages bigint, lag_seconds double precision,
+               paused boolean)
+LANGUAGE sql AS $$
+    SELECT * FROM postbox._set_group_paused(topic_name, group_name, false)
 $$;
 
 -- Deletes a consumer group; its rows of the log no longer wait for it.
@@ -1806,6 +1850,11 @@ BEGIN
         PERFORM postbox._invalid(format('max_batch_wait must not be negative, not %s', max_batch_wait));
     END IF;
     g := postbox._consumer_group(t, group_name, skip_locked => true);
+    IF g.paused THEN
+        RAISE EXCEPTION USING ERRCODE = 'PB503', MESSAGE = format(
+            'consumer group %s of topic %s is paused; ResumeConsumerGroup lets reads in again',
+            quote_literal(group_name), quote_literal(topic_name));
+    END IF;
     IF g.id IS NULL OR (g.lease IS NOT NULL AND g.lease_expires_at > now()) THEN
         RETURN;
     END IF;
@@ -1872,7 +1921,8 @@ $$;
 CREATE FUNCTION postbox.seek_consumer_group(topic_name text, group_name text, to_offset bigint DEFAULT NULL,
                                             to_time timestamptz DEFAULT NULL)
 RETURNS TABLE (topic text, name text, created_at timestamptz, cursor_offset bigint, acked_at timestamptz,
-               lease_expires_at timestamptz, lag_messages bigint, lag_seconds double precision)
+               lease_expires_at timestamptz, lag_messages bigint, lag_seconds double precision,
+               paused boolean)
 LANGUAGE plpgsql AS $$
 DECLARE
     checked_name text := postbox._group_name(group_name);  -- before any lookup
@@ -2199,7 +2249,8 @@ $$;
 CREATE FUNCTION postbox.set_consumer_group_cursor(topic_name text, group_name text, to_tx bigint,
                                                   to_offset bigint)
 RETURNS TABLE (topic text, name text, created_at timestamptz, cursor_offset bigint, acked_at timestamptz,
-               lease_expires_at timestamptz, lag_messages bigint, lag_seconds double precision)
+               lease_expires_at timestamptz, lag_messages bigint, lag_seconds double precision,
+               paused boolean)
 LANGUAGE plpgsql AS $$
 DECLARE
     checked_name text := postbox._group_name(group_name);  -- before any lookup
@@ -3474,6 +3525,688 @@ LANGUAGE sql AS $$
     UPDATE postbox.queues x
     SET prioritized = x.prioritized OR _mark_queue.prioritized, keyed = x.keyed OR _mark_queue.keyed
     WHERE x.id = queue_id AND (_mark_queue.prioritized AND NOT x.prioritized OR _mark_queue.keyed AND NOT x.keyed);
+$$;
+
+-- Forgets activity older than an hour, the longest window worth asking for.
+-- Returns how many rows went. One session at a time (an advisory lock, since
+-- 0.9.0): another, a server's worker or tick, returns 0 at once.
+CREATE OR REPLACE FUNCTION postbox.expire_activity() RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    removed bigint;
+BEGIN
+    IF NOT pg_try_advisory_xact_lock(1886350201, 1) THEN
+        RETURN 0;
+    END IF;
+    DELETE FROM postbox.queue_activity WHERE bucket < now() - interval '1 hour';
+    GET DIAGNOSTICS removed = ROW_COUNT;
+    RETURN removed;
+END
+$$;
+
+-- Maintenance from SQL alone (since 0.9.0): postbox.tick() runs, once, every
+-- piece of housekeeping that needs no network, so a database with no postbox
+-- server still expires, redrives, rotates and fires schedules; start() hands
+-- tick to pg_cron. Cron expressions are read here as cronsim (the server's
+-- library, which follows Debian cron) reads them, so tick and a server fire a
+-- schedule at the same times.
+
+-- Cron fields, by number: 1 minute, 2 hour, 3 day of month, 4 month, 5 day of
+-- week. A field's name, for errors.
+CREATE FUNCTION postbox._cron_field_name(field integer) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT (ARRAY['minute', 'hour', 'day-of-month', 'month', 'day-of-week'])[field]
+$$;
+
+-- A cron field's lowest and highest value (day of week 7 is Sunday too).
+CREATE FUNCTION postbox._cron_bounds(field integer, OUT low integer, OUT high integer)
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT (ARRAY[0, 0, 1, 1, 0])[field], (ARRAY[59, 23, 31, 12, 7])[field]
+$$;
+
+-- One value of a cron field: digits, or a month or weekday name (JAN, MON).
+CREATE FUNCTION postbox._cron_value(term text, field integer) RETURNS integer
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    named integer;
+    value integer;
+BEGIN
+    IF field = 4 THEN
+        named := array_position('{JAN,FEB,MAR,APR,MAY,JUN,JUL,AUG,SEP,OCT,NOV,DEC}'::text[], term);
+    ELSIF field = 5 THEN
+        named := array_position('{SUN,MON,TUE,WED,THU,FRI,SAT}'::text[], term) - 1;
+    END IF;
+    IF named IS NOT NULL THEN
+        RETURN named;
+    END IF;
+    IF term !~ '^[0-9]{1,9}$' THEN
+        RAISE EXCEPTION USING ERRCODE = 'PB400', MESSAGE = 'bad ' || postbox._cron_field_name(field);
+    END IF;
+    value := term::integer;
+    IF value NOT BETWEEN (postbox._cron_bounds(field)).low AND (postbox._cron_bounds(field)).high THEN
+        RAISE EXCEPTION USING ERRCODE = 'PB400', MESSAGE = 'bad ' || postbox._cron_field_name(field);
+    END IF;
+    RETURN value;
+END
+$$;
+
+-- The values one cron field names. Special days are coded: day of month -1000
+-- is L (the last day), -1001 LW (the last weekday); day of week d (0 is
+-- Sunday, 7 is too) with 90 + d for "dL" (the last d of the month) and
+-- 10 * n + d for "d#n" (the n-th d).
+CREATE FUNCTION postbox._cron_items(term text, field integer) RETURNS integer[]
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    low integer := (postbox._cron_bounds(field)).low;
+    high integer := (postbox._cron_bounds(field)).high;
+    part text;
+    items integer[] := '{}';
+    step integer;
+    first integer;
+    last integer;
+BEGIN
+    IF term = '*' THEN
+        RETURN ARRAY(SELECT generate_series(low, high));
+    ELSIF strpos(term, ',') > 0 THEN
+        FOREACH part IN ARRAY string_to_array(term, ',') LOOP
+            items := items || postbox._cron_items(part, field);
+        END LOOP;
+        RETURN ARRAY(SELECT DISTINCT unnest(items) ORDER BY 1);
+    ELSIF field = 5 AND strpos(term, 'L') > 0 THEN
+        IF left(term, -1) !~ '^[0-9]+$' THEN
+            RAISE EXCEPTION USING ERRCODE = 'PB400', MESSAGE = 'bad day-of-week';
+        END IF;
+        RETURN ARRAY[90 + postbox._cron_value(left(term, -1), field) % 7];
+    ELSIF field = 5 AND strpos(term, '#') > 0 THEN
+        part := substr(term, strpos(term, '#') + 1);
+        IF part !~ '^[0-9]{1,9}$' OR part::integer NOT BETWEEN 1 AND 5 THEN
+            RAISE EXCEPTION USING ERRCODE = 'PB400', MESSAGE = 'bad day-of-week';
+        END IF;
+        RETURN ARRAY[10 * part::integer + postbox._cron_value(split_part(term, '#', 1), field) % 7];
+    ELSIF strpos(term, '/') > 0 THEN
+        part := substr(term, strpos(term, '/') + 1);
+        IF part !~ '^[0-9]{1,9}$' OR part::integer = 0 THEN
+            RAISE EXCEPTION USING ERRCODE = 'PB400', MESSAGE = 'bad ' || postbox._cron_field_name(field);
+        END IF;
+        step := part::integer;
+        items := postbox._cron_items(split_part(term, '/', 1), field);
+        IF items IN ('{-1000}', '{-1001}') THEN
+            RETURN items;
+        ELSIF cardinality(items) = 1 THEN
+            RETURN ARRAY(SELECT generate_series(items[1], high, step));
+        END IF;
+        -- Every step-th of the values, in order.
+        RETURN ARRAY(SELECT v FROM unnest(items) WITH ORDINALITY AS x(v, i) WHERE (i - 1) % step = 0 ORDER BY v);
+    ELSIF strpos(term, '-') > 0 THEN
+        first := postbox._cron_value(split_part(term, '-', 1), field);
+        last := postbox._cron_value(substr(term, strpos(term, '-') + 1), field);
+        IF last < first THEN
+            RAISE EXCEPTION USING ERRCODE = 'PB400', MESSAGE = 'bad ' || postbox._cron_field_name(field);
+        END IF;
+        RETURN ARRAY(SELECT generate_series(first, last));
+    ELSIF field = 3 AND term = 'LW' THEN
+        RETURN '{-1001}';
+    ELSIF field = 3 AND term = 'L' THEN
+        RETURN '{-1000}';
+    END IF;
+    RETURN ARRAY[postbox._cron_value(term, field)];
+END
+$$;
+
+-- Whether a day matches the day-of-month and day-of-week values: both must
+-- when either field starts with "*", either may otherwise (Debian cron).
+CREATE FUNCTION postbox._cron_day_matches(day date, days integer[], weekdays integer[], day_and boolean)
+RETURNS boolean
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    dom integer := extract(day FROM day);
+    -- On timestamps without a time zone: the session's zone plays no part.
+    last_day date := (date_trunc('month', day::timestamp) + interval '1 month' - interval '1 day')::date;
+    month_end integer := extract(day FROM last_day);
+    weekday integer := extract(dow FROM day);
+    last_weekday integer := month_end - CASE extract(dow FROM last_day) WHEN 0 THEN 2 WHEN 6 THEN 1 ELSE 0 END;
+    by_month_day boolean;
+    by_weekday boolean;
+BEGIN
+    by_month_day := dom = ANY (days) OR (-1000 = ANY (days) AND dom = month_end)
+                    OR (-1001 = ANY (days) AND dom = last_weekday);
+    by_weekday := weekday = ANY (weekdays) OR (weekday = 0 AND 7 = ANY (weekdays))
+                  OR (90 + weekday = ANY (weekdays) AND dom + 7 > month_end)
+                  OR (10 * ((dom + 6) / 7) + weekday = ANY (weekdays));
+    RETURN CASE WHEN day_and THEN by_month_day AND by_weekday ELSE by_month_day OR by_weekday END;
+END
+$$;
+
+-- The first wall-clock minute at or after `start` (a local time) that the
+-- parsed fields name; NULL when none does within 50 years.
+CREATE FUNCTION postbox._cron_next_local(start timestamp, minutes integer[], hours integer[], days integer[],
+                                         months integer[], weekdays integer[], day_and boolean)
+RETURNS timestamp
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    t timestamp := date_trunc('minute', start)
+                   + CASE WHEN start > date_trunc('minute', start) THEN interval '1 minute' ELSE interval '0' END;
+    horizon integer := extract(year FROM start)::integer + 50;
+    later integer;
+BEGIN
+    LOOP
+        IF extract(year FROM t) > horizon THEN
+            RETURN NULL;
+        ELSIF NOT extract(month FROM t)::integer = ANY (months) THEN
+            t := date_trunc('month', t) + interval '1 month';
+        ELSIF NOT postbox._cron_day_matches(t::date, days, weekdays, day_and) THEN
+            t := t::date + 1;
+        ELSIF NOT extract(hour FROM t)::integer = ANY (hours) THEN
+            SELECT min(h) INTO later FROM unnest(hours) h WHERE h > extract(hour FROM t);
+            t := CASE WHEN later IS NULL THEN t::date + 1 ELSE t::date + make_interval(hours => later) END;
+        ELSIF NOT extract(minute FROM t)::integer = ANY (minutes) THEN
+            SELECT min(m) INTO later FROM unnest(minutes) m WHERE m > extract(minute FROM t);
+            t := CASE WHEN later IS NULL THEN date_trunc('hour', t) + interval '1 hour'
+                      ELSE date_trunc('hour', t) + make_interval(mins => later) END;
+        ELSE
+            RETURN t;
+        END IF;
+    END LOOP;
+END
+$$;
+
+-- How far local time in `zone` is ahead of UTC at an instant.
+CREATE FUNCTION postbox._utc_offset(at timestamptz, zone text) RETURNS interval
+LANGUAGE sql STABLE AS $$
+    SELECT (at AT TIME ZONE zone) - (at AT TIME ZONE 'UTC')
+$$;
+
+-- The first instant after `since` and no later than `until` at which the
+-- offset of `zone` differs from the one at `since`; NULL when there is none.
+-- Looks a day at a time (no zone changes twice in a day), then to the second.
+CREATE FUNCTION postbox._next_offset_change(since timestamptz, until timestamptz, zone text) RETURNS timestamptz
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    offset_then interval := postbox._utc_offset(since, zone);
+    low timestamptz := since;
+    high timestamptz;
+    middle timestamptz;
+BEGIN
+    LOOP
+        high := least(low + interval '1 day', until);
+        EXIT WHEN postbox._utc_offset(high, zone) <> offset_then;
+        IF high >= until THEN
+            RETURN NULL;
+        END IF;
+        low := high;
+    END LOOP;
+    WHILE high - low > interval '1 second' LOOP
+        middle := low + (high - low) / 2;
+        IF postbox._utc_offset(middle, zone) = offset_then THEN
+            low := middle;
+        ELSE
+            high := middle;
+        END IF;
+    END LOOP;
+    RETURN date_trunc('second', high);
+END
+$$;
+
+-- The first time strictly after `after` that a 5-field cron expression names
+-- in an IANA time zone, as the server's cronsim computes it: NULL when it names
+-- none in the next 50 years; PB400 naming the field for a malformed one.
+-- Expressions at fixed times (minute and hour not starting with "*") are read
+-- on the wall clock, as Debian cron does: a time a spring-forward change skips
+-- fires at the first minute after the gap, and a time the clock repeats in the
+-- autumn names its first occurrence. Others name real minutes: one that
+-- repeats fires twice.
+CREATE FUNCTION postbox.cron_next(expression text, zone text, after timestamptz) RETURNS timestamptz
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    fields text[] := regexp_split_to_array(btrim(upper(expression), E' \t\n\r\f\v'), E'[ \t\n\r\f\v]+');
+    minutes integer[];
+    hours integer[];
+    days integer[];
+    months integer[];
+    weekdays integer[];
+    day_and boolean;
+    local_time timestamp;
+    candidate timestamptz;
+    offset_now interval;
+    cursor timestamptz;
+    change timestamptz;
+BEGIN
+    IF cardinality(fields) <> 5 THEN
+        RAISE EXCEPTION USING ERRCODE = 'PB400', MESSAGE = format(
+            'cron expression %s has %s fields; it needs 5: minute hour day-of-month month day-of-week',
+            quote_literal(left(expression, 64)), cardinality(fields));
+    END IF;
+    PERFORM now() AT TIME ZONE zone;  -- an unknown zone fails here, naming it
+    minutes := postbox._cron_items(fields[1], 1);
+    hours := postbox._cron_items(fields[2], 2);
+    days := postbox._cron_items(fields[3], 3);
+    months := postbox._cron_items(fields[4], 4);
+    weekdays := postbox._cron_items(fields[5], 5);
+    day_and := left(fields[3], 1) = '*' OR left(fields[5], 1) = '*';
+    IF day_and AND (SELECT min(d) FROM unnest(days) d) > 29
+       AND (SELECT min(d) FROM unnest(days) d)
+           > (SELECT max((ARRAY[31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31])[m]) FROM unnest(months) m) THEN
+        RAISE EXCEPTION USING ERRCODE = 'PB400', MESSAGE = 'bad day-of-month';
+    END IF;
+    IF left(fields[1], 1) <> '*' AND left(fields[2], 1) <> '*' THEN
+        -- On the wall clock, from the second after `after`.
+        local_time := postbox._cron_next_local(
+            date_trunc('second', after AT TIME ZONE zone) + interval '1 second',
+            minutes, hours, days, months, weekdays, day_and);
+        IF local_time IS NULL THEN
+            RETURN NULL;
+        END IF;
+        WHILE ((local_time AT TIME ZONE zone) AT TIME ZONE zone) <> local_time LOOP
+            local_time := local_time + interval '1 minute';  -- skipped by the clock
+        END LOOP;
+        -- The first instant showing that time: the offsets a day either side.
+        RETURN (SELECT min(x.u)
+                FROM (SELECT (local_time - postbox._utc_offset((local_time AT TIME ZONE zone) + side, zone))
+                             AT TIME ZONE 'UTC' AS u
+                      FROM unnest(ARRAY[interval '-1 day', interval '1 day']) side) x
+                WHERE x.u AT TIME ZONE zone = local_time);
+    END IF;
+    -- Real minutes: within a stretch of one offset, local time is UTC shifted.
+    cursor := date_trunc('second', after) + interval '1 second';
+    LOOP
+        offset_now := postbox._utc_offset(cursor, zone);
+        local_time := postbox._cron_next_local(cursor AT TIME ZONE zone, minutes, hours, days, months, weekdays, day_and);
+        IF local_time IS NULL THEN
+            RETURN NULL;
+        END IF;
+        candidate := (local_time - offset_now) AT TIME ZONE 'UTC';
+        change := postbox._next_offset_change(cursor, candidate, zone);
+        IF change IS NULL THEN
+            RETURN candidate;
+        END IF;
+        cursor := change;
+    END LOOP;
+END
+$$;
+
+-- When a schedule that was due at s.next_fire_at and fires at `at` fires next,
+-- as the server's scheduler computes it: a cron expression's first time after
+-- `at`; an interval's first time on its grid after `at` (missed times fire
+-- once); NULL for a one-shot time.
+CREATE FUNCTION postbox._next_fire_at(s postbox.schedules, at timestamptz) RETURNS timestamptz
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    every_seconds numeric := extract(epoch FROM s.every);
+BEGIN
+    IF s.cron_expression IS NOT NULL THEN
+        RETURN postbox.cron_next(s.cron_expression, coalesce(s.time_zone, 'UTC'), at);
+    ELSIF s.every IS NOT NULL THEN
+        -- In seconds: "1 day" is 24 hours here, whatever the session's time zone.
+        RETURN s.next_fire_at + make_interval(secs => every_seconds * CASE
+            WHEN at < s.next_fire_at THEN 1
+            ELSE floor(extract(epoch FROM at - s.next_fire_at) / every_seconds) + 1 END);
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+-- Fires up to max_schedules due schedules, each with its next fire time, in
+-- the caller's transaction; claimed with SKIP LOCKED, as the servers'
+-- schedulers claim them, so a schedule one of them is firing is left to it.
+-- Returns how many fired and how many the target refused (see fire_schedule).
+CREATE FUNCTION postbox._fire_due_schedules(max_schedules integer, OUT fired integer, OUT refused integer)
+LANGUAGE plpgsql AS $$
+DECLARE
+    s postbox.schedules;
+BEGIN
+    fired := 0;
+    refused := 0;
+    FOR s IN SELECT * FROM postbox.claim_due_schedules(max_schedules) LOOP
+        IF (SELECT f.error FROM postbox.fire_schedule(s.id, postbox._next_fire_at(s, now())) f) IS NULL THEN
+            fired := fired + 1;
+        ELSE
+            refused := refused + 1;
+        END IF;
+    END LOOP;
+END
+$$;
+
+-- One round of every piece of maintenance that needs no network, in one
+-- transaction, up to batch_size (1-10000) rows of each kind: expiry of
+-- messages, archived messages and deduplication ids, redrive steps, a
+-- rotation pass of the stream log, due schedules, activity older than an hour
+-- and failed webhook deliveries older than 7 days. The servers' workers call
+-- the same functions, which take the same locks (SKIP LOCKED row claims, and
+-- advisory locks for rotation and activity), so tick and servers running
+-- together never do a piece twice; a piece another session holds is skipped
+-- this round. Webhook delivery needs HTTP and stays with the servers. Returns
+-- what it did, a count per kind; a count of batch_size says more is waiting.
+CREATE FUNCTION postbox.tick(batch_size integer DEFAULT 1000) RETURNS jsonb
+LANGUAGE plpgsql AS $$
+DECLARE
+    schedules record;
+    done jsonb;
+BEGIN
+    IF batch_size IS NULL OR batch_size NOT BETWEEN 1 AND 10000 THEN
+        PERFORM postbox._invalid(format('batch_size must be from 1 to 10000, not %s', batch_size));
+    END IF;
+    done := jsonb_build_object(
+        'expired_messages', postbox.expire_messages(batch_size),
+        'expired_records', postbox.expire_records(batch_size),
+        'redriven_messages', coalesce(postbox.run_redrives(batch_size), 0),
+        'rotated_slots', postbox.rotate_streams(NULL, interval '20 milliseconds'));
+    schedules := postbox._fire_due_schedules(batch_size);
+    RETURN done || jsonb_build_object(
+        'fired_schedules', schedules.fired,
+        'refused_schedules', schedules.refused,
+        'expired_activity', postbox.expire_activity(),
+        'expired_webhook_deliveries', postbox.expire_webhook_deliveries(batch_size));
+END
+$$;
+
+-- The pg_cron job of this database's tick, when pg_cron is installed here.
+CREATE FUNCTION postbox._tick_job_name() RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT 'postbox tick in ' || current_database()
+$$;
+
+-- Has pg_cron run `SELECT postbox.tick()` every `every` in this database:
+-- 1 to 59 seconds (pg_cron 1.5 or later), or a whole number of minutes that
+-- divides an hour. Replaces a job an earlier start made. Returns the job's
+-- id. Without pg_cron, an error that names the alternative: call
+-- postbox.tick() from any scheduler. For the schema's owner only.
+CREATE FUNCTION postbox.start(every interval DEFAULT '1 minute') RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    cron_version text := (SELECT e.extversion FROM pg_catalog.pg_extension e WHERE e.extname = 'pg_cron');
+    seconds numeric := extract(epoch FROM every);
+    schedule text;
+    job bigint;
+BEGIN
+    IF cron_version IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'object_not_in_prerequisite_state',
+            MESSAGE = format('pg_cron is not installed in database %s', current_database()),
+            HINT = 'Call SELECT postbox.tick() every few seconds from any scheduler (cron and psql, a systemd '
+                   'timer, a Kubernetes CronJob), or run a postbox server, which does this work itself; or '
+                   'install pg_cron (shared_preload_libraries, cron.database_name) and CREATE EXTENSION pg_cron.';
+    END IF;
+    IF seconds BETWEEN 1 AND 59 AND seconds = floor(seconds) THEN
+        IF string_to_array(split_part(cron_version, '-', 1), '.')::integer[] < '{1,5}' THEN
+            PERFORM postbox._invalid(format(
+                'pg_cron %s runs jobs at most once a minute; give whole minutes, or use pg_cron 1.5 or later '
+                'for %s', cron_version, every));
+        END IF;
+        schedule := seconds || ' seconds';
+    ELSIF seconds BETWEEN 60 AND 3600 AND seconds % 60 = 0 AND 60 % (seconds / 60) = 0 THEN
+        schedule := CASE WHEN seconds = 60 THEN '* * * * *'
+                         WHEN seconds = 3600 THEN '0 * * * *'
+                         ELSE format('*/%s * * * *', seconds / 60) END;
+    ELSE
+        PERFORM postbox._invalid(format(
+            'every must be 1 to 59 whole seconds, or 1, 2, 3, 4, 5, 6, 10, 12, 15, 20, 30 or 60 minutes, not %s',
+            every));
+    END IF;
+    PERFORM postbox.stop();
+    EXECUTE 'SELECT cron.schedule($1, $2, $3)' INTO job
+    USING postbox._tick_job_name(), schedule, 'SELECT postbox.tick()';
+    RETURN job;
+END
+$$;
+
+-- Removes the pg_cron job that start made; returns how many jobs it removed
+-- (0 without pg_cron). For the schema's owner only.
+CREATE FUNCTION postbox.stop() RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    removed integer;
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_extension WHERE extname = 'pg_cron') THEN
+        RETURN 0;
+    END IF;
+    EXECUTE 'SELECT count(cron.unschedule(j.jobid))::integer FROM cron.job j WHERE j.jobname = $1'
+    INTO removed USING postbox._tick_job_name();
+    RETURN removed;
+END
+$$;
+
+-- Change data capture (since 0.9.0): triggers that publish each row change
+-- of a table to a topic in the transaction that makes it, so a rollback
+-- publishes nothing.
+
+-- The message of one row change: {"operation", "schema", "table", "old",
+-- "new"}, rows as JSON objects, NULL where the operation has none.
+CREATE FUNCTION postbox._change(operation text, schema_name name, table_name name, old_row jsonb, new_row jsonb)
+RETURNS bytea
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT convert_to(jsonb_build_object('operation', operation, 'schema', schema_name, 'table', table_name,
+                                         'old', old_row, 'new', new_row)::text, 'UTF8')
+$$;
+
+-- The routing key of capture's messages: "<prefix>.<operation>", or the
+-- operation alone for the empty prefix.
+CREATE FUNCTION postbox._change_key(prefix text, operation text) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN prefix = '' THEN operation ELSE prefix || '.' || operation END
+$$;
+
+-- Capture's statement trigger for inserts and deletes: publishes the rows of
+-- the statement's transition table (postbox_new or postbox_old) to the topic
+-- TG_ARGV[0] with routing prefix TG_ARGV[1], a batch of 1000 at a time (a
+-- row at a time costs ten times more). The ordering key is the table's oid:
+-- FIFO queues keep each table's changes in order (a table's name may hold
+-- characters an ordering key may not). Runs as the schema's owner, so whoever
+-- may write the table publishes without rights on postbox.
+CREATE FUNCTION postbox._capture_rows() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, postbox, pg_temp AS $$
+DECLARE
+    operation text := lower(TG_OP);
+    changed jsonb[];
+    bodies bytea[];
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        changed := ARRAY(SELECT to_jsonb(r) FROM postbox_new r);
+    ELSE
+        changed := ARRAY(SELECT to_jsonb(r) FROM postbox_old r);
+    END IF;
+    FOR from_index IN 1 .. coalesce(cardinality(changed), 0) BY 1000 LOOP
+        bodies := ARRAY(SELECT postbox._change(operation, TG_TABLE_SCHEMA, TG_TABLE_NAME,
+                                               CASE WHEN TG_OP = 'DELETE' THEN x.r END,
+                                               CASE WHEN TG_OP = 'INSERT' THEN x.r END)
+                        FROM unnest(changed[from_index:from_index + 999]) WITH ORDINALITY AS x(r, n) ORDER BY x.n);
+        PERFORM postbox.publish_batch(
+            TG_ARGV[0], bodies, array_fill(postbox._change_key(TG_ARGV[1], operation), ARRAY[cardinality(bodies)]),
+            ordering_keys => array_fill(TG_RELID::text, ARRAY[cardinality(bodies)]));
+    END LOOP;
+    RETURN NULL;
+END
+$$;
+
+-- Capture's row trigger for updates, which pair an old row with its new one:
+-- publishes one change, as _capture_rows does.
+CREATE FUNCTION postbox._capture_update() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, postbox, pg_temp AS $$
+BEGIN
+    PERFORM postbox.publish(
+        TG_ARGV[0], postbox._change('update', TG_TABLE_SCHEMA, TG_TABLE_NAME, to_jsonb(OLD), to_jsonb(NEW)),
+        postbox._change_key(TG_ARGV[1], 'update'), ordering_key => TG_RELID::text);
+    RETURN NULL;
+END
+$$;
+
+-- The tables capture publishes, with their topic and routing prefix (the
+-- trigger's two arguments, each ended by a zero byte in pg_trigger.tgargs).
+CREATE VIEW postbox.captures AS
+SELECT t.tgrelid::regclass AS captured_table,
+       convert_from(substring(t.tgargs FROM 1 FOR a.ends - 1), 'UTF8') AS topic_name,
+       convert_from(substring(t.tgargs FROM a.ends + 1 FOR length(t.tgargs) - a.ends - 1), 'UTF8') AS routing_prefix
+FROM pg_catalog.pg_trigger t
+CROSS JOIN LATERAL (SELECT position('\x00'::bytea IN t.tgargs) AS ends) a
+WHERE t.tgfoid = 'postbox._capture_update()'::regprocedure;
+
+-- Publishes every row inserted into, updated in or deleted from `source` to
+-- topic_name, in the same transaction: routing key
+-- "<routing_prefix>.<insert|update|delete>", or the operation alone, and a
+-- body of {"operation", "schema", "table", "old", "new"}. Three triggers,
+-- postbox_capture_insert, _update and _delete: inserts and deletes publish a
+-- statement's rows in batches, updates one by one. TRUNCATE publishes
+-- nothing. One capture per table: capturing it again replaces the first.
+-- PB404 when the topic does not exist, PB400 for a bad prefix or a relation
+-- that is not a table. For the schema's owner only.
+CREATE FUNCTION postbox.capture(source regclass, topic_name text, routing_prefix text DEFAULT '')
+RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM postbox._topic(topic_name);
+    IF routing_prefix IS NULL OR (routing_prefix <> '' AND postbox.routing_key_problem(routing_prefix) IS NOT NULL) THEN
+        PERFORM postbox._invalid(coalesce(postbox.routing_key_problem(routing_prefix),
+                                          'routing_prefix must not be NULL; give '''' for none'));
+    END IF;
+    IF (SELECT c.relkind FROM pg_catalog.pg_class c WHERE c.oid = source) NOT IN ('r', 'p')
+       OR (SELECT c.relnamespace FROM pg_catalog.pg_class c WHERE c.oid = source) = 'postbox'::regnamespace THEN
+        PERFORM postbox._invalid(format('%s is not a table outside schema postbox', source));
+    END IF;
+    PERFORM postbox.release(source);
+    EXECUTE format('CREATE TRIGGER postbox_capture_insert AFTER INSERT ON %s REFERENCING NEW TABLE AS postbox_new '
+                   'FOR EACH STATEMENT EXECUTE FUNCTION postbox._capture_rows(%L, %L)',
+                   source, topic_name, routing_prefix);
+    EXECUTE format('CREATE TRIGGER postbox_capture_update AFTER UPDATE ON %s '
+                   'FOR EACH ROW EXECUTE FUNCTION postbox._capture_update(%L, %L)',
+                   source, topic_name, routing_prefix);
+    EXECUTE format('CREATE TRIGGER postbox_capture_delete AFTER DELETE ON %s REFERENCING OLD TABLE AS postbox_old '
+                   'FOR EACH STATEMENT EXECUTE FUNCTION postbox._capture_rows(%L, %L)',
+                   source, topic_name, routing_prefix);
+END
+$$;
+
+-- Stops publishing the changes of `source`; false when it was not captured.
+-- For the schema's owner only.
+CREATE FUNCTION postbox.release(source regclass) RETURNS boolean
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t
+                   WHERE t.tgrelid = source AND t.tgfoid = 'postbox._capture_update()'::regprocedure) THEN
+        RETURN false;
+    END IF;
+    EXECUTE format('DROP TRIGGER IF EXISTS postbox_capture_insert ON %s', source);
+    EXECUTE format('DROP TRIGGER IF EXISTS postbox_capture_update ON %s', source);
+    EXECUTE format('DROP TRIGGER IF EXISTS postbox_capture_delete ON %s', source);
+    RETURN true;
+END
+$$;
+
+-- Uninstall (since 0.9.0): removes what postbox made and nothing else.
+
+-- The comment on the roles an install created.
+CREATE FUNCTION postbox._role_mark() RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT 'created by postbox; postbox.uninstall() drops it'::text
+$$;
+
+-- Removes postbox from this database: its pg_cron job, its capture triggers,
+-- the schema with everything in it (the extension, when installed as one) and
+-- postbox's roles, those an install created (their comment says so: roles
+-- belong to the cluster, and one made by hand is not postbox's to drop). A
+-- role still needed elsewhere (postbox in another database, privileges or
+-- objects of its own) is kept and named in the result: the last uninstall in
+-- the cluster drops it.
+-- Returns {"cron_jobs", "captures", "dropped_roles", "kept_roles"}. For the
+-- schema's owner only; the owner needs CREATEROLE to drop the roles.
+CREATE FUNCTION postbox.uninstall() RETURNS jsonb
+LANGUAGE plpgsql AS $$
+DECLARE
+    cron_jobs integer := postbox.stop();
+    captures integer := 0;
+    captured regclass;
+    roles text[] := ARRAY(SELECT r.rolname FROM pg_catalog.pg_roles r
+                          WHERE r.rolname IN ('postbox_admin', 'postbox_reader', 'postbox_writer')
+                                AND pg_catalog.shobj_description(r.oid, 'pg_authid') = postbox._role_mark()
+                          ORDER BY r.rolname);
+    role_name text;
+    dropped text[] := '{}';
+    kept text[] := '{}';
+BEGIN
+    FOR captured IN SELECT c.captured_table FROM postbox.captures c LOOP
+        PERFORM postbox.release(captured);
+        captures := captures + 1;
+    END LOOP;
+    IF EXISTS (SELECT FROM pg_catalog.pg_extension WHERE extname = 'postbox') THEN
+        DROP EXTENSION postbox CASCADE;
+    END IF;
+    DROP SCHEMA IF EXISTS postbox CASCADE;
+    FOREACH role_name IN ARRAY roles LOOP
+        CONTINUE WHEN NOT EXISTS (SELECT FROM pg_catalog.pg_roles r WHERE r.rolname = role_name);
+        BEGIN
+            EXECUTE format('DROP ROLE %I', role_name);
+            dropped := dropped || role_name;
+        EXCEPTION WHEN dependent_objects_still_exist OR insufficient_privilege THEN
+            RAISE NOTICE 'postbox: role % is kept: %', role_name, SQLERRM;
+            kept := kept || role_name;
+        END;
+    END LOOP;
+    RETURN jsonb_build_object('cron_jobs', cron_jobs, 'captures', captures,
+                              'dropped_roles', to_jsonb(dropped), 'kept_roles', to_jsonb(kept));
+END
+$$;
+
+-- Roles an earlier version's install made (postbox's names, with no comment of
+-- their own) are marked as an install's, for uninstall.
+DO $$
+DECLARE
+    role_name text;
+BEGIN
+    FOR role_name IN SELECT r.rolname FROM pg_catalog.pg_roles r
+                     WHERE r.rolname IN ('postbox_reader', 'postbox_writer', 'postbox_admin')
+                           AND pg_catalog.shobj_description(r.oid, 'pg_authid') IS NULL LOOP
+        EXECUTE format('COMMENT ON ROLE %I IS %L', role_name, postbox._role_mark());
+    END LOOP;
+EXCEPTION WHEN insufficient_privilege THEN
+    RAISE NOTICE 'postbox: roles were not marked as postbox''s (%); uninstall will keep them', SQLERRM;
+END
+$$;
+
+-- Gives the engine's functions their privileges, and makes each public one
+-- SECURITY DEFINER with a fixed search_path: a reader or writer then needs no
+-- right on the tables (a writer can call send, not insert rows of its own), and
+-- no schema of the caller's can shadow a function or operator the engine uses.
+-- Pure (IMMUTABLE) functions and internal ones (named "_...") stay as they are:
+-- they run inside a public function, whose path is fixed already, and a SET
+-- clause would keep the planner from inlining them. CREATE OR REPLACE resets
+-- a function's settings, so every install and upgrade script ends by calling
+-- this. start, stop, uninstall, capture and release stay the owner's (since
+-- 0.9.0): they schedule jobs, drop the engine and add triggers to tables.
+CREATE OR REPLACE FUNCTION postbox._secure() RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    f record;
+    roles boolean := (SELECT count(*) = 3 FROM pg_catalog.pg_roles
+                      WHERE rolname IN ('postbox_reader', 'postbox_writer', 'postbox_admin'));
+    owner_only oid[] := array_remove(ARRAY[
+        to_regprocedure('postbox.start(interval)'), to_regprocedure('postbox.stop()'),
+        to_regprocedure('postbox.uninstall()'), to_regprocedure('postbox.capture(regclass,text,text)'),
+        to_regprocedure('postbox.release(regclass)')]::oid[], NULL);
+BEGIN
+    FOR f IN SELECT p.oid, p.oid::regprocedure AS signature, p.proname AS name, p.provolatile, p.prorettype
+             FROM pg_catalog.pg_proc p WHERE p.pronamespace = 'postbox'::regnamespace LOOP
+        EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', f.signature);
+        IF f.provolatile <> 'i' AND f.prorettype <> 'trigger'::regtype AND left(f.name, 1) <> '_' THEN
+            EXECUTE format('ALTER FUNCTION %s SECURITY DEFINER SET search_path = pg_catalog, postbox, pg_temp',
+                           f.signature);
+        END IF;
+        IF roles AND f.oid <> ALL (owner_only) THEN
+            EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO postbox_admin', f.signature);
+            IF f.name IN ('queue_stats', 'queue_metrics', 'queue_rates', 'peek_messages', 'get_message',
+                          'list_archived_messages', 'get_queue', 'list_queues', 'list_dead_letter_source_queues', 'list_redrive_tasks',
+                          'get_topic', 'list_topics', 'get_subscription', 'list_subscriptions',
+                          'list_webhook_deliveries', 'get_schedule', 'list_schedules', 'get_consumer_group',
+                          'list_consumer_groups', 'stream_metrics', 'stream_position') THEN
+                EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO postbox_reader', f.signature);
+            ELSIF f.name IN ('send', 'send_batch', 'publish', 'publish_batch') THEN
+                EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO postbox_writer', f.signature);
+            END IF;
+        END IF;
+    END LOOP;
+    IF roles THEN
+        GRANT USAGE ON SCHEMA postbox TO postbox_reader, postbox_writer, postbox_admin;
+        GRANT ALL ON ALL TABLES IN SCHEMA postbox TO postbox_admin;
+        GRANT ALL ON ALL SEQUENCES IN SCHEMA postbox TO postbox_admin;
+        GRANT SELECT ON postbox.queue_health, postbox.queue_throughput TO postbox_reader;
+    END IF;
+END
 $$;
 
 -- Jobs (since 0.9.0): a consumer names itself when it receives (consumer_id), a

@@ -216,6 +216,12 @@ def test_a_stream_topic_and_its_groups_lag(server):
     (listed,) = json.loads(ok("topics", "groups", topic, "-o", "json", *target))
     assert (listed["name"], listed["lag_messages"]) == ("billing", "1")
     assert "billing" in ok("topics", "groups", topic, *target)
+    paused = json.loads(ok("topics", "pause-group", topic, "billing", "-o", "json", *target))
+    assert paused["paused"] is True
+    (listed,) = json.loads(ok("topics", "groups", topic, "-o", "json", *target))
+    assert listed["paused"] is True
+    resumed = json.loads(ok("topics", "resume-group", topic, "billing", "-o", "json", *target))
+    assert resumed.get("paused", False) is False
 
 
 def test_cancel_ttl_run_and_preview_verbs(server):

@@ -100,6 +100,8 @@ _STREAMS = {
     "GetConsumerGroup": Rule("read", "topic", also=("receive",)),
     "ListConsumerGroups": Rule("read", "topic", also=("receive",)),
     "DeleteConsumerGroup": Rule("manage", "topic"),
+    "PauseConsumerGroup": Rule("manage", "topic"),
+    "ResumeConsumerGroup": Rule("manage", "topic"),
     "ReadStream": Rule("receive", "topic"),
     "StreamingReadStream": Rule("receive", "topic"),
     "AckStream": Rule("receive", "topic"),

@@ -610,7 +610,7 @@ class Engine:
         return rows
 
     # Stream topics. Group rows carry topic, name, created_at, cursor_offset, acked_at,
-    # lease_expires_at, lag_messages and lag_seconds.
+    # lease_expires_at, lag_messages, lag_seconds and paused.
 
     async def create_consumer_group(
         self, topic: str, name: str, start: str, start_time: datetime | None
@@ -627,6 +627,12 @@ class Engine:
 
     async def delete_consumer_group(self, topic: str, name: str) -> None:
         await self._call("execute", "delete_consumer_group", topic, name)
+
+    async def pause_consumer_group(self, topic: str, name: str) -> Record:
+        return await self._call("fetchrow", "pause_consumer_group", topic, name)
+
+    async def resume_consumer_group(self, topic: str, name: str) -> Record:
+        return await self._call("fetchrow", "resume_consumer_group", topic, name)
 
     async def read_stream(
         self, topic: str, group: str, max_messages: int, lease_duration: timedelta,

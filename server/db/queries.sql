@@ -296,6 +296,12 @@ SELECT * FROM postbox.list_consumer_groups($1, $2, $3)
 -- name: delete_consumer_group
 SELECT postbox.delete_consumer_group($1, $2)
 
+-- name: pause_consumer_group
+SELECT * FROM postbox.pause_consumer_group($1, $2)
+
+-- name: resume_consumer_group
+SELECT * FROM postbox.resume_consumer_group($1, $2)
+
 -- name: read_stream
 SELECT * FROM postbox.read_stream($1, $2, $3, $4, $5, $6)
 

@@ -443,7 +443,19 @@ def topics(args: argparse.Namespace, channel: grpc.Channel) -> int:
     if verb == "groups":
         groups = stream_service_pb2.ListConsumerGroupsRequest(topic=args.name, page_size=PAGE)
         listed = list(pages(Stubs(channel).streams.ListConsumerGroups, groups, "consumer_groups"))
-        _show(args, listed, ("name", "lag_messages", "lag", "cursor_offset"))
+        _show(args, listed, ("name", "lag_messages", "lag", "cursor_offset", "paused"))
+    elif verb == "pause-group":
+        streams = Stubs(channel).streams
+        paused = streams.PauseConsumerGroup(
+            stream_service_pb2.PauseConsumerGroupRequest(topic=args.name, name=args.group)
+        )
+        _show_one(args, paused.consumer_group)
+    elif verb == "resume-group":
+        streams = Stubs(channel).streams
+        resumed = streams.ResumeConsumerGroup(
+            stream_service_pb2.ResumeConsumerGroupRequest(topic=args.name, name=args.group)
+        )
+        _show_one(args, resumed.consumer_group)
     elif verb == "ls":
         listed = list(
             pages(stubs.ListTopics, topic_service_pb2.ListTopicsRequest(page_size=PAGE), "topics")
@@ -663,6 +675,11 @@ def add_parsers(verbs: Any, client: argparse.ArgumentParser, run: Callable[..., 
     verb(sub, "groups", "a stream topic's consumer groups, with their lag", topics).add_argument(
         "name"
     )
+    for name, does in (("pause-group", "stop a consumer group's reads"),
+                       ("resume-group", "let a paused consumer group read again")):  # fmt: skip
+        changed = verb(sub, name, does, topics)
+        changed.add_argument("name", help="the stream topic")
+        changed.add_argument("group", help="the consumer group")
     publish = verb(sub, "publish", "publish a message", topics)
     publish.add_argument("name")
     publish.add_argument("body")

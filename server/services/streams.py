@@ -74,6 +74,7 @@ def consumer_group(row: Row) -> pb.ConsumerGroup:
         cursor_offset=row["cursor_offset"],
         lag_messages=row["lag_messages"],
         lag=convert.duration(timedelta(seconds=row["lag_seconds"])),
+        paused=row["paused"],
     )
     if row["acked_at"] is not None:
         group.ack_time.CopyFrom(convert.timestamp(row["acked_at"]))
@@ -168,6 +169,20 @@ class StreamService(stream_service_pb2_grpc.StreamServiceServicer):
     ) -> pb.DeleteConsumerGroupResponse:
         await self.engine.delete_consumer_group(request.topic, request.name)
         return pb.DeleteConsumerGroupResponse()
+
+    @reports_errors
+    async def PauseConsumerGroup(
+        self, request: pb.PauseConsumerGroupRequest, context: grpc.aio.ServicerContext
+    ) -> pb.PauseConsumerGroupResponse:
+        row = await self.engine.pause_consumer_group(request.topic, request.name)
+        return pb.PauseConsumerGroupResponse(consumer_group=consumer_group(row))
+
+    @reports_errors
+    async def ResumeConsumerGroup(
+        self, request: pb.ResumeConsumerGroupRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ResumeConsumerGroupResponse:
+        row = await self.engine.resume_consumer_group(request.topic, request.name)
+        return pb.ResumeConsumerGroupResponse(consumer_group=consumer_group(row))
 
     @reports_errors
     async def ReadStream(

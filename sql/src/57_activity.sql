@@ -46,12 +46,16 @@ LANGUAGE sql AS $$
 $$;
 
 -- Forgets activity older than an hour, the longest window worth asking for.
--- Returns how many rows went.
+-- Returns how many rows went. One session at a time (an advisory lock, since
+-- 0.9.0): another, a server's worker or tick, returns 0 at once.
 CREATE FUNCTION postbox.expire_activity() RETURNS bigint
 LANGUAGE plpgsql AS $$
 DECLARE
     removed bigint;
 BEGIN
+    IF NOT pg_try_advisory_xact_lock(1886350201, 1) THEN
+        RETURN 0;
+    END IF;
     DELETE FROM postbox.queue_activity WHERE bucket < now() - interval '1 hour';
     GET DIAGNOSTICS removed = ROW_COUNT;
     RETURN removed;

@@ -78,6 +78,7 @@ CREATE TABLE postbox.consumer_groups (
     lease_end_tx xid8,
     lease_end_offset bigint,
     lease_deliveries integer,
+    paused boolean NOT NULL DEFAULT false,  -- reads refused until resume_consumer_group
     UNIQUE (topic_id, name)
 ) WITH (fillfactor = 50);  -- every read and ack updates the row: room for HOT updates
 
@@ -217,12 +218,13 @@ LANGUAGE sql STABLE AS $$
 $$;
 
 -- A consumer group as get_ and list_consumer_groups show it: its cursor (the
--- offset of the last acknowledged row, 0 before any), the batch out now, and
--- its lag: the rows of the log past its cursor, and how long ago the first of
--- them was published (0 with none).
+-- offset of the last acknowledged row, 0 before any), the batch out now, its
+-- lag: the rows of the log past its cursor, and how long ago the first of
+-- them was published (0 with none), and whether it is paused.
 CREATE FUNCTION postbox._consumer_group_view(g postbox.consumer_groups, topic_name text)
 RETURNS TABLE (topic text, name text, created_at timestamptz, cursor_offset bigint, acked_at timestamptz,
-               lease_expires_at timestamptz, lag_messages bigint, lag_seconds double precision)
+               lease_expires_at timestamptz, lag_messages bigint, lag_seconds double precision,
+               paused boolean)
 LANGUAGE sql STABLE AS $$
     SELECT topic_name, g.name, g.created_at, g.cursor_offset, g.acked_at,
            CASE WHEN g.lease IS NOT NULL THEN g.lease_expires_at END,
@@ -231,7 +233,8 @@ LANGUAGE sql STABLE AS $$
            coalesce((SELECT greatest(extract(epoch FROM now() - l.published_at), 0)::double precision
                      FROM postbox.stream_log l
                      WHERE l.topic_id = g.topic_id AND (l.tx, l.stream_offset) > (g.cursor_tx, g.cursor_offset)
-                     ORDER BY l.tx, l.stream_offset LIMIT 1), 0)
+                     ORDER BY l.tx, l.stream_offset LIMIT 1), 0),
+           g.paused
 $$;
 
 -- Creates a consumer group on a stream topic, reading from `start`: earliest
@@ -241,7 +244,8 @@ $$;
 CREATE FUNCTION postbox.create_consumer_group(topic_name text, group_name text, start text DEFAULT 'earliest',
                                               start_time timestamptz DEFAULT NULL)
 RETURNS TABLE (topic text, name text, created_at timestamptz, cursor_offset bigint, acked_at timestamptz,
-               lease_expires_at timestamptz, lag_messages bigint, lag_seconds double precision)
+               lease_expires_at timestamptz, lag_messages bigint, lag_seconds double precision,
+               paused boolean)
 LANGUAGE plpgsql AS $$
 DECLARE
     checked_name text := postbox._group_name(group_name);  -- before any lookup
@@ -281,7 +285,8 @@ $$;
 -- A consumer group with its lag; PB404 if there is none.
 CREATE FUNCTION postbox.get_consumer_group(topic_name text, group_name text)
 RETURNS TABLE (topic text, name text, created_at timestamptz, cursor_offset bigint, acked_at timestamptz,
-               lease_expires_at timestamptz, lag_messages bigint, lag_seconds double precision)
+               lease_expires_at timestamptz, lag_messages bigint, lag_seconds double precision,
+               paused boolean)
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
     checked_name text := postbox._group_name(group_name);  -- before any lookup
@@ -303,7 +308,8 @@ $$;
 CREATE FUNCTION postbox.list_consumer_groups(topic_name text, page_size integer DEFAULT 100,
                                              after_name text DEFAULT '')
 RETURNS TABLE (topic text, name text, created_at timestamptz, cursor_offset bigint, acked_at timestamptz,
-               lease_expires_at timestamptz, lag_messages bigint, lag_seconds double precision)
+               lease_expires_at timestamptz, lag_messages bigint, lag_seconds double precision,
+               paused boolean)
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
     t postbox.topics := postbox._topic(topic_name);
@@ -314,6 +320,44 @@ BEGIN
     ORDER BY g.name
     LIMIT page_size;
 END
+$$;
+
+-- Sets whether a consumer group is paused; the group as get_consumer_group
+-- shows it.
+CREATE FUNCTION postbox._set_group_paused(topic_name text, group_name text, pause boolean)
+RETURNS TABLE (topic text, name text, created_at timestamptz, cursor_offset bigint, acked_at timestamptz,
+               lease_expires_at timestamptz, lag_messages bigint, lag_seconds double precision,
+               paused boolean)
+LANGUAGE plpgsql AS $$
+DECLARE
+    checked_name text := postbox._group_name(group_name);  -- before any lookup
+    t postbox.topics := postbox._topic(topic_name);
+    g postbox.consumer_groups := postbox._consumer_group(t, group_name);
+BEGIN
+    UPDATE postbox.consumer_groups c SET paused = pause WHERE c.id = g.id RETURNING * INTO g;
+    RETURN QUERY SELECT * FROM postbox._consumer_group_view(g, t.name);
+END
+$$;
+
+-- Pauses a consumer group (since 0.9.0): its reads fail with PB503 until
+-- resume_consumer_group; a batch out now may still be acknowledged. The group
+-- keeps its cursor, so rotation keeps the rows past it. Pausing a paused group
+-- changes nothing.
+CREATE FUNCTION postbox.pause_consumer_group(topic_name text, group_name text)
+RETURNS TABLE (topic text, name text, created_at timestamptz, cursor_offset bigint, acked_at timestamptz,
+               lease_expires_at timestamptz, lag_messages bigint, lag_seconds double precision,
+               paused boolean)
+LANGUAGE sql AS $$
+    SELECT * FROM postbox._set_group_paused(topic_name, group_name, true)
+$$;
+
+-- Lets a paused consumer group read again, from its cursor.
+CREATE FUNCTION postbox.resume_consumer_group(topic_name text, group_name text)
+RETURNS TABLE (topic text, name text, created_at timestamptz, cursor_offset bigint, acked_at timestamptz,
+               lease_expires_at timestamptz, lag_messages bigint, lag_seconds double precision,
+               paused boolean)
+LANGUAGE sql AS $$
+    SELECT * FROM postbox._set_group_paused(topic_name, group_name, false)
 $$;
 
 -- Deletes a consumer group; its rows of the log no longer wait for it.
@@ -364,6 +408,11 @@ BEGIN
         PERFORM postbox._invalid(format('max_batch_wait must not be negative, not %s', max_batch_wait));
     END IF;
     g := postbox._consumer_group(t, group_name, skip_locked => true);
+    IF g.paused THEN
+        RAISE EXCEPTION USING ERRCODE = 'PB503', MESSAGE = format(
+            'consumer group %s of topic %s is paused; ResumeConsumerGroup lets reads in again',
+            quote_literal(group_name), quote_literal(topic_name));
+    END IF;
     IF g.id IS NULL OR (g.lease IS NOT NULL AND g.lease_expires_at > now()) THEN
         RETURN;
     END IF;
@@ -430,7 +479,8 @@ $$;
 CREATE FUNCTION postbox.seek_consumer_group(topic_name text, group_name text, to_offset bigint DEFAULT NULL,
                                             to_time timestamptz DEFAULT NULL)
 RETURNS TABLE (topic text, name text, created_at timestamptz, cursor_offset bigint, acked_at timestamptz,
-               lease_expires_at timestamptz, lag_messages bigint, lag_seconds double precision)
+               lease_expires_at timestamptz, lag_messages bigint, lag_seconds double precision,
+               paused boolean)
 LANGUAGE plpgsql AS $$
 DECLARE
     checked_name text := postbox._group_name(group_name);  -- before any lookup
@@ -656,7 +706,8 @@ $$;
 CREATE FUNCTION postbox.set_consumer_group_cursor(topic_name text, group_name text, to_tx bigint,
                                                   to_offset bigint)
 RETURNS TABLE (topic text, name text, created_at timestamptz, cursor_offset bigint, acked_at timestamptz,
-               lease_expires_at timestamptz, lag_messages bigint, lag_seconds double precision)
+               lease_expires_at timestamptz, lag_messages bigint, lag_seconds double precision,
+               paused boolean)
 LANGUAGE plpgsql AS $$
 DECLARE
     checked_name text := postbox._group_name(group_name);  -- before any lookup

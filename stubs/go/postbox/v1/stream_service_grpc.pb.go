@@ -27,6 +27,14 @@ type StreamServiceClient interface {
 	ListConsumerGroups(ctx context.Context, in *ListConsumerGroupsRequest, opts ...grpc.CallOption) (*ListConsumerGroupsResponse, error)
 	// Deletes a consumer group; the log no longer keeps messages for it.
 	DeleteConsumerGroup(ctx context.Context, in *DeleteConsumerGroupRequest, opts ...grpc.CallOption) (*DeleteConsumerGroupResponse, error)
+	// Pauses a consumer group: its reads fail with UNAVAILABLE until
+	// ResumeConsumerGroup, while a batch out may still be acknowledged. The
+	// group keeps its cursor, so the log keeps the messages past it. NOT_FOUND
+	// if it does not exist.
+	PauseConsumerGroup(ctx context.Context, in *PauseConsumerGroupRequest, opts ...grpc.CallOption) (*PauseConsumerGroupResponse, error)
+	// Lets a paused consumer group read again, from its cursor. NOT_FOUND if it
+	// does not exist.
+	ResumeConsumerGroup(ctx context.Context, in *ResumeConsumerGroupRequest, opts ...grpc.CallOption) (*ResumeConsumerGroupResponse, error)
 	// Reads the group's next batch, waiting up to wait_time for one. An empty
 	// response means nothing was ready: no message past the cursor (or fewer
 	// than min_messages, none older than max_batch_wait), or the group's batch
@@ -97,6 +105,24 @@ func (c *streamServiceClient) ListConsumerGroups(ctx context.Context, in *ListCo
 func (c *streamServiceClient) DeleteConsumerGroup(ctx context.Context, in *DeleteConsumerGroupRequest, opts ...grpc.CallOption) (*DeleteConsumerGroupResponse, error) {
 	out := new(DeleteConsumerGroupResponse)
 	err := c.cc.Invoke(ctx, "/postbox.v1.StreamService/DeleteConsumerGroup", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *streamServiceClient) PauseConsumerGroup(ctx context.Context, in *PauseConsumerGroupRequest, opts ...grpc.CallOption) (*PauseConsumerGroupResponse, error) {
+	out := new(PauseConsumerGroupResponse)
+	err := c.cc.Invoke(ctx, "/postbox.v1.StreamService/PauseConsumerGroup", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *streamServiceClient) ResumeConsumerGroup(ctx context.Context, in *ResumeConsumerGroupRequest, opts ...grpc.CallOption) (*ResumeConsumerGroupResponse, error) {
+	out := new(ResumeConsumerGroupResponse)
+	err := c.cc.Invoke(ctx, "/postbox.v1.StreamService/ResumeConsumerGroup", in, out, opts...)
 	if err != nil {
 		return nil, err
 	}
@@ -194,6 +220,14 @@ type StreamServiceServer interface {
 	ListConsumerGroups(context.Context, *ListConsumerGroupsRequest) (*ListConsumerGroupsResponse, error)
 	// Deletes a consumer group; the log no longer keeps messages for it.
 	DeleteConsumerGroup(context.Context, *DeleteConsumerGroupRequest) (*DeleteConsumerGroupResponse, error)
+	// Pauses a consumer group: its reads fail with UNAVAILABLE until
+	// ResumeConsumerGroup, while a batch out may still be acknowledged. The
+	// group keeps its cursor, so the log keeps the messages past it. NOT_FOUND
+	// if it does not exist.
+	PauseConsumerGroup(context.Context, *PauseConsumerGroupRequest) (*PauseConsumerGroupResponse, error)
+	// Lets a paused consumer group read again, from its cursor. NOT_FOUND if it
+	// does not exist.
+	ResumeConsumerGroup(context.Context, *ResumeConsumerGroupRequest) (*ResumeConsumerGroupResponse, error)
 	// Reads the group's next batch, waiting up to wait_time for one. An empty
 	// response means nothing was ready: no message past the cursor (or fewer
 	// than min_messages, none older than max_batch_wait), or the group's batch
@@ -242,6 +276,12 @@ func (UnimplementedStreamServiceServer) ListConsumerGroups(context.Context, *Lis
 }
 func (UnimplementedStreamServiceServer) DeleteConsumerGroup(context.Context, *DeleteConsumerGroupRequest) (*DeleteConsumerGroupResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method DeleteConsumerGroup not implemented")
+}
+func (UnimplementedStreamServiceServer) PauseConsumerGroup(context.Context, *PauseConsumerGroupRequest) (*PauseConsumerGroupResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method PauseConsumerGroup not implemented")
+}
+func (UnimplementedStreamServiceServer) ResumeConsumerGroup(context.Context, *ResumeConsumerGroupRequest) (*ResumeConsumerGroupResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ResumeConsumerGroup not implemented")
 }
 func (UnimplementedStreamServiceServer) ReadStream(context.Context, *ReadStreamRequest) (*ReadStreamResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method ReadStream not implemented")
@@ -342,6 +382,42 @@ func _StreamService_DeleteConsumerGroup_Handler(srv interface{}, ctx context.Con
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(StreamServiceServer).DeleteConsumerGroup(ctx, req.(*DeleteConsumerGroupRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _StreamService_PauseConsumerGroup_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PauseConsumerGroupRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(StreamServiceServer).PauseConsumerGroup(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/postbox.v1.StreamService/PauseConsumerGroup",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(StreamServiceServer).PauseConsumerGroup(ctx, req.(*PauseConsumerGroupRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _StreamService_ResumeConsumerGroup_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ResumeConsumerGroupRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(StreamServiceServer).ResumeConsumerGroup(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/postbox.v1.StreamService/ResumeConsumerGroup",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(StreamServiceServer).ResumeConsumerGroup(ctx, req.(*ResumeConsumerGroupRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -476,6 +552,14 @@ var _StreamService_serviceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "DeleteConsumerGroup",
 			Handler:    _StreamService_DeleteConsumerGroup_Handler,
+		},
+		{
+			MethodName: "PauseConsumerGroup",
+			Handler:    _StreamService_PauseConsumerGroup_Handler,
+		},
+		{
+			MethodName: "ResumeConsumerGroup",
+			Handler:    _StreamService_ResumeConsumerGroup_Handler,
 		},
 		{
 			MethodName: "ReadStream",

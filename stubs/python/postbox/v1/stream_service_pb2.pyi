@@ -32,7 +32,7 @@ class StreamPosition(_message.Message):
     def __init__(self, tx: _Optional[int] = ..., offset: _Optional[int] = ...) -> None: ...
 
 class ConsumerGroup(_message.Message):
-    __slots__ = ("topic", "name", "create_time", "cursor_offset", "ack_time", "lease_expire_time", "lag_messages", "lag")
+    __slots__ = ("topic", "name", "create_time", "cursor_offset", "ack_time", "lease_expire_time", "lag_messages", "lag", "paused")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
@@ -41,6 +41,7 @@ class ConsumerGroup(_message.Message):
     LEASE_EXPIRE_TIME_FIELD_NUMBER: _ClassVar[int]
     LAG_MESSAGES_FIELD_NUMBER: _ClassVar[int]
     LAG_FIELD_NUMBER: _ClassVar[int]
+    PAUSED_FIELD_NUMBER: _ClassVar[int]
     topic: str
     name: str
     create_time: _timestamp_pb2.Timestamp
@@ -49,7 +50,8 @@ class ConsumerGroup(_message.Message):
     lease_expire_time: _timestamp_pb2.Timestamp
     lag_messages: int
     lag: _duration_pb2.Duration
-    def __init__(self, topic: _Optional[str] = ..., name: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., cursor_offset: _Optional[int] = ..., ack_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., lease_expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., lag_messages: _Optional[int] = ..., lag: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+    paused: bool
+    def __init__(self, topic: _Optional[str] = ..., name: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., cursor_offset: _Optional[int] = ..., ack_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., lease_expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., lag_messages: _Optional[int] = ..., lag: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., paused: _Optional[bool] = ...) -> None: ...
 
 class StreamMessage(_message.Message):
     __slots__ = ("offset", "publish_id", "publish_time", "routing_key", "ordering_key", "subject", "body", "attributes")
@@ -137,6 +139,34 @@ class DeleteConsumerGroupRequest(_message.Message):
 class DeleteConsumerGroupResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class PauseConsumerGroupRequest(_message.Message):
+    __slots__ = ("topic", "name")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    name: str
+    def __init__(self, topic: _Optional[str] = ..., name: _Optional[str] = ...) -> None: ...
+
+class PauseConsumerGroupResponse(_message.Message):
+    __slots__ = ("consumer_group",)
+    CONSUMER_GROUP_FIELD_NUMBER: _ClassVar[int]
+    consumer_group: ConsumerGroup
+    def __init__(self, consumer_group: _Optional[_Union[ConsumerGroup, _Mapping]] = ...) -> None: ...
+
+class ResumeConsumerGroupRequest(_message.Message):
+    __slots__ = ("topic", "name")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    name: str
+    def __init__(self, topic: _Optional[str] = ..., name: _Optional[str] = ...) -> None: ...
+
+class ResumeConsumerGroupResponse(_message.Message):
+    __slots__ = ("consumer_group",)
+    CONSUMER_GROUP_FIELD_NUMBER: _ClassVar[int]
+    consumer_group: ConsumerGroup
+    def __init__(self, consumer_group: _Optional[_Union[ConsumerGroup, _Mapping]] = ...) -> None: ...
 
 class ReadStreamRequest(_message.Message):
     __slots__ = ("topic", "consumer_group", "max_messages", "min_messages", "max_batch_wait", "wait_time", "lease_duration")

@@ -63,6 +63,16 @@ class StreamServiceStub:
                 request_serializer=postbox_dot_v1_dot_stream__service__pb2.DeleteConsumerGroupRequest.SerializeToString,
                 response_deserializer=postbox_dot_v1_dot_stream__service__pb2.DeleteConsumerGroupResponse.FromString,
                 _registered_method=True)
+        self.PauseConsumerGroup = channel.unary_unary(
+                '/postbox.v1.StreamService/PauseConsumerGroup',
+                request_serializer=postbox_dot_v1_dot_stream__service__pb2.PauseConsumerGroupRequest.SerializeToString,
+                response_deserializer=postbox_dot_v1_dot_stream__service__pb2.PauseConsumerGroupResponse.FromString,
+                _registered_method=True)
+        self.ResumeConsumerGroup = channel.unary_unary(
+                '/postbox.v1.StreamService/ResumeConsumerGroup',
+                request_serializer=postbox_dot_v1_dot_stream__service__pb2.ResumeConsumerGroupRequest.SerializeToString,
+                response_deserializer=postbox_dot_v1_dot_stream__service__pb2.ResumeConsumerGroupResponse.FromString,
+                _registered_method=True)
         self.ReadStream = channel.unary_unary(
                 '/postbox.v1.StreamService/ReadStream',
                 request_serializer=postbox_dot_v1_dot_stream__service__pb2.ReadStreamRequest.SerializeToString,
@@ -132,6 +142,24 @@ class StreamServiceServicer:
 
     def DeleteConsumerGroup(self, request, context):
         """Deletes a consumer group; the log no longer keeps messages for it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PauseConsumerGroup(self, request, context):
+        """Pauses a consumer group: its reads fail with UNAVAILABLE until
+        ResumeConsumerGroup, while a batch out may still be acknowledged. The
+        group keeps its cursor, so the log keeps the messages past it. NOT_FOUND
+        if it does not exist.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResumeConsumerGroup(self, request, context):
+        """Lets a paused consumer group read again, from its cursor. NOT_FOUND if it
+        does not exist.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -219,6 +247,16 @@ def add_StreamServiceServicer_to_server(servicer, server):
                     servicer.DeleteConsumerGroup,
                     request_deserializer=postbox_dot_v1_dot_stream__service__pb2.DeleteConsumerGroupRequest.FromString,
                     response_serializer=postbox_dot_v1_dot_stream__service__pb2.DeleteConsumerGroupResponse.SerializeToString,
+            ),
+            'PauseConsumerGroup': grpc.unary_unary_rpc_method_handler(
+                    servicer.PauseConsumerGroup,
+                    request_deserializer=postbox_dot_v1_dot_stream__service__pb2.PauseConsumerGroupRequest.FromString,
+                    response_serializer=postbox_dot_v1_dot_stream__service__pb2.PauseConsumerGroupResponse.SerializeToString,
+            ),
+            'ResumeConsumerGroup': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResumeConsumerGroup,
+                    request_deserializer=postbox_dot_v1_dot_stream__service__pb2.ResumeConsumerGroupRequest.FromString,
+                    response_serializer=postbox_dot_v1_dot_stream__service__pb2.ResumeConsumerGroupResponse.SerializeToString,
             ),
             'ReadStream': grpc.unary_unary_rpc_method_handler(
                     servicer.ReadStream,
@@ -368,6 +406,60 @@ class StreamService:
             '/postbox.v1.StreamService/DeleteConsumerGroup',
             postbox_dot_v1_dot_stream__service__pb2.DeleteConsumerGroupRequest.SerializeToString,
             postbox_dot_v1_dot_stream__service__pb2.DeleteConsumerGroupResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PauseConsumerGroup(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/postbox.v1.StreamService/PauseConsumerGroup',
+            postbox_dot_v1_dot_stream__service__pb2.PauseConsumerGroupRequest.SerializeToString,
+            postbox_dot_v1_dot_stream__service__pb2.PauseConsumerGroupResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResumeConsumerGroup(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/postbox.v1.StreamService/ResumeConsumerGroup',
+            postbox_dot_v1_dot_stream__service__pb2.ResumeConsumerGroupRequest.SerializeToString,
+            postbox_dot_v1_dot_stream__service__pb2.ResumeConsumerGroupResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -54,6 +54,16 @@ class StreamServiceStub:
     """
     DeleteConsumerGroup: _grpc.UnaryUnaryMultiCallable[_stream_service_pb2.DeleteConsumerGroupRequest, _stream_service_pb2.DeleteConsumerGroupResponse]
     """Deletes a consumer group; the log no longer keeps messages for it."""
+    PauseConsumerGroup: _grpc.UnaryUnaryMultiCallable[_stream_service_pb2.PauseConsumerGroupRequest, _stream_service_pb2.PauseConsumerGroupResponse]
+    """Pauses a consumer group: its reads fail with UNAVAILABLE until
+    ResumeConsumerGroup, while a batch out may still be acknowledged. The
+    group keeps its cursor, so the log keeps the messages past it. NOT_FOUND
+    if it does not exist.
+    """
+    ResumeConsumerGroup: _grpc.UnaryUnaryMultiCallable[_stream_service_pb2.ResumeConsumerGroupRequest, _stream_service_pb2.ResumeConsumerGroupResponse]
+    """Lets a paused consumer group read again, from its cursor. NOT_FOUND if it
+    does not exist.
+    """
     ReadStream: _grpc.UnaryUnaryMultiCallable[_stream_service_pb2.ReadStreamRequest, _stream_service_pb2.ReadStreamResponse]
     """Reads the group's next batch, waiting up to wait_time for one. An empty
     response means nothing was ready: no message past the cursor (or fewer
@@ -117,6 +127,16 @@ class StreamServiceAsyncStub(StreamServiceStub):
     """
     DeleteConsumerGroup: _aio.UnaryUnaryMultiCallable[_stream_service_pb2.DeleteConsumerGroupRequest, _stream_service_pb2.DeleteConsumerGroupResponse]  # type: ignore[assignment]
     """Deletes a consumer group; the log no longer keeps messages for it."""
+    PauseConsumerGroup: _aio.UnaryUnaryMultiCallable[_stream_service_pb2.PauseConsumerGroupRequest, _stream_service_pb2.PauseConsumerGroupResponse]  # type: ignore[assignment]
+    """Pauses a consumer group: its reads fail with UNAVAILABLE until
+    ResumeConsumerGroup, while a batch out may still be acknowledged. The
+    group keeps its cursor, so the log keeps the messages past it. NOT_FOUND
+    if it does not exist.
+    """
+    ResumeConsumerGroup: _aio.UnaryUnaryMultiCallable[_stream_service_pb2.ResumeConsumerGroupRequest, _stream_service_pb2.ResumeConsumerGroupResponse]  # type: ignore[assignment]
+    """Lets a paused consumer group read again, from its cursor. NOT_FOUND if it
+    does not exist.
+    """
     ReadStream: _aio.UnaryUnaryMultiCallable[_stream_service_pb2.ReadStreamRequest, _stream_service_pb2.ReadStreamResponse]  # type: ignore[assignment]
     """Reads the group's next batch, waiting up to wait_time for one. An empty
     response means nothing was ready: no message past the cursor (or fewer
@@ -201,6 +221,28 @@ class StreamServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_stream_service_pb2.DeleteConsumerGroupResponse, _abc.Awaitable[_stream_service_pb2.DeleteConsumerGroupResponse]]:
         """Deletes a consumer group; the log no longer keeps messages for it."""
+
+    @_abc_1.abstractmethod
+    def PauseConsumerGroup(
+        self,
+        request: _stream_service_pb2.PauseConsumerGroupRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_stream_service_pb2.PauseConsumerGroupResponse, _abc.Awaitable[_stream_service_pb2.PauseConsumerGroupResponse]]:
+        """Pauses a consumer group: its reads fail with UNAVAILABLE until
+        ResumeConsumerGroup, while a batch out may still be acknowledged. The
+        group keeps its cursor, so the log keeps the messages past it. NOT_FOUND
+        if it does not exist.
+        """
+
+    @_abc_1.abstractmethod
+    def ResumeConsumerGroup(
+        self,
+        request: _stream_service_pb2.ResumeConsumerGroupRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_stream_service_pb2.ResumeConsumerGroupResponse, _abc.Awaitable[_stream_service_pb2.ResumeConsumerGroupResponse]]:
+        """Lets a paused consumer group read again, from its cursor. NOT_FOUND if it
+        does not exist.
+        """
 
     @_abc_1.abstractmethod
     def ReadStream(

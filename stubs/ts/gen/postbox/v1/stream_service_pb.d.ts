@@ -106,6 +106,14 @@ export declare type ConsumerGroup = Message<"postbox.v1.ConsumerGroup"> & {
    * @generated from field: google.protobuf.Duration lag = 8;
    */
   lag?: Duration | undefined;
+
+  /**
+   * Output only. Whether the group is paused (PauseConsumerGroup): its reads
+   * fail until ResumeConsumerGroup.
+   *
+   * @generated from field: bool paused = 9;
+   */
+  paused: boolean;
 };
 
 /**
@@ -386,6 +394,100 @@ export declare type DeleteConsumerGroupResponse = Message<"postbox.v1.DeleteCons
  * Use `create(DeleteConsumerGroupResponseSchema)` to create a new message.
  */
 export declare const DeleteConsumerGroupResponseSchema: GenMessage<DeleteConsumerGroupResponse>;
+
+/**
+ * Request of StreamService.PauseConsumerGroup.
+ *
+ * @generated from message postbox.v1.PauseConsumerGroupRequest
+ */
+export declare type PauseConsumerGroupRequest = Message<"postbox.v1.PauseConsumerGroupRequest"> & {
+  /**
+   * Required. Name of the topic.
+   *
+   * @generated from field: string topic = 1;
+   */
+  topic: string;
+
+  /**
+   * Required. Name of the consumer group.
+   *
+   * @generated from field: string name = 2;
+   */
+  name: string;
+};
+
+/**
+ * Describes the message postbox.v1.PauseConsumerGroupRequest.
+ * Use `create(PauseConsumerGroupRequestSchema)` to create a new message.
+ */
+export declare const PauseConsumerGroupRequestSchema: GenMessage<PauseConsumerGroupRequest>;
+
+/**
+ * Response of StreamService.PauseConsumerGroup.
+ *
+ * @generated from message postbox.v1.PauseConsumerGroupResponse
+ */
+export declare type PauseConsumerGroupResponse = Message<"postbox.v1.PauseConsumerGroupResponse"> & {
+  /**
+   * Output only. The group, paused.
+   *
+   * @generated from field: postbox.v1.ConsumerGroup consumer_group = 1;
+   */
+  consumerGroup?: ConsumerGroup | undefined;
+};
+
+/**
+ * Describes the message postbox.v1.PauseConsumerGroupResponse.
+ * Use `create(PauseConsumerGroupResponseSchema)` to create a new message.
+ */
+export declare const PauseConsumerGroupResponseSchema: GenMessage<PauseConsumerGroupResponse>;
+
+/**
+ * Request of StreamService.ResumeConsumerGroup.
+ *
+ * @generated from message postbox.v1.ResumeConsumerGroupRequest
+ */
+export declare type ResumeConsumerGroupRequest = Message<"postbox.v1.ResumeConsumerGroupRequest"> & {
+  /**
+   * Required. Name of the topic.
+   *
+   * @generated from field: string topic = 1;
+   */
+  topic: string;
+
+  /**
+   * Required. Name of the consumer group.
+   *
+   * @generated from field: string name = 2;
+   */
+  name: string;
+};
+
+/**
+ * Describes the message postbox.v1.ResumeConsumerGroupRequest.
+ * Use `create(ResumeConsumerGroupRequestSchema)` to create a new message.
+ */
+export declare const ResumeConsumerGroupRequestSchema: GenMessage<ResumeConsumerGroupRequest>;
+
+/**
+ * Response of StreamService.ResumeConsumerGroup.
+ *
+ * @generated from message postbox.v1.ResumeConsumerGroupResponse
+ */
+export declare type ResumeConsumerGroupResponse = Message<"postbox.v1.ResumeConsumerGroupResponse"> & {
+  /**
+   * Output only. The group, reading again.
+   *
+   * @generated from field: postbox.v1.ConsumerGroup consumer_group = 1;
+   */
+  consumerGroup?: ConsumerGroup | undefined;
+};
+
+/**
+ * Describes the message postbox.v1.ResumeConsumerGroupResponse.
+ * Use `create(ResumeConsumerGroupResponseSchema)` to create a new message.
+ */
+export declare const ResumeConsumerGroupResponseSchema: GenMessage<ResumeConsumerGroupResponse>;
 
 /**
  * Request of StreamService.ReadStream.
@@ -959,6 +1061,30 @@ export declare const StreamService: GenService<{
     methodKind: "unary";
     input: typeof DeleteConsumerGroupRequestSchema;
     output: typeof DeleteConsumerGroupResponseSchema;
+  },
+  /**
+   * Pauses a consumer group: its reads fail with UNAVAILABLE until
+   * ResumeConsumerGroup, while a batch out may still be acknowledged. The
+   * group keeps its cursor, so the log keeps the messages past it. NOT_FOUND
+   * if it does not exist.
+   *
+   * @generated from rpc postbox.v1.StreamService.PauseConsumerGroup
+   */
+  pauseConsumerGroup: {
+    methodKind: "unary";
+    input: typeof PauseConsumerGroupRequestSchema;
+    output: typeof PauseConsumerGroupResponseSchema;
+  },
+  /**
+   * Lets a paused consumer group read again, from its cursor. NOT_FOUND if it
+   * does not exist.
+   *
+   * @generated from rpc postbox.v1.StreamService.ResumeConsumerGroup
+   */
+  resumeConsumerGroup: {
+    methodKind: "unary";
+    input: typeof ResumeConsumerGroupRequestSchema;
+    output: typeof ResumeConsumerGroupResponseSchema;
   },
   /**
    * Reads the group's next batch, waiting up to wait_time for one. An empty

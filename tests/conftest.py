@@ -49,7 +49,7 @@ def admin_url() -> Iterator[str]:
     if url:
         yield url
         return
-    from server.embedded import EmbeddedPostgres
+    from postbox_server.embedded import EmbeddedPostgres
 
     directory = tempfile.mkdtemp(prefix="postbox-test-pg-")
     embedded = EmbeddedPostgres(Path(directory) / "data")

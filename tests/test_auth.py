@@ -34,8 +34,8 @@ from support import (
     free_port,
 )
 
-from server.auth.rules import RULES, Rule
-from server.auth.secrets import sigv4_secret
+from postbox_server.auth.rules import RULES, Rule
+from postbox_server.auth.secrets import sigv4_secret
 
 # The name every matrix request names: malformed for every kind of resource, so no
 # call changes anything, yet grants on "authz-*" match it.
@@ -207,7 +207,7 @@ def keys(auth_database: str, auth_channel: grpc.Channel) -> Keys:
 
 def test_every_rpc_of_every_service_has_an_authorisation_rule() -> None:
     missing = sorted(set(METHODS) - set(RULES))
-    assert not missing, f"RPCs without a rule in server/auth/rules.py: {missing}"
+    assert not missing, f"RPCs without a rule in server/postbox_server/auth/rules.py: {missing}"
     assert not set(RULES) - set(METHODS), "rules for RPCs that no longer exist"
 
 
@@ -316,9 +316,9 @@ def test_a_revoked_key_stops_working_on_another_replica_within_a_second(
 
 
 def assert_refuses_anonymous_exposure(*args: str) -> None:
-    """`python -m server *args` exits at once with 2, naming both ways out."""
+    """`python -m postbox_server *args` exits at once with 2, naming both ways out."""
     result = subprocess.run(
-        [sys.executable, "-m", "server", *args],
+        [sys.executable, "-m", "postbox_server", *args],
         capture_output=True, text=True, cwd=ROOT, timeout=60,
     )  # fmt: skip
     assert result.returncode == 2, result.stderr

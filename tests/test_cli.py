@@ -55,7 +55,7 @@ def _skip_space(text: str, position: int) -> int:
 
 
 async def _installed_version(url: str) -> str | None:
-    from server.db.migrate import format_version, installed_version
+    from postbox_server.db.migrate import format_version, installed_version
 
     conn = await asyncpg.connect(url)
     try:

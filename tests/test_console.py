@@ -51,7 +51,7 @@ from support import seconds as duration
 from test_auth import bearer, bootstrap_key
 from test_tls import Authority
 
-from server.console.sessions import Sessions
+from postbox_server.console.sessions import Sessions
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
@@ -703,7 +703,7 @@ def test_sessions_end_when_idle():
 
 def test_workers_and_the_console_are_refused_together():
     result = subprocess.run(
-        [sys.executable, "-m", "server", "serve", "--workers", "2", "--console-port", "1"],
+        [sys.executable, "-m", "postbox_server", "serve", "--workers", "2", "--console-port", "1"],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -716,7 +716,8 @@ def test_workers_and_the_console_are_refused_together():
 
 def test_a_console_beyond_loopback_without_keys_is_refused(open_console):
     result = subprocess.run(
-        [sys.executable, "-m", "server", "serve", "--database-url", open_console.database_url,
+        [sys.executable, "-m", "postbox_server", "serve",
+         "--database-url", open_console.database_url,
          "--grpc-port", str(free_port()), "--console-host", "0.0.0.0",
          "--console-port", str(free_port())],
         capture_output=True, text=True, cwd=ROOT, check=False, timeout=60,
@@ -778,7 +779,8 @@ def test_the_committed_bundle_is_served(open_console):
     with urlopen(f"{open_console.url}/static/app.js") as response:
         served = response.read()
         assert response.headers["Content-Type"].startswith("text/javascript")
-    assert served == (ROOT / "server" / "console" / "static" / "app.js").read_bytes()
+    static = ROOT / "server" / "postbox_server" / "console" / "static"
+    assert served == (static / "app.js").read_bytes()
 
 
 def test_the_overview_pages_through_more_than_a_thousand_queues(page, open_console, channel_of):

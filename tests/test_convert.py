@@ -7,7 +7,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from server.services import convert
+from postbox_server.services import convert
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,7 @@ from support import ServerProcess, create_queue, receive
 
 
 class EmbeddedServerProcess(ServerProcess):
-    """`python -m server serve --data-dir DIR` with DATABASE_URL as given (None: unset)."""
+    """`python -m postbox_server serve --data-dir DIR` with DATABASE_URL as given (None: unset)."""
 
     def __init__(self, data_dir: Path, database_url_env: str | None, *extra_args: str) -> None:
         super().__init__("", *extra_args)
@@ -105,7 +105,7 @@ def test_workers_share_one_embedded_postgres_and_stop_it(tmp_path):
 
 def test_db_url_and_psql_reach_the_embedded_database_of_a_running_server(tmp_path):
     data_dir = tmp_path / "pgdata"
-    cli = [sys.executable, "-m", "server"]
+    cli = [sys.executable, "-m", "postbox_server"]
     server = EmbeddedServerProcess(data_dir, database_url_env=None).start()
     try:
         with grpc.insecure_channel(server.target) as channel:

@@ -497,7 +497,7 @@ def test_serve_refuses_an_anonymous_http_network_address(admin_url: str) -> None
     url = create_database(admin_url, "postbox_http_open")
     try:
         result = subprocess.run(
-            [sys.executable, "-m", "server", "serve", "--database-url", url,
+            [sys.executable, "-m", "postbox_server", "serve", "--database-url", url,
              "--grpc-host", "127.0.0.1", "--grpc-port", str(free_port()),
              "--http-host", "0.0.0.0", "--http-port", str(free_port())],
             capture_output=True, text=True, cwd=ROOT, timeout=60,
@@ -615,7 +615,7 @@ def test_connect_clients_speak_it(http_server: HttpServer) -> None:
 
 
 def test_committed_openapi_document_is_generated_from_the_protos() -> None:
-    from server.http.openapi import postbox_document, render
+    from postbox_server.http.openapi import postbox_document, render
 
     assert (ROOT / "api" / "openapi.json").read_text() == render(postbox_document())
 

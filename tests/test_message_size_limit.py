@@ -129,7 +129,8 @@ def test_sizes_outside_the_range_are_refused_at_start(database_url, value):
     as_environment = ([], {"POSTBOX_MAX_MESSAGE_SIZE": value})
     for flag, env in (as_flag, as_environment):
         result = subprocess.run(
-            [sys.executable, "-m", "server", "serve", "--database-url", database_url, *flag],
+            [sys.executable, "-m", "postbox_server", "serve",
+             "--database-url", database_url, *flag],
             cwd=ROOT, capture_output=True, text=True, timeout=30, env={**os.environ, **env},
         )  # fmt: skip
         assert result.returncode == 2, result.stderr

@@ -267,9 +267,9 @@ def test_the_grafana_dashboard_asks_only_for_families_the_server_serves(observed
     import re
     from pathlib import Path
 
-    import server.observability
+    import postbox_server.observability
 
-    dashboard = Path(server.observability.__file__).parent / "grafana-dashboard.json"
+    dashboard = Path(postbox_server.observability.__file__).parent / "grafana-dashboard.json"
     panels = json.loads(dashboard.read_text())["panels"]
     asked = {
         name

@@ -8,7 +8,7 @@ import pytest
 from postbox.v1 import message_pb2
 from postbox.v1 import message_service_pb2 as pb
 
-from server.services.convert import PlainBatch, plain_batch
+from postbox_server.services.convert import PlainBatch, plain_batch
 
 LIMIT = 1 << 20
 

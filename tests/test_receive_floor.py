@@ -62,7 +62,7 @@ async def test_a_send_that_waits_on_a_lock_stamps_its_message_past_the_floor(own
     conns = [await asyncpg.connect(own_database) for _ in range(3)]
     observer, holder, sender = conns
     try:
-        from server.db.migrate import migrate
+        from postbox_server.db.migrate import migrate
 
         await migrate(observer)
         await observer.execute("SELECT postbox.create_queue('waits')")

@@ -129,7 +129,16 @@ def test_size_flags_refuse_what_is_out_of_range(flag, value):
     import sys
 
     result = subprocess.run(
-        [sys.executable, "-m", "server", "serve", flag, value, "--database-url", "postgresql://x"],
+        [
+            sys.executable,
+            "-m",
+            "postbox_server",
+            "serve",
+            flag,
+            value,
+            "--database-url",
+            "postgresql://x",
+        ],
         capture_output=True,
         text=True,
         timeout=60,

@@ -487,8 +487,8 @@ def test_aws_cli_topic_subscribe_publish(sqs_shim, sqs, request):
 def test_the_readme_table_names_every_action_of_both_apis():
     import re
 
-    from server.sns.actions import HANDLERS as SNS
-    from server.sqs.actions import HANDLERS as SQS
+    from postbox_server.sns.actions import HANDLERS as SNS
+    from postbox_server.sqs.actions import HANDLERS as SQS
 
     readme = (Path(__file__).parent.parent / "README.md").read_text()
     table = readme.split("<!-- aws actions -->")[1].split("<!-- /aws actions -->")[0]

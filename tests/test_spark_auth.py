@@ -13,7 +13,7 @@ from spark_support import receive_all, writer
 from support import ServerProcess, create_database, drop_database
 from test_auth import _wait_until, bearer, bootstrap_key, call_status
 
-from server.auth.client import with_api_key
+from postbox_server.auth.client import with_api_key
 
 # Without the driver's check a wrong token would fail in each task, after Spark's
 # retry of it; this bound is far below that and far above a healthy planning call.

@@ -18,8 +18,8 @@ import asyncpg
 import pytest
 from support import create_database, drop_database, until
 
-from server.db.migrate import Scripts, format_version, installed_version, migrate
-from server.db.sqlfiles import engine_dir
+from postbox_server.db.migrate import Scripts, format_version, installed_version, migrate
+from postbox_server.db.sqlfiles import engine_dir
 
 # The first release's full install, kept as a fixture (sql/ holds only the latest
 # one): replaying every upgrade from it must give what a fresh install gives.

@@ -15,7 +15,7 @@ import asyncpg
 import pytest
 from support import create_database, drop_database
 
-from server.db.migrate import migrate
+from postbox_server.db.migrate import migrate
 
 DENIED = asyncpg.exceptions.InsufficientPrivilegeError
 

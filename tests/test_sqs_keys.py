@@ -33,7 +33,7 @@ from support import (
 )
 from test_auth import _wait_until, assert_refuses_anonymous_exposure, bearer, bootstrap_key
 
-from server.sqs.actions import HANDLERS
+from postbox_server.sqs.actions import HANDLERS
 
 # Well-formed, so that every call reaches the server (which alone knows keys): a task
 # handle as the shim makes them, and (set by the fixture) a real message's receipt.

@@ -11,7 +11,7 @@ from xml.etree import ElementTree
 import pytest
 from support import SQS_ACCOUNT, SQS_QUERY_MODEL, unique_name
 
-from server.sqs import shapes
+from postbox_server.sqs import shapes
 
 NS = {"sqs": "http://queue.amazonaws.com/doc/2012-11-05/"}
 

@@ -17,7 +17,7 @@ from urllib.parse import urlencode, urlsplit
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from server.sqs.shapes import ACTIONS, ListOf, MapOf, Scalar, Shape, Structure
+from postbox_server.sqs.shapes import ACTIONS, ListOf, MapOf, Scalar, Shape, Structure
 
 SETTINGS = settings(
     max_examples=60,

@@ -123,7 +123,7 @@ def test_mutual_tls_refuses_a_client_without_a_certificate_the_ca_signed(
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "server", *args], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "postbox_server", *args], capture_output=True, text=True, timeout=60
     )
 
 

@@ -17,9 +17,9 @@ from postbox.v1 import message_service_pb2 as pb
 from postbox.v1 import message_service_pb2_grpc
 from support import seconds, unique_name
 
-from server.db.engine import Engine
-from server.services.messages import MessageService
-from server.services.wakeup import ENDED, WakeHub
+from postbox_server.db.engine import Engine
+from postbox_server.services.messages import MessageService
+from postbox_server.services.wakeup import ENDED, WakeHub
 
 
 class CountingEngine(Engine):

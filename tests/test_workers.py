@@ -85,7 +85,7 @@ def test_every_worker_serves(workers):
 def test_a_busy_port_fails_loudly(workers, database_url):
     result = subprocess.run(
         [
-            sys.executable, "-m", "server", "serve", "--database-url", database_url,
+            sys.executable, "-m", "postbox_server", "serve", "--database-url", database_url,
             "--grpc-host", "127.0.0.1", "--grpc-port", str(workers.port), "--workers", "2",
         ],
         cwd=ROOT, capture_output=True, text=True, timeout=60,

@@ -417,3 +417,18 @@ def sqs_client(
     )
     assert client.meta.service_model.protocol == protocol
     return client
+
+
+# The console script pip installs with the package.
+POSTBOX = Path(sys.executable).with_name("postbox")
+
+
+def postbox(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Runs the installed `postbox` command as a user does, with `env` added."""
+    return subprocess.run(
+        [str(POSTBOX), *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ, **(env or {})},
+    )

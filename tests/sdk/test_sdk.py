@@ -9,14 +9,11 @@ import sys
 import time
 import zipfile
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 from postbox.v1 import queue_service_pb2 as qpb
 from postbox_client import AsyncClient, Client, InvalidArgument, NotFound, Retry, Unavailable
-from support import unique_name
-
-ROOT = Path(__file__).resolve().parent.parent
+from support import ROOT, unique_name
 
 
 async def wait_until(condition, what: str, timeout: float = 30.0) -> None:

@@ -1,9 +1,9 @@
 // The TypeScript conformance scenario: the committed stubs (stubs/ts) over gRPC with
 // Connect for Node against a running server. Usage: node scenario.mjs HOST:PORT PREFIX
-// (tests/test_polyglot.py runs it against the real server fixture).
+// (tests/sdk/test_polyglot.py runs it against the real server fixture).
 import assert from "node:assert/strict";
-import { ReceiveMode } from "../../../stubs/ts/index.js";
-import { Code, ConnectError, connect } from "../../../stubs/ts/node.js";
+import { ReceiveMode } from "../../../../stubs/ts/index.js";
+import { Code, ConnectError, connect } from "../../../../stubs/ts/node.js";
 
 const [target, prefix] = process.argv.slice(2);
 const { queues, messages, topics } = connect(target);

@@ -7,9 +7,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from support import api_methods
+from support import ROOT, api_methods
 
-PROTOS = sorted((Path(__file__).parent.parent / "protos" / "postbox" / "v1").glob("*.proto"))
+PROTOS = sorted((ROOT / "protos" / "postbox" / "v1").glob("*.proto"))
 FIELD = re.compile(r"(optional |repeated )?[\w.<>, ]+\s+\w+\s*=\s*\d+;")
 BLOCK = re.compile(r"(message|enum|service|oneof)\s+(\w+)\s*\{")
 WORDS = ("Required", "Optional", "Output only")

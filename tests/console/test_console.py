@@ -23,6 +23,8 @@ from urllib.request import urlopen
 import aiohttp
 import grpc
 import pytest
+from auth_support import bearer
+from certificates import Authority
 from postbox.v1 import (
     access_service_pb2,
     access_service_pb2_grpc,
@@ -46,10 +48,16 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
-from support import ROOT, ServerProcess, create_database, drop_database, eventually, free_port
+from support import (
+    ROOT,
+    ServerProcess,
+    bootstrap_key,
+    create_database,
+    drop_database,
+    eventually,
+    free_port,
+)
 from support import seconds as duration
-from test_auth import bearer, bootstrap_key
-from test_tls import Authority
 
 from postbox_server.console.sessions import Sessions
 

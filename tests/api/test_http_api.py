@@ -605,7 +605,7 @@ def test_connect_clients_speak_it(http_server: HttpServer) -> None:
     JSON: what @connectrpc/connect-web does in a browser): unary calls, a server stream,
     an error with its code and message."""
     assert (ROOT / "stubs/ts/node_modules").is_dir(), "run `npm ci --prefix stubs/ts` first"
-    scenario = ROOT / "tests" / "polyglot" / "ts" / "http_scenario.mjs"
+    scenario = ROOT / "tests" / "sdk" / "polyglot" / "ts" / "http_scenario.mjs"
     result = subprocess.run(
         ["node", str(scenario), http_server.base, unique_name("connect")],
         cwd=ROOT, capture_output=True, text=True, timeout=120,

@@ -8,10 +8,10 @@ from collections.abc import Iterator
 
 import grpc
 import pytest
+from auth_support import bearer, call_status, wait_until
 from postbox.v1 import message_service_pb2_grpc, queue_service_pb2, queue_service_pb2_grpc
 from spark_support import receive_all, writer
-from support import ServerProcess, create_database, drop_database
-from test_auth import _wait_until, bearer, bootstrap_key, call_status
+from support import ServerProcess, bootstrap_key, create_database, drop_database
 
 from postbox_server.auth.client import with_api_key
 
@@ -28,7 +28,7 @@ def keyed_server(admin_url: str) -> Iterator[tuple[ServerProcess, str, str]]:
         admin = bootstrap_key(url, "spark-admin", "admin:*")
         writer_key = bootstrap_key(url, "spark-writer", "send:spark-*", "receive:spark-*")
         with grpc.insecure_channel(server.target) as channel:
-            _wait_until(
+            wait_until(
                 lambda: (
                     call_status(channel, "/postbox.v1.QueueService/ListQueues", writer_key)
                     == grpc.StatusCode.PERMISSION_DENIED

@@ -1,5 +1,5 @@
 """The generated TypeScript and Go clients (stubs/ts, stubs/go) against the real server:
-each runs the same conformance scenario (tests/polyglot/) as a child process."""
+each runs the same conformance scenario (tests/sdk/polyglot/) as a child process."""
 
 from __future__ import annotations
 
@@ -7,9 +7,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from tests.support import ServerProcess, unique_name
-
-ROOT = Path(__file__).resolve().parent.parent
+from support import ROOT, ServerProcess, unique_name
 
 # Generous: a cold Node start and a few round trips take ~1 s; the long-poll step
 # waits at most 20 s by its own request.
@@ -26,7 +24,7 @@ def run_scenario(command: list[str], cwd: Path, env: dict[str, str] | None = Non
 
 def test_typescript_scenario(server: ServerProcess) -> None:
     assert (ROOT / "stubs/ts/node_modules").is_dir(), "run `npm ci --prefix stubs/ts` first"
-    scenario = ROOT / "tests" / "polyglot" / "ts" / "scenario.mjs"
+    scenario = ROOT / "tests" / "sdk" / "polyglot" / "ts" / "scenario.mjs"
     out = run_scenario(["node", str(scenario), server.target, unique_name("poly")], ROOT)
     assert "7 passed, 0 failed" in out
 
@@ -42,6 +40,6 @@ def test_go_scenario(server: ServerProcess, tmp_path: Path) -> None:
         "GOPATH": f"{tmp_path}:/usr/share/gocode",
         "GOFLAGS": "",
     }
-    scenario = ROOT / "tests" / "polyglot" / "go" / "scenario.go"
+    scenario = ROOT / "tests" / "sdk" / "polyglot" / "go" / "scenario.go"
     out = run_scenario(["go", "run", str(scenario), server.target, unique_name("poly")], ROOT, env)
     assert "7 passed, 0 failed" in out

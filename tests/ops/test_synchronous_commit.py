@@ -1,7 +1,7 @@
 """--require-synchronous-commit refuses a database whose commits wait for no standby.
 
 The suite's database has no synchronous standby (synchronous_standby_names is empty),
-so a server told to require one exits before serving. tests/test_failover.py starts
+so a server told to require one exits before serving. tests/ops/test_failover.py starts
 the server with the flag on a primary with a synchronous standby, where it serves.
 """
 

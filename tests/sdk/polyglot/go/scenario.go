@@ -1,5 +1,5 @@
 // The Go conformance scenario: the committed stubs (stubs/go) over grpc-go against a
-// running server. GOPATH mode: the repo is $GOPATH/src/postbox (tests/test_polyglot.py
+// running server. GOPATH mode: the repo is $GOPATH/src/postbox (tests/sdk/test_polyglot.py
 // links it so). Usage: go run scenario.go HOST:PORT PREFIX
 package main
 

@@ -23,7 +23,7 @@ import pytest
 from aiohttp import web
 from botocore.config import Config
 from botocore.exceptions import ClientError
-from support import SQS_REGION, SqsShimProcess, eventually, unique_name
+from support import ROOT, SQS_REGION, SqsShimProcess, eventually, unique_name
 
 AWS = Path(sys.executable).with_name("aws")
 
@@ -490,7 +490,7 @@ def test_the_readme_table_names_every_action_of_both_apis():
     from postbox_server.sns.actions import HANDLERS as SNS
     from postbox_server.sqs.actions import HANDLERS as SQS
 
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    readme = (ROOT / "README.md").read_text()
     table = readme.split("<!-- aws actions -->")[1].split("<!-- /aws actions -->")[0]
     listed: dict[str, set[str]] = {"SQS": set(), "SNS": set()}
     for api, actions in re.findall(r"^\| (SQS|SNS) \| (.*?) \|", table, re.MULTILINE):
@@ -502,10 +502,10 @@ def test_api_keys_sign_sns_calls_and_grants_apply(admin_url):
     """SigV4 by API keys, checked by the server, and the key's grants on topics."""
     import boto3
     import grpc
+    from auth_support import bearer, wait_until
     from postbox.v1 import access_service_pb2 as access_pb
     from postbox.v1 import access_service_pb2_grpc
-    from support import ServerProcess, create_database, drop_database
-    from test_auth import _wait_until, bearer, bootstrap_key
+    from support import ServerProcess, bootstrap_key, create_database, drop_database
 
     url = create_database(admin_url, "postbox_sns_keys")
     server = shim = None
@@ -542,7 +542,7 @@ def test_api_keys_sign_sns_calls_and_grants_apply(admin_url):
                         return False
                     return True
 
-                _wait_until(attempt, 5, f"key {name}")
+                wait_until(attempt, 5, f"key {name}")
         admin = client("sns-root", made["sns-root"].sigv4_secret_access_key)
         publisher = client("publisher", made["publisher"].sigv4_secret_access_key)
         topic = admin.create_topic(Name="sns-orders")["TopicArn"]

@@ -17,6 +17,7 @@ from typing import Any
 
 import grpc
 import pytest
+from auth_support import assert_refuses_anonymous_exposure, bearer, wait_until
 from botocore import UNSIGNED
 from botocore.config import Config
 from botocore.exceptions import ClientError
@@ -26,12 +27,12 @@ from support import (
     SQS_ACCOUNT,
     ServerProcess,
     SqsShimProcess,
+    bootstrap_key,
     create_database,
     drop_database,
     free_port,
     sqs_client,
 )
-from test_auth import _wait_until, assert_refuses_anonymous_exposure, bearer, bootstrap_key
 
 from postbox_server.sqs.actions import HANDLERS
 
@@ -153,7 +154,7 @@ def clients(admin_url: str) -> Iterator[Clients]:
                     return False
                 return True
 
-            _wait_until(ready, 5, "the first key")
+            wait_until(ready, 5, "the first key")
 
             def create(name: str, permission: str, pattern: str, expire_in: float | None = None):
                 key = access_pb.Key(
@@ -213,7 +214,7 @@ def clients(admin_url: str) -> Iterator[Clients]:
         def expired_now() -> bool:
             return _error(lambda: expired.list_queues()) == "InvalidClientTokenId"
 
-        _wait_until(expired_now, 10, "expiry")
+        wait_until(expired_now, 10, "expiry")
         yield clients
     finally:
         if shim is not None:

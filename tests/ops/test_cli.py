@@ -5,10 +5,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import asyncpg
 import grpc
@@ -16,20 +12,7 @@ import pytest
 import yaml
 from google.protobuf.duration_pb2 import Duration
 from postbox.v1 import schedule_service_pb2, schedule_service_pb2_grpc
-from support import create_database, drop_database, unique_name
-
-# The console script pip installs with the package.
-POSTBOX = Path(sys.executable).with_name("postbox")
-
-
-def postbox(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(POSTBOX), *args],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        env={**os.environ, **(env or {})},
-    )
+from support import create_database, drop_database, postbox, unique_name
 
 
 def ok(*args: str, env: dict[str, str] | None = None) -> str:
@@ -136,7 +119,7 @@ def test_status_shows_every_queue_with_zeros(server):
     ok("queues", "pause", name, "--receives", *target)
     rows = {row["name"]: row for row in json.loads(ok("status", "-o", "json", *target))}
     # The send may or may not be in the last minute's rate yet (the server flushes
-    # every few seconds; tests/test_throughput.py waits for it).
+    # every few seconds; tests/ops/test_throughput.py waits for it).
     assert rows[name] | {"oldest_age_s": 0, "sent_per_s": 0} == {
         "name": name,
         "visible": 1,

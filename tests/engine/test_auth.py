@@ -7,25 +7,24 @@ every server of a database, which the other suites' shared server must not see.
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import grpc
-import postbox.v1
 import pytest
-from google.protobuf import message_factory
-from google.protobuf.descriptor import MethodDescriptor
+from auth_support import (
+    METHODS,
+    assert_refuses_anonymous_exposure,
+    bearer,
+    call_status,
+    wait_until,
+)
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from postbox.v1 import access_service_pb2 as access_pb
 from postbox.v1 import access_service_pb2_grpc, queue_service_pb2, queue_service_pb2_grpc
 from support import (
-    ROOT,
     ServerProcess,
     bootstrap_key,
     create_database,
@@ -37,62 +36,8 @@ from support import (
 from postbox_server.auth.rules import RULES, Rule
 from postbox_server.auth.secrets import sigv4_secret
 
-# The name every matrix request names: malformed for every kind of resource, so no
-# call changes anything, yet grants on "authz-*" match it.
-RESOURCE = "authz-no such name"
 # A permission that does not allow the rule's call (publish allows only publishing).
 OTHER_PERMISSION = {"publish": "send"}  # default: "publish"
-
-
-def bearer(secret: str) -> list[tuple[str, str]]:
-    return [("authorization", f"Bearer {secret}")]
-
-
-def service_methods() -> Iterator[MethodDescriptor]:
-    """Every method of every service in the generated postbox.v1 modules."""
-    for module in pkgutil.iter_modules(postbox.v1.__path__):
-        if module.name.endswith("_pb2"):
-            descriptor = importlib.import_module(f"postbox.v1.{module.name}").DESCRIPTOR
-            for service in descriptor.services_by_name.values():
-                yield from service.methods
-
-
-METHODS = {f"/{m.containing_service.full_name}/{m.name}": m for m in service_methods()}
-
-
-def matrix_request(method: MethodDescriptor, rule: Rule | None):
-    request = message_factory.GetMessageClass(method.input_type)()
-    if rule is not None and rule.field is not None:
-        *path, last = rule.field.split(".")
-        target = request
-        for part in path:
-            target = getattr(target, part)
-        setattr(target, last, RESOURCE)
-    return request
-
-
-def call_status(channel: grpc.Channel, path: str, secret: str | None) -> grpc.StatusCode:
-    """The status of one call of `path` with the matrix request, presenting `secret`."""
-    method = METHODS[path]
-    request = matrix_request(method, RULES.get(path))
-    metadata = bearer(secret) if secret is not None else None
-    serialize = type(request).SerializeToString
-    parse = message_factory.GetMessageClass(method.output_type).FromString
-    try:
-        if method.client_streaming:
-            call = channel.stream_stream(path, serialize, parse)
-            responses = call(iter([request]), metadata=metadata, timeout=10)
-            next(responses, None)
-        elif method.server_streaming:
-            responses = channel.unary_stream(path, serialize, parse)(
-                request, metadata=metadata, timeout=10
-            )
-            next(responses, None)
-        else:
-            channel.unary_unary(path, serialize, parse)(request, metadata=metadata, timeout=10)
-    except grpc.RpcError as error:
-        return error.code()
-    return grpc.StatusCode.OK
 
 
 @dataclass
@@ -130,21 +75,11 @@ def _pattern(rule: Rule) -> str:
     return "authz-*" if rule.field is not None else "*"
 
 
-def _wait_until(condition, timeout: float, what: str) -> float:
-    """Polls until `condition()` holds; the seconds it took."""
-    started = time.monotonic()
-    while not condition():
-        if time.monotonic() - started > timeout:
-            raise AssertionError(f"{what} not seen after {timeout} s")
-        time.sleep(0.01)
-    return time.monotonic() - started
-
-
 @pytest.fixture(scope="module")
 def keys(auth_database: str, auth_channel: grpc.Channel) -> Keys:
     admin = bootstrap_key(auth_database, "matrix-admin", "admin:*")
     access = access_service_pb2_grpc.AccessServiceStub(auth_channel)
-    _wait_until(
+    wait_until(
         lambda: (
             call_status(auth_channel, "/postbox.v1.AccessService/ListKeys", admin)
             == grpc.StatusCode.OK
@@ -192,12 +127,12 @@ def keys(auth_database: str, auth_channel: grpc.Channel) -> Keys:
     # Both work until the one expires and the other is deleted.
     assert call_status(auth_channel, ping, revoked) == grpc.StatusCode.OK
     access.DeleteKey(access_pb.DeleteKeyRequest(name="revoked"), metadata=bearer(admin))
-    _wait_until(
+    wait_until(
         lambda: call_status(auth_channel, ping, revoked) == grpc.StatusCode.UNAUTHENTICATED,
         5,
         "revocation",
     )
-    _wait_until(
+    wait_until(
         lambda: call_status(auth_channel, ping, expired) == grpc.StatusCode.UNAUTHENTICATED,
         10,
         "expiry",
@@ -273,7 +208,7 @@ def test_lists_return_only_what_the_key_may_read(
         )
     reader = bootstrap_key(auth_database, "orders-reader", "read:orders-*", "send:billing")
     # A new key works once the server's cache has heard of it (a notification away).
-    _wait_until(
+    wait_until(
         lambda: (
             call_status(auth_channel, "/postbox.v1.QueueService/ListQueues", reader)
             == grpc.StatusCode.OK
@@ -299,13 +234,13 @@ def test_a_revoked_key_stops_working_on_another_replica_within_a_second(
             grpc.insecure_channel(auth_server.target) as first,
         ):
             # The replica learns of the new key by the same notification.
-            _wait_until(lambda: call_status(channel, ping, secret) == grpc.StatusCode.OK, 5, "key")
+            wait_until(lambda: call_status(channel, ping, secret) == grpc.StatusCode.OK, 5, "key")
             access = access_service_pb2_grpc.AccessServiceStub(first)
             access.DeleteKey(
                 access_pb.DeleteKeyRequest(name="short-lived"), metadata=bearer(keys.admin)
             )
             # The issue's bound: a revoked key stops working within a second everywhere.
-            took = _wait_until(
+            took = wait_until(
                 lambda: call_status(channel, ping, secret) == grpc.StatusCode.UNAUTHENTICATED,
                 1.0,
                 "revocation on the replica",
@@ -313,17 +248,6 @@ def test_a_revoked_key_stops_working_on_another_replica_within_a_second(
             assert took < 1.0
     finally:
         replica.stop()
-
-
-def assert_refuses_anonymous_exposure(*args: str) -> None:
-    """`python -m postbox_server *args` exits at once with 2, naming both ways out."""
-    result = subprocess.run(
-        [sys.executable, "-m", "postbox_server", *args],
-        capture_output=True, text=True, cwd=ROOT, timeout=60,
-    )  # fmt: skip
-    assert result.returncode == 2, result.stderr
-    assert "postbox keys create" in result.stderr
-    assert "--insecure-allow-anonymous" in result.stderr
 
 
 def test_serve_refuses_a_network_address_without_keys(admin_url: str) -> None:
@@ -340,7 +264,7 @@ def test_serve_refuses_a_network_address_without_keys(admin_url: str) -> None:
 def test_cli_bootstraps_the_first_key_on_the_database_then_manages_keys_through_the_server(
     admin_url: str,
 ) -> None:
-    from test_cli import postbox
+    from support import postbox
 
     url = create_database(admin_url, "postbox_keys_cli")
     server = None
@@ -514,7 +438,7 @@ def test_access_service_refuses_a_duplicate_and_a_past_expiry(
 
 
 def test_keys_sigv4_secret_derives_the_sqs_secret_from_the_key(keys: Keys) -> None:
-    from test_cli import postbox
+    from support import postbox
 
     result = postbox("keys", "sigv4-secret", env={"POSTBOX_API_KEY": keys.admin})
     assert result.returncode == 0, result.stderr

@@ -1,10 +1,10 @@
 // The committed TypeScript stubs over HTTP/JSON: Connect for Node's Connect transport on
 // HTTP/1.1 with JSON (stubs/ts/node.js connectHttp), the protocol @connectrpc/connect-web
 // speaks in a browser. Usage:
-// node http_scenario.mjs http://HOST:PORT PREFIX (tests/test_http_api.py runs it).
+// node http_scenario.mjs http://HOST:PORT PREFIX (tests/api/test_http_api.py runs it).
 import assert from "node:assert/strict";
-import { ReceiveMode } from "../../../stubs/ts/index.js";
-import { Code, ConnectError, connectHttp } from "../../../stubs/ts/node.js";
+import { ReceiveMode } from "../../../../stubs/ts/index.js";
+import { Code, ConnectError, connectHttp } from "../../../../stubs/ts/node.js";
 
 const [baseUrl, prefix] = process.argv.slice(2);
 const { queues, messages } = connectHttp(baseUrl, { useBinaryFormat: false });

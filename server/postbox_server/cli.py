@@ -13,7 +13,7 @@ from typing import Any
 
 import grpc
 
-from postbox_server import __version__, event_loop
+from postbox_server import event_loop, versions
 from postbox_server.config import (
     HTTP_REQUEST_SIZE_RANGE,
     MESSAGE_SIZE_RANGE,
@@ -31,6 +31,7 @@ log = logging.getLogger("postbox")
 
 def _serve(args: argparse.Namespace) -> int:
     from postbox_server.app import AnonymousExposure, DatabaseUnreachable, serve
+    from postbox_server.db.migrate import UnknownEngine
     from postbox_server.durability import NotDurable
     from postbox_server.processes import serve_workers
 
@@ -89,7 +90,7 @@ def _serve(args: argparse.Namespace) -> int:
                 serve_workers(settings, args.workers, args.log_level, args.log_format)
             )
         event_loop.run(serve(settings))
-    except (AnonymousExposure, NotDurable, DatabaseUnreachable) as refusal:
+    except (AnonymousExposure, NotDurable, DatabaseUnreachable, UnknownEngine) as refusal:
         print(f"postbox serve: {refusal}", file=sys.stderr)
         return 2
     return 0
@@ -141,7 +142,7 @@ def _sqs(args: argparse.Namespace) -> int:
 def _migrate(args: argparse.Namespace) -> int:
     import asyncpg
 
-    from postbox_server.db.migrate import format_version, migrate
+    from postbox_server.db.migrate import UnknownEngine, format_version, migrate
 
     if not args.database_url:
         print("postbox migrate: give --database-url or set DATABASE_URL", file=sys.stderr)
@@ -154,7 +155,11 @@ def _migrate(args: argparse.Namespace) -> int:
         finally:
             await conn.close()
 
-    asyncio.run(run())
+    try:
+        asyncio.run(run())
+    except UnknownEngine as refusal:
+        print(f"postbox migrate: {refusal}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -286,9 +291,20 @@ class _VerbsWithLogging:
         return self._verbs.add_parser(name, **kwargs)
 
 
+class _PrintVersions(argparse.Action):
+    """--version: the report's lines as they are (argparse's own action rewraps them)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        print(versions.report())
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="postbox", description=__doc__)
-    parser.add_argument("--version", action="version", version=f"postbox {__version__}")
+    parser.add_argument(
+        "--version", action=_PrintVersions, nargs=0,
+        help="print this server's version, the SQL engine and API versions it works with, and exit",
+    )  # fmt: skip
     _add_logging_flags(parser, os.environ.get("POSTBOX_LOG_LEVEL", "INFO"),
                        os.environ.get("POSTBOX_LOG_FORMAT", "text"))  # fmt: skip
     # The same flags after the verb (`postbox serve --log-level DEBUG`) win over those before.

@@ -20,6 +20,10 @@ _MIGRATION_LOCK = 0x706F7374626F78  # "postbox"
 Version = tuple[int, ...]
 
 
+class UnknownEngine(Exception):
+    """The database holds an engine version this server cannot run on or upgrade."""
+
+
 def parse_version(text: str) -> Version:
     return tuple(int(part) for part in text.split("."))
 
@@ -53,12 +57,17 @@ class Scripts:
             raise ValueError("postbox.control has no default_version")
         return cls(installs, upgrades, parse_version(match.group(1)))
 
+    @property
+    def oldest(self) -> Version:
+        """The oldest engine version these scripts upgrade (or, lacking upgrades, install)."""
+        return min([*self.upgrades, *self.installs])
+
     def upgrade_path(self, start: Version) -> list[tuple[Version, Path]]:
         """The upgrade scripts leading from `start` to the latest version, in order."""
         path, version = [], start
         while version != self.latest:
             if version not in self.upgrades:
-                raise RuntimeError(
+                raise UnknownEngine(
                     f"no upgrade script leads from postbox {format_version(version)} "
                     f"to {format_version(self.latest)}"
                 )
@@ -84,6 +93,15 @@ async def migrate(conn: asyncpg.Connection, scripts: Scripts | None = None) -> V
         current = await installed_version(conn)
         if current == scripts.latest:
             return current
+        if current is not None and current > scripts.latest:
+            # A newer server upgraded this database: its engine may hold what this server
+            # cannot read, and "upgrading" would mean downgrading.
+            raise UnknownEngine(
+                f"the database holds postbox SQL {format_version(current)}, newer than "
+                f"{format_version(scripts.latest)}, the newest this server knows: run a "
+                "postbox server at least as new as the one that upgraded it "
+                "(`postbox --version` says which engine versions a server works with)"
+            )
         as_extension = await conn.fetchval(
             "SELECT extversion FROM pg_extension WHERE extname = 'postbox'"
         )

@@ -10,8 +10,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
-from server.db.migrate import migrate
-from server.embedded import EmbeddedPostgres
+from postbox_server.db.migrate import migrate
+from postbox_server.embedded import EmbeddedPostgres
 
 # The raw side of the comparisons writes to a twin of postbox.messages (same
 # columns, indexes and identity), so both sides pay for the same heap and index.

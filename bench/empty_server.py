@@ -34,12 +34,12 @@ from postbox.v1 import message_pb2, message_service_pb2_grpc, topic_service_pb2_
 from postbox.v1 import message_service_pb2 as pb
 from postbox.v1 import topic_service_pb2 as tpb
 
-from server import event_loop
-from server.app import grpc_options
-from server.config import Settings
+from postbox_server import event_loop
+from postbox_server.app import grpc_options
+from postbox_server.config import Settings
 
 RELAY, CANNED = "relay-", "canned-"
-BATCHES_AHEAD = 2  # as server/services/prefetch.py
+BATCHES_AHEAD = 2  # as server/postbox_server/services/prefetch.py
 FANOUT_QUEUES = 10  # as bench/scenarios/topics.py subscribes
 
 

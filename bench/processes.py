@@ -84,7 +84,8 @@ class Served:
         metrics_port = free_port()
         served = cls(
             [
-                sys.executable, "-m", "server", "serve", "--database-url", database_url, *extra,
+                sys.executable, "-m", "postbox_server", "serve",
+                "--database-url", database_url, *extra,
                 "--metrics-host", "127.0.0.1", "--metrics-port", str(metrics_port),
             ],
             name=name,
@@ -99,7 +100,7 @@ class Served:
     @classmethod
     def sqs(cls, grpc_target: str) -> Served:
         """The SQS shim (`postbox sqs`) calling the postbox server at grpc_target."""
-        command = [sys.executable, "-m", "server", "sqs", "--grpc-target", grpc_target]
+        command = [sys.executable, "-m", "postbox_server", "sqs", "--grpc-target", grpc_target]
         return cls(command, name="sqs", http=True)
 
     @property

@@ -12,12 +12,12 @@ from typing import TypeAlias
 import asyncpg
 
 from bench.database import RAW_TABLE, BenchDatabase
-from server.config import Settings
-from server.db.engine import NO_SEND_OPTIONS
-from server.db.sqlfiles import queries
-from server.services.claims import claim_budget
+from postbox_server.config import Settings
+from postbox_server.db.engine import NO_SEND_OPTIONS
+from postbox_server.db.sqlfiles import queries
+from postbox_server.services.claims import claim_budget
 
-# The server's own statements (server/db/queries.sql), for the engine-alone figures.
+# The server's own statements (server/postbox_server/db/queries.sql), for the engine-alone figures.
 SERVER_QUERIES = queries()
 # A connection of its own or one borrowed from a pool: the claims run on either.
 Connection: TypeAlias = "asyncpg.Connection | asyncpg.pool.PoolConnectionProxy"

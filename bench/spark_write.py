@@ -51,7 +51,7 @@ from postbox.v1 import (
 
 if TYPE_CHECKING:
     from bench.processes import HealthChecks
-    from server.embedded import EmbeddedPostgres
+    from postbox_server.embedded import EmbeddedPostgres
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -227,7 +227,7 @@ def spark_write(spark, fmt: str, target: str, queue: str, args: argparse.Namespa
 
 
 class Server:
-    """A database of its own and `python -m server serve` on a free port."""
+    """A database of its own and `python -m postbox_server serve` on a free port."""
 
     def __init__(self, admin_url: str | None) -> None:
         self.admin_url = admin_url
@@ -236,7 +236,7 @@ class Server:
 
     def __enter__(self) -> Server:
         if self.admin_url is None:
-            from server.embedded import EmbeddedPostgres
+            from postbox_server.embedded import EmbeddedPostgres
 
             self.embedded = EmbeddedPostgres(Path(tempfile.mkdtemp()) / "data")
             self.embedded.start()
@@ -248,7 +248,7 @@ class Server:
             port = sock.getsockname()[1]
         self.target = f"127.0.0.1:{port}"
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "server", "serve", "--database-url",
+            [sys.executable, "-m", "postbox_server", "serve", "--database-url",
              f"{base}/{self.database}", "--grpc-host", "127.0.0.1", "--grpc-port", str(port)],
             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip

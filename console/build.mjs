@@ -1,4 +1,4 @@
-// Bundles src/ into ../server/console/static (app.js, app.css, index.html), which the
+// Bundles src/ into ../server/postbox_server/console/static (app.js, app.css, index.html), which the
 // server ships and serves: no CDN. The output is deterministic, and .ci/run rebuilds it
 // and fails when it differs from the committed one.
 import { copyFileSync, mkdirSync } from "node:fs";
@@ -7,7 +7,7 @@ import { fileURLToPath } from "node:url";
 import * as esbuild from "esbuild";
 
 const here = dirname(fileURLToPath(import.meta.url));
-const out = join(here, "..", "server", "console", "static");
+const out = join(here, "..", "server", "postbox_server", "console", "static");
 
 // The stubs (../stubs/ts/gen) import @bufbuild/protobuf: take this project's copy, not
 // one that may sit in stubs/ts/node_modules, so that one runtime is bundled, whatever

@@ -49,7 +49,7 @@ def admin_url() -> Iterator[str]:
     if url:
         yield url
         return
-    from server.embedded import EmbeddedPostgres
+    from postbox_server.embedded import EmbeddedPostgres
 
     directory = tempfile.mkdtemp(prefix="postbox-test-pg-")
     embedded = EmbeddedPostgres(Path(directory) / "data")
@@ -173,9 +173,9 @@ def spark(tmp_path_factory: pytest.TempPathFactory):
     # Executors' Python workers must import grpc, pyarrow and this package too, and
     # the tests' own modules, which functions shipped to them refer to.
     os.environ["PYSPARK_PYTHON"] = sys.executable
-    tests = str(Path(__file__).resolve().parent)
+    tests = Path(__file__).resolve().parent
     os.environ["PYTHONPATH"] = os.pathsep.join(
-        p for p in (tests, os.environ.get("PYTHONPATH")) if p
+        p for p in (str(tests), str(tests / "spark"), os.environ.get("PYTHONPATH")) if p
     )
     # The data source's log, from the driver's Python workers too (test_spark_stream).
     os.environ["POSTBOX_SPARK_LOG_FILE"] = str(tmp_path_factory.mktemp("spark-log") / "postbox.log")

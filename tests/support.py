@@ -27,7 +27,7 @@ from google.protobuf.duration_pb2 import Duration
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
-from server.auth.secrets import new_secret, secret_sha256, sigv4_secret
+from postbox_server.auth.secrets import new_secret, secret_sha256, sigv4_secret
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -223,7 +223,7 @@ def unique_name(hint: str) -> str:
 
 
 class ChildProcess:
-    """A `python -m server ...` subprocess whose output goes to a log file."""
+    """A `python -m postbox_server ...` subprocess whose output goes to a log file."""
 
     log_prefix = "postbox-"
 
@@ -233,10 +233,10 @@ class ChildProcess:
         self.process: subprocess.Popen[bytes] | None = None
 
     def spawn(self, *args: str, env: dict[str, str] | None = None) -> None:
-        """Runs `python -m server *args`, in this environment or in `env`."""
+        """Runs `python -m postbox_server *args`, in this environment or in `env`."""
         log = self.log_path.open("ab")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "server", *args],
+            [sys.executable, "-m", "postbox_server", *args],
             stdout=log,
             stderr=subprocess.STDOUT,
             cwd=ROOT,
@@ -275,7 +275,7 @@ class ChildProcess:
 
 
 class ServerProcess(ChildProcess):
-    """`python -m server serve` against a database, on a free port of 127.0.0.1."""
+    """`python -m postbox_server serve` against a database, on a free port of 127.0.0.1."""
 
     log_prefix = "postbox-server-"
 
@@ -353,7 +353,7 @@ class HttpServerProcess(ServerProcess):
 
 
 class SqsShimProcess(ChildProcess):
-    """`python -m server sqs` in front of a postbox server, on a free port of 127.0.0.1."""
+    """`python -m postbox_server sqs` in front of a postbox server, on a free port of 127.0.0.1."""
 
     log_prefix = "postbox-sqs-"
 
@@ -503,3 +503,18 @@ def assert_shared(sizes: list[int]) -> None:
     # in together: at least one commit carried many of them. How many arrived in
     # time depends on the machine, so the bound is low; one Send per commit gives 1.
     assert max(sizes) >= 10, sorted(sizes)
+
+
+# The console script pip installs with the package.
+POSTBOX = Path(sys.executable).with_name("postbox")
+
+
+def postbox(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Runs the installed `postbox` command as a user does, with `env` added."""
+    return subprocess.run(
+        [str(POSTBOX), *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ, **(env or {})},
+    )

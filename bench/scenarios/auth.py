@@ -13,8 +13,8 @@ from postbox.v1 import message_service_pb2_grpc
 from bench.load import Load, interleaved
 from bench.runner import Context, Row, scenario
 from bench.scenarios.throughput import grpc_load
-from server.auth.client import bearer_metadata
-from server.auth.secrets import Credentials
+from postbox_server.auth.client import bearer_metadata
+from postbox_server.auth.secrets import Credentials
 
 CLIENTS = 16
 KEY = "bench-sender"

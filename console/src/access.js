@@ -1,5 +1,5 @@
 // What the session's key may do, read from its grants with the server's own rules
-// (server/auth/keys.py): admin includes everything, manage includes read, and "*" in a
+// (server/postbox_server/auth/keys.py): admin includes everything, manage includes read, and "*" in a
 // pattern matches any run of characters. The API still decides every call; this only
 // hides what it would refuse.
 

@@ -22,8 +22,10 @@ from postbox_client.errors import (
 )
 from postbox_client.producer import Producer
 from postbox_client.streams import StreamBatch, StreamReader
+from postbox_client.version import API, __version__
 
 __all__ = [
+    "API",
     "TLS",
     "AlreadyExists",
     "AsyncClient",
@@ -43,4 +45,5 @@ __all__ = [
     "StreamReader",
     "Unauthenticated",
     "Unavailable",
+    "__version__",
 ]

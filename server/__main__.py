@@ -1,3 +1,0 @@
-from server.cli import main
-
-main()

@@ -1,0 +1,3 @@
+from postbox_server.cli import main
+
+main()

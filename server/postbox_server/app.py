@@ -1,0 +1,516 @@
+"""The server process: database, migrations, wake-ups, gRPC services, health, shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from aiohttp import web
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from postbox.v1 import (
+    access_service_pb2_grpc,
+    message_service_pb2_grpc,
+    queue_service_pb2_grpc,
+    schedule_service_pb2_grpc,
+    stream_service_pb2_grpc,
+    topic_service_pb2_grpc,
+)
+
+from postbox_server.auth.interceptor import Authorize
+from postbox_server.auth.keys import KeyCache
+from postbox_server.config import Settings, is_loopback
+from postbox_server.console.app import build_console_app
+from postbox_server.db import hosts
+from postbox_server.db.engine import Engine, application_name
+from postbox_server.db.migrate import format_version, migrate
+from postbox_server.deadline import DefaultDeadline
+from postbox_server.durability import require_synchronous_commit
+from postbox_server.egress import EgressPolicy
+from postbox_server.embedded import EmbeddedPostgres
+from postbox_server.errors import ApiError
+from postbox_server.http.app import build_app
+from postbox_server.http.openapi import committed_document
+from postbox_server.http.procedures import MethodTable, Procedure, procedures
+from postbox_server.observability import activity, metrics, tracing
+from postbox_server.observability.grpc_metrics import CountCalls
+from postbox_server.observability.metrics import serve_metrics
+from postbox_server.observability.probes import Ready, database_ready
+from postbox_server.services.access import AccessService
+from postbox_server.services.catalog import SERVICES
+from postbox_server.services.decoding import RejectUndecodable
+from postbox_server.services.messages import MessageService
+from postbox_server.services.queues import QueueService
+from postbox_server.services.schedules import ScheduleService
+from postbox_server.services.streams import StreamService, StreamWaiters
+from postbox_server.services.topics import TopicService
+from postbox_server.services.wakeup import WakeHub
+from postbox_server.workers.activity import run_flusher
+from postbox_server.workers.maintenance import MaintenanceWorker
+from postbox_server.workers.scheduler import SchedulerWorker
+from postbox_server.workers.webhooks import WebhookWorker
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAMES = tuple(service.full_name for service in SERVICES)
+# The database is pinged this often while it answers (an idle server stays quiet;
+# a dropped LISTEN connection triggers a ping at once), and every second while not.
+HEALTH_CHECK_INTERVAL = 10.0
+HEALTH_RECHECK_INTERVAL = 1.0
+# Workers sleeping until their next due time look for work at least this often:
+# work the engine's signals could not announce (a server that died mid-task).
+IDLE_POLL_INTERVAL = 60.0
+
+
+def grpc_options(settings: Settings, *, reuse_port: bool = False) -> list[tuple[str, int]]:
+    """Channel options of the gRPC server; the benchmark's empty server uses them too."""
+    return [
+        ("grpc.max_receive_message_length", settings.max_request_size),
+        ("grpc.max_send_message_length", settings.max_send_size),
+        # Off unless several workers share the port on purpose: a second server
+        # started by mistake on a busy port must fail, not silently split traffic.
+        ("grpc.so_reuseport", int(reuse_port)),
+    ]
+
+
+class Serving:
+    """Whether the server serves (the database answers, no shutdown yet), for the health
+    checks that are not gRPC's (HTTP's /healthz)."""
+
+    def __init__(self) -> None:
+        self.now = False
+
+    def __call__(self) -> bool:
+        return self.now
+
+
+async def _set_health(
+    servicer: health.aio.HealthServicer, serving: bool, state: Serving | None = None
+) -> None:
+    if state is not None:
+        state.now = serving
+    status = (
+        health_pb2.HealthCheckResponse.SERVING
+        if serving
+        else health_pb2.HealthCheckResponse.NOT_SERVING
+    )
+    for name in ("", *SERVICE_NAMES):
+        await servicer.set(name, status)
+
+
+async def _watch_health(
+    engine: Engine, servicer: health.aio.HealthServicer, hub: WakeHub, state: Serving
+) -> None:
+    """SERVING while the database answers, NOT_SERVING while it does not."""
+    serving = None
+    check_now = asyncio.Event()
+    hub.on_lost(check_now.set)
+    while True:
+        check_now.clear()
+        try:
+            await asyncio.wait_for(engine.ping(), HEALTH_RECHECK_INTERVAL * 2)
+            metrics.observe_pool(engine)  # workers' figures reach the parent's scrape this way
+            now_serving = True
+        except (ApiError, asyncio.TimeoutError):
+            now_serving = False
+        if now_serving != serving:
+            serving = now_serving
+            await _set_health(servicer, serving, state)
+            log.log(
+                logging.INFO if serving else logging.WARNING,
+                "database %s",
+                "answers: SERVING" if serving else "does not answer: NOT_SERVING",
+            )
+        interval = HEALTH_CHECK_INTERVAL if serving else HEALTH_RECHECK_INTERVAL
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(check_now.wait(), interval)
+
+
+class DatabaseUnreachable(Exception):
+    """The database refused or did not answer the first connection of a start."""
+
+
+async def install_engine(dsn: str) -> None:
+    try:
+        conn = await hosts.connect(
+            dsn, server_settings={"application_name": application_name("migrate")}
+        )
+    except hosts.FAILED_HOST as error:
+        raise DatabaseUnreachable(
+            f"cannot connect to the database {hosts.describe(dsn)!r}: "
+            f"{error or type(error).__name__}"
+        ) from None
+    try:
+        version = await migrate(conn)
+    finally:
+        await conn.close()
+    log.info("postbox SQL %s installed", format_version(version))
+
+
+def stop_on_signals(stop: asyncio.Event) -> None:
+    """SIGINT and SIGTERM set `stop`."""
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+
+
+async def open_database(settings: Settings) -> tuple[str, EmbeddedPostgres | None]:
+    """The database URL to serve from, starting the embedded PostgreSQL when none is given."""
+    if settings.database_url is not None:
+        return settings.database_url, None
+    embedded = EmbeddedPostgres(settings.data_dir)
+    await asyncio.to_thread(embedded.start)
+    return await embedded.ensure_database(), embedded
+
+
+class AnonymousExposure(Exception):
+    """Serving without keys on an address beyond loopback, which nobody asked for."""
+
+
+def refuse_anonymous_exposure(host: str, keys: KeyCache, allow_anonymous: bool) -> None:
+    """With no key, only loopback clients may call: like Redis's protected mode."""
+    if keys.enabled or allow_anonymous or is_loopback(host):
+        return
+    raise AnonymousExposure(
+        f"refusing to serve {host!r} without authentication: no API key exists, so anyone "
+        "who reaches this address could read, purge or delete every queue. Either create "
+        "an admin key first (postbox keys create NAME --grant 'admin:*' --database-url URL), "
+        "which turns authentication on, or pass --insecure-allow-anonymous to serve "
+        "anonymously on purpose."
+    )
+
+
+async def serve_http(
+    settings: Settings, http_procedures: dict[str, Procedure], serving: Serving, ready: Ready
+) -> tuple[web.AppRunner, int]:
+    """Starts the HTTP/JSON front door; its runner and the port it listens on."""
+    app = build_app(
+        http_procedures,
+        max_request_size=settings.http_max_request_size,
+        serving=serving,
+        ready=ready,
+        openapi=committed_document(),
+    )
+    # handler_cancellation: a client that hangs up ends its call, and a long-poll
+    # Receive releases what it claimed, as a cancelled gRPC call does.
+    runner = web.AppRunner(
+        app, handler_cancellation=True, access_log=None, shutdown_timeout=settings.shutdown_grace
+    )
+    await runner.setup()
+    site = web.TCPSite(
+        runner,
+        settings.http_host.strip("[]"),
+        settings.http_port,
+        ssl_context=None if settings.tls is None else settings.tls.ssl_context(),
+        reuse_port=settings.reuse_port,
+    )
+    try:
+        await site.start()
+    except OSError as error:
+        await runner.cleanup()
+        raise OSError(
+            f"cannot listen on {settings.http_host}:{settings.http_port}: {error.strerror}"
+        ) from None
+    return runner, runner.addresses[0][1]
+
+
+async def serve_console(
+    settings: Settings, http_procedures: dict[str, Procedure], keys: KeyCache
+) -> tuple[web.AppRunner, int]:
+    """Starts the web console; its runner and the port it listens on."""
+    app = build_console_app(
+        keys,
+        http_procedures,
+        max_request_size=settings.http_max_request_size,
+        secure_cookie=settings.tls is not None,
+        bound_host=settings.console_host,
+    )
+    runner = web.AppRunner(
+        app, handler_cancellation=True, access_log=None, shutdown_timeout=settings.shutdown_grace
+    )
+    await runner.setup()
+    site = web.TCPSite(
+        runner,
+        settings.console_host.strip("[]"),
+        settings.console_port,
+        ssl_context=None if settings.tls is None else settings.tls.ssl_context(),
+    )
+    try:
+        await site.start()
+    except OSError as error:
+        await runner.cleanup()
+        raise OSError(
+            f"cannot listen on {settings.console_host}:{settings.console_port}: {error.strerror}"
+        ) from None
+    return runner, runner.addresses[0][1]
+
+
+async def _scrape(engine: Engine, max_queues: int) -> bytes:
+    metrics.observe_pool(engine)
+    return await metrics.exposition(engine, max_queues)
+
+
+@dataclass
+class ApiFront:
+    """The API's front doors, as _serve_api started them."""
+
+    server: grpc.aio.Server
+    http: web.AppRunner | None = None
+    console: web.AppRunner | None = None
+
+
+async def _serve_api(
+    settings: Settings,
+    engine: Engine,
+    hub: WakeHub,
+    keys: KeyCache,
+    workers: tuple[EgressPolicy, WebhookWorker, SchedulerWorker],
+    health_servicer: health.aio.HealthServicer,
+    serving: Serving,
+    ready: Ready,
+) -> ApiFront:
+    """Starts the gRPC server and the HTTP and console ports on the servicers."""
+    egress, webhooks, scheduler = workers
+    http_runner = console_runner = None
+    server = grpc.aio.server(
+        # Authentication first: an anonymous caller learns nothing, not even decoding errors.
+        # Counting first, so that refused calls are counted too.
+        interceptors=[
+            CountCalls(),
+            *tracing.server_interceptors(),
+            Authorize(keys),
+            RejectUndecodable(),
+            DefaultDeadline(settings.unary_deadline),
+        ],
+        options=grpc_options(settings, reuse_port=settings.reuse_port),
+    )
+    # Each servicer goes to both front doors; the generated add_* functions take the
+    # grpc server, or the HTTP side's MethodTable, which stands in for one.
+    stream_waiters = StreamWaiters()
+    servicers: tuple[tuple[Callable[[Any, Any], None], object], ...] = (
+        (
+            queue_service_pb2_grpc.add_QueueServiceServicer_to_server,
+            QueueService(engine, max_message_size=settings.max_message_size),
+        ),
+        (
+            message_service_pb2_grpc.add_MessageServiceServicer_to_server,
+            MessageService(
+                engine,
+                hub,
+                max_message_size=settings.max_message_size,
+                max_response_size=settings.max_response_size,
+            ),
+        ),
+        (
+            topic_service_pb2_grpc.add_TopicServiceServicer_to_server,
+            TopicService(
+                engine,
+                hub,
+                webhooks.wake,
+                egress,
+                max_message_size=settings.max_message_size,
+                on_published=stream_waiters.wake,
+            ),
+        ),
+        (
+            stream_service_pb2_grpc.add_StreamServiceServicer_to_server,
+            StreamService(engine, stream_waiters),
+        ),
+        (
+            schedule_service_pb2_grpc.add_ScheduleServiceServicer_to_server,
+            ScheduleService(engine, scheduler.wake, max_message_size=settings.max_message_size),
+        ),
+        (
+            access_service_pb2_grpc.add_AccessServiceServicer_to_server,
+            AccessService(engine, keys),
+        ),
+    )
+    methods = MethodTable()
+    for add_to_server, servicer in servicers:
+        add_to_server(servicer, server)
+        add_to_server(servicer, methods)
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(
+        (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+    )
+    address = f"{settings.grpc_host}:{settings.grpc_port}"
+    if settings.tls is None:
+        port = server.add_insecure_port(address)
+    else:
+        port = server.add_secure_port(address, settings.tls.grpc_credentials())
+    if port == 0:
+        raise OSError(f"cannot listen on {address}")
+    await server.start()
+    if settings.http_port is not None or settings.console_port is not None:
+        # The gRPC server's servicers behind the same interceptors, tracing aside
+        # (its interceptor reads gRPC's own call objects).
+        http_procedures = procedures(
+            SERVICES,
+            methods,
+            [
+                CountCalls(),
+                Authorize(keys),
+                RejectUndecodable(),
+                DefaultDeadline(settings.unary_deadline),
+            ],
+        )
+    if settings.http_port is not None:
+        http_runner, http_port = await serve_http(settings, http_procedures, serving, ready)
+    if settings.console_port is not None:
+        console_runner, console_port = await serve_console(settings, http_procedures, keys)
+    log.info(
+        "postbox serving gRPC%s on %s:%d",
+        "" if settings.tls is None else " over TLS",
+        settings.grpc_host,
+        port,
+    )
+    if http_runner is not None:
+        log.info(
+            "postbox serving HTTP/JSON (Connect)%s on %s:%d",
+            "" if settings.tls is None else " over TLS",
+            settings.http_host,
+            http_port,
+        )
+    if console_runner is not None:
+        log.info(
+            "postbox serving the web console on %s://%s:%d/",
+            "http" if settings.tls is None else "https",
+            settings.console_host,
+            console_port,
+        )
+    return ApiFront(server, http_runner, console_runner)
+
+
+async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
+    """Serves until `stop` is set (or SIGINT/SIGTERM arrives), then shuts down in order."""
+    stop = stop or asyncio.Event()
+    stop_on_signals(stop)
+    dsn, embedded = await open_database(settings)
+    tracing.configure("postbox")
+    engine = hub = server = health_servicer = keys = metrics_runner = http_runner = None
+    console_runner = None
+    serving = Serving()
+    tasks: list[asyncio.Task[None]] = []
+    # Sessions of their own (LISTEN, the migration) need a direct connection.
+    direct_dsn = settings.listen_database_url or dsn
+    try:
+        await install_engine(direct_dsn)
+        keys = KeyCache(direct_dsn)
+        await keys.start()
+        if settings.run_api:
+            for host, port in (
+                (settings.grpc_host, settings.grpc_port),
+                (settings.http_host, settings.http_port),
+                (settings.console_host, settings.console_port),
+            ):
+                if port is not None:
+                    refuse_anonymous_exposure(host, keys, settings.insecure_allow_anonymous)
+        engine = await Engine.connect(
+            dsn,
+            pool_size=settings.pool_size,
+            transaction_pooler=settings.listen_database_url is not None,
+            acquire_timeout=settings.pool_acquire_timeout,
+        )
+        if settings.require_synchronous_commit:
+            await require_synchronous_commit(engine)
+        ready = database_ready(engine.ping, lambda: not stop.is_set())
+        hub = WakeHub(
+            direct_dsn,
+            safety_interval=settings.safety_poll_interval,
+            own_sessions=engine.own_sessions,
+        )
+        await hub.start()
+
+        egress = EgressPolicy(settings.webhook_allow_cidrs)
+        webhooks = WebhookWorker(engine, egress, poll_interval=IDLE_POLL_INTERVAL)
+        scheduler = SchedulerWorker(
+            engine, on_webhook_deliveries=webhooks.wake, poll_interval=IDLE_POLL_INTERVAL
+        )
+        hub.on_signal("webhooks", webhooks.wake)
+        hub.on_signal("schedules", scheduler.wake)
+        health_servicer = health.aio.HealthServicer()
+        # The servicer starts out SERVING the whole server; nothing is served until
+        # the database has answered a ping.
+        await _set_health(health_servicer, False, serving)
+        if settings.run_api:
+            front = await _serve_api(
+                settings,
+                engine,
+                hub,
+                keys,
+                (egress, webhooks, scheduler),
+                health_servicer,
+                serving,
+                ready,
+            )
+            server, http_runner, console_runner = front.server, front.http, front.console
+        if settings.metrics_port is not None:
+            metrics_runner = await serve_metrics(
+                settings.metrics_host,
+                settings.metrics_port,
+                functools.partial(_scrape, engine, settings.metrics_max_queues),
+                ready,
+            )
+        maintenance = MaintenanceWorker(
+            engine,
+            interval=settings.maintenance_interval,
+            expiry_interval=settings.expiry_interval,
+            idle_interval=IDLE_POLL_INTERVAL,
+        )
+        hub.on_signal("redrives", maintenance.wake)
+        tasks = [
+            asyncio.create_task(
+                _watch_health(engine, health_servicer, hub, serving), name="postbox-health"
+            ),
+            asyncio.create_task(
+                run_flusher(engine, settings.activity_interval), name="postbox-activity"
+            ),
+        ]
+        if settings.run_workers:
+            tasks += [
+                asyncio.create_task(maintenance.run(), name="postbox-maintenance"),
+                asyncio.create_task(webhooks.run(), name="postbox-webhooks"),
+                asyncio.create_task(scheduler.run(), name="postbox-scheduler"),
+            ]
+            log.info("postbox running maintenance, webhook deliveries and schedules")
+        await stop.wait()
+        log.info("shutting down")
+    finally:
+        serving.now = False
+        if health_servicer is not None:
+            # Before any stream ends, so balancers stop sending calls while the
+            # grace lasts; later sets (the health watcher's) are ignored.
+            await health_servicer.enter_graceful_shutdown()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if metrics_runner is not None:
+            await metrics_runner.cleanup()
+        if hub is not None:
+            await hub.close()  # waiting streams end now, with what they have
+        if http_runner is not None:
+            await http_runner.cleanup()
+        if console_runner is not None:
+            await console_runner.cleanup()
+        if server is not None:
+            await server.stop(settings.shutdown_grace)
+        if engine is not None:
+            # What the calls counted since the last flush, now that none is running;
+            # bounded, so a database that is away cannot hold the shutdown.
+            with contextlib.suppress(ApiError, asyncio.TimeoutError):
+                await asyncio.wait_for(activity.flush(engine), settings.shutdown_grace)
+            await engine.close()
+        if keys is not None:
+            await keys.close()
+        if embedded is not None:
+            await asyncio.to_thread(embedded.stop)
+        tracing.shutdown()
+        log.info("stopped")

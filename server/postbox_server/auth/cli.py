@@ -1,0 +1,187 @@
+"""`postbox keys`: create, list and revoke API keys, on the database or through the server.
+
+With --database-url the verbs act on the database directly (installing the engine
+if needed): that is how the first admin key is made. Otherwise they call
+AccessService on --target with the key of --api-key or POSTBOX_API_KEY.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import re
+import sys
+from datetime import datetime, timedelta, timezone
+from typing import Any, cast
+
+import grpc
+from postbox.v1 import access_service_pb2 as pb
+from postbox.v1 import access_service_pb2_grpc
+
+from postbox_server.auth.secrets import Credentials, sigv4_secret
+from postbox_server.services.access import grant_arrays, key_resource
+
+_DURATION = re.compile(r"^(\d+)([smhdw])$")
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def duration(text: str) -> timedelta:
+    """--expires-in: a whole number of s, m, h, d or w, as in 30d."""
+    match = _DURATION.match(text.strip())
+    if match is None or int(match[1]) == 0:
+        raise argparse.ArgumentTypeError(
+            f"{text[:20]!r} is not a duration: a positive whole number and a unit of "
+            "s, m, h, d or w, as in 30d"
+        )
+    return timedelta(seconds=int(match[1]) * _UNITS[match[2]])
+
+
+def grant(text: str) -> pb.Grant:
+    """--grant PERMISSION:PATTERN, as in send:orders-* (the pattern is checked by the engine)."""
+    permission, separator, pattern = text.partition(":")
+    name = f"PERMISSION_{permission.strip().upper()}"
+    known = name in pb.Permission.DESCRIPTOR.values_by_name and name != "PERMISSION_UNSPECIFIED"
+    if not separator or not known:
+        raise argparse.ArgumentTypeError(
+            f"{text[:40]!r} is not PERMISSION:PATTERN with a permission of send, receive, "
+            "publish, read, manage or admin, as in send:orders-*"
+        )
+    # Value() gives the number; the generated stub types the field as the enum.
+    return pb.Grant(permission=cast("pb.Permission", pb.Permission.Value(name)), pattern=pattern)
+
+
+def _describe(key: pb.Key) -> str:
+    grants = " ".join(
+        f"{pb.Permission.Name(g.permission).removeprefix('PERMISSION_').lower()}:{g.pattern}"
+        for g in key.grants
+    )
+    expires = key.expire_time.ToJsonString() if key.HasField("expire_time") else "never"
+    return f"{key.name}\t{grants}\texpires {expires}"
+
+
+async def _on_database(args: argparse.Namespace) -> Any:
+    import asyncpg
+
+    from postbox_server.db.engine import Engine
+    from postbox_server.db.migrate import migrate
+
+    conn = await asyncpg.connect(args.database_url)
+    try:
+        await migrate(conn)
+    finally:
+        await conn.close()
+    engine = await Engine.connect(args.database_url, pool_size=1)
+    try:
+        if args.keys_verb == "create":
+            permissions, patterns = grant_arrays(args.grant)
+            credentials = Credentials.issue()
+            expires = datetime.now(timezone.utc) + args.expires_in if args.expires_in else None
+            row = await engine.create_key(
+                args.name, credentials.secret_sha256, credentials.sigv4_secret,
+                permissions, patterns, expires,
+            )  # fmt: skip
+            return pb.CreateKeyResponse(
+                key=key_resource(row),
+                secret=credentials.secret,
+                sigv4_secret_access_key=credentials.sigv4_secret,
+            )
+        if args.keys_verb == "list":
+            after, keys = "", []
+            while page := await engine.list_keys(1000, after):
+                keys += [key_resource(row) for row in page]
+                after = page[-1]["name"]
+            return keys
+        await engine.delete_key(args.name)
+        return None
+    finally:
+        await engine.close()
+
+
+def _through_server(args: argparse.Namespace, channel: grpc.Channel) -> Any:
+    access = access_service_pb2_grpc.AccessServiceStub(channel)
+    if args.keys_verb == "create":
+        key = pb.Key(name=args.name, grants=args.grant)
+        if args.expires_in:
+            key.expire_time.FromDatetime(datetime.now(timezone.utc) + args.expires_in)
+        return access.CreateKey(pb.CreateKeyRequest(key=key))
+    if args.keys_verb == "list":
+        keys: list[pb.Key] = []
+        token = ""
+        while True:
+            page = access.ListKeys(pb.ListKeysRequest(page_size=1000, page_token=token))
+            keys += page.keys
+            if not (token := page.next_page_token):
+                return keys
+    access.DeleteKey(pb.DeleteKeyRequest(name=args.name))
+    return None
+
+
+def run(args: argparse.Namespace, channel: grpc.Channel | None) -> int:
+    """Runs a keys verb; `channel` (None with --database-url) reaches the server."""
+    from postbox_server.errors import ApiError
+
+    if args.keys_verb == "sigv4-secret":
+        if not args.api_key:
+            print("postbox keys sigv4-secret: set POSTBOX_API_KEY (or --api-key)", file=sys.stderr)
+            return 2
+        print(sigv4_secret(args.api_key))
+        return 0
+    try:
+        if channel is None:
+            result = asyncio.run(_on_database(args))
+        else:
+            result = _through_server(args, channel)
+    except ApiError as error:
+        print(f"{error.code.name}: {error.message}", file=sys.stderr)
+        return 1
+    except grpc.RpcError as error:
+        print(f"{error.code().name}: {error.details()}", file=sys.stderr)
+        return 1
+    if args.keys_verb == "create":
+        print(f"created {_describe(result.key)}")
+        print(f"SQS: access key id {result.key.name}, secret access key "
+              f"{result.sigv4_secret_access_key}")  # fmt: skip
+        print("the key's secret, shown only now (send it as `authorization: Bearer <secret>`):")
+        print(result.secret)
+    elif args.keys_verb == "list":
+        for key in result:
+            print(_describe(key))
+    else:
+        print(f"revoked {args.name}")
+    return 0
+
+
+def add_parser(verbs: Any, client: argparse.ArgumentParser, run: Any) -> None:
+    """The `keys` verb, which `run` runs; `client` holds the flags every client verb takes."""
+    keys = verbs.add_parser("keys", help="create, list or revoke API keys")
+    keys.set_defaults(run=run)
+    keys_verbs = keys.add_subparsers(dest="keys_verb", required=True)
+    on_database = argparse.ArgumentParser(add_help=False)
+    on_database.add_argument(
+        "--database-url",
+        default=None,
+        help="act on this database directly instead of calling the server: how the first "
+        "admin key is made",
+    )
+    create = keys_verbs.add_parser(
+        "create", parents=[client, on_database], help="create a key; prints its secret last"
+    )
+    create.add_argument("name")
+    create.add_argument(
+        "--grant",
+        type=grant,
+        action="append",
+        required=True,
+        metavar="PERMISSION:PATTERN",
+        help="send, receive, publish, read, manage or admin on names matching the pattern "
+        "(* matches any run of characters), as in send:orders-* (repeatable)",
+    )
+    create.add_argument("--expires-in", type=duration, help="as in 30d, 12h, 90m (default: never)")
+    keys_verbs.add_parser("list", parents=[client, on_database], help="list keys (no secrets)")
+    revoke = keys_verbs.add_parser("revoke", parents=[client, on_database], help="revoke a key")
+    revoke.add_argument("name")
+    keys_verbs.add_parser(
+        "sigv4-secret",
+        parents=[client],
+        help="print the SQS secret access key of the key whose secret is POSTBOX_API_KEY",
+    )

@@ -1,0 +1,205 @@
+"""The keys a server process knows, kept current by LISTEN on channel postbox_keys.
+
+Every call is checked against this cache, never the database: a change to any key
+notifies on commit, and each process reloads all keys (a small table) at once, so a
+revoked key stops working everywhere within a second. A process that loses its
+listening connection keeps its last keys and reloads when it reconnects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import re
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import asyncpg
+
+from postbox_server.auth.secrets import secret_sha256
+from postbox_server.db import hosts
+from postbox_server.db.engine import Row, application_name
+
+log = logging.getLogger(__name__)
+
+CHANNEL = "postbox_keys"
+PERMISSIONS = ("send", "receive", "publish", "read", "manage", "admin")
+
+
+def pattern_regex(pattern: str) -> re.Pattern[str]:
+    """A grant's pattern as a regular expression: "*" matches any run of characters."""
+    return re.compile(".*".join(re.escape(part) for part in pattern.split("*")), re.DOTALL)
+
+
+def gives(held: str, needed: str) -> bool:
+    """Whether a granted permission includes the needed one: admin includes everything,
+    and manage includes read (who may create, change and delete a queue may look at it;
+    the SQS shim's changes read the queue first)."""
+    return held in (needed, "admin") or (held == "manage" and needed == "read")
+
+
+@dataclass(frozen=True)
+class Grant:
+    permission: str
+    pattern: str
+    regex: re.Pattern[str] = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "regex", pattern_regex(self.pattern))
+
+    def covers(self, permission: str, resource: str) -> bool:
+        if not gives(self.permission, permission):
+            return False
+        return self.regex.fullmatch(resource) is not None
+
+
+@dataclass(frozen=True)
+class ApiKey:
+    name: str
+    secret_sha256: bytes
+    sigv4_secret: str
+    expires_at: float | None  # seconds since the epoch
+    grants: tuple[Grant, ...]
+
+    @classmethod
+    def from_row(cls, row: Row) -> ApiKey:
+        expires_at = row["expires_at"]
+        return cls(
+            name=row["name"],
+            secret_sha256=bytes(row["secret_sha256"]),
+            sigv4_secret=row["sigv4_secret"],
+            expires_at=expires_at.timestamp() if expires_at is not None else None,
+            grants=tuple(
+                Grant(permission, pattern)
+                for permission, pattern in zip(row["permissions"], row["patterns"], strict=True)
+            ),
+        )
+
+    def expired(self, now: float | None = None) -> bool:
+        return self.expires_at is not None and (now or time.time()) >= self.expires_at
+
+    def allows(self, permission: str, resource: str) -> bool:
+        return any(grant.covers(permission, resource) for grant in self.grants)
+
+    def holds(self, permission: str) -> bool:
+        """Whether any grant gives this permission, on whatever names."""
+        return any(gives(grant.permission, permission) for grant in self.grants)
+
+
+class KeyCache:
+    """All keys, by the hash of their secret and by name; `enabled` once any exists."""
+
+    def __init__(
+        self, dsn: str, *, reconnect_delay: float = 0.5, liveness_interval: float = 10.0
+    ) -> None:
+        self._dsn = dsn
+        self._liveness_interval = liveness_interval
+        self._reconnect_delay = reconnect_delay
+        self._by_sha256: dict[bytes, ApiKey] = {}
+        self._by_name: dict[str, ApiKey] = {}
+        self._loaded = asyncio.Event()
+        self._stale = asyncio.Event()
+        # Reloads begun and finished: catch_up waits for one that began after it was called.
+        self._reloads_begun = 0
+        self._reloads_done = asyncio.Condition()
+        self._reloads_finished = 0
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def enabled(self) -> bool:
+        """Auth is on as soon as one key exists."""
+        return bool(self._by_name)
+
+    def by_secret(self, secret: str) -> ApiKey | None:
+        key = self._by_sha256.get(secret_sha256(secret))
+        # The lookup compares hashes of 256-bit secrets, which leaks nothing worth
+        # knowing; the constant-time comparison states the intent all the same.
+        if key is not None and hmac.compare_digest(key.secret_sha256, secret_sha256(secret)):
+            return key
+        return None
+
+    def by_name(self, name: str) -> ApiKey | None:
+        return self._by_name.get(name)
+
+    def replace(self, keys: Iterable[ApiKey]) -> None:
+        keys = list(keys)
+        self._by_sha256 = {key.secret_sha256: key for key in keys}
+        self._by_name = {key.name: key for key in keys}
+
+    async def start(self, *, timeout: float = 10.0) -> None:
+        """Starts listening; returns once the keys are loaded (raises TimeoutError otherwise:
+        a server must not serve before it knows whether auth is on)."""
+        self._task = asyncio.create_task(self._listen_forever(), name="postbox-keys")
+        await asyncio.wait_for(self._loaded.wait(), timeout)
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    def _on_notify(self, *_args: object) -> None:
+        self._stale.set()
+
+    async def catch_up(self, timeout: float = 1.0) -> None:
+        """Returns once this process has reloaded the keys after the call (or after
+        `timeout`): a key changed through this server works at once on it."""
+        target = self._reloads_begun + 1
+        self._stale.set()
+        async with self._reloads_done:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(
+                    self._reloads_done.wait_for(lambda: self._reloads_finished >= target),
+                    timeout,
+                )
+
+    async def _reload(self, conn: asyncpg.Connection) -> None:
+        self._stale.clear()  # before the read: a change committed after it notifies again
+        self._reloads_begun += 1
+        begun = self._reloads_begun
+        rows = await conn.fetch("SELECT * FROM postbox.all_keys()")
+        self.replace(ApiKey.from_row(row) for row in rows)
+        self._loaded.set()
+        async with self._reloads_done:
+            self._reloads_finished = begun
+            self._reloads_done.notify_all()
+
+    async def _listen_forever(self) -> None:
+        while True:
+            conn: asyncpg.Connection | None = None
+            try:
+                conn = await hosts.connect(
+                    self._dsn, server_settings={"application_name": application_name("keys")}
+                )
+                lost = asyncio.Event()
+                conn.add_termination_listener(lambda _conn, event=lost: event.set())
+                await conn.add_listener(CHANNEL, self._on_notify)
+                await self._reload(conn)  # changes made while not listening
+                while not lost.is_set():
+                    changed = asyncio.ensure_future(self._stale.wait())
+                    ended = asyncio.ensure_future(lost.wait())
+                    try:
+                        await asyncio.wait(
+                            {changed, ended},
+                            timeout=self._liveness_interval,
+                            return_when=asyncio.FIRST_COMPLETED,
+                        )
+                    finally:
+                        changed.cancel()
+                        ended.cancel()
+                    if lost.is_set():
+                        break
+                    if self._stale.is_set():
+                        await self._reload(conn)
+                    else:  # a connection dropped without a word shows here
+                        await conn.fetchval("SELECT 1", timeout=self._liveness_interval)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("key listener lost its connection (keeping the last keys): %r", exc)
+            finally:
+                if conn is not None and not conn.is_closed():
+                    conn.terminate()
+            await asyncio.sleep(self._reconnect_delay)

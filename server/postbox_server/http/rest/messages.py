@@ -1,0 +1,237 @@
+"""/v1/queues/{name}/messages: send (one or a batch), receive, delete (one or a batch) and
+change visibility.
+
+A received message's `id` is its receipt ("<message id>:<lease>"): what deletes it and
+changes its visibility, and what stops a consumer whose lease ran out from deleting a
+message delivered to another since. `message_id` is the message's id, as sends return it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+from aiohttp import web
+from postbox.v1 import message_service_pb2 as mpb
+
+from postbox_server.http.rest.framework import (
+    BadInput,
+    Reply,
+    RestCall,
+    Route,
+    json_type,
+    path_param,
+    query_param,
+)
+from postbox_server.http.rest.queues import NAME
+from postbox_server.http.rest.shapes import (
+    HEADERS_SCHEMA,
+    MESSAGE_SCHEMA,
+    attributes_of,
+    body_of,
+    duration,
+    headers_of,
+    message_fields,
+    message_id,
+    now_plus,
+    time_text,
+    whole_seconds,
+)
+
+# beyond-queue's receive defaults: one message, a 30 s lease, no wait.
+DEFAULT_MAX, DEFAULT_VT, DEFAULT_WAIT = 1, 30, 0
+RECEIPT = path_param("id", "The `id` a receive returned (the delivery's receipt).")
+# The messages a send's body fills.
+Sendable = TypeVar("Sendable", mpb.SendRequest, mpb.SendBatchEntry)
+_SEND_FIELDS = ("message", "headers", "delay", "group_id", "deduplication_id")
+
+
+def _fill(message: Sendable, value: Any, where: str) -> Sendable:
+    """Sets a send's fields (a SendRequest's or a SendBatchEntry's: the same names) from
+    one message of the body."""
+    if not isinstance(value, dict):
+        raise BadInput(f"{where} is a JSON {json_type(value)}; a message is an object")
+    unknown = sorted(set(value) - set(_SEND_FIELDS))
+    if unknown:
+        raise BadInput(
+            f"{where} has unknown field {unknown[0][:40]!r}; a message takes "
+            f"{', '.join(_SEND_FIELDS)}"
+        )
+    if "message" not in value:
+        raise BadInput(f"{where} has no message; put the payload in `message`")
+    message.body = body_of(value["message"])
+    for name, attribute in attributes_of(value.get("headers"), f"{where}.headers").items():
+        message.attributes[name].CopyFrom(attribute)
+    if value.get("delay") is not None:
+        message.delay.CopyFrom(duration(whole_seconds(value["delay"], f"{where}.delay")))
+    for field, target in (
+        ("group_id", "message_group_id"),
+        ("deduplication_id", "deduplication_id"),
+    ):
+        if value.get(field) is not None:
+            if not isinstance(value[field], str):
+                raise BadInput(f"{where}.{field} is a JSON {json_type(value[field])}; a string")
+            setattr(message, target, value[field])
+    return message
+
+
+async def send(call: RestCall) -> web.Response:
+    """One message (an object), or a batch (an array) in one transaction."""
+    queue = call.path("name")
+    body = await call.json()
+    if isinstance(body, list):
+        entries = [_fill(mpb.SendBatchEntry(), item, f"[{i}]") for i, item in enumerate(body)]
+        sent = await call.call(
+            "MessageService/SendBatch", mpb.SendBatchRequest(queue=queue, entries=entries)
+        )
+        return web.json_response({"ids": [message_id(i) for i in sent.message_ids]}, status=201)
+    # A lone message as Send: it may share a commit with concurrent ones (group commit).
+    one = await call.call(
+        "MessageService/Send", _fill(mpb.SendRequest(queue=queue), body, "the body")
+    )
+    return web.json_response({"id": message_id(one.message_id)}, status=201)
+
+
+def _received(message: Any) -> dict[str, Any]:
+    return {
+        "id": message.receipt,
+        "message_id": message_id(message.message_id),
+        **message_fields(message.body),
+        "headers": headers_of(message.attributes),
+        "read_ct": message.receive_count,
+        "enqueued_at": time_text(message.enqueue_time),
+    }
+
+
+async def receive(call: RestCall) -> web.Response:
+    most = call.query_int("max", DEFAULT_MAX)
+    if most < 1:  # 0 would mean ReceiveRequest's default, ten
+        raise BadInput(f"query parameter max is {most}; it must be 1 to 1000")
+    vt = call.query_int("vt", DEFAULT_VT)
+    wait = call.query_int("wait", DEFAULT_WAIT)
+    # The queue's kind decides its order; beyond-queue's flag is taken and checked only.
+    call.query_bool("fifo")
+    request = mpb.ReceiveRequest(
+        queue=call.path("name"),
+        max_messages=most,
+        visibility_timeout=duration(vt),
+        wait_time=duration(wait),
+    )
+    received = await call.call("MessageService/Receive", request)
+    return web.json_response([_received(message) for message in received.messages])
+
+
+async def delete_batch(call: RestCall) -> web.Response:
+    body = await call.json_object()
+    ids = body.get("ids")
+    if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+        raise BadInput("the body needs ids: an array of the `id`s receives returned (strings)")
+    done = await call.call(
+        "MessageService/DeleteBatch", mpb.DeleteBatchRequest(queue=call.path("name"), receipts=ids)
+    )
+    deleted = [
+        receipt for receipt, result in zip(ids, done.results, strict=True) if result.code == 0
+    ]
+    return web.json_response({"deleted": deleted})
+
+
+async def delete_one(call: RestCall) -> web.Response:
+    await call.call(
+        "MessageService/Delete", mpb.DeleteRequest(queue=call.path("name"), receipt=call.path("id"))
+    )
+    return web.Response(status=204)
+
+
+async def change_visibility(call: RestCall) -> web.Response:
+    body = await call.json_object()
+    if "vt" not in body:
+        raise BadInput("the body needs vt: seconds until the message is visible again")
+    vt = whole_seconds(body["vt"], "vt")
+    receipt = call.path("id")
+    await call.call(
+        "MessageService/ChangeVisibility",
+        mpb.ChangeVisibilityRequest(
+            queue=call.path("name"), receipt=receipt, visibility_timeout=duration(vt)
+        ),
+    )
+    return web.json_response({"id": receipt, "visible_at": now_plus(vt)})
+
+
+_SEND_ONE: dict[str, Any] = {
+    "type": "object",
+    "required": ["message"],
+    "properties": {
+        "message": MESSAGE_SCHEMA,
+        "headers": HEADERS_SCHEMA,
+        "delay": {"type": "integer", "minimum": 0, "description": "Seconds."},
+        "group_id": {"type": "string", "description": "Message group (FIFO queues)."},
+        "deduplication_id": {"type": "string"},
+    },
+}
+_RECEIVED: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "string", "description": "The receipt: deletes, changes visibility."},
+        "message_id": {"type": "integer"},
+        "message": MESSAGE_SCHEMA,
+        "body_base64": {"type": "string", "description": "Only for a body that is no text."},
+        "headers": HEADERS_SCHEMA,
+        "read_ct": {"type": "integer"},
+        "enqueued_at": {"type": "string", "format": "date-time"},
+    },
+}
+_NOT_FOUND = {404: Reply("No queue of that name, or the message is gone.")}
+_MESSAGES = "/v1/queues/{name}/messages"
+ROUTES = (
+    Route(
+        "POST", _MESSAGES, "MessageService/Send", send,
+        "Send a message, or a batch (an array) in one transaction.", params=(NAME,),
+        body={"oneOf": [_SEND_ONE, {"type": "array", "items": _SEND_ONE}]},
+        replies={
+            201: Reply("Committed.", {"type": "object", "properties": {
+                "id": {"type": "integer"},
+                "ids": {"type": "array", "items": {"type": "integer"}}}}),
+            **_NOT_FOUND,
+        },
+    ),
+    Route(
+        "GET", _MESSAGES, "MessageService/Receive", receive,
+        "Receive: claim up to max messages for vt seconds, waiting up to wait seconds.",
+        params=(
+            NAME,
+            query_param("max", {"type": "integer", "minimum": 1, "maximum": 1000, "default": 1},
+                        "Most messages."),
+            query_param("vt", {"type": "integer", "minimum": 0, "maximum": 43200, "default": 30},
+                        "Visibility timeout, seconds."),
+            query_param("wait", {"type": "integer", "minimum": 0, "maximum": 300, "default": 0},
+                        "Long-poll wait, seconds."),
+            query_param("fifo", {"type": "boolean"},
+                        "Taken for beyond-queue's sake; the queue's kind decides."),
+        ),
+        replies={200: Reply("The claimed messages.", {"type": "array", "items": _RECEIVED}),
+                 **_NOT_FOUND},
+    ),
+    Route(
+        "DELETE", _MESSAGES, "MessageService/DeleteBatch", delete_batch,
+        "Delete up to 1000 received messages; each succeeds or fails on its own.",
+        params=(NAME,),
+        body={"type": "object", "required": ["ids"],
+              "properties": {"ids": {"type": "array", "items": {"type": "string"}}}},
+        replies={200: Reply("The ids deleted.", {"type": "object", "properties": {
+            "deleted": {"type": "array", "items": {"type": "string"}}}}), **_NOT_FOUND},
+    ),
+    Route(
+        "DELETE", _MESSAGES + "/{id}", "MessageService/Delete", delete_one,
+        "Delete a received message.", params=(NAME, RECEIPT),
+        replies={204: Reply("Deleted."), **_NOT_FOUND,
+                 400: Reply("Stale (delivered again since) or malformed id.")},
+    ),
+    Route(
+        "PATCH", _MESSAGES + "/{id}", "MessageService/ChangeVisibility", change_visibility,
+        "Make a received message visible again vt seconds from now.", params=(NAME, RECEIPT),
+        body={"type": "object", "required": ["vt"],
+              "properties": {"vt": {"type": "integer", "minimum": 0, "maximum": 43200}}},
+        replies={200: Reply("Changed.", {"type": "object", "properties": {
+            "id": {"type": "string"}, "visible_at": {"type": "string", "format": "date-time"}}}),
+            **_NOT_FOUND},
+    ),
+)  # fmt: skip

@@ -1,0 +1,415 @@
+"""MessageService: send, stream-receive, delete and change visibility."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from datetime import timedelta
+
+import grpc
+from postbox.v1 import message_pb2, message_service_pb2_grpc
+from postbox.v1 import message_service_pb2 as pb
+
+from postbox_server.config import Settings
+from postbox_server.db.engine import Connection, Engine, OutgoingMessage, SentBatch
+from postbox_server.db.group_commit import GroupCommit
+from postbox_server.errors import ApiError, Refused, invalid
+from postbox_server.observability import tracing
+from postbox_server.services import convert
+from postbox_server.services.claims import Claims, more_left
+from postbox_server.services.pagination import (
+    decode_id_page_token,
+    encode_page_token,
+    is_bigint_id,
+    next_page,
+    page_size_of,
+)
+from postbox_server.services.prefetch import Prefetch
+from postbox_server.services.send_stream import SendStreamCall
+from postbox_server.services.status import reports_errors
+from postbox_server.services.streaming import StreamingReceive
+from postbox_server.services.wakeup import WakeHub
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_MESSAGES = 10
+MAX_WAIT = timedelta(seconds=300)
+MAX_IDLE = timedelta(hours=24)
+
+
+# A long poll ends before the client's deadline, so the client gets an orderly
+# (empty) end of stream rather than DEADLINE_EXCEEDED: a tenth of the time the
+# client gave, within 50 ms to 1 s, because a loaded server answers later than it
+# meant to by a part of the wait rather than by a fixed amount.
+def _deadline_margin(client_left: float) -> float:
+    return min(max(client_left / 10, 0.05), 1.0)
+
+
+# How long a continuous stream waits for its consumer to settle an older batch
+# before claiming more (see prefetch.py).
+_PATIENCE = 1.0
+_DEFAULT_LEASE = timedelta(seconds=30)  # stands for the queue's when the request has none
+
+
+class MessageService(message_service_pb2_grpc.MessageServiceServicer):
+    def __init__(
+        self,
+        engine: Engine,
+        hub: WakeHub,
+        *,
+        max_message_size: int,
+        max_response_size: int = Settings.max_response_size,
+    ) -> None:
+        self.engine = engine
+        self.max_message_size = max_message_size
+        self.hub = hub
+        self.sends: GroupCommit[OutgoingMessage, tuple[str, bool]] = GroupCommit(
+            engine, self._send_group
+        )
+        self.prefetch = Prefetch()
+        self.claims = Claims(engine, hub, max_response_size=max_response_size)
+
+    @reports_errors
+    async def Send(
+        self, request: pb.SendRequest, context: grpc.aio.ServicerContext
+    ) -> pb.SendResponse:
+        return await self._send(request)
+
+    @reports_errors
+    async def SendStream(
+        self,
+        requests: AsyncIterator[pb.SendStreamRequest | Refused],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[pb.SendStreamResponse]:
+        # At once, not with the first answer: the SDK writes its first send after it, so
+        # that it learns of a server without this method before writing (send_stream.py).
+        await context.send_initial_metadata(())
+        async for response in SendStreamCall(self._send).run(requests, self.hub.until_closed()):
+            yield response
+
+    async def _send(self, request: pb.SendRequest) -> pb.SendResponse:
+        """One message, through the group commit; its id once committed."""
+        outgoing = convert.outgoing(request, self.max_message_size)
+        outgoing.attributes = tracing.stamp(outgoing.attributes)
+        try:
+            message_id, duplicate = await self.sends.write(request.queue, outgoing)
+        finally:
+            # Failed too: the hub skipped any NOTIFY of the session's last call.
+            self.hub.wake(request.queue)
+        return pb.SendResponse(message_id=message_id, duplicate=duplicate)
+
+    async def _send_group(
+        self, conn: Connection, queue: str, messages: list[OutgoingMessage]
+    ) -> list[tuple[str, bool]]:
+        """One queue's share of a group of single Sends: (id, duplicate) per message."""
+        ids, duplicates = await self.engine.send_batch(queue, messages, conn=conn)
+        return list(zip(ids, duplicates, strict=True))
+
+    @reports_errors
+    async def SendBatch(
+        self, request: pb.SendBatchRequest, context: grpc.aio.ServicerContext
+    ) -> pb.SendBatchResponse:
+        # With tracing on, every message takes the producer's context along.
+        traced = tracing.enabled()
+        plain = None if traced else convert.plain_batch(request, self.max_message_size)
+        try:
+            ids, duplicates = await self._send_batch(request, plain, traced)
+        finally:
+            self.hub.wake(request.queue)  # failed too, as in Send
+        return pb.SendBatchResponse(message_ids=ids, duplicates=duplicates)
+
+    async def _send_batch(
+        self, request: pb.SendBatchRequest, plain: convert.PlainBatch | None, traced: bool
+    ) -> SentBatch:
+        if plain is not None:  # most batches
+            ids, duplicates = await self.engine.send_bodies(
+                request.queue, plain.bodies, plain.deduplication_ids
+            )
+        else:
+            outgoing = []
+            for index, entry in enumerate(request.entries):
+                try:
+                    outgoing.append(convert.outgoing(entry, self.max_message_size))
+                except ApiError as error:
+                    raise invalid(f"entry {index}: {error.message}") from None
+                if traced:
+                    outgoing[-1].attributes = tracing.stamp(outgoing[-1].attributes)
+            ids, duplicates = await self.engine.send_batch(request.queue, outgoing)
+        return ids, duplicates
+
+    @reports_errors
+    async def Receive(
+        self, request: pb.ReceiveRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.ReceiveResponse]:
+        queue = request.queue
+        max_messages = request.max_messages or DEFAULT_MAX_MESSAGES
+        visibility_timeout = convert.optional_timedelta(request, "visibility_timeout")
+        continuous = request.mode == pb.RECEIVE_MODE_CONTINUOUS
+        wait = convert.optional_timedelta(request, "wait_time")
+        if wait is not None and not timedelta(0) <= wait <= MAX_WAIT:
+            raise invalid(f"wait_time is {wait}; it must be 0 to {MAX_WAIT.seconds} s")
+        idle = convert.optional_timedelta(request, "idle_timeout")
+        if idle is not None and not timedelta(milliseconds=1) <= idle <= MAX_IDLE:
+            raise invalid(f"idle_timeout is {idle}; it must be 1 ms to 24 h")
+        if request.HasField("max_total_messages") and request.max_total_messages < 1:
+            raise invalid(
+                f"max_total_messages is {request.max_total_messages}; it must be at least 1, "
+                "or unset for no limit"
+            )
+
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        remaining = request.max_total_messages if request.HasField("max_total_messages") else None
+        wait_until = None if wait is None else started + wait.total_seconds()
+        idle_until = None if idle is None else started + idle.total_seconds()
+        consumer_id = request.consumer_id or None  # the engine checks it with the first claim
+        window = self.prefetch.open(self.engine.receipts_in_flight, queue) if continuous else None
+        if window is not None:
+            # types-grpcio's _DoneCallback is a class, not a Protocol: no function matches it.
+            context.add_done_callback(lambda _: window.close())  # type: ignore[arg-type]
+            # Half a lease at most, so an unsettled batch's messages are not yet due again.
+            patience = min(_PATIENCE, (visibility_timeout or _DEFAULT_LEASE).total_seconds() / 2)
+        first_poll = True
+        while not self.hub.closing:
+            handed = None if window is None else await window.room(patience)
+            generation = self.hub.generation(queue)
+            want = min(max_messages, remaining) if remaining else max_messages
+            try:
+                if handed is None:
+                    rows = await self.claims.claim(queue, want, visibility_timeout, consumer_id)
+                else:
+                    _, rows = await self.claims.delete_and_claim(
+                        queue,
+                        handed.receipts,
+                        want,
+                        visibility_timeout,
+                        handed.claimed,
+                        consumer_id=consumer_id,
+                    )
+            except ApiError as error:
+                # A new stream on a paused queue fails; one already waiting waits on.
+                if error.paused and not first_poll:
+                    rows = []
+                else:
+                    await self._ride_out(error, continuous)
+                    continue
+            first_poll = False
+            if rows:
+                batch = [convert.message(row) for row in rows]
+                tracing.delivered(queue, batch)
+                try:
+                    yield pb.ReceiveResponse(messages=batch)
+                except BaseException:
+                    # The stream died with this batch in hand: it never reached the client.
+                    await self.claims.release(queue, rows)
+                    raise
+                if window is not None:
+                    window.delivered(row["receipt"] for row in rows)
+                more = more_left(rows)
+                full = len(rows) == want or more
+                if full:
+                    self.hub.wake(queue)  # there may be more: let another stream look too
+                if not continuous:
+                    # One response, within the response size: a message that never
+                    # reached the client is then always the one given back above.
+                    return
+                if remaining:
+                    remaining -= len(rows)
+                    if remaining == 0:
+                        return
+                if idle is not None:
+                    idle_until = loop.time() + idle.total_seconds()
+                if full:
+                    continue
+                # Fewer than asked: nothing else was visible, so wait rather than poll
+                # again; a wake-up since `generation` ends the wait at once.
+
+            if continuous:
+                until = idle_until
+            else:
+                if wait_until is None:
+                    queue_row = await self.engine.get_queue(queue)
+                    wait_until = started + queue_row["receive_wait_time"].total_seconds()
+                until = wait_until
+                client_left = context.time_remaining()
+                if client_left is not None:
+                    until = min(until, loop.time() + client_left - _deadline_margin(client_left))
+            timeout = None if until is None else until - loop.time()
+            if timeout is not None and timeout <= 0:
+                return
+            try:
+                next_visible = await self.claims.next_visible_at(queue)
+            except ApiError as error:
+                await self._ride_out(error, continuous)
+                continue
+            if next_visible is not None:
+                self.hub.wake_at(queue, next_visible)
+            await self.hub.wait(queue, generation, timeout)
+
+    @reports_errors
+    async def StreamingReceive(
+        self,
+        requests: AsyncIterator[pb.StreamingReceiveRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[pb.StreamingReceiveResponse]:
+        call = StreamingReceive(self.engine, self.hub, self.claims, self.prefetch)
+        async for response in call.run(requests):
+            yield response
+
+    async def _ride_out(self, error: ApiError, continuous: bool) -> None:
+        """Any error ends a long poll; a continuous stream rides out an outage."""
+        if not continuous:
+            raise error
+        await self.claims.ride_out(error)
+
+    @reports_errors
+    async def Delete(
+        self, request: pb.DeleteRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DeleteResponse:
+        # A delete with a result is not handed to a stream's claim, which keeps none.
+        handed = None if request.result else self.prefetch.hand(request.queue, [request.receipt])
+        if handed is None or await handed.outcomes != ["ok"]:
+            # Deleted here, or told precisely why not: a handed delete that was not
+            # "ok" changed nothing.
+            await self.engine.delete(request.queue, request.receipt, request.result or None)
+        self.prefetch.settled([request.receipt])
+        return pb.DeleteResponse()
+
+    @reports_errors
+    async def DeleteBatch(
+        self, request: pb.DeleteBatchRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DeleteBatchResponse:
+        receipts = list(request.receipts)
+        outcomes: list[str] | None = None
+        if request.results:
+            # Deleted here: a stream's claim, which takes handed deletes, keeps no results.
+            results = [result or None for result in request.results]
+            outcomes = await self.engine.delete_batch(request.queue, receipts, results)
+        else:
+            handed = self.prefetch.hand(request.queue, receipts)
+            outcomes = None if handed is None else await handed.outcomes
+        if outcomes is None:
+            outcomes = await self.engine.delete_batch(request.queue, receipts)
+        self.prefetch.settled(receipts)  # ok, stale or gone: none is pending now
+        return pb.DeleteBatchResponse(results=convert.batch_results(outcomes))
+
+    @reports_errors
+    async def ChangeVisibility(
+        self, request: pb.ChangeVisibilityRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ChangeVisibilityResponse:
+        timeout = convert.optional_timedelta(request, "visibility_timeout")
+        if timeout is None:
+            raise invalid("visibility_timeout is required (0 makes the message visible at once)")
+        await self.engine.change_visibility(request.queue, request.receipt, timeout)
+        self.prefetch.settled([request.receipt])
+        if timeout == timedelta(0):
+            self.hub.wake(request.queue)
+        return pb.ChangeVisibilityResponse()
+
+    @reports_errors
+    async def Nack(
+        self, request: pb.NackRequest, context: grpc.aio.ServicerContext
+    ) -> pb.NackResponse:
+        await self.engine.nack(
+            request.queue,
+            request.receipt,
+            convert.optional_timedelta(request, "delay"),
+            request.error or None,
+            request.dead_letter,
+        )
+        self.prefetch.settled([request.receipt])
+        self.hub.wake(request.queue)  # a waiting stream sets a timer for the backoff
+        return pb.NackResponse()
+
+    @reports_errors
+    async def PeekMessages(
+        self, request: pb.PeekMessagesRequest, context: grpc.aio.ServicerContext
+    ) -> pb.PeekMessagesResponse:
+        if request.state not in convert.STATE_FILTERS:
+            raise invalid(f"state {request.state} is not a known message state")
+        page_size = page_size_of(request.page_size)
+        after = decode_id_page_token(request.page_token, "PeekMessages")
+        rows = await self.engine.peek_messages(
+            request.queue, convert.STATE_FILTERS[request.state], after, page_size + 1
+        )
+        response = pb.PeekMessagesResponse(messages=[convert.message(r) for r in rows[:page_size]])
+        if len(rows) > page_size:
+            last = str(rows[page_size - 1]["message_id"])
+            response.next_page_token = encode_page_token("PeekMessages", last)
+        return response
+
+    @reports_errors
+    async def GetMessage(
+        self, request: pb.GetMessageRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetMessageResponse:
+        row = await self.engine.get_message(request.queue, _message_id(request.message_id))
+        return pb.GetMessageResponse(message=convert.message(row))
+
+    @reports_errors
+    async def CancelMessage(
+        self, request: pb.CancelMessageRequest, context: grpc.aio.ServicerContext
+    ) -> pb.CancelMessageResponse:
+        await self.engine.cancel_message(request.queue, _message_id(request.message_id))
+        return pb.CancelMessageResponse()
+
+    @reports_errors
+    async def ListMessages(
+        self, request: pb.ListMessagesRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListMessagesResponse:
+        if request.state not in convert.LIFE_STATE_FILTERS:
+            raise invalid(f"state {request.state} is not a known message state")
+        page_size = page_size_of(request.page_size)
+        after = decode_id_page_token(request.page_token, "ListMessages")
+        rows = await self.engine.list_messages(
+            request.queue or None, convert.LIFE_STATE_FILTERS[request.state], after, page_size + 1
+        )
+        page, token = next_page(rows, page_size, "ListMessages", key="message_id")
+        return pb.ListMessagesResponse(
+            messages=[convert.message(row) for row in page], next_page_token=token
+        )
+
+    @reports_errors
+    async def ListArchivedMessages(
+        self, request: pb.ListArchivedMessagesRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListArchivedMessagesResponse:
+        page_size = page_size_of(request.page_size)
+        after = decode_id_page_token(request.page_token, "ListArchivedMessages")
+        rows = await self.engine.list_archived_messages(request.queue, after, page_size + 1)
+        response = pb.ListArchivedMessagesResponse(
+            messages=[
+                message_pb2.ArchivedMessage(
+                    message=convert.message(row),
+                    archive_time=convert.timestamp(row["archived_at"]),
+                    reason=convert.archive_reason(row["reason"]),
+                )
+                for row in rows[:page_size]
+            ]
+        )
+        if len(rows) > page_size:
+            last = str(rows[page_size - 1]["message_id"])
+            response.next_page_token = encode_page_token("ListArchivedMessages", last)
+        return response
+
+    @reports_errors
+    async def ChangeVisibilityBatch(
+        self, request: pb.ChangeVisibilityBatchRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ChangeVisibilityBatchResponse:
+        receipts, timeouts = [], []
+        for index, entry in enumerate(request.entries):
+            timeout = convert.optional_timedelta(entry, "visibility_timeout")
+            if timeout is None:
+                raise invalid(f"entry {index}: visibility_timeout is required")
+            receipts.append(entry.receipt)
+            timeouts.append(timeout)
+        outcomes = await self.engine.change_visibility_batch(request.queue, receipts, timeouts)
+        self.prefetch.settled(receipts)
+        if timedelta(0) in timeouts:
+            self.hub.wake(request.queue)
+        return pb.ChangeVisibilityBatchResponse(results=convert.batch_results(outcomes))
+
+
+def _message_id(text: str) -> int:
+    if not is_bigint_id(text):
+        raise invalid(f"message_id {text[:40]!r} is not a message id of this server")
+    return int(text)

@@ -1,0 +1,42 @@
+"""Turns ApiErrors raised inside a servicer method into the gRPC status of the call."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import grpc
+
+from postbox_server.errors import ApiError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def reports_errors(method: F) -> F:
+    """Decorates a unary or server-streaming servicer method."""
+    if inspect.isasyncgenfunction(method):
+
+        @functools.wraps(method)
+        async def stream(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
+            try:
+                # aclosing: when the client goes away, the method's own cleanup runs now.
+                async with contextlib.aclosing(method(self, request, context)) as responses:
+                    async for response in responses:
+                        yield response
+            except ApiError as error:
+                await context.abort(error.code, error.message)
+
+        # functools.wraps keeps the method's signature; mypy cannot see that the wrapper is F.
+        return stream  # type: ignore[return-value]
+
+    @functools.wraps(method)
+    async def unary(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            return await method(self, request, context)
+        except ApiError as error:
+            await context.abort(error.code, error.message)
+
+    return unary  # type: ignore[return-value]  # as above: the wrapper is F

@@ -1,0 +1,449 @@
+"""TopicService: topics, their queue and webhook subscriptions, publishing."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import grpc
+from postbox.v1 import topic_service_pb2 as pb
+from postbox.v1 import topic_service_pb2_grpc
+
+from postbox_server.db.engine import (
+    Connection,
+    Engine,
+    OutgoingPublish,
+    Record,
+    Row,
+    SubscriptionDelivery,
+)
+from postbox_server.db.group_commit import GroupCommit
+from postbox_server.egress import EgressPolicy, Refused
+from postbox_server.errors import ApiError, invalid
+from postbox_server.observability import tracing
+from postbox_server.services import convert
+from postbox_server.services.pagination import (
+    decode_id_page_token,
+    decode_page_token,
+    next_page,
+    page_size_of,
+)
+from postbox_server.services.status import reports_errors
+from postbox_server.services.wakeup import WakeHub
+from postbox_server.workers import standard_webhooks as webhooks
+
+_DELIVERY_STATES = {
+    "pending": pb.WEBHOOK_DELIVERY_STATE_PENDING,
+    "failed": pb.WEBHOOK_DELIVERY_STATE_FAILED,
+}
+_DELIVERY_FILTERS = {
+    pb.WEBHOOK_DELIVERY_STATE_UNSPECIFIED: None,
+    pb.WEBHOOK_DELIVERY_STATE_PENDING: "pending",
+    pb.WEBHOOK_DELIVERY_STATE_FAILED: "failed",
+}
+
+
+_FILTER_SCOPES = {
+    pb.FILTER_POLICY_SCOPE_UNSPECIFIED: "attributes",
+    pb.FILTER_POLICY_SCOPE_MESSAGE_ATTRIBUTES: "attributes",
+    pb.FILTER_POLICY_SCOPE_MESSAGE_BODY: "body",
+}
+_SCOPE_FIELDS = {
+    "attributes": pb.FILTER_POLICY_SCOPE_MESSAGE_ATTRIBUTES,
+    "body": pb.FILTER_POLICY_SCOPE_MESSAGE_BODY,
+}
+# The longest filter policy, as SNS has it.
+MAX_FILTER_POLICY = 256 * 1024
+
+
+def topic_resource(row: Row) -> pb.Topic:
+    topic = pb.Topic(
+        name=row["name"],
+        create_time=convert.timestamp(row["created_at"]),
+        tags=json.loads(row["tags"]),
+        sns_attributes=json.loads(row["sns_attributes"]),
+    )
+    if row["stream_retention"] is not None:
+        topic.stream_retention.CopyFrom(convert.duration(row["stream_retention"]))
+    return topic
+
+
+def _delivery(subscription: pb.Subscription) -> SubscriptionDelivery:
+    """A subscription's filter and SNS fields as the engine takes them."""
+    policy = subscription.filter_policy or None
+    if policy is not None:
+        if len(policy.encode()) > MAX_FILTER_POLICY:
+            raise invalid(
+                f"filter_policy is {len(policy.encode())} bytes; the limit is {MAX_FILTER_POLICY}"
+            )
+        try:
+            json.loads(policy)
+        except ValueError as error:
+            raise invalid(f"filter_policy is not valid JSON: {error}") from None
+    if subscription.filter_policy_scope not in _FILTER_SCOPES:
+        raise invalid(f"filter_policy_scope {subscription.filter_policy_scope} is unknown")
+    sns = None
+    if subscription.HasField("sns_delivery"):
+        delivery = subscription.sns_delivery
+        sns = {
+            "topic_arn": delivery.topic_arn,
+            "subscription_arn": delivery.subscription_arn,
+            "unsubscribe_url": delivery.unsubscribe_url or None,
+            "raw": delivery.raw,
+            "attributes": dict(delivery.attributes),
+        }
+        sns = {key: value for key, value in sns.items() if value is not None}
+    return SubscriptionDelivery(
+        filter_policy=policy,
+        filter_scope=_FILTER_SCOPES[subscription.filter_policy_scope],
+        sns=sns,
+        suspended=subscription.suspended,
+    )
+
+
+def subscription_resource(row: Row, *, with_secret: bool = False) -> pb.Subscription:
+    """A subscription row (with its topic and queue names); the secret only when asked."""
+    subscription = pb.Subscription(
+        name=row["name"],
+        topic=row["topic"],
+        pattern=row["pattern"],
+        create_time=convert.timestamp(row["created_at"]),
+        filter_policy=row["filter_policy"] or "",
+        suspended=row["suspended"],
+    )
+    if row["filter_policy"] is not None:
+        subscription.filter_policy_scope = _SCOPE_FIELDS[row["filter_scope"]]
+    if row["sns"] is not None:
+        sns = json.loads(row["sns"])
+        subscription.sns_delivery.CopyFrom(
+            pb.SnsDelivery(
+                topic_arn=sns["topic_arn"],
+                subscription_arn=sns["subscription_arn"],
+                unsubscribe_url=sns.get("unsubscribe_url", ""),
+                raw=sns.get("raw", False),
+                attributes=sns.get("attributes", {}),
+            )
+        )
+    if row["queue"] is not None:
+        subscription.queue = row["queue"]
+    else:
+        subscription.webhook.CopyFrom(
+            pb.WebhookEndpoint(
+                url=row["webhook_url"],
+                secret=row["webhook_secret"] if with_secret else "",
+                timeout=convert.duration(row["webhook_timeout"]),
+                max_attempts=row["webhook_max_attempts"],
+                minimum_backoff=convert.duration(row["webhook_minimum_backoff"]),
+                maximum_backoff=convert.duration(row["webhook_maximum_backoff"]),
+            )
+        )
+    return subscription
+
+
+def _webhook_settings(endpoint: pb.WebhookEndpoint) -> dict[str, Any]:
+    """The settings a request gives, in seconds; the engine fills in the rest."""
+    settings: dict[str, Any] = {
+        name: convert.seconds(getattr(endpoint, name))
+        for name in ("timeout", "minimum_backoff", "maximum_backoff")
+        if endpoint.HasField(name)
+    }
+    if endpoint.max_attempts:
+        settings["max_attempts"] = endpoint.max_attempts
+    return settings
+
+
+def _outgoing(entry: Any, max_message_size: int) -> OutgoingPublish:
+    """A PublishRequest or PublishBatchEntry as the engine takes it."""
+    attributes = entry.attributes
+    body = entry.body
+    # Without attributes the size is the body's: the common entry skips the walk.
+    if attributes or len(body) > max_message_size:
+        convert.check_message_size(entry, max_message_size)
+    return OutgoingPublish(
+        body,
+        entry.routing_key,
+        tracing.stamp(convert.attributes_json(attributes) if attributes else None),
+        entry.ordering_key or None,
+        entry.deduplication_id or None,
+        entry.subject or None,
+    )
+
+
+def _fill_result(result: pb.PublishResponse | pb.PublishResult, row: Row) -> None:
+    """The fields that PublishResponse and PublishResult share. Set one by one on a
+    message in place: for a PublishBatch of stream-topic entries, building each result
+    from keyword arguments cost more than the engine's part of the call."""
+    result.publish_id = str(row["publish_id"])
+    result.webhook_deliveries = row["webhook_deliveries"]
+    if row["queues"]:
+        result.queues.extend(row["queues"])
+        result.message_ids.extend(map(str, row["message_ids"]))
+        result.duplicates.extend(row["duplicates"])
+
+
+def webhook_delivery(row: Row) -> pb.WebhookDelivery:
+    delivery = pb.WebhookDelivery(
+        delivery_id=webhooks.delivery_id(row["publish_id"], row["id"]),
+        publish_id=str(row["publish_id"]),
+        publish_time=convert.timestamp(row["published_at"]),
+        routing_key=row["routing_key"],
+        state=_DELIVERY_STATES[row["state"]],
+        attempts=row["attempts"],
+        last_status_code=row["last_status"],
+        last_error=row["last_error"] or "",
+    )
+    if row["last_attempt_at"] is not None:
+        delivery.last_attempt_time.CopyFrom(convert.timestamp(row["last_attempt_at"]))
+    if row["next_attempt_at"] is not None:
+        delivery.next_attempt_time.CopyFrom(convert.timestamp(row["next_attempt_at"]))
+    return delivery
+
+
+class TopicService(topic_service_pb2_grpc.TopicServiceServicer):
+    def __init__(
+        self,
+        engine: Engine,
+        hub: WakeHub,
+        on_webhook_deliveries: Callable[[], None],
+        egress: EgressPolicy,
+        *,
+        max_message_size: int,
+        on_published: Callable[[str], None] = lambda topic: None,
+    ) -> None:
+        self.engine = engine
+        self.publishes: GroupCommit[OutgoingPublish, Record] = GroupCommit(
+            engine, self._publish_group
+        )
+        # Wakes this server's ReadStream calls waiting on the topic's log.
+        self.on_published = on_published
+        self.egress = egress
+        self.max_message_size = max_message_size
+        self.hub = hub
+        # Wakes this server's webhook worker, which then delivers without waiting for its poll.
+        self.on_webhook_deliveries = on_webhook_deliveries
+
+    @reports_errors
+    async def CreateTopic(
+        self, request: pb.CreateTopicRequest, context: grpc.aio.ServicerContext
+    ) -> pb.CreateTopicResponse:
+        if not request.HasField("topic"):
+            raise invalid("topic is required: give at least topic.name")
+        topic = request.topic
+        row = await self.engine.create_topic(
+            topic.name, dict(topic.tags), dict(topic.sns_attributes),
+            convert.optional_timedelta(topic, "stream_retention"),
+        )  # fmt: skip
+        return pb.CreateTopicResponse(topic=topic_resource(row))
+
+    @reports_errors
+    async def UpdateTopic(
+        self, request: pb.UpdateTopicRequest, context: grpc.aio.ServicerContext
+    ) -> pb.UpdateTopicResponse:
+        topic = request.topic
+        row = await self.engine.update_topic(
+            topic.name, list(request.update_mask.paths), dict(topic.tags),
+            dict(topic.sns_attributes), convert.optional_timedelta(topic, "stream_retention"),
+        )  # fmt: skip
+        return pb.UpdateTopicResponse(topic=topic_resource(row))
+
+    @reports_errors
+    async def GetTopic(
+        self, request: pb.GetTopicRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetTopicResponse:
+        return pb.GetTopicResponse(topic=topic_resource(await self.engine.get_topic(request.name)))
+
+    @reports_errors
+    async def ListTopics(
+        self, request: pb.ListTopicsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListTopicsResponse:
+        page_size = page_size_of(request.page_size)
+        after = decode_page_token(request.page_token, "ListTopics")
+        page, token = next_page(
+            await self.engine.list_topics(page_size + 1, after), page_size, "ListTopics"
+        )
+        return pb.ListTopicsResponse(
+            topics=[topic_resource(row) for row in page], next_page_token=token
+        )
+
+    @reports_errors
+    async def DeleteTopic(
+        self, request: pb.DeleteTopicRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DeleteTopicResponse:
+        await self.engine.delete_topic(request.name)
+        return pb.DeleteTopicResponse()
+
+    @reports_errors
+    async def CreateSubscription(
+        self, request: pb.CreateSubscriptionRequest, context: grpc.aio.ServicerContext
+    ) -> pb.CreateSubscriptionResponse:
+        subscription = request.subscription
+        destination = subscription.WhichOneof("destination")
+        if destination is None:
+            raise invalid("subscription.queue or subscription.webhook is required")
+        webhook = subscription.webhook if destination == "webhook" else None
+        if webhook is not None:
+            await self._check_egress(webhook.url)
+        row = await self.engine.create_subscription(
+            subscription.topic,
+            subscription.name,
+            subscription.pattern,
+            subscription.queue if destination == "queue" else None,
+            webhook.url if webhook is not None else None,
+            (webhook.secret or None) if webhook is not None else None,
+            _webhook_settings(webhook) if webhook is not None else {},
+            _delivery(subscription),
+        )
+        return pb.CreateSubscriptionResponse(
+            subscription=subscription_resource(row, with_secret=True)
+        )
+
+    @reports_errors
+    async def GetSubscription(
+        self, request: pb.GetSubscriptionRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetSubscriptionResponse:
+        row = await self.engine.get_subscription(request.topic, request.name)
+        return pb.GetSubscriptionResponse(subscription=subscription_resource(row))
+
+    @reports_errors
+    async def ListSubscriptions(
+        self, request: pb.ListSubscriptionsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListSubscriptionsResponse:
+        page_size = page_size_of(request.page_size)
+        after = decode_page_token(request.page_token, "ListSubscriptions")
+        page, token = next_page(
+            await self.engine.list_subscriptions(request.topic, page_size + 1, after),
+            page_size,
+            "ListSubscriptions",
+        )
+        return pb.ListSubscriptionsResponse(
+            subscriptions=[subscription_resource(row) for row in page], next_page_token=token
+        )
+
+    @reports_errors
+    async def DeleteSubscription(
+        self, request: pb.DeleteSubscriptionRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DeleteSubscriptionResponse:
+        await self.engine.delete_subscription(request.topic, request.name)
+        return pb.DeleteSubscriptionResponse()
+
+    @reports_errors
+    async def UpdateSubscription(
+        self, request: pb.UpdateSubscriptionRequest, context: grpc.aio.ServicerContext
+    ) -> pb.UpdateSubscriptionResponse:
+        subscription, paths = request.subscription, list(request.update_mask.paths)
+        webhook = subscription.webhook
+        if "webhook.url" in paths:
+            await self._check_egress(webhook.url)
+        settings = {
+            name: value
+            for name, value in _webhook_settings(webhook).items()
+            if f"webhook.{name}" in paths
+        }
+        row = await self.engine.update_subscription(
+            subscription.topic,
+            subscription.name,
+            paths,
+            subscription.pattern or None,
+            subscription.queue or None,
+            webhook.url or None,
+            webhook.secret or None,
+            settings,
+            _delivery(subscription),
+        )
+        self.on_webhook_deliveries()  # pending deliveries may be due sooner, or elsewhere
+        return pb.UpdateSubscriptionResponse(
+            subscription=subscription_resource(row, with_secret="webhook.secret" in paths)
+        )
+
+    async def _check_egress(self, url: str) -> None:
+        try:
+            await self.egress.check_url(url)
+        except Refused as refused:
+            raise invalid(str(refused)) from None
+
+    @reports_errors
+    async def RetryWebhookDelivery(
+        self, request: pb.RetryWebhookDeliveryRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RetryWebhookDeliveryResponse:
+        delivery_id = None
+        if request.delivery_id:
+            delivery_id = webhooks.delivery_row(request.delivery_id)
+            if delivery_id is None:
+                raise invalid(
+                    f"delivery_id {request.delivery_id[:40]!r} is not a delivery id of this "
+                    "server: pass one ListWebhookDeliveries gives"
+                )
+        retried = await self.engine.retry_webhook_deliveries(
+            request.topic, request.subscription, delivery_id
+        )
+        if retried:
+            self.on_webhook_deliveries()
+        return pb.RetryWebhookDeliveryResponse(retried_deliveries=retried)
+
+    async def _publish(self, topic: str, entries: list[OutgoingPublish]) -> list[Record]:
+        rows = await self.engine.publish_batch(topic, entries)
+        self._woken(topic, rows)
+        return rows
+
+    def _woken(self, topic: str, rows: Iterable[Record]) -> None:
+        """Streams on this server waiting on the topic's log or on the queues, and its
+        webhook worker, look now."""
+        self.on_published(topic)
+        queues = {queue for row in rows for queue in row["queues"]}
+        for queue in queues:
+            self.hub.wake(queue)
+        if any(row["webhook_deliveries"] for row in rows):
+            self.on_webhook_deliveries()
+
+    async def _publish_group(
+        self, conn: Connection, topic: str, entries: list[OutgoingPublish]
+    ) -> list[Record]:
+        """One topic's share of a group of single Publishes: a row per entry."""
+        return await self.engine.publish_batch(topic, entries, conn=conn)
+
+    @reports_errors
+    async def Publish(
+        self, request: pb.PublishRequest, context: grpc.aio.ServicerContext
+    ) -> pb.PublishResponse:
+        # Concurrent Publishes share commits, as Sends do: each fans out to every
+        # subscribed queue, and one commit per Publish would bound them all.
+        row = await self.publishes.write(request.topic, _outgoing(request, self.max_message_size))
+        self._woken(request.topic, (row,))
+        response = pb.PublishResponse()
+        _fill_result(response, row)
+        return response
+
+    @reports_errors
+    async def PublishBatch(
+        self, request: pb.PublishBatchRequest, context: grpc.aio.ServicerContext
+    ) -> pb.PublishBatchResponse:
+        entries = []
+        for index, entry in enumerate(request.entries):
+            try:
+                entries.append(_outgoing(entry, self.max_message_size))
+            except ApiError as error:
+                raise invalid(f"entry {index}: {error.message}") from None
+        rows = await self._publish(request.topic, entries)
+        response = pb.PublishBatchResponse()
+        add = response.results.add
+        for row in rows:
+            _fill_result(add(), row)
+        return response
+
+    @reports_errors
+    async def ListWebhookDeliveries(
+        self, request: pb.ListWebhookDeliveriesRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListWebhookDeliveriesResponse:
+        if request.state not in _DELIVERY_FILTERS:
+            raise invalid(f"state {request.state} is not a known webhook delivery state")
+        page_size = page_size_of(request.page_size)
+        after = decode_id_page_token(request.page_token, "ListWebhookDeliveries")
+        rows = await self.engine.list_webhook_deliveries(
+            request.topic, request.subscription, _DELIVERY_FILTERS[request.state], after,
+            page_size + 1,
+        )  # fmt: skip
+        page, token = next_page(rows, page_size, "ListWebhookDeliveries", "id")
+        return pb.ListWebhookDeliveriesResponse(
+            deliveries=[webhook_delivery(row) for row in page], next_page_token=token
+        )

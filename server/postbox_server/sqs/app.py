@@ -1,0 +1,349 @@
+"""The shim's HTTP side: one aiohttp handler for both protocols, and the process around it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+import uuid
+from typing import Any
+
+import grpc
+from aiohttp import web
+from postbox.v1.queue_service_pb2 import GetQueueRequest, ListQueuesRequest
+
+from postbox_server.auth.client import bearer_metadata
+from postbox_server.auth.interceptor import SIGV4_REQUIRED_METADATA
+from postbox_server.config import is_loopback
+from postbox_server.observability import metrics, tracing
+from postbox_server.sns.app import SnsQuery, is_sns
+from postbox_server.sqs import jsonproto, query, shapes
+from postbox_server.sqs.actions import HANDLERS, Call
+from postbox_server.sqs.backend import CALLER, Backend
+from postbox_server.sqs.errors import (
+    INTERNAL_FAILURE,
+    INVALID_ACTION,
+    INVALID_ADDRESS,
+    INVALID_HTTP_REQUEST,
+    MISSING_ACTION,
+    QUEUE_DOES_NOT_EXIST,
+    REQUEST_ENTITY_TOO_LARGE,
+    SqsError,
+)
+from postbox_server.sqs.settings import ShimSettings
+from postbox_server.sqs.sigv4 import Verifier, signed_request
+
+log = logging.getLogger("postbox.sqs")
+
+_BACKEND = web.AppKey("backend", Backend)
+_SETTINGS = web.AppKey("settings", ShimSettings)
+_VERIFIER = web.AppKey("verifier", Verifier)
+
+
+class _Json:
+    """awsJson 1.0: the action in X-Amz-Target, parameters in a JSON body."""
+
+    handlers = HANDLERS
+
+    def __init__(self, target: str) -> None:
+        self.target = target
+        self.action = ""
+
+    def parse(self, request: web.Request, body: bytes) -> dict[str, Any]:
+        self.action = jsonproto.action_of(self.target)
+        return jsonproto.decode(_input(self.action), body)
+
+    def success(self, result: dict[str, Any], request_id: str) -> web.Response:
+        return _response(200, jsonproto.encode_result(result), jsonproto.CONTENT_TYPE, request_id)
+
+    def failure(self, error: SqsError, request_id: str) -> web.Response:
+        body, headers = jsonproto.encode_error(error)
+        return _response(error.kind.status, body, jsonproto.CONTENT_TYPE, request_id, headers)
+
+
+class _Query:
+    """The query protocol: Action and parameters in a form body (or the URL), XML back."""
+
+    handlers = HANDLERS
+
+    action = ""
+
+    def parse(self, request: web.Request, body: bytes) -> dict[str, Any]:
+        form = query.parse_form(query.form_text(body) if body else request.query_string)
+        self.action = form.get("Action", "")
+        if not self.action:
+            raise SqsError(MISSING_ACTION, "The request must contain the parameter Action.")
+        return query.decode(_input(self.action), form)
+
+    def success(self, result: dict[str, Any], request_id: str) -> web.Response:
+        output = shapes.ACTIONS[self.action][1]
+        body = query.encode_result(self.action, output, result, request_id)
+        return _response(200, body, query.CONTENT_TYPE, request_id)
+
+    def failure(self, error: SqsError, request_id: str) -> web.Response:
+        body = query.encode_error(error, request_id)
+        return _response(error.kind.status, body, query.CONTENT_TYPE, request_id)
+
+
+def _input(action: str) -> shapes.Structure:
+    if action not in shapes.ACTIONS:
+        raise SqsError(INVALID_ACTION, f"The action {action} is not valid for this endpoint.")
+    return shapes.ACTIONS[action][0]
+
+
+def _response(
+    status: int,
+    body: bytes,
+    content_type: str,
+    request_id: str,
+    headers: dict[str, str] | None = None,
+) -> web.Response:
+    response = web.Response(status=status, body=body, headers=headers)
+    response.content_type = content_type
+    response.headers["x-amzn-RequestId"] = request_id
+    return response
+
+
+async def _read_body(request: web.Request, limit: int) -> bytes:
+    """The body, refused before it is read when it is larger than the limit."""
+    too_large = SqsError(
+        REQUEST_ENTITY_TOO_LARGE,
+        f"The request body is larger than this endpoint accepts ({limit} bytes).",
+    )
+    if request.content_length is not None and request.content_length > limit:
+        raise too_large
+    try:
+        return await request.read()  # aiohttp stops reading at client_max_size
+    except web.HTTPRequestEntityTooLarge:
+        raise too_large from None
+
+
+def _check_request(request: web.Request, json_protocol: bool) -> None:
+    """Refuses what is no SQS call: SQS's paths, methods and content types only."""
+    segments = request.path.strip("/").split("/")
+    if segments != [""] and (len(segments) != 2 or not all(segments)):
+        raise SqsError(
+            INVALID_ADDRESS, f"The address {request.url} is not valid for this endpoint."
+        )
+    if request.method not in ("GET", "POST"):
+        raise SqsError(
+            INVALID_HTTP_REQUEST, f"The HTTP method {request.method} is not valid for SQS."
+        )
+    content_type = request.headers.get("Content-Type")
+    if json_protocol:
+        expected = jsonproto.CONTENT_TYPE
+    elif content_type is None or request.content_length == 0:
+        return  # parameters in the URL
+    else:
+        expected = query.FORM_CONTENT_TYPE
+    if request.content_type != expected:
+        raise SqsError(
+            INVALID_HTTP_REQUEST,
+            f"Content-Type {content_type!r} is not valid for this request; expected {expected}.",
+        )
+
+
+def _caller(
+    request: web.Request, body: bytes, verifier: Verifier | None, settings: ShimSettings
+) -> tuple[tuple[str, str], ...]:
+    """How this request's calls authenticate to the server.
+
+    A static credential's signature is checked here, and the calls carry the shim's own
+    key. Any other signature goes to the server, which checks it with the API key named
+    by the access key id (and, while no key exists, lets an open shim's calls through).
+    """
+    try:
+        signed = signed_request(
+            request.method, request.host, request.raw_path, request.headers, body
+        )
+    except SqsError:
+        if verifier is not None:
+            raise
+        return bearer_metadata(settings.api_key)  # an open shim takes any signature or none
+    if verifier is not None and signed.access_key in verifier.secrets:
+        verifier.verify(signed)
+        return bearer_metadata(settings.api_key)
+    if verifier is not None:
+        # Not a static credential: only a key can vouch for it, even while none exists.
+        return (*signed.forwarded_metadata(), (SIGV4_REQUIRED_METADATA, "1"))
+    return signed.forwarded_metadata()
+
+
+async def handle(request: web.Request) -> web.StreamResponse:
+    started = time.perf_counter()
+    response, outcome, protocol = await _respond(request)
+    # Callers name the action: only the ones that exist become label values.
+    action = protocol.action if protocol.action in protocol.handlers else "unknown"
+    metrics.SQS_REQUESTS.labels(action, outcome).inc()
+    metrics.SQS_SECONDS.labels(action).observe(time.perf_counter() - started)
+    return response
+
+
+async def _respond(
+    request: web.Request,
+) -> tuple[web.StreamResponse, str, _Json | _Query | SnsQuery]:
+    """The response to a request, its outcome (OK or the error code) and its protocol."""
+    request_id = str(uuid.uuid4())
+    call: Call | None = None
+    target = request.headers.get("X-Amz-Target")
+    protocol: _Json | _Query | SnsQuery = _Json(target) if target else _Query()
+    settings = request.app[_SETTINGS]
+    try:
+        _check_request(request, isinstance(protocol, _Json))
+        body = await _read_body(request, settings.max_request_size)
+        if not target and is_sns(request, body):
+            protocol = SnsQuery()
+        if isinstance(protocol, SnsQuery) and _confirmation_visit(request):
+            # A SubscribeURL visit: its token is its authority, so the shim's own key calls.
+            CALLER.set(bearer_metadata(settings.api_key))
+        else:
+            CALLER.set(_caller(request, body, request.app.get(_VERIFIER), settings))
+        params = protocol.parse(request, body)
+        handler = protocol.handlers.get(protocol.action)
+        if handler is None:
+            raise SqsError(
+                INVALID_ACTION, f"The action {protocol.action} is not valid for this endpoint."
+            )
+        call = Call(
+            params=params,
+            path=request.path,
+            base_url=f"{request.scheme}://{request.host}",
+            settings=settings,
+            backend=request.app[_BACKEND],
+        )
+        result = await handler(call)
+        return protocol.success(result, request_id), "OK", protocol
+    except SqsError as error:
+        if (
+            call is not None
+            and error.kind is not QUEUE_DOES_NOT_EXIST
+            and not isinstance(protocol, SnsQuery)
+        ):
+            error = await _missing_queue_first(call, error)
+        log.debug("%s %s: %s %s", request_id, protocol.action, error.kind.code, error.message)
+        return protocol.failure(error, request_id), error.kind.code, protocol
+    except Exception:
+        log.exception("%s %s failed", request_id, protocol.action)
+        failure = SqsError(
+            INTERNAL_FAILURE, f"Internal failure; see the shim's log for request {request_id}."
+        )
+        return protocol.failure(failure, request_id), failure.kind.code, protocol
+
+
+def _confirmation_visit(request: web.Request) -> bool:
+    """An unsigned GET of ConfirmSubscription: an endpoint following its SubscribeURL."""
+    return (
+        request.method == "GET"
+        and "Authorization" not in request.headers
+        and request.query.get("Action") == "ConfirmSubscription"
+    )
+
+
+async def _missing_queue_first(call: Call, error: SqsError) -> SqsError:
+    """QueueDoesNotExist when the queue the call names is missing, whatever else was wrong
+    with it (a receipt handle, a parameter): SQS answers that first. Asked only once a
+    call has failed, so successful calls pay nothing for it."""
+    if not call.params.get("QueueUrl") and not call.path.strip("/"):
+        return error
+    try:
+        queue = call.queue()
+        await call.backend.call(call.backend.queues.GetQueue, GetQueueRequest(name=queue))
+    except SqsError as checked:
+        return checked if checked.kind is QUEUE_DOES_NOT_EXIST else error
+    return error
+
+
+def build_app(settings: ShimSettings, backend: Backend) -> web.Application:
+    app = web.Application(client_max_size=settings.max_request_size)
+    app[_SETTINGS] = settings
+    app[_BACKEND] = backend
+    if settings.credentials:
+        app[_VERIFIER] = Verifier(settings.credentials)
+    # POST is what SDKs send; old query clients also use GET with the parameters in the URL.
+    # Every other path and method reaches the handler too, to be refused as SQS refuses
+    # them (with a request id, in the protocol of the request).
+    app.router.add_route("*", "/{path:.*}", handle)
+    return app
+
+
+class AnonymousExposure(Exception):
+    """Serving the SQS API beyond loopback with no credentials and no API key."""
+
+
+async def refuse_anonymous_exposure(settings: ShimSettings, backend: Backend) -> None:
+    """The server's rule for the shim: with no key and no static credential, loopback only.
+
+    Whether keys exist is what an anonymous call to the server answers.
+    """
+    if settings.insecure_allow_anonymous or is_loopback(settings.host):
+        return
+    try:
+        await backend.queues.ListQueues(ListQueuesRequest(page_size=1), timeout=10)
+    except grpc.aio.AioRpcError as error:
+        if error.code() == grpc.StatusCode.UNAUTHENTICATED:
+            return  # keys exist: the server checks every request's signature
+        reason = (
+            f"the server at {settings.grpc_target} did not say whether keys exist "
+            f"({error.code().name})"
+        )
+    else:
+        reason = "the server has no API key"
+    raise AnonymousExposure(
+        f"refusing to serve {settings.host!r} without authentication: {reason}, and no "
+        "--access-key/--credentials-file is given, so anyone who reaches this address could "
+        "read, purge or delete every queue. Either create an API key on the server "
+        "(postbox keys create NAME --grant 'admin:*' --database-url URL), give static "
+        "credentials, or pass --insecure-allow-anonymous to serve anonymously on purpose."
+    )
+
+
+async def serve(settings: ShimSettings, stop: asyncio.Event | None = None) -> None:
+    """Serves until `stop` is set (or SIGINT/SIGTERM arrives)."""
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    tracing.configure("postbox-sqs")
+    backend = Backend(settings.grpc_target, settings.grpc_timeout, settings.grpc_tls)
+    if not settings.credentials:
+        try:
+            await refuse_anonymous_exposure(settings, backend)
+        except AnonymousExposure:
+            await backend.close()
+            raise
+        log.warning(
+            "no static credentials: accepting requests with any signature or none while the "
+            "server has no API key; once one exists, the server checks every signature"
+        )
+    # handler_cancellation: a client that hangs up cancels its handler, and so the
+    # long-poll gRPC stream it is waiting on.
+    runner = web.AppRunner(build_app(settings, backend), handler_cancellation=True, access_log=None)
+    await runner.setup()
+    metrics_runner = None
+    try:
+        if settings.metrics_port is not None:
+            metrics_runner = await metrics.serve_metrics(
+                settings.metrics_host, settings.metrics_port, lambda: metrics.exposition(None, 0)
+            )
+        ssl_context = None if settings.tls is None else settings.tls.ssl_context()
+        site = web.TCPSite(runner, settings.host, settings.port, ssl_context=ssl_context)
+        await site.start()
+        log.info(
+            "postbox sqs serving on %s://%s:%d, calling postbox at %s",
+            "http" if ssl_context is None else "https",
+            settings.host,
+            settings.port,
+            settings.grpc_target,
+        )
+        await stop.wait()
+        log.info("shutting down")
+    finally:
+        if metrics_runner is not None:
+            await metrics_runner.cleanup()
+        await runner.cleanup()
+        await backend.close()
+        tracing.shutdown()
+        log.info("stopped")

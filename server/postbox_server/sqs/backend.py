@@ -1,0 +1,138 @@
+"""The shim's way to postbox: a grpc.aio channel, the generated stubs, and status mapping."""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+from postbox.v1 import message_service_pb2_grpc, queue_service_pb2_grpc, topic_service_pb2_grpc
+from postbox_client import TLS
+
+from postbox_server.auth.interceptor import FAILURE_METADATA
+from postbox_server.sqs import errors
+from postbox_server.sqs.errors import ErrorKind, SqsError
+
+log = logging.getLogger(__name__)
+
+# Receive carries up to 10 messages of up to 1 MiB each; leave room for more.
+_MAX_MESSAGE_LENGTH = 64 * 1024 * 1024
+
+# gRPC status -> SQS error, for calls that name a queue. NOT_FOUND then means the queue:
+# the shim uses the batch RPCs, which report a vanished message per entry instead.
+_STATUS_ERRORS: dict[grpc.StatusCode, ErrorKind] = {
+    grpc.StatusCode.NOT_FOUND: errors.QUEUE_DOES_NOT_EXIST,
+    grpc.StatusCode.ALREADY_EXISTS: errors.QUEUE_NAME_EXISTS,
+    grpc.StatusCode.INVALID_ARGUMENT: errors.INVALID_PARAMETER_VALUE,
+    grpc.StatusCode.OUT_OF_RANGE: errors.INVALID_PARAMETER_VALUE,
+    grpc.StatusCode.FAILED_PRECONDITION: errors.INVALID_PARAMETER_VALUE,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: errors.OVER_LIMIT,
+    grpc.StatusCode.PERMISSION_DENIED: errors.ACCESS_DENIED,
+    grpc.StatusCode.UNAUTHENTICATED: errors.ACCESS_DENIED,
+    grpc.StatusCode.UNIMPLEMENTED: errors.UNSUPPORTED_OPERATION,
+    # Transient: SDKs retry a 503.
+    grpc.StatusCode.UNAVAILABLE: errors.SERVICE_UNAVAILABLE,
+    grpc.StatusCode.DEADLINE_EXCEEDED: errors.SERVICE_UNAVAILABLE,
+    grpc.StatusCode.ABORTED: errors.SERVICE_UNAVAILABLE,
+    grpc.StatusCode.CANCELLED: errors.SERVICE_UNAVAILABLE,
+}
+
+# Why the server refused a caller (its trailing metadata) -> the error AWS returns.
+_AUTH_FAILURES: dict[str, tuple[ErrorKind, str]] = {
+    "missing": (errors.MISSING_AUTHENTICATION_TOKEN, "Request is missing Authentication Token"),
+    "unknown-key": (
+        errors.INVALID_CLIENT_TOKEN_ID,
+        "The security token included in the request is invalid.",
+    ),
+    "expired": (
+        errors.INVALID_CLIENT_TOKEN_ID,
+        "The security token included in the request is expired.",
+    ),
+    "signature": (
+        errors.SIGNATURE_DOES_NOT_MATCH,
+        "The request signature we calculated does not match the signature you provided. "
+        "Check your AWS Secret Access Key and signing method.",
+    ),
+}
+
+# The metadata that authenticates the current SQS request's calls to the server: its
+# forwarded signature, or the shim's own key. Set per request by the handler.
+CALLER: contextvars.ContextVar[tuple[tuple[str, str], ...]] = contextvars.ContextVar(
+    "postbox_sqs_caller", default=()
+)
+
+Response = TypeVar("Response")
+
+
+def _auth_failure(error: grpc.aio.AioRpcError) -> SqsError | None:
+    for name, value in error.trailing_metadata() or ():
+        if name == FAILURE_METADATA and value in _AUTH_FAILURES:
+            kind, message = _AUTH_FAILURES[value]
+            return SqsError(kind, message)
+    return None
+
+
+def translate(error: grpc.aio.AioRpcError, overrides: dict[grpc.StatusCode, ErrorKind]) -> SqsError:
+    code = error.code()
+    if code == grpc.StatusCode.UNAUTHENTICATED:
+        failure = _auth_failure(error)
+        if failure is not None:
+            return failure
+    kind = overrides.get(code) or _STATUS_ERRORS.get(code)
+    if kind is errors.QUEUE_DOES_NOT_EXIST:
+        return errors.queue_does_not_exist()
+    if kind is None:
+        incident = uuid.uuid4().hex[:12]
+        log.error("postbox call failed (incident %s): %s %s", incident, code, error.details())
+        return SqsError(
+            errors.INTERNAL_FAILURE, f"Internal failure {incident}; see the shim's log."
+        )
+    if kind is errors.SERVICE_UNAVAILABLE:
+        return SqsError(kind, f"Service is unable to handle the request: {error.details()}")
+    return SqsError(kind, error.details() or code.name)
+
+
+class Backend:
+    """The postbox server the shim calls."""
+
+    def __init__(self, target: str, timeout: float, tls: TLS | None = None) -> None:
+        self.timeout = timeout
+        options = [
+            ("grpc.max_receive_message_length", _MAX_MESSAGE_LENGTH),
+            ("grpc.max_send_message_length", _MAX_MESSAGE_LENGTH),
+        ]
+        if tls is None:
+            self.channel = grpc.aio.insecure_channel(target, options=options)
+        else:
+            self.channel = grpc.aio.secure_channel(target, tls.credentials(), options=options)
+        self.queues = queue_service_pb2_grpc.QueueServiceStub(self.channel)
+        self.messages = message_service_pb2_grpc.MessageServiceStub(self.channel)
+        self.topics = topic_service_pb2_grpc.TopicServiceStub(self.channel)
+
+    async def call(
+        self,
+        method: Callable[..., Awaitable[Response]],
+        request: Any,
+        overrides: dict[grpc.StatusCode, ErrorKind] | None = None,
+    ) -> Response:
+        """A unary call; its failure as the SQS error to report."""
+        try:
+            return await method(request, timeout=self.timeout, metadata=CALLER.get())
+        except grpc.aio.AioRpcError as error:
+            raise translate(error, overrides or {}) from None
+
+    async def stream(self, method: Callable[..., Any], request: Any, timeout: float) -> list[Any]:
+        """Every response of a server-streaming call; cancelling the caller cancels the call."""
+        call = method(request, timeout=timeout, metadata=CALLER.get())
+        try:
+            return [response async for response in call]
+        except grpc.aio.AioRpcError as error:
+            raise translate(error, {}) from None
+        finally:
+            call.cancel()
+
+    async def close(self) -> None:
+        await self.channel.close()

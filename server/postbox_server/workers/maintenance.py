@@ -1,0 +1,90 @@
+"""Runs the engine's housekeeping: redrive tasks, message expiry, archive, dedupe and
+queue activity cleanup, and the rotation of the stream log.
+
+Every server runs this; the SQL jobs claim their rows with SKIP LOCKED, so replicas
+share the work and never do the same piece twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+
+from postbox_server.db.engine import Engine
+from postbox_server.errors import ApiError
+from postbox_server.workers import OutageLog
+
+log = logging.getLogger(__name__)
+
+# How long a rotation pass waits for a slot's lock before it leaves the slot for the
+# next pass: readers and publishers queue behind a waiting TRUNCATE at most this long.
+STREAM_ROTATION_LOCK_WAIT = timedelta(milliseconds=20)
+
+
+class MaintenanceWorker:
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        interval: float = 1.0,
+        expiry_interval: float = 10.0,
+        idle_interval: float = 60.0,
+        batch_size: int = 1000,
+    ) -> None:
+        self.engine = engine
+        # Redrives step every `interval`, so their rate limits see a steady clock.
+        self.interval = interval
+        # With no redrive running, the worker sleeps until one starts (the engine
+        # signals it), looking this often at the latest: a task another server
+        # started and left, say.
+        self.idle_interval = idle_interval
+        self._redrive_started = asyncio.Event()
+        # Expiry walks every queue with a retention: less often.
+        self.expiry_interval = expiry_interval
+        self.batch_size = batch_size
+
+    def wake(self) -> None:
+        """A redrive started: step it now."""
+        self._redrive_started.set()
+
+    async def run(self) -> None:
+        # Two loops: a cleanup that takes long (a backlog of expired records, a
+        # lock held elsewhere) must not hold redrives back, nor their rate clocks.
+        await asyncio.gather(self._run_redrives(), self._run_expiry())
+
+    async def _run_redrives(self) -> None:
+        outage = OutageLog(log, "redrive")
+        while True:
+            self._redrive_started.clear()
+            pause = self.interval
+            try:
+                if await self.engine.run_redrives(self.batch_size) is None:
+                    pause = self.idle_interval  # nothing running: sleep until one starts
+                outage.worked()
+            except ApiError as error:
+                outage.failed(error)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._redrive_started.wait(), pause)
+
+    async def _run_expiry(self) -> None:
+        outage = OutageLog(log, "expiry")
+        while True:
+            try:
+                await self._drain(self.engine.expire_messages)
+                await self._drain(self.engine.expire_records)
+                await self.engine.expire_activity()  # what queue_throughput no longer shows
+                # The engine's own rotation period: half the shortest stream retention.
+                await self.engine.rotate_streams(None, STREAM_ROTATION_LOCK_WAIT)
+                outage.worked()
+            except ApiError as error:
+                outage.failed(error)
+            await asyncio.sleep(self.expiry_interval)
+
+    async def _drain(self, job: Callable[[int], Awaitable[int]]) -> None:
+        """Repeats a job while it fills whole batches: each call is one short transaction."""
+        done = self.batch_size
+        while done >= self.batch_size:
+            done = await job(self.batch_size)

@@ -1,0 +1,75 @@
+"""Fires due schedules into their queues and topics.
+
+Every server runs this. Each round claims due schedules with SKIP LOCKED and, in the
+same transaction, fires each and stores its next fire time (computed here: cron
+needs a library), so replicas never fire a schedule twice for one due time and a
+crash between claim and commit fires nothing: another round fires it again.
+
+Between rounds the worker sleeps until the next due time, at most `poll_interval`,
+which is long: an idle server stays quiet. Creating, changing or resuming a
+schedule anywhere wakes it at once (through this server, or by the engine's
+"#schedules" signal).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from datetime import datetime, timezone
+
+from postbox_server.db.engine import Engine
+from postbox_server.errors import ApiError
+from postbox_server.observability import metrics
+from postbox_server.workers import OutageLog
+from postbox_server.workers.scheduling import next_fire_after_fire
+
+log = logging.getLogger(__name__)
+
+
+class SchedulerWorker:
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        on_webhook_deliveries: Callable[[], None] = lambda: None,
+        poll_interval: float = 1.0,
+        batch_size: int = 100,
+    ) -> None:
+        self.engine = engine
+        # Fires into topics may queue webhook deliveries: the webhook worker wants to know.
+        self.on_webhook_deliveries = on_webhook_deliveries
+        self.poll_interval = poll_interval
+        self.batch_size = batch_size
+        self._nudge = asyncio.Event()
+
+    def wake(self) -> None:
+        """A schedule changed: look at the due times again now."""
+        self._nudge.set()
+
+    async def run(self) -> None:
+        outage = OutageLog(log, "the scheduler")
+        while True:
+            self._nudge.clear()
+            timeout = self.poll_interval
+            try:
+                fired = await self.engine.fire_due_schedules(self.batch_size, next_fire_after_fire)
+                for row, error, webhook_deliveries in fired:
+                    metrics.SCHEDULE_FIRES.labels("failed" if error else "fired").inc()
+                    if error is not None:
+                        log.warning("schedule %r did not fire: %s", row["name"], error)
+                    if webhook_deliveries:
+                        self.on_webhook_deliveries()
+                if len(fired) == self.batch_size:
+                    continue
+                due = await self.engine.next_schedule_fire_at()
+                if due is not None:
+                    wait = (due - datetime.now(timezone.utc)).total_seconds()
+                    # A time already past: a schedule another server is firing now.
+                    timeout = min(timeout, max(wait, 0.02))
+                outage.worked()
+            except ApiError as error:
+                outage.failed(error)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._nudge.wait(), timeout)

@@ -1,0 +1,272 @@
+"""SendStream through the real server and the SDK: AsyncClient.send multiplexes every send
+of a client over one stream; each send is answered only after its own commit, with its
+own id or its own error; one caller leaving, or one bad request, leaves the rest alone;
+a server restart fails what was in flight with UNAVAILABLE, never with a false OK."""
+
+from __future__ import annotations
+
+import asyncio
+
+import asyncpg
+import grpc
+import pytest
+from postbox.v1 import message_pb2 as msg
+from postbox.v1 import message_service_pb2 as pb
+from postbox.v1 import message_service_pb2_grpc
+from postbox_client import AsyncClient
+from postbox_client.errors import InvalidArgument, NotFound, Unavailable
+from support import (
+    ServerProcess,
+    assert_shared,
+    bodies_by_id,
+    metric,
+    scrape,
+    under_load,
+    unique_name,
+)
+
+from postbox_server.services.send_stream import MAX_IN_PROGRESS
+
+_METHOD = {"grpc_service": "postbox.v1.MessageService"}
+
+
+def calls_started(server: ServerProcess, method: str) -> float:
+    assert server.metrics_port is not None
+    samples = scrape(server.metrics_port)
+    return sum(
+        metric(samples, "grpc_server_started_total", grpc_type=kind, grpc_method=method, **_METHOD)
+        for kind in ("unary", "bidi_stream")
+    )
+
+
+async def test_concurrent_sends_share_one_stream_and_commits_and_are_answered_after_them(
+    server, db, queue, commit_sizes
+):
+    bodies = [f"message {i}".encode() for i in range(300)]
+    streams, unary = calls_started(server, "SendStream"), calls_started(server, "Send")
+    async with AsyncClient(server.target) as client:
+
+        def no_answer_while_the_commit_waits(calls: list[asyncio.Future[str]]) -> None:
+            # The group is held at the database: no send has committed, so none is answered.
+            assert not any(call.done() for call in calls)
+
+        ids = await under_load(
+            db,
+            server,
+            lambda: [asyncio.ensure_future(client.send(queue, body)) for body in bodies],
+            no_answer_while_the_commit_waits,
+        )
+    assert calls_started(server, "SendStream") == streams + 1  # one stream for all 300
+    assert calls_started(server, "Send") == unary
+    stored = await bodies_by_id(db, queue)
+    assert [stored[i] for i in ids] == bodies  # each caller got the id of its own message
+    assert_shared(await commit_sizes(ids))
+
+
+async def test_a_bad_request_gets_its_own_error_and_the_others_commit(server, db, queue):
+    bad_attribute = {"AWS.reserved": msg.AttributeValue(data_type="String", string_value="x")}
+    async with AsyncClient(server.target) as client:
+        outcomes = await asyncio.gather(
+            client.send(queue, b"first"),
+            client.send(queue, b"bad", attributes={"AWS.reserved": "x"}),
+            client.send("no_such_queue_send_stream", b"lost"),
+            client.send(queue, b"last"),
+            return_exceptions=True,
+        )
+        assert isinstance(outcomes[1], InvalidArgument), outcomes[1]
+        assert "AWS." in outcomes[1].message
+        assert isinstance(outcomes[2], NotFound), outcomes[2]
+        assert "no_such_queue_send_stream" in outcomes[2].message
+        stored = await bodies_by_id(db, queue)
+        assert stored == {outcomes[0]: b"first", outcomes[3]: b"last"}
+        # The stream goes on after refusals.
+        assert (await client.send(queue, b"after")) in await bodies_by_id(db, queue)
+
+    # Raw: answers carry the tags of their requests; a request without a message is refused.
+    async with grpc.aio.insecure_channel(server.target) as channel:
+        call = message_service_pb2_grpc.MessageServiceStub(channel).SendStream()
+        await call.write(pb.SendStreamRequest(tag=7))
+        await call.write(
+            pb.SendStreamRequest(
+                tag=8, send=pb.SendRequest(queue=queue, body=b"x", attributes=bad_attribute)
+            )
+        )
+        await call.write(pb.SendStreamRequest(tag=9, send=pb.SendRequest(queue=queue, body=b"y")))
+        await call.done_writing()
+        results = {result.tag: result async for response in call for result in response.results}
+    assert sorted(results) == [7, 8, 9]
+    assert results[7].error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    assert "tag 7 has no send" in results[7].error.message
+    assert results[8].error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    assert (await bodies_by_id(db, queue))[results[9].sent.message_id] == b"y"
+
+
+async def test_a_cancelled_caller_leaves_the_stream_and_the_others_alone(server, db, queue):
+    streams = calls_started(server, "SendStream")
+    async with AsyncClient(server.target) as client:
+        bodies = [f"message {i}".encode() for i in range(20)]
+
+        def cancel_one(held: list[asyncio.Future[str]]) -> None:
+            held[5].cancel()  # its request is on the stream; its caller stops waiting
+
+        outcomes = await under_load(
+            db,
+            server,
+            lambda: [asyncio.ensure_future(client.send(queue, body)) for body in bodies],
+            cancel_one,
+        )
+        assert isinstance(outcomes[5], asyncio.CancelledError)
+        kept = [o for i, o in enumerate(outcomes) if i != 5]
+        stored = await bodies_by_id(db, queue)
+        assert [stored[i] for i in kept] == [b for i, b in enumerate(bodies) if i != 5]
+        # The cancelled send's message was on its way: it committed, unanswered, or not.
+        assert len(stored) in (19, 20)
+        # The same stream serves the next send.
+        assert (await client.send(queue, b"after")) in await bodies_by_id(db, queue)
+    assert calls_started(server, "SendStream") == streams + 1
+
+
+@pytest.fixture
+def own_server(database_url: str):
+    process = ServerProcess(database_url).start()
+    yield process
+    process.stop()
+
+
+async def test_a_server_restart_fails_sends_in_flight_with_unavailable(
+    own_server: ServerProcess, database_url: str
+):
+    queue = unique_name("send_stream_restart")
+    db = await asyncpg.connect(database_url)
+    try:
+        async with AsyncClient(own_server.target) as client:
+            await client.create_queue(queue)
+            await client.send(queue, b"before")  # the stream is open
+            held = db.transaction()
+            await held.start()
+            await db.execute("LOCK TABLE postbox.messages IN SHARE MODE")
+            sends = [asyncio.ensure_future(client.send(queue, f"{i}".encode())) for i in range(20)]
+            # Wait until the sends' group waits at the database: then they are in flight.
+            for _ in range(3000):
+                waiting = await db.fetchval(
+                    "SELECT count(*) FROM pg_stat_clear_snapshot(), pg_stat_activity "
+                    "WHERE wait_event_type = 'Lock' AND query LIKE '%postbox.send_batch%'"
+                )
+                if waiting:
+                    break
+                await asyncio.sleep(0.01)
+            assert waiting, "the sends never reached the database"
+            own_server.kill()  # the restart: the process dies with the sends in flight
+            outcomes = await asyncio.gather(*sends, return_exceptions=True)
+            await held.rollback()
+            # No OK for a send whose commit the server never saw: UNAVAILABLE, an unknown
+            # outcome. The statement already waiting at the database when the server died
+            # may still commit once the lock goes (PostgreSQL learns of a dead client only
+            # when it answers), as for a unary Send; so a retry must carry a deduplication id.
+            assert all(isinstance(o, Unavailable) for o in outcomes), outcomes
+            stored = await bodies_by_id(db, queue)
+            assert set(stored.values()) <= {b"before", *(f"{i}".encode() for i in range(20))}
+            own_server.start()
+            await client.channel.channel_ready()  # past the channel's reconnect backoff
+            # The client opens a new stream to the restarted server.
+            assert (await client.send(queue, b"after")) in await bodies_by_id(db, queue)
+    finally:
+        await db.close()
+
+
+async def test_a_server_without_send_stream_gets_unary_sends():
+    """A server of an earlier version has no SendStream: the client falls back to Send."""
+    received: list[pb.SendRequest] = []
+
+    async def send(request: pb.SendRequest, context: grpc.aio.ServicerContext) -> pb.SendResponse:
+        received.append(request)
+        return pb.SendResponse(message_id=str(len(received)))
+
+    older = grpc.aio.server()
+    older.add_generic_rpc_handlers(
+        (
+            grpc.method_handlers_generic_handler(
+                "postbox.v1.MessageService",
+                {
+                    "Send": grpc.unary_unary_rpc_method_handler(
+                        send, pb.SendRequest.FromString, pb.SendResponse.SerializeToString
+                    )
+                },
+            ),
+        )
+    )
+    port = older.add_insecure_port("127.0.0.1:0")
+    await older.start()
+    try:
+        async with AsyncClient(f"127.0.0.1:{port}") as client:
+            ids = await asyncio.gather(*(client.send("q", f"{i}".encode()) for i in range(10)))
+            assert not client.send_stream.supported
+            assert await client.send("q", b"later") == "11"
+        assert sorted(ids, key=int) == [str(i) for i in range(1, 11)]
+        assert sorted(r.body for r in received) == sorted(
+            [f"{i}".encode() for i in range(10)] + [b"later"]
+        )
+    finally:
+        await older.stop(None)
+
+
+async def test_a_stream_has_at_most_1000_sends_in_progress(server, db, queue):
+    """Past MAX_IN_PROGRESS unanswered requests the server stops reading the stream; the
+    rest wait in gRPC's flow control and go on as answers free room."""
+    assert server.metrics_port is not None
+    total = MAX_IN_PROGRESS + 100
+
+    def pending() -> float:
+        return metric(scrape(server.metrics_port), "postbox_group_commit_pending")
+
+    async with grpc.aio.insecure_channel(server.target) as channel:
+        held = db.transaction()
+        await held.start()
+        try:
+            await db.execute("LOCK TABLE postbox.messages IN SHARE MODE")
+            call = message_service_pb2_grpc.MessageServiceStub(channel).SendStream()
+
+            async def write_all() -> None:
+                for tag in range(total):
+                    body = f"{tag}".encode()
+                    await call.write(
+                        pb.SendStreamRequest(tag=tag, send=pb.SendRequest(queue=queue, body=body))
+                    )
+                await call.done_writing()
+
+            writing = asyncio.ensure_future(write_all())
+            # 60 s: 1,000 small requests cross loopback in well under a second, but CI stalls.
+            deadline = asyncio.get_running_loop().time() + 60
+            while (now := await asyncio.to_thread(pending)) < MAX_IN_PROGRESS:
+                assert asyncio.get_running_loop().time() < deadline, f"{now} in progress"
+            # The server holds no more than the limit however long the commit waits.
+            for _ in range(20):
+                assert await asyncio.to_thread(pending) == MAX_IN_PROGRESS
+        finally:
+            await held.rollback()
+        answers = [result async for response in call for result in response.results]
+        await writing
+    assert sorted(answer.tag for answer in answers) == list(range(total))
+    assert all(answer.HasField("sent") for answer in answers)
+    assert len(await bodies_by_id(db, queue)) == total
+
+
+async def test_a_shutdown_ends_an_idle_stream_at_once_with_unavailable(
+    own_server: ServerProcess, database_url: str
+):
+    """An SDK client keeps its send stream open between sends; the server's shutdown ends
+    it at once, saying why, rather than cutting it when the grace period runs out."""
+    queue = unique_name("send_stream_shutdown")
+    async with AsyncClient(own_server.target) as client:
+        await client.create_queue(queue)
+        async with grpc.aio.insecure_channel(own_server.target) as channel:
+            call = message_service_pb2_grpc.MessageServiceStub(channel).SendStream()
+            await call.write(pb.SendStreamRequest(tag=1, send=pb.SendRequest(queue=queue)))
+            (answer,) = (await call.read()).results
+            assert answer.HasField("sent")
+            stopping = asyncio.ensure_future(asyncio.to_thread(own_server.stop))
+            with pytest.raises(grpc.aio.AioRpcError) as ended:
+                await call.read()
+            assert ended.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert "shutting down" in (ended.value.details() or "")
+            await stopping

@@ -1,0 +1,91 @@
+"""What the tests that turn API keys on share: bearer metadata, the status of one call of
+any RPC made with a key, waiting for a key to take effect, and the refusal to serve a
+network address anonymously."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import grpc
+from google.protobuf import message_factory
+from google.protobuf.descriptor import MethodDescriptor
+from support import ROOT, api_methods
+
+from postbox_server.auth.rules import RULES, Rule
+
+# The name every matrix request names: malformed for every kind of resource, so no
+# call changes anything, yet grants on "authz-*" match it.
+RESOURCE = "authz-no such name"
+# Every RPC of the API by its path, /postbox.v1.<Service>/<Method>.
+METHODS = {f"/{m.containing_service.full_name}/{m.name}": m for m in api_methods()}
+
+
+def bearer(secret: str) -> list[tuple[str, str]]:
+    return [("authorization", f"Bearer {secret}")]
+
+
+STATUS_BY_NUMBER = {code.value[0]: code for code in grpc.StatusCode}
+
+
+def matrix_request(method: MethodDescriptor, rule: Rule | None):
+    request = message_factory.GetMessageClass(method.input_type)()
+    if rule is not None and rule.field is not None:
+        *path, last = rule.field.split(".")
+        target = request
+        for part in path:
+            target = getattr(target, part)
+        setattr(target, last, RESOURCE)
+    return request
+
+
+def call_status(channel: grpc.Channel, path: str, secret: str | None) -> grpc.StatusCode:
+    """The status of one call of `path` with the matrix request, presenting `secret`; for
+    a stream answering each request on its own (Rule.per_request), its request's answer."""
+    method = METHODS[path]
+    rule = RULES.get(path)
+    request = matrix_request(method, rule)
+    metadata = bearer(secret) if secret is not None else None
+    serialize = type(request).SerializeToString
+    parse = message_factory.GetMessageClass(method.output_type).FromString
+    try:
+        if method.client_streaming:
+            call = channel.stream_stream(path, serialize, parse)
+            responses = call(iter([request]), metadata=metadata, timeout=10)
+            first = next(responses, None)
+            if rule is not None and rule.per_request and first is not None:
+                (answer,) = first.results
+                if answer.HasField("error"):
+                    return STATUS_BY_NUMBER[answer.error.code]
+        elif method.server_streaming:
+            responses = channel.unary_stream(path, serialize, parse)(
+                request, metadata=metadata, timeout=10
+            )
+            next(responses, None)
+        else:
+            channel.unary_unary(path, serialize, parse)(request, metadata=metadata, timeout=10)
+    except grpc.RpcError as error:
+        return error.code()
+    return grpc.StatusCode.OK
+
+
+def wait_until(condition, timeout: float, what: str) -> float:
+    """Polls until `condition()` holds; the seconds it took."""
+    started = time.monotonic()
+    while not condition():
+        if time.monotonic() - started > timeout:
+            raise AssertionError(f"{what} not seen after {timeout} s")
+        time.sleep(0.01)
+    return time.monotonic() - started
+
+
+def assert_refuses_anonymous_exposure(*args: str) -> None:
+    """`python -m postbox_server *args` exits at once with 2, naming both ways out."""
+    result = subprocess.run(
+        [sys.executable, "-m", "postbox_server", *args],
+        capture_output=True, text=True, cwd=ROOT, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert "postbox keys create" in result.stderr
+    assert "--insecure-allow-anonymous" in result.stderr

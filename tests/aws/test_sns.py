@@ -1,0 +1,567 @@
+"""The SNS API of the shim, through boto3 and the AWS CLI against a real server.
+
+SNS speaks the query protocol on the shim's own port (the same endpoint_url as SQS).
+Topics are postbox topics; `sqs` subscriptions deliver into postbox queues, read back
+here through the SQS API as an AWS user would; `http` subscriptions are webhooks that
+go through SNS's confirmation handshake.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+from botocore.config import Config
+from botocore.exceptions import ClientError
+from support import ROOT, SQS_REGION, SqsShimProcess, eventually, unique_name
+
+AWS = Path(sys.executable).with_name("aws")
+
+
+def sns_client(endpoint: str):
+    import boto3
+
+    return boto3.client(
+        "sns",
+        endpoint_url=endpoint,
+        region_name=SQS_REGION,
+        aws_access_key_id="postbox-test",
+        aws_secret_access_key="unchecked",
+        config=Config(retries={"max_attempts": 1, "mode": "standard"}),
+    )
+
+
+@pytest.fixture(scope="module")
+def sns(sqs_shim):
+    return sns_client(sqs_shim.endpoint)
+
+
+@pytest.fixture
+def topic(sns, request) -> Iterator[str]:
+    arn = sns.create_topic(Name=unique_name(request.node.name))["TopicArn"]
+    yield arn
+    sns.delete_topic(TopicArn=arn)
+
+
+def _queue(sqs, name: str, **attributes: str) -> tuple[str, str]:
+    url = sqs.create_queue(QueueName=name, Attributes=attributes)["QueueUrl"]
+    arn = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]
+    return url, arn["QueueArn"]
+
+
+def _receive(sqs, url: str, count: int = 1, wait: int = 10) -> list[dict[str, Any]]:
+    """`count` messages, long-polling until they are there (fewer fail the test)."""
+    found: list[dict[str, Any]] = []
+    for _ in range(count + 5):
+        response = sqs.receive_message(
+            QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=wait,
+            MessageAttributeNames=["All"], AttributeNames=["All"],
+        )  # fmt: skip
+        found.extend(response.get("Messages", []))
+        if len(found) >= count:
+            return found
+    raise AssertionError(f"{len(found)} of {count} messages arrived")
+
+
+def _empty(sqs, url: str) -> bool:
+    return not sqs.receive_message(QueueUrl=url, WaitTimeSeconds=1).get("Messages")
+
+
+def _error(call, *args, **kwargs) -> ClientError:
+    with pytest.raises(ClientError) as caught:
+        call(*args, **kwargs)
+    return caught.value
+
+
+def test_topics_are_created_listed_described_and_deleted(sns, request):
+    name = unique_name(request.node.name)
+    arn = sns.create_topic(Name=name, Tags=[{"Key": "team", "Value": "a"}])["TopicArn"]
+    assert arn == f"arn:aws:sns:{SQS_REGION}:000000000000:{name}"
+    # CreateTopic is idempotent, as in SNS.
+    assert sns.create_topic(Name=name)["TopicArn"] == arn
+    assert arn in {t["TopicArn"] for t in sns.list_topics()["Topics"]}
+    sns.set_topic_attributes(TopicArn=arn, AttributeName="DisplayName", AttributeValue="Orders")
+    attributes = sns.get_topic_attributes(TopicArn=arn)["Attributes"]
+    assert attributes["TopicArn"] == arn
+    assert attributes["DisplayName"] == "Orders"
+    assert attributes["SubscriptionsConfirmed"] == "0"
+    assert json.loads(attributes["Policy"])["Statement"][0]["Resource"] == arn
+    sns.delete_topic(TopicArn=arn)
+    sns.delete_topic(TopicArn=arn)  # a missing topic is no error
+    error = _error(sns.get_topic_attributes, TopicArn=arn)
+    assert error.response["Error"]["Code"] == "NotFound"
+    assert error.response["ResponseMetadata"]["HTTPStatusCode"] == 404
+
+
+def test_bad_names_and_attributes_are_invalid_parameter(sns):
+    for call in (
+        lambda: sns.create_topic(Name="bad name"),
+        lambda: sns.create_topic(Name="plain", Attributes={"FifoTopic": "true"}),
+        lambda: sns.create_topic(Name="x.fifo"),
+        lambda: sns.create_topic(Name="plain", Attributes={"NoSuchAttribute": "1"}),
+        lambda: sns.create_topic(Name="plain", Attributes={"ContentBasedDeduplication": "true"}),
+    ):
+        error = _error(call)
+        assert error.response["Error"]["Code"] == "InvalidParameter", error.response
+        assert error.response["ResponseMetadata"]["HTTPStatusCode"] == 400
+
+
+def test_tags(sns, topic):
+    sns.tag_resource(
+        ResourceArn=topic, Tags=[{"Key": "a", "Value": "1"}, {"Key": "b", "Value": "2"}]
+    )
+    sns.untag_resource(ResourceArn=topic, TagKeys=["a"])
+    assert sns.list_tags_for_resource(ResourceArn=topic)["Tags"] == [{"Key": "b", "Value": "2"}]
+    missing = topic + "-missing"
+    error = _error(sns.list_tags_for_resource, ResourceArn=missing)
+    assert error.response["Error"]["Code"] == "ResourceNotFound"
+
+
+def test_publish_fans_out_to_two_queues_one_filtered_in_sns_envelopes(sns, sqs, topic, request):
+    name = unique_name(request.node.name)
+    every_url, every_arn = _queue(sqs, name + "-every")
+    red_url, red_arn = _queue(sqs, name + "-red")
+    every = sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint=every_arn)["SubscriptionArn"]
+    red = sns.subscribe(
+        TopicArn=topic, Protocol="sqs", Endpoint=red_arn,
+        Attributes={
+            "FilterPolicy": json.dumps({"color": ["red"], "size": [{"numeric": [">", 5]}]})
+        },
+    )["SubscriptionArn"]  # fmt: skip
+    assert every.startswith(topic + ":")
+    assert red.startswith(topic + ":")
+    attributes = {
+        "color": {"DataType": "String", "StringValue": "red"},
+        "size": {"DataType": "Number", "StringValue": "10"},
+    }
+    matching = sns.publish(
+        TopicArn=topic, Message="hello red", Subject="greeting", MessageAttributes=attributes
+    )["MessageId"]
+    blue = sns.publish(
+        TopicArn=topic, Message="hello blue",
+        MessageAttributes={**attributes, "color": {"DataType": "String", "StringValue": "blue"}},
+    )["MessageId"]  # fmt: skip
+
+    envelopes = {
+        json.loads(m["Body"])["MessageId"]: json.loads(m["Body"])
+        for m in _receive(sqs, every_url, 2)
+    }
+    assert set(envelopes) == {matching, blue}
+    envelope = envelopes[matching]
+    assert envelope["Type"] == "Notification"
+    assert envelope["TopicArn"] == topic
+    assert envelope["Subject"] == "greeting"
+    assert envelope["Message"] == "hello red"
+    assert envelope["MessageAttributes"] == {
+        "color": {"Type": "String", "Value": "red"},
+        "size": {"Type": "Number", "Value": "10"},
+    }
+    assert envelope["Timestamp"].endswith("Z")
+    assert "Action=Unsubscribe" in envelope["UnsubscribeURL"]
+    assert "Subject" not in envelopes[blue]
+
+    (only,) = _receive(sqs, red_url)
+    assert json.loads(only["Body"])["MessageId"] == matching
+    assert not only.get("MessageAttributes")  # inside the envelope, as SNS puts them
+    assert _empty(sqs, red_url)
+
+
+def test_raw_message_delivery_and_body_filters(sns, sqs, topic, request):
+    url, arn = _queue(sqs, unique_name(request.node.name))
+    subscription = sns.subscribe(
+        TopicArn=topic, Protocol="sqs", Endpoint=arn,
+        Attributes={
+            "RawMessageDelivery": "true",
+            "FilterPolicyScope": "MessageBody",
+            "FilterPolicy": json.dumps({"order": {"total": [{"numeric": [">=", 100]}]}}),
+        },
+    )["SubscriptionArn"]  # fmt: skip
+    attributes = sns.get_subscription_attributes(SubscriptionArn=subscription)["Attributes"]
+    assert attributes["RawMessageDelivery"] == "true"
+    assert attributes["FilterPolicyScope"] == "MessageBody"
+    assert attributes["Protocol"] == "sqs"
+    assert attributes["Endpoint"] == arn
+    assert attributes["PendingConfirmation"] == "false"
+    sns.publish(TopicArn=topic, Message=json.dumps({"order": {"total": 5}}))
+    big = json.dumps({"order": {"total": 250}})
+    sns.publish(
+        TopicArn=topic, Message=big,
+        MessageAttributes={"kind": {"DataType": "String", "StringValue": "order"}},
+    )  # fmt: skip
+    (message,) = _receive(sqs, url)
+    assert message["Body"] == big  # raw: no envelope
+    assert message["MessageAttributes"] == {"kind": {"DataType": "String", "StringValue": "order"}}
+    assert _empty(sqs, url)
+
+    sns.set_subscription_attributes(
+        SubscriptionArn=subscription, AttributeName="RawMessageDelivery", AttributeValue="false"
+    )
+    sns.publish(TopicArn=topic, Message=big)
+    (message,) = _receive(sqs, url)
+    assert json.loads(message["Body"])["Message"] == big
+
+
+def test_subscriptions_are_listed_and_unsubscribed(sns, sqs, topic, request):
+    _url, arn = _queue(sqs, unique_name(request.node.name))
+    subscription = sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint=arn)["SubscriptionArn"]
+    # Subscribing the same endpoint again gives the same subscription, as in SNS.
+    assert (
+        sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint=arn)["SubscriptionArn"]
+        == subscription
+    )
+    expected = {
+        "SubscriptionArn": subscription, "Owner": "000000000000", "Protocol": "sqs",
+        "Endpoint": arn, "TopicArn": topic,
+    }  # fmt: skip
+    assert sns.list_subscriptions_by_topic(TopicArn=topic)["Subscriptions"] == [expected]
+    everything: list[dict[str, str]] = []
+    kwargs: dict[str, str] = {}
+    while True:
+        page = sns.list_subscriptions(**kwargs)
+        everything.extend(page["Subscriptions"])
+        if "NextToken" not in page:
+            break
+        kwargs = {"NextToken": page["NextToken"]}
+    assert expected in everything
+    sns.unsubscribe(SubscriptionArn=subscription)
+    assert sns.list_subscriptions_by_topic(TopicArn=topic)["Subscriptions"] == []
+    error = _error(sns.get_subscription_attributes, SubscriptionArn=subscription)
+    assert error.response["Error"]["Code"] == "NotFound"
+    error = _error(sns.subscribe, TopicArn=topic, Protocol="email", Endpoint="a@example.com")
+    assert error.response["Error"]["Code"] == "InvalidParameter"
+    error = _error(sns.subscribe, TopicArn=topic + "-missing", Protocol="sqs", Endpoint=arn)
+    assert error.response["Error"]["Code"] == "NotFound"
+
+
+def test_fifo_topic_delivers_groups_in_order_once(sns, sqs, request):
+    name = unique_name(request.node.name)
+    topic = sns.create_topic(
+        Name=name + ".fifo",
+        Attributes={"FifoTopic": "true", "ContentBasedDeduplication": "true"},
+    )["TopicArn"]  # fmt: skip
+    try:
+        url, arn = _queue(sqs, name + "-q.fifo", FifoQueue="true", ContentBasedDeduplication="true")
+        sns.subscribe(
+            TopicArn=topic, Protocol="sqs", Endpoint=arn, Attributes={"RawMessageDelivery": "true"}
+        )
+        error = _error(sns.publish, TopicArn=topic, Message="no group")
+        assert error.response["Error"]["Code"] == "InvalidParameter"
+        assert "MessageGroupId" in error.response["Error"]["Message"]
+        sequence = []
+        for i in range(5):
+            published = sns.publish(TopicArn=topic, Message=f"m{i}", MessageGroupId="g")
+            sequence.append(published["SequenceNumber"])
+        # The same content again inside the window: deduplicated.
+        sns.publish(TopicArn=topic, Message="m0", MessageGroupId="g")
+        assert sequence == sorted(sequence)
+        bodies = []
+        while len(bodies) < 5:
+            for message in _receive(sqs, url):
+                bodies.append(message["Body"])
+                sqs.delete_message(QueueUrl=url, ReceiptHandle=message["ReceiptHandle"])
+        assert bodies == [f"m{i}" for i in range(5)]
+        assert _empty(sqs, url)
+    finally:
+        sns.delete_topic(TopicArn=topic)
+
+
+def test_publish_batch_reports_bad_entries_and_publishes_the_rest(sns, sqs, topic, request):
+    url, arn = _queue(sqs, unique_name(request.node.name))
+    sns.subscribe(
+        TopicArn=topic, Protocol="sqs", Endpoint=arn, Attributes={"RawMessageDelivery": "true"}
+    )
+    result = sns.publish_batch(
+        TopicArn=topic,
+        PublishBatchRequestEntries=[
+            {"Id": "one", "Message": "first"},
+            {"Id": "bad", "Message": "x", "Subject": "a" * 101},
+            {"Id": "two", "Message": "second"},
+        ],
+    )
+    assert [s["Id"] for s in result["Successful"]] == ["one", "two"]
+    assert [(f["Id"], f["Code"], f["SenderFault"]) for f in result["Failed"]] == [
+        ("bad", "InvalidParameter", True)
+    ]
+    assert sorted(m["Body"] for m in _receive(sqs, url, 2)) == ["first", "second"]
+    for entries, code in (
+        ([], "EmptyBatchRequest"),
+        ([{"Id": str(i), "Message": "m"} for i in range(11)], "TooManyEntriesInBatchRequest"),
+        ([{"Id": "a", "Message": "m"}, {"Id": "a", "Message": "m"}], "BatchEntryIdsNotDistinct"),
+        ([{"Id": "a b", "Message": "m"}], "InvalidBatchEntryId"),
+    ):
+        error = _error(sns.publish_batch, TopicArn=topic, PublishBatchRequestEntries=entries)
+        assert error.response["Error"]["Code"] == code
+
+
+class _Endpoint:
+    """An HTTP endpoint on 127.0.0.1 that records the POSTs SNS makes to it."""
+
+    def __init__(self) -> None:
+        self.posts: list[tuple[dict[str, str], bytes]] = []
+        self.loop = asyncio.new_event_loop()
+        self.ready = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.port = 0
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        app = web.Application()
+
+        async def record(request: web.Request) -> web.Response:
+            self.posts.append((dict(request.headers), await request.read()))
+            return web.Response(text="ok")
+
+        app.router.add_post("/hook", record)
+        runner = web.AppRunner(app)
+        self.loop.run_until_complete(runner.setup())
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        self.loop.run_until_complete(site.start())
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.ready.set()
+        self.loop.run_forever()
+        self.loop.run_until_complete(runner.cleanup())
+
+    def __enter__(self) -> _Endpoint:
+        self.thread.start()
+        self.ready.wait(10)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/hook"
+
+    def of_type(self, kind: str) -> list[tuple[dict[str, str], bytes]]:
+        return [p for p in self.posts if p[0].get("x-amz-sns-message-type") == kind]
+
+
+@pytest.fixture(scope="module")
+def webhook_shim(server) -> Iterator[SqsShimProcess]:
+    """A shim whose confirmations may reach loopback endpoints."""
+    process = SqsShimProcess(server.target, "--webhook-allow-cidr", "127.0.0.0/8").start()
+    yield process
+    process.stop()
+
+
+def test_http_subscription_confirms_by_its_subscribe_url_then_gets_signed_posts(
+    webhook_shim, request
+):
+    import urllib.request
+
+    sns = sns_client(webhook_shim.endpoint)
+    topic = sns.create_topic(Name=unique_name(request.node.name))["TopicArn"]
+    try:
+        with _Endpoint() as endpoint:
+            pending = sns.subscribe(TopicArn=topic, Protocol="http", Endpoint=endpoint.url)
+            assert pending["SubscriptionArn"] == "pending confirmation"
+            (headers, body), = eventually(
+                lambda: endpoint.of_type("SubscriptionConfirmation"), what="the confirmation POST"
+            )  # fmt: skip
+            confirmation = json.loads(body)
+            assert confirmation["Type"] == "SubscriptionConfirmation"
+            assert confirmation["TopicArn"] == topic
+            assert headers["x-amz-sns-topic-arn"] == topic
+            # Pending: publishes pass it by.
+            sns.publish(TopicArn=topic, Message="before confirmation")
+            (listed,) = sns.list_subscriptions_by_topic(TopicArn=topic)["Subscriptions"]
+            assert listed["SubscriptionArn"] == "PendingConfirmation"
+            # A wrong token confirms nothing.
+            error = _error(
+                sns.confirm_subscription, TopicArn=topic, Token=confirmation["Token"] + "0"
+            )
+            assert error.response["Error"]["Code"] == "InvalidParameter"
+            # The endpoint visits SubscribeURL, unsigned, as SNS's endpoints do.
+            with urllib.request.urlopen(confirmation["SubscribeURL"], timeout=10) as visit:
+                assert visit.status == 200
+                assert b"ConfirmSubscriptionResult" in visit.read()
+            (listed,) = sns.list_subscriptions_by_topic(TopicArn=topic)["Subscriptions"]
+            assert listed["SubscriptionArn"].startswith(topic + ":")
+
+            published = sns.publish(
+                TopicArn=topic, Message="after", Subject="s",
+                MessageAttributes={"k": {"DataType": "String", "StringValue": "v"}},
+            )["MessageId"]  # fmt: skip
+            (headers, body), = eventually(
+                lambda: endpoint.of_type("Notification"), what="the notification POST"
+            )  # fmt: skip
+            notification = json.loads(body)
+            assert notification["MessageId"] == published
+            assert notification["Message"] == "after"
+            assert notification["Subject"] == "s"
+            assert notification["MessageAttributes"] == {"k": {"Type": "String", "Value": "v"}}
+            assert headers["x-amz-sns-message-id"] == published
+            assert headers["x-amz-sns-subscription-arn"] == listed["SubscriptionArn"]
+            assert headers["Content-Type"].startswith("text/plain")
+            # Signed as every postbox webhook is (Standard Webhooks).
+            assert headers["webhook-signature"].startswith("v1,")
+    finally:
+        sns.delete_topic(TopicArn=topic)
+
+
+def test_auto_confirmed_endpoints_skip_the_handshake(server, request):
+    with _Endpoint() as endpoint:
+        shim = SqsShimProcess(
+            server.target, "--sns-auto-confirm", f"http://127.0.0.1:{endpoint.port}/"
+        ).start()
+        try:
+            sns = sns_client(shim.endpoint)
+            topic = sns.create_topic(Name=unique_name(request.node.name))["TopicArn"]
+            subscription = sns.subscribe(
+                TopicArn=topic, Protocol="http", Endpoint=endpoint.url,
+                Attributes={"RawMessageDelivery": "true"},
+            )["SubscriptionArn"]  # fmt: skip
+            assert subscription.startswith(topic + ":")
+            sns.publish(TopicArn=topic, Message="raw body")
+            (headers, body), = eventually(lambda: endpoint.of_type("Notification"))  # fmt: skip
+            assert body == b"raw body"
+            assert headers["x-amz-sns-rawdelivery"] == "true"
+            assert not endpoint.of_type("SubscriptionConfirmation")
+            sns.delete_topic(TopicArn=topic)
+        finally:
+            shim.stop()
+
+
+def aws_sns(endpoint: str, *args: str) -> dict:
+    env = {
+        **os.environ,
+        "AWS_ACCESS_KEY_ID": "postbox-cli",
+        "AWS_SECRET_ACCESS_KEY": "unchecked",
+        "AWS_DEFAULT_REGION": SQS_REGION,
+        "AWS_CONFIG_FILE": os.devnull,
+        "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+    }
+    completed = subprocess.run(
+        [str(AWS), "--endpoint-url", endpoint, "--output", "json", "sns", *args],
+        env=env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert completed.returncode == 0, completed.stderr
+    return json.loads(completed.stdout) if completed.stdout.strip() else {}
+
+
+def test_aws_cli_topic_subscribe_publish(sqs_shim, sqs, request):
+    name = unique_name(request.node.name)
+    url, arn = _queue(sqs, name)
+    topic = aws_sns(sqs_shim.endpoint, "create-topic", "--name", name)["TopicArn"]
+    try:
+        aws_sns(
+            sqs_shim.endpoint, "subscribe", "--topic-arn", topic, "--protocol", "sqs",
+            "--notification-endpoint", arn,
+            "--attributes", json.dumps({"FilterPolicy": json.dumps({"kind": ["cli"]})}),
+        )  # fmt: skip
+        listed = aws_sns(sqs_shim.endpoint, "list-subscriptions-by-topic", "--topic-arn", topic)
+        assert [s["Endpoint"] for s in listed["Subscriptions"]] == [arn]
+        skipped = aws_sns(sqs_shim.endpoint, "publish", "--topic-arn", topic, "--message", "no")
+        published = aws_sns(
+            sqs_shim.endpoint, "publish", "--topic-arn", topic, "--message", "from the cli",
+            "--message-attributes", '{"kind": {"DataType": "String", "StringValue": "cli"}}',
+        )  # fmt: skip
+        assert skipped["MessageId"] != published["MessageId"]
+        (message,) = _receive(sqs, url)
+        envelope = json.loads(message["Body"])
+        assert (envelope["MessageId"], envelope["Message"]) == (
+            published["MessageId"],
+            "from the cli",
+        )
+        assert _empty(sqs, url)
+        tags = aws_sns(sqs_shim.endpoint, "list-tags-for-resource", "--resource-arn", topic)
+        assert tags == {"Tags": []}
+    finally:
+        aws_sns(sqs_shim.endpoint, "delete-topic", "--topic-arn", topic)
+        with contextlib.suppress(ClientError):
+            sqs.delete_queue(QueueUrl=url)
+
+
+def test_the_compatibility_table_names_every_action_of_both_apis():
+    import re
+
+    from postbox_server.sns.actions import HANDLERS as SNS
+    from postbox_server.sqs.actions import HANDLERS as SQS
+
+    page = ROOT / "docs" / "reference" / "sqs-sns-compatibility.md"
+    table = page.read_text().split("<!-- aws actions -->")[1].split("<!-- /aws actions -->")[0]
+    listed: dict[str, set[str]] = {"SQS": set(), "SNS": set()}
+    for api, actions in re.findall(r"^\| (SQS|SNS) \| (.*?) \|", table, re.MULTILINE):
+        listed[api].update(re.findall(r"`(\w+)`", actions))
+    assert listed == {"SQS": set(SQS), "SNS": set(SNS)}
+
+
+def test_api_keys_sign_sns_calls_and_grants_apply(admin_url):
+    """SigV4 by API keys, checked by the server, and the key's grants on topics."""
+    import boto3
+    import grpc
+    from auth_support import bearer, wait_until
+    from postbox.v1 import access_service_pb2 as access_pb
+    from postbox.v1 import access_service_pb2_grpc
+    from support import ServerProcess, bootstrap_key, create_database, drop_database
+
+    url = create_database(admin_url, "postbox_sns_keys")
+    server = shim = None
+    try:
+        server = ServerProcess(url).start()
+        admin_secret = bootstrap_key(url, "sns-admin", "admin:*")
+        shim = SqsShimProcess(server.target).start()
+
+        def client(name: str, secret: str):
+            return boto3.client(
+                "sns", endpoint_url=shim.endpoint, region_name=SQS_REGION,
+                aws_access_key_id=name, aws_secret_access_key=secret,
+                config=Config(retries={"max_attempts": 1, "mode": "standard"}),
+            )  # fmt: skip
+
+        with grpc.insecure_channel(server.target) as channel:
+            access = access_service_pb2_grpc.AccessServiceStub(channel)
+
+            made: dict[str, Any] = {}
+            for name, permission, pattern in (
+                ("sns-root", "admin", "*"), ("publisher", "publish", "sns-*"),
+            ):  # fmt: skip
+
+                def attempt(name=name, permission=permission, pattern=pattern) -> bool:
+                    try:
+                        made[name] = access.CreateKey(
+                            access_pb.CreateKeyRequest(key=access_pb.Key(name=name, grants=[
+                                access_pb.Grant(permission=access_pb.Permission.Value(
+                                    f"PERMISSION_{permission.upper()}"), pattern=pattern)
+                            ])),
+                            metadata=bearer(admin_secret),
+                        )  # fmt: skip
+                    except grpc.RpcError:
+                        return False
+                    return True
+
+                wait_until(attempt, 5, f"key {name}")
+        admin = client("sns-root", made["sns-root"].sigv4_secret_access_key)
+        publisher = client("publisher", made["publisher"].sigv4_secret_access_key)
+        topic = admin.create_topic(Name="sns-orders")["TopicArn"]
+        assert publisher.publish(TopicArn=topic, Message="m")["MessageId"]
+        for call in (
+            lambda: publisher.create_topic(Name="sns-other"),
+            lambda: publisher.delete_topic(TopicArn=topic),
+            lambda: publisher.tag_resource(ResourceArn=topic, Tags=[{"Key": "a", "Value": "b"}]),
+        ):
+            error = _error(call)
+            assert error.response["Error"]["Code"] == "AuthorizationError", error.response
+            assert error.response["ResponseMetadata"]["HTTPStatusCode"] == 403
+        error = _error(client("nobody", "whatever").list_topics)
+        assert error.response["Error"]["Code"] == "InvalidClientTokenId"
+        error = _error(client("sns-root", "not-its-secret").list_topics)
+        assert error.response["Error"]["Code"] == "SignatureDoesNotMatch"
+    finally:
+        if shim is not None:
+            shim.stop()
+        if server is not None:
+            server.stop()
+        drop_database(admin_url, url)

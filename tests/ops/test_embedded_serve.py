@@ -1,0 +1,152 @@
+"""`postbox serve` without a database URL: an embedded PostgreSQL in --data-dir."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import grpc
+import psutil
+from postbox.v1 import message_service_pb2 as pb
+from postbox.v1 import message_service_pb2_grpc, queue_service_pb2_grpc
+from support import ServerProcess, create_queue, receive
+
+
+class EmbeddedServerProcess(ServerProcess):
+    """`python -m postbox_server serve --data-dir DIR` with DATABASE_URL as given (None: unset)."""
+
+    def __init__(self, data_dir: Path, database_url_env: str | None, *extra_args: str) -> None:
+        super().__init__("", *extra_args)
+        self.data_dir = data_dir
+        self.database_url_env = database_url_env
+
+    def start(self, timeout: float = 60.0) -> EmbeddedServerProcess:
+        # initdb alone takes seconds, many more on a loaded machine.
+        env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "POSTBOX_DATA_DIR")}
+        if self.database_url_env is not None:
+            env["DATABASE_URL"] = self.database_url_env
+        # Were DATABASE_URL='' taken as a URL, libpq's defaults would find the
+        # PostgreSQL of the machine; here they find none.
+        env["PGHOST"] = str(self.data_dir.parent / "no-postgres-here")
+        self.spawn(
+            "serve",
+            "--data-dir", str(self.data_dir),
+            "--grpc-host", "127.0.0.1",
+            "--grpc-port", str(self.port),
+            *self.extra_args,
+            env=env,
+        )  # fmt: skip
+        self.wait_serving(timeout)
+        return self
+
+    def postmaster(self) -> psutil.Process:
+        """The embedded PostgreSQL's postmaster, from its pid file."""
+        pid = int((self.data_dir / "postmaster.pid").read_text().split()[0])
+        return psutil.Process(pid)
+
+    def stop_with(self, sig: signal.Signals) -> int:
+        assert self.process is not None
+        self.process.send_signal(sig)
+        return self.process.wait(20)
+
+
+def _stopped_cleanly(server: EmbeddedServerProcess, sig: signal.Signals) -> None:
+    postmaster = server.postmaster()
+    assert server.stop_with(sig) == 0, server.log()
+    # The server stopped its PostgreSQL before exiting: nothing left to wait for.
+    assert not postmaster.is_running() or postmaster.status() == psutil.STATUS_ZOMBIE
+    assert not (server.data_dir / "postmaster.pid").exists()
+    assert "did not stop cleanly" not in server.log()
+    assert "fork" not in server.log()  # no stray line from gRPC's fork handlers
+
+
+def test_embedded_postgres_serves_and_keeps_data_across_restarts(tmp_path):
+    data_dir = tmp_path / "pgdata"
+    first = EmbeddedServerProcess(data_dir, database_url_env=None).start()
+    try:
+        with grpc.insecure_channel(first.target) as channel:
+            create_queue(queue_service_pb2_grpc.QueueServiceStub(channel), "kept")
+            message_service_pb2_grpc.MessageServiceStub(channel).Send(
+                pb.SendRequest(queue="kept", body=b"still here")
+            )
+        assert (data_dir / "PG_VERSION").exists()
+        _stopped_cleanly(first, signal.SIGTERM)
+    finally:
+        first.kill()
+
+    # An empty DATABASE_URL counts as unset: the same embedded database again.
+    second = EmbeddedServerProcess(data_dir, database_url_env="").start()
+    try:
+        with grpc.insecure_channel(second.target) as channel:
+            messages = message_service_pb2_grpc.MessageServiceStub(channel)
+            assert [m.body for m in receive(messages, "kept")] == [b"still here"]
+        _stopped_cleanly(second, signal.SIGINT)  # Ctrl-C
+    finally:
+        second.kill()
+
+
+def test_workers_share_one_embedded_postgres_and_stop_it(tmp_path):
+    server = EmbeddedServerProcess(tmp_path / "pgdata", None, "--workers", "2").start()
+    try:
+        workers = psutil.Process(server.process.pid).children()
+        postmaster = server.postmaster()
+        assert postmaster.pid not in [worker.pid for worker in workers]
+        with grpc.insecure_channel(server.target) as channel:
+            assert create_queue(queue_service_pb2_grpc.QueueServiceStub(channel), "shared")
+        _stopped_cleanly(server, signal.SIGINT)
+        _, alive = psutil.wait_procs(workers, timeout=10)
+        assert not alive
+    finally:
+        server.kill()
+
+
+def test_db_url_and_psql_reach_the_embedded_database_of_a_running_server(tmp_path):
+    data_dir = tmp_path / "pgdata"
+    cli = [sys.executable, "-m", "postbox_server"]
+    server = EmbeddedServerProcess(data_dir, database_url_env=None).start()
+    try:
+        with grpc.insecure_channel(server.target) as channel:
+            create_queue(queue_service_pb2_grpc.QueueServiceStub(channel), "seen_from_psql")
+        url = subprocess.run(
+            [*cli, "db", "url", "--data-dir", str(data_dir)],
+            capture_output=True, text=True, timeout=30, check=True,
+        ).stdout.strip()  # fmt: skip
+        query = "SELECT name FROM postbox.queues"
+        assert (
+            "seen_from_psql"
+            in subprocess.run(
+                ["psql", url, "-Atc", query], capture_output=True, text=True, timeout=30, check=True
+            ).stdout
+        )
+        through_verb = subprocess.run(
+            [*cli, "psql", "--data-dir", str(data_dir), "-Atc", query],
+            capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        assert through_verb.returncode == 0, through_verb.stderr
+        assert "seen_from_psql" in through_verb.stdout
+        _stopped_cleanly(server, signal.SIGTERM)
+    finally:
+        server.kill()
+    stopped = subprocess.run(
+        [*cli, "db", "url", "--data-dir", str(data_dir)], capture_output=True, text=True, timeout=30
+    )
+    assert stopped.returncode == 2
+    assert "no embedded PostgreSQL runs in" in stopped.stderr
+
+
+def test_a_killed_server_does_not_leave_its_postgres_running(tmp_path):
+    """SIGKILL gives the server no chance to stop its PostgreSQL; its watchdog does."""
+    server = EmbeddedServerProcess(tmp_path / "pgdata", None).start()
+    try:
+        postmaster = server.postmaster()
+        server.process.kill()
+        server.process.wait(20)
+        # 30 s: a fast shutdown takes well under a second; a machine under load, more.
+        postmaster.wait(30)
+        assert not (server.data_dir / "postmaster.pid").exists()
+        assert "died without stopping its embedded PostgreSQL" in server.log()
+    finally:
+        server.kill()

@@ -16,7 +16,7 @@ import grpc
 from server.auth import sigv4
 from server.auth.keys import ApiKey, KeyCache
 from server.auth.rules import ANY_RESOURCE, OPEN_SERVICES, RULES, Rule, resource_of
-from server.errors import ApiError
+from server.errors import ApiError, quoted
 from server.interceptors import AioMethodHandler, Context, Handler, WrapsEachMethod, relay, yields
 
 # Trailing metadata of an UNAUTHENTICATED call saying why (missing, unknown-key, expired,
@@ -34,10 +34,6 @@ _UNKNOWN = (
     "the API key is not known: it was mistyped or has been revoked; an admin can create "
     "one with `postbox keys create`"
 )
-
-
-def _quoted(name: str, limit: int = 80) -> str:
-    return repr(name) if len(name) <= limit else f"{name[:limit]!r}... ({len(name)} characters)"
 
 
 def _metadata_value(metadata: Iterable[tuple[str, Any]] | None, name: str) -> str | None:
@@ -63,7 +59,7 @@ def _by_signature(keys: KeyCache, header: str) -> ApiKey:
         raise AuthFailure("signature", str(problem)) from None
     key = keys.by_name(name)
     if key is None:
-        raise AuthFailure("unknown-key", f"no API key is named {_quoted(name)}")
+        raise AuthFailure("unknown-key", f"no API key is named {quoted(name)}")
     try:
         sigv4.verify(key.sigv4_secret, string_to_sign, signature)
     except sigv4.SignatureProblem as problem:
@@ -101,7 +97,7 @@ async def refuse(context: Context, error: ApiError) -> None:
 
 
 def denied(key: ApiKey, permission: str, resource: str) -> ApiError:
-    what = "any resource" if resource == ANY_RESOURCE else f"resource {_quoted(resource)}"
+    what = "any resource" if resource == ANY_RESOURCE else f"resource {quoted(resource)}"
     return ApiError(
         grpc.StatusCode.PERMISSION_DENIED,
         f"API key {key.name!r} lacks permission {permission!r} on {what}; "

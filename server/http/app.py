@@ -21,7 +21,7 @@ import grpc
 from aiohttp import web
 from google.protobuf.message import Message
 
-from server.errors import ApiError
+from server.errors import ApiError, crashed, quoted
 from server.http import connect
 from server.http.connect import Codec, ConnectError
 from server.http.context import HttpCallContext
@@ -88,9 +88,9 @@ def _failure(context: HttpCallContext, error: BaseException) -> ConnectError:
         return ConnectError(
             grpc.StatusCode.DEADLINE_EXCEEDED, "the call ran past its Connect-Timeout-Ms"
         )
-    # As grpc.aio answers a servicer's crash: UNKNOWN, the cause in the server's log.
-    log.error("%s failed", type(error).__name__, exc_info=error)
-    return ConnectError(grpc.StatusCode.UNKNOWN, f"Unexpected {type(error).__name__}")
+    # As a servicer's crash is answered over gRPC: UNKNOWN, the cause in the server's log.
+    failure = crashed(error)
+    return ConnectError(failure.code, failure.message)
 
 
 class ConnectHandler:
@@ -106,13 +106,13 @@ class ConnectHandler:
             return _error_response(
                 ConnectError(
                     grpc.StatusCode.NOT_FOUND,
-                    f"no procedure is at {request.path[:200]!r}; procedures are at "
+                    f"no procedure is at {quoted(request.path)}; procedures are at "
                     "/postbox.v1.<Service>/<Method> (GET /openapi.json lists them)",
                 )
             )
         if request.method != "POST":
             return _error_response(
-                connect.invalid(f"{request.method[:20]} is not how procedures are called: POST"),
+                connect.invalid(f"{quoted(request.method)} is not how procedures are called: POST"),
                 status=405,
                 headers={"Allow": "POST"},
             )
@@ -135,7 +135,7 @@ class ConnectHandler:
                 accepted += [*connect.STREAM_TYPES]
             return _error_response(
                 connect.invalid(
-                    f"Content-Type {content_type[:100]!r} is not one this procedure takes: "
+                    f"Content-Type {quoted(content_type)} is not one this procedure takes: "
                     f"{', '.join(accepted)}"
                 ),
                 status=415,

@@ -14,7 +14,7 @@ from postbox.v1 import message_service_pb2 as pb
 from server.config import Settings
 from server.db.engine import Connection, Engine, OutgoingMessage, SentBatch
 from server.db.group_commit import GroupCommit
-from server.errors import ApiError, invalid
+from server.errors import ApiError, invalid, quoted
 from server.observability import tracing
 from server.services import convert
 from server.services.claims import Claims, more_left
@@ -363,5 +363,5 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
 
 def _message_id(text: str) -> int:
     if not is_bigint_id(text):
-        raise invalid(f"message_id {text[:40]!r} is not a message id of this server")
+        raise invalid(f"message_id {quoted(text)} is not a message id of this server")
     return int(text)

@@ -14,7 +14,7 @@ from postbox.v1 import stream_service_pb2 as pb
 from postbox.v1 import stream_service_pb2_grpc
 
 from server.db.engine import Engine, Record, Row
-from server.errors import invalid
+from server.errors import invalid, quoted
 from server.services import convert
 from server.services.pagination import decode_page_token, next_page, page_size_of
 from server.services.status import reports_errors
@@ -227,7 +227,7 @@ class StreamService(stream_service_pb2_grpc.StreamServiceServicer):
             batch = uuid.UUID(request.batch)
         except ValueError:
             raise invalid(
-                f"batch {request.batch[:40]!r} is not a batch token: pass ReadStreamResponse.batch"
+                f"batch {quoted(request.batch)} is not a batch token: pass ReadStreamResponse.batch"
             ) from None
         cursor = await self.engine.ack_stream(request.topic, request.consumer_group, batch)
         self.waiters.wake(request.topic)  # readers waiting while the batch was out: go on

@@ -13,7 +13,7 @@ from postbox.v1 import topic_service_pb2_grpc
 from server.db.engine import Connection, Engine, OutgoingPublish, Record, Row, SubscriptionDelivery
 from server.db.group_commit import GroupCommit
 from server.egress import EgressPolicy, Refused
-from server.errors import ApiError, invalid
+from server.errors import ApiError, invalid, quoted
 from server.observability import tracing
 from server.services import convert
 from server.services.pagination import (
@@ -364,7 +364,7 @@ class TopicService(topic_service_pb2_grpc.TopicServiceServicer):
             delivery_id = webhooks.delivery_row(request.delivery_id)
             if delivery_id is None:
                 raise invalid(
-                    f"delivery_id {request.delivery_id[:40]!r} is not a delivery id of this "
+                    f"delivery_id {quoted(request.delivery_id)} is not a delivery id of this "
                     "server: pass one ListWebhookDeliveries gives"
                 )
         retried = await self.engine.retry_webhook_deliveries(

@@ -17,6 +17,7 @@ from postbox.v1.queue_service_pb2 import GetQueueRequest, ListQueuesRequest
 from server.auth.client import bearer_metadata
 from server.auth.interceptor import SIGV4_REQUIRED_METADATA
 from server.config import is_loopback
+from server.errors import quoted
 from server.observability import metrics, tracing
 from server.sns.app import SnsQuery, is_sns
 from server.sqs import jsonproto, query, shapes
@@ -141,7 +142,8 @@ def _check_request(request: web.Request, json_protocol: bool) -> None:
     if request.content_type != expected:
         raise SqsError(
             INVALID_HTTP_REQUEST,
-            f"Content-Type {content_type!r} is not valid for this request; expected {expected}.",
+            f"Content-Type {quoted(content_type or '')} is not valid for this request; "
+            f"expected {expected}.",
         )
 
 

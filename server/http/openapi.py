@@ -256,12 +256,7 @@ def _operation(schemas: _Schemas, service: ServiceDescriptor, method: Any) -> di
         },
     }
     transport = ""
-    if method.client_streaming:
-        transport = (
-            "Bidirectional streaming: gRPC only. Over HTTP this answers 501 `unimplemented`."
-        )
-        operation["responses"]["501"] = {"description": "Not over HTTP.", "content": error}
-    elif method.server_streaming:
+    if method.server_streaming:
         transport = (
             "Server streaming. With `application/json` the answer comes when the stream "
             "ends: its responses merged into one (repeated fields concatenated). With "
@@ -285,6 +280,8 @@ def document(
     paths: dict[str, Any] = {}
     for service in services:
         for method in service.methods:
+            if method.client_streaming:
+                continue  # gRPC only: over HTTP it answers 501, so the document leaves it out
             paths[f"/{service.full_name}/{method.name}"] = {
                 "post": _operation(schemas, service, method)
             }

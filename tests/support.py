@@ -342,6 +342,16 @@ class ServerProcess(ChildProcess):
             self.wait_ready(serving, "server", timeout)
 
 
+class HttpServer(ServerProcess):
+    """`postbox serve` with its HTTP port on too."""
+
+    def __init__(self, database_url: str, *extra: str, scheme: str = "http", **kwargs) -> None:
+        super().__init__(database_url, *extra, **kwargs)
+        self.http_port = free_port(self.port, self.metrics_port or 0)
+        self.extra_args = ("--http-port", str(self.http_port), *self.extra_args)
+        self.base = f"{scheme}://127.0.0.1:{self.http_port}"
+
+
 class SqsShimProcess(ChildProcess):
     """`python -m server sqs` in front of a postbox server, on a free port of 127.0.0.1."""
 

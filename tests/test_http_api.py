@@ -31,7 +31,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support import (
     ROOT,
-    ServerProcess,
+    HttpServer,
     api_methods,
     bootstrap_key,
     call_method,
@@ -54,16 +54,6 @@ CONNECT_STATUS = {
 # The smallest limit --http-max-request-size takes, so a test can exceed it cheaply.
 BODY_LIMIT = 64 * 1024
 GREETING = {"dataType": "String", "stringValue": "greeting"}
-
-
-class HttpServer(ServerProcess):
-    """`postbox serve` with its HTTP port on too."""
-
-    def __init__(self, database_url: str, *extra: str, scheme: str = "http", **kwargs) -> None:
-        super().__init__(database_url, *extra, **kwargs)
-        self.http_port = free_port(self.port, self.metrics_port or 0)
-        self.extra_args = ("--http-port", str(self.http_port), *self.extra_args)
-        self.base = f"{scheme}://127.0.0.1:{self.http_port}"
 
 
 @pytest.fixture(scope="module")

@@ -28,6 +28,7 @@ from google.protobuf.descriptor import (
 from google.protobuf.descriptor_pb2 import FileDescriptorSet
 
 from server.http import connect
+from server.http.constraints import field_constraints, is_required, map_value_constraints
 
 OPENAPI_VERSION = "3.1.0"
 ERROR_SCHEMA = "connect.error"
@@ -154,9 +155,12 @@ def comments_of(files: FileDescriptorSet) -> dict[str, str]:
 class _Schemas:
     """The components/schemas of every message and enum the methods reach."""
 
-    def __init__(self, comments: Mapping[str, str]) -> None:
+    def __init__(self, comments: Mapping[str, str], responses: frozenset[str] = frozenset()):
         self.schemas: dict[str, dict[str, Any]] = {}
         self.comments = comments
+        # Messages a response may hold: their "Required." fields are not listed as
+        # required, since proto3 JSON leaves out a field at its default (a 0 offset).
+        self.responses = responses
 
     def message(self, descriptor: Descriptor) -> dict[str, Any]:
         if descriptor.full_name in _WELL_KNOWN:
@@ -164,12 +168,17 @@ class _Schemas:
         if descriptor.full_name not in self.schemas:
             schema: dict[str, Any] = {"type": "object", "properties": {}}
             self.schemas[descriptor.full_name] = schema  # before the fields: recursion
+            required = []
             for field in descriptor.fields:
-                property_schema = self.field(field)
-                comment = self.comments.get(field.full_name)
+                comment = self.comments.get(field.full_name, "")
+                property_schema = self.constrained(field, comment)
                 if comment:
                     property_schema["description"] = comment
                 schema["properties"][field.json_name] = property_schema
+                if is_required(comment) and descriptor.full_name not in self.responses:
+                    required.append(field.json_name)
+            if required:
+                schema["required"] = required
             notes = [self.comments.get(descriptor.full_name, "")]
             notes += [
                 f"At most one of {', '.join(f.json_name for f in o.fields)} is set."
@@ -197,6 +206,20 @@ class _Schemas:
             self.schemas[descriptor.full_name] = schema
         return _ref(descriptor.full_name)
 
+    def constrained(self, field: FieldDescriptor, comment: str) -> dict[str, Any]:
+        """A field's schema with the limits its comment states (server/http/constraints)."""
+        property_schema = self.field(field)
+        property_schema.update(field_constraints(field, comment))
+        message = field.message_type
+        if message is not None and message.GetOptions().map_entry:
+            if message.fields_by_name["value"].type == FieldDescriptor.TYPE_STRING:
+                property_schema["additionalProperties"].update(map_value_constraints(comment))
+        elif field.enum_type is not None and not field.is_repeated and is_required(comment):
+            unspecified = field.enum_type.values_by_number.get(0)
+            if unspecified is not None:  # "Required": the zero value, unset, is refused
+                property_schema["not"] = {"const": unspecified.name}
+        return property_schema
+
     def single(self, field: FieldDescriptor) -> dict[str, Any]:
         if field.message_type is not None:
             return self.message(field.message_type)
@@ -214,6 +237,17 @@ class _Schemas:
         if field.is_repeated:
             return {"type": "array", "items": self.single(field)}
         return self.single(field)
+
+
+def _reachable(descriptor: Descriptor, seen: set[str] | None = None) -> set[str]:
+    """The full names of a message and of every message its fields hold, at any depth."""
+    seen = set() if seen is None else seen
+    if descriptor.full_name not in seen:
+        seen.add(descriptor.full_name)
+        for field in descriptor.fields:
+            if field.message_type is not None:
+                _reachable(field.message_type, seen)
+    return seen
 
 
 def _error_schema() -> dict[str, Any]:
@@ -276,7 +310,13 @@ def document(
     described by `comments` (comments_of); its version is their package's (v1 of
     postbox.v1), which changes only additively."""
     version = services[0].file.package.rpartition(".")[2]
-    schemas = _Schemas(comments or {})
+    responses = frozenset(
+        name
+        for service in services
+        for method in service.methods
+        for name in _reachable(method.output_type)
+    )
+    schemas = _Schemas(comments or {}, responses)
     paths: dict[str, Any] = {}
     for service in services:
         for method in service.methods:

@@ -23,7 +23,12 @@ import asyncpg
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
-from schemathesis.checks import not_a_server_error, response_schema_conformance
+from schemathesis.checks import (
+    ensure_resource_availability,
+    not_a_server_error,
+    response_schema_conformance,
+    use_after_free,
+)
 from support import ROOT, HttpServer, bootstrap_key, create_database, drop_database
 
 EXAMPLES = int(os.environ.get("POSTBOX_FUZZ_HTTP_EXAMPLES", "4"))
@@ -93,3 +98,47 @@ def test_generated_calls_get_documented_answers_and_refusals_change_nothing(case
             f"{case.operation.path} answered {response.status_code} but changed resources: "
             f"{response.text[:300]}"
         )
+
+
+def test_chained_calls_get_documented_answers(target):
+    """Stateful: the document's links chain a call to the resources earlier calls made
+    (CreateQueue, then Send to that queue), so the calls reach past "not found"."""
+
+    class Workflow(SCHEMA.as_state_machine()):  # type: ignore[misc]
+        before = ""
+
+        def get_call_kwargs(self, case):
+            return {"base_url": target.base, "headers": target.headers, "timeout": 30}
+
+        def validate_response(self, response, case, additional_checks=None, **kwargs):
+            # The targets, and the chains' own: a resource made is found, one deleted is
+            # gone. (Not positive_data_acceptance: the document cannot state every rule,
+            # a cron expression's grammar say, so a valid-looking request may be refused.)
+            case.validate_response(
+                response,
+                checks=[
+                    not_a_server_error,
+                    response_schema_conformance,
+                    ensure_resource_availability,
+                    use_after_free,
+                ],
+            )
+
+        def before_call(self, case):
+            self.before = target.resources()
+
+        def after_call(self, response, case):
+            if 400 <= response.status_code < 500:
+                assert target.resources() == self.before, (
+                    f"{case.operation.path} answered {response.status_code} but changed "
+                    f"resources: {response.text[:300]}"
+                )
+
+    Workflow.run(
+        settings=settings(
+            max_examples=EXAMPLES * 5,
+            stateful_step_count=6,
+            deadline=None,
+            suppress_health_check=list(HealthCheck),
+        )
+    )

@@ -12,6 +12,7 @@ document then accepts more than the server, never less.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from google.protobuf.descriptor import FieldDescriptor
@@ -31,6 +32,19 @@ _MAP_KEYS = re.compile(
     rf"(?:keys|Names:)\s+({_NUMBER})-({_NUMBER}) characters(?: of (\[[^\]]+\]))?", re.IGNORECASE
 )
 _MAP_VALUES = re.compile(rf"values at most ({_NUMBER}) characters")
+# "Name of the queue": a field naming a resource, whose name rule is its own name field's.
+_NAME_OF = re.compile(
+    r"Name of (?:the|a) (?:stream |dead-letter |webhook )?"
+    r"(queue|topic|schedule|consumer group|subscription|key)\b"
+)
+_NAMED = {
+    "queue": "postbox.v1.Queue.name",
+    "topic": "postbox.v1.Topic.name",
+    "schedule": "postbox.v1.Schedule.name",
+    "consumer group": "postbox.v1.ConsumerGroup.name",
+    "subscription": "postbox.v1.Subscription.name",
+    "key": "postbox.v1.Key.name",
+}
 _INTEGER_TYPES = frozenset(
     {
         FieldDescriptor.TYPE_INT32,
@@ -56,19 +70,35 @@ def is_required(comment: str) -> bool:
     return _first_sentence(comment) == "Required"
 
 
+def is_required_on_create(comment: str) -> bool:
+    """A resource's field a Create call must give: "Required on create, then immutable"."""
+    return _first_sentence(comment).startswith("Required on create")
+
+
 def is_output_only(comment: str) -> bool:
     return comment.lstrip().startswith("Output only")
 
 
-def _string(comment: str, required: bool) -> dict[str, Any]:
+def named_resource(comment: str) -> str | None:
+    """The full name of the resource message a field names ("Name of the queue": the
+    Queue), or None."""
+    named = _NAME_OF.match(" ".join(comment.split()).removeprefix("Required. "))
+    return _NAMED[named[1]].rpartition(".")[0] if named else None
+
+
+def _string(comment: str, required: bool, comments: Mapping[str, str]) -> dict[str, Any]:
     text = " ".join(comment.split())
+    named = _NAME_OF.match(text.removeprefix("Required. "))
+    if named and named[1] in _NAMED:
+        # "Name of the queue": the rule is the one Queue.name's comment states.
+        return _string(comments.get(_NAMED[named[1]], ""), required, comments)
     match = _CHARACTERS_OF.search(text)
     if match:
         low, high = _number(match[1]), _number(match[2])
         characters = match[3]
         if 'and "*"' in text:
             characters = "[*" + characters[1:]  # grant patterns: "*" is a wildcard too
-        suffix = r"(\.fifo)?" if 'optionally followed by ".fifo"' in text else ""
+        suffix = r"(\.fifo)?" if '".fifo"' in text else ""  # FIFO queues' and topics' names
         core = f"{characters}{{{low},{high}}}{suffix}"
         return {"pattern": f"^{core}$" if required else f"^({core})?$"}
     match = _PRINTABLE.search(text)
@@ -135,9 +165,12 @@ def _map(comment: str) -> tuple[dict[str, Any], dict[str, Any]]:
     return schema, values
 
 
-def field_constraints(field: FieldDescriptor, comment: str) -> dict[str, Any]:
+def field_constraints(
+    field: FieldDescriptor, comment: str, comments: Mapping[str, str]
+) -> dict[str, Any]:
     """The JSON Schema keywords a field's comment implies, for its property schema (for
-    a map, those of the object; map_value_constraints gives its values')."""
+    a map, those of the object; map_value_constraints gives its values'). `comments`,
+    every comment by full name, gives the rule of a name that a comment refers to."""
     required = is_required(comment)
     if is_output_only(comment):
         return {"readOnly": True}
@@ -147,7 +180,9 @@ def field_constraints(field: FieldDescriptor, comment: str) -> dict[str, Any]:
     if field.is_repeated:
         return _repeated(comment, required)
     if field.type == FieldDescriptor.TYPE_STRING:
-        return _string(comment, required)
+        return _string(comment, required, comments)
+    if message is not None and message.full_name == "google.protobuf.FieldMask":
+        return _field_mask(field)
     if field.type in _INTEGER_TYPES:
         return _integer(comment, required)
     return {}
@@ -155,3 +190,20 @@ def field_constraints(field: FieldDescriptor, comment: str) -> dict[str, Any]:
 
 def map_value_constraints(comment: str) -> dict[str, Any]:
     return _map(comment)[1]
+
+
+def _field_mask(field: FieldDescriptor) -> dict[str, Any]:
+    """An update_mask: comma-separated JSON names of the fields of the message it updates
+    (the request's one other message field)."""
+    request = field.containing_type
+    if request is None:
+        return {}
+    updated = [
+        other.message_type
+        for other in request.fields
+        if other is not field and other.message_type is not None
+    ]
+    if len(updated) != 1:
+        return {}
+    names = "|".join(sorted(f.json_name for f in updated[0].fields))
+    return {"pattern": f"^({names})(,({names}))*$"}

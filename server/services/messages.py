@@ -130,10 +130,12 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
         continuous = request.mode == pb.RECEIVE_MODE_CONTINUOUS
         wait = convert.optional_timedelta(request, "wait_time")
         if wait is not None and not timedelta(0) <= wait <= MAX_WAIT:
-            raise invalid(f"wait_time is {wait}; it must be 0 to {MAX_WAIT.seconds} s")
+            raise invalid(
+                f"wait_time is {wait.total_seconds():g} s; it must be 0 to {MAX_WAIT.seconds} s"
+            )
         idle = convert.optional_timedelta(request, "idle_timeout")
         if idle is not None and not timedelta(milliseconds=1) <= idle <= MAX_IDLE:
-            raise invalid(f"idle_timeout is {idle}; it must be 1 ms to 24 h")
+            raise invalid(f"idle_timeout is {idle.total_seconds():g} s; it must be 1 ms to 24 h")
         if request.HasField("max_total_messages") and request.max_total_messages < 1:
             raise invalid(
                 f"max_total_messages is {request.max_total_messages}; it must be at least 1, "

@@ -104,7 +104,8 @@ def _bounded(
     value = convert.optional_timedelta(request, field)
     low = timedelta(0)
     if value is not None and not low <= value <= (high or timedelta.max):
-        raise invalid(f"{field} must be from {low} to {high}, not {value}")
+        allowed = f"from 0 s to {high.total_seconds():g} s" if high else "at least 0 s"
+        raise invalid(f"{field} must be {allowed}, not {value.total_seconds():g} s")
     return value
 
 

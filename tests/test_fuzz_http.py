@@ -87,6 +87,27 @@ def test_the_document_offers_only_what_http_serves():
     assert len(operations) >= 60
 
 
+def test_the_document_carries_the_limits_the_protos_state():
+    schemas = SCHEMA.raw_schema["components"]["schemas"]
+    queue = schemas["postbox.v1.Queue"]["properties"]
+    assert queue["name"]["pattern"] == r"^([A-Za-z0-9_-]{1,80}(\.fifo)?)?$"
+    assert queue["tags"]["maxProperties"] == 50
+    assert queue["createTime"]["readOnly"] is True
+    send = schemas["postbox.v1.SendRequest"]
+    assert send["required"] == ["queue"]
+    assert send["properties"]["queue"]["pattern"] == r"^[A-Za-z0-9_-]{1,80}(\.fifo)?$"
+    assert send["properties"]["priority"] == {**send["properties"]["priority"], "maximum": 9}
+    assert {"not": {"required": ["ttl", "expireTime"]}} in send["allOf"]
+    batch = schemas["postbox.v1.SendBatchRequest"]["properties"]["entries"]
+    assert (batch["minItems"], batch["maxItems"]) == (1, 1000)
+    create = schemas["postbox.v1.CreateQueueRequest"]["properties"]["queue"]["allOf"]
+    assert create[1]["required"] == ["name"]
+    links = SCHEMA.raw_schema["paths"]["/postbox.v1.QueueService/CreateQueue"]["post"]
+    assert links["responses"]["200"]["links"]["SendWithQueue"]["requestBody"] == {
+        "queue": "$response.body#/queue/name"
+    }
+
+
 @SCHEMA.parametrize()
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
 def test_generated_calls_get_documented_answers_and_refusals_change_nothing(case, target):

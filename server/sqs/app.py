@@ -90,7 +90,9 @@ class _Query:
 
 def _input(action: str) -> shapes.Structure:
     if action not in shapes.ACTIONS:
-        raise SqsError(INVALID_ACTION, f"The action {action} is not valid for this endpoint.")
+        raise SqsError(
+            INVALID_ACTION, f"The action {quoted(action)} is not valid for this endpoint."
+        )
     return shapes.ACTIONS[action][0]
 
 

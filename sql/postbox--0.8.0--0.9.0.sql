@@ -810,10 +810,11 @@ $$;
 -- 'body' (MessageBody, matched against the body parsed as a JSON object).
 -- Policies are data walked by these functions, never SQL.
 
--- A policy value shown in a message: its JSON, cut to a short prefix.
+-- A policy value shown in a message: its JSON, cut to a short prefix with its length.
 CREATE FUNCTION postbox._filter_quote(value jsonb) RETURNS text
 LANGUAGE sql IMMUTABLE AS $$
-    SELECT CASE WHEN length(value::text) > 40 THEN left(value::text, 37) || '...' ELSE value::text END
+    SELECT CASE WHEN length(value::text) <= 80 THEN value::text
+                ELSE left(value::text, 80) || '… (' || octet_length(value::text) || ' bytes)' END
 $$;
 
 -- Whether a "$or" key's value makes it an OR, as SNS decides: an array of at
@@ -5407,6 +5408,76 @@ LANGUAGE sql STABLE AS $$
     FROM ranked r JOIN postbox.queues q ON q.id = r.queue_id
     GROUP BY 1, 2
     ORDER BY 1, 2
+$$;
+
+-- The caller's input as an error quotes it: whole when short, else its first 80
+-- characters and its length (server/errors.py quoted() writes the same).
+CREATE FUNCTION postbox._quoted(value text) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN length(value) <= 80 THEN quote_literal(value)
+                ELSE quote_literal(left(value, 80)) || '… (' || octet_length(value) || ' bytes)' END
+$$;
+
+-- Checks a webhook endpoint and writes it into s: the URL, the secret (a new
+-- one when empty) and the settings (a full set, in the shape of
+-- webhook_defaults()).
+CREATE OR REPLACE FUNCTION postbox._webhook(s postbox.subscriptions, webhook_url text, webhook_secret text, settings jsonb)
+RETURNS postbox.subscriptions
+LANGUAGE plpgsql AS $$
+DECLARE
+    unknown text;
+    number numeric;
+BEGIN
+    IF length(webhook_url) > 2048 OR webhook_url !~* '^https?://[^/?#[:space:]]+([/?#][^[:space:]]*)?$' THEN
+        PERFORM postbox._invalid(format(
+            'webhook URL %s must be an http:// or https:// URL of at most 2048 characters',
+            postbox._quoted(webhook_url)));
+    END IF;
+    s.webhook_url := webhook_url;
+    IF coalesce(webhook_secret, '') = '' THEN
+        -- gen_random_uuid draws from the server's strong random source.
+        s.webhook_secret := 'whsec_' || encode(uuid_send(gen_random_uuid()) || uuid_send(gen_random_uuid()),
+                                               'base64');
+    ELSIF webhook_secret !~ '^whsec_[A-Za-z0-9+/]+={0,2}$' OR (length(webhook_secret) - 6) % 4 <> 0
+          OR length(decode(substr(webhook_secret, 7), 'base64')) NOT BETWEEN 24 AND 64 THEN
+        PERFORM postbox._invalid('webhook secret must be "whsec_" followed by the base64 of 24 to 64 bytes; '
+                                 'leave it empty to have one generated');
+    ELSE
+        s.webhook_secret := webhook_secret;
+    END IF;
+    SELECT string_agg(k, ', ') INTO unknown
+    FROM jsonb_object_keys(settings) AS k WHERE NOT postbox.webhook_defaults() ? k;
+    IF unknown IS NOT NULL THEN
+        PERFORM postbox._invalid(format('unknown webhook setting(s): %s', unknown));
+    END IF;
+    SELECT string_agg(k, ', ') INTO unknown
+    FROM jsonb_object_keys(settings) AS k WHERE jsonb_typeof(settings -> k) <> 'number';
+    IF unknown IS NOT NULL THEN
+        PERFORM postbox._invalid(format('webhook setting(s) %s must be numbers', unknown));
+    END IF;
+    number := (settings ->> 'timeout')::numeric;
+    IF number NOT BETWEEN 1 AND 60 THEN
+        PERFORM postbox._invalid(format('webhook timeout is %s s; it must be 1 to 60 s', number));
+    END IF;
+    s.webhook_timeout := make_interval(secs => number);
+    number := (settings ->> 'max_attempts')::numeric;
+    IF number <> trunc(number) OR number NOT BETWEEN 1 AND 100 THEN
+        PERFORM postbox._invalid(format('webhook max_attempts is %s; it must be 1 to 100', number));
+    END IF;
+    s.webhook_max_attempts := number::integer;
+    number := (settings ->> 'minimum_backoff')::numeric;
+    IF number NOT BETWEEN 0.1 AND 3600 THEN
+        PERFORM postbox._invalid(format('webhook minimum_backoff is %s s; it must be 0.1 s to 1 h', number));
+    END IF;
+    s.webhook_minimum_backoff := make_interval(secs => number);
+    number := (settings ->> 'maximum_backoff')::numeric;
+    IF number < extract(epoch FROM s.webhook_minimum_backoff) OR number > 86400 THEN
+        PERFORM postbox._invalid(format(
+            'webhook maximum_backoff is %s s; it must be minimum_backoff to 24 h', number));
+    END IF;
+    s.webhook_maximum_backoff := make_interval(secs => number);
+    RETURN s;
+END
 $$;
 
 SELECT postbox._secure();

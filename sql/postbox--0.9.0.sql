@@ -405,6 +405,14 @@ BEGIN
 END
 $$;
 
+-- The caller's input as an error quotes it: whole when short, else its first 80
+-- characters and its length (server/errors.py quoted() writes the same).
+CREATE FUNCTION postbox._quoted(value text) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN length(value) <= 80 THEN quote_literal(value)
+                ELSE quote_literal(left(value, 80)) || '… (' || octet_length(value) || ' bytes)' END
+$$;
+
 -- The message of a name check, or NULL when the queue name is valid.
 CREATE FUNCTION postbox.queue_name_problem(name text) RETURNS text
 LANGUAGE sql IMMUTABLE AS $$
@@ -3530,7 +3538,7 @@ BEGIN
     IF length(webhook_url) > 2048 OR webhook_url !~* '^https?://[^/?#[:space:]]+([/?#][^[:space:]]*)?$' THEN
         PERFORM postbox._invalid(format(
             'webhook URL %s must be an http:// or https:// URL of at most 2048 characters',
-            quote_literal(left(webhook_url, 100))));
+            postbox._quoted(webhook_url)));
     END IF;
     s.webhook_url := webhook_url;
     IF coalesce(webhook_secret, '') = '' THEN
@@ -3836,10 +3844,11 @@ $$;
 -- 'body' (MessageBody, matched against the body parsed as a JSON object).
 -- Policies are data walked by these functions, never SQL.
 
--- A policy value shown in a message: its JSON, cut to a short prefix.
+-- A policy value shown in a message: its JSON, cut to a short prefix with its length.
 CREATE FUNCTION postbox._filter_quote(value jsonb) RETURNS text
 LANGUAGE sql IMMUTABLE AS $$
-    SELECT CASE WHEN length(value::text) > 40 THEN left(value::text, 37) || '...' ELSE value::text END
+    SELECT CASE WHEN length(value::text) <= 80 THEN value::text
+                ELSE left(value::text, 80) || '… (' || octet_length(value::text) || ' bytes)' END
 $$;
 
 -- Whether a "$or" key's value makes it an OR, as SNS decides: an array of at

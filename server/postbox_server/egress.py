@@ -27,6 +27,8 @@ from urllib.parse import urlsplit
 from aiohttp.abc import AbstractResolver, ResolveResult
 from aiohttp.resolver import ThreadedResolver
 
+from postbox_server.errors import quoted
+
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -50,7 +52,7 @@ class EgressPolicy:
         if any(address in network for network in self.allowed):
             return
         raise Refused(
-            f"webhook host {host[:80]!r} is {address}, {_kind(address)}, which webhooks may "
+            f"webhook host {quoted(host)} is {address}, {_kind(address)}, which webhooks may "
             f"not reach; the operator can allow it with {FLAG}"
         )
 

@@ -6,6 +6,14 @@ BEGIN
 END
 $$;
 
+-- The caller's input as an error quotes it: whole when short, else its first 80
+-- characters and its length (server/errors.py quoted() writes the same).
+CREATE FUNCTION postbox._quoted(value text) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN length(value) <= 80 THEN quote_literal(value)
+                ELSE quote_literal(left(value, 80)) || '… (' || octet_length(value) || ' bytes)' END
+$$;
+
 -- The message of a name check, or NULL when the queue name is valid.
 CREATE FUNCTION postbox.queue_name_problem(name text) RETURNS text
 LANGUAGE sql IMMUTABLE AS $$

@@ -281,7 +281,7 @@ BEGIN
     IF length(webhook_url) > 2048 OR webhook_url !~* '^https?://[^/?#[:space:]]+([/?#][^[:space:]]*)?$' THEN
         PERFORM postbox._invalid(format(
             'webhook URL %s must be an http:// or https:// URL of at most 2048 characters',
-            quote_literal(left(webhook_url, 100))));
+            postbox._quoted(webhook_url)));
     END IF;
     s.webhook_url := webhook_url;
     IF coalesce(webhook_secret, '') = '' THEN

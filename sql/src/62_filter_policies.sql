@@ -5,10 +5,11 @@
 -- 'body' (MessageBody, matched against the body parsed as a JSON object).
 -- Policies are data walked by these functions, never SQL.
 
--- A policy value shown in a message: its JSON, cut to a short prefix.
+-- A policy value shown in a message: its JSON, cut to a short prefix with its length.
 CREATE FUNCTION postbox._filter_quote(value jsonb) RETURNS text
 LANGUAGE sql IMMUTABLE AS $$
-    SELECT CASE WHEN length(value::text) > 40 THEN left(value::text, 37) || '...' ELSE value::text END
+    SELECT CASE WHEN length(value::text) <= 80 THEN value::text
+                ELSE left(value::text, 80) || '… (' || octet_length(value::text) || ' bytes)' END
 $$;
 
 -- Whether a "$or" key's value makes it an OR, as SNS decides: an array of at

@@ -16,7 +16,7 @@ import grpc
 from postbox_server.auth import sigv4
 from postbox_server.auth.keys import ApiKey, KeyCache
 from postbox_server.auth.rules import ANY_RESOURCE, OPEN_SERVICES, RULES, Rule, resource_of
-from postbox_server.errors import ApiError, Refused
+from postbox_server.errors import ApiError, Refused, quoted
 from postbox_server.interceptors import (
     AioMethodHandler,
     Context,
@@ -43,10 +43,6 @@ _UNKNOWN = (
 )
 
 
-def _quoted(name: str, limit: int = 80) -> str:
-    return repr(name) if len(name) <= limit else f"{name[:limit]!r}... ({len(name)} characters)"
-
-
 def _metadata_value(metadata: Iterable[tuple[str, Any]] | None, name: str) -> str | None:
     for key, value in metadata or ():
         if key == name:
@@ -70,7 +66,7 @@ def _by_signature(keys: KeyCache, header: str) -> ApiKey:
         raise AuthFailure("signature", str(problem)) from None
     key = keys.by_name(name)
     if key is None:
-        raise AuthFailure("unknown-key", f"no API key is named {_quoted(name)}")
+        raise AuthFailure("unknown-key", f"no API key is named {quoted(name)}")
     try:
         sigv4.verify(key.sigv4_secret, string_to_sign, signature)
     except sigv4.SignatureProblem as problem:
@@ -108,7 +104,7 @@ async def refuse(context: Context, error: ApiError) -> None:
 
 
 def denied(key: ApiKey, permission: str, resource: str) -> ApiError:
-    what = "any resource" if resource == ANY_RESOURCE else f"resource {_quoted(resource)}"
+    what = "any resource" if resource == ANY_RESOURCE else f"resource {quoted(resource)}"
     return ApiError(
         grpc.StatusCode.PERMISSION_DENIED,
         f"API key {key.name!r} lacks permission {permission!r} on {what}; "

@@ -9,7 +9,6 @@ key's secret, and a forwarded signature is good for its 15 minutes only.
 from __future__ import annotations
 
 import base64
-import binascii
 import hashlib
 import hmac
 import time
@@ -37,7 +36,7 @@ def parse(value: str) -> tuple[str, str, str]:
         raise SignatureProblem("the forwarded SigV4 authorization is malformed")
     try:
         string_to_sign = base64.b64decode(parts[2], validate=True).decode()
-    except (binascii.Error, UnicodeError):
+    except ValueError:  # binascii.Error, UnicodeError, and non-ASCII text for b64decode
         raise SignatureProblem("the forwarded string to sign is not base64 text") from None
     return parts[1], string_to_sign, parts[3]
 

@@ -19,6 +19,7 @@ from typing import Any, cast
 import grpc
 from aiohttp import web
 
+from postbox_server.errors import quoted
 from postbox_server.http import connect, invoke
 from postbox_server.http.connect import Codec, ConnectError
 from postbox_server.http.context import HttpCallContext
@@ -57,13 +58,13 @@ class ConnectHandler:
             return _error_response(
                 ConnectError(
                     grpc.StatusCode.NOT_FOUND,
-                    f"no procedure is at {request.path[:200]!r}; procedures are at "
+                    f"no procedure is at {quoted(request.path)}; procedures are at "
                     "/postbox.v1.<Service>/<Method> (GET /openapi.json lists them)",
                 )
             )
         if request.method != "POST":
             return _error_response(
-                connect.invalid(f"{request.method[:20]} is not how procedures are called: POST"),
+                connect.invalid(f"{quoted(request.method)} is not how procedures are called: POST"),
                 status=405,
                 headers={"Allow": "POST"},
             )
@@ -86,7 +87,7 @@ class ConnectHandler:
                 accepted += [*connect.STREAM_TYPES]
             return _error_response(
                 connect.invalid(
-                    f"Content-Type {content_type[:100]!r} is not one this procedure takes: "
+                    f"Content-Type {quoted(content_type)} is not one this procedure takes: "
                     f"{', '.join(accepted)}"
                 ),
                 status=415,

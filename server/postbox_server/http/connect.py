@@ -18,6 +18,8 @@ import grpc
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError, Message
 
+from postbox_server.errors import quoted
+
 # The spec's HTTP status of each code, for unary responses (streams always answer 200).
 HTTP_STATUS = {
     grpc.StatusCode.CANCELLED: 499,
@@ -150,7 +152,7 @@ def timeout_seconds(header: str | None) -> float | None:
         return None
     if not _TIMEOUT.fullmatch(header):
         raise invalid(
-            f"Connect-Timeout-Ms is {header[:20]!r}; it must be a positive integer of at "
+            f"Connect-Timeout-Ms is {quoted(header)}; it must be a positive integer of at "
             f"most {MAX_TIMEOUT_DIGITS} digits"
         )
     return int(header) / 1000

@@ -14,7 +14,7 @@ import grpc
 from aiohttp import web
 from google.protobuf.message import Message
 
-from postbox_server.errors import ApiError
+from postbox_server.errors import ApiError, crashed
 from postbox_server.http.connect import ConnectError
 from postbox_server.http.context import HttpCallContext
 from postbox_server.http.procedures import Procedure
@@ -67,9 +67,9 @@ def failure(
         return ConnectError(error.code, error.message)
     if isinstance(error, asyncio.TimeoutError) and context.time_remaining() == 0:
         return ConnectError(grpc.StatusCode.DEADLINE_EXCEEDED, f"the call ran past {deadline}")
-    # As grpc.aio answers a servicer's crash: UNKNOWN, the cause in the server's log.
-    log.error("%s failed", type(error).__name__, exc_info=error)
-    return ConnectError(grpc.StatusCode.UNKNOWN, f"Unexpected {type(error).__name__}")
+    # As a servicer's crash is answered over gRPC: UNKNOWN, the cause in the server's log.
+    crash = crashed(error)
+    return ConnectError(crash.code, crash.message)
 
 
 async def responses(

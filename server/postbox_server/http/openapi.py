@@ -28,10 +28,20 @@ from google.protobuf.descriptor import (
 from google.protobuf.descriptor_pb2 import FileDescriptorSet
 
 from postbox_server.http import connect
+from postbox_server.http.constraints import (
+    field_constraints,
+    is_required,
+    is_required_on_create,
+    map_value_constraints,
+    named_resource,
+)
 
 OPENAPI_VERSION = "3.1.0"
 ERROR_SCHEMA = "connect.error"
 
+# Decimal 64-bit integers (18 digits always fit), as proto3 JSON writes them.
+_INT64 = r"^-?[0-9]{1,18}$"
+_UINT64 = r"^[0-9]{1,18}$"
 _SCALARS: dict[int, dict[str, Any]] = {
     FieldDescriptor.TYPE_DOUBLE: {"type": "number", "format": "double"},
     FieldDescriptor.TYPE_FLOAT: {"type": "number", "format": "float"},
@@ -41,11 +51,11 @@ _SCALARS: dict[int, dict[str, Any]] = {
     FieldDescriptor.TYPE_UINT32: {"type": "integer", "format": "uint32", "minimum": 0},
     FieldDescriptor.TYPE_FIXED32: {"type": "integer", "format": "uint32", "minimum": 0},
     # proto3 JSON writes 64-bit integers as strings: JavaScript's numbers lose them.
-    FieldDescriptor.TYPE_INT64: {"type": "string", "format": "int64"},
-    FieldDescriptor.TYPE_SINT64: {"type": "string", "format": "int64"},
-    FieldDescriptor.TYPE_SFIXED64: {"type": "string", "format": "int64"},
-    FieldDescriptor.TYPE_UINT64: {"type": "string", "format": "uint64"},
-    FieldDescriptor.TYPE_FIXED64: {"type": "string", "format": "uint64"},
+    FieldDescriptor.TYPE_INT64: {"type": "string", "format": "int64", "pattern": _INT64},
+    FieldDescriptor.TYPE_SINT64: {"type": "string", "format": "int64", "pattern": _INT64},
+    FieldDescriptor.TYPE_SFIXED64: {"type": "string", "format": "int64", "pattern": _INT64},
+    FieldDescriptor.TYPE_UINT64: {"type": "string", "format": "uint64", "pattern": _UINT64},
+    FieldDescriptor.TYPE_FIXED64: {"type": "string", "format": "uint64", "pattern": _UINT64},
     FieldDescriptor.TYPE_BOOL: {"type": "boolean"},
     FieldDescriptor.TYPE_STRING: {"type": "string"},
     FieldDescriptor.TYPE_BYTES: {"type": "string", "format": "byte"},
@@ -55,7 +65,8 @@ _SCALARS: dict[int, dict[str, Any]] = {
 _WELL_KNOWN: dict[str, dict[str, Any]] = {
     "google.protobuf.Duration": {
         "type": "string",
-        "pattern": r"^-?[0-9]+(\.[0-9]{1,9})?s$",
+        # protobuf's range is ±315,576,000,000 s; 11 digits always fit.
+        "pattern": r"^-?[0-9]{1,11}(\.[0-9]{1,9})?s$",
         "description": "A duration in seconds with an `s` suffix, e.g. `30s` or `1.5s`.",
     },
     "google.protobuf.Timestamp": {
@@ -96,7 +107,7 @@ def _ref(name: str) -> dict[str, Any]:
 # Where FileDescriptorProto and DescriptorProto keep what (descriptor.proto's field
 # numbers), as source_code_info's location paths spell them.
 _FILE_MESSAGES, _FILE_ENUMS, _FILE_SERVICES = 4, 5, 6
-_MESSAGE_FIELDS, _MESSAGE_NESTED, _MESSAGE_ENUMS = 2, 3, 4
+_MESSAGE_FIELDS, _MESSAGE_NESTED, _MESSAGE_ENUMS, _MESSAGE_ONEOFS = 2, 3, 4, 8
 _ENUM_VALUES, _SERVICE_METHODS = 2, 2
 
 
@@ -125,13 +136,16 @@ def _message_names(names: dict[tuple[int, ...], str], path: tuple[int, ...], sco
         for j, field in enumerate(message.field):
             field_path = (*here, _MESSAGE_FIELDS, j)
             names[field_path] = f"{name}.{field.name}"
+        for j, oneof in enumerate(message.oneof_decl):
+            oneof_path = (*here, _MESSAGE_ONEOFS, j)
+            names[oneof_path] = f"{name}.{oneof.name}"
         _message_names(names, (*here, _MESSAGE_NESTED), f"{name}.", message.nested_type)
         _enum_names(names, (*here, _MESSAGE_ENUMS), f"{name}.", message.enum_type)
 
 
 def comments_of(files: FileDescriptorSet) -> dict[str, str]:
-    """The leading comment of every message, field, enum, enum value, service and method,
-    by full name (an enum value under its enum's name: postbox.v1.ReceiveMode.X)."""
+    """The leading comment of every message, field, oneof, enum, enum value, service and
+    method, by full name (an enum value under its enum's name: postbox.v1.ReceiveMode.X)."""
     found: dict[str, str] = {}
     for file in files.file:
         names: dict[tuple[int, ...], str] = {}
@@ -154,9 +168,12 @@ def comments_of(files: FileDescriptorSet) -> dict[str, str]:
 class _Schemas:
     """The components/schemas of every message and enum the methods reach."""
 
-    def __init__(self, comments: Mapping[str, str]) -> None:
+    def __init__(self, comments: Mapping[str, str], responses: frozenset[str] = frozenset()):
         self.schemas: dict[str, dict[str, Any]] = {}
         self.comments = comments
+        # Messages a response may hold: their "Required." fields are not listed as
+        # required, since proto3 JSON leaves out a field at its default (a 0 offset).
+        self.responses = responses
 
     def message(self, descriptor: Descriptor) -> dict[str, Any]:
         if descriptor.full_name in _WELL_KNOWN:
@@ -164,12 +181,36 @@ class _Schemas:
         if descriptor.full_name not in self.schemas:
             schema: dict[str, Any] = {"type": "object", "properties": {}}
             self.schemas[descriptor.full_name] = schema  # before the fields: recursion
+            required = []
             for field in descriptor.fields:
-                property_schema = self.field(field)
-                comment = self.comments.get(field.full_name)
+                comment = self.comments.get(field.full_name, "")
+                property_schema = self.constrained(field, comment)
                 if comment:
                     property_schema["description"] = comment
-                schema["properties"][field.json_name] = property_schema
+                schema["properties"][field.json_name] = self.created(
+                    descriptor, field, property_schema
+                )
+                if is_required(comment) and (
+                    descriptor.full_name not in self.responses or _never_zero(property_schema)
+                ):
+                    required.append(field.json_name)
+            if required:
+                schema["required"] = required
+            oneofs = [o for o in descriptor.oneofs if not o.name.startswith("_")]
+            # At most one member of a oneof; at least one when its comment says "Required."
+            rules: list[dict[str, Any]] = [
+                {"not": {"required": [first.json_name, second.json_name]}}
+                for oneof in oneofs
+                for i, first in enumerate(oneof.fields)
+                for second in oneof.fields[i + 1 :]
+            ]
+            rules += [
+                {"anyOf": [{"required": [member.json_name]} for member in oneof.fields]}
+                for oneof in oneofs
+                if is_required(self.comments.get(oneof.full_name, ""))
+            ]
+            if rules:
+                schema["allOf"] = rules
             notes = [self.comments.get(descriptor.full_name, "")]
             notes += [
                 f"At most one of {', '.join(f.json_name for f in o.fields)} is set."
@@ -197,6 +238,42 @@ class _Schemas:
             self.schemas[descriptor.full_name] = schema
         return _ref(descriptor.full_name)
 
+    def created(
+        self, request: Descriptor, field: FieldDescriptor, property_schema: dict[str, Any]
+    ) -> dict[str, Any]:
+        """In a Create request, the resource with its "Required on create" fields required
+        (the resource's own schema cannot say so: Get and Update share it)."""
+        resource = field.message_type
+        if not request.name.startswith("Create") or resource is None or field.is_repeated:
+            return property_schema
+        on_create = [
+            f.json_name
+            for f in resource.fields
+            if is_required_on_create(self.comments.get(f.full_name, ""))
+        ]
+        if not on_create:
+            return property_schema
+        description = property_schema.pop("description", None)
+        given = {"required": on_create, "properties": {n: {"minLength": 1} for n in on_create}}
+        schema: dict[str, Any] = {"allOf": [property_schema, given]}
+        if description:
+            schema["description"] = description
+        return schema
+
+    def constrained(self, field: FieldDescriptor, comment: str) -> dict[str, Any]:
+        """A field's schema with the limits its comment states (postbox_server/http/constraints)."""
+        property_schema = self.field(field)
+        property_schema.update(field_constraints(field, comment, self.comments))
+        message = field.message_type
+        if message is not None and message.GetOptions().map_entry:
+            if message.fields_by_name["value"].type == FieldDescriptor.TYPE_STRING:
+                property_schema["additionalProperties"].update(map_value_constraints(comment))
+        elif field.enum_type is not None and not field.is_repeated and is_required(comment):
+            unspecified = field.enum_type.values_by_number.get(0)
+            if unspecified is not None:  # "Required": the zero value, unset, is refused
+                property_schema["not"] = {"const": unspecified.name}
+        return property_schema
+
     def single(self, field: FieldDescriptor) -> dict[str, Any]:
         if field.message_type is not None:
             return self.message(field.message_type)
@@ -214,6 +291,63 @@ class _Schemas:
         if field.is_repeated:
             return {"type": "array", "items": self.single(field)}
         return self.single(field)
+
+
+def _link(
+    paths: dict[str, Any], services: Sequence[ServiceDescriptor], comments: Mapping[str, str]
+) -> None:
+    """OpenAPI links, for clients and stateful fuzzers that chain calls: from every answer
+    that holds a resource (CreateQueueResponse.queue) to every call that names one of
+    its kind ("Name of the queue"), with the name, and the topic when both have one."""
+    methods = [
+        (f"/{service.full_name}/{method.name}", service, method)
+        for service in services
+        for method in service.methods
+        if not method.client_streaming
+    ]
+    for path, _, producer in methods:
+        links: dict[str, Any] = {}
+        for held in producer.output_type.fields:
+            resource = held.message_type
+            if resource is None or held.is_repeated or "name" not in resource.fields_by_name:
+                continue
+            for _, service, consumer in methods:
+                body = {}
+                for field in consumer.input_type.fields:
+                    if named_resource(comments.get(field.full_name, "")) == resource.full_name:
+                        body[field.json_name] = f"$response.body#/{held.json_name}/name"
+                topic = consumer.input_type.fields_by_name.get("topic")
+                if body and topic is not None and "topic" in resource.fields_by_name:
+                    body.setdefault("topic", f"$response.body#/{held.json_name}/topic")
+                if body:
+                    links[f"{consumer.name}With{resource.name}"] = {
+                        "operationId": f"{service.name}_{consumer.name}",
+                        "requestBody": body,
+                    }
+        if links:
+            paths[path]["post"]["responses"]["200"]["links"] = links
+
+
+def _never_zero(schema: dict[str, Any]) -> bool:
+    """Whether a required field's own rules refuse its zero value ("" or 0 or an empty
+    list), so that proto3 JSON, which leaves out zero values, always writes it."""
+    if "$ref" in schema or schema.get("minItems", 0) >= 1:
+        return True
+    if schema.get("type") == "string" and "format" not in schema:
+        pattern = schema.get("pattern", "^(")  # an optional field's pattern allows ""
+        return schema.get("minLength", 0) >= 1 or not pattern.startswith("^(")
+    return schema.get("type") == "integer" and schema.get("minimum", 0) >= 1
+
+
+def _reachable(descriptor: Descriptor, seen: set[str] | None = None) -> set[str]:
+    """The full names of a message and of every message its fields hold, at any depth."""
+    seen = set() if seen is None else seen
+    if descriptor.full_name not in seen:
+        seen.add(descriptor.full_name)
+        for field in descriptor.fields:
+            if field.message_type is not None:
+                _reachable(field.message_type, seen)
+    return seen
 
 
 def _error_schema() -> dict[str, Any]:
@@ -256,12 +390,7 @@ def _operation(schemas: _Schemas, service: ServiceDescriptor, method: Any) -> di
         },
     }
     transport = ""
-    if method.client_streaming:
-        transport = (
-            "Bidirectional streaming: gRPC only. Over HTTP this answers 501 `unimplemented`."
-        )
-        operation["responses"]["501"] = {"description": "Not over HTTP.", "content": error}
-    elif method.server_streaming:
+    if method.server_streaming:
         transport = (
             "Server streaming. With `application/json` the answer comes when the stream "
             "ends: its responses merged into one (repeated fields concatenated). With "
@@ -281,13 +410,22 @@ def document(
     described by `comments` (comments_of); its version is their package's (v1 of
     postbox.v1), which changes only additively."""
     version = services[0].file.package.rpartition(".")[2]
-    schemas = _Schemas(comments or {})
+    responses = frozenset(
+        name
+        for service in services
+        for method in service.methods
+        for name in _reachable(method.output_type)
+    )
+    schemas = _Schemas(comments or {}, responses)
     paths: dict[str, Any] = {}
     for service in services:
         for method in service.methods:
+            if method.client_streaming:
+                continue  # gRPC only: over HTTP it answers 501, so the document leaves it out
             paths[f"/{service.full_name}/{method.name}"] = {
                 "post": _operation(schemas, service, method)
             }
+    _link(paths, services, schemas.comments)
     components = {name: schemas.schemas[name] for name in sorted(schemas.schemas)}
     components[ERROR_SCHEMA] = _error_schema()
     return {

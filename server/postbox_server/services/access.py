@@ -11,7 +11,7 @@ from postbox.v1 import access_service_pb2_grpc
 from postbox_server.auth.keys import KeyCache
 from postbox_server.auth.secrets import Credentials
 from postbox_server.db.engine import Engine, Row
-from postbox_server.errors import invalid
+from postbox_server.errors import invalid, quoted
 from postbox_server.services import convert
 from postbox_server.services.pagination import decode_page_token, next_page, page_size_of
 from postbox_server.services.status import reports_errors
@@ -111,7 +111,7 @@ class AccessService(access_service_pb2_grpc.AccessServiceServicer):
         if not paths or unknown:
             raise invalid(
                 f"update_mask names the fields to change: any of {', '.join(_UPDATABLE)}"
-                + (f" (not {', '.join(unknown)[:80]})" if unknown else "")
+                + (f" (not {quoted(', '.join(unknown))})" if unknown else "")
             )
         permissions = patterns = None
         if "grants" in paths:

@@ -17,7 +17,7 @@ from google.rpc import status_pb2
 from postbox.v1 import message_pb2
 
 from postbox_server.db.engine import OutgoingMessage, Row
-from postbox_server.errors import invalid
+from postbox_server.errors import invalid, quoted
 
 # The range google.protobuf.Duration defines (about 10,000 years).
 _MAX_DURATION_SECONDS = 315_576_000_000
@@ -100,7 +100,9 @@ def attributes_json(attributes: Mapping[str, message_pb2.AttributeValue]) -> str
         kind = value.WhichOneof("value")
         if kind == "string_value":
             if "\x00" in value.string_value:
-                raise invalid(f"attribute {name!r}: string values must not contain NUL characters")
+                raise invalid(
+                    f"attribute {quoted(name)}: string values must not contain NUL characters"
+                )
             entry["string_value"] = value.string_value
         elif kind == "binary_value":
             entry["binary_value"] = base64.b64encode(value.binary_value).decode("ascii")

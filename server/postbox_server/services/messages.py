@@ -14,7 +14,7 @@ from postbox.v1 import message_service_pb2 as pb
 from postbox_server.config import Settings
 from postbox_server.db.engine import Connection, Engine, OutgoingMessage, SentBatch
 from postbox_server.db.group_commit import GroupCommit
-from postbox_server.errors import ApiError, Refused, invalid
+from postbox_server.errors import ApiError, Refused, invalid, quoted
 from postbox_server.observability import tracing
 from postbox_server.services import convert
 from postbox_server.services.claims import Claims, more_left
@@ -148,10 +148,12 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
         continuous = request.mode == pb.RECEIVE_MODE_CONTINUOUS
         wait = convert.optional_timedelta(request, "wait_time")
         if wait is not None and not timedelta(0) <= wait <= MAX_WAIT:
-            raise invalid(f"wait_time is {wait}; it must be 0 to {MAX_WAIT.seconds} s")
+            raise invalid(
+                f"wait_time is {wait.total_seconds():g} s; it must be 0 to {MAX_WAIT.seconds} s"
+            )
         idle = convert.optional_timedelta(request, "idle_timeout")
         if idle is not None and not timedelta(milliseconds=1) <= idle <= MAX_IDLE:
-            raise invalid(f"idle_timeout is {idle}; it must be 1 ms to 24 h")
+            raise invalid(f"idle_timeout is {idle.total_seconds():g} s; it must be 1 ms to 24 h")
         if request.HasField("max_total_messages") and request.max_total_messages < 1:
             raise invalid(
                 f"max_total_messages is {request.max_total_messages}; it must be at least 1, "
@@ -411,5 +413,5 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
 
 def _message_id(text: str) -> int:
     if not is_bigint_id(text):
-        raise invalid(f"message_id {text[:40]!r} is not a message id of this server")
+        raise invalid(f"message_id {quoted(text)} is not a message id of this server")
     return int(text)

@@ -12,7 +12,7 @@ from postbox.v1 import queue_service_pb2 as pb
 from postbox.v1 import queue_service_pb2_grpc
 
 from postbox_server.db.engine import Engine, Row
-from postbox_server.errors import ApiError, invalid
+from postbox_server.errors import ApiError, invalid, quoted
 from postbox_server.services import convert
 from postbox_server.services.pagination import (
     decode_page_token,
@@ -367,7 +367,7 @@ class QueueService(queue_service_pb2_grpc.QueueServiceServicer):
 
 
 def _task_id(text: str) -> uuid.UUID:
-    refusal = invalid(f"task_id {text[:40]!r} is not a task id of RedriveMessages")
+    refusal = invalid(f"task_id {quoted(text)} is not a task id of RedriveMessages")
     # uuid.UUID reads other scripts' digits as hex digits, as int() does.
     if not text.isascii():
         raise refusal
@@ -379,5 +379,5 @@ def _task_id(text: str) -> uuid.UUID:
 
 def _dead_letter_id(text: str) -> int:
     if not is_bigint_id(text):
-        raise invalid(f"message_ids: {text[:40]!r} is not a message id of this server")
+        raise invalid(f"message_ids: {quoted(text)} is not a message id of this server")
     return int(text)

@@ -1,4 +1,5 @@
-"""Turns ApiErrors raised inside a servicer method into the gRPC status of the call."""
+"""Turns what a servicer method raises into the gRPC status of the call: an ApiError's
+own, UNKNOWN with the bare type of anything else (grpc.aio would send its text)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from postbox_server.errors import ApiError
+from postbox_server.errors import ApiError, crashed
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -28,6 +29,11 @@ def reports_errors(method: F) -> F:
                         yield response
             except ApiError as error:
                 await context.abort(error.code, error.message)
+            except grpc.aio.AbortError:
+                raise
+            except Exception as error:
+                failure = crashed(error)
+                await context.abort(failure.code, failure.message)
 
         # functools.wraps keeps the method's signature; mypy cannot see that the wrapper is F.
         return stream  # type: ignore[return-value]
@@ -38,5 +44,10 @@ def reports_errors(method: F) -> F:
             return await method(self, request, context)
         except ApiError as error:
             await context.abort(error.code, error.message)
+        except grpc.aio.AbortError:
+            raise
+        except Exception as error:
+            failure = crashed(error)
+            await context.abort(failure.code, failure.message)
 
     return unary  # type: ignore[return-value]  # as above: the wrapper is F

@@ -14,7 +14,7 @@ from postbox.v1 import stream_service_pb2 as pb
 from postbox.v1 import stream_service_pb2_grpc
 
 from postbox_server.db.engine import Engine, Record, Row
-from postbox_server.errors import invalid
+from postbox_server.errors import invalid, quoted
 from postbox_server.services import convert
 from postbox_server.services.pagination import decode_page_token, next_page, page_size_of
 from postbox_server.services.status import reports_errors
@@ -105,7 +105,8 @@ def _bounded(
     value = convert.optional_timedelta(request, field)
     low = timedelta(0)
     if value is not None and not low <= value <= (high or timedelta.max):
-        raise invalid(f"{field} must be from {low} to {high}, not {value}")
+        allowed = f"from 0 s to {high.total_seconds():g} s" if high else "at least 0 s"
+        raise invalid(f"{field} must be {allowed}, not {value.total_seconds():g} s")
     return value
 
 
@@ -242,7 +243,7 @@ class StreamService(stream_service_pb2_grpc.StreamServiceServicer):
             batch = uuid.UUID(request.batch)
         except ValueError:
             raise invalid(
-                f"batch {request.batch[:40]!r} is not a batch token: pass ReadStreamResponse.batch"
+                f"batch {quoted(request.batch)} is not a batch token: pass ReadStreamResponse.batch"
             ) from None
         cursor = await self.engine.ack_stream(request.topic, request.consumer_group, batch)
         self.waiters.wake(request.topic)  # readers waiting while the batch was out: go on

@@ -20,7 +20,7 @@ from postbox_server.db.engine import (
 )
 from postbox_server.db.group_commit import GroupCommit
 from postbox_server.egress import EgressPolicy, Refused
-from postbox_server.errors import ApiError, invalid
+from postbox_server.errors import ApiError, invalid, quoted
 from postbox_server.observability import tracing
 from postbox_server.services import convert
 from postbox_server.services.pagination import (
@@ -371,7 +371,7 @@ class TopicService(topic_service_pb2_grpc.TopicServiceServicer):
             delivery_id = webhooks.delivery_row(request.delivery_id)
             if delivery_id is None:
                 raise invalid(
-                    f"delivery_id {request.delivery_id[:40]!r} is not a delivery id of this "
+                    f"delivery_id {quoted(request.delivery_id)} is not a delivery id of this "
                     "server: pass one ListWebhookDeliveries gives"
                 )
         retried = await self.engine.retry_webhook_deliveries(

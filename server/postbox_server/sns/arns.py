@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from postbox_server.errors import quoted
 from postbox_server.sns.errors import InvalidParameter, not_found
 from postbox_server.sqs.settings import ShimSettings
 
@@ -18,7 +19,7 @@ def _parts(arn: str, parameter: str, count: int) -> list[str]:
     parts = arn.split(":")
     if len(parts) != count or parts[:3] != ["arn", "aws", "sns"] or not all(parts[3:]):
         raise InvalidParameter(
-            f"Invalid parameter: {parameter} Reason: {arn[:100]!r} is not an ARN of "
+            f"Invalid parameter: {parameter} Reason: {quoted(arn)} is not an ARN of "
             f"{'a topic' if count == 6 else 'a subscription'}"
         )
     return parts

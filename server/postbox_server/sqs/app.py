@@ -17,6 +17,7 @@ from postbox.v1.queue_service_pb2 import GetQueueRequest, ListQueuesRequest
 from postbox_server.auth.client import bearer_metadata
 from postbox_server.auth.interceptor import SIGV4_REQUIRED_METADATA
 from postbox_server.config import is_loopback
+from postbox_server.errors import quoted
 from postbox_server.observability import metrics, tracing
 from postbox_server.sns.app import SnsQuery, is_sns
 from postbox_server.sqs import jsonproto, query, shapes
@@ -89,7 +90,9 @@ class _Query:
 
 def _input(action: str) -> shapes.Structure:
     if action not in shapes.ACTIONS:
-        raise SqsError(INVALID_ACTION, f"The action {action} is not valid for this endpoint.")
+        raise SqsError(
+            INVALID_ACTION, f"The action {quoted(action)} is not valid for this endpoint."
+        )
     return shapes.ACTIONS[action][0]
 
 
@@ -141,7 +144,8 @@ def _check_request(request: web.Request, json_protocol: bool) -> None:
     if request.content_type != expected:
         raise SqsError(
             INVALID_HTTP_REQUEST,
-            f"Content-Type {content_type!r} is not valid for this request; expected {expected}.",
+            f"Content-Type {quoted(content_type or '')} is not valid for this request; "
+            f"expected {expected}.",
         )
 
 

@@ -7,6 +7,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from postbox_server.errors import quoted
 from postbox_server.sqs.errors import INVALID_ACTION, SqsError, invalid_parameter
 from postbox_server.sqs.shapes import ListOf, MapOf, Scalar, Shape, Structure, decode_blob
 
@@ -18,7 +19,9 @@ _ERROR_NAMESPACE = "com.amazonaws.sqs#"
 def action_of(target: str) -> str:
     """The action an X-Amz-Target header names."""
     if not target.startswith(TARGET_PREFIX):
-        raise SqsError(INVALID_ACTION, f"The action {target} is not valid for this endpoint.")
+        raise SqsError(
+            INVALID_ACTION, f"The action {quoted(target)} is not valid for this endpoint."
+        )
     return target[len(TARGET_PREFIX) :]
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from postbox.v1 import message_pb2
 
+from postbox_server.errors import quoted
 from postbox_server.sqs.errors import invalid_parameter
 
 MAX_ATTRIBUTES = 10
@@ -62,16 +63,16 @@ def to_postbox(
 def _system_attribute(name: str, value: Mapping[str, Any]) -> message_pb2.AttributeValue:
     if name != TRACE_HEADER:
         raise invalid_parameter(
-            f"Message system attribute name '{name}' is invalid. Supported: {TRACE_HEADER}."
+            f"Message system attribute name {quoted(name)} is invalid. Supported: {TRACE_HEADER}."
         )
     text = value.get("StringValue")
     if value.get("DataType") != "String" or set(value) - {"DataType", "StringValue"}:
         raise invalid_parameter(
-            f"Message system attribute '{name}' must be of type String with a StringValue."
+            f"Message system attribute {quoted(name)} must be of type String with a StringValue."
         )
     if not text or invalid_character(text) is not None:
         raise invalid_parameter(
-            f"Message system attribute '{name}' must contain a non-empty value of characters "
+            f"Message system attribute {quoted(name)} must contain a non-empty value of characters "
             "SQS allows."
         )
     return message_pb2.AttributeValue(data_type="String", string_value=text)
@@ -93,13 +94,14 @@ def split(
 def _attribute(name: str, value: Mapping[str, Any]) -> message_pb2.AttributeValue:
     if not _NAME.match(name) or _RESERVED.match(name) or ".." in name:
         raise invalid_parameter(
-            f"Message (user) attribute name '{name}' is invalid: names are 1 to 256 characters "
+            f"Message (user) attribute name {quoted(name)} is invalid: "
+            "names are 1 to 256 characters "
             "of A-Z, a-z, 0-9, '_', '-' and '.', must not start with 'AWS.' or 'Amazon.', "
             "start or end with '.', nor contain '..'."
         )
     if name.lower().startswith(RESERVED_PREFIX):
         raise invalid_parameter(
-            f"Message (user) attribute name '{name}' is invalid: names starting with "
+            f"Message (user) attribute name {quoted(name)} is invalid: names starting with "
             f"'{RESERVED_PREFIX}' are reserved by postbox for message system attributes."
         )
     if name.startswith(".") or name.endswith("."):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from urllib.parse import urlsplit
 
+from postbox_server.errors import quoted
 from postbox_server.sqs.errors import SqsError, invalid_parameter, queue_does_not_exist
 from postbox_server.sqs.settings import ShimSettings
 
@@ -63,12 +64,14 @@ def queue_from_arn(arn: str, settings: ShimSettings, parameter: str) -> str:
     parts = arn.split(":")
     if len(parts) != 6 or parts[:3] != ["arn", "aws", "sqs"] or not parts[5]:
         raise invalid_parameter(
-            f"Value {arn} for parameter {parameter} is invalid. Reason: not an SQS queue ARN."
+            f"Value {quoted(arn)} for parameter {parameter} is invalid. "
+            "Reason: not an SQS queue ARN."
         )
     if parts[3] != settings.region or parts[4] != settings.account_id:
         raise SqsError(
             queue_does_not_exist().kind,
-            f"The specified queue does not exist: {arn} is not in region {settings.region}, "
+            f"The specified queue does not exist: {quoted(arn)} "
+            f"is not in region {settings.region}, "
             f"account {settings.account_id}.",
         )
     return existing_queue_name(parts[5])

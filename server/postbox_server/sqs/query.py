@@ -9,6 +9,7 @@ from typing import Any
 from urllib.parse import parse_qsl
 from xml.etree import ElementTree
 
+from postbox_server.errors import quoted
 from postbox_server.sqs.errors import SqsError, invalid_parameter
 from postbox_server.sqs.shapes import ListOf, MapOf, Scalar, Shape, Structure, decode_blob
 
@@ -102,13 +103,14 @@ def _scalar(kind: Scalar, text: str, key: str) -> Any:
     if kind in (Scalar.INTEGER, Scalar.LONG):
         if not _INTEGER.match(text):
             raise invalid_parameter(
-                f"Value {text} for parameter {key} is invalid. Reason: must be an integer."
+                f"Value {quoted(text)} for parameter {key} is invalid. Reason: must be an integer."
             )
         return int(text)
     if kind is Scalar.BOOLEAN:
         if text.lower() not in ("true", "false"):
             raise invalid_parameter(
-                f"Value {text} for parameter {key} is invalid. Reason: must be true or false."
+                f"Value {quoted(text)} for parameter {key} is invalid. "
+                "Reason: must be true or false."
             )
         return text.lower() == "true"
     if kind is Scalar.BLOB:

@@ -9,6 +9,7 @@ from typing import Any
 
 from postbox.v1 import queue_service_pb2 as qpb
 
+from postbox_server.errors import quoted
 from postbox_server.sqs import naming
 from postbox_server.sqs.errors import INVALID_ATTRIBUTE_NAME, INVALID_ATTRIBUTE_VALUE, SqsError
 from postbox_server.sqs.settings import ShimSettings
@@ -57,7 +58,7 @@ class Whole(Attribute):
 
     def value(self, name: str, text: str) -> int:
         if not text.isascii() or not text.isdigit():
-            raise invalid_value(name, f"must be a whole number, not {text!r}.")
+            raise invalid_value(name, f"must be a whole number, not {quoted(text)}.")
         value = int(text)
         if not self.low <= value <= self.high:
             raise invalid_value(name, f"must be {self.low} to {self.high}, not {value}.")
@@ -95,7 +96,7 @@ class Flag(Attribute):
 
     def put(self, name: str, text: str, queue: qpb.Queue, settings: ShimSettings) -> None:
         if text.lower() not in ("true", "false"):
-            raise invalid_value(name, f"must be true or false, not {text!r}.")
+            raise invalid_value(name, f"must be true or false, not {quoted(text)}.")
         setattr(queue, self.field, text.lower() == "true")
 
     def get(self, queue: qpb.Queue, settings: ShimSettings) -> str:
@@ -125,7 +126,7 @@ class FifoQueue(Attribute):
 
     def put(self, name: str, text: str, queue: qpb.Queue, settings: ShimSettings) -> None:
         if text.lower() not in ("true", "false"):
-            raise invalid_value(name, f"must be true or false, not {text!r}.")
+            raise invalid_value(name, f"must be true or false, not {quoted(text)}.")
         if (text.lower() == "true") != is_fifo(queue.name):
             raise invalid_value(
                 name,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import binascii
 
+from postbox_server.errors import quoted
 from postbox_server.sqs.errors import RECEIPT_HANDLE_IS_INVALID, SqsError
 
 _VERSION = "1"
@@ -35,5 +36,5 @@ def decode(handle: str, queue: str) -> str:
 def invalid(handle: str) -> SqsError:
     return SqsError(
         RECEIPT_HANDLE_IS_INVALID,
-        f'The input receipt handle "{handle}" is not a valid receipt handle.',
+        f"The input receipt handle {quoted(handle)} is not a valid receipt handle.",
     )

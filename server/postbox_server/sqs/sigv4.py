@@ -25,6 +25,7 @@ from multidict import CIMultiDictProxy
 
 from postbox_server.auth.sigv4 import SignatureProblem, forwarded
 from postbox_server.auth.sigv4 import verify as verify_signature
+from postbox_server.errors import quoted
 from postbox_server.sqs.errors import (
     INCOMPLETE_SIGNATURE,
     INVALID_CLIENT_TOKEN_ID,
@@ -116,7 +117,9 @@ def signed_request(
     if not authorization:
         raise SqsError(MISSING_AUTHENTICATION_TOKEN, "Request is missing Authentication Token")
     match = _AUTHORIZATION.match(authorization)
-    if match is None or not authorization.startswith(ALGORITHM):
+    # ASCII, as every part of a string to sign is (a lenient HTTP decoding may hand us
+    # anything): the claim is forwarded as UTF-8 and must survive the trip.
+    if match is None or not authorization.startswith(ALGORITHM) or not authorization.isascii():
         raise SqsError(
             INCOMPLETE_SIGNATURE,
             "Authorization header requires 'Credential', 'SignedHeaders' and 'Signature' "
@@ -154,6 +157,15 @@ def signed_request(
 
     signed_names = match["signed"].split(";")
     signed = [(name, value) for name in signed_names for value in headers.getall(name, [])]
+    for name, value in signed:
+        # botocore's canonical form handles ASCII values only (a non-ASCII one becomes an
+        # email Header object it cannot fold), and no AWS client signs any other.
+        if not value.isascii():
+            raise SqsError(
+                INCOMPLETE_SIGNATURE,
+                f"The signed header {quoted(name)} holds characters that are not ASCII; "
+                "SigV4 signs ASCII header values only.",
+            )
     request = AWSRequest(method=method, url=f"http://{host}{raw_path}", data=body)
     request.context["timestamp"] = amz_date
     # The string to sign needs no secret; the signature is checked against it.
@@ -192,6 +204,8 @@ def credential_service(authorization: str) -> str | None:
 
 def _timestamp(amz_date: str) -> float:
     try:
+        if not amz_date.isascii():  # strptime's %Y would take digits of any script
+            raise ValueError(amz_date)
         return timegm(time.strptime(amz_date, _AMZ_DATE))
     except ValueError:
         raise SqsError(

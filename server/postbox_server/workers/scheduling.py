@@ -16,25 +16,32 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from cronsim import CronSim, CronSimError
 
 from postbox_server.db.engine import Row
-from postbox_server.errors import invalid
+from postbox_server.errors import invalid, quoted
 
 CRON_FIELDS = ("minute", "hour", "day-of-month", "month", "day-of-week")
 DEFAULT_TIME_ZONE = "UTC"
 # The engine's limits (postbox._check_schedule), checked here too for PreviewSchedule,
 # which stores nothing.
 MAX_CRON_LENGTH = 255
+# The longest IANA name is 32 characters (America/Argentina/ComodRivadavia).
+MAX_TIME_ZONE_LENGTH = 64
 MIN_INTERVAL = timedelta(seconds=1)
 MAX_INTERVAL = timedelta(days=366)
 
 
 def time_zone(name: str) -> ZoneInfo:
     """The IANA time zone of that name; INVALID_ARGUMENT naming it if there is none."""
+    refusal = invalid(
+        f"time zone {quoted(name)} is not an IANA time zone name such as 'Europe/Berlin' or 'UTC'"
+    )
+    # zoneinfo reads the name as a file path: a long one fails in the file system
+    # (ENAMETOOLONG, an OSError), not as an unknown zone. IANA names are far shorter.
+    if len(name) > MAX_TIME_ZONE_LENGTH:
+        raise refusal
     try:
         return ZoneInfo(name)
-    except (ZoneInfoNotFoundError, ValueError):
-        raise invalid(
-            f"time zone {name!r} is not an IANA time zone name such as 'Europe/Berlin' or 'UTC'"
-        ) from None
+    except (ZoneInfoNotFoundError, ValueError, OSError):
+        raise refusal from None
 
 
 def next_cron_time(expression: str, zone: str, after: datetime) -> datetime | None:
@@ -46,7 +53,7 @@ def next_cron_time(expression: str, zone: str, after: datetime) -> datetime | No
     fields = expression.split()
     if len(fields) != len(CRON_FIELDS):
         raise invalid(
-            f"cron expression {expression!r} has {len(fields)} fields; it needs 5: "
+            f"cron expression {quoted(expression)} has {len(fields)} fields; it needs 5: "
             + " ".join(CRON_FIELDS)
         )
     start = after.astimezone(time_zone(zone))
@@ -54,7 +61,7 @@ def next_cron_time(expression: str, zone: str, after: datetime) -> datetime | No
         times = CronSim(" ".join(fields), start)
     except CronSimError as error:
         # cronsim says which field, as Debian's cron does ("Bad minute").
-        raise invalid(f"cron expression {expression!r}: {str(error).lower()}") from None
+        raise invalid(f"cron expression {quoted(expression)}: {str(error).lower()}") from None
     upcoming = next(times, None)
     return None if upcoming is None else upcoming.astimezone(timezone.utc)
 
@@ -86,7 +93,8 @@ class Timing:
             first = next_cron_time(self.cron_expression, self.time_zone or DEFAULT_TIME_ZONE, now)
             if first is None:
                 raise invalid(
-                    f"cron expression {self.cron_expression!r} names no time in the next 50 years"
+                    f"cron expression {quoted(self.cron_expression)} names no time in the "
+                    "next 50 years"
                 )
             return first
         if self.every is not None:

@@ -6,6 +6,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from postbox_server.errors import quoted
 from postbox_server.sqs import naming
 from postbox_server.sqs.backend import Backend
 from postbox_server.sqs.errors import invalid_parameter, missing_parameter
@@ -80,7 +81,7 @@ def bounded(
         return default
     if not low <= value <= high:
         raise invalid_parameter(
-            f"Value {value} for parameter {name} is invalid. "
+            f"Value {quoted(str(value))} for parameter {name} is invalid. "
             f"Reason: Must be between {low} and {high}, if provided."
         )
     return value

@@ -12,6 +12,7 @@ from typing import Any
 import grpc
 from postbox.v1 import message_service_pb2 as pb
 
+from postbox_server.errors import quoted
 from postbox_server.sqs import batches, receipts
 from postbox_server.sqs.actions.base import Call, Result, action, bounded
 from postbox_server.sqs.errors import SqsError, invalid_parameter, missing_parameter
@@ -38,7 +39,7 @@ def _fifo_delete_outcome(code: int, handle: str) -> SqsError | None:
     # A FIFO queue refuses a handle whose message was delivered again since.
     if code == _STALE:
         return invalid_parameter(
-            f"Value {handle} for parameter ReceiptHandle is invalid. "
+            f"Value {quoted(handle)} for parameter ReceiptHandle is invalid. "
             "Reason: The receipt handle has expired."
         )
     return _standard_delete_outcome(code, handle)
@@ -49,7 +50,7 @@ def _visibility_outcome(code: int, handle: str) -> SqsError | None:
         return None
     if code in (_NOT_FOUND, _STALE):
         return invalid_parameter(
-            f"Value {handle} for parameter ReceiptHandle is invalid. "
+            f"Value {quoted(handle)} for parameter ReceiptHandle is invalid. "
             "Reason: Message does not exist or is not available for visibility timeout change."
         )
     return receipts.invalid(handle)

@@ -10,6 +10,7 @@ import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
 from postbox.v1 import queue_service_pb2 as qpb
 
+from postbox_server.errors import quoted
 from postbox_server.sqs import naming
 from postbox_server.sqs.actions.base import Call, Result, action
 from postbox_server.sqs.errors import (
@@ -62,9 +63,11 @@ def _task_id(handle: str) -> str:
     try:
         task_id = json.loads(base64.urlsafe_b64decode(handle.encode("ascii")))["taskId"]
     except (binascii.Error, UnicodeError, ValueError, KeyError, TypeError):
-        raise SqsError(RESOURCE_NOT_FOUND, f"Task handle {handle} does not exist.") from None
+        raise SqsError(
+            RESOURCE_NOT_FOUND, f"Task handle {quoted(handle)} does not exist."
+        ) from None
     if not isinstance(task_id, str):
-        raise SqsError(RESOURCE_NOT_FOUND, f"Task handle {handle} does not exist.")
+        raise SqsError(RESOURCE_NOT_FOUND, f"Task handle {quoted(handle)} does not exist.")
     return task_id
 
 

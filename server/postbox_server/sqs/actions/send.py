@@ -8,6 +8,7 @@ from typing import Any
 
 from postbox.v1 import message_service_pb2 as pb
 
+from postbox_server.errors import quoted
 from postbox_server.sqs import batches, md5, message_attributes
 from postbox_server.sqs.actions.base import Call, Result, action, bounded
 from postbox_server.sqs.actions.queues import get_queue
@@ -28,7 +29,8 @@ _MAX_DELAY = 900
 
 def _not_for_this_queue(name: str, value: object) -> SqsError:
     return invalid_parameter(
-        f"Value {value} for parameter {name} is invalid. Reason: The request include parameter "
+        f"Value {quoted(str(value))} for parameter {name} is invalid. "
+        "Reason: The request include parameter "
         "that is not valid for this queue type."
     )
 
@@ -38,7 +40,8 @@ def _token(params: Mapping[str, Any], name: str) -> str:
     value = params.get(name) or ""
     if value and not _TOKEN.match(value):
         raise invalid_parameter(
-            f"Value {value} for parameter {name} is invalid. Reason: it must be 1 to 128 "
+            f"Value {quoted(str(value))} for parameter {name} is invalid. "
+            "Reason: it must be 1 to 128 "
             "alphanumeric or punctuation characters."
         )
     return value

@@ -199,6 +199,16 @@ BASELINES: dict[str, Baseline] = {
     "MessageService.PeekMessages": lambda w: {"queue": w.queue},
     "MessageService.GetMessage": lambda w: {"queue": w.queue, "message_id": "999999999"},
     "MessageService.ListArchivedMessages": lambda w: {"queue": w.queue},
+    "MessageService.ListMessages": lambda w: {"queue": w.queue},
+    "MessageService.SendStream": lambda w: {
+        "tag": 1,
+        "send": {
+            "queue": w.fifo_queue,
+            "attributes": ATTRIBUTES,
+            "message_group_id": "g",
+            "deduplication_id": fresh(),
+        },
+    },
     "MessageService.CancelMessage": lambda w: {"queue": w.queue, "message_id": "999999999"},
     "QueueService.CreateQueue": lambda w: {
         "queue": {
@@ -255,6 +265,9 @@ BASELINES: dict[str, Baseline] = {
     "StreamService.GetConsumerGroup": lambda w: {"topic": w.topic, "name": w.consumer_group},
     "StreamService.ListConsumerGroups": lambda w: {"topic": w.topic},
     "StreamService.DeleteConsumerGroup": lambda w: {"topic": w.topic, "name": fresh()},
+    # A fresh name: pausing the shared group would refuse the reads of other baselines.
+    "StreamService.PauseConsumerGroup": lambda w: {"topic": w.topic, "name": fresh()},
+    "StreamService.ResumeConsumerGroup": lambda w: {"topic": w.topic, "name": w.consumer_group},
     "StreamService.ReadStream": lambda w: {"topic": w.topic, "consumer_group": w.consumer_group},
     "StreamService.StreamingReadStream": lambda w: {
         "topic": w.topic,
@@ -350,6 +363,7 @@ EXPECTED = {
     "AccessService.DeleteKey": grpc.StatusCode.NOT_FOUND,
     "ScheduleService.DeleteSchedule": grpc.StatusCode.NOT_FOUND,
     "StreamService.DeleteConsumerGroup": grpc.StatusCode.NOT_FOUND,
+    "StreamService.PauseConsumerGroup": grpc.StatusCode.NOT_FOUND,
     "StreamService.AckStream": grpc.StatusCode.INVALID_ARGUMENT,  # batch "b" is no batch
     "TopicService.DeleteTopic": grpc.StatusCode.NOT_FOUND,
     "TopicService.DeleteSubscription": grpc.StatusCode.NOT_FOUND,

@@ -168,13 +168,14 @@ def size(body: bytes, attributes: Mapping[str, message_pb2.AttributeValue]) -> i
 def select(
     attributes: Mapping[str, message_pb2.AttributeValue], wanted: Iterable[str]
 ) -> dict[str, message_pb2.AttributeValue]:
-    """The attributes a ReceiveMessage asked for: names, "All", ".*" or "prefix.*"."""
+    """The attributes a ReceiveMessage asked for: names, "All", ".*" or "*" (every one), or
+    "prefix.*" (those whose names start with the prefix, such as Custom1 for Custom.*)."""
     names, prefixes = set(), []
     for pattern in wanted:
-        if pattern in ("All", ".*"):
+        if pattern in ("All", ".*", "*"):
             return dict(attributes)
         if pattern.endswith(".*"):
-            prefixes.append(pattern[:-1])
+            prefixes.append(pattern[:-2])
         else:
             names.add(pattern)
     return {

@@ -14,6 +14,7 @@ from server.sqs.actions.queues import get_queue
 from server.sqs.errors import (
     BATCH_REQUEST_TOO_LONG,
     INVALID_MESSAGE_CONTENTS,
+    INVALID_PARAMETER_VALUE,
     SqsError,
     invalid_parameter,
     missing_parameter,
@@ -83,6 +84,19 @@ def prepare(params: Mapping[str, Any], fifo: bool) -> pb.SendBatchEntry:
     return entry
 
 
+def _too_long(limit: int) -> SqsError:
+    return invalid_parameter(
+        f"One or more parameters are invalid. Reason: Message must be shorter than {limit} bytes."
+    )
+
+
+def _no_deduplication() -> SqsError:
+    return invalid_parameter(
+        "The queue should either have ContentBasedDeduplication enabled or "
+        "MessageDeduplicationId provided explicitly"
+    )
+
+
 def sequence_number(message_id: str) -> str:
     """A FIFO message's SequenceNumber: postbox ids grow in send order, as SQS's do."""
     return message_id.zfill(20)
@@ -112,6 +126,13 @@ async def send_message(call: Call) -> Result:
     queue = call.queue()
     fifo = is_fifo(queue)
     entry = prepare(call.params, fifo)
+    # Asked only when it matters, so that a send otherwise needs the send grant alone.
+    if (
+        fifo
+        and not entry.deduplication_id
+        and not (await get_queue(call, queue)).content_based_deduplication
+    ):
+        raise _no_deduplication()
     request = pb.SendRequest(
         queue=queue,
         body=entry.body,
@@ -121,7 +142,15 @@ async def send_message(call: Call) -> Result:
     )
     if entry.HasField("delay"):
         request.delay.CopyFrom(entry.delay)
-    response = await call.backend.call(call.backend.messages.Send, request)
+    try:
+        response = await call.backend.call(call.backend.messages.Send, request)
+    except SqsError as error:
+        # The queue's size limit is asked only once a send failed: SQS's words for it.
+        if error.kind is INVALID_PARAMETER_VALUE:
+            limit = (await get_queue(call, queue)).max_message_size
+            if message_attributes.size(entry.body, entry.attributes) > limit:
+                raise _too_long(limit) from None
+        raise
     return sent(entry, response.message_id, fifo)
 
 
@@ -157,20 +186,14 @@ async def send_message_batch(call: Call) -> Result:
             if not params.get("MessageDeduplicationId") and not (
                 described.content_based_deduplication
             ):
-                raise invalid_parameter(
-                    "The queue should either have ContentBasedDeduplication enabled or "
-                    "MessageDeduplicationId provided explicitly"
-                )
+                raise _no_deduplication()
     valid: list[tuple[str, pb.SendBatchEntry]] = []
     failed = []
     for params in entries:
         try:
             entry = prepare(params, fifo)
             if message_attributes.size(entry.body, entry.attributes) > limit:
-                raise invalid_parameter(
-                    f"One or more parameters are invalid. Reason: Message must be shorter than "
-                    f"{limit} bytes."
-                )
+                raise _too_long(limit)
         except SqsError as error:
             failed.append(batches.failure(params["Id"], error))
         else:

@@ -2752,7 +2752,9 @@ LANGUAGE sql IMMUTABLE AS $$
 $$;
 
 -- Deletes received messages by receipt. One outcome per receipt, in order;
--- see _receipt_outcomes. Archives them if the queue archives.
+-- see _receipt_outcomes. Archives them if the queue archives. Since 0.9.0, on a
+-- FIFO queue a receipt whose lease has run out is stale: the message heads its
+-- group again for the next receive (SQS: "The receipt handle has expired").
 CREATE OR REPLACE FUNCTION postbox.delete_batch(queue_name text, receipts text[])
 RETURNS TABLE (i bigint, outcome text)
 LANGUAGE plpgsql
@@ -2768,6 +2770,7 @@ DECLARE
     -- calls and the settings cost more than the delete (valgrind).
     q_id integer;
     q_plain boolean;
+    q postbox.queues;
     parsed record;
     done bigint[];
     expiring boolean;  -- whether a deleted message had an expiry of its own
@@ -2783,7 +2786,15 @@ BEGIN
     SELECT array_agg(p.message_id) AS ids, array_agg(p.lease) AS leases INTO parsed
     FROM postbox._parse_receipts(receipts) p WHERE p.message_id IS NOT NULL;
     IF NOT q_plain THEN
-        done := postbox._remove(postbox._queue(queue_name), parsed.ids, parsed.leases, 'deleted');
+        q := postbox._queue(queue_name);
+        IF q.fifo THEN
+            SELECT array_agg(t.id) AS ids, array_agg(t.lease) AS leases INTO parsed
+            FROM unnest(parsed.ids, parsed.leases) AS t(id, lease)
+            WHERE NOT EXISTS (SELECT FROM postbox.messages m
+                              WHERE m.id = t.id AND m.queue_id + 0 = q_id AND m.lease = t.lease
+                                    AND m.visible_at <= clock_timestamp());
+        END IF;
+        done := postbox._remove(q, parsed.ids, parsed.leases, 'deleted');
     ELSE
         -- _remove's plain delete, here: the common case, where the call and its
         -- settings cost more than the delete. From the parsed arrays, not the

@@ -125,6 +125,13 @@ def test_tags(sns, topic):
     missing = topic + "-missing"
     error = _error(sns.list_tags_for_resource, ResourceArn=missing)
     assert error.response["Error"]["Code"] == "ResourceNotFound"
+    too_many = [{"Key": f"k{n}", "Value": "v"} for n in range(50)]  # 51 with "b"
+    error = _error(sns.tag_resource, ResourceArn=topic, Tags=too_many)
+    assert (error.response["Error"]["Code"], error.response["Error"]["Message"]) == (
+        "TagLimitExceeded",
+        "Could not complete request: tag quota of per resource exceeded",
+    )
+    assert sns.list_tags_for_resource(ResourceArn=topic)["Tags"] == [{"Key": "b", "Value": "2"}]
 
 
 def test_publish_fans_out_to_two_queues_one_filtered_in_sns_envelopes(sns, sqs, topic, request):

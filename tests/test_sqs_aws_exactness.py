@@ -268,10 +268,52 @@ def test_server_errors_reach_sqs_clients_in_aws_words(sqs, request):
         sqs.delete_queue(QueueUrl=dead)
 
 
-@pytest.mark.parametrize("name", ["", "p" * 81, "/my/test", "!@£$%^&*()queue"])
+@pytest.mark.parametrize("name", ["p" * 81, "/my/test", "!@£$%^&*()queue"])
 def test_a_bad_queue_name_is_refused_in_sqs_words(sqs_any, name):
     error = error_of(sqs_any.create_queue, QueueName=name)
     assert (error["Code"], error["Message"]) == (
         "InvalidParameterValue",
         "Can only include alphanumeric characters, hyphens, or underscores. 1 to 80 in length",
     )
+
+
+def test_a_fifo_handle_whose_lease_ran_out_has_expired(sqs_any, fifo_queue):
+    sqs_any.send_message(
+        QueueUrl=fifo_queue, MessageBody="x", MessageGroupId="g", MessageDeduplicationId="d"
+    )
+    # Visibility 0: the lease has run out at once; the message heads its group again.
+    (expired,) = sqs_any.receive_message(QueueUrl=fifo_queue, VisibilityTimeout=0)["Messages"]
+    error = error_of(
+        sqs_any.delete_message, QueueUrl=fifo_queue, ReceiptHandle=expired["ReceiptHandle"]
+    )
+    assert error["Code"] == "InvalidParameterValue"
+    assert error["Message"] == (
+        f"Value {expired['ReceiptHandle']} for parameter ReceiptHandle is invalid. "
+        "Reason: The receipt handle has expired."
+    )
+    (current,) = sqs_any.receive_message(QueueUrl=fifo_queue, VisibilityTimeout=60)["Messages"]
+    assert current["MessageId"] == expired["MessageId"]
+    sqs_any.delete_message(QueueUrl=fifo_queue, ReceiptHandle=current["ReceiptHandle"])
+    assert "Messages" not in sqs_any.receive_message(QueueUrl=fifo_queue)
+
+
+@pytest.mark.parametrize(
+    ("attributes", "message"),
+    [
+        (
+            {"öther": {"DataType": "String", "StringValue": "x"}},
+            "The message attribute name 'öther' is invalid. Attribute name can contain A-Z, "
+            "a-z, 0-9, underscore (_), hyphen (-), and period (.) characters.",
+        ),
+        (
+            {"when": {"DataType": "Timestamp", "StringValue": "1"}},
+            "The message attribute 'when' has an invalid message attribute type, the set of "
+            "supported type prefixes is Binary, Number, and String.",
+        ),
+    ],
+)
+def test_bad_message_attributes_are_refused_in_sqs_words(sqs_any, sqs_queue, attributes, message):
+    error = error_of(
+        sqs_any.send_message, QueueUrl=sqs_queue, MessageBody="x", MessageAttributes=attributes
+    )
+    assert (error["Code"], error["Message"]) == ("InvalidParameterValue", message)

@@ -24,6 +24,7 @@ from server.sns.errors import (
     NOT_FOUND,
     RESOURCE_NOT_FOUND,
     STATUS_ERRORS,
+    TAG_LIMIT_EXCEEDED,
     TOO_MANY_ENTRIES_IN_BATCH_REQUEST,
     InvalidParameter,
     not_found,
@@ -39,6 +40,7 @@ HANDLERS: dict[str, Handler] = {}
 MAX_MESSAGE_BYTES = 256 * 1024
 MAX_BATCH_ENTRIES = 10
 MAX_SUBJECT = 100
+MAX_TAGS = 50
 _PAGE = 100
 # Topic attributes SNS lets SetTopicAttributes change, kept as they are given.
 _KEPT_TOPIC_ATTRIBUTES = {
@@ -332,6 +334,10 @@ async def tag_resource(call: Call) -> Result:
     name = _tagged_topic(call)
     tags = await _tags(call, name)
     tags.update({tag["Key"]: tag.get("Value", "") for tag in _required(call, "Tags")})
+    if len(tags) > MAX_TAGS:
+        raise SqsError(
+            TAG_LIMIT_EXCEEDED, "Could not complete request: tag quota of per resource exceeded"
+        )
     await _update_topic(call, pb.Topic(name=name, tags=tags), "tags")
     return {}
 

@@ -34,9 +34,7 @@ async def get_queue(call: Call, name: str, *, stats: bool = False) -> qpb.Queue:
 
 @action("CreateQueue")
 async def create_queue(call: Call) -> Result:
-    if call.params.get("QueueName") is None:
-        raise missing_parameter("QueueName")
-    name = naming.new_queue_name(call.params["QueueName"])  # "" is a bad name, as in SQS
+    name = naming.new_queue_name(call.required("QueueName"))
     attributes = call.params.get("Attributes", {})
     wants_fifo = attributes.get("FifoQueue", "").lower() == "true"
     # SQS's own answers (codes and texts) when a name and FifoQueue disagree, and a hint.

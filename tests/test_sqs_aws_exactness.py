@@ -317,3 +317,23 @@ def test_bad_message_attributes_are_refused_in_sqs_words(sqs_any, sqs_queue, att
         sqs_any.send_message, QueueUrl=sqs_queue, MessageBody="x", MessageAttributes=attributes
     )
     assert (error["Code"], error["Message"]) == ("InvalidParameterValue", message)
+
+
+def test_a_delay_over_15_minutes_fails_its_batch_entry_alone(sqs_any, sqs_queue):
+    response = sqs_any.send_message_batch(
+        QueueUrl=sqs_queue,
+        Entries=[
+            {"Id": "ok", "MessageBody": "body"},
+            {"Id": "late", "MessageBody": "body", "DelaySeconds": 901},
+        ],
+    )
+    assert [entry["Id"] for entry in response["Successful"]] == ["ok"]
+    assert response["Failed"] == [
+        {
+            "Id": "late",
+            "SenderFault": True,
+            "Code": "InvalidParameterValue",
+            "Message": "Value 901 for parameter DelaySeconds is invalid. "
+            "Reason: DelaySeconds must be >= 0 and <= 900.",
+        }
+    ]

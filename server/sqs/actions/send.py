@@ -9,7 +9,7 @@ from typing import Any
 from postbox.v1 import message_service_pb2 as pb
 
 from server.sqs import batches, md5, message_attributes
-from server.sqs.actions.base import Call, Result, action, bounded
+from server.sqs.actions.base import Call, Result, action
 from server.sqs.actions.queues import get_queue
 from server.sqs.errors import (
     BATCH_REQUEST_TOO_LONG,
@@ -58,7 +58,12 @@ def prepare(params: Mapping[str, Any], fifo: bool) -> pb.SendBatchEntry:
             "of allowed characters is #x9 | #xA | #xD | #x20 to #xD7FF | #xE000 to #xFFFD | "
             "#x10000 to #x10FFFF",
         )
-    delay = bounded(params, "DelaySeconds", 0, _MAX_DELAY)
+    delay = params.get("DelaySeconds")
+    if delay is not None and not 0 <= delay <= _MAX_DELAY:
+        raise invalid_parameter(  # SQS's words
+            f"Value {delay} for parameter DelaySeconds is invalid. "
+            f"Reason: DelaySeconds must be >= 0 and <= {_MAX_DELAY}."
+        )
     group = _token(params, "MessageGroupId")
     deduplication = _token(params, "MessageDeduplicationId")
     if fifo:

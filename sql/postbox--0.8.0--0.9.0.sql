@@ -2804,7 +2804,9 @@ LANGUAGE sql IMMUTABLE AS $$
 $$;
 
 -- Deletes received messages by receipt. One outcome per receipt, in order;
--- see _receipt_outcomes. Archives them if the queue archives.
+-- see _receipt_outcomes. Archives them if the queue archives. Since 0.9.0, on a
+-- FIFO queue a receipt whose lease has run out is stale: the message heads its
+-- group again for the next receive (SQS: "The receipt handle has expired").
 CREATE OR REPLACE FUNCTION postbox.delete_batch(queue_name text, receipts text[])
 RETURNS TABLE (i bigint, outcome text)
 LANGUAGE plpgsql
@@ -2820,6 +2822,7 @@ DECLARE
     -- calls and the settings cost more than the delete (valgrind).
     q_id integer;
     q_plain boolean;
+    q postbox.queues;
     parsed record;
     done bigint[];
     expiring boolean;  -- whether a deleted message had an expiry of its own
@@ -2835,7 +2838,15 @@ BEGIN
     SELECT array_agg(p.message_id) AS ids, array_agg(p.lease) AS leases INTO parsed
     FROM postbox._parse_receipts(receipts) p WHERE p.message_id IS NOT NULL;
     IF NOT q_plain THEN
-        done := postbox._remove(postbox._queue(queue_name), parsed.ids, parsed.leases, 'deleted');
+        q := postbox._queue(queue_name);
+        IF q.fifo THEN
+            SELECT array_agg(t.id) AS ids, array_agg(t.lease) AS leases INTO parsed
+            FROM unnest(parsed.ids, parsed.leases) AS t(id, lease)
+            WHERE NOT EXISTS (SELECT FROM postbox.messages m
+                              WHERE m.id = t.id AND m.queue_id + 0 = q_id AND m.lease = t.lease
+                                    AND m.visible_at <= clock_timestamp());
+        END IF;
+        done := postbox._remove(q, parsed.ids, parsed.leases, 'deleted');
     ELSE
         -- _remove's plain delete, here: the common case, where the call and its
         -- settings cost more than the delete. From the parsed arrays, not the
@@ -4645,7 +4656,9 @@ $$;
 -- Deletes received messages by receipt. One outcome per receipt, in order;
 -- see _receipt_outcomes. Archives them if the queue archives, with results[i]
 -- (since 0.9.0; at most 64 KiB each) as what the job of receipts[i] returned:
--- a queue that does not archive keeps no results.
+-- a queue that does not archive keeps no results. Since 0.9.0, on a FIFO queue
+-- a receipt whose lease has run out is stale: the message heads its group again
+-- for the next receive (SQS: "The receipt handle has expired").
 CREATE OR REPLACE FUNCTION postbox.delete_batch(queue_name text, receipts text[], results bytea[] DEFAULT NULL)
 RETURNS TABLE (i bigint, outcome text)
 LANGUAGE plpgsql
@@ -4661,6 +4674,7 @@ DECLARE
     -- calls and the settings cost more than the delete (valgrind).
     q_id integer;
     q_plain boolean;
+    q postbox.queues;
     parsed record;
     done bigint[];
     expiring boolean;  -- whether a deleted message had an expiry of its own
@@ -4685,7 +4699,17 @@ BEGIN
         q_plain := false;
     END IF;
     IF NOT q_plain THEN
-        done := postbox._remove(postbox._queue(queue_name), parsed.ids, parsed.leases, 'deleted', parsed.results);
+        q := postbox._queue(queue_name);
+        IF q.fifo THEN
+            SELECT array_agg(t.id) AS ids, array_agg(t.lease) AS leases,
+                   CASE WHEN parsed.results IS NOT NULL THEN array_agg(t.result) END AS results
+            INTO parsed
+            FROM unnest(parsed.ids, parsed.leases, parsed.results) AS t(id, lease, result)
+            WHERE NOT EXISTS (SELECT FROM postbox.messages m
+                              WHERE m.id = t.id AND m.queue_id + 0 = q_id AND m.lease = t.lease
+                                    AND m.visible_at <= clock_timestamp());
+        END IF;
+        done := postbox._remove(q, parsed.ids, parsed.leases, 'deleted', parsed.results);
     ELSE
         -- _remove's plain delete, here: the common case, where the call and its
         -- settings cost more than the delete. From the parsed arrays, not the
@@ -5477,6 +5501,292 @@ BEGIN
     END IF;
     s.webhook_maximum_backoff := make_interval(secs => number);
     RETURN s;
+-- The access policy document SQS clients set (Policy, AddPermission), kept and
+-- returned, not enforced; and purge_queue forgets the deduplication ids.
+ALTER TABLE postbox.queues ADD COLUMN access_policy text NOT NULL DEFAULT '';
+
+-- Attribute defaults of a new queue; durations in seconds. A retention or
+-- archive_retention of 0 keeps messages forever; a max_depth or
+-- receive_rate_limit of 0 means no limit.
+CREATE OR REPLACE FUNCTION postbox.queue_defaults() RETURNS jsonb
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT '{"visibility_timeout": 30, "delivery_delay": 0, "retention": 345600,
+             "max_message_size": 1048576, "receive_wait_time": 0,
+             "content_based_deduplication": false, "deduplication_window": 300,
+             "dead_letter_policy": null,
+             "redrive_allow_policy": {"permission": "allow_all", "source_queues": []},
+             "retry_policy": {"minimum_backoff": 1, "maximum_backoff": 600},
+             "archive_on_delete": false, "archive_retention": 604800,
+             "max_depth": 0, "receive_rate_limit": 0, "tags": {}, "access_policy": ""}'::jsonb
+$$;
+
+-- The attributes of a queue as settings jsonb, in the shape of queue_defaults().
+CREATE OR REPLACE FUNCTION postbox.queue_settings(q postbox.queues) RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+    SELECT jsonb_build_object(
+        'visibility_timeout', extract(epoch FROM q.visibility_timeout),
+        'delivery_delay', extract(epoch FROM q.delivery_delay),
+        'retention', coalesce(extract(epoch FROM q.retention), 0),
+        'max_message_size', q.max_message_size,
+        'receive_wait_time', extract(epoch FROM q.receive_wait_time),
+        'content_based_deduplication', q.content_based_deduplication,
+        'deduplication_window', extract(epoch FROM q.deduplication_window),
+        'dead_letter_policy', CASE WHEN q.dead_letter_queue_id IS NOT NULL THEN jsonb_build_object(
+            'dead_letter_queue', (SELECT d.name FROM postbox.queues d WHERE d.id = q.dead_letter_queue_id),
+            'max_receive_count', q.max_receive_count) END,
+        'redrive_allow_policy', jsonb_build_object(
+            'permission', q.redrive_permission, 'source_queues', to_jsonb(q.redrive_sources)),
+        'retry_policy', jsonb_build_object(
+            'minimum_backoff', extract(epoch FROM q.retry_minimum_backoff),
+            'maximum_backoff', extract(epoch FROM q.retry_maximum_backoff)),
+        'archive_on_delete', q.archive_on_delete,
+        'archive_retention', coalesce(extract(epoch FROM q.archive_retention), 0),
+        'max_depth', coalesce(q.max_depth, 0),
+        'receive_rate_limit', coalesce(q.receive_rate_limit, 0),
+        'tags', q.tags,
+        'access_policy', q.access_policy)
+$$;
+
+-- Checks settings jsonb (a full set, in the shape of queue_defaults()) and
+-- writes them into q; q.name and q.fifo must be set.
+CREATE OR REPLACE FUNCTION postbox._apply_settings(q postbox.queues, settings jsonb) RETURNS postbox.queues
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    unknown text;
+    key text;
+    number numeric;
+    policy jsonb;
+    dlq postbox.queues;
+BEGIN
+    PERFORM postbox._invalid(postbox._settings_name_problem(settings))
+    WHERE postbox._settings_name_problem(settings) IS NOT NULL;
+    SELECT string_agg(k, ', ') INTO unknown
+    FROM jsonb_object_keys(settings) AS k
+    WHERE NOT postbox.queue_defaults() ? k;
+    IF unknown IS NOT NULL THEN
+        PERFORM postbox._invalid(format('unknown queue setting(s): %s', unknown));
+    END IF;
+    FOREACH key IN ARRAY ARRAY['max_message_size', 'max_depth', 'receive_rate_limit'] LOOP
+        IF jsonb_typeof(settings -> key) IS DISTINCT FROM 'number' THEN
+            PERFORM postbox._invalid(format('queue setting %s must be a number', key));
+        END IF;
+    END LOOP;
+    FOREACH key IN ARRAY ARRAY['content_based_deduplication', 'archive_on_delete'] LOOP
+        IF jsonb_typeof(settings -> key) IS DISTINCT FROM 'boolean' THEN
+            PERFORM postbox._invalid(format('queue setting %s must be true or false', key));
+        END IF;
+    END LOOP;
+
+    q.visibility_timeout := postbox._seconds_setting(settings, 'visibility_timeout', 0, 43200);
+    q.retention := postbox._seconds_setting(settings, 'retention', 60, 1209600, true);
+    q.delivery_delay := postbox._seconds_setting(settings, 'delivery_delay', 0, 31536000);
+    -- Otherwise every message would expire before it became visible.
+    IF q.delivery_delay >= q.retention THEN
+        PERFORM postbox._invalid(format(
+            'delivery_delay is %s s and retention %s s: delivery_delay must be shorter than retention, '
+            'or messages would expire before they became visible; lower delivery_delay or raise retention',
+            trim_scale(extract(epoch FROM q.delivery_delay)), trim_scale(extract(epoch FROM q.retention))));
+    END IF;
+    q.receive_wait_time := postbox._seconds_setting(settings, 'receive_wait_time', 0, 20);
+    q.deduplication_window := postbox._seconds_setting(settings, 'deduplication_window', 1, 604800);
+    q.archive_retention := postbox._seconds_setting(settings, 'archive_retention', 60, 1209600, true);
+
+    number := (settings ->> 'max_message_size')::numeric;
+    IF number <> trunc(number) OR number < 1024 OR number > 67108864 THEN
+        PERFORM postbox._invalid(format(
+            'max_message_size is %s; it must be a whole number of bytes from 1024 to 67108864', number));
+    END IF;
+    q.max_message_size := number::integer;
+    number := (settings ->> 'max_depth')::numeric;
+    IF number <> trunc(number) OR number < 0 OR number > 1e15 THEN
+        PERFORM postbox._invalid(format('max_depth is %s; it must be a whole number, 0 for no limit', number));
+    END IF;
+    q.max_depth := nullif(number, 0)::bigint;
+    number := (settings ->> 'receive_rate_limit')::numeric;
+    IF number < 0 OR number > 1e6 THEN
+        PERFORM postbox._invalid(format(
+            'receive_rate_limit is %s; it must be 0 (no limit) to 1000000 messages per second', number));
+    END IF;
+    q.receive_rate_limit := nullif(number, 0)::double precision;
+    q.content_based_deduplication := (settings ->> 'content_based_deduplication')::boolean;
+    q.archive_on_delete := (settings ->> 'archive_on_delete')::boolean;
+
+    -- Bounds left out keep their defaults.
+    policy := (postbox.queue_defaults() -> 'retry_policy') || coalesce(settings -> 'retry_policy', '{}');
+    IF jsonb_typeof(policy) IS DISTINCT FROM 'object'
+       OR EXISTS (SELECT FROM jsonb_object_keys(policy) k WHERE k NOT IN ('minimum_backoff', 'maximum_backoff')) THEN
+        PERFORM postbox._invalid('retry_policy must be an object of minimum_backoff and maximum_backoff (seconds)');
+    END IF;
+    q.retry_minimum_backoff := postbox._seconds_setting(policy, 'minimum_backoff', 0, 43200);
+    q.retry_maximum_backoff := postbox._seconds_setting(policy, 'maximum_backoff', 0, 43200);
+    IF q.retry_minimum_backoff > q.retry_maximum_backoff THEN
+        PERFORM postbox._invalid('retry_policy: minimum_backoff must not exceed maximum_backoff');
+    END IF;
+
+    policy := settings -> 'redrive_allow_policy';
+    IF jsonb_typeof(policy) IS DISTINCT FROM 'object'
+       OR EXISTS (SELECT FROM jsonb_object_keys(policy) k WHERE k NOT IN ('permission', 'source_queues'))
+       OR NOT coalesce(policy ->> 'permission' IN ('allow_all', 'deny_all', 'by_queue'), false)
+       OR jsonb_typeof(coalesce(policy -> 'source_queues', '[]')) <> 'array'
+       OR EXISTS (SELECT FROM jsonb_array_elements(coalesce(policy -> 'source_queues', '[]')) e
+                  WHERE jsonb_typeof(e) <> 'string') THEN
+        PERFORM postbox._invalid('redrive_allow_policy must be an object of permission (allow_all, '
+                                 'deny_all or by_queue) and source_queues (queue names)');
+    END IF;
+    q.redrive_permission := policy ->> 'permission';
+    q.redrive_sources := ARRAY(SELECT jsonb_array_elements_text(coalesce(policy -> 'source_queues', '[]')));
+    IF (q.redrive_permission = 'by_queue') <> (cardinality(q.redrive_sources) > 0)
+       OR cardinality(q.redrive_sources) > 10 THEN
+        PERFORM postbox._invalid('redrive_allow_policy: by_queue takes 1 to 10 source_queues, '
+                                 'allow_all and deny_all take none');
+    END IF;
+
+    policy := settings -> 'tags';
+    IF jsonb_typeof(policy) IS DISTINCT FROM 'object'
+       OR (SELECT count(*) FROM jsonb_object_keys(policy)) > 50
+       OR EXISTS (SELECT FROM jsonb_each(policy) e
+                  WHERE length(e.key) NOT BETWEEN 1 AND 128 OR jsonb_typeof(e.value) <> 'string'
+                        OR length(e.value #>> '{}') > 256) THEN
+        PERFORM postbox._invalid('tags must be an object of at most 50 keys (1 to 128 characters) '
+                                 'with string values (at most 256 characters)');
+    END IF;
+    q.tags := policy;
+
+    -- An access policy document (SQS's Policy): kept as given, not enforced.
+    policy := settings -> 'access_policy';
+    IF jsonb_typeof(policy) IS DISTINCT FROM 'string' OR octet_length(policy #>> '{}') > 20480 THEN
+        PERFORM postbox._invalid('access_policy must be a string of at most 20480 bytes');
+    END IF;
+    q.access_policy := policy #>> '{}';
+
+    policy := settings -> 'dead_letter_policy';
+    IF policy IS NULL OR policy = 'null' THEN
+        q.dead_letter_queue_id := NULL;
+        q.max_receive_count := NULL;
+    ELSE
+        IF jsonb_typeof(policy) IS DISTINCT FROM 'object'
+           OR EXISTS (SELECT FROM jsonb_object_keys(policy) k
+                      WHERE k NOT IN ('dead_letter_queue', 'max_receive_count'))
+           OR jsonb_typeof(policy -> 'dead_letter_queue') IS DISTINCT FROM 'string'
+           OR jsonb_typeof(policy -> 'max_receive_count') IS DISTINCT FROM 'number' THEN
+            PERFORM postbox._invalid('dead_letter_policy must be an object of dead_letter_queue (a queue '
+                                     'name) and max_receive_count (1 to 1000)');
+        END IF;
+        number := (policy ->> 'max_receive_count')::numeric;
+        IF number <> trunc(number) OR number NOT BETWEEN 1 AND 1000 THEN
+            PERFORM postbox._invalid(format('max_receive_count is %s; it must be 1 to 1000', number));
+        END IF;
+        IF policy ->> 'dead_letter_queue' = q.name THEN
+            PERFORM postbox._invalid('a queue cannot be its own dead-letter queue');
+        END IF;
+        SELECT * INTO dlq FROM postbox.queues WHERE name = policy ->> 'dead_letter_queue';
+        IF NOT FOUND THEN
+            RAISE EXCEPTION USING ERRCODE = 'PB404', MESSAGE = format(
+                'dead-letter queue %s does not exist; create it first', quote_literal(policy ->> 'dead_letter_queue'));
+        ELSIF dlq.fifo <> q.fifo THEN
+            PERFORM postbox._invalid('a FIFO queue needs a FIFO dead-letter queue, and a standard queue '
+                                     'a standard one');
+        ELSIF dlq.redrive_permission = 'deny_all'
+              OR (dlq.redrive_permission = 'by_queue' AND NOT q.name = ANY (dlq.redrive_sources)) THEN
+            PERFORM postbox._invalid(format('the redrive_allow_policy of %s does not let %s use it as '
+                                            'dead-letter queue', quote_literal(dlq.name), quote_literal(q.name)));
+        END IF;
+        q.dead_letter_queue_id := dlq.id;
+        q.max_receive_count := number::integer;
+    END IF;
+    RETURN q;
+END
+$$;
+
+-- Creates a queue; a name ending in ".fifo" makes it a FIFO queue. settings:
+-- any keys of queue_defaults(), e.g. '{"visibility_timeout": 60}'. PB409 if the
+-- queue exists.
+CREATE OR REPLACE FUNCTION postbox.create_queue(queue_name text, settings jsonb DEFAULT '{}')
+RETURNS postbox.queues
+LANGUAGE plpgsql AS $$
+DECLARE
+    problem text := postbox.queue_name_problem(queue_name);
+    q postbox.queues;
+BEGIN
+    IF problem IS NOT NULL THEN
+        PERFORM postbox._invalid(problem);
+    END IF;
+    q.name := queue_name;
+    q.fifo := right(queue_name, 5) = '.fifo';
+    q := postbox._apply_settings(q, postbox.queue_defaults() || jsonb_strip_nulls(coalesce(settings, '{}')));
+    INSERT INTO postbox.queues (
+        name, visibility_timeout, delivery_delay, retention, max_message_size, receive_wait_time,
+        fifo, content_based_deduplication, deduplication_window, dead_letter_queue_id,
+        max_receive_count, redrive_permission, redrive_sources, retry_minimum_backoff,
+        retry_maximum_backoff, archive_on_delete, archive_retention, max_depth, receive_rate_limit,
+        send_paused, receive_paused, tags, access_policy)
+    VALUES (
+        queue_name, q.visibility_timeout, q.delivery_delay, q.retention, q.max_message_size,
+        q.receive_wait_time, q.fifo, q.content_based_deduplication, q.deduplication_window,
+        q.dead_letter_queue_id, q.max_receive_count, q.redrive_permission, q.redrive_sources,
+        q.retry_minimum_backoff, q.retry_maximum_backoff, q.archive_on_delete, q.archive_retention,
+        q.max_depth, q.receive_rate_limit, false, false, q.tags, q.access_policy)
+    ON CONFLICT (name) DO NOTHING
+    RETURNING * INTO q;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'PB409',
+            MESSAGE = format('queue %s already exists', quote_literal(queue_name));
+    END IF;
+    RETURN q;
+END
+$$;
+
+-- Changes the settings named in settings; a key whose value is null goes back
+-- to its default.
+CREATE OR REPLACE FUNCTION postbox.update_queue(queue_name text, settings jsonb) RETURNS postbox.queues
+LANGUAGE plpgsql AS $$
+DECLARE
+    q postbox.queues;
+    changes jsonb;
+BEGIN
+    SELECT * INTO q FROM postbox.queues WHERE name = queue_name FOR UPDATE;
+    IF NOT FOUND THEN
+        PERFORM postbox._invalid(postbox._settings_name_problem(settings))
+        WHERE postbox._settings_name_problem(settings) IS NOT NULL;
+        q := postbox._queue(queue_name);  -- raises PB400 or PB404
+    END IF;
+    SELECT coalesce(jsonb_object_agg(key, CASE WHEN value = 'null' THEN postbox.queue_defaults() -> key
+                                               ELSE value END), '{}')
+    INTO changes
+    FROM jsonb_each(coalesce(settings, '{}'));
+    q := postbox._apply_settings(q, postbox.queue_settings(q) || changes);
+    UPDATE postbox.queues
+    SET visibility_timeout = q.visibility_timeout, delivery_delay = q.delivery_delay,
+        retention = q.retention, max_message_size = q.max_message_size,
+        receive_wait_time = q.receive_wait_time,
+        content_based_deduplication = q.content_based_deduplication,
+        deduplication_window = q.deduplication_window, dead_letter_queue_id = q.dead_letter_queue_id,
+        max_receive_count = q.max_receive_count, redrive_permission = q.redrive_permission,
+        redrive_sources = q.redrive_sources, retry_minimum_backoff = q.retry_minimum_backoff,
+        retry_maximum_backoff = q.retry_maximum_backoff, archive_on_delete = q.archive_on_delete,
+        archive_retention = q.archive_retention, max_depth = q.max_depth,
+        receive_rate_limit = q.receive_rate_limit, tags = q.tags, access_policy = q.access_policy,
+        updated_at = now()
+    WHERE id = q.id
+    RETURNING * INTO q;
+    RETURN q;
+END
+$$;
+
+-- Deletes every message of a queue; returns how many. Sends wait meanwhile, so
+-- no FIFO message is parked behind a head that the purge removed. Since 0.9.0 it
+-- forgets the queue's deduplication ids too, as SQS's PurgeQueue does.
+CREATE OR REPLACE FUNCTION postbox.purge_queue(queue_name text) RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    q postbox.queues := postbox._queue(queue_name);
+    purged bigint;
+BEGIN
+    PERFORM postbox._lock_queue(q, true);
+    purged := postbox._delete_messages(q.id);
+    DELETE FROM postbox.deduplication WHERE queue_id = q.id;
+    UPDATE postbox.queues SET purged_at = now() WHERE id = q.id;
+    RETURN purged;
 END
 $$;
 

@@ -64,7 +64,10 @@ CREATE TABLE postbox.queues (
     -- Since 0.9.0: whether a message with a dedupe key has ever been sent to the
     -- queue (nothing clears it). From then on receives take the rounds, which
     -- free the keys of what they deliver (see postbox.dedupe_keys).
-    keyed boolean NOT NULL DEFAULT false
+    keyed boolean NOT NULL DEFAULT false,
+    -- Since 0.9.0: the access policy document SQS clients set (Policy,
+    -- AddPermission), kept and returned; postbox does not enforce it. '': none.
+    access_policy text NOT NULL DEFAULT ''
 );
 
 -- Every queue's messages live in this one table, keyed by queue_id, rather than
@@ -457,7 +460,7 @@ LANGUAGE sql IMMUTABLE AS $$
              "redrive_allow_policy": {"permission": "allow_all", "source_queues": []},
              "retry_policy": {"minimum_backoff": 1, "maximum_backoff": 600},
              "archive_on_delete": false, "archive_retention": 604800,
-             "max_depth": 0, "receive_rate_limit": 0, "tags": {}}'::jsonb
+             "max_depth": 0, "receive_rate_limit": 0, "tags": {}, "access_policy": ""}'::jsonb
 $$;
 
 -- The attributes of a queue as settings jsonb, in the shape of queue_defaults().
@@ -483,7 +486,8 @@ LANGUAGE sql STABLE AS $$
         'archive_retention', coalesce(extract(epoch FROM q.archive_retention), 0),
         'max_depth', coalesce(q.max_depth, 0),
         'receive_rate_limit', coalesce(q.receive_rate_limit, 0),
-        'tags', q.tags)
+        'tags', q.tags,
+        'access_policy', q.access_policy)
 $$;
 
 -- The seconds of a setting as an interval: PB400 unless it lies in [low, high],
@@ -633,6 +637,13 @@ BEGIN
     END IF;
     q.tags := policy;
 
+    -- An access policy document (SQS's Policy): kept as given, not enforced.
+    policy := settings -> 'access_policy';
+    IF jsonb_typeof(policy) IS DISTINCT FROM 'string' OR octet_length(policy #>> '{}') > 20480 THEN
+        PERFORM postbox._invalid('access_policy must be a string of at most 20480 bytes');
+    END IF;
+    q.access_policy := policy #>> '{}';
+
     policy := settings -> 'dead_letter_policy';
     IF policy IS NULL OR policy = 'null' THEN
         q.dead_letter_queue_id := NULL;
@@ -693,13 +704,13 @@ BEGIN
         fifo, content_based_deduplication, deduplication_window, dead_letter_queue_id,
         max_receive_count, redrive_permission, redrive_sources, retry_minimum_backoff,
         retry_maximum_backoff, archive_on_delete, archive_retention, max_depth, receive_rate_limit,
-        send_paused, receive_paused, tags)
+        send_paused, receive_paused, tags, access_policy)
     VALUES (
         queue_name, q.visibility_timeout, q.delivery_delay, q.retention, q.max_message_size,
         q.receive_wait_time, q.fifo, q.content_based_deduplication, q.deduplication_window,
         q.dead_letter_queue_id, q.max_receive_count, q.redrive_permission, q.redrive_sources,
         q.retry_minimum_backoff, q.retry_maximum_backoff, q.archive_on_delete, q.archive_retention,
-        q.max_depth, q.receive_rate_limit, false, false, q.tags)
+        q.max_depth, q.receive_rate_limit, false, false, q.tags, q.access_policy)
     ON CONFLICT (name) DO NOTHING
     RETURNING * INTO q;
     IF NOT FOUND THEN
@@ -739,7 +750,8 @@ BEGIN
         redrive_sources = q.redrive_sources, retry_minimum_backoff = q.retry_minimum_backoff,
         retry_maximum_backoff = q.retry_maximum_backoff, archive_on_delete = q.archive_on_delete,
         archive_retention = q.archive_retention, max_depth = q.max_depth,
-        receive_rate_limit = q.receive_rate_limit, tags = q.tags, updated_at = now()
+        receive_rate_limit = q.receive_rate_limit, tags = q.tags, access_policy = q.access_policy,
+        updated_at = now()
     WHERE id = q.id
     RETURNING * INTO q;
     RETURN q;
@@ -843,7 +855,8 @@ END
 $$;
 
 -- Deletes every message of a queue; returns how many. Sends wait meanwhile, so
--- no FIFO message is parked behind a head that the purge removed.
+-- no FIFO message is parked behind a head that the purge removed. Since 0.9.0 it
+-- forgets the queue's deduplication ids too, as SQS's PurgeQueue does.
 CREATE FUNCTION postbox.purge_queue(queue_name text) RETURNS bigint
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -852,6 +865,7 @@ DECLARE
 BEGIN
     PERFORM postbox._lock_queue(q, true);
     purged := postbox._delete_messages(q.id);
+    DELETE FROM postbox.deduplication WHERE queue_id = q.id;
     UPDATE postbox.queues SET purged_at = now() WHERE id = q.id;
     RETURN purged;
 END
@@ -2165,7 +2179,9 @@ $$;
 -- Deletes received messages by receipt. One outcome per receipt, in order;
 -- see _receipt_outcomes. Archives them if the queue archives, with results[i]
 -- (since 0.9.0; at most 64 KiB each) as what the job of receipts[i] returned:
--- a queue that does not archive keeps no results.
+-- a queue that does not archive keeps no results. Since 0.9.0, on a FIFO queue
+-- a receipt whose lease has run out is stale: the message heads its group again
+-- for the next receive (SQS: "The receipt handle has expired").
 CREATE FUNCTION postbox.delete_batch(queue_name text, receipts text[], results bytea[] DEFAULT NULL)
 RETURNS TABLE (i bigint, outcome text)
 LANGUAGE plpgsql
@@ -2181,6 +2197,7 @@ DECLARE
     -- calls and the settings cost more than the delete (valgrind).
     q_id integer;
     q_plain boolean;
+    q postbox.queues;
     parsed record;
     done bigint[];
     expiring boolean;  -- whether a deleted message had an expiry of its own
@@ -2205,7 +2222,17 @@ BEGIN
         q_plain := false;
     END IF;
     IF NOT q_plain THEN
-        done := postbox._remove(postbox._queue(queue_name), parsed.ids, parsed.leases, 'deleted', parsed.results);
+        q := postbox._queue(queue_name);
+        IF q.fifo THEN
+            SELECT array_agg(t.id) AS ids, array_agg(t.lease) AS leases,
+                   CASE WHEN parsed.results IS NOT NULL THEN array_agg(t.result) END AS results
+            INTO parsed
+            FROM unnest(parsed.ids, parsed.leases, parsed.results) AS t(id, lease, result)
+            WHERE NOT EXISTS (SELECT FROM postbox.messages m
+                              WHERE m.id = t.id AND m.queue_id + 0 = q_id AND m.lease = t.lease
+                                    AND m.visible_at <= clock_timestamp());
+        END IF;
+        done := postbox._remove(q, parsed.ids, parsed.leases, 'deleted', parsed.results);
     ELSE
         -- _remove's plain delete, here: the common case, where the call and its
         -- settings cost more than the delete. From the parsed arrays, not the

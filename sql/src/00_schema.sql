@@ -64,7 +64,10 @@ CREATE TABLE postbox.queues (
     -- Since 0.9.0: whether a message with a dedupe key has ever been sent to the
     -- queue (nothing clears it). From then on receives take the rounds, which
     -- free the keys of what they deliver (see postbox.dedupe_keys).
-    keyed boolean NOT NULL DEFAULT false
+    keyed boolean NOT NULL DEFAULT false,
+    -- Since 0.9.0: the access policy document SQS clients set (Policy,
+    -- AddPermission), kept and returned; postbox does not enforce it. '': none.
+    access_policy text NOT NULL DEFAULT ''
 );
 
 -- Every queue's messages live in this one table, keyed by queue_id, rather than

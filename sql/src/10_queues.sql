@@ -58,7 +58,7 @@ LANGUAGE sql IMMUTABLE AS $$
              "redrive_allow_policy": {"permission": "allow_all", "source_queues": []},
              "retry_policy": {"minimum_backoff": 1, "maximum_backoff": 600},
              "archive_on_delete": false, "archive_retention": 604800,
-             "max_depth": 0, "receive_rate_limit": 0, "tags": {}}'::jsonb
+             "max_depth": 0, "receive_rate_limit": 0, "tags": {}, "access_policy": ""}'::jsonb
 $$;
 
 -- The attributes of a queue as settings jsonb, in the shape of queue_defaults().
@@ -84,7 +84,8 @@ LANGUAGE sql STABLE AS $$
         'archive_retention', coalesce(extract(epoch FROM q.archive_retention), 0),
         'max_depth', coalesce(q.max_depth, 0),
         'receive_rate_limit', coalesce(q.receive_rate_limit, 0),
-        'tags', q.tags)
+        'tags', q.tags,
+        'access_policy', q.access_policy)
 $$;
 
 -- The seconds of a setting as an interval: PB400 unless it lies in [low, high],
@@ -234,6 +235,13 @@ BEGIN
     END IF;
     q.tags := policy;
 
+    -- An access policy document (SQS's Policy): kept as given, not enforced.
+    policy := settings -> 'access_policy';
+    IF jsonb_typeof(policy) IS DISTINCT FROM 'string' OR octet_length(policy #>> '{}') > 20480 THEN
+        PERFORM postbox._invalid('access_policy must be a string of at most 20480 bytes');
+    END IF;
+    q.access_policy := policy #>> '{}';
+
     policy := settings -> 'dead_letter_policy';
     IF policy IS NULL OR policy = 'null' THEN
         q.dead_letter_queue_id := NULL;
@@ -294,13 +302,13 @@ BEGIN
         fifo, content_based_deduplication, deduplication_window, dead_letter_queue_id,
         max_receive_count, redrive_permission, redrive_sources, retry_minimum_backoff,
         retry_maximum_backoff, archive_on_delete, archive_retention, max_depth, receive_rate_limit,
-        send_paused, receive_paused, tags)
+        send_paused, receive_paused, tags, access_policy)
     VALUES (
         queue_name, q.visibility_timeout, q.delivery_delay, q.retention, q.max_message_size,
         q.receive_wait_time, q.fifo, q.content_based_deduplication, q.deduplication_window,
         q.dead_letter_queue_id, q.max_receive_count, q.redrive_permission, q.redrive_sources,
         q.retry_minimum_backoff, q.retry_maximum_backoff, q.archive_on_delete, q.archive_retention,
-        q.max_depth, q.receive_rate_limit, false, false, q.tags)
+        q.max_depth, q.receive_rate_limit, false, false, q.tags, q.access_policy)
     ON CONFLICT (name) DO NOTHING
     RETURNING * INTO q;
     IF NOT FOUND THEN
@@ -340,7 +348,8 @@ BEGIN
         redrive_sources = q.redrive_sources, retry_minimum_backoff = q.retry_minimum_backoff,
         retry_maximum_backoff = q.retry_maximum_backoff, archive_on_delete = q.archive_on_delete,
         archive_retention = q.archive_retention, max_depth = q.max_depth,
-        receive_rate_limit = q.receive_rate_limit, tags = q.tags, updated_at = now()
+        receive_rate_limit = q.receive_rate_limit, tags = q.tags, access_policy = q.access_policy,
+        updated_at = now()
     WHERE id = q.id
     RETURNING * INTO q;
     RETURN q;
@@ -444,7 +453,8 @@ END
 $$;
 
 -- Deletes every message of a queue; returns how many. Sends wait meanwhile, so
--- no FIFO message is parked behind a head that the purge removed.
+-- no FIFO message is parked behind a head that the purge removed. Since 0.9.0 it
+-- forgets the queue's deduplication ids too, as SQS's PurgeQueue does.
 CREATE FUNCTION postbox.purge_queue(queue_name text) RETURNS bigint
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -453,6 +463,7 @@ DECLARE
 BEGIN
     PERFORM postbox._lock_queue(q, true);
     purged := postbox._delete_messages(q.id);
+    DELETE FROM postbox.deduplication WHERE queue_id = q.id;
     UPDATE postbox.queues SET purged_at = now() WHERE id = q.id;
     RETURN purged;
 END

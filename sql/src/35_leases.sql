@@ -50,7 +50,9 @@ $$;
 -- Deletes received messages by receipt. One outcome per receipt, in order;
 -- see _receipt_outcomes. Archives them if the queue archives, with results[i]
 -- (since 0.9.0; at most 64 KiB each) as what the job of receipts[i] returned:
--- a queue that does not archive keeps no results.
+-- a queue that does not archive keeps no results. Since 0.9.0, on a FIFO queue
+-- a receipt whose lease has run out is stale: the message heads its group again
+-- for the next receive (SQS: "The receipt handle has expired").
 CREATE FUNCTION postbox.delete_batch(queue_name text, receipts text[], results bytea[] DEFAULT NULL)
 RETURNS TABLE (i bigint, outcome text)
 LANGUAGE plpgsql
@@ -66,6 +68,7 @@ DECLARE
     -- calls and the settings cost more than the delete (valgrind).
     q_id integer;
     q_plain boolean;
+    q postbox.queues;
     parsed record;
     done bigint[];
     expiring boolean;  -- whether a deleted message had an expiry of its own
@@ -90,7 +93,17 @@ BEGIN
         q_plain := false;
     END IF;
     IF NOT q_plain THEN
-        done := postbox._remove(postbox._queue(queue_name), parsed.ids, parsed.leases, 'deleted', parsed.results);
+        q := postbox._queue(queue_name);
+        IF q.fifo THEN
+            SELECT array_agg(t.id) AS ids, array_agg(t.lease) AS leases,
+                   CASE WHEN parsed.results IS NOT NULL THEN array_agg(t.result) END AS results
+            INTO parsed
+            FROM unnest(parsed.ids, parsed.leases, parsed.results) AS t(id, lease, result)
+            WHERE NOT EXISTS (SELECT FROM postbox.messages m
+                              WHERE m.id = t.id AND m.queue_id + 0 = q_id AND m.lease = t.lease
+                                    AND m.visible_at <= clock_timestamp());
+        END IF;
+        done := postbox._remove(q, parsed.ids, parsed.leases, 'deleted', parsed.results);
     ELSE
         -- _remove's plain delete, here: the common case, where the call and its
         -- settings cost more than the delete. From the parsed arrays, not the

@@ -125,6 +125,13 @@ def test_tags(sns, topic):
     missing = topic + "-missing"
     error = _error(sns.list_tags_for_resource, ResourceArn=missing)
     assert error.response["Error"]["Code"] == "ResourceNotFound"
+    too_many = [{"Key": f"k{n}", "Value": "v"} for n in range(50)]  # 51 with "b"
+    error = _error(sns.tag_resource, ResourceArn=topic, Tags=too_many)
+    assert (error.response["Error"]["Code"], error.response["Error"]["Message"]) == (
+        "TagLimitExceeded",
+        "Could not complete request: tag quota of per resource exceeded",
+    )
+    assert sns.list_tags_for_resource(ResourceArn=topic)["Tags"] == [{"Key": "b", "Value": "2"}]
 
 
 def test_publish_fans_out_to_two_queues_one_filtered_in_sns_envelopes(sns, sqs, topic, request):
@@ -490,7 +497,7 @@ def test_the_compatibility_table_names_every_action_of_both_apis():
     from postbox_server.sns.actions import HANDLERS as SNS
     from postbox_server.sqs.actions import HANDLERS as SQS
 
-    page = ROOT / "docs" / "reference" / "sqs-sns-compatibility.md"
+    page = ROOT / "docs" / "reference" / "aws-compatibility.md"
     table = page.read_text().split("<!-- aws actions -->")[1].split("<!-- /aws actions -->")[0]
     listed: dict[str, set[str]] = {"SQS": set(), "SNS": set()}
     for api, actions in re.findall(r"^\| (SQS|SNS) \| (.*?) \|", table, re.MULTILINE):
@@ -565,3 +572,150 @@ def test_api_keys_sign_sns_calls_and_grants_apply(admin_url):
         if server is not None:
             server.stop()
         drop_database(admin_url, url)
+
+
+def test_filter_policy_scope_set_before_the_policy_is_kept(sns, sqs, topic, request):
+    url, arn = _queue(sqs, unique_name(request.node.name))
+    subscription = sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint=arn)["SubscriptionArn"]
+    for name, value in (
+        ("RawMessageDelivery", "true"),
+        ("FilterPolicyScope", "MessageBody"),  # on its own, before any policy
+        ("FilterPolicy", json.dumps({"store": ["example_corp"]})),
+    ):
+        sns.set_subscription_attributes(
+            SubscriptionArn=subscription, AttributeName=name, AttributeValue=value
+        )
+    attributes = sns.get_subscription_attributes(SubscriptionArn=subscription)["Attributes"]
+    assert attributes["FilterPolicyScope"] == "MessageBody"
+    # Matched on the body, not on attributes: the first passes, the second does not.
+    sns.publish(TopicArn=topic, Message=json.dumps({"store": "example_corp"}))
+    sns.publish(
+        TopicArn=topic, Message=json.dumps({"store": "other"}),
+        MessageAttributes={"store": {"DataType": "String", "StringValue": "example_corp"}},
+    )  # fmt: skip
+    (message,) = _receive(sqs, url)
+    assert json.loads(message["Body"]) == {"store": "example_corp"}
+    assert _empty(sqs, url)
+    # Unsetting the policy hides the scope with it, as SNS does.
+    sns.set_subscription_attributes(
+        SubscriptionArn=subscription, AttributeName="FilterPolicy", AttributeValue=""
+    )
+    attributes = sns.get_subscription_attributes(SubscriptionArn=subscription)["Attributes"]
+    assert "FilterPolicy" not in attributes
+    assert "FilterPolicyScope" not in attributes
+
+
+def test_subscribe_checks_the_topic_then_the_sqs_endpoint(sns, sqs, topic, request):
+    name = unique_name(request.node.name)
+    fifo_url, fifo_arn = _queue(sqs, name[:60] + ".fifo", FifoQueue="true")
+    try:
+        # The topic is checked first, whatever the endpoint.
+        error = _error(sns.subscribe, TopicArn=topic + "-missing", Protocol="sqs", Endpoint="x")
+        assert error.response["Error"] == {
+            "Type": "Sender", "Code": "NotFound", "Message": "Topic does not exist"
+        }  # fmt: skip
+        for endpoint in ("unknown", fifo_url):  # a name or a URL is no ARN
+            error = _error(sns.subscribe, TopicArn=topic, Protocol="sqs", Endpoint=endpoint)
+            assert error.response["Error"]["Code"] == "InvalidParameter"
+            assert error.response["Error"]["Message"] == "Invalid parameter: SQS endpoint ARN"
+        error = _error(sns.subscribe, TopicArn=topic, Protocol="sqs", Endpoint=fifo_arn)
+        assert error.response["Error"]["Code"] == "InvalidParameter"
+        assert error.response["Error"]["Message"] == (
+            "Invalid parameter: Invalid parameter: Endpoint Reason: FIFO SQS Queues can not be "
+            "subscribed to standard SNS topics"
+        )
+        assert sns.list_subscriptions_by_topic(TopicArn=topic)["Subscriptions"] == []
+    finally:
+        sqs.delete_queue(QueueUrl=fifo_url)
+
+
+def test_add_and_remove_permission_edit_the_topic_policy(sns, topic):
+    def statements() -> list[dict[str, Any]]:
+        policy = sns.get_topic_attributes(TopicArn=topic)["Attributes"]["Policy"]
+        return json.loads(policy)["Statement"]
+
+    (default,) = statements()
+    assert default["Sid"] == "__default_statement_ID"
+    assert "SNS:AddPermission" in default["Action"]
+    sns.add_permission(
+        TopicArn=topic, Label="partners", AWSAccountId=["888888888888", "999999999999"],
+        ActionName=["Publish", "Subscribe"],
+    )  # fmt: skip
+    assert statements() == [
+        default,
+        {
+            "Sid": "partners", "Effect": "Allow",
+            "Principal": {"AWS": ["arn:aws:iam::888888888888:root",
+                                  "arn:aws:iam::999999999999:root"]},
+            "Action": ["SNS:Publish", "SNS:Subscribe"], "Resource": topic,
+        },
+    ]  # fmt: skip
+    error = _error(
+        sns.add_permission, TopicArn=topic, Label="partners", AWSAccountId=["1"],
+        ActionName=["Publish"],
+    )  # fmt: skip
+    assert error.response["Error"]["Message"] == "Statement already exists"
+    error = _error(
+        sns.add_permission, TopicArn=topic, Label="other", AWSAccountId=["1"],
+        ActionName=["NotExistingAction"],
+    )  # fmt: skip
+    assert error.response["Error"]["Message"] == "Policy statement action out of service scope!"
+    sns.remove_permission(TopicArn=topic, Label="partners")
+    sns.remove_permission(TopicArn=topic, Label="absent")  # no error, as in SNS
+    assert statements() == [default]
+    error = _error(sns.remove_permission, TopicArn=topic + "-missing", Label="partners")
+    assert error.response["Error"]["Code"] == "NotFound"
+
+
+def test_publish_batch_refusals_in_sns_words(sns, topic, request):
+    missing = topic + "-missing"
+    for call, code, message in (
+        (
+            lambda: sns.publish_batch(
+                TopicArn=missing, PublishBatchRequestEntries=[{"Id": "a", "Message": "1"}]
+            ),
+            "NotFound", "Topic does not exist",
+        ),
+        (
+            lambda: sns.publish(TopicArn=missing, Message="1"),
+            "NotFound", "Topic does not exist",
+        ),
+        (
+            lambda: sns.publish_batch(
+                TopicArn=topic,
+                PublishBatchRequestEntries=[{"Id": f"i{n}", "Message": "1"} for n in range(11)],
+            ),
+            "TooManyEntriesInBatchRequest",
+            "The batch request contains more entries than permissible.",
+        ),
+        (
+            lambda: sns.publish_batch(
+                TopicArn=topic,
+                PublishBatchRequestEntries=[{"Id": "same", "Message": "1"}] * 2,
+            ),
+            "BatchEntryIdsNotDistinct",
+            "Two or more batch entries in the request have the same Id.",
+        ),
+    ):  # fmt: skip
+        error = _error(call)
+        assert (error.response["Error"]["Code"], error.response["Error"]["Message"]) == (
+            code,
+            message,
+        )
+    fifo = sns.create_topic(
+        Name=unique_name(request.node.name)[:60] + ".fifo",
+        Attributes={"FifoTopic": "true", "ContentBasedDeduplication": "true"},
+    )["TopicArn"]
+    try:
+        error = _error(
+            sns.publish_batch, TopicArn=fifo,
+            PublishBatchRequestEntries=[
+                {"Id": "a", "Message": "1", "MessageGroupId": "g"}, {"Id": "b", "Message": "2"},
+            ],
+        )  # fmt: skip
+        assert error.response["Error"]["Code"] == "InvalidParameter"
+        assert error.response["Error"]["Message"] == (
+            "Invalid parameter: The MessageGroupId parameter is required for FIFO topics"
+        )
+    finally:
+        sns.delete_topic(TopicArn=fifo)

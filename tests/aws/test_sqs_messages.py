@@ -108,7 +108,10 @@ def test_every_attribute_type_round_trips(sqs_any, sqs_queue):
     [
         ([".*"], set(EVERY_TYPE)),
         (["text", "blob", "absent"], {"text", "blob"}),
-        (["im.*", "count"], {"count"}),  # "im.*" selects "im.<more>" only, not "image"
+        # A prefix wildcard: "im.*" selects every name starting with "im", as moto's
+        # test_message_attributes_with_wildcards has "Custom.*" select "Custom1".
+        (["im.*", "count"], {"image", "count"}),
+        (["*"], set(EVERY_TYPE)),
         (["doc"], {"doc"}),
     ],
 )
@@ -441,10 +444,12 @@ def test_receive_selects_attributes_by_prefix_and_all(sqs_any, sqs_queue):
     }
     sqs_any.send_message(QueueUrl=sqs_queue, MessageBody="x", MessageAttributes=sent)
     for wanted, names in [
-        (["order.*"], {"order.id", "order.total"}),
-        (["order.*", "other"], {"order.id", "order.total", "other"}),
+        (["order.*"], {"order.id", "order.total", "orderly"}),
+        (["order.*", "other"], {"order.id", "order.total", "orderly", "other"}),
+        (["orderl.*"], {"orderly"}),
         (["All"], set(sent)),
         ([".*"], set(sent)),
+        (["*"], set(sent)),
         (["orderly", "order"], {"orderly"}),
         ([], set()),
     ]:

@@ -129,6 +129,7 @@ SETTINGS: dict[str, Callable[[pb.Queue], Any]] = {
     "max_depth": lambda q: _positive_setting(q, "max_depth"),
     "receive_rate_limit": lambda q: _positive_setting(q, "receive_rate_limit"),
     "tags": lambda q: dict(q.tags),
+    "access_policy": lambda q: q.access_policy,
 }
 
 _DURATIONS = (
@@ -154,6 +155,7 @@ def queue_resource(row: Row) -> pb.Queue:
         send_paused=row["send_paused"],
         receive_paused=row["receive_paused"],
         tags=json.loads(row["tags"]),
+        access_policy=row["access_policy"],
         redrive_allow_policy=pb.RedriveAllowPolicy(
             permission=_PERMISSION_ENUMS[row["redrive_permission"]],
             source_queues=row["redrive_sources"],

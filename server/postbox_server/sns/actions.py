@@ -24,11 +24,12 @@ from postbox_server.sns.errors import (
     NOT_FOUND,
     RESOURCE_NOT_FOUND,
     STATUS_ERRORS,
+    TAG_LIMIT_EXCEEDED,
     TOO_MANY_ENTRIES_IN_BATCH_REQUEST,
     InvalidParameter,
     not_found,
 )
-from postbox_server.sqs import message_attributes, naming
+from postbox_server.sqs import message_attributes, naming, policies
 from postbox_server.sqs.actions.base import Call, Result
 from postbox_server.sqs.errors import SqsError
 
@@ -39,6 +40,7 @@ HANDLERS: dict[str, Handler] = {}
 MAX_MESSAGE_BYTES = 256 * 1024
 MAX_BATCH_ENTRIES = 10
 MAX_SUBJECT = 100
+MAX_TAGS = 50
 _PAGE = 100
 # Topic attributes SNS lets SetTopicAttributes change, kept as they are given.
 _KEPT_TOPIC_ATTRIBUTES = {
@@ -220,21 +222,66 @@ async def get_topic_attributes(call: Call) -> Result:
     return {"Attributes": attributes}
 
 
+# The actions a topic's policy may grant, in the order of SNS's default policy.
+_TOPIC_ACTIONS = (
+    "GetTopicAttributes", "SetTopicAttributes", "AddPermission", "RemovePermission",
+    "DeleteTopic", "Subscribe", "ListSubscriptionsByTopic", "Publish",
+)  # fmt: skip
+
+
 def _default_policy(call: Call, arn: str) -> str:
+    """The policy SNS gives a new topic: its owner's account may do everything."""
     owner = call.settings.account_id
-    return json.dumps({
+    return policies.dump({
         "Version": "2008-10-17",
         "Id": "__default_policy_ID",
         "Statement": [{
-            "Sid": "__default_statement_ID",
             "Effect": "Allow",
+            "Sid": "__default_statement_ID",
             "Principal": {"AWS": "*"},
-            "Action": ["SNS:Publish", "SNS:Subscribe", "SNS:GetTopicAttributes",
-                       "SNS:SetTopicAttributes", "SNS:DeleteTopic", "SNS:ListSubscriptionsByTopic"],
+            "Action": [f"SNS:{name}" for name in _TOPIC_ACTIONS],
             "Resource": arn,
             "Condition": {"StringEquals": {"AWS:SourceOwner": owner}},
         }],
-    }, separators=(",", ":"))  # fmt: skip
+    })  # fmt: skip
+
+
+async def _edit_policy(call: Call, edit: Callable[[dict[str, Any], str], dict[str, Any]]) -> None:
+    """Changes a topic's Policy attribute (SNS's default policy while none is set)."""
+    name = arns.topic_of(_required(call, "TopicArn"), call.settings)
+    topic = await _topic(call, name)
+    arn = arns.topic_arn(call.settings, name)
+    kept = dict(topic.sns_attributes)
+    document = policies.load(kept.get("Policy", "")) or policies.load(_default_policy(call, arn))
+    assert document is not None
+    kept["Policy"] = policies.dump(edit(document, arn))
+    await _update_topic(call, pb.Topic(name=name, sns_attributes=kept), "sns_attributes")
+
+
+@action("AddPermission")
+async def add_permission(call: Call) -> Result:
+    label = _required(call, "Label")
+    accounts = _required(call, "AWSAccountId")
+    actions = _required(call, "ActionName")
+    if any(name not in _TOPIC_ACTIONS for name in actions):
+        raise InvalidParameter("Policy statement action out of service scope!")
+
+    await _edit_policy(
+        call,
+        lambda document, arn: policies.add_statement(
+            document, label, accounts, actions, arn,
+            service="SNS", taken=InvalidParameter("Statement already exists"),
+        ),
+    )  # fmt: skip
+    return {}
+
+
+@action("RemovePermission")
+async def remove_permission(call: Call) -> Result:
+    label = _required(call, "Label")
+    # Removing a label the policy does not have succeeds, as in SNS.
+    await _edit_policy(call, lambda document, _arn: policies.remove_statement(document, label))
+    return {}
 
 
 async def _update_topic(call: Call, topic: pb.Topic, path: str) -> None:
@@ -287,6 +334,10 @@ async def tag_resource(call: Call) -> Result:
     name = _tagged_topic(call)
     tags = await _tags(call, name)
     tags.update({tag["Key"]: tag.get("Value", "") for tag in _required(call, "Tags")})
+    if len(tags) > MAX_TAGS:
+        raise SqsError(
+            TAG_LIMIT_EXCEEDED, "Could not complete request: tag quota of per resource exceeded"
+        )
     await _update_topic(call, pb.Topic(name=name, tags=tags), "tags")
     return {}
 
@@ -371,6 +422,7 @@ async def subscribe(call: Call) -> Result:
     topic = arns.topic_of(topic_arn, call.settings)
     protocol = _required(call, "Protocol")
     endpoint = call.params.get("Endpoint") or ""
+    await _topic(call, topic)  # NotFound before anything else, as SNS checks
     name = str(uuid.uuid4())
     subscription = pb.Subscription(name=name, topic=topic)
     subscription.sns_delivery.topic_arn = topic_arn
@@ -380,7 +432,7 @@ async def subscribe(call: Call) -> Result:
         {"Action": "Unsubscribe", "SubscriptionArn": subscription.sns_delivery.subscription_arn},
     )
     if protocol == "sqs":
-        subscription.queue = naming.queue_from_arn(endpoint, call.settings, "Endpoint")
+        subscription.queue = _subscribed_queue(call, endpoint, topic)
     elif protocol in ("http", "https"):
         if urlsplit(endpoint).scheme != protocol:
             raise InvalidParameter(
@@ -393,7 +445,6 @@ async def subscribe(call: Call) -> Result:
             f"endpoints, not {protocol[:40]}"
         )
     _apply_attributes(subscription, dict(call.params.get("Attributes") or {}))
-    await _topic(call, topic)  # NotFound before anything else
     for existing in await _all_subscriptions(call, topic):
         if _protocol(existing)[0] == protocol and (
             existing.queue == subscription.queue
@@ -426,6 +477,19 @@ async def subscribe(call: Call) -> Result:
     if call.params.get("ReturnSubscriptionArn"):
         return {"SubscriptionArn": subscription.sns_delivery.subscription_arn}
     return {"SubscriptionArn": "pending confirmation"}
+
+
+def _subscribed_queue(call: Call, endpoint: str, topic: str) -> str:
+    """The queue an sqs subscription's Endpoint names, checked as SNS checks it."""
+    if not endpoint.startswith("arn:"):
+        raise InvalidParameter("Invalid parameter: SQS endpoint ARN")
+    queue = naming.queue_from_arn(endpoint, call.settings, "Endpoint")
+    if _is_fifo(queue) and not _is_fifo(topic):
+        raise InvalidParameter(
+            "Invalid parameter: Invalid parameter: Endpoint Reason: FIFO SQS Queues can not be "
+            "subscribed to standard SNS topics"
+        )
+    return queue
 
 
 def _action_url(call: Call, params: dict[str, str]) -> str:
@@ -563,10 +627,9 @@ async def set_subscription_attributes(call: Call) -> Result:
             f"Invalid parameter: AttributeName Reason: {name[:100]} is not a subscription attribute"
         )
     _apply_attributes(subscription, {name: value})
-    paths = {
-        "FilterPolicy": ["filter_policy", "filter_policy_scope"],
-        "FilterPolicyScope": ["filter_policy_scope"],
-    }
+    # Each attribute changes its own field only: a scope set before (or without) a
+    # policy is kept when the policy comes.
+    paths = {"FilterPolicy": ["filter_policy"], "FilterPolicyScope": ["filter_policy_scope"]}
     await _call(
         call, call.backend.topics.UpdateSubscription,
         pb.UpdateSubscriptionRequest(
@@ -647,6 +710,16 @@ async def _content_deduplication(call: Call, topic: str, entries: list[dict[str,
     return attributes.get("ContentBasedDeduplication", "false").lower() == "true"
 
 
+async def _published_call(call: Call, method: Callable[..., Any], request: Any) -> Any:
+    """A Publish or PublishBatch call; a topic that is not there is SNS's NotFound."""
+    try:
+        return await _call(call, method, request)
+    except SqsError as error:
+        if error.kind is NOT_FOUND:
+            raise not_found("Topic does not exist") from None
+        raise
+
+
 def _published(response: Any, fifo: bool) -> Result:
     result: Result = {"MessageId": response.publish_id}
     if fifo:
@@ -672,7 +745,7 @@ async def publish(call: Call) -> Result:
         topic=topic, body=entry.body, attributes=entry.attributes, subject=entry.subject,
         ordering_key=entry.ordering_key, deduplication_id=entry.deduplication_id,
     )  # fmt: skip
-    response = await _call(call, call.backend.topics.Publish, request)
+    response = await _published_call(call, call.backend.topics.Publish, request)
     return _published(response, _is_fifo(topic))
 
 
@@ -685,13 +758,13 @@ async def publish_batch(call: Call) -> Result:
     if len(entries) > MAX_BATCH_ENTRIES:
         raise SqsError(
             TOO_MANY_ENTRIES_IN_BATCH_REQUEST,
-            f"The batch request contains more entries than permissible ({MAX_BATCH_ENTRIES})",
+            "The batch request contains more entries than permissible.",
         )
     ids = [entry.get("Id") or "" for entry in entries]
     if len(set(ids)) != len(ids):
         raise SqsError(
             BATCH_ENTRY_IDS_NOT_DISTINCT,
-            "Two or more batch entries in the request have the same Id",
+            "Two or more batch entries in the request have the same Id.",
         )
     for entry_id in ids:
         if (
@@ -709,6 +782,10 @@ async def publish_batch(call: Call) -> Result:
         raise SqsError(
             BATCH_REQUEST_TOO_LONG,
             f"The length of all the messages put together is more than the limit ({total} bytes).",
+        )
+    if _is_fifo(topic) and not all(entry.get("MessageGroupId") for entry in entries):
+        raise InvalidParameter(
+            "Invalid parameter: The MessageGroupId parameter is required for FIFO topics"
         )
     valid: list[tuple[str, pb.PublishBatchEntry]] = []
     failed: list[Result] = []
@@ -728,7 +805,7 @@ async def publish_batch(call: Call) -> Result:
     successful: list[Result] = []
     if valid:
         # One transaction: the valid entries are published together or not at all.
-        response = await _call(
+        response = await _published_call(
             call, call.backend.topics.PublishBatch,
             pb.PublishBatchRequest(topic=topic, entries=[e for _, e in valid]),
         )  # fmt: skip

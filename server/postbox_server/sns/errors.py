@@ -23,6 +23,7 @@ BATCH_ENTRY_IDS_NOT_DISTINCT = _kind("BatchEntryIdsNotDistinct")
 INVALID_BATCH_ENTRY_ID = _kind("InvalidBatchEntryId")
 BATCH_REQUEST_TOO_LONG = _kind("BatchRequestTooLong")
 INVALID_ACTION = _kind("InvalidAction")
+TAG_LIMIT_EXCEEDED = _kind("TagLimitExceeded")
 THROTTLED = ErrorKind("Throttled", 429, "ThrottledException", sender=False)
 
 # gRPC status -> SNS error, for calls on topics and subscriptions.

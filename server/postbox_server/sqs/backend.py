@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextvars
 import logging
+import re
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -75,6 +76,36 @@ def _auth_failure(error: grpc.aio.AioRpcError) -> SqsError | None:
     return None
 
 
+# postbox's names for what SQS and SNS clients know by AWS's names: a server error's
+# details reach the client in AWS's words. Longest first, so that no name is rewritten
+# inside a longer one.
+_AWS_NAMES = {
+    "content_based_deduplication": "ContentBasedDeduplication",
+    "redrive_allow_policy": "RedriveAllowPolicy",
+    "dead_letter_policy": "RedrivePolicy",
+    "dead_letter_queue": "deadLetterTargetArn",
+    "max_receive_count": "maxReceiveCount",
+    "deduplication_id": "MessageDeduplicationId",
+    "message_group_id": "MessageGroupId",
+    "max_message_size": "MaximumMessageSize",
+    "visibility_timeout": "VisibilityTimeout",
+    "receive_wait_time": "ReceiveMessageWaitTimeSeconds",
+    "delivery_delay": "DelaySeconds",
+    "filter_policy_scope": "FilterPolicyScope",
+    "filter_policy": "FilterPolicy",
+    "sns_attributes": "Attributes",
+    "retention": "MessageRetentionPeriod",
+}
+_POSTBOX_NAME = re.compile(r"\b(" + "|".join(_AWS_NAMES) + r")\b")
+# Server flags mean nothing to an SQS client: "(--max-message-size)" and the like.
+_FLAG = re.compile(r"\s*\(--[a-z-]+\)")
+
+
+def in_aws_words(details: str) -> str:
+    """A postbox server's error text with postbox's field names and flags in AWS's terms."""
+    return _POSTBOX_NAME.sub(lambda found: _AWS_NAMES[found.group(1)], _FLAG.sub("", details))
+
+
 def translate(error: grpc.aio.AioRpcError, overrides: dict[grpc.StatusCode, ErrorKind]) -> SqsError:
     code = error.code()
     if code == grpc.StatusCode.UNAUTHENTICATED:
@@ -92,7 +123,7 @@ def translate(error: grpc.aio.AioRpcError, overrides: dict[grpc.StatusCode, Erro
         )
     if kind is errors.SERVICE_UNAVAILABLE:
         return SqsError(kind, f"Service is unable to handle the request: {error.details()}")
-    return SqsError(kind, error.details() or code.name)
+    return SqsError(kind, in_aws_words(error.details() or code.name))
 
 
 class Backend:

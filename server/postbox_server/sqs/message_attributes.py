@@ -92,7 +92,12 @@ def split(
 
 
 def _attribute(name: str, value: Mapping[str, Any]) -> message_pb2.AttributeValue:
-    if not _NAME.match(name) or _RESERVED.match(name) or ".." in name:
+    if not _NAME.match(name):
+        raise invalid_parameter(  # SQS's words
+            f"The message attribute name '{name[:80]}' is invalid. Attribute name can contain "
+            "A-Z, a-z, 0-9, underscore (_), hyphen (-), and period (.) characters."
+        )
+    if _RESERVED.match(name) or ".." in name:
         raise invalid_parameter(
             f"Message (user) attribute name {quoted(name)} is invalid: "
             "names are 1 to 256 characters "
@@ -112,9 +117,9 @@ def _attribute(name: str, value: Mapping[str, Any]) -> message_pb2.AttributeValu
     if not data_type:
         raise invalid_parameter(f"The message attribute '{name}' must contain a data type.")
     if not _DATA_TYPE.match(data_type) or len(data_type) > 256:
-        raise invalid_parameter(
-            f"The type of message (user) attribute '{name}' is invalid. You must use only the "
-            "following supported type prefixes: Binary, Number, String."
+        raise invalid_parameter(  # SQS's words
+            f"The message attribute '{name}' has an invalid message attribute type, the set of "
+            "supported type prefixes is Binary, Number, and String."
         )
     if "StringListValues" in value or "BinaryListValues" in value:
         raise invalid_parameter(
@@ -170,13 +175,14 @@ def size(body: bytes, attributes: Mapping[str, message_pb2.AttributeValue]) -> i
 def select(
     attributes: Mapping[str, message_pb2.AttributeValue], wanted: Iterable[str]
 ) -> dict[str, message_pb2.AttributeValue]:
-    """The attributes a ReceiveMessage asked for: names, "All", ".*" or "prefix.*"."""
+    """The attributes a ReceiveMessage asked for: names, "All", ".*" or "*" (every one), or
+    "prefix.*" (those whose names start with the prefix, such as Custom1 for Custom.*)."""
     names, prefixes = set(), []
     for pattern in wanted:
-        if pattern in ("All", ".*"):
+        if pattern in ("All", ".*", "*"):
             return dict(attributes)
         if pattern.endswith(".*"):
-            prefixes.append(pattern[:-1])
+            prefixes.append(pattern[:-2])
         else:
             names.add(pattern)
     return {

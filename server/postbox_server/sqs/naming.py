@@ -21,9 +21,8 @@ def is_queue_name(name: str) -> bool:
 def new_queue_name(name: str) -> str:
     """A name for a queue to create; InvalidParameterValue, as SQS says, if it cannot be one."""
     if not is_queue_name(name):
-        raise invalid_parameter(
-            "Can only include alphanumeric characters, hyphens, or underscores. 1 to 80 in "
-            "length; FIFO queue names end with .fifo."
+        raise invalid_parameter(  # SQS's words, verbatim
+            "Can only include alphanumeric characters, hyphens, or underscores. 1 to 80 in length"
         )
     return name
 
@@ -55,7 +54,11 @@ def queue_from_path(path: str, settings: ShimSettings) -> str:
 
 
 def queue_from_url(url: str, settings: ShimSettings) -> str:
-    """The queue a QueueUrl names, whatever host it uses (clients may reach us by any)."""
+    """The queue a QueueUrl names, whatever host it uses (clients may reach us by any).
+    A bare queue name is accepted too, as SQS accepts it (boto3's Queue resource made
+    from a name sends the name as its URL)."""
+    if "/" not in url:
+        return existing_queue_name(url)
     return queue_from_path(urlsplit(url).path, settings)
 
 

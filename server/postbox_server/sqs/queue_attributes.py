@@ -10,7 +10,7 @@ from typing import Any
 from postbox.v1 import queue_service_pb2 as qpb
 
 from postbox_server.errors import quoted
-from postbox_server.sqs import naming
+from postbox_server.sqs import naming, policies
 from postbox_server.sqs.errors import INVALID_ATTRIBUTE_NAME, INVALID_ATTRIBUTE_VALUE, SqsError
 from postbox_server.sqs.settings import ShimSettings
 
@@ -229,6 +229,27 @@ class RedriveAllowPolicy(Attribute):
         return json.dumps(value, separators=(",", ":"))
 
 
+class Policy(Attribute):
+    """The queue's access policy document: kept and returned, not enforced (see
+    postbox_server/sqs/policies.py); an empty value removes it."""
+
+    def __init__(self) -> None:
+        super().__init__("access_policy")
+
+    def put(self, name: str, text: str, queue: qpb.Queue, settings: ShimSettings) -> None:
+        if text and policies.load(text) is None:
+            raise invalid_value(name, "must be a JSON object (a policy document).")
+        size = len(text.encode())
+        if size > policies.MAX_POLICY_BYTES:
+            raise invalid_value(
+                name, f"must be at most {policies.MAX_POLICY_BYTES} bytes, not {size}."
+            )
+        queue.access_policy = text
+
+    def get(self, queue: qpb.Queue, settings: ShimSettings) -> str | None:
+        return queue.access_policy or None
+
+
 # Settable SQS attributes, in the order GetQueueAttributes lists them.
 SETTABLE: dict[str, Attribute] = {
     "DelaySeconds": Whole("delivery_delay", 0, 900),
@@ -238,7 +259,9 @@ SETTABLE: dict[str, Attribute] = {
     "VisibilityTimeout": Whole("visibility_timeout", 0, 43_200),
     "RedrivePolicy": RedrivePolicy(),
     "RedriveAllowPolicy": RedriveAllowPolicy(),
-    "FifoQueue": FifoQueue(),
+    # SQS knows FifoQueue on FIFO queues only: on a standard queue, even "false" is
+    # InvalidAttributeName ("Unknown Attribute FifoQueue.").
+    "FifoQueue": FifoQueue(fifo_only=True),
     "ContentBasedDeduplication": Flag("content_based_deduplication", fifo_only=True),
     "DeduplicationScope": Fixed(
         "queue", "it deduplicates per queue, not per message group.", fifo_only=True
@@ -246,13 +269,9 @@ SETTABLE: dict[str, Attribute] = {
     "FifoThroughputLimit": Fixed(
         "perQueue", "it has no per-message-group throughput mode.", fifo_only=True
     ),
+    "Policy": Policy(),
     # Known to SQS, so not InvalidAttributeName; the values that mean "none" are
     # accepted (tools such as Terraform send them), any other is InvalidAttributeValue.
-    "Policy": Fixed(
-        "",
-        "queues have no access policy; control access with the shim's credentials.",
-        listed=False,
-    ),
     "SqsManagedSseEnabled": Fixed(
         "false", "encryption at rest is the database's, not the queue's."
     ),

@@ -10,11 +10,12 @@ from postbox.v1 import message_service_pb2 as pb
 
 from postbox_server.errors import quoted
 from postbox_server.sqs import batches, md5, message_attributes
-from postbox_server.sqs.actions.base import Call, Result, action, bounded
+from postbox_server.sqs.actions.base import Call, Result, action
 from postbox_server.sqs.actions.queues import get_queue
 from postbox_server.sqs.errors import (
     BATCH_REQUEST_TOO_LONG,
     INVALID_MESSAGE_CONTENTS,
+    INVALID_PARAMETER_VALUE,
     SqsError,
     invalid_parameter,
     missing_parameter,
@@ -60,7 +61,12 @@ def prepare(params: Mapping[str, Any], fifo: bool) -> pb.SendBatchEntry:
             "of allowed characters is #x9 | #xA | #xD | #x20 to #xD7FF | #xE000 to #xFFFD | "
             "#x10000 to #x10FFFF",
         )
-    delay = bounded(params, "DelaySeconds", 0, _MAX_DELAY)
+    delay = params.get("DelaySeconds")
+    if delay is not None and not 0 <= delay <= _MAX_DELAY:
+        raise invalid_parameter(  # SQS's words
+            f"Value {delay} for parameter DelaySeconds is invalid. "
+            f"Reason: DelaySeconds must be >= 0 and <= {_MAX_DELAY}."
+        )
     group = _token(params, "MessageGroupId")
     deduplication = _token(params, "MessageDeduplicationId")
     if fifo:
@@ -84,6 +90,19 @@ def prepare(params: Mapping[str, Any], fifo: bool) -> pb.SendBatchEntry:
     if delay is not None:
         entry.delay.FromSeconds(delay)
     return entry
+
+
+def _too_long(limit: int) -> SqsError:
+    return invalid_parameter(
+        f"One or more parameters are invalid. Reason: Message must be shorter than {limit} bytes."
+    )
+
+
+def _no_deduplication() -> SqsError:
+    return invalid_parameter(
+        "The queue should either have ContentBasedDeduplication enabled or "
+        "MessageDeduplicationId provided explicitly"
+    )
 
 
 def sequence_number(message_id: str) -> str:
@@ -115,6 +134,13 @@ async def send_message(call: Call) -> Result:
     queue = call.queue()
     fifo = is_fifo(queue)
     entry = prepare(call.params, fifo)
+    # Asked only when it matters, so that a send otherwise needs the send grant alone.
+    if (
+        fifo
+        and not entry.deduplication_id
+        and not (await get_queue(call, queue)).content_based_deduplication
+    ):
+        raise _no_deduplication()
     request = pb.SendRequest(
         queue=queue,
         body=entry.body,
@@ -124,7 +150,15 @@ async def send_message(call: Call) -> Result:
     )
     if entry.HasField("delay"):
         request.delay.CopyFrom(entry.delay)
-    response = await call.backend.call(call.backend.messages.Send, request)
+    try:
+        response = await call.backend.call(call.backend.messages.Send, request)
+    except SqsError as error:
+        # The queue's size limit is asked only once a send failed: SQS's words for it.
+        if error.kind is INVALID_PARAMETER_VALUE:
+            limit = (await get_queue(call, queue)).max_message_size
+            if message_attributes.size(entry.body, entry.attributes) > limit:
+                raise _too_long(limit) from None
+        raise
     return sent(entry, response.message_id, fifo)
 
 
@@ -160,20 +194,14 @@ async def send_message_batch(call: Call) -> Result:
             if not params.get("MessageDeduplicationId") and not (
                 described.content_based_deduplication
             ):
-                raise invalid_parameter(
-                    "The queue should either have ContentBasedDeduplication enabled or "
-                    "MessageDeduplicationId provided explicitly"
-                )
+                raise _no_deduplication()
     valid: list[tuple[str, pb.SendBatchEntry]] = []
     failed = []
     for params in entries:
         try:
             entry = prepare(params, fifo)
             if message_attributes.size(entry.body, entry.attributes) > limit:
-                raise invalid_parameter(
-                    f"One or more parameters are invalid. Reason: Message must be shorter than "
-                    f"{limit} bytes."
-                )
+                raise _too_long(limit)
         except SqsError as error:
             failed.append(batches.failure(params["Id"], error))
         else:

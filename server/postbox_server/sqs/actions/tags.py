@@ -6,6 +6,10 @@ from postbox.v1 import queue_service_pb2 as qpb
 
 from postbox_server.sqs.actions.base import Call, Result, action
 from postbox_server.sqs.actions.queues import get_queue, update_queue
+from postbox_server.sqs.errors import invalid_parameter, missing_parameter
+
+# SQS's limit on a queue's tags.
+MAX_TAGS = 50
 
 
 async def _retag(call: Call, change: dict[str, str], remove: list[str]) -> None:
@@ -14,19 +18,27 @@ async def _retag(call: Call, change: dict[str, str], remove: list[str]) -> None:
     tags.update(change)
     for key in remove:
         tags.pop(key, None)
+    if len(tags) > MAX_TAGS:
+        raise invalid_parameter(f"Too many tags added for queue {name}.")
     # A read-modify-write: a concurrent retag of the same queue may be overwritten.
     await update_queue(call, qpb.Queue(name=name, tags=tags), ["tags"])
 
 
 @action("TagQueue")
 async def tag_queue(call: Call) -> Result:
-    await _retag(call, call.required("Tags"), [])
+    tags = call.params.get("Tags")
+    if not tags:  # absent or empty, SQS says the same
+        raise missing_parameter("Tags")
+    await _retag(call, tags, [])
     return {}
 
 
 @action("UntagQueue")
 async def untag_queue(call: Call) -> Result:
-    await _retag(call, {}, call.required("TagKeys"))
+    keys = call.params.get("TagKeys")
+    if not keys or not all(1 <= len(key) <= 128 for key in keys):
+        raise invalid_parameter("Tag keys must be between 1 and 128 characters in length.")
+    await _retag(call, {}, keys)
     return {}
 
 

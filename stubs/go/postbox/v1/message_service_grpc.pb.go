@@ -52,7 +52,9 @@ type MessageServiceClient interface {
 	// not yet sent are released at once.
 	StreamingReceive(ctx context.Context, opts ...grpc.CallOption) (MessageService_StreamingReceiveClient, error)
 	// Deletes a received message. FAILED_PRECONDITION if the receipt is stale
-	// (the message was delivered again since); NOT_FOUND if the message is gone.
+	// (the message was delivered again since, or, in a FIFO queue, its visibility
+	// timeout has run out: the message heads its group again); NOT_FOUND if the
+	// message is gone.
 	Delete(ctx context.Context, in *DeleteRequest, opts ...grpc.CallOption) (*DeleteResponse, error)
 	// Deletes up to 1,000 received messages; each entry succeeds or fails on its
 	// own.
@@ -340,7 +342,9 @@ type MessageServiceServer interface {
 	// not yet sent are released at once.
 	StreamingReceive(MessageService_StreamingReceiveServer) error
 	// Deletes a received message. FAILED_PRECONDITION if the receipt is stale
-	// (the message was delivered again since); NOT_FOUND if the message is gone.
+	// (the message was delivered again since, or, in a FIFO queue, its visibility
+	// timeout has run out: the message heads its group again); NOT_FOUND if the
+	// message is gone.
 	Delete(context.Context, *DeleteRequest) (*DeleteResponse, error)
 	// Deletes up to 1,000 received messages; each entry succeeds or fails on its
 	// own.

@@ -29,7 +29,9 @@ type QueueServiceClient interface {
 	UpdateQueue(ctx context.Context, in *UpdateQueueRequest, opts ...grpc.CallOption) (*UpdateQueueResponse, error)
 	// Deletes a queue and every message in it. NOT_FOUND if it does not exist.
 	DeleteQueue(ctx context.Context, in *DeleteQueueRequest, opts ...grpc.CallOption) (*DeleteQueueResponse, error)
-	// Deletes every message in a queue, in flight or not; the queue stays.
+	// Deletes every message in a queue, in flight or not, and forgets the
+	// deduplication ids it has seen (a FIFO queue then accepts them again, as
+	// SQS's PurgeQueue does); the queue stays.
 	PurgeQueue(ctx context.Context, in *PurgeQueueRequest, opts ...grpc.CallOption) (*PurgeQueueResponse, error)
 	// Pauses sends and/or receives: they fail with UNAVAILABLE until resumed,
 	// while Receive streams already waiting keep waiting.
@@ -180,7 +182,9 @@ type QueueServiceServer interface {
 	UpdateQueue(context.Context, *UpdateQueueRequest) (*UpdateQueueResponse, error)
 	// Deletes a queue and every message in it. NOT_FOUND if it does not exist.
 	DeleteQueue(context.Context, *DeleteQueueRequest) (*DeleteQueueResponse, error)
-	// Deletes every message in a queue, in flight or not; the queue stays.
+	// Deletes every message in a queue, in flight or not, and forgets the
+	// deduplication ids it has seen (a FIFO queue then accepts them again, as
+	// SQS's PurgeQueue does); the queue stays.
 	PurgeQueue(context.Context, *PurgeQueueRequest) (*PurgeQueueResponse, error)
 	// Pauses sends and/or receives: they fail with UNAVAILABLE until resumed,
 	// while Receive streams already waiting keep waiting.

@@ -183,7 +183,9 @@ class MessageServiceServicer:
 
     def Delete(self, request, context):
         """Deletes a received message. FAILED_PRECONDITION if the receipt is stale
-        (the message was delivered again since); NOT_FOUND if the message is gone.
+        (the message was delivered again since, or, in a FIFO queue, its visibility
+        timeout has run out: the message heads its group again); NOT_FOUND if the
+        message is gone.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -77,7 +77,9 @@ class MessageServiceStub:
     """
     Delete: _grpc.UnaryUnaryMultiCallable[_message_service_pb2.DeleteRequest, _message_service_pb2.DeleteResponse]
     """Deletes a received message. FAILED_PRECONDITION if the receipt is stale
-    (the message was delivered again since); NOT_FOUND if the message is gone.
+    (the message was delivered again since, or, in a FIFO queue, its visibility
+    timeout has run out: the message heads its group again); NOT_FOUND if the
+    message is gone.
     """
     DeleteBatch: _grpc.UnaryUnaryMultiCallable[_message_service_pb2.DeleteBatchRequest, _message_service_pb2.DeleteBatchResponse]
     """Deletes up to 1,000 received messages; each entry succeeds or fails on its
@@ -171,7 +173,9 @@ class MessageServiceAsyncStub(MessageServiceStub):
     """
     Delete: _aio.UnaryUnaryMultiCallable[_message_service_pb2.DeleteRequest, _message_service_pb2.DeleteResponse]  # type: ignore[assignment]
     """Deletes a received message. FAILED_PRECONDITION if the receipt is stale
-    (the message was delivered again since); NOT_FOUND if the message is gone.
+    (the message was delivered again since, or, in a FIFO queue, its visibility
+    timeout has run out: the message heads its group again); NOT_FOUND if the
+    message is gone.
     """
     DeleteBatch: _aio.UnaryUnaryMultiCallable[_message_service_pb2.DeleteBatchRequest, _message_service_pb2.DeleteBatchResponse]  # type: ignore[assignment]
     """Deletes up to 1,000 received messages; each entry succeeds or fails on its
@@ -298,7 +302,9 @@ class MessageServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_message_service_pb2.DeleteResponse, _abc.Awaitable[_message_service_pb2.DeleteResponse]]:
         """Deletes a received message. FAILED_PRECONDITION if the receipt is stale
-        (the message was delivered again since); NOT_FOUND if the message is gone.
+        (the message was delivered again since, or, in a FIFO queue, its visibility
+        timeout has run out: the message heads its group again); NOT_FOUND if the
+        message is gone.
         """
 
     @_abc_1.abstractmethod

@@ -22,7 +22,7 @@ QUEUE_VIEW_BASIC: QueueView
 QUEUE_VIEW_FULL: QueueView
 
 class Queue(_message.Message):
-    __slots__ = ("name", "visibility_timeout", "delivery_delay", "retention", "max_message_size", "receive_wait_time", "create_time", "update_time", "stats", "fifo", "content_based_deduplication", "deduplication_window", "dead_letter_policy", "redrive_allow_policy", "retry_policy", "archive_on_delete", "archive_retention", "max_depth", "receive_rate_limit", "send_paused", "receive_paused", "tags", "purge_time")
+    __slots__ = ("name", "visibility_timeout", "delivery_delay", "retention", "max_message_size", "receive_wait_time", "create_time", "update_time", "stats", "fifo", "content_based_deduplication", "deduplication_window", "dead_letter_policy", "redrive_allow_policy", "retry_policy", "archive_on_delete", "archive_retention", "max_depth", "receive_rate_limit", "send_paused", "receive_paused", "tags", "purge_time", "access_policy")
     class TagsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -53,6 +53,7 @@ class Queue(_message.Message):
     RECEIVE_PAUSED_FIELD_NUMBER: _ClassVar[int]
     TAGS_FIELD_NUMBER: _ClassVar[int]
     PURGE_TIME_FIELD_NUMBER: _ClassVar[int]
+    ACCESS_POLICY_FIELD_NUMBER: _ClassVar[int]
     name: str
     visibility_timeout: _duration_pb2.Duration
     delivery_delay: _duration_pb2.Duration
@@ -76,7 +77,8 @@ class Queue(_message.Message):
     receive_paused: bool
     tags: _containers.ScalarMap[str, str]
     purge_time: _timestamp_pb2.Timestamp
-    def __init__(self, name: _Optional[str] = ..., visibility_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., delivery_delay: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., retention: _Optional[_Union[Retention, _Mapping]] = ..., max_message_size: _Optional[int] = ..., receive_wait_time: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., stats: _Optional[_Union[QueueStats, _Mapping]] = ..., fifo: _Optional[bool] = ..., content_based_deduplication: _Optional[bool] = ..., deduplication_window: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., dead_letter_policy: _Optional[_Union[DeadLetterPolicy, _Mapping]] = ..., redrive_allow_policy: _Optional[_Union[RedriveAllowPolicy, _Mapping]] = ..., retry_policy: _Optional[_Union[RetryPolicy, _Mapping]] = ..., archive_on_delete: _Optional[bool] = ..., archive_retention: _Optional[_Union[Retention, _Mapping]] = ..., max_depth: _Optional[int] = ..., receive_rate_limit: _Optional[float] = ..., send_paused: _Optional[bool] = ..., receive_paused: _Optional[bool] = ..., tags: _Optional[_Mapping[str, str]] = ..., purge_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    access_policy: str
+    def __init__(self, name: _Optional[str] = ..., visibility_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., delivery_delay: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., retention: _Optional[_Union[Retention, _Mapping]] = ..., max_message_size: _Optional[int] = ..., receive_wait_time: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., stats: _Optional[_Union[QueueStats, _Mapping]] = ..., fifo: _Optional[bool] = ..., content_based_deduplication: _Optional[bool] = ..., deduplication_window: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., dead_letter_policy: _Optional[_Union[DeadLetterPolicy, _Mapping]] = ..., redrive_allow_policy: _Optional[_Union[RedriveAllowPolicy, _Mapping]] = ..., retry_policy: _Optional[_Union[RetryPolicy, _Mapping]] = ..., archive_on_delete: _Optional[bool] = ..., archive_retention: _Optional[_Union[Retention, _Mapping]] = ..., max_depth: _Optional[int] = ..., receive_rate_limit: _Optional[float] = ..., send_paused: _Optional[bool] = ..., receive_paused: _Optional[bool] = ..., tags: _Optional[_Mapping[str, str]] = ..., purge_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., access_policy: _Optional[str] = ...) -> None: ...
 
 class Retention(_message.Message):
     __slots__ = ("period",)

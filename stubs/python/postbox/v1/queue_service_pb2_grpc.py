@@ -141,7 +141,9 @@ class QueueServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def PurgeQueue(self, request, context):
-        """Deletes every message in a queue, in flight or not; the queue stays.
+        """Deletes every message in a queue, in flight or not, and forgets the
+        deduplication ids it has seen (a FIFO queue then accepts them again, as
+        SQS's PurgeQueue does); the queue stays.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

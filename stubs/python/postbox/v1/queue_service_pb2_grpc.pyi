@@ -50,7 +50,10 @@ class QueueServiceStub:
     DeleteQueue: _grpc.UnaryUnaryMultiCallable[_queue_service_pb2.DeleteQueueRequest, _queue_service_pb2.DeleteQueueResponse]
     """Deletes a queue and every message in it. NOT_FOUND if it does not exist."""
     PurgeQueue: _grpc.UnaryUnaryMultiCallable[_queue_service_pb2.PurgeQueueRequest, _queue_service_pb2.PurgeQueueResponse]
-    """Deletes every message in a queue, in flight or not; the queue stays."""
+    """Deletes every message in a queue, in flight or not, and forgets the
+    deduplication ids it has seen (a FIFO queue then accepts them again, as
+    SQS's PurgeQueue does); the queue stays.
+    """
     PauseQueue: _grpc.UnaryUnaryMultiCallable[_queue_service_pb2.PauseQueueRequest, _queue_service_pb2.PauseQueueResponse]
     """Pauses sends and/or receives: they fail with UNAVAILABLE until resumed,
     while Receive streams already waiting keep waiting.
@@ -91,7 +94,10 @@ class QueueServiceAsyncStub(QueueServiceStub):
     DeleteQueue: _aio.UnaryUnaryMultiCallable[_queue_service_pb2.DeleteQueueRequest, _queue_service_pb2.DeleteQueueResponse]  # type: ignore[assignment]
     """Deletes a queue and every message in it. NOT_FOUND if it does not exist."""
     PurgeQueue: _aio.UnaryUnaryMultiCallable[_queue_service_pb2.PurgeQueueRequest, _queue_service_pb2.PurgeQueueResponse]  # type: ignore[assignment]
-    """Deletes every message in a queue, in flight or not; the queue stays."""
+    """Deletes every message in a queue, in flight or not, and forgets the
+    deduplication ids it has seen (a FIFO queue then accepts them again, as
+    SQS's PurgeQueue does); the queue stays.
+    """
     PauseQueue: _aio.UnaryUnaryMultiCallable[_queue_service_pb2.PauseQueueRequest, _queue_service_pb2.PauseQueueResponse]  # type: ignore[assignment]
     """Pauses sends and/or receives: they fail with UNAVAILABLE until resumed,
     while Receive streams already waiting keep waiting.
@@ -165,7 +171,10 @@ class QueueServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _queue_service_pb2.PurgeQueueRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_queue_service_pb2.PurgeQueueResponse, _abc.Awaitable[_queue_service_pb2.PurgeQueueResponse]]:
-        """Deletes every message in a queue, in flight or not; the queue stays."""
+        """Deletes every message in a queue, in flight or not, and forgets the
+        deduplication ids it has seen (a FIFO queue then accepts them again, as
+        SQS's PurgeQueue does); the queue stays.
+        """
 
     @_abc_1.abstractmethod
     def PauseQueue(

@@ -1407,7 +1407,9 @@ export declare const MessageService: GenService<{
   },
   /**
    * Deletes a received message. FAILED_PRECONDITION if the receipt is stale
-   * (the message was delivered again since); NOT_FOUND if the message is gone.
+   * (the message was delivered again since, or, in a FIFO queue, its visibility
+   * timeout has run out: the message heads its group again); NOT_FOUND if the
+   * message is gone.
    *
    * @generated from rpc postbox.v1.MessageService.Delete
    */

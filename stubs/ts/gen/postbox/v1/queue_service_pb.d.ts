@@ -203,6 +203,16 @@ export declare type Queue = Message<"postbox.v1.Queue"> & {
    * @generated from field: google.protobuf.Timestamp purge_time = 23;
    */
   purgeTime?: Timestamp | undefined;
+
+  /**
+   * Optional. An access policy document (the SQS queue attribute Policy, which
+   * AddPermission and RemovePermission edit): at most 20480 bytes, kept and
+   * returned as given. postbox does not enforce it: API keys decide who may
+   * do what. Empty: none.
+   *
+   * @generated from field: string access_policy = 24;
+   */
+  accessPolicy: string;
 };
 
 /**
@@ -1283,7 +1293,9 @@ export declare const QueueService: GenService<{
     output: typeof DeleteQueueResponseSchema;
   },
   /**
-   * Deletes every message in a queue, in flight or not; the queue stays.
+   * Deletes every message in a queue, in flight or not, and forgets the
+   * deduplication ids it has seen (a FIFO queue then accepts them again, as
+   * SQS's PurgeQueue does); the queue stays.
    *
    * @generated from rpc postbox.v1.QueueService.PurgeQueue
    */

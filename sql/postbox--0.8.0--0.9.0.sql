@@ -5501,6 +5501,9 @@ BEGIN
     END IF;
     s.webhook_maximum_backoff := make_interval(secs => number);
     RETURN s;
+END
+$$;
+
 -- The access policy document SQS clients set (Policy, AddPermission), kept and
 -- returned, not enforced; and purge_queue forgets the deduplication ids.
 ALTER TABLE postbox.queues ADD COLUMN access_policy text NOT NULL DEFAULT '';

@@ -287,8 +287,11 @@ def test_a_fifo_handle_whose_lease_ran_out_has_expired(sqs_any, fifo_queue):
         sqs_any.delete_message, QueueUrl=fifo_queue, ReceiptHandle=expired["ReceiptHandle"]
     )
     assert error["Code"] == "InvalidParameterValue"
+    # AWS's words, with the handle quoted as every error quotes input: a short prefix and
+    # its length (docs/reference/errors-and-limits.md), not the whole handle.
+    handle = expired["ReceiptHandle"]
     assert error["Message"] == (
-        f"Value {expired['ReceiptHandle']} for parameter ReceiptHandle is invalid. "
+        f"Value '{handle[:80]}'… ({len(handle)} bytes) for parameter ReceiptHandle is invalid. "
         "Reason: The receipt handle has expired."
     )
     (current,) = sqs_any.receive_message(QueueUrl=fifo_queue, VisibilityTimeout=60)["Messages"]

@@ -10,9 +10,13 @@ import grpc
 import pytest
 from postbox.v1 import message_pb2 as msg
 from postbox.v1 import message_service_pb2 as pb
+from postbox.v1 import message_service_pb2_grpc, queue_service_pb2_grpc
 from postbox.v1 import queue_service_pb2 as qpb
 from support import (
+    ServerProcess,
+    create_database,
     create_queue,
+    drop_database,
     error_of,
     eventually,
     metric,
@@ -318,7 +322,26 @@ def test_list_messages_filters_by_state_and_pages_across_every_queue(messages, q
         queues.DeleteQueue(qpb.DeleteQueueRequest(name=other))
 
 
-def test_metrics_count_in_flight_messages_per_consumer(server, messages, queue):
+@pytest.fixture
+def server_alone(admin_url: str):
+    """A server on a database of its own: the metric shows the busiest consumers of the
+    whole database, so messages other tests leave in flight would crowd these out."""
+    url = create_database(admin_url)
+    process = ServerProcess(url, metrics=True).start()
+    try:
+        yield process
+    finally:
+        process.stop()
+        drop_database(admin_url, url)
+
+
+def test_metrics_count_in_flight_messages_per_consumer(server_alone):
+    channel = grpc.insecure_channel(server_alone.target)
+    messages = message_service_pb2_grpc.MessageServiceStub(channel)
+    queue = create_queue(
+        queue_service_pb2_grpc.QueueServiceStub(channel), unique_name("inflight")
+    ).name
+    server = server_alone
     for _ in range(3):
         send(messages, queue)
     take(messages, queue, consumer_id="alpha")
@@ -334,6 +357,7 @@ def test_metrics_count_in_flight_messages_per_consumer(server, messages, queue):
     )
     unnamed = metric(samples, "postbox_consumer_messages_in_flight", queue=queue, consumer="(none)")
     assert unnamed == 1
+    channel.close()
 
 
 # The SQL door.

@@ -29,7 +29,7 @@ from schemathesis.checks import (
     response_schema_conformance,
     use_after_free,
 )
-from support import ROOT, HttpServer, bootstrap_key, create_database, drop_database
+from support import ROOT, HttpServerProcess, bootstrap_key, create_database, drop_database
 
 EXAMPLES = int(os.environ.get("POSTBOX_FUZZ_HTTP_EXAMPLES", "4"))
 SCHEMA = schemathesis.openapi.from_path(ROOT / "api" / "openapi.json")
@@ -68,7 +68,7 @@ class Target:
 def target(admin_url: str) -> Iterator[Target]:
     """A server of its own: its admin key turns auth on for the whole database."""
     url = create_database(admin_url, "postbox_fuzz_http")
-    server = HttpServer(url).start()
+    server = HttpServerProcess(url).start()
     loop = asyncio.new_event_loop()
     conn = loop.run_until_complete(asyncpg.connect(url))
     try:

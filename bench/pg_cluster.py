@@ -2,7 +2,8 @@
 
 The failover and PgBouncer tests stop, promote and kill servers, and the replication
 bench needs a standby, so they run their own on loopback ports in a temporary
-directory, whatever database the suite or the bench is otherwise given. PostgreSQL
+directory, whatever database the suite or the bench is otherwise given;
+scripts/test-postgres-versions runs one per major version from other binaries. PostgreSQL
 and PgBouncer refuse to run as root: as root (CI), they run as the `postgres` user
 that the Debian packages create. `.ci/run` installs both packages.
 """
@@ -45,11 +46,13 @@ def scratch_directory(prefix: str) -> Path:
 
 
 class Postgres:
-    """One PostgreSQL 15 server on a loopback port, trust auth, fsync on."""
+    """One PostgreSQL server on a loopback port, trust auth, fsync on: Debian's 15 unless
+    given another installation's bin directory."""
 
-    def __init__(self, data: Path, port: int | None = None) -> None:
+    def __init__(self, data: Path, port: int | None = None, bin_dir: Path = PG_BIN) -> None:
         self.data = data
         self.port = port or free_port()
+        self.bin_dir = bin_dir
 
     @property
     def address(self) -> str:
@@ -60,7 +63,7 @@ class Postgres:
 
     def initdb(self, *settings: str) -> Postgres:
         # --no-sync: initdb's own files need no flush for a test; the server keeps fsync on.
-        _run([str(PG_BIN / "initdb"), "-D", str(self.data), "-U", "postgres",
+        _run([str(self.bin_dir / "initdb"), "-D", str(self.data), "-U", "postgres",
               "--auth=trust", "--no-sync", "--no-instructions"])  # fmt: skip
         self.configure(
             "listen_addresses = '127.0.0.1'",
@@ -81,11 +84,11 @@ class Postgres:
     def base_backup_to(self, data: Path) -> None:
         """Makes `data` a standby of this server: pg_basebackup -R (primary_conninfo,
         standby.signal)."""
-        _run([str(PG_BIN / "pg_basebackup"), "-D", str(data), "-d", self.url(),
+        _run([str(self.bin_dir / "pg_basebackup"), "-D", str(data), "-d", self.url(),
               "-R", "-X", "stream", "-c", "fast", "--no-sync"])  # fmt: skip
 
     def _pg_ctl(self, *args: str) -> None:
-        _run([str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-w", *args])
+        _run([str(self.bin_dir / "pg_ctl"), "-D", str(self.data), "-w", *args])
 
     def start(self) -> Postgres:
         self._pg_ctl("-o", f"-p {self.port}", "-l", str(self.data / "server.log"), "start")
@@ -106,7 +109,7 @@ class Postgres:
 
     def sql(self, statement: str, database: str = "postgres") -> str:
         return _run(
-            [str(PG_BIN / "psql"), "-X", "-A", "-t", "-v", "ON_ERROR_STOP=1",
+            [str(self.bin_dir / "psql"), "-X", "-A", "-t", "-v", "ON_ERROR_STOP=1",
              "-d", self.url(database), "-c", statement],
             timeout=30,
         ).strip()  # fmt: skip

@@ -86,6 +86,9 @@ def _list_calls(channel: grpc.Channel, queue: str) -> dict[str, object]:
         "ListArchivedMessages": lambda t: messages.ListArchivedMessages(
             mpb.ListArchivedMessagesRequest(queue=queue, page_token=t)
         ),
+        "ListMessages": lambda t: messages.ListMessages(
+            mpb.ListMessagesRequest(queue=queue, page_token=t)
+        ),
         "ListTopics": lambda t: topics.ListTopics(tpb.ListTopicsRequest(page_token=t)),
         "ListSubscriptions": lambda t: topics.ListSubscriptions(
             tpb.ListSubscriptionsRequest(topic="no_such_topic", page_token=t)

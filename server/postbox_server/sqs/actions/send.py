@@ -28,9 +28,11 @@ MAX_BATCH_BYTES = 1024 * 1024
 _MAX_DELAY = 900
 
 
-def _not_for_this_queue(name: str, value: object) -> SqsError:
+def _not_for_this_queue(name: str, value: int | str) -> SqsError:
+    # A number is shown bare, as SQS shows it; a string as every error quotes input.
+    shown = str(value) if isinstance(value, int) else quoted(value)
     return invalid_parameter(
-        f"Value {quoted(str(value))} for parameter {name} is invalid. "
+        f"Value {shown} for parameter {name} is invalid. "
         "Reason: The request include parameter "
         "that is not valid for this queue type."
     )

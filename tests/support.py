@@ -463,7 +463,7 @@ async def under_load(
         # Activity is a snapshot per transaction: clear it to see the waits now.
         return await db.fetchval(
             "SELECT count(*) FROM pg_stat_clear_snapshot(), pg_stat_activity "
-            "WHERE wait_event_type = 'Lock' AND query LIKE $1",
+            "WHERE wait_event_type = 'Lock' AND query LIKE $1 AND datname = current_database()",
             f"%{statement}%",
         )
 

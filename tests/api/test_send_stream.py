@@ -150,7 +150,8 @@ async def test_a_server_restart_fails_sends_in_flight_with_unavailable(
             for _ in range(3000):
                 waiting = await db.fetchval(
                     "SELECT count(*) FROM pg_stat_clear_snapshot(), pg_stat_activity "
-                    "WHERE wait_event_type = 'Lock' AND query LIKE '%postbox.send_batch%'"
+                    "WHERE wait_event_type = 'Lock' AND query LIKE '%postbox.send_batch%' "
+                    "AND datname = current_database()"
                 )
                 if waiting:
                     break

@@ -403,7 +403,8 @@ async def test_redrives_go_on_while_cleanup_is_held_up(db, messages, queues, dlq
         for _ in range(600):
             cleanup_waiting = await db.fetchval(
                 "SELECT count(*) FROM pg_stat_clear_snapshot(), pg_stat_activity "
-                "WHERE wait_event_type = 'Lock' AND query LIKE '%postbox.expire_records%'"
+                "WHERE wait_event_type = 'Lock' AND query LIKE '%postbox.expire_records%' "
+                "AND datname = current_database()"
             )
             if cleanup_waiting:
                 break

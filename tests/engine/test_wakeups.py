@@ -203,7 +203,8 @@ async def _until_a_send_waits_on_a_lock(
         if sending.done():
             raise AssertionError(f"the send did not wait on the lock: {sending.result()}")
         if await conn.fetchval(
-            "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'advisory'"
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'advisory' "
+            "AND datname = current_database()"
         ):
             return await conn.fetchval("SELECT clock_timestamp()")
         await asyncio.sleep(0.01)
@@ -344,7 +345,8 @@ async def _until_waiting(conn: asyncpg.Connection, which: str) -> None:
     for _ in range(1500):  # up to 30 s: a loaded machine starts the statement late
         if await conn.fetchval(
             "SELECT count(*) FROM pg_stat_clear_snapshot(), pg_stat_activity "
-            f"WHERE wait_event_type = 'Lock' AND wait_event = 'relation' AND {which}"
+            f"WHERE wait_event_type = 'Lock' AND wait_event = 'relation' AND {which} "
+            "AND datname = current_database()"
         ):
             return
         await asyncio.sleep(0.02)

@@ -12,6 +12,7 @@ from postbox_client import Client
 from postbox_server.cli import output
 from postbox_server.cli.client import ClientParsers
 from postbox_server.cli.flags import Verbs
+from postbox_server.cli.messages import show_peeked
 
 PAGE = 1000  # queues per ListQueues page
 
@@ -48,13 +49,8 @@ def ls(args: argparse.Namespace, client: Client) -> int:
 
 
 def peek(args: argparse.Namespace, client: Client) -> int:
-    peeked = client.peek_messages(args.queue, args.limit)
-    if not peeked:
-        output.note(f"no message in {args.queue}")
-        return 0
     columns = ("message_id", "body", "receive_count", "dead_letter_source_queue", "last_error")
-    output.show(args, peeked, columns)
-    return 0
+    return show_peeked(args, client, columns)
 
 
 def redrive(args: argparse.Namespace, client: Client) -> int:

@@ -134,11 +134,16 @@ def receive(args: argparse.Namespace, client: Client) -> int:
 
 
 def peek(args: argparse.Namespace, client: Client) -> int:
+    return show_peeked(args, client, ("message_id", "body", "receive_count", "enqueue_time"))
+
+
+def show_peeked(args: argparse.Namespace, client: Client, columns: tuple[str, ...]) -> int:
+    """Up to --limit messages of a queue, not received (`messages peek`, `dlq peek`)."""
     peeked = client.peek_messages(args.queue, args.limit)
     if not peeked:
         output.note(f"no message in {args.queue}")
         return 0
-    output.show(args, peeked, ("message_id", "body", "receive_count", "enqueue_time"))
+    output.show(args, peeked, columns)
     return 0
 
 

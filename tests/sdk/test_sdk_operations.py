@@ -180,7 +180,7 @@ def test_api_keys_created_listed_and_revoked(admin_url):
     server = ServerProcess(url).start()
     try:
         with Client(server.target) as anonymous:
-            root = anonymous.create_key("root", {"*": "admin"})
+            root = anonymous.create_key("root", ["admin:*"])
             assert root.secret.startswith("pbk_")
             assert root.sigv4_secret_access_key
             deadline = time.monotonic() + 30
@@ -193,18 +193,21 @@ def test_api_keys_created_listed_and_revoked(admin_url):
                 time.sleep(0.05)
         with Client(server.target, api_key=root.secret) as client:
             expires = datetime.now(timezone.utc) + timedelta(days=30)
-            grant = apb.Grant(permission=apb.PERMISSION_SEND, pattern="orders-*")
-            sender = client.create_key("sender", [grant], expire_time=expires).key
+            grant = apb.Grant(permission=apb.PERMISSION_RECEIVE, pattern="orders-*")
+            sender = client.create_key("sender", ["send:orders-*", grant], expire_time=expires).key
             assert sender.expire_time.ToDatetime(tzinfo=timezone.utc) - expires < timedelta(1)
             listed = {key.name: key for key in client.list_keys(page_size=1)}
             assert sorted(listed) == ["root", "sender"]
-            assert listed["sender"].grants[0].pattern == "orders-*"
+            assert {(g.permission, g.pattern) for g in listed["sender"].grants} == {
+                (apb.PERMISSION_SEND, "orders-*"),
+                (apb.PERMISSION_RECEIVE, "orders-*"),
+            }
             client.delete_key("sender")
             assert [key.name for key in client.list_keys()] == ["root"]
             with pytest.raises(NotFound):
                 client.delete_key("sender")
-            with pytest.raises(ValueError, match="'no-such-permission' is not a permission"):
-                client.create_key("bad", {"*": "no-such-permission"})
+            with pytest.raises(ValueError, match="'write:orders' is not PERMISSION:PATTERN"):
+                client.create_key("bad", ["write:orders"])
     finally:
         server.stop()
         drop_database(admin_url, url)

@@ -12,10 +12,11 @@ import asyncio
 import re
 import sys
 from datetime import datetime, timedelta, timezone
-from typing import Any, cast
+from typing import Any
 
 from postbox.v1 import access_service_pb2 as pb
 from postbox_client import Client, PostboxError
+from postbox_client.operations import parse_grant
 
 from postbox_server.auth.secrets import Credentials, sigv4_secret
 from postbox_server.cli.client import ClientParsers, connect
@@ -39,16 +40,10 @@ def duration(text: str) -> timedelta:
 
 def grant(text: str) -> pb.Grant:
     """--grant PERMISSION:PATTERN, as in send:orders-* (the pattern is checked by the engine)."""
-    permission, separator, pattern = text.partition(":")
-    name = f"PERMISSION_{permission.strip().upper()}"
-    known = name in pb.Permission.DESCRIPTOR.values_by_name and name != "PERMISSION_UNSPECIFIED"
-    if not separator or not known:
-        raise argparse.ArgumentTypeError(
-            f"{text[:40]!r} is not PERMISSION:PATTERN with a permission of send, receive, "
-            "publish, read, manage or admin, as in send:orders-*"
-        )
-    # Value() gives the number; the generated stub types the field as the enum.
-    return pb.Grant(permission=cast("pb.Permission", pb.Permission.Value(name)), pattern=pattern)
+    try:
+        return parse_grant(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def _describe(key: pb.Key) -> str:

@@ -8,7 +8,7 @@ what an operator's script needs. Each is one call, or a listing that follows its
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime, timedelta
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -320,15 +320,15 @@ class Operations:
     def create_key(
         self,
         name: str,
-        grants: Sequence[access_service_pb2.Grant] | Mapping[str, str],
+        grants: Sequence[access_service_pb2.Grant | str],
         *,
         expire_time: datetime | None = None,
     ) -> access_service_pb2.CreateKeyResponse:
-        """Creates an API key with `grants` (Grant messages, or {pattern: permission} as
-        {"orders-*": "send"}); the answer holds its secret, shown only this once."""
-        if isinstance(grants, Mapping):
-            grants = [_grant(permission, pattern) for pattern, permission in grants.items()]
-        key = access_service_pb2.Key(name=name, grants=grants)
+        """Creates an API key with `grants`: Grant messages, or "PERMISSION:PATTERN" as in
+        "send:orders-*" (see `parse_grant`). The answer holds its secret, shown only this
+        once."""
+        parsed = [parse_grant(g) if isinstance(g, str) else g for g in grants]
+        key = access_service_pb2.Key(name=name, grants=parsed)
         if expire_time is not None:
             key.expire_time.FromDatetime(expire_time)
         return self.call(self.access.CreateKey, access_service_pb2.CreateKeyRequest(key=key))
@@ -343,14 +343,16 @@ class Operations:
         self.call(self.access.DeleteKey, access_service_pb2.DeleteKeyRequest(name=name))
 
 
-def _grant(permission: str, pattern: str) -> access_service_pb2.Grant:
-    """A Grant from a permission's short name (send, receive, publish, read, manage or
-    admin; another is a ValueError)."""
-    name = f"PERMISSION_{permission.upper()}"
+def parse_grant(text: str) -> access_service_pb2.Grant:
+    """A Grant from "PERMISSION:PATTERN", as in "send:orders-*": a permission of send,
+    receive, publish, read, manage or admin (another is a ValueError) on the names the
+    pattern matches (* matches any run of characters; the server checks the pattern)."""
+    permission, separator, pattern = text.partition(":")
+    name = f"PERMISSION_{permission.strip().upper()}"
     known = access_service_pb2.Permission.DESCRIPTOR.values_by_name
-    if name not in known or name == "PERMISSION_UNSPECIFIED":
+    if not separator or name not in known or name == "PERMISSION_UNSPECIFIED":
         raise ValueError(
-            f"{permission[:40]!r} is not a permission: send, receive, publish, read, manage "
-            "or admin"
+            f"{text[:40]!r} is not PERMISSION:PATTERN with a permission of send, receive, "
+            "publish, read, manage or admin, as in send:orders-*"
         )
     return access_service_pb2.Grant(permission=name, pattern=pattern)

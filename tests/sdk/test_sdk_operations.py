@@ -14,7 +14,7 @@ from postbox.v1 import queue_service_pb2 as qpb
 from postbox.v1 import schedule_service_pb2 as spb
 from postbox.v1 import stream_service_pb2 as stpb
 from postbox.v1 import topic_service_pb2 as tpb
-from postbox_client import Client, InvalidArgument, NotFound, Unauthenticated
+from postbox_client import AsyncClient, Client, InvalidArgument, NotFound, Unauthenticated
 from support import ServerProcess, create_database, drop_database, unique_name
 
 
@@ -211,3 +211,16 @@ def test_api_keys_created_listed_and_revoked(admin_url):
     finally:
         server.stop()
         drop_database(admin_url, url)
+
+
+async def test_the_async_receive_names_its_consumer_too(server):
+    name = unique_name("sdk_ops_async")
+    async with AsyncClient(server.target) as client:
+        await client.create_queue(name)
+        message_id = await client.send(name, "job")
+        (got,) = await client.receive(
+            name, consumer_id="async-worker", visibility_timeout=timedelta(seconds=30)
+        )
+        assert got.message_id == message_id
+    with Client(server.target) as blocking:
+        assert blocking.get_message(name, message_id).consumer_id == "async-worker"

@@ -232,10 +232,12 @@ class AsyncClient:
         *,
         wait: timedelta = timedelta(0),
         visibility_timeout: timedelta | None = None,
+        consumer_id: str = "",
     ) -> list[message_pb2.Message]:
-        """One batch, waiting up to `wait` for the first message; [] when none came."""
+        """One batch, waiting up to `wait` for the first message; [] when none came.
+        `consumer_id` names the receiver in the messages' state (GetMessage)."""
         request = message_service_pb2.ReceiveRequest(
-            queue=queue, max_messages=max_messages, wait_time=wait
+            queue=queue, max_messages=max_messages, wait_time=wait, consumer_id=consumer_id
         )
         if visibility_timeout is not None:
             request.visibility_timeout.FromTimedelta(visibility_timeout)

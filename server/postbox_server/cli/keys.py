@@ -21,7 +21,6 @@ from postbox_client.operations import parse_grant
 from postbox_server.auth.secrets import Credentials, sigv4_secret
 from postbox_server.cli.client import ClientParsers, connect
 from postbox_server.cli.flags import Verbs
-from postbox_server.services.access import grant_arrays, key_resource
 
 _DURATION = re.compile(r"^(\d+)([smhdw])$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -60,6 +59,7 @@ async def _on_database(args: argparse.Namespace) -> Any:
 
     from postbox_server.db.engine import Engine
     from postbox_server.db.migrate import migrate
+    from postbox_server.services.access import grant_arrays, key_resource
 
     conn = await asyncpg.connect(args.database_url)
     try:

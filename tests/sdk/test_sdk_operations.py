@@ -78,6 +78,12 @@ def test_messages_batches_lookups_and_listings(server):
         assert sorted(m.body for batch in batches for m in batch) == [b"m0", b"m1", b"m2"]
         with pytest.raises(NotFound):
             list(client.receive_continuously(unique_name("sdk_ops_missing")))
+        # Closed before its end, the stream is cancelled: nothing more comes, nothing raises.
+        client.send(name, "late")
+        stream = client.receive_continuously(name)
+        assert [m.body for m in next(stream)] == [b"late"]
+        stream.close()
+        assert list(stream) == []
 
 
 def test_a_redrive_moves_dead_letters_back(server):

@@ -178,11 +178,15 @@ class Operations:
             mode=message_service_pb2.RECEIVE_MODE_CONTINUOUS,
             max_total_messages=max_total_messages,
         )
+        stream = self.messages.Receive(request, metadata=self.metadata)
         try:
-            for response in self.messages.Receive(request, metadata=self.metadata):
+            for response in stream:
                 yield list(response.messages)
         except grpc.RpcError as error:
             raise from_rpc_error(error) from None
+        finally:
+            # A caller that stops early ends the stream now, not when it is collected.
+            stream.cancel()
 
     def get_message(self, queue: str, message_id: str) -> message_pb2.Message:
         """Where a message stands: its state, attempts, consumer and result."""

@@ -305,3 +305,58 @@ def test_messages_get_and_list_follow_a_job_through_its_life(server):
     missing = postbox("messages", "get", name, "999999999", *target)
     assert missing.returncode != 0
     assert "is not in queue" in missing.stderr
+
+
+def test_queue_updates_purges_and_schedule_verbs(server):
+    target = ["--target", server.target]
+    name = unique_name("cli_update")
+    ok("queues", "create", name, *target)
+    updated = json.loads(
+        ok("queues", "update", name, "--visibility-timeout", "9", "--retention", "forever",
+           "-o", "json", *target)
+    )  # fmt: skip
+    assert updated["visibility_timeout"] == "9s"
+    assert "period" not in updated["retention"]  # forever
+    untouched = json.loads(ok("queues", "get", name, "-o", "json", *target))["delivery_delay"]
+    nothing = postbox("queues", "update", name, *target)
+    assert (nothing.returncode, nothing.stderr.strip()) == (
+        2, "nothing to change: give at least one setting"
+    )  # fmt: skip
+    assert json.loads(ok("queues", "get", name, "-o", "json", *target))["delivery_delay"] == (
+        untouched
+    )
+    ok("messages", "send", name, "one", *target)
+    ok("messages", "send", name, "two", *target)
+    purged = postbox("queues", "purge", name, "-o", "json", *target)
+    assert purged.stderr.strip() == f"purged {name}"
+    assert json.loads(purged.stdout) == {"purged_messages": "2"}
+    paused = json.loads(ok("queues", "pause", name, "-o", "json", *target))
+    assert (paused["send_paused"], paused["receive_paused"]) == (True, True)
+    resumed = json.loads(ok("queues", "resume", name, "--sends", "-o", "json", *target))
+    assert (resumed["send_paused"], resumed["receive_paused"]) == (False, True)
+
+    topic = unique_name("cli_subs")
+    ok("topics", "create", topic, *target)
+    assert json.loads(ok("topics", "subscriptions", topic, "-o", "json", *target)) == []
+    assert json.loads(ok("topics", "get", topic, "-o", "json", *target))["name"] == topic
+
+    schedule = unique_name("cli_timer")
+    with grpc.insecure_channel(server.target) as channel:
+        schedule_service_pb2_grpc.ScheduleServiceStub(channel).CreateSchedule(
+            schedule_service_pb2.CreateScheduleRequest(
+                schedule=schedule_service_pb2.Schedule(
+                    name=schedule,
+                    interval=Duration(seconds=3600),
+                    target=schedule_service_pb2.ScheduleTarget(queue=name),
+                )
+            )
+        )
+    assert json.loads(ok("schedules", "pause", schedule, "-o", "json", *target))["paused"]
+    assert json.loads(ok("schedules", "get", schedule, "-o", "json", *target))["paused"]
+    assert not json.loads(ok("schedules", "resume", schedule, "-o", "json", *target))["paused"]
+    assert ok("schedules", "delete", schedule, *target) == ""
+    assert postbox("schedules", "get", schedule, *target).stderr.startswith("NOT_FOUND: ")
+    assert ok("schedules", "preview", "--run-at", "2030-01-01T10:00:00+01:00", *target) == (
+        "2030-01-01T09:00:00Z\n"
+    )
+    assert len(ok("schedules", "preview", "--interval", "60", "--count", "4", *target).split()) == 4

@@ -31,6 +31,7 @@ from postbox.v1 import (
 )
 
 from postbox_client.errors import PostboxError, Unavailable, from_rpc_error
+from postbox_client.operations import Operations
 from postbox_client.send_stream import SendStream
 
 T = TypeVar("T")
@@ -231,10 +232,12 @@ class AsyncClient:
         *,
         wait: timedelta = timedelta(0),
         visibility_timeout: timedelta | None = None,
+        consumer_id: str = "",
     ) -> list[message_pb2.Message]:
-        """One batch, waiting up to `wait` for the first message; [] when none came."""
+        """One batch, waiting up to `wait` for the first message; [] when none came.
+        `consumer_id` names the receiver in the messages' state (GetMessage)."""
         request = message_service_pb2.ReceiveRequest(
-            queue=queue, max_messages=max_messages, wait_time=wait
+            queue=queue, max_messages=max_messages, wait_time=wait, consumer_id=consumer_id
         )
         if visibility_timeout is not None:
             request.visibility_timeout.FromTimedelta(visibility_timeout)
@@ -292,8 +295,9 @@ class AsyncClient:
         return StreamReader(self, topic, group, **options)
 
 
-class Client:
-    """A blocking client; use `with Client(...) as client`."""
+class Client(Operations):
+    """A blocking client; use `with Client(...) as client`. Beyond the calls here, it
+    manages queues, topics, schedules and keys (postbox_client.operations)."""
 
     def __init__(
         self,
@@ -350,16 +354,32 @@ class Client:
         self.call(self.queues.DeleteQueue, queue_service_pb2.DeleteQueueRequest(name=name))
 
     def send(self, queue: str, body: bytes | str, **fields: Any) -> str:
+        return self.send_message(queue, body, **fields).message_id
+
+    def send_message(
+        self, queue: str, body: bytes | str, **fields: Any
+    ) -> message_service_pb2.SendResponse:
+        """As `send`, returning the whole answer: the id, and whether it was a duplicate."""
         request = message_service_pb2.SendRequest(queue=queue, **send_fields(body, **fields))
         repeatable = bool(fields.get("deduplication_id"))
-        return self.call(self.messages.Send, request, repeatable=repeatable).message_id
+        return self.call(self.messages.Send, request, repeatable=repeatable)
 
     def receive(
-        self, queue: str, max_messages: int = 10, *, wait: timedelta = timedelta(0)
+        self,
+        queue: str,
+        max_messages: int = 10,
+        *,
+        wait: timedelta = timedelta(0),
+        visibility_timeout: timedelta | None = None,
+        consumer_id: str = "",
     ) -> list[message_pb2.Message]:
+        """One batch, waiting up to `wait` for the first message; [] when none came.
+        `consumer_id` names the receiver in the messages' state (GetMessage)."""
         request = message_service_pb2.ReceiveRequest(
-            queue=queue, max_messages=max_messages, wait_time=wait
+            queue=queue, max_messages=max_messages, wait_time=wait, consumer_id=consumer_id
         )
+        if visibility_timeout is not None:
+            request.visibility_timeout.FromTimedelta(visibility_timeout)
         try:
             return [
                 message

@@ -2,7 +2,7 @@
 
 With --database-url the verbs act on the database directly (installing the engine
 if needed): that is how the first admin key is made. Otherwise they call
-AccessService on --target with the key of --api-key or POSTBOX_API_KEY.
+AccessService on --target, through the SDK, with the key of --api-key or POSTBOX_API_KEY.
 """
 
 from __future__ import annotations
@@ -12,14 +12,15 @@ import asyncio
 import re
 import sys
 from datetime import datetime, timedelta, timezone
-from typing import Any, cast
+from typing import Any
 
-import grpc
 from postbox.v1 import access_service_pb2 as pb
-from postbox.v1 import access_service_pb2_grpc
+from postbox_client import Client, PostboxError
+from postbox_client.operations import parse_grant
 
 from postbox_server.auth.secrets import Credentials, sigv4_secret
-from postbox_server.services.access import grant_arrays, key_resource
+from postbox_server.cli.client import ClientParsers, connect
+from postbox_server.cli.flags import Verbs
 
 _DURATION = re.compile(r"^(\d+)([smhdw])$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -38,16 +39,10 @@ def duration(text: str) -> timedelta:
 
 def grant(text: str) -> pb.Grant:
     """--grant PERMISSION:PATTERN, as in send:orders-* (the pattern is checked by the engine)."""
-    permission, separator, pattern = text.partition(":")
-    name = f"PERMISSION_{permission.strip().upper()}"
-    known = name in pb.Permission.DESCRIPTOR.values_by_name and name != "PERMISSION_UNSPECIFIED"
-    if not separator or not known:
-        raise argparse.ArgumentTypeError(
-            f"{text[:40]!r} is not PERMISSION:PATTERN with a permission of send, receive, "
-            "publish, read, manage or admin, as in send:orders-*"
-        )
-    # Value() gives the number; the generated stub types the field as the enum.
-    return pb.Grant(permission=cast("pb.Permission", pb.Permission.Value(name)), pattern=pattern)
+    try:
+        return parse_grant(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def _describe(key: pb.Key) -> str:
@@ -64,6 +59,7 @@ async def _on_database(args: argparse.Namespace) -> Any:
 
     from postbox_server.db.engine import Engine
     from postbox_server.db.migrate import migrate
+    from postbox_server.services.access import grant_arrays, key_resource
 
     conn = await asyncpg.connect(args.database_url)
     try:
@@ -97,27 +93,18 @@ async def _on_database(args: argparse.Namespace) -> Any:
         await engine.close()
 
 
-def _through_server(args: argparse.Namespace, channel: grpc.Channel) -> Any:
-    access = access_service_pb2_grpc.AccessServiceStub(channel)
+def _through_server(args: argparse.Namespace, client: Client) -> Any:
     if args.keys_verb == "create":
-        key = pb.Key(name=args.name, grants=args.grant)
-        if args.expires_in:
-            key.expire_time.FromDatetime(datetime.now(timezone.utc) + args.expires_in)
-        return access.CreateKey(pb.CreateKeyRequest(key=key))
+        expires = datetime.now(timezone.utc) + args.expires_in if args.expires_in else None
+        return client.create_key(args.name, args.grant, expire_time=expires)
     if args.keys_verb == "list":
-        keys: list[pb.Key] = []
-        token = ""
-        while True:
-            page = access.ListKeys(pb.ListKeysRequest(page_size=1000, page_token=token))
-            keys += page.keys
-            if not (token := page.next_page_token):
-                return keys
-    access.DeleteKey(pb.DeleteKeyRequest(name=args.name))
+        return list(client.list_keys(page_size=1000))
+    client.delete_key(args.name)
     return None
 
 
-def run(args: argparse.Namespace, channel: grpc.Channel | None) -> int:
-    """Runs a keys verb; `channel` (None with --database-url) reaches the server."""
+def run(args: argparse.Namespace) -> int:
+    """Runs a keys verb: on the database with --database-url, else through the server."""
     from postbox_server.errors import ApiError
 
     if args.keys_verb == "sigv4-secret":
@@ -127,15 +114,16 @@ def run(args: argparse.Namespace, channel: grpc.Channel | None) -> int:
         print(sigv4_secret(args.api_key))
         return 0
     try:
-        if channel is None:
+        if getattr(args, "database_url", None):
             result = asyncio.run(_on_database(args))
         else:
-            result = _through_server(args, channel)
+            with connect(args) as client:
+                result = _through_server(args, client)
     except ApiError as error:
         print(f"{error.code.name}: {error.message}", file=sys.stderr)
         return 1
-    except grpc.RpcError as error:
-        print(f"{error.code().name}: {error.details()}", file=sys.stderr)
+    except PostboxError as error:
+        print(error, file=sys.stderr)
         return 1
     if args.keys_verb == "create":
         print(f"created {_describe(result.key)}")
@@ -151,8 +139,8 @@ def run(args: argparse.Namespace, channel: grpc.Channel | None) -> int:
     return 0
 
 
-def add_parser(verbs: Any, client: argparse.ArgumentParser, run: Any) -> None:
-    """The `keys` verb, which `run` runs; `client` holds the flags every client verb takes."""
+def add_parser(verbs: Verbs, client: ClientParsers) -> None:
+    """The `keys` verb; it takes the connection flags of every client verb, not -o."""
     keys = verbs.add_parser("keys", help="create, list or revoke API keys")
     keys.set_defaults(run=run)
     keys_verbs = keys.add_subparsers(dest="keys_verb", required=True)
@@ -164,7 +152,9 @@ def add_parser(verbs: Any, client: argparse.ArgumentParser, run: Any) -> None:
         "admin key is made",
     )
     create = keys_verbs.add_parser(
-        "create", parents=[client, on_database], help="create a key; prints its secret last"
+        "create",
+        parents=[client.connection, on_database],
+        help="create a key; prints its secret last",
     )
     create.add_argument("name")
     create.add_argument(
@@ -177,11 +167,15 @@ def add_parser(verbs: Any, client: argparse.ArgumentParser, run: Any) -> None:
         "(* matches any run of characters), as in send:orders-* (repeatable)",
     )
     create.add_argument("--expires-in", type=duration, help="as in 30d, 12h, 90m (default: never)")
-    keys_verbs.add_parser("list", parents=[client, on_database], help="list keys (no secrets)")
-    revoke = keys_verbs.add_parser("revoke", parents=[client, on_database], help="revoke a key")
+    keys_verbs.add_parser(
+        "list", parents=[client.connection, on_database], help="list keys (no secrets)"
+    )
+    revoke = keys_verbs.add_parser(
+        "revoke", parents=[client.connection, on_database], help="revoke a key"
+    )
     revoke.add_argument("name")
     keys_verbs.add_parser(
         "sigv4-secret",
-        parents=[client],
+        parents=[client.connection],
         help="print the SQS secret access key of the key whose secret is POSTBOX_API_KEY",
     )

@@ -1,4 +1,4 @@
-"""How the operator CLI prints: snake_case fields as in the protos, bodies as text when they
+"""How the client verbs print: snake_case fields as in the protos, bodies as text when they
 are UTF-8, and tables, JSON or YAML (`-o`)."""
 
 from __future__ import annotations
@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import json
 import sys
+from argparse import Namespace
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -106,3 +107,15 @@ def _cell(value: Any) -> str:
 def note(text: str) -> None:
     """A remark for the person, not for a pipe: stderr."""
     print(text, file=sys.stderr)
+
+
+def show(args: Namespace, messages: Sequence[Message], columns: Sequence[str] = ()) -> None:
+    """A list of resources, as -o and --base64 ask (a JSON or YAML list; a table)."""
+    documents = [as_dict(m, raw_bodies=getattr(args, "base64", False)) for m in messages]
+    emit(documents, args.output, columns)
+
+
+def show_one(args: Namespace, message: Message) -> None:
+    """One resource, as -o and --base64 ask (a JSON or YAML object; a table of one row)."""
+    document = as_dict(message, raw_bodies=getattr(args, "base64", False))
+    emit([document], args.output, single=True)

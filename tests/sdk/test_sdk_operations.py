@@ -1,0 +1,232 @@
+"""The blocking Client's management calls (postbox_client.operations), against the real
+server: each call's effect is read back through another call."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from postbox.v1 import access_service_pb2 as apb
+from postbox.v1 import message_pb2
+from postbox.v1 import message_service_pb2 as mpb
+from postbox.v1 import queue_service_pb2 as qpb
+from postbox.v1 import schedule_service_pb2 as spb
+from postbox.v1 import stream_service_pb2 as stpb
+from postbox.v1 import topic_service_pb2 as tpb
+from postbox_client import AsyncClient, Client, InvalidArgument, NotFound, Unauthenticated
+from support import ServerProcess, create_database, drop_database, unique_name
+
+
+def test_queues_list_update_pause_and_purge(server):
+    name = unique_name("sdk_ops_queue")
+    with Client(server.target) as client:
+        client.create_queue(name)
+        client.send(name, "one")
+        # One a page: the listing follows the pages.
+        full = {q.name: q for q in client.list_queues(1, view=qpb.QUEUE_VIEW_FULL)}
+        assert full[name].stats.visible_messages == 1
+        basic = {q.name: q for q in client.list_queues()}
+        assert not basic[name].HasField("stats")
+
+        updated = client.update_queue(
+            name, ["visibility_timeout"], visibility_timeout=timedelta(seconds=7)
+        )
+        assert updated.visibility_timeout.seconds == 7
+        assert client.get_queue(name).visibility_timeout.seconds == 7
+
+        paused = client.pause_queue(name, sends=False)
+        assert (paused.send_paused, paused.receive_paused) == (False, True)
+        assert client.resume_queue(name).receive_paused is False
+
+        assert client.purge_queue(name).purged_messages == 1
+        assert client.peek_messages(name) == []
+        client.delete_queue(name)
+
+
+def test_messages_batches_lookups_and_listings(server):
+    name = unique_name("sdk_ops_messages")
+    with Client(server.target) as client:
+        client.create_queue(name, archive_on_delete=True)
+        sent = client.send_message(name, "first", attributes={"kind": "a"})
+        assert sent.message_id
+        assert sent.duplicate is False
+        entries = [mpb.SendBatchEntry(body=f"m{i}".encode()) for i in range(3)]
+        assert len(client.send_batch(name, entries).message_ids) == 3
+
+        (got,) = client.receive(
+            name, 1, consumer_id="sdk-worker", visibility_timeout=timedelta(seconds=30)
+        )
+        assert got.message_id == sent.message_id
+        looked_up = client.get_message(name, sent.message_id)
+        assert looked_up.state == message_pb2.MESSAGE_STATE_IN_FLIGHT
+        assert looked_up.consumer_id == "sdk-worker"
+
+        in_flight = client.list_messages(name, state=message_pb2.MESSAGE_STATE_IN_FLIGHT)
+        assert [m.message_id for m in in_flight] == [sent.message_id]
+        # Two a page: the listing follows the pages to every message.
+        assert len(list(client.list_messages(name, page_size=2))) == 4
+        # A peek shows the held message too, and stops at its limit.
+        assert [m.body for m in client.peek_messages(name, 2)] == [b"first", b"m0"]
+
+        client.delete_batch(name, [got.receipt])
+        assert client.get_message(name, sent.message_id).state == (
+            message_pb2.MESSAGE_STATE_SUCCEEDED
+        )
+        # A continuous receive ends after max_total_messages.
+        batches = list(client.receive_continuously(name, max_total_messages=3))
+        assert sorted(m.body for batch in batches for m in batch) == [b"m0", b"m1", b"m2"]
+        with pytest.raises(NotFound):
+            list(client.receive_continuously(unique_name("sdk_ops_missing")))
+        # Closed before its end, the stream is cancelled: nothing more comes, nothing raises.
+        client.send(name, "late")
+        stream = client.receive_continuously(name)
+        assert [m.body for m in next(stream)] == [b"late"]
+        stream.close()
+        assert list(stream) == []
+
+
+def test_a_redrive_moves_dead_letters_back(server):
+    dlq, name = unique_name("sdk_ops_dlq"), unique_name("sdk_ops_src")
+    with Client(server.target) as client:
+        client.create_queue(dlq)
+        policy = qpb.DeadLetterPolicy(dead_letter_queue=dlq, max_receive_count=1)
+        client.create_queue(name, dead_letter_policy=policy)
+        client.send(name, "poison")
+        # Delivery 1, given back at once; the next receive moves it to the dead-letter queue.
+        client.receive(name, visibility_timeout=timedelta(0))
+        assert client.receive(name) == []
+        assert [m.body for m in client.peek_messages(dlq)] == [b"poison"]
+
+        task = client.redrive_messages(dlq)
+        deadline = time.monotonic() + 30
+        while task.state != qpb.RedriveTask.STATE_COMPLETED:
+            assert time.monotonic() < deadline, task
+            time.sleep(0.05)
+            task = client.get_redrive_task(dlq, task.task_id) or task
+        assert task.moved_messages == 1
+        assert [t.task_id for t in client.list_redrive_tasks(dlq)] == [task.task_id]
+        assert [m.body for m in client.receive(name)] == [b"poison"]
+        assert client.get_redrive_task(dlq, "no-such-task") is None
+
+
+def test_topics_subscriptions_and_consumer_groups(server):
+    topic, queue = unique_name("sdk_ops_topic"), unique_name("sdk_ops_sub")
+    stream = unique_name("sdk_ops_stream")
+    with Client(server.target) as client:
+        client.create_queue(queue)
+        assert client.create_topic(topic).name == topic
+        subscription = tpb.Subscription(topic=topic, name="all", pattern="#", queue=queue)
+        client.call(
+            client.topics.CreateSubscription,
+            tpb.CreateSubscriptionRequest(subscription=subscription),
+        )
+        assert [s.name for s in client.list_subscriptions(topic)] == ["all"]
+        assert topic in [t.name for t in client.list_topics(page_size=1)]
+        assert client.get_topic(topic).name == topic
+        with pytest.raises(NotFound):
+            client.retry_webhook_delivery(topic, "no-such-subscription")
+
+        created = client.create_topic(stream, stream_retention=timedelta(hours=1))
+        assert created.stream_retention.seconds == 3600
+        group = stpb.ConsumerGroup(topic=stream, name="billing")
+        client.call(
+            client.streams.CreateConsumerGroup,
+            stpb.CreateConsumerGroupRequest(consumer_group=group),
+        )
+        client.publish(stream, "{}")
+        (listed,) = client.list_consumer_groups(stream)
+        assert (listed.name, listed.lag_messages) == ("billing", 1)
+        assert client.pause_consumer_group(stream, "billing").paused is True
+        assert client.resume_consumer_group(stream, "billing").paused is False
+
+        client.delete_topic(topic)
+        with pytest.raises(NotFound):
+            client.get_topic(topic)
+
+
+def test_schedules_pause_run_preview_and_delete(server):
+    queue, name = unique_name("sdk_ops_target"), unique_name("sdk_ops_schedule")
+    with Client(server.target) as client:
+        client.create_queue(queue)
+        schedule = spb.Schedule(
+            name=name,
+            interval=timedelta(hours=1),
+            target=spb.ScheduleTarget(queue=queue),
+            body=b"by hand",
+        )
+        client.call(client.schedules.CreateSchedule, spb.CreateScheduleRequest(schedule=schedule))
+        assert name in [s.name for s in client.list_schedules()]
+        assert client.pause_schedule(name).paused is True
+        assert client.get_schedule(name).paused is True
+        assert client.resume_schedule(name).paused is False
+        ran = client.run_schedule(name)
+        assert [m.message_id for m in client.receive(queue)] == list(ran.message_ids)
+
+        times = client.preview_schedule(cron="0 9 * * *", time_zone="Europe/Berlin", count=3)
+        assert len(times) == 3
+        assert all(t.ToDatetime().hour in (7, 8) for t in times)  # 09:00 in Berlin, in UTC
+        start = datetime(2030, 1, 1, 9, tzinfo=timezone.utc)
+        (once,) = client.preview_schedule(run_at=start)
+        assert once.ToDatetime(tzinfo=timezone.utc) == start
+        assert len(client.preview_schedule(interval=timedelta(minutes=5), count=2)) == 2
+        with pytest.raises(InvalidArgument):
+            client.preview_schedule(cron="61 * * * *")
+        with pytest.raises(ValueError, match="exactly one"):
+            client.preview_schedule(cron="* * * * *", interval=timedelta(minutes=1))
+
+        client.delete_schedule(name)
+        with pytest.raises(NotFound):
+            client.get_schedule(name)
+
+
+def test_api_keys_created_listed_and_revoked(admin_url):
+    """On a server of its own: the first key turns anonymous access off."""
+    url = create_database(admin_url, "postbox_sdk_keys")
+    server = ServerProcess(url).start()
+    try:
+        with Client(server.target) as anonymous:
+            root = anonymous.create_key("root", ["admin:*"])
+            assert root.secret.startswith("pbk_")
+            assert root.sigv4_secret_access_key
+            deadline = time.monotonic() + 30
+            while True:  # the server learns of its first key from a notification
+                try:
+                    list(anonymous.list_keys())
+                except Unauthenticated:
+                    break
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+        with Client(server.target, api_key=root.secret) as client:
+            expires = datetime.now(timezone.utc) + timedelta(days=30)
+            grant = apb.Grant(permission=apb.PERMISSION_RECEIVE, pattern="orders-*")
+            sender = client.create_key("sender", ["send:orders-*", grant], expire_time=expires).key
+            assert sender.expire_time.ToDatetime(tzinfo=timezone.utc) - expires < timedelta(1)
+            listed = {key.name: key for key in client.list_keys(page_size=1)}
+            assert sorted(listed) == ["root", "sender"]
+            assert {(g.permission, g.pattern) for g in listed["sender"].grants} == {
+                (apb.PERMISSION_SEND, "orders-*"),
+                (apb.PERMISSION_RECEIVE, "orders-*"),
+            }
+            client.delete_key("sender")
+            assert [key.name for key in client.list_keys()] == ["root"]
+            with pytest.raises(NotFound):
+                client.delete_key("sender")
+            with pytest.raises(ValueError, match="'write:orders' is not PERMISSION:PATTERN"):
+                client.create_key("bad", ["write:orders"])
+    finally:
+        server.stop()
+        drop_database(admin_url, url)
+
+
+async def test_the_async_receive_names_its_consumer_too(server):
+    name = unique_name("sdk_ops_async")
+    async with AsyncClient(server.target) as client:
+        await client.create_queue(name)
+        message_id = await client.send(name, "job")
+        (got,) = await client.receive(
+            name, consumer_id="async-worker", visibility_timeout=timedelta(seconds=30)
+        )
+        assert got.message_id == message_id
+    with Client(server.target) as blocking:
+        assert blocking.get_message(name, message_id).consumer_id == "async-worker"

@@ -42,6 +42,19 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
     return report
 
 
+# Areas whose tests start processes, clusters or JVMs of their own, hold the machine's
+# ports or time what the machine does: under pytest-xdist (the README's `-n 4 --dist
+# loadgroup`) each runs on one worker, in order, beside the other areas' parallel tests.
+SERIAL_AREAS = ("ops", "survival", "spark", "console")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        area = item.path.parent.name
+        if area in SERIAL_AREAS:
+            item.add_marker(pytest.mark.xdist_group(area))
+
+
 @pytest.fixture(scope="session")
 def admin_url() -> Iterator[str]:
     """A PostgreSQL superuser URL: $POSTBOX_TEST_DATABASE_URL, or an embedded server."""

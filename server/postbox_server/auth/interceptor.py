@@ -15,7 +15,14 @@ import grpc
 
 from postbox_server.auth import sigv4
 from postbox_server.auth.keys import ApiKey, KeyCache
-from postbox_server.auth.rules import ANY_RESOURCE, OPEN_SERVICES, RULES, Rule, resource_of
+from postbox_server.auth.rules import (
+    ANY_RESOURCE,
+    OPEN_SERVICES,
+    RULES,
+    Rule,
+    resource_of,
+    targets_of,
+)
 from postbox_server.errors import ApiError, Refused, quoted
 from postbox_server.interceptors import (
     AioMethodHandler,
@@ -121,6 +128,10 @@ def authorize(key: ApiKey, rule: Rule, request: Any) -> None:
     resource = resource_of(request, rule)
     if not any(key.allows(permission, resource) for permission in rule.permissions):
         raise denied(key, rule.permission, resource)
+    # The queue or topic the call would write into, besides the one it names.
+    for permission, target in targets_of(request, rule):
+        if not key.allows(permission, target):
+            raise denied(key, permission, target)
 
 
 def filter_listed(key: ApiKey, rule: Rule, listed: str, response: Any) -> Any:

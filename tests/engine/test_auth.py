@@ -203,9 +203,15 @@ def test_denial_names_permission_and_resource_never_the_secret(
     assert secret not in error.details()
     unknown = "pbk_" + "y" * 43
     error = error_of(
-        queues.ListQueues, queue_service_pb2.ListQueuesRequest(), metadata=bearer(unknown)
+        queues.ListQueues,
+        queue_service_pb2.ListQueuesRequest(),
+        metadata=[*bearer(unknown), ("x-request-id", "req-refused")],
     )
     assert error.code() == grpc.StatusCode.UNAUTHENTICATED
+    # A refused call still echoes its request id, next to why it was refused.
+    trailing = dict(error.trailing_metadata())
+    assert trailing["x-request-id"] == "req-refused"
+    assert trailing["postbox-auth-failure"] == "unknown-key"
     assert "y" * 10 not in error.details()
 
 

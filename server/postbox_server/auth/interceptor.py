@@ -32,6 +32,7 @@ from postbox_server.interceptors import (
     relay,
     yields,
 )
+from postbox_server.observability import request_ids
 
 # Trailing metadata of an UNAUTHENTICATED call saying why (missing, unknown-key, expired,
 # signature), so the SQS shim can answer with the error AWS would.
@@ -106,7 +107,7 @@ def authenticate(keys: KeyCache, metadata: Iterable[tuple[str, Any]] | None) -> 
 
 async def refuse(context: Context, error: ApiError) -> None:
     if isinstance(error, AuthFailure):
-        context.set_trailing_metadata(((FAILURE_METADATA, error.reason),))
+        context.set_trailing_metadata(((FAILURE_METADATA, error.reason), *request_ids.trailing()))
     await context.abort(error.code, error.message)
 
 

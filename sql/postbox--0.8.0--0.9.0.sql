@@ -5793,6 +5793,60 @@ BEGIN
 END
 $$;
 
+-- API keys' last use (issue 47): a table of its own, without api_keys' trigger
+-- (runtime state, left out of pg_dump), and the time in postbox.api_key.
+CREATE TABLE postbox.api_key_usage (
+    key_name text PRIMARY KEY REFERENCES postbox.api_keys (name) ON DELETE CASCADE ON UPDATE CASCADE,
+    last_used_at timestamptz NOT NULL
+);
+
+ALTER TYPE postbox.api_key ADD ATTRIBUTE last_used_at timestamptz;
+
+-- The key of that name with its grants; PB400 for a malformed name, PB404 if there is none.
+CREATE OR REPLACE FUNCTION postbox._api_key(key_name text) RETURNS postbox.api_key
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    k postbox.api_key;
+BEGIN
+    SELECT a.name, a.secret_sha256, a.sigv4_secret, a.expires_at, a.created_at, a.updated_at,
+           array(SELECT g.permission FROM postbox.api_key_grants g WHERE g.key_name = a.name ORDER BY g.permission, g.pattern),
+           array(SELECT g.pattern FROM postbox.api_key_grants g WHERE g.key_name = a.name ORDER BY g.permission, g.pattern),
+           (SELECT u.last_used_at FROM postbox.api_key_usage u WHERE u.key_name = a.name)
+    INTO k FROM postbox.api_keys a WHERE a.name = key_name;
+    IF NOT FOUND THEN
+        IF postbox.name_problem('key', key_name) IS NOT NULL THEN
+            PERFORM postbox._invalid(postbox.name_problem('key', key_name));
+        END IF;
+        RAISE EXCEPTION USING ERRCODE = 'PB404', MESSAGE = format('key %s does not exist', quote_literal(key_name));
+    END IF;
+    RETURN k;
+END
+$$;
+
+-- Every key with its grants: what a server process caches.
+CREATE OR REPLACE FUNCTION postbox.all_keys() RETURNS SETOF postbox.api_key
+LANGUAGE sql STABLE AS $$
+    SELECT a.name, a.secret_sha256, a.sigv4_secret, a.expires_at, a.created_at, a.updated_at,
+           coalesce(array_agg(g.permission ORDER BY g.permission, g.pattern) FILTER (WHERE g.permission IS NOT NULL), '{}'),
+           coalesce(array_agg(g.pattern ORDER BY g.permission, g.pattern) FILTER (WHERE g.permission IS NOT NULL), '{}'),
+           NULL::timestamptz  -- the cache checks calls; it has no use for this
+    FROM postbox.api_keys a LEFT JOIN postbox.api_key_grants g ON g.key_name = a.name
+    GROUP BY a.name
+$$;
+
+-- Records when keys were last used: key_names[i] at used_at[i]. A time older
+-- than the one stored leaves it (several servers flush out of order); keys
+-- deleted meanwhile are skipped.
+CREATE FUNCTION postbox.record_key_use(key_names text[], used_at timestamptz[]) RETURNS void
+LANGUAGE sql AS $$
+    INSERT INTO postbox.api_key_usage AS u (key_name, last_used_at)
+    SELECT a.name, max(x.used_at)
+    FROM unnest(key_names, used_at) AS x (key_name, used_at)
+    JOIN postbox.api_keys a ON a.name = x.key_name
+    GROUP BY a.name
+    ON CONFLICT (key_name) DO UPDATE SET last_used_at = greatest(u.last_used_at, excluded.last_used_at)
+$$;
+
 SELECT postbox._secure();
 
 INSERT INTO postbox.schema_version (version) VALUES ('0.9.0');

@@ -6166,6 +6166,15 @@ CREATE TABLE postbox.api_key_grants (
     PRIMARY KEY (key_name, permission, pattern)
 );
 
+-- When each key was last used (since 0.9.0). Each server process writes a key's
+-- time at most once a minute, for all keys of a flush in one statement. A table
+-- of its own, without api_keys' trigger: a write here must not make every
+-- server reload its keys. Runtime state: pg_dump leaves its rows out.
+CREATE TABLE postbox.api_key_usage (
+    key_name text PRIMARY KEY REFERENCES postbox.api_keys (name) ON DELETE CASCADE ON UPDATE CASCADE,
+    last_used_at timestamptz NOT NULL
+);
+
 DO $$
 BEGIN
     PERFORM pg_catalog.pg_extension_config_dump('postbox.api_keys', '');
@@ -6230,7 +6239,8 @@ CREATE TYPE postbox.api_key AS (
     created_at timestamptz,
     updated_at timestamptz,
     permissions text[],
-    patterns text[]
+    patterns text[],
+    last_used_at timestamptz
 );
 
 -- The key of that name with its grants; PB400 for a malformed name, PB404 if there is none.
@@ -6241,7 +6251,8 @@ DECLARE
 BEGIN
     SELECT a.name, a.secret_sha256, a.sigv4_secret, a.expires_at, a.created_at, a.updated_at,
            array(SELECT g.permission FROM postbox.api_key_grants g WHERE g.key_name = a.name ORDER BY g.permission, g.pattern),
-           array(SELECT g.pattern FROM postbox.api_key_grants g WHERE g.key_name = a.name ORDER BY g.permission, g.pattern)
+           array(SELECT g.pattern FROM postbox.api_key_grants g WHERE g.key_name = a.name ORDER BY g.permission, g.pattern),
+           (SELECT u.last_used_at FROM postbox.api_key_usage u WHERE u.key_name = a.name)
     INTO k FROM postbox.api_keys a WHERE a.name = key_name;
     IF NOT FOUND THEN
         IF postbox.name_problem('key', key_name) IS NOT NULL THEN
@@ -6336,9 +6347,23 @@ CREATE FUNCTION postbox.all_keys() RETURNS SETOF postbox.api_key
 LANGUAGE sql STABLE AS $$
     SELECT a.name, a.secret_sha256, a.sigv4_secret, a.expires_at, a.created_at, a.updated_at,
            coalesce(array_agg(g.permission ORDER BY g.permission, g.pattern) FILTER (WHERE g.permission IS NOT NULL), '{}'),
-           coalesce(array_agg(g.pattern ORDER BY g.permission, g.pattern) FILTER (WHERE g.permission IS NOT NULL), '{}')
+           coalesce(array_agg(g.pattern ORDER BY g.permission, g.pattern) FILTER (WHERE g.permission IS NOT NULL), '{}'),
+           NULL::timestamptz  -- the cache checks calls; it has no use for this
     FROM postbox.api_keys a LEFT JOIN postbox.api_key_grants g ON g.key_name = a.name
     GROUP BY a.name
+$$;
+
+-- Records when keys were last used: key_names[i] at used_at[i]. A time older
+-- than the one stored leaves it (several servers flush out of order); keys
+-- deleted meanwhile are skipped.
+CREATE FUNCTION postbox.record_key_use(key_names text[], used_at timestamptz[]) RETURNS void
+LANGUAGE sql AS $$
+    INSERT INTO postbox.api_key_usage AS u (key_name, last_used_at)
+    SELECT a.name, max(x.used_at)
+    FROM unnest(key_names, used_at) AS x (key_name, used_at)
+    JOIN postbox.api_keys a ON a.name = x.key_name
+    GROUP BY a.name
+    ON CONFLICT (key_name) DO UPDATE SET last_used_at = greatest(u.last_used_at, excluded.last_used_at)
 $$;
 
 -- Revokes a key: deleted, it stops working on every server within a second.

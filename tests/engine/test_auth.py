@@ -728,3 +728,36 @@ def test_a_team_key_cannot_route_messages_into_another_teams_queue(
     peek = message_service_pb2.PeekMessagesRequest(queue="team-b-jobs")
     messages = message_service_pb2_grpc.MessageServiceStub(auth_channel)
     assert not messages.PeekMessages(peek, metadata=admin).messages
+
+
+def test_a_keys_last_use_is_recorded_at_most_once_a_minute(
+    keys: Keys, auth_channel: grpc.Channel
+) -> None:
+    access = access_service_pb2_grpc.AccessServiceStub(auth_channel)
+    admin = bearer(keys.admin)
+
+    def create(name: str) -> str:
+        key = access_pb.Key(name=name, grants=[_grant("read", "*")])
+        return access.CreateKey(access_pb.CreateKeyRequest(key=key), metadata=admin).secret
+
+    def last_used(name: str) -> access_pb.Key:
+        return access.GetKey(access_pb.GetKeyRequest(name=name), metadata=admin).key
+
+    busy, idle = create("usage-busy"), create("usage-late")
+    assert not last_used("usage-busy").HasField("last_used_time")
+    ping = "/postbox.v1.QueueService/ListQueues"
+    before = time.time()
+    assert call_status(auth_channel, ping, busy) == grpc.StatusCode.OK
+    # A key's first use is written at once, in the background.
+    wait_until(lambda: last_used("usage-busy").HasField("last_used_time"), 5, "the first use")
+    first = last_used("usage-busy").last_used_time
+    assert before - 1 <= first.ToNanoseconds() / 1e9 <= time.time() + 1
+    for _ in range(20):
+        assert call_status(auth_channel, ping, busy) == grpc.StatusCode.OK
+    # Another key's first use makes the server write what is due: the busy key's later
+    # uses are not, within a minute of its last write.
+    assert call_status(auth_channel, ping, idle) == grpc.StatusCode.OK
+    wait_until(lambda: last_used("usage-late").HasField("last_used_time"), 5, "the other key")
+    assert last_used("usage-busy").last_used_time == first
+    listed = access.ListKeys(access_pb.ListKeysRequest(), metadata=admin).keys
+    assert {k.name: k.last_used_time for k in listed}["usage-busy"] == first

@@ -56,7 +56,8 @@ def _describe(key: pb.Key) -> str:
         for g in key.grants
     )
     expires = key.expire_time.ToJsonString() if key.HasField("expire_time") else "never"
-    return f"{key.name}\t{grants}\texpires {expires}"
+    used = key.last_used_time.ToJsonString() if key.HasField("last_used_time") else "never"
+    return f"{key.name}\t{grants}\texpires {expires}\tlast used {used}"
 
 
 async def _on_database(args: argparse.Namespace) -> Any:

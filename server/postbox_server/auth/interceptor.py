@@ -168,6 +168,7 @@ class Authorize(WrapsEachMethod):
         if not self._keys.enabled and not _metadata_value(metadata, SIGV4_REQUIRED_METADATA):
             return None
         key = authenticate(self._keys, metadata)
+        self._keys.note_use(key)
         if rule is None:
             raise ApiError(
                 grpc.StatusCode.PERMISSION_DENIED,

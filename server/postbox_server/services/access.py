@@ -56,6 +56,7 @@ def key_resource(row: Row) -> pb.Key:
         expire_time=convert.timestamp(row["expires_at"]),
         create_time=convert.timestamp(row["created_at"]),
         update_time=convert.timestamp(row["updated_at"]),
+        last_used_time=convert.timestamp(row["last_used_at"]),
     )
 
 

@@ -37,18 +37,20 @@ class Grant(_message.Message):
     def __init__(self, permission: _Optional[_Union[Permission, str]] = ..., pattern: _Optional[str] = ...) -> None: ...
 
 class Key(_message.Message):
-    __slots__ = ("name", "grants", "expire_time", "create_time", "update_time")
+    __slots__ = ("name", "grants", "expire_time", "create_time", "update_time", "last_used_time")
     NAME_FIELD_NUMBER: _ClassVar[int]
     GRANTS_FIELD_NUMBER: _ClassVar[int]
     EXPIRE_TIME_FIELD_NUMBER: _ClassVar[int]
     CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
     UPDATE_TIME_FIELD_NUMBER: _ClassVar[int]
+    LAST_USED_TIME_FIELD_NUMBER: _ClassVar[int]
     name: str
     grants: _containers.RepeatedCompositeFieldContainer[Grant]
     expire_time: _timestamp_pb2.Timestamp
     create_time: _timestamp_pb2.Timestamp
     update_time: _timestamp_pb2.Timestamp
-    def __init__(self, name: _Optional[str] = ..., grants: _Optional[_Iterable[_Union[Grant, _Mapping]]] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    last_used_time: _timestamp_pb2.Timestamp
+    def __init__(self, name: _Optional[str] = ..., grants: _Optional[_Iterable[_Union[Grant, _Mapping]]] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_used_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class CreateKeyRequest(_message.Message):
     __slots__ = ("key",)

@@ -81,6 +81,14 @@ export declare type Key = Message<"postbox.v1.Key"> & {
    * @generated from field: google.protobuf.Timestamp update_time = 5;
    */
   updateTime?: Timestamp | undefined;
+
+  /**
+   * Output only. When a call last presented the key; unset: never. Each server
+   * records a key's use at most once a minute, so it may lag by a minute or so.
+   *
+   * @generated from field: google.protobuf.Timestamp last_used_time = 6;
+   */
+  lastUsedTime?: Timestamp | undefined;
 };
 
 /**

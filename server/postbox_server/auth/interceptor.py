@@ -15,6 +15,7 @@ import grpc
 
 from postbox_server.auth import sigv4
 from postbox_server.auth.keys import ApiKey, KeyCache
+from postbox_server.auth.ratelimits import Throttled
 from postbox_server.auth.rules import (
     ANY_RESOURCE,
     OPEN_SERVICES,
@@ -106,6 +107,14 @@ def authenticate(keys: KeyCache, metadata: Iterable[tuple[str, Any]] | None) -> 
 
 
 async def refuse(context: Context, error: ApiError) -> None:
+    if isinstance(error, Throttled):
+        # An HTTP door answers 429 with Retry-After (request_ids.install).
+        request_ids.note_retry_after(error.retry_after)
+        await context.abort(
+            error.code,
+            error.message,
+            trailing_metadata=(*error.trailing_metadata(), *request_ids.trailing()),
+        )
     if isinstance(error, AuthFailure):
         context.set_trailing_metadata(((FAILURE_METADATA, error.reason), *request_ids.trailing()))
     await context.abort(error.code, error.message)
@@ -160,7 +169,7 @@ class Authorize(WrapsEachMethod):
     def wrap(self, handler: AioMethodHandler, method: str) -> Handler | None:
         if method.lstrip("/").split("/")[0] in OPEN_SERVICES:
             return None
-        return self._wrap(handler, self._rules.get(method))
+        return self._wrap(handler, self._rules.get(method), method)
 
     def _check(self, context: Context, rule: Rule | None) -> ApiKey | None:
         """The calling key (None while auth is off); raises ApiError for a refused call."""
@@ -176,8 +185,9 @@ class Authorize(WrapsEachMethod):
             )
         return key
 
-    def _wrap(self, handler: AioMethodHandler, rule: Rule | None) -> Handler:
+    def _wrap(self, handler: AioMethodHandler, rule: Rule | None, method: str) -> Handler:
         check = self._check
+        limiter = self._keys.limiter
 
         def admits(request: Any) -> bool:
             # An undecodable request is the decoder's to refuse (INVALID_ARGUMENT).
@@ -190,6 +200,8 @@ class Authorize(WrapsEachMethod):
                 # A key comes back only for a method with a rule.
                 if key is not None and rule is not None and admits(request):
                     authorize(key, rule, request)
+                    # Only an authorised call counts against the key's limits.
+                    limiter.check_call(key.name, key.limits, method, request)
             except ApiError as error:
                 await refuse(context, error)
             return key
@@ -220,11 +232,16 @@ class Authorize(WrapsEachMethod):
         ) -> AsyncGenerator[Any, None]:
             try:
                 key = check(context, rule)
+                if key is not None:
+                    limiter.check(key.name, key.limits, "call", 1)
             except ApiError as error:
                 await refuse(context, error)
 
             async def checked() -> AsyncIterator[Any]:
                 async for request in requests:
+                    if key is not None:
+                        # Over the key's limit, the stream waits rather than ends.
+                        await limiter.pace(key.name, key.limits, method)
                     # Requests after the first may leave the queue empty: it stays the first's.
                     if (
                         key is not None

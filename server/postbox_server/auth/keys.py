@@ -24,6 +24,7 @@ from datetime import datetime, timezone
 
 import asyncpg
 
+from postbox_server.auth.ratelimits import Limits, RateLimiter
 from postbox_server.auth.secrets import secret_sha256
 from postbox_server.db import hosts
 from postbox_server.db.engine import Row, application_name
@@ -70,6 +71,8 @@ class ApiKey:
     sigv4_secret: str
     expires_at: float | None  # seconds since the epoch
     grants: tuple[Grant, ...]
+    # Rate limits (ratelimits.py); None: none.
+    limits: Limits | None = field(default=None, compare=False)
 
     @classmethod
     def from_row(cls, row: Row) -> ApiKey:
@@ -83,6 +86,7 @@ class ApiKey:
                 Grant(permission, pattern)
                 for permission, pattern in zip(row["permissions"], row["patterns"], strict=True)
             ),
+            limits=Limits.from_json(row["rate_limits"]),
         )
 
     def expired(self, now: float | None = None) -> bool:
@@ -119,6 +123,8 @@ class KeyCache:
         self._used: dict[str, float] = {}
         self._written: dict[str, float] = {}
         self._usage_due = asyncio.Event()
+        # The keys' rate limits, shared among this database's server processes.
+        self.limiter = RateLimiter()
 
     @property
     def enabled(self) -> bool:
@@ -211,10 +217,21 @@ class KeyCache:
         begun = self._reloads_begun
         rows = await conn.fetch("SELECT * FROM postbox.all_keys()")
         self.replace(ApiKey.from_row(row) for row in rows)
+        await self._count_processes(conn)
         self._loaded.set()
         async with self._reloads_done:
             self._reloads_finished = begun
             self._reloads_done.notify_all()
+
+    async def _count_processes(self, conn: asyncpg.Connection) -> None:
+        """How many server processes share the rate limits: those listening for keys on
+        this database (each has one such connection, named by application_name)."""
+        count = await conn.fetchval(
+            "SELECT count(*) FROM pg_catalog.pg_stat_activity"
+            " WHERE datname = current_database() AND application_name LIKE 'postbox/%/keys'",
+            timeout=self._liveness_interval,
+        )
+        self.limiter.processes = max(1, int(count or 0))
 
     async def _listen_forever(self) -> None:
         while True:
@@ -248,7 +265,7 @@ class KeyCache:
                     if self._stale.is_set():
                         await self._reload(conn)
                     elif not wrote:  # a connection dropped without a word shows here
-                        await conn.fetchval("SELECT 1", timeout=self._liveness_interval)
+                        await self._count_processes(conn)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:

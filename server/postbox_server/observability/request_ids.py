@@ -17,9 +17,11 @@ by a new one (which the response then carries), never refused.
 
 from __future__ import annotations
 
+import math
 import re
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
+from contextvars import ContextVar
 from typing import Any
 
 from aiohttp import web
@@ -31,6 +33,11 @@ MAX_LENGTH = 128
 # Printable ASCII without the space (0x21-0x7e).
 _ACCEPTED = re.compile(rf"[\x21-\x7e]{{1,{MAX_LENGTH}}}")
 _REQUEST_KEY = "postbox_request_id"
+_NOTES_KEY = "postbox_http_notes"
+# What a call served over HTTP tells its response besides its id: the seconds a
+# throttled caller should wait (Retry-After). A dict the middleware puts in place, so
+# that the call's own tasks, which copy the context, write into the same one.
+_NOTES: ContextVar[dict[str, float] | None] = ContextVar("postbox_http_notes", default=None)
 
 
 def new() -> str:
@@ -42,6 +49,13 @@ def accept(value: object) -> str:
     if isinstance(value, str) and _ACCEPTED.fullmatch(value):
         return value
     return new()
+
+
+def note_retry_after(seconds: float) -> None:
+    """A throttled call's wait, for the HTTP response's Retry-After (gRPC has RetryInfo)."""
+    notes = _NOTES.get()
+    if notes is not None:
+        notes["retry_after"] = seconds
 
 
 def current() -> str | None:
@@ -82,18 +96,24 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 async def _middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     request_id = accept(request.headers.get(HEADER))
     request[_REQUEST_KEY] = request_id
+    notes = request[_NOTES_KEY] = {}
     # A keep-alive connection serves its requests in one task: reset, not just set.
-    token = REQUEST_ID.set(request_id)
+    token, notes_token = REQUEST_ID.set(request_id), _NOTES.set(notes)
     try:
         return await handler(request)
     finally:
         REQUEST_ID.reset(token)
+        _NOTES.reset(notes_token)
 
 
 async def _echo(request: web.Request, response: web.StreamResponse) -> None:
     request_id = request.get(_REQUEST_KEY)
     if request_id is not None:
         response.headers[HEADER] = request_id
+    retry_after = request.get(_NOTES_KEY, {}).get("retry_after")
+    if retry_after is not None and response.status == 429:
+        # Whole seconds (RFC 9110), rounded up so that a client waiting them succeeds.
+        response.headers["Retry-After"] = str(max(1, math.ceil(retry_after)))
 
 
 def install(app: web.Application) -> None:

@@ -761,3 +761,33 @@ def test_a_keys_last_use_is_recorded_at_most_once_a_minute(
     assert last_used("usage-busy").last_used_time == first
     listed = access.ListKeys(access_pb.ListKeysRequest(), metadata=admin).keys
     assert {k.name: k.last_used_time for k in listed}["usage-busy"] == first
+
+
+def test_dead_letter_source_queues_list_only_what_the_key_may_read(
+    keys: Keys, auth_database: str, auth_channel: grpc.Channel
+) -> None:
+    queues = queue_service_pb2_grpc.QueueServiceStub(auth_channel)
+    qpb = queue_service_pb2
+    admin = bearer(keys.admin)
+    queues.CreateQueue(qpb.CreateQueueRequest(queue=qpb.Queue(name="dlqx-dlq")), metadata=admin)
+    for source in ("dlqx-orders", "hidden-orders"):
+        policy = qpb.DeadLetterPolicy(dead_letter_queue="dlqx-dlq", max_receive_count=3)
+        queues.CreateQueue(
+            qpb.CreateQueueRequest(queue=qpb.Queue(name=source, dead_letter_policy=policy)),
+            metadata=admin,
+        )
+    reader = bootstrap_key(auth_database, "dlqx-reader", "read:dlqx-*")
+    wait_until(
+        lambda: (
+            call_status(auth_channel, "/postbox.v1.QueueService/ListQueues", reader)
+            == grpc.StatusCode.OK
+        ),
+        5,
+        "the new key",
+    )
+    request = qpb.ListDeadLetterSourceQueuesRequest(dead_letter_queue="dlqx-dlq")
+    everything = queues.ListDeadLetterSourceQueues(request, metadata=admin).queue_names
+    assert list(everything) == ["dlqx-orders", "hidden-orders"]
+    # The other team's queue is not even named.
+    seen = queues.ListDeadLetterSourceQueues(request, metadata=bearer(reader)).queue_names
+    assert list(seen) == ["dlqx-orders"]

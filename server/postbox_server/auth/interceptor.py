@@ -131,7 +131,7 @@ def denied(key: ApiKey, permission: str, resource: str) -> ApiError:
 
 def authorize(key: ApiKey, rule: Rule, request: Any) -> None:
     """Raises PERMISSION_DENIED unless the key may make this call."""
-    if rule.listed is not None:
+    if rule.listed is not None and rule.field is None:
         if not key.holds(rule.permission):
             raise denied(key, rule.permission, ANY_RESOURCE)
         return

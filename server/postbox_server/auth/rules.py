@@ -32,6 +32,8 @@ class Rule:
 
     Without a field the call names no single resource: a List that `listed` names is
     filtered to what the key may read, and anything else needs the permission on "*".
+    With a field and `listed`, the call needs the permission on the resource it names,
+    and its answer is filtered all the same (the names of other resources it lists).
     """
 
     permission: str
@@ -80,7 +82,8 @@ _QUEUES = {
     "PurgeQueue": Rule("manage", "name"),
     "PauseQueue": Rule("manage", "name"),
     "ResumeQueue": Rule("manage", "name"),
-    "ListDeadLetterSourceQueues": Rule("read", "dead_letter_queue"),
+    # Lists the queues that name it as their dead-letter queue: only those the key may read.
+    "ListDeadLetterSourceQueues": Rule("read", "dead_letter_queue", listed="queue_names"),
     # An empty destination returns each dead letter to the queue it came from: those
     # messages were that queue's, so no second grant is asked for.
     "RedriveMessages": Rule(

@@ -9,6 +9,8 @@ and the servers on it are counted.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -107,7 +109,7 @@ def _list_queues(queues, secret: str) -> grpc.RpcError | None:
 
 
 def test_the_key_keeps_its_limits_and_bad_ones_are_refused(
-    limited_server: HttpServerProcess, admin: str
+    limited_database: str, limited_server: HttpServerProcess, admin: str
 ) -> None:
     created = _create_key(
         limited_server.target, admin, "limits-shown", sends_per_second=5, send_burst=7
@@ -129,6 +131,15 @@ def test_the_key_keeps_its_limits_and_bad_ones_are_refused(
             )
             assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
             assert f"rate_limits.{next(iter(bad))}" in error.details()
+        # `postbox keys list` shows them, with the key's last use.
+        listed = subprocess.run(
+            [sys.executable, "-m", "postbox_server", "keys", "list",
+             "--database-url", limited_database],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert listed.returncode == 0, listed.stderr
+        (line,) = [line for line in listed.stdout.splitlines() if line.startswith("limits-shown")]
+        assert line.endswith("\tlast used never\tlimits sends_per_second=5 send_burst=7")
         # Lifting them: update_mask rate_limits with none set.
         update = access_pb.UpdateKeyRequest(key=access_pb.Key(name="limits-shown"))
         update.update_mask.paths.append("rate_limits")

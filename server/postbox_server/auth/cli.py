@@ -15,6 +15,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, cast
 
 import grpc
+from google.protobuf import json_format
 from postbox.v1 import access_service_pb2 as pb
 from postbox.v1 import access_service_pb2_grpc
 
@@ -57,7 +58,11 @@ def _describe(key: pb.Key) -> str:
     )
     expires = key.expire_time.ToJsonString() if key.HasField("expire_time") else "never"
     used = key.last_used_time.ToJsonString() if key.HasField("last_used_time") else "never"
-    return f"{key.name}\t{grants}\texpires {expires}\tlast used {used}"
+    line = f"{key.name}\t{grants}\texpires {expires}\tlast used {used}"
+    if key.HasField("rate_limits"):
+        limits = json_format.MessageToDict(key.rate_limits, preserving_proto_field_name=True)
+        line += "\tlimits " + " ".join(f"{name}={value:g}" for name, value in limits.items())
+    return line
 
 
 async def _on_database(args: argparse.Namespace) -> Any:

@@ -357,3 +357,29 @@ def test_a_redrive_policy_needs_send_on_its_dead_letter_queue(clients: Clients) 
         )
     )
     assert moved == "AccessDenied"
+
+
+def test_an_sns_subscription_needs_send_on_its_queue(clients: Clients) -> None:
+    import boto3
+
+    secret = bootstrap_key(
+        clients.database_url, "team-a-sns", "manage:team-a-*", "publish:team-a-*",
+        "send:team-a-*", "read:team-a-*",
+    )  # fmt: skip
+    sns = boto3.client(
+        "sns",
+        endpoint_url=clients.endpoint,
+        region_name="us-east-1",
+        aws_access_key_id="team-a-sns",
+        aws_secret_access_key=sigv4_secret(secret),
+        config=Config(retries={"max_attempts": 1, "mode": "standard"}),
+    )
+    wait_until(lambda: _error(lambda: sns.list_topics()) == "OK", 5, "the new key")
+    clients.admin.create_queue(QueueName="team-b-inbox")
+    topic = sns.create_topic(Name="team-a-news")["TopicArn"]
+    refused = _error(
+        lambda: sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint=_arn("team-b-inbox"))
+    )
+    assert refused == "AuthorizationError"
+    clients.admin.create_queue(QueueName="team-a-inbox")
+    sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint=_arn("team-a-inbox"))

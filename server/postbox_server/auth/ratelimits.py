@@ -41,7 +41,11 @@ SENDS: dict[str, Any] = {
     f"{_PREFIX}TopicService/Publish": lambda request: 1,
     f"{_PREFIX}TopicService/PublishBatch": lambda request: len(request.entries),
 }
-RECEIVES = {f"{_PREFIX}MessageService/Receive", f"{_PREFIX}StreamService/ReadStream"}
+RECEIVES = {
+    f"{_PREFIX}MessageService/Receive",
+    f"{_PREFIX}StreamService/ReadStream",
+    f"{_PREFIX}StreamService/ReadStreamRange",
+}
 # Streams whose every request counts (as one send or one receive).
 STREAMED = {
     f"{_PREFIX}MessageService/SendStream": "send",

@@ -273,9 +273,9 @@ type RateLimits struct {
 	// Optional. Most sends at once, 0 to 1,000,000; 0: one second's worth (at
 	// least 1).
 	SendBurst int32 `protobuf:"varint,2,opt,name=send_burst,json=sendBurst,proto3" json:"send_burst,omitempty"`
-	// Optional. Receives per second: each Receive and ReadStream call and each
-	// request of a StreamingReceive or StreamingReadStream. 0 to 1,000,000; 0: no
-	// limit.
+	// Optional. Receives per second: each Receive, ReadStream and ReadStreamRange
+	// call and each request of a StreamingReceive or StreamingReadStream. 0 to
+	// 1,000,000; 0: no limit.
 	ReceivesPerSecond float64 `protobuf:"fixed64,3,opt,name=receives_per_second,json=receivesPerSecond,proto3" json:"receives_per_second,omitempty"`
 	// Optional. Most receives at once, 0 to 1,000,000; 0: one second's worth (at
 	// least 1).

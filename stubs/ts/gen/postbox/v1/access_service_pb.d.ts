@@ -132,9 +132,9 @@ export declare type RateLimits = Message<"postbox.v1.RateLimits"> & {
   sendBurst: number;
 
   /**
-   * Optional. Receives per second: each Receive and ReadStream call and each
-   * request of a StreamingReceive or StreamingReadStream. 0 to 1,000,000; 0: no
-   * limit.
+   * Optional. Receives per second: each Receive, ReadStream and ReadStreamRange
+   * call and each request of a StreamingReceive or StreamingReadStream. 0 to
+   * 1,000,000; 0: no limit.
    *
    * @generated from field: double receives_per_second = 3;
    */

@@ -5793,6 +5793,139 @@ BEGIN
 END
 $$;
 
+-- API keys' last use (issue 47): a table of its own, without api_keys' trigger
+-- (runtime state, left out of pg_dump), and the time in postbox.api_key.
+CREATE TABLE postbox.api_key_usage (
+    key_name text PRIMARY KEY REFERENCES postbox.api_keys (name) ON DELETE CASCADE ON UPDATE CASCADE,
+    last_used_at timestamptz NOT NULL
+);
+
+ALTER TYPE postbox.api_key ADD ATTRIBUTE last_used_at timestamptz;
+-- _api_key and all_keys are replaced below, with the rate limits too.
+
+-- Records when keys were last used: key_names[i] at used_at[i]. A time older
+-- than the one stored leaves it (several servers flush out of order); keys
+-- deleted meanwhile are skipped.
+CREATE FUNCTION postbox.record_key_use(key_names text[], used_at timestamptz[]) RETURNS void
+LANGUAGE sql AS $$
+    INSERT INTO postbox.api_key_usage AS u (key_name, last_used_at)
+    SELECT a.name, max(x.used_at)
+    FROM unnest(key_names, used_at) AS x (key_name, used_at)
+    JOIN postbox.api_keys a ON a.name = x.key_name
+    GROUP BY a.name
+    ON CONFLICT (key_name) DO UPDATE SET last_used_at = greatest(u.last_used_at, excluded.last_used_at)
+$$;
+
+-- API keys' rate limits (issue 47): a column, and in postbox.api_key; create_key
+-- and update_key take them.
+ALTER TABLE postbox.api_keys ADD COLUMN rate_limits jsonb CHECK (jsonb_typeof(rate_limits) = 'object');
+ALTER TYPE postbox.api_key ADD ATTRIBUTE rate_limits jsonb;
+DROP FUNCTION postbox.create_key(text, bytea, text, text[], text[], timestamptz);
+DROP FUNCTION postbox.update_key(text, text[], text[], boolean, timestamptz);
+
+-- The key of that name with its grants; PB400 for a malformed name, PB404 if there is none.
+CREATE OR REPLACE FUNCTION postbox._api_key(key_name text) RETURNS postbox.api_key
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    k postbox.api_key;
+BEGIN
+    SELECT a.name, a.secret_sha256, a.sigv4_secret, a.expires_at, a.created_at, a.updated_at,
+           array(SELECT g.permission FROM postbox.api_key_grants g WHERE g.key_name = a.name ORDER BY g.permission, g.pattern),
+           array(SELECT g.pattern FROM postbox.api_key_grants g WHERE g.key_name = a.name ORDER BY g.permission, g.pattern),
+           (SELECT u.last_used_at FROM postbox.api_key_usage u WHERE u.key_name = a.name),
+           a.rate_limits
+    INTO k FROM postbox.api_keys a WHERE a.name = key_name;
+    IF NOT FOUND THEN
+        IF postbox.name_problem('key', key_name) IS NOT NULL THEN
+            PERFORM postbox._invalid(postbox.name_problem('key', key_name));
+        END IF;
+        RAISE EXCEPTION USING ERRCODE = 'PB404', MESSAGE = format('key %s does not exist', quote_literal(key_name));
+    END IF;
+    RETURN k;
+END
+$$;
+
+-- Creates a key from the SHA-256 of its secret and its derived SigV4 secret
+-- (the server makes the secret and shows it once), with grants, an optional
+-- expiry and optional rate limits. PB409 if a key of that name exists; PB400 for a bad name,
+-- grant or an expiry in the past.
+CREATE FUNCTION postbox.create_key(
+    key_name text, secret_sha256 bytea, sigv4_secret text, permissions text[], patterns text[],
+    expires_at timestamptz DEFAULT NULL, rate_limits jsonb DEFAULT NULL)
+RETURNS postbox.api_key
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF postbox.name_problem('key', key_name) IS NOT NULL THEN
+        PERFORM postbox._invalid(postbox.name_problem('key', key_name));
+    END IF;
+    IF postbox.grants_problem(permissions, patterns) IS NOT NULL THEN
+        PERFORM postbox._invalid(postbox.grants_problem(permissions, patterns));
+    END IF;
+    IF expires_at <= now() THEN
+        PERFORM postbox._invalid('expiry must lie in the future');
+    END IF;
+    INSERT INTO postbox.api_keys (name, secret_sha256, sigv4_secret, expires_at, rate_limits)
+    VALUES (key_name, secret_sha256, sigv4_secret, expires_at, rate_limits)
+    ON CONFLICT (name) DO NOTHING;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'PB409', MESSAGE = format('key %s already exists', quote_literal(key_name));
+    END IF;
+    INSERT INTO postbox.api_key_grants (key_name, permission, pattern)
+    SELECT DISTINCT key_name, g.permission, g.pattern FROM unnest(permissions, patterns) AS g (permission, pattern);
+    RETURN postbox._api_key(key_name);
+END
+$$;
+
+-- Replaces a key's grants (when `permissions` is not NULL), its expiry (when
+-- set_expiry; NULL expires_at: never) and/or its rate limits (when
+-- set_rate_limits; NULL: none). PB404 if there is no such key.
+CREATE FUNCTION postbox.update_key(
+    key_name text, permissions text[], patterns text[], set_expiry boolean, expires_at timestamptz,
+    set_rate_limits boolean DEFAULT false, rate_limits jsonb DEFAULT NULL)
+RETURNS postbox.api_key
+LANGUAGE plpgsql AS $$
+DECLARE
+    k postbox.api_key;
+BEGIN
+    PERFORM 1 FROM postbox.api_keys a WHERE a.name = key_name FOR UPDATE;
+    IF NOT FOUND THEN
+        k := postbox._api_key(key_name);  -- raises PB400 or PB404
+    END IF;
+    IF permissions IS NOT NULL THEN
+        IF postbox.grants_problem(permissions, patterns) IS NOT NULL THEN
+            PERFORM postbox._invalid(postbox.grants_problem(permissions, patterns));
+        END IF;
+        DELETE FROM postbox.api_key_grants g WHERE g.key_name = update_key.key_name;
+        INSERT INTO postbox.api_key_grants (key_name, permission, pattern)
+        SELECT DISTINCT update_key.key_name, g.permission, g.pattern
+        FROM unnest(permissions, patterns) AS g (permission, pattern);
+    END IF;
+    IF set_expiry THEN
+        IF expires_at <= now() THEN
+            PERFORM postbox._invalid('expiry must lie in the future');
+        END IF;
+        UPDATE postbox.api_keys a SET expires_at = update_key.expires_at WHERE a.name = key_name;
+    END IF;
+    IF set_rate_limits THEN
+        UPDATE postbox.api_keys a SET rate_limits = update_key.rate_limits WHERE a.name = key_name;
+    END IF;
+    UPDATE postbox.api_keys a SET updated_at = now() WHERE a.name = key_name;
+    RETURN postbox._api_key(key_name);
+END
+$$;
+
+-- Every key with its grants: what a server process caches.
+CREATE OR REPLACE FUNCTION postbox.all_keys() RETURNS SETOF postbox.api_key
+LANGUAGE sql STABLE AS $$
+    SELECT a.name, a.secret_sha256, a.sigv4_secret, a.expires_at, a.created_at, a.updated_at,
+           coalesce(array_agg(g.permission ORDER BY g.permission, g.pattern) FILTER (WHERE g.permission IS NOT NULL), '{}'),
+           coalesce(array_agg(g.pattern ORDER BY g.permission, g.pattern) FILTER (WHERE g.permission IS NOT NULL), '{}'),
+           NULL::timestamptz,  -- the cache checks calls; it has no use for the last use
+           a.rate_limits
+    FROM postbox.api_keys a LEFT JOIN postbox.api_key_grants g ON g.key_name = a.name
+    GROUP BY a.name
+$$;
+
 SELECT postbox._secure();
 
 INSERT INTO postbox.schema_version (version) VALUES ('0.9.0');

@@ -6154,7 +6154,10 @@ CREATE TABLE postbox.api_keys (
     sigv4_secret text NOT NULL,
     expires_at timestamptz,
     created_at timestamptz NOT NULL DEFAULT now(),
-    updated_at timestamptz NOT NULL DEFAULT now()
+    updated_at timestamptz NOT NULL DEFAULT now(),
+    -- Since 0.9.0: the key's rate limits, as the API's RateLimits message in JSON
+    -- (proto field names); NULL: none. The server checks the values.
+    rate_limits jsonb CHECK (jsonb_typeof(rate_limits) = 'object')
 );
 
 -- A grant: `permission` on every resource whose name matches `pattern`, where
@@ -6164,6 +6167,15 @@ CREATE TABLE postbox.api_key_grants (
     permission text NOT NULL CHECK (permission IN ('send', 'receive', 'publish', 'read', 'manage', 'admin')),
     pattern text NOT NULL,
     PRIMARY KEY (key_name, permission, pattern)
+);
+
+-- When each key was last used (since 0.9.0). Each server process writes a key's
+-- time at most once a minute, for all keys of a flush in one statement. A table
+-- of its own, without api_keys' trigger: a write here must not make every
+-- server reload its keys. Runtime state: pg_dump leaves its rows out.
+CREATE TABLE postbox.api_key_usage (
+    key_name text PRIMARY KEY REFERENCES postbox.api_keys (name) ON DELETE CASCADE ON UPDATE CASCADE,
+    last_used_at timestamptz NOT NULL
 );
 
 DO $$
@@ -6230,7 +6242,9 @@ CREATE TYPE postbox.api_key AS (
     created_at timestamptz,
     updated_at timestamptz,
     permissions text[],
-    patterns text[]
+    patterns text[],
+    last_used_at timestamptz,
+    rate_limits jsonb
 );
 
 -- The key of that name with its grants; PB400 for a malformed name, PB404 if there is none.
@@ -6241,7 +6255,9 @@ DECLARE
 BEGIN
     SELECT a.name, a.secret_sha256, a.sigv4_secret, a.expires_at, a.created_at, a.updated_at,
            array(SELECT g.permission FROM postbox.api_key_grants g WHERE g.key_name = a.name ORDER BY g.permission, g.pattern),
-           array(SELECT g.pattern FROM postbox.api_key_grants g WHERE g.key_name = a.name ORDER BY g.permission, g.pattern)
+           array(SELECT g.pattern FROM postbox.api_key_grants g WHERE g.key_name = a.name ORDER BY g.permission, g.pattern),
+           (SELECT u.last_used_at FROM postbox.api_key_usage u WHERE u.key_name = a.name),
+           a.rate_limits
     INTO k FROM postbox.api_keys a WHERE a.name = key_name;
     IF NOT FOUND THEN
         IF postbox.name_problem('key', key_name) IS NOT NULL THEN
@@ -6254,12 +6270,12 @@ END
 $$;
 
 -- Creates a key from the SHA-256 of its secret and its derived SigV4 secret
--- (the server makes the secret and shows it once), with grants and an
--- optional expiry. PB409 if a key of that name exists; PB400 for a bad name,
+-- (the server makes the secret and shows it once), with grants, an optional
+-- expiry and optional rate limits. PB409 if a key of that name exists; PB400 for a bad name,
 -- grant or an expiry in the past.
 CREATE FUNCTION postbox.create_key(
     key_name text, secret_sha256 bytea, sigv4_secret text, permissions text[], patterns text[],
-    expires_at timestamptz DEFAULT NULL)
+    expires_at timestamptz DEFAULT NULL, rate_limits jsonb DEFAULT NULL)
 RETURNS postbox.api_key
 LANGUAGE plpgsql AS $$
 BEGIN
@@ -6272,8 +6288,8 @@ BEGIN
     IF expires_at <= now() THEN
         PERFORM postbox._invalid('expiry must lie in the future');
     END IF;
-    INSERT INTO postbox.api_keys (name, secret_sha256, sigv4_secret, expires_at)
-    VALUES (key_name, secret_sha256, sigv4_secret, expires_at)
+    INSERT INTO postbox.api_keys (name, secret_sha256, sigv4_secret, expires_at, rate_limits)
+    VALUES (key_name, secret_sha256, sigv4_secret, expires_at, rate_limits)
     ON CONFLICT (name) DO NOTHING;
     IF NOT FOUND THEN
         RAISE EXCEPTION USING ERRCODE = 'PB409', MESSAGE = format('key %s already exists', quote_literal(key_name));
@@ -6284,10 +6300,12 @@ BEGIN
 END
 $$;
 
--- Replaces a key's grants (when `permissions` is not NULL) and/or its expiry
--- (when set_expiry; NULL expires_at: never). PB404 if there is no such key.
+-- Replaces a key's grants (when `permissions` is not NULL), its expiry (when
+-- set_expiry; NULL expires_at: never) and/or its rate limits (when
+-- set_rate_limits; NULL: none). PB404 if there is no such key.
 CREATE FUNCTION postbox.update_key(
-    key_name text, permissions text[], patterns text[], set_expiry boolean, expires_at timestamptz)
+    key_name text, permissions text[], patterns text[], set_expiry boolean, expires_at timestamptz,
+    set_rate_limits boolean DEFAULT false, rate_limits jsonb DEFAULT NULL)
 RETURNS postbox.api_key
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -6311,6 +6329,9 @@ BEGIN
             PERFORM postbox._invalid('expiry must lie in the future');
         END IF;
         UPDATE postbox.api_keys a SET expires_at = update_key.expires_at WHERE a.name = key_name;
+    END IF;
+    IF set_rate_limits THEN
+        UPDATE postbox.api_keys a SET rate_limits = update_key.rate_limits WHERE a.name = key_name;
     END IF;
     UPDATE postbox.api_keys a SET updated_at = now() WHERE a.name = key_name;
     RETURN postbox._api_key(key_name);
@@ -6336,9 +6357,24 @@ CREATE FUNCTION postbox.all_keys() RETURNS SETOF postbox.api_key
 LANGUAGE sql STABLE AS $$
     SELECT a.name, a.secret_sha256, a.sigv4_secret, a.expires_at, a.created_at, a.updated_at,
            coalesce(array_agg(g.permission ORDER BY g.permission, g.pattern) FILTER (WHERE g.permission IS NOT NULL), '{}'),
-           coalesce(array_agg(g.pattern ORDER BY g.permission, g.pattern) FILTER (WHERE g.permission IS NOT NULL), '{}')
+           coalesce(array_agg(g.pattern ORDER BY g.permission, g.pattern) FILTER (WHERE g.permission IS NOT NULL), '{}'),
+           NULL::timestamptz,  -- the cache checks calls; it has no use for the last use
+           a.rate_limits
     FROM postbox.api_keys a LEFT JOIN postbox.api_key_grants g ON g.key_name = a.name
     GROUP BY a.name
+$$;
+
+-- Records when keys were last used: key_names[i] at used_at[i]. A time older
+-- than the one stored leaves it (several servers flush out of order); keys
+-- deleted meanwhile are skipped.
+CREATE FUNCTION postbox.record_key_use(key_names text[], used_at timestamptz[]) RETURNS void
+LANGUAGE sql AS $$
+    INSERT INTO postbox.api_key_usage AS u (key_name, last_used_at)
+    SELECT a.name, max(x.used_at)
+    FROM unnest(key_names, used_at) AS x (key_name, used_at)
+    JOIN postbox.api_keys a ON a.name = x.key_name
+    GROUP BY a.name
+    ON CONFLICT (key_name) DO UPDATE SET last_used_at = greatest(u.last_used_at, excluded.last_used_at)
 $$;
 
 -- Revokes a key: deleted, it stops working on every server within a second.

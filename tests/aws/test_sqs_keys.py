@@ -34,6 +34,7 @@ from support import (
     sqs_client,
 )
 
+from postbox_server.auth.secrets import sigv4_secret
 from postbox_server.sqs.actions import HANDLERS
 
 # Well-formed, so that every call reaches the server (which alone knows keys): a task
@@ -320,3 +321,65 @@ def test_shim_refuses_a_network_address_without_credentials_or_keys(admin_url: s
     finally:
         server.stop()
         drop_database(admin_url, url)
+
+
+def test_a_redrive_policy_needs_send_on_its_dead_letter_queue(clients: Clients) -> None:
+    secret = bootstrap_key(
+        clients.database_url, "team-a-sqs", "manage:team-a-*", "send:team-a-*", "read:team-a-*"
+    )
+    team_a = sqs_client(clients.endpoint, "json", "team-a-sqs", sigv4_secret(secret))
+    wait_until(lambda: _error(lambda: team_a.list_queues()) == "OK", 5, "the new key")
+    clients.admin.create_queue(QueueName="team-b-dlq")
+
+    def redrive(target: str) -> dict[str, str]:
+        policy = {"deadLetterTargetArn": _arn(target), "maxReceiveCount": "3"}
+        return {"RedrivePolicy": json.dumps(policy)}
+
+    refused = _error(
+        lambda: team_a.create_queue(QueueName="team-a-src", Attributes=redrive("team-b-dlq"))
+    )
+    assert refused == "AccessDenied"
+    assert _error(lambda: clients.admin.get_queue_url(QueueName="team-a-src")) == (
+        "AWS.SimpleQueueService.NonExistentQueue"
+    )
+    team_a.create_queue(QueueName="team-a-dlq")
+    url = team_a.create_queue(QueueName="team-a-src", Attributes=redrive("team-a-dlq"))["QueueUrl"]
+    refused = _error(
+        lambda: team_a.set_queue_attributes(QueueUrl=url, Attributes=redrive("team-b-dlq"))
+    )
+    assert refused == "AccessDenied"
+    attributes = team_a.get_queue_attributes(QueueUrl=url, AttributeNames=["RedrivePolicy"])
+    assert "team-a-dlq" in attributes["Attributes"]["RedrivePolicy"]
+    # A move task's destination is written into as well.
+    moved = _error(
+        lambda: team_a.start_message_move_task(
+            SourceArn=_arn("team-a-dlq"), DestinationArn=_arn("team-b-dlq")
+        )
+    )
+    assert moved == "AccessDenied"
+
+
+def test_an_sns_subscription_needs_send_on_its_queue(clients: Clients) -> None:
+    import boto3
+
+    secret = bootstrap_key(
+        clients.database_url, "team-a-sns", "manage:team-a-*", "publish:team-a-*",
+        "send:team-a-*", "read:team-a-*",
+    )  # fmt: skip
+    sns = boto3.client(
+        "sns",
+        endpoint_url=clients.endpoint,
+        region_name="us-east-1",
+        aws_access_key_id="team-a-sns",
+        aws_secret_access_key=sigv4_secret(secret),
+        config=Config(retries={"max_attempts": 1, "mode": "standard"}),
+    )
+    wait_until(lambda: _error(lambda: sns.list_topics()) == "OK", 5, "the new key")
+    clients.admin.create_queue(QueueName="team-b-inbox")
+    topic = sns.create_topic(Name="team-a-news")["TopicArn"]
+    refused = _error(
+        lambda: sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint=_arn("team-b-inbox"))
+    )
+    assert refused == "AuthorizationError"
+    clients.admin.create_queue(QueueName="team-a-inbox")
+    sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint=_arn("team-a-inbox"))

@@ -18,8 +18,10 @@ from auth_support import (
     assert_refuses_anonymous_exposure,
     bearer,
     call_status,
+    matrix_request,
     wait_until,
 )
+from google.protobuf import message_factory
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from postbox.v1 import access_service_pb2 as access_pb
@@ -29,6 +31,10 @@ from postbox.v1 import (
     message_service_pb2_grpc,
     queue_service_pb2,
     queue_service_pb2_grpc,
+    schedule_service_pb2,
+    schedule_service_pb2_grpc,
+    topic_service_pb2,
+    topic_service_pb2_grpc,
 )
 from support import (
     ServerProcess,
@@ -39,7 +45,7 @@ from support import (
     free_port,
 )
 
-from postbox_server.auth.rules import RULES, Rule
+from postbox_server.auth.rules import RULES, Rule, Target
 from postbox_server.auth.secrets import sigv4_secret
 
 # A permission that does not allow the rule's call (publish allows only publishing).
@@ -55,6 +61,8 @@ class Keys:
     other_resource: dict[str, str]
     expired: str
     revoked: str
+    # Per target permission: a key with it on "elsewhere-*" and every permission on "authz-*".
+    targeted: dict[str, str]
 
 
 @pytest.fixture(scope="module")
@@ -143,7 +151,16 @@ def keys(auth_database: str, auth_channel: grpc.Channel) -> Keys:
         10,
         "expiry",
     )
-    return Keys(admin, right, wrong, other_resource, expired, revoked)
+    targets = {target.permission for rule in RULES.values() for target in rule.targets}
+    targeted = {
+        permission: create(
+            f"targeted-{permission}",
+            (permission, "elsewhere-*"),
+            *((held, "authz-*") for held in {p for p, _ in rules}),
+        )
+        for permission in targets
+    }
+    return Keys(admin, right, wrong, other_resource, expired, revoked, targeted)
 
 
 def test_every_rpc_of_every_service_has_an_authorisation_rule() -> None:
@@ -186,9 +203,15 @@ def test_denial_names_permission_and_resource_never_the_secret(
     assert secret not in error.details()
     unknown = "pbk_" + "y" * 43
     error = error_of(
-        queues.ListQueues, queue_service_pb2.ListQueuesRequest(), metadata=bearer(unknown)
+        queues.ListQueues,
+        queue_service_pb2.ListQueuesRequest(),
+        metadata=[*bearer(unknown), ("x-request-id", "req-refused")],
     )
     assert error.code() == grpc.StatusCode.UNAUTHENTICATED
+    # A refused call still echoes its request id, next to why it was refused.
+    trailing = dict(error.trailing_metadata())
+    assert trailing["x-request-id"] == "req-refused"
+    assert trailing["postbox-auth-failure"] == "unknown-key"
     assert "y" * 10 not in error.details()
 
 
@@ -545,3 +568,226 @@ def test_listing_every_queues_messages_needs_read_on_every_queue(
     assert denied.code() == grpc.StatusCode.PERMISSION_DENIED
     assert "lacks permission 'read' on any resource" in denied.details()
     messages.ListMessages(every, metadata=bearer(keys.admin))
+
+
+# Second resources: a grant on the resource a call names must not let it write into
+# another (a dead-letter queue, a redrive's destination, a subscription's queue, a
+# schedule's queue or topic).
+TARGETED = [(path, target) for path, rule in sorted(RULES.items()) for target in rule.targets]
+ELSEWHERE = "elsewhere-no such name"
+
+
+def _targeted_status(
+    channel: grpc.Channel, path: str, target: Target, secret: str
+) -> tuple[grpc.StatusCode, str]:
+    """The status and details of the matrix request of `path` naming ELSEWHERE as target."""
+    method = METHODS[path]
+    request = matrix_request(method, RULES[path])
+    *parents, last = target.field.split(".")
+    holder = request
+    for part in parents:
+        holder = getattr(holder, part)
+    setattr(holder, last, ELSEWHERE)
+    if target.mask is not None:
+        request.update_mask.paths.append(target.mask)
+    parse = message_factory.GetMessageClass(method.output_type).FromString
+    call = channel.unary_unary(path, type(request).SerializeToString, parse)
+    try:
+        call(request, metadata=bearer(secret), timeout=10)
+    except grpc.RpcError as error:
+        return error.code(), error.details() or ""
+    return grpc.StatusCode.OK, ""
+
+
+def test_every_rpc_writing_into_a_second_resource_names_it_as_a_target() -> None:
+    # The fields of the API that name a queue or topic the call then writes into.
+    assert {(path.rsplit("/", 1)[1], t.field) for path, t in TARGETED} == {
+        ("CreateQueue", "queue.dead_letter_policy.dead_letter_queue"),
+        ("UpdateQueue", "queue.dead_letter_policy.dead_letter_queue"),
+        ("RedriveMessages", "destination"),
+        ("CreateSubscription", "subscription.queue"),
+        ("UpdateSubscription", "subscription.queue"),
+        ("CreateSchedule", "schedule.target.queue"),
+        ("CreateSchedule", "schedule.target.topic"),
+        ("UpdateSchedule", "schedule.target.queue"),
+        ("UpdateSchedule", "schedule.target.topic"),
+    }
+
+
+@pytest.mark.parametrize(
+    ("path", "target"), TARGETED, ids=[f"{p.rsplit('/', 1)[1]}-{t.field}" for p, t in TARGETED]
+)
+def test_a_second_resource_needs_its_own_grant(
+    path: str, target: Target, keys: Keys, auth_channel: grpc.Channel
+) -> None:
+    rule = RULES[path]
+    # The grant on the named resource alone is not enough.
+    code, details = _targeted_status(
+        auth_channel, path, target, keys.right[rule.permission, _pattern(rule)]
+    )
+    assert code == grpc.StatusCode.PERMISSION_DENIED
+    assert f"'{target.permission}'" in details
+    assert repr(ELSEWHERE) in details
+    # With the target's permission on it too, the call gets what an admin gets.
+    both = keys.targeted[target.permission]
+    allowed, _ = _targeted_status(auth_channel, path, target, both)
+    assert allowed != grpc.StatusCode.PERMISSION_DENIED
+    assert allowed == _targeted_status(auth_channel, path, target, keys.admin)[0]
+
+
+def test_a_team_key_cannot_route_messages_into_another_teams_queue(
+    keys: Keys, auth_database: str, auth_channel: grpc.Channel
+) -> None:
+    admin = bearer(keys.admin)
+    queues = queue_service_pb2_grpc.QueueServiceStub(auth_channel)
+    topics = topic_service_pb2_grpc.TopicServiceStub(auth_channel)
+    schedules = schedule_service_pb2_grpc.ScheduleServiceStub(auth_channel)
+    qpb, tpb, spb = queue_service_pb2, topic_service_pb2, schedule_service_pb2
+    for name in ("team-a-dlq", "team-a-jobs", "team-b-jobs"):
+        queues.CreateQueue(qpb.CreateQueueRequest(queue=qpb.Queue(name=name)), metadata=admin)
+    for name in ("team-a-events", "team-b-events"):
+        topics.CreateTopic(tpb.CreateTopicRequest(topic=tpb.Topic(name=name)), metadata=admin)
+    team_a = bootstrap_key(
+        auth_database, "team-a", "manage:team-a-*", "send:team-a-*", "publish:team-a-*",
+        "read:team-a-*",
+    )  # fmt: skip
+    wait_until(
+        lambda: (
+            call_status(auth_channel, "/postbox.v1.QueueService/ListQueues", team_a)
+            == grpc.StatusCode.OK
+        ),
+        5,
+        "the new key",
+    )
+    a = bearer(team_a)
+
+    def refused(call, request, target: str, permission: str = "send") -> None:
+        error = error_of(call, request, metadata=a)
+        assert error.code() == grpc.StatusCode.PERMISSION_DENIED, error.details()
+        assert f"'{permission}'" in error.details()
+        assert f"'{target}'" in error.details()
+
+    def dead_letters(queue: str) -> qpb.DeadLetterPolicy:
+        return qpb.DeadLetterPolicy(dead_letter_queue=queue, max_receive_count=3)
+
+    with_dlq = qpb.Queue(name="team-a-src", dead_letter_policy=dead_letters("team-b-jobs"))
+    refused(queues.CreateQueue, qpb.CreateQueueRequest(queue=with_dlq), "team-b-jobs")
+    gone = error_of(queues.GetQueue, qpb.GetQueueRequest(name="team-a-src"), metadata=admin)
+    assert gone.code() == grpc.StatusCode.NOT_FOUND, "a refused create creates nothing"
+    # Its own dead-letter queue is fine; then pointing it at team B's is not.
+    with_dlq.dead_letter_policy.dead_letter_queue = "team-a-dlq"
+    queues.CreateQueue(qpb.CreateQueueRequest(queue=with_dlq), metadata=a)
+    with_dlq.dead_letter_policy.dead_letter_queue = "team-b-jobs"
+    update = qpb.UpdateQueueRequest(queue=with_dlq)
+    update.update_mask.paths.append("dead_letter_policy")
+    refused(queues.UpdateQueue, update, "team-b-jobs")
+    # Another setting's update carries the same queue message: it changes no target.
+    update.update_mask.paths[:] = ["visibility_timeout"]
+    queues.UpdateQueue(update, metadata=a)
+    got = queues.GetQueue(qpb.GetQueueRequest(name="team-a-src"), metadata=admin).queue
+    assert got.dead_letter_policy.dead_letter_queue == "team-a-dlq"
+
+    refused(
+        queues.RedriveMessages,
+        qpb.RedriveMessagesRequest(dead_letter_queue="team-a-dlq", destination="team-b-jobs"),
+        "team-b-jobs",
+    )
+    subscription = tpb.Subscription(name="leak", topic="team-a-events", queue="team-b-jobs")
+    refused(
+        topics.CreateSubscription,
+        tpb.CreateSubscriptionRequest(subscription=subscription),
+        "team-b-jobs",
+    )
+    subscription.queue = "team-a-jobs"
+    topics.CreateSubscription(tpb.CreateSubscriptionRequest(subscription=subscription), metadata=a)
+    subscription.queue = "team-b-jobs"
+    moved = tpb.UpdateSubscriptionRequest(subscription=subscription)
+    moved.update_mask.paths.append("queue")
+    refused(topics.UpdateSubscription, moved, "team-b-jobs")
+
+    schedule = spb.Schedule(name="team-a-tick", target=spb.ScheduleTarget(queue="team-b-jobs"))
+    schedule.interval.FromSeconds(60)
+    refused(schedules.CreateSchedule, spb.CreateScheduleRequest(schedule=schedule), "team-b-jobs")
+    schedule.target.topic = "team-b-events"
+    refused(
+        schedules.CreateSchedule,
+        spb.CreateScheduleRequest(schedule=schedule),
+        "team-b-events",
+        "publish",
+    )
+    schedule.target.queue = "team-a-jobs"
+    schedules.CreateSchedule(spb.CreateScheduleRequest(schedule=schedule), metadata=a)
+    schedule.target.queue = "team-b-jobs"
+    retarget = spb.UpdateScheduleRequest(schedule=schedule)
+    retarget.update_mask.paths.append("target")
+    refused(schedules.UpdateSchedule, retarget, "team-b-jobs")
+
+    # Publishing on team A's topic reaches team A's queue only.
+    published = topics.Publish(tpb.PublishRequest(topic="team-a-events", body=b"x"), metadata=a)
+    assert list(published.queues) == ["team-a-jobs"]
+    peek = message_service_pb2.PeekMessagesRequest(queue="team-b-jobs")
+    messages = message_service_pb2_grpc.MessageServiceStub(auth_channel)
+    assert not messages.PeekMessages(peek, metadata=admin).messages
+
+
+def test_a_keys_last_use_is_recorded_at_most_once_a_minute(
+    keys: Keys, auth_channel: grpc.Channel
+) -> None:
+    access = access_service_pb2_grpc.AccessServiceStub(auth_channel)
+    admin = bearer(keys.admin)
+
+    def create(name: str) -> str:
+        key = access_pb.Key(name=name, grants=[_grant("read", "*")])
+        return access.CreateKey(access_pb.CreateKeyRequest(key=key), metadata=admin).secret
+
+    def last_used(name: str) -> access_pb.Key:
+        return access.GetKey(access_pb.GetKeyRequest(name=name), metadata=admin).key
+
+    busy, idle = create("usage-busy"), create("usage-late")
+    assert not last_used("usage-busy").HasField("last_used_time")
+    ping = "/postbox.v1.QueueService/ListQueues"
+    before = time.time()
+    assert call_status(auth_channel, ping, busy) == grpc.StatusCode.OK
+    # A key's first use is written at once, in the background.
+    wait_until(lambda: last_used("usage-busy").HasField("last_used_time"), 5, "the first use")
+    first = last_used("usage-busy").last_used_time
+    assert before - 1 <= first.ToNanoseconds() / 1e9 <= time.time() + 1
+    for _ in range(20):
+        assert call_status(auth_channel, ping, busy) == grpc.StatusCode.OK
+    # Another key's first use makes the server write what is due: the busy key's later
+    # uses are not, within a minute of its last write.
+    assert call_status(auth_channel, ping, idle) == grpc.StatusCode.OK
+    wait_until(lambda: last_used("usage-late").HasField("last_used_time"), 5, "the other key")
+    assert last_used("usage-busy").last_used_time == first
+    listed = access.ListKeys(access_pb.ListKeysRequest(), metadata=admin).keys
+    assert {k.name: k.last_used_time for k in listed}["usage-busy"] == first
+
+
+def test_dead_letter_source_queues_list_only_what_the_key_may_read(
+    keys: Keys, auth_database: str, auth_channel: grpc.Channel
+) -> None:
+    queues = queue_service_pb2_grpc.QueueServiceStub(auth_channel)
+    qpb = queue_service_pb2
+    admin = bearer(keys.admin)
+    queues.CreateQueue(qpb.CreateQueueRequest(queue=qpb.Queue(name="dlqx-dlq")), metadata=admin)
+    for source in ("dlqx-orders", "hidden-orders"):
+        policy = qpb.DeadLetterPolicy(dead_letter_queue="dlqx-dlq", max_receive_count=3)
+        queues.CreateQueue(
+            qpb.CreateQueueRequest(queue=qpb.Queue(name=source, dead_letter_policy=policy)),
+            metadata=admin,
+        )
+    reader = bootstrap_key(auth_database, "dlqx-reader", "read:dlqx-*")
+    wait_until(
+        lambda: (
+            call_status(auth_channel, "/postbox.v1.QueueService/ListQueues", reader)
+            == grpc.StatusCode.OK
+        ),
+        5,
+        "the new key",
+    )
+    request = qpb.ListDeadLetterSourceQueuesRequest(dead_letter_queue="dlqx-dlq")
+    everything = queues.ListDeadLetterSourceQueues(request, metadata=admin).queue_names
+    assert list(everything) == ["dlqx-orders", "hidden-orders"]
+    # The other team's queue is not even named.
+    seen = queues.ListDeadLetterSourceQueues(request, metadata=bearer(reader)).queue_names
+    assert list(seen) == ["dlqx-orders"]

@@ -102,8 +102,14 @@ def test_a_message_carries_its_producer_trace_to_the_consumer_span(traced, colle
             qpb.CreateQueueRequest(queue=qpb.Queue(name=name))
         )
         messages = message_service_pb2_grpc.MessageServiceStub(channel)
-        sent = messages.Send(pb.SendRequest(queue=name, body=b"x"), metadata=metadata)
-        (batch,) = messages.Receive(pb.ReceiveRequest(queue=name, wait_time=seconds(5)))
+        sent = messages.Send(
+            pb.SendRequest(queue=name, body=b"x"),
+            metadata=(*metadata, ("x-request-id", "req-traced-send")),
+        )
+        (batch,) = messages.Receive(
+            pb.ReceiveRequest(queue=name, wait_time=seconds(5)),
+            metadata=(("x-request-id", "req-traced-receive"),),
+        )
     (message,) = batch.messages
     # The producer's context travels with the message, for consumers in any language.
     carried = message.attributes["traceparent"].string_value
@@ -114,10 +120,13 @@ def test_a_message_carries_its_producer_trace_to_the_consumer_span(traced, colle
         lambda s: s.trace_id.hex() == trace_id and s.name == "/postbox.v1.MessageService/Send",
     )
     assert send_span.parent_span_id.hex() == parent  # the caller's span, from the metadata
+    # Every span of a call carries its request id.
+    assert attributes(send_span)["postbox.request_id"] == "req-traced-send"
     engine = wait_for(
         collector, lambda s: s.trace_id.hex() == trace_id and s.name == "postbox.send_batch"
     )
     assert engine[0].parent_span_id  # inside the call's span
+    assert attributes(engine[0])["postbox.request_id"] == "req-traced-send"
     (consumer,) = wait_for(collector, lambda s: s.name == f"receive {name}")
     assert attributes(consumer) == {
         "messaging.system": "postbox",
@@ -126,6 +135,7 @@ def test_a_message_carries_its_producer_trace_to_the_consumer_span(traced, colle
         "messaging.operation.name": "receive",
         "messaging.batch.message_count": 1,
         "messaging.message.id": sent.message_id,
+        "postbox.request_id": "req-traced-receive",
     }
     (link,) = consumer.links
     assert link.trace_id.hex() == trace_id

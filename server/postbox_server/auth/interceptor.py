@@ -15,7 +15,15 @@ import grpc
 
 from postbox_server.auth import sigv4
 from postbox_server.auth.keys import ApiKey, KeyCache
-from postbox_server.auth.rules import ANY_RESOURCE, OPEN_SERVICES, RULES, Rule, resource_of
+from postbox_server.auth.ratelimits import Throttled
+from postbox_server.auth.rules import (
+    ANY_RESOURCE,
+    OPEN_SERVICES,
+    RULES,
+    Rule,
+    resource_of,
+    targets_of,
+)
 from postbox_server.errors import ApiError, Refused, quoted
 from postbox_server.interceptors import (
     AioMethodHandler,
@@ -25,6 +33,7 @@ from postbox_server.interceptors import (
     relay,
     yields,
 )
+from postbox_server.observability import request_ids
 
 # Trailing metadata of an UNAUTHENTICATED call saying why (missing, unknown-key, expired,
 # signature), so the SQS shim can answer with the error AWS would.
@@ -98,8 +107,16 @@ def authenticate(keys: KeyCache, metadata: Iterable[tuple[str, Any]] | None) -> 
 
 
 async def refuse(context: Context, error: ApiError) -> None:
+    if isinstance(error, Throttled):
+        # An HTTP door answers 429 with Retry-After (request_ids.install).
+        request_ids.note_retry_after(error.retry_after)
+        await context.abort(
+            error.code,
+            error.message,
+            trailing_metadata=(*error.trailing_metadata(), *request_ids.trailing()),
+        )
     if isinstance(error, AuthFailure):
-        context.set_trailing_metadata(((FAILURE_METADATA, error.reason),))
+        context.set_trailing_metadata(((FAILURE_METADATA, error.reason), *request_ids.trailing()))
     await context.abort(error.code, error.message)
 
 
@@ -114,13 +131,17 @@ def denied(key: ApiKey, permission: str, resource: str) -> ApiError:
 
 def authorize(key: ApiKey, rule: Rule, request: Any) -> None:
     """Raises PERMISSION_DENIED unless the key may make this call."""
-    if rule.listed is not None:
+    if rule.listed is not None and rule.field is None:
         if not key.holds(rule.permission):
             raise denied(key, rule.permission, ANY_RESOURCE)
         return
     resource = resource_of(request, rule)
     if not any(key.allows(permission, resource) for permission in rule.permissions):
         raise denied(key, rule.permission, resource)
+    # The queue or topic the call would write into, besides the one it names.
+    for permission, target in targets_of(request, rule):
+        if not key.allows(permission, target):
+            raise denied(key, permission, target)
 
 
 def filter_listed(key: ApiKey, rule: Rule, listed: str, response: Any) -> Any:
@@ -148,7 +169,7 @@ class Authorize(WrapsEachMethod):
     def wrap(self, handler: AioMethodHandler, method: str) -> Handler | None:
         if method.lstrip("/").split("/")[0] in OPEN_SERVICES:
             return None
-        return self._wrap(handler, self._rules.get(method))
+        return self._wrap(handler, self._rules.get(method), method)
 
     def _check(self, context: Context, rule: Rule | None) -> ApiKey | None:
         """The calling key (None while auth is off); raises ApiError for a refused call."""
@@ -156,6 +177,7 @@ class Authorize(WrapsEachMethod):
         if not self._keys.enabled and not _metadata_value(metadata, SIGV4_REQUIRED_METADATA):
             return None
         key = authenticate(self._keys, metadata)
+        self._keys.note_use(key)
         if rule is None:
             raise ApiError(
                 grpc.StatusCode.PERMISSION_DENIED,
@@ -163,8 +185,9 @@ class Authorize(WrapsEachMethod):
             )
         return key
 
-    def _wrap(self, handler: AioMethodHandler, rule: Rule | None) -> Handler:
+    def _wrap(self, handler: AioMethodHandler, rule: Rule | None, method: str) -> Handler:
         check = self._check
+        limiter = self._keys.limiter
 
         def admits(request: Any) -> bool:
             # An undecodable request is the decoder's to refuse (INVALID_ARGUMENT).
@@ -177,6 +200,8 @@ class Authorize(WrapsEachMethod):
                 # A key comes back only for a method with a rule.
                 if key is not None and rule is not None and admits(request):
                     authorize(key, rule, request)
+                    # Only an authorised call counts against the key's limits.
+                    limiter.check_call(key.name, key.limits, method, request)
             except ApiError as error:
                 await refuse(context, error)
             return key
@@ -207,11 +232,16 @@ class Authorize(WrapsEachMethod):
         ) -> AsyncGenerator[Any, None]:
             try:
                 key = check(context, rule)
+                if key is not None:
+                    limiter.check(key.name, key.limits, "call", 1)
             except ApiError as error:
                 await refuse(context, error)
 
             async def checked() -> AsyncIterator[Any]:
                 async for request in requests:
+                    if key is not None:
+                        # Over the key's limit, the stream waits rather than ends.
+                        await limiter.pace(key.name, key.limits, method)
                     # Requests after the first may leave the queue empty: it stays the first's.
                     if (
                         key is not None

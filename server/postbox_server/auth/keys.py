@@ -4,6 +4,10 @@ Every call is checked against this cache, never the database: a change to any ke
 notifies on commit, and each process reloads all keys (a small table) at once, so a
 revoked key stops working everywhere within a second. A process that loses its
 listening connection keeps its last keys and reloads when it reconnects.
+
+The same connection records when keys were used (postbox.api_key_usage): a call only
+notes its key's time in memory, and the listener writes what is due in one statement,
+a key at most once every USAGE_INTERVAL seconds per process (its first use at once).
 """
 
 from __future__ import annotations
@@ -16,9 +20,11 @@ import re
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 
 import asyncpg
 
+from postbox_server.auth.ratelimits import Limits, RateLimiter
 from postbox_server.auth.secrets import secret_sha256
 from postbox_server.db import hosts
 from postbox_server.db.engine import Row, application_name
@@ -26,6 +32,8 @@ from postbox_server.db.engine import Row, application_name
 log = logging.getLogger(__name__)
 
 CHANNEL = "postbox_keys"
+# Seconds between two writes of one key's last use by one process.
+USAGE_INTERVAL = 60.0
 PERMISSIONS = ("send", "receive", "publish", "read", "manage", "admin")
 
 
@@ -63,6 +71,8 @@ class ApiKey:
     sigv4_secret: str
     expires_at: float | None  # seconds since the epoch
     grants: tuple[Grant, ...]
+    # Rate limits (ratelimits.py); None: none.
+    limits: Limits | None = field(default=None, compare=False)
 
     @classmethod
     def from_row(cls, row: Row) -> ApiKey:
@@ -76,6 +86,7 @@ class ApiKey:
                 Grant(permission, pattern)
                 for permission, pattern in zip(row["permissions"], row["patterns"], strict=True)
             ),
+            limits=Limits.from_json(row["rate_limits"]),
         )
 
     def expired(self, now: float | None = None) -> bool:
@@ -107,6 +118,13 @@ class KeyCache:
         self._reloads_done = asyncio.Condition()
         self._reloads_finished = 0
         self._task: asyncio.Task[None] | None = None
+        # Last use (epoch seconds) of each key not written yet, and when (monotonic)
+        # this process last wrote each key's.
+        self._used: dict[str, float] = {}
+        self._written: dict[str, float] = {}
+        self._usage_due = asyncio.Event()
+        # The keys' rate limits, shared among this database's server processes.
+        self.limiter = RateLimiter()
 
     @property
     def enabled(self) -> bool:
@@ -123,6 +141,44 @@ class KeyCache:
 
     def by_name(self, name: str) -> ApiKey | None:
         return self._by_name.get(name)
+
+    def note_use(self, key: ApiKey) -> None:
+        """Remembers that a call presented `key`; the listener writes it when due."""
+        self._used[key.name] = time.time()
+        written = self._written.get(key.name)
+        if written is None or time.monotonic() - written >= USAGE_INTERVAL:
+            self._usage_due.set()
+
+    def _due_usage(self) -> dict[str, float]:
+        """Takes the uses whose key was not written for USAGE_INTERVAL (or ever)."""
+        now = time.monotonic()
+        due = {
+            name: used
+            for name, used in self._used.items()
+            if now - self._written.get(name, -USAGE_INTERVAL) >= USAGE_INTERVAL
+        }
+        for name in due:
+            del self._used[name]
+            self._written[name] = now
+        return due
+
+    async def _record_usage(self, conn: asyncpg.Connection) -> bool:
+        """Writes the uses that are due; whether there were any."""
+        self._usage_due.clear()
+        due = self._due_usage()
+        if not due:
+            return False
+        names = list(due)
+        used = [datetime.fromtimestamp(due[name], timezone.utc) for name in names]
+        try:
+            await conn.execute("SELECT postbox.record_key_use($1, $2)", names, used)
+        except BaseException:
+            # Tried again with the next flush, unless newer uses replaced them.
+            for name in names:
+                self._used.setdefault(name, due[name])
+                self._written.pop(name, None)
+            raise
+        return True
 
     def replace(self, keys: Iterable[ApiKey]) -> None:
         keys = list(keys)
@@ -161,10 +217,21 @@ class KeyCache:
         begun = self._reloads_begun
         rows = await conn.fetch("SELECT * FROM postbox.all_keys()")
         self.replace(ApiKey.from_row(row) for row in rows)
+        await self._count_processes(conn)
         self._loaded.set()
         async with self._reloads_done:
             self._reloads_finished = begun
             self._reloads_done.notify_all()
+
+    async def _count_processes(self, conn: asyncpg.Connection) -> None:
+        """How many server processes share the rate limits: those listening for keys on
+        this database (each has one such connection, named by application_name)."""
+        count = await conn.fetchval(
+            "SELECT count(*) FROM pg_catalog.pg_stat_activity"
+            " WHERE datname = current_database() AND application_name LIKE 'postbox/%/keys'",
+            timeout=self._liveness_interval,
+        )
+        self.limiter.processes = max(1, int(count or 0))
 
     async def _listen_forever(self) -> None:
         while True:
@@ -180,21 +247,25 @@ class KeyCache:
                 while not lost.is_set():
                     changed = asyncio.ensure_future(self._stale.wait())
                     ended = asyncio.ensure_future(lost.wait())
+                    used = asyncio.ensure_future(self._usage_due.wait())
                     try:
                         await asyncio.wait(
-                            {changed, ended},
+                            {changed, ended, used},
                             timeout=self._liveness_interval,
                             return_when=asyncio.FIRST_COMPLETED,
                         )
                     finally:
                         changed.cancel()
                         ended.cancel()
+                        used.cancel()
                     if lost.is_set():
                         break
+                    # A write is a round trip: it checks the connection as SELECT 1 would.
+                    wrote = await self._record_usage(conn)
                     if self._stale.is_set():
                         await self._reload(conn)
-                    else:  # a connection dropped without a word shows here
-                        await conn.fetchval("SELECT 1", timeout=self._liveness_interval)
+                    elif not wrote:  # a connection dropped without a word shows here
+                        await self._count_processes(conn)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:

@@ -10,11 +10,30 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
+class Target:
+    """A second resource a request names, which the call then writes into: a queue's
+    dead-letter queue, a redrive's destination, a subscription's queue, a schedule's
+    queue or topic. The key needs `permission` on it too, the one that writing to it
+    directly needs: otherwise a grant on one queue would let its holder route messages
+    into any other.
+
+    An empty field names nothing (the other arm of a oneof, or a setting left unset).
+    For an Update, the target counts only when its `update_mask` names `mask`.
+    """
+
+    permission: str
+    field: str
+    mask: str | None = None
+
+
+@dataclass(frozen=True)
 class Rule:
     """`permission` on the resource named by the request field at `field` (a dotted path).
 
     Without a field the call names no single resource: a List that `listed` names is
     filtered to what the key may read, and anything else needs the permission on "*".
+    With a field and `listed`, the call needs the permission on the resource it names,
+    and its answer is filtered all the same (the names of other resources it lists).
     """
 
     permission: str
@@ -28,6 +47,8 @@ class Rule:
     per_request: bool = False
     # Whether an empty `field` names every resource (then the permission is needed on "*").
     empty_means_all: bool = False
+    # Second resources the call writes into (see Target).
+    targets: tuple[Target, ...] = ()
 
     @property
     def permissions(self) -> tuple[str, ...]:
@@ -39,19 +60,35 @@ ANY_RESOURCE = "*"
 
 OPEN_SERVICES = ("grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection")
 
+# A queue's dead letters are written into its dead-letter queue.
+_DEAD_LETTERS = "queue.dead_letter_policy.dead_letter_queue"
+# A subscription delivers into its queue (the other arm is a webhook, no resource).
+_SUBSCRIBED = "subscription.queue"
+# A schedule fires into a queue or a topic.
+_SCHEDULED = (("send", "schedule.target.queue"), ("publish", "schedule.target.topic"))
+
 _QUEUES = {
-    "CreateQueue": Rule("manage", "queue.name"),
+    "CreateQueue": Rule("manage", "queue.name", targets=(Target("send", _DEAD_LETTERS),)),
     # Senders and receivers read a queue's settings too: SQS clients need them (the
     # shim's SendMessageBatch checks sizes against max_message_size, FIFO settings).
     "GetQueue": Rule("read", "name", also=("send", "receive")),
     "ListQueues": Rule("read", listed="queues"),
-    "UpdateQueue": Rule("manage", "queue.name"),
+    "UpdateQueue": Rule(
+        "manage",
+        "queue.name",
+        targets=(Target("send", _DEAD_LETTERS, mask="dead_letter_policy"),),
+    ),
     "DeleteQueue": Rule("manage", "name"),
     "PurgeQueue": Rule("manage", "name"),
     "PauseQueue": Rule("manage", "name"),
     "ResumeQueue": Rule("manage", "name"),
-    "ListDeadLetterSourceQueues": Rule("read", "dead_letter_queue"),
-    "RedriveMessages": Rule("manage", "dead_letter_queue"),
+    # Lists the queues that name it as their dead-letter queue: only those the key may read.
+    "ListDeadLetterSourceQueues": Rule("read", "dead_letter_queue", listed="queue_names"),
+    # An empty destination returns each dead letter to the queue it came from: those
+    # messages were that queue's, so no second grant is asked for.
+    "RedriveMessages": Rule(
+        "manage", "dead_letter_queue", targets=(Target("send", "destination"),)
+    ),
     "ListRedriveTasks": Rule("read", "dead_letter_queue"),
     # By task id: the queue is not in the request.
     "CancelRedriveTask": Rule("manage"),
@@ -83,11 +120,15 @@ _TOPICS = {
     "ListTopics": Rule("read", listed="topics"),
     "DeleteTopic": Rule("manage", "name"),
     # Subscriptions belong to their topic: its name is the resource.
-    "CreateSubscription": Rule("manage", "subscription.topic"),
+    "CreateSubscription": Rule(
+        "manage", "subscription.topic", targets=(Target("send", _SUBSCRIBED),)
+    ),
     "GetSubscription": Rule("read", "topic"),
     "ListSubscriptions": Rule("read", "topic"),
     "DeleteSubscription": Rule("manage", "topic"),
-    "UpdateSubscription": Rule("manage", "subscription.topic"),
+    "UpdateSubscription": Rule(
+        "manage", "subscription.topic", targets=(Target("send", _SUBSCRIBED, mask="queue"),)
+    ),
     "RetryWebhookDelivery": Rule("manage", "topic"),
     "Publish": Rule("publish", "topic"),
     "PublishBatch": Rule("publish", "topic"),
@@ -111,10 +152,16 @@ _STREAMS = {
     "GetStreamPosition": Rule("read", "topic", also=("receive",)),
 }
 _SCHEDULES = {
-    "CreateSchedule": Rule("manage", "schedule.name"),
+    "CreateSchedule": Rule(
+        "manage", "schedule.name", targets=tuple(Target(p, f) for p, f in _SCHEDULED)
+    ),
     "GetSchedule": Rule("read", "name"),
     "ListSchedules": Rule("read", listed="schedules"),
-    "UpdateSchedule": Rule("manage", "schedule.name"),
+    "UpdateSchedule": Rule(
+        "manage",
+        "schedule.name",
+        targets=tuple(Target(p, f, mask="target") for p, f in _SCHEDULED),
+    ),
     "DeleteSchedule": Rule("manage", "name"),
     "PauseSchedule": Rule("manage", "name"),
     "ResumeSchedule": Rule("manage", "name"),
@@ -144,13 +191,34 @@ RULES: dict[str, Rule] = {
 }
 
 
+def _at(request: object, field: str) -> object:
+    value = request
+    for part in field.split("."):
+        value = getattr(value, part)
+    return value
+
+
 def resource_of(request: object, rule: Rule) -> str:
     """The resource name a request names at the rule's field ("*" for rules without one)."""
     if rule.field is None:
         return ANY_RESOURCE
-    value = request
-    for part in rule.field.split("."):
-        value = getattr(value, part)
+    value = _at(request, rule.field)
     if rule.empty_means_all and not value:
         return ANY_RESOURCE
     return str(value)
+
+
+def targets_of(request: object, rule: Rule) -> list[tuple[str, str]]:
+    """(permission, resource) of each second resource the request writes into."""
+    if not rule.targets:
+        return []
+    mask = getattr(request, "update_mask", None)
+    paths = set(mask.paths) if mask is not None else set()
+    found = []
+    for target in rule.targets:
+        if target.mask is not None and target.mask not in paths:
+            continue
+        name = _at(request, target.field)
+        if name:
+            found.append((target.permission, str(name)))
+    return found

@@ -14,6 +14,7 @@ import sys
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+from google.protobuf import json_format
 from postbox.v1 import access_service_pb2 as pb
 from postbox_client import Client, PostboxError
 from postbox_client.operations import parse_grant
@@ -51,7 +52,12 @@ def _describe(key: pb.Key) -> str:
         for g in key.grants
     )
     expires = key.expire_time.ToJsonString() if key.HasField("expire_time") else "never"
-    return f"{key.name}\t{grants}\texpires {expires}"
+    used = key.last_used_time.ToJsonString() if key.HasField("last_used_time") else "never"
+    line = f"{key.name}\t{grants}\texpires {expires}\tlast used {used}"
+    if key.HasField("rate_limits"):
+        limits = json_format.MessageToDict(key.rate_limits, preserving_proto_field_name=True)
+        line += "\tlimits " + " ".join(f"{name}={value:g}" for name, value in limits.items())
+    return line
 
 
 async def _on_database(args: argparse.Namespace) -> Any:

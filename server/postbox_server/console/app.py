@@ -24,6 +24,7 @@ from postbox_server.console.sessions import Session, Sessions
 from postbox_server.http.app import ConnectHandler
 from postbox_server.http.connect import ConnectError
 from postbox_server.http.procedures import Procedure
+from postbox_server.observability import request_ids
 
 COOKIE = "postbox_console"
 CSRF_HEADER = "X-CSRF-Token"
@@ -243,6 +244,7 @@ def build_console_app(
         return await api(request.clone(rel_url=path, headers=headers))
 
     app = web.Application(middlewares=[security])
+    request_ids.install(app)
     for path in assets:
         app.router.add_get(path, asset)
     app.router.add_get("/favicon.ico", no_icon)

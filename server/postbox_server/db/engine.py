@@ -789,11 +789,12 @@ class Engine:
 
     async def create_key(
         self, name: str, secret_sha256: bytes, sigv4_secret: str, permissions: Sequence[str],
-        patterns: Sequence[str], expires_at: datetime | None,
+        patterns: Sequence[str], expires_at: datetime | None, rate_limits: str | None = None,
     ) -> Record:  # fmt: skip
+        """`rate_limits`: the RateLimits message as JSON, or None for none."""
         return await self._call(
             "fetchrow", "create_key", name, secret_sha256, sigv4_secret, list(permissions),
-            list(patterns), expires_at,
+            list(patterns), expires_at, rate_limits,
         )  # fmt: skip
 
     async def get_key(self, name: str) -> Record:
@@ -804,12 +805,14 @@ class Engine:
 
     async def update_key(
         self, name: str, permissions: Sequence[str] | None, patterns: Sequence[str] | None,
-        set_expiry: bool, expires_at: datetime | None,
+        set_expiry: bool, expires_at: datetime | None, set_rate_limits: bool = False,
+        rate_limits: str | None = None,
     ) -> Record:  # fmt: skip
         return await self._call(
             "fetchrow", "update_key", name,
             None if permissions is None else list(permissions),
             None if patterns is None else list(patterns), set_expiry, expires_at,
+            set_rate_limits, rate_limits,
         )  # fmt: skip
 
     async def delete_key(self, name: str) -> None:

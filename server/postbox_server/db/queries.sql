@@ -265,7 +265,7 @@ SELECT postbox.next_schedule_fire_at()
 -- API keys.
 
 -- name: create_key
-SELECT * FROM postbox.create_key($1, $2, $3, $4, $5, $6)
+SELECT * FROM postbox.create_key($1, $2, $3, $4, $5, $6, $7)
 
 -- name: get_key
 SELECT * FROM postbox.get_key($1)
@@ -274,7 +274,7 @@ SELECT * FROM postbox.get_key($1)
 SELECT * FROM postbox.list_keys($1, $2)
 
 -- name: update_key
-SELECT * FROM postbox.update_key($1, $2, $3, $4, $5)
+SELECT * FROM postbox.update_key($1, $2, $3, $4, $5, $6, $7)
 
 -- name: delete_key
 SELECT postbox.delete_key($1)

@@ -25,6 +25,7 @@ from postbox_server.http.connect import Codec, ConnectError
 from postbox_server.http.context import HttpCallContext
 from postbox_server.http.procedures import Procedure
 from postbox_server.http.rest import routes as rest
+from postbox_server.observability import request_ids
 from postbox_server.observability.probes import Ready, add_probes
 from postbox_server.services.decoding import Undecodable
 
@@ -181,6 +182,7 @@ def build_app(
         return web.Response(body=openapi, content_type="application/json")
 
     app = web.Application()
+    request_ids.install(app)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/openapi.json", openapi_json)
     add_probes(app, ready)

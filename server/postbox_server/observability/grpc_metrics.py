@@ -10,6 +10,7 @@ from typing import Any
 import grpc
 
 from postbox_server.interceptors import AioMethodHandler, Context, Handler, WrapsEachMethod, relay
+from postbox_server.observability import request_ids
 from postbox_server.observability.logs import CURRENT_RPC
 from postbox_server.observability.metrics import (
     GRPC_HANDLED,
@@ -65,6 +66,7 @@ def _counted(handler: AioMethodHandler, method: str) -> Handler:
     async def unary(request: Any, context: Context) -> Any:
         begun, error = begin(), None
         CURRENT_RPC.set(method)
+        request_ids.begin_call(context)
         try:
             assert handler.unary_unary is not None  # the handler of a unary method
             return await handler.unary_unary(request, context)
@@ -77,6 +79,7 @@ def _counted(handler: AioMethodHandler, method: str) -> Handler:
     async def stream(request: Any, context: Context) -> AsyncIterator[Any]:
         begun, error = begin(), None
         CURRENT_RPC.set(method)
+        request_ids.begin_call(context)
         try:
             behaviour = handler.stream_stream if handler.request_streaming else handler.unary_stream
             assert behaviour is not None  # the handler of a response-streaming method
@@ -104,6 +107,8 @@ def _counted(handler: AioMethodHandler, method: str) -> Handler:
 
         async def client_stream(requests: Any, context: Context) -> Any:
             begun, error = begin(), None
+            CURRENT_RPC.set(method)
+            request_ids.begin_call(context)
             try:
                 assert handler.stream_unary is not None  # the handler of a client stream
                 return await handler.stream_unary(requests, context)

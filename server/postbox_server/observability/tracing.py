@@ -19,10 +19,14 @@ import os
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
+from postbox_server.observability.logs import REQUEST_ID
+
 log = logging.getLogger(__name__)
 
 # The attribute a message's producer context travels in, and the engine's attribute limit.
 TRACE_ATTRIBUTE = "traceparent"
+# The span attribute holding the request id of the call a span belongs to.
+REQUEST_ID_ATTRIBUTE = "postbox.request_id"
 MAX_ATTRIBUTES = 10
 _EXPORTER_VARIABLES = (
     "OTEL_EXPORTER_OTLP_ENDPOINT",
@@ -74,11 +78,26 @@ def configure(service_name: str) -> bool:
         OTELResourceDetector().detect()
     )
     provider = TracerProvider(resource=resource)  # the sampler comes from OTEL_TRACES_SAMPLER
+    provider.add_span_processor(_request_id_processor())
     provider.add_span_processor(BatchSpanProcessor(exporter()))
     trace.set_tracer_provider(provider)
     _tracer = trace.get_tracer("postbox")
     log.info("exporting traces over OTLP (%s)", protocol or "http/protobuf")
     return True
+
+
+def _request_id_processor() -> Any:
+    from opentelemetry.sdk.trace import SpanProcessor
+
+    class RequestIdOnSpans(SpanProcessor):
+        """Every span started while a call is served carries its request id."""
+
+        def on_start(self, span: Any, parent_context: Any = None) -> None:
+            request_id = REQUEST_ID.get()
+            if request_id is not None:
+                span.set_attribute(REQUEST_ID_ATTRIBUTE, request_id)
+
+    return RequestIdOnSpans()
 
 
 def shutdown() -> None:

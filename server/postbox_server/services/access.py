@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any, cast
 
 import grpc
+from google.protobuf import json_format
 from postbox.v1 import access_service_pb2 as pb
 from postbox.v1 import access_service_pb2_grpc
 
 from postbox_server.auth.keys import KeyCache
+from postbox_server.auth.ratelimits import MAX_RATE
 from postbox_server.auth.secrets import Credentials
 from postbox_server.db.engine import Engine, Row
 from postbox_server.errors import invalid, quoted
@@ -16,7 +19,31 @@ from postbox_server.services import convert
 from postbox_server.services.pagination import decode_page_token, next_page, page_size_of
 from postbox_server.services.status import reports_errors
 
-_UPDATABLE = ("grants", "expire_time")
+_UPDATABLE = ("grants", "expire_time", "rate_limits")
+_RATES = ("sends_per_second", "receives_per_second", "calls_per_second")
+_BURSTS = ("send_burst", "receive_burst", "call_burst")
+
+
+def rate_limits_json(key: pb.Key) -> str | None:
+    """A key's rate limits as the engine stores them (JSON), None for none; checked here."""
+    if not key.HasField("rate_limits"):
+        return None
+    limits = key.rate_limits
+    for name in _RATES:
+        value = getattr(limits, name)
+        if not (math.isfinite(value) and 0 <= value <= MAX_RATE):
+            raise invalid(
+                f"rate_limits.{name} is {value!r}: give 0 (no limit) to {MAX_RATE:,} per second"
+            )
+    for name in _BURSTS:
+        value = getattr(limits, name)
+        if not 0 <= value <= MAX_RATE:
+            raise invalid(
+                f"rate_limits.{name} is {value}: give 0 (a second's worth) to {MAX_RATE:,}"
+            )
+    if not any(getattr(limits, name) for name in _RATES):
+        return None
+    return json_format.MessageToJson(limits, preserving_proto_field_name=True, indent=None)
 
 
 def _permission_name(permission: int) -> str:
@@ -56,6 +83,10 @@ def key_resource(row: Row) -> pb.Key:
         expire_time=convert.timestamp(row["expires_at"]),
         create_time=convert.timestamp(row["created_at"]),
         update_time=convert.timestamp(row["updated_at"]),
+        last_used_time=convert.timestamp(row["last_used_at"]),
+        rate_limits=(
+            json_format.Parse(row["rate_limits"], pb.RateLimits()) if row["rate_limits"] else None
+        ),
     )
 
 
@@ -76,7 +107,7 @@ class AccessService(access_service_pb2_grpc.AccessServiceServicer):
         credentials = Credentials.issue()
         row = await self.engine.create_key(
             key.name, credentials.secret_sha256, credentials.sigv4_secret, permissions, patterns,
-            convert.optional_datetime(key, "expire_time"),
+            convert.optional_datetime(key, "expire_time"), rate_limits_json(key),
         )  # fmt: skip
         await self.keys.catch_up()
         return pb.CreateKeyResponse(
@@ -119,6 +150,7 @@ class AccessService(access_service_pb2_grpc.AccessServiceServicer):
         row = await self.engine.update_key(
             request.key.name, permissions, patterns, "expire_time" in paths,
             convert.optional_datetime(request.key, "expire_time"),
+            "rate_limits" in paths, rate_limits_json(request.key),
         )  # fmt: skip
         await self.keys.catch_up()
         return pb.UpdateKeyResponse(key=key_resource(row))

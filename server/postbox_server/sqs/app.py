@@ -18,7 +18,7 @@ from postbox_server.auth.client import bearer_metadata
 from postbox_server.auth.interceptor import SIGV4_REQUIRED_METADATA
 from postbox_server.config import is_loopback
 from postbox_server.errors import quoted
-from postbox_server.observability import metrics, tracing
+from postbox_server.observability import metrics, request_ids, tracing
 from postbox_server.sns.app import SnsQuery, is_sns
 from postbox_server.sqs import jsonproto, query, shapes
 from postbox_server.sqs.actions import HANDLERS, Call
@@ -189,7 +189,8 @@ async def _respond(
     request: web.Request,
 ) -> tuple[web.StreamResponse, str, _Json | _Query | SnsQuery]:
     """The response to a request, its outcome (OK or the error code) and its protocol."""
-    request_id = str(uuid.uuid4())
+    # The caller's x-request-id (request_ids.install), else a new one: AWS's RequestId too.
+    request_id = request_ids.current() or str(uuid.uuid4())
     call: Call | None = None
     target = request.headers.get("X-Amz-Target")
     protocol: _Json | _Query | SnsQuery = _Json(target) if target else _Query()
@@ -204,6 +205,8 @@ async def _respond(
             CALLER.set(bearer_metadata(settings.api_key))
         else:
             CALLER.set(_caller(request, body, request.app.get(_VERIFIER), settings))
+        # The server's calls for this request log and echo the same id.
+        CALLER.set((*CALLER.get(), (request_ids.HEADER, request_id)))
         params = protocol.parse(request, body)
         handler = protocol.handlers.get(protocol.action)
         if handler is None:
@@ -263,6 +266,7 @@ def build_app(settings: ShimSettings, backend: Backend) -> web.Application:
     app = web.Application(client_max_size=settings.max_request_size)
     app[_SETTINGS] = settings
     app[_BACKEND] = backend
+    request_ids.install(app)
     if settings.credentials:
         app[_VERIFIER] = Verifier(settings.credentials)
     # POST is what SDKs send; old query clients also use GET with the parameters in the URL.

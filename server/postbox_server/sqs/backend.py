@@ -14,6 +14,7 @@ from postbox.v1 import message_service_pb2_grpc, queue_service_pb2_grpc, topic_s
 from postbox_client import TLS
 
 from postbox_server.auth.interceptor import FAILURE_METADATA
+from postbox_server.auth.ratelimits import THROTTLED_METADATA
 from postbox_server.sqs import errors
 from postbox_server.sqs.errors import ErrorKind, SqsError
 
@@ -112,6 +113,11 @@ def translate(error: grpc.aio.AioRpcError, overrides: dict[grpc.StatusCode, Erro
         failure = _auth_failure(error)
         if failure is not None:
             return failure
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED and any(
+        name == THROTTLED_METADATA for name, _ in error.trailing_metadata() or ()
+    ):
+        # The caller's key is over its rate limit (auth/ratelimits.py).
+        return SqsError(errors.THROTTLING, error.details() or "Rate exceeded")
     kind = overrides.get(code) or _STATUS_ERRORS.get(code)
     if kind is errors.QUEUE_DOES_NOT_EXIST:
         return errors.queue_does_not_exist()

@@ -61,6 +61,8 @@ UNSUPPORTED_OPERATION = _kind(
 )
 RESOURCE_NOT_FOUND = _kind("ResourceNotFoundException", 404)
 OVER_LIMIT = _kind("OverLimit", 403)
+# AWS's common error for a caller over its request rate (HTTP 400).
+THROTTLING = _kind("ThrottlingException")
 PURGE_QUEUE_IN_PROGRESS = _kind(
     "AWS.SimpleQueueService.PurgeQueueInProgress", 403, shape="PurgeQueueInProgress"
 )

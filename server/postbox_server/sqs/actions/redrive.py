@@ -85,7 +85,9 @@ async def start_message_move_task(call: Call) -> Result:
         qpb.ListDeadLetterSourceQueuesRequest(dead_letter_queue=source, page_size=1),
         _TASK_ERRORS,
     )
-    if not sources.queue_names:
+    # A page holds only the sources the caller may read: an empty one with a token is not
+    # the end.
+    if not sources.queue_names and not sources.next_page_token:
         raise invalid_parameter("Source queue must be configured as a Dead Letter Queue.")
     response = await call.backend.call(
         call.backend.queues.RedriveMessages,

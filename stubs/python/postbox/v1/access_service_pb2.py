@@ -26,39 +26,41 @@ from google.protobuf import field_mask_pb2 as google_dot_protobuf_dot_field__mas
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fpostbox/v1/access_service.proto\x12\npostbox.v1\x1a google/protobuf/field_mask.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"D\n\x05Grant\x12*\n\npermission\x18\x01 \x01(\x0e\x32\x16.postbox.v1.Permission\x12\x0f\n\x07pattern\x18\x02 \x01(\t\"\xc9\x01\n\x03Key\x12\x0c\n\x04name\x18\x01 \x01(\t\x12!\n\x06grants\x18\x02 \x03(\x0b\x32\x11.postbox.v1.Grant\x12/\n\x0b\x65xpire_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x63reate_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bupdate_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"0\n\x10\x43reateKeyRequest\x12\x1c\n\x03key\x18\x01 \x01(\x0b\x32\x0f.postbox.v1.Key\"b\n\x11\x43reateKeyResponse\x12\x1c\n\x03key\x18\x01 \x01(\x0b\x32\x0f.postbox.v1.Key\x12\x0e\n\x06secret\x18\x02 \x01(\t\x12\x1f\n\x17sigv4_secret_access_key\x18\x03 \x01(\t\"\x1d\n\rGetKeyRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\".\n\x0eGetKeyResponse\x12\x1c\n\x03key\x18\x01 \x01(\x0b\x32\x0f.postbox.v1.Key\"8\n\x0fListKeysRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"J\n\x10ListKeysResponse\x12\x1d\n\x04keys\x18\x01 \x03(\x0b\x32\x0f.postbox.v1.Key\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"a\n\x10UpdateKeyRequest\x12\x1c\n\x03key\x18\x01 \x01(\x0b\x32\x0f.postbox.v1.Key\x12/\n\x0bupdate_mask\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.FieldMask\"1\n\x11UpdateKeyResponse\x12\x1c\n\x03key\x18\x01 \x01(\x0b\x32\x0f.postbox.v1.Key\" \n\x10\x44\x65leteKeyRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x13\n\x11\x44\x65leteKeyResponse*\xaf\x01\n\nPermission\x12\x1a\n\x16PERMISSION_UNSPECIFIED\x10\x00\x12\x13\n\x0fPERMISSION_SEND\x10\x01\x12\x16\n\x12PERMISSION_RECEIVE\x10\x02\x12\x16\n\x12PERMISSION_PUBLISH\x10\x03\x12\x13\n\x0fPERMISSION_READ\x10\x04\x12\x15\n\x11PERMISSION_MANAGE\x10\x05\x12\x14\n\x10PERMISSION_ADMIN\x10\x06\x32\xf5\x02\n\rAccessService\x12H\n\tCreateKey\x12\x1c.postbox.v1.CreateKeyRequest\x1a\x1d.postbox.v1.CreateKeyResponse\x12?\n\x06GetKey\x12\x19.postbox.v1.GetKeyRequest\x1a\x1a.postbox.v1.GetKeyResponse\x12\x45\n\x08ListKeys\x12\x1b.postbox.v1.ListKeysRequest\x1a\x1c.postbox.v1.ListKeysResponse\x12H\n\tUpdateKey\x12\x1c.postbox.v1.UpdateKeyRequest\x1a\x1d.postbox.v1.UpdateKeyResponse\x12H\n\tDeleteKey\x12\x1c.postbox.v1.DeleteKeyRequest\x1a\x1d.postbox.v1.DeleteKeyResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fpostbox/v1/access_service.proto\x12\npostbox.v1\x1a google/protobuf/field_mask.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"D\n\x05Grant\x12*\n\npermission\x18\x01 \x01(\x0e\x32\x16.postbox.v1.Permission\x12\x0f\n\x07pattern\x18\x02 \x01(\t\"\xaa\x02\n\x03Key\x12\x0c\n\x04name\x18\x01 \x01(\t\x12!\n\x06grants\x18\x02 \x03(\x0b\x32\x11.postbox.v1.Grant\x12/\n\x0b\x65xpire_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x63reate_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bupdate_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x32\n\x0elast_used_time\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12+\n\x0brate_limits\x18\x07 \x01(\x0b\x32\x16.postbox.v1.RateLimits\"\x9c\x01\n\nRateLimits\x12\x18\n\x10sends_per_second\x18\x01 \x01(\x01\x12\x12\n\nsend_burst\x18\x02 \x01(\x05\x12\x1b\n\x13receives_per_second\x18\x03 \x01(\x01\x12\x15\n\rreceive_burst\x18\x04 \x01(\x05\x12\x18\n\x10\x63\x61lls_per_second\x18\x05 \x01(\x01\x12\x12\n\ncall_burst\x18\x06 \x01(\x05\"0\n\x10\x43reateKeyRequest\x12\x1c\n\x03key\x18\x01 \x01(\x0b\x32\x0f.postbox.v1.Key\"b\n\x11\x43reateKeyResponse\x12\x1c\n\x03key\x18\x01 \x01(\x0b\x32\x0f.postbox.v1.Key\x12\x0e\n\x06secret\x18\x02 \x01(\t\x12\x1f\n\x17sigv4_secret_access_key\x18\x03 \x01(\t\"\x1d\n\rGetKeyRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\".\n\x0eGetKeyResponse\x12\x1c\n\x03key\x18\x01 \x01(\x0b\x32\x0f.postbox.v1.Key\"8\n\x0fListKeysRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"J\n\x10ListKeysResponse\x12\x1d\n\x04keys\x18\x01 \x03(\x0b\x32\x0f.postbox.v1.Key\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"a\n\x10UpdateKeyRequest\x12\x1c\n\x03key\x18\x01 \x01(\x0b\x32\x0f.postbox.v1.Key\x12/\n\x0bupdate_mask\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.FieldMask\"1\n\x11UpdateKeyResponse\x12\x1c\n\x03key\x18\x01 \x01(\x0b\x32\x0f.postbox.v1.Key\" \n\x10\x44\x65leteKeyRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x13\n\x11\x44\x65leteKeyResponse*\xaf\x01\n\nPermission\x12\x1a\n\x16PERMISSION_UNSPECIFIED\x10\x00\x12\x13\n\x0fPERMISSION_SEND\x10\x01\x12\x16\n\x12PERMISSION_RECEIVE\x10\x02\x12\x16\n\x12PERMISSION_PUBLISH\x10\x03\x12\x13\n\x0fPERMISSION_READ\x10\x04\x12\x15\n\x11PERMISSION_MANAGE\x10\x05\x12\x14\n\x10PERMISSION_ADMIN\x10\x06\x32\xf5\x02\n\rAccessService\x12H\n\tCreateKey\x12\x1c.postbox.v1.CreateKeyRequest\x1a\x1d.postbox.v1.CreateKeyResponse\x12?\n\x06GetKey\x12\x19.postbox.v1.GetKeyRequest\x1a\x1a.postbox.v1.GetKeyResponse\x12\x45\n\x08ListKeys\x12\x1b.postbox.v1.ListKeysRequest\x1a\x1c.postbox.v1.ListKeysResponse\x12H\n\tUpdateKey\x12\x1c.postbox.v1.UpdateKeyRequest\x1a\x1d.postbox.v1.UpdateKeyResponse\x12H\n\tDeleteKey\x12\x1c.postbox.v1.DeleteKeyRequest\x1a\x1d.postbox.v1.DeleteKeyResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'postbox.v1.access_service_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_PERMISSION']._serialized_start=957
-  _globals['_PERMISSION']._serialized_end=1132
+  _globals['_PERMISSION']._serialized_start=1213
+  _globals['_PERMISSION']._serialized_end=1388
   _globals['_GRANT']._serialized_start=114
   _globals['_GRANT']._serialized_end=182
   _globals['_KEY']._serialized_start=185
-  _globals['_KEY']._serialized_end=386
-  _globals['_CREATEKEYREQUEST']._serialized_start=388
-  _globals['_CREATEKEYREQUEST']._serialized_end=436
-  _globals['_CREATEKEYRESPONSE']._serialized_start=438
-  _globals['_CREATEKEYRESPONSE']._serialized_end=536
-  _globals['_GETKEYREQUEST']._serialized_start=538
-  _globals['_GETKEYREQUEST']._serialized_end=567
-  _globals['_GETKEYRESPONSE']._serialized_start=569
-  _globals['_GETKEYRESPONSE']._serialized_end=615
-  _globals['_LISTKEYSREQUEST']._serialized_start=617
-  _globals['_LISTKEYSREQUEST']._serialized_end=673
-  _globals['_LISTKEYSRESPONSE']._serialized_start=675
-  _globals['_LISTKEYSRESPONSE']._serialized_end=749
-  _globals['_UPDATEKEYREQUEST']._serialized_start=751
-  _globals['_UPDATEKEYREQUEST']._serialized_end=848
-  _globals['_UPDATEKEYRESPONSE']._serialized_start=850
-  _globals['_UPDATEKEYRESPONSE']._serialized_end=899
-  _globals['_DELETEKEYREQUEST']._serialized_start=901
-  _globals['_DELETEKEYREQUEST']._serialized_end=933
-  _globals['_DELETEKEYRESPONSE']._serialized_start=935
-  _globals['_DELETEKEYRESPONSE']._serialized_end=954
-  _globals['_ACCESSSERVICE']._serialized_start=1135
-  _globals['_ACCESSSERVICE']._serialized_end=1508
+  _globals['_KEY']._serialized_end=483
+  _globals['_RATELIMITS']._serialized_start=486
+  _globals['_RATELIMITS']._serialized_end=642
+  _globals['_CREATEKEYREQUEST']._serialized_start=644
+  _globals['_CREATEKEYREQUEST']._serialized_end=692
+  _globals['_CREATEKEYRESPONSE']._serialized_start=694
+  _globals['_CREATEKEYRESPONSE']._serialized_end=792
+  _globals['_GETKEYREQUEST']._serialized_start=794
+  _globals['_GETKEYREQUEST']._serialized_end=823
+  _globals['_GETKEYRESPONSE']._serialized_start=825
+  _globals['_GETKEYRESPONSE']._serialized_end=871
+  _globals['_LISTKEYSREQUEST']._serialized_start=873
+  _globals['_LISTKEYSREQUEST']._serialized_end=929
+  _globals['_LISTKEYSRESPONSE']._serialized_start=931
+  _globals['_LISTKEYSRESPONSE']._serialized_end=1005
+  _globals['_UPDATEKEYREQUEST']._serialized_start=1007
+  _globals['_UPDATEKEYREQUEST']._serialized_end=1104
+  _globals['_UPDATEKEYRESPONSE']._serialized_start=1106
+  _globals['_UPDATEKEYRESPONSE']._serialized_end=1155
+  _globals['_DELETEKEYREQUEST']._serialized_start=1157
+  _globals['_DELETEKEYREQUEST']._serialized_end=1189
+  _globals['_DELETEKEYRESPONSE']._serialized_start=1191
+  _globals['_DELETEKEYRESPONSE']._serialized_end=1210
+  _globals['_ACCESSSERVICE']._serialized_start=1391
+  _globals['_ACCESSSERVICE']._serialized_end=1764
 # @@protoc_insertion_point(module_scope)

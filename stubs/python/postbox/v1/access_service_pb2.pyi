@@ -37,18 +37,38 @@ class Grant(_message.Message):
     def __init__(self, permission: _Optional[_Union[Permission, str]] = ..., pattern: _Optional[str] = ...) -> None: ...
 
 class Key(_message.Message):
-    __slots__ = ("name", "grants", "expire_time", "create_time", "update_time")
+    __slots__ = ("name", "grants", "expire_time", "create_time", "update_time", "last_used_time", "rate_limits")
     NAME_FIELD_NUMBER: _ClassVar[int]
     GRANTS_FIELD_NUMBER: _ClassVar[int]
     EXPIRE_TIME_FIELD_NUMBER: _ClassVar[int]
     CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
     UPDATE_TIME_FIELD_NUMBER: _ClassVar[int]
+    LAST_USED_TIME_FIELD_NUMBER: _ClassVar[int]
+    RATE_LIMITS_FIELD_NUMBER: _ClassVar[int]
     name: str
     grants: _containers.RepeatedCompositeFieldContainer[Grant]
     expire_time: _timestamp_pb2.Timestamp
     create_time: _timestamp_pb2.Timestamp
     update_time: _timestamp_pb2.Timestamp
-    def __init__(self, name: _Optional[str] = ..., grants: _Optional[_Iterable[_Union[Grant, _Mapping]]] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    last_used_time: _timestamp_pb2.Timestamp
+    rate_limits: RateLimits
+    def __init__(self, name: _Optional[str] = ..., grants: _Optional[_Iterable[_Union[Grant, _Mapping]]] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_used_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., rate_limits: _Optional[_Union[RateLimits, _Mapping]] = ...) -> None: ...
+
+class RateLimits(_message.Message):
+    __slots__ = ("sends_per_second", "send_burst", "receives_per_second", "receive_burst", "calls_per_second", "call_burst")
+    SENDS_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    SEND_BURST_FIELD_NUMBER: _ClassVar[int]
+    RECEIVES_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    RECEIVE_BURST_FIELD_NUMBER: _ClassVar[int]
+    CALLS_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    CALL_BURST_FIELD_NUMBER: _ClassVar[int]
+    sends_per_second: float
+    send_burst: int
+    receives_per_second: float
+    receive_burst: int
+    calls_per_second: float
+    call_burst: int
+    def __init__(self, sends_per_second: _Optional[float] = ..., send_burst: _Optional[int] = ..., receives_per_second: _Optional[float] = ..., receive_burst: _Optional[int] = ..., calls_per_second: _Optional[float] = ..., call_burst: _Optional[int] = ...) -> None: ...
 
 class CreateKeyRequest(_message.Message):
     __slots__ = ("key",)

@@ -81,6 +81,21 @@ export declare type Key = Message<"postbox.v1.Key"> & {
    * @generated from field: google.protobuf.Timestamp update_time = 5;
    */
   updateTime?: Timestamp | undefined;
+
+  /**
+   * Output only. When a call last presented the key; unset: never. Each server
+   * records a key's use at most once a minute, so it may lag by a minute or so.
+   *
+   * @generated from field: google.protobuf.Timestamp last_used_time = 6;
+   */
+  lastUsedTime?: Timestamp | undefined;
+
+  /**
+   * Optional. How fast calls presenting the key may go; unset: no limit.
+   *
+   * @generated from field: postbox.v1.RateLimits rate_limits = 7;
+   */
+  rateLimits?: RateLimits | undefined;
 };
 
 /**
@@ -88,6 +103,73 @@ export declare type Key = Message<"postbox.v1.Key"> & {
  * Use `create(KeySchema)` to create a new message.
  */
 export declare const KeySchema: GenMessage<Key>;
+
+/**
+ * Rate limits of an API key, each a token bucket: it holds up to its burst and
+ * refills at its rate; a call that finds too few tokens fails with
+ * RESOURCE_EXHAUSTED and a google.rpc.RetryInfo saying when to retry. Several
+ * servers on one database each enforce an equal share of each limit (see the
+ * security guide).
+ *
+ * @generated from message postbox.v1.RateLimits
+ */
+export declare type RateLimits = Message<"postbox.v1.RateLimits"> & {
+  /**
+   * Optional. Messages sent per second: each Send, each entry of a SendBatch or
+   * PublishBatch, each Publish and each request of a SendStream. 0 to
+   * 1,000,000; 0: no limit.
+   *
+   * @generated from field: double sends_per_second = 1;
+   */
+  sendsPerSecond: number;
+
+  /**
+   * Optional. Most sends at once, 0 to 1,000,000; 0: one second's worth (at
+   * least 1).
+   *
+   * @generated from field: int32 send_burst = 2;
+   */
+  sendBurst: number;
+
+  /**
+   * Optional. Receives per second: each Receive, ReadStream and ReadStreamRange
+   * call and each request of a StreamingReceive or StreamingReadStream. 0 to
+   * 1,000,000; 0: no limit.
+   *
+   * @generated from field: double receives_per_second = 3;
+   */
+  receivesPerSecond: number;
+
+  /**
+   * Optional. Most receives at once, 0 to 1,000,000; 0: one second's worth (at
+   * least 1).
+   *
+   * @generated from field: int32 receive_burst = 4;
+   */
+  receiveBurst: number;
+
+  /**
+   * Optional. Calls of any method per second (a stream counts once). 0 to
+   * 1,000,000; 0: no limit.
+   *
+   * @generated from field: double calls_per_second = 5;
+   */
+  callsPerSecond: number;
+
+  /**
+   * Optional. Most calls at once, 0 to 1,000,000; 0: one second's worth (at
+   * least 1).
+   *
+   * @generated from field: int32 call_burst = 6;
+   */
+  callBurst: number;
+};
+
+/**
+ * Describes the message postbox.v1.RateLimits.
+ * Use `create(RateLimitsSchema)` to create a new message.
+ */
+export declare const RateLimitsSchema: GenMessage<RateLimits>;
 
 /**
  * @generated from message postbox.v1.CreateKeyRequest
@@ -241,8 +323,8 @@ export declare type UpdateKeyRequest = Message<"postbox.v1.UpdateKeyRequest"> & 
   key?: Key | undefined;
 
   /**
-   * Required. Fields to change: any of "grants" (replaces them all) and
-   * "expire_time" (unset: never expires).
+   * Required. Fields to change: any of "grants" (replaces them all),
+   * "expire_time" (unset: never expires) and "rate_limits" (unset: none).
    *
    * @generated from field: google.protobuf.FieldMask update_mask = 2;
    */

@@ -9,7 +9,7 @@ import { file_google_protobuf_field_mask, file_google_protobuf_timestamp } from 
  * Describes the file postbox/v1/access_service.proto.
  */
 export const file_postbox_v1_access_service = /*@__PURE__*/
-  fileDesc("Ch9wb3N0Ym94L3YxL2FjY2Vzc19zZXJ2aWNlLnByb3RvEgpwb3N0Ym94LnYxIkQKBUdyYW50EioKCnBlcm1pc3Npb24YASABKA4yFi5wb3N0Ym94LnYxLlBlcm1pc3Npb24SDwoHcGF0dGVybhgCIAEoCSLJAQoDS2V5EgwKBG5hbWUYASABKAkSIQoGZ3JhbnRzGAIgAygLMhEucG9zdGJveC52MS5HcmFudBIvCgtleHBpcmVfdGltZRgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLwoLY3JlYXRlX3RpbWUYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi8KC3VwZGF0ZV90aW1lGAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCIwChBDcmVhdGVLZXlSZXF1ZXN0EhwKA2tleRgBIAEoCzIPLnBvc3Rib3gudjEuS2V5ImIKEUNyZWF0ZUtleVJlc3BvbnNlEhwKA2tleRgBIAEoCzIPLnBvc3Rib3gudjEuS2V5Eg4KBnNlY3JldBgCIAEoCRIfChdzaWd2NF9zZWNyZXRfYWNjZXNzX2tleRgDIAEoCSIdCg1HZXRLZXlSZXF1ZXN0EgwKBG5hbWUYASABKAkiLgoOR2V0S2V5UmVzcG9uc2USHAoDa2V5GAEgASgLMg8ucG9zdGJveC52MS5LZXkiOAoPTGlzdEtleXNSZXF1ZXN0EhEKCXBhZ2Vfc2l6ZRgBIAEoBRISCgpwYWdlX3Rva2VuGAIgASgJIkoKEExpc3RLZXlzUmVzcG9uc2USHQoEa2V5cxgBIAMoCzIPLnBvc3Rib3gudjEuS2V5EhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSJhChBVcGRhdGVLZXlSZXF1ZXN0EhwKA2tleRgBIAEoCzIPLnBvc3Rib3gudjEuS2V5Ei8KC3VwZGF0ZV9tYXNrGAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLkZpZWxkTWFzayIxChFVcGRhdGVLZXlSZXNwb25zZRIcCgNrZXkYASABKAsyDy5wb3N0Ym94LnYxLktleSIgChBEZWxldGVLZXlSZXF1ZXN0EgwKBG5hbWUYASABKAkiEwoRRGVsZXRlS2V5UmVzcG9uc2UqrwEKClBlcm1pc3Npb24SGgoWUEVSTUlTU0lPTl9VTlNQRUNJRklFRBAAEhMKD1BFUk1JU1NJT05fU0VORBABEhYKElBFUk1JU1NJT05fUkVDRUlWRRACEhYKElBFUk1JU1NJT05fUFVCTElTSBADEhMKD1BFUk1JU1NJT05fUkVBRBAEEhUKEVBFUk1JU1NJT05fTUFOQUdFEAUSFAoQUEVSTUlTU0lPTl9BRE1JThAGMvUCCg1BY2Nlc3NTZXJ2aWNlEkgKCUNyZWF0ZUtleRIcLnBvc3Rib3gudjEuQ3JlYXRlS2V5UmVxdWVzdBodLnBvc3Rib3gudjEuQ3JlYXRlS2V5UmVzcG9uc2USPwoGR2V0S2V5EhkucG9zdGJveC52MS5HZXRLZXlSZXF1ZXN0GhoucG9zdGJveC52MS5HZXRLZXlSZXNwb25zZRJFCghMaXN0S2V5cxIbLnBvc3Rib3gudjEuTGlzdEtleXNSZXF1ZXN0GhwucG9zdGJveC52MS5MaXN0S2V5c1Jlc3BvbnNlEkgKCVVwZGF0ZUtleRIcLnBvc3Rib3gudjEuVXBkYXRlS2V5UmVxdWVzdBodLnBvc3Rib3gudjEuVXBkYXRlS2V5UmVzcG9uc2USSAoJRGVsZXRlS2V5EhwucG9zdGJveC52MS5EZWxldGVLZXlSZXF1ZXN0Gh0ucG9zdGJveC52MS5EZWxldGVLZXlSZXNwb25zZUKUAQoOY29tLnBvc3Rib3gudjFCEkFjY2Vzc1NlcnZpY2VQcm90b1ABWiVwb3N0Ym94L3N0dWJzL2dvL3Bvc3Rib3gvdjE7cG9zdGJveHYxogIDUEJYqgIKUG9zdGJveC5WMcoCClBvc3Rib3hcVjHiAhZQb3N0Ym94XFYxXEdQQk1ldGFkYXRh6gILUG9zdGJveDo6VjFiBnByb3RvMw", [file_google_protobuf_field_mask, file_google_protobuf_timestamp]);
+  fileDesc("Ch9wb3N0Ym94L3YxL2FjY2Vzc19zZXJ2aWNlLnByb3RvEgpwb3N0Ym94LnYxIkQKBUdyYW50EioKCnBlcm1pc3Npb24YASABKA4yFi5wb3N0Ym94LnYxLlBlcm1pc3Npb24SDwoHcGF0dGVybhgCIAEoCSKqAgoDS2V5EgwKBG5hbWUYASABKAkSIQoGZ3JhbnRzGAIgAygLMhEucG9zdGJveC52MS5HcmFudBIvCgtleHBpcmVfdGltZRgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLwoLY3JlYXRlX3RpbWUYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi8KC3VwZGF0ZV90aW1lGAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIyCg5sYXN0X3VzZWRfdGltZRgGIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASKwoLcmF0ZV9saW1pdHMYByABKAsyFi5wb3N0Ym94LnYxLlJhdGVMaW1pdHMinAEKClJhdGVMaW1pdHMSGAoQc2VuZHNfcGVyX3NlY29uZBgBIAEoARISCgpzZW5kX2J1cnN0GAIgASgFEhsKE3JlY2VpdmVzX3Blcl9zZWNvbmQYAyABKAESFQoNcmVjZWl2ZV9idXJzdBgEIAEoBRIYChBjYWxsc19wZXJfc2Vjb25kGAUgASgBEhIKCmNhbGxfYnVyc3QYBiABKAUiMAoQQ3JlYXRlS2V5UmVxdWVzdBIcCgNrZXkYASABKAsyDy5wb3N0Ym94LnYxLktleSJiChFDcmVhdGVLZXlSZXNwb25zZRIcCgNrZXkYASABKAsyDy5wb3N0Ym94LnYxLktleRIOCgZzZWNyZXQYAiABKAkSHwoXc2lndjRfc2VjcmV0X2FjY2Vzc19rZXkYAyABKAkiHQoNR2V0S2V5UmVxdWVzdBIMCgRuYW1lGAEgASgJIi4KDkdldEtleVJlc3BvbnNlEhwKA2tleRgBIAEoCzIPLnBvc3Rib3gudjEuS2V5IjgKD0xpc3RLZXlzUmVxdWVzdBIRCglwYWdlX3NpemUYASABKAUSEgoKcGFnZV90b2tlbhgCIAEoCSJKChBMaXN0S2V5c1Jlc3BvbnNlEh0KBGtleXMYASADKAsyDy5wb3N0Ym94LnYxLktleRIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiYQoQVXBkYXRlS2V5UmVxdWVzdBIcCgNrZXkYASABKAsyDy5wb3N0Ym94LnYxLktleRIvCgt1cGRhdGVfbWFzaxgCIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5GaWVsZE1hc2siMQoRVXBkYXRlS2V5UmVzcG9uc2USHAoDa2V5GAEgASgLMg8ucG9zdGJveC52MS5LZXkiIAoQRGVsZXRlS2V5UmVxdWVzdBIMCgRuYW1lGAEgASgJIhMKEURlbGV0ZUtleVJlc3BvbnNlKq8BCgpQZXJtaXNzaW9uEhoKFlBFUk1JU1NJT05fVU5TUEVDSUZJRUQQABITCg9QRVJNSVNTSU9OX1NFTkQQARIWChJQRVJNSVNTSU9OX1JFQ0VJVkUQAhIWChJQRVJNSVNTSU9OX1BVQkxJU0gQAxITCg9QRVJNSVNTSU9OX1JFQUQQBBIVChFQRVJNSVNTSU9OX01BTkFHRRAFEhQKEFBFUk1JU1NJT05fQURNSU4QBjL1AgoNQWNjZXNzU2VydmljZRJICglDcmVhdGVLZXkSHC5wb3N0Ym94LnYxLkNyZWF0ZUtleVJlcXVlc3QaHS5wb3N0Ym94LnYxLkNyZWF0ZUtleVJlc3BvbnNlEj8KBkdldEtleRIZLnBvc3Rib3gudjEuR2V0S2V5UmVxdWVzdBoaLnBvc3Rib3gudjEuR2V0S2V5UmVzcG9uc2USRQoITGlzdEtleXMSGy5wb3N0Ym94LnYxLkxpc3RLZXlzUmVxdWVzdBocLnBvc3Rib3gudjEuTGlzdEtleXNSZXNwb25zZRJICglVcGRhdGVLZXkSHC5wb3N0Ym94LnYxLlVwZGF0ZUtleVJlcXVlc3QaHS5wb3N0Ym94LnYxLlVwZGF0ZUtleVJlc3BvbnNlEkgKCURlbGV0ZUtleRIcLnBvc3Rib3gudjEuRGVsZXRlS2V5UmVxdWVzdBodLnBvc3Rib3gudjEuRGVsZXRlS2V5UmVzcG9uc2VClAEKDmNvbS5wb3N0Ym94LnYxQhJBY2Nlc3NTZXJ2aWNlUHJvdG9QAVolcG9zdGJveC9zdHVicy9nby9wb3N0Ym94L3YxO3Bvc3Rib3h2MaICA1BCWKoCClBvc3Rib3guVjHKAgpQb3N0Ym94XFYx4gIWUG9zdGJveFxWMVxHUEJNZXRhZGF0YeoCC1Bvc3Rib3g6OlYxYgZwcm90bzM", [file_google_protobuf_field_mask, file_google_protobuf_timestamp]);
 
 /**
  * Describes the message postbox.v1.Grant.
@@ -26,74 +26,81 @@ export const KeySchema = /*@__PURE__*/
   messageDesc(file_postbox_v1_access_service, 1);
 
 /**
+ * Describes the message postbox.v1.RateLimits.
+ * Use `create(RateLimitsSchema)` to create a new message.
+ */
+export const RateLimitsSchema = /*@__PURE__*/
+  messageDesc(file_postbox_v1_access_service, 2);
+
+/**
  * Describes the message postbox.v1.CreateKeyRequest.
  * Use `create(CreateKeyRequestSchema)` to create a new message.
  */
 export const CreateKeyRequestSchema = /*@__PURE__*/
-  messageDesc(file_postbox_v1_access_service, 2);
+  messageDesc(file_postbox_v1_access_service, 3);
 
 /**
  * Describes the message postbox.v1.CreateKeyResponse.
  * Use `create(CreateKeyResponseSchema)` to create a new message.
  */
 export const CreateKeyResponseSchema = /*@__PURE__*/
-  messageDesc(file_postbox_v1_access_service, 3);
+  messageDesc(file_postbox_v1_access_service, 4);
 
 /**
  * Describes the message postbox.v1.GetKeyRequest.
  * Use `create(GetKeyRequestSchema)` to create a new message.
  */
 export const GetKeyRequestSchema = /*@__PURE__*/
-  messageDesc(file_postbox_v1_access_service, 4);
+  messageDesc(file_postbox_v1_access_service, 5);
 
 /**
  * Describes the message postbox.v1.GetKeyResponse.
  * Use `create(GetKeyResponseSchema)` to create a new message.
  */
 export const GetKeyResponseSchema = /*@__PURE__*/
-  messageDesc(file_postbox_v1_access_service, 5);
+  messageDesc(file_postbox_v1_access_service, 6);
 
 /**
  * Describes the message postbox.v1.ListKeysRequest.
  * Use `create(ListKeysRequestSchema)` to create a new message.
  */
 export const ListKeysRequestSchema = /*@__PURE__*/
-  messageDesc(file_postbox_v1_access_service, 6);
+  messageDesc(file_postbox_v1_access_service, 7);
 
 /**
  * Describes the message postbox.v1.ListKeysResponse.
  * Use `create(ListKeysResponseSchema)` to create a new message.
  */
 export const ListKeysResponseSchema = /*@__PURE__*/
-  messageDesc(file_postbox_v1_access_service, 7);
+  messageDesc(file_postbox_v1_access_service, 8);
 
 /**
  * Describes the message postbox.v1.UpdateKeyRequest.
  * Use `create(UpdateKeyRequestSchema)` to create a new message.
  */
 export const UpdateKeyRequestSchema = /*@__PURE__*/
-  messageDesc(file_postbox_v1_access_service, 8);
+  messageDesc(file_postbox_v1_access_service, 9);
 
 /**
  * Describes the message postbox.v1.UpdateKeyResponse.
  * Use `create(UpdateKeyResponseSchema)` to create a new message.
  */
 export const UpdateKeyResponseSchema = /*@__PURE__*/
-  messageDesc(file_postbox_v1_access_service, 9);
+  messageDesc(file_postbox_v1_access_service, 10);
 
 /**
  * Describes the message postbox.v1.DeleteKeyRequest.
  * Use `create(DeleteKeyRequestSchema)` to create a new message.
  */
 export const DeleteKeyRequestSchema = /*@__PURE__*/
-  messageDesc(file_postbox_v1_access_service, 10);
+  messageDesc(file_postbox_v1_access_service, 11);
 
 /**
  * Describes the message postbox.v1.DeleteKeyResponse.
  * Use `create(DeleteKeyResponseSchema)` to create a new message.
  */
 export const DeleteKeyResponseSchema = /*@__PURE__*/
-  messageDesc(file_postbox_v1_access_service, 11);
+  messageDesc(file_postbox_v1_access_service, 12);
 
 /**
  * Describes the enum postbox.v1.Permission.

@@ -1,0 +1,190 @@
+"""Per-key rate limits: token buckets for sends, receives and calls.
+
+A key's limits (RateLimits in access_service.proto, postbox.api_keys.rate_limits) come
+with the key cache. Each server process keeps its own buckets in memory and enforces
+an equal share of each limit: the rate and the burst divided by the number of server
+processes on the database, which the key cache counts (their key listeners in
+pg_stat_activity). So a call costs no database round trip, and N servers together let
+through about what one would, provided clients spread their calls over them (as a
+load balancer does). A process that has not yet seen a new server (up to the key
+cache's liveness interval, or the next key change) allows its old, larger share.
+
+A bucket that lacks tokens refuses a unary call with RESOURCE_EXHAUSTED and a
+google.rpc.RetryInfo (the time until enough tokens are back); streams wait for their
+tokens instead, which slows them down rather than ending them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from google.protobuf import any_pb2, duration_pb2
+from google.rpc import error_details_pb2, status_pb2
+
+from postbox_server.errors import ApiError
+
+MAX_RATE = 1_000_000
+KINDS = ("send", "receive", "call")
+# What each kind counts, in the words of the errors.
+_UNITS = {"send": "sends", "receive": "receives", "call": "calls"}
+_PREFIX = "/postbox.v1."
+# Methods whose every call sends: the number of messages a request sends.
+SENDS: dict[str, Any] = {
+    f"{_PREFIX}MessageService/Send": lambda request: 1,
+    f"{_PREFIX}MessageService/SendBatch": lambda request: len(request.entries),
+    f"{_PREFIX}TopicService/Publish": lambda request: 1,
+    f"{_PREFIX}TopicService/PublishBatch": lambda request: len(request.entries),
+}
+RECEIVES = {
+    f"{_PREFIX}MessageService/Receive",
+    f"{_PREFIX}StreamService/ReadStream",
+    f"{_PREFIX}StreamService/ReadStreamRange",
+}
+# Streams whose every request counts (as one send or one receive).
+STREAMED = {
+    f"{_PREFIX}MessageService/SendStream": "send",
+    f"{_PREFIX}MessageService/StreamingReceive": "receive",
+    f"{_PREFIX}StreamService/StreamingReadStream": "receive",
+}
+# Trailing metadata of a throttled call: the seconds to wait (for the SQS shim).
+THROTTLED_METADATA = "postbox-throttled"
+_STATUS_DETAILS = "grpc-status-details-bin"
+
+
+@dataclass(frozen=True)
+class Limit:
+    rate: float  # tokens per second
+    burst: float  # most tokens held
+
+
+@dataclass(frozen=True)
+class Limits:
+    """A key's limits by kind; a kind without one is not limited."""
+
+    by_kind: dict[str, Limit]
+
+    @classmethod
+    def from_json(cls, text: str | None) -> Limits | None:
+        """The limits stored as RateLimits JSON (proto field names); None for none."""
+        if not text:
+            return None
+        values = json.loads(text)
+        by_kind = {}
+        for kind in KINDS:
+            rate = float(values.get(f"{kind}s_per_second", 0) or 0)
+            if rate > 0:
+                burst = float(values.get(f"{kind}_burst", 0) or 0) or max(1.0, math.ceil(rate))
+                by_kind[kind] = Limit(rate, burst)
+        return cls(by_kind) if by_kind else None
+
+
+class Throttled(ApiError):
+    """RESOURCE_EXHAUSTED for a key over one of its limits, with when to retry."""
+
+    def __init__(self, message: str, retry_after: float) -> None:
+        super().__init__(grpc.StatusCode.RESOURCE_EXHAUSTED, message)
+        self.retry_after = retry_after
+
+    def trailing_metadata(self) -> tuple[tuple[str, str | bytes], ...]:
+        """google.rpc.Status with a RetryInfo (as grpcio-status sends it), and the wait
+        in seconds for clients that read metadata rather than status details."""
+        delay = duration_pb2.Duration()
+        delay.FromNanoseconds(max(1, int(self.retry_after * 1e9)))
+        detail = any_pb2.Any()
+        detail.Pack(error_details_pb2.RetryInfo(retry_delay=delay))
+        status = status_pb2.Status(code=self.code.value[0], message=self.message, details=[detail])
+        return (
+            (_STATUS_DETAILS, status.SerializeToString()),
+            (THROTTLED_METADATA, f"{self.retry_after:.3f}"),
+        )
+
+
+class Bucket:
+    def __init__(self, limit: Limit) -> None:
+        self.limit = limit
+        self.tokens = limit.burst
+        self.updated = time.monotonic()
+
+    def _refill(self, now: float) -> None:
+        self.tokens = min(self.limit.burst, self.tokens + (now - self.updated) * self.limit.rate)
+        self.updated = now
+
+    def take(self, cost: float) -> float:
+        """Takes `cost` tokens and returns 0, or returns the seconds until it could.
+
+        A cost above the burst (a large batch) goes through on a full bucket and leaves
+        it in debt, so the average rate still holds."""
+        now = time.monotonic()
+        self._refill(now)
+        needed = min(cost, self.limit.burst)
+        if self.tokens >= needed:
+            self.tokens -= cost
+            return 0.0
+        return (needed - self.tokens) / self.limit.rate
+
+
+class RateLimiter:
+    """This process's buckets, by key and kind."""
+
+    def __init__(self) -> None:
+        self._buckets: dict[tuple[str, str], Bucket] = {}
+        # Server processes sharing the database (the key cache keeps it current).
+        self.processes = 1
+
+    def _bucket(self, key_name: str, kind: str, limit: Limit) -> Bucket:
+        shares = max(1, self.processes)
+        share = Limit(limit.rate / shares, max(1.0, limit.burst / shares))
+        bucket = self._buckets.get((key_name, kind))
+        if bucket is None or bucket.limit != share:
+            # New, or the key's limits or the number of servers changed.
+            bucket = self._buckets[key_name, kind] = Bucket(share)
+        return bucket
+
+    def wait_for(self, key_name: str, limits: Limits | None, kind: str, cost: float) -> float:
+        """Takes the tokens and returns 0, or returns the seconds to wait for them."""
+        if limits is None:
+            return 0.0
+        limit = limits.by_kind.get(kind)
+        if limit is None:
+            return 0.0
+        return self._bucket(key_name, kind, limit).take(cost)
+
+    def check(self, key_name: str, limits: Limits | None, kind: str, cost: float) -> None:
+        """Raises Throttled when the key is over its limit of `kind`."""
+        wait = self.wait_for(key_name, limits, kind, cost)
+        if wait > 0:
+            assert limits is not None
+            limit = limits.by_kind[kind]
+            shares = max(1, self.processes)
+            share = f"; this server's share: {limit.rate / shares:g}/s" if shares > 1 else ""
+            raise Throttled(
+                f"API key {key_name!r} is over its limit of {limit.rate:g} {_UNITS[kind]} "
+                f"per second (burst {limit.burst:g}{share}); retry in {wait:.3f} s",
+                wait,
+            )
+
+    def check_call(self, key_name: str, limits: Limits | None, method: str, request: Any) -> None:
+        """The limits a call's start is counted against (calls, then sends or receives)."""
+        if limits is None:
+            return
+        self.check(key_name, limits, "call", 1)
+        sends = SENDS.get(method)
+        if sends is not None and hasattr(request, "DESCRIPTOR"):
+            self.check(key_name, limits, "send", sends(request))
+        elif method in RECEIVES:
+            self.check(key_name, limits, "receive", 1)
+
+    async def pace(self, key_name: str, limits: Limits | None, method: str) -> None:
+        """Waits until a stream's next request may go (StreamingReceive and the like)."""
+        kind = STREAMED.get(method)
+        if limits is None or kind is None:
+            return
+        # No event to wait on: the bucket refills with time, and says how long.
+        while (wait := self.wait_for(key_name, limits, kind, 1)) > 0:  # noqa: ASYNC110
+            await asyncio.sleep(wait)

@@ -31,6 +31,7 @@ from postbox_server.console.app import build_console_app
 from postbox_server.db import hosts
 from postbox_server.db.engine import Engine, application_name
 from postbox_server.db.migrate import format_version, migrate
+from postbox_server.db.wakeup import WakeHub
 from postbox_server.deadline import DefaultDeadline
 from postbox_server.durability import require_synchronous_commit
 from postbox_server.egress import EgressPolicy
@@ -51,7 +52,6 @@ from postbox_server.services.queues import QueueService
 from postbox_server.services.schedules import ScheduleService
 from postbox_server.services.streams import StreamService, StreamWaiters
 from postbox_server.services.topics import TopicService
-from postbox_server.services.wakeup import WakeHub
 from postbox_server.workers.activity import run_flusher
 from postbox_server.workers.maintenance import MaintenanceWorker
 from postbox_server.workers.scheduler import SchedulerWorker

@@ -14,6 +14,7 @@ from postbox.v1 import message_service_pb2 as pb
 from postbox_server.config import Settings
 from postbox_server.db.engine import Connection, Engine, OutgoingMessage, SentBatch
 from postbox_server.db.group_commit import GroupCommit
+from postbox_server.db.wakeup import WakeHub
 from postbox_server.errors import ApiError, Refused, invalid, quoted
 from postbox_server.observability import tracing
 from postbox_server.services import convert
@@ -29,7 +30,6 @@ from postbox_server.services.prefetch import Prefetch
 from postbox_server.services.send_stream import SendStreamCall
 from postbox_server.services.status import reports_errors
 from postbox_server.services.streaming import StreamingReceive
-from postbox_server.services.wakeup import WakeHub
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,6 @@ from postbox_server.db.wakeup import WakeHub
 from postbox_server.errors import ApiError, Refused, invalid, quoted
 from postbox_server.observability import tracing
 from postbox_server.services import convert
-from postbox_server.services.claims import Claims, more_left
 from postbox_server.services.pagination import (
     decode_id_page_token,
     encode_page_token,
@@ -26,10 +25,11 @@ from postbox_server.services.pagination import (
     next_page,
     page_size_of,
 )
-from postbox_server.services.prefetch import Prefetch
+from postbox_server.services.receive.claims import Claims, more_left
+from postbox_server.services.receive.prefetch import Prefetch
+from postbox_server.services.receive.streaming import StreamingReceive
 from postbox_server.services.send_stream import SendStreamCall
 from postbox_server.services.status import reports_errors
-from postbox_server.services.streaming import StreamingReceive
 
 log = logging.getLogger(__name__)
 

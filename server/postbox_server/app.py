@@ -41,6 +41,7 @@ from postbox_server.http.app import build_app
 from postbox_server.http.openapi import committed_document
 from postbox_server.http.procedures import MethodTable, Procedure, procedures
 from postbox_server.observability import activity, metrics, tracing
+from postbox_server.observability.engine import CountingObserver
 from postbox_server.observability.grpc_metrics import CountCalls
 from postbox_server.observability.metrics import serve_metrics
 from postbox_server.observability.probes import Ready, database_ready
@@ -418,6 +419,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
             pool_size=settings.pool_size,
             transaction_pooler=settings.listen_database_url is not None,
             acquire_timeout=settings.pool_acquire_timeout,
+            observer=CountingObserver(),
         )
         if settings.require_synchronous_commit:
             await require_synchronous_commit(engine)

@@ -39,7 +39,7 @@ from postbox_server.app import grpc_options
 from postbox_server.config import Settings
 
 RELAY, CANNED = "relay-", "canned-"
-BATCHES_AHEAD = 2  # as server/postbox_server/services/prefetch.py
+BATCHES_AHEAD = 2  # as server/postbox_server/services/receive/prefetch.py
 FANOUT_QUEUES = 10  # as bench/scenarios/topics.py subscribes
 
 

@@ -15,7 +15,7 @@ from bench.database import RAW_TABLE, BenchDatabase
 from postbox_server.config import Settings
 from postbox_server.db.engine import NO_SEND_OPTIONS
 from postbox_server.db.sqlfiles import queries
-from postbox_server.services.claims import claim_budget
+from postbox_server.services.receive.claims import claim_budget
 
 # The server's own statements (server/postbox_server/db/queries.sql), for the engine-alone figures.
 SERVER_QUERIES = queries()

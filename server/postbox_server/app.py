@@ -8,11 +8,10 @@ import functools
 import logging
 import signal
 from collections.abc import Callable
-from dataclasses import dataclass
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import grpc
-from aiohttp import web
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from postbox.v1 import (
@@ -31,6 +30,7 @@ from postbox_server.console.app import build_console_app
 from postbox_server.db import hosts
 from postbox_server.db.engine import Engine, application_name
 from postbox_server.db.migrate import format_version, migrate
+from postbox_server.db.wakeup import WakeHub
 from postbox_server.deadline import DefaultDeadline
 from postbox_server.durability import require_synchronous_commit
 from postbox_server.egress import EgressPolicy
@@ -39,7 +39,9 @@ from postbox_server.errors import ApiError
 from postbox_server.http.app import build_app
 from postbox_server.http.openapi import committed_document
 from postbox_server.http.procedures import MethodTable, Procedure, procedures
+from postbox_server.http_site import http_site
 from postbox_server.observability import activity, metrics, tracing
+from postbox_server.observability.engine import CountingObserver
 from postbox_server.observability.grpc_metrics import CountCalls
 from postbox_server.observability.metrics import serve_metrics
 from postbox_server.observability.probes import Ready, database_ready
@@ -51,7 +53,6 @@ from postbox_server.services.queues import QueueService
 from postbox_server.services.schedules import ScheduleService
 from postbox_server.services.streams import StreamService, StreamWaiters
 from postbox_server.services.topics import TopicService
-from postbox_server.services.wakeup import WakeHub
 from postbox_server.workers.activity import run_flusher
 from postbox_server.workers.maintenance import MaintenanceWorker
 from postbox_server.workers.scheduler import SchedulerWorker
@@ -188,10 +189,10 @@ def refuse_anonymous_exposure(host: str, keys: KeyCache, allow_anonymous: bool) 
     )
 
 
-async def serve_http(
+def http_front(
     settings: Settings, http_procedures: dict[str, Procedure], serving: Serving, ready: Ready
-) -> tuple[web.AppRunner, int]:
-    """Starts the HTTP/JSON front door; its runner and the port it listens on."""
+) -> AbstractAsyncContextManager[int]:
+    """The HTTP/JSON front door, serving inside the block; it yields the port it listens on."""
     app = build_app(
         http_procedures,
         max_request_size=settings.http_max_request_size,
@@ -199,33 +200,22 @@ async def serve_http(
         ready=ready,
         openapi=committed_document(),
     )
-    # handler_cancellation: a client that hangs up ends its call, and a long-poll
-    # Receive releases what it claimed, as a cancelled gRPC call does.
-    runner = web.AppRunner(
-        app, handler_cancellation=True, access_log=None, shutdown_timeout=settings.shutdown_grace
-    )
-    await runner.setup()
-    site = web.TCPSite(
-        runner,
-        settings.http_host.strip("[]"),
+    assert settings.http_port is not None
+    return http_site(
+        app,
+        settings.http_host,
         settings.http_port,
         ssl_context=None if settings.tls is None else settings.tls.ssl_context(),
         reuse_port=settings.reuse_port,
+        handler_cancellation=True,
+        shutdown_timeout=settings.shutdown_grace,
     )
-    try:
-        await site.start()
-    except OSError as error:
-        await runner.cleanup()
-        raise OSError(
-            f"cannot listen on {settings.http_host}:{settings.http_port}: {error.strerror}"
-        ) from None
-    return runner, runner.addresses[0][1]
 
 
-async def serve_console(
+def console_front(
     settings: Settings, http_procedures: dict[str, Procedure], keys: KeyCache
-) -> tuple[web.AppRunner, int]:
-    """Starts the web console; its runner and the port it listens on."""
+) -> AbstractAsyncContextManager[int]:
+    """The web console, serving inside the block; it yields the port it listens on."""
     app = build_console_app(
         keys,
         http_procedures,
@@ -233,24 +223,15 @@ async def serve_console(
         secure_cookie=settings.tls is not None,
         bound_host=settings.console_host,
     )
-    runner = web.AppRunner(
-        app, handler_cancellation=True, access_log=None, shutdown_timeout=settings.shutdown_grace
-    )
-    await runner.setup()
-    site = web.TCPSite(
-        runner,
-        settings.console_host.strip("[]"),
+    assert settings.console_port is not None
+    return http_site(
+        app,
+        settings.console_host,
         settings.console_port,
         ssl_context=None if settings.tls is None else settings.tls.ssl_context(),
+        handler_cancellation=True,
+        shutdown_timeout=settings.shutdown_grace,
     )
-    try:
-        await site.start()
-    except OSError as error:
-        await runner.cleanup()
-        raise OSError(
-            f"cannot listen on {settings.console_host}:{settings.console_port}: {error.strerror}"
-        ) from None
-    return runner, runner.addresses[0][1]
 
 
 async def _scrape(engine: Engine, max_queues: int) -> bytes:
@@ -258,16 +239,8 @@ async def _scrape(engine: Engine, max_queues: int) -> bytes:
     return await metrics.exposition(engine, max_queues)
 
 
-@dataclass
-class ApiFront:
-    """The API's front doors, as _serve_api started them."""
-
-    server: grpc.aio.Server
-    http: web.AppRunner | None = None
-    console: web.AppRunner | None = None
-
-
 async def _serve_api(
+    stack: contextlib.AsyncExitStack,
     settings: Settings,
     engine: Engine,
     hub: WakeHub,
@@ -276,10 +249,11 @@ async def _serve_api(
     health_servicer: health.aio.HealthServicer,
     serving: Serving,
     ready: Ready,
-) -> ApiFront:
-    """Starts the gRPC server and the HTTP and console ports on the servicers."""
+) -> None:
+    """Starts the gRPC server and the HTTP and console ports on the servicers, each
+    entered into `stack`, which stops them in reverse (the console and HTTP ports,
+    then gRPC with the shutdown grace)."""
     egress, webhooks, scheduler = workers
-    http_runner = console_runner = None
     server = grpc.aio.server(
         # Authentication first: an anonymous caller learns nothing, not even decoding errors.
         # Counting first, so that refused calls are counted too.
@@ -349,6 +323,7 @@ async def _serve_api(
     if port == 0:
         raise OSError(f"cannot listen on {address}")
     await server.start()
+    stack.push_async_callback(server.stop, settings.shutdown_grace)
     if settings.http_port is not None or settings.console_port is not None:
         # The gRPC server's servicers behind the same interceptors, tracing aside
         # (its interceptor reads gRPC's own call objects).
@@ -362,48 +337,60 @@ async def _serve_api(
                 DefaultDeadline(settings.unary_deadline),
             ],
         )
+    http_port = console_port = None
     if settings.http_port is not None:
-        http_runner, http_port = await serve_http(settings, http_procedures, serving, ready)
+        http_port = await stack.enter_async_context(
+            http_front(settings, http_procedures, serving, ready)
+        )
     if settings.console_port is not None:
-        console_runner, console_port = await serve_console(settings, http_procedures, keys)
+        console_port = await stack.enter_async_context(
+            console_front(settings, http_procedures, keys)
+        )
     log.info(
         "postbox serving gRPC%s on %s:%d",
         "" if settings.tls is None else " over TLS",
         settings.grpc_host,
         port,
     )
-    if http_runner is not None:
+    if http_port is not None:
         log.info(
             "postbox serving HTTP/JSON (Connect)%s on %s:%d",
             "" if settings.tls is None else " over TLS",
             settings.http_host,
             http_port,
         )
-    if console_runner is not None:
+    if console_port is not None:
         log.info(
             "postbox serving the web console on %s://%s:%d/",
             "http" if settings.tls is None else "https",
             settings.console_host,
             console_port,
         )
-    return ApiFront(server, http_runner, console_runner)
 
 
 async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
-    """Serves until `stop` is set (or SIGINT/SIGTERM arrives), then shuts down in order."""
+    """Serves until `stop` is set (or SIGINT/SIGTERM arrives), then shuts down in order.
+
+    Everything started is entered into one exit stack as it starts, so a start that
+    fails stops what started before it, and a stop runs the list backwards: health
+    says NOT_SERVING, the background tasks end, the metrics port closes, waiting
+    streams are woken to end with what they have, the console and HTTP ports close,
+    gRPC gets the shutdown grace, then the engine (after a last activity flush), the
+    key cache, the embedded PostgreSQL and tracing."""
     stop = stop or asyncio.Event()
     stop_on_signals(stop)
-    dsn, embedded = await open_database(settings)
-    tracing.configure("postbox")
-    engine = hub = server = health_servicer = keys = metrics_runner = http_runner = None
-    console_runner = None
-    serving = Serving()
-    tasks: list[asyncio.Task[None]] = []
-    # Sessions of their own (LISTEN, the migration) need a direct connection.
-    direct_dsn = settings.listen_database_url or dsn
-    try:
+    async with contextlib.AsyncExitStack() as stack:
+        stack.callback(log.info, "stopped")
+        dsn, embedded = await open_database(settings)
+        if embedded is not None:
+            stack.push_async_callback(asyncio.to_thread, embedded.stop)
+        tracing.configure("postbox")
+        stack.callback(tracing.shutdown)
+        # Sessions of their own (LISTEN, the migration) need a direct connection.
+        direct_dsn = settings.listen_database_url or dsn
         await install_engine(direct_dsn)
         keys = KeyCache(direct_dsn)
+        stack.push_async_callback(keys.close)
         await keys.start()
         if settings.run_api:
             for host, port in (
@@ -418,7 +405,9 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
             pool_size=settings.pool_size,
             transaction_pooler=settings.listen_database_url is not None,
             acquire_timeout=settings.pool_acquire_timeout,
+            observer=CountingObserver(),
         )
+        stack.push_async_callback(_close_engine, engine, settings.shutdown_grace)
         if settings.require_synchronous_commit:
             await require_synchronous_commit(engine)
         ready = database_ready(engine.ping, lambda: not stop.is_set())
@@ -427,6 +416,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
             safety_interval=settings.safety_poll_interval,
             own_sessions=engine.own_sessions,
         )
+        stack.push_async_callback(hub.close)
         await hub.start()
 
         egress = EgressPolicy(settings.webhook_allow_cidrs)
@@ -437,11 +427,13 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         hub.on_signal("webhooks", webhooks.wake)
         hub.on_signal("schedules", scheduler.wake)
         health_servicer = health.aio.HealthServicer()
+        serving = Serving()
         # The servicer starts out SERVING the whole server; nothing is served until
         # the database has answered a ping.
         await _set_health(health_servicer, False, serving)
         if settings.run_api:
-            front = await _serve_api(
+            await _serve_api(
+                stack,
                 settings,
                 engine,
                 hub,
@@ -451,13 +443,18 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
                 serving,
                 ready,
             )
-            server, http_runner, console_runner = front.server, front.http, front.console
+            # Again, now before the front doors stop: waiting streams end at once,
+            # with what they have, rather than at the end of the grace (close is
+            # idempotent; the first one stops the hub should a start above fail).
+            stack.push_async_callback(hub.close)
         if settings.metrics_port is not None:
-            metrics_runner = await serve_metrics(
-                settings.metrics_host,
-                settings.metrics_port,
-                functools.partial(_scrape, engine, settings.metrics_max_queues),
-                ready,
+            await stack.enter_async_context(
+                serve_metrics(
+                    settings.metrics_host,
+                    settings.metrics_port,
+                    functools.partial(_scrape, engine, settings.metrics_max_queues),
+                    ready,
+                )
             )
         maintenance = MaintenanceWorker(
             engine,
@@ -481,36 +478,28 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
                 asyncio.create_task(scheduler.run(), name="postbox-scheduler"),
             ]
             log.info("postbox running maintenance, webhook deliveries and schedules")
+        stack.push_async_callback(_cancel, tasks)
+        # Last in, so first out: before any stream ends, balancers stop sending calls
+        # while the grace lasts; later sets (the health watcher's) are ignored.
+        stack.push_async_callback(_stop_serving, health_servicer, serving)
         await stop.wait()
         log.info("shutting down")
-    finally:
-        serving.now = False
-        if health_servicer is not None:
-            # Before any stream ends, so balancers stop sending calls while the
-            # grace lasts; later sets (the health watcher's) are ignored.
-            await health_servicer.enter_graceful_shutdown()
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        if metrics_runner is not None:
-            await metrics_runner.cleanup()
-        if hub is not None:
-            await hub.close()  # waiting streams end now, with what they have
-        if http_runner is not None:
-            await http_runner.cleanup()
-        if console_runner is not None:
-            await console_runner.cleanup()
-        if server is not None:
-            await server.stop(settings.shutdown_grace)
-        if engine is not None:
-            # What the calls counted since the last flush, now that none is running;
-            # bounded, so a database that is away cannot hold the shutdown.
-            with contextlib.suppress(ApiError, asyncio.TimeoutError):
-                await asyncio.wait_for(activity.flush(engine), settings.shutdown_grace)
-            await engine.close()
-        if keys is not None:
-            await keys.close()
-        if embedded is not None:
-            await asyncio.to_thread(embedded.stop)
-        tracing.shutdown()
-        log.info("stopped")
+
+
+async def _stop_serving(servicer: health.aio.HealthServicer, serving: Serving) -> None:
+    serving.now = False
+    await servicer.enter_graceful_shutdown()
+
+
+async def _cancel(tasks: list[asyncio.Task[None]]) -> None:
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _close_engine(engine: Engine, grace: float) -> None:
+    """What the calls counted since the last flush, now that none is running, then the
+    pool; the flush is bounded, so a database that is away cannot hold the shutdown."""
+    with contextlib.suppress(ApiError, asyncio.TimeoutError):
+        await asyncio.wait_for(activity.flush(engine), grace)
+    await engine.close()

@@ -12,6 +12,7 @@ service manager sees the failure instead of a silently smaller server.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import os
@@ -86,10 +87,12 @@ async def serve_workers(
         _check_port_free(settings.http_host, settings.http_port)
     stop = asyncio.Event()
     stop_on_signals(stop)
-    dsn, embedded = await open_database(settings)
-    processes: list[asyncio.subprocess.Process] = []
-    metrics_dir = metrics_runner = engine = None
-    try:
+    async with contextlib.AsyncExitStack() as stack:
+        # Stopped in reverse: the workers, the metrics port, its engine, the files the
+        # workers counted into, the embedded PostgreSQL.
+        dsn, embedded = await open_database(settings)
+        if embedded is not None:
+            stack.push_async_callback(asyncio.to_thread, embedded.stop)
         await install_engine(settings.listen_database_url or dsn)  # once, before the workers race
         environment = {**os.environ, "DATABASE_URL": dsn}
         if settings.listen_database_url is not None:
@@ -98,18 +101,27 @@ async def serve_workers(
         if settings.metrics_port is not None:
             # The workers count into files here; this process serves them all as one.
             metrics_dir = tempfile.mkdtemp(prefix="postbox-metrics-")
+            stack.callback(shutil.rmtree, metrics_dir, ignore_errors=True)
             environment["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
             engine = await Engine.connect(
                 dsn, pool_size=1, transaction_pooler=settings.listen_database_url is not None
             )
-            metrics_runner = await serve_metrics(
-                settings.metrics_host,
-                settings.metrics_port,
-                functools.partial(
-                    exposition, engine, settings.metrics_max_queues, multiprocess_dir=metrics_dir
-                ),
-                database_ready(engine.ping, lambda: not stop.is_set()),
+            stack.push_async_callback(engine.close)
+            await stack.enter_async_context(
+                serve_metrics(
+                    settings.metrics_host,
+                    settings.metrics_port,
+                    functools.partial(
+                        exposition,
+                        engine,
+                        settings.metrics_max_queues,
+                        multiprocess_dir=metrics_dir,
+                    ),
+                    database_ready(engine.ping, lambda: not stop.is_set()),
+                )
             )
+        processes: list[asyncio.subprocess.Process] = []
+        stack.push_async_callback(_stop, processes, settings.shutdown_grace + 10)
         command = worker_command(settings, log_level, log_format)
         for _ in range(workers):
             processes.append(await asyncio.create_subprocess_exec(*command, env=environment))
@@ -124,16 +136,6 @@ async def serve_workers(
                 "worker %d exited with %s; stopping the others", process.pid, process.returncode
             )
         return 1 if failed else 0
-    finally:
-        await _stop(processes, settings.shutdown_grace + 10)
-        if metrics_runner is not None:
-            await metrics_runner.cleanup()
-        if engine is not None:
-            await engine.close()
-        if metrics_dir is not None:
-            shutil.rmtree(metrics_dir, ignore_errors=True)
-        if embedded is not None:
-            await asyncio.to_thread(embedded.stop)
 
 
 async def _stop(processes: list[asyncio.subprocess.Process], timeout: float) -> None:

@@ -18,7 +18,7 @@ from support import create_database, drop_database
 
 from postbox_server.db.engine import Engine
 from postbox_server.db.migrate import migrate
-from postbox_server.services.scan_floors import ScanFloors
+from postbox_server.services.receive.scan_floors import ScanFloors
 
 # Index entries the current transaction has read from the ready index so far.
 VISITED = "SELECT pg_stat_get_xact_tuples_returned('postbox.messages_ready_idx'::regclass)"

@@ -11,7 +11,7 @@ from postbox.v1 import message_service_pb2_grpc, queue_service_pb2_grpc
 from postbox.v1 import queue_service_pb2 as qpb
 from support import create_queue, seconds, unique_name
 
-from postbox_server.services.prefetch import Prefetch
+from postbox_server.services.receive.prefetch import Prefetch
 
 
 async def in_flight(channel, queue: str) -> int:

@@ -18,8 +18,8 @@ from postbox.v1 import message_service_pb2_grpc
 from support import seconds, unique_name
 
 from postbox_server.db.engine import Engine
+from postbox_server.db.wakeup import ENDED, WakeHub
 from postbox_server.services.messages import MessageService
-from postbox_server.services.wakeup import ENDED, WakeHub
 
 
 class CountingEngine(Engine):

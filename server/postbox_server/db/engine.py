@@ -18,11 +18,10 @@ from asyncpg.pool import PoolConnectionProxy
 
 from postbox_server.db import hosts
 from postbox_server.db.errors import pool_exhausted, translate
+from postbox_server.db.observer import EngineObserver
 from postbox_server.db.own_sessions import UNTHROTTLED_SETTING, OwnSessions
 from postbox_server.db.sqlfiles import queries
 from postbox_server.errors import ApiError
-from postbox_server.observability import metrics, tracing
-from postbox_server.observability.activity import ACTIVITY, Counts
 
 Record = asyncpg.Record
 # A connection of the pool (a proxy) or one of its own: calls take either.
@@ -133,23 +132,26 @@ def _optional_column(values: list[Any]) -> list[Any] | None:
     return values if any(v is not None for v in values) else None
 
 
-def _count_received(queue: str, rows: list[Any]) -> None:
-    metrics.count(metrics.MESSAGES_RECEIVED, queue, len(rows))
-    redelivered = 0
-    for row in rows:
-        if row["receive_count"] > 1:
-            redelivered += 1
-        elif row["first_received_at"] is not None:
-            age = row["first_received_at"] - row["enqueued_at"]
-            metrics.AGE_AT_RECEIVE.labels(queue).observe(max(age.total_seconds(), 0.0))
-    metrics.count(metrics.MESSAGES_REDELIVERED, queue, redelivered)
-    ACTIVITY.received(queue, rows)
+@dataclass(slots=True)
+class Counts:
+    """One queue's activity since a process's last flush to postbox.queue_activity
+    (observability/activity.py counts them; record_activity writes them)."""
 
+    sent: int = 0
+    received: int = 0
+    deleted: int = 0
+    latency_sum: float = 0.0  # seconds from enqueue to first delivery, summed
+    latency_count: int = 0
+    latency_max: float | None = None
 
-def _count_deleted(queue: str, outcomes: list[str]) -> None:
-    deleted = outcomes.count("ok")
-    metrics.count(metrics.MESSAGES_DELETED, queue, deleted)
-    ACTIVITY.deleted(queue, deleted)
+    def add(self, other: Counts) -> None:
+        self.sent += other.sent
+        self.received += other.received
+        self.deleted += other.deleted
+        self.latency_sum += other.latency_sum
+        self.latency_count += other.latency_count
+        if other.latency_max is not None:
+            self.latency_max = max(self.latency_max or 0.0, other.latency_max)
 
 
 def application_name(role: str = "") -> str:
@@ -185,8 +187,11 @@ class Engine:
         pool: asyncpg.Pool,
         own_sessions: OwnSessions | None = None,
         acquire_timeout: float = DEFAULT_ACQUIRE_TIMEOUT,
+        observer: EngineObserver | None = None,
     ) -> None:
         self.pool = pool
+        # Hears what the calls did (metrics, activity counts, traces live above db/).
+        self.observer = observer or EngineObserver()
         # Longest a call waits for a pooled connection before it is refused UNAVAILABLE.
         self.acquire_timeout = acquire_timeout
         self._sql = queries()
@@ -201,6 +206,7 @@ class Engine:
         pool_size: int = 10,
         transaction_pooler: bool = False,
         acquire_timeout: float = DEFAULT_ACQUIRE_TIMEOUT,
+        observer: EngineObserver | None = None,
     ) -> Engine:
         """A pool on `dsn`. Behind a transaction pooler, consecutive calls of one pool
         connection may reach different server connections, where a named prepared
@@ -221,7 +227,7 @@ class Engine:
             )
         except Exception as exc:
             raise translate(exc) from exc
-        return cls(pool, own, acquire_timeout)
+        return cls(pool, own, acquire_timeout, observer)
 
     @contextlib.asynccontextmanager
     async def _sending(self, queue: str, conn: Connection | None) -> AsyncIterator[Connection]:
@@ -255,7 +261,7 @@ class Engine:
         self, method: str, name: str, *args: Any, conn: Connection | None = None
     ) -> Any:
         try:
-            with tracing.engine_span(name):
+            with self.observer.statement(name):
                 if conn is not None:
                     return await getattr(conn, method)(self._sql[name], *args)
                 async with self.connection() as acquired:
@@ -270,7 +276,7 @@ class Engine:
         try:
             conn = await self.pool.acquire(timeout=self.acquire_timeout)
         except asyncio.TimeoutError:
-            metrics.POOL_ACQUIRE_TIMEOUTS.inc()
+            self.observer.pool_exhausted()
             raise pool_exhausted(self.acquire_timeout, self.pool.get_max_size()) from None
         try:
             if self.own_sessions is not None:
@@ -374,8 +380,7 @@ class Engine:
         async with self._sending(queue, conn) as sending:
             row = await self._call("fetchrow", "send_batch", queue, bodies, *options, conn=sending)
         sent = len(row[1]) - sum(row[1])
-        metrics.count(metrics.MESSAGES_SENT, queue, sent)
-        ACTIVITY.sent(queue, sent)
+        self.observer.sent(queue, sent)
         return row[0], row[1]
 
     async def send_bodies(
@@ -392,8 +397,7 @@ class Engine:
         async with self._sending(queue, None) as conn:
             row = await self._call("fetchrow", "send_batch", queue, bodies, *options, conn=conn)
         sent = len(row[1]) - sum(row[1])
-        metrics.count(metrics.MESSAGES_SENT, queue, sent)
-        ACTIVITY.sent(queue, sent)
+        self.observer.sent(queue, sent)
         return row[0], row[1]
 
     async def receive(
@@ -410,7 +414,7 @@ class Engine:
             "fetch", "receive", queue, max_messages, visibility_timeout, scan_from, max_bytes,
             consumer_id,
         )  # fmt: skip
-        _count_received(queue, rows)
+        self.observer.received(queue, rows)
         return rows
 
     async def next_visible_at(
@@ -429,8 +433,7 @@ class Engine:
 
     async def delete(self, queue: str, receipt: str, result: bytes | None = None) -> None:
         await self._call("execute", "delete", queue, receipt, result)
-        metrics.count(metrics.MESSAGES_DELETED, queue, 1)
-        ACTIVITY.deleted(queue, 1)
+        self.observer.deleted(queue, 1)
 
     async def change_visibility(self, queue: str, receipt: str, timeout: timedelta) -> None:
         await self._call("execute", "change_visibility", queue, receipt, timeout)
@@ -441,7 +444,7 @@ class Engine:
         """An outcome per receipt; results[i] is what the job of receipts[i] returned."""
         rows = await self._call("fetch", "delete_batch", queue, receipts, results)
         outcomes = [row[0] for row in rows]
-        _count_deleted(queue, outcomes)
+        self.observer.deleted(queue, outcomes.count("ok"))
         return outcomes
 
     async def delete_and_receive(
@@ -468,8 +471,8 @@ class Engine:
         )
         outcomes = list(rows[0]["outcomes"])
         received = [row for row in rows if row["message_id"] is not None]
-        _count_deleted(queue, outcomes)
-        _count_received(queue, received)
+        self.observer.deleted(queue, outcomes.count("ok"))
+        self.observer.received(queue, received)
         return outcomes, received
 
     async def change_visibility_batch(
@@ -488,13 +491,13 @@ class Engine:
     ) -> None:
         """Gives the message back for a retry, or with dead_letter ends its tries."""
         await self._call("execute", "nack", queue, receipt, delay, error, dead_letter)
-        metrics.count(metrics.MESSAGES_NACKED, queue, 1)
+        self.observer.nacked(queue, 1)
 
     async def nack_batch(self, queue: str, receipts: Sequence[str]) -> list[str]:
         """Gives messages back after the queue's retry backoff; an outcome per receipt."""
         rows = await self._call("fetch", "nack_batch", queue, receipts)
         outcomes = [row[0] for row in rows]
-        metrics.count(metrics.MESSAGES_NACKED, queue, outcomes.count("ok"))
+        self.observer.nacked(queue, outcomes.count("ok"))
         return outcomes
 
     async def peek_messages(
@@ -605,8 +608,7 @@ class Engine:
                 if not duplicate:
                     sent[queue] += 1
         for queue, amount in sent.items():
-            metrics.count(metrics.MESSAGES_SENT, queue, amount)
-            ACTIVITY.sent(queue, amount)
+            self.observer.sent(queue, amount)
         return rows
 
     # Stream topics. Group rows carry topic, name, created_at, cursor_offset, acked_at,

@@ -34,7 +34,6 @@ import grpc
 from postbox_server.db.engine import Connection, Engine
 from postbox_server.db.errors import translate
 from postbox_server.errors import ApiError
-from postbox_server.observability import metrics
 
 log = logging.getLogger(__name__)
 
@@ -90,11 +89,12 @@ class GroupCommit(Generic[Item, Result]):
             # Idle database: go now, after the other writes of this loop turn joined.
             self._flush_due = True
             loop.call_soon(self._flush)
-        metrics.GROUP_COMMIT_PENDING.inc()
+        observer = self._engine.observer
+        observer.group_waiting(1)
         try:
             return await waiting.future
         finally:
-            metrics.GROUP_COMMIT_PENDING.dec()
+            observer.group_waiting(-1)
 
     def _flush(self) -> None:
         self._flush_due = False
@@ -109,7 +109,7 @@ class GroupCommit(Generic[Item, Result]):
             task.add_done_callback(self._tasks.discard)
 
     async def _commit(self, group: list[_Waiting[Item, Result]]) -> None:
-        metrics.GROUP_COMMIT_SIZE.observe(len(group))
+        self._engine.observer.group_committed(len(group))
         try:
             outcomes = await self._run(group)
         except Exception as exc:

@@ -12,33 +12,12 @@ so the processes of `serve --workers N` and every replica add up.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from postbox_server.db.engine import Engine
+from postbox_server.db.engine import Counts, Engine
 
-
-@dataclass(slots=True)
-class Counts:
-    """One queue's counts since the last flush."""
-
-    sent: int = 0
-    received: int = 0
-    deleted: int = 0
-    latency_sum: float = 0.0  # seconds from enqueue to first delivery, summed
-    latency_count: int = 0
-    latency_max: float | None = None
-
-    def add(self, other: Counts) -> None:
-        self.sent += other.sent
-        self.received += other.received
-        self.deleted += other.deleted
-        self.latency_sum += other.latency_sum
-        self.latency_count += other.latency_count
-        if other.latency_max is not None:
-            self.latency_max = max(self.latency_max or 0.0, other.latency_max)
+__all__ = ["ACTIVITY", "Activity", "Counts", "flush"]
 
 
 class Activity:
@@ -86,7 +65,7 @@ class Activity:
             self._counts(queue).add(counts)
 
 
-# The process's counts: the engine's calls add to them wherever they are made.
+# The process's counts: the serving Engine's observer (observability/engine.py) adds to them.
 ACTIVITY = Activity()
 
 

@@ -9,9 +9,10 @@ all. A single process serves its own.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from aiohttp import web
@@ -28,6 +29,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from postbox_server.errors import ApiError
+from postbox_server.http_site import http_site
 from postbox_server.observability.probes import Ready, add_probes
 
 if TYPE_CHECKING:
@@ -270,10 +272,11 @@ async def exposition(
     return text
 
 
+@contextlib.asynccontextmanager
 async def serve_metrics(
     host: str, port: int, scrape: Callable[[], Awaitable[bytes]], ready: Ready | None = None
-) -> web.AppRunner:
-    """Serves GET /metrics on host:port until the returned runner is cleaned up, and the
+) -> AsyncIterator[int]:
+    """Serves GET /metrics on host:port inside the block (yielding the port), and the
     probes /livez and /readyz when there is a `ready` check."""
 
     async def metrics(_: web.Request) -> web.Response:
@@ -284,8 +287,6 @@ async def serve_metrics(
     app.router.add_get("/metrics", metrics)
     if ready is not None:
         add_probes(app, ready)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, host.strip("[]"), port).start()
-    log.info("serving metrics on %s:%d/metrics", host, port)
-    return runner
+    async with http_site(app, host, port) as bound:
+        log.info("serving metrics on %s:%d/metrics", host, bound)
+        yield bound

@@ -19,6 +19,7 @@ from postbox_server.db.engine import (
     SubscriptionDelivery,
 )
 from postbox_server.db.group_commit import GroupCommit
+from postbox_server.db.wakeup import WakeHub
 from postbox_server.egress import EgressPolicy, Refused
 from postbox_server.errors import ApiError, invalid, quoted
 from postbox_server.observability import tracing
@@ -30,7 +31,6 @@ from postbox_server.services.pagination import (
     page_size_of,
 )
 from postbox_server.services.status import reports_errors
-from postbox_server.services.wakeup import WakeHub
 from postbox_server.workers import standard_webhooks as webhooks
 
 _DELIVERY_STATES = {

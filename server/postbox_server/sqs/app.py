@@ -18,6 +18,7 @@ from postbox_server.auth.client import bearer_metadata
 from postbox_server.auth.interceptor import SIGV4_REQUIRED_METADATA
 from postbox_server.config import is_loopback
 from postbox_server.errors import quoted
+from postbox_server.http_site import http_site
 from postbox_server.observability import metrics, request_ids, tracing
 from postbox_server.sns.app import SnsQuery, is_sns
 from postbox_server.sqs import jsonproto, query, shapes
@@ -326,32 +327,38 @@ async def serve(settings: ShimSettings, stop: asyncio.Event | None = None) -> No
             "no static credentials: accepting requests with any signature or none while the "
             "server has no API key; once one exists, the server checks every signature"
         )
-    # handler_cancellation: a client that hangs up cancels its handler, and so the
-    # long-poll gRPC stream it is waiting on.
-    runner = web.AppRunner(build_app(settings, backend), handler_cancellation=True, access_log=None)
-    await runner.setup()
-    metrics_runner = None
+    ssl_context = None if settings.tls is None else settings.tls.ssl_context()
     try:
-        if settings.metrics_port is not None:
-            metrics_runner = await metrics.serve_metrics(
-                settings.metrics_host, settings.metrics_port, lambda: metrics.exposition(None, 0)
+        async with contextlib.AsyncExitStack() as stack:
+            if settings.metrics_port is not None:
+                await stack.enter_async_context(
+                    metrics.serve_metrics(
+                        settings.metrics_host,
+                        settings.metrics_port,
+                        lambda: metrics.exposition(None, 0),
+                    )
+                )
+            # handler_cancellation: a client that hangs up cancels its handler, and so the
+            # long-poll gRPC stream it is waiting on.
+            await stack.enter_async_context(
+                http_site(
+                    build_app(settings, backend),
+                    settings.host,
+                    settings.port,
+                    ssl_context=ssl_context,
+                    handler_cancellation=True,
+                )
             )
-        ssl_context = None if settings.tls is None else settings.tls.ssl_context()
-        site = web.TCPSite(runner, settings.host, settings.port, ssl_context=ssl_context)
-        await site.start()
-        log.info(
-            "postbox sqs serving on %s://%s:%d, calling postbox at %s",
-            "http" if ssl_context is None else "https",
-            settings.host,
-            settings.port,
-            settings.grpc_target,
-        )
-        await stop.wait()
-        log.info("shutting down")
+            log.info(
+                "postbox sqs serving on %s://%s:%d, calling postbox at %s",
+                "http" if ssl_context is None else "https",
+                settings.host,
+                settings.port,
+                settings.grpc_target,
+            )
+            await stop.wait()
+            log.info("shutting down")
     finally:
-        if metrics_runner is not None:
-            await metrics_runner.cleanup()
-        await runner.cleanup()
         await backend.close()
         tracing.shutdown()
         log.info("stopped")

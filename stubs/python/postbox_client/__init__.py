@@ -7,7 +7,7 @@ async with AsyncClient("localhost:50051", api_key=...) as client:
 """
 
 from postbox_client.client import TLS, AsyncClient, Client, Retry
-from postbox_client.consumer import Consumer, ReceivedMessage
+from postbox_client.consumer import Consumer, ConsumerOptions, ReceivedMessage
 from postbox_client.errors import (
     AlreadyExists,
     DeadlineExceeded,
@@ -20,7 +20,7 @@ from postbox_client.errors import (
     Unauthenticated,
     Unavailable,
 )
-from postbox_client.producer import Producer
+from postbox_client.producer import Producer, ProducerOptions
 from postbox_client.streams import StreamBatch, StreamReader
 from postbox_client.version import API, __version__
 
@@ -31,6 +31,7 @@ __all__ = [
     "AsyncClient",
     "Client",
     "Consumer",
+    "ConsumerOptions",
     "DeadlineExceeded",
     "FailedPrecondition",
     "InvalidArgument",
@@ -38,6 +39,7 @@ __all__ = [
     "PermissionDenied",
     "PostboxError",
     "Producer",
+    "ProducerOptions",
     "ReceivedMessage",
     "ResourceExhausted",
     "Retry",

@@ -12,10 +12,10 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 from postbox.v1 import (
@@ -30,12 +30,21 @@ from postbox.v1 import (
     topic_service_pb2_grpc,
 )
 
+from postbox_client.consumer import Consumer, ConsumerOptions
 from postbox_client.errors import PostboxError, Unavailable, from_rpc_error
+from postbox_client.fields import Attributes, attribute_values, send_fields
 from postbox_client.operations import Operations
+from postbox_client.producer import Producer, ProducerOptions
 from postbox_client.send_stream import SendStream
+from postbox_client.streams import BlockingStreamReader, StreamReader
+
+# Named here as well, where callers of earlier releases imported them from.
+__all__ = ["TLS", "AsyncClient", "Attributes", "Client", "Retry", "attribute_values", "send_fields"]
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing's from Python 3.11
 
 T = TypeVar("T")
-Attributes = Mapping[str, str | bytes]
 
 
 @dataclass(frozen=True)
@@ -67,48 +76,6 @@ class TLS:
         return grpc.ssl_channel_credentials(
             self.root_certificates, self.private_key, self.certificate_chain
         )
-
-
-def attribute_values(attributes: Attributes | None) -> dict[str, message_pb2.AttributeValue]:
-    """str values become String attributes, bytes values Binary ones."""
-    values = {}
-    for name, value in (attributes or {}).items():
-        if isinstance(value, bytes):
-            values[name] = message_pb2.AttributeValue(data_type="Binary", binary_value=value)
-        else:
-            values[name] = message_pb2.AttributeValue(data_type="String", string_value=value)
-    return values
-
-
-def send_fields(
-    body: bytes | str,
-    *,
-    attributes: Attributes | None = None,
-    delay: timedelta | None = None,
-    message_group_id: str | None = None,
-    deduplication_id: str | None = None,
-    priority: int | None = None,
-    ttl: timedelta | None = None,
-    expire_time: datetime | None = None,
-) -> dict[str, Any]:
-    """The fields of a SendRequest or SendBatchEntry."""
-    fields: dict[str, Any] = {
-        "body": body.encode() if isinstance(body, str) else body,
-        "attributes": attribute_values(attributes),
-    }
-    if delay is not None:
-        fields["delay"] = delay
-    if ttl is not None:
-        fields["ttl"] = ttl
-    if expire_time is not None:
-        fields["expire_time"] = expire_time
-    if message_group_id:
-        fields["message_group_id"] = message_group_id
-    if deduplication_id:
-        fields["deduplication_id"] = deduplication_id
-    if priority is not None:
-        fields["priority"] = priority
-    return fields
 
 
 Metadata = tuple[tuple[str, str], ...]
@@ -278,20 +245,16 @@ class AsyncClient:
         )
         return await self.call(self.topics.Publish, request)
 
-    def producer(self, queue: str, **options: Any) -> Any:
-        from postbox_client.producer import Producer
-
+    def producer(self, queue: str, **options: Unpack[ProducerOptions]) -> Producer:
+        """A batching producer for `queue` (options: see postbox_client.Producer)."""
         return Producer(self, queue, **options)
 
-    def consumer(self, queue: str, **options: Any) -> Any:
-        from postbox_client.consumer import Consumer
-
+    def consumer(self, queue: str, **options: Unpack[ConsumerOptions]) -> Consumer:
+        """A streaming consumer of `queue` (options: see postbox_client.Consumer)."""
         return Consumer(self, queue, **options)
 
-    def stream_reader(self, topic: str, group: str, **options: Any) -> Any:
+    def stream_reader(self, topic: str, group: str, **options: Any) -> StreamReader:
         """A reader of a stream topic's consumer group (see postbox_client.streams)."""
-        from postbox_client.streams import StreamReader
-
         return StreamReader(self, topic, group, **options)
 
 
@@ -410,8 +373,6 @@ class Client(Operations):
         )
         return self.call(self.topics.Publish, request)
 
-    def stream_reader(self, topic: str, group: str, **options: Any) -> Any:
+    def stream_reader(self, topic: str, group: str, **options: Any) -> BlockingStreamReader:
         """A blocking reader of a stream topic's consumer group (see postbox_client.streams)."""
-        from postbox_client.streams import BlockingStreamReader
-
         return BlockingStreamReader(self, topic, group, **options)

@@ -24,7 +24,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import grpc
 from postbox.v1 import message_pb2, message_service_pb2
@@ -95,6 +95,16 @@ class _Stream:
     reader: asyncio.Task[None]
     leases: asyncio.Task[None]
     write_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+class ConsumerOptions(TypedDict, total=False):
+    """The keyword options of Consumer, as AsyncClient.consumer takes them."""
+
+    max_messages: int
+    max_outstanding_messages: int
+    max_outstanding_bytes: int
+    lease: timedelta
+    max_lease: timedelta
 
 
 class Consumer:

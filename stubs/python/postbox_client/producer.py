@@ -21,12 +21,12 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias, TypedDict
 
 from postbox.v1 import message_service_pb2
 
-from postbox_client.client import send_fields
 from postbox_client.errors import InvalidArgument
+from postbox_client.fields import send_fields
 
 if TYPE_CHECKING:
     from postbox_client.client import AsyncClient
@@ -38,6 +38,16 @@ _ID_BYTES = 16  # random bytes of a deduplication id the producer makes: 32 hex 
 
 # What waits to be sent: a message that is nothing but a body, as its bytes, or an entry.
 Waiting: TypeAlias = "bytes | message_service_pb2.SendBatchEntry"
+
+
+class ProducerOptions(TypedDict, total=False):
+    """The keyword options of Producer, as AsyncClient.producer takes them."""
+
+    max_entries: int
+    max_bytes: int
+    linger: float
+    max_in_flight: int
+    idempotent: bool
 
 
 class Producer:

@@ -32,12 +32,12 @@ import grpc
 from postbox.v1 import message_service_pb2 as pb
 
 from postbox_server.db.engine import Engine, Record
+from postbox_server.db.wakeup import WakeHub
 from postbox_server.errors import ApiError, invalid
 from postbox_server.observability import tracing
 from postbox_server.services import convert
-from postbox_server.services.claims import Claims, more_left
-from postbox_server.services.prefetch import Prefetch
-from postbox_server.services.wakeup import WakeHub
+from postbox_server.services.receive.claims import Claims, more_left
+from postbox_server.services.receive.prefetch import Prefetch
 
 DEFAULT_MAX_MESSAGES = 10
 MAX_OUTSTANDING = 10_000

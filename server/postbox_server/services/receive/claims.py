@@ -12,9 +12,9 @@ from typing import TypeVar
 import grpc
 
 from postbox_server.db.engine import Engine, Record
+from postbox_server.db.wakeup import WakeHub
 from postbox_server.errors import ApiError
-from postbox_server.services.scan_floors import ScanFloors
-from postbox_server.services.wakeup import WakeHub
+from postbox_server.services.receive.scan_floors import ScanFloors
 
 log = logging.getLogger(__name__)
 

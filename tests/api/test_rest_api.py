@@ -543,3 +543,24 @@ async def test_keys_and_grants_answer_as_over_connect(
         names = {q["name"] for q in listed}
         assert mine in names
         assert other not in names
+
+
+async def test_a_schedule_that_publishes_makes_the_events_topic_it_routes_into(
+    http: aiohttp.ClientSession,
+) -> None:
+    """beyond-queue's exchange is there from the start; here its topic is made by the first
+    call that routes into it, a schedule as well as a subscription."""
+    status, answer, _ = await request(
+        http, "POST", "/postbox.v1.TopicService/DeleteTopic", {"name": "events"}
+    )
+    assert status in (200, 404), answer  # gone, whichever test of this run made it
+    name = unique_name("publishing")
+    spec = {"every": 3600, "target_kind": "topic", "target": "reports.hourly", "message": 1}
+    status, made, _ = await request(http, "PUT", f"/v1/schedules/{name}", spec)
+    assert status == 201, made
+    status, topic, _ = await request(
+        http, "POST", "/postbox.v1.TopicService/GetTopic", {"name": "events"}
+    )
+    assert status == 200, topic
+    status, _, _ = await request(http, "DELETE", f"/v1/schedules/{name}")
+    assert status == 204

@@ -156,11 +156,9 @@ def _destination(body: dict[str, Any], name: str, subscription: tpb.Subscription
     )
 
 
-async def subscribe(call: RestCall) -> web.Response:
-    body = await call.json_object()
-    name = f"s{secrets.token_hex(8)}"
-    subscription = tpb.Subscription(name=name, topic=EVENTS_TOPIC, pattern=call.path("pattern"))
-    _destination(body, name, subscription)
+async def ensure_events_topic(call: RestCall) -> None:
+    """beyond-queue has one exchange, there from the start: the topic behind it is made by
+    the first call that routes into it (a subscription, or a schedule that publishes)."""
     try:
         await call.call(
             "TopicService/CreateTopic", tpb.CreateTopicRequest(topic=tpb.Topic(name=EVENTS_TOPIC))
@@ -168,6 +166,14 @@ async def subscribe(call: RestCall) -> web.Response:
     except RestError as error:
         if error.code is not grpc.StatusCode.ALREADY_EXISTS:
             raise
+
+
+async def subscribe(call: RestCall) -> web.Response:
+    body = await call.json_object()
+    name = f"s{secrets.token_hex(8)}"
+    subscription = tpb.Subscription(name=name, topic=EVENTS_TOPIC, pattern=call.path("pattern"))
+    _destination(body, name, subscription)
+    await ensure_events_topic(call)
     created = await call.call(
         "TopicService/CreateSubscription", tpb.CreateSubscriptionRequest(subscription=subscription)
     )

@@ -17,7 +17,7 @@ from aiohttp import web
 from google.protobuf.field_mask_pb2 import FieldMask
 from postbox.v1 import schedule_service_pb2 as spb
 
-from postbox_server.http.rest.events import EVENTS_TOPIC
+from postbox_server.http.rest.events import EVENTS_TOPIC, ensure_events_topic
 from postbox_server.http.rest.framework import (
     BadInput,
     Reply,
@@ -214,6 +214,8 @@ async def _answer(call: RestCall, schedule: spb.Schedule, status: int) -> web.Re
 
 async def _create(call: RestCall, body: dict[str, Any], name: str) -> spb.Schedule:
     schedule, _ = _schedule(body, name)
+    if schedule.target.topic == EVENTS_TOPIC:
+        await ensure_events_topic(call)
     created = await call.call(
         "ScheduleService/CreateSchedule", spb.CreateScheduleRequest(schedule=schedule)
     )
@@ -265,6 +267,8 @@ async def update(call: RestCall) -> web.Response:
     _unknown(body, tuple(f for f in _FIELDS if f != "name"))
     status = _status(body)
     schedule, paths = _schedule(body, name)
+    if schedule.target.topic == EVENTS_TOPIC:
+        await ensure_events_topic(call)
     if paths:
         updated = await call.call(
             "ScheduleService/UpdateSchedule",

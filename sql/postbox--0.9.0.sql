@@ -4918,6 +4918,29 @@ CREATE TABLE postbox.consumer_groups (
     UNIQUE (topic_id, name)
 ) WITH (fillfactor = 50);  -- every read and ack updates the row: room for HOT updates
 
+-- Messages a group's reader gave back (ack_stream's nack_offsets), to go out
+-- to the group again from visible_at: a copy of the log's row, since rotation
+-- may truncate the log before then. deliveries counts the times it went out
+-- to the group; batch is the group's batch it is out with (NULL, or a batch
+-- called back by a seek, while it waits). The rest of the group reads on past
+-- it: one bad message holds no cursor back.
+CREATE TABLE postbox.stream_retries (
+    group_id integer NOT NULL REFERENCES postbox.consumer_groups (id) ON DELETE CASCADE,
+    stream_offset bigint NOT NULL,
+    published_at timestamptz NOT NULL,
+    publish_id uuid NOT NULL,
+    routing_key text NOT NULL,
+    ordering_key text,
+    subject text,
+    attributes jsonb,
+    body bytea NOT NULL,
+    deliveries integer NOT NULL,
+    visible_at timestamptz NOT NULL,
+    batch uuid,
+    PRIMARY KEY (group_id, stream_offset)
+);
+CREATE INDEX stream_retries_due_idx ON postbox.stream_retries (group_id, visible_at);
+
 -- The slots' states are not dumped: this script makes them, and a restore that
 -- starts them afresh loses nothing (a slot marked empty that holds rows is
 -- truncated only once it has been current and then retired).
@@ -4928,6 +4951,7 @@ BEGIN
     PERFORM pg_catalog.pg_extension_config_dump('postbox.stream_log_2', '');
     PERFORM pg_catalog.pg_extension_config_dump('postbox.stream_log_3', '');
     PERFORM pg_catalog.pg_extension_config_dump('postbox.consumer_groups', '');
+    PERFORM pg_catalog.pg_extension_config_dump('postbox.stream_retries', '');
 EXCEPTION WHEN feature_not_supported THEN
     NULL;  -- installed from a plain script, not by CREATE EXTENSION
 END
@@ -5056,11 +5080,12 @@ $$;
 -- A consumer group as get_ and list_consumer_groups show it: its cursor (the
 -- offset of the last acknowledged row, 0 before any), the batch out now, its
 -- lag: the rows of the log past its cursor, and how long ago the first of
--- them was published (0 with none), and whether it is paused.
+-- them was published (0 with none), whether it is paused, and how many
+-- messages it gave back wait to go out again (retry_messages).
 CREATE FUNCTION postbox._consumer_group_view(g postbox.consumer_groups, topic_name text)
 RETURNS TABLE (topic text, name text, created_at timestamptz, cursor_offset bigint, acked_at timestamptz,
                lease_expires_at timestamptz, lag_messages bigint, lag_seconds double precision,
-               paused boolean)
+               paused boolean, retry_messages bigint)
 LANGUAGE sql STABLE AS $$
     SELECT topic_name, g.name, g.created_at, g.cursor_offset, g.acked_at,
            CASE WHEN g.lease IS NOT NULL THEN g.lease_expires_at END,
@@ -5070,7 +5095,8 @@ LANGUAGE sql STABLE AS $$
                      FROM postbox.stream_log l
                      WHERE l.topic_id = g.topic_id AND (l.tx, l.stream_offset) > (g.cursor_tx, g.cursor_offset)
                      ORDER BY l.tx, l.stream_offset LIMIT 1), 0),
-           g.paused
+           g.paused,
+           (SELECT count(*) FROM postbox.stream_retries r WHERE r.group_id = g.id)
 $$;
 
 -- Creates a consumer group on a stream topic, reading from `start`: earliest
@@ -5081,7 +5107,7 @@ CREATE FUNCTION postbox.create_consumer_group(topic_name text, group_name text, 
                                               start_time timestamptz DEFAULT NULL)
 RETURNS TABLE (topic text, name text, created_at timestamptz, cursor_offset bigint, acked_at timestamptz,
                lease_expires_at timestamptz, lag_messages bigint, lag_seconds double precision,
-               paused boolean)
+               paused boolean, retry_messages bigint)
 LANGUAGE plpgsql AS $$
 DECLARE
     checked_name text := postbox._group_name(group_name);  -- before any lookup
@@ -5122,7 +5148,7 @@ $$;
 CREATE FUNCTION postbox.get_consumer_group(topic_name text, group_name text)
 RETURNS TABLE (topic text, name text, created_at timestamptz, cursor_offset bigint, acked_at timestamptz,
                lease_expires_at timestamptz, lag_messages bigint, lag_seconds double precision,
-               paused boolean)
+               paused boolean, retry_messages bigint)
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
     checked_name text := postbox._group_name(group_name);  -- before any lookup
@@ -5145,7 +5171,7 @@ CREATE FUNCTION postbox.list_consumer_groups(topic_name text, page_size integer 
                                              after_name text DEFAULT '')
 RETURNS TABLE (topic text, name text, created_at timestamptz, cursor_offset bigint, acked_at timestamptz,
                lease_expires_at timestamptz, lag_messages bigint, lag_seconds double precision,
-               paused boolean)
+               paused boolean, retry_messages bigint)
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
     t postbox.topics := postbox._topic(topic_name);
@@ -5163,7 +5189,7 @@ $$;
 CREATE FUNCTION postbox._set_group_paused(topic_name text, group_name text, pause boolean)
 RETURNS TABLE (topic text, name text, created_at timestamptz, cursor_offset bigint, acked_at timestamptz,
                lease_expires_at timestamptz, lag_messages bigint, lag_seconds double precision,
-               paused boolean)
+               paused boolean, retry_messages bigint)
 LANGUAGE plpgsql AS $$
 DECLARE
     checked_name text := postbox._group_name(group_name);  -- before any lookup
@@ -5182,7 +5208,7 @@ $$;
 CREATE FUNCTION postbox.pause_consumer_group(topic_name text, group_name text)
 RETURNS TABLE (topic text, name text, created_at timestamptz, cursor_offset bigint, acked_at timestamptz,
                lease_expires_at timestamptz, lag_messages bigint, lag_seconds double precision,
-               paused boolean)
+               paused boolean, retry_messages bigint)
 LANGUAGE sql AS $$
     SELECT * FROM postbox._set_group_paused(topic_name, group_name, true)
 $$;
@@ -5191,7 +5217,7 @@ $$;
 CREATE FUNCTION postbox.resume_consumer_group(topic_name text, group_name text)
 RETURNS TABLE (topic text, name text, created_at timestamptz, cursor_offset bigint, acked_at timestamptz,
                lease_expires_at timestamptz, lag_messages bigint, lag_seconds double precision,
-               paused boolean)
+               paused boolean, retry_messages bigint)
 LANGUAGE sql AS $$
     SELECT * FROM postbox._set_group_paused(topic_name, group_name, false)
 $$;
@@ -5215,12 +5241,17 @@ $$;
 -- fewer than min_messages (1 to max_messages) are and the first of them has
 -- waited less than max_batch_wait (NULL: no limit). A batch whose lease ran out
 -- comes back whole, to the next read, with its delivery_count one higher: a
--- group gets every message at least once.
+-- group gets every message at least once. Messages given back (ack_stream's
+-- nack_offsets) whose delay has passed lead a new batch, in offset order,
+-- whatever the batch controls say (they waited already), each with its own
+-- delivery_count (batch_delivery_count is the batch's); new messages of the
+-- log fill the rest of it.
 CREATE FUNCTION postbox.read_stream(topic_name text, group_name text, max_messages integer DEFAULT 100,
                                     lease_duration interval DEFAULT '30 seconds', min_messages integer DEFAULT 1,
                                     max_batch_wait interval DEFAULT NULL)
 RETURNS TABLE (batch uuid, stream_offset bigint, published_at timestamptz, publish_id uuid, routing_key text,
-               ordering_key text, subject text, attributes jsonb, body bytea, delivery_count integer)
+               ordering_key text, subject text, attributes jsonb, body bytea, delivery_count integer,
+               batch_delivery_count integer)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
@@ -5232,6 +5263,8 @@ DECLARE
     first_at timestamptz;
     end_tx xid8;
     end_offset bigint;
+    due integer := 0;
+    previous uuid;
 BEGIN
     IF max_messages IS NULL OR max_messages NOT BETWEEN 1 AND 1000 THEN
         PERFORM postbox._invalid(format('max_messages must be from 1 to 1000, not %s', max_messages));
@@ -5252,7 +5285,12 @@ BEGIN
     IF g.id IS NULL OR (g.lease IS NOT NULL AND g.lease_expires_at > now()) THEN
         RETURN;
     END IF;
+    previous := g.lease;
     IF g.lease IS NULL THEN
+        -- Given-back messages out with a batch a seek called back wait no longer.
+        SELECT count(*) INTO due
+        FROM (SELECT FROM postbox.stream_retries r WHERE r.group_id = g.id AND r.visible_at <= now()
+              LIMIT max_messages) AS d;
         horizon := pg_snapshot_xmin(pg_current_snapshot());
         SELECT count(*), min(r.published_at), (array_agg(r.tx ORDER BY r.tx DESC, r.stream_offset DESC))[1],
                (array_agg(r.stream_offset ORDER BY r.tx DESC, r.stream_offset DESC))[1]
@@ -5260,10 +5298,13 @@ BEGIN
         FROM (SELECT l.tx, l.stream_offset, l.published_at FROM postbox.stream_log l
               WHERE l.topic_id = t.id AND (l.tx, l.stream_offset) > (g.cursor_tx, g.cursor_offset) AND l.tx < horizon
               ORDER BY l.tx, l.stream_offset
-              LIMIT max_messages) AS r;
-        IF waiting = 0 OR (waiting < min_messages
-                           AND (max_batch_wait IS NULL OR first_at > now() - max_batch_wait)) THEN
+              LIMIT max_messages - due) AS r;
+        IF due = 0 AND (waiting = 0 OR (waiting < min_messages
+                                        AND (max_batch_wait IS NULL OR first_at > now() - max_batch_wait))) THEN
             RETURN;
+        ELSIF waiting = 0 THEN
+            g.lease_end_tx := g.cursor_tx;  -- given-back messages alone: the ack leaves the cursor
+            g.lease_end_offset := g.cursor_offset;
         END IF;
         g.lease_deliveries := 0;
     END IF;
@@ -5272,34 +5313,87 @@ BEGIN
         lease_end_offset = g.lease_end_offset, lease_deliveries = g.lease_deliveries + 1
     WHERE c.id = g.id
     RETURNING c.lease, c.lease_deliveries INTO g.lease, g.lease_deliveries;
+    -- The given-back messages go out with the batch: those that are due to a new
+    -- batch, those of the batch whose lease ran out with it again.
+    UPDATE postbox.stream_retries r SET batch = g.lease, deliveries = r.deliveries + 1
+    WHERE r.group_id = g.id
+          AND CASE WHEN previous IS NULL
+                   THEN r.stream_offset IN (SELECT d.stream_offset FROM postbox.stream_retries d
+                                            WHERE d.group_id = g.id AND d.visible_at <= now()
+                                            ORDER BY d.stream_offset LIMIT due)
+                   ELSE r.batch = previous END;
     RETURN QUERY
-    SELECT g.lease, l.stream_offset, l.published_at, l.publish_id, l.routing_key, l.ordering_key, l.subject,
-           l.attributes, l.body, g.lease_deliveries
-    FROM postbox.stream_log l
-    WHERE l.topic_id = t.id AND (l.tx, l.stream_offset) > (g.cursor_tx, g.cursor_offset)
-          AND (l.tx, l.stream_offset) <= (g.lease_end_tx, g.lease_end_offset)
-    ORDER BY l.tx, l.stream_offset;
+    SELECT b.batch, b.stream_offset, b.published_at, b.publish_id, b.routing_key, b.ordering_key, b.subject,
+           b.attributes, b.body, b.delivery_count, g.lease_deliveries
+    FROM (SELECT 0 AS part, '0'::xid8 AS tx, g.lease AS batch, r.stream_offset, r.published_at, r.publish_id,
+                 r.routing_key, r.ordering_key, r.subject, r.attributes, r.body, r.deliveries AS delivery_count
+          FROM postbox.stream_retries r
+          WHERE r.group_id = g.id AND r.batch = g.lease
+          UNION ALL
+          SELECT 1, l.tx, g.lease, l.stream_offset, l.published_at, l.publish_id, l.routing_key, l.ordering_key,
+                 l.subject, l.attributes, l.body, g.lease_deliveries
+          FROM postbox.stream_log l
+          WHERE l.topic_id = t.id AND (l.tx, l.stream_offset) > (g.cursor_tx, g.cursor_offset)
+                AND (l.tx, l.stream_offset) <= (g.lease_end_tx, g.lease_end_offset)) AS b
+    ORDER BY b.part, b.tx, b.stream_offset;
 END
 $$;
 
 -- Acknowledges a batch of read_stream: the group's cursor moves past it.
--- PB412 when the batch is no longer the group's: its lease ran out and it went
--- out again, it was acknowledged already, or the group was sought since.
--- Returns the group's cursor (the offset of the batch's last row).
-CREATE FUNCTION postbox.ack_stream(topic_name text, group_name text, batch uuid) RETURNS bigint
+-- The messages of the batch whose offsets are in nack_offsets are given back
+-- instead (a nack): they go out to the group again, in a later batch, once
+-- nack_delay (0 to 12 hours) has passed, while the group reads on. PB412 when
+-- the batch is no longer the group's: its lease ran out and it went out again,
+-- it was acknowledged already, or the group was sought since. Returns the
+-- group's cursor (the offset of the batch's last row of the log).
+CREATE FUNCTION postbox.ack_stream(topic_name text, group_name text, batch uuid,
+                                   nack_offsets bigint[] DEFAULT '{}', nack_delay interval DEFAULT '0 seconds')
+RETURNS bigint
 LANGUAGE plpgsql AS $$
 DECLARE
     checked_name text := postbox._group_name(group_name);  -- before any lookup
     g postbox.consumer_groups := postbox._consumer_group(postbox._stream_topic(topic_name), group_name);
+    stray bigint;
 BEGIN
     IF batch IS NULL THEN
         PERFORM postbox._invalid('batch is required: the token read_stream returned with the batch');
+    ELSIF nack_delay IS NULL OR nack_delay < interval '0' OR nack_delay > interval '12 hours' THEN
+        PERFORM postbox._invalid(format('nack_delay must be from 0 seconds to 12 hours, not %s', nack_delay));
     END IF;
     IF g.lease IS DISTINCT FROM batch THEN
         RAISE EXCEPTION USING ERRCODE = 'PB412', MESSAGE = format(
             'batch %s is not the batch out of consumer group %s: its lease ran out and it went out again, it was '
             'acknowledged already, or the group was sought since', batch, quote_literal(group_name));
     END IF;
+    nack_offsets := coalesce(nack_offsets, '{}');
+    SELECT o INTO stray FROM unnest(nack_offsets) AS o
+    WHERE o IS NULL
+          OR (NOT EXISTS (SELECT FROM postbox.stream_retries r
+                          WHERE r.group_id = g.id AND r.batch = g.lease AND r.stream_offset = o)
+              AND NOT EXISTS (SELECT FROM postbox.stream_log l
+                              WHERE l.topic_id = g.topic_id AND l.stream_offset = o
+                                    AND (l.tx, l.stream_offset) > (g.cursor_tx, g.cursor_offset)
+                                    AND (l.tx, l.stream_offset) <= (g.lease_end_tx, g.lease_end_offset)))
+    LIMIT 1;
+    IF FOUND THEN
+        PERFORM postbox._invalid(format('nack_offsets: %s is not the offset of a message of batch %s',
+                                        coalesce(stray::text, 'NULL'), batch));
+    END IF;
+    -- Nacked messages of the log are copied aside; nacked ones that were given
+    -- back before wait again; the batch's other given-back ones are done.
+    INSERT INTO postbox.stream_retries AS r (group_id, stream_offset, published_at, publish_id, routing_key,
+                                             ordering_key, subject, attributes, body, deliveries, visible_at)
+    SELECT g.id, l.stream_offset, l.published_at, l.publish_id, l.routing_key, l.ordering_key, l.subject,
+           l.attributes, l.body, g.lease_deliveries, now() + nack_delay
+    FROM postbox.stream_log l
+    WHERE l.topic_id = g.topic_id AND l.stream_offset = ANY (nack_offsets)
+          AND (l.tx, l.stream_offset) > (g.cursor_tx, g.cursor_offset)
+          AND (l.tx, l.stream_offset) <= (g.lease_end_tx, g.lease_end_offset)
+    ON CONFLICT ON CONSTRAINT stream_retries_pkey DO UPDATE
+    SET deliveries = greatest(r.deliveries, excluded.deliveries), visible_at = excluded.visible_at, batch = NULL;
+    UPDATE postbox.stream_retries r SET batch = NULL, visible_at = now() + nack_delay
+    WHERE r.group_id = g.id AND r.batch = g.lease AND r.stream_offset = ANY (nack_offsets);
+    DELETE FROM postbox.stream_retries r WHERE r.group_id = g.id AND r.batch = g.lease;
     UPDATE postbox.consumer_groups
     SET cursor_tx = lease_end_tx, cursor_offset = lease_end_offset, acked_at = now(), lease = NULL,
         lease_expires_at = NULL, lease_end_tx = NULL, lease_end_offset = NULL, lease_deliveries = NULL
@@ -5316,7 +5410,7 @@ CREATE FUNCTION postbox.seek_consumer_group(topic_name text, group_name text, to
                                             to_time timestamptz DEFAULT NULL)
 RETURNS TABLE (topic text, name text, created_at timestamptz, cursor_offset bigint, acked_at timestamptz,
                lease_expires_at timestamptz, lag_messages bigint, lag_seconds double precision,
-               paused boolean)
+               paused boolean, retry_messages bigint)
 LANGUAGE plpgsql AS $$
 DECLARE
     checked_name text := postbox._group_name(group_name);  -- before any lookup
@@ -5543,7 +5637,7 @@ CREATE FUNCTION postbox.set_consumer_group_cursor(topic_name text, group_name te
                                                   to_offset bigint)
 RETURNS TABLE (topic text, name text, created_at timestamptz, cursor_offset bigint, acked_at timestamptz,
                lease_expires_at timestamptz, lag_messages bigint, lag_seconds double precision,
-               paused boolean)
+               paused boolean, retry_messages bigint)
 LANGUAGE plpgsql AS $$
 DECLARE
     checked_name text := postbox._group_name(group_name);  -- before any lookup

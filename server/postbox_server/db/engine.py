@@ -610,7 +610,7 @@ class Engine:
         return rows
 
     # Stream topics. Group rows carry topic, name, created_at, cursor_offset, acked_at,
-    # lease_expires_at, lag_messages, lag_seconds and paused.
+    # lease_expires_at, lag_messages, lag_seconds, paused and retry_messages.
 
     async def create_consumer_group(
         self, topic: str, name: str, start: str, start_time: datetime | None
@@ -644,9 +644,14 @@ class Engine:
             max_batch_wait,
         )  # fmt: skip
 
-    async def ack_stream(self, topic: str, group: str, batch: UUID) -> int:
-        """The group's cursor offset after the ack."""
-        return await self._call("fetchval", "ack_stream", topic, group, batch)
+    async def ack_stream(
+        self, topic: str, group: str, batch: UUID, nack_offsets: Sequence[int] = (),
+        nack_delay: timedelta = timedelta(0),
+    ) -> int:  # fmt: skip
+        """The group's cursor offset after the ack; nack_offsets are given back."""
+        return await self._call(
+            "fetchval", "ack_stream", topic, group, batch, list(nack_offsets), nack_delay
+        )
 
     async def seek_consumer_group(
         self, topic: str, group: str, to_offset: int | None, to_time: datetime | None

@@ -306,7 +306,7 @@ SELECT * FROM postbox.resume_consumer_group($1, $2)
 SELECT * FROM postbox.read_stream($1, $2, $3, $4, $5, $6)
 
 -- name: ack_stream
-SELECT postbox.ack_stream($1, $2, $3)
+SELECT postbox.ack_stream($1, $2, $3, $4, $5)
 
 -- name: seek_consumer_group
 SELECT * FROM postbox.seek_consumer_group($1, $2, $3, $4)

@@ -30,6 +30,8 @@ MAX_RANGE_MESSAGES = 1000
 # ReadStreamRange with positions_only reads no message, only the index.
 MAX_RANGE_POSITIONS = 1_000_000
 DEFAULT_LEASE = timedelta(seconds=30)
+MAX_NACK_OFFSETS = 1000  # a batch holds at most 1000 messages
+MAX_NACK_DELAY = timedelta(hours=12)
 MAX_WAIT_TIME = timedelta(seconds=20)
 MAX_BATCH_WAIT = timedelta(hours=1)
 # A waiting ReadStream hears of publishes through this server at once; of those
@@ -75,6 +77,7 @@ def consumer_group(row: Row) -> pb.ConsumerGroup:
         lag_messages=row["lag_messages"],
         lag=convert.duration(timedelta(seconds=row["lag_seconds"])),
         paused=row["paused"],
+        retry_messages=row["retry_messages"],
     )
     if row["acked_at"] is not None:
         group.ack_time.CopyFrom(convert.timestamp(row["acked_at"]))
@@ -93,11 +96,12 @@ def stream_message(row: Row) -> pb.StreamMessage:
         subject=row["subject"] or "",
         body=row["body"],
         attributes=convert.attributes_from_json(row["attributes"]),
+        delivery_count=row.get("delivery_count") or 0,
     )
 
 
 def _bounded(
-    request: pb.ReadStreamRequest | pb.StreamingReadStreamRequest,
+    request: pb.ReadStreamRequest | pb.StreamingReadStreamRequest | pb.AckStreamRequest,
     field: str,
     high: timedelta | None,
 ) -> timedelta | None:
@@ -120,7 +124,7 @@ def _batch(rows: Sequence[Row]) -> dict[str, Any]:
     return {
         "batch": str(rows[0]["batch"]),
         "messages": [stream_message(row) for row in rows],
-        "delivery_count": rows[0]["delivery_count"],
+        "delivery_count": rows[0]["batch_delivery_count"],
     }
 
 
@@ -245,7 +249,15 @@ class StreamService(stream_service_pb2_grpc.StreamServiceServicer):
             raise invalid(
                 f"batch {quoted(request.batch)} is not a batch token: pass ReadStreamResponse.batch"
             ) from None
-        cursor = await self.engine.ack_stream(request.topic, request.consumer_group, batch)
+        if len(request.nack_offsets) > MAX_NACK_OFFSETS:
+            raise invalid(
+                f"nack_offsets holds {len(request.nack_offsets)} offsets; a batch has at most"
+                f" {MAX_NACK_OFFSETS} messages"
+            )
+        delay = _bounded(request, "nack_delay", MAX_NACK_DELAY) or timedelta(0)
+        cursor = await self.engine.ack_stream(
+            request.topic, request.consumer_group, batch, request.nack_offsets, delay
+        )
         self.waiters.wake(request.topic)  # readers waiting while the batch was out: go on
         return pb.AckStreamResponse(cursor_offset=cursor)
 

@@ -45,8 +45,10 @@ type StreamServiceClient interface {
 	// (AckStream) or its lease runs out; other readers of the group may take
 	// batches in between.
 	StreamingReadStream(ctx context.Context, in *StreamingReadStreamRequest, opts ...grpc.CallOption) (StreamService_StreamingReadStreamClient, error)
-	// Acknowledges a batch: the group's cursor moves past it.
-	// FAILED_PRECONDITION when the batch is no longer the group's (its lease ran
+	// Acknowledges a batch: the group's cursor moves past it. Messages of the
+	// batch named in nack_offsets are given back instead: they go out to the
+	// group again, in a later batch, after nack_delay, while the group reads
+	// on past them. FAILED_PRECONDITION when the batch is no longer the group's (its lease ran
 	// out and it went out again, it was acknowledged, or the group was sought).
 	AckStream(ctx context.Context, in *AckStreamRequest, opts ...grpc.CallOption) (*AckStreamResponse, error)
 	// Moves a group's cursor back or forward to an offset or a time, to read
@@ -238,8 +240,10 @@ type StreamServiceServer interface {
 	// (AckStream) or its lease runs out; other readers of the group may take
 	// batches in between.
 	StreamingReadStream(*StreamingReadStreamRequest, StreamService_StreamingReadStreamServer) error
-	// Acknowledges a batch: the group's cursor moves past it.
-	// FAILED_PRECONDITION when the batch is no longer the group's (its lease ran
+	// Acknowledges a batch: the group's cursor moves past it. Messages of the
+	// batch named in nack_offsets are given back instead: they go out to the
+	// group again, in a later batch, after nack_delay, while the group reads
+	// on past them. FAILED_PRECONDITION when the batch is no longer the group's (its lease ran
 	// out and it went out again, it was acknowledged, or the group was sought).
 	AckStream(context.Context, *AckStreamRequest) (*AckStreamResponse, error)
 	// Moves a group's cursor back or forward to an offset or a time, to read

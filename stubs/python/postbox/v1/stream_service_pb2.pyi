@@ -32,7 +32,7 @@ class StreamPosition(_message.Message):
     def __init__(self, tx: _Optional[int] = ..., offset: _Optional[int] = ...) -> None: ...
 
 class ConsumerGroup(_message.Message):
-    __slots__ = ("topic", "name", "create_time", "cursor_offset", "ack_time", "lease_expire_time", "lag_messages", "lag", "paused")
+    __slots__ = ("topic", "name", "create_time", "cursor_offset", "ack_time", "lease_expire_time", "lag_messages", "lag", "paused", "retry_messages")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
@@ -42,6 +42,7 @@ class ConsumerGroup(_message.Message):
     LAG_MESSAGES_FIELD_NUMBER: _ClassVar[int]
     LAG_FIELD_NUMBER: _ClassVar[int]
     PAUSED_FIELD_NUMBER: _ClassVar[int]
+    RETRY_MESSAGES_FIELD_NUMBER: _ClassVar[int]
     topic: str
     name: str
     create_time: _timestamp_pb2.Timestamp
@@ -51,10 +52,11 @@ class ConsumerGroup(_message.Message):
     lag_messages: int
     lag: _duration_pb2.Duration
     paused: bool
-    def __init__(self, topic: _Optional[str] = ..., name: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., cursor_offset: _Optional[int] = ..., ack_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., lease_expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., lag_messages: _Optional[int] = ..., lag: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., paused: _Optional[bool] = ...) -> None: ...
+    retry_messages: int
+    def __init__(self, topic: _Optional[str] = ..., name: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., cursor_offset: _Optional[int] = ..., ack_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., lease_expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., lag_messages: _Optional[int] = ..., lag: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., paused: _Optional[bool] = ..., retry_messages: _Optional[int] = ...) -> None: ...
 
 class StreamMessage(_message.Message):
-    __slots__ = ("offset", "publish_id", "publish_time", "routing_key", "ordering_key", "subject", "body", "attributes")
+    __slots__ = ("offset", "publish_id", "publish_time", "routing_key", "ordering_key", "subject", "body", "attributes", "delivery_count")
     class AttributesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -70,6 +72,7 @@ class StreamMessage(_message.Message):
     SUBJECT_FIELD_NUMBER: _ClassVar[int]
     BODY_FIELD_NUMBER: _ClassVar[int]
     ATTRIBUTES_FIELD_NUMBER: _ClassVar[int]
+    DELIVERY_COUNT_FIELD_NUMBER: _ClassVar[int]
     offset: int
     publish_id: str
     publish_time: _timestamp_pb2.Timestamp
@@ -78,7 +81,8 @@ class StreamMessage(_message.Message):
     subject: str
     body: bytes
     attributes: _containers.MessageMap[str, _message_pb2.AttributeValue]
-    def __init__(self, offset: _Optional[int] = ..., publish_id: _Optional[str] = ..., publish_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., routing_key: _Optional[str] = ..., ordering_key: _Optional[str] = ..., subject: _Optional[str] = ..., body: _Optional[bytes] = ..., attributes: _Optional[_Mapping[str, _message_pb2.AttributeValue]] = ...) -> None: ...
+    delivery_count: int
+    def __init__(self, offset: _Optional[int] = ..., publish_id: _Optional[str] = ..., publish_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., routing_key: _Optional[str] = ..., ordering_key: _Optional[str] = ..., subject: _Optional[str] = ..., body: _Optional[bytes] = ..., attributes: _Optional[_Mapping[str, _message_pb2.AttributeValue]] = ..., delivery_count: _Optional[int] = ...) -> None: ...
 
 class CreateConsumerGroupRequest(_message.Message):
     __slots__ = ("consumer_group", "start", "start_time")
@@ -223,14 +227,18 @@ class StreamingReadStreamResponse(_message.Message):
     def __init__(self, batch: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[StreamMessage, _Mapping]]] = ..., delivery_count: _Optional[int] = ...) -> None: ...
 
 class AckStreamRequest(_message.Message):
-    __slots__ = ("topic", "consumer_group", "batch")
+    __slots__ = ("topic", "consumer_group", "batch", "nack_offsets", "nack_delay")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     CONSUMER_GROUP_FIELD_NUMBER: _ClassVar[int]
     BATCH_FIELD_NUMBER: _ClassVar[int]
+    NACK_OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    NACK_DELAY_FIELD_NUMBER: _ClassVar[int]
     topic: str
     consumer_group: str
     batch: str
-    def __init__(self, topic: _Optional[str] = ..., consumer_group: _Optional[str] = ..., batch: _Optional[str] = ...) -> None: ...
+    nack_offsets: _containers.RepeatedScalarFieldContainer[int]
+    nack_delay: _duration_pb2.Duration
+    def __init__(self, topic: _Optional[str] = ..., consumer_group: _Optional[str] = ..., batch: _Optional[str] = ..., nack_offsets: _Optional[_Iterable[int]] = ..., nack_delay: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class AckStreamResponse(_message.Message):
     __slots__ = ("cursor_offset",)

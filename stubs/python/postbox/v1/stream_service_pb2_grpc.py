@@ -186,8 +186,10 @@ class StreamServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def AckStream(self, request, context):
-        """Acknowledges a batch: the group's cursor moves past it.
-        FAILED_PRECONDITION when the batch is no longer the group's (its lease ran
+        """Acknowledges a batch: the group's cursor moves past it. Messages of the
+        batch named in nack_offsets are given back instead: they go out to the
+        group again, in a later batch, after nack_delay, while the group reads
+        on past them. FAILED_PRECONDITION when the batch is no longer the group's (its lease ran
         out and it went out again, it was acknowledged, or the group was sought).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)

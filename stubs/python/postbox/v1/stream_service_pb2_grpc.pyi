@@ -77,8 +77,10 @@ class StreamServiceStub:
     batches in between.
     """
     AckStream: _grpc.UnaryUnaryMultiCallable[_stream_service_pb2.AckStreamRequest, _stream_service_pb2.AckStreamResponse]
-    """Acknowledges a batch: the group's cursor moves past it.
-    FAILED_PRECONDITION when the batch is no longer the group's (its lease ran
+    """Acknowledges a batch: the group's cursor moves past it. Messages of the
+    batch named in nack_offsets are given back instead: they go out to the
+    group again, in a later batch, after nack_delay, while the group reads
+    on past them. FAILED_PRECONDITION when the batch is no longer the group's (its lease ran
     out and it went out again, it was acknowledged, or the group was sought).
     """
     SeekConsumerGroup: _grpc.UnaryUnaryMultiCallable[_stream_service_pb2.SeekConsumerGroupRequest, _stream_service_pb2.SeekConsumerGroupResponse]
@@ -150,8 +152,10 @@ class StreamServiceAsyncStub(StreamServiceStub):
     batches in between.
     """
     AckStream: _aio.UnaryUnaryMultiCallable[_stream_service_pb2.AckStreamRequest, _stream_service_pb2.AckStreamResponse]  # type: ignore[assignment]
-    """Acknowledges a batch: the group's cursor moves past it.
-    FAILED_PRECONDITION when the batch is no longer the group's (its lease ran
+    """Acknowledges a batch: the group's cursor moves past it. Messages of the
+    batch named in nack_offsets are given back instead: they go out to the
+    group again, in a later batch, after nack_delay, while the group reads
+    on past them. FAILED_PRECONDITION when the batch is no longer the group's (its lease ran
     out and it went out again, it was acknowledged, or the group was sought).
     """
     SeekConsumerGroup: _aio.UnaryUnaryMultiCallable[_stream_service_pb2.SeekConsumerGroupRequest, _stream_service_pb2.SeekConsumerGroupResponse]  # type: ignore[assignment]
@@ -274,8 +278,10 @@ class StreamServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _stream_service_pb2.AckStreamRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_stream_service_pb2.AckStreamResponse, _abc.Awaitable[_stream_service_pb2.AckStreamResponse]]:
-        """Acknowledges a batch: the group's cursor moves past it.
-        FAILED_PRECONDITION when the batch is no longer the group's (its lease ran
+        """Acknowledges a batch: the group's cursor moves past it. Messages of the
+        batch named in nack_offsets are given back instead: they go out to the
+        group again, in a later batch, after nack_delay, while the group reads
+        on past them. FAILED_PRECONDITION when the batch is no longer the group's (its lease ran
         out and it went out again, it was acknowledged, or the group was sought).
         """
 

@@ -114,6 +114,14 @@ export declare type ConsumerGroup = Message<"postbox.v1.ConsumerGroup"> & {
    * @generated from field: bool paused = 9;
    */
   paused: boolean;
+
+  /**
+   * Output only. Messages given back (AckStreamRequest.nack_offsets) that
+   * wait to go out to the group again.
+   *
+   * @generated from field: int64 retry_messages = 10;
+   */
+  retryMessages: bigint;
 };
 
 /**
@@ -184,6 +192,16 @@ export declare type StreamMessage = Message<"postbox.v1.StreamMessage"> & {
    * @generated from field: map<string, postbox.v1.AttributeValue> attributes = 8;
    */
   attributes: { [key: string]: AttributeValue };
+
+  /**
+   * Output only. How many times this message has gone out to the group, 1
+   * the first time: a message given back (AckStreamRequest.nack_offsets)
+   * counts on from its earlier deliveries. 0 from ReadStreamRange, which
+   * reads without a group.
+   *
+   * @generated from field: int32 delivery_count = 9;
+   */
+  deliveryCount: number;
 };
 
 /**
@@ -577,7 +595,8 @@ export declare type ReadStreamResponse = Message<"postbox.v1.ReadStreamResponse"
   messages: StreamMessage[];
 
   /**
-   * Output only. How many times this batch has gone out, 1 the first time.
+   * Output only. How many times this batch has gone out, 1 the first time;
+   * each message's own count is StreamMessage.delivery_count.
    *
    * @generated from field: int32 delivery_count = 3;
    */
@@ -705,6 +724,24 @@ export declare type AckStreamRequest = Message<"postbox.v1.AckStreamRequest"> & 
    * @generated from field: string batch = 3;
    */
   batch: string;
+
+  /**
+   * Optional. Offsets of the batch's messages to give back rather than
+   * acknowledge (a nack): each goes out to the group again, ahead of new
+   * messages, once nack_delay has passed. Each must be a message of the
+   * batch; at most 1000.
+   *
+   * @generated from field: repeated int64 nack_offsets = 4;
+   */
+  nackOffsets: bigint[];
+
+  /**
+   * Optional. How long the given-back messages wait before they go out
+   * again, 0 s to 12 h; default 0.
+   *
+   * @generated from field: google.protobuf.Duration nack_delay = 5;
+   */
+  nackDelay?: Duration | undefined;
 };
 
 /**
@@ -1113,8 +1150,10 @@ export declare const StreamService: GenService<{
     output: typeof StreamingReadStreamResponseSchema;
   },
   /**
-   * Acknowledges a batch: the group's cursor moves past it.
-   * FAILED_PRECONDITION when the batch is no longer the group's (its lease ran
+   * Acknowledges a batch: the group's cursor moves past it. Messages of the
+   * batch named in nack_offsets are given back instead: they go out to the
+   * group again, in a later batch, after nack_delay, while the group reads
+   * on past them. FAILED_PRECONDITION when the batch is no longer the group's (its lease ran
    * out and it went out again, it was acknowledged, or the group was sought).
    *
    * @generated from rpc postbox.v1.StreamService.AckStream

@@ -4915,6 +4915,9 @@ CREATE TABLE postbox.consumer_groups (
     lease_end_offset bigint,
     lease_deliveries integer,
     paused boolean NOT NULL DEFAULT false,  -- reads refused until resume_consumer_group
+    -- Deliveries after which a message the group fails on goes to its dead
+    -- letters; NULL: never.
+    max_deliveries integer CHECK (max_deliveries BETWEEN 1 AND 1000),
     UNIQUE (topic_id, name)
 ) WITH (fillfactor = 50);  -- every read and ack updates the row: room for HOT updates
 
@@ -4941,6 +4944,26 @@ CREATE TABLE postbox.stream_retries (
 );
 CREATE INDEX stream_retries_due_idx ON postbox.stream_retries (group_id, visible_at);
 
+-- A consumer group's dead letters: messages that went out to the group
+-- max_deliveries times and failed the last time too (reason: 'nacked', or
+-- 'lease expired' when their batch's lease ran out). A copy of the log's row,
+-- as a retry is, with the deliveries it had; kept until replayed or purged.
+CREATE TABLE postbox.stream_dead_letters (
+    group_id integer NOT NULL REFERENCES postbox.consumer_groups (id) ON DELETE CASCADE,
+    stream_offset bigint NOT NULL,
+    published_at timestamptz NOT NULL,
+    publish_id uuid NOT NULL,
+    routing_key text NOT NULL,
+    ordering_key text,
+    subject text,
+    attributes jsonb,
+    body bytea NOT NULL,
+    deliveries integer NOT NULL,
+    dead_at timestamptz NOT NULL DEFAULT now(),
+    reason text NOT NULL CHECK (reason IN ('nacked', 'lease expired')),
+    PRIMARY KEY (group_id, stream_offset)
+);
+
 -- The slots' states are not dumped: this script makes them, and a restore that
 -- starts them afresh loses nothing (a slot marked empty that holds rows is
 -- truncated only once it has been current and then retired).
@@ -4952,6 +4975,7 @@ BEGIN
     PERFORM pg_catalog.pg_extension_config_dump('postbox.stream_log_3', '');
     PERFORM pg_catalog.pg_extension_config_dump('postbox.consumer_groups', '');
     PERFORM pg_catalog.pg_extension_config_dump('postbox.stream_retries', '');
+    PERFORM pg_catalog.pg_extension_config_dump('postbox.stream_dead_letters', '');
 EXCEPTION WHEN feature_not_supported THEN
     NULL;  -- installed from a plain script, not by CREATE EXTENSION
 END
@@ -5080,12 +5104,13 @@ $$;
 -- A consumer group as get_ and list_consumer_groups show it: its cursor (the
 -- offset of the last acknowledged row, 0 before any), the batch out now, its
 -- lag: the rows of the log past its cursor, and how long ago the first of
--- them was published (0 with none), whether it is paused, and how many
--- messages it gave back wait to go out again (retry_messages).
+-- them was published (0 with none), whether it is paused, how many
+-- messages it gave back wait to go out again (retry_messages), its
+-- max_deliveries and how many dead letters it holds.
 CREATE FUNCTION postbox._consumer_group_view(g postbox.consumer_groups, topic_name text)
 RETURNS TABLE (topic text, name text, created_at timestamptz, cursor_offset bigint, acked_at timestamptz,
                lease_expires_at timestamptz, lag_messages bigint, lag_seconds double precision,
-               paused boolean, retry_messages bigint)
+               paused boolean, retry_messages bigint, max_deliveries integer, dead_letters bigint)
 LANGUAGE sql STABLE AS $$
     SELECT topic_name, g.name, g.created_at, g.cursor_offset, g.acked_at,
            CASE WHEN g.lease IS NOT NULL THEN g.lease_expires_at END,
@@ -5096,18 +5121,31 @@ LANGUAGE sql STABLE AS $$
                      WHERE l.topic_id = g.topic_id AND (l.tx, l.stream_offset) > (g.cursor_tx, g.cursor_offset)
                      ORDER BY l.tx, l.stream_offset LIMIT 1), 0),
            g.paused,
-           (SELECT count(*) FROM postbox.stream_retries r WHERE r.group_id = g.id)
+           (SELECT count(*) FROM postbox.stream_retries r WHERE r.group_id = g.id),
+           g.max_deliveries,
+           (SELECT count(*) FROM postbox.stream_dead_letters d WHERE d.group_id = g.id)
+$$;
+
+-- The message of a check of a group's max_deliveries, or NULL when it is
+-- NULL (never) or from 1 to 1000.
+CREATE FUNCTION postbox._max_deliveries_problem(max_deliveries integer) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT format('max_deliveries must be from 1 to 1000 (or none: never), not %s', max_deliveries)
+    WHERE max_deliveries NOT BETWEEN 1 AND 1000
 $$;
 
 -- Creates a consumer group on a stream topic, reading from `start`: earliest
 -- (everything the log holds), latest (what is published from now on) or time
 -- (what was published at start_time or later; a time in the future is
--- refused). PB409 if it exists.
+-- refused), with delivery_limit as its max_deliveries (1-1000, NULL: never;
+-- see stream_dead_letters).
+-- PB409 if it exists.
 CREATE FUNCTION postbox.create_consumer_group(topic_name text, group_name text, start text DEFAULT 'earliest',
-                                              start_time timestamptz DEFAULT NULL)
+                                              start_time timestamptz DEFAULT NULL,
+                                              delivery_limit integer DEFAULT NULL)
 RETURNS TABLE (topic text, name text, created_at timestamptz, cursor_offset bigint, acked_at timestamptz,
                lease_expires_at timestamptz, lag_messages bigint, lag_seconds double precision,
-               paused boolean, retry_messages bigint)
+               paused boolean, retry_messages bigint, max_deliveries integer, dead_letters bigint)
 LANGUAGE plpgsql AS $$
 DECLARE
     checked_name text := postbox._group_name(group_name);  -- before any lookup
@@ -5125,6 +5163,8 @@ BEGIN
     ELSIF start_time > now() THEN
         PERFORM postbox._invalid(format('start_time %s is in the future', start_time));
     END IF;
+    PERFORM postbox._invalid(postbox._max_deliveries_problem(delivery_limit))
+    WHERE postbox._max_deliveries_problem(delivery_limit) IS NOT NULL;
     IF start = 'earliest' THEN
         SELECT '0'::xid8 AS tx, 0::bigint AS stream_offset INTO start_at;
     ELSIF start = 'latest' THEN
@@ -5132,8 +5172,8 @@ BEGIN
     ELSE
         SELECT * INTO start_at FROM postbox._stream_position(t.id, NULL, start_time);
     END IF;
-    INSERT INTO postbox.consumer_groups (topic_id, name, cursor_tx, cursor_offset)
-    VALUES (t.id, group_name, start_at.tx, start_at.stream_offset)
+    INSERT INTO postbox.consumer_groups (topic_id, name, cursor_tx, cursor_offset, max_deliveries)
+    VALUES (t.id, group_name, start_at.tx, start_at.stream_offset, delivery_limit)
     ON CONFLICT ON CONSTRAINT consumer_groups_topic_id_name_key DO NOTHING
     RETURNING * INTO g;
     IF NOT FOUND THEN
@@ -5148,7 +5188,7 @@ $$;
 CREATE FUNCTION postbox.get_consumer_group(topic_name text, group_name text)
 RETURNS TABLE (topic text, name text, created_at timestamptz, cursor_offset bigint, acked_at timestamptz,
                lease_expires_at timestamptz, lag_messages bigint, lag_seconds double precision,
-               paused boolean, retry_messages bigint)
+               paused boolean, retry_messages bigint, max_deliveries integer, dead_letters bigint)
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
     checked_name text := postbox._group_name(group_name);  -- before any lookup
@@ -5171,7 +5211,7 @@ CREATE FUNCTION postbox.list_consumer_groups(topic_name text, page_size integer 
                                              after_name text DEFAULT '')
 RETURNS TABLE (topic text, name text, created_at timestamptz, cursor_offset bigint, acked_at timestamptz,
                lease_expires_at timestamptz, lag_messages bigint, lag_seconds double precision,
-               paused boolean, retry_messages bigint)
+               paused boolean, retry_messages bigint, max_deliveries integer, dead_letters bigint)
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
     t postbox.topics := postbox._topic(topic_name);
@@ -5189,7 +5229,7 @@ $$;
 CREATE FUNCTION postbox._set_group_paused(topic_name text, group_name text, pause boolean)
 RETURNS TABLE (topic text, name text, created_at timestamptz, cursor_offset bigint, acked_at timestamptz,
                lease_expires_at timestamptz, lag_messages bigint, lag_seconds double precision,
-               paused boolean, retry_messages bigint)
+               paused boolean, retry_messages bigint, max_deliveries integer, dead_letters bigint)
 LANGUAGE plpgsql AS $$
 DECLARE
     checked_name text := postbox._group_name(group_name);  -- before any lookup
@@ -5208,7 +5248,7 @@ $$;
 CREATE FUNCTION postbox.pause_consumer_group(topic_name text, group_name text)
 RETURNS TABLE (topic text, name text, created_at timestamptz, cursor_offset bigint, acked_at timestamptz,
                lease_expires_at timestamptz, lag_messages bigint, lag_seconds double precision,
-               paused boolean, retry_messages bigint)
+               paused boolean, retry_messages bigint, max_deliveries integer, dead_letters bigint)
 LANGUAGE sql AS $$
     SELECT * FROM postbox._set_group_paused(topic_name, group_name, true)
 $$;
@@ -5217,7 +5257,7 @@ $$;
 CREATE FUNCTION postbox.resume_consumer_group(topic_name text, group_name text)
 RETURNS TABLE (topic text, name text, created_at timestamptz, cursor_offset bigint, acked_at timestamptz,
                lease_expires_at timestamptz, lag_messages bigint, lag_seconds double precision,
-               paused boolean, retry_messages bigint)
+               paused boolean, retry_messages bigint, max_deliveries integer, dead_letters bigint)
 LANGUAGE sql AS $$
     SELECT * FROM postbox._set_group_paused(topic_name, group_name, false)
 $$;
@@ -5245,7 +5285,9 @@ $$;
 -- nack_offsets) whose delay has passed lead a new batch, in offset order,
 -- whatever the batch controls say (they waited already), each with its own
 -- delivery_count (batch_delivery_count is the batch's); new messages of the
--- log fill the rest of it.
+-- log fill the rest of it. With max_deliveries, the messages of a batch whose
+-- lease ran out that have gone out that many times become dead letters
+-- ('lease expired') rather than go out again; the cursor moves past the log's.
 CREATE FUNCTION postbox.read_stream(topic_name text, group_name text, max_messages integer DEFAULT 100,
                                     lease_duration interval DEFAULT '30 seconds', min_messages integer DEFAULT 1,
                                     max_batch_wait interval DEFAULT NULL)
@@ -5284,6 +5326,37 @@ BEGIN
     END IF;
     IF g.id IS NULL OR (g.lease IS NOT NULL AND g.lease_expires_at > now()) THEN
         RETURN;
+    END IF;
+    IF g.lease IS NOT NULL AND g.max_deliveries IS NOT NULL THEN
+        INSERT INTO postbox.stream_dead_letters AS d (group_id, stream_offset, published_at, publish_id,
+                                                      routing_key, ordering_key, subject, attributes, body,
+                                                      deliveries, reason)
+        SELECT g.id, r.stream_offset, r.published_at, r.publish_id, r.routing_key, r.ordering_key, r.subject,
+               r.attributes, r.body, r.deliveries, 'lease expired'
+        FROM postbox.stream_retries r
+        WHERE r.group_id = g.id AND r.batch = g.lease AND r.deliveries >= g.max_deliveries
+        UNION ALL
+        SELECT g.id, l.stream_offset, l.published_at, l.publish_id, l.routing_key, l.ordering_key, l.subject,
+               l.attributes, l.body, g.lease_deliveries, 'lease expired'
+        FROM postbox.stream_log l
+        WHERE g.lease_deliveries >= g.max_deliveries AND l.topic_id = t.id
+              AND (l.tx, l.stream_offset) > (g.cursor_tx, g.cursor_offset)
+              AND (l.tx, l.stream_offset) <= (g.lease_end_tx, g.lease_end_offset)
+        ON CONFLICT ON CONSTRAINT stream_dead_letters_pkey DO UPDATE
+        SET deliveries = excluded.deliveries, dead_at = excluded.dead_at, reason = excluded.reason;
+        DELETE FROM postbox.stream_retries r
+        WHERE r.group_id = g.id AND r.batch = g.lease AND r.deliveries >= g.max_deliveries;
+        IF g.lease_deliveries >= g.max_deliveries THEN
+            -- The batch is done with: a new one goes out, the batch's retries left
+            -- under the limit are due in it.
+            g.cursor_tx := g.lease_end_tx;
+            g.cursor_offset := g.lease_end_offset;
+            g.lease := NULL;
+            UPDATE postbox.consumer_groups c
+            SET cursor_tx = g.cursor_tx, cursor_offset = g.cursor_offset, acked_at = now(), lease = NULL,
+                lease_expires_at = NULL, lease_end_tx = NULL, lease_end_offset = NULL, lease_deliveries = NULL
+            WHERE c.id = g.id;
+        END IF;
     END IF;
     previous := g.lease;
     IF g.lease IS NULL THEN
@@ -5342,7 +5415,8 @@ $$;
 -- Acknowledges a batch of read_stream: the group's cursor moves past it.
 -- The messages of the batch whose offsets are in nack_offsets are given back
 -- instead (a nack): they go out to the group again, in a later batch, once
--- nack_delay (0 to 12 hours) has passed, while the group reads on. PB412 when
+-- nack_delay (0 to 12 hours) has passed, while the group reads on; those that
+-- have gone out max_deliveries times become dead letters ('nacked'). PB412 when
 -- the batch is no longer the group's: its lease ran out and it went out again,
 -- it was acknowledged already, or the group was sought since. Returns the
 -- group's cursor (the offset of the batch's last row of the log).
@@ -5380,7 +5454,8 @@ BEGIN
                                         coalesce(stray::text, 'NULL'), batch));
     END IF;
     -- Nacked messages of the log are copied aside; nacked ones that were given
-    -- back before wait again; the batch's other given-back ones are done.
+    -- back before wait again; the batch's other given-back ones are done. Then
+    -- the nacked ones out of deliveries go on to the dead letters.
     INSERT INTO postbox.stream_retries AS r (group_id, stream_offset, published_at, publish_id, routing_key,
                                              ordering_key, subject, attributes, body, deliveries, visible_at)
     SELECT g.id, l.stream_offset, l.published_at, l.publish_id, l.routing_key, l.ordering_key, l.subject,
@@ -5394,11 +5469,128 @@ BEGIN
     UPDATE postbox.stream_retries r SET batch = NULL, visible_at = now() + nack_delay
     WHERE r.group_id = g.id AND r.batch = g.lease AND r.stream_offset = ANY (nack_offsets);
     DELETE FROM postbox.stream_retries r WHERE r.group_id = g.id AND r.batch = g.lease;
+    IF g.max_deliveries IS NOT NULL THEN
+        WITH dead AS (
+            DELETE FROM postbox.stream_retries r
+            WHERE r.group_id = g.id AND r.stream_offset = ANY (nack_offsets) AND r.deliveries >= g.max_deliveries
+            RETURNING r.*)
+        INSERT INTO postbox.stream_dead_letters AS d (group_id, stream_offset, published_at, publish_id,
+                                                      routing_key, ordering_key, subject, attributes, body,
+                                                      deliveries, reason)
+        SELECT dead.group_id, dead.stream_offset, dead.published_at, dead.publish_id, dead.routing_key,
+               dead.ordering_key, dead.subject, dead.attributes, dead.body, dead.deliveries, 'nacked'
+        FROM dead
+        ON CONFLICT ON CONSTRAINT stream_dead_letters_pkey DO UPDATE
+        SET deliveries = excluded.deliveries, dead_at = excluded.dead_at, reason = excluded.reason;
+    END IF;
     UPDATE postbox.consumer_groups
     SET cursor_tx = lease_end_tx, cursor_offset = lease_end_offset, acked_at = now(), lease = NULL,
         lease_expires_at = NULL, lease_end_tx = NULL, lease_end_offset = NULL, lease_deliveries = NULL
     WHERE id = g.id;
     RETURN g.lease_end_offset;
+END
+$$;
+
+-- Sets a consumer group's max_deliveries to delivery_limit (1-1000; NULL:
+-- never): a message
+-- the group fails on after that many deliveries goes to its dead letters.
+-- Returns the group as get_consumer_group.
+CREATE FUNCTION postbox.set_consumer_group_max_deliveries(topic_name text, group_name text,
+                                                          delivery_limit integer)
+RETURNS TABLE (topic text, name text, created_at timestamptz, cursor_offset bigint, acked_at timestamptz,
+               lease_expires_at timestamptz, lag_messages bigint, lag_seconds double precision,
+               paused boolean, retry_messages bigint, max_deliveries integer, dead_letters bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+    checked_name text := postbox._group_name(group_name);  -- before any lookup
+    t postbox.topics := postbox._stream_topic(topic_name);
+    g postbox.consumer_groups := postbox._consumer_group(t, group_name);
+BEGIN
+    PERFORM postbox._invalid(postbox._max_deliveries_problem(delivery_limit))
+    WHERE postbox._max_deliveries_problem(delivery_limit) IS NOT NULL;
+    UPDATE postbox.consumer_groups c SET max_deliveries = delivery_limit WHERE c.id = g.id RETURNING * INTO g;
+    RETURN QUERY SELECT * FROM postbox._consumer_group_view(g, t.name);
+END
+$$;
+
+-- A consumer group's dead letters in offset order after after_offset (0: from
+-- the first), at most page_size (1-1001), each with the deliveries it had,
+-- when and why it died. PB404 if the group does not exist.
+CREATE FUNCTION postbox.list_stream_dead_letters(topic_name text, group_name text, page_size integer DEFAULT 100,
+                                                 after_offset bigint DEFAULT 0)
+RETURNS TABLE (stream_offset bigint, published_at timestamptz, publish_id uuid, routing_key text,
+               ordering_key text, subject text, attributes jsonb, body bytea, delivery_count integer,
+               dead_at timestamptz, reason text)
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    checked_name text := postbox._group_name(group_name);  -- before any lookup
+    t postbox.topics := postbox._stream_topic(topic_name);
+    dead_group integer;
+BEGIN
+    IF page_size IS NULL OR page_size NOT BETWEEN 1 AND 1001 THEN
+        PERFORM postbox._invalid(format('page_size must be from 1 to 1001, not %s', page_size));
+    END IF;
+    SELECT c.id INTO dead_group FROM postbox.consumer_groups c WHERE c.topic_id = t.id AND c.name = group_name;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'PB404', MESSAGE = format(
+            'consumer group %s of topic %s does not exist', quote_literal(group_name), quote_literal(topic_name));
+    END IF;
+    RETURN QUERY
+    SELECT d.stream_offset, d.published_at, d.publish_id, d.routing_key, d.ordering_key, d.subject, d.attributes,
+           d.body, d.deliveries, d.dead_at, d.reason
+    FROM postbox.stream_dead_letters d
+    WHERE d.group_id = dead_group AND d.stream_offset > coalesce(after_offset, 0)
+    ORDER BY d.stream_offset
+    LIMIT page_size;
+END
+$$;
+
+-- Replays a consumer group's dead letters, those with the given offsets
+-- (NULL: all): each goes out to the group again in its next batch, as a
+-- message given back, with max_deliveries deliveries to go. An offset that is
+-- no dead letter of the group is passed over. Returns how many were replayed.
+CREATE FUNCTION postbox.replay_stream_dead_letters(topic_name text, group_name text, offsets bigint[] DEFAULT NULL)
+RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    checked_name text := postbox._group_name(group_name);  -- before any lookup
+    g postbox.consumer_groups := postbox._consumer_group(postbox._stream_topic(topic_name), group_name);
+    replayed bigint;
+BEGIN
+    -- Under the group's lock (_consumer_group): no read of the group runs meanwhile.
+    WITH replay AS (
+        DELETE FROM postbox.stream_dead_letters d
+        WHERE d.group_id = g.id AND (offsets IS NULL OR d.stream_offset = ANY (offsets))
+        RETURNING d.*),
+    queued AS (
+        INSERT INTO postbox.stream_retries (group_id, stream_offset, published_at, publish_id, routing_key,
+                                            ordering_key, subject, attributes, body, deliveries, visible_at)
+        SELECT r.group_id, r.stream_offset, r.published_at, r.publish_id, r.routing_key, r.ordering_key,
+               r.subject, r.attributes, r.body, 0, now()
+        FROM replay r
+        ON CONFLICT ON CONSTRAINT stream_retries_pkey DO NOTHING  -- it is to go out again already
+        RETURNING 1)
+    SELECT count(*) INTO replayed FROM replay;
+    RETURN replayed;
+END
+$$;
+
+-- Deletes a consumer group's dead letters that died before older_than.
+-- Returns how many it deleted.
+CREATE FUNCTION postbox.purge_stream_dead_letters(topic_name text, group_name text, older_than timestamptz)
+RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    checked_name text := postbox._group_name(group_name);  -- before any lookup
+    g postbox.consumer_groups := postbox._consumer_group(postbox._stream_topic(topic_name), group_name);
+    purged bigint;
+BEGIN
+    IF older_than IS NULL THEN
+        PERFORM postbox._invalid('older_than is required: dead letters that died before it are purged');
+    END IF;
+    DELETE FROM postbox.stream_dead_letters d WHERE d.group_id = g.id AND d.dead_at < older_than;
+    GET DIAGNOSTICS purged = ROW_COUNT;
+    RETURN purged;
 END
 $$;
 
@@ -5410,7 +5602,7 @@ CREATE FUNCTION postbox.seek_consumer_group(topic_name text, group_name text, to
                                             to_time timestamptz DEFAULT NULL)
 RETURNS TABLE (topic text, name text, created_at timestamptz, cursor_offset bigint, acked_at timestamptz,
                lease_expires_at timestamptz, lag_messages bigint, lag_seconds double precision,
-               paused boolean, retry_messages bigint)
+               paused boolean, retry_messages bigint, max_deliveries integer, dead_letters bigint)
 LANGUAGE plpgsql AS $$
 DECLARE
     checked_name text := postbox._group_name(group_name);  -- before any lookup
@@ -5637,7 +5829,7 @@ CREATE FUNCTION postbox.set_consumer_group_cursor(topic_name text, group_name te
                                                   to_offset bigint)
 RETURNS TABLE (topic text, name text, created_at timestamptz, cursor_offset bigint, acked_at timestamptz,
                lease_expires_at timestamptz, lag_messages bigint, lag_seconds double precision,
-               paused boolean, retry_messages bigint)
+               paused boolean, retry_messages bigint, max_deliveries integer, dead_letters bigint)
 LANGUAGE plpgsql AS $$
 DECLARE
     checked_name text := postbox._group_name(group_name);  -- before any lookup
@@ -7104,7 +7296,8 @@ BEGIN
                           'list_archived_messages', 'get_queue', 'list_queues', 'list_dead_letter_source_queues', 'list_redrive_tasks',
                           'get_topic', 'list_topics', 'get_subscription', 'list_subscriptions',
                           'list_webhook_deliveries', 'get_schedule', 'list_schedules', 'get_consumer_group',
-                          'list_consumer_groups', 'stream_metrics', 'stream_position') THEN
+                          'list_consumer_groups', 'stream_metrics', 'stream_position',
+                          'list_stream_dead_letters') THEN
                 EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO postbox_reader', f.signature);
             ELSIF f.name IN ('send', 'send_batch', 'publish', 'publish_batch') THEN
                 EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO postbox_writer', f.signature);

@@ -610,12 +610,41 @@ class Engine:
         return rows
 
     # Stream topics. Group rows carry topic, name, created_at, cursor_offset, acked_at,
-    # lease_expires_at, lag_messages, lag_seconds, paused and retry_messages.
+    # lease_expires_at, lag_messages, lag_seconds, paused, retry_messages, max_deliveries
+    # and dead_letters.
 
     async def create_consumer_group(
-        self, topic: str, name: str, start: str, start_time: datetime | None
+        self, topic: str, name: str, start: str, start_time: datetime | None,
+        max_deliveries: int | None = None,
+    ) -> Record:  # fmt: skip
+        return await self._call(
+            "fetchrow", "create_consumer_group", topic, name, start, start_time, max_deliveries
+        )
+
+    async def set_consumer_group_max_deliveries(
+        self, topic: str, name: str, max_deliveries: int | None
     ) -> Record:
-        return await self._call("fetchrow", "create_consumer_group", topic, name, start, start_time)
+        return await self._call(
+            "fetchrow", "set_consumer_group_max_deliveries", topic, name, max_deliveries
+        )
+
+    async def list_stream_dead_letters(
+        self, topic: str, group: str, page_size: int, after_offset: int
+    ) -> list[Record]:
+        """Dead letters in offset order: message rows with delivery_count, dead_at, reason."""
+        return await self._call(
+            "fetch", "list_stream_dead_letters", topic, group, page_size, after_offset
+        )
+
+    async def replay_stream_dead_letters(
+        self, topic: str, group: str, offsets: Sequence[int] | None
+    ) -> int:
+        """How many went back to the group; offsets None: all."""
+        chosen = None if offsets is None else list(offsets)
+        return await self._call("fetchval", "replay_stream_dead_letters", topic, group, chosen)
+
+    async def purge_stream_dead_letters(self, topic: str, group: str, older_than: datetime) -> int:
+        return await self._call("fetchval", "purge_stream_dead_letters", topic, group, older_than)
 
     async def get_consumer_group(self, topic: str, name: str) -> Record:
         return await self._call("fetchrow", "get_consumer_group", topic, name)

@@ -285,7 +285,19 @@ SELECT * FROM postbox.queue_metrics($1)
 -- Stream topics: consumer groups and their reads.
 
 -- name: create_consumer_group
-SELECT * FROM postbox.create_consumer_group($1, $2, $3, $4)
+SELECT * FROM postbox.create_consumer_group($1, $2, $3, $4, $5)
+
+-- name: set_consumer_group_max_deliveries
+SELECT * FROM postbox.set_consumer_group_max_deliveries($1, $2, $3)
+
+-- name: list_stream_dead_letters
+SELECT * FROM postbox.list_stream_dead_letters($1, $2, $3, $4)
+
+-- name: replay_stream_dead_letters
+SELECT postbox.replay_stream_dead_letters($1, $2, $3)
+
+-- name: purge_stream_dead_letters
+SELECT postbox.purge_stream_dead_letters($1, $2, $3)
 
 -- name: get_consumer_group
 SELECT * FROM postbox.get_consumer_group($1, $2)

@@ -4,7 +4,7 @@
 
 import type { GenEnum, GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
 import type { Message } from "@bufbuild/protobuf";
-import type { Duration, Timestamp } from "@bufbuild/protobuf/wkt";
+import type { Duration, FieldMask, Timestamp } from "@bufbuild/protobuf/wkt";
 import type { AttributeValue } from "./message_pb.js";
 
 /**
@@ -122,6 +122,22 @@ export declare type ConsumerGroup = Message<"postbox.v1.ConsumerGroup"> & {
    * @generated from field: int64 retry_messages = 10;
    */
   retryMessages: bigint;
+
+  /**
+   * Optional. After how many deliveries a message the group fails on (nacks,
+   * or leaves until its batch's lease runs out) goes to the group's dead
+   * letters rather than out again, 1-1000; 0: never (the default).
+   *
+   * @generated from field: int32 max_deliveries = 11;
+   */
+  maxDeliveries: number;
+
+  /**
+   * Output only. Messages in the group's dead letters.
+   *
+   * @generated from field: int64 dead_letter_messages = 12;
+   */
+  deadLetterMessages: bigint;
 };
 
 /**
@@ -129,6 +145,42 @@ export declare type ConsumerGroup = Message<"postbox.v1.ConsumerGroup"> & {
  * Use `create(ConsumerGroupSchema)` to create a new message.
  */
 export declare const ConsumerGroupSchema: GenMessage<ConsumerGroup>;
+
+/**
+ * A message of a consumer group's dead letters.
+ *
+ * @generated from message postbox.v1.StreamDeadLetter
+ */
+export declare type StreamDeadLetter = Message<"postbox.v1.StreamDeadLetter"> & {
+  /**
+   * Output only. The message as published; its delivery_count is how many
+   * times it went out to the group.
+   *
+   * @generated from field: postbox.v1.StreamMessage message = 1;
+   */
+  message?: StreamMessage | undefined;
+
+  /**
+   * Output only. When it became a dead letter.
+   *
+   * @generated from field: google.protobuf.Timestamp dead_time = 2;
+   */
+  deadTime?: Timestamp | undefined;
+
+  /**
+   * Output only. Why: "nacked" (its last delivery was nacked) or "lease
+   * expired" (its batch's lease ran out unacknowledged).
+   *
+   * @generated from field: string reason = 3;
+   */
+  reason: string;
+};
+
+/**
+ * Describes the message postbox.v1.StreamDeadLetter.
+ * Use `create(StreamDeadLetterSchema)` to create a new message.
+ */
+export declare const StreamDeadLetterSchema: GenMessage<StreamDeadLetter>;
 
 /**
  * A message of a stream topic's log, as a consumer group reads it.
@@ -506,6 +558,232 @@ export declare type ResumeConsumerGroupResponse = Message<"postbox.v1.ResumeCons
  * Use `create(ResumeConsumerGroupResponseSchema)` to create a new message.
  */
 export declare const ResumeConsumerGroupResponseSchema: GenMessage<ResumeConsumerGroupResponse>;
+
+/**
+ * Request of StreamService.UpdateConsumerGroup.
+ *
+ * @generated from message postbox.v1.UpdateConsumerGroupRequest
+ */
+export declare type UpdateConsumerGroupRequest = Message<"postbox.v1.UpdateConsumerGroupRequest"> & {
+  /**
+   * Required. topic and name select the group; the fields named in
+   * update_mask carry the new values.
+   *
+   * @generated from field: postbox.v1.ConsumerGroup consumer_group = 1;
+   */
+  consumerGroup?: ConsumerGroup | undefined;
+
+  /**
+   * Required. Fields to change: "max_deliveries".
+   *
+   * @generated from field: google.protobuf.FieldMask update_mask = 2;
+   */
+  updateMask?: FieldMask | undefined;
+};
+
+/**
+ * Describes the message postbox.v1.UpdateConsumerGroupRequest.
+ * Use `create(UpdateConsumerGroupRequestSchema)` to create a new message.
+ */
+export declare const UpdateConsumerGroupRequestSchema: GenMessage<UpdateConsumerGroupRequest>;
+
+/**
+ * Response of StreamService.UpdateConsumerGroup.
+ *
+ * @generated from message postbox.v1.UpdateConsumerGroupResponse
+ */
+export declare type UpdateConsumerGroupResponse = Message<"postbox.v1.UpdateConsumerGroupResponse"> & {
+  /**
+   * Output only. The group, changed.
+   *
+   * @generated from field: postbox.v1.ConsumerGroup consumer_group = 1;
+   */
+  consumerGroup?: ConsumerGroup | undefined;
+};
+
+/**
+ * Describes the message postbox.v1.UpdateConsumerGroupResponse.
+ * Use `create(UpdateConsumerGroupResponseSchema)` to create a new message.
+ */
+export declare const UpdateConsumerGroupResponseSchema: GenMessage<UpdateConsumerGroupResponse>;
+
+/**
+ * Request of StreamService.ListStreamDeadLetters.
+ *
+ * @generated from message postbox.v1.ListStreamDeadLettersRequest
+ */
+export declare type ListStreamDeadLettersRequest = Message<"postbox.v1.ListStreamDeadLettersRequest"> & {
+  /**
+   * Required. Name of the stream topic.
+   *
+   * @generated from field: string topic = 1;
+   */
+  topic: string;
+
+  /**
+   * Required. Name of the consumer group.
+   *
+   * @generated from field: string consumer_group = 2;
+   */
+  consumerGroup: string;
+
+  /**
+   * Optional. Most dead letters to return, 1-1000; default 100.
+   *
+   * @generated from field: int32 page_size = 3;
+   */
+  pageSize: number;
+
+  /**
+   * Optional. `next_page_token` of the previous page; empty for the first page.
+   *
+   * @generated from field: string page_token = 4;
+   */
+  pageToken: string;
+};
+
+/**
+ * Describes the message postbox.v1.ListStreamDeadLettersRequest.
+ * Use `create(ListStreamDeadLettersRequestSchema)` to create a new message.
+ */
+export declare const ListStreamDeadLettersRequestSchema: GenMessage<ListStreamDeadLettersRequest>;
+
+/**
+ * Response of StreamService.ListStreamDeadLetters.
+ *
+ * @generated from message postbox.v1.ListStreamDeadLettersResponse
+ */
+export declare type ListStreamDeadLettersResponse = Message<"postbox.v1.ListStreamDeadLettersResponse"> & {
+  /**
+   * Output only. The dead letters in offset order.
+   *
+   * @generated from field: repeated postbox.v1.StreamDeadLetter dead_letters = 1;
+   */
+  deadLetters: StreamDeadLetter[];
+
+  /**
+   * Output only. Token for the next page; empty on the last page.
+   *
+   * @generated from field: string next_page_token = 2;
+   */
+  nextPageToken: string;
+};
+
+/**
+ * Describes the message postbox.v1.ListStreamDeadLettersResponse.
+ * Use `create(ListStreamDeadLettersResponseSchema)` to create a new message.
+ */
+export declare const ListStreamDeadLettersResponseSchema: GenMessage<ListStreamDeadLettersResponse>;
+
+/**
+ * Request of StreamService.ReplayStreamDeadLetters.
+ *
+ * @generated from message postbox.v1.ReplayStreamDeadLettersRequest
+ */
+export declare type ReplayStreamDeadLettersRequest = Message<"postbox.v1.ReplayStreamDeadLettersRequest"> & {
+  /**
+   * Required. Name of the stream topic.
+   *
+   * @generated from field: string topic = 1;
+   */
+  topic: string;
+
+  /**
+   * Required. Name of the consumer group.
+   *
+   * @generated from field: string consumer_group = 2;
+   */
+  consumerGroup: string;
+
+  /**
+   * Optional. Offsets of the dead letters to replay, at most 1000; empty:
+   * every dead letter of the group. An offset that is no dead letter of the
+   * group is passed over.
+   *
+   * @generated from field: repeated int64 offsets = 3;
+   */
+  offsets: bigint[];
+};
+
+/**
+ * Describes the message postbox.v1.ReplayStreamDeadLettersRequest.
+ * Use `create(ReplayStreamDeadLettersRequestSchema)` to create a new message.
+ */
+export declare const ReplayStreamDeadLettersRequestSchema: GenMessage<ReplayStreamDeadLettersRequest>;
+
+/**
+ * Response of StreamService.ReplayStreamDeadLetters.
+ *
+ * @generated from message postbox.v1.ReplayStreamDeadLettersResponse
+ */
+export declare type ReplayStreamDeadLettersResponse = Message<"postbox.v1.ReplayStreamDeadLettersResponse"> & {
+  /**
+   * Output only. How many dead letters went back to the group.
+   *
+   * @generated from field: int64 replayed_count = 1;
+   */
+  replayedCount: bigint;
+};
+
+/**
+ * Describes the message postbox.v1.ReplayStreamDeadLettersResponse.
+ * Use `create(ReplayStreamDeadLettersResponseSchema)` to create a new message.
+ */
+export declare const ReplayStreamDeadLettersResponseSchema: GenMessage<ReplayStreamDeadLettersResponse>;
+
+/**
+ * Request of StreamService.PurgeStreamDeadLetters.
+ *
+ * @generated from message postbox.v1.PurgeStreamDeadLettersRequest
+ */
+export declare type PurgeStreamDeadLettersRequest = Message<"postbox.v1.PurgeStreamDeadLettersRequest"> & {
+  /**
+   * Required. Name of the stream topic.
+   *
+   * @generated from field: string topic = 1;
+   */
+  topic: string;
+
+  /**
+   * Required. Name of the consumer group.
+   *
+   * @generated from field: string consumer_group = 2;
+   */
+  consumerGroup: string;
+
+  /**
+   * Required. Dead letters that died before this time are deleted.
+   *
+   * @generated from field: google.protobuf.Timestamp older_than = 3;
+   */
+  olderThan?: Timestamp | undefined;
+};
+
+/**
+ * Describes the message postbox.v1.PurgeStreamDeadLettersRequest.
+ * Use `create(PurgeStreamDeadLettersRequestSchema)` to create a new message.
+ */
+export declare const PurgeStreamDeadLettersRequestSchema: GenMessage<PurgeStreamDeadLettersRequest>;
+
+/**
+ * Response of StreamService.PurgeStreamDeadLetters.
+ *
+ * @generated from message postbox.v1.PurgeStreamDeadLettersResponse
+ */
+export declare type PurgeStreamDeadLettersResponse = Message<"postbox.v1.PurgeStreamDeadLettersResponse"> & {
+  /**
+   * Output only. How many dead letters were deleted.
+   *
+   * @generated from field: int64 purged_count = 1;
+   */
+  purgedCount: bigint;
+};
+
+/**
+ * Describes the message postbox.v1.PurgeStreamDeadLettersResponse.
+ * Use `create(PurgeStreamDeadLettersResponseSchema)` to create a new message.
+ */
+export declare const PurgeStreamDeadLettersResponseSchema: GenMessage<PurgeStreamDeadLettersResponse>;
 
 /**
  * Request of StreamService.ReadStream.
@@ -1122,6 +1400,51 @@ export declare const StreamService: GenService<{
     methodKind: "unary";
     input: typeof ResumeConsumerGroupRequestSchema;
     output: typeof ResumeConsumerGroupResponseSchema;
+  },
+  /**
+   * Changes a consumer group's settings: max_deliveries. NOT_FOUND if it does
+   * not exist.
+   *
+   * @generated from rpc postbox.v1.StreamService.UpdateConsumerGroup
+   */
+  updateConsumerGroup: {
+    methodKind: "unary";
+    input: typeof UpdateConsumerGroupRequestSchema;
+    output: typeof UpdateConsumerGroupResponseSchema;
+  },
+  /**
+   * Lists a consumer group's dead letters in offset order, one page at a
+   * time: messages that went out to the group max_deliveries times and failed
+   * each time (nacked, or left to their lease). NOT_FOUND if the group does
+   * not exist.
+   *
+   * @generated from rpc postbox.v1.StreamService.ListStreamDeadLetters
+   */
+  listStreamDeadLetters: {
+    methodKind: "unary";
+    input: typeof ListStreamDeadLettersRequestSchema;
+    output: typeof ListStreamDeadLettersResponseSchema;
+  },
+  /**
+   * Sends a consumer group's dead letters (all, or those named) back to the
+   * group: each leads its next batch, with max_deliveries deliveries to go.
+   *
+   * @generated from rpc postbox.v1.StreamService.ReplayStreamDeadLetters
+   */
+  replayStreamDeadLetters: {
+    methodKind: "unary";
+    input: typeof ReplayStreamDeadLettersRequestSchema;
+    output: typeof ReplayStreamDeadLettersResponseSchema;
+  },
+  /**
+   * Deletes a consumer group's dead letters that died before a time.
+   *
+   * @generated from rpc postbox.v1.StreamService.PurgeStreamDeadLetters
+   */
+  purgeStreamDeadLetters: {
+    methodKind: "unary";
+    input: typeof PurgeStreamDeadLettersRequestSchema;
+    output: typeof PurgeStreamDeadLettersResponseSchema;
   },
   /**
    * Reads the group's next batch, waiting up to wait_time for one. An empty

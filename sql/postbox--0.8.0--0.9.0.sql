@@ -1571,6 +1571,25 @@ CREATE TABLE postbox.stream_dead_letters (
     PRIMARY KEY (group_id, stream_offset)
 );
 
+-- Messages published to a stream topic with a delay (publish_delayed), held
+-- here until deliver_at, when they are appended to the log (see
+-- _publish_due_streams): until then no consumer group sees them, nor counts
+-- them in its lag.
+CREATE TABLE postbox.stream_delayed (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    topic_id integer NOT NULL REFERENCES postbox.topics (id) ON DELETE CASCADE,
+    deliver_at timestamptz NOT NULL,
+    publish_id uuid NOT NULL,
+    routing_key text NOT NULL,
+    ordering_key text,
+    subject text,
+    attributes jsonb,
+    body bytea NOT NULL
+);
+-- Reads find a topic's due ones, tick and the workers everybody's.
+CREATE INDEX stream_delayed_topic_idx ON postbox.stream_delayed (topic_id, deliver_at);
+CREATE INDEX stream_delayed_due_idx ON postbox.stream_delayed (deliver_at);
+
 -- The slots' states are not dumped: this script makes them, and a restore that
 -- starts them afresh loses nothing (a slot marked empty that holds rows is
 -- truncated only once it has been current and then retired).
@@ -1583,6 +1602,7 @@ BEGIN
     PERFORM pg_catalog.pg_extension_config_dump('postbox.consumer_groups', '');
     PERFORM pg_catalog.pg_extension_config_dump('postbox.stream_retries', '');
     PERFORM pg_catalog.pg_extension_config_dump('postbox.stream_dead_letters', '');
+    PERFORM pg_catalog.pg_extension_config_dump('postbox.stream_delayed', '');
 EXCEPTION WHEN feature_not_supported THEN
     NULL;  -- installed from a plain script, not by CREATE EXTENSION
 END
@@ -1624,6 +1644,108 @@ BEGIN
     SELECT (SELECT s.slot FROM postbox.stream_slots s WHERE s.state = 'current'), topic.id, tx,
            nextval('postbox.stream_offsets'), published_at, e.id, e.k, e.o, e.s, e.a, e.b
     FROM unnest(publish_ids, routing_keys, ordering_keys, subjects, attributes, bodies) AS e(id, k, o, s, a, b);
+END
+$$;
+
+-- Publishes a message to a stream topic's log after a delay (0 to 30 days):
+-- no consumer group sees it before then. It is appended to the log when it
+-- is due, by the first read of one of the topic's groups, a tick or a
+-- server's maintenance worker after then, and takes its offset and its
+-- published_at at that time: it sorts after what was published before it
+-- became due, as if published then. Messages due together go in deliver_at,
+-- then publish, order. Only for stream topics without subscriptions (PB412
+-- otherwise): queue and webhook subscribers would want it now. With no delay
+-- it is appended at once. Returns its publish_id.
+CREATE FUNCTION postbox.publish_delayed(topic_name text, body bytea, delay interval, routing_key text DEFAULT '',
+                                        attributes jsonb DEFAULT NULL, ordering_key text DEFAULT NULL,
+                                        subject text DEFAULT NULL) RETURNS uuid
+LANGUAGE plpgsql AS $$
+DECLARE
+    t postbox.topics := postbox._stream_topic(topic_name);
+    id uuid := gen_random_uuid();
+    problem text;
+BEGIN
+    routing_key := coalesce(routing_key, '');
+    problem := CASE
+        WHEN delay IS NULL OR delay < interval '0' OR delay > interval '30 days' THEN
+            format('delay must be from 0 seconds to 30 days, not %s', coalesce(delay::text, 'NULL'))
+        WHEN body IS NULL THEN 'body must not be NULL'
+        WHEN length(ordering_key) > 128 OR ordering_key !~ '^[!-~]+$' THEN
+            'ordering_key must be 1 to 128 printable ASCII characters'
+        WHEN length(subject) > 100 OR subject ~ '[[:cntrl:]]' THEN
+            'subject must be at most 100 characters without control characters'
+        WHEN routing_key <> '' THEN postbox.routing_key_problem(routing_key)
+        WHEN attributes IS NOT NULL THEN postbox._attributes_problem(ARRAY[attributes], 1) END;
+    IF problem IS NOT NULL THEN
+        PERFORM postbox._invalid(problem);
+    END IF;
+    IF EXISTS (SELECT FROM postbox.subscriptions s WHERE s.topic_id = t.id) THEN
+        RAISE EXCEPTION USING ERRCODE = 'PB412', MESSAGE = format(
+            'topic %s has subscriptions: a delayed publish goes to the stream log only, and its queues and '
+            'webhooks would not get it; publish without a delay, or send to the queues with one',
+            quote_literal(topic_name));
+    END IF;
+    IF delay = interval '0' THEN
+        PERFORM postbox._append_to_stream(t, ARRAY[id], clock_timestamp(), ARRAY[routing_key],
+                                          ARRAY[ordering_key], ARRAY[subject], ARRAY[attributes], ARRAY[body]);
+        RETURN id;
+    END IF;
+    IF postbox.message_size(body, attributes) > 1048576 THEN
+        PERFORM postbox._invalid(format('topic %s is a stream topic: its messages hold at most 1048576 bytes, not %s',
+                                        quote_literal(topic_name), postbox.message_size(body, attributes)));
+    END IF;
+    INSERT INTO postbox.stream_delayed (topic_id, deliver_at, publish_id, routing_key, ordering_key, subject,
+                                        attributes, body)
+    VALUES (t.id, now() + delay, id, routing_key, ordering_key, subject, attributes, body);
+    RETURN id;
+END
+$$;
+
+-- Appends up to max_messages delayed messages that are due to their topics'
+-- logs, those of topic_id (NULL: of every topic), as one transaction's rows:
+-- the transaction id first, then an offset each, in deliver_at then publish
+-- order. Rows another session is appending are skipped. A topic that is no
+-- stream topic any more drops its own. Returns how many it appended.
+CREATE FUNCTION postbox._publish_due_streams(topic_id integer, max_messages integer) RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    tx xid8 := pg_current_xact_id();
+    appended integer;
+BEGIN
+    WITH due AS (
+        DELETE FROM postbox.stream_delayed d
+        WHERE d.id IN (SELECT x.id FROM postbox.stream_delayed x
+                       WHERE x.deliver_at <= now()
+                             AND (_publish_due_streams.topic_id IS NULL OR x.topic_id = _publish_due_streams.topic_id)
+                       ORDER BY x.deliver_at, x.id
+                       LIMIT max_messages
+                       FOR UPDATE SKIP LOCKED)
+        RETURNING d.*),
+    appended_rows AS (
+        INSERT INTO postbox.stream_log (slot, topic_id, tx, stream_offset, published_at, publish_id, routing_key,
+                                        ordering_key, subject, attributes, body)
+        SELECT (SELECT s.slot FROM postbox.stream_slots s WHERE s.state = 'current'), o.topic_id, tx,
+               nextval('postbox.stream_offsets'), clock_timestamp(), o.publish_id, o.routing_key, o.ordering_key,
+               o.subject, o.attributes, o.body
+        FROM (SELECT due.* FROM due JOIN postbox.topics t ON t.id = due.topic_id
+              WHERE t.stream_retention IS NOT NULL
+              ORDER BY due.deliver_at, due.id) AS o
+        RETURNING 1)
+    SELECT count(*) INTO appended FROM appended_rows;
+    RETURN appended;
+END
+$$;
+
+-- Appends up to max_messages (1-10000) delayed messages that are due to
+-- their topics' logs (see publish_delayed); tick and the servers'
+-- maintenance workers run it. Returns how many it appended.
+CREATE FUNCTION postbox.publish_due_streams(max_messages integer DEFAULT 1000) RETURNS integer
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF max_messages IS NULL OR max_messages NOT BETWEEN 1 AND 10000 THEN
+        PERFORM postbox._invalid(format('max_messages must be from 1 to 10000, not %s', max_messages));
+    END IF;
+    RETURN postbox._publish_due_streams(NULL, max_messages);
 END
 $$;
 
@@ -1895,6 +2017,8 @@ $$;
 -- log fill the rest of it. With max_deliveries, the messages of a batch whose
 -- lease ran out that have gone out that many times become dead letters
 -- ('lease expired') rather than go out again; the cursor moves past the log's.
+-- A read appends its topic's delayed messages that are due to the log (see
+-- _publish_due_streams): the next read can have them.
 CREATE FUNCTION postbox.read_stream(topic_name text, group_name text, max_messages integer DEFAULT 100,
                                     lease_duration interval DEFAULT '30 seconds', min_messages integer DEFAULT 1,
                                     max_batch_wait interval DEFAULT NULL)
@@ -1930,6 +2054,9 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'PB503', MESSAGE = format(
             'consumer group %s of topic %s is paused; ResumeConsumerGroup lets reads in again',
             quote_literal(group_name), quote_literal(topic_name));
+    END IF;
+    IF EXISTS (SELECT FROM postbox.stream_delayed d WHERE d.topic_id = t.id AND d.deliver_at <= now()) THEN
+        PERFORM postbox._publish_due_streams(t.id, 1000);
     END IF;
     IF g.id IS NULL OR (g.lease IS NOT NULL AND g.lease_expires_at > now()) THEN
         RETURN;
@@ -4168,7 +4295,8 @@ $$;
 -- One round of every piece of maintenance that needs no network, in one
 -- transaction, up to batch_size (1-10000) rows of each kind: expiry of
 -- messages, archived messages and deduplication ids, redrive steps, a
--- rotation pass of the stream log, due schedules, activity older than an hour
+-- rotation pass of the stream log, delayed stream publishes that are due
+-- (publish_delayed), due schedules, activity older than an hour
 -- and failed webhook deliveries older than 7 days. The servers' workers call
 -- the same functions, which take the same locks (SKIP LOCKED row claims, and
 -- advisory locks for rotation and activity), so tick and servers running
@@ -4188,7 +4316,8 @@ BEGIN
         'expired_messages', postbox.expire_messages(batch_size),
         'expired_records', postbox.expire_records(batch_size),
         'redriven_messages', coalesce(postbox.run_redrives(batch_size), 0),
-        'rotated_slots', postbox.rotate_streams(NULL, interval '20 milliseconds'));
+        'rotated_slots', postbox.rotate_streams(NULL, interval '20 milliseconds'),
+        'published_delayed', postbox.publish_due_streams(batch_size));
     schedules := postbox._fire_due_schedules(batch_size);
     RETURN done || jsonb_build_object(
         'fired_schedules', schedules.fired,

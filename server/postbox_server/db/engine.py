@@ -613,6 +613,17 @@ class Engine:
     # lease_expires_at, lag_messages, lag_seconds, paused, retry_messages, max_deliveries
     # and dead_letters.
 
+    async def publish_delayed(self, topic: str, entry: OutgoingPublish, delay: timedelta) -> UUID:
+        """A stream topic's message, appended to its log once `delay` has passed."""
+        return await self._call(
+            "fetchval", "publish_delayed", topic, entry.body, delay, entry.routing_key,
+            entry.attributes, entry.ordering_key, entry.subject,
+        )  # fmt: skip
+
+    async def publish_due_streams(self, max_messages: int) -> int:
+        """Delayed stream messages that were due, appended to their logs."""
+        return await self._call("fetchval", "publish_due_streams", max_messages)
+
     async def create_consumer_group(
         self, topic: str, name: str, start: str, start_time: datetime | None,
         max_deliveries: int | None = None,

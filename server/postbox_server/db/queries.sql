@@ -198,6 +198,9 @@ FROM postbox.update_subscription($1, $2, $3, $4, $5, $6, $7, $8::jsonb, $9::json
 -- name: delete_subscription
 SELECT postbox.delete_subscription($1, $2)
 
+-- name: publish_delayed
+SELECT postbox.publish_delayed($1, $2, $3, $4, $5::text::jsonb, $6, $7)
+
 -- name: publish_batch
 SELECT * FROM postbox.publish_batch($1, $2, $3, $4::jsonb[], $5, $6, $7)
 

@@ -3220,8 +3220,9 @@ LANGUAGE sql AS $$
         latency_max = greatest(a.latency_max, excluded.latency_max)
 $$;
 
--- Forgets activity older than an hour, the longest window worth asking for.
--- Returns how many rows went. One session at a time (an advisory lock, since
+-- Forgets activity older than an hour, the longest window worth asking for,
+-- and consumer groups' latency counts as old (stream_latency). Returns how
+-- many activity rows went. One session at a time (an advisory lock, since
 -- 0.9.0): another, a server's worker or tick, returns 0 at once.
 CREATE FUNCTION postbox.expire_activity() RETURNS bigint
 LANGUAGE plpgsql AS $$
@@ -3233,6 +3234,7 @@ BEGIN
     END IF;
     DELETE FROM postbox.queue_activity WHERE bucket < now() - interval '1 hour';
     GET DIAGNOSTICS removed = ROW_COUNT;
+    DELETE FROM postbox.stream_latency WHERE bucket < now() - interval '1 hour';
     RETURN removed;
 END
 $$;
@@ -4918,6 +4920,7 @@ CREATE TABLE postbox.consumer_groups (
     -- Deliveries after which a message the group fails on goes to its dead
     -- letters; NULL: never.
     max_deliveries integer CHECK (max_deliveries BETWEEN 1 AND 1000),
+    read_at timestamptz,  -- when a batch last went out: stream_health finds stuck groups by it
     UNIQUE (topic_id, name)
 ) WITH (fillfactor = 50);  -- every read and ack updates the row: room for HOT updates
 
@@ -4964,6 +4967,25 @@ CREATE TABLE postbox.stream_dead_letters (
     PRIMARY KEY (group_id, stream_offset)
 );
 
+-- Publish-to-first-read latency of consumer groups: per group and 10-second
+-- bucket (of the read), how many of the log's messages its new batches took
+-- at each latency, counted in the bins of _stream_latency_bounds. read_stream
+-- adds to it once per new batch (not per message); a message going out again
+-- is not counted again. Kept for an hour (expire_activity).
+CREATE TABLE postbox.stream_latency (
+    group_id integer NOT NULL REFERENCES postbox.consumer_groups (id) ON DELETE CASCADE,
+    bucket timestamptz NOT NULL,
+    counts bigint[] NOT NULL,
+    PRIMARY KEY (group_id, bucket)
+);
+
+-- The upper bounds, in seconds, of stream_latency's bins, 5 ms to 30 minutes;
+-- a 16th bin takes everything above.
+CREATE FUNCTION postbox._stream_latency_bounds() RETURNS double precision[]
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT '{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800}'::double precision[]
+$$;
+
 -- Messages published to a stream topic with a delay (publish_delayed), held
 -- here until deliver_at, when they are appended to the log (see
 -- _publish_due_streams): until then no consumer group sees them, nor counts
@@ -4996,6 +5018,7 @@ BEGIN
     PERFORM pg_catalog.pg_extension_config_dump('postbox.stream_retries', '');
     PERFORM pg_catalog.pg_extension_config_dump('postbox.stream_dead_letters', '');
     PERFORM pg_catalog.pg_extension_config_dump('postbox.stream_delayed', '');
+    PERFORM pg_catalog.pg_extension_config_dump('postbox.stream_latency', '');
 EXCEPTION WHEN feature_not_supported THEN
     NULL;  -- installed from a plain script, not by CREATE EXTENSION
 END
@@ -5510,9 +5533,24 @@ BEGIN
     END IF;
     UPDATE postbox.consumer_groups c
     SET lease = gen_random_uuid(), lease_expires_at = now() + lease_duration, lease_end_tx = g.lease_end_tx,
-        lease_end_offset = g.lease_end_offset, lease_deliveries = g.lease_deliveries + 1
+        lease_end_offset = g.lease_end_offset, lease_deliveries = g.lease_deliveries + 1, read_at = now()
     WHERE c.id = g.id
     RETURNING c.lease, c.lease_deliveries INTO g.lease, g.lease_deliveries;
+    IF previous IS NULL AND waiting > 0 THEN
+        -- The new batch's messages of the log, first read now: their latency.
+        INSERT INTO postbox.stream_latency AS s (group_id, bucket, counts)
+        SELECT g.id, date_bin('10 seconds', now(), 'epoch'), array_agg(coalesce(c.n, 0) ORDER BY b.i)
+        FROM generate_series(0, 15) AS b(i)
+        LEFT JOIN (SELECT width_bucket(extract(epoch FROM clock_timestamp() - l.published_at)::double precision,
+                                       postbox._stream_latency_bounds()) AS i, count(*) AS n
+                   FROM postbox.stream_log l
+                   WHERE l.topic_id = t.id AND (l.tx, l.stream_offset) > (g.cursor_tx, g.cursor_offset)
+                         AND (l.tx, l.stream_offset) <= (g.lease_end_tx, g.lease_end_offset)
+                   GROUP BY 1) AS c ON c.i = b.i
+        ON CONFLICT ON CONSTRAINT stream_latency_pkey DO UPDATE
+        SET counts = ARRAY(SELECT u.x + u.y FROM unnest(s.counts, excluded.counts) WITH ORDINALITY AS u(x, y, k)
+                           ORDER BY u.k);
+    END IF;
     -- The given-back messages go out with the batch: those that are due to a new
     -- batch, those of the batch whose lease ran out with it again.
     UPDATE postbox.stream_retries r SET batch = g.lease, deliveries = r.deliveries + 1
@@ -5992,6 +6030,134 @@ LANGUAGE sql STABLE AS $$
     ORDER BY t.name, g.name
     LIMIT max_groups
 $$;
+
+-- Publish-to-first-read latency of each consumer group that read in the last
+-- `recent` (10 seconds to 1 hour, in whole 10-second buckets): how many
+-- messages its new batches took, and the 50th, 95th and 99th percentiles of
+-- their latency, each the upper bound of the bin it falls in (5 ms to 30
+-- minutes; Infinity above), so never understated. Latency counts from the
+-- publish to the read that took the message first: time waiting for the
+-- group's batch, for the horizon (see Order above), or for a delay.
+CREATE FUNCTION postbox.stream_latency(recent interval DEFAULT '5 minutes')
+RETURNS TABLE (topic text, consumer_group text, messages bigint, p50_seconds double precision,
+               p95_seconds double precision, p99_seconds double precision)
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    IF recent IS NULL OR recent < interval '10 seconds' OR recent > interval '1 hour' THEN
+        PERFORM postbox._invalid(format('recent must be from 10 seconds to 1 hour, not %s', recent));
+    END IF;
+    RETURN QUERY
+    WITH bins AS (
+        SELECT s.group_id, b.i, sum(b.n) AS n
+        FROM postbox.stream_latency s, unnest(s.counts) WITH ORDINALITY AS b(n, i)
+        WHERE s.bucket > now() - recent
+        GROUP BY s.group_id, b.i),
+    cumulative AS (
+        SELECT bins.group_id, bins.i, sum(bins.n) OVER (PARTITION BY bins.group_id ORDER BY bins.i) AS upto,
+               sum(bins.n) OVER (PARTITION BY bins.group_id) AS total
+        FROM bins)
+    SELECT t.name, g.name, max(c.total)::bigint,
+           coalesce((postbox._stream_latency_bounds())[min(c.i) FILTER (WHERE c.upto >= 0.50 * c.total)], 'Infinity'),
+           coalesce((postbox._stream_latency_bounds())[min(c.i) FILTER (WHERE c.upto >= 0.95 * c.total)], 'Infinity'),
+           coalesce((postbox._stream_latency_bounds())[min(c.i) FILTER (WHERE c.upto >= 0.99 * c.total)], 'Infinity')
+    FROM cumulative c
+    JOIN postbox.consumer_groups g ON g.id = c.group_id
+    JOIN postbox.topics t ON t.id = g.topic_id
+    WHERE c.total > 0
+    GROUP BY t.name, g.name
+    ORDER BY t.name, g.name;
+END
+$$;
+
+-- Each consumer group's health (the view stream_health), as queue_health is
+-- each queue's: 'critical'
+-- when its oldest unacknowledged message (past its cursor, or given back) is
+-- older than postbox.health_critical_age (default 1 hour) or it holds
+-- postbox.health_critical_dlq_depth dead letters (100); 'warning' past
+-- postbox.health_warning_age (5 minutes) or postbox.health_warning_dlq_depth
+-- (1), while paused, or when stuck: messages wait for it and no batch has
+-- gone out to it for postbox.health_stuck_after (5 minutes). reason says
+-- which. held_slots counts the log's retired slots it keeps from rotating
+-- (they hold messages of its topic past its cursor); p95 and p99 are its
+-- publish-to-first-read latency over the last 5 minutes (stream_latency;
+-- NULL without reads). Reads the log past each cursor: seconds for a group
+-- millions behind.
+CREATE FUNCTION postbox.consumer_group_health()
+RETURNS TABLE (topic text, consumer_group text, status text, reason text, lag_messages bigint,
+               oldest_unacked_seconds double precision, retry_messages bigint, dead_letters bigint,
+               paused boolean, last_read_at timestamptz, lease_expires_at timestamptz, held_slots bigint,
+               latency_p95_seconds double precision, latency_p99_seconds double precision)
+LANGUAGE sql STABLE AS $$
+SELECT v.topic, v.name AS consumer_group,
+       CASE WHEN h.critical <> '{}' THEN 'critical'
+            WHEN h.warning <> '{}' THEN 'warning'
+            ELSE 'ok' END AS status,
+       array_to_string(h.critical || h.warning, '; ') AS reason,
+       v.lag_messages, o.oldest_unacked_seconds, v.retry_messages, v.dead_letters, v.paused,
+       g.read_at AS last_read_at, v.lease_expires_at, r.held_slots, lat.p95_seconds AS latency_p95_seconds,
+       lat.p99_seconds AS latency_p99_seconds
+FROM postbox.consumer_groups g
+JOIN postbox.topics t ON t.id = g.topic_id
+CROSS JOIN LATERAL postbox._consumer_group_view(g, t.name) v
+CROSS JOIN LATERAL (
+    SELECT greatest(v.lag_seconds,
+                    (SELECT extract(epoch FROM now() - min(x.published_at))::double precision
+                     FROM postbox.stream_retries x WHERE x.group_id = g.id), 0) AS oldest_unacked_seconds) o
+CROSS JOIN LATERAL (
+    SELECT count(*) AS held_slots FROM postbox.stream_slots s
+    WHERE s.state = 'retired'
+          AND EXISTS (SELECT FROM postbox.stream_log l
+                      WHERE l.slot = s.slot AND l.topic_id = g.topic_id
+                            AND (l.tx, l.stream_offset) > (g.cursor_tx, g.cursor_offset))) r
+LEFT JOIN postbox.stream_latency('5 minutes') lat ON lat.topic = t.name AND lat.consumer_group = g.name
+CROSS JOIN LATERAL (
+    SELECT coalesce(nullif(current_setting('postbox.health_warning_age', true), ''), '5 minutes')::interval AS warning_age,
+           coalesce(nullif(current_setting('postbox.health_critical_age', true), ''), '1 hour')::interval AS critical_age,
+           coalesce(nullif(current_setting('postbox.health_warning_dlq_depth', true), ''), '1')::bigint AS warning_dlq,
+           coalesce(nullif(current_setting('postbox.health_critical_dlq_depth', true), ''), '100')::bigint AS critical_dlq,
+           coalesce(nullif(current_setting('postbox.health_stuck_after', true), ''), '5 minutes')::interval AS stuck_after) k
+CROSS JOIN LATERAL (
+    SELECT array_remove(ARRAY[
+               CASE WHEN o.oldest_unacked_seconds >= extract(epoch FROM k.critical_age)
+                    THEN format('oldest unacknowledged message %s s old', round(o.oldest_unacked_seconds::numeric)) END,
+               CASE WHEN v.dead_letters >= k.critical_dlq THEN format('%s dead letters', v.dead_letters) END],
+               NULL) AS critical,
+           array_remove(ARRAY[
+               CASE WHEN o.oldest_unacked_seconds >= extract(epoch FROM k.warning_age)
+                         AND o.oldest_unacked_seconds < extract(epoch FROM k.critical_age)
+                    THEN format('oldest unacknowledged message %s s old', round(o.oldest_unacked_seconds::numeric)) END,
+               CASE WHEN v.dead_letters >= k.warning_dlq AND v.dead_letters < k.critical_dlq
+                    THEN format('%s dead letters', v.dead_letters) END,
+               CASE WHEN v.paused THEN 'paused' END,
+               CASE WHEN NOT v.paused AND v.lag_messages + v.retry_messages > 0
+                         AND coalesce(g.read_at, g.created_at) <= now() - k.stuck_after
+                    THEN format('stuck: no batch taken for %s s while %s messages wait',
+                                round(extract(epoch FROM now() - coalesce(g.read_at, g.created_at))),
+                                v.lag_messages + v.retry_messages) END],
+               NULL) AS warning) h
+ORDER BY v.topic, v.name
+$$;
+
+-- consumer_group_health as a view, beside queue_health.
+CREATE VIEW postbox.stream_health AS SELECT * FROM postbox.consumer_group_health();
+
+-- The stream log's slots (see Rotation above): each one's state and since
+-- when (the current slot's since is the last rotation), how many messages it
+-- holds, and for a retired slot the consumer groups that keep it from being
+-- truncated, as topic/group: those with messages of their topic in it past
+-- their cursor. Counts each slot's rows.
+CREATE VIEW postbox.stream_rotation AS
+SELECT s.slot, s.state, s.since,
+       (SELECT count(*) FROM postbox.stream_log l WHERE l.slot = s.slot) AS messages,
+       ARRAY(SELECT t.name || '/' || g.name
+             FROM postbox.consumer_groups g JOIN postbox.topics t ON t.id = g.topic_id
+             WHERE s.state = 'retired'
+                   AND EXISTS (SELECT FROM postbox.stream_log l
+                               WHERE l.slot = s.slot AND l.topic_id = g.topic_id
+                                     AND (l.tx, l.stream_offset) > (g.cursor_tx, g.cursor_offset))
+             ORDER BY 1) AS held_by
+FROM postbox.stream_slots s
+ORDER BY s.slot;
 
 -- Claims up to max_deliveries due webhook deliveries (FOR UPDATE SKIP LOCKED,
 -- so concurrent workers never get the same one) for one attempt each: counts
@@ -7426,7 +7592,7 @@ BEGIN
                           'get_topic', 'list_topics', 'get_subscription', 'list_subscriptions',
                           'list_webhook_deliveries', 'get_schedule', 'list_schedules', 'get_consumer_group',
                           'list_consumer_groups', 'stream_metrics', 'stream_position',
-                          'list_stream_dead_letters') THEN
+                          'list_stream_dead_letters', 'stream_latency', 'consumer_group_health') THEN
                 EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO postbox_reader', f.signature);
             ELSIF f.name IN ('send', 'send_batch', 'publish', 'publish_batch') THEN
                 EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO postbox_writer', f.signature);
@@ -7437,7 +7603,8 @@ BEGIN
         GRANT USAGE ON SCHEMA postbox TO postbox_reader, postbox_writer, postbox_admin;
         GRANT ALL ON ALL TABLES IN SCHEMA postbox TO postbox_admin;
         GRANT ALL ON ALL SEQUENCES IN SCHEMA postbox TO postbox_admin;
-        GRANT SELECT ON postbox.queue_health, postbox.queue_throughput TO postbox_reader;
+        GRANT SELECT ON postbox.queue_health, postbox.queue_throughput, postbox.stream_health,
+                        postbox.stream_rotation TO postbox_reader;
     END IF;
 END
 $$;

@@ -436,6 +436,41 @@ def _redrive(stubs: Stubs, args: argparse.Namespace) -> int:
 
 # topics and schedules
 
+# What `topics consumers` shows of each group: PgQue's consumer info.
+_CONSUMER_COLUMNS = (
+    "name", "lag_messages", "lag", "retry_messages", "dead_letter_messages", "max_deliveries",
+    "lease_expire_time", "ack_time", "paused",
+)  # fmt: skip
+
+
+def _drain(streams: Any, args: argparse.Namespace) -> int:
+    """Waits until a consumer group has read and acknowledged everything: no message past
+    its cursor, none given back, no batch out. With --discard, skips what is left first
+    (the cursor goes to the log's end). 1 when --timeout passes first."""
+    get = stream_service_pb2.GetConsumerGroupRequest(topic=args.name, name=args.group)
+    if args.discard:
+        # Past every offset: the group reads what is published from now on.
+        seek = stream_service_pb2.SeekConsumerGroupRequest(
+            topic=args.name, consumer_group=args.group, offset=2**62
+        )
+        streams.SeekConsumerGroup(seek)
+    deadline = time.monotonic() + args.timeout
+    while True:
+        group = streams.GetConsumerGroup(get).consumer_group
+        left = group.lag_messages + group.retry_messages
+        if not left and not group.HasField("lease_expire_time"):
+            output.note(f"drained {args.name}/{args.group}")
+            _show_one(args, group)
+            return 0
+        if time.monotonic() >= deadline:
+            output.note(
+                f"{args.name}/{args.group} not drained after {args.timeout:g} s: {left} messages"
+                " left" + (", a batch out" if group.HasField("lease_expire_time") else "")
+            )
+            _show_one(args, group)
+            return 1
+        time.sleep(0.5)
+
 
 def topics(args: argparse.Namespace, channel: grpc.Channel) -> int:
     stubs = Stubs(channel).topics
@@ -444,6 +479,12 @@ def topics(args: argparse.Namespace, channel: grpc.Channel) -> int:
         groups = stream_service_pb2.ListConsumerGroupsRequest(topic=args.name, page_size=PAGE)
         listed = list(pages(Stubs(channel).streams.ListConsumerGroups, groups, "consumer_groups"))
         _show(args, listed, ("name", "lag_messages", "lag", "cursor_offset", "paused"))
+    elif verb == "consumers":
+        groups = stream_service_pb2.ListConsumerGroupsRequest(topic=args.name, page_size=PAGE)
+        listed = list(pages(Stubs(channel).streams.ListConsumerGroups, groups, "consumer_groups"))
+        _show(args, listed, _CONSUMER_COLUMNS)
+    elif verb == "drain":
+        return _drain(Stubs(channel).streams, args)
     elif verb == "pause-group":
         streams = Stubs(channel).streams
         paused = streams.PauseConsumerGroup(
@@ -659,7 +700,8 @@ def add_parsers(verbs: Any, client: argparse.ArgumentParser, run: Callable[..., 
     )
 
     group = verbs.add_parser(
-        "topics", help="ls, get, create, delete, subscriptions, groups, publish, retry"
+        "topics",
+        help="ls, get, create, delete, subscriptions, groups, consumers, drain, publish, retry",
     )
     sub = group.add_subparsers(dest="topics_verb", required=True)
     verb(sub, "ls", "list topics", topics)
@@ -675,6 +717,19 @@ def add_parsers(verbs: Any, client: argparse.ArgumentParser, run: Callable[..., 
     verb(sub, "groups", "a stream topic's consumer groups, with their lag", topics).add_argument(
         "name"
     )
+    verb(sub, "consumers", "a stream topic's consumer groups in full: lag, retries, dead letters, "
+         "batch out", topics).add_argument("name")  # fmt: skip
+    drain = verb(sub, "drain", "wait until a consumer group has read and acked everything", topics)
+    drain.add_argument("name", help="the stream topic")
+    drain.add_argument("group", help="the consumer group")
+    drain.add_argument(
+        "--timeout", type=float, default=60.0, metavar="SECONDS",
+        help="give up after this long (exit 1); default 60",
+    )  # fmt: skip
+    drain.add_argument(
+        "--discard", action="store_true",
+        help="skip what is left instead: the group's cursor goes to the end of the log",
+    )  # fmt: skip
     for name, does in (("pause-group", "stop a consumer group's reads"),
                        ("resume-group", "let a paused consumer group read again")):  # fmt: skip
         changed = verb(sub, name, does, topics)

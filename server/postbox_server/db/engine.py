@@ -654,7 +654,9 @@ class Engine:
         chosen = None if offsets is None else list(offsets)
         return await self._call("fetchval", "replay_stream_dead_letters", topic, group, chosen)
 
-    async def purge_stream_dead_letters(self, topic: str, group: str, older_than: datetime) -> int:
+    async def purge_stream_dead_letters(
+        self, topic: str, group: str, older_than: datetime | None
+    ) -> int:
         return await self._call("fetchval", "purge_stream_dead_letters", topic, group, older_than)
 
     async def get_consumer_group(self, topic: str, name: str) -> Record:

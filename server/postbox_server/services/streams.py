@@ -212,13 +212,16 @@ class StreamService(stream_service_pb2_grpc.StreamServiceServicer):
         self, request: pb.UpdateConsumerGroupRequest, context: grpc.aio.ServicerContext
     ) -> pb.UpdateConsumerGroupResponse:
         paths = list(request.update_mask.paths)
+        group = request.consumer_group
         if paths != _UPDATABLE:
+            # The names first, as every other call checks them: a malformed or absent
+            # group is the error to fix before the mask.
+            await self.engine.get_consumer_group(group.topic, group.name)
             named = ", ".join(quoted(path) for path in paths) or "nothing"
             raise invalid(
                 f"update_mask must name max_deliveries, the one field UpdateConsumerGroup"
                 f" changes, not {named}"
             )
-        group = request.consumer_group
         row = await self.engine.set_consumer_group_max_deliveries(
             group.topic, group.name, group.max_deliveries or None
         )
@@ -257,9 +260,8 @@ class StreamService(stream_service_pb2_grpc.StreamServiceServicer):
     async def PurgeStreamDeadLetters(
         self, request: pb.PurgeStreamDeadLettersRequest, context: grpc.aio.ServicerContext
     ) -> pb.PurgeStreamDeadLettersResponse:
+        # Unset: the engine refuses it, once it has checked the names.
         older_than = convert.optional_datetime(request, "older_than")
-        if older_than is None:
-            raise invalid("older_than is required: dead letters that died before it are purged")
         purged = await self.engine.purge_stream_dead_letters(
             request.topic, request.consumer_group, older_than
         )

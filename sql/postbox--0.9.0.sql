@@ -3220,8 +3220,9 @@ LANGUAGE sql AS $$
         latency_max = greatest(a.latency_max, excluded.latency_max)
 $$;
 
--- Forgets activity older than an hour, the longest window worth asking for.
--- Returns how many rows went. One session at a time (an advisory lock, since
+-- Forgets activity older than an hour, the longest window worth asking for,
+-- and consumer groups' latency counts as old (stream_latency). Returns how
+-- many activity rows went. One session at a time (an advisory lock, since
 -- 0.9.0): another, a server's worker or tick, returns 0 at once.
 CREATE FUNCTION postbox.expire_activity() RETURNS bigint
 LANGUAGE plpgsql AS $$
@@ -3233,6 +3234,7 @@ BEGIN
     END IF;
     DELETE FROM postbox.queue_activity WHERE bucket < now() - interval '1 hour';
     GET DIAGNOSTICS removed = ROW_COUNT;
+    DELETE FROM postbox.stream_latency WHERE bucket < now() - interval '1 hour';
     RETURN removed;
 END
 $$;
@@ -4915,8 +4917,93 @@ CREATE TABLE postbox.consumer_groups (
     lease_end_offset bigint,
     lease_deliveries integer,
     paused boolean NOT NULL DEFAULT false,  -- reads refused until resume_consumer_group
+    -- Deliveries after which a message the group fails on goes to its dead
+    -- letters; NULL: never.
+    max_deliveries integer CHECK (max_deliveries BETWEEN 1 AND 1000),
+    read_at timestamptz,  -- when a batch last went out: stream_health finds stuck groups by it
     UNIQUE (topic_id, name)
 ) WITH (fillfactor = 50);  -- every read and ack updates the row: room for HOT updates
+
+-- Messages a group's reader gave back (ack_stream's nack_offsets), to go out
+-- to the group again from visible_at: a copy of the log's row, since rotation
+-- may truncate the log before then. deliveries counts the times it went out
+-- to the group; batch is the group's batch it is out with (NULL, or a batch
+-- called back by a seek, while it waits). The rest of the group reads on past
+-- it: one bad message holds no cursor back.
+CREATE TABLE postbox.stream_retries (
+    group_id integer NOT NULL REFERENCES postbox.consumer_groups (id) ON DELETE CASCADE,
+    stream_offset bigint NOT NULL,
+    published_at timestamptz NOT NULL,
+    publish_id uuid NOT NULL,
+    routing_key text NOT NULL,
+    ordering_key text,
+    subject text,
+    attributes jsonb,
+    body bytea NOT NULL,
+    deliveries integer NOT NULL,
+    visible_at timestamptz NOT NULL,
+    batch uuid,
+    PRIMARY KEY (group_id, stream_offset)
+);
+CREATE INDEX stream_retries_due_idx ON postbox.stream_retries (group_id, visible_at);
+
+-- A consumer group's dead letters: messages that went out to the group
+-- max_deliveries times and failed the last time too (reason: 'nacked', or
+-- 'lease expired' when their batch's lease ran out). A copy of the log's row,
+-- as a retry is, with the deliveries it had; kept until replayed or purged.
+CREATE TABLE postbox.stream_dead_letters (
+    group_id integer NOT NULL REFERENCES postbox.consumer_groups (id) ON DELETE CASCADE,
+    stream_offset bigint NOT NULL,
+    published_at timestamptz NOT NULL,
+    publish_id uuid NOT NULL,
+    routing_key text NOT NULL,
+    ordering_key text,
+    subject text,
+    attributes jsonb,
+    body bytea NOT NULL,
+    deliveries integer NOT NULL,
+    dead_at timestamptz NOT NULL DEFAULT now(),
+    reason text NOT NULL CHECK (reason IN ('nacked', 'lease expired')),
+    PRIMARY KEY (group_id, stream_offset)
+);
+
+-- Publish-to-first-read latency of consumer groups: per group and 10-second
+-- bucket (of the read), how many of the log's messages its new batches took
+-- at each latency, counted in the bins of _stream_latency_bounds. read_stream
+-- adds to it once per new batch (not per message); a message going out again
+-- is not counted again. Kept for an hour (expire_activity).
+CREATE TABLE postbox.stream_latency (
+    group_id integer NOT NULL REFERENCES postbox.consumer_groups (id) ON DELETE CASCADE,
+    bucket timestamptz NOT NULL,
+    counts bigint[] NOT NULL,
+    PRIMARY KEY (group_id, bucket)
+);
+
+-- The upper bounds, in seconds, of stream_latency's bins, 5 ms to 30 minutes;
+-- a 16th bin takes everything above.
+CREATE FUNCTION postbox._stream_latency_bounds() RETURNS double precision[]
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT '{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800}'::double precision[]
+$$;
+
+-- Messages published to a stream topic with a delay (publish_delayed), held
+-- here until deliver_at, when they are appended to the log (see
+-- _publish_due_streams): until then no consumer group sees them, nor counts
+-- them in its lag.
+CREATE TABLE postbox.stream_delayed (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    topic_id integer NOT NULL REFERENCES postbox.topics (id) ON DELETE CASCADE,
+    deliver_at timestamptz NOT NULL,
+    publish_id uuid NOT NULL,
+    routing_key text NOT NULL,
+    ordering_key text,
+    subject text,
+    attributes jsonb,
+    body bytea NOT NULL
+);
+-- Reads find a topic's due ones, tick and the workers everybody's.
+CREATE INDEX stream_delayed_topic_idx ON postbox.stream_delayed (topic_id, deliver_at);
+CREATE INDEX stream_delayed_due_idx ON postbox.stream_delayed (deliver_at);
 
 -- The slots' states are not dumped: this script makes them, and a restore that
 -- starts them afresh loses nothing (a slot marked empty that holds rows is
@@ -4928,6 +5015,10 @@ BEGIN
     PERFORM pg_catalog.pg_extension_config_dump('postbox.stream_log_2', '');
     PERFORM pg_catalog.pg_extension_config_dump('postbox.stream_log_3', '');
     PERFORM pg_catalog.pg_extension_config_dump('postbox.consumer_groups', '');
+    PERFORM pg_catalog.pg_extension_config_dump('postbox.stream_retries', '');
+    PERFORM pg_catalog.pg_extension_config_dump('postbox.stream_dead_letters', '');
+    PERFORM pg_catalog.pg_extension_config_dump('postbox.stream_delayed', '');
+    PERFORM pg_catalog.pg_extension_config_dump('postbox.stream_latency', '');
 EXCEPTION WHEN feature_not_supported THEN
     NULL;  -- installed from a plain script, not by CREATE EXTENSION
 END
@@ -4969,6 +5060,108 @@ BEGIN
     SELECT (SELECT s.slot FROM postbox.stream_slots s WHERE s.state = 'current'), topic.id, tx,
            nextval('postbox.stream_offsets'), published_at, e.id, e.k, e.o, e.s, e.a, e.b
     FROM unnest(publish_ids, routing_keys, ordering_keys, subjects, attributes, bodies) AS e(id, k, o, s, a, b);
+END
+$$;
+
+-- Publishes a message to a stream topic's log after a delay (0 to 30 days):
+-- no consumer group sees it before then. It is appended to the log when it
+-- is due, by the first read of one of the topic's groups, a tick or a
+-- server's maintenance worker after then, and takes its offset and its
+-- published_at at that time: it sorts after what was published before it
+-- became due, as if published then. Messages due together go in deliver_at,
+-- then publish, order. Only for stream topics without subscriptions (PB412
+-- otherwise): queue and webhook subscribers would want it now. With no delay
+-- it is appended at once. Returns its publish_id.
+CREATE FUNCTION postbox.publish_delayed(topic_name text, body bytea, delay interval, routing_key text DEFAULT '',
+                                        attributes jsonb DEFAULT NULL, ordering_key text DEFAULT NULL,
+                                        subject text DEFAULT NULL) RETURNS uuid
+LANGUAGE plpgsql AS $$
+DECLARE
+    t postbox.topics := postbox._stream_topic(topic_name);
+    id uuid := gen_random_uuid();
+    problem text;
+BEGIN
+    routing_key := coalesce(routing_key, '');
+    problem := CASE
+        WHEN delay IS NULL OR delay < interval '0' OR delay > interval '30 days' THEN
+            format('delay must be from 0 seconds to 30 days, not %s', coalesce(delay::text, 'NULL'))
+        WHEN body IS NULL THEN 'body must not be NULL'
+        WHEN length(ordering_key) > 128 OR ordering_key !~ '^[!-~]+$' THEN
+            'ordering_key must be 1 to 128 printable ASCII characters'
+        WHEN length(subject) > 100 OR subject ~ '[[:cntrl:]]' THEN
+            'subject must be at most 100 characters without control characters'
+        WHEN routing_key <> '' THEN postbox.routing_key_problem(routing_key)
+        WHEN attributes IS NOT NULL THEN postbox._attributes_problem(ARRAY[attributes], 1) END;
+    IF problem IS NOT NULL THEN
+        PERFORM postbox._invalid(problem);
+    END IF;
+    IF EXISTS (SELECT FROM postbox.subscriptions s WHERE s.topic_id = t.id) THEN
+        RAISE EXCEPTION USING ERRCODE = 'PB412', MESSAGE = format(
+            'topic %s has subscriptions: a delayed publish goes to the stream log only, and its queues and '
+            'webhooks would not get it; publish without a delay, or send to the queues with one',
+            quote_literal(topic_name));
+    END IF;
+    IF delay = interval '0' THEN
+        PERFORM postbox._append_to_stream(t, ARRAY[id], clock_timestamp(), ARRAY[routing_key],
+                                          ARRAY[ordering_key], ARRAY[subject], ARRAY[attributes], ARRAY[body]);
+        RETURN id;
+    END IF;
+    IF postbox.message_size(body, attributes) > 1048576 THEN
+        PERFORM postbox._invalid(format('topic %s is a stream topic: its messages hold at most 1048576 bytes, not %s',
+                                        quote_literal(topic_name), postbox.message_size(body, attributes)));
+    END IF;
+    INSERT INTO postbox.stream_delayed (topic_id, deliver_at, publish_id, routing_key, ordering_key, subject,
+                                        attributes, body)
+    VALUES (t.id, now() + delay, id, routing_key, ordering_key, subject, attributes, body);
+    RETURN id;
+END
+$$;
+
+-- Appends up to max_messages delayed messages that are due to their topics'
+-- logs, those of topic_id (NULL: of every topic), as one transaction's rows:
+-- the transaction id first, then an offset each, in deliver_at then publish
+-- order. Rows another session is appending are skipped. A topic that is no
+-- stream topic any more drops its own. Returns how many it appended.
+CREATE FUNCTION postbox._publish_due_streams(topic_id integer, max_messages integer) RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    tx xid8 := pg_current_xact_id();
+    appended integer;
+BEGIN
+    WITH due AS (
+        DELETE FROM postbox.stream_delayed d
+        WHERE d.id IN (SELECT x.id FROM postbox.stream_delayed x
+                       WHERE x.deliver_at <= now()
+                             AND (_publish_due_streams.topic_id IS NULL OR x.topic_id = _publish_due_streams.topic_id)
+                       ORDER BY x.deliver_at, x.id
+                       LIMIT max_messages
+                       FOR UPDATE SKIP LOCKED)
+        RETURNING d.*),
+    appended_rows AS (
+        INSERT INTO postbox.stream_log (slot, topic_id, tx, stream_offset, published_at, publish_id, routing_key,
+                                        ordering_key, subject, attributes, body)
+        SELECT (SELECT s.slot FROM postbox.stream_slots s WHERE s.state = 'current'), o.topic_id, tx,
+               nextval('postbox.stream_offsets'), clock_timestamp(), o.publish_id, o.routing_key, o.ordering_key,
+               o.subject, o.attributes, o.body
+        FROM (SELECT due.* FROM due JOIN postbox.topics t ON t.id = due.topic_id
+              WHERE t.stream_retention IS NOT NULL
+              ORDER BY due.deliver_at, due.id) AS o
+        RETURNING 1)
+    SELECT count(*) INTO appended FROM appended_rows;
+    RETURN appended;
+END
+$$;
+
+-- Appends up to max_messages (1-10000) delayed messages that are due to
+-- their topics' logs (see publish_delayed); tick and the servers'
+-- maintenance workers run it. Returns how many it appended.
+CREATE FUNCTION postbox.publish_due_streams(max_messages integer DEFAULT 1000) RETURNS integer
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF max_messages IS NULL OR max_messages NOT BETWEEN 1 AND 10000 THEN
+        PERFORM postbox._invalid(format('max_messages must be from 1 to 10000, not %s', max_messages));
+    END IF;
+    RETURN postbox._publish_due_streams(NULL, max_messages);
 END
 $$;
 
@@ -5056,11 +5249,13 @@ $$;
 -- A consumer group as get_ and list_consumer_groups show it: its cursor (the
 -- offset of the last acknowledged row, 0 before any), the batch out now, its
 -- lag: the rows of the log past its cursor, and how long ago the first of
--- them was published (0 with none), and whether it is paused.
+-- them was published (0 with none), whether it is paused, how many
+-- messages it gave back wait to go out again (retry_messages), its
+-- max_deliveries and how many dead letters it holds.
 CREATE FUNCTION postbox._consumer_group_view(g postbox.consumer_groups, topic_name text)
 RETURNS TABLE (topic text, name text, created_at timestamptz, cursor_offset bigint, acked_at timestamptz,
                lease_expires_at timestamptz, lag_messages bigint, lag_seconds double precision,
-               paused boolean)
+               paused boolean, retry_messages bigint, max_deliveries integer, dead_letters bigint)
 LANGUAGE sql STABLE AS $$
     SELECT topic_name, g.name, g.created_at, g.cursor_offset, g.acked_at,
            CASE WHEN g.lease IS NOT NULL THEN g.lease_expires_at END,
@@ -5070,18 +5265,32 @@ LANGUAGE sql STABLE AS $$
                      FROM postbox.stream_log l
                      WHERE l.topic_id = g.topic_id AND (l.tx, l.stream_offset) > (g.cursor_tx, g.cursor_offset)
                      ORDER BY l.tx, l.stream_offset LIMIT 1), 0),
-           g.paused
+           g.paused,
+           (SELECT count(*) FROM postbox.stream_retries r WHERE r.group_id = g.id),
+           g.max_deliveries,
+           (SELECT count(*) FROM postbox.stream_dead_letters d WHERE d.group_id = g.id)
+$$;
+
+-- The message of a check of a group's max_deliveries, or NULL when it is
+-- NULL (never) or from 1 to 1000.
+CREATE FUNCTION postbox._max_deliveries_problem(max_deliveries integer) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT format('max_deliveries must be from 1 to 1000 (or none: never), not %s', max_deliveries)
+    WHERE max_deliveries NOT BETWEEN 1 AND 1000
 $$;
 
 -- Creates a consumer group on a stream topic, reading from `start`: earliest
 -- (everything the log holds), latest (what is published from now on) or time
 -- (what was published at start_time or later; a time in the future is
--- refused). PB409 if it exists.
+-- refused), with delivery_limit as its max_deliveries (1-1000, NULL: never;
+-- see stream_dead_letters).
+-- PB409 if it exists.
 CREATE FUNCTION postbox.create_consumer_group(topic_name text, group_name text, start text DEFAULT 'earliest',
-                                              start_time timestamptz DEFAULT NULL)
+                                              start_time timestamptz DEFAULT NULL,
+                                              delivery_limit integer DEFAULT NULL)
 RETURNS TABLE (topic text, name text, created_at timestamptz, cursor_offset bigint, acked_at timestamptz,
                lease_expires_at timestamptz, lag_messages bigint, lag_seconds double precision,
-               paused boolean)
+               paused boolean, retry_messages bigint, max_deliveries integer, dead_letters bigint)
 LANGUAGE plpgsql AS $$
 DECLARE
     checked_name text := postbox._group_name(group_name);  -- before any lookup
@@ -5099,6 +5308,8 @@ BEGIN
     ELSIF start_time > now() THEN
         PERFORM postbox._invalid(format('start_time %s is in the future', start_time));
     END IF;
+    PERFORM postbox._invalid(postbox._max_deliveries_problem(delivery_limit))
+    WHERE postbox._max_deliveries_problem(delivery_limit) IS NOT NULL;
     IF start = 'earliest' THEN
         SELECT '0'::xid8 AS tx, 0::bigint AS stream_offset INTO start_at;
     ELSIF start = 'latest' THEN
@@ -5106,8 +5317,8 @@ BEGIN
     ELSE
         SELECT * INTO start_at FROM postbox._stream_position(t.id, NULL, start_time);
     END IF;
-    INSERT INTO postbox.consumer_groups (topic_id, name, cursor_tx, cursor_offset)
-    VALUES (t.id, group_name, start_at.tx, start_at.stream_offset)
+    INSERT INTO postbox.consumer_groups (topic_id, name, cursor_tx, cursor_offset, max_deliveries)
+    VALUES (t.id, group_name, start_at.tx, start_at.stream_offset, delivery_limit)
     ON CONFLICT ON CONSTRAINT consumer_groups_topic_id_name_key DO NOTHING
     RETURNING * INTO g;
     IF NOT FOUND THEN
@@ -5122,7 +5333,7 @@ $$;
 CREATE FUNCTION postbox.get_consumer_group(topic_name text, group_name text)
 RETURNS TABLE (topic text, name text, created_at timestamptz, cursor_offset bigint, acked_at timestamptz,
                lease_expires_at timestamptz, lag_messages bigint, lag_seconds double precision,
-               paused boolean)
+               paused boolean, retry_messages bigint, max_deliveries integer, dead_letters bigint)
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
     checked_name text := postbox._group_name(group_name);  -- before any lookup
@@ -5145,7 +5356,7 @@ CREATE FUNCTION postbox.list_consumer_groups(topic_name text, page_size integer 
                                              after_name text DEFAULT '')
 RETURNS TABLE (topic text, name text, created_at timestamptz, cursor_offset bigint, acked_at timestamptz,
                lease_expires_at timestamptz, lag_messages bigint, lag_seconds double precision,
-               paused boolean)
+               paused boolean, retry_messages bigint, max_deliveries integer, dead_letters bigint)
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
     t postbox.topics := postbox._topic(topic_name);
@@ -5163,7 +5374,7 @@ $$;
 CREATE FUNCTION postbox._set_group_paused(topic_name text, group_name text, pause boolean)
 RETURNS TABLE (topic text, name text, created_at timestamptz, cursor_offset bigint, acked_at timestamptz,
                lease_expires_at timestamptz, lag_messages bigint, lag_seconds double precision,
-               paused boolean)
+               paused boolean, retry_messages bigint, max_deliveries integer, dead_letters bigint)
 LANGUAGE plpgsql AS $$
 DECLARE
     checked_name text := postbox._group_name(group_name);  -- before any lookup
@@ -5182,7 +5393,7 @@ $$;
 CREATE FUNCTION postbox.pause_consumer_group(topic_name text, group_name text)
 RETURNS TABLE (topic text, name text, created_at timestamptz, cursor_offset bigint, acked_at timestamptz,
                lease_expires_at timestamptz, lag_messages bigint, lag_seconds double precision,
-               paused boolean)
+               paused boolean, retry_messages bigint, max_deliveries integer, dead_letters bigint)
 LANGUAGE sql AS $$
     SELECT * FROM postbox._set_group_paused(topic_name, group_name, true)
 $$;
@@ -5191,7 +5402,7 @@ $$;
 CREATE FUNCTION postbox.resume_consumer_group(topic_name text, group_name text)
 RETURNS TABLE (topic text, name text, created_at timestamptz, cursor_offset bigint, acked_at timestamptz,
                lease_expires_at timestamptz, lag_messages bigint, lag_seconds double precision,
-               paused boolean)
+               paused boolean, retry_messages bigint, max_deliveries integer, dead_letters bigint)
 LANGUAGE sql AS $$
     SELECT * FROM postbox._set_group_paused(topic_name, group_name, false)
 $$;
@@ -5215,12 +5426,21 @@ $$;
 -- fewer than min_messages (1 to max_messages) are and the first of them has
 -- waited less than max_batch_wait (NULL: no limit). A batch whose lease ran out
 -- comes back whole, to the next read, with its delivery_count one higher: a
--- group gets every message at least once.
+-- group gets every message at least once. Messages given back (ack_stream's
+-- nack_offsets) whose delay has passed lead a new batch, in offset order,
+-- whatever the batch controls say (they waited already), each with its own
+-- delivery_count (batch_delivery_count is the batch's); new messages of the
+-- log fill the rest of it. With max_deliveries, the messages of a batch whose
+-- lease ran out that have gone out that many times become dead letters
+-- ('lease expired') rather than go out again; the cursor moves past the log's.
+-- A read appends its topic's delayed messages that are due to the log (see
+-- _publish_due_streams): the next read can have them.
 CREATE FUNCTION postbox.read_stream(topic_name text, group_name text, max_messages integer DEFAULT 100,
                                     lease_duration interval DEFAULT '30 seconds', min_messages integer DEFAULT 1,
                                     max_batch_wait interval DEFAULT NULL)
 RETURNS TABLE (batch uuid, stream_offset bigint, published_at timestamptz, publish_id uuid, routing_key text,
-               ordering_key text, subject text, attributes jsonb, body bytea, delivery_count integer)
+               ordering_key text, subject text, attributes jsonb, body bytea, delivery_count integer,
+               batch_delivery_count integer)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
@@ -5232,6 +5452,8 @@ DECLARE
     first_at timestamptz;
     end_tx xid8;
     end_offset bigint;
+    due integer := 0;
+    previous uuid;
 BEGIN
     IF max_messages IS NULL OR max_messages NOT BETWEEN 1 AND 1000 THEN
         PERFORM postbox._invalid(format('max_messages must be from 1 to 1000, not %s', max_messages));
@@ -5249,10 +5471,49 @@ BEGIN
             'consumer group %s of topic %s is paused; ResumeConsumerGroup lets reads in again',
             quote_literal(group_name), quote_literal(topic_name));
     END IF;
+    IF EXISTS (SELECT FROM postbox.stream_delayed d WHERE d.topic_id = t.id AND d.deliver_at <= now()) THEN
+        PERFORM postbox._publish_due_streams(t.id, 1000);
+    END IF;
     IF g.id IS NULL OR (g.lease IS NOT NULL AND g.lease_expires_at > now()) THEN
         RETURN;
     END IF;
+    IF g.lease IS NOT NULL AND g.max_deliveries IS NOT NULL THEN
+        INSERT INTO postbox.stream_dead_letters AS d (group_id, stream_offset, published_at, publish_id,
+                                                      routing_key, ordering_key, subject, attributes, body,
+                                                      deliveries, reason)
+        SELECT g.id, r.stream_offset, r.published_at, r.publish_id, r.routing_key, r.ordering_key, r.subject,
+               r.attributes, r.body, r.deliveries, 'lease expired'
+        FROM postbox.stream_retries r
+        WHERE r.group_id = g.id AND r.batch = g.lease AND r.deliveries >= g.max_deliveries
+        UNION ALL
+        SELECT g.id, l.stream_offset, l.published_at, l.publish_id, l.routing_key, l.ordering_key, l.subject,
+               l.attributes, l.body, g.lease_deliveries, 'lease expired'
+        FROM postbox.stream_log l
+        WHERE g.lease_deliveries >= g.max_deliveries AND l.topic_id = t.id
+              AND (l.tx, l.stream_offset) > (g.cursor_tx, g.cursor_offset)
+              AND (l.tx, l.stream_offset) <= (g.lease_end_tx, g.lease_end_offset)
+        ON CONFLICT ON CONSTRAINT stream_dead_letters_pkey DO UPDATE
+        SET deliveries = excluded.deliveries, dead_at = excluded.dead_at, reason = excluded.reason;
+        DELETE FROM postbox.stream_retries r
+        WHERE r.group_id = g.id AND r.batch = g.lease AND r.deliveries >= g.max_deliveries;
+        IF g.lease_deliveries >= g.max_deliveries THEN
+            -- The batch is done with: a new one goes out, the batch's retries left
+            -- under the limit are due in it.
+            g.cursor_tx := g.lease_end_tx;
+            g.cursor_offset := g.lease_end_offset;
+            g.lease := NULL;
+            UPDATE postbox.consumer_groups c
+            SET cursor_tx = g.cursor_tx, cursor_offset = g.cursor_offset, acked_at = now(), lease = NULL,
+                lease_expires_at = NULL, lease_end_tx = NULL, lease_end_offset = NULL, lease_deliveries = NULL
+            WHERE c.id = g.id;
+        END IF;
+    END IF;
+    previous := g.lease;
     IF g.lease IS NULL THEN
+        -- Given-back messages out with a batch a seek called back wait no longer.
+        SELECT count(*) INTO due
+        FROM (SELECT FROM postbox.stream_retries r WHERE r.group_id = g.id AND r.visible_at <= now()
+              LIMIT max_messages) AS d;
         horizon := pg_snapshot_xmin(pg_current_snapshot());
         SELECT count(*), min(r.published_at), (array_agg(r.tx ORDER BY r.tx DESC, r.stream_offset DESC))[1],
                (array_agg(r.stream_offset ORDER BY r.tx DESC, r.stream_offset DESC))[1]
@@ -5260,51 +5521,241 @@ BEGIN
         FROM (SELECT l.tx, l.stream_offset, l.published_at FROM postbox.stream_log l
               WHERE l.topic_id = t.id AND (l.tx, l.stream_offset) > (g.cursor_tx, g.cursor_offset) AND l.tx < horizon
               ORDER BY l.tx, l.stream_offset
-              LIMIT max_messages) AS r;
-        IF waiting = 0 OR (waiting < min_messages
-                           AND (max_batch_wait IS NULL OR first_at > now() - max_batch_wait)) THEN
+              LIMIT max_messages - due) AS r;
+        IF due = 0 AND (waiting = 0 OR (waiting < min_messages
+                                        AND (max_batch_wait IS NULL OR first_at > now() - max_batch_wait))) THEN
             RETURN;
+        ELSIF waiting = 0 THEN
+            g.lease_end_tx := g.cursor_tx;  -- given-back messages alone: the ack leaves the cursor
+            g.lease_end_offset := g.cursor_offset;
         END IF;
         g.lease_deliveries := 0;
     END IF;
     UPDATE postbox.consumer_groups c
     SET lease = gen_random_uuid(), lease_expires_at = now() + lease_duration, lease_end_tx = g.lease_end_tx,
-        lease_end_offset = g.lease_end_offset, lease_deliveries = g.lease_deliveries + 1
+        lease_end_offset = g.lease_end_offset, lease_deliveries = g.lease_deliveries + 1, read_at = now()
     WHERE c.id = g.id
     RETURNING c.lease, c.lease_deliveries INTO g.lease, g.lease_deliveries;
+    IF previous IS NULL AND waiting > 0 THEN
+        -- The new batch's messages of the log, first read now: their latency.
+        INSERT INTO postbox.stream_latency AS s (group_id, bucket, counts)
+        SELECT g.id, date_bin('10 seconds', now(), 'epoch'), array_agg(coalesce(c.n, 0) ORDER BY b.i)
+        FROM generate_series(0, 15) AS b(i)
+        LEFT JOIN (SELECT width_bucket(extract(epoch FROM clock_timestamp() - l.published_at)::double precision,
+                                       postbox._stream_latency_bounds()) AS i, count(*) AS n
+                   FROM postbox.stream_log l
+                   WHERE l.topic_id = t.id AND (l.tx, l.stream_offset) > (g.cursor_tx, g.cursor_offset)
+                         AND (l.tx, l.stream_offset) <= (g.lease_end_tx, g.lease_end_offset)
+                   GROUP BY 1) AS c ON c.i = b.i
+        ON CONFLICT ON CONSTRAINT stream_latency_pkey DO UPDATE
+        SET counts = ARRAY(SELECT u.x + u.y FROM unnest(s.counts, excluded.counts) WITH ORDINALITY AS u(x, y, k)
+                           ORDER BY u.k);
+    END IF;
+    -- The given-back messages go out with the batch: those that are due to a new
+    -- batch, those of the batch whose lease ran out with it again.
+    UPDATE postbox.stream_retries r SET batch = g.lease, deliveries = r.deliveries + 1
+    WHERE r.group_id = g.id
+          AND CASE WHEN previous IS NULL
+                   THEN r.stream_offset IN (SELECT d.stream_offset FROM postbox.stream_retries d
+                                            WHERE d.group_id = g.id AND d.visible_at <= now()
+                                            ORDER BY d.stream_offset LIMIT due)
+                   ELSE r.batch = previous END;
     RETURN QUERY
-    SELECT g.lease, l.stream_offset, l.published_at, l.publish_id, l.routing_key, l.ordering_key, l.subject,
-           l.attributes, l.body, g.lease_deliveries
-    FROM postbox.stream_log l
-    WHERE l.topic_id = t.id AND (l.tx, l.stream_offset) > (g.cursor_tx, g.cursor_offset)
-          AND (l.tx, l.stream_offset) <= (g.lease_end_tx, g.lease_end_offset)
-    ORDER BY l.tx, l.stream_offset;
+    SELECT b.batch, b.stream_offset, b.published_at, b.publish_id, b.routing_key, b.ordering_key, b.subject,
+           b.attributes, b.body, b.delivery_count, g.lease_deliveries
+    FROM (SELECT 0 AS part, '0'::xid8 AS tx, g.lease AS batch, r.stream_offset, r.published_at, r.publish_id,
+                 r.routing_key, r.ordering_key, r.subject, r.attributes, r.body, r.deliveries AS delivery_count
+          FROM postbox.stream_retries r
+          WHERE r.group_id = g.id AND r.batch = g.lease
+          UNION ALL
+          SELECT 1, l.tx, g.lease, l.stream_offset, l.published_at, l.publish_id, l.routing_key, l.ordering_key,
+                 l.subject, l.attributes, l.body, g.lease_deliveries
+          FROM postbox.stream_log l
+          WHERE l.topic_id = t.id AND (l.tx, l.stream_offset) > (g.cursor_tx, g.cursor_offset)
+                AND (l.tx, l.stream_offset) <= (g.lease_end_tx, g.lease_end_offset)) AS b
+    ORDER BY b.part, b.tx, b.stream_offset;
 END
 $$;
 
 -- Acknowledges a batch of read_stream: the group's cursor moves past it.
--- PB412 when the batch is no longer the group's: its lease ran out and it went
--- out again, it was acknowledged already, or the group was sought since.
--- Returns the group's cursor (the offset of the batch's last row).
-CREATE FUNCTION postbox.ack_stream(topic_name text, group_name text, batch uuid) RETURNS bigint
+-- The messages of the batch whose offsets are in nack_offsets are given back
+-- instead (a nack): they go out to the group again, in a later batch, once
+-- nack_delay (0 to 12 hours) has passed, while the group reads on; those that
+-- have gone out max_deliveries times become dead letters ('nacked'). PB412 when
+-- the batch is no longer the group's: its lease ran out and it went out again,
+-- it was acknowledged already, or the group was sought since. Returns the
+-- group's cursor (the offset of the batch's last row of the log).
+CREATE FUNCTION postbox.ack_stream(topic_name text, group_name text, batch uuid,
+                                   nack_offsets bigint[] DEFAULT '{}', nack_delay interval DEFAULT '0 seconds')
+RETURNS bigint
 LANGUAGE plpgsql AS $$
 DECLARE
     checked_name text := postbox._group_name(group_name);  -- before any lookup
     g postbox.consumer_groups := postbox._consumer_group(postbox._stream_topic(topic_name), group_name);
+    stray bigint;
 BEGIN
     IF batch IS NULL THEN
         PERFORM postbox._invalid('batch is required: the token read_stream returned with the batch');
+    ELSIF nack_delay IS NULL OR nack_delay < interval '0' OR nack_delay > interval '12 hours' THEN
+        PERFORM postbox._invalid(format('nack_delay must be from 0 seconds to 12 hours, not %s', nack_delay));
     END IF;
     IF g.lease IS DISTINCT FROM batch THEN
         RAISE EXCEPTION USING ERRCODE = 'PB412', MESSAGE = format(
             'batch %s is not the batch out of consumer group %s: its lease ran out and it went out again, it was '
             'acknowledged already, or the group was sought since', batch, quote_literal(group_name));
     END IF;
+    nack_offsets := coalesce(nack_offsets, '{}');
+    SELECT o INTO stray FROM unnest(nack_offsets) AS o
+    WHERE o IS NULL
+          OR (NOT EXISTS (SELECT FROM postbox.stream_retries r
+                          WHERE r.group_id = g.id AND r.batch = g.lease AND r.stream_offset = o)
+              AND NOT EXISTS (SELECT FROM postbox.stream_log l
+                              WHERE l.topic_id = g.topic_id AND l.stream_offset = o
+                                    AND (l.tx, l.stream_offset) > (g.cursor_tx, g.cursor_offset)
+                                    AND (l.tx, l.stream_offset) <= (g.lease_end_tx, g.lease_end_offset)))
+    LIMIT 1;
+    IF FOUND THEN
+        PERFORM postbox._invalid(format('nack_offsets: %s is not the offset of a message of batch %s',
+                                        coalesce(stray::text, 'NULL'), batch));
+    END IF;
+    -- Nacked messages of the log are copied aside; nacked ones that were given
+    -- back before wait again; the batch's other given-back ones are done. Then
+    -- the nacked ones out of deliveries go on to the dead letters.
+    INSERT INTO postbox.stream_retries AS r (group_id, stream_offset, published_at, publish_id, routing_key,
+                                             ordering_key, subject, attributes, body, deliveries, visible_at)
+    SELECT g.id, l.stream_offset, l.published_at, l.publish_id, l.routing_key, l.ordering_key, l.subject,
+           l.attributes, l.body, g.lease_deliveries, now() + nack_delay
+    FROM postbox.stream_log l
+    WHERE l.topic_id = g.topic_id AND l.stream_offset = ANY (nack_offsets)
+          AND (l.tx, l.stream_offset) > (g.cursor_tx, g.cursor_offset)
+          AND (l.tx, l.stream_offset) <= (g.lease_end_tx, g.lease_end_offset)
+    ON CONFLICT ON CONSTRAINT stream_retries_pkey DO UPDATE
+    SET deliveries = greatest(r.deliveries, excluded.deliveries), visible_at = excluded.visible_at, batch = NULL;
+    UPDATE postbox.stream_retries r SET batch = NULL, visible_at = now() + nack_delay
+    WHERE r.group_id = g.id AND r.batch = g.lease AND r.stream_offset = ANY (nack_offsets);
+    DELETE FROM postbox.stream_retries r WHERE r.group_id = g.id AND r.batch = g.lease;
+    IF g.max_deliveries IS NOT NULL THEN
+        WITH dead AS (
+            DELETE FROM postbox.stream_retries r
+            WHERE r.group_id = g.id AND r.stream_offset = ANY (nack_offsets) AND r.deliveries >= g.max_deliveries
+            RETURNING r.*)
+        INSERT INTO postbox.stream_dead_letters AS d (group_id, stream_offset, published_at, publish_id,
+                                                      routing_key, ordering_key, subject, attributes, body,
+                                                      deliveries, reason)
+        SELECT dead.group_id, dead.stream_offset, dead.published_at, dead.publish_id, dead.routing_key,
+               dead.ordering_key, dead.subject, dead.attributes, dead.body, dead.deliveries, 'nacked'
+        FROM dead
+        ON CONFLICT ON CONSTRAINT stream_dead_letters_pkey DO UPDATE
+        SET deliveries = excluded.deliveries, dead_at = excluded.dead_at, reason = excluded.reason;
+    END IF;
     UPDATE postbox.consumer_groups
     SET cursor_tx = lease_end_tx, cursor_offset = lease_end_offset, acked_at = now(), lease = NULL,
         lease_expires_at = NULL, lease_end_tx = NULL, lease_end_offset = NULL, lease_deliveries = NULL
     WHERE id = g.id;
     RETURN g.lease_end_offset;
+END
+$$;
+
+-- Sets a consumer group's max_deliveries to delivery_limit (1-1000; NULL:
+-- never): a message
+-- the group fails on after that many deliveries goes to its dead letters.
+-- Returns the group as get_consumer_group.
+CREATE FUNCTION postbox.set_consumer_group_max_deliveries(topic_name text, group_name text,
+                                                          delivery_limit integer)
+RETURNS TABLE (topic text, name text, created_at timestamptz, cursor_offset bigint, acked_at timestamptz,
+               lease_expires_at timestamptz, lag_messages bigint, lag_seconds double precision,
+               paused boolean, retry_messages bigint, max_deliveries integer, dead_letters bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+    checked_name text := postbox._group_name(group_name);  -- before any lookup
+    t postbox.topics := postbox._stream_topic(topic_name);
+    g postbox.consumer_groups := postbox._consumer_group(t, group_name);
+BEGIN
+    PERFORM postbox._invalid(postbox._max_deliveries_problem(delivery_limit))
+    WHERE postbox._max_deliveries_problem(delivery_limit) IS NOT NULL;
+    UPDATE postbox.consumer_groups c SET max_deliveries = delivery_limit WHERE c.id = g.id RETURNING * INTO g;
+    RETURN QUERY SELECT * FROM postbox._consumer_group_view(g, t.name);
+END
+$$;
+
+-- A consumer group's dead letters in offset order after after_offset (0: from
+-- the first), at most page_size (1-1001), each with the deliveries it had,
+-- when and why it died. PB404 if the group does not exist.
+CREATE FUNCTION postbox.list_stream_dead_letters(topic_name text, group_name text, page_size integer DEFAULT 100,
+                                                 after_offset bigint DEFAULT 0)
+RETURNS TABLE (stream_offset bigint, published_at timestamptz, publish_id uuid, routing_key text,
+               ordering_key text, subject text, attributes jsonb, body bytea, delivery_count integer,
+               dead_at timestamptz, reason text)
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    checked_name text := postbox._group_name(group_name);  -- before any lookup
+    t postbox.topics := postbox._stream_topic(topic_name);
+    dead_group integer;
+BEGIN
+    IF page_size IS NULL OR page_size NOT BETWEEN 1 AND 1001 THEN
+        PERFORM postbox._invalid(format('page_size must be from 1 to 1001, not %s', page_size));
+    END IF;
+    SELECT c.id INTO dead_group FROM postbox.consumer_groups c WHERE c.topic_id = t.id AND c.name = group_name;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'PB404', MESSAGE = format(
+            'consumer group %s of topic %s does not exist', quote_literal(group_name), quote_literal(topic_name));
+    END IF;
+    RETURN QUERY
+    SELECT d.stream_offset, d.published_at, d.publish_id, d.routing_key, d.ordering_key, d.subject, d.attributes,
+           d.body, d.deliveries, d.dead_at, d.reason
+    FROM postbox.stream_dead_letters d
+    WHERE d.group_id = dead_group AND d.stream_offset > coalesce(after_offset, 0)
+    ORDER BY d.stream_offset
+    LIMIT page_size;
+END
+$$;
+
+-- Replays a consumer group's dead letters, those with the given offsets
+-- (NULL: all): each goes out to the group again in its next batch, as a
+-- message given back, with max_deliveries deliveries to go. An offset that is
+-- no dead letter of the group is passed over. Returns how many were replayed.
+CREATE FUNCTION postbox.replay_stream_dead_letters(topic_name text, group_name text, offsets bigint[] DEFAULT NULL)
+RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    checked_name text := postbox._group_name(group_name);  -- before any lookup
+    g postbox.consumer_groups := postbox._consumer_group(postbox._stream_topic(topic_name), group_name);
+    replayed bigint;
+BEGIN
+    -- Under the group's lock (_consumer_group): no read of the group runs meanwhile.
+    WITH replay AS (
+        DELETE FROM postbox.stream_dead_letters d
+        WHERE d.group_id = g.id AND (offsets IS NULL OR d.stream_offset = ANY (offsets))
+        RETURNING d.*),
+    queued AS (
+        INSERT INTO postbox.stream_retries (group_id, stream_offset, published_at, publish_id, routing_key,
+                                            ordering_key, subject, attributes, body, deliveries, visible_at)
+        SELECT r.group_id, r.stream_offset, r.published_at, r.publish_id, r.routing_key, r.ordering_key,
+               r.subject, r.attributes, r.body, 0, now()
+        FROM replay r
+        ON CONFLICT ON CONSTRAINT stream_retries_pkey DO NOTHING  -- it is to go out again already
+        RETURNING 1)
+    SELECT count(*) INTO replayed FROM replay;
+    RETURN replayed;
+END
+$$;
+
+-- Deletes a consumer group's dead letters that died before older_than.
+-- Returns how many it deleted.
+CREATE FUNCTION postbox.purge_stream_dead_letters(topic_name text, group_name text, older_than timestamptz)
+RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    checked_name text := postbox._group_name(group_name);  -- before any lookup
+    g postbox.consumer_groups := postbox._consumer_group(postbox._stream_topic(topic_name), group_name);
+    purged bigint;
+BEGIN
+    IF older_than IS NULL THEN
+        PERFORM postbox._invalid('older_than is required: dead letters that died before it are purged');
+    END IF;
+    DELETE FROM postbox.stream_dead_letters d WHERE d.group_id = g.id AND d.dead_at < older_than;
+    GET DIAGNOSTICS purged = ROW_COUNT;
+    RETURN purged;
 END
 $$;
 
@@ -5316,7 +5767,7 @@ CREATE FUNCTION postbox.seek_consumer_group(topic_name text, group_name text, to
                                             to_time timestamptz DEFAULT NULL)
 RETURNS TABLE (topic text, name text, created_at timestamptz, cursor_offset bigint, acked_at timestamptz,
                lease_expires_at timestamptz, lag_messages bigint, lag_seconds double precision,
-               paused boolean)
+               paused boolean, retry_messages bigint, max_deliveries integer, dead_letters bigint)
 LANGUAGE plpgsql AS $$
 DECLARE
     checked_name text := postbox._group_name(group_name);  -- before any lookup
@@ -5543,7 +5994,7 @@ CREATE FUNCTION postbox.set_consumer_group_cursor(topic_name text, group_name te
                                                   to_offset bigint)
 RETURNS TABLE (topic text, name text, created_at timestamptz, cursor_offset bigint, acked_at timestamptz,
                lease_expires_at timestamptz, lag_messages bigint, lag_seconds double precision,
-               paused boolean)
+               paused boolean, retry_messages bigint, max_deliveries integer, dead_letters bigint)
 LANGUAGE plpgsql AS $$
 DECLARE
     checked_name text := postbox._group_name(group_name);  -- before any lookup
@@ -5579,6 +6030,134 @@ LANGUAGE sql STABLE AS $$
     ORDER BY t.name, g.name
     LIMIT max_groups
 $$;
+
+-- Publish-to-first-read latency of each consumer group that read in the last
+-- `recent` (10 seconds to 1 hour, in whole 10-second buckets): how many
+-- messages its new batches took, and the 50th, 95th and 99th percentiles of
+-- their latency, each the upper bound of the bin it falls in (5 ms to 30
+-- minutes; Infinity above), so never understated. Latency counts from the
+-- publish to the read that took the message first: time waiting for the
+-- group's batch, for the horizon (see Order above), or for a delay.
+CREATE FUNCTION postbox.stream_latency(recent interval DEFAULT '5 minutes')
+RETURNS TABLE (topic text, consumer_group text, messages bigint, p50_seconds double precision,
+               p95_seconds double precision, p99_seconds double precision)
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    IF recent IS NULL OR recent < interval '10 seconds' OR recent > interval '1 hour' THEN
+        PERFORM postbox._invalid(format('recent must be from 10 seconds to 1 hour, not %s', recent));
+    END IF;
+    RETURN QUERY
+    WITH bins AS (
+        SELECT s.group_id, b.i, sum(b.n) AS n
+        FROM postbox.stream_latency s, unnest(s.counts) WITH ORDINALITY AS b(n, i)
+        WHERE s.bucket > now() - recent
+        GROUP BY s.group_id, b.i),
+    cumulative AS (
+        SELECT bins.group_id, bins.i, sum(bins.n) OVER (PARTITION BY bins.group_id ORDER BY bins.i) AS upto,
+               sum(bins.n) OVER (PARTITION BY bins.group_id) AS total
+        FROM bins)
+    SELECT t.name, g.name, max(c.total)::bigint,
+           coalesce((postbox._stream_latency_bounds())[min(c.i) FILTER (WHERE c.upto >= 0.50 * c.total)], 'Infinity'),
+           coalesce((postbox._stream_latency_bounds())[min(c.i) FILTER (WHERE c.upto >= 0.95 * c.total)], 'Infinity'),
+           coalesce((postbox._stream_latency_bounds())[min(c.i) FILTER (WHERE c.upto >= 0.99 * c.total)], 'Infinity')
+    FROM cumulative c
+    JOIN postbox.consumer_groups g ON g.id = c.group_id
+    JOIN postbox.topics t ON t.id = g.topic_id
+    WHERE c.total > 0
+    GROUP BY t.name, g.name
+    ORDER BY t.name, g.name;
+END
+$$;
+
+-- Each consumer group's health (the view stream_health), as queue_health is
+-- each queue's: 'critical'
+-- when its oldest unacknowledged message (past its cursor, or given back) is
+-- older than postbox.health_critical_age (default 1 hour) or it holds
+-- postbox.health_critical_dlq_depth dead letters (100); 'warning' past
+-- postbox.health_warning_age (5 minutes) or postbox.health_warning_dlq_depth
+-- (1), while paused, or when stuck: messages wait for it and no batch has
+-- gone out to it for postbox.health_stuck_after (5 minutes). reason says
+-- which. held_slots counts the log's retired slots it keeps from rotating
+-- (they hold messages of its topic past its cursor); p95 and p99 are its
+-- publish-to-first-read latency over the last 5 minutes (stream_latency;
+-- NULL without reads). Reads the log past each cursor: seconds for a group
+-- millions behind.
+CREATE FUNCTION postbox.consumer_group_health()
+RETURNS TABLE (topic text, consumer_group text, status text, reason text, lag_messages bigint,
+               oldest_unacked_seconds double precision, retry_messages bigint, dead_letters bigint,
+               paused boolean, last_read_at timestamptz, lease_expires_at timestamptz, held_slots bigint,
+               latency_p95_seconds double precision, latency_p99_seconds double precision)
+LANGUAGE sql STABLE AS $$
+SELECT v.topic, v.name AS consumer_group,
+       CASE WHEN h.critical <> '{}' THEN 'critical'
+            WHEN h.warning <> '{}' THEN 'warning'
+            ELSE 'ok' END AS status,
+       array_to_string(h.critical || h.warning, '; ') AS reason,
+       v.lag_messages, o.oldest_unacked_seconds, v.retry_messages, v.dead_letters, v.paused,
+       g.read_at AS last_read_at, v.lease_expires_at, r.held_slots, lat.p95_seconds AS latency_p95_seconds,
+       lat.p99_seconds AS latency_p99_seconds
+FROM postbox.consumer_groups g
+JOIN postbox.topics t ON t.id = g.topic_id
+CROSS JOIN LATERAL postbox._consumer_group_view(g, t.name) v
+CROSS JOIN LATERAL (
+    SELECT greatest(v.lag_seconds,
+                    (SELECT extract(epoch FROM now() - min(x.published_at))::double precision
+                     FROM postbox.stream_retries x WHERE x.group_id = g.id), 0) AS oldest_unacked_seconds) o
+CROSS JOIN LATERAL (
+    SELECT count(*) AS held_slots FROM postbox.stream_slots s
+    WHERE s.state = 'retired'
+          AND EXISTS (SELECT FROM postbox.stream_log l
+                      WHERE l.slot = s.slot AND l.topic_id = g.topic_id
+                            AND (l.tx, l.stream_offset) > (g.cursor_tx, g.cursor_offset))) r
+LEFT JOIN postbox.stream_latency('5 minutes') lat ON lat.topic = t.name AND lat.consumer_group = g.name
+CROSS JOIN LATERAL (
+    SELECT coalesce(nullif(current_setting('postbox.health_warning_age', true), ''), '5 minutes')::interval AS warning_age,
+           coalesce(nullif(current_setting('postbox.health_critical_age', true), ''), '1 hour')::interval AS critical_age,
+           coalesce(nullif(current_setting('postbox.health_warning_dlq_depth', true), ''), '1')::bigint AS warning_dlq,
+           coalesce(nullif(current_setting('postbox.health_critical_dlq_depth', true), ''), '100')::bigint AS critical_dlq,
+           coalesce(nullif(current_setting('postbox.health_stuck_after', true), ''), '5 minutes')::interval AS stuck_after) k
+CROSS JOIN LATERAL (
+    SELECT array_remove(ARRAY[
+               CASE WHEN o.oldest_unacked_seconds >= extract(epoch FROM k.critical_age)
+                    THEN format('oldest unacknowledged message %s s old', round(o.oldest_unacked_seconds::numeric)) END,
+               CASE WHEN v.dead_letters >= k.critical_dlq THEN format('%s dead letters', v.dead_letters) END],
+               NULL) AS critical,
+           array_remove(ARRAY[
+               CASE WHEN o.oldest_unacked_seconds >= extract(epoch FROM k.warning_age)
+                         AND o.oldest_unacked_seconds < extract(epoch FROM k.critical_age)
+                    THEN format('oldest unacknowledged message %s s old', round(o.oldest_unacked_seconds::numeric)) END,
+               CASE WHEN v.dead_letters >= k.warning_dlq AND v.dead_letters < k.critical_dlq
+                    THEN format('%s dead letters', v.dead_letters) END,
+               CASE WHEN v.paused THEN 'paused' END,
+               CASE WHEN NOT v.paused AND v.lag_messages + v.retry_messages > 0
+                         AND coalesce(g.read_at, g.created_at) <= now() - k.stuck_after
+                    THEN format('stuck: no batch taken for %s s while %s messages wait',
+                                round(extract(epoch FROM now() - coalesce(g.read_at, g.created_at))),
+                                v.lag_messages + v.retry_messages) END],
+               NULL) AS warning) h
+ORDER BY v.topic, v.name
+$$;
+
+-- consumer_group_health as a view, beside queue_health.
+CREATE VIEW postbox.stream_health AS SELECT * FROM postbox.consumer_group_health();
+
+-- The stream log's slots (see Rotation above): each one's state and since
+-- when (the current slot's since is the last rotation), how many messages it
+-- holds, and for a retired slot the consumer groups that keep it from being
+-- truncated, as topic/group: those with messages of their topic in it past
+-- their cursor. Counts each slot's rows.
+CREATE VIEW postbox.stream_rotation AS
+SELECT s.slot, s.state, s.since,
+       (SELECT count(*) FROM postbox.stream_log l WHERE l.slot = s.slot) AS messages,
+       ARRAY(SELECT t.name || '/' || g.name
+             FROM postbox.consumer_groups g JOIN postbox.topics t ON t.id = g.topic_id
+             WHERE s.state = 'retired'
+                   AND EXISTS (SELECT FROM postbox.stream_log l
+                               WHERE l.slot = s.slot AND l.topic_id = g.topic_id
+                                     AND (l.tx, l.stream_offset) > (g.cursor_tx, g.cursor_offset))
+             ORDER BY 1) AS held_by
+FROM postbox.stream_slots s
+ORDER BY s.slot;
 
 -- Claims up to max_deliveries due webhook deliveries (FOR UPDATE SKIP LOCKED,
 -- so concurrent workers never get the same one) for one attempt each: counts
@@ -6714,7 +7293,8 @@ $$;
 -- One round of every piece of maintenance that needs no network, in one
 -- transaction, up to batch_size (1-10000) rows of each kind: expiry of
 -- messages, archived messages and deduplication ids, redrive steps, a
--- rotation pass of the stream log, due schedules, activity older than an hour
+-- rotation pass of the stream log, delayed stream publishes that are due
+-- (publish_delayed), due schedules, activity older than an hour
 -- and failed webhook deliveries older than 7 days. The servers' workers call
 -- the same functions, which take the same locks (SKIP LOCKED row claims, and
 -- advisory locks for rotation and activity), so tick and servers running
@@ -6734,7 +7314,8 @@ BEGIN
         'expired_messages', postbox.expire_messages(batch_size),
         'expired_records', postbox.expire_records(batch_size),
         'redriven_messages', coalesce(postbox.run_redrives(batch_size), 0),
-        'rotated_slots', postbox.rotate_streams(NULL, interval '20 milliseconds'));
+        'rotated_slots', postbox.rotate_streams(NULL, interval '20 milliseconds'),
+        'published_delayed', postbox.publish_due_streams(batch_size));
     schedules := postbox._fire_due_schedules(batch_size);
     RETURN done || jsonb_build_object(
         'fired_schedules', schedules.fired,
@@ -7046,7 +7627,8 @@ BEGIN
                           'list_archived_messages', 'get_queue', 'list_queues', 'list_dead_letter_source_queues', 'list_redrive_tasks',
                           'get_topic', 'list_topics', 'get_subscription', 'list_subscriptions',
                           'list_webhook_deliveries', 'get_schedule', 'list_schedules', 'get_consumer_group',
-                          'list_consumer_groups', 'stream_metrics', 'stream_position') THEN
+                          'list_consumer_groups', 'stream_metrics', 'stream_position',
+                          'list_stream_dead_letters', 'stream_latency', 'consumer_group_health') THEN
                 EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO postbox_reader', f.signature);
             ELSIF f.name IN ('send', 'send_batch', 'publish', 'publish_batch') THEN
                 EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO postbox_writer', f.signature);
@@ -7057,7 +7639,8 @@ BEGIN
         GRANT USAGE ON SCHEMA postbox TO postbox_reader, postbox_writer, postbox_admin;
         GRANT ALL ON ALL TABLES IN SCHEMA postbox TO postbox_admin;
         GRANT ALL ON ALL SEQUENCES IN SCHEMA postbox TO postbox_admin;
-        GRANT SELECT ON postbox.queue_health, postbox.queue_throughput TO postbox_reader;
+        GRANT SELECT ON postbox.queue_health, postbox.queue_throughput, postbox.stream_health,
+                        postbox.stream_rotation TO postbox_reader;
     END IF;
 END
 $$;

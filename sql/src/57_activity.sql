@@ -45,8 +45,9 @@ LANGUAGE sql AS $$
         latency_max = greatest(a.latency_max, excluded.latency_max)
 $$;
 
--- Forgets activity older than an hour, the longest window worth asking for.
--- Returns how many rows went. One session at a time (an advisory lock, since
+-- Forgets activity older than an hour, the longest window worth asking for,
+-- and consumer groups' latency counts as old (stream_latency). Returns how
+-- many activity rows went. One session at a time (an advisory lock, since
 -- 0.9.0): another, a server's worker or tick, returns 0 at once.
 CREATE FUNCTION postbox.expire_activity() RETURNS bigint
 LANGUAGE plpgsql AS $$
@@ -58,6 +59,7 @@ BEGIN
     END IF;
     DELETE FROM postbox.queue_activity WHERE bucket < now() - interval '1 hour';
     GET DIAGNOSTICS removed = ROW_COUNT;
+    DELETE FROM postbox.stream_latency WHERE bucket < now() - interval '1 hour';
     RETURN removed;
 END
 $$;

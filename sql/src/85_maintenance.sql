@@ -323,7 +323,8 @@ $$;
 -- One round of every piece of maintenance that needs no network, in one
 -- transaction, up to batch_size (1-10000) rows of each kind: expiry of
 -- messages, archived messages and deduplication ids, redrive steps, a
--- rotation pass of the stream log, due schedules, activity older than an hour
+-- rotation pass of the stream log, delayed stream publishes that are due
+-- (publish_delayed), due schedules, activity older than an hour
 -- and failed webhook deliveries older than 7 days. The servers' workers call
 -- the same functions, which take the same locks (SKIP LOCKED row claims, and
 -- advisory locks for rotation and activity), so tick and servers running
@@ -343,7 +344,8 @@ BEGIN
         'expired_messages', postbox.expire_messages(batch_size),
         'expired_records', postbox.expire_records(batch_size),
         'redriven_messages', coalesce(postbox.run_redrives(batch_size), 0),
-        'rotated_slots', postbox.rotate_streams(NULL, interval '20 milliseconds'));
+        'rotated_slots', postbox.rotate_streams(NULL, interval '20 milliseconds'),
+        'published_delayed', postbox.publish_due_streams(batch_size));
     schedules := postbox._fire_due_schedules(batch_size);
     RETURN done || jsonb_build_object(
         'fired_schedules', schedules.fired,

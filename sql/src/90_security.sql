@@ -56,7 +56,8 @@ BEGIN
                           'list_archived_messages', 'get_queue', 'list_queues', 'list_dead_letter_source_queues', 'list_redrive_tasks',
                           'get_topic', 'list_topics', 'get_subscription', 'list_subscriptions',
                           'list_webhook_deliveries', 'get_schedule', 'list_schedules', 'get_consumer_group',
-                          'list_consumer_groups', 'stream_metrics', 'stream_position') THEN
+                          'list_consumer_groups', 'stream_metrics', 'stream_position',
+                          'list_stream_dead_letters', 'stream_latency', 'consumer_group_health') THEN
                 EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO postbox_reader', f.signature);
             ELSIF f.name IN ('send', 'send_batch', 'publish', 'publish_batch') THEN
                 EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO postbox_writer', f.signature);
@@ -67,7 +68,8 @@ BEGIN
         GRANT USAGE ON SCHEMA postbox TO postbox_reader, postbox_writer, postbox_admin;
         GRANT ALL ON ALL TABLES IN SCHEMA postbox TO postbox_admin;
         GRANT ALL ON ALL SEQUENCES IN SCHEMA postbox TO postbox_admin;
-        GRANT SELECT ON postbox.queue_health, postbox.queue_throughput TO postbox_reader;
+        GRANT SELECT ON postbox.queue_health, postbox.queue_throughput, postbox.stream_health,
+                        postbox.stream_rotation TO postbox_reader;
     END IF;
 END
 $$;

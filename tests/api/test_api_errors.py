@@ -8,8 +8,14 @@ import grpc
 import pytest
 from postbox.v1 import message_service_pb2 as mpb
 from postbox.v1 import queue_service_pb2 as qpb
-from postbox.v1 import queue_service_pb2_grpc, schedule_service_pb2_grpc, topic_service_pb2_grpc
+from postbox.v1 import (
+    queue_service_pb2_grpc,
+    schedule_service_pb2_grpc,
+    stream_service_pb2_grpc,
+    topic_service_pb2_grpc,
+)
 from postbox.v1 import schedule_service_pb2 as spb
+from postbox.v1 import stream_service_pb2 as stpb
 from postbox.v1 import topic_service_pb2 as tpb
 from support import api_methods, error_of
 
@@ -72,6 +78,7 @@ def _list_calls(channel: grpc.Channel, queue: str) -> dict[str, object]:
     messages = message_service_pb2_grpc.MessageServiceStub(channel)
     topics = topic_service_pb2_grpc.TopicServiceStub(channel)
     schedules = schedule_service_pb2_grpc.ScheduleServiceStub(channel)
+    streams = stream_service_pb2_grpc.StreamServiceStub(channel)
     return {
         "ListQueues": lambda t: queues.ListQueues(qpb.ListQueuesRequest(page_token=t)),
         "ListDeadLetterSourceQueues": lambda t: queues.ListDeadLetterSourceQueues(
@@ -97,11 +104,21 @@ def _list_calls(channel: grpc.Channel, queue: str) -> dict[str, object]:
             tpb.ListWebhookDeliveriesRequest(topic="no_such_topic", page_token=t)
         ),
         "ListSchedules": lambda t: schedules.ListSchedules(spb.ListSchedulesRequest(page_token=t)),
+        "ListConsumerGroups": lambda t: streams.ListConsumerGroups(
+            stpb.ListConsumerGroupsRequest(topic="no_such_topic", page_token=t)
+        ),
+        "ListStreamDeadLetters": lambda t: streams.ListStreamDeadLetters(
+            stpb.ListStreamDeadLettersRequest(
+                topic="no_such_topic", consumer_group="g", page_token=t
+            )
+        ),
     }
 
 
 def test_every_list_rpc_with_a_page_token_is_here(channel):
-    services = {"QueueService", "MessageService", "TopicService", "ScheduleService"}
+    services = {
+        "QueueService", "MessageService", "TopicService", "ScheduleService", "StreamService",
+    }  # fmt: skip
     methods = [m for m in api_methods() if m.containing_service.name in services]
     with_tokens = {m.name for m in methods if "page_token" in [f.name for f in m.input_type.fields]}
     assert with_tokens == set(_list_calls(channel, "q"))

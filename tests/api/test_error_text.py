@@ -268,6 +268,23 @@ BASELINES: dict[str, Baseline] = {
     # A fresh name: pausing the shared group would refuse the reads of other baselines.
     "StreamService.PauseConsumerGroup": lambda w: {"topic": w.topic, "name": fresh()},
     "StreamService.ResumeConsumerGroup": lambda w: {"topic": w.topic, "name": w.consumer_group},
+    "StreamService.UpdateConsumerGroup": lambda w: {
+        "consumer_group": {"topic": w.topic, "name": w.consumer_group, "max_deliveries": 5},
+        "update_mask": "maxDeliveries",
+    },
+    "StreamService.ListStreamDeadLetters": lambda w: {
+        "topic": w.topic,
+        "consumer_group": w.consumer_group,
+    },
+    "StreamService.ReplayStreamDeadLetters": lambda w: {
+        "topic": w.topic,
+        "consumer_group": w.consumer_group,
+    },
+    "StreamService.PurgeStreamDeadLetters": lambda w: {
+        "topic": w.topic,
+        "consumer_group": w.consumer_group,
+        "older_than": "2020-01-01T00:00:00Z",
+    },
     "StreamService.ReadStream": lambda w: {"topic": w.topic, "consumer_group": w.consumer_group},
     "StreamService.StreamingReadStream": lambda w: {
         "topic": w.topic,

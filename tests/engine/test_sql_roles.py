@@ -78,6 +78,9 @@ READS = [
     "SELECT * FROM postbox.queue_health",
     "SELECT * FROM postbox.queue_throughput",
     "SELECT * FROM postbox.queue_rates('5 minutes', 'jobs')",
+    "SELECT * FROM postbox.stream_health",
+    "SELECT * FROM postbox.stream_rotation",
+    "SELECT * FROM postbox.stream_latency()",
 ]
 WRITES = [
     "SELECT postbox.send('jobs', 'hello')",

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from google.protobuf.duration_pb2 import Duration
 from postbox.v1 import schedule_service_pb2, schedule_service_pb2_grpc
-from support import create_database, drop_database, postbox, unique_name
+from support import create_database, drop_database, postbox, seconds, unique_name
 
 
 def ok(*args: str, env: dict[str, str] | None = None) -> str:
@@ -205,6 +205,51 @@ def test_a_stream_topic_and_its_groups_lag(server):
     assert listed["paused"] is True
     resumed = json.loads(ok("topics", "resume-group", topic, "billing", "-o", "json", *target))
     assert resumed.get("paused", False) is False
+
+
+def test_consumers_and_drain_a_consumer_group(server):
+    from postbox.v1 import stream_service_pb2, stream_service_pb2_grpc
+
+    target = ["--target", server.target]
+    topic = unique_name("cli_drain")
+    ok("topics", "create", topic, "--stream-retention", "3600", *target)
+    streams = stream_service_pb2_grpc.StreamServiceStub(grpc.insecure_channel(server.target))
+    group = stream_service_pb2.ConsumerGroup(topic=topic, name="billing", max_deliveries=3)
+    streams.CreateConsumerGroup(stream_service_pb2.CreateConsumerGroupRequest(consumer_group=group))
+    ok("topics", "publish", topic, "a", *target)
+    ok("topics", "publish", topic, "b", *target)
+    (listed,) = json.loads(ok("topics", "consumers", topic, "-o", "json", *target))
+    assert (listed["name"], listed["lag_messages"], listed["max_deliveries"]) == ("billing", "2", 3)
+    table = ok("topics", "consumers", topic, *target)
+    assert "retry_messages" in table
+    assert "dead_letter_messages" in table
+    # Nobody reads: the drain gives up, says what is left, and exits 1.
+    waited = postbox("topics", "drain", topic, "billing", "--timeout", "0", *target)
+    assert waited.returncode == 1, waited.stderr
+    assert f"{topic}/billing not drained after 0 s: 2 messages left" in waited.stderr
+    read = stream_service_pb2.ReadStreamRequest(
+        topic=topic, consumer_group="billing", min_messages=2, wait_time=seconds(10)
+    )
+    batch = streams.ReadStream(read)
+    assert len(batch.messages) == 2
+    waited = postbox("topics", "drain", topic, "billing", "--timeout", "0", *target)
+    assert waited.returncode == 1
+    assert "2 messages left, a batch out" in waited.stderr  # out, not yet acked
+    streams.AckStream(
+        stream_service_pb2.AckStreamRequest(
+            topic=topic, consumer_group="billing", batch=batch.batch
+        )
+    )
+    drained = postbox("topics", "drain", topic, "billing", "-o", "json", *target)
+    assert drained.returncode == 0, drained.stderr
+    assert f"drained {topic}/billing" in drained.stderr
+    ok("topics", "publish", topic, "c", *target)
+    skipped = postbox("topics", "drain", topic, "billing", "--discard", *target)
+    assert skipped.returncode == 0, skipped.stderr
+    state = streams.GetConsumerGroup(
+        stream_service_pb2.GetConsumerGroupRequest(topic=topic, name="billing")
+    ).consumer_group
+    assert state.lag_messages == 0
 
 
 def test_cancel_ttl_run_and_preview_verbs(server):

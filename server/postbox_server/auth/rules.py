@@ -143,6 +143,11 @@ _STREAMS = {
     "DeleteConsumerGroup": Rule("manage", "topic"),
     "PauseConsumerGroup": Rule("manage", "topic"),
     "ResumeConsumerGroup": Rule("manage", "topic"),
+    "UpdateConsumerGroup": Rule("manage", "consumer_group.topic"),
+    # Dead letters hold the messages: reading them is receiving, as ReadStream.
+    "ListStreamDeadLetters": Rule("receive", "topic", also=("manage",)),
+    "ReplayStreamDeadLetters": Rule("receive", "topic", also=("manage",)),
+    "PurgeStreamDeadLetters": Rule("manage", "topic"),
     "ReadStream": Rule("receive", "topic"),
     "StreamingReadStream": Rule("receive", "topic"),
     "AckStream": Rule("receive", "topic"),

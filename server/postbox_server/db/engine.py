@@ -612,12 +612,54 @@ class Engine:
         return rows
 
     # Stream topics. Group rows carry topic, name, created_at, cursor_offset, acked_at,
-    # lease_expires_at, lag_messages, lag_seconds and paused.
+    # lease_expires_at, lag_messages, lag_seconds, paused, retry_messages, max_deliveries
+    # and dead_letters.
+
+    async def publish_delayed(self, topic: str, entry: OutgoingPublish, delay: timedelta) -> UUID:
+        """A stream topic's message, appended to its log once `delay` has passed."""
+        return await self._call(
+            "fetchval", "publish_delayed", topic, entry.body, delay, entry.routing_key,
+            entry.attributes, entry.ordering_key, entry.subject,
+        )  # fmt: skip
+
+    async def publish_due_streams(self, max_messages: int) -> int:
+        """Delayed stream messages that were due, appended to their logs."""
+        return await self._call("fetchval", "publish_due_streams", max_messages)
 
     async def create_consumer_group(
-        self, topic: str, name: str, start: str, start_time: datetime | None
+        self, topic: str, name: str, start: str, start_time: datetime | None,
+        max_deliveries: int | None = None,
+    ) -> Record:  # fmt: skip
+        return await self._call(
+            "fetchrow", "create_consumer_group", topic, name, start, start_time, max_deliveries
+        )
+
+    async def set_consumer_group_max_deliveries(
+        self, topic: str, name: str, max_deliveries: int | None
     ) -> Record:
-        return await self._call("fetchrow", "create_consumer_group", topic, name, start, start_time)
+        return await self._call(
+            "fetchrow", "set_consumer_group_max_deliveries", topic, name, max_deliveries
+        )
+
+    async def list_stream_dead_letters(
+        self, topic: str, group: str, page_size: int, after_offset: int
+    ) -> list[Record]:
+        """Dead letters in offset order: message rows with delivery_count, dead_at, reason."""
+        return await self._call(
+            "fetch", "list_stream_dead_letters", topic, group, page_size, after_offset
+        )
+
+    async def replay_stream_dead_letters(
+        self, topic: str, group: str, offsets: Sequence[int] | None
+    ) -> int:
+        """How many went back to the group; offsets None: all."""
+        chosen = None if offsets is None else list(offsets)
+        return await self._call("fetchval", "replay_stream_dead_letters", topic, group, chosen)
+
+    async def purge_stream_dead_letters(
+        self, topic: str, group: str, older_than: datetime | None
+    ) -> int:
+        return await self._call("fetchval", "purge_stream_dead_letters", topic, group, older_than)
 
     async def get_consumer_group(self, topic: str, name: str) -> Record:
         return await self._call("fetchrow", "get_consumer_group", topic, name)
@@ -646,9 +688,14 @@ class Engine:
             max_batch_wait,
         )  # fmt: skip
 
-    async def ack_stream(self, topic: str, group: str, batch: UUID) -> int:
-        """The group's cursor offset after the ack."""
-        return await self._call("fetchval", "ack_stream", topic, group, batch)
+    async def ack_stream(
+        self, topic: str, group: str, batch: UUID, nack_offsets: Sequence[int] = (),
+        nack_delay: timedelta = timedelta(0),
+    ) -> int:  # fmt: skip
+        """The group's cursor offset after the ack; nack_offsets are given back."""
+        return await self._call(
+            "fetchval", "ack_stream", topic, group, batch, list(nack_offsets), nack_delay
+        )
 
     async def seek_consumer_group(
         self, topic: str, group: str, to_offset: int | None, to_time: datetime | None

@@ -198,6 +198,9 @@ FROM postbox.update_subscription($1, $2, $3, $4, $5, $6, $7, $8::jsonb, $9::json
 -- name: delete_subscription
 SELECT postbox.delete_subscription($1, $2)
 
+-- name: publish_delayed
+SELECT postbox.publish_delayed($1, $2, $3, $4, $5::text::jsonb, $6, $7)
+
 -- name: publish_batch
 SELECT * FROM postbox.publish_batch($1, $2, $3, $4::jsonb[], $5, $6, $7)
 
@@ -285,7 +288,19 @@ SELECT * FROM postbox.queue_metrics($1)
 -- Stream topics: consumer groups and their reads.
 
 -- name: create_consumer_group
-SELECT * FROM postbox.create_consumer_group($1, $2, $3, $4)
+SELECT * FROM postbox.create_consumer_group($1, $2, $3, $4, $5)
+
+-- name: set_consumer_group_max_deliveries
+SELECT * FROM postbox.set_consumer_group_max_deliveries($1, $2, $3)
+
+-- name: list_stream_dead_letters
+SELECT * FROM postbox.list_stream_dead_letters($1, $2, $3, $4)
+
+-- name: replay_stream_dead_letters
+SELECT postbox.replay_stream_dead_letters($1, $2, $3)
+
+-- name: purge_stream_dead_letters
+SELECT postbox.purge_stream_dead_letters($1, $2, $3)
 
 -- name: get_consumer_group
 SELECT * FROM postbox.get_consumer_group($1, $2)
@@ -306,7 +321,7 @@ SELECT * FROM postbox.resume_consumer_group($1, $2)
 SELECT * FROM postbox.read_stream($1, $2, $3, $4, $5, $6)
 
 -- name: ack_stream
-SELECT postbox.ack_stream($1, $2, $3)
+SELECT postbox.ack_stream($1, $2, $3, $4, $5)
 
 -- name: seek_consumer_group
 SELECT * FROM postbox.seek_consumer_group($1, $2, $3, $4)

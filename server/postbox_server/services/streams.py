@@ -16,7 +16,12 @@ from postbox.v1 import stream_service_pb2_grpc
 from postbox_server.db.engine import Engine, Record, Row
 from postbox_server.errors import invalid, quoted
 from postbox_server.services import convert
-from postbox_server.services.pagination import decode_page_token, next_page, page_size_of
+from postbox_server.services.pagination import (
+    decode_id_page_token,
+    decode_page_token,
+    next_page,
+    page_size_of,
+)
 from postbox_server.services.status import reports_errors
 
 _STARTS = {
@@ -30,6 +35,11 @@ MAX_RANGE_MESSAGES = 1000
 # ReadStreamRange with positions_only reads no message, only the index.
 MAX_RANGE_POSITIONS = 1_000_000
 DEFAULT_LEASE = timedelta(seconds=30)
+MAX_NACK_OFFSETS = 1000  # a batch holds at most 1000 messages
+MAX_NACK_DELAY = timedelta(hours=12)
+MAX_REPLAY_OFFSETS = 1000
+# The one field UpdateConsumerGroup changes.
+_UPDATABLE = ["max_deliveries"]
 MAX_WAIT_TIME = timedelta(seconds=20)
 MAX_BATCH_WAIT = timedelta(hours=1)
 # A waiting ReadStream hears of publishes through this server at once; of those
@@ -75,12 +85,23 @@ def consumer_group(row: Row) -> pb.ConsumerGroup:
         lag_messages=row["lag_messages"],
         lag=convert.duration(timedelta(seconds=row["lag_seconds"])),
         paused=row["paused"],
+        retry_messages=row["retry_messages"],
+        max_deliveries=row["max_deliveries"] or 0,
+        dead_letter_messages=row["dead_letters"],
     )
     if row["acked_at"] is not None:
         group.ack_time.CopyFrom(convert.timestamp(row["acked_at"]))
     if row["lease_expires_at"] is not None:
         group.lease_expire_time.CopyFrom(convert.timestamp(row["lease_expires_at"]))
     return group
+
+
+def stream_dead_letter(row: Row) -> pb.StreamDeadLetter:
+    return pb.StreamDeadLetter(
+        message=stream_message(row),
+        dead_time=convert.timestamp(row["dead_at"]),
+        reason=row["reason"],
+    )
 
 
 def stream_message(row: Row) -> pb.StreamMessage:
@@ -93,11 +114,12 @@ def stream_message(row: Row) -> pb.StreamMessage:
         subject=row["subject"] or "",
         body=row["body"],
         attributes=convert.attributes_from_json(row["attributes"]),
+        delivery_count=row.get("delivery_count") or 0,
     )
 
 
 def _bounded(
-    request: pb.ReadStreamRequest | pb.StreamingReadStreamRequest,
+    request: pb.ReadStreamRequest | pb.StreamingReadStreamRequest | pb.AckStreamRequest,
     field: str,
     high: timedelta | None,
 ) -> timedelta | None:
@@ -120,7 +142,7 @@ def _batch(rows: Sequence[Row]) -> dict[str, Any]:
     return {
         "batch": str(rows[0]["batch"]),
         "messages": [stream_message(row) for row in rows],
-        "delivery_count": rows[0]["delivery_count"],
+        "delivery_count": rows[0]["batch_delivery_count"],
     }
 
 
@@ -138,7 +160,7 @@ class StreamService(stream_service_pb2_grpc.StreamServiceServicer):
         group = request.consumer_group
         row = await self.engine.create_consumer_group(
             group.topic, group.name, _STARTS[request.start],
-            convert.optional_datetime(request, "start_time"),
+            convert.optional_datetime(request, "start_time"), group.max_deliveries or None,
         )  # fmt: skip
         return pb.CreateConsumerGroupResponse(consumer_group=consumer_group(row))
 
@@ -184,6 +206,66 @@ class StreamService(stream_service_pb2_grpc.StreamServiceServicer):
     ) -> pb.ResumeConsumerGroupResponse:
         row = await self.engine.resume_consumer_group(request.topic, request.name)
         return pb.ResumeConsumerGroupResponse(consumer_group=consumer_group(row))
+
+    @reports_errors
+    async def UpdateConsumerGroup(
+        self, request: pb.UpdateConsumerGroupRequest, context: grpc.aio.ServicerContext
+    ) -> pb.UpdateConsumerGroupResponse:
+        paths = list(request.update_mask.paths)
+        group = request.consumer_group
+        if paths != _UPDATABLE:
+            # The names first, as every other call checks them: a malformed or absent
+            # group is the error to fix before the mask.
+            await self.engine.get_consumer_group(group.topic, group.name)
+            named = ", ".join(quoted(path) for path in paths) or "nothing"
+            raise invalid(
+                f"update_mask must name max_deliveries, the one field UpdateConsumerGroup"
+                f" changes, not {named}"
+            )
+        row = await self.engine.set_consumer_group_max_deliveries(
+            group.topic, group.name, group.max_deliveries or None
+        )
+        return pb.UpdateConsumerGroupResponse(consumer_group=consumer_group(row))
+
+    @reports_errors
+    async def ListStreamDeadLetters(
+        self, request: pb.ListStreamDeadLettersRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListStreamDeadLettersResponse:
+        page_size = page_size_of(request.page_size)
+        after = decode_id_page_token(request.page_token, "ListStreamDeadLetters")
+        rows = await self.engine.list_stream_dead_letters(
+            request.topic, request.consumer_group, page_size + 1, after
+        )
+        page, token = next_page(rows, page_size, "ListStreamDeadLetters", "stream_offset")
+        return pb.ListStreamDeadLettersResponse(
+            dead_letters=[stream_dead_letter(row) for row in page], next_page_token=token
+        )
+
+    @reports_errors
+    async def ReplayStreamDeadLetters(
+        self, request: pb.ReplayStreamDeadLettersRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ReplayStreamDeadLettersResponse:
+        if len(request.offsets) > MAX_REPLAY_OFFSETS:
+            raise invalid(
+                f"offsets holds {len(request.offsets)} offsets; at most {MAX_REPLAY_OFFSETS}"
+                " (none: every dead letter of the group)"
+            )
+        replayed = await self.engine.replay_stream_dead_letters(
+            request.topic, request.consumer_group, request.offsets or None
+        )
+        self.waiters.wake(request.topic)  # the group has messages to read again
+        return pb.ReplayStreamDeadLettersResponse(replayed_count=replayed)
+
+    @reports_errors
+    async def PurgeStreamDeadLetters(
+        self, request: pb.PurgeStreamDeadLettersRequest, context: grpc.aio.ServicerContext
+    ) -> pb.PurgeStreamDeadLettersResponse:
+        # Unset: the engine refuses it, once it has checked the names.
+        older_than = convert.optional_datetime(request, "older_than")
+        purged = await self.engine.purge_stream_dead_letters(
+            request.topic, request.consumer_group, older_than
+        )
+        return pb.PurgeStreamDeadLettersResponse(purged_count=purged)
 
     @reports_errors
     async def ReadStream(
@@ -245,7 +327,15 @@ class StreamService(stream_service_pb2_grpc.StreamServiceServicer):
             raise invalid(
                 f"batch {quoted(request.batch)} is not a batch token: pass ReadStreamResponse.batch"
             ) from None
-        cursor = await self.engine.ack_stream(request.topic, request.consumer_group, batch)
+        if len(request.nack_offsets) > MAX_NACK_OFFSETS:
+            raise invalid(
+                f"nack_offsets holds {len(request.nack_offsets)} offsets; a batch has at most"
+                f" {MAX_NACK_OFFSETS} messages"
+            )
+        delay = _bounded(request, "nack_delay", MAX_NACK_DELAY) or timedelta(0)
+        cursor = await self.engine.ack_stream(
+            request.topic, request.consumer_group, batch, request.nack_offsets, delay
+        )
         self.waiters.wake(request.topic)  # readers waiting while the batch was out: go on
         return pb.AckStreamResponse(cursor_offset=cursor)
 

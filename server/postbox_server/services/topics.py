@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable
+from datetime import timedelta
 from typing import Any
 
 import grpc
@@ -55,6 +56,7 @@ _SCOPE_FIELDS = {
 }
 # The longest filter policy, as SNS has it.
 MAX_FILTER_POLICY = 256 * 1024
+MAX_STREAM_DELAY = timedelta(days=30)
 
 
 def topic_resource(row: Row) -> pb.Topic:
@@ -406,6 +408,8 @@ class TopicService(topic_service_pb2_grpc.TopicServiceServicer):
     async def Publish(
         self, request: pb.PublishRequest, context: grpc.aio.ServicerContext
     ) -> pb.PublishResponse:
+        if request.HasField("stream_delay"):
+            return await self._publish_delayed(request)
         # Concurrent Publishes share commits, as Sends do: each fans out to every
         # subscribed queue, and one commit per Publish would bound them all.
         row = await self.publishes.write(request.topic, _outgoing(request, self.max_message_size))
@@ -413,6 +417,26 @@ class TopicService(topic_service_pb2_grpc.TopicServiceServicer):
         response = pb.PublishResponse()
         _fill_result(response, row)
         return response
+
+    async def _publish_delayed(self, request: pb.PublishRequest) -> pb.PublishResponse:
+        """A stream topic's message held out of its log for stream_delay."""
+        delay = convert.optional_timedelta(request, "stream_delay")
+        assert delay is not None
+        if not timedelta(0) <= delay <= MAX_STREAM_DELAY:
+            raise invalid(
+                f"stream_delay must be from 0 s to {MAX_STREAM_DELAY.total_seconds():.0f} s"
+                f" (30 days), not {delay.total_seconds():g} s"
+            )
+        if request.deduplication_id:
+            raise invalid(
+                "deduplication_id is for queues; a publish with a stream_delay goes to the"
+                " stream log only: leave one of them out"
+            )
+        entry = _outgoing(request, self.max_message_size)
+        publish_id = await self.engine.publish_delayed(request.topic, entry, delay)
+        if not delay:
+            self.on_published(request.topic)  # appended now: waiting readers may take it
+        return pb.PublishResponse(publish_id=str(publish_id))
 
     @reports_errors
     async def PublishBatch(

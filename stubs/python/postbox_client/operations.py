@@ -257,6 +257,22 @@ class Operations:
         request = stream_service_pb2.ListConsumerGroupsRequest(topic=topic, page_size=page_size)
         return self._pages(self.streams.ListConsumerGroups, request, "consumer_groups")
 
+    def get_consumer_group(self, topic: str, name: str) -> stream_service_pb2.ConsumerGroup:
+        """A consumer group of a stream topic: its cursor, lag, retries, dead letters and
+        the lease of a batch out, if one is."""
+        request = stream_service_pb2.GetConsumerGroupRequest(topic=topic, name=name)
+        return self.call(self.streams.GetConsumerGroup, request, repeatable=True).consumer_group
+
+    def seek_consumer_group(
+        self, topic: str, name: str, *, offset: int
+    ) -> stream_service_pb2.ConsumerGroup:
+        """Moves a consumer group's cursor to an offset (past the log's end: to the end, so
+        the group reads only what is published from then on)."""
+        request = stream_service_pb2.SeekConsumerGroupRequest(
+            topic=topic, consumer_group=name, offset=offset
+        )
+        return self.call(self.streams.SeekConsumerGroup, request, repeatable=True).consumer_group
+
     def pause_consumer_group(self, topic: str, name: str) -> stream_service_pb2.ConsumerGroup:
         """Stops a consumer group's reads until resumed."""
         request = stream_service_pb2.PauseConsumerGroupRequest(topic=topic, name=name)

@@ -5,7 +5,10 @@ StreamService). `run(handler)` long-polls ReadStream and calls the handler with 
 batch: a return acknowledges the batch (the group's cursor moves past it); an exception
 leaves it unacknowledged, so it comes back, whole, once its lease runs out. At least
 once per group: a handler must tolerate a batch it has seen (`delivery_count` > 1).
-`stop()` ends the loop after the batch in hand.
+`stop()` ends the loop after the batch in hand. A handler may settle its batch itself,
+giving some messages back (a nack) and acknowledging the rest:
+`batch.ack(nack=[message.offset], nack_delay=timedelta(seconds=30))`; run() then acks
+nothing more.
 
 `StreamReader` is the asyncio reader (`AsyncClient.stream_reader`); `BlockingStreamReader`
 the same for a thread (`Client.stream_reader`), whose `stop()` may be called from any
@@ -17,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -49,9 +52,27 @@ class StreamBatch:
     messages: list[stream_service_pb2.StreamMessage]
     delivery_count: int
 
-    async def ack(self) -> int:
-        """Moves the group's cursor past this batch; returns the cursor's offset."""
-        return await self.reader.ack(self.batch)
+    settled: bool = False
+
+    async def ack(self, nack: Iterable[int] = (), nack_delay: timedelta = timedelta(0)) -> int:
+        """Moves the group's cursor past this batch; returns the cursor's offset. The
+        messages whose offsets are in `nack` are given back instead: they come to the
+        group again, in a later batch, after `nack_delay`."""
+        cursor = await self.reader.ack(self.batch, nack, nack_delay)
+        self.settled = True
+        return cursor
+
+
+def _ack_request(
+    topic: str, group: str, batch: str, nack: Iterable[int], nack_delay: timedelta
+) -> stream_service_pb2.AckStreamRequest:
+    return stream_service_pb2.AckStreamRequest(
+        topic=topic,
+        consumer_group=group,
+        batch=batch,
+        nack_offsets=list(nack),
+        nack_delay=_duration(nack_delay),
+    )
 
 
 def _read_request(
@@ -94,16 +115,17 @@ class StreamReader:
             return None
         return StreamBatch(self, response.batch, list(response.messages), response.delivery_count)
 
-    async def ack(self, batch: str) -> int:
-        request = stream_service_pb2.AckStreamRequest(
-            topic=self.topic, consumer_group=self.group, batch=batch
-        )
+    async def ack(
+        self, batch: str, nack: Iterable[int] = (), nack_delay: timedelta = timedelta(0)
+    ) -> int:
+        request = _ack_request(self.topic, self.group, batch, nack, nack_delay)
         response = await self.client.call(self.client.streams.AckStream, request)
         return response.cursor_offset
 
     async def run(self, handler: Callable[[StreamBatch], Awaitable[Any]]) -> None:
-        """Handles batches until stop(): a handler that returns acks its batch; one that
-        raises leaves it to come back after its lease."""
+        """Handles batches until stop(): a handler that returns acks its batch (unless it
+        acked it itself, with nacks); one that raises leaves it to come back after its
+        lease."""
         while not self._stopping.is_set():
             reading = asyncio.ensure_future(self.read())
             stopping = asyncio.ensure_future(self._stopping.wait())
@@ -125,7 +147,8 @@ class StreamReader:
                     batch.batch, self.topic, self.group,
                 )  # fmt: skip
             else:
-                await batch.ack()
+                if not batch.settled:  # the handler may have acked it, with nacks
+                    await batch.ack()
 
     def stop(self) -> None:
         """Ends run() after the batch in hand (its ack included)."""
@@ -141,9 +164,15 @@ class BlockingStreamBatch:
     messages: list[stream_service_pb2.StreamMessage]
     delivery_count: int
 
-    def ack(self) -> int:
-        """Moves the group's cursor past this batch; returns the cursor's offset."""
-        return self.reader.ack(self.batch)
+    settled: bool = False
+
+    def ack(self, nack: Iterable[int] = (), nack_delay: timedelta = timedelta(0)) -> int:
+        """Moves the group's cursor past this batch; returns the cursor's offset. The
+        messages whose offsets are in `nack` are given back instead: they come to the
+        group again, in a later batch, after `nack_delay`."""
+        cursor = self.reader.ack(self.batch, nack, nack_delay)
+        self.settled = True
+        return cursor
 
 
 class BlockingStreamReader:
@@ -187,15 +216,16 @@ class BlockingStreamReader:
             self, response.batch, list(response.messages), response.delivery_count
         )
 
-    def ack(self, batch: str) -> int:
-        request = stream_service_pb2.AckStreamRequest(
-            topic=self.topic, consumer_group=self.group, batch=batch
-        )
+    def ack(
+        self, batch: str, nack: Iterable[int] = (), nack_delay: timedelta = timedelta(0)
+    ) -> int:
+        request = _ack_request(self.topic, self.group, batch, nack, nack_delay)
         return self.client.call(self.client.streams.AckStream, request).cursor_offset
 
     def run(self, handler: Callable[[BlockingStreamBatch], Any]) -> None:
-        """Handles batches until stop(): a handler that returns acks its batch; one that
-        raises leaves it to come back after its lease."""
+        """Handles batches until stop(): a handler that returns acks its batch (unless it
+        acked it itself, with nacks); one that raises leaves it to come back after its
+        lease."""
         while not self._stopping.is_set():
             batch = self.read()
             if batch is None:
@@ -208,7 +238,8 @@ class BlockingStreamReader:
                     batch.batch, self.topic, self.group,
                 )  # fmt: skip
             else:
-                batch.ack()
+                if not batch.settled:  # the handler may have acked it, with nacks
+                    batch.ack()
 
     def stop(self) -> None:
         """Ends run() after the batch in hand (its ack included); a read waiting for a

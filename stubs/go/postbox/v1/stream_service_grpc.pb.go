@@ -35,6 +35,19 @@ type StreamServiceClient interface {
 	// Lets a paused consumer group read again, from its cursor. NOT_FOUND if it
 	// does not exist.
 	ResumeConsumerGroup(ctx context.Context, in *ResumeConsumerGroupRequest, opts ...grpc.CallOption) (*ResumeConsumerGroupResponse, error)
+	// Changes a consumer group's settings: max_deliveries. NOT_FOUND if it does
+	// not exist.
+	UpdateConsumerGroup(ctx context.Context, in *UpdateConsumerGroupRequest, opts ...grpc.CallOption) (*UpdateConsumerGroupResponse, error)
+	// Lists a consumer group's dead letters in offset order, one page at a
+	// time: messages that went out to the group max_deliveries times and failed
+	// each time (nacked, or left to their lease). NOT_FOUND if the group does
+	// not exist.
+	ListStreamDeadLetters(ctx context.Context, in *ListStreamDeadLettersRequest, opts ...grpc.CallOption) (*ListStreamDeadLettersResponse, error)
+	// Sends a consumer group's dead letters (all, or those named) back to the
+	// group: each leads its next batch, with max_deliveries deliveries to go.
+	ReplayStreamDeadLetters(ctx context.Context, in *ReplayStreamDeadLettersRequest, opts ...grpc.CallOption) (*ReplayStreamDeadLettersResponse, error)
+	// Deletes a consumer group's dead letters that died before a time.
+	PurgeStreamDeadLetters(ctx context.Context, in *PurgeStreamDeadLettersRequest, opts ...grpc.CallOption) (*PurgeStreamDeadLettersResponse, error)
 	// Reads the group's next batch, waiting up to wait_time for one. An empty
 	// response means nothing was ready: no message past the cursor (or fewer
 	// than min_messages, none older than max_batch_wait), or the group's batch
@@ -45,8 +58,10 @@ type StreamServiceClient interface {
 	// (AckStream) or its lease runs out; other readers of the group may take
 	// batches in between.
 	StreamingReadStream(ctx context.Context, in *StreamingReadStreamRequest, opts ...grpc.CallOption) (StreamService_StreamingReadStreamClient, error)
-	// Acknowledges a batch: the group's cursor moves past it.
-	// FAILED_PRECONDITION when the batch is no longer the group's (its lease ran
+	// Acknowledges a batch: the group's cursor moves past it. Messages of the
+	// batch named in nack_offsets are given back instead: they go out to the
+	// group again, in a later batch, after nack_delay, while the group reads
+	// on past them. FAILED_PRECONDITION when the batch is no longer the group's (its lease ran
 	// out and it went out again, it was acknowledged, or the group was sought).
 	AckStream(ctx context.Context, in *AckStreamRequest, opts ...grpc.CallOption) (*AckStreamResponse, error)
 	// Moves a group's cursor back or forward to an offset or a time, to read
@@ -123,6 +138,42 @@ func (c *streamServiceClient) PauseConsumerGroup(ctx context.Context, in *PauseC
 func (c *streamServiceClient) ResumeConsumerGroup(ctx context.Context, in *ResumeConsumerGroupRequest, opts ...grpc.CallOption) (*ResumeConsumerGroupResponse, error) {
 	out := new(ResumeConsumerGroupResponse)
 	err := c.cc.Invoke(ctx, "/postbox.v1.StreamService/ResumeConsumerGroup", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *streamServiceClient) UpdateConsumerGroup(ctx context.Context, in *UpdateConsumerGroupRequest, opts ...grpc.CallOption) (*UpdateConsumerGroupResponse, error) {
+	out := new(UpdateConsumerGroupResponse)
+	err := c.cc.Invoke(ctx, "/postbox.v1.StreamService/UpdateConsumerGroup", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *streamServiceClient) ListStreamDeadLetters(ctx context.Context, in *ListStreamDeadLettersRequest, opts ...grpc.CallOption) (*ListStreamDeadLettersResponse, error) {
+	out := new(ListStreamDeadLettersResponse)
+	err := c.cc.Invoke(ctx, "/postbox.v1.StreamService/ListStreamDeadLetters", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *streamServiceClient) ReplayStreamDeadLetters(ctx context.Context, in *ReplayStreamDeadLettersRequest, opts ...grpc.CallOption) (*ReplayStreamDeadLettersResponse, error) {
+	out := new(ReplayStreamDeadLettersResponse)
+	err := c.cc.Invoke(ctx, "/postbox.v1.StreamService/ReplayStreamDeadLetters", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *streamServiceClient) PurgeStreamDeadLetters(ctx context.Context, in *PurgeStreamDeadLettersRequest, opts ...grpc.CallOption) (*PurgeStreamDeadLettersResponse, error) {
+	out := new(PurgeStreamDeadLettersResponse)
+	err := c.cc.Invoke(ctx, "/postbox.v1.StreamService/PurgeStreamDeadLetters", in, out, opts...)
 	if err != nil {
 		return nil, err
 	}
@@ -228,6 +279,19 @@ type StreamServiceServer interface {
 	// Lets a paused consumer group read again, from its cursor. NOT_FOUND if it
 	// does not exist.
 	ResumeConsumerGroup(context.Context, *ResumeConsumerGroupRequest) (*ResumeConsumerGroupResponse, error)
+	// Changes a consumer group's settings: max_deliveries. NOT_FOUND if it does
+	// not exist.
+	UpdateConsumerGroup(context.Context, *UpdateConsumerGroupRequest) (*UpdateConsumerGroupResponse, error)
+	// Lists a consumer group's dead letters in offset order, one page at a
+	// time: messages that went out to the group max_deliveries times and failed
+	// each time (nacked, or left to their lease). NOT_FOUND if the group does
+	// not exist.
+	ListStreamDeadLetters(context.Context, *ListStreamDeadLettersRequest) (*ListStreamDeadLettersResponse, error)
+	// Sends a consumer group's dead letters (all, or those named) back to the
+	// group: each leads its next batch, with max_deliveries deliveries to go.
+	ReplayStreamDeadLetters(context.Context, *ReplayStreamDeadLettersRequest) (*ReplayStreamDeadLettersResponse, error)
+	// Deletes a consumer group's dead letters that died before a time.
+	PurgeStreamDeadLetters(context.Context, *PurgeStreamDeadLettersRequest) (*PurgeStreamDeadLettersResponse, error)
 	// Reads the group's next batch, waiting up to wait_time for one. An empty
 	// response means nothing was ready: no message past the cursor (or fewer
 	// than min_messages, none older than max_batch_wait), or the group's batch
@@ -238,8 +302,10 @@ type StreamServiceServer interface {
 	// (AckStream) or its lease runs out; other readers of the group may take
 	// batches in between.
 	StreamingReadStream(*StreamingReadStreamRequest, StreamService_StreamingReadStreamServer) error
-	// Acknowledges a batch: the group's cursor moves past it.
-	// FAILED_PRECONDITION when the batch is no longer the group's (its lease ran
+	// Acknowledges a batch: the group's cursor moves past it. Messages of the
+	// batch named in nack_offsets are given back instead: they go out to the
+	// group again, in a later batch, after nack_delay, while the group reads
+	// on past them. FAILED_PRECONDITION when the batch is no longer the group's (its lease ran
 	// out and it went out again, it was acknowledged, or the group was sought).
 	AckStream(context.Context, *AckStreamRequest) (*AckStreamResponse, error)
 	// Moves a group's cursor back or forward to an offset or a time, to read
@@ -282,6 +348,18 @@ func (UnimplementedStreamServiceServer) PauseConsumerGroup(context.Context, *Pau
 }
 func (UnimplementedStreamServiceServer) ResumeConsumerGroup(context.Context, *ResumeConsumerGroupRequest) (*ResumeConsumerGroupResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method ResumeConsumerGroup not implemented")
+}
+func (UnimplementedStreamServiceServer) UpdateConsumerGroup(context.Context, *UpdateConsumerGroupRequest) (*UpdateConsumerGroupResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method UpdateConsumerGroup not implemented")
+}
+func (UnimplementedStreamServiceServer) ListStreamDeadLetters(context.Context, *ListStreamDeadLettersRequest) (*ListStreamDeadLettersResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ListStreamDeadLetters not implemented")
+}
+func (UnimplementedStreamServiceServer) ReplayStreamDeadLetters(context.Context, *ReplayStreamDeadLettersRequest) (*ReplayStreamDeadLettersResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ReplayStreamDeadLetters not implemented")
+}
+func (UnimplementedStreamServiceServer) PurgeStreamDeadLetters(context.Context, *PurgeStreamDeadLettersRequest) (*PurgeStreamDeadLettersResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method PurgeStreamDeadLetters not implemented")
 }
 func (UnimplementedStreamServiceServer) ReadStream(context.Context, *ReadStreamRequest) (*ReadStreamResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method ReadStream not implemented")
@@ -418,6 +496,78 @@ func _StreamService_ResumeConsumerGroup_Handler(srv interface{}, ctx context.Con
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(StreamServiceServer).ResumeConsumerGroup(ctx, req.(*ResumeConsumerGroupRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _StreamService_UpdateConsumerGroup_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(UpdateConsumerGroupRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(StreamServiceServer).UpdateConsumerGroup(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/postbox.v1.StreamService/UpdateConsumerGroup",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(StreamServiceServer).UpdateConsumerGroup(ctx, req.(*UpdateConsumerGroupRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _StreamService_ListStreamDeadLetters_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListStreamDeadLettersRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(StreamServiceServer).ListStreamDeadLetters(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/postbox.v1.StreamService/ListStreamDeadLetters",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(StreamServiceServer).ListStreamDeadLetters(ctx, req.(*ListStreamDeadLettersRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _StreamService_ReplayStreamDeadLetters_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReplayStreamDeadLettersRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(StreamServiceServer).ReplayStreamDeadLetters(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/postbox.v1.StreamService/ReplayStreamDeadLetters",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(StreamServiceServer).ReplayStreamDeadLetters(ctx, req.(*ReplayStreamDeadLettersRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _StreamService_PurgeStreamDeadLetters_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PurgeStreamDeadLettersRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(StreamServiceServer).PurgeStreamDeadLetters(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/postbox.v1.StreamService/PurgeStreamDeadLetters",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(StreamServiceServer).PurgeStreamDeadLetters(ctx, req.(*PurgeStreamDeadLettersRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -560,6 +710,22 @@ var _StreamService_serviceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ResumeConsumerGroup",
 			Handler:    _StreamService_ResumeConsumerGroup_Handler,
+		},
+		{
+			MethodName: "UpdateConsumerGroup",
+			Handler:    _StreamService_UpdateConsumerGroup_Handler,
+		},
+		{
+			MethodName: "ListStreamDeadLetters",
+			Handler:    _StreamService_ListStreamDeadLetters_Handler,
+		},
+		{
+			MethodName: "ReplayStreamDeadLetters",
+			Handler:    _StreamService_ReplayStreamDeadLetters_Handler,
+		},
+		{
+			MethodName: "PurgeStreamDeadLetters",
+			Handler:    _StreamService_PurgeStreamDeadLetters_Handler,
 		},
 		{
 			MethodName: "ReadStream",

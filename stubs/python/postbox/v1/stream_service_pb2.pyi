@@ -1,6 +1,7 @@
 import datetime
 
 from google.protobuf import duration_pb2 as _duration_pb2
+from google.protobuf import field_mask_pb2 as _field_mask_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from postbox.v1 import message_pb2 as _message_pb2
 from google.protobuf.internal import containers as _containers
@@ -32,7 +33,7 @@ class StreamPosition(_message.Message):
     def __init__(self, tx: _Optional[int] = ..., offset: _Optional[int] = ...) -> None: ...
 
 class ConsumerGroup(_message.Message):
-    __slots__ = ("topic", "name", "create_time", "cursor_offset", "ack_time", "lease_expire_time", "lag_messages", "lag", "paused")
+    __slots__ = ("topic", "name", "create_time", "cursor_offset", "ack_time", "lease_expire_time", "lag_messages", "lag", "paused", "retry_messages", "max_deliveries", "dead_letter_messages")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
@@ -42,6 +43,9 @@ class ConsumerGroup(_message.Message):
     LAG_MESSAGES_FIELD_NUMBER: _ClassVar[int]
     LAG_FIELD_NUMBER: _ClassVar[int]
     PAUSED_FIELD_NUMBER: _ClassVar[int]
+    RETRY_MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    MAX_DELIVERIES_FIELD_NUMBER: _ClassVar[int]
+    DEAD_LETTER_MESSAGES_FIELD_NUMBER: _ClassVar[int]
     topic: str
     name: str
     create_time: _timestamp_pb2.Timestamp
@@ -51,10 +55,23 @@ class ConsumerGroup(_message.Message):
     lag_messages: int
     lag: _duration_pb2.Duration
     paused: bool
-    def __init__(self, topic: _Optional[str] = ..., name: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., cursor_offset: _Optional[int] = ..., ack_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., lease_expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., lag_messages: _Optional[int] = ..., lag: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., paused: _Optional[bool] = ...) -> None: ...
+    retry_messages: int
+    max_deliveries: int
+    dead_letter_messages: int
+    def __init__(self, topic: _Optional[str] = ..., name: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., cursor_offset: _Optional[int] = ..., ack_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., lease_expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., lag_messages: _Optional[int] = ..., lag: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., paused: _Optional[bool] = ..., retry_messages: _Optional[int] = ..., max_deliveries: _Optional[int] = ..., dead_letter_messages: _Optional[int] = ...) -> None: ...
+
+class StreamDeadLetter(_message.Message):
+    __slots__ = ("message", "dead_time", "reason")
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    DEAD_TIME_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    message: StreamMessage
+    dead_time: _timestamp_pb2.Timestamp
+    reason: str
+    def __init__(self, message: _Optional[_Union[StreamMessage, _Mapping]] = ..., dead_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class StreamMessage(_message.Message):
-    __slots__ = ("offset", "publish_id", "publish_time", "routing_key", "ordering_key", "subject", "body", "attributes")
+    __slots__ = ("offset", "publish_id", "publish_time", "routing_key", "ordering_key", "subject", "body", "attributes", "delivery_count")
     class AttributesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -70,6 +87,7 @@ class StreamMessage(_message.Message):
     SUBJECT_FIELD_NUMBER: _ClassVar[int]
     BODY_FIELD_NUMBER: _ClassVar[int]
     ATTRIBUTES_FIELD_NUMBER: _ClassVar[int]
+    DELIVERY_COUNT_FIELD_NUMBER: _ClassVar[int]
     offset: int
     publish_id: str
     publish_time: _timestamp_pb2.Timestamp
@@ -78,7 +96,8 @@ class StreamMessage(_message.Message):
     subject: str
     body: bytes
     attributes: _containers.MessageMap[str, _message_pb2.AttributeValue]
-    def __init__(self, offset: _Optional[int] = ..., publish_id: _Optional[str] = ..., publish_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., routing_key: _Optional[str] = ..., ordering_key: _Optional[str] = ..., subject: _Optional[str] = ..., body: _Optional[bytes] = ..., attributes: _Optional[_Mapping[str, _message_pb2.AttributeValue]] = ...) -> None: ...
+    delivery_count: int
+    def __init__(self, offset: _Optional[int] = ..., publish_id: _Optional[str] = ..., publish_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., routing_key: _Optional[str] = ..., ordering_key: _Optional[str] = ..., subject: _Optional[str] = ..., body: _Optional[bytes] = ..., attributes: _Optional[_Mapping[str, _message_pb2.AttributeValue]] = ..., delivery_count: _Optional[int] = ...) -> None: ...
 
 class CreateConsumerGroupRequest(_message.Message):
     __slots__ = ("consumer_group", "start", "start_time")
@@ -168,6 +187,72 @@ class ResumeConsumerGroupResponse(_message.Message):
     consumer_group: ConsumerGroup
     def __init__(self, consumer_group: _Optional[_Union[ConsumerGroup, _Mapping]] = ...) -> None: ...
 
+class UpdateConsumerGroupRequest(_message.Message):
+    __slots__ = ("consumer_group", "update_mask")
+    CONSUMER_GROUP_FIELD_NUMBER: _ClassVar[int]
+    UPDATE_MASK_FIELD_NUMBER: _ClassVar[int]
+    consumer_group: ConsumerGroup
+    update_mask: _field_mask_pb2.FieldMask
+    def __init__(self, consumer_group: _Optional[_Union[ConsumerGroup, _Mapping]] = ..., update_mask: _Optional[_Union[_field_mask_pb2.FieldMask, _Mapping]] = ...) -> None: ...
+
+class UpdateConsumerGroupResponse(_message.Message):
+    __slots__ = ("consumer_group",)
+    CONSUMER_GROUP_FIELD_NUMBER: _ClassVar[int]
+    consumer_group: ConsumerGroup
+    def __init__(self, consumer_group: _Optional[_Union[ConsumerGroup, _Mapping]] = ...) -> None: ...
+
+class ListStreamDeadLettersRequest(_message.Message):
+    __slots__ = ("topic", "consumer_group", "page_size", "page_token")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    CONSUMER_GROUP_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    consumer_group: str
+    page_size: int
+    page_token: str
+    def __init__(self, topic: _Optional[str] = ..., consumer_group: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class ListStreamDeadLettersResponse(_message.Message):
+    __slots__ = ("dead_letters", "next_page_token")
+    DEAD_LETTERS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    dead_letters: _containers.RepeatedCompositeFieldContainer[StreamDeadLetter]
+    next_page_token: str
+    def __init__(self, dead_letters: _Optional[_Iterable[_Union[StreamDeadLetter, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class ReplayStreamDeadLettersRequest(_message.Message):
+    __slots__ = ("topic", "consumer_group", "offsets")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    CONSUMER_GROUP_FIELD_NUMBER: _ClassVar[int]
+    OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    consumer_group: str
+    offsets: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, topic: _Optional[str] = ..., consumer_group: _Optional[str] = ..., offsets: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class ReplayStreamDeadLettersResponse(_message.Message):
+    __slots__ = ("replayed_count",)
+    REPLAYED_COUNT_FIELD_NUMBER: _ClassVar[int]
+    replayed_count: int
+    def __init__(self, replayed_count: _Optional[int] = ...) -> None: ...
+
+class PurgeStreamDeadLettersRequest(_message.Message):
+    __slots__ = ("topic", "consumer_group", "older_than")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    CONSUMER_GROUP_FIELD_NUMBER: _ClassVar[int]
+    OLDER_THAN_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    consumer_group: str
+    older_than: _timestamp_pb2.Timestamp
+    def __init__(self, topic: _Optional[str] = ..., consumer_group: _Optional[str] = ..., older_than: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class PurgeStreamDeadLettersResponse(_message.Message):
+    __slots__ = ("purged_count",)
+    PURGED_COUNT_FIELD_NUMBER: _ClassVar[int]
+    purged_count: int
+    def __init__(self, purged_count: _Optional[int] = ...) -> None: ...
+
 class ReadStreamRequest(_message.Message):
     __slots__ = ("topic", "consumer_group", "max_messages", "min_messages", "max_batch_wait", "wait_time", "lease_duration")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
@@ -223,14 +308,18 @@ class StreamingReadStreamResponse(_message.Message):
     def __init__(self, batch: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[StreamMessage, _Mapping]]] = ..., delivery_count: _Optional[int] = ...) -> None: ...
 
 class AckStreamRequest(_message.Message):
-    __slots__ = ("topic", "consumer_group", "batch")
+    __slots__ = ("topic", "consumer_group", "batch", "nack_offsets", "nack_delay")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     CONSUMER_GROUP_FIELD_NUMBER: _ClassVar[int]
     BATCH_FIELD_NUMBER: _ClassVar[int]
+    NACK_OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    NACK_DELAY_FIELD_NUMBER: _ClassVar[int]
     topic: str
     consumer_group: str
     batch: str
-    def __init__(self, topic: _Optional[str] = ..., consumer_group: _Optional[str] = ..., batch: _Optional[str] = ...) -> None: ...
+    nack_offsets: _containers.RepeatedScalarFieldContainer[int]
+    nack_delay: _duration_pb2.Duration
+    def __init__(self, topic: _Optional[str] = ..., consumer_group: _Optional[str] = ..., batch: _Optional[str] = ..., nack_offsets: _Optional[_Iterable[int]] = ..., nack_delay: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class AckStreamResponse(_message.Message):
     __slots__ = ("cursor_offset",)

@@ -73,6 +73,26 @@ class StreamServiceStub:
                 request_serializer=postbox_dot_v1_dot_stream__service__pb2.ResumeConsumerGroupRequest.SerializeToString,
                 response_deserializer=postbox_dot_v1_dot_stream__service__pb2.ResumeConsumerGroupResponse.FromString,
                 _registered_method=True)
+        self.UpdateConsumerGroup = channel.unary_unary(
+                '/postbox.v1.StreamService/UpdateConsumerGroup',
+                request_serializer=postbox_dot_v1_dot_stream__service__pb2.UpdateConsumerGroupRequest.SerializeToString,
+                response_deserializer=postbox_dot_v1_dot_stream__service__pb2.UpdateConsumerGroupResponse.FromString,
+                _registered_method=True)
+        self.ListStreamDeadLetters = channel.unary_unary(
+                '/postbox.v1.StreamService/ListStreamDeadLetters',
+                request_serializer=postbox_dot_v1_dot_stream__service__pb2.ListStreamDeadLettersRequest.SerializeToString,
+                response_deserializer=postbox_dot_v1_dot_stream__service__pb2.ListStreamDeadLettersResponse.FromString,
+                _registered_method=True)
+        self.ReplayStreamDeadLetters = channel.unary_unary(
+                '/postbox.v1.StreamService/ReplayStreamDeadLetters',
+                request_serializer=postbox_dot_v1_dot_stream__service__pb2.ReplayStreamDeadLettersRequest.SerializeToString,
+                response_deserializer=postbox_dot_v1_dot_stream__service__pb2.ReplayStreamDeadLettersResponse.FromString,
+                _registered_method=True)
+        self.PurgeStreamDeadLetters = channel.unary_unary(
+                '/postbox.v1.StreamService/PurgeStreamDeadLetters',
+                request_serializer=postbox_dot_v1_dot_stream__service__pb2.PurgeStreamDeadLettersRequest.SerializeToString,
+                response_deserializer=postbox_dot_v1_dot_stream__service__pb2.PurgeStreamDeadLettersResponse.FromString,
+                _registered_method=True)
         self.ReadStream = channel.unary_unary(
                 '/postbox.v1.StreamService/ReadStream',
                 request_serializer=postbox_dot_v1_dot_stream__service__pb2.ReadStreamRequest.SerializeToString,
@@ -165,6 +185,39 @@ class StreamServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def UpdateConsumerGroup(self, request, context):
+        """Changes a consumer group's settings: max_deliveries. NOT_FOUND if it does
+        not exist.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListStreamDeadLetters(self, request, context):
+        """Lists a consumer group's dead letters in offset order, one page at a
+        time: messages that went out to the group max_deliveries times and failed
+        each time (nacked, or left to their lease). NOT_FOUND if the group does
+        not exist.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReplayStreamDeadLetters(self, request, context):
+        """Sends a consumer group's dead letters (all, or those named) back to the
+        group: each leads its next batch, with max_deliveries deliveries to go.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PurgeStreamDeadLetters(self, request, context):
+        """Deletes a consumer group's dead letters that died before a time.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ReadStream(self, request, context):
         """Reads the group's next batch, waiting up to wait_time for one. An empty
         response means nothing was ready: no message past the cursor (or fewer
@@ -186,8 +239,10 @@ class StreamServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def AckStream(self, request, context):
-        """Acknowledges a batch: the group's cursor moves past it.
-        FAILED_PRECONDITION when the batch is no longer the group's (its lease ran
+        """Acknowledges a batch: the group's cursor moves past it. Messages of the
+        batch named in nack_offsets are given back instead: they go out to the
+        group again, in a later batch, after nack_delay, while the group reads
+        on past them. FAILED_PRECONDITION when the batch is no longer the group's (its lease ran
         out and it went out again, it was acknowledged, or the group was sought).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -257,6 +312,26 @@ def add_StreamServiceServicer_to_server(servicer, server):
                     servicer.ResumeConsumerGroup,
                     request_deserializer=postbox_dot_v1_dot_stream__service__pb2.ResumeConsumerGroupRequest.FromString,
                     response_serializer=postbox_dot_v1_dot_stream__service__pb2.ResumeConsumerGroupResponse.SerializeToString,
+            ),
+            'UpdateConsumerGroup': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateConsumerGroup,
+                    request_deserializer=postbox_dot_v1_dot_stream__service__pb2.UpdateConsumerGroupRequest.FromString,
+                    response_serializer=postbox_dot_v1_dot_stream__service__pb2.UpdateConsumerGroupResponse.SerializeToString,
+            ),
+            'ListStreamDeadLetters': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListStreamDeadLetters,
+                    request_deserializer=postbox_dot_v1_dot_stream__service__pb2.ListStreamDeadLettersRequest.FromString,
+                    response_serializer=postbox_dot_v1_dot_stream__service__pb2.ListStreamDeadLettersResponse.SerializeToString,
+            ),
+            'ReplayStreamDeadLetters': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReplayStreamDeadLetters,
+                    request_deserializer=postbox_dot_v1_dot_stream__service__pb2.ReplayStreamDeadLettersRequest.FromString,
+                    response_serializer=postbox_dot_v1_dot_stream__service__pb2.ReplayStreamDeadLettersResponse.SerializeToString,
+            ),
+            'PurgeStreamDeadLetters': grpc.unary_unary_rpc_method_handler(
+                    servicer.PurgeStreamDeadLetters,
+                    request_deserializer=postbox_dot_v1_dot_stream__service__pb2.PurgeStreamDeadLettersRequest.FromString,
+                    response_serializer=postbox_dot_v1_dot_stream__service__pb2.PurgeStreamDeadLettersResponse.SerializeToString,
             ),
             'ReadStream': grpc.unary_unary_rpc_method_handler(
                     servicer.ReadStream,
@@ -460,6 +535,114 @@ class StreamService:
             '/postbox.v1.StreamService/ResumeConsumerGroup',
             postbox_dot_v1_dot_stream__service__pb2.ResumeConsumerGroupRequest.SerializeToString,
             postbox_dot_v1_dot_stream__service__pb2.ResumeConsumerGroupResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateConsumerGroup(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/postbox.v1.StreamService/UpdateConsumerGroup',
+            postbox_dot_v1_dot_stream__service__pb2.UpdateConsumerGroupRequest.SerializeToString,
+            postbox_dot_v1_dot_stream__service__pb2.UpdateConsumerGroupResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListStreamDeadLetters(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/postbox.v1.StreamService/ListStreamDeadLetters',
+            postbox_dot_v1_dot_stream__service__pb2.ListStreamDeadLettersRequest.SerializeToString,
+            postbox_dot_v1_dot_stream__service__pb2.ListStreamDeadLettersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReplayStreamDeadLetters(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/postbox.v1.StreamService/ReplayStreamDeadLetters',
+            postbox_dot_v1_dot_stream__service__pb2.ReplayStreamDeadLettersRequest.SerializeToString,
+            postbox_dot_v1_dot_stream__service__pb2.ReplayStreamDeadLettersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PurgeStreamDeadLetters(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/postbox.v1.StreamService/PurgeStreamDeadLetters',
+            postbox_dot_v1_dot_stream__service__pb2.PurgeStreamDeadLettersRequest.SerializeToString,
+            postbox_dot_v1_dot_stream__service__pb2.PurgeStreamDeadLettersResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -64,6 +64,22 @@ class StreamServiceStub:
     """Lets a paused consumer group read again, from its cursor. NOT_FOUND if it
     does not exist.
     """
+    UpdateConsumerGroup: _grpc.UnaryUnaryMultiCallable[_stream_service_pb2.UpdateConsumerGroupRequest, _stream_service_pb2.UpdateConsumerGroupResponse]
+    """Changes a consumer group's settings: max_deliveries. NOT_FOUND if it does
+    not exist.
+    """
+    ListStreamDeadLetters: _grpc.UnaryUnaryMultiCallable[_stream_service_pb2.ListStreamDeadLettersRequest, _stream_service_pb2.ListStreamDeadLettersResponse]
+    """Lists a consumer group's dead letters in offset order, one page at a
+    time: messages that went out to the group max_deliveries times and failed
+    each time (nacked, or left to their lease). NOT_FOUND if the group does
+    not exist.
+    """
+    ReplayStreamDeadLetters: _grpc.UnaryUnaryMultiCallable[_stream_service_pb2.ReplayStreamDeadLettersRequest, _stream_service_pb2.ReplayStreamDeadLettersResponse]
+    """Sends a consumer group's dead letters (all, or those named) back to the
+    group: each leads its next batch, with max_deliveries deliveries to go.
+    """
+    PurgeStreamDeadLetters: _grpc.UnaryUnaryMultiCallable[_stream_service_pb2.PurgeStreamDeadLettersRequest, _stream_service_pb2.PurgeStreamDeadLettersResponse]
+    """Deletes a consumer group's dead letters that died before a time."""
     ReadStream: _grpc.UnaryUnaryMultiCallable[_stream_service_pb2.ReadStreamRequest, _stream_service_pb2.ReadStreamResponse]
     """Reads the group's next batch, waiting up to wait_time for one. An empty
     response means nothing was ready: no message past the cursor (or fewer
@@ -77,8 +93,10 @@ class StreamServiceStub:
     batches in between.
     """
     AckStream: _grpc.UnaryUnaryMultiCallable[_stream_service_pb2.AckStreamRequest, _stream_service_pb2.AckStreamResponse]
-    """Acknowledges a batch: the group's cursor moves past it.
-    FAILED_PRECONDITION when the batch is no longer the group's (its lease ran
+    """Acknowledges a batch: the group's cursor moves past it. Messages of the
+    batch named in nack_offsets are given back instead: they go out to the
+    group again, in a later batch, after nack_delay, while the group reads
+    on past them. FAILED_PRECONDITION when the batch is no longer the group's (its lease ran
     out and it went out again, it was acknowledged, or the group was sought).
     """
     SeekConsumerGroup: _grpc.UnaryUnaryMultiCallable[_stream_service_pb2.SeekConsumerGroupRequest, _stream_service_pb2.SeekConsumerGroupResponse]
@@ -137,6 +155,22 @@ class StreamServiceAsyncStub(StreamServiceStub):
     """Lets a paused consumer group read again, from its cursor. NOT_FOUND if it
     does not exist.
     """
+    UpdateConsumerGroup: _aio.UnaryUnaryMultiCallable[_stream_service_pb2.UpdateConsumerGroupRequest, _stream_service_pb2.UpdateConsumerGroupResponse]  # type: ignore[assignment]
+    """Changes a consumer group's settings: max_deliveries. NOT_FOUND if it does
+    not exist.
+    """
+    ListStreamDeadLetters: _aio.UnaryUnaryMultiCallable[_stream_service_pb2.ListStreamDeadLettersRequest, _stream_service_pb2.ListStreamDeadLettersResponse]  # type: ignore[assignment]
+    """Lists a consumer group's dead letters in offset order, one page at a
+    time: messages that went out to the group max_deliveries times and failed
+    each time (nacked, or left to their lease). NOT_FOUND if the group does
+    not exist.
+    """
+    ReplayStreamDeadLetters: _aio.UnaryUnaryMultiCallable[_stream_service_pb2.ReplayStreamDeadLettersRequest, _stream_service_pb2.ReplayStreamDeadLettersResponse]  # type: ignore[assignment]
+    """Sends a consumer group's dead letters (all, or those named) back to the
+    group: each leads its next batch, with max_deliveries deliveries to go.
+    """
+    PurgeStreamDeadLetters: _aio.UnaryUnaryMultiCallable[_stream_service_pb2.PurgeStreamDeadLettersRequest, _stream_service_pb2.PurgeStreamDeadLettersResponse]  # type: ignore[assignment]
+    """Deletes a consumer group's dead letters that died before a time."""
     ReadStream: _aio.UnaryUnaryMultiCallable[_stream_service_pb2.ReadStreamRequest, _stream_service_pb2.ReadStreamResponse]  # type: ignore[assignment]
     """Reads the group's next batch, waiting up to wait_time for one. An empty
     response means nothing was ready: no message past the cursor (or fewer
@@ -150,8 +184,10 @@ class StreamServiceAsyncStub(StreamServiceStub):
     batches in between.
     """
     AckStream: _aio.UnaryUnaryMultiCallable[_stream_service_pb2.AckStreamRequest, _stream_service_pb2.AckStreamResponse]  # type: ignore[assignment]
-    """Acknowledges a batch: the group's cursor moves past it.
-    FAILED_PRECONDITION when the batch is no longer the group's (its lease ran
+    """Acknowledges a batch: the group's cursor moves past it. Messages of the
+    batch named in nack_offsets are given back instead: they go out to the
+    group again, in a later batch, after nack_delay, while the group reads
+    on past them. FAILED_PRECONDITION when the batch is no longer the group's (its lease ran
     out and it went out again, it was acknowledged, or the group was sought).
     """
     SeekConsumerGroup: _aio.UnaryUnaryMultiCallable[_stream_service_pb2.SeekConsumerGroupRequest, _stream_service_pb2.SeekConsumerGroupResponse]  # type: ignore[assignment]
@@ -245,6 +281,46 @@ class StreamServiceServicer(metaclass=_abc_1.ABCMeta):
         """
 
     @_abc_1.abstractmethod
+    def UpdateConsumerGroup(
+        self,
+        request: _stream_service_pb2.UpdateConsumerGroupRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_stream_service_pb2.UpdateConsumerGroupResponse, _abc.Awaitable[_stream_service_pb2.UpdateConsumerGroupResponse]]:
+        """Changes a consumer group's settings: max_deliveries. NOT_FOUND if it does
+        not exist.
+        """
+
+    @_abc_1.abstractmethod
+    def ListStreamDeadLetters(
+        self,
+        request: _stream_service_pb2.ListStreamDeadLettersRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_stream_service_pb2.ListStreamDeadLettersResponse, _abc.Awaitable[_stream_service_pb2.ListStreamDeadLettersResponse]]:
+        """Lists a consumer group's dead letters in offset order, one page at a
+        time: messages that went out to the group max_deliveries times and failed
+        each time (nacked, or left to their lease). NOT_FOUND if the group does
+        not exist.
+        """
+
+    @_abc_1.abstractmethod
+    def ReplayStreamDeadLetters(
+        self,
+        request: _stream_service_pb2.ReplayStreamDeadLettersRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_stream_service_pb2.ReplayStreamDeadLettersResponse, _abc.Awaitable[_stream_service_pb2.ReplayStreamDeadLettersResponse]]:
+        """Sends a consumer group's dead letters (all, or those named) back to the
+        group: each leads its next batch, with max_deliveries deliveries to go.
+        """
+
+    @_abc_1.abstractmethod
+    def PurgeStreamDeadLetters(
+        self,
+        request: _stream_service_pb2.PurgeStreamDeadLettersRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_stream_service_pb2.PurgeStreamDeadLettersResponse, _abc.Awaitable[_stream_service_pb2.PurgeStreamDeadLettersResponse]]:
+        """Deletes a consumer group's dead letters that died before a time."""
+
+    @_abc_1.abstractmethod
     def ReadStream(
         self,
         request: _stream_service_pb2.ReadStreamRequest,
@@ -274,8 +350,10 @@ class StreamServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _stream_service_pb2.AckStreamRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_stream_service_pb2.AckStreamResponse, _abc.Awaitable[_stream_service_pb2.AckStreamResponse]]:
-        """Acknowledges a batch: the group's cursor moves past it.
-        FAILED_PRECONDITION when the batch is no longer the group's (its lease ran
+        """Acknowledges a batch: the group's cursor moves past it. Messages of the
+        batch named in nack_offsets are given back instead: they go out to the
+        group again, in a later batch, after nack_delay, while the group reads
+        on past them. FAILED_PRECONDITION when the batch is no longer the group's (its lease ran
         out and it went out again, it was acknowledged, or the group was sought).
         """
 

@@ -4,7 +4,7 @@
 
 import type { GenEnum, GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
 import type { Message } from "@bufbuild/protobuf";
-import type { Duration, Timestamp } from "@bufbuild/protobuf/wkt";
+import type { Duration, FieldMask, Timestamp } from "@bufbuild/protobuf/wkt";
 import type { AttributeValue } from "./message_pb.js";
 
 /**
@@ -114,6 +114,30 @@ export declare type ConsumerGroup = Message<"postbox.v1.ConsumerGroup"> & {
    * @generated from field: bool paused = 9;
    */
   paused: boolean;
+
+  /**
+   * Output only. Messages given back (AckStreamRequest.nack_offsets) that
+   * wait to go out to the group again.
+   *
+   * @generated from field: int64 retry_messages = 10;
+   */
+  retryMessages: bigint;
+
+  /**
+   * Optional. After how many deliveries a message the group fails on (nacks,
+   * or leaves until its batch's lease runs out) goes to the group's dead
+   * letters rather than out again, 1-1000; 0: never (the default).
+   *
+   * @generated from field: int32 max_deliveries = 11;
+   */
+  maxDeliveries: number;
+
+  /**
+   * Output only. Messages in the group's dead letters.
+   *
+   * @generated from field: int64 dead_letter_messages = 12;
+   */
+  deadLetterMessages: bigint;
 };
 
 /**
@@ -121,6 +145,42 @@ export declare type ConsumerGroup = Message<"postbox.v1.ConsumerGroup"> & {
  * Use `create(ConsumerGroupSchema)` to create a new message.
  */
 export declare const ConsumerGroupSchema: GenMessage<ConsumerGroup>;
+
+/**
+ * A message of a consumer group's dead letters.
+ *
+ * @generated from message postbox.v1.StreamDeadLetter
+ */
+export declare type StreamDeadLetter = Message<"postbox.v1.StreamDeadLetter"> & {
+  /**
+   * Output only. The message as published; its delivery_count is how many
+   * times it went out to the group.
+   *
+   * @generated from field: postbox.v1.StreamMessage message = 1;
+   */
+  message?: StreamMessage | undefined;
+
+  /**
+   * Output only. When it became a dead letter.
+   *
+   * @generated from field: google.protobuf.Timestamp dead_time = 2;
+   */
+  deadTime?: Timestamp | undefined;
+
+  /**
+   * Output only. Why: "nacked" (its last delivery was nacked) or "lease
+   * expired" (its batch's lease ran out unacknowledged).
+   *
+   * @generated from field: string reason = 3;
+   */
+  reason: string;
+};
+
+/**
+ * Describes the message postbox.v1.StreamDeadLetter.
+ * Use `create(StreamDeadLetterSchema)` to create a new message.
+ */
+export declare const StreamDeadLetterSchema: GenMessage<StreamDeadLetter>;
 
 /**
  * A message of a stream topic's log, as a consumer group reads it.
@@ -184,6 +244,16 @@ export declare type StreamMessage = Message<"postbox.v1.StreamMessage"> & {
    * @generated from field: map<string, postbox.v1.AttributeValue> attributes = 8;
    */
   attributes: { [key: string]: AttributeValue };
+
+  /**
+   * Output only. How many times this message has gone out to the group, 1
+   * the first time: a message given back (AckStreamRequest.nack_offsets)
+   * counts on from its earlier deliveries. 0 from ReadStreamRange, which
+   * reads without a group.
+   *
+   * @generated from field: int32 delivery_count = 9;
+   */
+  deliveryCount: number;
 };
 
 /**
@@ -490,6 +560,232 @@ export declare type ResumeConsumerGroupResponse = Message<"postbox.v1.ResumeCons
 export declare const ResumeConsumerGroupResponseSchema: GenMessage<ResumeConsumerGroupResponse>;
 
 /**
+ * Request of StreamService.UpdateConsumerGroup.
+ *
+ * @generated from message postbox.v1.UpdateConsumerGroupRequest
+ */
+export declare type UpdateConsumerGroupRequest = Message<"postbox.v1.UpdateConsumerGroupRequest"> & {
+  /**
+   * Required. topic and name select the group; the fields named in
+   * update_mask carry the new values.
+   *
+   * @generated from field: postbox.v1.ConsumerGroup consumer_group = 1;
+   */
+  consumerGroup?: ConsumerGroup | undefined;
+
+  /**
+   * Required. Fields to change: "max_deliveries".
+   *
+   * @generated from field: google.protobuf.FieldMask update_mask = 2;
+   */
+  updateMask?: FieldMask | undefined;
+};
+
+/**
+ * Describes the message postbox.v1.UpdateConsumerGroupRequest.
+ * Use `create(UpdateConsumerGroupRequestSchema)` to create a new message.
+ */
+export declare const UpdateConsumerGroupRequestSchema: GenMessage<UpdateConsumerGroupRequest>;
+
+/**
+ * Response of StreamService.UpdateConsumerGroup.
+ *
+ * @generated from message postbox.v1.UpdateConsumerGroupResponse
+ */
+export declare type UpdateConsumerGroupResponse = Message<"postbox.v1.UpdateConsumerGroupResponse"> & {
+  /**
+   * Output only. The group, changed.
+   *
+   * @generated from field: postbox.v1.ConsumerGroup consumer_group = 1;
+   */
+  consumerGroup?: ConsumerGroup | undefined;
+};
+
+/**
+ * Describes the message postbox.v1.UpdateConsumerGroupResponse.
+ * Use `create(UpdateConsumerGroupResponseSchema)` to create a new message.
+ */
+export declare const UpdateConsumerGroupResponseSchema: GenMessage<UpdateConsumerGroupResponse>;
+
+/**
+ * Request of StreamService.ListStreamDeadLetters.
+ *
+ * @generated from message postbox.v1.ListStreamDeadLettersRequest
+ */
+export declare type ListStreamDeadLettersRequest = Message<"postbox.v1.ListStreamDeadLettersRequest"> & {
+  /**
+   * Required. Name of the stream topic.
+   *
+   * @generated from field: string topic = 1;
+   */
+  topic: string;
+
+  /**
+   * Required. Name of the consumer group.
+   *
+   * @generated from field: string consumer_group = 2;
+   */
+  consumerGroup: string;
+
+  /**
+   * Optional. Most dead letters to return, 1-1000; default 100.
+   *
+   * @generated from field: int32 page_size = 3;
+   */
+  pageSize: number;
+
+  /**
+   * Optional. `next_page_token` of the previous page; empty for the first page.
+   *
+   * @generated from field: string page_token = 4;
+   */
+  pageToken: string;
+};
+
+/**
+ * Describes the message postbox.v1.ListStreamDeadLettersRequest.
+ * Use `create(ListStreamDeadLettersRequestSchema)` to create a new message.
+ */
+export declare const ListStreamDeadLettersRequestSchema: GenMessage<ListStreamDeadLettersRequest>;
+
+/**
+ * Response of StreamService.ListStreamDeadLetters.
+ *
+ * @generated from message postbox.v1.ListStreamDeadLettersResponse
+ */
+export declare type ListStreamDeadLettersResponse = Message<"postbox.v1.ListStreamDeadLettersResponse"> & {
+  /**
+   * Output only. The dead letters in offset order.
+   *
+   * @generated from field: repeated postbox.v1.StreamDeadLetter dead_letters = 1;
+   */
+  deadLetters: StreamDeadLetter[];
+
+  /**
+   * Output only. Token for the next page; empty on the last page.
+   *
+   * @generated from field: string next_page_token = 2;
+   */
+  nextPageToken: string;
+};
+
+/**
+ * Describes the message postbox.v1.ListStreamDeadLettersResponse.
+ * Use `create(ListStreamDeadLettersResponseSchema)` to create a new message.
+ */
+export declare const ListStreamDeadLettersResponseSchema: GenMessage<ListStreamDeadLettersResponse>;
+
+/**
+ * Request of StreamService.ReplayStreamDeadLetters.
+ *
+ * @generated from message postbox.v1.ReplayStreamDeadLettersRequest
+ */
+export declare type ReplayStreamDeadLettersRequest = Message<"postbox.v1.ReplayStreamDeadLettersRequest"> & {
+  /**
+   * Required. Name of the stream topic.
+   *
+   * @generated from field: string topic = 1;
+   */
+  topic: string;
+
+  /**
+   * Required. Name of the consumer group.
+   *
+   * @generated from field: string consumer_group = 2;
+   */
+  consumerGroup: string;
+
+  /**
+   * Optional. Offsets of the dead letters to replay, at most 1000; empty:
+   * every dead letter of the group. An offset that is no dead letter of the
+   * group is passed over.
+   *
+   * @generated from field: repeated int64 offsets = 3;
+   */
+  offsets: bigint[];
+};
+
+/**
+ * Describes the message postbox.v1.ReplayStreamDeadLettersRequest.
+ * Use `create(ReplayStreamDeadLettersRequestSchema)` to create a new message.
+ */
+export declare const ReplayStreamDeadLettersRequestSchema: GenMessage<ReplayStreamDeadLettersRequest>;
+
+/**
+ * Response of StreamService.ReplayStreamDeadLetters.
+ *
+ * @generated from message postbox.v1.ReplayStreamDeadLettersResponse
+ */
+export declare type ReplayStreamDeadLettersResponse = Message<"postbox.v1.ReplayStreamDeadLettersResponse"> & {
+  /**
+   * Output only. How many dead letters went back to the group.
+   *
+   * @generated from field: int64 replayed_count = 1;
+   */
+  replayedCount: bigint;
+};
+
+/**
+ * Describes the message postbox.v1.ReplayStreamDeadLettersResponse.
+ * Use `create(ReplayStreamDeadLettersResponseSchema)` to create a new message.
+ */
+export declare const ReplayStreamDeadLettersResponseSchema: GenMessage<ReplayStreamDeadLettersResponse>;
+
+/**
+ * Request of StreamService.PurgeStreamDeadLetters.
+ *
+ * @generated from message postbox.v1.PurgeStreamDeadLettersRequest
+ */
+export declare type PurgeStreamDeadLettersRequest = Message<"postbox.v1.PurgeStreamDeadLettersRequest"> & {
+  /**
+   * Required. Name of the stream topic.
+   *
+   * @generated from field: string topic = 1;
+   */
+  topic: string;
+
+  /**
+   * Required. Name of the consumer group.
+   *
+   * @generated from field: string consumer_group = 2;
+   */
+  consumerGroup: string;
+
+  /**
+   * Required. Dead letters that died before this time are deleted.
+   *
+   * @generated from field: google.protobuf.Timestamp older_than = 3;
+   */
+  olderThan?: Timestamp | undefined;
+};
+
+/**
+ * Describes the message postbox.v1.PurgeStreamDeadLettersRequest.
+ * Use `create(PurgeStreamDeadLettersRequestSchema)` to create a new message.
+ */
+export declare const PurgeStreamDeadLettersRequestSchema: GenMessage<PurgeStreamDeadLettersRequest>;
+
+/**
+ * Response of StreamService.PurgeStreamDeadLetters.
+ *
+ * @generated from message postbox.v1.PurgeStreamDeadLettersResponse
+ */
+export declare type PurgeStreamDeadLettersResponse = Message<"postbox.v1.PurgeStreamDeadLettersResponse"> & {
+  /**
+   * Output only. How many dead letters were deleted.
+   *
+   * @generated from field: int64 purged_count = 1;
+   */
+  purgedCount: bigint;
+};
+
+/**
+ * Describes the message postbox.v1.PurgeStreamDeadLettersResponse.
+ * Use `create(PurgeStreamDeadLettersResponseSchema)` to create a new message.
+ */
+export declare const PurgeStreamDeadLettersResponseSchema: GenMessage<PurgeStreamDeadLettersResponse>;
+
+/**
  * Request of StreamService.ReadStream.
  *
  * @generated from message postbox.v1.ReadStreamRequest
@@ -577,7 +873,8 @@ export declare type ReadStreamResponse = Message<"postbox.v1.ReadStreamResponse"
   messages: StreamMessage[];
 
   /**
-   * Output only. How many times this batch has gone out, 1 the first time.
+   * Output only. How many times this batch has gone out, 1 the first time;
+   * each message's own count is StreamMessage.delivery_count.
    *
    * @generated from field: int32 delivery_count = 3;
    */
@@ -705,6 +1002,24 @@ export declare type AckStreamRequest = Message<"postbox.v1.AckStreamRequest"> & 
    * @generated from field: string batch = 3;
    */
   batch: string;
+
+  /**
+   * Optional. Offsets of the batch's messages to give back rather than
+   * acknowledge (a nack): each goes out to the group again, ahead of new
+   * messages, once nack_delay has passed. Each must be a message of the
+   * batch; at most 1000.
+   *
+   * @generated from field: repeated int64 nack_offsets = 4;
+   */
+  nackOffsets: bigint[];
+
+  /**
+   * Optional. How long the given-back messages wait before they go out
+   * again, 0 s to 12 h; default 0.
+   *
+   * @generated from field: google.protobuf.Duration nack_delay = 5;
+   */
+  nackDelay?: Duration | undefined;
 };
 
 /**
@@ -1087,6 +1402,51 @@ export declare const StreamService: GenService<{
     output: typeof ResumeConsumerGroupResponseSchema;
   },
   /**
+   * Changes a consumer group's settings: max_deliveries. NOT_FOUND if it does
+   * not exist.
+   *
+   * @generated from rpc postbox.v1.StreamService.UpdateConsumerGroup
+   */
+  updateConsumerGroup: {
+    methodKind: "unary";
+    input: typeof UpdateConsumerGroupRequestSchema;
+    output: typeof UpdateConsumerGroupResponseSchema;
+  },
+  /**
+   * Lists a consumer group's dead letters in offset order, one page at a
+   * time: messages that went out to the group max_deliveries times and failed
+   * each time (nacked, or left to their lease). NOT_FOUND if the group does
+   * not exist.
+   *
+   * @generated from rpc postbox.v1.StreamService.ListStreamDeadLetters
+   */
+  listStreamDeadLetters: {
+    methodKind: "unary";
+    input: typeof ListStreamDeadLettersRequestSchema;
+    output: typeof ListStreamDeadLettersResponseSchema;
+  },
+  /**
+   * Sends a consumer group's dead letters (all, or those named) back to the
+   * group: each leads its next batch, with max_deliveries deliveries to go.
+   *
+   * @generated from rpc postbox.v1.StreamService.ReplayStreamDeadLetters
+   */
+  replayStreamDeadLetters: {
+    methodKind: "unary";
+    input: typeof ReplayStreamDeadLettersRequestSchema;
+    output: typeof ReplayStreamDeadLettersResponseSchema;
+  },
+  /**
+   * Deletes a consumer group's dead letters that died before a time.
+   *
+   * @generated from rpc postbox.v1.StreamService.PurgeStreamDeadLetters
+   */
+  purgeStreamDeadLetters: {
+    methodKind: "unary";
+    input: typeof PurgeStreamDeadLettersRequestSchema;
+    output: typeof PurgeStreamDeadLettersResponseSchema;
+  },
+  /**
    * Reads the group's next batch, waiting up to wait_time for one. An empty
    * response means nothing was ready: no message past the cursor (or fewer
    * than min_messages, none older than max_batch_wait), or the group's batch
@@ -1113,8 +1473,10 @@ export declare const StreamService: GenService<{
     output: typeof StreamingReadStreamResponseSchema;
   },
   /**
-   * Acknowledges a batch: the group's cursor moves past it.
-   * FAILED_PRECONDITION when the batch is no longer the group's (its lease ran
+   * Acknowledges a batch: the group's cursor moves past it. Messages of the
+   * batch named in nack_offsets are given back instead: they go out to the
+   * group again, in a later batch, after nack_delay, while the group reads
+   * on past them. FAILED_PRECONDITION when the batch is no longer the group's (its lease ran
    * out and it went out again, it was acknowledged, or the group was sought).
    *
    * @generated from rpc postbox.v1.StreamService.AckStream

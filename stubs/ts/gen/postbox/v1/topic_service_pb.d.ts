@@ -879,6 +879,19 @@ export declare type PublishRequest = Message<"postbox.v1.PublishRequest"> & {
    * @generated from field: string subject = 7;
    */
   subject: string;
+
+  /**
+   * Optional. For a stream topic without subscriptions: how long the message
+   * stays out of the stream log, 0 s to 30 days; consumer groups neither see
+   * it nor count it in their lag before then. When due it is appended to the
+   * log as if published then: it takes its offset and publish time at that
+   * moment, after what was published before (see docs/concepts/streams.md).
+   * FAILED_PRECONDITION on a topic that is no stream topic or has
+   * subscriptions; deduplication_id is refused with it. Unset: at once.
+   *
+   * @generated from field: google.protobuf.Duration stream_delay = 8;
+   */
+  streamDelay?: Duration | undefined;
 };
 
 /**

@@ -121,7 +121,7 @@ class Encoder:
             raise self._null(self.plan.body_column, self.position + first)
         if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
             column = column.cast(pa.binary())  # bytes out of Arrow, not str to encode
-        bodies: list[bytes] = column.to_pylist()
+        bodies: list[bytes] = column.to_pylist()  # type: ignore[assignment]  # no nulls, above
         key = _body_key(pb.SendBatchEntry if self.plan.topic is None else tpb.PublishBatchEntry)
         heads: dict[int, bytes] = {}  # body length -> the entry's bytes before the body
         request = self._request()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass, field
 
@@ -35,13 +36,16 @@ class SendBatchProxy:
     connection), how many calls each peer had under way at once, the entries of
     each request and its authorization metadata. Each call is held for `hold`
     seconds so that calls a writer pipelines overlap; the first calls get the
-    `faults`, in order, instead of their answers. `key` and `certificate` make it
-    a TLS endpoint (as a load balancer in front of postbox would be).
+    `faults`, in order, instead of their answers. A call for which `gate(proxy,
+    peer, request)` is true waits for `resume` to be set (`paused` holds the peers
+    waiting). `key` and `certificate` make it a TLS endpoint (as a load balancer in
+    front of postbox would be).
     """
 
     target: str
     hold: float = 0.0
     faults: list[Fault] = field(default_factory=list)
+    gate: Callable[[SendBatchProxy, str, pb.SendBatchRequest], bool] | None = None
     key: bytes | None = None
     certificate: bytes | None = None
     calls: Counter[str] = field(default_factory=Counter, init=False)
@@ -51,6 +55,9 @@ class SendBatchProxy:
     faults_given: list[Fault] = field(default_factory=list, init=False)
     # Seconds from the end of a call to the start of the same request again.
     retry_gaps: list[float] = field(default_factory=list, init=False)
+    forwarded: int = field(default=0, init=False)
+    paused: set[str] = field(default_factory=set, init=False)
+    resume: threading.Event = field(default_factory=threading.Event, init=False)
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -74,9 +81,17 @@ class SendBatchProxy:
                     self.faults_given.append(fault)
             try:
                 time.sleep(self.hold)
+                if self.gate is not None and self.gate(
+                    self, peer, pb.SendBatchRequest.FromString(request)
+                ):
+                    with self._lock:
+                        self.paused.add(peer)
+                    self.resume.wait(300)
                 if fault and not fault.after_forwarding:
                     context.abort(fault.code, f"proxy fault {fault.code.name}")
                 response = forward(request)
+                with self._lock:
+                    self.forwarded += len(pb.SendBatchRequest.FromString(request).entries)
                 if fault:
                     context.abort(fault.code, f"proxy fault {fault.code.name} after forwarding")
                 return response

@@ -65,6 +65,20 @@ def content_digest(entry: BatchEntry) -> str:
     return hashlib.blake2b(entry.SerializeToString(deterministic=True), digest_size=8).hexdigest()
 
 
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _body_key(entry_type: type[BatchEntry]) -> bytes:
+    """The protobuf key of an entry's `body` field (a length-delimited field)."""
+    return _varint(entry_type.DESCRIPTOR.fields_by_name["body"].number << 3 | 2)
+
+
 class Encoder:
     """Encodes the rows of one task; `position` counts rows so ids stay deterministic.
 
@@ -80,8 +94,55 @@ class Encoder:
         self.position = 0
 
     def requests(self, batch: pa.RecordBatch) -> Iterator[BatchRequest]:
+        chunk = self._bodies_chunk if self._bodies_only() else self._chunk
         for start in range(0, batch.num_rows, self.plan.batch_size):
-            yield from self._chunk(batch.slice(start, self.plan.batch_size))
+            yield from chunk(batch.slice(start, self.plan.batch_size))
+
+    def _bodies_only(self) -> bool:
+        """Whether a message is its body column alone, with a derived id: the common
+        case, which `_bodies_chunk` encodes at about half the cost of `_chunk`."""
+        plan = self.plan
+        return plan.body_column is not None and not plan.attributes and all(
+            column is None
+            for column in (
+                plan.group_column, plan.dedupe_column, plan.delay_column,
+                plan.deliver_at_column, plan.priority_column, plan.routing_key_column,
+            )
+        )  # fmt: skip
+
+    def _bodies_chunk(self, batch: pa.RecordBatch) -> Iterator[BatchRequest]:
+        """`_chunk` for a plan of bodies alone (see `_bodies_only`), with the same ids:
+        the digest hashes the entry's serialized form, which for a body alone is the
+        body's field key, its length and its bytes, so no entry is serialized twice."""
+        assert self.plan.body_column is not None
+        column = batch.column(self.plan.body_column)
+        if column.null_count:
+            first = column.is_null().to_pylist().index(True)
+            raise self._null(self.plan.body_column, self.position + first)
+        if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+            column = column.cast(pa.binary())  # bytes out of Arrow, not str to encode
+        bodies: list[bytes] = column.to_pylist()  # type: ignore[assignment]  # no nulls, above
+        key = _body_key(pb.SendBatchEntry if self.plan.topic is None else tpb.PublishBatchEntry)
+        heads: dict[int, bytes] = {}  # body length -> the entry's bytes before the body
+        request = self._request()
+        entries: Any = request.entries  # of SendBatchEntry or PublishBatchEntry
+        add, blake2b, prefix, size = entries.add, hashlib.blake2b, self.id_prefix, 0
+        for position, body in enumerate(bodies, self.position):
+            if size and size + len(body) > MAX_REQUEST_BYTES:
+                yield request
+                request = self._request()
+                entries = request.entries
+                add, size = entries.add, 0
+            size += len(body)
+            head = heads.get(len(body))
+            if head is None:
+                # proto3 leaves an empty body out of the entry's bytes.
+                head = heads[len(body)] = key + _varint(len(body)) if body else b""
+            digest = blake2b(head + body, digest_size=8).hexdigest()
+            add(body=body, deduplication_id=f"{prefix}:{position}:{digest}")
+        self.position += batch.num_rows
+        if len(request.entries):
+            yield request
 
     def _column(self, batch: pa.RecordBatch, name: str | None) -> list[Any] | None:
         return None if name is None else batch.column(name).to_pylist()

@@ -150,3 +150,14 @@ def writer(df, server, queue: str, **options: str):
     for key, value in options.items():
         write = write.option(key, value)
     return write.mode("append")
+
+
+def wait_for(
+    condition: Callable[[], object], timeout: float, what: str, *, every: float = 0.2
+) -> None:
+    """Until `condition()` holds, looking every `every` seconds; TimeoutError naming `what`."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no {what} after {timeout} s")
+        time.sleep(every)

@@ -16,10 +16,9 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 import urllib.request
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pyspark
@@ -29,7 +28,7 @@ from postbox.v1 import stream_service_pb2 as spb
 from postbox.v1 import stream_service_pb2_grpc, topic_service_pb2_grpc
 from postbox.v1 import topic_service_pb2 as tpb
 from pyspark.sql import SparkSession
-from spark_support import SendBatchProxy, receive_all, stats, writer
+from spark_support import SendBatchProxy, receive_all, stats, wait_for, writer
 from support import free_port, seconds, unique_name
 
 pytestmark = pytest.mark.spark_cluster
@@ -37,14 +36,6 @@ pytestmark = pytest.mark.spark_cluster
 SPARK_HOME = os.path.dirname(pyspark.__file__)
 HERE = Path(__file__).resolve().parent
 GROUP = "spark"
-
-
-def wait_for(condition: Callable[[], object], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"no {what} after {timeout} s")
-        time.sleep(0.02)
 
 
 def _session(master: str, ui_port: int, **conf: str) -> SparkSession:
@@ -122,7 +113,9 @@ def test_an_executor_killed_mid_write_is_rerun_on_the_other_and_rows_land_once(
 
         def kill_one_executor() -> None:
             try:
-                wait_for(lambda: len(proxy.paused) >= partitions, 180, "both tasks mid-send")
+                wait_for(
+                    lambda: len(proxy.paused) >= partitions, 180, "both tasks mid-send", every=0.02
+                )
                 victim = _executor_jvms(app)[0]
                 os.kill(victim, signal.SIGKILL)
                 killed.append(victim)
@@ -243,7 +236,7 @@ def test_speculative_copies_of_a_slow_task_both_run_and_rows_land_once(
                 )
                 # The copy sends the partition from its start, over a channel (a
                 # peer) of its own: the rows the held attempt committed go again.
-                wait_for(lambda: len(proxy.calls) > partitions, 180, "the copy sending")
+                wait_for(lambda: len(proxy.calls) > partitions, 180, "the copy sending", every=0.02)
             finally:
                 proxy.resume.set()
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import itertools
 import pickle
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -16,17 +14,10 @@ from postbox.v1 import stream_service_pb2_grpc, topic_service_pb2_grpc
 from postbox.v1 import topic_service_pb2 as tpb
 from postbox_client.spark.topic_reader import TopicRangePartition
 from pyspark.errors import StreamingQueryException
+from spark_support import wait_for
 from support import seconds, unique_name
 
 GROUP = "spark"
-
-
-def wait_for(condition: Callable[[], object], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"no {what} after {timeout} s")
-        time.sleep(0.2)
 
 
 @pytest.fixture

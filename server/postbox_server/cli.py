@@ -109,9 +109,9 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _sqs(args: argparse.Namespace) -> int:
-    from postbox_server.sqs.app import AnonymousExposure, serve
-    from postbox_server.sqs.settings import ShimSettings
-    from postbox_server.sqs.sigv4 import load_credentials
+    from postbox_server.aws.app import AnonymousExposure, serve
+    from postbox_server.aws.settings import ShimSettings
+    from postbox_server.aws.sigv4 import load_credentials
 
     if len(args.access_key) != len(args.secret_key):
         print("postbox sqs: give one --secret-key per --access-key", file=sys.stderr)
@@ -565,7 +565,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_serve_flags(worker)
     worker.set_defaults(run=_serve, no_workers=False)
 
-    from postbox_server.sqs.settings import ShimSettings
+    from postbox_server.aws.settings import ShimSettings
 
     sqs = verbs.add_parser(
         "sqs", help="serve the Amazon SQS and SNS APIs, calling a postbox server"

@@ -233,7 +233,7 @@ class RedriveAllowPolicy(Attribute):
 
 class Policy(Attribute):
     """The queue's access policy document: kept and returned, not enforced (see
-    postbox_server/sqs/policies.py); an empty value removes it."""
+    postbox_server/aws/policies.py); an empty value removes it."""
 
     def __init__(self) -> None:
         super().__init__("access_policy")

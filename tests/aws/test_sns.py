@@ -494,8 +494,8 @@ def test_aws_cli_topic_subscribe_publish(sqs_shim, sqs, request):
 def test_the_compatibility_table_names_every_action_of_both_apis():
     import re
 
-    from postbox_server.sns.actions import HANDLERS as SNS
-    from postbox_server.sqs.actions import HANDLERS as SQS
+    from postbox_server.aws.sns.actions import HANDLERS as SNS
+    from postbox_server.aws.sqs.actions import HANDLERS as SQS
 
     page = ROOT / "docs" / "reference" / "aws-compatibility.md"
     table = page.read_text().split("<!-- aws actions -->")[1].split("<!-- /aws actions -->")[0]

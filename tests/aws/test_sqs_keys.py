@@ -35,7 +35,7 @@ from support import (
 )
 
 from postbox_server.auth.secrets import sigv4_secret
-from postbox_server.sqs.actions import HANDLERS
+from postbox_server.aws.sqs.actions import HANDLERS
 
 # Well-formed, so that every call reaches the server (which alone knows keys): a task
 # handle as the shim makes them, and (set by the fixture) a real message's receipt.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from postbox.v1.message_pb2 import AttributeValue
 
-from postbox_server.sqs import md5
+from postbox_server.aws.sqs import md5
 
 
 def text(value: str, data_type: str = "String") -> AttributeValue:

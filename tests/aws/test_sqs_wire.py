@@ -11,7 +11,8 @@ from xml.etree import ElementTree
 import pytest
 from support import SQS_ACCOUNT, SQS_QUERY_MODEL, unique_name
 
-from postbox_server.sqs import shapes
+from postbox_server.aws import shapes
+from postbox_server.aws.sqs.shapes import ACTIONS
 
 NS = {"sqs": "http://queue.amazonaws.com/doc/2012-11-05/"}
 
@@ -255,7 +256,7 @@ def _contains(theirs: object, ours: object, path: str) -> None:
 def test_shapes_use_the_query_names_of_the_sqs_model():
     model = json.loads((SQS_QUERY_MODEL / "sqs/2012-11-05/service-2.json").read_text())
     for action, operation in model["operations"].items():
-        request, result = shapes.ACTIONS[action]
+        request, result = ACTIONS[action]
         _contains(_model_tree(model, operation["input"]["shape"]), _our_tree(request), action)
         if "output" in operation:
             theirs = _model_tree(model, operation["output"]["shape"])

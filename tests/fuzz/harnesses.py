@@ -1,7 +1,7 @@
 """Fuzz targets: each parser of outside input, fed arbitrary bytes.
 
 A target returns when its parser accepts the input or refuses it with the parser's
-documented error (SqsError, ApiError, ConnectError, ValueError, SignatureProblem, as
+documented error (AwsError, ApiError, ConnectError, ValueError, SignatureProblem, as
 named per target); anything else escapes and is a finding. Refusals are also rendered
 the way the server sends them (XML, JSON, a gRPC status), since a message that quotes
 the input can break its own encoding.
@@ -23,13 +23,15 @@ import grpc
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from postbox_server.auth import sigv4 as forwarded_sigv4
+from postbox_server.aws import jsonproto, query
+from postbox_server.aws import sigv4 as sqs_sigv4
+from postbox_server.aws.errors import AwsError
+from postbox_server.aws.sqs import protocol as sqs_protocol
+from postbox_server.aws.sqs import receipts, shapes
 from postbox_server.db import errors as db_errors
 from postbox_server.errors import MAX_MESSAGE, ApiError
 from postbox_server.http import connect
 from postbox_server.services import pagination
-from postbox_server.sqs import jsonproto, query, receipts, shapes
-from postbox_server.sqs import sigv4 as sqs_sigv4
-from postbox_server.sqs.errors import SqsError
 from postbox_server.workers.scheduling import Timing
 
 # A seed may say @NOW@ where a request carries its signing time and @TODAY@ for its
@@ -42,10 +44,10 @@ def _text(data: bytes) -> str:
     return data.decode("utf-8", "surrogateescape")
 
 
-def _refused_sqs(error: SqsError) -> None:
+def _refused_sqs(error: AwsError) -> None:
     """An SQS refusal renders in both protocols, and stays short."""
-    query.encode_error(error, "request-id")
-    jsonproto.encode_error(error)
+    query.encode_error(error, "request-id", sqs_protocol.NAMESPACE)
+    jsonproto.encode_error(error, sqs_protocol.ERROR_NAMESPACE)
     assert len(error.message) <= MAX_MESSAGE, len(error.message)
 
 
@@ -61,7 +63,7 @@ def sqs_query(data: bytes) -> None:
         action = form.get("Action", "")
         if action in shapes.ACTIONS:
             query.decode(shapes.ACTIONS[action][0], form)
-    except SqsError as error:
+    except AwsError as error:
         _refused_sqs(error)
 
 
@@ -69,10 +71,10 @@ def sqs_json(data: bytes) -> None:
     """An awsJson 1.0 request: the X-Amz-Target on the first line, the body after it."""
     target, _, body = data.partition(b"\n")
     try:
-        action = jsonproto.action_of(_text(target))
+        action = jsonproto.action_of(_text(target), sqs_protocol.TARGET_PREFIX)
         if action in shapes.ACTIONS:
             jsonproto.decode(shapes.ACTIONS[action][0], body)
-    except SqsError as error:
+    except AwsError as error:
         _refused_sqs(error)
 
 
@@ -95,7 +97,7 @@ def sigv4(data: bytes) -> None:
     sqs_sigv4.credential_service(headers.get("Authorization", ""))
     try:
         signed = sqs_sigv4.signed_request("POST", "localhost:9324", "/", headers, body)
-    except SqsError as error:
+    except AwsError as error:
         _refused_sqs(error)
         return
     claim = signed.forwarded_metadata()[0][1]
@@ -106,7 +108,7 @@ def sigv4(data: bytes) -> None:
         pass
     try:
         sqs_sigv4.Verifier({"AKIDEXAMPLE": "secret"}).verify(signed)
-    except SqsError as error:
+    except AwsError as error:
         _refused_sqs(error)
 
 
@@ -140,7 +142,7 @@ def tokens_and_receipts(data: bytes) -> None:
             _refused_api(error)
     try:
         receipts.decode(text, "orders")
-    except SqsError as error:
+    except AwsError as error:
         _refused_sqs(error)
     if pagination.is_bigint_id(text):
         assert 0 <= int(text) < 2**63, text  # fits the engine's bigint ids

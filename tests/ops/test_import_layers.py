@@ -17,9 +17,8 @@ from support import ROOT
 SERVER = ROOT / "server" / "postbox_server"
 SDK = ROOT / "stubs" / "python" / "postbox_client"
 
-# A cycle that a branch of issue 49 under way removes (item 2: no dependency between the
-# SQS and SNS shims). Drop a pair once it is gone.
-KNOWN_CYCLES = {frozenset({"sns", "sqs"})}
+# No cycle is known; a pair here would be one left on purpose, with its reason.
+KNOWN_CYCLES: set[frozenset[str]] = set()
 
 
 def _imports(tree: ast.AST) -> Iterator[str]:
@@ -165,8 +164,8 @@ def _within(name: str, package: str) -> bool:
 ABOVE_DB = tuple(
     f"postbox_server.{name}"
     for name in (
-        "observability", "services", "workers", "http", "console", "auth", "operator",
-        "sqs", "sns", "aws", "app", "cli", "processes",
+        "observability", "services", "workers", "http", "console", "auth", "aws", "app",
+        "cli", "processes",
     )
 )  # fmt: skip
 

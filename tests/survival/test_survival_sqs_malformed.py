@@ -17,7 +17,8 @@ from urllib.parse import urlencode, urlsplit
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from postbox_server.sqs.shapes import ACTIONS, ListOf, MapOf, Scalar, Shape, Structure
+from postbox_server.aws.shapes import ListOf, MapOf, Scalar, Shape, Structure
+from postbox_server.aws.sqs.shapes import ACTIONS
 
 SETTINGS = settings(
     max_examples=60,

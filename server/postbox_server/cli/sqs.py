@@ -13,9 +13,9 @@ from postbox_server.tls import add_client_flags, add_server_flags, client_tls, s
 
 
 def run(args: argparse.Namespace) -> int:
-    from postbox_server.sqs.app import AnonymousExposure, serve
-    from postbox_server.sqs.settings import ShimSettings
-    from postbox_server.sqs.sigv4 import load_credentials
+    from postbox_server.aws.app import AnonymousExposure, serve
+    from postbox_server.aws.settings import ShimSettings
+    from postbox_server.aws.sigv4 import load_credentials
 
     if len(args.access_key) != len(args.secret_key):
         print("postbox sqs: give one --secret-key per --access-key", file=sys.stderr)
@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def add_parser(verbs: Verbs) -> None:
-    from postbox_server.sqs.settings import ShimSettings
+    from postbox_server.aws.settings import ShimSettings
 
     sqs = verbs.add_parser(
         "sqs", help="serve the Amazon SQS and SNS APIs, calling a postbox server"

@@ -1,0 +1,47 @@
+"""SQS queue ARNs, which both services use: SQS in its attributes and redrive policies,
+SNS in the endpoints of its sqs subscriptions."""
+
+from __future__ import annotations
+
+import re
+
+from postbox_server.aws.errors import AwsError, invalid_parameter, queue_does_not_exist
+from postbox_server.aws.settings import ShimSettings
+from postbox_server.errors import quoted
+
+# The engine's rule (postbox.queue_name_problem), which is SQS's.
+_QUEUE_NAME = re.compile(r"[A-Za-z0-9_-]+(\.fifo)?")
+MAX_QUEUE_NAME = 80
+
+
+def is_queue_name(name: str) -> bool:
+    return len(name) <= MAX_QUEUE_NAME and _QUEUE_NAME.fullmatch(name) is not None
+
+
+def existing_queue_name(name: str) -> str:
+    """A name to look a queue up by; one no queue can have is QueueDoesNotExist, as in SQS."""
+    if not is_queue_name(name):
+        raise queue_does_not_exist()
+    return name
+
+
+def queue_arn(settings: ShimSettings, name: str) -> str:
+    return f"arn:aws:sqs:{settings.region}:{settings.account_id}:{name}"
+
+
+def queue_from_arn(arn: str, settings: ShimSettings, parameter: str) -> str:
+    """The queue an SQS ARN names; InvalidParameterValue if it is not one of ours."""
+    parts = arn.split(":")
+    if len(parts) != 6 or parts[:3] != ["arn", "aws", "sqs"] or not parts[5]:
+        raise invalid_parameter(
+            f"Value {quoted(arn)} for parameter {parameter} is invalid. "
+            "Reason: not an SQS queue ARN."
+        )
+    if parts[3] != settings.region or parts[4] != settings.account_id:
+        raise AwsError(
+            queue_does_not_exist().kind,
+            f"The specified queue does not exist: {quoted(arn)} "
+            f"is not in region {settings.region}, "
+            f"account {settings.account_id}.",
+        )
+    return existing_queue_name(parts[5])

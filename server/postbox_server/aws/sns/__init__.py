@@ -1,0 +1,1 @@
+"""Amazon SNS over postbox topics: its protocol (`protocol`) and actions (`actions/`)."""

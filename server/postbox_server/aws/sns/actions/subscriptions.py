@@ -1,0 +1,345 @@
+"""The SNS actions on subscriptions: subscribe (and confirm), unsubscribe, list, and
+their attributes."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+import uuid
+from urllib.parse import urlencode, urlsplit
+
+from google.protobuf import field_mask_pb2
+from postbox.v1 import topic_service_pb2 as pb
+
+from postbox_server.aws.arns import queue_arn, queue_from_arn
+from postbox_server.aws.call import Call, Result
+from postbox_server.aws.errors import AwsError
+from postbox_server.aws.sns import arns, confirmations
+from postbox_server.aws.sns.actions.base import (
+    PAGE,
+    action,
+    all_subscriptions,
+    boolean,
+    get_topic,
+    is_fifo,
+    next_token,
+    required,
+    rpc,
+)
+from postbox_server.aws.sns.errors import (
+    NOT_FOUND,
+    InvalidParameter,
+    not_found,
+)
+
+# Subscription attributes kept as they are given (the rest are acted on).
+_KEPT_SUBSCRIPTION_ATTRIBUTES = {
+    "DeliveryPolicy",
+    "RedrivePolicy",
+    "SubscriptionRoleArn",
+    "ReplayPolicy",
+}
+
+
+_SUBSCRIPTION_ATTRIBUTES = {
+    "RawMessageDelivery",
+    "FilterPolicy",
+    "FilterPolicyScope",
+    *_KEPT_SUBSCRIPTION_ATTRIBUTES,
+}
+
+
+_SCOPES = {
+    "MessageAttributes": pb.FILTER_POLICY_SCOPE_MESSAGE_ATTRIBUTES,
+    "MessageBody": pb.FILTER_POLICY_SCOPE_MESSAGE_BODY,
+}
+
+
+_SCOPE_NAMES = {value: name for name, value in _SCOPES.items()}
+
+
+# Where a pending subscription keeps the digest of its confirmation token.
+_TOKEN_DIGEST = "postbox:ConfirmationTokenSha256"
+
+
+PENDING = "PendingConfirmation"
+
+
+def _protocol(subscription: pb.Subscription) -> tuple[str, str]:
+    """(Protocol, Endpoint) of a subscription, as SNS shows them."""
+    if subscription.WhichOneof("destination") == "queue":
+        return "sqs", ""
+    return urlsplit(subscription.webhook.url).scheme, subscription.webhook.url
+
+
+def _entry(call: Call, subscription: pb.Subscription) -> Result:
+    protocol, endpoint = _protocol(subscription)
+    if protocol == "sqs":
+        endpoint = queue_arn(call.settings, subscription.queue)
+    return {
+        "SubscriptionArn": PENDING if subscription.suspended else _arn_of(call, subscription),
+        "Owner": call.settings.account_id,
+        "Protocol": protocol,
+        "Endpoint": endpoint,
+        "TopicArn": arns.topic_arn(call.settings, subscription.topic),
+    }
+
+
+def _arn_of(call: Call, subscription: pb.Subscription) -> str:
+    return arns.subscription_arn(call.settings, subscription.topic, subscription.name)
+
+
+def _apply_attributes(subscription: pb.Subscription, attributes: dict[str, str]) -> None:
+    """Subscription attributes of SNS, into the subscription's fields."""
+    for name, value in attributes.items():
+        if name not in _SUBSCRIPTION_ATTRIBUTES:
+            raise InvalidParameter(
+                f"Invalid parameter: Attributes Reason: Unknown attribute {name[:100]}"
+            )
+        if name == "RawMessageDelivery":
+            subscription.sns_delivery.raw = boolean(name, value)
+        elif name == "FilterPolicy":
+            if value:
+                try:
+                    json.loads(value)
+                except ValueError:
+                    raise InvalidParameter(
+                        "Invalid parameter: FilterPolicy: failed to parse JSON"
+                    ) from None
+            subscription.filter_policy = value
+        elif name == "FilterPolicyScope":
+            if value not in _SCOPES:
+                raise InvalidParameter(
+                    "Invalid parameter: Attributes Reason: FilterPolicyScope: Invalid value "
+                    f"[{value[:40]}]. Please use either MessageBody or MessageAttributes"
+                )
+            subscription.filter_policy_scope = _SCOPES[value]
+        elif value:
+            subscription.sns_delivery.attributes[name] = value
+        else:
+            subscription.sns_delivery.attributes.pop(name, None)
+
+
+@action("Subscribe")
+async def subscribe(call: Call) -> Result:
+    topic_arn = required(call, "TopicArn")
+    topic = arns.topic_of(topic_arn, call.settings)
+    protocol = required(call, "Protocol")
+    endpoint = call.params.get("Endpoint") or ""
+    await get_topic(call, topic)  # NotFound before anything else, as SNS checks
+    name = str(uuid.uuid4())
+    subscription = pb.Subscription(name=name, topic=topic)
+    subscription.sns_delivery.topic_arn = topic_arn
+    subscription.sns_delivery.subscription_arn = arns.subscription_arn(call.settings, topic, name)
+    subscription.sns_delivery.unsubscribe_url = _action_url(
+        call,
+        {"Action": "Unsubscribe", "SubscriptionArn": subscription.sns_delivery.subscription_arn},
+    )
+    if protocol == "sqs":
+        subscription.queue = _subscribed_queue(call, endpoint, topic)
+    elif protocol in ("http", "https"):
+        if urlsplit(endpoint).scheme != protocol:
+            raise InvalidParameter(
+                f"Invalid parameter: Endpoint must be an {protocol}:// URL for protocol {protocol}"
+            )
+        subscription.webhook.url = endpoint
+    else:
+        raise InvalidParameter(
+            "Invalid parameter: Protocol Reason: postbox delivers to sqs, http and https "
+            f"endpoints, not {protocol[:40]}"
+        )
+    _apply_attributes(subscription, dict(call.params.get("Attributes") or {}))
+    for existing in await all_subscriptions(call, topic):
+        if _protocol(existing)[0] == protocol and (
+            existing.queue == subscription.queue
+            if protocol == "sqs"
+            else existing.webhook.url == endpoint
+        ):
+            # SNS's Subscribe is idempotent for the same endpoint.
+            if existing.suspended:
+                return {"SubscriptionArn": "pending confirmation"}
+            return {"SubscriptionArn": _arn_of(call, existing)}
+    token = None
+    if protocol != "sqs" and not confirmations.auto_confirmed(endpoint, call.settings):
+        token = secrets.token_hex(32)
+        subscription.suspended = True
+        subscription.sns_delivery.attributes[_TOKEN_DIGEST] = hashlib.sha256(
+            token.encode()
+        ).hexdigest()
+    await rpc(
+        call, call.backend.topics.CreateSubscription,
+        pb.CreateSubscriptionRequest(subscription=subscription),
+    )  # fmt: skip
+    if token is None:
+        return {"SubscriptionArn": subscription.sns_delivery.subscription_arn}
+    confirmation_token = f"{name}.{token}"
+    await confirmations.request(
+        call.settings, endpoint, topic_arn, confirmation_token,
+        _action_url(call, {"Action": "ConfirmSubscription", "TopicArn": topic_arn,
+                           "Token": confirmation_token}),
+    )  # fmt: skip
+    if call.params.get("ReturnSubscriptionArn"):
+        return {"SubscriptionArn": subscription.sns_delivery.subscription_arn}
+    return {"SubscriptionArn": "pending confirmation"}
+
+
+def _subscribed_queue(call: Call, endpoint: str, topic: str) -> str:
+    """The queue an sqs subscription's Endpoint names, checked as SNS checks it."""
+    if not endpoint.startswith("arn:"):
+        raise InvalidParameter("Invalid parameter: SQS endpoint ARN")
+    queue = queue_from_arn(endpoint, call.settings, "Endpoint")
+    if is_fifo(queue) and not is_fifo(topic):
+        raise InvalidParameter(
+            "Invalid parameter: Invalid parameter: Endpoint Reason: FIFO SQS Queues can not be "
+            "subscribed to standard SNS topics"
+        )
+    return queue
+
+
+def _action_url(call: Call, params: dict[str, str]) -> str:
+    base = (call.settings.public_url or call.base_url).rstrip("/")
+    return f"{base}/?{urlencode(params)}"
+
+
+@action("ConfirmSubscription")
+async def confirm_subscription(call: Call) -> Result:
+    topic = arns.topic_of(required(call, "TopicArn"), call.settings)
+    token = required(call, "Token")
+    name, _, secret = token.partition(".")
+    invalid = InvalidParameter("Invalid token")
+    try:
+        response = await rpc(
+            call,
+            call.backend.topics.GetSubscription,
+            pb.GetSubscriptionRequest(topic=topic, name=name),
+        )
+    except AwsError:
+        raise invalid from None
+    subscription = response.subscription
+    digest = subscription.sns_delivery.attributes.get(_TOKEN_DIGEST)
+    if subscription.suspended:
+        if digest is None or not secrets.compare_digest(
+            digest, hashlib.sha256(secret.encode()).hexdigest()
+        ):
+            raise invalid
+        subscription.suspended = False
+        del subscription.sns_delivery.attributes[_TOKEN_DIGEST]
+        await rpc(
+            call, call.backend.topics.UpdateSubscription,
+            pb.UpdateSubscriptionRequest(
+                subscription=subscription,
+                update_mask=field_mask_pb2.FieldMask(paths=["suspended", "sns_delivery"]),
+            ),
+        )  # fmt: skip
+    return {"SubscriptionArn": _arn_of(call, subscription)}
+
+
+async def _subscription(call: Call) -> pb.Subscription:
+    topic, name = arns.subscription_of(required(call, "SubscriptionArn"), call.settings)
+    try:
+        response = await rpc(
+            call,
+            call.backend.topics.GetSubscription,
+            pb.GetSubscriptionRequest(topic=topic, name=name),
+        )
+    except AwsError as error:
+        if error.kind is NOT_FOUND:
+            raise not_found("Subscription does not exist") from None
+        raise
+    return response.subscription
+
+
+@action("Unsubscribe")
+async def unsubscribe(call: Call) -> Result:
+    subscription = await _subscription(call)
+    await rpc(
+        call, call.backend.topics.DeleteSubscription,
+        pb.DeleteSubscriptionRequest(topic=subscription.topic, name=subscription.name),
+    )  # fmt: skip
+    return {}
+
+
+@action("ListSubscriptionsByTopic")
+async def list_subscriptions_by_topic(call: Call) -> Result:
+    topic = arns.topic_of(required(call, "TopicArn"), call.settings)
+    await get_topic(call, topic)
+    response = await rpc(
+        call, call.backend.topics.ListSubscriptions,
+        pb.ListSubscriptionsRequest(topic=topic, page_size=PAGE, page_token=next_token(call)),
+    )  # fmt: skip
+    result: Result = {"Subscriptions": [_entry(call, s) for s in response.subscriptions]}
+    if response.next_page_token:
+        result["NextToken"] = response.next_page_token
+    return result
+
+
+@action("ListSubscriptions")
+async def list_subscriptions(call: Call) -> Result:
+    # Every topic's subscriptions, in topic order; NextToken is the next topic's name.
+    start = next_token(call)
+    entries: list[Result] = []
+    page_token = ""
+    while True:
+        response = await rpc(
+            call, call.backend.topics.ListTopics,
+            pb.ListTopicsRequest(page_size=1000, page_token=page_token),
+        )  # fmt: skip
+        for topic in response.topics:
+            if topic.name < start:
+                continue
+            if len(entries) >= PAGE:
+                return {"Subscriptions": entries, "NextToken": topic.name}
+            entries.extend(_entry(call, s) for s in await all_subscriptions(call, topic.name))
+        page_token = response.next_page_token
+        if not page_token:
+            return {"Subscriptions": entries}
+
+
+@action("GetSubscriptionAttributes")
+async def get_subscription_attributes(call: Call) -> Result:
+    subscription = await _subscription(call)
+    entry = _entry(call, subscription)
+    attributes = {
+        "SubscriptionArn": _arn_of(call, subscription),
+        "TopicArn": entry["TopicArn"],
+        "Owner": entry["Owner"],
+        "Protocol": entry["Protocol"],
+        "Endpoint": entry["Endpoint"],
+        "ConfirmationWasAuthenticated": "true",
+        "PendingConfirmation": "true" if subscription.suspended else "false",
+        "RawMessageDelivery": "true" if subscription.sns_delivery.raw else "false",
+        "SubscriptionPrincipal": f"arn:aws:iam::{call.settings.account_id}:user/postbox",
+    }
+    if subscription.filter_policy:
+        attributes["FilterPolicy"] = subscription.filter_policy
+        attributes["FilterPolicyScope"] = _SCOPE_NAMES.get(
+            subscription.filter_policy_scope, "MessageAttributes"
+        )
+    attributes.update(
+        (k, v) for k, v in subscription.sns_delivery.attributes.items() if k != _TOKEN_DIGEST
+    )
+    return {"Attributes": attributes}
+
+
+@action("SetSubscriptionAttributes")
+async def set_subscription_attributes(call: Call) -> Result:
+    subscription = await _subscription(call)
+    name = required(call, "AttributeName")
+    value = call.params.get("AttributeValue") or ""
+    if name not in _SUBSCRIPTION_ATTRIBUTES:
+        raise InvalidParameter(
+            f"Invalid parameter: AttributeName Reason: {name[:100]} is not a subscription attribute"
+        )
+    _apply_attributes(subscription, {name: value})
+    # Each attribute changes its own field only: a scope set before (or without) a
+    # policy is kept when the policy comes.
+    paths = {"FilterPolicy": ["filter_policy"], "FilterPolicyScope": ["filter_policy_scope"]}
+    await rpc(
+        call, call.backend.topics.UpdateSubscription,
+        pb.UpdateSubscriptionRequest(
+            subscription=subscription,
+            update_mask=field_mask_pb2.FieldMask(paths=paths.get(name, ["sns_delivery"])),
+        ),
+    )  # fmt: skip
+    return {}

@@ -1,0 +1,79 @@
+"""SNS's subscription confirmation for http and https endpoints.
+
+Subscribe makes the subscription suspended and POSTs a SubscriptionConfirmation to the
+endpoint; the endpoint proves it wants the messages by calling the SubscribeURL (or
+ConfirmSubscription with the token). Only the token's digest is stored. Endpoints the
+operator names with --sns-auto-confirm skip the handshake.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import uuid
+from datetime import datetime, timezone
+
+import aiohttp
+
+from postbox_server.aws.settings import ShimSettings
+from postbox_server.aws.sns.errors import InvalidParameter
+from postbox_server.egress import EgressPolicy, Refused
+
+log = logging.getLogger(__name__)
+
+# How long the endpoint may take to answer the confirmation POST.
+_TIMEOUT = aiohttp.ClientTimeout(total=15)
+
+
+def auto_confirmed(endpoint: str, settings: ShimSettings) -> bool:
+    """Whether the operator lets this endpoint's subscriptions start confirmed."""
+    return any(endpoint.startswith(prefix) for prefix in settings.sns_auto_confirm)
+
+
+async def request(
+    settings: ShimSettings, endpoint: str, topic_arn: str, token: str, subscribe_url: str
+) -> None:
+    """POSTs the SubscriptionConfirmation; InvalidParameter if the egress policy refuses
+    the endpoint. A failed POST is logged: the subscription stays pending, as in SNS."""
+    policy = EgressPolicy(settings.webhook_allow_cidrs)
+    try:
+        policy.check_literal_url(endpoint)
+        await policy.check_url(endpoint)
+    except Refused as refused:
+        raise InvalidParameter(f"Invalid parameter: Endpoint Reason: {refused}") from None
+    message_id = str(uuid.uuid4())
+    body = json.dumps({
+        "Type": "SubscriptionConfirmation",
+        "MessageId": message_id,
+        "Token": token,
+        "TopicArn": topic_arn,
+        "Message": f"You have chosen to subscribe to the topic {topic_arn}.\n"
+                   "To confirm the subscription, visit the SubscribeURL included in this message.",
+        "SubscribeURL": subscribe_url,
+        "Timestamp": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z",
+    })  # fmt: skip
+    headers = {
+        "content-type": "text/plain; charset=UTF-8",
+        "x-amz-sns-message-type": "SubscriptionConfirmation",
+        "x-amz-sns-message-id": message_id,
+        "x-amz-sns-topic-arn": topic_arn,
+    }
+    connector = aiohttp.TCPConnector(resolver=policy.resolver(), use_dns_cache=False)
+    try:
+        async with (
+            aiohttp.ClientSession(connector=connector) as session,
+            session.post(
+                endpoint,
+                data=body.encode(),
+                headers=headers,
+                timeout=_TIMEOUT,
+                allow_redirects=False,
+            ) as response,
+        ):
+            if response.status >= 300:
+                log.warning(
+                    "subscription confirmation to %s: HTTP %d", endpoint[:200], response.status
+                )
+    except (aiohttp.ClientError, OSError, ValueError, asyncio.TimeoutError) as error:
+        log.warning("subscription confirmation to %s failed: %s", endpoint[:200], error)

@@ -1,0 +1,1 @@
+"""Amazon SQS over postbox queues: its protocols (`protocol`) and actions (`actions/`)."""

@@ -1,1 +1,0 @@
-"""An Amazon SNS-compatible API over postbox topics, served by the SQS shim's process."""

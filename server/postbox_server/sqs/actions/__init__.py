@@ -1,6 +1,0 @@
-"""The SQS actions, each a translation into postbox gRPC calls."""
-
-from postbox_server.sqs.actions import leases, queues, receive, redrive, send, tags
-from postbox_server.sqs.actions.base import HANDLERS, Call
-
-__all__ = ["HANDLERS", "Call", "leases", "queues", "receive", "redrive", "send", "tags"]

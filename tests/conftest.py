@@ -42,17 +42,18 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
     return report
 
 
-# Areas whose tests start processes, clusters or JVMs of their own, hold the machine's
-# ports or time what the machine does: under pytest-xdist (the README's `-n 4 --dist
-# loadgroup`) each runs on one worker, in order, beside the other areas' parallel tests.
+# Under pytest-xdist (the README's `-n 4 --dist loadgroup`) a file's tests run on one
+# worker, in order, as they do without it: some build on what an earlier one left. The
+# areas whose tests start processes, clusters or JVMs of their own, hold the machine's
+# ports or time what the machine does run whole on one worker each, beside the others.
 SERIAL_AREAS = ("ops", "survival", "spark", "console")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         area = item.path.parent.name
-        if area in SERIAL_AREAS:
-            item.add_marker(pytest.mark.xdist_group(area))
+        group = area if area in SERIAL_AREAS else str(item.path.relative_to(item.config.rootpath))
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(scope="session")

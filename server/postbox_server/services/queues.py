@@ -141,6 +141,26 @@ _DURATIONS = (
 _RETENTIONS = ("retention", "archive_retention")  # NULL in the engine: forever
 
 
+def queue_settings(queue: pb.Queue, fields: list[str], max_message_size: int) -> dict[str, Any]:
+    """The engine's settings for these fields of `queue`, on a server that accepts
+    messages of at most max_message_size bytes."""
+    if queue.max_message_size > max_message_size:
+        raise invalid(
+            f"max_message_size is {queue.max_message_size} bytes; this server accepts messages "
+            f"of at most {max_message_size} bytes (--max-message-size)"
+        )
+    settings = {field: SETTINGS[field](queue) for field in fields}
+    if "max_message_size" in settings and settings["max_message_size"] is None:
+        # The default, unless this server accepts less: a queue never promises more.
+        settings["max_message_size"] = min(DEFAULT_MAX_MESSAGE_SIZE, max_message_size)
+    return settings
+
+
+def default_settings(max_message_size: int) -> dict[str, Any]:
+    """The settings of a queue created without any: what CreateQueue with a bare name gives."""
+    return queue_settings(pb.Queue(), list(SETTINGS), max_message_size)
+
+
 def queue_resource(row: Row) -> pb.Queue:
     """A row of postbox.queues (with its dead_letter_queue name) as an API Queue."""
     queue = pb.Queue(
@@ -218,16 +238,7 @@ class QueueService(queue_service_pb2_grpc.QueueServiceServicer):
         self.max_message_size = max_message_size
 
     def _settings(self, queue: pb.Queue, fields: list[str]) -> dict[str, Any]:
-        if queue.max_message_size > self.max_message_size:
-            raise invalid(
-                f"max_message_size is {queue.max_message_size} bytes; this server accepts messages "
-                f"of at most {self.max_message_size} bytes (--max-message-size)"
-            )
-        settings = {field: SETTINGS[field](queue) for field in fields}
-        if "max_message_size" in settings and settings["max_message_size"] is None:
-            # The default, unless this server accepts less: a queue never promises more.
-            settings["max_message_size"] = min(DEFAULT_MAX_MESSAGE_SIZE, self.max_message_size)
-        return settings
+        return queue_settings(queue, fields, self.max_message_size)
 
     @reports_errors
     async def CreateQueue(

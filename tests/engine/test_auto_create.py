@@ -1,5 +1,7 @@
-"""`serve --auto-create-queues`: a send to a queue that does not exist creates it, for a
-key that may also manage the name; without the flag, or without that grant, NOT_FOUND.
+"""queue-ti's conveniences. `serve --auto-create-queues`: a send to a queue that does not
+exist creates it, for a key that may also manage the name; without the flag, or without
+that grant, NOT_FOUND. CreateQueue's with_dead_letter_queue: the queue and its `-dlq`
+in one transaction, for a key that may manage both names.
 
 A database of its own: keys turn authentication on for every server of a database.
 """
@@ -54,6 +56,8 @@ def keys(auto_database: str, auto_server: HttpServerProcess) -> dict[str, str]:
     secrets = {
         "creator": bootstrap_key(auto_database, "creator", "send:*", "manage:auto-*", "read:*"),
         "sender": bootstrap_key(auto_database, "sender", "send:*", "read:*"),
+        # May create the queue "narrowq", but not its dead-letter queue "narrowq-dlq".
+        "narrow": bootstrap_key(auto_database, "narrow", "manage:narrowq", "read:*"),
     }
     with grpc.insecure_channel(auto_server.target) as channel:
         queues = queue_service_pb2_grpc.QueueServiceStub(channel)
@@ -220,3 +224,115 @@ async def test_two_first_sends_race_one_creates_both_send(
     with grpc.insecure_channel(auto_server.target) as channel:
         queues = queue_service_pb2_grpc.QueueServiceStub(channel)
         assert _depth(queues, name, keys["creator"]) == 2
+
+
+def _create(queues, secret: str, name: str, **fields):
+    return queues.CreateQueue(
+        queue_service_pb2.CreateQueueRequest(queue=queue_service_pb2.Queue(name=name), **fields),
+        metadata=bearer(secret),
+    ).queue
+
+
+def _exists(queues, secret: str, name: str) -> bool:
+    try:
+        queues.GetQueue(queue_service_pb2.GetQueueRequest(name=name), metadata=bearer(secret))
+    except grpc.RpcError as error:
+        if error.code() != grpc.StatusCode.NOT_FOUND:
+            raise
+        return False
+    return True
+
+
+def test_a_queue_is_created_with_its_dead_letter_queue(stubs, keys) -> None:
+    queues, _messages = stubs
+    secret = keys["creator"]
+    name = unique_name("auto-jobs")
+    queue = _create(queues, secret, name, with_dead_letter_queue=True)
+    assert queue.dead_letter_policy.dead_letter_queue == f"{name}-dlq"
+    assert queue.dead_letter_policy.max_receive_count == 5
+    dlq = queues.GetQueue(
+        queue_service_pb2.GetQueueRequest(name=f"{name}-dlq"), metadata=bearer(secret)
+    ).queue
+    assert not dlq.HasField("dead_letter_policy")
+
+    fifo = unique_name("auto-orders") + ".fifo"
+    queue = _create(
+        queues, secret, fifo, with_dead_letter_queue=True, dead_letter_max_receive_count=2
+    )
+    assert queue.fifo
+    assert queue.dead_letter_policy.dead_letter_queue == fifo.removesuffix(".fifo") + "-dlq.fifo"
+    assert queue.dead_letter_policy.max_receive_count == 2
+
+    # The longest name that leaves room for "-dlq": 76 characters, its DLQ 80.
+    longest = "auto-" + "x" * 71
+    assert len(_create(queues, secret, longest, with_dead_letter_queue=True).name) == 76
+    assert _exists(queues, secret, longest + "-dlq")
+
+
+def test_with_dead_letter_queue_refuses_what_cannot_be_made(stubs, keys) -> None:
+    queues, _ = stubs
+    secret = keys["creator"]
+    too_long = "auto-" + "y" * 72
+    error = error_of(lambda: _create(queues, secret, too_long, with_dead_letter_queue=True))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "77 characters long" in error.details()
+    assert "at most 76" in error.details()
+    name = unique_name("auto-bad")
+    for fields, words in (
+        ({"dead_letter_max_receive_count": 1001}, "1 to 1000"),
+        ({"dead_letter_max_receive_count": -1}, "1 to 1000"),
+    ):
+        error = error_of(
+            lambda f=fields: _create(queues, secret, name, with_dead_letter_queue=True, **f)
+        )
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert words in error.details()
+    error = error_of(lambda: _create(queues, secret, name, dead_letter_max_receive_count=3))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "with_dead_letter_queue" in error.details()
+    with_policy = queue_service_pb2.CreateQueueRequest(
+        queue=queue_service_pb2.Queue(
+            name=name,
+            dead_letter_policy=queue_service_pb2.DeadLetterPolicy(
+                dead_letter_queue="auto-other", max_receive_count=2
+            ),
+        ),
+        with_dead_letter_queue=True,
+    )
+    error = error_of(lambda: queues.CreateQueue(with_policy, metadata=bearer(secret)))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "dead_letter_policy" in error.details()
+    assert not _exists(queues, secret, name)
+    assert not _exists(queues, secret, name + "-dlq")
+    assert not _exists(queues, secret, too_long)
+
+
+def test_both_queues_or_neither(stubs, keys) -> None:
+    queues, _ = stubs
+    secret = keys["creator"]
+    # The queue exists: its DLQ, created first in the transaction, is rolled back.
+    name = unique_name("auto-taken")
+    _create(queues, secret, name)
+    error = error_of(lambda: _create(queues, secret, name, with_dead_letter_queue=True))
+    assert error.code() == grpc.StatusCode.ALREADY_EXISTS
+    assert not _exists(queues, secret, name + "-dlq")
+    # The DLQ exists: the queue is not created.
+    other = unique_name("auto-dlqtaken")
+    _create(queues, secret, other + "-dlq")
+    error = error_of(lambda: _create(queues, secret, other, with_dead_letter_queue=True))
+    assert error.code() == grpc.StatusCode.ALREADY_EXISTS
+    assert f"{other}-dlq" in error.details()
+    assert not _exists(queues, secret, other)
+
+
+def test_with_dead_letter_queue_needs_manage_on_both_names(stubs, keys) -> None:
+    queues, _ = stubs
+    error = error_of(
+        lambda: _create(queues, keys["narrow"], "narrowq", with_dead_letter_queue=True)
+    )
+    assert error.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert "'manage'" in error.details()
+    assert "'narrowq-dlq'" in error.details()
+    assert not _exists(queues, keys["creator"], "narrowq")
+    # The same key may create the queue alone.
+    assert _create(queues, keys["narrow"], "narrowq").name == "narrowq"

@@ -26,12 +26,16 @@ from postbox.v1 import (
 )
 from support import (
     HttpServerProcess,
+    SqsShimProcess,
     bootstrap_key,
     create_database,
     drop_database,
     error_of,
+    sqs_client,
     unique_name,
 )
+
+from postbox_server.auth.secrets import sigv4_secret
 
 SEND = message_service_pb2.SendRequest
 
@@ -154,6 +158,23 @@ def test_http_send_creates_the_queue(auto_server: HttpServerProcess, stubs, keys
     with urllib.request.urlopen(request, timeout=10) as response:
         assert response.status == 200
         assert json.loads(response.read())["messageId"]
+    assert _depth(queues, name, keys["creator"]) == 1
+
+
+def test_the_sqs_shims_send_message_creates_the_queue(
+    auto_server: HttpServerProcess, stubs, keys
+) -> None:
+    queues, _ = stubs
+    known = unique_name("auto-sqs-known")
+    _create(queues, keys["creator"], known)
+    name = unique_name("auto-sqs")
+    shim = SqsShimProcess(auto_server.target).start()
+    try:
+        client = sqs_client(shim.endpoint, "json", "creator", sigv4_secret(keys["creator"]))
+        url = client.get_queue_url(QueueName=known)["QueueUrl"].replace(known, name)
+        assert client.send_message(QueueUrl=url, MessageBody="via sqs")["MessageId"]
+    finally:
+        shim.stop()
     assert _depth(queues, name, keys["creator"]) == 1
 
 

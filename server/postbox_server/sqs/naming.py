@@ -6,12 +6,12 @@ import re
 from urllib.parse import urlsplit
 
 from postbox_server.errors import quoted
+from postbox_server.queue_names import MAX_QUEUE_NAME
 from postbox_server.sqs.errors import SqsError, invalid_parameter, queue_does_not_exist
 from postbox_server.sqs.settings import ShimSettings
 
 # The engine's rule (postbox.queue_name_problem), which is SQS's.
 _QUEUE_NAME = re.compile(r"[A-Za-z0-9_-]+(\.fifo)?")
-MAX_QUEUE_NAME = 80
 
 
 def is_queue_name(name: str) -> bool:

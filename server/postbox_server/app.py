@@ -281,6 +281,7 @@ async def _serve_api(
                 hub,
                 max_message_size=settings.max_message_size,
                 max_response_size=settings.max_response_size,
+                auto_create_queues=settings.auto_create_queues,
             ),
         ),
         (

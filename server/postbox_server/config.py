@@ -87,6 +87,10 @@ class Settings:
     # Seconds a unary call without a deadline of its own may take (postbox_server/deadline.py).
     unary_deadline: float = 60.0
     run_workers: bool = True
+    # A send to a queue that does not exist creates it with the default settings, when the
+    # caller may also manage that name (`serve --auto-create-queues`): off, a typo in a
+    # queue's name would quietly start a queue nobody receives from.
+    auto_create_queues: bool = False
 
     @property
     def max_request_size(self) -> int:

@@ -71,6 +71,7 @@ def worker_command(settings: Settings, log_level: str, log_format: str) -> list[
         *(["--insecure-allow-anonymous"] if settings.insecure_allow_anonymous else []),
         *(["--require-synchronous-commit"] if settings.require_synchronous_commit else []),
         *([] if settings.run_workers else ["--no-workers"]),
+        *(["--auto-create-queues"] if settings.auto_create_queues else []),
     ]  # fmt: skip
 
 

@@ -573,7 +573,20 @@ def test_listing_every_queues_messages_needs_read_on_every_queue(
 # Second resources: a grant on the resource a call names must not let it write into
 # another (a dead-letter queue, a redrive's destination, a subscription's queue, a
 # schedule's queue or topic).
-TARGETED = [(path, target) for path, rule in sorted(RULES.items()) for target in rule.targets]
+TARGETED = [
+    (path, target)
+    for path, rule in sorted(RULES.items())
+    for target in rule.targets
+    if target.derive is None
+]
+# Second resources whose name the server makes from the first's (CreateQueue's
+# with_dead_letter_queue: tests/engine/test_auto_create.py checks its grant).
+DERIVED = [
+    (path, target)
+    for path, rule in sorted(RULES.items())
+    for target in rule.targets
+    if target.derive is not None
+]
 ELSEWHERE = "elsewhere-no such name"
 
 
@@ -612,6 +625,9 @@ def test_every_rpc_writing_into_a_second_resource_names_it_as_a_target() -> None
         ("UpdateSchedule", "schedule.target.queue"),
         ("UpdateSchedule", "schedule.target.topic"),
     }
+    assert [(path.rsplit("/", 1)[1], t.permission, t.when) for path, t in DERIVED] == [
+        ("CreateQueue", "manage", "with_dead_letter_queue")
+    ]
 
 
 @pytest.mark.parametrize(

@@ -110,6 +110,22 @@ def test_binary_bodies_print_in_base64_and_text_on_request(server):
     assert forced[1]["body"] == base64.b64encode(b"plain text").decode()
 
 
+def test_queues_create_with_dlq(server):
+    target = ["--target", server.target]
+    name = unique_name("cli_with_dlq")
+    created = json.loads(
+        ok("queues", "create", name, "--with-dlq", "--max-receive-count", "3", "-o", "json",
+           *target)
+    )  # fmt: skip
+    assert created["dead_letter_policy"] == {
+        "dead_letter_queue": f"{name}-dlq",
+        "max_receive_count": 3,
+    }
+    assert json.loads(ok("queues", "get", f"{name}-dlq", "-o", "json", *target))["name"] == (
+        f"{name}-dlq"
+    )
+
+
 def test_status_shows_every_queue_with_zeros(server):
     target = ["--target", server.target]
     dlq, name = unique_name("cli_status_dlq"), unique_name("cli_status")

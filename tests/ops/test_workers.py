@@ -100,3 +100,17 @@ def test_stopping_the_parent_stops_every_worker(database_url):
     assert process.stop() == 0
     _, alive = psutil.wait_procs(children, timeout=10)
     assert not alive
+
+
+def test_each_worker_gets_the_opt_in_flags() -> None:
+    """A flag that changes what a call does must reach every process sharing the port."""
+    from postbox_server.cli.main import build_parser
+    from postbox_server.config import Settings
+    from postbox_server.processes import worker_command
+
+    settings = Settings(auto_create_queues=True, insecure_allow_anonymous=True)
+    command = worker_command(settings, "info", "text")
+    assert "--auto-create-queues" in command
+    args = build_parser().parse_args(command[command.index("--log-level") :])
+    assert args.auto_create_queues
+    assert "--auto-create-queues" not in worker_command(Settings(), "info", "text")

@@ -230,3 +230,17 @@ async def test_the_async_receive_names_its_consumer_too(server):
         assert got.message_id == message_id
     with Client(server.target) as blocking:
         assert blocking.get_message(name, message_id).consumer_id == "async-worker"
+
+
+async def test_create_queue_with_its_dead_letter_queue(server):
+    name, fifo = unique_name("sdk_ops_dlq"), unique_name("sdk_ops_dlq") + ".fifo"
+    with Client(server.target) as client:
+        queue = client.create_queue(name, with_dead_letter_queue=True)
+        assert queue.dead_letter_policy.dead_letter_queue == f"{name}-dlq"
+        assert client.get_queue(f"{name}-dlq").name == f"{name}-dlq"
+    async with AsyncClient(server.target) as client:
+        queue = await client.create_queue(
+            fifo, with_dead_letter_queue=True, dead_letter_max_receive_count=7
+        )
+        assert queue.dead_letter_policy.max_receive_count == 7
+        assert (await client.get_queue(queue.dead_letter_policy.dead_letter_queue)).fifo

@@ -14,7 +14,7 @@ from typing import Any
 import grpc
 
 from postbox_server.auth import sigv4
-from postbox_server.auth.keys import ApiKey, KeyCache
+from postbox_server.auth.keys import CALLER, ApiKey, KeyCache
 from postbox_server.auth.ratelimits import Throttled
 from postbox_server.auth.rules import (
     ANY_RESOURCE,
@@ -197,6 +197,7 @@ class Authorize(WrapsEachMethod):
             """The calling key (None while auth is off); ends the call if it is refused."""
             try:
                 key = check(context, rule)
+                CALLER.set(key)
                 # A key comes back only for a method with a rule.
                 if key is not None and rule is not None and admits(request):
                     authorize(key, rule, request)
@@ -232,6 +233,7 @@ class Authorize(WrapsEachMethod):
         ) -> AsyncGenerator[Any, None]:
             try:
                 key = check(context, rule)
+                CALLER.set(key)
                 if key is not None:
                     limiter.check(key.name, key.limits, "call", 1)
             except ApiError as error:

@@ -6,7 +6,10 @@ fails), so a new RPC cannot go out unguarded.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+
+from postbox_server.queue_names import dead_letter_queue_name
 
 
 @dataclass(frozen=True)
@@ -18,12 +21,17 @@ class Target:
     into any other.
 
     An empty field names nothing (the other arm of a oneof, or a setting left unset).
-    For an Update, the target counts only when its `update_mask` names `mask`.
+    For an Update, the target counts only when its `update_mask` names `mask`. A target
+    with `when` counts only when that boolean field is set, and one with `derive` is the
+    resource that function makes of the field's value (a queue's dead-letter queue that
+    CreateQueue makes along with it).
     """
 
     permission: str
     field: str
     mask: str | None = None
+    when: str | None = None
+    derive: Callable[[str], str] | None = None
 
 
 @dataclass(frozen=True)
@@ -68,7 +76,17 @@ _SUBSCRIBED = "subscription.queue"
 _SCHEDULED = (("send", "schedule.target.queue"), ("publish", "schedule.target.topic"))
 
 _QUEUES = {
-    "CreateQueue": Rule("manage", "queue.name", targets=(Target("send", _DEAD_LETTERS),)),
+    "CreateQueue": Rule(
+        "manage",
+        "queue.name",
+        targets=(
+            Target("send", _DEAD_LETTERS),
+            # with_dead_letter_queue creates `<name>-dlq` too: creating a queue is managing it.
+            Target(
+                "manage", "queue.name", when="with_dead_letter_queue", derive=dead_letter_queue_name
+            ),
+        ),
+    ),
     # Senders and receivers read a queue's settings too: SQS clients need them (the
     # shim's SendMessageBatch checks sizes against max_message_size, FIFO settings).
     "GetQueue": Rule("read", "name", also=("send", "receive")),
@@ -223,7 +241,10 @@ def targets_of(request: object, rule: Rule) -> list[tuple[str, str]]:
     for target in rule.targets:
         if target.mask is not None and target.mask not in paths:
             continue
+        if target.when is not None and not _at(request, target.when):
+            continue
         name = _at(request, target.field)
         if name:
-            found.append((target.permission, str(name)))
+            name = str(name) if target.derive is None else target.derive(str(name))
+            found.append((target.permission, name))
     return found

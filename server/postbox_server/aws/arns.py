@@ -8,10 +8,10 @@ import re
 from postbox_server.aws.errors import AwsError, invalid_parameter, queue_does_not_exist
 from postbox_server.aws.settings import ShimSettings
 from postbox_server.errors import quoted
+from postbox_server.queue_names import MAX_QUEUE_NAME
 
 # The engine's rule (postbox.queue_name_problem), which is SQS's.
 _QUEUE_NAME = re.compile(r"[A-Za-z0-9_-]+(\.fifo)?")
-MAX_QUEUE_NAME = 80
 
 
 def is_queue_name(name: str) -> bool:

@@ -28,7 +28,13 @@ def get(args: argparse.Namespace, client: Client) -> int:
 
 
 def create(args: argparse.Namespace, client: Client) -> int:
-    output.show_one(args, client.create_queue(args.name, **_queue_settings(args)))
+    with_dlq = {}
+    if args.with_dlq:
+        with_dlq = {
+            "with_dead_letter_queue": True,
+            "dead_letter_max_receive_count": args.max_receive_count,
+        }
+    output.show_one(args, client.create_queue(args.name, **with_dlq, **_queue_settings(args)))
     return 0
 
 
@@ -127,8 +133,18 @@ def add_parser(verbs: Verbs, client: ClientParsers) -> None:
         )
         settings.add_argument("--dead-letter-queue", metavar="QUEUE")
         settings.add_argument(
-            "--max-receive-count", type=int, default=5, help="with --dead-letter-queue"
+            "--max-receive-count",
+            type=int,
+            default=5,
+            help="with --dead-letter-queue" + (" or --with-dlq" if name == "create" else ""),
         )
+        if name == "create":
+            settings.add_argument(
+                "--with-dlq",
+                action="store_true",
+                help="create its dead-letter queue <name>-dlq too (<base>-dlq.fifo for a FIFO "
+                "queue), in one transaction",
+            )
     for name in ("pause", "resume"):
         pausing = client.verb(sub, name, f"{name} sends and receives (or only those named)", pause)
         pausing.add_argument("name")

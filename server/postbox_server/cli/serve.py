@@ -68,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
         run_api=args.verb != "worker",
         unary_deadline=args.unary_deadline,
         run_workers=not args.no_workers,
+        auto_create_queues=args.auto_create_queues,
     )
     if args.verb == "worker" and args.workers > 1:
         print(
@@ -204,6 +205,14 @@ def _add_serve_flags(serve: argparse.ArgumentParser) -> None:
         default=int(os.environ.get("POSTBOX_WORKERS", "1")),
         help="server processes sharing the port (SO_REUSEPORT), e.g. one per core "
         "(default: %(default)s)",
+    )
+    serve.add_argument(
+        "--auto-create-queues",
+        action="store_true",
+        default=os.environ.get("POSTBOX_AUTO_CREATE_QUEUES", "").lower() in ("1", "true", "yes"),
+        help="a send to a queue that does not exist creates it with the default settings, "
+        "when the caller's key may also manage that name (default: "
+        "$POSTBOX_AUTO_CREATE_QUEUES, else off)",
     )
     serve.add_argument(
         "--insecure-allow-anonymous",

@@ -307,6 +307,23 @@ class Engine:
     async def create_queue(self, name: str, settings: dict[str, Any]) -> Record:
         return await self._call("fetchrow", "create_queue", name, json.dumps(settings))
 
+    async def create_queue_with_dead_letter_queue(
+        self, name: str, settings: dict[str, Any], dead_letter_queue: str,
+        dead_letter_settings: dict[str, Any], max_receive_count: int,
+    ) -> Record:  # fmt: skip
+        """Creates dead_letter_queue, then the queue with its dead_letter_policy pointing
+        there, in one transaction: both or neither (PB409 if either exists)."""
+        policy = {"dead_letter_queue": dead_letter_queue, "max_receive_count": max_receive_count}
+        async with self._transaction() as conn:
+            await self._call(
+                "fetchrow", "create_queue", dead_letter_queue, json.dumps(dead_letter_settings),
+                conn=conn,
+            )  # fmt: skip
+            return await self._call(
+                "fetchrow", "create_queue", name,
+                json.dumps({**settings, "dead_letter_policy": policy}), conn=conn,
+            )  # fmt: skip
+
     async def get_queue(self, name: str) -> Record:
         return await self._call("fetchrow", "get_queue", name)
 

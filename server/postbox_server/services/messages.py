@@ -11,6 +11,7 @@ import grpc
 from postbox.v1 import message_pb2, message_service_pb2_grpc
 from postbox.v1 import message_service_pb2 as pb
 
+from postbox_server.auth.keys import caller_allows
 from postbox_server.config import Settings
 from postbox_server.db.engine import Connection, Engine, OutgoingMessage, SentBatch
 from postbox_server.db.group_commit import GroupCommit
@@ -25,6 +26,7 @@ from postbox_server.services.pagination import (
     next_page,
     page_size_of,
 )
+from postbox_server.services.queues import default_settings
 from postbox_server.services.receive.claims import Claims
 from postbox_server.services.receive.polling import ReceiveCall
 from postbox_server.services.receive.prefetch import Prefetch
@@ -43,8 +45,11 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
         *,
         max_message_size: int,
         max_response_size: int = Settings.max_response_size,
+        auto_create_queues: bool = False,
     ) -> None:
         self.engine = engine
+        # The settings of a queue a send creates, or None when sends create no queue.
+        self.auto_created = default_settings(max_message_size) if auto_create_queues else None
         self.max_message_size = max_message_size
         self.hub = hub
         self.sends: GroupCommit[OutgoingMessage, tuple[str, bool]] = GroupCommit(
@@ -76,11 +81,38 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
         outgoing = convert.outgoing(request, self.max_message_size)
         outgoing.attributes = tracing.stamp(outgoing.attributes)
         try:
-            message_id, duplicate = await self.sends.write(request.queue, outgoing)
+            try:
+                message_id, duplicate = await self.sends.write(request.queue, outgoing)
+            except ApiError as error:
+                if not await self._created(request.queue, error):
+                    raise
+                message_id, duplicate = await self.sends.write(request.queue, outgoing)
         finally:
             # Failed too: the hub skipped any NOTIFY of the session's last call.
             self.hub.wake(request.queue)
         return pb.SendResponse(message_id=message_id, duplicate=duplicate)
+
+    async def _created(self, queue: str, error: ApiError) -> bool:
+        """Whether a send that failed with `error` may go again, its queue now created
+        (`serve --auto-create-queues`, by a caller that may also manage the name).
+
+        Two first sends that race both end here: one creates the queue, the other's
+        ALREADY_EXISTS says it exists all the same, and both send again. Otherwise the
+        caller's error stands: NOT_FOUND, as without the setting.
+        """
+        if (
+            self.auto_created is None
+            or error.code != grpc.StatusCode.NOT_FOUND
+            or not caller_allows("manage", queue)
+        ):
+            return False
+        try:
+            await self.engine.create_queue(queue, self.auto_created)
+        except ApiError as create_error:
+            if create_error.code != grpc.StatusCode.ALREADY_EXISTS:
+                raise
+        log.info("created queue %s on its first send (--auto-create-queues)", quoted(queue))
+        return True
 
     async def _send_group(
         self, conn: Connection, queue: str, messages: list[OutgoingMessage]
@@ -97,7 +129,12 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
         traced = tracing.enabled()
         plain = None if traced else convert.plain_batch(request, self.max_message_size)
         try:
-            ids, duplicates = await self._send_batch(request, plain, traced)
+            try:
+                ids, duplicates = await self._send_batch(request, plain, traced)
+            except ApiError as error:
+                if not await self._created(request.queue, error):
+                    raise
+                ids, duplicates = await self._send_batch(request, plain, traced)
         finally:
             self.hub.wake(request.queue)  # failed too, as in Send
         return pb.SendBatchResponse(message_ids=ids, duplicates=duplicates)

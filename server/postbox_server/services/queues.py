@@ -13,6 +13,11 @@ from postbox.v1 import queue_service_pb2_grpc
 
 from postbox_server.db.engine import Engine, Row
 from postbox_server.errors import ApiError, invalid, quoted
+from postbox_server.queue_names import (
+    DEAD_LETTER_SUFFIX,
+    MAX_QUEUE_NAME,
+    dead_letter_queue_name,
+)
 from postbox_server.services import convert
 from postbox_server.services.pagination import (
     decode_page_token,
@@ -25,6 +30,10 @@ from postbox_server.services.status import reports_errors
 
 # A queue's max_message_size when none is given (the engine's default).
 DEFAULT_MAX_MESSAGE_SIZE = 1024 * 1024
+# A dead_letter_policy's max_receive_count: the engine's bounds, and what
+# CreateQueue's with_dead_letter_queue sets when not told.
+MAX_RECEIVE_COUNT = 1000
+DEFAULT_MAX_RECEIVE_COUNT = 5
 
 _PERMISSIONS = {
     pb.RedriveAllowPolicy.PERMISSION_UNSPECIFIED: "allow_all",
@@ -141,6 +150,52 @@ _DURATIONS = (
 _RETENTIONS = ("retention", "archive_retention")  # NULL in the engine: forever
 
 
+def queue_settings(queue: pb.Queue, fields: list[str], max_message_size: int) -> dict[str, Any]:
+    """The engine's settings for these fields of `queue`, on a server that accepts
+    messages of at most max_message_size bytes."""
+    if queue.max_message_size > max_message_size:
+        raise invalid(
+            f"max_message_size is {queue.max_message_size} bytes; this server accepts messages "
+            f"of at most {max_message_size} bytes (--max-message-size)"
+        )
+    settings = {field: SETTINGS[field](queue) for field in fields}
+    if "max_message_size" in settings and settings["max_message_size"] is None:
+        # The default, unless this server accepts less: a queue never promises more.
+        settings["max_message_size"] = min(DEFAULT_MAX_MESSAGE_SIZE, max_message_size)
+    return settings
+
+
+def _dead_letter_queue_of(request: pb.CreateQueueRequest) -> str:
+    """The name of the dead-letter queue a CreateQueue with with_dead_letter_queue makes;
+    INVALID_ARGUMENT for a request that cannot have one."""
+    name = request.queue.name
+    if request.queue.HasField("dead_letter_policy"):
+        raise invalid(
+            "with_dead_letter_queue sets queue.dead_letter_policy itself: leave the policy "
+            "unset, or create the dead-letter queue yourself and drop with_dead_letter_queue"
+        )
+    count = request.dead_letter_max_receive_count
+    if not 0 <= count <= MAX_RECEIVE_COUNT:
+        raise invalid(
+            f"dead_letter_max_receive_count is {count}; it must be 1 to {MAX_RECEIVE_COUNT}, "
+            f"or 0 for {DEFAULT_MAX_RECEIVE_COUNT}"
+        )
+    dead_letter_queue = dead_letter_queue_name(name)
+    if name and len(dead_letter_queue) > MAX_QUEUE_NAME:
+        room = MAX_QUEUE_NAME - len(DEAD_LETTER_SUFFIX)
+        raise invalid(
+            f"queue name {quoted(name)} is {len(name)} characters long; with_dead_letter_queue "
+            f"adds {DEAD_LETTER_SUFFIX!r} to it for the dead-letter queue, whose name may have "
+            f"at most {MAX_QUEUE_NAME} characters: give a name of at most {room}"
+        )
+    return dead_letter_queue
+
+
+def default_settings(max_message_size: int) -> dict[str, Any]:
+    """The settings of a queue created without any: what CreateQueue with a bare name gives."""
+    return queue_settings(pb.Queue(), list(SETTINGS), max_message_size)
+
+
 def queue_resource(row: Row) -> pb.Queue:
     """A row of postbox.queues (with its dead_letter_queue name) as an API Queue."""
     queue = pb.Queue(
@@ -218,16 +273,7 @@ class QueueService(queue_service_pb2_grpc.QueueServiceServicer):
         self.max_message_size = max_message_size
 
     def _settings(self, queue: pb.Queue, fields: list[str]) -> dict[str, Any]:
-        if queue.max_message_size > self.max_message_size:
-            raise invalid(
-                f"max_message_size is {queue.max_message_size} bytes; this server accepts messages "
-                f"of at most {self.max_message_size} bytes (--max-message-size)"
-            )
-        settings = {field: SETTINGS[field](queue) for field in fields}
-        if "max_message_size" in settings and settings["max_message_size"] is None:
-            # The default, unless this server accepts less: a queue never promises more.
-            settings["max_message_size"] = min(DEFAULT_MAX_MESSAGE_SIZE, self.max_message_size)
-        return settings
+        return queue_settings(queue, fields, self.max_message_size)
 
     @reports_errors
     async def CreateQueue(
@@ -236,7 +282,20 @@ class QueueService(queue_service_pb2_grpc.QueueServiceServicer):
         if not request.HasField("queue"):
             raise invalid("queue is required: give at least queue.name")
         settings = self._settings(request.queue, list(SETTINGS))
-        row = await self.engine.create_queue(request.queue.name, settings)
+        if not request.with_dead_letter_queue:
+            if request.dead_letter_max_receive_count:
+                raise invalid(
+                    "dead_letter_max_receive_count is for with_dead_letter_queue; for a "
+                    "dead-letter queue of your own, set queue.dead_letter_policy"
+                )
+            row = await self.engine.create_queue(request.queue.name, settings)
+            return pb.CreateQueueResponse(queue=queue_resource(row))
+        name = request.queue.name
+        dead_letter_queue = _dead_letter_queue_of(request)
+        row = await self.engine.create_queue_with_dead_letter_queue(
+            name, settings, dead_letter_queue, default_settings(self.max_message_size),
+            request.dead_letter_max_receive_count or DEFAULT_MAX_RECEIVE_COUNT,
+        )  # fmt: skip
         return pb.CreateQueueResponse(queue=queue_resource(row))
 
     @reports_errors

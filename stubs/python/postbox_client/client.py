@@ -138,10 +138,20 @@ class AsyncClient:
 
     # Queues.
 
-    async def create_queue(self, name: str, **fields: Any) -> queue_service_pb2.Queue:
-        """Creates a queue; `fields` are Queue's (visibility_timeout=timedelta(...), ...)."""
+    async def create_queue(
+        self,
+        name: str,
+        *,
+        with_dead_letter_queue: bool = False,
+        dead_letter_max_receive_count: int = 0,
+        **fields: Any,
+    ) -> queue_service_pb2.Queue:
+        """Creates a queue; `fields` are Queue's (visibility_timeout=timedelta(...), ...).
+        with_dead_letter_queue creates `<name>-dlq` with it, as its dead-letter queue."""
         request = queue_service_pb2.CreateQueueRequest(
-            queue=queue_service_pb2.Queue(name=name, **fields)
+            queue=queue_service_pb2.Queue(name=name, **fields),
+            with_dead_letter_queue=with_dead_letter_queue,
+            dead_letter_max_receive_count=dead_letter_max_receive_count,
         )
         return (await self.call(self.queues.CreateQueue, request)).queue
 
@@ -303,9 +313,18 @@ class Client(Operations):
                 raise failure
             time.sleep(wait)
 
-    def create_queue(self, name: str, **fields: Any) -> queue_service_pb2.Queue:
+    def create_queue(
+        self,
+        name: str,
+        *,
+        with_dead_letter_queue: bool = False,
+        dead_letter_max_receive_count: int = 0,
+        **fields: Any,
+    ) -> queue_service_pb2.Queue:
         request = queue_service_pb2.CreateQueueRequest(
-            queue=queue_service_pb2.Queue(name=name, **fields)
+            queue=queue_service_pb2.Queue(name=name, **fields),
+            with_dead_letter_queue=with_dead_letter_queue,
+            dead_letter_max_receive_count=dead_letter_max_receive_count,
         )
         return self.call(self.queues.CreateQueue, request).queue
 

@@ -22,8 +22,8 @@ from postbox_server.http.rest.framework import (
     quoted,
 )
 from postbox_server.http.rest.shapes import time_text
+from postbox_server.queue_names import FIFO_SUFFIX
 
-FIFO_SUFFIX = ".fifo"
 # Queues listed per ListQueues call.
 LIST_PAGE = 1000
 NAME = path_param("name", "Name of the queue.")

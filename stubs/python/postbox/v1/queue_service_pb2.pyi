@@ -137,10 +137,14 @@ class QueueStats(_message.Message):
     def __init__(self, visible_messages: _Optional[int] = ..., in_flight_messages: _Optional[int] = ..., delayed_messages: _Optional[int] = ..., oldest_message_age: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., sent_per_second: _Optional[float] = ..., received_per_second: _Optional[float] = ...) -> None: ...
 
 class CreateQueueRequest(_message.Message):
-    __slots__ = ("queue",)
+    __slots__ = ("queue", "with_dead_letter_queue", "dead_letter_max_receive_count")
     QUEUE_FIELD_NUMBER: _ClassVar[int]
+    WITH_DEAD_LETTER_QUEUE_FIELD_NUMBER: _ClassVar[int]
+    DEAD_LETTER_MAX_RECEIVE_COUNT_FIELD_NUMBER: _ClassVar[int]
     queue: Queue
-    def __init__(self, queue: _Optional[_Union[Queue, _Mapping]] = ...) -> None: ...
+    with_dead_letter_queue: bool
+    dead_letter_max_receive_count: int
+    def __init__(self, queue: _Optional[_Union[Queue, _Mapping]] = ..., with_dead_letter_queue: _Optional[bool] = ..., dead_letter_max_receive_count: _Optional[int] = ...) -> None: ...
 
 class CreateQueueResponse(_message.Message):
     __slots__ = ("queue",)

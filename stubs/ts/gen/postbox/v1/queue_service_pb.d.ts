@@ -440,6 +440,26 @@ export declare type CreateQueueRequest = Message<"postbox.v1.CreateQueueRequest"
    * @generated from field: postbox.v1.Queue queue = 1;
    */
   queue?: Queue | undefined;
+
+  /**
+   * Optional. Also create the queue's dead-letter queue, with default settings,
+   * and point queue.dead_letter_policy at it, in one transaction: both queues
+   * or neither. It is named `<name>-dlq`, or `<base>-dlq.fifo` for a FIFO queue
+   * `<base>.fifo` (a queue name may hold no other dot), so the name may have at
+   * most 76 characters. Not with queue.dead_letter_policy. The caller needs
+   * `manage` on both names.
+   *
+   * @generated from field: bool with_dead_letter_queue = 2;
+   */
+  withDeadLetterQueue: boolean;
+
+  /**
+   * Optional. With with_dead_letter_queue: the policy's max_receive_count, 1 to
+   * 1000; 0 (unset) means 5.
+   *
+   * @generated from field: int32 dead_letter_max_receive_count = 3;
+   */
+  deadLetterMaxReceiveCount: number;
 };
 
 /**

@@ -22,6 +22,8 @@ from postbox.v1 import (
     message_service_pb2_grpc,
     queue_service_pb2,
     queue_service_pb2_grpc,
+    stream_service_pb2_grpc,
+    topic_service_pb2_grpc,
 )
 from support import (
     ServerProcess,
@@ -113,6 +115,16 @@ def queues(channel: grpc.Channel) -> queue_service_pb2_grpc.QueueServiceStub:
 @pytest.fixture(scope="session")
 def messages(channel: grpc.Channel) -> message_service_pb2_grpc.MessageServiceStub:
     return message_service_pb2_grpc.MessageServiceStub(channel)
+
+
+@pytest.fixture(scope="session")
+def topics(channel: grpc.Channel) -> topic_service_pb2_grpc.TopicServiceStub:
+    return topic_service_pb2_grpc.TopicServiceStub(channel)
+
+
+@pytest.fixture(scope="session")
+def streams(channel: grpc.Channel) -> stream_service_pb2_grpc.StreamServiceStub:
+    return stream_service_pb2_grpc.StreamServiceStub(channel)
 
 
 @pytest.fixture

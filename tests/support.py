@@ -18,6 +18,7 @@ import uuid
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
@@ -518,3 +519,11 @@ def postbox(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
         timeout=30,
         env={**os.environ, **(env or {})},
     )
+
+
+def publish_bodies(topics: Any, topic: str, *bodies: bytes) -> None:
+    """Publishes the bodies to a topic in one PublishBatch (topics: a TopicService stub)."""
+    from postbox.v1 import topic_service_pb2 as tpb
+
+    entries = [tpb.PublishBatchEntry(body=body) for body in bodies]
+    topics.PublishBatch(tpb.PublishBatchRequest(topic=topic, entries=entries))

@@ -7,19 +7,8 @@ from __future__ import annotations
 import grpc
 import pytest
 from postbox.v1 import stream_service_pb2 as spb
-from postbox.v1 import stream_service_pb2_grpc, topic_service_pb2_grpc
 from postbox.v1 import topic_service_pb2 as tpb
 from support import error_of, seconds, unique_name
-
-
-@pytest.fixture(scope="module")
-def topics(channel: grpc.Channel) -> topic_service_pb2_grpc.TopicServiceStub:
-    return topic_service_pb2_grpc.TopicServiceStub(channel)
-
-
-@pytest.fixture(scope="module")
-def streams(channel: grpc.Channel) -> stream_service_pb2_grpc.StreamServiceStub:
-    return stream_service_pb2_grpc.StreamServiceStub(channel)
 
 
 @pytest.fixture

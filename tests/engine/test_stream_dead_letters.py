@@ -13,9 +13,8 @@ import pytest
 from google.protobuf.field_mask_pb2 import FieldMask
 from google.protobuf.timestamp_pb2 import Timestamp
 from postbox.v1 import stream_service_pb2 as spb
-from postbox.v1 import stream_service_pb2_grpc, topic_service_pb2_grpc
 from postbox.v1 import topic_service_pb2 as tpb
-from support import error_of, seconds, unique_name, until
+from support import error_of, publish_bodies, seconds, unique_name, until
 
 FINAL = """
 SELECT coalesce(bool_and(l.tx < pg_snapshot_xmin(pg_current_snapshot())), true)
@@ -28,21 +27,6 @@ FROM postbox.topics t WHERE t.id = g.topic_id AND t.name = $1 AND g.name = 'g'
 """
 
 
-@pytest.fixture(scope="module")
-def topics(channel: grpc.Channel) -> topic_service_pb2_grpc.TopicServiceStub:
-    return topic_service_pb2_grpc.TopicServiceStub(channel)
-
-
-@pytest.fixture(scope="module")
-def streams(channel: grpc.Channel) -> stream_service_pb2_grpc.StreamServiceStub:
-    return stream_service_pb2_grpc.StreamServiceStub(channel)
-
-
-def publish(topics, topic: str, *bodies: bytes) -> None:
-    entries = [tpb.PublishBatchEntry(body=body) for body in bodies]
-    topics.PublishBatch(tpb.PublishBatchRequest(topic=topic, entries=entries))
-
-
 @pytest.fixture
 def stream(topics, streams, request: pytest.FixtureRequest) -> str:
     """A stream topic with a, b, c and a group `g` that gives up after 2 deliveries."""
@@ -50,7 +34,7 @@ def stream(topics, streams, request: pytest.FixtureRequest) -> str:
     topics.CreateTopic(
         tpb.CreateTopicRequest(topic=tpb.Topic(name=name, stream_retention=seconds(3600)))
     )
-    publish(topics, name, b"a", b"b", b"c")
+    publish_bodies(topics, name, b"a", b"b", b"c")
     group = spb.ConsumerGroup(topic=name, name="g", max_deliveries=2)
     created = streams.CreateConsumerGroup(spb.CreateConsumerGroupRequest(consumer_group=group))
     assert created.consumer_group.max_deliveries == 2
@@ -127,7 +111,7 @@ async def test_a_batch_whose_lease_ran_out_max_deliveries_times_is_dead_and_the_
     assert second.delivery_count == 2
     assert [m.delivery_count for m in second.messages] == [2, 2, 2]
     assert await db.execute(EXPIRE, stream) == "UPDATE 1"
-    publish(topics, stream, b"d")
+    publish_bodies(topics, stream, b"d")
     await until(db, FINAL, stream)
     third = read_now(streams, stream)
     # a, b and c went out twice and were never acked: dead; the group reads on at d.

@@ -9,7 +9,6 @@ import asyncpg
 import grpc
 import pytest
 from postbox.v1 import stream_service_pb2 as spb
-from postbox.v1 import stream_service_pb2_grpc, topic_service_pb2_grpc
 from postbox.v1 import topic_service_pb2 as tpb
 from support import create_queue, error_of, seconds, unique_name, until
 
@@ -22,16 +21,6 @@ DUE_NOW = """
 UPDATE postbox.stream_delayed d SET deliver_at = now() - interval '1 second'
 FROM postbox.topics t WHERE t.id = d.topic_id AND t.name = $1
 """
-
-
-@pytest.fixture(scope="module")
-def topics(channel: grpc.Channel) -> topic_service_pb2_grpc.TopicServiceStub:
-    return topic_service_pb2_grpc.TopicServiceStub(channel)
-
-
-@pytest.fixture(scope="module")
-def streams(channel: grpc.Channel) -> stream_service_pb2_grpc.StreamServiceStub:
-    return stream_service_pb2_grpc.StreamServiceStub(channel)
 
 
 @pytest.fixture

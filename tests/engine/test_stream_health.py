@@ -8,24 +8,12 @@ from __future__ import annotations
 import math
 
 import asyncpg
-import grpc
 import pytest
 from postbox.v1 import stream_service_pb2 as spb
-from postbox.v1 import stream_service_pb2_grpc, topic_service_pb2_grpc
 from postbox.v1 import topic_service_pb2 as tpb
 from support import seconds, unique_name
 
 HEALTH = "SELECT * FROM postbox.stream_health WHERE topic = $1 AND consumer_group = $2"
-
-
-@pytest.fixture(scope="module")
-def topics(channel: grpc.Channel) -> topic_service_pb2_grpc.TopicServiceStub:
-    return topic_service_pb2_grpc.TopicServiceStub(channel)
-
-
-@pytest.fixture(scope="module")
-def streams(channel: grpc.Channel) -> stream_service_pb2_grpc.StreamServiceStub:
-    return stream_service_pb2_grpc.StreamServiceStub(channel)
 
 
 @pytest.fixture

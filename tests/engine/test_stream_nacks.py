@@ -12,31 +12,15 @@ import asyncpg
 import grpc
 import pytest
 from postbox.v1 import stream_service_pb2 as spb
-from postbox.v1 import stream_service_pb2_grpc, topic_service_pb2_grpc
 from postbox.v1 import topic_service_pb2 as tpb
 from postbox_client import AsyncClient, Client
-from support import error_of, seconds, unique_name, until
+from support import error_of, publish_bodies, seconds, unique_name, until
 
 # Whether every row of the topic is final: no transaction older than its own runs.
 FINAL = """
 SELECT coalesce(bool_and(l.tx < pg_snapshot_xmin(pg_current_snapshot())), true)
 FROM postbox.stream_log l JOIN postbox.topics t ON t.id = l.topic_id WHERE t.name = $1
 """
-
-
-@pytest.fixture(scope="module")
-def topics(channel: grpc.Channel) -> topic_service_pb2_grpc.TopicServiceStub:
-    return topic_service_pb2_grpc.TopicServiceStub(channel)
-
-
-@pytest.fixture(scope="module")
-def streams(channel: grpc.Channel) -> stream_service_pb2_grpc.StreamServiceStub:
-    return stream_service_pb2_grpc.StreamServiceStub(channel)
-
-
-def publish(topics, topic: str, *bodies: bytes) -> None:
-    entries = [tpb.PublishBatchEntry(body=body) for body in bodies]
-    topics.PublishBatch(tpb.PublishBatchRequest(topic=topic, entries=entries))
 
 
 @pytest.fixture
@@ -46,7 +30,7 @@ def stream(topics, streams, request: pytest.FixtureRequest) -> str:
     topics.CreateTopic(
         tpb.CreateTopicRequest(topic=tpb.Topic(name=name, stream_retention=seconds(3600)))
     )
-    publish(topics, name, b"a", b"b", b"c", b"d")
+    publish_bodies(topics, name, b"a", b"b", b"c", b"d")
     group = spb.ConsumerGroup(topic=name, name="g")
     streams.CreateConsumerGroup(spb.CreateConsumerGroupRequest(consumer_group=group))
     return name
@@ -107,7 +91,7 @@ async def test_a_nacked_message_waits_its_delay_while_the_group_reads_on(
     first = take(streams, stream, 4)
     ack(streams, stream, first.batch, nack=of(first, b"a"), delay=3600)
     assert read_now(streams, stream).batch == ""  # a waits an hour
-    publish(topics, stream, b"e")
+    publish_bodies(topics, stream, b"e")
     later = take(streams, stream, 1)
     assert [m.body for m in later.messages] == [b"e"]  # the group reads on past a
     ack(streams, stream, later.batch)
@@ -119,7 +103,7 @@ async def test_a_nacked_message_waits_its_delay_while_the_group_reads_on(
         stream,
     )
     assert moved == "UPDATE 1"
-    publish(topics, stream, b"f")
+    publish_bodies(topics, stream, b"f")
     back = take(streams, stream, 2)
     assert [(m.body, m.delivery_count) for m in back.messages] == [(b"a", 2), (b"f", 1)]
     assert back.delivery_count == 1  # the batch is new; a's own count goes on
@@ -143,7 +127,7 @@ async def test_an_expired_lease_brings_given_back_messages_back_with_the_batch(
 ):
     first = take(streams, stream, 4)
     ack(streams, stream, first.batch, nack=of(first, b"b"))
-    publish(topics, stream, b"e")
+    publish_bodies(topics, stream, b"e")
     await until(db, FINAL, stream)  # b, being due, goes out at once: e must be readable
     out = take(streams, stream, 2, lease_duration=seconds(1))
     assert [m.body for m in out.messages] == [b"b", b"e"]

@@ -25,6 +25,7 @@ from support import (
     drop_database,
     error_of,
     eventually,
+    publish_bodies,
     receive,
     seconds,
     unique_name,
@@ -32,16 +33,6 @@ from support import (
 )
 
 HOUR = 3600.0
-
-
-@pytest.fixture(scope="module")
-def topics(channel: grpc.Channel) -> topic_service_pb2_grpc.TopicServiceStub:
-    return topic_service_pb2_grpc.TopicServiceStub(channel)
-
-
-@pytest.fixture(scope="module")
-def streams(channel: grpc.Channel) -> stream_service_pb2_grpc.StreamServiceStub:
-    return stream_service_pb2_grpc.StreamServiceStub(channel)
 
 
 def new_stream(topics, hint: str, retention: float = HOUR) -> str:
@@ -62,11 +53,6 @@ FINAL = """
 SELECT coalesce(bool_and(l.tx < pg_snapshot_xmin(pg_current_snapshot())), true)
 FROM postbox.stream_log l JOIN postbox.topics t ON t.id = l.topic_id WHERE t.name = $1
 """
-
-
-def publish(topics, topic: str, *bodies: bytes) -> None:
-    entries = [tpb.PublishBatchEntry(body=body) for body in bodies]
-    topics.PublishBatch(tpb.PublishBatchRequest(topic=topic, entries=entries))
 
 
 def create_group(streams, topic: str, name: str, **start) -> spb.ConsumerGroup:
@@ -111,7 +97,7 @@ def test_two_groups_each_read_everything_once_and_queue_subscriptions_still_get_
         )
     )
     sent = [f"m{i}".encode() for i in range(15)]
-    publish(topics, stream, *sent[:10])
+    publish_bodies(topics, stream, *sent[:10])
     for body in sent[10:]:
         topics.Publish(tpb.PublishRequest(topic=stream, body=body, routing_key="a.b"))
     for group in ("one", "two"):
@@ -132,7 +118,7 @@ def test_two_groups_each_read_everything_once_and_queue_subscriptions_still_get_
 
 
 def test_an_unacked_batch_comes_back_whole_after_its_lease(topics, streams, stream):
-    publish(topics, stream, b"a", b"b", b"c")
+    publish_bodies(topics, stream, b"a", b"b", b"c")
     create_group(streams, stream, "g")
     first = take(streams, stream, "g", 2, max_messages=2, lease_duration=seconds(1))
     assert bodies(first) == [b"a", b"b"]
@@ -151,7 +137,7 @@ def test_an_unacked_batch_comes_back_whole_after_its_lease(topics, streams, stre
 
 
 def test_ack_moves_the_cursor_and_lag_goes_to_zero(topics, streams, stream):
-    publish(topics, stream, *(str(i).encode() for i in range(5)))
+    publish_bodies(topics, stream, *(str(i).encode() for i in range(5)))
     created = create_group(streams, stream, "g")
     assert created.cursor_offset == 0
     assert not created.HasField("ack_time")
@@ -172,13 +158,13 @@ def test_ack_moves_the_cursor_and_lag_goes_to_zero(topics, streams, stream):
 
 
 async def test_a_group_starts_at_the_earliest_the_latest_or_a_time(topics, streams, stream, db):
-    publish(topics, stream, b"old")
+    publish_bodies(topics, stream, b"old")
     # Until then, "latest" errs towards reading it: it may still be held back.
     await until(db, FINAL, stream)
     create_group(streams, stream, "latest", start=spb.STREAM_START_LATEST)
     create_group(streams, stream, "earliest", start=spb.STREAM_START_EARLIEST)
     create_group(streams, stream, "default")
-    publish(topics, stream, b"new1", b"new2")
+    publish_bodies(topics, stream, b"new1", b"new2")
     assert bodies(take(streams, stream, "latest", 2)) == [b"new1", b"new2"]
     everything = take(streams, stream, "earliest", 3)
     assert bodies(everything) == [b"old", b"new1", b"new2"]
@@ -190,7 +176,7 @@ async def test_a_group_starts_at_the_earliest_the_latest_or_a_time(topics, strea
 
 def test_seek_back_replays_and_calls_back_the_batch_out(topics, streams, stream):
     for i in range(6):  # one publish each: each its own publish time
-        publish(topics, stream, str(i).encode())
+        publish_bodies(topics, stream, str(i).encode())
     create_group(streams, stream, "g")
     batch = take(streams, stream, "g", 6)
     ack(streams, stream, "g", batch.batch)
@@ -212,16 +198,16 @@ def test_seek_back_replays_and_calls_back_the_batch_out(topics, streams, stream)
     # Past the end: what is published from now on.
     past = seek(offset=2**62)
     assert past.lag_messages == 0
-    publish(topics, stream, b"next")
+    publish_bodies(topics, stream, b"next")
     assert bodies(take(streams, stream, "g", 1)) == [b"next"]
 
 
 def test_batch_controls_wait_for_min_messages_or_max_batch_wait(topics, streams, stream):
     create_group(streams, stream, "g")
-    publish(topics, stream, b"1", b"2", b"3")
+    publish_bodies(topics, stream, b"1", b"2", b"3")
     held = {"min_messages": 5, "max_batch_wait": seconds(HOUR)}
     assert read(streams, stream, "g", **held).batch == ""
-    publish(topics, stream, b"4", b"5")
+    publish_bodies(topics, stream, b"4", b"5")
     assert bodies(read(streams, stream, "g", wait_time=seconds(10), **held)) == [
         b"1",
         b"2",
@@ -243,7 +229,7 @@ def test_a_waiting_read_takes_what_is_published_meanwhile(topics, streams, strea
         target=lambda: result.append(read(streams, stream, "g", wait_time=seconds(15)))
     )
     reader.start()
-    publish(topics, stream, b"late")
+    publish_bodies(topics, stream, b"late")
     reader.join(20)
     assert bodies(result[0]) == [b"late"]
 
@@ -252,8 +238,8 @@ async def test_a_streaming_read_hands_out_the_next_batch_once_the_one_before_is_
     topics, streams, stream, aio_channel
 ):
     create_group(streams, stream, "g")
-    publish(topics, stream, b"a", b"b")
-    publish(topics, stream, b"c")
+    publish_bodies(topics, stream, b"a", b"b")
+    publish_bodies(topics, stream, b"c")
     stub = stream_service_pb2_grpc.StreamServiceStub(aio_channel)
     call = stub.StreamingReadStream(
         spb.StreamingReadStreamRequest(topic=stream, consumer_group="g", max_messages=2)
@@ -274,7 +260,7 @@ async def test_a_streaming_read_hands_out_the_next_batch_once_the_one_before_is_
 async def test_concurrent_readers_of_a_group_never_get_the_same_batch(
     topics, streams, stream, database_url
 ):
-    publish(topics, stream, b"a", b"b")
+    publish_bodies(topics, stream, b"a", b"b")
     create_group(streams, stream, "g")
     first = await asyncpg.connect(database_url)
     try:
@@ -295,7 +281,7 @@ async def test_concurrent_readers_of_a_group_never_get_the_same_batch(
 
 def test_many_readers_of_a_group_share_its_messages_without_overlap(topics, streams, stream):
     for round_ in range(6):
-        publish(topics, stream, *(f"{round_}.{i}".encode() for i in range(10)))
+        publish_bodies(topics, stream, *(f"{round_}.{i}".encode() for i in range(10)))
     create_group(streams, stream, "g")
     taken: list[list[int]] = []
     lock = threading.Lock()
@@ -329,7 +315,7 @@ async def test_a_publish_in_an_open_transaction_holds_reads_back_rather_than_bei
     try:
         await writer.execute("BEGIN")
         await writer.execute("SELECT publish_id FROM postbox.publish($1, 'first')", stream)
-        publish(topics, stream, b"second")  # commits while the first is still open
+        publish_bodies(topics, stream, b"second")  # commits while the first is still open
         assert read(streams, stream, "g").batch == ""
         await writer.execute("COMMIT")
         assert bodies(take(streams, stream, "g", 2)) == [b"first", b"second"]
@@ -341,7 +327,7 @@ async def test_the_sdk_reader_acks_what_its_handler_returns_and_gets_back_what_i
     topics, streams, stream, server
 ):
     create_group(streams, stream, "g")
-    publish(topics, stream, b"a", b"b", b"c")
+    publish_bodies(topics, stream, b"a", b"b", b"c")
     seen: list[tuple[int, list[bytes]]] = []
     async with AsyncClient(server.target) as client:
         reader = client.stream_reader(
@@ -363,7 +349,7 @@ def test_the_blocking_sdk_reader_acks_what_its_handler_returns_and_gets_back_wha
     topics, streams, stream, server
 ):
     create_group(streams, stream, "g")
-    publish(topics, stream, b"a", b"b", b"c")
+    publish_bodies(topics, stream, b"a", b"b", b"c")
     seen: list[tuple[int, list[bytes]]] = []
     with Client(server.target) as client:
         reader = client.stream_reader(
@@ -415,7 +401,7 @@ def test_a_range_of_the_log_reads_the_same_again_and_a_position_seek_commits_it(
     topics, streams, stream
 ):
     create_group(streams, stream, "g")
-    publish(topics, stream, *(str(i).encode() for i in range(5)))
+    publish_bodies(topics, stream, *(str(i).encode() for i in range(5)))
     start = position(streams, stream, "g").cursor_position
     assert (start.tx, start.offset) == (0, 0)
     # Rows are read once every older transaction has ended (any database's: the
@@ -450,8 +436,8 @@ def test_positions_only_gives_where_a_range_ends_and_how_many_it_holds_without_m
     topics, streams, stream
 ):
     create_group(streams, stream, "g")
-    publish(topics, stream, *(str(i).encode() for i in range(5)))
-    publish(topics, stream, *(str(i).encode() for i in range(5, 7)))
+    publish_bodies(topics, stream, *(str(i).encode() for i in range(5)))
+    publish_bodies(topics, stream, *(str(i).encode() for i in range(5, 7)))
     start = position(streams, stream, "g").cursor_position
     end = eventually(
         lambda: (p := position(streams, stream, "g").end_position) != start and p,
@@ -492,7 +478,7 @@ def test_positions_only_gives_where_a_range_ends_and_how_many_it_holds_without_m
 
 def test_bad_positions_get_a_precise_error_and_change_nothing(topics, streams, stream):
     create_group(streams, stream, "g")
-    publish(topics, stream, b"x")
+    publish_bodies(topics, stream, b"x")
     far = spb.StreamPosition(tx=2**62, offset=0)
     cases = [
         (lambda: read_range(streams, stream, max_messages=1001),
@@ -540,7 +526,7 @@ def test_bad_input_gets_a_precise_error_and_changes_nothing(topics, streams, str
     plain = unique_name("plain")
     topics.CreateTopic(tpb.CreateTopicRequest(topic=tpb.Topic(name=plain)))
     create_group(streams, stream, "g")
-    publish(topics, stream, b"x")
+    publish_bodies(topics, stream, b"x")
     future = Timestamp()
     future.FromDatetime(datetime.now(timezone.utc) + timedelta(hours=1))
     cases = [
@@ -605,7 +591,7 @@ def test_bad_input_gets_a_precise_error_and_changes_nothing(topics, streams, str
 def test_a_topic_becomes_a_stream_and_stops_being_one(topics, streams):
     name = unique_name("turned")
     topics.CreateTopic(tpb.CreateTopicRequest(topic=tpb.Topic(name=name)))
-    publish(topics, name, b"before")
+    publish_bodies(topics, name, b"before")
     mask = {"paths": ["stream_retention"]}
     updated = topics.UpdateTopic(
         tpb.UpdateTopicRequest(
@@ -614,7 +600,7 @@ def test_a_topic_becomes_a_stream_and_stops_being_one(topics, streams):
     ).topic
     assert updated.stream_retention.seconds == 60
     create_group(streams, name, "g")
-    publish(topics, name, b"after")
+    publish_bodies(topics, name, b"after")
     assert bodies(take(streams, name, "g", 1)) == [b"after"]
     streams.DeleteConsumerGroup(spb.DeleteConsumerGroupRequest(topic=name, name="g"))
     error = error_of(get_group, streams, name, "g")
@@ -691,7 +677,7 @@ async def test_rotation_under_load_with_a_pinned_horizon_truncates_and_leaves_no
         while truncated < 3:
             rounds += 1
             assert rounds < 400, f"only {truncated} truncations in {rounds} rounds"
-            publish(topics, stream, *(b"x" * 100 for _ in range(50)))
+            publish_bodies(topics, stream, *(b"x" * 100 for _ in range(50)))
             batch = read(streams, stream, "fast", max_messages=1000)
             if batch.batch:  # empty while an older transaction is still ending
                 ack(streams, stream, "fast", batch.batch)
@@ -741,7 +727,7 @@ async def test_a_truncate_waiting_for_its_lock_holds_no_publisher_up(own_databas
     reader = await asyncpg.connect(own_database)
     rotator = await asyncpg.connect(own_database)
     try:
-        publish(topics, stream, b"old")
+        publish_bodies(topics, stream, b"old")
         ack(streams, stream, "g", take(streams, stream, "g", 1).batch)
         await conn.fetchval("SELECT postbox.rotate_streams('0')")  # retires the slot "old" is in
         retired = await conn.fetchval(
@@ -768,7 +754,7 @@ async def test_a_truncate_waiting_for_its_lock_holds_no_publisher_up(own_databas
             rotator.get_server_pid(),
         )  # fmt: skip
         # ...and publishers go on meanwhile: they append to the current slot only.
-        publish(topics, stream, b"during")
+        publish_bodies(topics, stream, b"during")
         assert not rotating.done()
         await reader.execute("COMMIT")
         assert await rotating == 1
@@ -793,7 +779,7 @@ async def test_the_maintenance_worker_rotates_the_log(own_database):
             streams = stream_service_pb2_grpc.StreamServiceStub(channel)
             stream = new_stream(topics, "by_worker", retention=1)
             create_group(streams, stream, "g")
-            publish(topics, stream, b"a", b"b")
+            publish_bodies(topics, stream, b"a", b"b")
             ack(streams, stream, "g", take(streams, stream, "g", 2).batch)
             # Retired once its slot is half a retention old, truncated a retention later.
             await until(

@@ -6,15 +6,10 @@ import itertools
 
 import grpc
 import pytest
-from postbox.v1 import message_pb2, topic_service_pb2_grpc
+from postbox.v1 import message_pb2
 from postbox.v1 import queue_service_pb2 as qpb
 from postbox.v1 import topic_service_pb2 as pb
 from support import create_queue, error_of, receive, unique_name
-
-
-@pytest.fixture(scope="module")
-def topics(channel: grpc.Channel) -> topic_service_pb2_grpc.TopicServiceStub:
-    return topic_service_pb2_grpc.TopicServiceStub(channel)
 
 
 @pytest.fixture

@@ -10,16 +10,11 @@ from collections.abc import Iterator
 import grpc
 import pytest
 from google.protobuf.duration_pb2 import Duration
-from postbox.v1 import message_pb2, topic_service_pb2_grpc
+from postbox.v1 import message_pb2
 from postbox.v1 import topic_service_pb2 as pb
 from receiver import Receiver
 from standardwebhooks.webhooks import Webhook
 from support import create_queue, error_of, eventually, free_port, seconds, unique_name
-
-
-@pytest.fixture(scope="module")
-def topics(channel: grpc.Channel) -> topic_service_pb2_grpc.TopicServiceStub:
-    return topic_service_pb2_grpc.TopicServiceStub(channel)
 
 
 @pytest.fixture(scope="module")

@@ -149,3 +149,16 @@ def test_a_delay_is_refused_where_it_cannot_hold(topics, queues, stream):
     error = error_of(publish, topics, stream, b"m", delay=10)
     assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "has subscriptions: a delayed publish goes to the stream log only" in error.details()
+
+
+async def test_the_servers_maintenance_appends_a_due_message_with_no_reader_or_tick(
+    topics, streams, stream, db
+):
+    """The session's server runs maintenance every 0.2 s (tests/conftest.py): it alone
+    appends a message that came due, which then counts in the group's lag."""
+    publish(topics, stream, b"w", delay=3600)
+    assert await db.execute(DUE_NOW, stream) == "UPDATE 1"
+    await until(db, "SELECT NOT EXISTS (SELECT FROM postbox.stream_delayed d JOIN postbox.topics t "
+                "ON t.id = d.topic_id WHERE t.name = $1)", stream)  # fmt: skip
+    await until(db, FINAL, stream)
+    assert lag(streams, stream) == 1

@@ -341,6 +341,9 @@ SELECT * FROM postbox.set_consumer_group_cursor($1, $2, $3, $4)
 -- name: rotate_streams
 SELECT postbox.rotate_streams($1, $2)
 
+-- name: publish_due_streams
+SELECT postbox.publish_due_streams($1)
+
 -- name: consumer_metrics
 SELECT * FROM postbox.consumer_metrics($1)
 

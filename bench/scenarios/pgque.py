@@ -170,7 +170,7 @@ async def pgque_producer(ctx: Context) -> list[Row]:
     return rows
 
 
-async def _fill_pgque(conn: asyncpg.Connection, events: int) -> None:
+async def fill_pgque(conn: asyncpg.Connection, events: int) -> None:
     for _ in range(events // BATCH):
         await conn.execute(
             "SELECT pgque.send_batch($1, array_fill($2::jsonb, ARRAY[$3::int]))",
@@ -182,7 +182,7 @@ async def _fill_pgque(conn: asyncpg.Connection, events: int) -> None:
         await conn.execute("SELECT pgque.ticker($1)", QUEUE)
 
 
-async def _fill_postbox(conn: asyncpg.Connection, events: int) -> None:
+async def fill_postbox(conn: asyncpg.Connection, events: int) -> None:
     for _ in range(events // BATCH):
         await conn.execute(
             "SELECT count(*) FROM postbox.publish_batch($1, array_fill($2::bytea, ARRAY[$3::int]))",
@@ -228,8 +228,8 @@ async def pgque_consumer(ctx: Context) -> list[Row]:
     # About a second's reading per turn at 25k/s: kept short so the run stays ~1 minute.
     events = max(BATCH, round(ctx.seconds * 5_000 / BATCH) * BATCH)
     systems: dict[str, tuple[Callable[..., Awaitable[None]], Callable[..., Awaitable[int]]]] = {
-        "postbox": (_fill_postbox, drain_postbox),
-        "pgque": (_fill_pgque, drain_pgque),
+        "postbox": (fill_postbox, drain_postbox),
+        "pgque": (fill_pgque, drain_pgque),
     }
     rates: dict[str, list[float]] = {system: [] for system in systems}
     before = _load()

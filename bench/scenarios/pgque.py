@@ -29,20 +29,17 @@ import os
 import statistics
 import time
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 
 import asyncpg
 
 from bench import raw
-from bench.processes import ROOT
 from bench.runner import Context, Row, median_range, scenario
+from bench.scenarios.producer import PGMQ_SQL
 
 log = logging.getLogger(__name__)
 
-PGQUE_SQL = (
-    Path(os.environ.get("POSTBOX_PEERS_DIR") or ROOT.parent / "shared" / "peers")
-    / "pgque-95d5c3c.sql"
-)
+# Beside PGMQ's, in shared/peers or POSTBOX_PEERS_DIR.
+PGQUE_SQL = PGMQ_SQL.parent / "pgque-95d5c3c.sql"
 PGQUE_LABEL = "PgQue 0.2.0 (95d5c3c)"
 ROUNDS = 5  # as engine_vs_pgmq: one slow turn moves no median
 CLIENTS = 8

@@ -1913,13 +1913,174 @@ LANGUAGE sql IMMUTABLE AS $$
         quote_literal(left(consumer_id, 40)), length(consumer_id)) END
 $$;
 
+-- receive's work on a FIFO queue (since 0.9.0). A group's messages that are
+-- not parked at 'infinity' are always its oldest ones (sends park behind any
+-- message, promotion makes the oldest visible, removals keep the rest in
+-- order), so a group's head is deliverable when it is the group's oldest
+-- message and no message of its group is in flight. A receive then takes, behind
+-- each head, the group's next messages in order (the group's run), as many as
+-- fit in max_messages: the run stops at the first message it cannot take
+-- (locked by another receive, expired, out of receives, still delayed), so a run
+-- is always consecutive. While any message of a run is in flight the group is
+-- blocked; a message of the run that becomes visible again is not the group's
+-- oldest unless those before it are gone, so order is never broken. The checks
+-- are in the scan's WHERE, before its SKIP LOCKED lock, so a receive never holds
+-- a message it may not deliver.
+CREATE FUNCTION postbox._receive_fifo(q postbox.queues, max_messages integer, timeout interval,
+                                      scan_start timestamptz, max_bytes bigint, consumer_id text)
+RETURNS TABLE (message_id bigint, body bytea, attributes jsonb, enqueued_at timestamptz,
+               receive_count integer, first_received_at timestamptz, receipt text, priority smallint,
+               message_group_id text, deduplication_id text, dead_letter_source text, last_error text,
+               more boolean)
+LANGUAGE plpgsql
+-- As receive: an ordered walk of the ready index, and group look-ups through
+-- the group index.
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET jit = off
+AS $$
+#variable_conflict use_column
+DECLARE
+    expired_before timestamptz := now() - q.retention;
+    allowed integer;
+    head record;
+    taken bigint[];     -- the claim, in order: each head, then its run
+    sizes bigint[];     -- their sizes, as receive counts them
+    run_ids bigint[];
+    run_sizes bigint[];
+    locked bigint[];
+    to_deliver bigint[];
+    to_expire bigint[];
+    to_bury bigint[];
+    left_over boolean;
+    keys text[];
+BEGIN
+    FOR attempt IN 1..10 LOOP
+        allowed := CASE WHEN q.receive_rate_limit IS NULL THEN max_messages
+                        ELSE postbox._take_receive_tokens(q, max_messages) END;
+        EXIT WHEN allowed = 0;
+        taken := '{}';
+        sizes := '{}';
+        to_expire := NULL;
+        to_bury := NULL;
+        FOR head IN
+            SELECT m.id, m.message_group_id,
+                   coalesce(m.enqueued_at < expired_before, false) OR coalesce(m.expires_at <= now(), false) AS gone,
+                   coalesce(m.receive_count >= coalesce(m.max_receive_count, q.max_receive_count), false) AS dead,
+                   octet_length(m.body) + coalesce(pg_column_size(m.attributes), 0) + 256 AS size
+            FROM postbox.messages m
+            WHERE m.queue_id = q.id AND m.visible_at BETWEEN scan_start AND now()
+                  AND (m.message_group_id IS NULL
+                       OR NOT EXISTS (SELECT FROM postbox.messages x
+                                      WHERE x.queue_id = q.id AND x.message_group_id = m.message_group_id
+                                            AND x.id < m.id)
+                          -- The first of the group's later messages that is not visible
+                          -- is parked (or there is none): nothing of the group in flight.
+                          AND coalesce((SELECT x.visible_at = 'infinity' FROM postbox.messages x
+                                        WHERE x.queue_id = q.id AND x.message_group_id = m.message_group_id
+                                              AND x.id > m.id AND x.visible_at > now()
+                                        ORDER BY x.id LIMIT 1), true))
+            ORDER BY m.visible_at, m.id
+            LIMIT allowed
+            FOR UPDATE SKIP LOCKED
+        LOOP
+            IF head.gone THEN
+                to_expire := to_expire || head.id;
+                CONTINUE;
+            ELSIF head.dead THEN
+                to_bury := to_bury || head.id;
+                CONTINUE;
+            END IF;
+            EXIT WHEN cardinality(taken) >= allowed;
+            taken := taken || head.id;
+            sizes := sizes || head.size::bigint;
+            CONTINUE WHEN head.message_group_id IS NULL OR cardinality(taken) >= allowed;
+            -- The run: the group's next messages, in order, up to the first one that
+            -- another transaction holds (the locked ones are compared with all).
+            SELECT array_agg(x.id ORDER BY x.id),
+                   array_agg(octet_length(x.body) + coalesce(pg_column_size(x.attributes), 0) + 256 ORDER BY x.id)
+            INTO run_ids, run_sizes
+            FROM (SELECT x.id, x.body, x.attributes, x.visible_at, x.enqueued_at, x.expires_at,
+                         x.receive_count, x.max_receive_count
+                  FROM postbox.messages x
+                  WHERE x.queue_id = q.id AND x.message_group_id = head.message_group_id AND x.id > head.id
+                  ORDER BY x.id LIMIT allowed - cardinality(taken)) AS x;
+            CONTINUE WHEN run_ids IS NULL;
+            SELECT array_agg(x.id ORDER BY x.id) INTO locked
+            FROM (SELECT x.id FROM postbox.messages x
+                  WHERE x.id = ANY (run_ids) AND x.queue_id + 0 = q.id
+                        AND (x.visible_at = 'infinity' OR x.visible_at <= now())
+                        AND x.enqueued_at + q.delivery_delay <= now()
+                        AND NOT coalesce(x.enqueued_at < expired_before, false)
+                        AND NOT coalesce(x.expires_at <= now(), false)
+                        AND NOT coalesce(x.receive_count >= coalesce(x.max_receive_count, q.max_receive_count),
+                                         false)
+                  ORDER BY x.id
+                  FOR UPDATE SKIP LOCKED) AS x;
+            FOR i IN 1..cardinality(run_ids) LOOP
+                EXIT WHEN locked IS NULL OR i > cardinality(locked) OR locked[i] <> run_ids[i];
+                taken := taken || run_ids[i];
+                sizes := sizes || run_sizes[i];
+            END LOOP;
+        END LOOP;
+        IF to_expire IS NOT NULL THEN
+            PERFORM postbox._remove(q, to_expire, NULL, 'expired');
+        END IF;
+        IF to_bury IS NOT NULL THEN
+            PERFORM postbox._bury(q, to_bury);
+        END IF;
+        -- Within max_bytes: a prefix of the claim, at least its first message (a
+        -- prefix keeps every run consecutive).
+        SELECT array_agg(t.id ORDER BY t.n) FILTER (WHERE t.total <= max_bytes OR max_bytes IS NULL OR t.n = 1),
+               coalesce(bool_or(max_bytes IS NOT NULL AND t.total > max_bytes AND t.n > 1), false)
+        INTO to_deliver, left_over
+        FROM (SELECT s.id, s.n, sum(s.size) OVER (ORDER BY s.n) AS total
+              FROM unnest(taken, sizes) WITH ORDINALITY AS s(id, size, n)) AS t;
+        IF q.receive_rate_limit IS NOT NULL THEN
+            PERFORM postbox._return_receive_tokens(q, allowed - coalesce(cardinality(to_deliver), 0));
+        END IF;
+        IF to_deliver IS NOT NULL THEN
+            SELECT array_agg(m.dedupe_key) INTO keys
+            FROM postbox.messages m
+            WHERE m.id = ANY (to_deliver) AND m.queue_id + 0 = q.id AND m.dedupe_key IS NOT NULL;
+            IF keys IS NOT NULL THEN
+                PERFORM postbox._free_keys(q.id, keys, to_deliver);
+            END IF;
+            RETURN QUERY
+            WITH claimed AS (
+                UPDATE postbox.messages m
+                SET visible_at = clock_timestamp() + timeout,
+                    receive_count = m.receive_count + 1,
+                    first_received_at = coalesce(m.first_received_at, clock_timestamp()),
+                    lease = (SELECT gen_random_uuid()),  -- once per call (see receive)
+                    dedupe_key = NULL,
+                    consumer_id = _receive_fifo.consumer_id,
+                    received_at = clock_timestamp()
+                WHERE m.id = ANY (to_deliver) AND m.queue_id + 0 = q.id
+                RETURNING m.*
+            )
+            SELECT c.id, c.body, c.attributes, c.enqueued_at, c.receive_count, c.first_received_at,
+                   c.id || ':' || c.lease, c.priority, c.message_group_id, c.deduplication_id,
+                   CASE WHEN c.source_queue_id IS NOT NULL
+                        THEN (SELECT s.name FROM postbox.queues s WHERE s.id = c.source_queue_id) END, c.last_error,
+                   left_over
+            FROM claimed c JOIN unnest(to_deliver) WITH ORDINALITY AS o(id, n) ON o.id = c.id
+            ORDER BY o.n;
+            RETURN;
+        END IF;
+        EXIT WHEN to_expire IS NULL AND to_bury IS NULL;
+    END LOOP;
+END
+$$;
+
 -- Claims up to max_messages visible messages (FOR UPDATE SKIP LOCKED, so
 -- concurrent receivers never get the same message), makes them invisible for
 -- the visibility timeout (the queue's when NULL), counts the delivery and gives
 -- each a fresh receipt "<message id>:<lease>". The messages of one call share a
 -- lease: a call delivers a message once, so the pair names the delivery, and a
 -- strong random draw per row cost 5% of a receive of ten. Order: priority, then
--- visibility time, then id; FIFO queues hand out only group heads. On the way, expired
+-- visibility time, then id; a FIFO queue hands out runs of its groups (see
+-- _receive_fifo). On the way, expired
 -- messages are removed and messages received max_receive_count times already
 -- move to the dead-letter queue instead. A rate-limited queue returns fewer
 -- messages when its tokens run short. PB503 while receives are paused.
@@ -1996,6 +2157,11 @@ BEGIN
             'queue %s is paused for receiving; ResumeQueue lets receives in again', quote_literal(queue_name));
     END IF;
     scan_start := coalesce(scan_from, postbox._kept_floor(q.id), postbox._session_floor(q.id), '-infinity');
+    IF q.fifo THEN
+        RETURN QUERY SELECT * FROM postbox._receive_fifo(q, max_messages, timeout, scan_start, max_bytes,
+                                                         receive.consumer_id);
+        RETURN;
+    END IF;
     IF q.receive_rate_limit IS NULL AND max_bytes IS NULL AND NOT q.prioritized AND NOT q.keyed THEN
         -- The common case in one statement: the candidates are claimed when none of
         -- them has expired or run out of receives; else, or with none, the rounds.

@@ -107,17 +107,41 @@ def test_groups_are_delivered_in_order(sqs_any, fifo_queue):
     }
 
 
-def test_a_group_waits_while_its_message_is_in_flight(sqs_any, fifo_queue):
-    for body in ("first", "second"):
-        sqs_any.send_message(
-            QueueUrl=fifo_queue, MessageBody=body, MessageGroupId="g", MessageDeduplicationId=body
+def send_to_group(client, url: str, bodies: list[str], group: str = "g") -> None:
+    for body in bodies:
+        client.send_message(
+            QueueUrl=url, MessageBody=body, MessageGroupId=group, MessageDeduplicationId=body
         )
-    (first,) = sqs_any.receive_message(QueueUrl=fifo_queue, MaxNumberOfMessages=10)["Messages"]
+
+
+def test_a_group_waits_while_its_message_is_in_flight(sqs_any, fifo_queue):
+    send_to_group(sqs_any, fifo_queue, ["first", "second"])
+    (first,) = sqs_any.receive_message(QueueUrl=fifo_queue, MaxNumberOfMessages=1)["Messages"]
     assert first["Body"] == "first"
     assert "Messages" not in sqs_any.receive_message(QueueUrl=fifo_queue, MaxNumberOfMessages=10)
     sqs_any.delete_message(QueueUrl=fifo_queue, ReceiptHandle=first["ReceiptHandle"])
     (second,) = sqs_any.receive_message(QueueUrl=fifo_queue)["Messages"]
     assert second["Body"] == "second"
+
+
+def test_one_receive_returns_several_messages_of_a_group_in_order(sqs_any, fifo_queue):
+    send_to_group(sqs_any, fifo_queue, ["a1", "a2", "a3"], group="a")
+    send_to_group(sqs_any, fifo_queue, ["b1", "b2"], group="b")
+    got = sqs_any.receive_message(
+        QueueUrl=fifo_queue, MaxNumberOfMessages=4, AttributeNames=["MessageGroupId"]
+    )["Messages"]
+    assert [m["Body"] for m in got] == ["a1", "a2", "a3", "b1"]
+    # Group a is in flight, and b1 too: nothing more until they are deleted.
+    assert "Messages" not in sqs_any.receive_message(QueueUrl=fifo_queue, MaxNumberOfMessages=10)
+    for message in got[:2]:
+        sqs_any.delete_message(QueueUrl=fifo_queue, ReceiptHandle=message["ReceiptHandle"])
+    assert "Messages" not in sqs_any.receive_message(QueueUrl=fifo_queue, MaxNumberOfMessages=10)
+    # a3 made visible again comes back first in its group; b2 waits for b1.
+    sqs_any.change_message_visibility(
+        QueueUrl=fifo_queue, ReceiptHandle=got[2]["ReceiptHandle"], VisibilityTimeout=0
+    )
+    (again,) = sqs_any.receive_message(QueueUrl=fifo_queue, MaxNumberOfMessages=10)["Messages"]
+    assert again["Body"] == "a3"
 
 
 def test_deduplication_id_drops_repeats_even_after_delete(sqs_any, fifo_queue):

@@ -53,25 +53,70 @@ def test_fifo_send_rules(messages, queues, fifo, options, says):
 def test_a_group_is_blocked_while_its_message_is_in_flight(messages, fifo):
     for body, group in [(b"a1", "A"), (b"a2", "A"), (b"b1", "B"), (b"a3", "A")]:
         send(messages, fifo, body, message_group_id=group, deduplication_id=body.decode())
-    first = receive(messages, fifo, count=10)
-    assert [m.body for m in first] == [b"a1", b"b1"]  # one head per group
+    first = receive(messages, fifo, count=2)
+    assert [m.body for m in first] == [b"a1", b"a2"]  # the head and its run
+    (b1,) = receive(messages, fifo, count=10)  # group A is in flight: only B
+    assert b1.body == b"b1"
     assert receive(messages, fifo, count=10) == []
-    a1 = next(m for m in first if m.body == b"a1")
-    messages.Delete(pb.DeleteRequest(queue=fifo, receipt=a1.receipt))
-    (a2,) = receive(messages, fifo, count=10)
-    assert a2.body == b"a2"
-    assert a2.message_group_id == "A"
+    messages.Delete(pb.DeleteRequest(queue=fifo, receipt=first[0].receipt))
+    assert receive(messages, fifo, count=10) == []  # a2 still in flight
+    messages.Delete(pb.DeleteRequest(queue=fifo, receipt=first[1].receipt))
+    (a3,) = receive(messages, fifo, count=10)
+    assert a3.body == b"a3"
+    assert a3.message_group_id == "A"
+
+
+def test_several_messages_of_one_group_come_in_order_in_one_receive(messages, fifo):
+    for body, group in [(b"a1", "A"), (b"b1", "B"), (b"a2", "A"), (b"b2", "B"), (b"a3", "A")]:
+        send(messages, fifo, body, message_group_id=group, deduplication_id=body.decode())
+    got = receive(messages, fifo, count=10)
+    assert [m.body for m in got] == [b"a1", b"a2", b"a3", b"b1", b"b2"]
+    assert len({m.receipt for m in got}) == 5
+    assert receive(messages, fifo, count=10) == []
 
 
 def test_a_timed_out_head_comes_back_before_the_rest_of_its_group(messages, fifo):
     for body in [b"1", b"2"]:
         send(messages, fifo, body, message_group_id="G", deduplication_id=body.decode())
-    (head,) = receive(messages, fifo, visibility=0.3)
+    (head,) = receive(messages, fifo, count=1, visibility=0.3)
     assert head.body == b"1"
     time.sleep(0.4)
-    (again,) = receive(messages, fifo)
+    (again,) = receive(messages, fifo, count=1)
     assert again.body == b"1"
     assert again.receive_count == 2
+
+
+def make_visible(messages, fifo: str, message) -> None:
+    messages.ChangeVisibility(
+        pb.ChangeVisibilityRequest(
+            queue=fifo, receipt=message.receipt, visibility_timeout=seconds(0)
+        )
+    )
+
+
+def test_a_run_member_made_visible_waits_for_the_rest_of_its_run(messages, fifo):
+    for body in [b"1", b"2", b"3", b"4"]:
+        send(messages, fifo, body, message_group_id="G", deduplication_id=body.decode())
+    run = receive(messages, fifo, count=3)
+    assert [m.body for m in run] == [b"1", b"2", b"3"]
+    make_visible(messages, fifo, run[1])  # "2" is not the group's oldest: not delivered
+    assert receive(messages, fifo, count=10) == []
+    make_visible(messages, fifo, run[0])  # "3" still in flight: the group stays blocked
+    assert receive(messages, fifo, count=10) == []
+    make_visible(messages, fifo, run[2])
+    again = receive(messages, fifo, count=10)
+    assert [m.body for m in again] == [b"1", b"2", b"3", b"4"]
+    assert [m.receive_count for m in again] == [2, 2, 2, 1]
+
+
+def test_deleting_the_head_of_a_run_does_not_release_the_group(messages, fifo):
+    for body in [b"1", b"2", b"3"]:
+        send(messages, fifo, body, message_group_id="G", deduplication_id=body.decode())
+    run = receive(messages, fifo, count=2)
+    messages.Delete(pb.DeleteRequest(queue=fifo, receipt=run[0].receipt))
+    assert receive(messages, fifo, count=10) == []
+    make_visible(messages, fifo, run[1])
+    assert [m.body for m in receive(messages, fifo, count=10)] == [b"2", b"3"]
 
 
 async def test_fifo_order_holds_for_8_consumers_and_20_groups(aio_channel, queues):
@@ -104,11 +149,12 @@ async def test_fifo_order_holds_for_8_consumers_and_20_groups(aio_channel, queue
             )
         )
         async for response in call:
+            groups_here = {m.body.decode().split(":")[0] for m in response.messages}
+            for group in groups_here & in_flight:
+                violations.append(f"group {group} delivered twice at once")
+            in_flight.update(groups_here)
             for message in response.messages:
                 group, sequence = message.body.decode().split(":")
-                if group in in_flight:
-                    violations.append(f"group {group} delivered twice at once")
-                in_flight.add(group)
                 delivered[group].append(int(sequence))
             await asyncio.sleep(0.001)  # "processing"
             for message in response.messages:
@@ -156,7 +202,7 @@ def test_content_based_deduplication_hashes_the_body(messages, queues):
     first = send(messages, queue.name, b"same", message_group_id="g")
     assert send(messages, queue.name, b"same", message_group_id="g").duplicate
     assert not send(messages, queue.name, b"other", message_group_id="g").duplicate
-    (got,) = receive(messages, queue.name)
+    (got,) = receive(messages, queue.name, count=1)
     assert got.message_id == first.message_id
     assert got.deduplication_id == hashlib.sha256(b"same").hexdigest()
 

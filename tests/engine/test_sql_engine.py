@@ -649,6 +649,85 @@ async def test_fifo_send_racing_a_dead_letter_move_never_orphans_a_message(conns
         assert await _fifo_group(setup, queue) == [(b"new", False)], f"schedule {positions}"
 
 
+FIFO_RECEIVE = "SELECT message_id, message_group_id, body FROM postbox.receive($1, 10, '1 hour')"
+
+
+async def _fifo_runs(conn: asyncpg.Connection, queue: str, groups: dict[str, int]) -> None:
+    """Sends, interleaved, groups[g] messages to each group g, bodies "<g><n>"."""
+    for n in range(max(groups.values())):
+        for group, count in groups.items():
+            if n < count:
+                await conn.execute(
+                    FIFO_SEND.replace("'new'", f"'{group}{n}'").replace("'g'", f"'{group}'"), queue
+                )
+
+
+async def test_two_fifo_receives_never_share_a_group_and_take_runs_in_order(conns):
+    """Both sessions receive 10 from two groups of three at every interleaving: a group
+    goes to one session only, as a run from its first message, in order."""
+    setup, conn_a, conn_b = conns
+    for n, positions in enumerate(SCHEDULES):
+        queue = f"iso_fifo_runs_{n}.fifo"
+        await setup.execute("SELECT postbox.create_queue($1)", queue)
+        await _fifo_runs(setup, queue, {"a": 3, "b": 3})
+        a, b = Session(conn_a), Session(conn_b)
+        await run_interleaving(
+            merge(
+                positions,
+                transaction(a, FIFO_RECEIVE, queue),
+                transaction(b, FIFO_RECEIVE, queue),
+            )
+        )
+        got_a, got_b = a.results[1], b.results[1]
+        groups_a = {r["message_group_id"] for r in got_a}
+        groups_b = {r["message_group_id"] for r in got_b}
+        assert not groups_a & groups_b, f"schedule {positions}"
+        for got in (got_a, got_b):
+            for group in {r["message_group_id"] for r in got}:
+                bodies = [r["body"] for r in got if r["message_group_id"] == group]
+                assert bodies == [f"{group}{i}".encode() for i in range(3)], f"schedule {positions}"
+
+
+async def test_a_fifo_receive_takes_nothing_of_a_group_whose_head_another_receive_holds(conns):
+    """pgmq-style: the other receive's claim is held open (its rows locked, not
+    committed); this one must skip the whole group, not deliver the messages behind."""
+    setup, holder, receiver = conns
+    queue = "iso_fifo_held_head.fifo"
+    await setup.execute("SELECT postbox.create_queue($1)", queue)
+    await _fifo_runs(setup, queue, {"a": 3, "b": 2})
+    await holder.execute("BEGIN")
+    held = await holder.fetch("SELECT body FROM postbox.receive($1, 1, '1 hour')", queue)
+    assert [r["body"] for r in held] == [b"a0"]
+    got = await receiver.fetch(FIFO_RECEIVE, queue)
+    assert [r["body"] for r in got] == [b"b0", b"b1"]
+    await holder.execute("COMMIT")
+    # a0 in flight now: a1 and a2 wait for it.
+    assert await receiver.fetch(FIFO_RECEIVE, queue) == []
+
+
+async def test_a_fifo_receive_stops_a_run_at_a_held_message_and_skips_its_later_ones(conns):
+    """A run that timed out is visible again: the receive takes its first message
+    and stops at the one another transaction holds, never the ones after it; nor
+    does it take them while the first is held."""
+    setup, holder, receiver = conns
+    queue = "iso_fifo_held_run.fifo"
+    await setup.execute("SELECT postbox.create_queue($1)", queue)
+    await _fifo_runs(setup, queue, {"a": 4})
+    first = await setup.fetch("SELECT message_id FROM postbox.receive($1, 10, '0 s')", queue)
+    ids = [r["message_id"] for r in first]
+    assert len(ids) == 4  # the run, visible again at once
+    await holder.execute("BEGIN")
+    await holder.execute("SELECT FROM postbox.messages WHERE id = $1 FOR UPDATE", ids[0])
+    assert await receiver.fetch(FIFO_RECEIVE, queue) == []  # a1..a3 are not the oldest
+    await holder.execute("ROLLBACK")
+    await holder.execute("BEGIN")
+    await holder.execute("SELECT FROM postbox.messages WHERE id = $1 FOR UPDATE", ids[2])
+    got = await receiver.fetch(FIFO_RECEIVE, queue)
+    assert [r["body"] for r in got] == [b"a0", b"a1"]
+    await holder.execute("ROLLBACK")
+    assert await receiver.fetch(FIFO_RECEIVE, queue) == []  # a0 and a1 in flight
+
+
 async def test_a_receive_claims_in_order_and_takes_the_rounds_past_an_expired_candidate(conns):
     """receive's one-statement claim, and its fall-back to the rounds that remove what
     must not be delivered."""

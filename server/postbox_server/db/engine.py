@@ -32,6 +32,10 @@ Row: TypeAlias = "Record | Mapping[str, Any]"
 # What a send_batch returns: message ids (decimal, as the API carries them) and
 # whether each was a duplicate, in message order.
 SentBatch = tuple[list[str], list[bool]]
+# Run first in a transaction whose commit need not wait for its WAL flush (sends
+# with relaxed_durability): the commit is then visible at once and on disk within
+# about three wal_writer_delay, so a crash of PostgreSQL may lose it after its OK.
+RELAXED_COMMIT = "SET LOCAL synchronous_commit = off"
 
 
 # Slots and not frozen: SendBatch builds one per entry, and a frozen dataclass's
@@ -399,6 +403,20 @@ class Engine:
         sent = len(row[1]) - sum(row[1])
         self.observer.sent(queue, sent)
         return row[0], row[1]
+
+    @contextlib.asynccontextmanager
+    async def relaxed_transaction(self) -> AsyncIterator[Connection]:
+        """A connection in a transaction that commits with synchronous_commit off, for
+        it alone (see RELAXED_COMMIT); it commits when the block ends."""
+        async with self.connection() as conn:
+            try:
+                async with conn.transaction():
+                    await conn.execute(RELAXED_COMMIT)
+                    yield conn
+            except ApiError:
+                raise
+            except Exception as exc:
+                raise translate(exc) from exc
 
     async def send_bodies(
         self,

@@ -79,7 +79,9 @@ class GroupCommit(Generic[Item, Result]):
     ) -> None:
         """`relaxed`: every group commits with synchronous_commit off (sends that asked
         for relaxed durability); such writes have a GroupCommit of their own, so that
-        they never share a commit with durable ones."""
+        they never share a commit with durable ones. Its write_batch sets the setting
+        itself for a lone statement (a group of one destination, in no transaction
+        block); a transaction of several sets it first."""
         self._engine = engine
         self._relaxed = relaxed
         self._write_batch = write_batch
@@ -135,7 +137,7 @@ class GroupCommit(Generic[Item, Result]):
     async def _run(self, group: list[_Waiting[Item, Result]]) -> list[Result | ApiError]:
         async with self._engine.connection() as conn:
             try:
-                if len({w.destination for w in group}) == 1 and not self._relaxed:
+                if len({w.destination for w in group}) == 1:
                     # One batch statement is a transaction of its own: no BEGIN and
                     # COMMIT round trips, which a lone call would otherwise pay.
                     return list(await self._write_by_destination(conn, group))

@@ -57,7 +57,7 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
         )
         # Sends with relaxed_durability: groups of their own, never mixed with durable ones.
         self.relaxed_sends: GroupCommit[OutgoingMessage, tuple[str, bool]] = GroupCommit(
-            engine, self._send_group, relaxed=True
+            engine, self._send_relaxed_group, relaxed=True
         )
         self.prefetch = Prefetch()
         self.claims = Claims(engine, hub, max_response_size=max_response_size)
@@ -126,6 +126,13 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
         ids, duplicates = await self.engine.send_batch(queue, messages, conn=conn)
         return list(zip(ids, duplicates, strict=True))
 
+    async def _send_relaxed_group(
+        self, conn: Connection, queue: str, messages: list[OutgoingMessage]
+    ) -> list[tuple[str, bool]]:
+        """_send_group for sends with relaxed_durability."""
+        ids, duplicates = await self.engine.send_batch(queue, messages, conn=conn, relaxed=True)
+        return list(zip(ids, duplicates, strict=True))
+
     @reports_errors
     async def SendBatch(
         self, request: pb.SendBatchRequest, context: grpc.aio.ServicerContext
@@ -164,10 +171,9 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
                     raise invalid(f"entry {index}: {error.message}") from None
                 if traced:
                     outgoing[-1].attributes = tracing.stamp(outgoing[-1].attributes)
-            if not request.relaxed_durability:
-                return await self.engine.send_batch(request.queue, outgoing)
-            async with self.engine.relaxed_transaction() as conn:
-                ids, duplicates = await self.engine.send_batch(request.queue, outgoing, conn=conn)
+            ids, duplicates = await self.engine.send_batch(
+                request.queue, outgoing, relaxed=request.relaxed_durability
+            )
         return ids, duplicates
 
     @reports_errors

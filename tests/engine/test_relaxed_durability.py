@@ -9,6 +9,7 @@ import grpc
 import pytest
 from postbox.v1 import message_service_pb2 as pb
 from postbox.v1 import message_service_pb2_grpc
+from postbox_client import AsyncClient, Client
 from support import metric, scrape
 
 
@@ -136,3 +137,17 @@ async def test_a_refused_relaxed_send_fails_as_a_durable_one(stub, db, queue):
         queue,
     )
     assert count == 0
+
+
+async def test_the_sdks_send_takes_relaxed_durability(server, queue, commit_settings):
+    async with AsyncClient(server.target) as client:
+        relaxed_async = await client.send(queue, b"a", relaxed_durability=True)
+        durable = await client.send(queue, b"d")
+
+    def sync_send() -> str:
+        with Client(server.target) as client:
+            return client.send(queue, b"s", relaxed_durability=True)
+
+    relaxed_sync = await asyncio.to_thread(sync_send)
+    seen = await commit_settings([relaxed_async, durable, relaxed_sync])
+    assert [seen[i][1] for i in (relaxed_async, durable, relaxed_sync)] == ["off", "on", "off"]

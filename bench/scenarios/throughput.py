@@ -204,8 +204,10 @@ async def single_sends(
     clients: int,
     channel_count: int = 4,
     seconds: float | None = None,
+    *,
+    relaxed_durability: bool = False,
 ) -> tuple[Load, float]:
-    request = pb.SendRequest(queue=queue, body=ctx.body())
+    request = pb.SendRequest(queue=queue, body=ctx.body(), relaxed_durability=relaxed_durability)
 
     async def call(stub: message_service_pb2_grpc.MessageServiceAsyncStub) -> int:
         await stub.Send(request)

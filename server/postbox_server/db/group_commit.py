@@ -31,7 +31,7 @@ from typing import Generic, TypeVar
 
 import grpc
 
-from postbox_server.db.engine import Connection, Engine
+from postbox_server.db.engine import RELAXED_COMMIT, Connection, Engine
 from postbox_server.db.errors import translate
 from postbox_server.errors import ApiError
 
@@ -70,9 +70,20 @@ class GroupCommit(Generic[Item, Result]):
     """Coalesces concurrent single writes of one process into shared transactions."""
 
     def __init__(
-        self, engine: Engine, write_batch: WriteBatch[Item, Result], *, max_size: int = 256
+        self,
+        engine: Engine,
+        write_batch: WriteBatch[Item, Result],
+        *,
+        max_size: int = 256,
+        relaxed: bool = False,
     ) -> None:
+        """`relaxed`: every group commits with synchronous_commit off (sends that asked
+        for relaxed durability); such writes have a GroupCommit of their own, so that
+        they never share a commit with durable ones. Its write_batch sets the setting
+        itself for a lone statement (a group of one destination, in no transaction
+        block); a transaction of several sets it first."""
         self._engine = engine
+        self._relaxed = relaxed
         self._write_batch = write_batch
         self._max_size = max_size
         self._waiting: list[_Waiting[Item, Result]] = []
@@ -131,6 +142,7 @@ class GroupCommit(Generic[Item, Result]):
                     # COMMIT round trips, which a lone call would otherwise pay.
                     return list(await self._write_by_destination(conn, group))
                 async with conn.transaction():
+                    await self._relax(conn)
                     return list(await self._write_by_destination(conn, group))
             except ApiError as error:
                 if not _entry_fault(error) or len(group) == 1:
@@ -139,6 +151,7 @@ class GroupCommit(Generic[Item, Result]):
             # Rolled back, so nothing was committed: write again, each in a savepoint.
             outcomes: list[Result | ApiError] = []
             async with conn.transaction():
+                await self._relax(conn)
                 for waiting in group:
                     try:
                         async with conn.transaction():
@@ -149,6 +162,10 @@ class GroupCommit(Generic[Item, Result]):
                             raise
                         outcomes.append(error)
             return outcomes
+
+    async def _relax(self, conn: Connection) -> None:
+        if self._relaxed:
+            await conn.execute(RELAXED_COMMIT)
 
     async def _write_by_destination(
         self, conn: Connection, group: list[_Waiting[Item, Result]]

@@ -83,6 +83,17 @@ SELECT coalesce(array_agg(s.message_id::text ORDER BY s.n), '{}'),
 FROM postbox.send_batch($1, $2, $3::jsonb[], $4, $5, $6, $7, $8, $9, $10, $11, $12)
      WITH ORDINALITY AS s(message_id, duplicate, n)
 
+-- name: send_batch_relaxed
+-- send_batch whose transaction commits with synchronous_commit off (relaxed_durability):
+-- set_config(..., true) holds to the end of the transaction, the statement's own
+-- outside a transaction block, so it costs no BEGIN and COMMIT round trips. In the
+-- queue argument, so that it is set before send_batch runs.
+SELECT coalesce(array_agg(s.message_id::text ORDER BY s.n), '{}'),
+       coalesce(array_agg(s.duplicate ORDER BY s.n), '{}')
+FROM postbox.send_batch((SELECT $1::text FROM set_config('synchronous_commit', 'off', true)),
+                        $2, $3::jsonb[], $4, $5, $6, $7, $8, $9, $10, $11, $12)
+     WITH ORDINALITY AS s(message_id, duplicate, n)
+
 -- name: receive
 SELECT * FROM postbox.receive($1, $2, $3, $4, $5, $6)
 

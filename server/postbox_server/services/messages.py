@@ -55,6 +55,10 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
         self.sends: GroupCommit[OutgoingMessage, tuple[str, bool]] = GroupCommit(
             engine, self._send_group
         )
+        # Sends with relaxed_durability: groups of their own, never mixed with durable ones.
+        self.relaxed_sends: GroupCommit[OutgoingMessage, tuple[str, bool]] = GroupCommit(
+            engine, self._send_relaxed_group, relaxed=True
+        )
         self.prefetch = Prefetch()
         self.claims = Claims(engine, hub, max_response_size=max_response_size)
 
@@ -80,13 +84,14 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
         """One message, through the group commit; its id once committed."""
         outgoing = convert.outgoing(request, self.max_message_size)
         outgoing.attributes = tracing.stamp(outgoing.attributes)
+        sends = self.relaxed_sends if request.relaxed_durability else self.sends
         try:
             try:
-                message_id, duplicate = await self.sends.write(request.queue, outgoing)
+                message_id, duplicate = await sends.write(request.queue, outgoing)
             except ApiError as error:
                 if not await self._created(request.queue, error):
                     raise
-                message_id, duplicate = await self.sends.write(request.queue, outgoing)
+                message_id, duplicate = await sends.write(request.queue, outgoing)
         finally:
             # Failed too: the hub skipped any NOTIFY of the session's last call.
             self.hub.wake(request.queue)
@@ -121,13 +126,24 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
         ids, duplicates = await self.engine.send_batch(queue, messages, conn=conn)
         return list(zip(ids, duplicates, strict=True))
 
+    async def _send_relaxed_group(
+        self, conn: Connection, queue: str, messages: list[OutgoingMessage]
+    ) -> list[tuple[str, bool]]:
+        """_send_group for sends with relaxed_durability."""
+        ids, duplicates = await self.engine.send_batch(queue, messages, conn=conn, relaxed=True)
+        return list(zip(ids, duplicates, strict=True))
+
     @reports_errors
     async def SendBatch(
         self, request: pb.SendBatchRequest, context: grpc.aio.ServicerContext
     ) -> pb.SendBatchResponse:
         # With tracing on, every message takes the producer's context along.
         traced = tracing.enabled()
-        plain = None if traced else convert.plain_batch(request, self.max_message_size)
+        plain = (
+            None
+            if traced or request.relaxed_durability
+            else convert.plain_batch(request, self.max_message_size)
+        )
         try:
             try:
                 ids, duplicates = await self._send_batch(request, plain, traced)
@@ -155,7 +171,9 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
                     raise invalid(f"entry {index}: {error.message}") from None
                 if traced:
                     outgoing[-1].attributes = tracing.stamp(outgoing[-1].attributes)
-            ids, duplicates = await self.engine.send_batch(request.queue, outgoing)
+            ids, duplicates = await self.engine.send_batch(
+                request.queue, outgoing, relaxed=request.relaxed_durability
+            )
         return ids, duplicates
 
     @reports_errors

@@ -177,8 +177,12 @@ class AsyncClient:
     async def send(self, queue: str, body: bytes | str, **fields: Any) -> str:
         """Sends one message; returns its id once committed. Retried only with a
         deduplication_id. Every send of the client goes over one stream (see
-        postbox_client.send_stream), or as a unary Send to a server without it."""
-        request = message_service_pb2.SendRequest(queue=queue, **send_fields(body, **fields))
+        postbox_client.send_stream), or as a unary Send to a server without it.
+        relaxed_durability=True: committed but perhaps not yet flushed (see SendRequest)."""
+        relaxed = bool(fields.pop("relaxed_durability", False))
+        request = message_service_pb2.SendRequest(
+            queue=queue, relaxed_durability=relaxed, **send_fields(body, **fields)
+        )
         repeatable = bool(fields.get("deduplication_id"))
         return (await self.call(self._send, request, repeatable=repeatable)).message_id
 
@@ -342,7 +346,10 @@ class Client(Operations):
         self, queue: str, body: bytes | str, **fields: Any
     ) -> message_service_pb2.SendResponse:
         """As `send`, returning the whole answer: the id, and whether it was a duplicate."""
-        request = message_service_pb2.SendRequest(queue=queue, **send_fields(body, **fields))
+        relaxed = bool(fields.pop("relaxed_durability", False))
+        request = message_service_pb2.SendRequest(
+            queue=queue, relaxed_durability=relaxed, **send_fields(body, **fields)
+        )
         repeatable = bool(fields.get("deduplication_id"))
         return self.call(self.messages.Send, request, repeatable=repeatable)
 

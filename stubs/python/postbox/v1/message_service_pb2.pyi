@@ -23,7 +23,7 @@ RECEIVE_MODE_LONG_POLL: ReceiveMode
 RECEIVE_MODE_CONTINUOUS: ReceiveMode
 
 class SendRequest(_message.Message):
-    __slots__ = ("queue", "body", "attributes", "delay", "deliver_at", "message_group_id", "deduplication_id", "dedupe_key", "priority", "ttl", "expire_time", "max_receive_count")
+    __slots__ = ("queue", "body", "attributes", "delay", "deliver_at", "message_group_id", "deduplication_id", "dedupe_key", "priority", "ttl", "expire_time", "max_receive_count", "relaxed_durability")
     class AttributesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -43,6 +43,7 @@ class SendRequest(_message.Message):
     TTL_FIELD_NUMBER: _ClassVar[int]
     EXPIRE_TIME_FIELD_NUMBER: _ClassVar[int]
     MAX_RECEIVE_COUNT_FIELD_NUMBER: _ClassVar[int]
+    RELAXED_DURABILITY_FIELD_NUMBER: _ClassVar[int]
     queue: str
     body: bytes
     attributes: _containers.MessageMap[str, _message_pb2.AttributeValue]
@@ -55,7 +56,8 @@ class SendRequest(_message.Message):
     ttl: _duration_pb2.Duration
     expire_time: _timestamp_pb2.Timestamp
     max_receive_count: int
-    def __init__(self, queue: _Optional[str] = ..., body: _Optional[bytes] = ..., attributes: _Optional[_Mapping[str, _message_pb2.AttributeValue]] = ..., delay: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., deliver_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., message_group_id: _Optional[str] = ..., deduplication_id: _Optional[str] = ..., dedupe_key: _Optional[str] = ..., priority: _Optional[int] = ..., ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., max_receive_count: _Optional[int] = ...) -> None: ...
+    relaxed_durability: bool
+    def __init__(self, queue: _Optional[str] = ..., body: _Optional[bytes] = ..., attributes: _Optional[_Mapping[str, _message_pb2.AttributeValue]] = ..., delay: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., deliver_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., message_group_id: _Optional[str] = ..., deduplication_id: _Optional[str] = ..., dedupe_key: _Optional[str] = ..., priority: _Optional[int] = ..., ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., max_receive_count: _Optional[int] = ..., relaxed_durability: _Optional[bool] = ...) -> None: ...
 
 class SendResponse(_message.Message):
     __slots__ = ("message_id", "duplicate")
@@ -99,12 +101,14 @@ class SendBatchEntry(_message.Message):
     def __init__(self, body: _Optional[bytes] = ..., attributes: _Optional[_Mapping[str, _message_pb2.AttributeValue]] = ..., delay: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., deliver_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., message_group_id: _Optional[str] = ..., deduplication_id: _Optional[str] = ..., dedupe_key: _Optional[str] = ..., priority: _Optional[int] = ..., ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., max_receive_count: _Optional[int] = ...) -> None: ...
 
 class SendBatchRequest(_message.Message):
-    __slots__ = ("queue", "entries")
+    __slots__ = ("queue", "entries", "relaxed_durability")
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    RELAXED_DURABILITY_FIELD_NUMBER: _ClassVar[int]
     queue: str
     entries: _containers.RepeatedCompositeFieldContainer[SendBatchEntry]
-    def __init__(self, queue: _Optional[str] = ..., entries: _Optional[_Iterable[_Union[SendBatchEntry, _Mapping]]] = ...) -> None: ...
+    relaxed_durability: bool
+    def __init__(self, queue: _Optional[str] = ..., entries: _Optional[_Iterable[_Union[SendBatchEntry, _Mapping]]] = ..., relaxed_durability: _Optional[bool] = ...) -> None: ...
 
 class SendBatchResponse(_message.Message):
     __slots__ = ("message_ids", "duplicates")

@@ -133,6 +133,18 @@ export declare type SendRequest = Message<"postbox.v1.SendRequest"> & {
    * @generated from field: int32 max_receive_count = 12;
    */
   maxReceiveCount: number;
+
+  /**
+   * Optional. True: the send's transaction commits with PostgreSQL's
+   * synchronous_commit off, so it does not wait for its WAL to reach disk. An
+   * OK then means committed but perhaps not yet flushed: a crash of PostgreSQL
+   * (not a clean stop) may lose the last such writes, those of up to about
+   * three times wal_writer_delay (default 200 ms) before it. Such sends never
+   * share a commit with durable ones. Default false: an OK means flushed.
+   *
+   * @generated from field: bool relaxed_durability = 13;
+   */
+  relaxedDurability: boolean;
 };
 
 /**
@@ -291,6 +303,13 @@ export declare type SendBatchRequest = Message<"postbox.v1.SendBatchRequest"> & 
    * @generated from field: repeated postbox.v1.SendBatchEntry entries = 2;
    */
   entries: SendBatchEntry[];
+
+  /**
+   * Optional. As SendRequest.relaxed_durability, for the whole batch.
+   *
+   * @generated from field: bool relaxed_durability = 3;
+   */
+  relaxedDurability: boolean;
 };
 
 /**

@@ -152,6 +152,9 @@ def test_a_batch_that_never_committed_reads_the_same_range_again(
         wait_for(lambda: len(_bodies(batches)) >= 300, 120, "300 rows")
         publish(topics, stream, 300, 400)
         wait_for(lambda: len(_bodies(batches)) >= 700, 120, "700 rows")
+        # Spark records a batch's commit after its sink returns: stopped before that, the
+        # query would leave the second batch uncommitted on its own.
+        wait_for(lambda: len(_commits(checkpoint)) >= 2, 120, "the second batch's commit")
     finally:
         query.stop()
     last = _commits(checkpoint)[-1]

@@ -47,6 +47,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="rows the spark_write scenario writes each way",
     )
     parser.add_argument(
+        "--soak-seconds", type=float, default=3600.0, help="length of the soak run's load"
+    )
+    parser.add_argument(
         "--no-pin",
         action="store_true",
         help="sustained run without the transaction that pins the xmin horizon (for comparison)",
@@ -95,6 +98,7 @@ async def run(args: argparse.Namespace) -> Report:
             args.sustained_rate,
             sustained_pin=not args.no_pin,
             spark_rows=args.spark_rows,
+            soak_seconds=args.soak_seconds,
         )
         try:
             for name in names:

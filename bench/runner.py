@@ -91,6 +91,7 @@ class Context:
     sustained_seconds: float
     sustained_rate: float
     sustained_pin: bool = True
+    soak_seconds: float = 3600.0
     spark_rows: int = 1_000_000
     # Scenario output beyond the table (e.g. the sustained run's windows), kept in the JSON.
     extra: dict[str, Any] = field(default_factory=dict)

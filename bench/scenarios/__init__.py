@@ -15,6 +15,7 @@ from bench.scenarios import (
     producer,
     receiving,
     replication,
+    soak,
     spark,
     sqs,
     streams,
@@ -24,7 +25,7 @@ from bench.scenarios import (
 )
 
 # Scenarios too long for a default run; they run when named with --only.
-LONG = frozenset({"spark_write", "sustained", "sustained_stream", "send_sync_replication"})
+LONG = frozenset({"spark_write", "sustained", "sustained_stream", "send_sync_replication", "soak"})
 
 __all__ = [
     "LONG",
@@ -42,6 +43,7 @@ __all__ = [
     "producer",
     "receiving",
     "replication",
+    "soak",
     "spark",
     "sqs",
     "streams",

@@ -6933,8 +6933,8 @@ $$;
 CREATE FUNCTION postbox._payload_schema_changed() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM pg_notify('postbox_payload_schemas',
-                      TG_TABLE_NAME || ':' || CASE WHEN TG_OP = 'DELETE' THEN OLD.name ELSE NEW.name END);
+    PERFORM pg_notify('postbox', '#payload_schema:' || TG_TABLE_NAME || ':'
+                                 || CASE WHEN TG_OP = 'DELETE' THEN OLD.name ELSE NEW.name END);
     RETURN NULL;
 END
 $$;

@@ -6,9 +6,9 @@
 --   {"json_schema": "<the document's text>"}
 --   {"protobuf": {"file_descriptor_set": "<base64>", "message_type": "pkg.Type"}}
 -- Sends and publishes made directly in SQL are not checked: PL/pgSQL has no
--- JSON Schema or protobuf validator. Each change notifies channel
--- postbox_payload_schemas ("queues:<name>" or "topics:<name>"), on which each
--- server process drops what it cached of that queue's or topic's schema.
+-- JSON Schema or protobuf validator. Each change signals on channel postbox
+-- ("#payload_schema:queues:<name>" or "#payload_schema:topics:<name>"), on
+-- which each server process drops what it cached of that schema.
 
 -- The message of a check of a payload_schema setting, or NULL when it is well
 -- formed or null (no schema). Limits: a JSON Schema of at most 65536 bytes, a
@@ -45,8 +45,8 @@ $$;
 CREATE FUNCTION postbox._payload_schema_changed() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM pg_notify('postbox_payload_schemas',
-                      TG_TABLE_NAME || ':' || CASE WHEN TG_OP = 'DELETE' THEN OLD.name ELSE NEW.name END);
+    PERFORM pg_notify('postbox', '#payload_schema:' || TG_TABLE_NAME || ':'
+                                 || CASE WHEN TG_OP = 'DELETE' THEN OLD.name ELSE NEW.name END);
     RETURN NULL;
 END
 $$;

@@ -281,7 +281,8 @@ type Queue struct {
 	// Optional. What message bodies must be (JSON Schema 2020-12 or a protobuf
 	// message type; PayloadSchema gives the limits): sends that do not match
 	// are refused. Checked when set: a schema that does not compile is
-	// INVALID_ARGUMENT. Unset: any body.
+	// INVALID_ARGUMENT. Unset: any body. Shown by GetQueue, left out by
+	// ListQueues.
 	PayloadSchema *PayloadSchema `protobuf:"bytes,25,opt,name=payload_schema,json=payloadSchema,proto3" json:"payload_schema,omitempty"`
 }
 

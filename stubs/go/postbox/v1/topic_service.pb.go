@@ -159,7 +159,7 @@ type Topic struct {
 	// message type; PayloadSchema gives the limits): publishes that do not
 	// match are refused, so nothing reaches a subscriber. Subscribed queues'
 	// own payload_schema is not applied to what the topic delivers. Unset: any
-	// body.
+	// body. Shown by GetTopic, left out by ListTopics.
 	PayloadSchema *PayloadSchema `protobuf:"bytes,6,opt,name=payload_schema,json=payloadSchema,proto3" json:"payload_schema,omitempty"`
 }
 

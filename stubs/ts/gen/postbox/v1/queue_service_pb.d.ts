@@ -219,7 +219,8 @@ export declare type Queue = Message<"postbox.v1.Queue"> & {
    * Optional. What message bodies must be (JSON Schema 2020-12 or a protobuf
    * message type; PayloadSchema gives the limits): sends that do not match
    * are refused. Checked when set: a schema that does not compile is
-   * INVALID_ARGUMENT. Unset: any body.
+   * INVALID_ARGUMENT. Unset: any body. Shown by GetQueue, left out by
+   * ListQueues.
    *
    * @generated from field: postbox.v1.PayloadSchema payload_schema = 25;
    */

@@ -66,7 +66,7 @@ export declare type Topic = Message<"postbox.v1.Topic"> & {
    * message type; PayloadSchema gives the limits): publishes that do not
    * match are refused, so nothing reaches a subscriber. Subscribed queues'
    * own payload_schema is not applied to what the topic delivers. Unset: any
-   * body.
+   * body. Shown by GetTopic, left out by ListTopics.
    *
    * @generated from field: postbox.v1.PayloadSchema payload_schema = 6;
    */

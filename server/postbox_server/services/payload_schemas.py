@@ -15,6 +15,7 @@ import json
 from typing import Any, Protocol
 
 import jsonschema_rs
+import orjson
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, unknown_fields
 from google.protobuf.message import DecodeError, Message
 from postbox.v1 import message_pb2
@@ -86,13 +87,27 @@ class JsonSchemaCheck:
 
     def violation(self, body: bytes) -> str | None:
         try:
-            instance = json.loads(body)
+            instance = _parsed(body)
         except ValueError as error:  # UnicodeDecodeError is a ValueError too
             return _violation("/", f"the body is not UTF-8 JSON ({error})")
         if self._validator.is_valid(instance):
             return None
         first = next(self._validator.iter_errors(instance))
         return _violation(_pointer(list(first.instance_path)), first.message)
+
+
+def _parsed(body: bytes) -> Any:
+    """A JSON body's value: by orjson (half the cost of a check of 1 KiB); what orjson
+    refuses is read again by the standard library, which takes integers beyond 64 bits
+    and says where a body stops being JSON. NaN and Infinity are not JSON: refused."""
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return json.loads(body, parse_constant=_not_json)
+
+
+def _not_json(constant: str) -> None:
+    raise ValueError(f"{constant} is not a JSON value")
 
 
 class ProtobufCheck:

@@ -6892,6 +6892,426 @@ BEGIN
 END
 $$;
 
+
+-- Payload schemas: queues and topics keep what their bodies must be, which the
+-- server checks; create_topic and update_topic take it.
+ALTER TABLE postbox.queues ADD COLUMN payload_schema jsonb;
+ALTER TABLE postbox.topics ADD COLUMN payload_schema jsonb;
+
+-- The message of a check of a payload_schema setting, or NULL when it is well
+-- formed or null (no schema). Limits: a JSON Schema of at most 65536 bytes, a
+-- descriptor set of at most 262144 bytes, a message type of 1-512 characters.
+CREATE FUNCTION postbox._payload_schema_problem(payload_schema jsonb) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE
+        WHEN payload_schema IS NULL OR payload_schema = 'null' THEN NULL
+        WHEN jsonb_typeof(payload_schema) <> 'object'
+             OR (SELECT count(*) FROM jsonb_object_keys(payload_schema)) <> 1
+             OR NOT (payload_schema ? 'json_schema' OR payload_schema ? 'protobuf') THEN
+            'payload_schema must be an object of exactly one of json_schema (the document''s text) '
+            'and protobuf ({"file_descriptor_set": base64, "message_type": a full name})'
+        WHEN payload_schema ? 'json_schema' THEN
+            CASE WHEN jsonb_typeof(payload_schema -> 'json_schema') <> 'string'
+                      OR octet_length(payload_schema ->> 'json_schema') NOT BETWEEN 1 AND 65536 THEN
+                'payload_schema.json_schema must be a string of 1 to 65536 bytes'
+            END
+        WHEN jsonb_typeof(payload_schema -> 'protobuf') <> 'object'
+             OR EXISTS (SELECT FROM jsonb_object_keys(payload_schema -> 'protobuf') k
+                        WHERE k NOT IN ('file_descriptor_set', 'message_type'))
+             OR jsonb_typeof(payload_schema #> '{protobuf,file_descriptor_set}') IS DISTINCT FROM 'string'
+             OR jsonb_typeof(payload_schema #> '{protobuf,message_type}') IS DISTINCT FROM 'string' THEN
+            'payload_schema.protobuf must be an object of file_descriptor_set (base64) and message_type'
+        WHEN NOT (payload_schema #>> '{protobuf,file_descriptor_set}') ~ '^[A-Za-z0-9+/]*={0,2}$'
+             OR length(payload_schema #>> '{protobuf,file_descriptor_set}') % 4 <> 0
+             OR length(payload_schema #>> '{protobuf,file_descriptor_set}') > 349528 THEN
+            'payload_schema.protobuf.file_descriptor_set must be base64 of at most 262144 bytes'
+        WHEN length(payload_schema #>> '{protobuf,message_type}') NOT BETWEEN 1 AND 512 THEN
+            'payload_schema.protobuf.message_type must be a full message name of 1 to 512 characters'
+    END
+$$;
+
+CREATE FUNCTION postbox._payload_schema_changed() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('postbox', '#payload_schema:' || TG_TABLE_NAME || ':'
+                                 || CASE WHEN TG_OP = 'DELETE' THEN OLD.name ELSE NEW.name END);
+    RETURN NULL;
+END
+$$;
+
+-- Creating a queue or topic notifies too: a server may have looked the name up
+-- while it did not exist.
+CREATE TRIGGER payload_schema_set AFTER INSERT OR DELETE ON postbox.queues
+FOR EACH ROW EXECUTE FUNCTION postbox._payload_schema_changed();
+CREATE TRIGGER payload_schema_changed AFTER UPDATE OF payload_schema ON postbox.queues
+FOR EACH ROW WHEN (OLD.payload_schema IS DISTINCT FROM NEW.payload_schema)
+EXECUTE FUNCTION postbox._payload_schema_changed();
+CREATE TRIGGER payload_schema_set AFTER INSERT OR DELETE ON postbox.topics
+FOR EACH ROW EXECUTE FUNCTION postbox._payload_schema_changed();
+CREATE TRIGGER payload_schema_changed AFTER UPDATE OF payload_schema ON postbox.topics
+FOR EACH ROW WHEN (OLD.payload_schema IS DISTINCT FROM NEW.payload_schema)
+EXECUTE FUNCTION postbox._payload_schema_changed();
+
+-- Attribute defaults of a new queue; durations in seconds. A retention or
+-- archive_retention of 0 keeps messages forever; a max_depth or
+-- receive_rate_limit of 0 means no limit.
+CREATE OR REPLACE FUNCTION postbox.queue_defaults() RETURNS jsonb
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT '{"visibility_timeout": 30, "delivery_delay": 0, "retention": 345600,
+             "max_message_size": 1048576, "receive_wait_time": 0,
+             "content_based_deduplication": false, "deduplication_window": 300,
+             "dead_letter_policy": null,
+             "redrive_allow_policy": {"permission": "allow_all", "source_queues": []},
+             "retry_policy": {"minimum_backoff": 1, "maximum_backoff": 600},
+             "archive_on_delete": false, "archive_retention": 604800,
+             "max_depth": 0, "receive_rate_limit": 0, "tags": {}, "access_policy": "",
+             "payload_schema": null}'::jsonb
+$$;
+
+-- The attributes of a queue as settings jsonb, in the shape of queue_defaults().
+CREATE OR REPLACE FUNCTION postbox.queue_settings(q postbox.queues) RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+    SELECT jsonb_build_object(
+        'visibility_timeout', extract(epoch FROM q.visibility_timeout),
+        'delivery_delay', extract(epoch FROM q.delivery_delay),
+        'retention', coalesce(extract(epoch FROM q.retention), 0),
+        'max_message_size', q.max_message_size,
+        'receive_wait_time', extract(epoch FROM q.receive_wait_time),
+        'content_based_deduplication', q.content_based_deduplication,
+        'deduplication_window', extract(epoch FROM q.deduplication_window),
+        'dead_letter_policy', CASE WHEN q.dead_letter_queue_id IS NOT NULL THEN jsonb_build_object(
+            'dead_letter_queue', (SELECT d.name FROM postbox.queues d WHERE d.id = q.dead_letter_queue_id),
+            'max_receive_count', q.max_receive_count) END,
+        'redrive_allow_policy', jsonb_build_object(
+            'permission', q.redrive_permission, 'source_queues', to_jsonb(q.redrive_sources)),
+        'retry_policy', jsonb_build_object(
+            'minimum_backoff', extract(epoch FROM q.retry_minimum_backoff),
+            'maximum_backoff', extract(epoch FROM q.retry_maximum_backoff)),
+        'archive_on_delete', q.archive_on_delete,
+        'archive_retention', coalesce(extract(epoch FROM q.archive_retention), 0),
+        'max_depth', coalesce(q.max_depth, 0),
+        'receive_rate_limit', coalesce(q.receive_rate_limit, 0),
+        'tags', q.tags,
+        'access_policy', q.access_policy,
+        'payload_schema', q.payload_schema)
+$$;
+
+-- Checks settings jsonb (a full set, in the shape of queue_defaults()) and
+-- writes them into q; q.name and q.fifo must be set.
+CREATE OR REPLACE FUNCTION postbox._apply_settings(q postbox.queues, settings jsonb) RETURNS postbox.queues
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    unknown text;
+    key text;
+    number numeric;
+    policy jsonb;
+    dlq postbox.queues;
+BEGIN
+    PERFORM postbox._invalid(postbox._settings_name_problem(settings))
+    WHERE postbox._settings_name_problem(settings) IS NOT NULL;
+    SELECT string_agg(k, ', ') INTO unknown
+    FROM jsonb_object_keys(settings) AS k
+    WHERE NOT postbox.queue_defaults() ? k;
+    IF unknown IS NOT NULL THEN
+        PERFORM postbox._invalid(format('unknown queue setting(s): %s', unknown));
+    END IF;
+    FOREACH key IN ARRAY ARRAY['max_message_size', 'max_depth', 'receive_rate_limit'] LOOP
+        IF jsonb_typeof(settings -> key) IS DISTINCT FROM 'number' THEN
+            PERFORM postbox._invalid(format('queue setting %s must be a number', key));
+        END IF;
+    END LOOP;
+    FOREACH key IN ARRAY ARRAY['content_based_deduplication', 'archive_on_delete'] LOOP
+        IF jsonb_typeof(settings -> key) IS DISTINCT FROM 'boolean' THEN
+            PERFORM postbox._invalid(format('queue setting %s must be true or false', key));
+        END IF;
+    END LOOP;
+
+    q.visibility_timeout := postbox._seconds_setting(settings, 'visibility_timeout', 0, 43200);
+    q.retention := postbox._seconds_setting(settings, 'retention', 60, 1209600, true);
+    q.delivery_delay := postbox._seconds_setting(settings, 'delivery_delay', 0, 31536000);
+    -- Otherwise every message would expire before it became visible.
+    IF q.delivery_delay >= q.retention THEN
+        PERFORM postbox._invalid(format(
+            'delivery_delay is %s s and retention %s s: delivery_delay must be shorter than retention, '
+            'or messages would expire before they became visible; lower delivery_delay or raise retention',
+            trim_scale(extract(epoch FROM q.delivery_delay)), trim_scale(extract(epoch FROM q.retention))));
+    END IF;
+    q.receive_wait_time := postbox._seconds_setting(settings, 'receive_wait_time', 0, 20);
+    q.deduplication_window := postbox._seconds_setting(settings, 'deduplication_window', 1, 604800);
+    q.archive_retention := postbox._seconds_setting(settings, 'archive_retention', 60, 1209600, true);
+
+    number := (settings ->> 'max_message_size')::numeric;
+    IF number <> trunc(number) OR number < 1024 OR number > 67108864 THEN
+        PERFORM postbox._invalid(format(
+            'max_message_size is %s; it must be a whole number of bytes from 1024 to 67108864', number));
+    END IF;
+    q.max_message_size := number::integer;
+    number := (settings ->> 'max_depth')::numeric;
+    IF number <> trunc(number) OR number < 0 OR number > 1e15 THEN
+        PERFORM postbox._invalid(format('max_depth is %s; it must be a whole number, 0 for no limit', number));
+    END IF;
+    q.max_depth := nullif(number, 0)::bigint;
+    number := (settings ->> 'receive_rate_limit')::numeric;
+    IF number < 0 OR number > 1e6 THEN
+        PERFORM postbox._invalid(format(
+            'receive_rate_limit is %s; it must be 0 (no limit) to 1000000 messages per second', number));
+    END IF;
+    q.receive_rate_limit := nullif(number, 0)::double precision;
+    q.content_based_deduplication := (settings ->> 'content_based_deduplication')::boolean;
+    q.archive_on_delete := (settings ->> 'archive_on_delete')::boolean;
+
+    -- Bounds left out keep their defaults.
+    policy := (postbox.queue_defaults() -> 'retry_policy') || coalesce(settings -> 'retry_policy', '{}');
+    IF jsonb_typeof(policy) IS DISTINCT FROM 'object'
+       OR EXISTS (SELECT FROM jsonb_object_keys(policy) k WHERE k NOT IN ('minimum_backoff', 'maximum_backoff')) THEN
+        PERFORM postbox._invalid('retry_policy must be an object of minimum_backoff and maximum_backoff (seconds)');
+    END IF;
+    q.retry_minimum_backoff := postbox._seconds_setting(policy, 'minimum_backoff', 0, 43200);
+    q.retry_maximum_backoff := postbox._seconds_setting(policy, 'maximum_backoff', 0, 43200);
+    IF q.retry_minimum_backoff > q.retry_maximum_backoff THEN
+        PERFORM postbox._invalid('retry_policy: minimum_backoff must not exceed maximum_backoff');
+    END IF;
+
+    policy := settings -> 'redrive_allow_policy';
+    IF jsonb_typeof(policy) IS DISTINCT FROM 'object'
+       OR EXISTS (SELECT FROM jsonb_object_keys(policy) k WHERE k NOT IN ('permission', 'source_queues'))
+       OR NOT coalesce(policy ->> 'permission' IN ('allow_all', 'deny_all', 'by_queue'), false)
+       OR jsonb_typeof(coalesce(policy -> 'source_queues', '[]')) <> 'array'
+       OR EXISTS (SELECT FROM jsonb_array_elements(coalesce(policy -> 'source_queues', '[]')) e
+                  WHERE jsonb_typeof(e) <> 'string') THEN
+        PERFORM postbox._invalid('redrive_allow_policy must be an object of permission (allow_all, '
+                                 'deny_all or by_queue) and source_queues (queue names)');
+    END IF;
+    q.redrive_permission := policy ->> 'permission';
+    q.redrive_sources := ARRAY(SELECT jsonb_array_elements_text(coalesce(policy -> 'source_queues', '[]')));
+    IF (q.redrive_permission = 'by_queue') <> (cardinality(q.redrive_sources) > 0)
+       OR cardinality(q.redrive_sources) > 10 THEN
+        PERFORM postbox._invalid('redrive_allow_policy: by_queue takes 1 to 10 source_queues, '
+                                 'allow_all and deny_all take none');
+    END IF;
+
+    policy := settings -> 'tags';
+    IF jsonb_typeof(policy) IS DISTINCT FROM 'object'
+       OR (SELECT count(*) FROM jsonb_object_keys(policy)) > 50
+       OR EXISTS (SELECT FROM jsonb_each(policy) e
+                  WHERE length(e.key) NOT BETWEEN 1 AND 128 OR jsonb_typeof(e.value) <> 'string'
+                        OR length(e.value #>> '{}') > 256) THEN
+        PERFORM postbox._invalid('tags must be an object of at most 50 keys (1 to 128 characters) '
+                                 'with string values (at most 256 characters)');
+    END IF;
+    q.tags := policy;
+
+    -- An access policy document (SQS's Policy): kept as given, not enforced.
+    policy := settings -> 'access_policy';
+    IF jsonb_typeof(policy) IS DISTINCT FROM 'string' OR octet_length(policy #>> '{}') > 20480 THEN
+        PERFORM postbox._invalid('access_policy must be a string of at most 20480 bytes');
+    END IF;
+    q.access_policy := policy #>> '{}';
+
+    -- The server compiles the schema before it gets here; this keeps the shape
+    -- and the size limits for callers in SQL.
+    PERFORM postbox._invalid(postbox._payload_schema_problem(settings -> 'payload_schema'))
+    WHERE postbox._payload_schema_problem(settings -> 'payload_schema') IS NOT NULL;
+    q.payload_schema := nullif(settings -> 'payload_schema', 'null');
+
+    policy := settings -> 'dead_letter_policy';
+    IF policy IS NULL OR policy = 'null' THEN
+        q.dead_letter_queue_id := NULL;
+        q.max_receive_count := NULL;
+    ELSE
+        IF jsonb_typeof(policy) IS DISTINCT FROM 'object'
+           OR EXISTS (SELECT FROM jsonb_object_keys(policy) k
+                      WHERE k NOT IN ('dead_letter_queue', 'max_receive_count'))
+           OR jsonb_typeof(policy -> 'dead_letter_queue') IS DISTINCT FROM 'string'
+           OR jsonb_typeof(policy -> 'max_receive_count') IS DISTINCT FROM 'number' THEN
+            PERFORM postbox._invalid('dead_letter_policy must be an object of dead_letter_queue (a queue '
+                                     'name) and max_receive_count (1 to 1000)');
+        END IF;
+        number := (policy ->> 'max_receive_count')::numeric;
+        IF number <> trunc(number) OR number NOT BETWEEN 1 AND 1000 THEN
+            PERFORM postbox._invalid(format('max_receive_count is %s; it must be 1 to 1000', number));
+        END IF;
+        IF policy ->> 'dead_letter_queue' = q.name THEN
+            PERFORM postbox._invalid('a queue cannot be its own dead-letter queue');
+        END IF;
+        SELECT * INTO dlq FROM postbox.queues WHERE name = policy ->> 'dead_letter_queue';
+        IF NOT FOUND THEN
+            RAISE EXCEPTION USING ERRCODE = 'PB404', MESSAGE = format(
+                'dead-letter queue %s does not exist; create it first', quote_literal(policy ->> 'dead_letter_queue'));
+        ELSIF dlq.fifo <> q.fifo THEN
+            PERFORM postbox._invalid('a FIFO queue needs a FIFO dead-letter queue, and a standard queue '
+                                     'a standard one');
+        ELSIF dlq.redrive_permission = 'deny_all'
+              OR (dlq.redrive_permission = 'by_queue' AND NOT q.name = ANY (dlq.redrive_sources)) THEN
+            PERFORM postbox._invalid(format('the redrive_allow_policy of %s does not let %s use it as '
+                                            'dead-letter queue', quote_literal(dlq.name), quote_literal(q.name)));
+        END IF;
+        q.dead_letter_queue_id := dlq.id;
+        q.max_receive_count := number::integer;
+    END IF;
+    RETURN q;
+END
+$$;
+
+-- Creates a queue; a name ending in ".fifo" makes it a FIFO queue. settings:
+-- any keys of queue_defaults(), e.g. '{"visibility_timeout": 60}'. PB409 if the
+-- queue exists.
+CREATE OR REPLACE FUNCTION postbox.create_queue(queue_name text, settings jsonb DEFAULT '{}')
+RETURNS postbox.queues
+LANGUAGE plpgsql AS $$
+DECLARE
+    problem text := postbox.queue_name_problem(queue_name);
+    q postbox.queues;
+BEGIN
+    IF problem IS NOT NULL THEN
+        PERFORM postbox._invalid(problem);
+    END IF;
+    q.name := queue_name;
+    q.fifo := right(queue_name, 5) = '.fifo';
+    q := postbox._apply_settings(q, postbox.queue_defaults() || jsonb_strip_nulls(coalesce(settings, '{}')));
+    INSERT INTO postbox.queues (
+        name, visibility_timeout, delivery_delay, retention, max_message_size, receive_wait_time,
+        fifo, content_based_deduplication, deduplication_window, dead_letter_queue_id,
+        max_receive_count, redrive_permission, redrive_sources, retry_minimum_backoff,
+        retry_maximum_backoff, archive_on_delete, archive_retention, max_depth, receive_rate_limit,
+        send_paused, receive_paused, tags, access_policy, payload_schema)
+    VALUES (
+        queue_name, q.visibility_timeout, q.delivery_delay, q.retention, q.max_message_size,
+        q.receive_wait_time, q.fifo, q.content_based_deduplication, q.deduplication_window,
+        q.dead_letter_queue_id, q.max_receive_count, q.redrive_permission, q.redrive_sources,
+        q.retry_minimum_backoff, q.retry_maximum_backoff, q.archive_on_delete, q.archive_retention,
+        q.max_depth, q.receive_rate_limit, false, false, q.tags, q.access_policy, q.payload_schema)
+    ON CONFLICT (name) DO NOTHING
+    RETURNING * INTO q;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'PB409',
+            MESSAGE = format('queue %s already exists', quote_literal(queue_name));
+    END IF;
+    RETURN q;
+END
+$$;
+
+-- Changes the settings named in settings; a key whose value is null goes back
+-- to its default.
+CREATE OR REPLACE FUNCTION postbox.update_queue(queue_name text, settings jsonb) RETURNS postbox.queues
+LANGUAGE plpgsql AS $$
+DECLARE
+    q postbox.queues;
+    changes jsonb;
+BEGIN
+    SELECT * INTO q FROM postbox.queues WHERE name = queue_name FOR UPDATE;
+    IF NOT FOUND THEN
+        PERFORM postbox._invalid(postbox._settings_name_problem(settings))
+        WHERE postbox._settings_name_problem(settings) IS NOT NULL;
+        q := postbox._queue(queue_name);  -- raises PB400 or PB404
+    END IF;
+    SELECT coalesce(jsonb_object_agg(key, CASE WHEN value = 'null' THEN postbox.queue_defaults() -> key
+                                               ELSE value END), '{}')
+    INTO changes
+    FROM jsonb_each(coalesce(settings, '{}'));
+    q := postbox._apply_settings(q, postbox.queue_settings(q) || changes);
+    UPDATE postbox.queues
+    SET visibility_timeout = q.visibility_timeout, delivery_delay = q.delivery_delay,
+        retention = q.retention, max_message_size = q.max_message_size,
+        receive_wait_time = q.receive_wait_time,
+        content_based_deduplication = q.content_based_deduplication,
+        deduplication_window = q.deduplication_window, dead_letter_queue_id = q.dead_letter_queue_id,
+        max_receive_count = q.max_receive_count, redrive_permission = q.redrive_permission,
+        redrive_sources = q.redrive_sources, retry_minimum_backoff = q.retry_minimum_backoff,
+        retry_maximum_backoff = q.retry_maximum_backoff, archive_on_delete = q.archive_on_delete,
+        archive_retention = q.archive_retention, max_depth = q.max_depth,
+        receive_rate_limit = q.receive_rate_limit, tags = q.tags, access_policy = q.access_policy,
+        payload_schema = q.payload_schema, updated_at = now()
+    WHERE id = q.id
+    RETURNING * INTO q;
+    RETURN q;
+END
+$$;
+
+DROP FUNCTION postbox.create_topic(text, jsonb, jsonb, interval);
+DROP FUNCTION postbox.update_topic(text, text[], jsonb, jsonb, interval);
+
+-- Creates a topic, with its tags and SNS attributes (see postbox.topics), and
+-- a stream_retention for a stream topic. PB409 if it exists.
+CREATE FUNCTION postbox.create_topic(topic_name text, tags jsonb DEFAULT '{}', sns_attributes jsonb DEFAULT '{}',
+                                     stream_retention interval DEFAULT NULL, payload_schema jsonb DEFAULT NULL)
+RETURNS postbox.topics
+LANGUAGE plpgsql AS $$
+DECLARE
+    problem text := coalesce(postbox.name_problem('topic', topic_name),
+                             postbox._topic_maps_problem(coalesce(tags, '{}'), coalesce(sns_attributes, '{}')),
+                             postbox._stream_retention_problem(stream_retention),
+                             postbox._payload_schema_problem(payload_schema));
+    t postbox.topics;
+BEGIN
+    IF problem IS NOT NULL THEN
+        PERFORM postbox._invalid(problem);
+    END IF;
+    INSERT INTO postbox.topics (name, tags, sns_attributes, stream_retention, payload_schema)
+    VALUES (topic_name, coalesce(tags, '{}'), coalesce(sns_attributes, '{}'), stream_retention,
+            nullif(payload_schema, 'null'))
+    ON CONFLICT (name) DO NOTHING
+    RETURNING * INTO t;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'PB409',
+            MESSAGE = format('topic %s already exists', quote_literal(topic_name));
+    END IF;
+    RETURN t;
+END
+$$;
+
+-- Replaces the fields of a topic named in `fields`: tags, sns_attributes (a
+-- NULL value empties it), stream_retention (NULL: no longer a stream topic,
+-- which PB412 refuses while it has consumer groups), payload_schema (NULL:
+-- none).
+CREATE FUNCTION postbox.update_topic(topic_name text, fields text[], tags jsonb DEFAULT NULL,
+                                     sns_attributes jsonb DEFAULT NULL, stream_retention interval DEFAULT NULL,
+                                     payload_schema jsonb DEFAULT NULL)
+RETURNS postbox.topics
+LANGUAGE plpgsql AS $$
+DECLARE
+    t postbox.topics := postbox._topic(topic_name);
+    unknown text;
+    problem text;
+BEGIN
+    SELECT string_agg(f, ', ') INTO unknown FROM unnest(fields) AS f
+    WHERE NOT f = ANY ('{tags,sns_attributes,stream_retention,payload_schema}');
+    IF unknown IS NOT NULL OR coalesce(cardinality(fields), 0) = 0 THEN
+        PERFORM postbox._invalid(format('fields to change: any of tags, sns_attributes, stream_retention, '
+                                        'payload_schema (not %s)',
+                                        coalesce(unknown, 'none')));
+    END IF;
+    IF 'stream_retention' = ANY (fields) THEN
+        PERFORM postbox._invalid(postbox._stream_retention_problem(stream_retention))
+        WHERE postbox._stream_retention_problem(stream_retention) IS NOT NULL;
+        IF stream_retention IS NULL AND EXISTS (SELECT FROM postbox.consumer_groups g WHERE g.topic_id = t.id) THEN
+            RAISE EXCEPTION USING ERRCODE = 'PB412', MESSAGE = format(
+                'topic %s has consumer groups: delete them before it stops being a stream topic',
+                quote_literal(t.name));
+        END IF;
+        t.stream_retention := stream_retention;
+    END IF;
+    IF 'tags' = ANY (fields) THEN
+        t.tags := coalesce(tags, '{}');
+    END IF;
+    IF 'sns_attributes' = ANY (fields) THEN
+        t.sns_attributes := coalesce(sns_attributes, '{}');
+    END IF;
+    IF 'payload_schema' = ANY (fields) THEN
+        t.payload_schema := nullif(payload_schema, 'null');
+    END IF;
+    problem := coalesce(postbox._topic_maps_problem(t.tags, t.sns_attributes),
+                        postbox._payload_schema_problem(t.payload_schema));
+    IF problem IS NOT NULL THEN
+        PERFORM postbox._invalid(problem);
+    END IF;
+    UPDATE postbox.topics SET tags = t.tags, sns_attributes = t.sns_attributes, stream_retention = t.stream_retention,
+                              payload_schema = t.payload_schema
+    WHERE id = t.id RETURNING * INTO t;
+    RETURN t;
+END
+$$;
+
 SELECT postbox._secure();
 
 INSERT INTO postbox.schema_version (version) VALUES ('0.9.0');

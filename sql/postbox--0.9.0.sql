@@ -67,7 +67,10 @@ CREATE TABLE postbox.queues (
     keyed boolean NOT NULL DEFAULT false,
     -- Since 0.9.0: the access policy document SQS clients set (Policy,
     -- AddPermission), kept and returned; postbox does not enforce it. '': none.
-    access_policy text NOT NULL DEFAULT ''
+    access_policy text NOT NULL DEFAULT '',
+    -- Since 0.9.0: what message bodies must be (postbox._payload_schema_problem
+    -- gives the shape), checked by the server on every send; NULL: any body.
+    payload_schema jsonb
 );
 
 -- Every queue's messages live in this one table, keyed by queue_id, rather than
@@ -269,7 +272,9 @@ CREATE TABLE postbox.topics (
     sns_attributes jsonb NOT NULL DEFAULT '{}',  -- since 0.9.0: kept for the SNS API, not acted on
     -- Since 0.9.0: a stream topic keeps its messages in the stream log at least
     -- this long, for consumer groups (see 66_streams.sql); NULL: no log.
-    stream_retention interval
+    stream_retention interval,
+    -- Since 0.9.0: what published bodies must be, as queues.payload_schema.
+    payload_schema jsonb
 );
 
 -- A subscription sends a topic's messages whose routing key matches its
@@ -460,7 +465,8 @@ LANGUAGE sql IMMUTABLE AS $$
              "redrive_allow_policy": {"permission": "allow_all", "source_queues": []},
              "retry_policy": {"minimum_backoff": 1, "maximum_backoff": 600},
              "archive_on_delete": false, "archive_retention": 604800,
-             "max_depth": 0, "receive_rate_limit": 0, "tags": {}, "access_policy": ""}'::jsonb
+             "max_depth": 0, "receive_rate_limit": 0, "tags": {}, "access_policy": "",
+             "payload_schema": null}'::jsonb
 $$;
 
 -- The attributes of a queue as settings jsonb, in the shape of queue_defaults().
@@ -487,7 +493,8 @@ LANGUAGE sql STABLE AS $$
         'max_depth', coalesce(q.max_depth, 0),
         'receive_rate_limit', coalesce(q.receive_rate_limit, 0),
         'tags', q.tags,
-        'access_policy', q.access_policy)
+        'access_policy', q.access_policy,
+        'payload_schema', q.payload_schema)
 $$;
 
 -- The seconds of a setting as an interval: PB400 unless it lies in [low, high],
@@ -644,6 +651,12 @@ BEGIN
     END IF;
     q.access_policy := policy #>> '{}';
 
+    -- The server compiles the schema before it gets here; this keeps the shape
+    -- and the size limits for callers in SQL.
+    PERFORM postbox._invalid(postbox._payload_schema_problem(settings -> 'payload_schema'))
+    WHERE postbox._payload_schema_problem(settings -> 'payload_schema') IS NOT NULL;
+    q.payload_schema := nullif(settings -> 'payload_schema', 'null');
+
     policy := settings -> 'dead_letter_policy';
     IF policy IS NULL OR policy = 'null' THEN
         q.dead_letter_queue_id := NULL;
@@ -704,13 +717,13 @@ BEGIN
         fifo, content_based_deduplication, deduplication_window, dead_letter_queue_id,
         max_receive_count, redrive_permission, redrive_sources, retry_minimum_backoff,
         retry_maximum_backoff, archive_on_delete, archive_retention, max_depth, receive_rate_limit,
-        send_paused, receive_paused, tags, access_policy)
+        send_paused, receive_paused, tags, access_policy, payload_schema)
     VALUES (
         queue_name, q.visibility_timeout, q.delivery_delay, q.retention, q.max_message_size,
         q.receive_wait_time, q.fifo, q.content_based_deduplication, q.deduplication_window,
         q.dead_letter_queue_id, q.max_receive_count, q.redrive_permission, q.redrive_sources,
         q.retry_minimum_backoff, q.retry_maximum_backoff, q.archive_on_delete, q.archive_retention,
-        q.max_depth, q.receive_rate_limit, false, false, q.tags, q.access_policy)
+        q.max_depth, q.receive_rate_limit, false, false, q.tags, q.access_policy, q.payload_schema)
     ON CONFLICT (name) DO NOTHING
     RETURNING * INTO q;
     IF NOT FOUND THEN
@@ -751,7 +764,7 @@ BEGIN
         retry_maximum_backoff = q.retry_maximum_backoff, archive_on_delete = q.archive_on_delete,
         archive_retention = q.archive_retention, max_depth = q.max_depth,
         receive_rate_limit = q.receive_rate_limit, tags = q.tags, access_policy = q.access_policy,
-        updated_at = now()
+        payload_schema = q.payload_schema, updated_at = now()
     WHERE id = q.id
     RETURNING * INTO q;
     RETURN q;
@@ -964,6 +977,72 @@ FROM postbox.queue_metrics(2147483647) m,
                          CASE WHEN m.dead_letter_depth >= t.warning_dlq AND m.dead_letter_depth < t.critical_dlq
                               THEN format('%s dead letters', m.dead_letter_depth) END,
                          CASE WHEN m.send_paused OR m.receive_paused THEN 'paused' END], NULL) AS warning) h;
+
+-- Payload schemas (since 0.9.0): a queue or topic may say what its message
+-- bodies must be, a JSON Schema (2020-12) document or a protobuf message type
+-- from a FileDescriptorSet. The server compiles the schema when it is set and
+-- checks every body it sends or publishes against it; the engine only keeps
+-- the schema, in this shape:
+--   {"json_schema": "<the document's text>"}
+--   {"protobuf": {"file_descriptor_set": "<base64>", "message_type": "pkg.Type"}}
+-- Sends and publishes made directly in SQL are not checked: PL/pgSQL has no
+-- JSON Schema or protobuf validator. Each change signals on channel postbox
+-- ("#payload_schema:queues:<name>" or "#payload_schema:topics:<name>"), on
+-- which each server process drops what it cached of that schema.
+
+-- The message of a check of a payload_schema setting, or NULL when it is well
+-- formed or null (no schema). Limits: a JSON Schema of at most 65536 bytes, a
+-- descriptor set of at most 262144 bytes, a message type of 1-512 characters.
+CREATE FUNCTION postbox._payload_schema_problem(payload_schema jsonb) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE
+        WHEN payload_schema IS NULL OR payload_schema = 'null' THEN NULL
+        WHEN jsonb_typeof(payload_schema) <> 'object'
+             OR (SELECT count(*) FROM jsonb_object_keys(payload_schema)) <> 1
+             OR NOT (payload_schema ? 'json_schema' OR payload_schema ? 'protobuf') THEN
+            'payload_schema must be an object of exactly one of json_schema (the document''s text) '
+            'and protobuf ({"file_descriptor_set": base64, "message_type": a full name})'
+        WHEN payload_schema ? 'json_schema' THEN
+            CASE WHEN jsonb_typeof(payload_schema -> 'json_schema') <> 'string'
+                      OR octet_length(payload_schema ->> 'json_schema') NOT BETWEEN 1 AND 65536 THEN
+                'payload_schema.json_schema must be a string of 1 to 65536 bytes'
+            END
+        WHEN jsonb_typeof(payload_schema -> 'protobuf') <> 'object'
+             OR EXISTS (SELECT FROM jsonb_object_keys(payload_schema -> 'protobuf') k
+                        WHERE k NOT IN ('file_descriptor_set', 'message_type'))
+             OR jsonb_typeof(payload_schema #> '{protobuf,file_descriptor_set}') IS DISTINCT FROM 'string'
+             OR jsonb_typeof(payload_schema #> '{protobuf,message_type}') IS DISTINCT FROM 'string' THEN
+            'payload_schema.protobuf must be an object of file_descriptor_set (base64) and message_type'
+        WHEN NOT (payload_schema #>> '{protobuf,file_descriptor_set}') ~ '^[A-Za-z0-9+/]*={0,2}$'
+             OR length(payload_schema #>> '{protobuf,file_descriptor_set}') % 4 <> 0
+             OR length(payload_schema #>> '{protobuf,file_descriptor_set}') > 349528 THEN
+            'payload_schema.protobuf.file_descriptor_set must be base64 of at most 262144 bytes'
+        WHEN length(payload_schema #>> '{protobuf,message_type}') NOT BETWEEN 1 AND 512 THEN
+            'payload_schema.protobuf.message_type must be a full message name of 1 to 512 characters'
+    END
+$$;
+
+CREATE FUNCTION postbox._payload_schema_changed() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('postbox', '#payload_schema:' || TG_TABLE_NAME || ':'
+                                 || CASE WHEN TG_OP = 'DELETE' THEN OLD.name ELSE NEW.name END);
+    RETURN NULL;
+END
+$$;
+
+-- Creating a queue or topic notifies too: a server may have looked the name up
+-- while it did not exist.
+CREATE TRIGGER payload_schema_set AFTER INSERT OR DELETE ON postbox.queues
+FOR EACH ROW EXECUTE FUNCTION postbox._payload_schema_changed();
+CREATE TRIGGER payload_schema_changed AFTER UPDATE OF payload_schema ON postbox.queues
+FOR EACH ROW WHEN (OLD.payload_schema IS DISTINCT FROM NEW.payload_schema)
+EXECUTE FUNCTION postbox._payload_schema_changed();
+CREATE TRIGGER payload_schema_set AFTER INSERT OR DELETE ON postbox.topics
+FOR EACH ROW EXECUTE FUNCTION postbox._payload_schema_changed();
+CREATE TRIGGER payload_schema_changed AFTER UPDATE OF payload_schema ON postbox.topics
+FOR EACH ROW WHEN (OLD.payload_schema IS DISTINCT FROM NEW.payload_schema)
+EXECUTE FUNCTION postbox._payload_schema_changed();
 
 -- The message of an attribute check, or NULL when the attribute is valid.
 -- Attributes are jsonb objects {"<name>": {"data_type": "String", "string_value": "..."}}
@@ -3550,20 +3629,22 @@ $$;
 -- Creates a topic, with its tags and SNS attributes (see postbox.topics), and
 -- a stream_retention for a stream topic. PB409 if it exists.
 CREATE FUNCTION postbox.create_topic(topic_name text, tags jsonb DEFAULT '{}', sns_attributes jsonb DEFAULT '{}',
-                                     stream_retention interval DEFAULT NULL)
+                                     stream_retention interval DEFAULT NULL, payload_schema jsonb DEFAULT NULL)
 RETURNS postbox.topics
 LANGUAGE plpgsql AS $$
 DECLARE
     problem text := coalesce(postbox.name_problem('topic', topic_name),
                              postbox._topic_maps_problem(coalesce(tags, '{}'), coalesce(sns_attributes, '{}')),
-                             postbox._stream_retention_problem(stream_retention));
+                             postbox._stream_retention_problem(stream_retention),
+                             postbox._payload_schema_problem(payload_schema));
     t postbox.topics;
 BEGIN
     IF problem IS NOT NULL THEN
         PERFORM postbox._invalid(problem);
     END IF;
-    INSERT INTO postbox.topics (name, tags, sns_attributes, stream_retention)
-    VALUES (topic_name, coalesce(tags, '{}'), coalesce(sns_attributes, '{}'), stream_retention)
+    INSERT INTO postbox.topics (name, tags, sns_attributes, stream_retention, payload_schema)
+    VALUES (topic_name, coalesce(tags, '{}'), coalesce(sns_attributes, '{}'), stream_retention,
+            nullif(payload_schema, 'null'))
     ON CONFLICT (name) DO NOTHING
     RETURNING * INTO t;
     IF NOT FOUND THEN
@@ -3582,9 +3663,11 @@ $$;
 
 -- Replaces the fields of a topic named in `fields`: tags, sns_attributes (a
 -- NULL value empties it), stream_retention (NULL: no longer a stream topic,
--- which PB412 refuses while it has consumer groups).
+-- which PB412 refuses while it has consumer groups), payload_schema (NULL:
+-- none).
 CREATE FUNCTION postbox.update_topic(topic_name text, fields text[], tags jsonb DEFAULT NULL,
-                                     sns_attributes jsonb DEFAULT NULL, stream_retention interval DEFAULT NULL)
+                                     sns_attributes jsonb DEFAULT NULL, stream_retention interval DEFAULT NULL,
+                                     payload_schema jsonb DEFAULT NULL)
 RETURNS postbox.topics
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -3593,9 +3676,10 @@ DECLARE
     problem text;
 BEGIN
     SELECT string_agg(f, ', ') INTO unknown FROM unnest(fields) AS f
-    WHERE NOT f = ANY ('{tags,sns_attributes,stream_retention}');
+    WHERE NOT f = ANY ('{tags,sns_attributes,stream_retention,payload_schema}');
     IF unknown IS NOT NULL OR coalesce(cardinality(fields), 0) = 0 THEN
-        PERFORM postbox._invalid(format('fields to change: any of tags, sns_attributes, stream_retention (not %s)',
+        PERFORM postbox._invalid(format('fields to change: any of tags, sns_attributes, stream_retention, '
+                                        'payload_schema (not %s)',
                                         coalesce(unknown, 'none')));
     END IF;
     IF 'stream_retention' = ANY (fields) THEN
@@ -3614,11 +3698,16 @@ BEGIN
     IF 'sns_attributes' = ANY (fields) THEN
         t.sns_attributes := coalesce(sns_attributes, '{}');
     END IF;
-    problem := postbox._topic_maps_problem(t.tags, t.sns_attributes);
+    IF 'payload_schema' = ANY (fields) THEN
+        t.payload_schema := nullif(payload_schema, 'null');
+    END IF;
+    problem := coalesce(postbox._topic_maps_problem(t.tags, t.sns_attributes),
+                        postbox._payload_schema_problem(t.payload_schema));
     IF problem IS NOT NULL THEN
         PERFORM postbox._invalid(problem);
     END IF;
-    UPDATE postbox.topics SET tags = t.tags, sns_attributes = t.sns_attributes, stream_retention = t.stream_retention
+    UPDATE postbox.topics SET tags = t.tags, sns_attributes = t.sns_attributes, stream_retention = t.stream_retention,
+                              payload_schema = t.payload_schema
     WHERE id = t.id RETURNING * INTO t;
     RETURN t;
 END

@@ -49,6 +49,7 @@ from postbox_server.services.access import AccessService
 from postbox_server.services.catalog import SERVICES
 from postbox_server.services.decoding import RejectUndecodable
 from postbox_server.services.messages import MessageService
+from postbox_server.services.payload_schema_cache import PayloadSchemaCache
 from postbox_server.services.queues import QueueService
 from postbox_server.services.schedules import ScheduleService
 from postbox_server.services.streams import StreamService, StreamWaiters
@@ -269,10 +270,17 @@ async def _serve_api(
     # Each servicer goes to both front doors; the generated add_* functions take the
     # grpc server, or the HTTP side's MethodTable, which stands in for one.
     stream_waiters = StreamWaiters()
+    # One per process: a schema changed through QueueService or TopicService is seen
+    # at once by this process's sends and publishes.
+    payload_schema_cache = PayloadSchemaCache(engine, hub)
     servicers: tuple[tuple[Callable[[Any, Any], None], object], ...] = (
         (
             queue_service_pb2_grpc.add_QueueServiceServicer_to_server,
-            QueueService(engine, max_message_size=settings.max_message_size),
+            QueueService(
+                engine,
+                max_message_size=settings.max_message_size,
+                payload_schemas=payload_schema_cache,
+            ),
         ),
         (
             message_service_pb2_grpc.add_MessageServiceServicer_to_server,
@@ -282,6 +290,7 @@ async def _serve_api(
                 max_message_size=settings.max_message_size,
                 max_response_size=settings.max_response_size,
                 auto_create_queues=settings.auto_create_queues,
+                payload_schemas=payload_schema_cache,
             ),
         ),
         (
@@ -293,6 +302,7 @@ async def _serve_api(
                 egress,
                 max_message_size=settings.max_message_size,
                 on_published=stream_waiters.wake,
+                payload_schemas=payload_schema_cache,
             ),
         ),
         (

@@ -55,6 +55,8 @@ class ApiError(Exception):
         self.message = message
         # UNAVAILABLE because the queue is paused, not because the database is down.
         self.paused = paused
+        # Trailing metadata for the caller, with the status (a batch's refused entry).
+        self.metadata: tuple[tuple[str, str], ...] = ()
 
 
 def invalid(message: str) -> ApiError:

@@ -67,7 +67,10 @@ CREATE TABLE postbox.queues (
     keyed boolean NOT NULL DEFAULT false,
     -- Since 0.9.0: the access policy document SQS clients set (Policy,
     -- AddPermission), kept and returned; postbox does not enforce it. '': none.
-    access_policy text NOT NULL DEFAULT ''
+    access_policy text NOT NULL DEFAULT '',
+    -- Since 0.9.0: what message bodies must be (postbox._payload_schema_problem
+    -- gives the shape), checked by the server on every send; NULL: any body.
+    payload_schema jsonb
 );
 
 -- Every queue's messages live in this one table, keyed by queue_id, rather than
@@ -269,7 +272,9 @@ CREATE TABLE postbox.topics (
     sns_attributes jsonb NOT NULL DEFAULT '{}',  -- since 0.9.0: kept for the SNS API, not acted on
     -- Since 0.9.0: a stream topic keeps its messages in the stream log at least
     -- this long, for consumer groups (see 66_streams.sql); NULL: no log.
-    stream_retention interval
+    stream_retention interval,
+    -- Since 0.9.0: what published bodies must be, as queues.payload_schema.
+    payload_schema jsonb
 );
 
 -- A subscription sends a topic's messages whose routing key matches its

@@ -58,7 +58,8 @@ LANGUAGE sql IMMUTABLE AS $$
              "redrive_allow_policy": {"permission": "allow_all", "source_queues": []},
              "retry_policy": {"minimum_backoff": 1, "maximum_backoff": 600},
              "archive_on_delete": false, "archive_retention": 604800,
-             "max_depth": 0, "receive_rate_limit": 0, "tags": {}, "access_policy": ""}'::jsonb
+             "max_depth": 0, "receive_rate_limit": 0, "tags": {}, "access_policy": "",
+             "payload_schema": null}'::jsonb
 $$;
 
 -- The attributes of a queue as settings jsonb, in the shape of queue_defaults().
@@ -85,7 +86,8 @@ LANGUAGE sql STABLE AS $$
         'max_depth', coalesce(q.max_depth, 0),
         'receive_rate_limit', coalesce(q.receive_rate_limit, 0),
         'tags', q.tags,
-        'access_policy', q.access_policy)
+        'access_policy', q.access_policy,
+        'payload_schema', q.payload_schema)
 $$;
 
 -- The seconds of a setting as an interval: PB400 unless it lies in [low, high],
@@ -242,6 +244,12 @@ BEGIN
     END IF;
     q.access_policy := policy #>> '{}';
 
+    -- The server compiles the schema before it gets here; this keeps the shape
+    -- and the size limits for callers in SQL.
+    PERFORM postbox._invalid(postbox._payload_schema_problem(settings -> 'payload_schema'))
+    WHERE postbox._payload_schema_problem(settings -> 'payload_schema') IS NOT NULL;
+    q.payload_schema := nullif(settings -> 'payload_schema', 'null');
+
     policy := settings -> 'dead_letter_policy';
     IF policy IS NULL OR policy = 'null' THEN
         q.dead_letter_queue_id := NULL;
@@ -302,13 +310,13 @@ BEGIN
         fifo, content_based_deduplication, deduplication_window, dead_letter_queue_id,
         max_receive_count, redrive_permission, redrive_sources, retry_minimum_backoff,
         retry_maximum_backoff, archive_on_delete, archive_retention, max_depth, receive_rate_limit,
-        send_paused, receive_paused, tags, access_policy)
+        send_paused, receive_paused, tags, access_policy, payload_schema)
     VALUES (
         queue_name, q.visibility_timeout, q.delivery_delay, q.retention, q.max_message_size,
         q.receive_wait_time, q.fifo, q.content_based_deduplication, q.deduplication_window,
         q.dead_letter_queue_id, q.max_receive_count, q.redrive_permission, q.redrive_sources,
         q.retry_minimum_backoff, q.retry_maximum_backoff, q.archive_on_delete, q.archive_retention,
-        q.max_depth, q.receive_rate_limit, false, false, q.tags, q.access_policy)
+        q.max_depth, q.receive_rate_limit, false, false, q.tags, q.access_policy, q.payload_schema)
     ON CONFLICT (name) DO NOTHING
     RETURNING * INTO q;
     IF NOT FOUND THEN
@@ -349,7 +357,7 @@ BEGIN
         retry_maximum_backoff = q.retry_maximum_backoff, archive_on_delete = q.archive_on_delete,
         archive_retention = q.archive_retention, max_depth = q.max_depth,
         receive_rate_limit = q.receive_rate_limit, tags = q.tags, access_policy = q.access_policy,
-        updated_at = now()
+        payload_schema = q.payload_schema, updated_at = now()
     WHERE id = q.id
     RETURNING * INTO q;
     RETURN q;

@@ -98,20 +98,22 @@ $$;
 -- Creates a topic, with its tags and SNS attributes (see postbox.topics), and
 -- a stream_retention for a stream topic. PB409 if it exists.
 CREATE FUNCTION postbox.create_topic(topic_name text, tags jsonb DEFAULT '{}', sns_attributes jsonb DEFAULT '{}',
-                                     stream_retention interval DEFAULT NULL)
+                                     stream_retention interval DEFAULT NULL, payload_schema jsonb DEFAULT NULL)
 RETURNS postbox.topics
 LANGUAGE plpgsql AS $$
 DECLARE
     problem text := coalesce(postbox.name_problem('topic', topic_name),
                              postbox._topic_maps_problem(coalesce(tags, '{}'), coalesce(sns_attributes, '{}')),
-                             postbox._stream_retention_problem(stream_retention));
+                             postbox._stream_retention_problem(stream_retention),
+                             postbox._payload_schema_problem(payload_schema));
     t postbox.topics;
 BEGIN
     IF problem IS NOT NULL THEN
         PERFORM postbox._invalid(problem);
     END IF;
-    INSERT INTO postbox.topics (name, tags, sns_attributes, stream_retention)
-    VALUES (topic_name, coalesce(tags, '{}'), coalesce(sns_attributes, '{}'), stream_retention)
+    INSERT INTO postbox.topics (name, tags, sns_attributes, stream_retention, payload_schema)
+    VALUES (topic_name, coalesce(tags, '{}'), coalesce(sns_attributes, '{}'), stream_retention,
+            nullif(payload_schema, 'null'))
     ON CONFLICT (name) DO NOTHING
     RETURNING * INTO t;
     IF NOT FOUND THEN
@@ -130,9 +132,11 @@ $$;
 
 -- Replaces the fields of a topic named in `fields`: tags, sns_attributes (a
 -- NULL value empties it), stream_retention (NULL: no longer a stream topic,
--- which PB412 refuses while it has consumer groups).
+-- which PB412 refuses while it has consumer groups), payload_schema (NULL:
+-- none).
 CREATE FUNCTION postbox.update_topic(topic_name text, fields text[], tags jsonb DEFAULT NULL,
-                                     sns_attributes jsonb DEFAULT NULL, stream_retention interval DEFAULT NULL)
+                                     sns_attributes jsonb DEFAULT NULL, stream_retention interval DEFAULT NULL,
+                                     payload_schema jsonb DEFAULT NULL)
 RETURNS postbox.topics
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -141,9 +145,10 @@ DECLARE
     problem text;
 BEGIN
     SELECT string_agg(f, ', ') INTO unknown FROM unnest(fields) AS f
-    WHERE NOT f = ANY ('{tags,sns_attributes,stream_retention}');
+    WHERE NOT f = ANY ('{tags,sns_attributes,stream_retention,payload_schema}');
     IF unknown IS NOT NULL OR coalesce(cardinality(fields), 0) = 0 THEN
-        PERFORM postbox._invalid(format('fields to change: any of tags, sns_attributes, stream_retention (not %s)',
+        PERFORM postbox._invalid(format('fields to change: any of tags, sns_attributes, stream_retention, '
+                                        'payload_schema (not %s)',
                                         coalesce(unknown, 'none')));
     END IF;
     IF 'stream_retention' = ANY (fields) THEN
@@ -162,11 +167,16 @@ BEGIN
     IF 'sns_attributes' = ANY (fields) THEN
         t.sns_attributes := coalesce(sns_attributes, '{}');
     END IF;
-    problem := postbox._topic_maps_problem(t.tags, t.sns_attributes);
+    IF 'payload_schema' = ANY (fields) THEN
+        t.payload_schema := nullif(payload_schema, 'null');
+    END IF;
+    problem := coalesce(postbox._topic_maps_problem(t.tags, t.sns_attributes),
+                        postbox._payload_schema_problem(t.payload_schema));
     IF problem IS NOT NULL THEN
         PERFORM postbox._invalid(problem);
     END IF;
-    UPDATE postbox.topics SET tags = t.tags, sns_attributes = t.sns_attributes, stream_retention = t.stream_retention
+    UPDATE postbox.topics SET tags = t.tags, sns_attributes = t.sns_attributes, stream_retention = t.stream_retention,
+                              payload_schema = t.payload_schema
     WHERE id = t.id RETURNING * INTO t;
     RETURN t;
 END

@@ -336,3 +336,20 @@ def test_missing_queue_fails_the_write(spark, server):
     df = spark.sql("SELECT 'hi' AS text")
     with pytest.raises(Exception, match="NOT_FOUND"):
         writer(df, server, "no_such_queue").save()
+
+
+def test_rows_that_break_the_queues_payload_schema_fail_the_write(spark, server, messages, queues):
+    """The writer sends with SendBatch, which refuses a batch holding a body the queue's
+    payload schema does not accept: the task fails, and the write with it."""
+    name = unique_name("spark_schema")
+    schema = msg.PayloadSchema(json_schema=json.dumps({"type": "object", "required": ["id"]}))
+    queues.CreateQueue(qpb.CreateQueueRequest(queue=qpb.Queue(name=name, payload_schema=schema)))
+    try:
+        good = spark.sql("SELECT id FROM range(3)")
+        writer(good, server, name).save()  # each row as JSON: {"id": ...}
+        bad = spark.sql("SELECT id AS other FROM range(2)")
+        with pytest.raises(Exception, match="does not match the payload_schema"):
+            writer(bad, server, name).save()
+        assert len(receive_all(messages, name)) == 3
+    finally:
+        queues.DeleteQueue(qpb.DeleteQueueRequest(name=name))

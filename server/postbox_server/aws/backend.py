@@ -102,6 +102,16 @@ def in_aws_words(details: str) -> str:
 def translate(
     error: grpc.aio.AioRpcError, overrides: Mapping[grpc.StatusCode, ErrorKind]
 ) -> AwsError:
+    translated = _translate(error, overrides)
+    translated.metadata = {
+        name: value for name, value in error.trailing_metadata() or () if isinstance(value, str)
+    }
+    return translated
+
+
+def _translate(
+    error: grpc.aio.AioRpcError, overrides: Mapping[grpc.StatusCode, ErrorKind]
+) -> AwsError:
     code = error.code()
     if code == grpc.StatusCode.UNAUTHENTICATED:
         failure = _auth_failure(error)

@@ -31,6 +31,8 @@ class AwsError(Exception):
         super().__init__(message)
         self.kind = kind
         self.message = message
+        # The trailing metadata of the postbox call that failed, if one did.
+        self.metadata: dict[str, str] = {}
 
 
 def error_kind(

@@ -551,21 +551,31 @@ class Engine:
 
     async def create_topic(
         self, name: str, tags: dict[str, str], sns_attributes: dict[str, str],
-        stream_retention: timedelta | None = None,
+        stream_retention: timedelta | None = None, payload_schema: dict[str, Any] | None = None,
     ) -> Record:  # fmt: skip
         return await self._call(
             "fetchrow", "create_topic", name, json.dumps(tags), json.dumps(sns_attributes),
-            stream_retention,
+            stream_retention, json.dumps(payload_schema),
         )  # fmt: skip
 
     async def update_topic(
         self, name: str, fields: Sequence[str], tags: dict[str, str],
         sns_attributes: dict[str, str], stream_retention: timedelta | None = None,
+        payload_schema: dict[str, Any] | None = None,
     ) -> Record:  # fmt: skip
         return await self._call(
             "fetchrow", "update_topic", name, list(fields), json.dumps(tags),
-            json.dumps(sns_attributes), stream_retention,
+            json.dumps(sns_attributes), stream_retention, json.dumps(payload_schema),
         )  # fmt: skip
+
+    async def payload_schema(self, kind: str, name: str) -> tuple[bool, Any]:
+        """The stored payload_schema of queue or topic `name` (kind "queues" or "topics"):
+        (whether it exists, its schema or None)."""
+        rows = await self._call("fetch", f"{kind[:-1]}_payload_schema", name)
+        if not rows:
+            return False, None
+        text = rows[0]["payload_schema"]
+        return True, None if text is None else json.loads(text)
 
     async def get_topic(self, name: str) -> Record:
         return await self._call("fetchrow", "get_topic", name)

@@ -167,13 +167,21 @@ SELECT postbox.expire_activity()
 -- name: record_activity
 SELECT postbox.record_activity($1, $2, $3, $4, $5, $6, $7)
 
+-- Payload schemas: what a server's schema cache looks up (services/payload_schemas.py).
+
+-- name: queue_payload_schema
+SELECT payload_schema FROM postbox.queues WHERE name = $1
+
 -- Topics.
 
 -- name: create_topic
-SELECT * FROM postbox.create_topic($1, $2::jsonb, $3::jsonb, $4)
+SELECT * FROM postbox.create_topic($1, $2::jsonb, $3::jsonb, $4, $5::jsonb)
 
 -- name: update_topic
-SELECT * FROM postbox.update_topic($1, $2, $3::jsonb, $4::jsonb, $5)
+SELECT * FROM postbox.update_topic($1, $2, $3::jsonb, $4::jsonb, $5, $6::jsonb)
+
+-- name: topic_payload_schema
+SELECT payload_schema FROM postbox.topics WHERE name = $1
 
 -- name: get_topic
 SELECT * FROM postbox.get_topic($1)

@@ -27,7 +27,8 @@ and only other sessions' NOTIFYs need the trailing look (see _on_notify).
 
 The same channel carries the engine's signals to the workers (a payload starting
 with "#", which no queue name can: "#webhooks", "#schedules", "#redrives"), so an
-idle worker sleeps until its next due time or a signal, not on a short poll.
+idle worker sleeps until its next due time or a signal, not on a short poll. A
+signal may name what it is about after a colon ("#payload_schema:queues:orders").
 """
 
 from __future__ import annotations
@@ -113,6 +114,7 @@ class WakeHub:
         # One statement at a time on the LISTEN connection.
         self._conn_lock = asyncio.Lock()
         self._signals: dict[str, list[Callable[[], None]]] = {}
+        self._subject_signals: dict[str, list[Callable[[str], None]]] = {}
         self._on_lost: list[Callable[[], None]] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._connected = asyncio.Event()
@@ -135,6 +137,11 @@ class WakeHub:
     def on_signal(self, kind: str, callback: Callable[[], None]) -> None:
         """Calls `callback` whenever the engine signals work of that kind (see _signal)."""
         self._signals.setdefault(kind, []).append(callback)
+
+    def on_subject_signal(self, kind: str, callback: Callable[[str], None]) -> None:
+        """Calls `callback` with the subject of each signal of that kind ("#kind:subject"),
+        and with "" (everything) whenever signals may have been missed: on (re)connecting."""
+        self._subject_signals.setdefault(kind, []).append(callback)
 
     def on_lost(self, callback: Callable[[], None]) -> None:
         """Calls `callback` when the LISTEN connection drops: the database may be gone."""
@@ -234,8 +241,11 @@ class WakeHub:
     def _on_notify(self, _conn: object, pid: int, _channel: str, payload: object) -> None:
         queue = cast(str, payload)  # a NOTIFY payload is text; asyncpg's stubs say object
         if queue.startswith("#"):
-            for callback in self._signals.get(queue[1:], ()):
+            kind, _, subject = queue[1:].partition(":")
+            for callback in self._signals.get(kind, ()):
                 callback()
+            for subject_callback in self._subject_signals.get(kind, ()):
+                subject_callback(subject)
             return
         # Taken off the count first, whether or not a stream waits on the queue now.
         if self._own is not None and self._own.covers(pid, queue):
@@ -271,6 +281,9 @@ class WakeHub:
                 for callbacks in self._signals.values():
                     for callback in callbacks:
                         callback()
+                for subject_callbacks in self._subject_signals.values():
+                    for subject_callback in subject_callbacks:
+                        subject_callback("")
                 listing = asyncio.create_task(self._list_forever(conn), name="postbox-list")
                 listing.add_done_callback(functools.partial(self._listing_ended, lost=lost))
                 try:

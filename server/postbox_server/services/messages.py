@@ -26,6 +26,7 @@ from postbox_server.services.pagination import (
     next_page,
     page_size_of,
 )
+from postbox_server.services.payload_schema_cache import PayloadSchemaCache
 from postbox_server.services.queues import default_settings
 from postbox_server.services.receive.claims import Claims
 from postbox_server.services.receive.polling import ReceiveCall
@@ -46,8 +47,10 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
         max_message_size: int,
         max_response_size: int = Settings.max_response_size,
         auto_create_queues: bool = False,
+        payload_schemas: PayloadSchemaCache | None = None,
     ) -> None:
         self.engine = engine
+        self.payload_schemas = payload_schemas or PayloadSchemaCache(engine, hub)
         # The settings of a queue a send creates, or None when sends create no queue.
         self.auto_created = default_settings(max_message_size) if auto_create_queues else None
         self.max_message_size = max_message_size
@@ -83,6 +86,7 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
     async def _send(self, request: pb.SendRequest) -> pb.SendResponse:
         """One message, through the group commit; its id once committed."""
         outgoing = convert.outgoing(request, self.max_message_size)
+        await self.payload_schemas.check("queues", request.queue, (request.body,), batch=False)
         outgoing.attributes = tracing.stamp(outgoing.attributes)
         sends = self.relaxed_sends if request.relaxed_durability else self.sends
         try:
@@ -143,6 +147,9 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
             None
             if traced or request.relaxed_durability
             else convert.plain_batch(request, self.max_message_size)
+        )
+        await self.payload_schemas.check(
+            "queues", request.queue, (entry.body for entry in request.entries), batch=True
         )
         try:
             try:

@@ -18,7 +18,7 @@ from postbox_server.queue_names import (
     MAX_QUEUE_NAME,
     dead_letter_queue_name,
 )
-from postbox_server.services import convert
+from postbox_server.services import convert, payload_schemas
 from postbox_server.services.pagination import (
     decode_page_token,
     foreign_token,
@@ -26,6 +26,7 @@ from postbox_server.services.pagination import (
     next_page,
     page_size_of,
 )
+from postbox_server.services.payload_schema_cache import PayloadSchemaCache
 from postbox_server.services.status import reports_errors
 
 # A queue's max_message_size when none is given (the engine's default).
@@ -139,6 +140,10 @@ SETTINGS: dict[str, Callable[[pb.Queue], Any]] = {
     "receive_rate_limit": lambda q: _positive_setting(q, "receive_rate_limit"),
     "tags": lambda q: dict(q.tags),
     "access_policy": lambda q: q.access_policy,
+    # Compiled here, so that a schema that cannot check anything is refused now.
+    "payload_schema": lambda q: (
+        payload_schemas.setting(q.payload_schema) if q.HasField("payload_schema") else None
+    ),
 }
 
 _DURATIONS = (
@@ -196,8 +201,10 @@ def default_settings(max_message_size: int) -> dict[str, Any]:
     return queue_settings(pb.Queue(), list(SETTINGS), max_message_size)
 
 
-def queue_resource(row: Row) -> pb.Queue:
-    """A row of postbox.queues (with its dead_letter_queue name) as an API Queue."""
+def queue_resource(row: Row, *, with_payload_schema: bool = True) -> pb.Queue:
+    """A row of postbox.queues (with its dead_letter_queue name) as an API Queue; its
+    payload_schema (up to 256 KiB) only when asked for, as GetQueue does and a page of
+    ListQueues does not."""
     queue = pb.Queue(
         name=row["name"],
         max_message_size=row["max_message_size"],
@@ -211,6 +218,9 @@ def queue_resource(row: Row) -> pb.Queue:
         receive_paused=row["receive_paused"],
         tags=json.loads(row["tags"]),
         access_policy=row["access_policy"],
+        payload_schema=(
+            payload_schemas.resource(row["payload_schema"]) if with_payload_schema else None
+        ),
         redrive_allow_policy=pb.RedriveAllowPolicy(
             permission=_PERMISSION_ENUMS[row["redrive_permission"]],
             source_queues=row["redrive_sources"],
@@ -268,9 +278,21 @@ def redrive_task(row: Row) -> pb.RedriveTask:
 
 
 class QueueService(queue_service_pb2_grpc.QueueServiceServicer):
-    def __init__(self, engine: Engine, *, max_message_size: int) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        max_message_size: int,
+        payload_schemas: PayloadSchemaCache | None = None,
+    ) -> None:
         self.engine = engine
         self.max_message_size = max_message_size
+        # This server's compiled schemas, told at once of a change made here.
+        self.payload_schemas = payload_schemas
+
+    def _schema_changed(self, name: str) -> None:
+        if self.payload_schemas is not None:
+            self.payload_schemas.forget("queues", name)
 
     def _settings(self, queue: pb.Queue, fields: list[str]) -> dict[str, Any]:
         return queue_settings(queue, fields, self.max_message_size)
@@ -289,6 +311,7 @@ class QueueService(queue_service_pb2_grpc.QueueServiceServicer):
                     "dead-letter queue of your own, set queue.dead_letter_policy"
                 )
             row = await self.engine.create_queue(request.queue.name, settings)
+            self._schema_changed(request.queue.name)
             return pb.CreateQueueResponse(queue=queue_resource(row))
         name = request.queue.name
         dead_letter_queue = _dead_letter_queue_of(request)
@@ -296,6 +319,7 @@ class QueueService(queue_service_pb2_grpc.QueueServiceServicer):
             name, settings, dead_letter_queue, default_settings(self.max_message_size),
             request.dead_letter_max_receive_count or DEFAULT_MAX_RECEIVE_COUNT,
         )  # fmt: skip
+        self._schema_changed(name)
         return pb.CreateQueueResponse(queue=queue_resource(row))
 
     @reports_errors
@@ -323,7 +347,8 @@ class QueueService(queue_service_pb2_grpc.QueueServiceServicer):
         )
         page, token = next_page(rows, page_size, "ListQueues")
         return pb.ListQueuesResponse(
-            queues=[queue_resource(row) for row in page], next_page_token=token
+            queues=[queue_resource(row, with_payload_schema=False) for row in page],
+            next_page_token=token,
         )
 
     @reports_errors
@@ -341,6 +366,7 @@ class QueueService(queue_service_pb2_grpc.QueueServiceServicer):
         row = await self.engine.update_queue(
             request.queue.name, self._settings(request.queue, paths)
         )
+        self._schema_changed(request.queue.name)
         return pb.UpdateQueueResponse(queue=queue_resource(row))
 
     @reports_errors
@@ -348,6 +374,7 @@ class QueueService(queue_service_pb2_grpc.QueueServiceServicer):
         self, request: pb.DeleteQueueRequest, context: grpc.aio.ServicerContext
     ) -> pb.DeleteQueueResponse:
         await self.engine.drop_queue(request.name)
+        self._schema_changed(request.name)
         return pb.DeleteQueueResponse()
 
     @reports_errors

@@ -12,8 +12,16 @@ from typing import Any, TypeVar
 import grpc
 
 from postbox_server.errors import ApiError, crashed
+from postbox_server.observability import request_ids
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+async def _abort(context: grpc.aio.ServicerContext, error: ApiError) -> None:
+    if error.metadata:
+        # With the request id, which an abort's own metadata would replace.
+        context.set_trailing_metadata((*error.metadata, *request_ids.trailing()))
+    await context.abort(error.code, error.message)
 
 
 def reports_errors(method: F) -> F:
@@ -28,7 +36,7 @@ def reports_errors(method: F) -> F:
                     async for response in responses:
                         yield response
             except ApiError as error:
-                await context.abort(error.code, error.message)
+                await _abort(context, error)
             except grpc.aio.AbortError:
                 raise
             except Exception as error:
@@ -43,7 +51,7 @@ def reports_errors(method: F) -> F:
         try:
             return await method(self, request, context)
         except ApiError as error:
-            await context.abort(error.code, error.message)
+            await _abort(context, error)
         except grpc.aio.AbortError:
             raise
         except Exception as error:

@@ -24,13 +24,14 @@ from postbox_server.db.wakeup import WakeHub
 from postbox_server.egress import EgressPolicy, Refused
 from postbox_server.errors import ApiError, invalid, quoted
 from postbox_server.observability import tracing
-from postbox_server.services import convert
+from postbox_server.services import convert, payload_schemas
 from postbox_server.services.pagination import (
     decode_id_page_token,
     decode_page_token,
     next_page,
     page_size_of,
 )
+from postbox_server.services.payload_schema_cache import PayloadSchemaCache
 from postbox_server.services.status import reports_errors
 from postbox_server.workers import standard_webhooks as webhooks
 
@@ -59,7 +60,9 @@ MAX_FILTER_POLICY = 256 * 1024
 MAX_STREAM_DELAY = timedelta(days=30)
 
 
-def topic_resource(row: Row) -> pb.Topic:
+def topic_resource(row: Row, *, with_payload_schema: bool = True) -> pb.Topic:
+    """A row of postbox.topics as an API Topic; its payload_schema (up to 256 KiB) only
+    when asked for, as GetTopic does and a page of ListTopics does not."""
     topic = pb.Topic(
         name=row["name"],
         create_time=convert.timestamp(row["created_at"]),
@@ -68,7 +71,16 @@ def topic_resource(row: Row) -> pb.Topic:
     )
     if row["stream_retention"] is not None:
         topic.stream_retention.CopyFrom(convert.duration(row["stream_retention"]))
+    schema = payload_schemas.resource(row["payload_schema"]) if with_payload_schema else None
+    if schema is not None:
+        topic.payload_schema.CopyFrom(schema)
     return topic
+
+
+def _payload_schema(topic: pb.Topic) -> dict[str, Any] | None:
+    if not topic.HasField("payload_schema"):
+        return None
+    return payload_schemas.setting(topic.payload_schema)
 
 
 def _delivery(subscription: pb.Subscription) -> SubscriptionDelivery:
@@ -212,8 +224,10 @@ class TopicService(topic_service_pb2_grpc.TopicServiceServicer):
         *,
         max_message_size: int,
         on_published: Callable[[str], None] = lambda topic: None,
+        payload_schemas: PayloadSchemaCache | None = None,
     ) -> None:
         self.engine = engine
+        self.payload_schemas = payload_schemas or PayloadSchemaCache(engine, hub)
         self.publishes: GroupCommit[OutgoingPublish, Record] = GroupCommit(
             engine, self._publish_group
         )
@@ -234,8 +248,9 @@ class TopicService(topic_service_pb2_grpc.TopicServiceServicer):
         topic = request.topic
         row = await self.engine.create_topic(
             topic.name, dict(topic.tags), dict(topic.sns_attributes),
-            convert.optional_timedelta(topic, "stream_retention"),
+            convert.optional_timedelta(topic, "stream_retention"), _payload_schema(topic),
         )  # fmt: skip
+        self.payload_schemas.forget("topics", topic.name)
         return pb.CreateTopicResponse(topic=topic_resource(row))
 
     @reports_errors
@@ -243,10 +258,13 @@ class TopicService(topic_service_pb2_grpc.TopicServiceServicer):
         self, request: pb.UpdateTopicRequest, context: grpc.aio.ServicerContext
     ) -> pb.UpdateTopicResponse:
         topic = request.topic
+        paths = list(request.update_mask.paths)
+        schema = _payload_schema(topic) if "payload_schema" in paths else None
         row = await self.engine.update_topic(
-            topic.name, list(request.update_mask.paths), dict(topic.tags),
-            dict(topic.sns_attributes), convert.optional_timedelta(topic, "stream_retention"),
+            topic.name, paths, dict(topic.tags), dict(topic.sns_attributes),
+            convert.optional_timedelta(topic, "stream_retention"), schema,
         )  # fmt: skip
+        self.payload_schemas.forget("topics", topic.name)
         return pb.UpdateTopicResponse(topic=topic_resource(row))
 
     @reports_errors
@@ -265,7 +283,8 @@ class TopicService(topic_service_pb2_grpc.TopicServiceServicer):
             await self.engine.list_topics(page_size + 1, after), page_size, "ListTopics"
         )
         return pb.ListTopicsResponse(
-            topics=[topic_resource(row) for row in page], next_page_token=token
+            topics=[topic_resource(row, with_payload_schema=False) for row in page],
+            next_page_token=token,
         )
 
     @reports_errors
@@ -273,6 +292,7 @@ class TopicService(topic_service_pb2_grpc.TopicServiceServicer):
         self, request: pb.DeleteTopicRequest, context: grpc.aio.ServicerContext
     ) -> pb.DeleteTopicResponse:
         await self.engine.delete_topic(request.name)
+        self.payload_schemas.forget("topics", request.name)
         return pb.DeleteTopicResponse()
 
     @reports_errors
@@ -412,7 +432,9 @@ class TopicService(topic_service_pb2_grpc.TopicServiceServicer):
             return await self._publish_delayed(request)
         # Concurrent Publishes share commits, as Sends do: each fans out to every
         # subscribed queue, and one commit per Publish would bound them all.
-        row = await self.publishes.write(request.topic, _outgoing(request, self.max_message_size))
+        entry = _outgoing(request, self.max_message_size)
+        await self.payload_schemas.check("topics", request.topic, (request.body,), batch=False)
+        row = await self.publishes.write(request.topic, entry)
         self._woken(request.topic, (row,))
         response = pb.PublishResponse()
         _fill_result(response, row)
@@ -433,6 +455,7 @@ class TopicService(topic_service_pb2_grpc.TopicServiceServicer):
                 " stream log only: leave one of them out"
             )
         entry = _outgoing(request, self.max_message_size)
+        await self.payload_schemas.check("topics", request.topic, (request.body,), batch=False)
         publish_id = await self.engine.publish_delayed(request.topic, entry, delay)
         if not delay:
             self.on_published(request.topic)  # appended now: waiting readers may take it
@@ -448,6 +471,9 @@ class TopicService(topic_service_pb2_grpc.TopicServiceServicer):
                 entries.append(_outgoing(entry, self.max_message_size))
             except ApiError as error:
                 raise invalid(f"entry {index}: {error.message}") from None
+        await self.payload_schemas.check(
+            "topics", request.topic, (entry.body for entry in request.entries), batch=True
+        )
         rows = await self._publish(request.topic, entries)
         response = pb.PublishBatchResponse()
         add = response.results.add

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18postbox/v1/message.proto\x12\npostbox.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\\\n\x0e\x41ttributeValue\x12\x11\n\tdata_type\x18\x01 \x01(\t\x12\x16\n\x0cstring_value\x18\x02 \x01(\tH\x00\x12\x16\n\x0c\x62inary_value\x18\x03 \x01(\x0cH\x00\x42\x07\n\x05value\"\xff\x05\n\x07Message\x12\x12\n\nmessage_id\x18\x01 \x01(\t\x12\x0c\n\x04\x62ody\x18\x02 \x01(\x0c\x12\x37\n\nattributes\x18\x03 \x03(\x0b\x32#.postbox.v1.Message.AttributesEntry\x12\x30\n\x0c\x65nqueue_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x15\n\rreceive_count\x18\x05 \x01(\x05\x12\x36\n\x12\x66irst_receive_time\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07receipt\x18\x07 \x01(\t\x12\x10\n\x08priority\x18\x08 \x01(\x05\x12\x18\n\x10message_group_id\x18\t \x01(\t\x12\x18\n\x10\x64\x65\x64uplication_id\x18\n \x01(\t\x12 \n\x18\x64\x65\x61\x64_letter_source_queue\x18\x0b \x01(\t\x12\x12\n\nlast_error\x18\x0c \x01(\t\x12\'\n\x05state\x18\r \x01(\x0e\x32\x18.postbox.v1.MessageState\x12\x30\n\x0cvisible_time\x18\x0e \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x65xpire_time\x18\x0f \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x13\n\x0b\x63onsumer_id\x18\x10 \x01(\t\x12\x30\n\x0creceive_time\x18\x11 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x66inish_time\x18\x12 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06result\x18\x13 \x01(\x0c\x12\r\n\x05queue\x18\x14 \x01(\t\x12\x19\n\x11max_receive_count\x18\x15 \x01(\x05\x1aM\n\x0f\x41ttributesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12)\n\x05value\x18\x02 \x01(\x0b\x32\x1a.postbox.v1.AttributeValue:\x02\x38\x01\"\x94\x01\n\x0f\x41rchivedMessage\x12$\n\x07message\x18\x01 \x01(\x0b\x32\x13.postbox.v1.Message\x12\x30\n\x0c\x61rchive_time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12)\n\x06reason\x18\x03 \x01(\x0e\x32\x19.postbox.v1.ArchiveReason*\xa8\x02\n\x0cMessageState\x12\x1d\n\x19MESSAGE_STATE_UNSPECIFIED\x10\x00\x12\x19\n\x15MESSAGE_STATE_VISIBLE\x10\x01\x12\x1b\n\x17MESSAGE_STATE_IN_FLIGHT\x10\x02\x12\x19\n\x15MESSAGE_STATE_DELAYED\x10\x03\x12\x16\n\x12MESSAGE_STATE_DEAD\x10\x04\x12\x1b\n\x17MESSAGE_STATE_SUCCEEDED\x10\x05\x12\x18\n\x14MESSAGE_STATE_FAILED\x10\x06\x12\x1f\n\x1bMESSAGE_STATE_DEAD_LETTERED\x10\x07\x12\x19\n\x15MESSAGE_STATE_EXPIRED\x10\x08\x12\x1b\n\x17MESSAGE_STATE_CANCELLED\x10\t*\xa0\x01\n\rArchiveReason\x12\x1e\n\x1a\x41RCHIVE_REASON_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x41RCHIVE_REASON_DELETED\x10\x01\x12\x1a\n\x16\x41RCHIVE_REASON_EXPIRED\x10\x02\x12\x1c\n\x18\x41RCHIVE_REASON_CANCELLED\x10\x03\x12\x19\n\x15\x41RCHIVE_REASON_FAILED\x10\x04\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18postbox/v1/message.proto\x12\npostbox.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\\\n\x0e\x41ttributeValue\x12\x11\n\tdata_type\x18\x01 \x01(\t\x12\x16\n\x0cstring_value\x18\x02 \x01(\tH\x00\x12\x16\n\x0c\x62inary_value\x18\x03 \x01(\x0cH\x00\x42\x07\n\x05value\"^\n\rPayloadSchema\x12\x15\n\x0bjson_schema\x18\x01 \x01(\tH\x00\x12.\n\x08protobuf\x18\x02 \x01(\x0b\x32\x1a.postbox.v1.ProtobufSchemaH\x00\x42\x06\n\x04kind\"C\n\x0eProtobufSchema\x12\x1b\n\x13\x66ile_descriptor_set\x18\x01 \x01(\x0c\x12\x14\n\x0cmessage_type\x18\x02 \x01(\t\"\xff\x05\n\x07Message\x12\x12\n\nmessage_id\x18\x01 \x01(\t\x12\x0c\n\x04\x62ody\x18\x02 \x01(\x0c\x12\x37\n\nattributes\x18\x03 \x03(\x0b\x32#.postbox.v1.Message.AttributesEntry\x12\x30\n\x0c\x65nqueue_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x15\n\rreceive_count\x18\x05 \x01(\x05\x12\x36\n\x12\x66irst_receive_time\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07receipt\x18\x07 \x01(\t\x12\x10\n\x08priority\x18\x08 \x01(\x05\x12\x18\n\x10message_group_id\x18\t \x01(\t\x12\x18\n\x10\x64\x65\x64uplication_id\x18\n \x01(\t\x12 \n\x18\x64\x65\x61\x64_letter_source_queue\x18\x0b \x01(\t\x12\x12\n\nlast_error\x18\x0c \x01(\t\x12\'\n\x05state\x18\r \x01(\x0e\x32\x18.postbox.v1.MessageState\x12\x30\n\x0cvisible_time\x18\x0e \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x65xpire_time\x18\x0f \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x13\n\x0b\x63onsumer_id\x18\x10 \x01(\t\x12\x30\n\x0creceive_time\x18\x11 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x66inish_time\x18\x12 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06result\x18\x13 \x01(\x0c\x12\r\n\x05queue\x18\x14 \x01(\t\x12\x19\n\x11max_receive_count\x18\x15 \x01(\x05\x1aM\n\x0f\x41ttributesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12)\n\x05value\x18\x02 \x01(\x0b\x32\x1a.postbox.v1.AttributeValue:\x02\x38\x01\"\x94\x01\n\x0f\x41rchivedMessage\x12$\n\x07message\x18\x01 \x01(\x0b\x32\x13.postbox.v1.Message\x12\x30\n\x0c\x61rchive_time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12)\n\x06reason\x18\x03 \x01(\x0e\x32\x19.postbox.v1.ArchiveReason*\xa8\x02\n\x0cMessageState\x12\x1d\n\x19MESSAGE_STATE_UNSPECIFIED\x10\x00\x12\x19\n\x15MESSAGE_STATE_VISIBLE\x10\x01\x12\x1b\n\x17MESSAGE_STATE_IN_FLIGHT\x10\x02\x12\x19\n\x15MESSAGE_STATE_DELAYED\x10\x03\x12\x16\n\x12MESSAGE_STATE_DEAD\x10\x04\x12\x1b\n\x17MESSAGE_STATE_SUCCEEDED\x10\x05\x12\x18\n\x14MESSAGE_STATE_FAILED\x10\x06\x12\x1f\n\x1bMESSAGE_STATE_DEAD_LETTERED\x10\x07\x12\x19\n\x15MESSAGE_STATE_EXPIRED\x10\x08\x12\x1b\n\x17MESSAGE_STATE_CANCELLED\x10\t*\xa0\x01\n\rArchiveReason\x12\x1e\n\x1a\x41RCHIVE_REASON_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x41RCHIVE_REASON_DELETED\x10\x01\x12\x1a\n\x16\x41RCHIVE_REASON_EXPIRED\x10\x02\x12\x1c\n\x18\x41RCHIVE_REASON_CANCELLED\x10\x03\x12\x19\n\x15\x41RCHIVE_REASON_FAILED\x10\x04\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,16 +34,20 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_MESSAGE_ATTRIBUTESENTRY']._loaded_options = None
   _globals['_MESSAGE_ATTRIBUTESENTRY']._serialized_options = b'8\001'
-  _globals['_MESSAGESTATE']._serialized_start=1089
-  _globals['_MESSAGESTATE']._serialized_end=1385
-  _globals['_ARCHIVEREASON']._serialized_start=1388
-  _globals['_ARCHIVEREASON']._serialized_end=1548
+  _globals['_MESSAGESTATE']._serialized_start=1254
+  _globals['_MESSAGESTATE']._serialized_end=1550
+  _globals['_ARCHIVEREASON']._serialized_start=1553
+  _globals['_ARCHIVEREASON']._serialized_end=1713
   _globals['_ATTRIBUTEVALUE']._serialized_start=73
   _globals['_ATTRIBUTEVALUE']._serialized_end=165
-  _globals['_MESSAGE']._serialized_start=168
-  _globals['_MESSAGE']._serialized_end=935
-  _globals['_MESSAGE_ATTRIBUTESENTRY']._serialized_start=858
-  _globals['_MESSAGE_ATTRIBUTESENTRY']._serialized_end=935
-  _globals['_ARCHIVEDMESSAGE']._serialized_start=938
-  _globals['_ARCHIVEDMESSAGE']._serialized_end=1086
+  _globals['_PAYLOADSCHEMA']._serialized_start=167
+  _globals['_PAYLOADSCHEMA']._serialized_end=261
+  _globals['_PROTOBUFSCHEMA']._serialized_start=263
+  _globals['_PROTOBUFSCHEMA']._serialized_end=330
+  _globals['_MESSAGE']._serialized_start=333
+  _globals['_MESSAGE']._serialized_end=1100
+  _globals['_MESSAGE_ATTRIBUTESENTRY']._serialized_start=1023
+  _globals['_MESSAGE_ATTRIBUTESENTRY']._serialized_end=1100
+  _globals['_ARCHIVEDMESSAGE']._serialized_start=1103
+  _globals['_ARCHIVEDMESSAGE']._serialized_end=1251
 # @@protoc_insertion_point(module_scope)

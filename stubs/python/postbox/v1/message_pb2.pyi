@@ -56,6 +56,22 @@ class AttributeValue(_message.Message):
     binary_value: bytes
     def __init__(self, data_type: _Optional[str] = ..., string_value: _Optional[str] = ..., binary_value: _Optional[bytes] = ...) -> None: ...
 
+class PayloadSchema(_message.Message):
+    __slots__ = ("json_schema", "protobuf")
+    JSON_SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    PROTOBUF_FIELD_NUMBER: _ClassVar[int]
+    json_schema: str
+    protobuf: ProtobufSchema
+    def __init__(self, json_schema: _Optional[str] = ..., protobuf: _Optional[_Union[ProtobufSchema, _Mapping]] = ...) -> None: ...
+
+class ProtobufSchema(_message.Message):
+    __slots__ = ("file_descriptor_set", "message_type")
+    FILE_DESCRIPTOR_SET_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_TYPE_FIELD_NUMBER: _ClassVar[int]
+    file_descriptor_set: bytes
+    message_type: str
+    def __init__(self, file_descriptor_set: _Optional[bytes] = ..., message_type: _Optional[str] = ...) -> None: ...
+
 class Message(_message.Message):
     __slots__ = ("message_id", "body", "attributes", "enqueue_time", "receive_count", "first_receive_time", "receipt", "priority", "message_group_id", "deduplication_id", "dead_letter_source_queue", "last_error", "state", "visible_time", "expire_time", "consumer_id", "receive_time", "finish_time", "result", "queue", "max_receive_count")
     class AttributesEntry(_message.Message):

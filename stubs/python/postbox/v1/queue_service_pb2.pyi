@@ -3,6 +3,7 @@ import datetime
 from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import field_mask_pb2 as _field_mask_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from postbox.v1 import message_pb2 as _message_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -22,7 +23,7 @@ QUEUE_VIEW_BASIC: QueueView
 QUEUE_VIEW_FULL: QueueView
 
 class Queue(_message.Message):
-    __slots__ = ("name", "visibility_timeout", "delivery_delay", "retention", "max_message_size", "receive_wait_time", "create_time", "update_time", "stats", "fifo", "content_based_deduplication", "deduplication_window", "dead_letter_policy", "redrive_allow_policy", "retry_policy", "archive_on_delete", "archive_retention", "max_depth", "receive_rate_limit", "send_paused", "receive_paused", "tags", "purge_time", "access_policy")
+    __slots__ = ("name", "visibility_timeout", "delivery_delay", "retention", "max_message_size", "receive_wait_time", "create_time", "update_time", "stats", "fifo", "content_based_deduplication", "deduplication_window", "dead_letter_policy", "redrive_allow_policy", "retry_policy", "archive_on_delete", "archive_retention", "max_depth", "receive_rate_limit", "send_paused", "receive_paused", "tags", "purge_time", "access_policy", "payload_schema")
     class TagsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -54,6 +55,7 @@ class Queue(_message.Message):
     TAGS_FIELD_NUMBER: _ClassVar[int]
     PURGE_TIME_FIELD_NUMBER: _ClassVar[int]
     ACCESS_POLICY_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_SCHEMA_FIELD_NUMBER: _ClassVar[int]
     name: str
     visibility_timeout: _duration_pb2.Duration
     delivery_delay: _duration_pb2.Duration
@@ -78,7 +80,8 @@ class Queue(_message.Message):
     tags: _containers.ScalarMap[str, str]
     purge_time: _timestamp_pb2.Timestamp
     access_policy: str
-    def __init__(self, name: _Optional[str] = ..., visibility_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., delivery_delay: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., retention: _Optional[_Union[Retention, _Mapping]] = ..., max_message_size: _Optional[int] = ..., receive_wait_time: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., stats: _Optional[_Union[QueueStats, _Mapping]] = ..., fifo: _Optional[bool] = ..., content_based_deduplication: _Optional[bool] = ..., deduplication_window: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., dead_letter_policy: _Optional[_Union[DeadLetterPolicy, _Mapping]] = ..., redrive_allow_policy: _Optional[_Union[RedriveAllowPolicy, _Mapping]] = ..., retry_policy: _Optional[_Union[RetryPolicy, _Mapping]] = ..., archive_on_delete: _Optional[bool] = ..., archive_retention: _Optional[_Union[Retention, _Mapping]] = ..., max_depth: _Optional[int] = ..., receive_rate_limit: _Optional[float] = ..., send_paused: _Optional[bool] = ..., receive_paused: _Optional[bool] = ..., tags: _Optional[_Mapping[str, str]] = ..., purge_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., access_policy: _Optional[str] = ...) -> None: ...
+    payload_schema: _message_pb2.PayloadSchema
+    def __init__(self, name: _Optional[str] = ..., visibility_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., delivery_delay: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., retention: _Optional[_Union[Retention, _Mapping]] = ..., max_message_size: _Optional[int] = ..., receive_wait_time: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., stats: _Optional[_Union[QueueStats, _Mapping]] = ..., fifo: _Optional[bool] = ..., content_based_deduplication: _Optional[bool] = ..., deduplication_window: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., dead_letter_policy: _Optional[_Union[DeadLetterPolicy, _Mapping]] = ..., redrive_allow_policy: _Optional[_Union[RedriveAllowPolicy, _Mapping]] = ..., retry_policy: _Optional[_Union[RetryPolicy, _Mapping]] = ..., archive_on_delete: _Optional[bool] = ..., archive_retention: _Optional[_Union[Retention, _Mapping]] = ..., max_depth: _Optional[int] = ..., receive_rate_limit: _Optional[float] = ..., send_paused: _Optional[bool] = ..., receive_paused: _Optional[bool] = ..., tags: _Optional[_Mapping[str, str]] = ..., purge_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., access_policy: _Optional[str] = ..., payload_schema: _Optional[_Union[_message_pb2.PayloadSchema, _Mapping]] = ...) -> None: ...
 
 class Retention(_message.Message):
     __slots__ = ("period",)

@@ -32,7 +32,7 @@ WEBHOOK_DELIVERY_STATE_PENDING: WebhookDeliveryState
 WEBHOOK_DELIVERY_STATE_FAILED: WebhookDeliveryState
 
 class Topic(_message.Message):
-    __slots__ = ("name", "create_time", "tags", "sns_attributes", "stream_retention")
+    __slots__ = ("name", "create_time", "tags", "sns_attributes", "stream_retention", "payload_schema")
     class TagsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -52,12 +52,14 @@ class Topic(_message.Message):
     TAGS_FIELD_NUMBER: _ClassVar[int]
     SNS_ATTRIBUTES_FIELD_NUMBER: _ClassVar[int]
     STREAM_RETENTION_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_SCHEMA_FIELD_NUMBER: _ClassVar[int]
     name: str
     create_time: _timestamp_pb2.Timestamp
     tags: _containers.ScalarMap[str, str]
     sns_attributes: _containers.ScalarMap[str, str]
     stream_retention: _duration_pb2.Duration
-    def __init__(self, name: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., tags: _Optional[_Mapping[str, str]] = ..., sns_attributes: _Optional[_Mapping[str, str]] = ..., stream_retention: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+    payload_schema: _message_pb2.PayloadSchema
+    def __init__(self, name: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., tags: _Optional[_Mapping[str, str]] = ..., sns_attributes: _Optional[_Mapping[str, str]] = ..., stream_retention: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., payload_schema: _Optional[_Union[_message_pb2.PayloadSchema, _Mapping]] = ...) -> None: ...
 
 class WebhookEndpoint(_message.Message):
     __slots__ = ("url", "secret", "timeout", "max_attempts", "minimum_backoff", "maximum_backoff")

@@ -13,6 +13,7 @@ from postbox.v1 import topic_service_pb2 as pb
 from postbox_server.aws import message_attributes
 from postbox_server.aws.call import Call, Result
 from postbox_server.aws.errors import AwsError
+from postbox_server.aws.refused_entries import send_accepted
 from postbox_server.aws.sns import arns
 from postbox_server.aws.sns.actions.base import (
     action,
@@ -186,25 +187,29 @@ async def publish_batch(call: Call) -> Result:
     valid: list[tuple[str, pb.PublishBatchEntry]] = []
     failed: list[Result] = []
     content_deduplication = await _content_deduplication(call, topic, entries)
+
+    def fail(entry_id: str, error: AwsError) -> None:
+        failed.append(
+            {"Id": entry_id, "Code": error.kind.code, "Message": error.message, "SenderFault": True}
+        )
+
     for entry in entries:
         try:
             valid.append((entry["Id"], _message_entry(entry, topic, content_deduplication)))
         except AwsError as error:
-            failed.append(
-                {
-                    "Id": entry["Id"],
-                    "Code": error.kind.code,
-                    "Message": error.message,
-                    "SenderFault": True,
-                }
-            )
+            fail(entry["Id"], error)
     successful: list[Result] = []
-    if valid:
-        # One transaction: the valid entries are published together or not at all.
-        response = await _published_call(
-            call, call.backend.topics.PublishBatch,
-            pb.PublishBatchRequest(topic=topic, entries=[e for _, e in valid]),
-        )  # fmt: skip
+    # One transaction: the valid entries are published together or not at all.
+    response = await send_accepted(
+        valid,
+        lambda accepted: _published_call(
+            call,
+            call.backend.topics.PublishBatch,
+            pb.PublishBatchRequest(topic=topic, entries=accepted),
+        ),
+        fail,
+    )
+    if response is not None:
         for (entry_id, _), result in zip(valid, response.results, strict=True):
             successful.append({"Id": entry_id, **_published(result, is_fifo(topic))})
     return {"Successful": successful, "Failed": failed}

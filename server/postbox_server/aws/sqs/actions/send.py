@@ -15,12 +15,14 @@ from postbox_server.aws.errors import (
     invalid_parameter,
     missing_parameter,
 )
+from postbox_server.aws.refused_entries import send_accepted
 from postbox_server.aws.sqs import batches, md5
 from postbox_server.aws.sqs.actions.base import Call, Result, action
 from postbox_server.aws.sqs.actions.queues import get_queue
 from postbox_server.aws.sqs.errors import BATCH_REQUEST_TOO_LONG, INVALID_MESSAGE_CONTENTS
 from postbox_server.aws.sqs.queue_attributes import is_fifo
 from postbox_server.errors import quoted
+from postbox_server.services.payload_schema_cache import SCHEMA_VIOLATION
 
 _TOKEN = re.compile(r"^[\x21-\x7e]{1,128}$")
 # SQS's limit on the sum of a batch's message sizes.
@@ -156,7 +158,8 @@ async def send_message(call: Call) -> Result:
         response = await call.backend.call(call.backend.messages.Send, request)
     except AwsError as error:
         # The queue's size limit is asked only once a send failed: SQS's words for it.
-        if error.kind is INVALID_PARAMETER_VALUE:
+        # Not for a body the queue's payload schema refused, which says why itself.
+        if error.kind is INVALID_PARAMETER_VALUE and SCHEMA_VIOLATION not in error.metadata:
             limit = (await get_queue(call, queue)).max_message_size
             if message_attributes.size(entry.body, entry.attributes) > limit:
                 raise _too_long(limit) from None
@@ -209,12 +212,15 @@ async def send_message_batch(call: Call) -> Result:
         else:
             valid.append((params["Id"], entry))
     successful = []
-    if valid:
-        # One transaction: the valid entries are committed together or not at all.
-        response = await call.backend.call(
-            call.backend.messages.SendBatch,
-            pb.SendBatchRequest(queue=queue, entries=[entry for _, entry in valid]),
-        )
+    # One transaction: the valid entries are committed together or not at all.
+    response = await send_accepted(
+        valid,
+        lambda accepted: call.backend.call(
+            call.backend.messages.SendBatch, pb.SendBatchRequest(queue=queue, entries=accepted)
+        ),
+        lambda entry_id, error: failed.append(batches.failure(entry_id, error)),
+    )
+    if response is not None:
         for (entry_id, entry), message_id in zip(valid, response.message_ids, strict=True):
             successful.append({"Id": entry_id, **sent(entry, message_id, fifo)})
     return {"Successful": successful, "Failed": failed}

@@ -60,6 +60,79 @@ export declare type AttributeValue = Message$1<"postbox.v1.AttributeValue"> & {
 export declare const AttributeValueSchema: GenMessage<AttributeValue>;
 
 /**
+ * What the bodies sent to a queue or published to a topic must be. A Send,
+ * SendBatch, SendStream, Publish or PublishBatch whose body does not match is
+ * refused with INVALID_ARGUMENT naming the first violation, and nothing is
+ * stored. The server checks it; sends made directly in SQL are not checked.
+ *
+ * @generated from message postbox.v1.PayloadSchema
+ */
+export declare type PayloadSchema = Message$1<"postbox.v1.PayloadSchema"> & {
+  /**
+   * Required: exactly one.
+   *
+   * @generated from oneof postbox.v1.PayloadSchema.kind
+   */
+  kind: {
+    /**
+     * A JSON Schema (draft 2020-12) document, at most 65536 bytes of UTF-8.
+     * Bodies must then be UTF-8 JSON that the schema accepts. References
+     * ($ref) resolve within the document only; nothing is fetched.
+     *
+     * @generated from field: string json_schema = 1;
+     */
+    value: string;
+    case: "jsonSchema";
+  } | {
+    /**
+     * A protobuf message type: bodies must then be that message in the binary
+     * wire format, with no fields the type does not declare.
+     *
+     * @generated from field: postbox.v1.ProtobufSchema protobuf = 2;
+     */
+    value: ProtobufSchema;
+    case: "protobuf";
+  } | { case: undefined; value?: undefined };
+};
+
+/**
+ * Describes the message postbox.v1.PayloadSchema.
+ * Use `create(PayloadSchemaSchema)` to create a new message.
+ */
+export declare const PayloadSchemaSchema: GenMessage<PayloadSchema>;
+
+/**
+ * A protobuf message type, from descriptors the caller uploads.
+ *
+ * @generated from message postbox.v1.ProtobufSchema
+ */
+export declare type ProtobufSchema = Message$1<"postbox.v1.ProtobufSchema"> & {
+  /**
+   * Required. A serialized google.protobuf.FileDescriptorSet holding the file
+   * of message_type and every file it imports (`protoc --include_imports
+   * --descriptor_set_out=...`; the well-known google/protobuf/*.proto files
+   * may be left out). At most 262144 bytes.
+   *
+   * @generated from field: bytes file_descriptor_set = 1;
+   */
+  fileDescriptorSet: Uint8Array;
+
+  /**
+   * Required. Full name of the message type, e.g. "shop.v1.Order": 1-512
+   * characters.
+   *
+   * @generated from field: string message_type = 2;
+   */
+  messageType: string;
+};
+
+/**
+ * Describes the message postbox.v1.ProtobufSchema.
+ * Use `create(ProtobufSchemaSchema)` to create a new message.
+ */
+export declare const ProtobufSchemaSchema: GenMessage<ProtobufSchema>;
+
+/**
  * A message stored in a queue, as a consumer or a browser sees it.
  *
  * @generated from message postbox.v1.Message

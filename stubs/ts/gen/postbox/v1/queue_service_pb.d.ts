@@ -5,6 +5,7 @@
 import type { GenEnum, GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
 import type { Message } from "@bufbuild/protobuf";
 import type { Duration, FieldMask, Timestamp } from "@bufbuild/protobuf/wkt";
+import type { PayloadSchema } from "./message_pb.js";
 
 /**
  * Describes the file postbox/v1/queue_service.proto.
@@ -213,6 +214,17 @@ export declare type Queue = Message<"postbox.v1.Queue"> & {
    * @generated from field: string access_policy = 24;
    */
   accessPolicy: string;
+
+  /**
+   * Optional. What message bodies must be (JSON Schema 2020-12 or a protobuf
+   * message type; PayloadSchema gives the limits): sends that do not match
+   * are refused. Checked when set: a schema that does not compile is
+   * INVALID_ARGUMENT. Unset: any body. Shown by GetQueue, left out by
+   * ListQueues.
+   *
+   * @generated from field: postbox.v1.PayloadSchema payload_schema = 25;
+   */
+  payloadSchema?: PayloadSchema | undefined;
 };
 
 /**
@@ -625,8 +637,8 @@ export declare type UpdateQueueRequest = Message<"postbox.v1.UpdateQueueRequest"
    * "content_based_deduplication", "deduplication_window",
    * "dead_letter_policy", "redrive_allow_policy", "retry_policy",
    * "archive_on_delete", "archive_retention", "max_depth",
-   * "receive_rate_limit", "tags". A named field that is unset in `queue` is
-   * reset to its default.
+   * "receive_rate_limit", "tags", "access_policy", "payload_schema". A named
+   * field that is unset in `queue` is reset to its default.
    *
    * @generated from field: google.protobuf.FieldMask update_mask = 2;
    */

@@ -5,7 +5,7 @@
 import type { GenEnum, GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
 import type { Message } from "@bufbuild/protobuf";
 import type { Duration, FieldMask, Timestamp } from "@bufbuild/protobuf/wkt";
-import type { AttributeValue } from "./message_pb.js";
+import type { AttributeValue, PayloadSchema } from "./message_pb.js";
 
 /**
  * Describes the file postbox/v1/topic_service.proto.
@@ -60,6 +60,17 @@ export declare type Topic = Message<"postbox.v1.Topic"> & {
    * @generated from field: google.protobuf.Duration stream_retention = 5;
    */
   streamRetention?: Duration | undefined;
+
+  /**
+   * Optional. What published bodies must be (JSON Schema 2020-12 or a protobuf
+   * message type; PayloadSchema gives the limits): publishes that do not
+   * match are refused, so nothing reaches a subscriber. Subscribed queues'
+   * own payload_schema is not applied to what the topic delivers. Unset: any
+   * body. Shown by GetTopic, left out by ListTopics.
+   *
+   * @generated from field: postbox.v1.PayloadSchema payload_schema = 6;
+   */
+  payloadSchema?: PayloadSchema | undefined;
 };
 
 /**
@@ -398,9 +409,10 @@ export declare type UpdateTopicRequest = Message<"postbox.v1.UpdateTopicRequest"
   topic?: Topic | undefined;
 
   /**
-   * Required. Fields to change: any of "tags", "sns_attributes" and
-   * "stream_retention", each replaced whole (an unset stream_retention ends the
-   * log, which FAILED_PRECONDITION refuses while consumer groups exist).
+   * Required. Fields to change: any of "tags", "sns_attributes",
+   * "stream_retention" and "payload_schema", each replaced whole (an unset
+   * stream_retention ends the log, which FAILED_PRECONDITION refuses while
+   * consumer groups exist; an unset payload_schema removes the schema).
    *
    * @generated from field: google.protobuf.FieldMask update_mask = 2;
    */

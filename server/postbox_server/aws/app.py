@@ -41,6 +41,7 @@ from postbox_server.config import is_loopback
 from postbox_server.errors import quoted
 from postbox_server.http_site import http_site
 from postbox_server.observability import metrics, request_ids, tracing
+from postbox_server.sns_signing import CERTIFICATE_PATH, PEM_CONTENT_TYPE
 
 log = logging.getLogger("postbox.sqs")
 
@@ -180,6 +181,14 @@ def build_app(settings: ShimSettings, backend: Backend) -> web.Application:
     request_ids.install(app)
     if settings.credentials:
         app[_VERIFIER] = Verifier(settings.credentials)
+    if settings.sns_signing_key is not None:
+        certificate = settings.sns_signing_key.certificate_pem
+
+        async def sns_certificate(_: web.Request) -> web.Response:
+            # Public, as SNS's is: subscribers fetch it to verify, without credentials.
+            return web.Response(body=certificate, content_type=PEM_CONTENT_TYPE)
+
+        app.router.add_get(CERTIFICATE_PATH, sns_certificate)
     # POST is what SDKs send; old query clients also use GET with the parameters in the URL.
     # Every other path and method reaches the handler too, to be refused as SQS refuses
     # them (with a request id, in the protocol of the request).

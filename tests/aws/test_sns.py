@@ -719,3 +719,66 @@ def test_publish_batch_refusals_in_sns_words(sns, topic, request):
         )
     finally:
         sns.delete_topic(TopicArn=fifo)
+
+
+def _sns_json(endpoint: str, action: str, params: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    """A call in SNS's JSON protocol (X-Amz-Target: AmazonSNS.<Action>), as beyond-queue's
+    clients make it, with a plain HTTP client."""
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(
+        endpoint + "/", data=json.dumps(params).encode(), method="POST",
+        headers={"X-Amz-Target": f"AmazonSNS.{action}",
+                 "Content-Type": "application/x-amz-json-1.0"},
+    )  # fmt: skip
+    try:
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def test_the_json_protocol_serves_the_same_actions(sqs_shim, sqs, request):
+    name = unique_name(request.node.name)
+    url, queue_arn = _queue(sqs, name)
+    status, created = _sns_json(sqs_shim.endpoint, "CreateTopic", {"Name": name})
+    assert status == 200
+    topic = created["TopicArn"]
+    try:
+        status, subscribed = _sns_json(
+            sqs_shim.endpoint, "Subscribe",
+            {"TopicArn": topic, "Protocol": "sqs", "Endpoint": queue_arn,
+             "Attributes": {"RawMessageDelivery": "true"}},
+        )  # fmt: skip
+        assert status == 200
+        assert subscribed["SubscriptionArn"].startswith(topic + ":")
+        status, published = _sns_json(
+            sqs_shim.endpoint, "Publish",
+            {"TopicArn": topic, "Message": "over json",
+             "MessageAttributes": {"k": {"DataType": "String", "StringValue": "v"}}},
+        )  # fmt: skip
+        assert status == 200
+        assert published["MessageId"]
+        (message,) = _receive(sqs, url)
+        assert message["Body"] == "over json"
+        assert message["MessageAttributes"]["k"]["StringValue"] == "v"
+        status, listed = _sns_json(
+            sqs_shim.endpoint, "ListSubscriptionsByTopic", {"TopicArn": topic}
+        )
+        assert status == 200
+        assert [s["Endpoint"] for s in listed["Subscriptions"]] == [queue_arn]
+        # Errors as the JSON protocol has them: the shape in __type, the code in a header.
+        status, missing = _sns_json(
+            sqs_shim.endpoint, "Publish", {"TopicArn": topic + "-missing", "Message": "m"}
+        )
+        assert status == 404
+        assert missing["__type"] == "com.amazonaws.sns#NotFound"
+        status, wrong = _sns_json(sqs_shim.endpoint, "Publish", {"TopicArn": 7, "Message": "m"})
+        assert status == 400
+        assert "TopicArn" in wrong["message"]
+        status, unknown = _sns_json(sqs_shim.endpoint, "LaunchRockets", {})
+        assert status == 400
+        assert unknown["__type"] == "com.amazonaws.sns#InvalidAction"
+    finally:
+        _sns_json(sqs_shim.endpoint, "DeleteTopic", {"TopicArn": topic})

@@ -35,7 +35,7 @@ from postbox_server.aws.errors import (
 from postbox_server.aws.protocol import ServiceProtocol
 from postbox_server.aws.settings import ShimSettings
 from postbox_server.aws.sigv4 import Verifier, signed_request
-from postbox_server.aws.sns.protocol import SnsQuery, is_sns
+from postbox_server.aws.sns.protocol import SnsJson, SnsQuery, is_sns, is_sns_json
 from postbox_server.aws.sqs.protocol import SqsJson, SqsQuery
 from postbox_server.config import is_loopback
 from postbox_server.errors import quoted
@@ -132,8 +132,13 @@ async def _respond(request: web.Request) -> tuple[web.StreamResponse, str, Servi
     request_id = request_ids.current() or str(uuid.uuid4())
     call = None
     target = request.headers.get("X-Amz-Target")
-    # Only SQS speaks JSON; a query-protocol request is SNS's when is_sns says so.
-    protocol: ServiceProtocol = SqsJson(target) if target else SqsQuery()
+    # JSON names its service in X-Amz-Target; a query-protocol request is SNS's when
+    # is_sns says so.
+    protocol: ServiceProtocol
+    if is_sns_json(target):
+        protocol = SnsJson(target or "")
+    else:
+        protocol = SqsJson(target) if target else SqsQuery()
     settings = request.app[_SETTINGS]
     try:
         _check_request(request, protocol.request_content_type)

@@ -6899,7 +6899,7 @@ DROP FUNCTION postbox._publish_to_plain_queues(integer[], integer[], jsonb[], bo
                                                text[], uuid[], timestamptz);
 DROP FUNCTION postbox._sns_envelope(jsonb, uuid, timestamptz, text, bytea, jsonb);
 
-- A message in Amazon SNS's notification JSON, for subscriptions with an SNS
+-- A message in Amazon SNS's notification JSON, for subscriptions with an SNS
 -- delivery that is not raw: Message is the body as text (so it must be
 -- UTF-8), MessageId the publish id, and the attributes go inside. The keys
 -- come in SNS's order. signatures (the server's, which holds the key: see
@@ -7346,6 +7346,230 @@ BEGIN
                GROUP BY x) AS d ON d.x = e.i
     LEFT JOIN (SELECT x, count(*) AS deliveries FROM unnest(hook_entries) AS x GROUP BY x) AS h ON h.x = e.i
     ORDER BY e.i;
+END
+$$;
+
+
+-- SNS subscriptions of queues that do not exist yet (postbox.subscriptions.pending_queue).
+ALTER TABLE postbox.subscriptions
+    ADD COLUMN pending_queue text,
+    DROP CONSTRAINT subscriptions_check,
+    ADD CONSTRAINT subscriptions_check CHECK (num_nonnulls(queue_id, webhook_url, pending_queue) = 1);
+CREATE INDEX subscriptions_pending_queue_idx ON postbox.subscriptions (pending_queue)
+    WHERE pending_queue IS NOT NULL;
+
+-- Creates a queue; a name ending in ".fifo" makes it a FIFO queue. settings:
+-- any keys of queue_defaults(), e.g. '{"visibility_timeout": 60}'. PB409 if the
+-- queue exists.
+CREATE OR REPLACE FUNCTION postbox.create_queue(queue_name text, settings jsonb DEFAULT '{}')
+RETURNS postbox.queues
+LANGUAGE plpgsql AS $$
+DECLARE
+    problem text := postbox.queue_name_problem(queue_name);
+    q postbox.queues;
+BEGIN
+    IF problem IS NOT NULL THEN
+        PERFORM postbox._invalid(problem);
+    END IF;
+    q.name := queue_name;
+    q.fifo := right(queue_name, 5) = '.fifo';
+    q := postbox._apply_settings(q, postbox.queue_defaults() || jsonb_strip_nulls(coalesce(settings, '{}')));
+    INSERT INTO postbox.queues (
+        name, visibility_timeout, delivery_delay, retention, max_message_size, receive_wait_time,
+        fifo, content_based_deduplication, deduplication_window, dead_letter_queue_id,
+        max_receive_count, redrive_permission, redrive_sources, retry_minimum_backoff,
+        retry_maximum_backoff, archive_on_delete, archive_retention, max_depth, receive_rate_limit,
+        send_paused, receive_paused, tags, access_policy)
+    VALUES (
+        queue_name, q.visibility_timeout, q.delivery_delay, q.retention, q.max_message_size,
+        q.receive_wait_time, q.fifo, q.content_based_deduplication, q.deduplication_window,
+        q.dead_letter_queue_id, q.max_receive_count, q.redrive_permission, q.redrive_sources,
+        q.retry_minimum_backoff, q.retry_maximum_backoff, q.archive_on_delete, q.archive_retention,
+        q.max_depth, q.receive_rate_limit, false, false, q.tags, q.access_policy)
+    ON CONFLICT (name) DO NOTHING
+    RETURNING * INTO q;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'PB409',
+            MESSAGE = format('queue %s already exists', quote_literal(queue_name));
+    END IF;
+    -- SNS subscriptions made before the queue existed deliver into it from now on.
+    UPDATE postbox.subscriptions SET queue_id = q.id, pending_queue = NULL WHERE pending_queue = queue_name;
+    RETURN q;
+END
+$$;
+
+
+-- Subscribes a queue (queue_name) or a webhook (webhook_url) to a topic, for
+-- the messages whose routing key matches `pattern` (see _compile_pattern).
+-- A webhook's secret is "whsec_" and the base64 of 24 to 64 bytes, generated
+-- (32 random bytes) when not given; webhook_settings take the keys of
+-- webhook_defaults(). Since 0.9.0: a filter policy over the attributes or the
+-- body (filter_scope), an SNS delivery, and suspended (see
+-- postbox.subscriptions). PB409 if the topic has a subscription of that name.
+CREATE OR REPLACE FUNCTION postbox.create_subscription(
+    topic_name text, subscription_name text, pattern text DEFAULT '#', queue_name text DEFAULT NULL,
+    webhook_url text DEFAULT NULL, webhook_secret text DEFAULT NULL, webhook_settings jsonb DEFAULT '{}',
+    filter_policy jsonb DEFAULT NULL, filter_scope text DEFAULT 'attributes', sns jsonb DEFAULT NULL,
+    suspended boolean DEFAULT false)
+RETURNS postbox.subscriptions
+LANGUAGE plpgsql AS $$
+DECLARE
+    t postbox.topics;
+    problem text := coalesce(postbox.name_problem('subscription', subscription_name),
+                             postbox.name_problem('topic', topic_name),
+                             postbox._delivery_problem(filter_policy, filter_scope, sns));
+    compiled record;
+    s postbox.subscriptions;
+BEGIN
+    IF problem IS NOT NULL THEN
+        PERFORM postbox._invalid(problem);
+    END IF;
+    compiled := postbox._compile_pattern(coalesce(nullif(pattern, ''), '#'));
+    s.name := subscription_name;
+    s.pattern := coalesce(nullif(pattern, ''), '#');
+    s.match_kind := compiled.match_kind;
+    s.match_text := compiled.match_text;
+    IF (queue_name IS NULL) = (webhook_url IS NULL) THEN
+        PERFORM postbox._invalid('a subscription sends to a queue or to a webhook URL: give exactly one');
+    ELSIF queue_name IS NOT NULL THEN
+        IF webhook_secret IS NOT NULL OR coalesce(webhook_settings, '{}') <> '{}' THEN
+            PERFORM postbox._invalid('a webhook secret and webhook settings are for webhook subscriptions');
+        END IF;
+        SELECT q.id INTO s.queue_id FROM postbox.queues q WHERE q.name = queue_name;
+        IF s.queue_id IS NULL AND sns IS NOT NULL AND postbox.queue_name_problem(queue_name) IS NULL THEN
+            -- SNS subscribes a queue that does not exist yet: it waits for create_queue.
+            s.pending_queue := queue_name;
+        ELSIF s.queue_id IS NULL THEN
+            s.queue_id := (postbox._queue(queue_name)).id;  -- raises the error
+        END IF;
+    ELSE
+        s := postbox._webhook(s, webhook_url, webhook_secret,
+                              postbox.webhook_defaults() || jsonb_strip_nulls(coalesce(webhook_settings, '{}')));
+    END IF;
+    -- Looked up last, so that a malformed field is PB400 whether the topic exists or not.
+    t := postbox._topic(topic_name);
+    s.topic_id := t.id;
+    INSERT INTO postbox.subscriptions (
+        topic_id, name, pattern, match_kind, match_text, queue_id, webhook_url, webhook_secret,
+        webhook_timeout, webhook_max_attempts, webhook_minimum_backoff, webhook_maximum_backoff,
+        filter_policy, filter_scope, sns, suspended, pending_queue)
+    VALUES (
+        s.topic_id, s.name, s.pattern, s.match_kind, s.match_text, s.queue_id, s.webhook_url,
+        s.webhook_secret, s.webhook_timeout, s.webhook_max_attempts, s.webhook_minimum_backoff,
+        s.webhook_maximum_backoff, filter_policy, filter_scope, sns, coalesce(suspended, false),
+        s.pending_queue)
+    ON CONFLICT (topic_id, name) DO NOTHING
+    RETURNING * INTO s;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'PB409', MESSAGE = format(
+            'topic %s already has a subscription %s', quote_literal(topic_name), quote_literal(subscription_name));
+    END IF;
+    RETURN s;
+END
+$$;
+
+
+-- Changes the fields of a subscription named in `fields`: pattern, queue
+-- (queue subscriptions), webhook.url, webhook.secret, webhook.timeout,
+-- webhook.max_attempts, webhook.minimum_backoff, webhook.maximum_backoff
+-- (webhook subscriptions; the settings in webhook_settings, in the shape of
+-- webhook_defaults()), and since 0.9.0 filter_policy, filter_policy_scope,
+-- sns_delivery and suspended. A named field whose value is NULL goes back to
+-- its default, and an empty secret is generated anew. A subscription keeps its
+-- kind. Takes the topic's lock, as create and delete do, so no publish sees
+-- half a change.
+CREATE OR REPLACE FUNCTION postbox.update_subscription(
+    topic_name text, subscription_name text, fields text[], pattern text DEFAULT NULL,
+    queue_name text DEFAULT NULL, webhook_url text DEFAULT NULL, webhook_secret text DEFAULT NULL,
+    webhook_settings jsonb DEFAULT '{}', filter_policy jsonb DEFAULT NULL, filter_scope text DEFAULT NULL,
+    sns jsonb DEFAULT NULL, suspended boolean DEFAULT NULL)
+RETURNS postbox.subscriptions
+LANGUAGE plpgsql AS $$
+DECLARE
+    s postbox.subscriptions;
+    hooks text[] := ARRAY['webhook.url', 'webhook.secret', 'webhook.timeout', 'webhook.max_attempts',
+                          'webhook.minimum_backoff', 'webhook.maximum_backoff'];
+    deliveries text[] := ARRAY['filter_policy', 'filter_policy_scope', 'sns_delivery', 'suspended'];
+    unknown text;
+    compiled record;
+    settings jsonb;
+    field text;
+    problem text;
+BEGIN
+    -- Every name is checked before anything is looked up (see _settings_name_problem).
+    PERFORM postbox._invalid('queue: ' || postbox.queue_name_problem(queue_name))
+    WHERE 'queue' = ANY (fields) AND queue_name IS NOT NULL AND postbox.queue_name_problem(queue_name) IS NOT NULL;
+    s := postbox.get_subscription(topic_name, subscription_name);
+    SELECT string_agg(f, ', ') INTO unknown FROM unnest(fields) AS f
+    WHERE NOT f = ANY ('{pattern,queue}' || deliveries || hooks);
+    IF unknown IS NOT NULL OR coalesce(cardinality(fields), 0) = 0 THEN
+        PERFORM postbox._invalid(format('fields to change: any of pattern, %s, queue, %s (not %s)',
+                                        array_to_string(deliveries, ', '), array_to_string(hooks, ', '),
+                                        coalesce(unknown, 'none')));
+    ELSIF s.webhook_url IS NULL AND fields && hooks THEN
+        PERFORM postbox._invalid(format('subscription %s delivers to a queue: it has no webhook to change',
+                                        quote_literal(subscription_name)));
+    ELSIF s.webhook_url IS NOT NULL AND 'queue' = ANY (fields) THEN
+        PERFORM postbox._invalid(format('subscription %s delivers to a webhook: it has no queue to change',
+                                        quote_literal(subscription_name)));
+    END IF;
+    PERFORM postbox._lock_topic(s.topic_id, true);
+    SELECT * INTO s FROM postbox.subscriptions WHERE id = s.id FOR UPDATE;
+    IF 'pattern' = ANY (fields) THEN
+        compiled := postbox._compile_pattern(coalesce(nullif(pattern, ''), '#'));
+        s.pattern := coalesce(nullif(pattern, ''), '#');
+        s.match_kind := compiled.match_kind;
+        s.match_text := compiled.match_text;
+    END IF;
+    IF 'filter_policy' = ANY (fields) THEN
+        s.filter_policy := filter_policy;
+    END IF;
+    IF 'filter_policy_scope' = ANY (fields) THEN
+        s.filter_scope := coalesce(filter_scope, 'attributes');
+    END IF;
+    IF 'sns_delivery' = ANY (fields) THEN
+        s.sns := sns;
+    END IF;
+    IF 'suspended' = ANY (fields) THEN
+        s.suspended := coalesce(suspended, false);
+    END IF;
+    problem := postbox._delivery_problem(s.filter_policy, s.filter_scope, s.sns);
+    IF problem IS NOT NULL THEN
+        PERFORM postbox._invalid(problem);
+    END IF;
+    IF 'queue' = ANY (fields) THEN
+        IF queue_name IS NULL THEN
+            PERFORM postbox._invalid('a queue subscription needs its queue');
+        END IF;
+        s.queue_id := (postbox._queue(queue_name)).id;
+        s.pending_queue := NULL;
+    END IF;
+    IF s.webhook_url IS NOT NULL AND fields && hooks THEN
+        settings := jsonb_build_object(
+            'timeout', extract(epoch FROM s.webhook_timeout), 'max_attempts', s.webhook_max_attempts,
+            'minimum_backoff', extract(epoch FROM s.webhook_minimum_backoff),
+            'maximum_backoff', extract(epoch FROM s.webhook_maximum_backoff));
+        FOREACH field IN ARRAY fields LOOP
+            field := substr(field, length('webhook.') + 1);
+            IF postbox.webhook_defaults() ? field THEN
+                settings := settings || jsonb_build_object(
+                    field, coalesce(webhook_settings -> field, postbox.webhook_defaults() -> field));
+            END IF;
+        END LOOP;
+        s := postbox._webhook(
+            s, CASE WHEN 'webhook.url' = ANY (fields) THEN webhook_url ELSE s.webhook_url END,
+            CASE WHEN 'webhook.secret' = ANY (fields) THEN coalesce(webhook_secret, '') ELSE s.webhook_secret END,
+            settings);
+    END IF;
+    UPDATE postbox.subscriptions
+    SET pattern = s.pattern, match_kind = s.match_kind, match_text = s.match_text, queue_id = s.queue_id,
+        webhook_url = s.webhook_url, webhook_secret = s.webhook_secret, webhook_timeout = s.webhook_timeout,
+        webhook_max_attempts = s.webhook_max_attempts, webhook_minimum_backoff = s.webhook_minimum_backoff,
+        webhook_maximum_backoff = s.webhook_maximum_backoff, filter_policy = s.filter_policy,
+        filter_scope = s.filter_scope, sns = s.sns, suspended = s.suspended, pending_queue = s.pending_queue
+    WHERE id = s.id
+    RETURNING * INTO s;
+    RETURN s;
 END
 $$;
 

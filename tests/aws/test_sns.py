@@ -23,7 +23,7 @@ import pytest
 from aiohttp import web
 from botocore.config import Config
 from botocore.exceptions import ClientError
-from support import ROOT, SQS_REGION, SqsShimProcess, eventually, unique_name
+from support import ROOT, SQS_ACCOUNT, SQS_REGION, SqsShimProcess, eventually, unique_name
 
 AWS = Path(sys.executable).with_name("aws")
 
@@ -627,6 +627,42 @@ def test_subscribe_checks_the_topic_then_the_sqs_endpoint(sns, sqs, topic, reque
         assert sns.list_subscriptions_by_topic(TopicArn=topic)["Subscriptions"] == []
     finally:
         sqs.delete_queue(QueueUrl=fifo_url)
+
+
+def test_a_queue_that_does_not_exist_yet_is_subscribed_and_delivered_to_once_made(
+    sns, sqs, topic, request
+):
+    """As on AWS, Subscribe takes an SQS ARN whose queue does not exist; publishes then
+    deliver nothing to it, until the queue is made, which gets the later ones."""
+    name = unique_name(request.node.name)
+    arn = f"arn:aws:sqs:{SQS_REGION}:{SQS_ACCOUNT}:{name}"
+    subscription = sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint=arn)["SubscriptionArn"]
+    assert subscription.startswith(topic + ":")
+    (listed,) = sns.list_subscriptions_by_topic(TopicArn=topic)["Subscriptions"]
+    assert listed["Endpoint"] == arn
+    # Idempotent for the same endpoint, as for a queue that exists.
+    assert sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint=arn)["SubscriptionArn"] == (
+        subscription
+    )
+    sns.set_subscription_attributes(
+        SubscriptionArn=subscription, AttributeName="RawMessageDelivery", AttributeValue="true"
+    )
+    published = sns.publish(TopicArn=topic, Message="before the queue")
+    assert published["MessageId"]
+    url = sqs.create_queue(QueueName=name)["QueueUrl"]
+    try:
+        sns.publish(TopicArn=topic, Message="after the queue")
+        assert [m["Body"] for m in _receive(sqs, url)] == ["after the queue"]
+        assert _empty(sqs, url)
+        attributes = sns.get_subscription_attributes(SubscriptionArn=subscription)["Attributes"]
+        assert attributes["Endpoint"] == arn
+        sns.unsubscribe(SubscriptionArn=subscription)
+    finally:
+        sqs.delete_queue(QueueUrl=url)
+    # Unsubscribing one that still waits works too.
+    waiting = sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint=arn + "-other")
+    sns.unsubscribe(SubscriptionArn=waiting["SubscriptionArn"])
+    assert sns.list_subscriptions_by_topic(TopicArn=topic)["Subscriptions"] == []
 
 
 def test_add_and_remove_permission_edit_the_topic_policy(sns, topic):

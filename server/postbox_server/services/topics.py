@@ -133,6 +133,9 @@ def subscription_resource(row: Row, *, with_secret: bool = False) -> pb.Subscrip
         )
     if row["queue"] is not None:
         subscription.queue = row["queue"]
+    elif row["pending_queue"] is not None:
+        # An SNS subscription of a queue not made yet: it names the queue it waits for.
+        subscription.queue = row["pending_queue"]
     else:
         subscription.webhook.CopyFrom(
             pb.WebhookEndpoint(

@@ -180,7 +180,7 @@ def _outgoing(entry: Any, max_message_size: int) -> OutgoingPublish:
 
 
 # Envelopes signed on the event loop at most; more go to a thread (a 2048-bit RSA
-# signature costs about a millisecond).
+# signature took 0.22 ms here: a batch of 1000 would hold the loop for 0.2 s).
 _SIGNED_INLINE = 8
 
 

@@ -7312,6 +7312,688 @@ BEGIN
 END
 $$;
 
+-- SNS signatures: the envelope takes the server's signatures, and publish_batch
+-- the publish ids and time they cover.
+DROP FUNCTION postbox.publish_batch(text, bytea[], text[], jsonb[], text[], text[], text[]);
+DROP FUNCTION postbox._publish_to_plain_queues(integer[], integer[], jsonb[], boolean[], integer[], bytea[], jsonb[],
+                                               text[], uuid[], timestamptz);
+DROP FUNCTION postbox._sns_envelope(jsonb, uuid, timestamptz, text, bytea, jsonb);
+
+-- A message in Amazon SNS's notification JSON, for subscriptions with an SNS
+-- delivery that is not raw: Message is the body as text (so it must be
+-- UTF-8), MessageId the publish id, and the attributes go inside. The keys
+-- come in SNS's order. signatures (the server's, which holds the key: see
+-- postbox_server/sns_signing.py) maps topic ARNs to the entry's Signature
+-- under signature_version; an envelope whose topic ARN it lacks (a publish
+-- made in SQL: capture, schedules) goes without Signature, as before 0.9.0.
+-- SigningCertURL is at the shim that made the subscription (the base of its
+-- UnsubscribeURL).
+CREATE FUNCTION postbox._sns_envelope(sns jsonb, publish_id uuid, published_at timestamptz, subject text,
+                                      body bytea, attributes jsonb, signatures jsonb DEFAULT NULL,
+                                      signature_version text DEFAULT NULL) RETURNS bytea
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    message text;
+    signature text := signatures ->> (sns ->> 'topic_arn');
+BEGIN
+    BEGIN
+        message := convert_from(body, 'UTF8');
+    EXCEPTION WHEN character_not_in_repertoire OR untranslatable_character THEN
+        PERFORM postbox._invalid('the message body must be UTF-8 text for an SNS envelope, whose Message it is');
+    END;
+    RETURN convert_to(json_strip_nulls(json_build_object(
+        'Type', 'Notification',
+        'MessageId', publish_id,
+        'TopicArn', sns ->> 'topic_arn',
+        'Subject', subject,
+        'Message', message,
+        'Timestamp', to_char(published_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'),
+        'SignatureVersion', CASE WHEN signature IS NOT NULL THEN signature_version END,
+        'Signature', signature,
+        'SigningCertURL', CASE WHEN signature IS NOT NULL THEN
+                              split_part(sns ->> 'unsubscribe_url', '/?', 1) || '/SimpleNotificationService.pem' END,
+        'UnsubscribeURL', sns ->> 'unsubscribe_url',
+        'MessageAttributes', (SELECT json_object_agg(a.key, json_build_object(
+                                  'Type', a.value ->> 'data_type',
+                                  'Value', coalesce(a.value ->> 'string_value', a.value ->> 'binary_value')))
+                              FROM jsonb_each(attributes) a)))::text, 'UTF8');
+END
+$$;
+
+
+-- Publishes into plain queues (no FIFO order, deduplication or max_depth;
+-- since 0.9.0) in one INSERT for all of them: a send_batch per queue cost most
+-- of a publish to many queues. The pairs are publish_batch's, one per (queue,
+-- entry) that takes a message, in queue name then entry order; those whose
+-- `plain` is true go in, as send_batch's straight path would put them. Returns
+-- their message ids in pair order, or NULL, having inserted nothing, when one of
+-- the queues refuses (paused, too small for its message, dropped meanwhile):
+-- the caller then sends queue by queue, for send_batch's word on it. Raises
+-- what _sns_envelope raises.
+-- plain_queue_ids are those pairs' queues, in id order. It runs under
+-- publish_batch's plan_cache_mode.
+CREATE FUNCTION postbox._publish_to_plain_queues(
+    queue_ids integer[], entries integer[], envelopes jsonb[], plain boolean[], plain_queue_ids integer[],
+    bodies bytea[], attributes jsonb[], subjects text[], publish_ids uuid[], published_at timestamptz,
+    signatures jsonb[] DEFAULT NULL, signature_version text DEFAULT NULL)
+RETURNS bigint[]
+LANGUAGE plpgsql AS $$
+DECLARE
+    sent_at timestamptz;
+    sent_ids bigint[];
+BEGIN
+    -- As send_batch: the table lock before the clock, then the queues' locks
+    -- (postbox._lock_queue, shared, in id order), before the statement that
+    -- reads the queues, so that it sees a drop that committed meanwhile.
+    LOCK TABLE postbox.messages IN ROW EXCLUSIVE MODE;
+    sent_at := clock_timestamp();
+    PERFORM pg_advisory_xact_lock_shared(1886350224 + pg_backend_pid() % 16, hashtext(x.name))
+    FROM (SELECT x.name FROM postbox.queues x WHERE x.id = ANY (plain_queue_ids) ORDER BY x.id) AS x;
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        -- The insert's look reads the transaction's snapshot, which may predate
+        -- a drop: a serialization failure instead (see _lock_queue).
+        PERFORM FROM postbox.queues x WHERE x.id = ANY (plain_queue_ids) ORDER BY x.id FOR KEY SHARE;
+    END IF;
+    -- All or none: nothing goes in when some pair's queue is gone, paused, or
+    -- too small for its message. Identity values are drawn in insertion order,
+    -- so id order is pair order.
+    WITH pair AS MATERIALIZED (
+        SELECT p.o, q.id, q.delivery_delay, q.send_paused, q.max_message_size,
+               CASE WHEN p.env IS NULL THEN bodies[p.i]
+                    ELSE postbox._sns_envelope(p.env, publish_ids[p.i], published_at, subjects[p.i], bodies[p.i],
+                                               attributes[p.i], signatures[p.i], signature_version) END AS b,
+               -- SNS's notification JSON carries the attributes inside it.
+               CASE WHEN p.env IS NULL THEN attributes[p.i] END AS a
+        FROM unnest(queue_ids, entries, envelopes, plain) WITH ORDINALITY AS p(q, i, env, plain, o)
+        LEFT JOIN postbox.queues q ON q.id = p.q
+        WHERE p.plain
+    ), inserted AS (
+        INSERT INTO postbox.messages (queue_id, visible_at, enqueued_at, attributes, body, priority)
+        SELECT pair.id, sent_at + pair.delivery_delay, sent_at, pair.a, pair.b, 0
+        FROM pair
+        WHERE NOT EXISTS (SELECT FROM pair x
+                          WHERE x.id IS NULL OR x.send_paused
+                                OR postbox.message_size(x.b, x.a) > x.max_message_size)
+        ORDER BY pair.o
+        RETURNING id
+    )
+    SELECT array_agg(id ORDER BY id) INTO sent_ids FROM inserted;
+    IF sent_ids IS NOT NULL THEN
+        PERFORM postbox._notify(q) FROM postbox.queues q WHERE q.id = ANY (plain_queue_ids) AND q.listened
+        ORDER BY q.id;
+    END IF;
+    RETURN sent_ids;
+END
+$$;
+
+
+-- Publishes up to 1,000 messages to a topic. Entry i of every array belongs to
+-- bodies[i]; an array may be NULL or shorter (missing entries are NULL):
+--   routing_keys     matched against subscription patterns; NULL or '' is the
+--                    empty key, which only "#" matches
+--   attributes       see attribute_problem
+--   ordering_keys    FIFO queues take it as message group (else the routing
+--                    key, else the topic name); standard queues ignore it
+--   deduplication_ids  passed to every queue (see send_batch); FIFO queues
+--                    without content_based_deduplication get the publish id
+--   subjects         up to 100 characters that SNS envelopes carry
+--   signatures       SNS Signatures by topic ARN (see _sns_envelope), under
+--                    signature_version; the server signs given_publish_ids and
+--                    given_published_at, which are then the publish's ids and
+--                    time (else they are made here)
+-- A FIFO topic (its name ends in .fifo) needs an ordering key on every entry.
+-- Suspended subscriptions, and those whose filter policy the entry does not
+-- match, take nothing. A subscription with an SNS delivery that is not raw
+-- takes the entry wrapped in SNS's notification JSON (see _sns_envelope).
+-- Each matching queue gets each message once, however many of its
+-- subscriptions match (as the first of them by name delivers it), under the
+-- queue's rules, as send_batch has them (size, pause, max_depth, FIFO,
+-- deduplication). Each matching webhook subscription gets a delivery row
+-- (messages for webhooks hold at most 1 MiB). It is all or nothing: when a
+-- queue refuses, the error names the entry and the subscription, and nothing
+-- is published. Returns one row per entry, in order: its publish id, the
+-- queues (in name order) with the message id each took and whether it was a
+-- duplicate there, and how many webhook deliveries were queued.
+-- Plain queues take their messages in one INSERT (_publish_to_plain_queues);
+-- when one of them refuses, the publish goes queue by queue through
+-- send_batch instead, which reports the first refusal by queue name.
+CREATE FUNCTION postbox.publish_batch(
+    topic_name text, bodies bytea[], routing_keys text[] DEFAULT NULL, attributes jsonb[] DEFAULT NULL,
+    ordering_keys text[] DEFAULT NULL, deduplication_ids text[] DEFAULT NULL, subjects text[] DEFAULT NULL,
+    signatures jsonb[] DEFAULT NULL, signature_version text DEFAULT NULL, given_publish_ids uuid[] DEFAULT NULL,
+    given_published_at timestamptz DEFAULT NULL)
+RETURNS TABLE (publish_id uuid, queues text[], message_ids bigint[], duplicates boolean[],
+               webhook_deliveries integer)
+LANGUAGE plpgsql
+-- Plan each statement once per session. Custom plans (the default for the first
+-- calls, and for good when they look cheaper) re-plan every publish, which
+-- costs more than the publish itself.
+SET plan_cache_mode = force_generic_plan
+AS $$
+#variable_conflict use_column
+DECLARE
+    t postbox.topics;
+    n integer := coalesce(cardinality(bodies), 0);
+    published_at timestamptz := coalesce(given_published_at, clock_timestamp());
+    problem text;
+    any_webhooks boolean;
+    ids uuid[];
+    keys text[];
+    -- One entry per (queue, publish entry) that takes a message, in queue name
+    -- then entry order; plain: the queue takes it in the one INSERT.
+    pair_queue_ids integer[];
+    pair_queues text[];
+    pair_fifo boolean[];
+    pair_content_based boolean[];
+    pair_subscriptions text[];
+    pair_entries integer[];
+    pair_envelopes jsonb[];
+    pair_plain boolean[];
+    plain_count integer;
+    plain_queue_ids integer[];
+    plain_entries integer[];
+    plain_queues text[];
+    plain_ids bigint[];
+    one_by_one boolean := false;
+    dest record;
+    subset boolean;
+    groups text[];
+    dedup text[];
+    sent_ids bigint[];
+    sent_duplicates boolean[];
+    done_entries integer[] := '{}';
+    done_queues text[] := '{}';
+    done_ids bigint[] := '{}';
+    done_duplicates boolean[] := '{}';
+    hook_subscriptions integer[];
+    hook_entries integer[];
+    hook_bodies bytea[];
+    refusing text;
+    refusing_queue text;
+    refusing_entries integer[];
+    state text;
+    entry_of text[];
+    dest_bodies bytea[];
+    dest_attributes jsonb[];
+BEGIN
+    SELECT * INTO t FROM postbox.topics x WHERE x.name = topic_name;
+    IF NOT FOUND THEN
+        t := postbox._topic(topic_name);  -- raises the error
+    END IF;
+    IF n NOT BETWEEN 1 AND 1000 THEN
+        PERFORM postbox._check_batch_size(n);
+    END IF;
+    IF greatest(cardinality(routing_keys), cardinality(attributes), cardinality(ordering_keys),
+                cardinality(deduplication_ids), cardinality(subjects)) > n THEN
+        PERFORM postbox._invalid('per-entry arrays may not have more entries than bodies');
+    END IF;
+    SELECT postbox._entry_prefix(e.i, n) || CASE
+               WHEN e.b IS NULL THEN 'body must not be NULL'
+               WHEN length(e.o) > 128 OR e.o !~ '^[!-~]+$' THEN
+                   'ordering_key must be 1 to 128 printable ASCII characters'
+               WHEN length(e.x) > 128 OR e.x !~ '^[!-~]+$' THEN
+                   'deduplication_id must be 1 to 128 printable ASCII characters'
+               WHEN length(e.s) > 100 OR e.s ~ '[[:cntrl:]]' THEN
+                   'subject must be at most 100 characters without control characters'
+               WHEN e.o IS NULL AND t.name LIKE '%.fifo' THEN
+                   format('topic %s is a FIFO topic: every message needs an ordering_key (its message group)',
+                          quote_literal(t.name))
+               ELSE postbox.routing_key_problem(e.k) END
+    INTO problem
+    FROM unnest(bodies, routing_keys, ordering_keys, deduplication_ids, subjects)
+         WITH ORDINALITY AS e(b, k, o, x, s, i)
+    WHERE e.b IS NULL OR length(e.o) > 128 OR e.o !~ '^[!-~]+$' OR length(e.x) > 128 OR e.x !~ '^[!-~]+$'
+          OR length(e.s) > 100 OR e.s ~ '[[:cntrl:]]' OR (e.o IS NULL AND t.name LIKE '%.fifo')
+          OR (e.k <> '' AND postbox.routing_key_problem(e.k) IS NOT NULL)
+    ORDER BY e.i
+    LIMIT 1;
+    IF problem IS NULL AND attributes IS NOT NULL THEN
+        problem := postbox._attributes_problem(attributes, n);
+    END IF;
+    IF problem IS NOT NULL THEN
+        PERFORM postbox._invalid(problem);
+    END IF;
+    IF given_publish_ids IS NOT NULL THEN
+        IF cardinality(given_publish_ids) <> n OR array_position(given_publish_ids, NULL) IS NOT NULL THEN
+            PERFORM postbox._invalid('given_publish_ids must hold one publish id per body');
+        END IF;
+        ids := given_publish_ids;
+        keys := ARRAY(SELECT coalesce(routing_keys[i], '') FROM generate_series(1, n) AS i);
+    ELSIF n = 1 THEN
+        ids := ARRAY[gen_random_uuid()];
+        keys := ARRAY[coalesce(routing_keys[1], '')];
+    ELSE
+        ids := ARRAY(SELECT gen_random_uuid() FROM generate_series(1, n));
+        keys := ARRAY(SELECT coalesce(routing_keys[i], '') FROM generate_series(1, n) AS i);
+    END IF;
+
+    PERFORM postbox._append_to_stream(t, ids, published_at, keys, ordering_keys, subjects, attributes, bodies)
+    WHERE t.stream_retention IS NOT NULL;
+    PERFORM pg_advisory_xact_lock_shared(1886350200, t.id);  -- postbox._lock_topic, inline
+    -- The aggregates take the pairs in the order of the sorted sub-select (an
+    -- ORDER BY in each aggregate would sort eight times). None of them may have
+    -- DISTINCT or ORDER BY: PostgreSQL 16 and later then sort the input for it,
+    -- and every aggregate would see the pairs in that order instead.
+    SELECT array_agg(p.queue_id), array_agg(p.queue), array_agg(p.fifo), array_agg(p.content_based_deduplication),
+           array_agg(p.subscription), array_agg(p.i), array_agg(p.envelope), array_agg(p.plain),
+           count(*) FILTER (WHERE p.plain), array_agg(p.queue_id) FILTER (WHERE p.plain),
+           array_agg(p.i) FILTER (WHERE p.plain),
+           array_agg(p.queue) FILTER (WHERE p.plain),
+           -- Here, rather than a statement of its own (each costs its start).
+           (SELECT count(*) > 0 FROM postbox.subscriptions w
+            WHERE w.topic_id = t.id AND w.webhook_url IS NOT NULL AND NOT w.suspended)
+    INTO pair_queue_ids, pair_queues, pair_fifo, pair_content_based, pair_subscriptions, pair_entries,
+         pair_envelopes, pair_plain, plain_count, plain_queue_ids, plain_entries, plain_queues, any_webhooks
+    FROM (SELECT q.id AS queue_id, q.name AS queue, q.fifo, q.content_based_deduplication, m.subscription, m.i,
+                 m.envelope,
+                 NOT q.fifo AND NOT q.content_based_deduplication AND q.max_depth IS NULL
+                     AND (deduplication_ids IS NULL OR deduplication_ids[m.i] IS NULL) AS plain
+          FROM (SELECT DISTINCT ON (s.queue_id, e.i) s.queue_id, s.name AS subscription, e.i::integer AS i,
+                       -- The envelope the entry goes in (NULL: none).
+                       CASE WHEN NOT coalesce((s.sns ->> 'raw')::boolean, false) THEN s.sns END AS envelope
+                FROM postbox.subscriptions s
+                CROSS JOIN unnest(keys) WITH ORDINALITY AS e(k, i)
+                WHERE s.topic_id = t.id AND s.queue_id IS NOT NULL AND NOT s.suspended
+                      AND postbox._key_matches(s.match_kind, s.match_text, e.k)
+                      AND (s.filter_policy IS NULL
+                           OR postbox.filter_matches(s.filter_policy, s.filter_scope, attributes[e.i], bodies[e.i]))
+                ORDER BY s.queue_id, e.i, s.name) AS m
+          JOIN postbox.queues q ON q.id = m.queue_id
+          ORDER BY q.name, m.i) AS p;
+
+    IF plain_count > 0 THEN
+        IF array_remove(pair_envelopes, NULL) = '{}' THEN
+            plain_ids := postbox._publish_to_plain_queues(
+                pair_queue_ids, pair_entries, pair_envelopes, pair_plain, plain_queue_ids, bodies, attributes,
+                subjects, ids, published_at, signatures, signature_version);
+        ELSE
+            -- An envelope refuses a body that is not UTF-8 by raising, in a
+            -- subtransaction, then, so that queue by queue can take over.
+            BEGIN
+                plain_ids := postbox._publish_to_plain_queues(
+                    pair_queue_ids, pair_entries, pair_envelopes, pair_plain, plain_queue_ids, bodies, attributes,
+                    subjects, ids, published_at, signatures, signature_version);
+            EXCEPTION WHEN OTHERS THEN
+                GET STACKED DIAGNOSTICS state = RETURNED_SQLSTATE;
+                IF state NOT LIKE 'PB%' THEN
+                    RAISE;
+                END IF;
+                plain_ids := NULL;
+            END;
+        END IF;
+        IF plain_ids IS NULL THEN
+            one_by_one := true;
+        ELSE
+            done_entries := plain_entries;
+            done_queues := plain_queues;
+            done_ids := plain_ids;
+            done_duplicates := array_fill(false, ARRAY[plain_count]);
+        END IF;
+    END IF;
+
+    IF one_by_one OR plain_count < cardinality(pair_plain) THEN
+        -- One send_batch per queue, in queue name order (so concurrent publishes
+        -- take the queues' locks in one order). One subtransaction for all of
+        -- them, to say which subscription refused.
+        BEGIN
+            FOR dest IN
+                SELECT p.queue, p.fifo, p.content_based_deduplication, min(p.subscription) AS subscription,
+                       array_agg(p.i ORDER BY p.i) AS entries,
+                       -- Per entry, the envelope it goes in; NULL when no entry has one.
+                       CASE WHEN bool_or(p.envelope IS NOT NULL) THEN array_agg(p.envelope ORDER BY p.i) END
+                           AS envelopes
+                FROM unnest(pair_queue_ids, pair_queues, pair_fifo, pair_content_based, pair_subscriptions,
+                            pair_entries, pair_envelopes, pair_plain)
+                     AS p(queue_id, queue, fifo, content_based_deduplication, subscription, i, envelope, plain)
+                WHERE one_by_one OR NOT p.plain
+                GROUP BY p.queue_id, p.queue, p.fifo, p.content_based_deduplication
+                ORDER BY p.queue
+            LOOP
+                refusing := dest.subscription;
+                refusing_queue := dest.queue;
+                refusing_entries := dest.entries;
+                subset := cardinality(dest.entries) < n;
+                groups := NULL;
+                dedup := NULL;
+                IF dest.fifo OR deduplication_ids IS NOT NULL THEN
+                    SELECT CASE WHEN dest.fifo THEN
+                               array_agg(coalesce(ordering_keys[p], nullif(keys[p], ''), topic_name) ORDER BY o)
+                           END,
+                           array_agg(coalesce(deduplication_ids[p],
+                                              CASE WHEN dest.fifo AND NOT dest.content_based_deduplication
+                                                   THEN ids[p]::text END) ORDER BY o)
+                    INTO groups, dedup
+                    FROM unnest(dest.entries) WITH ORDINALITY AS u(p, o);
+                    IF array_remove(dedup, NULL) = '{}' THEN
+                        dedup := NULL;  -- keeps send_batch's fast path
+                    END IF;
+                END IF;
+                IF dest.envelopes IS NOT NULL THEN
+                    -- SNS's notification JSON carries the attributes inside it.
+                    SELECT array_agg(CASE WHEN u.env IS NULL THEN bodies[u.p]
+                                          ELSE postbox._sns_envelope(u.env, ids[u.p], published_at, subjects[u.p],
+                                                                     bodies[u.p], attributes[u.p], signatures[u.p],
+                                                                     signature_version) END ORDER BY u.o),
+                           array_agg(CASE WHEN u.env IS NULL THEN attributes[u.p] END ORDER BY u.o)
+                    INTO dest_bodies, dest_attributes
+                    FROM unnest(dest.entries, dest.envelopes) WITH ORDINALITY AS u(p, env, o);
+                ELSIF subset THEN
+                    dest_bodies := ARRAY(SELECT bodies[p] FROM unnest(dest.entries) WITH ORDINALITY AS u(p, o)
+                                         ORDER BY o);
+                    dest_attributes := CASE WHEN attributes IS NOT NULL THEN
+                        ARRAY(SELECT attributes[p] FROM unnest(dest.entries) WITH ORDINALITY AS u(p, o) ORDER BY o)
+                    END;
+                ELSE
+                    dest_bodies := bodies;
+                    dest_attributes := attributes;
+                END IF;
+                SELECT array_agg(r.message_id ORDER BY r.o), array_agg(r.duplicate ORDER BY r.o)
+                INTO sent_ids, sent_duplicates
+                FROM postbox.send_batch(
+                    dest.queue,
+                    dest_bodies,
+                    dest_attributes,
+                    message_group_ids => groups,
+                    deduplication_ids => dedup) WITH ORDINALITY AS r(message_id, duplicate, o);
+                done_entries := done_entries || dest.entries;
+                done_queues := done_queues || array_fill(dest.queue, ARRAY[cardinality(dest.entries)]);
+                done_ids := done_ids || sent_ids;
+                done_duplicates := done_duplicates || sent_duplicates;
+            END LOOP;
+        EXCEPTION WHEN OTHERS THEN
+            GET STACKED DIAGNOSTICS state = RETURNED_SQLSTATE, problem = MESSAGE_TEXT;
+            IF refusing IS NULL OR state NOT LIKE 'PB%' THEN
+                RAISE;
+            END IF;
+            -- send_batch names entries of the batch it got; name the publish's.
+            entry_of := regexp_match(problem, '^entry ([0-9]+): (.*)$');
+            IF entry_of IS NOT NULL THEN
+                entry_of := ARRAY[format('entry %s: ', refusing_entries[entry_of[1]::integer + 1] - 1), entry_of[2]];
+            ELSIF n > 1 AND cardinality(refusing_entries) = 1 THEN
+                entry_of := ARRAY[format('entry %s: ', refusing_entries[1] - 1), problem];
+            ELSE
+                entry_of := ARRAY['', problem];
+            END IF;
+            RAISE EXCEPTION USING ERRCODE = state, MESSAGE = format(
+                '%ssubscription %s (queue %s) refused the publish, so nothing was published: %s',
+                entry_of[1], quote_literal(refusing), quote_literal(refusing_queue), entry_of[2]);
+        END;
+    END IF;
+
+    IF any_webhooks THEN
+        SELECT array_agg(s.id ORDER BY e.i, s.name), array_agg(e.i::integer ORDER BY e.i, s.name),
+               -- A webhook with an SNS delivery that is not raw gets the envelope made now.
+               array_agg(CASE WHEN s.sns IS NOT NULL AND NOT coalesce((s.sns ->> 'raw')::boolean, false)
+                              THEN postbox._sns_envelope(s.sns, ids[e.i], published_at, subjects[e.i], bodies[e.i],
+                                                         attributes[e.i], signatures[e.i], signature_version)
+                              ELSE bodies[e.i] END ORDER BY e.i, s.name),
+               (array_agg(format('%ssubscription %s takes webhook messages of at most 1048576 bytes, not %s',
+                                 postbox._entry_prefix(e.i, n), quote_literal(s.name),
+                                 postbox.message_size(bodies[e.i], attributes[e.i])) ORDER BY e.i)
+                   FILTER (WHERE postbox.message_size(bodies[e.i], attributes[e.i]) > 1048576))[1]
+        INTO hook_subscriptions, hook_entries, hook_bodies, problem
+        FROM postbox.subscriptions s
+        CROSS JOIN unnest(keys) WITH ORDINALITY AS e(k, i)
+        WHERE s.topic_id = t.id AND s.webhook_url IS NOT NULL AND NOT s.suspended
+              AND postbox._key_matches(s.match_kind, s.match_text, e.k)
+              AND (s.filter_policy IS NULL
+                   OR postbox.filter_matches(s.filter_policy, s.filter_scope, attributes[e.i], bodies[e.i]));
+        IF problem IS NOT NULL THEN
+            PERFORM postbox._invalid(problem);
+        END IF;
+        IF hook_subscriptions IS NOT NULL THEN
+            INSERT INTO postbox.webhook_deliveries (subscription_id, publish_id, published_at, routing_key,
+                                                    ordering_key, attributes, body, next_attempt_at)
+            SELECT h.s, ids[h.i], published_at, keys[h.i], ordering_keys[h.i], attributes[h.i], h.b, published_at
+            FROM unnest(hook_subscriptions, hook_entries, hook_bodies) AS h(s, i, b);
+            PERFORM postbox._signal('webhooks');
+        END IF;
+    END IF;
+
+    IF n = 1 AND NOT one_by_one AND plain_count = cardinality(pair_plain) THEN
+        -- One entry into plain queues only: its pairs are in queue name order.
+        RETURN QUERY SELECT ids[1], done_queues, done_ids, done_duplicates,
+                            coalesce(cardinality(hook_entries), 0)::integer;
+        RETURN;
+    END IF;
+    RETURN QUERY
+    SELECT ids[e.i], coalesce(d.queue_names, '{}'), coalesce(d.queue_message_ids, '{}'),
+           coalesce(d.queue_duplicates, '{}'), coalesce(h.deliveries, 0)::integer
+    FROM generate_series(1, n) AS e(i)
+    LEFT JOIN (SELECT x, array_agg(q ORDER BY q) AS queue_names, array_agg(m ORDER BY q) AS queue_message_ids,
+                      array_agg(dup ORDER BY q) AS queue_duplicates
+               FROM unnest(done_entries, done_queues, done_ids, done_duplicates) AS u(x, q, m, dup)
+               GROUP BY x) AS d ON d.x = e.i
+    LEFT JOIN (SELECT x, count(*) AS deliveries FROM unnest(hook_entries) AS x GROUP BY x) AS h ON h.x = e.i
+    ORDER BY e.i;
+END
+$$;
+
+
+-- SNS subscriptions of queues that do not exist yet (postbox.subscriptions.pending_queue).
+ALTER TABLE postbox.subscriptions
+    ADD COLUMN pending_queue text,
+    DROP CONSTRAINT subscriptions_check,
+    ADD CONSTRAINT subscriptions_check CHECK (num_nonnulls(queue_id, webhook_url, pending_queue) = 1);
+CREATE INDEX subscriptions_pending_queue_idx ON postbox.subscriptions (pending_queue)
+    WHERE pending_queue IS NOT NULL;
+
+-- Creates a queue; a name ending in ".fifo" makes it a FIFO queue. settings:
+-- any keys of queue_defaults(), e.g. '{"visibility_timeout": 60}'. PB409 if the
+-- queue exists.
+CREATE OR REPLACE FUNCTION postbox.create_queue(queue_name text, settings jsonb DEFAULT '{}')
+RETURNS postbox.queues
+LANGUAGE plpgsql AS $$
+DECLARE
+    problem text := postbox.queue_name_problem(queue_name);
+    q postbox.queues;
+BEGIN
+    IF problem IS NOT NULL THEN
+        PERFORM postbox._invalid(problem);
+    END IF;
+    q.name := queue_name;
+    q.fifo := right(queue_name, 5) = '.fifo';
+    q := postbox._apply_settings(q, postbox.queue_defaults() || jsonb_strip_nulls(coalesce(settings, '{}')));
+    INSERT INTO postbox.queues (
+        name, visibility_timeout, delivery_delay, retention, max_message_size, receive_wait_time,
+        fifo, content_based_deduplication, deduplication_window, dead_letter_queue_id,
+        max_receive_count, redrive_permission, redrive_sources, retry_minimum_backoff,
+        retry_maximum_backoff, archive_on_delete, archive_retention, max_depth, receive_rate_limit,
+        send_paused, receive_paused, tags, access_policy, payload_schema)
+    VALUES (
+        queue_name, q.visibility_timeout, q.delivery_delay, q.retention, q.max_message_size,
+        q.receive_wait_time, q.fifo, q.content_based_deduplication, q.deduplication_window,
+        q.dead_letter_queue_id, q.max_receive_count, q.redrive_permission, q.redrive_sources,
+        q.retry_minimum_backoff, q.retry_maximum_backoff, q.archive_on_delete, q.archive_retention,
+        q.max_depth, q.receive_rate_limit, false, false, q.tags, q.access_policy, q.payload_schema)
+    ON CONFLICT (name) DO NOTHING
+    RETURNING * INTO q;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'PB409',
+            MESSAGE = format('queue %s already exists', quote_literal(queue_name));
+    END IF;
+    -- SNS subscriptions made before the queue existed deliver into it from now on.
+    UPDATE postbox.subscriptions SET queue_id = q.id, pending_queue = NULL WHERE pending_queue = queue_name;
+    RETURN q;
+END
+$$;
+
+
+-- Subscribes a queue (queue_name) or a webhook (webhook_url) to a topic, for
+-- the messages whose routing key matches `pattern` (see _compile_pattern).
+-- A webhook's secret is "whsec_" and the base64 of 24 to 64 bytes, generated
+-- (32 random bytes) when not given; webhook_settings take the keys of
+-- webhook_defaults(). Since 0.9.0: a filter policy over the attributes or the
+-- body (filter_scope), an SNS delivery, and suspended (see
+-- postbox.subscriptions). PB409 if the topic has a subscription of that name.
+CREATE OR REPLACE FUNCTION postbox.create_subscription(
+    topic_name text, subscription_name text, pattern text DEFAULT '#', queue_name text DEFAULT NULL,
+    webhook_url text DEFAULT NULL, webhook_secret text DEFAULT NULL, webhook_settings jsonb DEFAULT '{}',
+    filter_policy jsonb DEFAULT NULL, filter_scope text DEFAULT 'attributes', sns jsonb DEFAULT NULL,
+    suspended boolean DEFAULT false)
+RETURNS postbox.subscriptions
+LANGUAGE plpgsql AS $$
+DECLARE
+    t postbox.topics;
+    problem text := coalesce(postbox.name_problem('subscription', subscription_name),
+                             postbox.name_problem('topic', topic_name),
+                             postbox._delivery_problem(filter_policy, filter_scope, sns));
+    compiled record;
+    s postbox.subscriptions;
+BEGIN
+    IF problem IS NOT NULL THEN
+        PERFORM postbox._invalid(problem);
+    END IF;
+    compiled := postbox._compile_pattern(coalesce(nullif(pattern, ''), '#'));
+    s.name := subscription_name;
+    s.pattern := coalesce(nullif(pattern, ''), '#');
+    s.match_kind := compiled.match_kind;
+    s.match_text := compiled.match_text;
+    IF (queue_name IS NULL) = (webhook_url IS NULL) THEN
+        PERFORM postbox._invalid('a subscription sends to a queue or to a webhook URL: give exactly one');
+    ELSIF queue_name IS NOT NULL THEN
+        IF webhook_secret IS NOT NULL OR coalesce(webhook_settings, '{}') <> '{}' THEN
+            PERFORM postbox._invalid('a webhook secret and webhook settings are for webhook subscriptions');
+        END IF;
+        SELECT q.id INTO s.queue_id FROM postbox.queues q WHERE q.name = queue_name;
+        IF s.queue_id IS NULL AND sns IS NOT NULL AND postbox.queue_name_problem(queue_name) IS NULL THEN
+            -- SNS subscribes a queue that does not exist yet: it waits for create_queue.
+            s.pending_queue := queue_name;
+        ELSIF s.queue_id IS NULL THEN
+            s.queue_id := (postbox._queue(queue_name)).id;  -- raises the error
+        END IF;
+    ELSE
+        s := postbox._webhook(s, webhook_url, webhook_secret,
+                              postbox.webhook_defaults() || jsonb_strip_nulls(coalesce(webhook_settings, '{}')));
+    END IF;
+    -- Looked up last, so that a malformed field is PB400 whether the topic exists or not.
+    t := postbox._topic(topic_name);
+    s.topic_id := t.id;
+    INSERT INTO postbox.subscriptions (
+        topic_id, name, pattern, match_kind, match_text, queue_id, webhook_url, webhook_secret,
+        webhook_timeout, webhook_max_attempts, webhook_minimum_backoff, webhook_maximum_backoff,
+        filter_policy, filter_scope, sns, suspended, pending_queue)
+    VALUES (
+        s.topic_id, s.name, s.pattern, s.match_kind, s.match_text, s.queue_id, s.webhook_url,
+        s.webhook_secret, s.webhook_timeout, s.webhook_max_attempts, s.webhook_minimum_backoff,
+        s.webhook_maximum_backoff, filter_policy, filter_scope, sns, coalesce(suspended, false),
+        s.pending_queue)
+    ON CONFLICT (topic_id, name) DO NOTHING
+    RETURNING * INTO s;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'PB409', MESSAGE = format(
+            'topic %s already has a subscription %s', quote_literal(topic_name), quote_literal(subscription_name));
+    END IF;
+    RETURN s;
+END
+$$;
+
+
+-- Changes the fields of a subscription named in `fields`: pattern, queue
+-- (queue subscriptions), webhook.url, webhook.secret, webhook.timeout,
+-- webhook.max_attempts, webhook.minimum_backoff, webhook.maximum_backoff
+-- (webhook subscriptions; the settings in webhook_settings, in the shape of
+-- webhook_defaults()), and since 0.9.0 filter_policy, filter_policy_scope,
+-- sns_delivery and suspended. A named field whose value is NULL goes back to
+-- its default, and an empty secret is generated anew. A subscription keeps its
+-- kind. Takes the topic's lock, as create and delete do, so no publish sees
+-- half a change.
+CREATE OR REPLACE FUNCTION postbox.update_subscription(
+    topic_name text, subscription_name text, fields text[], pattern text DEFAULT NULL,
+    queue_name text DEFAULT NULL, webhook_url text DEFAULT NULL, webhook_secret text DEFAULT NULL,
+    webhook_settings jsonb DEFAULT '{}', filter_policy jsonb DEFAULT NULL, filter_scope text DEFAULT NULL,
+    sns jsonb DEFAULT NULL, suspended boolean DEFAULT NULL)
+RETURNS postbox.subscriptions
+LANGUAGE plpgsql AS $$
+DECLARE
+    s postbox.subscriptions;
+    hooks text[] := ARRAY['webhook.url', 'webhook.secret', 'webhook.timeout', 'webhook.max_attempts',
+                          'webhook.minimum_backoff', 'webhook.maximum_backoff'];
+    deliveries text[] := ARRAY['filter_policy', 'filter_policy_scope', 'sns_delivery', 'suspended'];
+    unknown text;
+    compiled record;
+    settings jsonb;
+    field text;
+    problem text;
+BEGIN
+    -- Every name is checked before anything is looked up (see _settings_name_problem).
+    PERFORM postbox._invalid('queue: ' || postbox.queue_name_problem(queue_name))
+    WHERE 'queue' = ANY (fields) AND queue_name IS NOT NULL AND postbox.queue_name_problem(queue_name) IS NOT NULL;
+    s := postbox.get_subscription(topic_name, subscription_name);
+    SELECT string_agg(f, ', ') INTO unknown FROM unnest(fields) AS f
+    WHERE NOT f = ANY ('{pattern,queue}' || deliveries || hooks);
+    IF unknown IS NOT NULL OR coalesce(cardinality(fields), 0) = 0 THEN
+        PERFORM postbox._invalid(format('fields to change: any of pattern, %s, queue, %s (not %s)',
+                                        array_to_string(deliveries, ', '), array_to_string(hooks, ', '),
+                                        coalesce(unknown, 'none')));
+    ELSIF s.webhook_url IS NULL AND fields && hooks THEN
+        PERFORM postbox._invalid(format('subscription %s delivers to a queue: it has no webhook to change',
+                                        quote_literal(subscription_name)));
+    ELSIF s.webhook_url IS NOT NULL AND 'queue' = ANY (fields) THEN
+        PERFORM postbox._invalid(format('subscription %s delivers to a webhook: it has no queue to change',
+                                        quote_literal(subscription_name)));
+    END IF;
+    PERFORM postbox._lock_topic(s.topic_id, true);
+    SELECT * INTO s FROM postbox.subscriptions WHERE id = s.id FOR UPDATE;
+    IF 'pattern' = ANY (fields) THEN
+        compiled := postbox._compile_pattern(coalesce(nullif(pattern, ''), '#'));
+        s.pattern := coalesce(nullif(pattern, ''), '#');
+        s.match_kind := compiled.match_kind;
+        s.match_text := compiled.match_text;
+    END IF;
+    IF 'filter_policy' = ANY (fields) THEN
+        s.filter_policy := filter_policy;
+    END IF;
+    IF 'filter_policy_scope' = ANY (fields) THEN
+        s.filter_scope := coalesce(filter_scope, 'attributes');
+    END IF;
+    IF 'sns_delivery' = ANY (fields) THEN
+        s.sns := sns;
+    END IF;
+    IF 'suspended' = ANY (fields) THEN
+        s.suspended := coalesce(suspended, false);
+    END IF;
+    problem := postbox._delivery_problem(s.filter_policy, s.filter_scope, s.sns);
+    IF problem IS NOT NULL THEN
+        PERFORM postbox._invalid(problem);
+    END IF;
+    IF 'queue' = ANY (fields) THEN
+        IF queue_name IS NULL THEN
+            PERFORM postbox._invalid('a queue subscription needs its queue');
+        END IF;
+        s.queue_id := (postbox._queue(queue_name)).id;
+        s.pending_queue := NULL;
+    END IF;
+    IF s.webhook_url IS NOT NULL AND fields && hooks THEN
+        settings := jsonb_build_object(
+            'timeout', extract(epoch FROM s.webhook_timeout), 'max_attempts', s.webhook_max_attempts,
+            'minimum_backoff', extract(epoch FROM s.webhook_minimum_backoff),
+            'maximum_backoff', extract(epoch FROM s.webhook_maximum_backoff));
+        FOREACH field IN ARRAY fields LOOP
+            field := substr(field, length('webhook.') + 1);
+            IF postbox.webhook_defaults() ? field THEN
+                settings := settings || jsonb_build_object(
+                    field, coalesce(webhook_settings -> field, postbox.webhook_defaults() -> field));
+            END IF;
+        END LOOP;
+        s := postbox._webhook(
+            s, CASE WHEN 'webhook.url' = ANY (fields) THEN webhook_url ELSE s.webhook_url END,
+            CASE WHEN 'webhook.secret' = ANY (fields) THEN coalesce(webhook_secret, '') ELSE s.webhook_secret END,
+            settings);
+    END IF;
+    UPDATE postbox.subscriptions
+    SET pattern = s.pattern, match_kind = s.match_kind, match_text = s.match_text, queue_id = s.queue_id,
+        webhook_url = s.webhook_url, webhook_secret = s.webhook_secret, webhook_timeout = s.webhook_timeout,
+        webhook_max_attempts = s.webhook_max_attempts, webhook_minimum_backoff = s.webhook_minimum_backoff,
+        webhook_maximum_backoff = s.webhook_maximum_backoff, filter_policy = s.filter_policy,
+        filter_scope = s.filter_scope, sns = s.sns, suspended = s.suspended, pending_queue = s.pending_queue
+    WHERE id = s.id
+    RETURNING * INTO s;
+    RETURN s;
+END
+$$;
+
+
 SELECT postbox._secure();
 
 INSERT INTO postbox.schema_version (version) VALUES ('0.9.0');

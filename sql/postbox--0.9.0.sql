@@ -306,9 +306,16 @@ CREATE TABLE postbox.subscriptions (
     filter_scope text NOT NULL DEFAULT 'attributes' CHECK (filter_scope IN ('attributes', 'body')),
     sns jsonb,
     suspended boolean NOT NULL DEFAULT false,
+    -- Since 0.9.0: the queue of an SNS subscription whose queue does not exist (SNS
+    -- accepts such an endpoint): nothing is delivered to it until create_queue makes
+    -- the queue, which then takes the subscription's messages.
+    pending_queue text,
     UNIQUE (topic_id, name),
-    CHECK ((queue_id IS NULL) <> (webhook_url IS NULL))
+    CHECK (num_nonnulls(queue_id, webhook_url, pending_queue) = 1)
 );
+-- create_queue finds the subscriptions waiting for the queue through this index.
+CREATE INDEX subscriptions_pending_queue_idx ON postbox.subscriptions (pending_queue)
+    WHERE pending_queue IS NOT NULL;
 -- Deleting a queue finds its subscriptions through this index.
 CREATE INDEX subscriptions_queue_idx ON postbox.subscriptions (queue_id) WHERE queue_id IS NOT NULL;
 
@@ -730,6 +737,8 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'PB409',
             MESSAGE = format('queue %s already exists', quote_literal(queue_name));
     END IF;
+    -- SNS subscriptions made before the queue existed deliver into it from now on.
+    UPDATE postbox.subscriptions SET queue_id = q.id, pending_queue = NULL WHERE pending_queue = queue_name;
     RETURN q;
 END
 $$;
@@ -3943,7 +3952,13 @@ BEGIN
         IF webhook_secret IS NOT NULL OR coalesce(webhook_settings, '{}') <> '{}' THEN
             PERFORM postbox._invalid('a webhook secret and webhook settings are for webhook subscriptions');
         END IF;
-        s.queue_id := (postbox._queue(queue_name)).id;
+        SELECT q.id INTO s.queue_id FROM postbox.queues q WHERE q.name = queue_name;
+        IF s.queue_id IS NULL AND sns IS NOT NULL AND postbox.queue_name_problem(queue_name) IS NULL THEN
+            -- SNS subscribes a queue that does not exist yet: it waits for create_queue.
+            s.pending_queue := queue_name;
+        ELSIF s.queue_id IS NULL THEN
+            s.queue_id := (postbox._queue(queue_name)).id;  -- raises the error
+        END IF;
     ELSE
         s := postbox._webhook(s, webhook_url, webhook_secret,
                               postbox.webhook_defaults() || jsonb_strip_nulls(coalesce(webhook_settings, '{}')));
@@ -3954,11 +3969,12 @@ BEGIN
     INSERT INTO postbox.subscriptions (
         topic_id, name, pattern, match_kind, match_text, queue_id, webhook_url, webhook_secret,
         webhook_timeout, webhook_max_attempts, webhook_minimum_backoff, webhook_maximum_backoff,
-        filter_policy, filter_scope, sns, suspended)
+        filter_policy, filter_scope, sns, suspended, pending_queue)
     VALUES (
         s.topic_id, s.name, s.pattern, s.match_kind, s.match_text, s.queue_id, s.webhook_url,
         s.webhook_secret, s.webhook_timeout, s.webhook_max_attempts, s.webhook_minimum_backoff,
-        s.webhook_maximum_backoff, filter_policy, filter_scope, sns, coalesce(suspended, false))
+        s.webhook_maximum_backoff, filter_policy, filter_scope, sns, coalesce(suspended, false),
+        s.pending_queue)
     ON CONFLICT (topic_id, name) DO NOTHING
     RETURNING * INTO s;
     IF NOT FOUND THEN
@@ -4027,7 +4043,7 @@ BEGIN
         PERFORM postbox._invalid(format('fields to change: any of pattern, %s, queue, %s (not %s)',
                                         array_to_string(deliveries, ', '), array_to_string(hooks, ', '),
                                         coalesce(unknown, 'none')));
-    ELSIF s.queue_id IS NOT NULL AND fields && hooks THEN
+    ELSIF s.webhook_url IS NULL AND fields && hooks THEN
         PERFORM postbox._invalid(format('subscription %s delivers to a queue: it has no webhook to change',
                                         quote_literal(subscription_name)));
     ELSIF s.webhook_url IS NOT NULL AND 'queue' = ANY (fields) THEN
@@ -4063,6 +4079,7 @@ BEGIN
             PERFORM postbox._invalid('a queue subscription needs its queue');
         END IF;
         s.queue_id := (postbox._queue(queue_name)).id;
+        s.pending_queue := NULL;
     END IF;
     IF s.webhook_url IS NOT NULL AND fields && hooks THEN
         settings := jsonb_build_object(
@@ -4086,7 +4103,7 @@ BEGIN
         webhook_url = s.webhook_url, webhook_secret = s.webhook_secret, webhook_timeout = s.webhook_timeout,
         webhook_max_attempts = s.webhook_max_attempts, webhook_minimum_backoff = s.webhook_minimum_backoff,
         webhook_maximum_backoff = s.webhook_maximum_backoff, filter_policy = s.filter_policy,
-        filter_scope = s.filter_scope, sns = s.sns, suspended = s.suspended
+        filter_scope = s.filter_scope, sns = s.sns, suspended = s.suspended, pending_queue = s.pending_queue
     WHERE id = s.id
     RETURNING * INTO s;
     RETURN s;
@@ -4657,12 +4674,19 @@ $$;
 -- A message in Amazon SNS's notification JSON, for subscriptions with an SNS
 -- delivery that is not raw: Message is the body as text (so it must be
 -- UTF-8), MessageId the publish id, and the attributes go inside. The keys
--- come in SNS's order. No Signature: postbox holds no AWS signing key.
+-- come in SNS's order. signatures (the server's, which holds the key: see
+-- postbox_server/sns_signing.py) maps topic ARNs to the entry's Signature
+-- under signature_version; an envelope whose topic ARN it lacks (a publish
+-- made in SQL: capture, schedules) goes without Signature, as before 0.9.0.
+-- SigningCertURL is at the shim that made the subscription (the base of its
+-- UnsubscribeURL).
 CREATE FUNCTION postbox._sns_envelope(sns jsonb, publish_id uuid, published_at timestamptz, subject text,
-                                      body bytea, attributes jsonb) RETURNS bytea
+                                      body bytea, attributes jsonb, signatures jsonb DEFAULT NULL,
+                                      signature_version text DEFAULT NULL) RETURNS bytea
 LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
     message text;
+    signature text := signatures ->> (sns ->> 'topic_arn');
 BEGIN
     BEGIN
         message := convert_from(body, 'UTF8');
@@ -4676,6 +4700,10 @@ BEGIN
         'Subject', subject,
         'Message', message,
         'Timestamp', to_char(published_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'),
+        'SignatureVersion', CASE WHEN signature IS NOT NULL THEN signature_version END,
+        'Signature', signature,
+        'SigningCertURL', CASE WHEN signature IS NOT NULL THEN
+                              split_part(sns ->> 'unsubscribe_url', '/?', 1) || '/SimpleNotificationService.pem' END,
         'UnsubscribeURL', sns ->> 'unsubscribe_url',
         'MessageAttributes', (SELECT json_object_agg(a.key, json_build_object(
                                   'Type', a.value ->> 'data_type',
@@ -4697,7 +4725,8 @@ $$;
 -- publish_batch's plan_cache_mode.
 CREATE FUNCTION postbox._publish_to_plain_queues(
     queue_ids integer[], entries integer[], envelopes jsonb[], plain boolean[], plain_queue_ids integer[],
-    bodies bytea[], attributes jsonb[], subjects text[], publish_ids uuid[], published_at timestamptz)
+    bodies bytea[], attributes jsonb[], subjects text[], publish_ids uuid[], published_at timestamptz,
+    signatures jsonb[] DEFAULT NULL, signature_version text DEFAULT NULL)
 RETURNS bigint[]
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -4723,7 +4752,7 @@ BEGIN
         SELECT p.o, q.id, q.delivery_delay, q.send_paused, q.max_message_size,
                CASE WHEN p.env IS NULL THEN bodies[p.i]
                     ELSE postbox._sns_envelope(p.env, publish_ids[p.i], published_at, subjects[p.i], bodies[p.i],
-                                               attributes[p.i]) END AS b,
+                                               attributes[p.i], signatures[p.i], signature_version) END AS b,
                -- SNS's notification JSON carries the attributes inside it.
                CASE WHEN p.env IS NULL THEN attributes[p.i] END AS a
         FROM unnest(queue_ids, entries, envelopes, plain) WITH ORDINALITY AS p(q, i, env, plain, o)
@@ -4758,6 +4787,10 @@ $$;
 --   deduplication_ids  passed to every queue (see send_batch); FIFO queues
 --                    without content_based_deduplication get the publish id
 --   subjects         up to 100 characters that SNS envelopes carry
+--   signatures       SNS Signatures by topic ARN (see _sns_envelope), under
+--                    signature_version; the server signs given_publish_ids and
+--                    given_published_at, which are then the publish's ids and
+--                    time (else they are made here)
 -- A FIFO topic (its name ends in .fifo) needs an ordering key on every entry.
 -- Suspended subscriptions, and those whose filter policy the entry does not
 -- match, take nothing. A subscription with an SNS delivery that is not raw
@@ -4776,7 +4809,9 @@ $$;
 -- send_batch instead, which reports the first refusal by queue name.
 CREATE FUNCTION postbox.publish_batch(
     topic_name text, bodies bytea[], routing_keys text[] DEFAULT NULL, attributes jsonb[] DEFAULT NULL,
-    ordering_keys text[] DEFAULT NULL, deduplication_ids text[] DEFAULT NULL, subjects text[] DEFAULT NULL)
+    ordering_keys text[] DEFAULT NULL, deduplication_ids text[] DEFAULT NULL, subjects text[] DEFAULT NULL,
+    signatures jsonb[] DEFAULT NULL, signature_version text DEFAULT NULL, given_publish_ids uuid[] DEFAULT NULL,
+    given_published_at timestamptz DEFAULT NULL)
 RETURNS TABLE (publish_id uuid, queues text[], message_ids bigint[], duplicates boolean[],
                webhook_deliveries integer)
 LANGUAGE plpgsql
@@ -4789,7 +4824,7 @@ AS $$
 DECLARE
     t postbox.topics;
     n integer := coalesce(cardinality(bodies), 0);
-    published_at timestamptz := clock_timestamp();
+    published_at timestamptz := coalesce(given_published_at, clock_timestamp());
     problem text;
     any_webhooks boolean;
     ids uuid[];
@@ -4868,7 +4903,13 @@ BEGIN
     IF problem IS NOT NULL THEN
         PERFORM postbox._invalid(problem);
     END IF;
-    IF n = 1 THEN
+    IF given_publish_ids IS NOT NULL THEN
+        IF cardinality(given_publish_ids) <> n OR array_position(given_publish_ids, NULL) IS NOT NULL THEN
+            PERFORM postbox._invalid('given_publish_ids must hold one publish id per body');
+        END IF;
+        ids := given_publish_ids;
+        keys := ARRAY(SELECT coalesce(routing_keys[i], '') FROM generate_series(1, n) AS i);
+    ELSIF n = 1 THEN
         ids := ARRAY[gen_random_uuid()];
         keys := ARRAY[coalesce(routing_keys[1], '')];
     ELSE
@@ -4914,14 +4955,14 @@ BEGIN
         IF array_remove(pair_envelopes, NULL) = '{}' THEN
             plain_ids := postbox._publish_to_plain_queues(
                 pair_queue_ids, pair_entries, pair_envelopes, pair_plain, plain_queue_ids, bodies, attributes,
-                subjects, ids, published_at);
+                subjects, ids, published_at, signatures, signature_version);
         ELSE
             -- An envelope refuses a body that is not UTF-8 by raising, in a
             -- subtransaction, then, so that queue by queue can take over.
             BEGIN
                 plain_ids := postbox._publish_to_plain_queues(
                     pair_queue_ids, pair_entries, pair_envelopes, pair_plain, plain_queue_ids, bodies, attributes,
-                    subjects, ids, published_at);
+                    subjects, ids, published_at, signatures, signature_version);
             EXCEPTION WHEN OTHERS THEN
                 GET STACKED DIAGNOSTICS state = RETURNED_SQLSTATE;
                 IF state NOT LIKE 'PB%' THEN
@@ -4981,7 +5022,8 @@ BEGIN
                     -- SNS's notification JSON carries the attributes inside it.
                     SELECT array_agg(CASE WHEN u.env IS NULL THEN bodies[u.p]
                                           ELSE postbox._sns_envelope(u.env, ids[u.p], published_at, subjects[u.p],
-                                                                     bodies[u.p], attributes[u.p]) END ORDER BY u.o),
+                                                                     bodies[u.p], attributes[u.p], signatures[u.p],
+                                                                     signature_version) END ORDER BY u.o),
                            array_agg(CASE WHEN u.env IS NULL THEN attributes[u.p] END ORDER BY u.o)
                     INTO dest_bodies, dest_attributes
                     FROM unnest(dest.entries, dest.envelopes) WITH ORDINALITY AS u(p, env, o);
@@ -5033,7 +5075,7 @@ BEGIN
                -- A webhook with an SNS delivery that is not raw gets the envelope made now.
                array_agg(CASE WHEN s.sns IS NOT NULL AND NOT coalesce((s.sns ->> 'raw')::boolean, false)
                               THEN postbox._sns_envelope(s.sns, ids[e.i], published_at, subjects[e.i], bodies[e.i],
-                                                         attributes[e.i])
+                                                         attributes[e.i], signatures[e.i], signature_version)
                               ELSE bodies[e.i] END ORDER BY e.i, s.name),
                (array_agg(format('%ssubscription %s takes webhook messages of at most 1048576 bytes, not %s',
                                  postbox._entry_prefix(e.i, n), quote_literal(s.name),

@@ -54,6 +54,7 @@ from postbox_server.services.queues import QueueService
 from postbox_server.services.schedules import ScheduleService
 from postbox_server.services.streams import StreamService, StreamWaiters
 from postbox_server.services.topics import TopicService
+from postbox_server.sns_signing import SigningKey, load_or_create
 from postbox_server.workers.activity import run_flusher
 from postbox_server.workers.maintenance import MaintenanceWorker
 from postbox_server.workers.scheduler import SchedulerWorker
@@ -191,7 +192,11 @@ def refuse_anonymous_exposure(host: str, keys: KeyCache, allow_anonymous: bool) 
 
 
 def http_front(
-    settings: Settings, http_procedures: dict[str, Procedure], serving: Serving, ready: Ready
+    settings: Settings,
+    http_procedures: dict[str, Procedure],
+    serving: Serving,
+    ready: Ready,
+    signing_key: SigningKey | None = None,
 ) -> AbstractAsyncContextManager[int]:
     """The HTTP/JSON front door, serving inside the block; it yields the port it listens on."""
     app = build_app(
@@ -200,6 +205,7 @@ def http_front(
         serving=serving,
         ready=ready,
         openapi=committed_document(),
+        sns_certificate=None if signing_key is None else signing_key.certificate_pem,
     )
     assert settings.http_port is not None
     return http_site(
@@ -255,6 +261,9 @@ async def _serve_api(
     entered into `stack`, which stops them in reverse (the console and HTTP ports,
     then gRPC with the shutdown grace)."""
     egress, webhooks, scheduler = workers
+    signing_key = (
+        None if settings.sns_signing_key is None else load_or_create(settings.sns_signing_key)
+    )
     server = grpc.aio.server(
         # Authentication first: an anonymous caller learns nothing, not even decoding errors.
         # Counting first, so that refused calls are counted too.
@@ -303,6 +312,7 @@ async def _serve_api(
                 max_message_size=settings.max_message_size,
                 on_published=stream_waiters.wake,
                 payload_schemas=payload_schema_cache,
+                signing_key=signing_key,
             ),
         ),
         (
@@ -351,7 +361,7 @@ async def _serve_api(
     http_port = console_port = None
     if settings.http_port is not None:
         http_port = await stack.enter_async_context(
-            http_front(settings, http_procedures, serving, ready)
+            http_front(settings, http_procedures, serving, ready, signing_key)
         )
     if settings.console_port is not None:
         console_port = await stack.enter_async_context(

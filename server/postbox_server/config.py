@@ -65,6 +65,9 @@ class Settings:
     insecure_allow_anonymous: bool = False
     # Ranges webhooks may reach besides public addresses (postbox_server/egress.py).
     webhook_allow_cidrs: tuple[str, ...] = ()
+    # The PEM file of the key that signs SNS envelopes (postbox_server/sns_signing.py),
+    # made on first use when it does not exist; None: envelopes go unsigned.
+    sns_signing_key: Path | None = None
     # HTTP/JSON (the Connect protocol, postbox_server/http/) on this port (None: not served), on
     # this address (the CLI defaults it to the gRPC host's), with bodies of at most this
     # many bytes: a full gRPC request in JSON, where bytes take 4/3 in base64 and strings

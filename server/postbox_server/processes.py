@@ -72,6 +72,10 @@ def worker_command(settings: Settings, log_level: str, log_format: str) -> list[
         *(["--require-synchronous-commit"] if settings.require_synchronous_commit else []),
         *([] if settings.run_workers else ["--no-workers"]),
         *(["--auto-create-queues"] if settings.auto_create_queues else []),
+        # The file was read (or made) before the workers start: they all sign with it.
+        *([] if settings.sns_signing_key is None else [
+            "--sns-signing-key", str(settings.sns_signing_key),
+        ]),
     ]  # fmt: skip
 
 

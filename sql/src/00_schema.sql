@@ -306,9 +306,16 @@ CREATE TABLE postbox.subscriptions (
     filter_scope text NOT NULL DEFAULT 'attributes' CHECK (filter_scope IN ('attributes', 'body')),
     sns jsonb,
     suspended boolean NOT NULL DEFAULT false,
+    -- Since 0.9.0: the queue of an SNS subscription whose queue does not exist (SNS
+    -- accepts such an endpoint): nothing is delivered to it until create_queue makes
+    -- the queue, which then takes the subscription's messages.
+    pending_queue text,
     UNIQUE (topic_id, name),
-    CHECK ((queue_id IS NULL) <> (webhook_url IS NULL))
+    CHECK (num_nonnulls(queue_id, webhook_url, pending_queue) = 1)
 );
+-- create_queue finds the subscriptions waiting for the queue through this index.
+CREATE INDEX subscriptions_pending_queue_idx ON postbox.subscriptions (pending_queue)
+    WHERE pending_queue IS NOT NULL;
 -- Deleting a queue finds its subscriptions through this index.
 CREATE INDEX subscriptions_queue_idx ON postbox.subscriptions (queue_id) WHERE queue_id IS NOT NULL;
 

@@ -323,6 +323,8 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'PB409',
             MESSAGE = format('queue %s already exists', quote_literal(queue_name));
     END IF;
+    -- SNS subscriptions made before the queue existed deliver into it from now on.
+    UPDATE postbox.subscriptions SET queue_id = q.id, pending_queue = NULL WHERE pending_queue = queue_name;
     RETURN q;
 END
 $$;

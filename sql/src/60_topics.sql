@@ -412,7 +412,13 @@ BEGIN
         IF webhook_secret IS NOT NULL OR coalesce(webhook_settings, '{}') <> '{}' THEN
             PERFORM postbox._invalid('a webhook secret and webhook settings are for webhook subscriptions');
         END IF;
-        s.queue_id := (postbox._queue(queue_name)).id;
+        SELECT q.id INTO s.queue_id FROM postbox.queues q WHERE q.name = queue_name;
+        IF s.queue_id IS NULL AND sns IS NOT NULL AND postbox.queue_name_problem(queue_name) IS NULL THEN
+            -- SNS subscribes a queue that does not exist yet: it waits for create_queue.
+            s.pending_queue := queue_name;
+        ELSIF s.queue_id IS NULL THEN
+            s.queue_id := (postbox._queue(queue_name)).id;  -- raises the error
+        END IF;
     ELSE
         s := postbox._webhook(s, webhook_url, webhook_secret,
                               postbox.webhook_defaults() || jsonb_strip_nulls(coalesce(webhook_settings, '{}')));
@@ -423,11 +429,12 @@ BEGIN
     INSERT INTO postbox.subscriptions (
         topic_id, name, pattern, match_kind, match_text, queue_id, webhook_url, webhook_secret,
         webhook_timeout, webhook_max_attempts, webhook_minimum_backoff, webhook_maximum_backoff,
-        filter_policy, filter_scope, sns, suspended)
+        filter_policy, filter_scope, sns, suspended, pending_queue)
     VALUES (
         s.topic_id, s.name, s.pattern, s.match_kind, s.match_text, s.queue_id, s.webhook_url,
         s.webhook_secret, s.webhook_timeout, s.webhook_max_attempts, s.webhook_minimum_backoff,
-        s.webhook_maximum_backoff, filter_policy, filter_scope, sns, coalesce(suspended, false))
+        s.webhook_maximum_backoff, filter_policy, filter_scope, sns, coalesce(suspended, false),
+        s.pending_queue)
     ON CONFLICT (topic_id, name) DO NOTHING
     RETURNING * INTO s;
     IF NOT FOUND THEN
@@ -496,7 +503,7 @@ BEGIN
         PERFORM postbox._invalid(format('fields to change: any of pattern, %s, queue, %s (not %s)',
                                         array_to_string(deliveries, ', '), array_to_string(hooks, ', '),
                                         coalesce(unknown, 'none')));
-    ELSIF s.queue_id IS NOT NULL AND fields && hooks THEN
+    ELSIF s.webhook_url IS NULL AND fields && hooks THEN
         PERFORM postbox._invalid(format('subscription %s delivers to a queue: it has no webhook to change',
                                         quote_literal(subscription_name)));
     ELSIF s.webhook_url IS NOT NULL AND 'queue' = ANY (fields) THEN
@@ -532,6 +539,7 @@ BEGIN
             PERFORM postbox._invalid('a queue subscription needs its queue');
         END IF;
         s.queue_id := (postbox._queue(queue_name)).id;
+        s.pending_queue := NULL;
     END IF;
     IF s.webhook_url IS NOT NULL AND fields && hooks THEN
         settings := jsonb_build_object(
@@ -555,7 +563,7 @@ BEGIN
         webhook_url = s.webhook_url, webhook_secret = s.webhook_secret, webhook_timeout = s.webhook_timeout,
         webhook_max_attempts = s.webhook_max_attempts, webhook_minimum_backoff = s.webhook_minimum_backoff,
         webhook_maximum_backoff = s.webhook_maximum_backoff, filter_policy = s.filter_policy,
-        filter_scope = s.filter_scope, sns = s.sns, suspended = s.suspended
+        filter_scope = s.filter_scope, sns = s.sns, suspended = s.suspended, pending_queue = s.pending_queue
     WHERE id = s.id
     RETURNING * INTO s;
     RETURN s;

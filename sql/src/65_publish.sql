@@ -1,12 +1,19 @@
 -- A message in Amazon SNS's notification JSON, for subscriptions with an SNS
 -- delivery that is not raw: Message is the body as text (so it must be
 -- UTF-8), MessageId the publish id, and the attributes go inside. The keys
--- come in SNS's order. No Signature: postbox holds no AWS signing key.
+-- come in SNS's order. signatures (the server's, which holds the key: see
+-- postbox_server/sns_signing.py) maps topic ARNs to the entry's Signature
+-- under signature_version; an envelope whose topic ARN it lacks (a publish
+-- made in SQL: capture, schedules) goes without Signature, as before 0.9.0.
+-- SigningCertURL is at the shim that made the subscription (the base of its
+-- UnsubscribeURL).
 CREATE FUNCTION postbox._sns_envelope(sns jsonb, publish_id uuid, published_at timestamptz, subject text,
-                                      body bytea, attributes jsonb) RETURNS bytea
+                                      body bytea, attributes jsonb, signatures jsonb DEFAULT NULL,
+                                      signature_version text DEFAULT NULL) RETURNS bytea
 LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
     message text;
+    signature text := signatures ->> (sns ->> 'topic_arn');
 BEGIN
     BEGIN
         message := convert_from(body, 'UTF8');
@@ -20,6 +27,10 @@ BEGIN
         'Subject', subject,
         'Message', message,
         'Timestamp', to_char(published_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'),
+        'SignatureVersion', CASE WHEN signature IS NOT NULL THEN signature_version END,
+        'Signature', signature,
+        'SigningCertURL', CASE WHEN signature IS NOT NULL THEN
+                              split_part(sns ->> 'unsubscribe_url', '/?', 1) || '/SimpleNotificationService.pem' END,
         'UnsubscribeURL', sns ->> 'unsubscribe_url',
         'MessageAttributes', (SELECT json_object_agg(a.key, json_build_object(
                                   'Type', a.value ->> 'data_type',
@@ -41,7 +52,8 @@ $$;
 -- publish_batch's plan_cache_mode.
 CREATE FUNCTION postbox._publish_to_plain_queues(
     queue_ids integer[], entries integer[], envelopes jsonb[], plain boolean[], plain_queue_ids integer[],
-    bodies bytea[], attributes jsonb[], subjects text[], publish_ids uuid[], published_at timestamptz)
+    bodies bytea[], attributes jsonb[], subjects text[], publish_ids uuid[], published_at timestamptz,
+    signatures jsonb[] DEFAULT NULL, signature_version text DEFAULT NULL)
 RETURNS bigint[]
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -67,7 +79,7 @@ BEGIN
         SELECT p.o, q.id, q.delivery_delay, q.send_paused, q.max_message_size,
                CASE WHEN p.env IS NULL THEN bodies[p.i]
                     ELSE postbox._sns_envelope(p.env, publish_ids[p.i], published_at, subjects[p.i], bodies[p.i],
-                                               attributes[p.i]) END AS b,
+                                               attributes[p.i], signatures[p.i], signature_version) END AS b,
                -- SNS's notification JSON carries the attributes inside it.
                CASE WHEN p.env IS NULL THEN attributes[p.i] END AS a
         FROM unnest(queue_ids, entries, envelopes, plain) WITH ORDINALITY AS p(q, i, env, plain, o)
@@ -102,6 +114,10 @@ $$;
 --   deduplication_ids  passed to every queue (see send_batch); FIFO queues
 --                    without content_based_deduplication get the publish id
 --   subjects         up to 100 characters that SNS envelopes carry
+--   signatures       SNS Signatures by topic ARN (see _sns_envelope), under
+--                    signature_version; the server signs given_publish_ids and
+--                    given_published_at, which are then the publish's ids and
+--                    time (else they are made here)
 -- A FIFO topic (its name ends in .fifo) needs an ordering key on every entry.
 -- Suspended subscriptions, and those whose filter policy the entry does not
 -- match, take nothing. A subscription with an SNS delivery that is not raw
@@ -120,7 +136,9 @@ $$;
 -- send_batch instead, which reports the first refusal by queue name.
 CREATE FUNCTION postbox.publish_batch(
     topic_name text, bodies bytea[], routing_keys text[] DEFAULT NULL, attributes jsonb[] DEFAULT NULL,
-    ordering_keys text[] DEFAULT NULL, deduplication_ids text[] DEFAULT NULL, subjects text[] DEFAULT NULL)
+    ordering_keys text[] DEFAULT NULL, deduplication_ids text[] DEFAULT NULL, subjects text[] DEFAULT NULL,
+    signatures jsonb[] DEFAULT NULL, signature_version text DEFAULT NULL, given_publish_ids uuid[] DEFAULT NULL,
+    given_published_at timestamptz DEFAULT NULL)
 RETURNS TABLE (publish_id uuid, queues text[], message_ids bigint[], duplicates boolean[],
                webhook_deliveries integer)
 LANGUAGE plpgsql
@@ -133,7 +151,7 @@ AS $$
 DECLARE
     t postbox.topics;
     n integer := coalesce(cardinality(bodies), 0);
-    published_at timestamptz := clock_timestamp();
+    published_at timestamptz := coalesce(given_published_at, clock_timestamp());
     problem text;
     any_webhooks boolean;
     ids uuid[];
@@ -212,7 +230,13 @@ BEGIN
     IF problem IS NOT NULL THEN
         PERFORM postbox._invalid(problem);
     END IF;
-    IF n = 1 THEN
+    IF given_publish_ids IS NOT NULL THEN
+        IF cardinality(given_publish_ids) <> n OR array_position(given_publish_ids, NULL) IS NOT NULL THEN
+            PERFORM postbox._invalid('given_publish_ids must hold one publish id per body');
+        END IF;
+        ids := given_publish_ids;
+        keys := ARRAY(SELECT coalesce(routing_keys[i], '') FROM generate_series(1, n) AS i);
+    ELSIF n = 1 THEN
         ids := ARRAY[gen_random_uuid()];
         keys := ARRAY[coalesce(routing_keys[1], '')];
     ELSE
@@ -258,14 +282,14 @@ BEGIN
         IF array_remove(pair_envelopes, NULL) = '{}' THEN
             plain_ids := postbox._publish_to_plain_queues(
                 pair_queue_ids, pair_entries, pair_envelopes, pair_plain, plain_queue_ids, bodies, attributes,
-                subjects, ids, published_at);
+                subjects, ids, published_at, signatures, signature_version);
         ELSE
             -- An envelope refuses a body that is not UTF-8 by raising, in a
             -- subtransaction, then, so that queue by queue can take over.
             BEGIN
                 plain_ids := postbox._publish_to_plain_queues(
                     pair_queue_ids, pair_entries, pair_envelopes, pair_plain, plain_queue_ids, bodies, attributes,
-                    subjects, ids, published_at);
+                    subjects, ids, published_at, signatures, signature_version);
             EXCEPTION WHEN OTHERS THEN
                 GET STACKED DIAGNOSTICS state = RETURNED_SQLSTATE;
                 IF state NOT LIKE 'PB%' THEN
@@ -325,7 +349,8 @@ BEGIN
                     -- SNS's notification JSON carries the attributes inside it.
                     SELECT array_agg(CASE WHEN u.env IS NULL THEN bodies[u.p]
                                           ELSE postbox._sns_envelope(u.env, ids[u.p], published_at, subjects[u.p],
-                                                                     bodies[u.p], attributes[u.p]) END ORDER BY u.o),
+                                                                     bodies[u.p], attributes[u.p], signatures[u.p],
+                                                                     signature_version) END ORDER BY u.o),
                            array_agg(CASE WHEN u.env IS NULL THEN attributes[u.p] END ORDER BY u.o)
                     INTO dest_bodies, dest_attributes
                     FROM unnest(dest.entries, dest.envelopes) WITH ORDINALITY AS u(p, env, o);
@@ -377,7 +402,7 @@ BEGIN
                -- A webhook with an SNS delivery that is not raw gets the envelope made now.
                array_agg(CASE WHEN s.sns IS NOT NULL AND NOT coalesce((s.sns ->> 'raw')::boolean, false)
                               THEN postbox._sns_envelope(s.sns, ids[e.i], published_at, subjects[e.i], bodies[e.i],
-                                                         attributes[e.i])
+                                                         attributes[e.i], signatures[e.i], signature_version)
                               ELSE bodies[e.i] END ORDER BY e.i, s.name),
                (array_agg(format('%ssubscription %s takes webhook messages of at most 1048576 bytes, not %s',
                                  postbox._entry_prefix(e.i, n), quote_literal(s.name),

@@ -466,6 +466,14 @@ async def test_unknown_paths_and_methods(http: aiohttp.ClientSession) -> None:
     assert headers["Allow"] == "POST, GET"
 
 
+async def test_cert_is_not_found_on_a_server_that_signs_no_sns_messages(
+    http: aiohttp.ClientSession,
+) -> None:
+    # With --sns-signing-key it serves the certificate (tests/aws/test_sns_signatures.py).
+    status, answer, _ = await request(http, "GET", "/v1/cert")
+    refused(status, answer, 404, "--sns-signing-key")
+
+
 # Keys: a database of their own (a key turns authentication on for the whole database).
 
 

@@ -23,7 +23,7 @@ import pytest
 from aiohttp import web
 from botocore.config import Config
 from botocore.exceptions import ClientError
-from support import ROOT, SQS_REGION, SqsShimProcess, eventually, unique_name
+from support import ROOT, SQS_ACCOUNT, SQS_REGION, SqsShimProcess, eventually, unique_name
 
 AWS = Path(sys.executable).with_name("aws")
 
@@ -629,6 +629,42 @@ def test_subscribe_checks_the_topic_then_the_sqs_endpoint(sns, sqs, topic, reque
         sqs.delete_queue(QueueUrl=fifo_url)
 
 
+def test_a_queue_that_does_not_exist_yet_is_subscribed_and_delivered_to_once_made(
+    sns, sqs, topic, request
+):
+    """As on AWS, Subscribe takes an SQS ARN whose queue does not exist; publishes then
+    deliver nothing to it, until the queue is made, which gets the later ones."""
+    name = unique_name(request.node.name)
+    arn = f"arn:aws:sqs:{SQS_REGION}:{SQS_ACCOUNT}:{name}"
+    subscription = sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint=arn)["SubscriptionArn"]
+    assert subscription.startswith(topic + ":")
+    (listed,) = sns.list_subscriptions_by_topic(TopicArn=topic)["Subscriptions"]
+    assert listed["Endpoint"] == arn
+    # Idempotent for the same endpoint, as for a queue that exists.
+    assert sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint=arn)["SubscriptionArn"] == (
+        subscription
+    )
+    sns.set_subscription_attributes(
+        SubscriptionArn=subscription, AttributeName="RawMessageDelivery", AttributeValue="true"
+    )
+    published = sns.publish(TopicArn=topic, Message="before the queue")
+    assert published["MessageId"]
+    url = sqs.create_queue(QueueName=name)["QueueUrl"]
+    try:
+        sns.publish(TopicArn=topic, Message="after the queue")
+        assert [m["Body"] for m in _receive(sqs, url)] == ["after the queue"]
+        assert _empty(sqs, url)
+        attributes = sns.get_subscription_attributes(SubscriptionArn=subscription)["Attributes"]
+        assert attributes["Endpoint"] == arn
+        sns.unsubscribe(SubscriptionArn=subscription)
+    finally:
+        sqs.delete_queue(QueueUrl=url)
+    # Unsubscribing one that still waits works too.
+    waiting = sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint=arn + "-other")
+    sns.unsubscribe(SubscriptionArn=waiting["SubscriptionArn"])
+    assert sns.list_subscriptions_by_topic(TopicArn=topic)["Subscriptions"] == []
+
+
 def test_add_and_remove_permission_edit_the_topic_policy(sns, topic):
     def statements() -> list[dict[str, Any]]:
         policy = sns.get_topic_attributes(TopicArn=topic)["Attributes"]["Policy"]
@@ -719,3 +755,66 @@ def test_publish_batch_refusals_in_sns_words(sns, topic, request):
         )
     finally:
         sns.delete_topic(TopicArn=fifo)
+
+
+def _sns_json(endpoint: str, action: str, params: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    """A call in SNS's JSON protocol (X-Amz-Target: AmazonSNS.<Action>), as beyond-queue's
+    clients make it, with a plain HTTP client."""
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(
+        endpoint + "/", data=json.dumps(params).encode(), method="POST",
+        headers={"X-Amz-Target": f"AmazonSNS.{action}",
+                 "Content-Type": "application/x-amz-json-1.0"},
+    )  # fmt: skip
+    try:
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def test_the_json_protocol_serves_the_same_actions(sqs_shim, sqs, request):
+    name = unique_name(request.node.name)
+    url, queue_arn = _queue(sqs, name)
+    status, created = _sns_json(sqs_shim.endpoint, "CreateTopic", {"Name": name})
+    assert status == 200
+    topic = created["TopicArn"]
+    try:
+        status, subscribed = _sns_json(
+            sqs_shim.endpoint, "Subscribe",
+            {"TopicArn": topic, "Protocol": "sqs", "Endpoint": queue_arn,
+             "Attributes": {"RawMessageDelivery": "true"}},
+        )  # fmt: skip
+        assert status == 200
+        assert subscribed["SubscriptionArn"].startswith(topic + ":")
+        status, published = _sns_json(
+            sqs_shim.endpoint, "Publish",
+            {"TopicArn": topic, "Message": "over json",
+             "MessageAttributes": {"k": {"DataType": "String", "StringValue": "v"}}},
+        )  # fmt: skip
+        assert status == 200
+        assert published["MessageId"]
+        (message,) = _receive(sqs, url)
+        assert message["Body"] == "over json"
+        assert message["MessageAttributes"]["k"]["StringValue"] == "v"
+        status, listed = _sns_json(
+            sqs_shim.endpoint, "ListSubscriptionsByTopic", {"TopicArn": topic}
+        )
+        assert status == 200
+        assert [s["Endpoint"] for s in listed["Subscriptions"]] == [queue_arn]
+        # Errors as the JSON protocol has them: the shape in __type, the code in a header.
+        status, missing = _sns_json(
+            sqs_shim.endpoint, "Publish", {"TopicArn": topic + "-missing", "Message": "m"}
+        )
+        assert status == 404
+        assert missing["__type"] == "com.amazonaws.sns#NotFound"
+        status, wrong = _sns_json(sqs_shim.endpoint, "Publish", {"TopicArn": 7, "Message": "m"})
+        assert status == 400
+        assert "TopicArn" in wrong["message"]
+        status, unknown = _sns_json(sqs_shim.endpoint, "LaunchRockets", {})
+        assert status == 400
+        assert unknown["__type"] == "com.amazonaws.sns#InvalidAction"
+    finally:
+        _sns_json(sqs_shim.endpoint, "DeleteTopic", {"TopicArn": topic})

@@ -6,6 +6,7 @@ import asyncio
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import asyncpg
 import grpc
@@ -108,9 +109,14 @@ def test_each_worker_gets_the_opt_in_flags() -> None:
     from postbox_server.config import Settings
     from postbox_server.processes import worker_command
 
-    settings = Settings(auto_create_queues=True, insecure_allow_anonymous=True)
+    settings = Settings(
+        auto_create_queues=True,
+        insecure_allow_anonymous=True,
+        sns_signing_key=Path("/keys/sns-signing.pem"),
+    )
     command = worker_command(settings, "info", "text")
     assert "--auto-create-queues" in command
     args = build_parser().parse_args(command[command.index("--log-level") :])
     assert args.auto_create_queues
+    assert args.sns_signing_key == Path("/keys/sns-signing.pem")
     assert "--auto-create-queues" not in worker_command(Settings(), "info", "text")

@@ -35,12 +35,13 @@ from postbox_server.aws.errors import (
 from postbox_server.aws.protocol import ServiceProtocol
 from postbox_server.aws.settings import ShimSettings
 from postbox_server.aws.sigv4 import Verifier, signed_request
-from postbox_server.aws.sns.protocol import SnsQuery, is_sns
+from postbox_server.aws.sns.protocol import SnsJson, SnsQuery, is_sns, is_sns_json
 from postbox_server.aws.sqs.protocol import SqsJson, SqsQuery
 from postbox_server.config import is_loopback
 from postbox_server.errors import quoted
 from postbox_server.http_site import http_site
 from postbox_server.observability import metrics, request_ids, tracing
+from postbox_server.sns_signing import CERTIFICATE_PATH, PEM_CONTENT_TYPE
 
 log = logging.getLogger("postbox.sqs")
 
@@ -131,8 +132,13 @@ async def _respond(request: web.Request) -> tuple[web.StreamResponse, str, Servi
     request_id = request_ids.current() or str(uuid.uuid4())
     call = None
     target = request.headers.get("X-Amz-Target")
-    # Only SQS speaks JSON; a query-protocol request is SNS's when is_sns says so.
-    protocol: ServiceProtocol = SqsJson(target) if target else SqsQuery()
+    # JSON names its service in X-Amz-Target; a query-protocol request is SNS's when
+    # is_sns says so.
+    protocol: ServiceProtocol
+    if is_sns_json(target):
+        protocol = SnsJson(target or "")
+    else:
+        protocol = SqsJson(target) if target else SqsQuery()
     settings = request.app[_SETTINGS]
     try:
         _check_request(request, protocol.request_content_type)
@@ -180,6 +186,14 @@ def build_app(settings: ShimSettings, backend: Backend) -> web.Application:
     request_ids.install(app)
     if settings.credentials:
         app[_VERIFIER] = Verifier(settings.credentials)
+    if settings.sns_signing_key is not None:
+        certificate = settings.sns_signing_key.certificate_pem
+
+        async def sns_certificate(_: web.Request) -> web.Response:
+            # Public, as SNS's is: subscribers fetch it to verify, without credentials.
+            return web.Response(body=certificate, content_type=PEM_CONTENT_TYPE)
+
+        app.router.add_get(CERTIFICATE_PATH, sns_certificate)
     # POST is what SDKs send; old query clients also use GET with the parameters in the URL.
     # Every other path and method reaches the handler too, to be refused as SQS refuses
     # them (with a request id, in the protocol of the request).

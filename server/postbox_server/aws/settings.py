@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from postbox_client import TLS
 
+from postbox_server.sns_signing import SigningKey
 from postbox_server.tls import ServerTls
 
 MIB = 1024 * 1024
@@ -44,6 +45,10 @@ class ShimSettings:
     # confirmation POSTs may reach (postbox_server/egress.py).
     sns_auto_confirm: tuple[str, ...] = ()
     webhook_allow_cidrs: tuple[str, ...] = ()
+    # Signs SNS confirmations, and its certificate is served at
+    # /SimpleNotificationService.pem (the server signs notifications with the same key);
+    # None: unsigned, and no certificate.
+    sns_signing_key: SigningKey | None = None
     # Prometheus /metrics on this port (None: not served).
     metrics_host: str = "localhost"
     metrics_port: int | None = None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -78,3 +79,32 @@ class Verbs:
         kwargs["parents"] = [*kwargs.get("parents", []), self._logging_flags]
         parser: argparse.ArgumentParser = self._verbs.add_parser(name, **kwargs)
         return parser
+
+
+def add_sns_signing_flag(parser: argparse.ArgumentParser) -> None:
+    """--sns-signing-key, which `postbox serve` and `postbox sqs` share: both sign."""
+    parser.add_argument(
+        "--sns-signing-key",
+        type=Path,
+        default=os.environ.get("POSTBOX_SNS_SIGNING_KEY") or None,
+        metavar="FILE",
+        help="PEM file of the RSA key (and optionally its certificate) that signs SNS "
+        "messages; made with a new key and a self-signed certificate when it does not "
+        "exist. Give the server and the SNS shim the same file (default: "
+        "$POSTBOX_SNS_SIGNING_KEY; none: SNS messages go unsigned)",
+    )
+
+
+def check_sns_signing_key(args: argparse.Namespace, verb: str) -> bool:
+    """Reads (or makes) the --sns-signing-key file now, so that a bad one stops the
+    command before it serves; False after saying why on stderr."""
+    from postbox_server.sns_signing import SigningKeyError, load_or_create
+
+    if args.sns_signing_key is None:
+        return True
+    try:
+        load_or_create(args.sns_signing_key)
+    except SigningKeyError as error:
+        print(f"postbox {verb}: --sns-signing-key: {error}", file=sys.stderr)
+        return False
+    return True

@@ -10,6 +10,8 @@ from pathlib import Path
 from postbox_server import event_loop
 from postbox_server.cli.flags import (
     Verbs,
+    add_sns_signing_flag,
+    check_sns_signing_key,
     http_request_size,
     message_size,
     positive_seconds,
@@ -37,6 +39,8 @@ def run(args: argparse.Namespace) -> int:
     except TlsError as error:
         print(f"postbox serve: {error}", file=sys.stderr)
         return 2
+    if not check_sns_signing_key(args, "serve"):
+        return 2
     settings = Settings(
         # An empty DATABASE_URL (as compose files and shells leave it) means unset.
         database_url=args.database_url or None,
@@ -51,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
         max_message_size=args.max_message_size,
         max_response_size=args.max_response_size,
         webhook_allow_cidrs=tuple(args.webhook_allow_cidr),
+        sns_signing_key=args.sns_signing_key,
         safety_poll_interval=args.safety_poll_interval,
         maintenance_interval=args.maintenance_interval,
         expiry_interval=args.expiry_interval,
@@ -168,6 +173,7 @@ def _add_serve_flags(serve: argparse.ArgumentParser) -> None:
         help="let webhooks reach this range too (repeat), e.g. 10.0.0.0/8; loopback, private, "
         "link-local and other non-public addresses are refused otherwise",
     )
+    add_sns_signing_flag(serve)
     serve.add_argument("--safety-poll-interval", type=float, default=Settings.safety_poll_interval)
     serve.add_argument(
         "--unary-deadline",

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from postbox_server import event_loop
-from postbox_server.cli.flags import Verbs, webhook_cidr
+from postbox_server.cli.flags import Verbs, add_sns_signing_flag, webhook_cidr
 from postbox_server.tls import add_client_flags, add_server_flags, client_tls, server_tls
 
 
@@ -19,6 +19,13 @@ def run(args: argparse.Namespace) -> int:
 
     if len(args.access_key) != len(args.secret_key):
         print("postbox sqs: give one --secret-key per --access-key", file=sys.stderr)
+        return 2
+    from postbox_server.sns_signing import SigningKeyError, load_or_create
+
+    try:
+        signing_key = None if args.sns_signing_key is None else load_or_create(args.sns_signing_key)
+    except SigningKeyError as error:
+        print(f"postbox sqs: --sns-signing-key: {error}", file=sys.stderr)
         return 2
     try:
         credentials = load_credentials(
@@ -46,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port,
         sns_auto_confirm=tuple(args.sns_auto_confirm),
         webhook_allow_cidrs=tuple(args.webhook_allow_cidr),
+        sns_signing_key=signing_key,
     )
     try:
         event_loop.run(serve(settings))
@@ -122,6 +130,7 @@ def add_parser(verbs: Verbs) -> None:
         help="let SNS subscription confirmations reach this range too (repeat); non-public "
         "addresses are refused otherwise",
     )
+    add_sns_signing_flag(sqs)
     sqs.add_argument(
         "--max-request-size",
         type=int,

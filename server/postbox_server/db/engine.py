@@ -97,6 +97,17 @@ class OutgoingPublish:
 
 
 @dataclass(frozen=True)
+class PublishSignatures:
+    """SNS signatures for a publish_batch (postbox_server/sns_signing.py): per entry,
+    its Signature by topic ARN, over the publish ids and time given with them."""
+
+    version: str
+    publish_ids: list[UUID]
+    published_at: datetime
+    by_topic_arn: list[dict[str, str]]
+
+
+@dataclass(frozen=True)
 class SubscriptionDelivery:
     """Which messages a subscription takes and how: the filter and SNS columns."""
 
@@ -580,6 +591,16 @@ class Engine:
     async def get_topic(self, name: str) -> Record:
         return await self._call("fetchrow", "get_topic", name)
 
+    async def sns_signing_needs(
+        self, topic: str, *, conn: Connection | None = None
+    ) -> tuple[list[str], str | None]:
+        """The topic ARNs of a topic's SNS subscriptions that get envelopes (not raw), and
+        the topic's SignatureVersion attribute; no ARNs for a topic that is not there."""
+        row = await self._call("fetchrow", "sns_signing_needs", topic, conn=conn)
+        if row is None:
+            return [], None
+        return list(row["topic_arns"]), row["signature_version"]
+
     async def list_topics(self, page_size: int, after_name: str) -> list[Record]:
         return await self._call("fetch", "list_topics", page_size, after_name)
 
@@ -622,6 +643,7 @@ class Engine:
         messages: Sequence[OutgoingPublish],
         *,
         conn: Connection | None = None,
+        signatures: PublishSignatures | None = None,
     ) -> list[Record]:
         """Per message: publish_id, queues, message_ids, duplicates, webhook_deliveries.
         On `conn` it joins that connection's transaction (group commit)."""
@@ -632,6 +654,12 @@ class Engine:
             _optional_column([m.ordering_key for m in messages]),
             _optional_column([m.deduplication_id for m in messages]),
             _optional_column([m.subject for m in messages]),
+            *(
+                (None, None, None, None) if signatures is None else (
+                    [json.dumps(s) for s in signatures.by_topic_arn], signatures.version,
+                    signatures.publish_ids, signatures.published_at,
+                )
+            ),
             conn=conn,
         )  # fmt: skip
         # What the fan-out put into each queue is sent to that queue, as a Send is;

@@ -221,7 +221,16 @@ SELECT postbox.delete_subscription($1, $2)
 SELECT postbox.publish_delayed($1, $2, $3, $4, $5::text::jsonb, $6, $7)
 
 -- name: publish_batch
-SELECT * FROM postbox.publish_batch($1, $2, $3, $4::jsonb[], $5, $6, $7)
+SELECT * FROM postbox.publish_batch($1, $2, $3, $4::jsonb[], $5, $6, $7, $8::jsonb[], $9, $10, $11)
+
+-- name: sns_signing_needs
+SELECT coalesce(array_agg(DISTINCT s.sns ->> 'topic_arn') FILTER (WHERE s.id IS NOT NULL), '{}') AS topic_arns,
+       t.sns_attributes ->> 'SignatureVersion' AS signature_version
+FROM postbox.topics t
+LEFT JOIN postbox.subscriptions s
+       ON s.topic_id = t.id AND s.sns IS NOT NULL AND NOT coalesce((s.sns ->> 'raw')::boolean, false)
+WHERE t.name = $1
+GROUP BY t.id
 
 -- name: list_webhook_deliveries
 SELECT * FROM postbox.list_webhook_deliveries($1, $2, $3, $4, $5)

@@ -25,9 +25,14 @@ from postbox_server.http.connect import Codec, ConnectError
 from postbox_server.http.context import HttpCallContext
 from postbox_server.http.procedures import Procedure
 from postbox_server.http.rest import routes as rest
+from postbox_server.http.rest.framework import error_response
 from postbox_server.observability import request_ids
 from postbox_server.observability.probes import Ready, add_probes
 from postbox_server.services.decoding import Undecodable
+from postbox_server.sns_signing import PEM_CONTENT_TYPE
+
+# beyond-queue's route for the SNS signing certificate.
+SNS_CERT_PATH = "/v1/cert"
 
 _JSON_ADVICE = "send the request message in proto3 JSON (field names as in the protos)"
 _PROTO_ADVICE = "send the request message in the protobuf binary format"
@@ -171,8 +176,11 @@ def build_app(
     serving: Callable[[], bool],
     ready: Ready,
     openapi: bytes,
+    sns_certificate: bytes | None = None,
 ) -> web.Application:
-    """`openapi`: the OpenAPI document GET /openapi.json serves; `ready`: /readyz's check."""
+    """`openapi`: the OpenAPI document GET /openapi.json serves; `ready`: /readyz's check;
+    `sns_certificate`: the PEM certificate of the SNS signing key, which GET /v1/cert
+    serves (None: SNS envelopes go unsigned, and /v1/cert answers 404 saying so)."""
 
     async def healthz(_: web.Request) -> web.Response:
         status = "SERVING" if serving() else "NOT_SERVING"
@@ -186,6 +194,19 @@ def build_app(
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/openapi.json", openapi_json)
     add_probes(app, ready)
+
+    async def sns_cert(_: web.Request) -> web.Response:
+        # Public, as SNS's certificate is: subscribers fetch it without credentials.
+        if sns_certificate is None:
+            return error_response(
+                ConnectError(
+                    grpc.StatusCode.NOT_FOUND,
+                    "this server signs no SNS messages: start it with --sns-signing-key FILE",
+                )
+            )
+        return web.Response(body=sns_certificate, content_type=PEM_CONTENT_TYPE)
+
+    app.router.add_get(SNS_CERT_PATH, sns_cert)
     rest.add_routes(app, procedures, max_body=max_request_size, deadline=None)
     # Every other path: a procedure's, or a Connect not_found naming where they are.
     app.router.add_route("*", "/{path:.*}", ConnectHandler(procedures, max_request_size))

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import uuid
 from collections.abc import Callable, Iterable
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import grpc
@@ -15,6 +17,7 @@ from postbox_server.db.engine import (
     Connection,
     Engine,
     OutgoingPublish,
+    PublishSignatures,
     Record,
     Row,
     SubscriptionDelivery,
@@ -33,6 +36,7 @@ from postbox_server.services.pagination import (
 )
 from postbox_server.services.payload_schema_cache import PayloadSchemaCache
 from postbox_server.services.status import reports_errors
+from postbox_server.sns_signing import SigningKey, signature_version
 from postbox_server.workers import standard_webhooks as webhooks
 
 _DELIVERY_STATES = {
@@ -141,6 +145,9 @@ def subscription_resource(row: Row, *, with_secret: bool = False) -> pb.Subscrip
         )
     if row["queue"] is not None:
         subscription.queue = row["queue"]
+    elif row["pending_queue"] is not None:
+        # An SNS subscription of a queue not made yet: it names the queue it waits for.
+        subscription.queue = row["pending_queue"]
     else:
         subscription.webhook.CopyFrom(
             pb.WebhookEndpoint(
@@ -184,6 +191,45 @@ def _outgoing(entry: Any, max_message_size: int) -> OutgoingPublish:
     )
 
 
+# Envelopes signed on the event loop at most; more go to a thread (a 2048-bit RSA
+# signature took 0.22 ms here: a batch of 1000 would hold the loop for 0.2 s).
+_SIGNED_INLINE = 8
+
+
+async def sign_envelopes(
+    key: SigningKey, topic_arns: list[str], version: str, entries: list[OutgoingPublish]
+) -> PublishSignatures:
+    """Publish ids, a time (whole milliseconds, as the envelope's Timestamp shows it) and
+    each entry's Signature by topic ARN. A body that is not UTF-8 gets none: the engine
+    refuses it for an envelope."""
+    published_at = datetime.now(timezone.utc)
+    published_at = published_at.replace(microsecond=published_at.microsecond // 1000 * 1000)
+    timestamp = (
+        published_at.strftime("%Y-%m-%dT%H:%M:%S.") + f"{published_at.microsecond // 1000:03d}Z"
+    )
+    ids = [uuid.uuid4() for _ in entries]
+
+    def sign() -> list[dict[str, str]]:
+        signatures: list[dict[str, str]] = []
+        for publish_id, entry in zip(ids, entries, strict=True):
+            try:
+                message = entry.body.decode("utf-8")
+            except UnicodeDecodeError:
+                signatures.append({})
+                continue
+            envelope = {
+                "Type": "Notification", "MessageId": str(publish_id), "Subject": entry.subject,
+                "Message": message, "Timestamp": timestamp,
+            }  # fmt: skip
+            signatures.append(
+                {arn: key.sign({**envelope, "TopicArn": arn}, version) for arn in topic_arns}
+            )
+        return signatures
+
+    by_topic_arn = sign() if len(entries) <= _SIGNED_INLINE else await asyncio.to_thread(sign)
+    return PublishSignatures(version, ids, published_at, by_topic_arn)
+
+
 def _fill_result(result: pb.PublishResponse | pb.PublishResult, row: Row) -> None:
     """The fields that PublishResponse and PublishResult share. Set one by one on a
     message in place: for a PublishBatch of stream-topic entries, building each result
@@ -225,9 +271,12 @@ class TopicService(topic_service_pb2_grpc.TopicServiceServicer):
         max_message_size: int,
         on_published: Callable[[str], None] = lambda topic: None,
         payload_schemas: PayloadSchemaCache | None = None,
+        signing_key: SigningKey | None = None,
     ) -> None:
         self.engine = engine
         self.payload_schemas = payload_schemas or PayloadSchemaCache(engine, hub)
+        # Signs the SNS envelopes of publishes (None: they go unsigned).
+        self.signing_key = signing_key
         self.publishes: GroupCommit[OutgoingPublish, Record] = GroupCommit(
             engine, self._publish_group
         )
@@ -404,9 +453,28 @@ class TopicService(topic_service_pb2_grpc.TopicServiceServicer):
         return pb.RetryWebhookDeliveryResponse(retried_deliveries=retried)
 
     async def _publish(self, topic: str, entries: list[OutgoingPublish]) -> list[Record]:
-        rows = await self.engine.publish_batch(topic, entries)
+        rows = await self.engine.publish_batch(
+            topic, entries, signatures=await self._signatures(topic, entries)
+        )
         self._woken(topic, rows)
         return rows
+
+    async def _signatures(
+        self, topic: str, entries: list[OutgoingPublish], conn: Connection | None = None
+    ) -> PublishSignatures | None:
+        """The SNS signatures of a publish's envelopes, over publish ids and a time made
+        here, for each topic ARN the topic's enveloping subscriptions have; None when
+        nothing is signed. A subscription made between this look and the publish gets its
+        envelope unsigned."""
+        if self.signing_key is None:
+            return None
+        topic_arns, version = await self.engine.sns_signing_needs(topic, conn=conn)
+        if not topic_arns:
+            return None
+        return await sign_envelopes(
+            self.signing_key, topic_arns, signature_version({"SignatureVersion": version or ""}),
+            entries,
+        )  # fmt: skip
 
     def _woken(self, topic: str, rows: Iterable[Record]) -> None:
         """Streams on this server waiting on the topic's log or on the queues, and its
@@ -422,7 +490,9 @@ class TopicService(topic_service_pb2_grpc.TopicServiceServicer):
         self, conn: Connection, topic: str, entries: list[OutgoingPublish]
     ) -> list[Record]:
         """One topic's share of a group of single Publishes: a row per entry."""
-        return await self.engine.publish_batch(topic, entries, conn=conn)
+        return await self.engine.publish_batch(
+            topic, entries, conn=conn, signatures=await self._signatures(topic, entries, conn)
+        )
 
     @reports_errors
     async def Publish(

@@ -19,6 +19,7 @@ import aiohttp
 from postbox_server.aws.settings import ShimSettings
 from postbox_server.aws.sns.errors import InvalidParameter
 from postbox_server.egress import EgressPolicy, Refused
+from postbox_server.sns_signing import certificate_url
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +33,12 @@ def auto_confirmed(endpoint: str, settings: ShimSettings) -> bool:
 
 
 async def request(
-    settings: ShimSettings, endpoint: str, topic_arn: str, token: str, subscribe_url: str
+    settings: ShimSettings,
+    endpoint: str,
+    topic_arn: str,
+    token: str,
+    subscribe_url: str,
+    version: str,
 ) -> None:
     """POSTs the SubscriptionConfirmation; InvalidParameter if the egress policy refuses
     the endpoint. A failed POST is logged: the subscription stays pending, as in SNS."""
@@ -43,7 +49,7 @@ async def request(
     except Refused as refused:
         raise InvalidParameter(f"Invalid parameter: Endpoint Reason: {refused}") from None
     message_id = str(uuid.uuid4())
-    body = json.dumps({
+    message = {
         "Type": "SubscriptionConfirmation",
         "MessageId": message_id,
         "Token": token,
@@ -52,7 +58,13 @@ async def request(
                    "To confirm the subscription, visit the SubscribeURL included in this message.",
         "SubscribeURL": subscribe_url,
         "Timestamp": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z",
-    })  # fmt: skip
+    }  # fmt: skip
+    if settings.sns_signing_key is not None:
+        # SNS signs confirmations with the topic's SignatureVersion too.
+        message = settings.sns_signing_key.signed(
+            message, version, certificate_url(subscribe_url.split("/?", 1)[0])
+        )
+    body = json.dumps(message)
     headers = {
         "content-type": "text/plain; charset=UTF-8",
         "x-amz-sns-message-type": "SubscriptionConfirmation",

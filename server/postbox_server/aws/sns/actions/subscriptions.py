@@ -32,6 +32,7 @@ from postbox_server.aws.sns.errors import (
     InvalidParameter,
     not_found,
 )
+from postbox_server.sns_signing import signature_version
 
 # Subscription attributes kept as they are given (the rest are acted on).
 _KEPT_SUBSCRIPTION_ATTRIBUTES = {
@@ -127,7 +128,7 @@ async def subscribe(call: Call) -> Result:
     topic = arns.topic_of(topic_arn, call.settings)
     protocol = required(call, "Protocol")
     endpoint = call.params.get("Endpoint") or ""
-    await get_topic(call, topic)  # NotFound before anything else, as SNS checks
+    topic_attributes = (await get_topic(call, topic)).sns_attributes  # NotFound first, as SNS
     name = str(uuid.uuid4())
     subscription = pb.Subscription(name=name, topic=topic)
     subscription.sns_delivery.topic_arn = topic_arn
@@ -178,6 +179,7 @@ async def subscribe(call: Call) -> Result:
         call.settings, endpoint, topic_arn, confirmation_token,
         _action_url(call, {"Action": "ConfirmSubscription", "TopicArn": topic_arn,
                            "Token": confirmation_token}),
+        signature_version(topic_attributes),
     )  # fmt: skip
     if call.params.get("ReturnSubscriptionArn"):
         return {"SubscriptionArn": subscription.sns_delivery.subscription_arn}

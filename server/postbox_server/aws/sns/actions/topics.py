@@ -26,6 +26,8 @@ from postbox_server.aws.sns.errors import (
     NOT_FOUND,
     InvalidParameter,
 )
+from postbox_server.errors import quoted
+from postbox_server.sns_signing import SIGNATURE_VERSIONS
 
 # Topic attributes SNS lets SetTopicAttributes change, kept as they are given.
 _KEPT_TOPIC_ATTRIBUTES = {
@@ -71,6 +73,11 @@ def _check_topic_attributes(attributes: dict[str, str], fifo: bool) -> None:
             )
         if name == "ContentBasedDeduplication":
             boolean(name, value)
+        if name == "SignatureVersion" and value and value not in SIGNATURE_VERSIONS:
+            raise InvalidParameter(
+                "Invalid parameter: Attributes Reason: SignatureVersion must be 1 or 2, "
+                f"not {quoted(value)}"
+            )
 
 
 @action("DeleteTopic")

@@ -66,6 +66,9 @@ SCHEDULE_EVERY = 5  # seconds between the schedule's fires
 CONSUMERS = 3
 SAMPLE_EVERY = 10.0  # seconds between samples of the server's RSS and descriptors
 DRAIN_SECONDS = 120.0  # after the load, how long consumers may take to see the rest
+# A median that moves by one descriptor between halves is noise (a socket of a call in
+# progress); a leak of one per call or per reconnect moves it by hundreds in an hour.
+FD_NOISE = 1
 EDGE = 3  # samples at each end of a server's life that its growth compares
 CALL_TIMEOUT = 10.0  # each call's deadline: a call caught by a kill fails, it does not hang
 
@@ -101,17 +104,23 @@ class Life:
     pid: int
     samples: list[tuple[float, int, int]] = field(default_factory=list)
 
-    def growth(self, warm_up: float) -> tuple[float, int] | None:
-        """RSS growth (a fraction) and descriptor growth from just after warm-up to the end of
-        the life; None for a life too short to tell. Each end is a window of samples: RSS by
-        its median, descriptors by their floor, since calls in progress hold sockets for a
-        moment and only a leak raises the floor."""
+    def growth(self, warm_up: float) -> tuple[float, float] | None:
+        """RSS growth (a fraction) from just after warm-up to the end of the life, and the
+        change in open descriptors from the first half of the life after warm-up to the
+        second; None for a life too short to tell. RSS compares EDGE samples at each end, by
+        their medians. Descriptors compare halves by their medians: calls in progress hold
+        sockets for a moment, and a sample taken as the process dies sees almost none, so
+        single samples swing by a few either way while a leak moves the whole second half."""
         warm = [s for s in self.samples if s[0] >= warm_up]
         if len(warm) < 2 * EDGE:
             return None
         first, last = warm[:EDGE], warm[-EDGE:]
         rss_growth = statistics.median(s[1] for s in last) / statistics.median(s[1] for s in first)
-        return rss_growth - 1, min(s[2] for s in last) - min(s[2] for s in first)
+        half = len(warm) // 2
+        fds_growth = statistics.median(s[2] for s in warm[half:]) - statistics.median(
+            s[2] for s in warm[:half]
+        )
+        return rss_growth - 1, fds_growth
 
 
 def _tree(pid: int) -> tuple[int, int]:
@@ -376,8 +385,8 @@ async def run(ctx: Context) -> list[Row]:
         Row("soak: server RSS growth after warm-up", "%", rss_growth * 100, target="< 10",
             met=rss_growth < 0.10,
             note=f"worst of {len(growths)} server lives, warm-up {warm_up:.0f} s"),
-        Row("soak: open descriptors growth after warm-up", "fds", fd_growth, target="0",
-            met=fd_growth <= 0, note=f"worst of {len(growths)} server lives"),
+        Row("soak: open descriptors growth after warm-up", "fds", fd_growth, target="<= 1",
+            met=fd_growth <= FD_NOISE, note=f"worst of {len(growths)} server lives"),
     ]  # fmt: skip
 
 

@@ -278,6 +278,33 @@ async def test_events_fan_out_to_queues_and_endpoints(http: aiohttp.ClientSessio
     refused(status, other, 404, "pattern")
 
 
+async def test_a_delayed_event_is_invisible_until_its_delay(http: aiohttp.ClientSession) -> None:
+    """delay: 2 s, so the receive right after the publish is before it (see the engine's
+    test_topic_delayed_publish); the wait of 20 s is generous for a loaded machine."""
+    queue = await new_queue(http, "rest_delayed_event")
+    word = unique_name("later").replace("-", "_")
+    status, _, _ = await request(
+        http, "POST", f"/v1/events/{word}/subscriptions", {"queue_name": queue}
+    )
+    assert status == 201
+    start = asyncio.get_running_loop().time()
+    status, published, _ = await request(
+        http, "POST", f"/v1/events/{word}", {"message": "later", "delay": 2}
+    )
+    assert (status, published["queues_matched"]) == (201, 1)
+    status, empty, _ = await request(http, "GET", f"/v1/queues/{queue}/messages")
+    assert (status, empty) == (200, [])
+    status, [message], _ = await request(http, "GET", f"/v1/queues/{queue}/messages?wait=20")
+    assert message["message"] == "later"
+    assert asyncio.get_running_loop().time() - start >= 2
+    for delay, words in ((-1, ["delay", "0 or more"]), ("2s", ["delay"]), (365 * 86400, ["365"])):
+        status, bad, _ = await request(
+            http, "POST", f"/v1/events/{word}", {"message": 1, "delay": delay}
+        )
+        refused(status, bad, 400, *words)
+    assert await depth(http, queue) == 1  # the one received
+
+
 async def test_schedules_create_upsert_pause_run_delete(http: aiohttp.ClientSession) -> None:
     queue = await new_queue(http, "rest_schedules")
     name = unique_name("nightly")

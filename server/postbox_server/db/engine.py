@@ -94,6 +94,7 @@ class OutgoingPublish:
     ordering_key: str | None = None
     deduplication_id: str | None = None
     subject: str | None = None
+    delay: timedelta | None = None  # None: each queue's delivery_delay, webhooks at once
 
 
 @dataclass(frozen=True)
@@ -622,6 +623,7 @@ class Engine:
             _optional_column([m.ordering_key for m in messages]),
             _optional_column([m.deduplication_id for m in messages]),
             _optional_column([m.subject for m in messages]),
+            _optional_column([m.delay for m in messages]),
             conn=conn,
         )  # fmt: skip
         # What the fan-out put into each queue is sent to that queue, as a Send is;

@@ -213,7 +213,7 @@ SELECT postbox.delete_subscription($1, $2)
 SELECT postbox.publish_delayed($1, $2, $3, $4, $5::text::jsonb, $6, $7)
 
 -- name: publish_batch
-SELECT * FROM postbox.publish_batch($1, $2, $3, $4::jsonb[], $5, $6, $7)
+SELECT * FROM postbox.publish_batch($1, $2, $3, $4::jsonb[], $5, $6, $7, $8)
 
 -- name: list_webhook_deliveries
 SELECT * FROM postbox.list_webhook_deliveries($1, $2, $3, $4, $5)

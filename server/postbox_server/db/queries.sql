@@ -238,16 +238,16 @@ SELECT postbox.expire_webhook_deliveries($1)
 -- Schedules.
 
 -- name: create_schedule
-SELECT * FROM postbox.create_schedule($1, $2, $3, $4, $5, $6, $7::jsonb, $8, $9, $10, $11)
+SELECT * FROM postbox.create_schedule($1, $2, $3, $4, $5, $6, $7::jsonb, $8, $9, $10, $11, $12, $13)
 
 -- name: update_schedule
-SELECT * FROM postbox.update_schedule($1, $2, $3, $4, $5, $6, $7, $8::jsonb, $9, $10, $11, $12)
+SELECT * FROM postbox.update_schedule($1, $2, $3, $4, $5, $6, $7, $8::jsonb, $9, $10, $11, $12, $13, $14)
 
 -- name: get_schedule
 SELECT * FROM postbox.get_schedule($1)
 
 -- name: list_schedules
-SELECT * FROM postbox.list_schedules($1, $2)
+SELECT * FROM postbox.list_schedules($1, $2, $3, $4, $5)
 
 -- name: delete_schedule
 SELECT postbox.delete_schedule($1)

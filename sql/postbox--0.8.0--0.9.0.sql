@@ -7994,6 +7994,816 @@ END
 $$;
 
 
+-- Publish with a delay (issue 45): publish and publish_batch take delays, which
+-- _publish_to_plain_queues passes on.
+DROP FUNCTION postbox.publish(text, bytea, text, jsonb, text, text, text);
+DROP FUNCTION postbox.publish_batch(text, bytea[], text[], jsonb[], text[], text[], text[], jsonb[], text, uuid[],
+                                    timestamptz);
+DROP FUNCTION postbox._publish_to_plain_queues(integer[], integer[], jsonb[], boolean[], integer[], bytea[], jsonb[],
+                                               text[], uuid[], timestamptz, jsonb[], text);
+
+-- Publishes into plain queues (no FIFO order, deduplication or max_depth;
+-- since 0.9.0) in one INSERT for all of them: a send_batch per queue cost most
+-- of a publish to many queues. The pairs are publish_batch's, one per (queue,
+-- entry) that takes a message, in queue name then entry order; those whose
+-- `plain` is true go in, as send_batch's straight path would put them. Returns
+-- their message ids in pair order, or NULL, having inserted nothing, when one of
+-- the queues refuses (paused, too small for its message, dropped meanwhile):
+-- the caller then sends queue by queue, for send_batch's word on it. Raises
+-- what _sns_envelope raises.
+-- plain_queue_ids are those pairs' queues, in id order. delays are the
+-- entries' (NULL: the queue's delivery_delay); a delay the queue's retention
+-- does not exceed is a refusal. It runs under publish_batch's plan_cache_mode.
+CREATE FUNCTION postbox._publish_to_plain_queues(
+    queue_ids integer[], entries integer[], envelopes jsonb[], plain boolean[], plain_queue_ids integer[],
+    bodies bytea[], attributes jsonb[], subjects text[], publish_ids uuid[], published_at timestamptz,
+    signatures jsonb[] DEFAULT NULL, signature_version text DEFAULT NULL,
+    delays interval[] DEFAULT NULL)
+RETURNS bigint[]
+LANGUAGE plpgsql AS $$
+DECLARE
+    sent_at timestamptz;
+    sent_ids bigint[];
+BEGIN
+    -- As send_batch: the table lock before the clock, then the queues' locks
+    -- (postbox._lock_queue, shared, in id order), before the statement that
+    -- reads the queues, so that it sees a drop that committed meanwhile.
+    LOCK TABLE postbox.messages IN ROW EXCLUSIVE MODE;
+    sent_at := clock_timestamp();
+    PERFORM pg_advisory_xact_lock_shared(1886350224 + pg_backend_pid() % 16, hashtext(x.name))
+    FROM (SELECT x.name FROM postbox.queues x WHERE x.id = ANY (plain_queue_ids) ORDER BY x.id) AS x;
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        -- The insert's look reads the transaction's snapshot, which may predate
+        -- a drop: a serialization failure instead (see _lock_queue).
+        PERFORM FROM postbox.queues x WHERE x.id = ANY (plain_queue_ids) ORDER BY x.id FOR KEY SHARE;
+    END IF;
+    -- All or none: nothing goes in when some pair's queue is gone, paused, or
+    -- too small for its message. Identity values are drawn in insertion order,
+    -- so id order is pair order.
+    WITH pair AS MATERIALIZED (
+        SELECT p.o, q.id, coalesce(delays[p.i], q.delivery_delay) AS delay, q.send_paused, q.max_message_size,
+               delays[p.i] >= q.retention AS beyond_retention,
+               CASE WHEN p.env IS NULL THEN bodies[p.i]
+                    ELSE postbox._sns_envelope(p.env, publish_ids[p.i], published_at, subjects[p.i], bodies[p.i],
+                                               attributes[p.i], signatures[p.i], signature_version) END AS b,
+               -- SNS's notification JSON carries the attributes inside it.
+               CASE WHEN p.env IS NULL THEN attributes[p.i] END AS a
+        FROM unnest(queue_ids, entries, envelopes, plain) WITH ORDINALITY AS p(q, i, env, plain, o)
+        LEFT JOIN postbox.queues q ON q.id = p.q
+        WHERE p.plain
+    ), inserted AS (
+        INSERT INTO postbox.messages (queue_id, visible_at, enqueued_at, attributes, body, priority)
+        SELECT pair.id, sent_at + pair.delay, sent_at, pair.a, pair.b, 0
+        FROM pair
+        WHERE NOT EXISTS (SELECT FROM pair x
+                          WHERE x.id IS NULL OR x.send_paused OR x.beyond_retention
+                                OR postbox.message_size(x.b, x.a) > x.max_message_size)
+        ORDER BY pair.o
+        RETURNING id
+    )
+    SELECT array_agg(id ORDER BY id) INTO sent_ids FROM inserted;
+    IF sent_ids IS NOT NULL THEN
+        PERFORM postbox._notify(q) FROM postbox.queues q WHERE q.id = ANY (plain_queue_ids) AND q.listened
+        ORDER BY q.id;
+    END IF;
+    RETURN sent_ids;
+END
+$$;
+
+-- Publishes up to 1,000 messages to a topic. Entry i of every array belongs to
+-- bodies[i]; an array may be NULL or shorter (missing entries are NULL):
+--   routing_keys     matched against subscription patterns; NULL or '' is the
+--                    empty key, which only "#" matches
+--   attributes       see attribute_problem
+--   ordering_keys    FIFO queues take it as message group (else the routing
+--                    key, else the topic name); standard queues ignore it
+--   deduplication_ids  passed to every queue (see send_batch); FIFO queues
+--                    without content_based_deduplication get the publish id
+--   subjects         up to 100 characters that SNS envelopes carry
+--   signatures       SNS Signatures by topic ARN (see _sns_envelope), under
+--                    signature_version; the server signs given_publish_ids and
+--                    given_published_at, which are then the publish's ids and
+--                    time (else they are made here)
+--   delays           each queue makes the message visible this long after the
+--                    publish (NULL: the queue's delivery_delay), 0 to 365 days
+--                    and below the queue's retention; FIFO queues refuse one,
+--                    as send_batch does; webhooks attempt the delivery then.
+--                    Not on a stream topic, whose delay is publish_delayed's.
+-- A FIFO topic (its name ends in .fifo) needs an ordering key on every entry.
+-- Suspended subscriptions, and those whose filter policy the entry does not
+-- match, take nothing. A subscription with an SNS delivery that is not raw
+-- takes the entry wrapped in SNS's notification JSON (see _sns_envelope).
+-- Each matching queue gets each message once, however many of its
+-- subscriptions match (as the first of them by name delivers it), under the
+-- queue's rules, as send_batch has them (size, pause, max_depth, FIFO,
+-- deduplication). Each matching webhook subscription gets a delivery row
+-- (messages for webhooks hold at most 1 MiB). It is all or nothing: when a
+-- queue refuses, the error names the entry and the subscription, and nothing
+-- is published. Returns one row per entry, in order: its publish id, the
+-- queues (in name order) with the message id each took and whether it was a
+-- duplicate there, and how many webhook deliveries were queued.
+-- Plain queues take their messages in one INSERT (_publish_to_plain_queues);
+-- when one of them refuses, the publish goes queue by queue through
+-- send_batch instead, which reports the first refusal by queue name.
+CREATE FUNCTION postbox.publish_batch(
+    topic_name text, bodies bytea[], routing_keys text[] DEFAULT NULL, attributes jsonb[] DEFAULT NULL,
+    ordering_keys text[] DEFAULT NULL, deduplication_ids text[] DEFAULT NULL, subjects text[] DEFAULT NULL,
+    signatures jsonb[] DEFAULT NULL, signature_version text DEFAULT NULL, given_publish_ids uuid[] DEFAULT NULL,
+    given_published_at timestamptz DEFAULT NULL, delays interval[] DEFAULT NULL)
+RETURNS TABLE (publish_id uuid, queues text[], message_ids bigint[], duplicates boolean[],
+               webhook_deliveries integer)
+LANGUAGE plpgsql
+-- Plan each statement once per session. Custom plans (the default for the first
+-- calls, and for good when they look cheaper) re-plan every publish, which
+-- costs more than the publish itself.
+SET plan_cache_mode = force_generic_plan
+AS $$
+#variable_conflict use_column
+DECLARE
+    t postbox.topics;
+    n integer := coalesce(cardinality(bodies), 0);
+    published_at timestamptz := coalesce(given_published_at, clock_timestamp());
+    problem text;
+    any_webhooks boolean;
+    ids uuid[];
+    keys text[];
+    -- One entry per (queue, publish entry) that takes a message, in queue name
+    -- then entry order; plain: the queue takes it in the one INSERT.
+    pair_queue_ids integer[];
+    pair_queues text[];
+    pair_fifo boolean[];
+    pair_content_based boolean[];
+    pair_subscriptions text[];
+    pair_entries integer[];
+    pair_envelopes jsonb[];
+    pair_plain boolean[];
+    plain_count integer;
+    plain_queue_ids integer[];
+    plain_entries integer[];
+    plain_queues text[];
+    plain_ids bigint[];
+    one_by_one boolean := false;
+    dest record;
+    subset boolean;
+    groups text[];
+    dedup text[];
+    sent_ids bigint[];
+    sent_duplicates boolean[];
+    done_entries integer[] := '{}';
+    done_queues text[] := '{}';
+    done_ids bigint[] := '{}';
+    done_duplicates boolean[] := '{}';
+    hook_subscriptions integer[];
+    hook_entries integer[];
+    hook_bodies bytea[];
+    refusing text;
+    refusing_queue text;
+    refusing_entries integer[];
+    state text;
+    entry_of text[];
+    dest_bodies bytea[];
+    dest_attributes jsonb[];
+    dest_delays interval[];
+BEGIN
+    SELECT * INTO t FROM postbox.topics x WHERE x.name = topic_name;
+    IF NOT FOUND THEN
+        t := postbox._topic(topic_name);  -- raises the error
+    END IF;
+    IF n NOT BETWEEN 1 AND 1000 THEN
+        PERFORM postbox._check_batch_size(n);
+    END IF;
+    IF greatest(cardinality(routing_keys), cardinality(attributes), cardinality(ordering_keys),
+                cardinality(deduplication_ids), cardinality(subjects), cardinality(delays)) > n THEN
+        PERFORM postbox._invalid('per-entry arrays may not have more entries than bodies');
+    END IF;
+    IF delays IS NOT NULL THEN
+        SELECT postbox._entry_prefix(e.i, n) || CASE
+                   WHEN e.d < interval '0' THEN format('delay %s s is negative', trim_scale(extract(epoch FROM e.d)))
+                   ELSE format('delay %s s is beyond the longest delay, 365 days', trim_scale(extract(epoch FROM e.d)))
+               END
+        INTO problem
+        FROM unnest(delays) WITH ORDINALITY AS e(d, i)
+        WHERE e.d < interval '0' OR e.d >= interval '365 days'
+        ORDER BY e.i
+        LIMIT 1;
+        IF problem IS NOT NULL THEN
+            PERFORM postbox._invalid(problem);
+        END IF;
+        IF t.stream_retention IS NOT NULL AND array_remove(delays, NULL) <> '{}' THEN
+            RAISE EXCEPTION USING ERRCODE = 'PB412', MESSAGE = format(
+                'topic %s is a stream topic: hold a message out of its log with stream_delay, not delay',
+                quote_literal(t.name));
+        END IF;
+    END IF;
+    SELECT postbox._entry_prefix(e.i, n) || CASE
+               WHEN e.b IS NULL THEN 'body must not be NULL'
+               WHEN length(e.o) > 128 OR e.o !~ '^[!-~]+$' THEN
+                   'ordering_key must be 1 to 128 printable ASCII characters'
+               WHEN length(e.x) > 128 OR e.x !~ '^[!-~]+$' THEN
+                   'deduplication_id must be 1 to 128 printable ASCII characters'
+               WHEN length(e.s) > 100 OR e.s ~ '[[:cntrl:]]' THEN
+                   'subject must be at most 100 characters without control characters'
+               WHEN e.o IS NULL AND t.name LIKE '%.fifo' THEN
+                   format('topic %s is a FIFO topic: every message needs an ordering_key (its message group)',
+                          quote_literal(t.name))
+               ELSE postbox.routing_key_problem(e.k) END
+    INTO problem
+    FROM unnest(bodies, routing_keys, ordering_keys, deduplication_ids, subjects)
+         WITH ORDINALITY AS e(b, k, o, x, s, i)
+    WHERE e.b IS NULL OR length(e.o) > 128 OR e.o !~ '^[!-~]+$' OR length(e.x) > 128 OR e.x !~ '^[!-~]+$'
+          OR length(e.s) > 100 OR e.s ~ '[[:cntrl:]]' OR (e.o IS NULL AND t.name LIKE '%.fifo')
+          OR (e.k <> '' AND postbox.routing_key_problem(e.k) IS NOT NULL)
+    ORDER BY e.i
+    LIMIT 1;
+    IF problem IS NULL AND attributes IS NOT NULL THEN
+        problem := postbox._attributes_problem(attributes, n);
+    END IF;
+    IF problem IS NOT NULL THEN
+        PERFORM postbox._invalid(problem);
+    END IF;
+    IF given_publish_ids IS NOT NULL THEN
+        IF cardinality(given_publish_ids) <> n OR array_position(given_publish_ids, NULL) IS NOT NULL THEN
+            PERFORM postbox._invalid('given_publish_ids must hold one publish id per body');
+        END IF;
+        ids := given_publish_ids;
+        keys := ARRAY(SELECT coalesce(routing_keys[i], '') FROM generate_series(1, n) AS i);
+    ELSIF n = 1 THEN
+        ids := ARRAY[gen_random_uuid()];
+        keys := ARRAY[coalesce(routing_keys[1], '')];
+    ELSE
+        ids := ARRAY(SELECT gen_random_uuid() FROM generate_series(1, n));
+        keys := ARRAY(SELECT coalesce(routing_keys[i], '') FROM generate_series(1, n) AS i);
+    END IF;
+
+    PERFORM postbox._append_to_stream(t, ids, published_at, keys, ordering_keys, subjects, attributes, bodies)
+    WHERE t.stream_retention IS NOT NULL;
+    PERFORM pg_advisory_xact_lock_shared(1886350200, t.id);  -- postbox._lock_topic, inline
+    -- The aggregates take the pairs in the order of the sorted sub-select (an
+    -- ORDER BY in each aggregate would sort eight times). None of them may have
+    -- DISTINCT or ORDER BY: PostgreSQL 16 and later then sort the input for it,
+    -- and every aggregate would see the pairs in that order instead.
+    SELECT array_agg(p.queue_id), array_agg(p.queue), array_agg(p.fifo), array_agg(p.content_based_deduplication),
+           array_agg(p.subscription), array_agg(p.i), array_agg(p.envelope), array_agg(p.plain),
+           count(*) FILTER (WHERE p.plain), array_agg(p.queue_id) FILTER (WHERE p.plain),
+           array_agg(p.i) FILTER (WHERE p.plain),
+           array_agg(p.queue) FILTER (WHERE p.plain),
+           -- Here, rather than a statement of its own (each costs its start).
+           (SELECT count(*) > 0 FROM postbox.subscriptions w
+            WHERE w.topic_id = t.id AND w.webhook_url IS NOT NULL AND NOT w.suspended)
+    INTO pair_queue_ids, pair_queues, pair_fifo, pair_content_based, pair_subscriptions, pair_entries,
+         pair_envelopes, pair_plain, plain_count, plain_queue_ids, plain_entries, plain_queues, any_webhooks
+    FROM (SELECT q.id AS queue_id, q.name AS queue, q.fifo, q.content_based_deduplication, m.subscription, m.i,
+                 m.envelope,
+                 NOT q.fifo AND NOT q.content_based_deduplication AND q.max_depth IS NULL
+                     AND (deduplication_ids IS NULL OR deduplication_ids[m.i] IS NULL) AS plain
+          FROM (SELECT DISTINCT ON (s.queue_id, e.i) s.queue_id, s.name AS subscription, e.i::integer AS i,
+                       -- The envelope the entry goes in (NULL: none).
+                       CASE WHEN NOT coalesce((s.sns ->> 'raw')::boolean, false) THEN s.sns END AS envelope
+                FROM postbox.subscriptions s
+                CROSS JOIN unnest(keys) WITH ORDINALITY AS e(k, i)
+                WHERE s.topic_id = t.id AND s.queue_id IS NOT NULL AND NOT s.suspended
+                      AND postbox._key_matches(s.match_kind, s.match_text, e.k)
+                      AND (s.filter_policy IS NULL
+                           OR postbox.filter_matches(s.filter_policy, s.filter_scope, attributes[e.i], bodies[e.i]))
+                ORDER BY s.queue_id, e.i, s.name) AS m
+          JOIN postbox.queues q ON q.id = m.queue_id
+          ORDER BY q.name, m.i) AS p;
+
+    IF plain_count > 0 THEN
+        IF array_remove(pair_envelopes, NULL) = '{}' THEN
+            plain_ids := postbox._publish_to_plain_queues(
+                pair_queue_ids, pair_entries, pair_envelopes, pair_plain, plain_queue_ids, bodies, attributes,
+                subjects, ids, published_at, signatures, signature_version, delays);
+        ELSE
+            -- An envelope refuses a body that is not UTF-8 by raising, in a
+            -- subtransaction, then, so that queue by queue can take over.
+            BEGIN
+                plain_ids := postbox._publish_to_plain_queues(
+                    pair_queue_ids, pair_entries, pair_envelopes, pair_plain, plain_queue_ids, bodies, attributes,
+                    subjects, ids, published_at, signatures, signature_version, delays);
+            EXCEPTION WHEN OTHERS THEN
+                GET STACKED DIAGNOSTICS state = RETURNED_SQLSTATE;
+                IF state NOT LIKE 'PB%' THEN
+                    RAISE;
+                END IF;
+                plain_ids := NULL;
+            END;
+        END IF;
+        IF plain_ids IS NULL THEN
+            one_by_one := true;
+        ELSE
+            done_entries := plain_entries;
+            done_queues := plain_queues;
+            done_ids := plain_ids;
+            done_duplicates := array_fill(false, ARRAY[plain_count]);
+        END IF;
+    END IF;
+
+    IF one_by_one OR plain_count < cardinality(pair_plain) THEN
+        -- One send_batch per queue, in queue name order (so concurrent publishes
+        -- take the queues' locks in one order). One subtransaction for all of
+        -- them, to say which subscription refused.
+        BEGIN
+            FOR dest IN
+                SELECT p.queue, p.fifo, p.content_based_deduplication, min(p.subscription) AS subscription,
+                       array_agg(p.i ORDER BY p.i) AS entries,
+                       -- Per entry, the envelope it goes in; NULL when no entry has one.
+                       CASE WHEN bool_or(p.envelope IS NOT NULL) THEN array_agg(p.envelope ORDER BY p.i) END
+                           AS envelopes
+                FROM unnest(pair_queue_ids, pair_queues, pair_fifo, pair_content_based, pair_subscriptions,
+                            pair_entries, pair_envelopes, pair_plain)
+                     AS p(queue_id, queue, fifo, content_based_deduplication, subscription, i, envelope, plain)
+                WHERE one_by_one OR NOT p.plain
+                GROUP BY p.queue_id, p.queue, p.fifo, p.content_based_deduplication
+                ORDER BY p.queue
+            LOOP
+                refusing := dest.subscription;
+                refusing_queue := dest.queue;
+                refusing_entries := dest.entries;
+                subset := cardinality(dest.entries) < n;
+                groups := NULL;
+                dedup := NULL;
+                IF dest.fifo OR deduplication_ids IS NOT NULL THEN
+                    SELECT CASE WHEN dest.fifo THEN
+                               array_agg(coalesce(ordering_keys[p], nullif(keys[p], ''), topic_name) ORDER BY o)
+                           END,
+                           array_agg(coalesce(deduplication_ids[p],
+                                              CASE WHEN dest.fifo AND NOT dest.content_based_deduplication
+                                                   THEN ids[p]::text END) ORDER BY o)
+                    INTO groups, dedup
+                    FROM unnest(dest.entries) WITH ORDINALITY AS u(p, o);
+                    IF array_remove(dedup, NULL) = '{}' THEN
+                        dedup := NULL;  -- keeps send_batch's fast path
+                    END IF;
+                END IF;
+                IF dest.envelopes IS NOT NULL THEN
+                    -- SNS's notification JSON carries the attributes inside it.
+                    SELECT array_agg(CASE WHEN u.env IS NULL THEN bodies[u.p]
+                                          ELSE postbox._sns_envelope(u.env, ids[u.p], published_at, subjects[u.p],
+                                                                     bodies[u.p], attributes[u.p], signatures[u.p],
+                                                                     signature_version) END ORDER BY u.o),
+                           array_agg(CASE WHEN u.env IS NULL THEN attributes[u.p] END ORDER BY u.o)
+                    INTO dest_bodies, dest_attributes
+                    FROM unnest(dest.entries, dest.envelopes) WITH ORDINALITY AS u(p, env, o);
+                ELSIF subset THEN
+                    dest_bodies := ARRAY(SELECT bodies[p] FROM unnest(dest.entries) WITH ORDINALITY AS u(p, o)
+                                         ORDER BY o);
+                    dest_attributes := CASE WHEN attributes IS NOT NULL THEN
+                        ARRAY(SELECT attributes[p] FROM unnest(dest.entries) WITH ORDINALITY AS u(p, o) ORDER BY o)
+                    END;
+                ELSE
+                    dest_bodies := bodies;
+                    dest_attributes := attributes;
+                END IF;
+                dest_delays := CASE WHEN delays IS NOT NULL THEN
+                    ARRAY(SELECT delays[p] FROM unnest(dest.entries) WITH ORDINALITY AS u(p, o) ORDER BY o)
+                END;
+                SELECT array_agg(r.message_id ORDER BY r.o), array_agg(r.duplicate ORDER BY r.o)
+                INTO sent_ids, sent_duplicates
+                FROM postbox.send_batch(
+                    dest.queue,
+                    dest_bodies,
+                    dest_attributes,
+                    delays => dest_delays,
+                    message_group_ids => groups,
+                    deduplication_ids => dedup) WITH ORDINALITY AS r(message_id, duplicate, o);
+                done_entries := done_entries || dest.entries;
+                done_queues := done_queues || array_fill(dest.queue, ARRAY[cardinality(dest.entries)]);
+                done_ids := done_ids || sent_ids;
+                done_duplicates := done_duplicates || sent_duplicates;
+            END LOOP;
+        EXCEPTION WHEN OTHERS THEN
+            GET STACKED DIAGNOSTICS state = RETURNED_SQLSTATE, problem = MESSAGE_TEXT;
+            IF refusing IS NULL OR state NOT LIKE 'PB%' THEN
+                RAISE;
+            END IF;
+            -- send_batch names entries of the batch it got; name the publish's.
+            entry_of := regexp_match(problem, '^entry ([0-9]+): (.*)$');
+            IF entry_of IS NOT NULL THEN
+                entry_of := ARRAY[format('entry %s: ', refusing_entries[entry_of[1]::integer + 1] - 1), entry_of[2]];
+            ELSIF n > 1 AND cardinality(refusing_entries) = 1 THEN
+                entry_of := ARRAY[format('entry %s: ', refusing_entries[1] - 1), problem];
+            ELSE
+                entry_of := ARRAY['', problem];
+            END IF;
+            RAISE EXCEPTION USING ERRCODE = state, MESSAGE = format(
+                '%ssubscription %s (queue %s) refused the publish, so nothing was published: %s',
+                entry_of[1], quote_literal(refusing), quote_literal(refusing_queue), entry_of[2]);
+        END;
+    END IF;
+
+    IF any_webhooks THEN
+        SELECT array_agg(s.id ORDER BY e.i, s.name), array_agg(e.i::integer ORDER BY e.i, s.name),
+               -- A webhook with an SNS delivery that is not raw gets the envelope made now.
+               array_agg(CASE WHEN s.sns IS NOT NULL AND NOT coalesce((s.sns ->> 'raw')::boolean, false)
+                              THEN postbox._sns_envelope(s.sns, ids[e.i], published_at, subjects[e.i], bodies[e.i],
+                                                         attributes[e.i], signatures[e.i], signature_version)
+                              ELSE bodies[e.i] END ORDER BY e.i, s.name),
+               (array_agg(format('%ssubscription %s takes webhook messages of at most 1048576 bytes, not %s',
+                                 postbox._entry_prefix(e.i, n), quote_literal(s.name),
+                                 postbox.message_size(bodies[e.i], attributes[e.i])) ORDER BY e.i)
+                   FILTER (WHERE postbox.message_size(bodies[e.i], attributes[e.i]) > 1048576))[1]
+        INTO hook_subscriptions, hook_entries, hook_bodies, problem
+        FROM postbox.subscriptions s
+        CROSS JOIN unnest(keys) WITH ORDINALITY AS e(k, i)
+        WHERE s.topic_id = t.id AND s.webhook_url IS NOT NULL AND NOT s.suspended
+              AND postbox._key_matches(s.match_kind, s.match_text, e.k)
+              AND (s.filter_policy IS NULL
+                   OR postbox.filter_matches(s.filter_policy, s.filter_scope, attributes[e.i], bodies[e.i]));
+        IF problem IS NOT NULL THEN
+            PERFORM postbox._invalid(problem);
+        END IF;
+        IF hook_subscriptions IS NOT NULL THEN
+            INSERT INTO postbox.webhook_deliveries (subscription_id, publish_id, published_at, routing_key,
+                                                    ordering_key, attributes, body, next_attempt_at)
+            SELECT h.s, ids[h.i], published_at, keys[h.i], ordering_keys[h.i], attributes[h.i], h.b,
+                   published_at + coalesce(delays[h.i], interval '0')
+            FROM unnest(hook_subscriptions, hook_entries, hook_bodies) AS h(s, i, b);
+            PERFORM postbox._signal('webhooks');
+        END IF;
+    END IF;
+
+    IF n = 1 AND NOT one_by_one AND plain_count = cardinality(pair_plain) THEN
+        -- One entry into plain queues only: its pairs are in queue name order.
+        RETURN QUERY SELECT ids[1], done_queues, done_ids, done_duplicates,
+                            coalesce(cardinality(hook_entries), 0)::integer;
+        RETURN;
+    END IF;
+    RETURN QUERY
+    SELECT ids[e.i], coalesce(d.queue_names, '{}'), coalesce(d.queue_message_ids, '{}'),
+           coalesce(d.queue_duplicates, '{}'), coalesce(h.deliveries, 0)::integer
+    FROM generate_series(1, n) AS e(i)
+    LEFT JOIN (SELECT x, array_agg(q ORDER BY q) AS queue_names, array_agg(m ORDER BY q) AS queue_message_ids,
+                      array_agg(dup ORDER BY q) AS queue_duplicates
+               FROM unnest(done_entries, done_queues, done_ids, done_duplicates) AS u(x, q, m, dup)
+               GROUP BY x) AS d ON d.x = e.i
+    LEFT JOIN (SELECT x, count(*) AS deliveries FROM unnest(hook_entries) AS x GROUP BY x) AS h ON h.x = e.i
+    ORDER BY e.i;
+END
+$$;
+
+-- Publishes one message; see publish_batch.
+CREATE FUNCTION postbox.publish(topic_name text, body bytea, routing_key text DEFAULT '',
+                                attributes jsonb DEFAULT NULL, ordering_key text DEFAULT NULL,
+                                deduplication_id text DEFAULT NULL, subject text DEFAULT NULL,
+                                delay interval DEFAULT NULL)
+RETURNS TABLE (publish_id uuid, queues text[], message_ids bigint[], duplicates boolean[],
+               webhook_deliveries integer)
+LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN QUERY SELECT * FROM postbox.publish_batch(
+        topic_name, ARRAY[body], ARRAY[routing_key], postbox._array_of(attributes),
+        postbox._array_of(ordering_key), postbox._array_of(deduplication_id), postbox._array_of(subject),
+        delays => postbox._array_of(delay));
+END
+$$;
+
+-- Schedules in depth (issue 45): a catch-up limit, a failure threshold that
+-- pauses, list filters.
+ALTER TABLE postbox.schedules
+    ADD COLUMN catch_up_limit integer NOT NULL DEFAULT 0,
+    ADD COLUMN failure_threshold integer NOT NULL DEFAULT 0,
+    ADD COLUMN consecutive_failures integer NOT NULL DEFAULT 0;
+DROP FUNCTION postbox.create_schedule(text, timestamptz, bytea, text, text, text, jsonb, text, text, interval,
+                                      timestamptz);
+DROP FUNCTION postbox.update_schedule(text, text[], timestamptz, bytea, text, text, text, jsonb, text, text,
+                                      interval, timestamptz);
+DROP FUNCTION postbox.list_schedules(integer, text);
+DROP FUNCTION postbox.fire_schedule(integer, timestamptz);
+
+-- Checks a schedule before it is stored: PB400 for a bad field, PB404 when
+-- its target does not exist.
+CREATE OR REPLACE FUNCTION postbox._check_schedule(s postbox.schedules) RETURNS void
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    problem text := postbox.name_problem('schedule', s.name);
+    q postbox.queues;
+BEGIN
+    problem := coalesce(problem, CASE
+        WHEN num_nonnulls(s.cron_expression, s.every, s.run_at) <> 1 THEN
+            'give exactly one of a cron expression, an interval and a run_at time'
+        WHEN length(s.cron_expression) NOT BETWEEN 1 AND 255 THEN 'a cron expression has 1 to 255 characters'
+        WHEN s.cron_expression IS NOT NULL AND coalesce(s.time_zone, '') = '' THEN 'a cron schedule needs a time zone'
+        WHEN s.cron_expression IS NULL AND s.time_zone IS NOT NULL THEN 'a time zone is for cron schedules'
+        WHEN s.every < interval '1 second' OR s.every > interval '366 days' THEN
+            format('interval %s is outside 1 s to 366 days', s.every)
+        WHEN num_nonnulls(s.target_queue, s.target_topic) <> 1 THEN 'give a target queue or a target topic'
+        WHEN postbox._target_problem(s.target_queue, s.target_topic) IS NOT NULL THEN
+            postbox._target_problem(s.target_queue, s.target_topic)
+        WHEN s.target_queue IS NOT NULL AND s.routing_key <> '' THEN 'a routing key is for topic targets'
+        WHEN s.body IS NULL THEN 'body must not be NULL'
+        WHEN s.catch_up_limit NOT BETWEEN 0 AND 1000 THEN
+            format('catch_up_limit %s is outside 0 to 1000 (0: one fire for all missed times)', s.catch_up_limit)
+        WHEN s.failure_threshold NOT BETWEEN 0 AND 1000 THEN
+            format('failure_threshold %s is outside 0 to 1000 (0: never pause)', s.failure_threshold)
+        WHEN NOT s.paused AND s.next_fire_at IS NULL THEN
+            'next_fire_at is required: the server computes it from the timing'
+        ELSE postbox.routing_key_problem(s.routing_key) END);
+    IF problem IS NULL AND s.attributes IS NOT NULL THEN
+        problem := postbox._attributes_problem(ARRAY[s.attributes], 1);
+    END IF;
+    IF problem IS NOT NULL THEN
+        PERFORM postbox._invalid(problem);
+    END IF;
+    IF s.target_queue IS NOT NULL THEN
+        q := postbox._queue(s.target_queue);
+        IF postbox.message_size(s.body, s.attributes) > q.max_message_size THEN
+            PERFORM postbox._invalid(format(
+                'the message is %s bytes; queue %s takes at most %s (body and attributes)',
+                postbox.message_size(s.body, s.attributes), quote_literal(q.name), q.max_message_size));
+        END IF;
+    ELSE
+        PERFORM postbox._topic(s.target_topic);
+    END IF;
+END
+$$;
+
+-- Creates a schedule that fires `body` (with `attributes`) into target_queue
+-- or target_topic (with routing_key): on cron_expression read in time_zone,
+-- every `every`, or once at run_at; first at next_fire_at, which the caller
+-- computes (for an interval, now() + every; for run_at, run_at). After
+-- downtime it fires up to catch_up_limit missed due times, in order (0: once
+-- for all of them); failure_threshold refused fires in a row pause it (0:
+-- never). PB409 if a schedule of that name exists.
+CREATE FUNCTION postbox.create_schedule(
+    schedule_name text, next_fire_at timestamptz, body bytea, target_queue text DEFAULT NULL,
+    target_topic text DEFAULT NULL, routing_key text DEFAULT '', attributes jsonb DEFAULT NULL,
+    cron_expression text DEFAULT NULL, time_zone text DEFAULT NULL, every interval DEFAULT NULL,
+    run_at timestamptz DEFAULT NULL, catch_up_limit integer DEFAULT 0, failure_threshold integer DEFAULT 0)
+RETURNS postbox.schedules
+LANGUAGE plpgsql AS $$
+DECLARE
+    s postbox.schedules;
+BEGIN
+    s.name := schedule_name;
+    s.next_fire_at := next_fire_at;
+    s.body := body;
+    s.target_queue := target_queue;
+    s.target_topic := target_topic;
+    s.routing_key := coalesce(routing_key, '');
+    s.attributes := attributes;
+    s.cron_expression := cron_expression;
+    s.time_zone := time_zone;
+    s.every := every;
+    s.run_at := run_at;
+    s.paused := false;
+    s.catch_up_limit := coalesce(catch_up_limit, 0);
+    s.failure_threshold := coalesce(failure_threshold, 0);
+    PERFORM postbox._check_schedule(s);
+    INSERT INTO postbox.schedules (name, cron_expression, time_zone, every, run_at, target_queue, target_topic,
+                                   routing_key, body, attributes, next_fire_at, catch_up_limit, failure_threshold)
+    VALUES (s.name, s.cron_expression, s.time_zone, s.every, s.run_at, s.target_queue, s.target_topic,
+            s.routing_key, s.body, s.attributes, s.next_fire_at, s.catch_up_limit, s.failure_threshold)
+    ON CONFLICT (name) DO NOTHING
+    RETURNING * INTO s;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'PB409',
+            MESSAGE = format('schedule %s already exists', quote_literal(schedule_name));
+    END IF;
+    PERFORM postbox._signal('schedules');
+    RETURN s;
+END
+$$;
+
+-- Changes the fields of a schedule named in `fields`, any of: cron (with
+-- time_zone), interval, run_at (each replaces the timing, and next_fire_at
+-- must come with it), target (target_queue or target_topic, with
+-- routing_key), body, attributes, catch_up_limit, failure_threshold. A paused
+-- schedule stays paused.
+CREATE FUNCTION postbox.update_schedule(
+    schedule_name text, fields text[], next_fire_at timestamptz DEFAULT NULL, body bytea DEFAULT NULL,
+    target_queue text DEFAULT NULL, target_topic text DEFAULT NULL, routing_key text DEFAULT '',
+    attributes jsonb DEFAULT NULL, cron_expression text DEFAULT NULL, time_zone text DEFAULT NULL,
+    every interval DEFAULT NULL, run_at timestamptz DEFAULT NULL, catch_up_limit integer DEFAULT 0,
+    failure_threshold integer DEFAULT 0)
+RETURNS postbox.schedules
+LANGUAGE plpgsql AS $$
+DECLARE
+    s postbox.schedules;
+    unknown text;
+BEGIN
+    SELECT * INTO s FROM postbox.schedules WHERE name = schedule_name FOR UPDATE;
+    IF NOT FOUND THEN
+        PERFORM postbox._invalid(postbox._target_problem(target_queue, target_topic))
+        WHERE 'target' = ANY (fields) AND postbox._target_problem(target_queue, target_topic) IS NOT NULL;
+        s := postbox._schedule(schedule_name);  -- raises PB400 or PB404
+    END IF;
+    SELECT string_agg(f, ', ') INTO unknown
+    FROM unnest(fields) AS f
+    WHERE f NOT IN ('cron', 'interval', 'run_at', 'target', 'body', 'attributes', 'catch_up_limit',
+                    'failure_threshold');
+    IF unknown IS NOT NULL OR coalesce(cardinality(fields), 0) = 0 THEN
+        PERFORM postbox._invalid(format('fields to change: any of cron, interval, run_at, target, body, '
+                                        'attributes, catch_up_limit, failure_threshold (not %s)',
+                                        coalesce(unknown, 'none')));
+    END IF;
+    IF (SELECT count(*) FROM unnest(fields) AS f WHERE f IN ('cron', 'interval', 'run_at')) > 1 THEN
+        PERFORM postbox._invalid('change the timing to one of cron, interval and run_at, not several');
+    END IF;
+    IF fields && ARRAY['cron', 'interval', 'run_at'] THEN
+        s.cron_expression := CASE WHEN 'cron' = ANY (fields) THEN cron_expression END;
+        s.time_zone := CASE WHEN 'cron' = ANY (fields) THEN time_zone END;
+        s.every := CASE WHEN 'interval' = ANY (fields) THEN every END;
+        s.run_at := CASE WHEN 'run_at' = ANY (fields) THEN run_at END;
+        IF next_fire_at IS NULL THEN
+            PERFORM postbox._invalid('a new timing needs its next_fire_at: the server computes it');
+        END IF;
+        s.next_fire_at := next_fire_at;
+    END IF;
+    IF 'target' = ANY (fields) THEN
+        s.target_queue := target_queue;
+        s.target_topic := target_topic;
+        s.routing_key := coalesce(routing_key, '');
+    END IF;
+    IF 'body' = ANY (fields) THEN
+        s.body := body;
+    END IF;
+    IF 'attributes' = ANY (fields) THEN
+        s.attributes := attributes;
+    END IF;
+    IF 'catch_up_limit' = ANY (fields) THEN
+        s.catch_up_limit := coalesce(catch_up_limit, 0);
+    END IF;
+    IF 'failure_threshold' = ANY (fields) THEN
+        s.failure_threshold := coalesce(failure_threshold, 0);
+    END IF;
+    PERFORM postbox._check_schedule(s);
+    UPDATE postbox.schedules
+    SET cron_expression = s.cron_expression, time_zone = s.time_zone, every = s.every, run_at = s.run_at,
+        target_queue = s.target_queue, target_topic = s.target_topic, routing_key = s.routing_key,
+        body = s.body, attributes = s.attributes, next_fire_at = s.next_fire_at, updated_at = now(),
+        catch_up_limit = s.catch_up_limit, failure_threshold = s.failure_threshold
+    WHERE id = s.id
+    RETURNING * INTO s;
+    PERFORM postbox._signal('schedules');
+    RETURN s;
+END
+$$;
+
+-- Schedules in name order after after_name; only paused (or only active)
+-- ones when `paused` is not NULL, only those into queues (target_kind 'queue')
+-- or topics ('topic') when it is not NULL, only names starting with
+-- name_prefix.
+CREATE FUNCTION postbox.list_schedules(page_size integer DEFAULT 100, after_name text DEFAULT '',
+                                       paused boolean DEFAULT NULL, target_kind text DEFAULT NULL,
+                                       name_prefix text DEFAULT '')
+RETURNS SETOF postbox.schedules
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    IF target_kind NOT IN ('queue', 'topic') THEN
+        PERFORM postbox._invalid(format('target_kind is %s; it must be queue or topic', postbox._quoted(target_kind)));
+    END IF;
+    RETURN QUERY
+    SELECT * FROM postbox.schedules s
+    WHERE s.name > coalesce(after_name, '')
+          AND (list_schedules.paused IS NULL OR s.paused = list_schedules.paused)
+          AND (target_kind IS NULL OR (target_kind = 'queue') = (s.target_queue IS NOT NULL))
+          AND starts_with(s.name, coalesce(name_prefix, ''))
+    ORDER BY s.name
+    LIMIT page_size;
+END
+$$;
+
+-- Lets a schedule fire again, next at next_fire_at (computed by the caller
+-- from the row lock_schedule returned), or at its stored next_fire_at when
+-- NULL. PB412 for a one-shot schedule that has fired: give it a new run_at.
+CREATE OR REPLACE FUNCTION postbox.resume_schedule(schedule_name text, next_fire_at timestamptz DEFAULT NULL)
+RETURNS postbox.schedules
+LANGUAGE plpgsql AS $$
+DECLARE
+    s postbox.schedules := postbox.lock_schedule(schedule_name);
+BEGIN
+    IF coalesce(next_fire_at, s.next_fire_at) IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'PB412', MESSAGE = format(
+            'schedule %s fired at its run_at time already; update run_at to have it fire again',
+            quote_literal(schedule_name));
+    END IF;
+    UPDATE postbox.schedules
+    SET paused = false, next_fire_at = coalesce(resume_schedule.next_fire_at, s.next_fire_at), updated_at = now(),
+        consecutive_failures = 0
+    WHERE id = s.id
+    RETURNING * INTO s;
+    PERFORM postbox._signal('schedules');
+    RETURN s;
+END
+$$;
+
+-- Fires a due schedule that the caller claimed: sends its message, or
+-- publishes it, and sets when it fires next (next_fire_at, computed by the
+-- caller; ignored for a one-shot schedule, which is paused for good), all in
+-- the caller's transaction, so a fire happens exactly once. The message's
+-- deduplication id is "<schedule>@<due time>", which keeps content-based
+-- deduplication from eating repeats; FIFO queues get the schedule name as
+-- message group. A fire that the target refuses (missing, paused, full, ...)
+-- is skipped, not retried: `error` says why, and so does the schedule's
+-- last_error; failure_threshold such refusals in a row pause the schedule.
+-- Returns the error, how many webhook deliveries were queued, and whether the
+-- schedule is paused now. A next_fire_at not after now() is a missed due time
+-- to catch up: the caller fires it next.
+CREATE FUNCTION postbox.fire_schedule(schedule_id integer, next_fire_at timestamptz)
+RETURNS TABLE (error text, webhook_deliveries integer, paused boolean)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_variable
+DECLARE
+    s postbox.schedules;
+    deduplication_id text;
+    problem text;
+    state text;
+    hooks integer := 0;
+BEGIN
+    SELECT * INTO s FROM postbox.schedules WHERE id = schedule_id FOR UPDATE;
+    IF NOT FOUND OR s.paused OR NOT s.next_fire_at <= now() THEN
+        RAISE EXCEPTION USING ERRCODE = 'PB412', MESSAGE = format('schedule %s is not due', schedule_id);
+    END IF;
+    deduplication_id := s.name || '@' || to_char(s.next_fire_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"');
+    BEGIN
+        hooks := (postbox._fire(s, deduplication_id)).webhook_deliveries;
+    EXCEPTION WHEN OTHERS THEN
+        GET STACKED DIAGNOSTICS state = RETURNED_SQLSTATE, problem = MESSAGE_TEXT;
+        IF state NOT LIKE 'PB%' THEN
+            RAISE;
+        END IF;
+    END;
+    UPDATE postbox.schedules x
+    SET next_fire_at = CASE WHEN s.run_at IS NULL THEN fire_schedule.next_fire_at END,
+        paused = s.run_at IS NOT NULL
+                 OR (problem IS NOT NULL AND s.failure_threshold > 0
+                     AND s.consecutive_failures + 1 >= s.failure_threshold),
+        last_fire_at = CASE WHEN problem IS NULL THEN now() ELSE x.last_fire_at END,
+        fire_count = x.fire_count + CASE WHEN problem IS NULL THEN 1 ELSE 0 END,
+        consecutive_failures = CASE WHEN problem IS NULL THEN 0 ELSE x.consecutive_failures + 1 END,
+        last_error = problem
+    WHERE x.id = s.id
+    RETURNING x.paused INTO s.paused;
+    RETURN QUERY SELECT problem, coalesce(hooks, 0), s.paused;
+END
+$$;
+
+-- Fires a schedule once now, paused or not, without moving its next fire
+-- time; counted as a fire. Unlike a due fire, a refusal (target missing,
+-- paused or full) is the caller's error and is not kept in last_error. The
+-- fire's deduplication id is "<name>@run:<now>". Returns the schedule and the
+-- ids of the committed messages.
+CREATE OR REPLACE FUNCTION postbox.run_schedule(schedule_name text, OUT schedule postbox.schedules,
+                                     OUT message_ids bigint[])
+LANGUAGE plpgsql AS $$
+DECLARE
+    s postbox.schedules;
+BEGIN
+    SELECT * INTO s FROM postbox.schedules WHERE name = schedule_name FOR UPDATE;
+    IF NOT FOUND THEN
+        s := postbox._schedule(schedule_name);  -- raises PB400 or PB404
+    END IF;
+    message_ids := (postbox._fire(
+        s, s.name || '@run:' || to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))).message_ids;
+    UPDATE postbox.schedules
+    SET last_fire_at = now(), fire_count = fire_count + 1, last_error = NULL, consecutive_failures = 0
+    WHERE id = s.id
+    RETURNING * INTO schedule;
+END
+$$;
+
+-- Fires up to max_schedules due schedules, each with its next fire time, in
+-- the caller's transaction; claimed with SKIP LOCKED, as the servers'
+-- schedulers claim them, so a schedule one of them is firing is left to it.
+-- A schedule with a catch_up_limit fires its missed due times in order, up to
+-- that many fires, as the servers' schedulers do. Returns how many fired and
+-- how many the target refused (see fire_schedule).
+CREATE OR REPLACE FUNCTION postbox._fire_due_schedules(max_schedules integer, OUT fired integer, OUT refused integer)
+LANGUAGE plpgsql AS $$
+DECLARE
+    s postbox.schedules;
+    following timestamptz;
+    missed timestamptz;
+    fires integer;
+    f record;
+BEGIN
+    fired := 0;
+    refused := 0;
+    FOR s IN SELECT * FROM postbox.claim_due_schedules(max_schedules) LOOP
+        fires := 0;
+        LOOP
+            fires := fires + 1;
+            following := postbox._next_fire_at(s, now());
+            IF fires < s.catch_up_limit THEN
+                missed := postbox._next_fire_at(s, s.next_fire_at);
+                IF missed <= now() THEN
+                    following := missed;
+                END IF;
+            END IF;
+            SELECT * INTO f FROM postbox.fire_schedule(s.id, following);
+            IF f.error IS NULL THEN
+                fired := fired + 1;
+            ELSE
+                refused := refused + 1;
+            END IF;
+            EXIT WHEN f.paused OR following IS NULL OR following > now();
+            s.next_fire_at := following;
+        END LOOP;
+    END LOOP;
+END
+$$;
+
 SELECT postbox._secure();
 
 INSERT INTO postbox.schema_version (version) VALUES ('0.9.0');

@@ -386,6 +386,11 @@ CREATE TABLE postbox.schedules (
     fire_count bigint NOT NULL DEFAULT 0,
     created_at timestamptz NOT NULL DEFAULT now(),
     updated_at timestamptz NOT NULL DEFAULT now(),
+    -- Since 0.9.0. Missed due times fired after downtime, in order (0: once for all).
+    catch_up_limit integer NOT NULL DEFAULT 0,
+    -- Refused fires in a row that pause the schedule (0: never).
+    failure_threshold integer NOT NULL DEFAULT 0,
+    consecutive_failures integer NOT NULL DEFAULT 0,
     CHECK (num_nonnulls(cron_expression, every, run_at) = 1),
     CHECK ((target_queue IS NULL) <> (target_topic IS NULL))
 );
@@ -4721,12 +4726,14 @@ $$;
 -- the queues refuses (paused, too small for its message, dropped meanwhile):
 -- the caller then sends queue by queue, for send_batch's word on it. Raises
 -- what _sns_envelope raises.
--- plain_queue_ids are those pairs' queues, in id order. It runs under
--- publish_batch's plan_cache_mode.
+-- plain_queue_ids are those pairs' queues, in id order. delays are the
+-- entries' (NULL: the queue's delivery_delay); a delay the queue's retention
+-- does not exceed is a refusal. It runs under publish_batch's plan_cache_mode.
 CREATE FUNCTION postbox._publish_to_plain_queues(
     queue_ids integer[], entries integer[], envelopes jsonb[], plain boolean[], plain_queue_ids integer[],
     bodies bytea[], attributes jsonb[], subjects text[], publish_ids uuid[], published_at timestamptz,
-    signatures jsonb[] DEFAULT NULL, signature_version text DEFAULT NULL)
+    signatures jsonb[] DEFAULT NULL, signature_version text DEFAULT NULL,
+    delays interval[] DEFAULT NULL)
 RETURNS bigint[]
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -4749,7 +4756,8 @@ BEGIN
     -- too small for its message. Identity values are drawn in insertion order,
     -- so id order is pair order.
     WITH pair AS MATERIALIZED (
-        SELECT p.o, q.id, q.delivery_delay, q.send_paused, q.max_message_size,
+        SELECT p.o, q.id, coalesce(delays[p.i], q.delivery_delay) AS delay, q.send_paused, q.max_message_size,
+               delays[p.i] >= q.retention AS beyond_retention,
                CASE WHEN p.env IS NULL THEN bodies[p.i]
                     ELSE postbox._sns_envelope(p.env, publish_ids[p.i], published_at, subjects[p.i], bodies[p.i],
                                                attributes[p.i], signatures[p.i], signature_version) END AS b,
@@ -4760,10 +4768,10 @@ BEGIN
         WHERE p.plain
     ), inserted AS (
         INSERT INTO postbox.messages (queue_id, visible_at, enqueued_at, attributes, body, priority)
-        SELECT pair.id, sent_at + pair.delivery_delay, sent_at, pair.a, pair.b, 0
+        SELECT pair.id, sent_at + pair.delay, sent_at, pair.a, pair.b, 0
         FROM pair
         WHERE NOT EXISTS (SELECT FROM pair x
-                          WHERE x.id IS NULL OR x.send_paused
+                          WHERE x.id IS NULL OR x.send_paused OR x.beyond_retention
                                 OR postbox.message_size(x.b, x.a) > x.max_message_size)
         ORDER BY pair.o
         RETURNING id
@@ -4791,6 +4799,11 @@ $$;
 --                    signature_version; the server signs given_publish_ids and
 --                    given_published_at, which are then the publish's ids and
 --                    time (else they are made here)
+--   delays           each queue makes the message visible this long after the
+--                    publish (NULL: the queue's delivery_delay), 0 to 365 days
+--                    and below the queue's retention; FIFO queues refuse one,
+--                    as send_batch does; webhooks attempt the delivery then.
+--                    Not on a stream topic, whose delay is publish_delayed's.
 -- A FIFO topic (its name ends in .fifo) needs an ordering key on every entry.
 -- Suspended subscriptions, and those whose filter policy the entry does not
 -- match, take nothing. A subscription with an SNS delivery that is not raw
@@ -4811,7 +4824,7 @@ CREATE FUNCTION postbox.publish_batch(
     topic_name text, bodies bytea[], routing_keys text[] DEFAULT NULL, attributes jsonb[] DEFAULT NULL,
     ordering_keys text[] DEFAULT NULL, deduplication_ids text[] DEFAULT NULL, subjects text[] DEFAULT NULL,
     signatures jsonb[] DEFAULT NULL, signature_version text DEFAULT NULL, given_publish_ids uuid[] DEFAULT NULL,
-    given_published_at timestamptz DEFAULT NULL)
+    given_published_at timestamptz DEFAULT NULL, delays interval[] DEFAULT NULL)
 RETURNS TABLE (publish_id uuid, queues text[], message_ids bigint[], duplicates boolean[],
                webhook_deliveries integer)
 LANGUAGE plpgsql
@@ -4865,6 +4878,7 @@ DECLARE
     entry_of text[];
     dest_bodies bytea[];
     dest_attributes jsonb[];
+    dest_delays interval[];
 BEGIN
     SELECT * INTO t FROM postbox.topics x WHERE x.name = topic_name;
     IF NOT FOUND THEN
@@ -4874,8 +4888,27 @@ BEGIN
         PERFORM postbox._check_batch_size(n);
     END IF;
     IF greatest(cardinality(routing_keys), cardinality(attributes), cardinality(ordering_keys),
-                cardinality(deduplication_ids), cardinality(subjects)) > n THEN
+                cardinality(deduplication_ids), cardinality(subjects), cardinality(delays)) > n THEN
         PERFORM postbox._invalid('per-entry arrays may not have more entries than bodies');
+    END IF;
+    IF delays IS NOT NULL THEN
+        SELECT postbox._entry_prefix(e.i, n) || CASE
+                   WHEN e.d < interval '0' THEN format('delay %s s is negative', trim_scale(extract(epoch FROM e.d)))
+                   ELSE format('delay %s s is beyond the longest delay, 365 days', trim_scale(extract(epoch FROM e.d)))
+               END
+        INTO problem
+        FROM unnest(delays) WITH ORDINALITY AS e(d, i)
+        WHERE e.d < interval '0' OR e.d >= interval '365 days'
+        ORDER BY e.i
+        LIMIT 1;
+        IF problem IS NOT NULL THEN
+            PERFORM postbox._invalid(problem);
+        END IF;
+        IF t.stream_retention IS NOT NULL AND array_remove(delays, NULL) <> '{}' THEN
+            RAISE EXCEPTION USING ERRCODE = 'PB412', MESSAGE = format(
+                'topic %s is a stream topic: hold a message out of its log with stream_delay, not delay',
+                quote_literal(t.name));
+        END IF;
     END IF;
     SELECT postbox._entry_prefix(e.i, n) || CASE
                WHEN e.b IS NULL THEN 'body must not be NULL'
@@ -4955,14 +4988,14 @@ BEGIN
         IF array_remove(pair_envelopes, NULL) = '{}' THEN
             plain_ids := postbox._publish_to_plain_queues(
                 pair_queue_ids, pair_entries, pair_envelopes, pair_plain, plain_queue_ids, bodies, attributes,
-                subjects, ids, published_at, signatures, signature_version);
+                subjects, ids, published_at, signatures, signature_version, delays);
         ELSE
             -- An envelope refuses a body that is not UTF-8 by raising, in a
             -- subtransaction, then, so that queue by queue can take over.
             BEGIN
                 plain_ids := postbox._publish_to_plain_queues(
                     pair_queue_ids, pair_entries, pair_envelopes, pair_plain, plain_queue_ids, bodies, attributes,
-                    subjects, ids, published_at, signatures, signature_version);
+                    subjects, ids, published_at, signatures, signature_version, delays);
             EXCEPTION WHEN OTHERS THEN
                 GET STACKED DIAGNOSTICS state = RETURNED_SQLSTATE;
                 IF state NOT LIKE 'PB%' THEN
@@ -5037,12 +5070,16 @@ BEGIN
                     dest_bodies := bodies;
                     dest_attributes := attributes;
                 END IF;
+                dest_delays := CASE WHEN delays IS NOT NULL THEN
+                    ARRAY(SELECT delays[p] FROM unnest(dest.entries) WITH ORDINALITY AS u(p, o) ORDER BY o)
+                END;
                 SELECT array_agg(r.message_id ORDER BY r.o), array_agg(r.duplicate ORDER BY r.o)
                 INTO sent_ids, sent_duplicates
                 FROM postbox.send_batch(
                     dest.queue,
                     dest_bodies,
                     dest_attributes,
+                    delays => dest_delays,
                     message_group_ids => groups,
                     deduplication_ids => dedup) WITH ORDINALITY AS r(message_id, duplicate, o);
                 done_entries := done_entries || dest.entries;
@@ -5094,7 +5131,8 @@ BEGIN
         IF hook_subscriptions IS NOT NULL THEN
             INSERT INTO postbox.webhook_deliveries (subscription_id, publish_id, published_at, routing_key,
                                                     ordering_key, attributes, body, next_attempt_at)
-            SELECT h.s, ids[h.i], published_at, keys[h.i], ordering_keys[h.i], attributes[h.i], h.b, published_at
+            SELECT h.s, ids[h.i], published_at, keys[h.i], ordering_keys[h.i], attributes[h.i], h.b,
+                   published_at + coalesce(delays[h.i], interval '0')
             FROM unnest(hook_subscriptions, hook_entries, hook_bodies) AS h(s, i, b);
             PERFORM postbox._signal('webhooks');
         END IF;
@@ -5122,14 +5160,16 @@ $$;
 -- Publishes one message; see publish_batch.
 CREATE FUNCTION postbox.publish(topic_name text, body bytea, routing_key text DEFAULT '',
                                 attributes jsonb DEFAULT NULL, ordering_key text DEFAULT NULL,
-                                deduplication_id text DEFAULT NULL, subject text DEFAULT NULL)
+                                deduplication_id text DEFAULT NULL, subject text DEFAULT NULL,
+                                delay interval DEFAULT NULL)
 RETURNS TABLE (publish_id uuid, queues text[], message_ids bigint[], duplicates boolean[],
                webhook_deliveries integer)
 LANGUAGE plpgsql AS $$
 BEGIN
     RETURN QUERY SELECT * FROM postbox.publish_batch(
         topic_name, ARRAY[body], ARRAY[routing_key], postbox._array_of(attributes),
-        postbox._array_of(ordering_key), postbox._array_of(deduplication_id), postbox._array_of(subject));
+        postbox._array_of(ordering_key), postbox._array_of(deduplication_id), postbox._array_of(subject),
+        delays => postbox._array_of(delay));
 END
 $$;
 
@@ -6693,6 +6733,10 @@ BEGIN
             postbox._target_problem(s.target_queue, s.target_topic)
         WHEN s.target_queue IS NOT NULL AND s.routing_key <> '' THEN 'a routing key is for topic targets'
         WHEN s.body IS NULL THEN 'body must not be NULL'
+        WHEN s.catch_up_limit NOT BETWEEN 0 AND 1000 THEN
+            format('catch_up_limit %s is outside 0 to 1000 (0: one fire for all missed times)', s.catch_up_limit)
+        WHEN s.failure_threshold NOT BETWEEN 0 AND 1000 THEN
+            format('failure_threshold %s is outside 0 to 1000 (0: never pause)', s.failure_threshold)
         WHEN NOT s.paused AND s.next_fire_at IS NULL THEN
             'next_fire_at is required: the server computes it from the timing'
         ELSE postbox.routing_key_problem(s.routing_key) END);
@@ -6718,13 +6762,15 @@ $$;
 -- Creates a schedule that fires `body` (with `attributes`) into target_queue
 -- or target_topic (with routing_key): on cron_expression read in time_zone,
 -- every `every`, or once at run_at; first at next_fire_at, which the caller
--- computes (for an interval, now() + every; for run_at, run_at). PB409 if a
--- schedule of that name exists.
+-- computes (for an interval, now() + every; for run_at, run_at). After
+-- downtime it fires up to catch_up_limit missed due times, in order (0: once
+-- for all of them); failure_threshold refused fires in a row pause it (0:
+-- never). PB409 if a schedule of that name exists.
 CREATE FUNCTION postbox.create_schedule(
     schedule_name text, next_fire_at timestamptz, body bytea, target_queue text DEFAULT NULL,
     target_topic text DEFAULT NULL, routing_key text DEFAULT '', attributes jsonb DEFAULT NULL,
     cron_expression text DEFAULT NULL, time_zone text DEFAULT NULL, every interval DEFAULT NULL,
-    run_at timestamptz DEFAULT NULL)
+    run_at timestamptz DEFAULT NULL, catch_up_limit integer DEFAULT 0, failure_threshold integer DEFAULT 0)
 RETURNS postbox.schedules
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -6742,11 +6788,13 @@ BEGIN
     s.every := every;
     s.run_at := run_at;
     s.paused := false;
+    s.catch_up_limit := coalesce(catch_up_limit, 0);
+    s.failure_threshold := coalesce(failure_threshold, 0);
     PERFORM postbox._check_schedule(s);
     INSERT INTO postbox.schedules (name, cron_expression, time_zone, every, run_at, target_queue, target_topic,
-                                   routing_key, body, attributes, next_fire_at)
+                                   routing_key, body, attributes, next_fire_at, catch_up_limit, failure_threshold)
     VALUES (s.name, s.cron_expression, s.time_zone, s.every, s.run_at, s.target_queue, s.target_topic,
-            s.routing_key, s.body, s.attributes, s.next_fire_at)
+            s.routing_key, s.body, s.attributes, s.next_fire_at, s.catch_up_limit, s.failure_threshold)
     ON CONFLICT (name) DO NOTHING
     RETURNING * INTO s;
     IF NOT FOUND THEN
@@ -6761,12 +6809,14 @@ $$;
 -- Changes the fields of a schedule named in `fields`, any of: cron (with
 -- time_zone), interval, run_at (each replaces the timing, and next_fire_at
 -- must come with it), target (target_queue or target_topic, with
--- routing_key), body, attributes. A paused schedule stays paused.
+-- routing_key), body, attributes, catch_up_limit, failure_threshold. A paused
+-- schedule stays paused.
 CREATE FUNCTION postbox.update_schedule(
     schedule_name text, fields text[], next_fire_at timestamptz DEFAULT NULL, body bytea DEFAULT NULL,
     target_queue text DEFAULT NULL, target_topic text DEFAULT NULL, routing_key text DEFAULT '',
     attributes jsonb DEFAULT NULL, cron_expression text DEFAULT NULL, time_zone text DEFAULT NULL,
-    every interval DEFAULT NULL, run_at timestamptz DEFAULT NULL)
+    every interval DEFAULT NULL, run_at timestamptz DEFAULT NULL, catch_up_limit integer DEFAULT 0,
+    failure_threshold integer DEFAULT 0)
 RETURNS postbox.schedules
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -6780,10 +6830,13 @@ BEGIN
         s := postbox._schedule(schedule_name);  -- raises PB400 or PB404
     END IF;
     SELECT string_agg(f, ', ') INTO unknown
-    FROM unnest(fields) AS f WHERE f NOT IN ('cron', 'interval', 'run_at', 'target', 'body', 'attributes');
+    FROM unnest(fields) AS f
+    WHERE f NOT IN ('cron', 'interval', 'run_at', 'target', 'body', 'attributes', 'catch_up_limit',
+                    'failure_threshold');
     IF unknown IS NOT NULL OR coalesce(cardinality(fields), 0) = 0 THEN
         PERFORM postbox._invalid(format('fields to change: any of cron, interval, run_at, target, body, '
-                                        'attributes (not %s)', coalesce(unknown, 'none')));
+                                        'attributes, catch_up_limit, failure_threshold (not %s)',
+                                        coalesce(unknown, 'none')));
     END IF;
     IF (SELECT count(*) FROM unnest(fields) AS f WHERE f IN ('cron', 'interval', 'run_at')) > 1 THEN
         PERFORM postbox._invalid('change the timing to one of cron, interval and run_at, not several');
@@ -6809,11 +6862,18 @@ BEGIN
     IF 'attributes' = ANY (fields) THEN
         s.attributes := attributes;
     END IF;
+    IF 'catch_up_limit' = ANY (fields) THEN
+        s.catch_up_limit := coalesce(catch_up_limit, 0);
+    END IF;
+    IF 'failure_threshold' = ANY (fields) THEN
+        s.failure_threshold := coalesce(failure_threshold, 0);
+    END IF;
     PERFORM postbox._check_schedule(s);
     UPDATE postbox.schedules
     SET cron_expression = s.cron_expression, time_zone = s.time_zone, every = s.every, run_at = s.run_at,
         target_queue = s.target_queue, target_topic = s.target_topic, routing_key = s.routing_key,
-        body = s.body, attributes = s.attributes, next_fire_at = s.next_fire_at, updated_at = now()
+        body = s.body, attributes = s.attributes, next_fire_at = s.next_fire_at, updated_at = now(),
+        catch_up_limit = s.catch_up_limit, failure_threshold = s.failure_threshold
     WHERE id = s.id
     RETURNING * INTO s;
     PERFORM postbox._signal('schedules');
@@ -6842,11 +6902,28 @@ BEGIN
 END
 $$;
 
--- Schedules in name order after after_name.
-CREATE FUNCTION postbox.list_schedules(page_size integer DEFAULT 100, after_name text DEFAULT '')
+-- Schedules in name order after after_name; only paused (or only active)
+-- ones when `paused` is not NULL, only those into queues (target_kind 'queue')
+-- or topics ('topic') when it is not NULL, only names starting with
+-- name_prefix.
+CREATE FUNCTION postbox.list_schedules(page_size integer DEFAULT 100, after_name text DEFAULT '',
+                                       paused boolean DEFAULT NULL, target_kind text DEFAULT NULL,
+                                       name_prefix text DEFAULT '')
 RETURNS SETOF postbox.schedules
-LANGUAGE sql STABLE AS $$
-    SELECT * FROM postbox.schedules WHERE name > coalesce(after_name, '') ORDER BY name LIMIT page_size
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    IF target_kind NOT IN ('queue', 'topic') THEN
+        PERFORM postbox._invalid(format('target_kind is %s; it must be queue or topic', postbox._quoted(target_kind)));
+    END IF;
+    RETURN QUERY
+    SELECT * FROM postbox.schedules s
+    WHERE s.name > coalesce(after_name, '')
+          AND (list_schedules.paused IS NULL OR s.paused = list_schedules.paused)
+          AND (target_kind IS NULL OR (target_kind = 'queue') = (s.target_queue IS NOT NULL))
+          AND starts_with(s.name, coalesce(name_prefix, ''))
+    ORDER BY s.name
+    LIMIT page_size;
+END
 $$;
 
 -- Deletes a schedule.
@@ -6889,7 +6966,8 @@ BEGIN
             quote_literal(schedule_name));
     END IF;
     UPDATE postbox.schedules
-    SET paused = false, next_fire_at = coalesce(resume_schedule.next_fire_at, s.next_fire_at), updated_at = now()
+    SET paused = false, next_fire_at = coalesce(resume_schedule.next_fire_at, s.next_fire_at), updated_at = now(),
+        consecutive_failures = 0
     WHERE id = s.id
     RETURNING * INTO s;
     PERFORM postbox._signal('schedules');
@@ -6949,9 +7027,12 @@ $$;
 -- deduplication from eating repeats; FIFO queues get the schedule name as
 -- message group. A fire that the target refuses (missing, paused, full, ...)
 -- is skipped, not retried: `error` says why, and so does the schedule's
--- last_error. Returns the error and how many webhook deliveries were queued.
+-- last_error; failure_threshold such refusals in a row pause the schedule.
+-- Returns the error, how many webhook deliveries were queued, and whether the
+-- schedule is paused now. A next_fire_at not after now() is a missed due time
+-- to catch up: the caller fires it next.
 CREATE FUNCTION postbox.fire_schedule(schedule_id integer, next_fire_at timestamptz)
-RETURNS TABLE (error text, webhook_deliveries integer)
+RETURNS TABLE (error text, webhook_deliveries integer, paused boolean)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_variable
 DECLARE
@@ -6974,14 +7055,18 @@ BEGIN
             RAISE;
         END IF;
     END;
-    UPDATE postbox.schedules
+    UPDATE postbox.schedules x
     SET next_fire_at = CASE WHEN s.run_at IS NULL THEN fire_schedule.next_fire_at END,
-        paused = s.run_at IS NOT NULL,
-        last_fire_at = CASE WHEN problem IS NULL THEN now() ELSE last_fire_at END,
-        fire_count = fire_count + CASE WHEN problem IS NULL THEN 1 ELSE 0 END,
+        paused = s.run_at IS NOT NULL
+                 OR (problem IS NOT NULL AND s.failure_threshold > 0
+                     AND s.consecutive_failures + 1 >= s.failure_threshold),
+        last_fire_at = CASE WHEN problem IS NULL THEN now() ELSE x.last_fire_at END,
+        fire_count = x.fire_count + CASE WHEN problem IS NULL THEN 1 ELSE 0 END,
+        consecutive_failures = CASE WHEN problem IS NULL THEN 0 ELSE x.consecutive_failures + 1 END,
         last_error = problem
-    WHERE id = s.id;
-    RETURN QUERY SELECT problem, coalesce(hooks, 0);
+    WHERE x.id = s.id
+    RETURNING x.paused INTO s.paused;
+    RETURN QUERY SELECT problem, coalesce(hooks, 0), s.paused;
 END
 $$;
 
@@ -7003,7 +7088,7 @@ BEGIN
     message_ids := (postbox._fire(
         s, s.name || '@run:' || to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))).message_ids;
     UPDATE postbox.schedules
-    SET last_fire_at = now(), fire_count = fire_count + 1, last_error = NULL
+    SET last_fire_at = now(), fire_count = fire_count + 1, last_error = NULL, consecutive_failures = 0
     WHERE id = s.id
     RETURNING * INTO schedule;
 END
@@ -7569,20 +7654,40 @@ $$;
 -- Fires up to max_schedules due schedules, each with its next fire time, in
 -- the caller's transaction; claimed with SKIP LOCKED, as the servers'
 -- schedulers claim them, so a schedule one of them is firing is left to it.
--- Returns how many fired and how many the target refused (see fire_schedule).
+-- A schedule with a catch_up_limit fires its missed due times in order, up to
+-- that many fires, as the servers' schedulers do. Returns how many fired and
+-- how many the target refused (see fire_schedule).
 CREATE FUNCTION postbox._fire_due_schedules(max_schedules integer, OUT fired integer, OUT refused integer)
 LANGUAGE plpgsql AS $$
 DECLARE
     s postbox.schedules;
+    following timestamptz;
+    missed timestamptz;
+    fires integer;
+    f record;
 BEGIN
     fired := 0;
     refused := 0;
     FOR s IN SELECT * FROM postbox.claim_due_schedules(max_schedules) LOOP
-        IF (SELECT f.error FROM postbox.fire_schedule(s.id, postbox._next_fire_at(s, now())) f) IS NULL THEN
-            fired := fired + 1;
-        ELSE
-            refused := refused + 1;
-        END IF;
+        fires := 0;
+        LOOP
+            fires := fires + 1;
+            following := postbox._next_fire_at(s, now());
+            IF fires < s.catch_up_limit THEN
+                missed := postbox._next_fire_at(s, s.next_fire_at);
+                IF missed <= now() THEN
+                    following := missed;
+                END IF;
+            END IF;
+            SELECT * INTO f FROM postbox.fire_schedule(s.id, following);
+            IF f.error IS NULL THEN
+                fired := fired + 1;
+            ELSE
+                refused := refused + 1;
+            END IF;
+            EXIT WHEN f.paused OR following IS NULL OR following > now();
+            s.next_fire_at := following;
+        END LOOP;
     END LOOP;
 END
 $$;

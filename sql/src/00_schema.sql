@@ -386,6 +386,11 @@ CREATE TABLE postbox.schedules (
     fire_count bigint NOT NULL DEFAULT 0,
     created_at timestamptz NOT NULL DEFAULT now(),
     updated_at timestamptz NOT NULL DEFAULT now(),
+    -- Since 0.9.0. Missed due times fired after downtime, in order (0: once for all).
+    catch_up_limit integer NOT NULL DEFAULT 0,
+    -- Refused fires in a row that pause the schedule (0: never).
+    failure_threshold integer NOT NULL DEFAULT 0,
+    consecutive_failures integer NOT NULL DEFAULT 0,
     CHECK (num_nonnulls(cron_expression, every, run_at) = 1),
     CHECK ((target_queue IS NULL) <> (target_topic IS NULL))
 );

@@ -48,12 +48,14 @@ $$;
 -- the queues refuses (paused, too small for its message, dropped meanwhile):
 -- the caller then sends queue by queue, for send_batch's word on it. Raises
 -- what _sns_envelope raises.
--- plain_queue_ids are those pairs' queues, in id order. It runs under
--- publish_batch's plan_cache_mode.
+-- plain_queue_ids are those pairs' queues, in id order. delays are the
+-- entries' (NULL: the queue's delivery_delay); a delay the queue's retention
+-- does not exceed is a refusal. It runs under publish_batch's plan_cache_mode.
 CREATE FUNCTION postbox._publish_to_plain_queues(
     queue_ids integer[], entries integer[], envelopes jsonb[], plain boolean[], plain_queue_ids integer[],
     bodies bytea[], attributes jsonb[], subjects text[], publish_ids uuid[], published_at timestamptz,
-    signatures jsonb[] DEFAULT NULL, signature_version text DEFAULT NULL)
+    signatures jsonb[] DEFAULT NULL, signature_version text DEFAULT NULL,
+    delays interval[] DEFAULT NULL)
 RETURNS bigint[]
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -76,7 +78,8 @@ BEGIN
     -- too small for its message. Identity values are drawn in insertion order,
     -- so id order is pair order.
     WITH pair AS MATERIALIZED (
-        SELECT p.o, q.id, q.delivery_delay, q.send_paused, q.max_message_size,
+        SELECT p.o, q.id, coalesce(delays[p.i], q.delivery_delay) AS delay, q.send_paused, q.max_message_size,
+               delays[p.i] >= q.retention AS beyond_retention,
                CASE WHEN p.env IS NULL THEN bodies[p.i]
                     ELSE postbox._sns_envelope(p.env, publish_ids[p.i], published_at, subjects[p.i], bodies[p.i],
                                                attributes[p.i], signatures[p.i], signature_version) END AS b,
@@ -87,10 +90,10 @@ BEGIN
         WHERE p.plain
     ), inserted AS (
         INSERT INTO postbox.messages (queue_id, visible_at, enqueued_at, attributes, body, priority)
-        SELECT pair.id, sent_at + pair.delivery_delay, sent_at, pair.a, pair.b, 0
+        SELECT pair.id, sent_at + pair.delay, sent_at, pair.a, pair.b, 0
         FROM pair
         WHERE NOT EXISTS (SELECT FROM pair x
-                          WHERE x.id IS NULL OR x.send_paused
+                          WHERE x.id IS NULL OR x.send_paused OR x.beyond_retention
                                 OR postbox.message_size(x.b, x.a) > x.max_message_size)
         ORDER BY pair.o
         RETURNING id
@@ -118,6 +121,11 @@ $$;
 --                    signature_version; the server signs given_publish_ids and
 --                    given_published_at, which are then the publish's ids and
 --                    time (else they are made here)
+--   delays           each queue makes the message visible this long after the
+--                    publish (NULL: the queue's delivery_delay), 0 to 365 days
+--                    and below the queue's retention; FIFO queues refuse one,
+--                    as send_batch does; webhooks attempt the delivery then.
+--                    Not on a stream topic, whose delay is publish_delayed's.
 -- A FIFO topic (its name ends in .fifo) needs an ordering key on every entry.
 -- Suspended subscriptions, and those whose filter policy the entry does not
 -- match, take nothing. A subscription with an SNS delivery that is not raw
@@ -138,7 +146,7 @@ CREATE FUNCTION postbox.publish_batch(
     topic_name text, bodies bytea[], routing_keys text[] DEFAULT NULL, attributes jsonb[] DEFAULT NULL,
     ordering_keys text[] DEFAULT NULL, deduplication_ids text[] DEFAULT NULL, subjects text[] DEFAULT NULL,
     signatures jsonb[] DEFAULT NULL, signature_version text DEFAULT NULL, given_publish_ids uuid[] DEFAULT NULL,
-    given_published_at timestamptz DEFAULT NULL)
+    given_published_at timestamptz DEFAULT NULL, delays interval[] DEFAULT NULL)
 RETURNS TABLE (publish_id uuid, queues text[], message_ids bigint[], duplicates boolean[],
                webhook_deliveries integer)
 LANGUAGE plpgsql
@@ -192,6 +200,7 @@ DECLARE
     entry_of text[];
     dest_bodies bytea[];
     dest_attributes jsonb[];
+    dest_delays interval[];
 BEGIN
     SELECT * INTO t FROM postbox.topics x WHERE x.name = topic_name;
     IF NOT FOUND THEN
@@ -201,8 +210,27 @@ BEGIN
         PERFORM postbox._check_batch_size(n);
     END IF;
     IF greatest(cardinality(routing_keys), cardinality(attributes), cardinality(ordering_keys),
-                cardinality(deduplication_ids), cardinality(subjects)) > n THEN
+                cardinality(deduplication_ids), cardinality(subjects), cardinality(delays)) > n THEN
         PERFORM postbox._invalid('per-entry arrays may not have more entries than bodies');
+    END IF;
+    IF delays IS NOT NULL THEN
+        SELECT postbox._entry_prefix(e.i, n) || CASE
+                   WHEN e.d < interval '0' THEN format('delay %s s is negative', trim_scale(extract(epoch FROM e.d)))
+                   ELSE format('delay %s s is beyond the longest delay, 365 days', trim_scale(extract(epoch FROM e.d)))
+               END
+        INTO problem
+        FROM unnest(delays) WITH ORDINALITY AS e(d, i)
+        WHERE e.d < interval '0' OR e.d >= interval '365 days'
+        ORDER BY e.i
+        LIMIT 1;
+        IF problem IS NOT NULL THEN
+            PERFORM postbox._invalid(problem);
+        END IF;
+        IF t.stream_retention IS NOT NULL AND array_remove(delays, NULL) <> '{}' THEN
+            RAISE EXCEPTION USING ERRCODE = 'PB412', MESSAGE = format(
+                'topic %s is a stream topic: hold a message out of its log with stream_delay, not delay',
+                quote_literal(t.name));
+        END IF;
     END IF;
     SELECT postbox._entry_prefix(e.i, n) || CASE
                WHEN e.b IS NULL THEN 'body must not be NULL'
@@ -282,14 +310,14 @@ BEGIN
         IF array_remove(pair_envelopes, NULL) = '{}' THEN
             plain_ids := postbox._publish_to_plain_queues(
                 pair_queue_ids, pair_entries, pair_envelopes, pair_plain, plain_queue_ids, bodies, attributes,
-                subjects, ids, published_at, signatures, signature_version);
+                subjects, ids, published_at, signatures, signature_version, delays);
         ELSE
             -- An envelope refuses a body that is not UTF-8 by raising, in a
             -- subtransaction, then, so that queue by queue can take over.
             BEGIN
                 plain_ids := postbox._publish_to_plain_queues(
                     pair_queue_ids, pair_entries, pair_envelopes, pair_plain, plain_queue_ids, bodies, attributes,
-                    subjects, ids, published_at, signatures, signature_version);
+                    subjects, ids, published_at, signatures, signature_version, delays);
             EXCEPTION WHEN OTHERS THEN
                 GET STACKED DIAGNOSTICS state = RETURNED_SQLSTATE;
                 IF state NOT LIKE 'PB%' THEN
@@ -364,12 +392,16 @@ BEGIN
                     dest_bodies := bodies;
                     dest_attributes := attributes;
                 END IF;
+                dest_delays := CASE WHEN delays IS NOT NULL THEN
+                    ARRAY(SELECT delays[p] FROM unnest(dest.entries) WITH ORDINALITY AS u(p, o) ORDER BY o)
+                END;
                 SELECT array_agg(r.message_id ORDER BY r.o), array_agg(r.duplicate ORDER BY r.o)
                 INTO sent_ids, sent_duplicates
                 FROM postbox.send_batch(
                     dest.queue,
                     dest_bodies,
                     dest_attributes,
+                    delays => dest_delays,
                     message_group_ids => groups,
                     deduplication_ids => dedup) WITH ORDINALITY AS r(message_id, duplicate, o);
                 done_entries := done_entries || dest.entries;
@@ -421,7 +453,8 @@ BEGIN
         IF hook_subscriptions IS NOT NULL THEN
             INSERT INTO postbox.webhook_deliveries (subscription_id, publish_id, published_at, routing_key,
                                                     ordering_key, attributes, body, next_attempt_at)
-            SELECT h.s, ids[h.i], published_at, keys[h.i], ordering_keys[h.i], attributes[h.i], h.b, published_at
+            SELECT h.s, ids[h.i], published_at, keys[h.i], ordering_keys[h.i], attributes[h.i], h.b,
+                   published_at + coalesce(delays[h.i], interval '0')
             FROM unnest(hook_subscriptions, hook_entries, hook_bodies) AS h(s, i, b);
             PERFORM postbox._signal('webhooks');
         END IF;
@@ -449,13 +482,15 @@ $$;
 -- Publishes one message; see publish_batch.
 CREATE FUNCTION postbox.publish(topic_name text, body bytea, routing_key text DEFAULT '',
                                 attributes jsonb DEFAULT NULL, ordering_key text DEFAULT NULL,
-                                deduplication_id text DEFAULT NULL, subject text DEFAULT NULL)
+                                deduplication_id text DEFAULT NULL, subject text DEFAULT NULL,
+                                delay interval DEFAULT NULL)
 RETURNS TABLE (publish_id uuid, queues text[], message_ids bigint[], duplicates boolean[],
                webhook_deliveries integer)
 LANGUAGE plpgsql AS $$
 BEGIN
     RETURN QUERY SELECT * FROM postbox.publish_batch(
         topic_name, ARRAY[body], ARRAY[routing_key], postbox._array_of(attributes),
-        postbox._array_of(ordering_key), postbox._array_of(deduplication_id), postbox._array_of(subject));
+        postbox._array_of(ordering_key), postbox._array_of(deduplication_id), postbox._array_of(subject),
+        delays => postbox._array_of(delay));
 END
 $$;

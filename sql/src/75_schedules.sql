@@ -45,6 +45,10 @@ BEGIN
             postbox._target_problem(s.target_queue, s.target_topic)
         WHEN s.target_queue IS NOT NULL AND s.routing_key <> '' THEN 'a routing key is for topic targets'
         WHEN s.body IS NULL THEN 'body must not be NULL'
+        WHEN s.catch_up_limit NOT BETWEEN 0 AND 1000 THEN
+            format('catch_up_limit %s is outside 0 to 1000 (0: one fire for all missed times)', s.catch_up_limit)
+        WHEN s.failure_threshold NOT BETWEEN 0 AND 1000 THEN
+            format('failure_threshold %s is outside 0 to 1000 (0: never pause)', s.failure_threshold)
         WHEN NOT s.paused AND s.next_fire_at IS NULL THEN
             'next_fire_at is required: the server computes it from the timing'
         ELSE postbox.routing_key_problem(s.routing_key) END);
@@ -70,13 +74,15 @@ $$;
 -- Creates a schedule that fires `body` (with `attributes`) into target_queue
 -- or target_topic (with routing_key): on cron_expression read in time_zone,
 -- every `every`, or once at run_at; first at next_fire_at, which the caller
--- computes (for an interval, now() + every; for run_at, run_at). PB409 if a
--- schedule of that name exists.
+-- computes (for an interval, now() + every; for run_at, run_at). After
+-- downtime it fires up to catch_up_limit missed due times, in order (0: once
+-- for all of them); failure_threshold refused fires in a row pause it (0:
+-- never). PB409 if a schedule of that name exists.
 CREATE FUNCTION postbox.create_schedule(
     schedule_name text, next_fire_at timestamptz, body bytea, target_queue text DEFAULT NULL,
     target_topic text DEFAULT NULL, routing_key text DEFAULT '', attributes jsonb DEFAULT NULL,
     cron_expression text DEFAULT NULL, time_zone text DEFAULT NULL, every interval DEFAULT NULL,
-    run_at timestamptz DEFAULT NULL)
+    run_at timestamptz DEFAULT NULL, catch_up_limit integer DEFAULT 0, failure_threshold integer DEFAULT 0)
 RETURNS postbox.schedules
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -94,11 +100,13 @@ BEGIN
     s.every := every;
     s.run_at := run_at;
     s.paused := false;
+    s.catch_up_limit := coalesce(catch_up_limit, 0);
+    s.failure_threshold := coalesce(failure_threshold, 0);
     PERFORM postbox._check_schedule(s);
     INSERT INTO postbox.schedules (name, cron_expression, time_zone, every, run_at, target_queue, target_topic,
-                                   routing_key, body, attributes, next_fire_at)
+                                   routing_key, body, attributes, next_fire_at, catch_up_limit, failure_threshold)
     VALUES (s.name, s.cron_expression, s.time_zone, s.every, s.run_at, s.target_queue, s.target_topic,
-            s.routing_key, s.body, s.attributes, s.next_fire_at)
+            s.routing_key, s.body, s.attributes, s.next_fire_at, s.catch_up_limit, s.failure_threshold)
     ON CONFLICT (name) DO NOTHING
     RETURNING * INTO s;
     IF NOT FOUND THEN
@@ -113,12 +121,14 @@ $$;
 -- Changes the fields of a schedule named in `fields`, any of: cron (with
 -- time_zone), interval, run_at (each replaces the timing, and next_fire_at
 -- must come with it), target (target_queue or target_topic, with
--- routing_key), body, attributes. A paused schedule stays paused.
+-- routing_key), body, attributes, catch_up_limit, failure_threshold. A paused
+-- schedule stays paused.
 CREATE FUNCTION postbox.update_schedule(
     schedule_name text, fields text[], next_fire_at timestamptz DEFAULT NULL, body bytea DEFAULT NULL,
     target_queue text DEFAULT NULL, target_topic text DEFAULT NULL, routing_key text DEFAULT '',
     attributes jsonb DEFAULT NULL, cron_expression text DEFAULT NULL, time_zone text DEFAULT NULL,
-    every interval DEFAULT NULL, run_at timestamptz DEFAULT NULL)
+    every interval DEFAULT NULL, run_at timestamptz DEFAULT NULL, catch_up_limit integer DEFAULT 0,
+    failure_threshold integer DEFAULT 0)
 RETURNS postbox.schedules
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -132,10 +142,13 @@ BEGIN
         s := postbox._schedule(schedule_name);  -- raises PB400 or PB404
     END IF;
     SELECT string_agg(f, ', ') INTO unknown
-    FROM unnest(fields) AS f WHERE f NOT IN ('cron', 'interval', 'run_at', 'target', 'body', 'attributes');
+    FROM unnest(fields) AS f
+    WHERE f NOT IN ('cron', 'interval', 'run_at', 'target', 'body', 'attributes', 'catch_up_limit',
+                    'failure_threshold');
     IF unknown IS NOT NULL OR coalesce(cardinality(fields), 0) = 0 THEN
         PERFORM postbox._invalid(format('fields to change: any of cron, interval, run_at, target, body, '
-                                        'attributes (not %s)', coalesce(unknown, 'none')));
+                                        'attributes, catch_up_limit, failure_threshold (not %s)',
+                                        coalesce(unknown, 'none')));
     END IF;
     IF (SELECT count(*) FROM unnest(fields) AS f WHERE f IN ('cron', 'interval', 'run_at')) > 1 THEN
         PERFORM postbox._invalid('change the timing to one of cron, interval and run_at, not several');
@@ -161,11 +174,18 @@ BEGIN
     IF 'attributes' = ANY (fields) THEN
         s.attributes := attributes;
     END IF;
+    IF 'catch_up_limit' = ANY (fields) THEN
+        s.catch_up_limit := coalesce(catch_up_limit, 0);
+    END IF;
+    IF 'failure_threshold' = ANY (fields) THEN
+        s.failure_threshold := coalesce(failure_threshold, 0);
+    END IF;
     PERFORM postbox._check_schedule(s);
     UPDATE postbox.schedules
     SET cron_expression = s.cron_expression, time_zone = s.time_zone, every = s.every, run_at = s.run_at,
         target_queue = s.target_queue, target_topic = s.target_topic, routing_key = s.routing_key,
-        body = s.body, attributes = s.attributes, next_fire_at = s.next_fire_at, updated_at = now()
+        body = s.body, attributes = s.attributes, next_fire_at = s.next_fire_at, updated_at = now(),
+        catch_up_limit = s.catch_up_limit, failure_threshold = s.failure_threshold
     WHERE id = s.id
     RETURNING * INTO s;
     PERFORM postbox._signal('schedules');
@@ -194,11 +214,28 @@ BEGIN
 END
 $$;
 
--- Schedules in name order after after_name.
-CREATE FUNCTION postbox.list_schedules(page_size integer DEFAULT 100, after_name text DEFAULT '')
+-- Schedules in name order after after_name; only paused (or only active)
+-- ones when `paused` is not NULL, only those into queues (target_kind 'queue')
+-- or topics ('topic') when it is not NULL, only names starting with
+-- name_prefix.
+CREATE FUNCTION postbox.list_schedules(page_size integer DEFAULT 100, after_name text DEFAULT '',
+                                       paused boolean DEFAULT NULL, target_kind text DEFAULT NULL,
+                                       name_prefix text DEFAULT '')
 RETURNS SETOF postbox.schedules
-LANGUAGE sql STABLE AS $$
-    SELECT * FROM postbox.schedules WHERE name > coalesce(after_name, '') ORDER BY name LIMIT page_size
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    IF target_kind NOT IN ('queue', 'topic') THEN
+        PERFORM postbox._invalid(format('target_kind is %s; it must be queue or topic', postbox._quoted(target_kind)));
+    END IF;
+    RETURN QUERY
+    SELECT * FROM postbox.schedules s
+    WHERE s.name > coalesce(after_name, '')
+          AND (list_schedules.paused IS NULL OR s.paused = list_schedules.paused)
+          AND (target_kind IS NULL OR (target_kind = 'queue') = (s.target_queue IS NOT NULL))
+          AND starts_with(s.name, coalesce(name_prefix, ''))
+    ORDER BY s.name
+    LIMIT page_size;
+END
 $$;
 
 -- Deletes a schedule.
@@ -241,7 +278,8 @@ BEGIN
             quote_literal(schedule_name));
     END IF;
     UPDATE postbox.schedules
-    SET paused = false, next_fire_at = coalesce(resume_schedule.next_fire_at, s.next_fire_at), updated_at = now()
+    SET paused = false, next_fire_at = coalesce(resume_schedule.next_fire_at, s.next_fire_at), updated_at = now(),
+        consecutive_failures = 0
     WHERE id = s.id
     RETURNING * INTO s;
     PERFORM postbox._signal('schedules');
@@ -301,9 +339,12 @@ $$;
 -- deduplication from eating repeats; FIFO queues get the schedule name as
 -- message group. A fire that the target refuses (missing, paused, full, ...)
 -- is skipped, not retried: `error` says why, and so does the schedule's
--- last_error. Returns the error and how many webhook deliveries were queued.
+-- last_error; failure_threshold such refusals in a row pause the schedule.
+-- Returns the error, how many webhook deliveries were queued, and whether the
+-- schedule is paused now. A next_fire_at not after now() is a missed due time
+-- to catch up: the caller fires it next.
 CREATE FUNCTION postbox.fire_schedule(schedule_id integer, next_fire_at timestamptz)
-RETURNS TABLE (error text, webhook_deliveries integer)
+RETURNS TABLE (error text, webhook_deliveries integer, paused boolean)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_variable
 DECLARE
@@ -326,14 +367,18 @@ BEGIN
             RAISE;
         END IF;
     END;
-    UPDATE postbox.schedules
+    UPDATE postbox.schedules x
     SET next_fire_at = CASE WHEN s.run_at IS NULL THEN fire_schedule.next_fire_at END,
-        paused = s.run_at IS NOT NULL,
-        last_fire_at = CASE WHEN problem IS NULL THEN now() ELSE last_fire_at END,
-        fire_count = fire_count + CASE WHEN problem IS NULL THEN 1 ELSE 0 END,
+        paused = s.run_at IS NOT NULL
+                 OR (problem IS NOT NULL AND s.failure_threshold > 0
+                     AND s.consecutive_failures + 1 >= s.failure_threshold),
+        last_fire_at = CASE WHEN problem IS NULL THEN now() ELSE x.last_fire_at END,
+        fire_count = x.fire_count + CASE WHEN problem IS NULL THEN 1 ELSE 0 END,
+        consecutive_failures = CASE WHEN problem IS NULL THEN 0 ELSE x.consecutive_failures + 1 END,
         last_error = problem
-    WHERE id = s.id;
-    RETURN QUERY SELECT problem, coalesce(hooks, 0);
+    WHERE x.id = s.id
+    RETURNING x.paused INTO s.paused;
+    RETURN QUERY SELECT problem, coalesce(hooks, 0), s.paused;
 END
 $$;
 
@@ -355,7 +400,7 @@ BEGIN
     message_ids := (postbox._fire(
         s, s.name || '@run:' || to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))).message_ids;
     UPDATE postbox.schedules
-    SET last_fire_at = now(), fire_count = fire_count + 1, last_error = NULL
+    SET last_fire_at = now(), fire_count = fire_count + 1, last_error = NULL, consecutive_failures = 0
     WHERE id = s.id
     RETURNING * INTO schedule;
 END

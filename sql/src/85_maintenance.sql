@@ -302,20 +302,40 @@ $$;
 -- Fires up to max_schedules due schedules, each with its next fire time, in
 -- the caller's transaction; claimed with SKIP LOCKED, as the servers'
 -- schedulers claim them, so a schedule one of them is firing is left to it.
--- Returns how many fired and how many the target refused (see fire_schedule).
+-- A schedule with a catch_up_limit fires its missed due times in order, up to
+-- that many fires, as the servers' schedulers do. Returns how many fired and
+-- how many the target refused (see fire_schedule).
 CREATE FUNCTION postbox._fire_due_schedules(max_schedules integer, OUT fired integer, OUT refused integer)
 LANGUAGE plpgsql AS $$
 DECLARE
     s postbox.schedules;
+    following timestamptz;
+    missed timestamptz;
+    fires integer;
+    f record;
 BEGIN
     fired := 0;
     refused := 0;
     FOR s IN SELECT * FROM postbox.claim_due_schedules(max_schedules) LOOP
-        IF (SELECT f.error FROM postbox.fire_schedule(s.id, postbox._next_fire_at(s, now())) f) IS NULL THEN
-            fired := fired + 1;
-        ELSE
-            refused := refused + 1;
-        END IF;
+        fires := 0;
+        LOOP
+            fires := fires + 1;
+            following := postbox._next_fire_at(s, now());
+            IF fires < s.catch_up_limit THEN
+                missed := postbox._next_fire_at(s, s.next_fire_at);
+                IF missed <= now() THEN
+                    following := missed;
+                END IF;
+            END IF;
+            SELECT * INTO f FROM postbox.fire_schedule(s.id, following);
+            IF f.error IS NULL THEN
+                fired := fired + 1;
+            ELSE
+                refused := refused + 1;
+            END IF;
+            EXIT WHEN f.paused OR following IS NULL OR following > now();
+            s.next_fire_at := following;
+        END LOOP;
     END LOOP;
 END
 $$;

@@ -278,6 +278,33 @@ async def test_events_fan_out_to_queues_and_endpoints(http: aiohttp.ClientSessio
     refused(status, other, 404, "pattern")
 
 
+async def test_a_delayed_event_is_invisible_until_its_delay(http: aiohttp.ClientSession) -> None:
+    """delay: 2 s, so the receive right after the publish is before it (see the engine's
+    test_topic_delayed_publish); the wait of 20 s is generous for a loaded machine."""
+    queue = await new_queue(http, "rest_delayed_event")
+    word = unique_name("later").replace("-", "_")
+    status, _, _ = await request(
+        http, "POST", f"/v1/events/{word}/subscriptions", {"queue_name": queue}
+    )
+    assert status == 201
+    start = asyncio.get_running_loop().time()
+    status, published, _ = await request(
+        http, "POST", f"/v1/events/{word}", {"message": "later", "delay": 2}
+    )
+    assert (status, published["queues_matched"]) == (201, 1)
+    status, empty, _ = await request(http, "GET", f"/v1/queues/{queue}/messages")
+    assert (status, empty) == (200, [])
+    status, [message], _ = await request(http, "GET", f"/v1/queues/{queue}/messages?wait=20")
+    assert message["message"] == "later"
+    assert asyncio.get_running_loop().time() - start >= 2
+    for delay, words in ((-1, ["delay", "0 or more"]), ("2s", ["delay"]), (365 * 86400, ["365"])):
+        status, bad, _ = await request(
+            http, "POST", f"/v1/events/{word}", {"message": 1, "delay": delay}
+        )
+        refused(status, bad, 400, *words)
+    assert await depth(http, queue) == 1  # the one received
+
+
 async def test_schedules_create_upsert_pause_run_delete(http: aiohttp.ClientSession) -> None:
     queue = await new_queue(http, "rest_schedules")
     name = unique_name("nightly")
@@ -354,6 +381,51 @@ async def test_schedules_create_upsert_pause_run_delete(http: aiohttp.ClientSess
     refused(status, missing, 404)
 
 
+async def test_schedule_shapes_policies_and_descriptions(http: aiohttp.ClientSession) -> None:
+    """`when` is stored as the cron it means; catchup, catchup_limit and failure_threshold
+    round-trip; reads carry human_readable and next_fires; previews the canonical form."""
+    queue = await new_queue(http, "rest_when")
+    name = unique_name("standup")
+    spec = {
+        "name": name, "when": "every weekday at 9:30am", "timezone": "Europe/Berlin",
+        "target_kind": "queue", "target": queue, "message": "standup",
+        "catchup": True, "catchup_limit": 3, "failure_threshold": 5,
+    }  # fmt: skip
+    status, created, _ = await request(http, "POST", "/v1/schedules", spec)
+    assert status == 201, created
+    assert (created["cron"], created["timezone"]) == ("30 9 * * MON-FRI", "Europe/Berlin")
+    assert "when" not in created
+    assert created["human_readable"] == "At 09:30 on Monday through Friday (Europe/Berlin)"
+    assert (created["catchup"], created["catchup_limit"]) == (True, 3)
+    assert (created["failure_threshold"], created["consecutive_failures"]) == (5, 0)
+    assert len(created["next_fires"]) == 5
+    # PATCH: catchup off, no threshold.
+    status, patched, _ = await request(
+        http, "PATCH", f"/v1/schedules/{name}", {"catchup": False, "failure_threshold": 0}
+    )
+    assert status == 200, patched
+    assert (patched["catchup"], patched["catchup_limit"], patched["failure_threshold"]) == (
+        False, None, None,
+    )  # fmt: skip
+    # catchup alone takes the default limit.
+    status, patched, _ = await request(http, "PATCH", f"/v1/schedules/{name}", {"catchup": True})
+    assert (patched["catchup"], patched["catchup_limit"]) == (True, 100)
+    status, preview, _ = await request(
+        http, "POST", "/v1/previews", {"when": "every monday and friday at noon", "count": 2}
+    )
+    assert status == 200, preview
+    assert (preview["cron"], preview["timezone"]) == ("0 12 * * MON,FRI", "UTC")
+    assert preview["human_readable"] == "At 12:00 on Monday and Friday (UTC)"
+    assert all(t.endswith("T12:00:00Z") for t in preview["next_fires"])
+    status, preview, _ = await request(http, "POST", "/v1/previews", {"every": "90m"})
+    assert (status, preview["human_readable"]) == (200, "Every 1 hour 30 minutes")
+    status, preview, _ = await request(http, "POST", "/v1/previews", {"cron": "0  9 * *  sun"})
+    assert (preview["cron"], preview["human_readable"]) == (
+        "0 9 * * SUN",
+        "At 09:00 on Sunday (UTC)",
+    )
+
+
 async def test_previews_store_nothing(http: aiohttp.ClientSession) -> None:
     status, preview, _ = await request(
         http, "POST", "/v1/previews", {"cron": "30 6 * * MON", "timezone": "UTC", "count": 3}
@@ -420,7 +492,13 @@ async def test_bad_input_is_a_precise_400_that_changes_nothing(
     ("body", "words"),
     [
         ({"name": "x", "cron": "* * * * *", "every": 60}, ["one timing"]),
-        ({"name": "x", "when": "every monday", "target_kind": "queue", "target": "q"}, ["when"]),
+        ({"name": "x", "when": "tomorrow", "target_kind": "queue", "target": "q"},
+         ["when", "every day at 9am"]),
+        ({"name": "x", "when": "every day at 25:00"}, ["25:00"]),
+        ({"name": "x", "when": 9}, ["when", "phrase"]),
+        ({"name": "x", "every": 60, "catchup": "yes"}, ["catchup", "true or false"]),
+        ({"name": "x", "every": 60, "catchup_limit": 1.5}, ["catchup_limit", "whole number"]),
+        ({"name": "x", "every": 60, "failure_threshold": "3"}, ["failure_threshold"]),
         ({"name": "x", "every": "5 minutes"}, ["every", '"5m"']),
         ({"name": "x", "every": 60, "target_kind": "workflow", "target": "w"}, ["target_kind"]),
         ({"name": "x", "every": 60, "timezone": "UTC"}, ["timezone"]),

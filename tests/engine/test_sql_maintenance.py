@@ -27,8 +27,8 @@ from postbox_server.db.engine import Engine
 from postbox_server.db.migrate import migrate
 from postbox_server.errors import ApiError
 from postbox_server.workers.scheduling import (
+    fire_plan,
     next_cron_time,
-    next_fire_after_fire,
     next_interval_time,
 )
 
@@ -146,6 +146,49 @@ async def test_an_interval_schedule_keeps_its_phase_as_the_server_computes_it(en
             after,
         )
         assert got == next_interval_time(due, every, after)
+
+
+@pytest.mark.parametrize(
+    "timing",
+    ["every => interval '60 seconds'", "cron_expression => '*/2 * * * *', time_zone => 'UTC'"],
+)
+async def test_tick_catches_up_as_the_server_plans_it(engine, timing):
+    """catch_up_limit 3 after ten missed due times: tick fires the first three, in order,
+    and leaves the next fire time fire_plan (the server's scheduler) computes."""
+    await engine.execute("SELECT postbox.create_queue('caught')")
+    await engine.execute(
+        "SELECT postbox.create_schedule('late', now() - interval '19 minutes 30 seconds', 'x',"
+        f" 'caught', catch_up_limit => 3, {timing})"
+    )
+    row = await engine.fetchrow("SELECT *, now() AS db_now FROM postbox.schedules")
+    plan = fire_plan(row, row["db_now"])
+    assert len(plan) == 3
+    async with engine.transaction():  # one now() for the plan's clock and the tick's
+        counts = json.loads(await engine.fetchval("SELECT postbox.tick()"))
+        now = await engine.fetchval("SELECT now()")
+    assert counts["fired_schedules"] == 3
+    assert await _depth(engine, "caught") == 3
+    after = await engine.fetchrow("SELECT * FROM postbox.schedules")
+    assert after["fire_count"] == 3
+    assert after["next_fire_at"] == fire_plan(row, now)[-1]
+
+
+async def test_tick_pauses_at_the_failure_threshold(engine):
+    await engine.execute("SELECT postbox.create_queue('shut')")
+    await engine.execute("SELECT postbox.pause_queue('shut', sends => true)")
+    await engine.execute(
+        "SELECT postbox.create_schedule('refused', now() - interval '1 second', 'x', 'shut',"
+        " every => interval '1 second', failure_threshold => 2)"
+    )
+    for refusals, paused in ((1, False), (2, True)):
+        await engine.execute(
+            "UPDATE postbox.schedules SET next_fire_at = now() - interval '1 second'"
+        )
+        counts = json.loads(await engine.fetchval("SELECT postbox.tick()"))
+        assert counts["refused_schedules"] == 1
+        row = await engine.fetchrow("SELECT * FROM postbox.schedules")
+        assert (row["consecutive_failures"], row["paused"]) == (refusals, paused)
+    assert "paused" in row["last_error"]
 
 
 async def _seed(conn: asyncpg.Connection) -> None:
@@ -273,13 +316,13 @@ async def test_the_servers_workers_skip_what_a_running_tick_holds(engine, engine
         assert counts["fired_schedules"] == 3
         assert counts["expired_messages"] == 1
         started = time.monotonic()
-        assert await server.fire_due_schedules(10, next_fire_after_fire) == []
+        assert await server.fire_due_schedules(10, fire_plan) == []
         assert await server.rotate_streams(None, timedelta(milliseconds=20)) == 0
         assert await server.expire_activity() == 0
         assert await server.expire_messages(1000) == 0
         assert time.monotonic() - started < 10  # generous: none of them waited for tick
         await ticking.commit()
-        assert await server.fire_due_schedules(10, next_fire_after_fire) == []
+        assert await server.fire_due_schedules(10, fire_plan) == []
         assert await server.expire_messages(1000) == 0
         assert await _depth(engine, "fired") == 3
     finally:

@@ -135,6 +135,10 @@ def test_topics_subscriptions_and_consumer_groups(server):
             stpb.CreateConsumerGroupRequest(consumer_group=group),
         )
         client.publish(stream, "{}")
+        # A delayed publish: the subscribed queue holds it, invisible for the hour.
+        delayed = client.publish(topic, "later", delay=timedelta(hours=1))
+        assert list(delayed.queues) == [queue]
+        assert client.get_queue(queue).stats.delayed_messages == 1
         (listed,) = client.list_consumer_groups(stream)
         assert (listed.name, listed.lag_messages) == ("billing", 1)
         assert client.pause_consumer_group(stream, "billing").paused is True
@@ -158,6 +162,9 @@ def test_schedules_pause_run_preview_and_delete(server):
         client.call(client.schedules.CreateSchedule, spb.CreateScheduleRequest(schedule=schedule))
         assert name in [s.name for s in client.list_schedules()]
         assert client.pause_schedule(name).paused is True
+        assert [s.name for s in client.list_schedules(paused=True, name_prefix=name)] == [name]
+        assert list(client.list_schedules(paused=False, name_prefix=name)) == []
+        assert list(client.list_schedules(target_kind="topic", name_prefix=name)) == []
         assert client.get_schedule(name).paused is True
         assert client.resume_schedule(name).paused is False
         ran = client.run_schedule(name)

@@ -94,6 +94,7 @@ class OutgoingPublish:
     ordering_key: str | None = None
     deduplication_id: str | None = None
     subject: str | None = None
+    delay: timedelta | None = None  # None: each queue's delivery_delay, webhooks at once
 
 
 @dataclass(frozen=True)
@@ -130,17 +131,23 @@ class ScheduleFields:
     time_zone: str | None = None
     every: timedelta | None = None
     run_at: datetime | None = None
+    catch_up_limit: int = 0
+    failure_threshold: int = 0
 
     def arguments(self) -> tuple[Any, ...]:
         """In the order create_schedule and update_schedule take them after next_fire_at."""
         return (
             self.body, self.target_queue, self.target_topic, self.routing_key, self.attributes,
-            self.cron_expression, self.time_zone, self.every, self.run_at,
+            self.cron_expression, self.time_zone, self.every, self.run_at, self.catch_up_limit,
+            self.failure_threshold,
         )  # fmt: skip
 
 
 # Computes a schedule's next fire time from its row and the database's clock.
 NextFire = Callable[[Record, datetime], "datetime | None"]
+# Plans the fires of a due schedule from its row and the database's clock: per fire,
+# the next_fire_at it leaves (a missed due time still to catch up, or the next one).
+FirePlan = Callable[[Record, datetime], "list[datetime | None]"]
 
 
 def _optional_column(values: list[Any]) -> list[Any] | None:
@@ -660,6 +667,7 @@ class Engine:
                     signatures.publish_ids, signatures.published_at,
                 )
             ),
+            _optional_column([m.delay for m in messages]),
             conn=conn,
         )  # fmt: skip
         # What the fan-out put into each queue is sent to that queue, as a Send is;
@@ -853,8 +861,13 @@ class Engine:
     async def get_schedule(self, name: str) -> Record:
         return await self._call("fetchrow", "get_schedule", name)
 
-    async def list_schedules(self, page_size: int, after_name: str) -> list[Record]:
-        return await self._call("fetch", "list_schedules", page_size, after_name)
+    async def list_schedules(
+        self, page_size: int, after_name: str, *, paused: bool | None = None,
+        target_kind: str | None = None, name_prefix: str = "",
+    ) -> list[Record]:  # fmt: skip
+        return await self._call(
+            "fetch", "list_schedules", page_size, after_name, paused, target_kind, name_prefix
+        )
 
     async def delete_schedule(self, name: str) -> None:
         await self._call("execute", "delete_schedule", name)
@@ -876,22 +889,25 @@ class Engine:
             )
 
     async def fire_due_schedules(
-        self, max_schedules: int, next_fire: NextFire
+        self, max_schedules: int, plan: FirePlan
     ) -> list[tuple[Record, str | None, int]]:
-        """Claims due schedules and fires each, all in one transaction.
+        """Claims due schedules and fires each as `plan` says (more than once to catch
+        up missed due times), all in one transaction.
 
-        Per schedule: its row as claimed, the error of a refused fire, and how
-        many webhook deliveries the fire queued.
+        Per fire: the schedule's row as claimed, the error of a refused fire, and how
+        many webhook deliveries the fire queued. A fire that pauses the schedule (its
+        failure_threshold) ends its catch-up.
         """
         fired = []
         async with self._transaction() as conn:
             for row in await conn.fetch(self._sql["claim_due_schedules"], max_schedules):
-                error, webhook_deliveries = _one(
-                    await conn.fetchrow(
-                        self._sql["fire_schedule"], row["id"], next_fire(row, row["db_now"])
+                for following in plan(row, row["db_now"]):
+                    error, webhook_deliveries, paused = _one(
+                        await conn.fetchrow(self._sql["fire_schedule"], row["id"], following)
                     )
-                )
-                fired.append((row, error, webhook_deliveries))
+                    fired.append((row, error, webhook_deliveries))
+                    if paused:
+                        break
         return fired
 
     async def next_schedule_fire_at(self) -> datetime | None:

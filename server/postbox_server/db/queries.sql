@@ -221,7 +221,7 @@ SELECT postbox.delete_subscription($1, $2)
 SELECT postbox.publish_delayed($1, $2, $3, $4, $5::text::jsonb, $6, $7)
 
 -- name: publish_batch
-SELECT * FROM postbox.publish_batch($1, $2, $3, $4::jsonb[], $5, $6, $7, $8::jsonb[], $9, $10, $11)
+SELECT * FROM postbox.publish_batch($1, $2, $3, $4::jsonb[], $5, $6, $7, $8::jsonb[], $9, $10, $11, $12)
 
 -- name: sns_signing_needs
 SELECT coalesce(array_agg(DISTINCT s.sns ->> 'topic_arn') FILTER (WHERE s.id IS NOT NULL), '{}') AS topic_arns,
@@ -255,16 +255,16 @@ SELECT postbox.expire_webhook_deliveries($1)
 -- Schedules.
 
 -- name: create_schedule
-SELECT * FROM postbox.create_schedule($1, $2, $3, $4, $5, $6, $7::jsonb, $8, $9, $10, $11)
+SELECT * FROM postbox.create_schedule($1, $2, $3, $4, $5, $6, $7::jsonb, $8, $9, $10, $11, $12, $13)
 
 -- name: update_schedule
-SELECT * FROM postbox.update_schedule($1, $2, $3, $4, $5, $6, $7, $8::jsonb, $9, $10, $11, $12)
+SELECT * FROM postbox.update_schedule($1, $2, $3, $4, $5, $6, $7, $8::jsonb, $9, $10, $11, $12, $13, $14)
 
 -- name: get_schedule
 SELECT * FROM postbox.get_schedule($1)
 
 -- name: list_schedules
-SELECT * FROM postbox.list_schedules($1, $2)
+SELECT * FROM postbox.list_schedules($1, $2, $3, $4, $5)
 
 -- name: delete_schedule
 SELECT postbox.delete_schedule($1)

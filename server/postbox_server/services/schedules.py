@@ -10,23 +10,31 @@ from postbox.v1 import schedule_service_pb2 as pb
 from postbox.v1 import schedule_service_pb2_grpc
 
 from postbox_server.db.engine import Engine, Row, ScheduleFields
-from postbox_server.errors import invalid
+from postbox_server.errors import ApiError, invalid, quoted
 from postbox_server.services import convert
 from postbox_server.services.pagination import decode_page_token, next_page, page_size_of
 from postbox_server.services.status import reports_errors
-from postbox_server.workers.scheduling import DEFAULT_TIME_ZONE, Timing, next_fire_on_resume
+from postbox_server.workers.scheduling import (
+    DEFAULT_TIME_ZONE,
+    Timing,
+    canonical_cron,
+    next_fire_on_resume,
+)
 
 _TIMINGS = ("cron", "interval", "run_at")
 DEFAULT_PREVIEW = 10
 MAX_PREVIEW = 100
-_UPDATABLE = (*_TIMINGS, "target", "body", "attributes")
+# Schedule.next_fire_times: beyond-queue's QUEUE_SCHEDULE_PREVIEW_COUNT default.
+NEXT_FIRE_TIMES = 5
+_UPDATABLE = (*_TIMINGS, "target", "body", "attributes", "catch_up_limit", "failure_threshold")
+_TARGET_KINDS = ("queue", "topic")
 
 
 def _timing(schedule: pb.Schedule) -> Timing:
     kind = schedule.WhichOneof("timing")
     if kind == "cron":
         return Timing(
-            cron_expression=schedule.cron.expression,
+            cron_expression=canonical_cron(schedule.cron.expression),
             time_zone=schedule.cron.time_zone or DEFAULT_TIME_ZONE,
         )
     if kind == "interval":
@@ -50,6 +58,8 @@ def _fields(schedule: pb.Schedule, timing: Timing | None) -> ScheduleFields:
         time_zone=timing.time_zone,
         every=timing.every,
         run_at=timing.run_at,
+        catch_up_limit=schedule.catch_up_limit,
+        failure_threshold=schedule.failure_threshold,
     )
 
 
@@ -70,6 +80,10 @@ def schedule_resource(row: Row) -> pb.Schedule:
         create_time=convert.timestamp(row["created_at"]),
         last_error=row["last_error"] or "",
         fire_count=row["fire_count"],
+        catch_up_limit=row["catch_up_limit"],
+        failure_threshold=row["failure_threshold"],
+        consecutive_failures=row["consecutive_failures"],
+        human_readable=Timing.of(row).describe(),
     )
     if row["target_queue"] is not None:
         schedule.target.queue = row["target_queue"]
@@ -88,6 +102,20 @@ def schedule_resource(row: Row) -> pb.Schedule:
     return schedule
 
 
+def with_next_fire_times(row: Row) -> pb.Schedule:
+    """The schedule with its next NEXT_FIRE_TIMES fire times, from next_fire_time on."""
+    schedule = schedule_resource(row)
+    if schedule.HasField("next_fire_time"):
+        timing = Timing.of(row)
+        times = [row["next_fire_at"]]
+        while len(times) < NEXT_FIRE_TIMES and (
+            following := timing.after_fire(times[-1], times[-1])
+        ):
+            times.append(following)
+        schedule.next_fire_times.extend(convert.timestamp(t) for t in times)
+    return schedule
+
+
 class ScheduleService(schedule_service_pb2_grpc.ScheduleServiceServicer):
     def __init__(
         self, engine: Engine, on_change: Callable[[], None], *, max_message_size: int
@@ -101,7 +129,9 @@ class ScheduleService(schedule_service_pb2_grpc.ScheduleServiceServicer):
     async def CreateSchedule(
         self, request: pb.CreateScheduleRequest, context: grpc.aio.ServicerContext
     ) -> pb.CreateScheduleResponse:
-        schedule = request.schedule
+        return pb.CreateScheduleResponse(schedule=await self._create(request.schedule))
+
+    async def _create(self, schedule: pb.Schedule) -> pb.Schedule:
         timing = _timing(schedule)
         _check_target(schedule)
         convert.check_message_size(schedule, self.max_message_size)
@@ -110,14 +140,14 @@ class ScheduleService(schedule_service_pb2_grpc.ScheduleServiceServicer):
             raise invalid("a schedule needs its timing: cron, interval or run_at")
         row = await self.engine.create_schedule(schedule.name, first, _fields(schedule, timing))
         self.on_change()
-        return pb.CreateScheduleResponse(schedule=schedule_resource(row))
+        return with_next_fire_times(row)
 
     @reports_errors
     async def GetSchedule(
         self, request: pb.GetScheduleRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetScheduleResponse:
         row = await self.engine.get_schedule(request.name)
-        return pb.GetScheduleResponse(schedule=schedule_resource(row))
+        return pb.GetScheduleResponse(schedule=with_next_fire_times(row))
 
     @reports_errors
     async def ListSchedules(
@@ -125,9 +155,16 @@ class ScheduleService(schedule_service_pb2_grpc.ScheduleServiceServicer):
     ) -> pb.ListSchedulesResponse:
         page_size = page_size_of(request.page_size)
         after = decode_page_token(request.page_token, "ListSchedules")
-        rows, token = next_page(
-            await self.engine.list_schedules(page_size + 1, after), page_size, "ListSchedules"
-        )
+        if request.target_kind not in ("", *_TARGET_KINDS):
+            raise invalid(
+                f"target_kind is {quoted(request.target_kind)}; it must be queue, topic or empty"
+            )
+        found = await self.engine.list_schedules(
+            page_size + 1, after,
+            paused=request.paused if request.HasField("paused") else None,
+            target_kind=request.target_kind or None, name_prefix=request.name_prefix,
+        )  # fmt: skip
+        rows, token = next_page(found, page_size, "ListSchedules")
         return pb.ListSchedulesResponse(
             schedules=[schedule_resource(row) for row in rows], next_page_token=token
         )
@@ -136,6 +173,20 @@ class ScheduleService(schedule_service_pb2_grpc.ScheduleServiceServicer):
     async def UpdateSchedule(
         self, request: pb.UpdateScheduleRequest, context: grpc.aio.ServicerContext
     ) -> pb.UpdateScheduleResponse:
+        try:
+            return pb.UpdateScheduleResponse(schedule=await self._update(request))
+        except ApiError as error:
+            if not request.allow_missing or error.code is not grpc.StatusCode.NOT_FOUND:
+                raise
+        try:
+            return pb.UpdateScheduleResponse(schedule=await self._create(request.schedule))
+        except ApiError as refusal:
+            if refusal.code is not grpc.StatusCode.ALREADY_EXISTS:
+                raise
+        # Created by another caller meanwhile: this request updates it.
+        return pb.UpdateScheduleResponse(schedule=await self._update(request))
+
+    async def _update(self, request: pb.UpdateScheduleRequest) -> pb.Schedule:
         schedule = request.schedule
         paths = list(request.update_mask.paths)
         if not paths:
@@ -162,7 +213,7 @@ class ScheduleService(schedule_service_pb2_grpc.ScheduleServiceServicer):
             schedule.name, paths, first, _fields(schedule, timing)
         )
         self.on_change()
-        return pb.UpdateScheduleResponse(schedule=schedule_resource(row))
+        return with_next_fire_times(row)
 
     @reports_errors
     async def DeleteSchedule(
@@ -184,7 +235,7 @@ class ScheduleService(schedule_service_pb2_grpc.ScheduleServiceServicer):
     ) -> pb.ResumeScheduleResponse:
         row = await self.engine.resume_schedule(request.name, next_fire_on_resume)
         self.on_change()
-        return pb.ResumeScheduleResponse(schedule=schedule_resource(row))
+        return pb.ResumeScheduleResponse(schedule=with_next_fire_times(row))
 
     @reports_errors
     async def RunSchedule(
@@ -192,7 +243,7 @@ class ScheduleService(schedule_service_pb2_grpc.ScheduleServiceServicer):
     ) -> pb.RunScheduleResponse:
         row = await self.engine.run_schedule(request.name)
         return pb.RunScheduleResponse(
-            schedule=schedule_resource(row), message_ids=[str(i) for i in row["message_ids"]]
+            schedule=with_next_fire_times(row), message_ids=[str(i) for i in row["message_ids"]]
         )
 
     @reports_errors
@@ -203,5 +254,19 @@ class ScheduleService(schedule_service_pb2_grpc.ScheduleServiceServicer):
         if not 1 <= count <= MAX_PREVIEW:
             raise invalid(f"count is {count}; it must be 1 to {MAX_PREVIEW}")
         start = convert.optional_datetime(request, "start_time") or datetime.now(timezone.utc)
-        times = _timing(request.schedule).preview(start, count)
-        return pb.PreviewScheduleResponse(fire_times=[convert.timestamp(t) for t in times])
+        timing = _timing(request.schedule)
+        times = timing.preview(start, count)
+        canonical = pb.Schedule(human_readable=timing.describe())
+        if timing.cron_expression is not None:
+            canonical.cron.CopyFrom(
+                pb.CronSpec(expression=timing.cron_expression, time_zone=timing.time_zone)
+            )
+        elif timing.every is not None:
+            canonical.interval.CopyFrom(request.schedule.interval)
+        else:
+            canonical.run_at.CopyFrom(request.schedule.run_at)
+        return pb.PreviewScheduleResponse(
+            fire_times=[convert.timestamp(t) for t in times],
+            human_readable=canonical.human_readable,
+            canonical=canonical,
+        )

@@ -188,6 +188,7 @@ def _outgoing(entry: Any, max_message_size: int) -> OutgoingPublish:
         entry.ordering_key or None,
         entry.deduplication_id or None,
         entry.subject or None,
+        convert.optional_timedelta(entry, "delay"),
     )
 
 
@@ -499,6 +500,10 @@ class TopicService(topic_service_pb2_grpc.TopicServiceServicer):
         self, request: pb.PublishRequest, context: grpc.aio.ServicerContext
     ) -> pb.PublishResponse:
         if request.HasField("stream_delay"):
+            if request.HasField("delay"):
+                raise invalid(
+                    "give stream_delay (a stream topic's log) or delay (subscriptions), not both"
+                )
             return await self._publish_delayed(request)
         # Concurrent Publishes share commits, as Sends do: each fans out to every
         # subscribed queue, and one commit per Publish would bound them all.

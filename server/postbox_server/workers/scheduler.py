@@ -23,7 +23,7 @@ from postbox_server.db.engine import Engine
 from postbox_server.errors import ApiError
 from postbox_server.observability import metrics
 from postbox_server.workers import OutageLog
-from postbox_server.workers.scheduling import next_fire_after_fire
+from postbox_server.workers.scheduling import fire_plan
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ class SchedulerWorker:
             self._nudge.clear()
             timeout = self.poll_interval
             try:
-                fired = await self.engine.fire_due_schedules(self.batch_size, next_fire_after_fire)
+                fired = await self.engine.fire_due_schedules(self.batch_size, fire_plan)
                 for row, error, webhook_deliveries in fired:
                     metrics.SCHEDULE_FIRES.labels("failed" if error else "fired").inc()
                     if error is not None:

@@ -3,8 +3,9 @@
 The engine stores each schedule's next fire time; this module computes it, because
 reading a cron expression needs a library (cronsim, which follows Debian cron,
 daylight-saving changes included). Catch-up rule: a schedule that missed due times
-(the servers were down) fires once for all of them, and its next fire time is the
-first due time after now; an interval keeps its phase.
+(the servers were down) fires once for all of them, or, with a catch_up_limit, for
+each of them in order up to that many fires; then its next fire time is the first
+due time after now; an interval keeps its phase.
 """
 
 from __future__ import annotations
@@ -66,6 +67,37 @@ def next_cron_time(expression: str, zone: str, after: datetime) -> datetime | No
     return None if upcoming is None else upcoming.astimezone(timezone.utc)
 
 
+def canonical_cron(expression: str) -> str:
+    """The expression as stored: fields single-spaced, month and day names upper case
+    (cron reads them in any case, so both spell the same schedule)."""
+    return " ".join(expression.split()).upper()
+
+
+def describe_cron(expression: str, zone: str) -> str:
+    """The expression in English, by cronsim (which reads it), with its time zone."""
+    try:
+        text = CronSim(expression, datetime.now(timezone.utc)).explain()
+    except CronSimError as error:
+        raise invalid(f"cron expression {quoted(expression)}: {str(error).lower()}") from None
+    return f"{text} ({zone})"
+
+
+_UNITS = (("day", 86400), ("hour", 3600), ("minute", 60), ("second", 1))
+
+
+def describe_interval(every: timedelta) -> str:
+    """'Every 90 minutes' style: the interval in its largest whole units."""
+    left = int(every.total_seconds())
+    parts = []
+    for unit, size in _UNITS:
+        amount, left = divmod(left, size)
+        if amount:
+            parts.append(f"{amount} {unit}{'s' if amount > 1 else ''}")
+    if parts == ["1 day"] or parts == ["1 hour"] or parts == ["1 minute"] or parts == ["1 second"]:
+        return f"Every {parts[0][2:]}"
+    return "Every " + " ".join(parts)
+
+
 def next_interval_time(due: datetime, every: timedelta, after: datetime) -> datetime:
     """The first time of the grid due + k * every (k >= 1) strictly after `after`."""
     if after < due:
@@ -86,6 +118,16 @@ class Timing:
     def of(cls, row: Row) -> Timing:
         """The timing of a postbox.schedules row."""
         return cls(row["cron_expression"], row["time_zone"], row["every"], row["run_at"])
+
+    def describe(self) -> str:
+        """The timing in English, e.g. 'At 09:00 every day (Europe/Berlin)'."""
+        if self.cron_expression is not None:
+            return describe_cron(self.cron_expression, self.time_zone or DEFAULT_TIME_ZONE)
+        if self.every is not None:
+            return describe_interval(self.every)
+        assert self.run_at is not None
+        stamp = self.run_at.astimezone(timezone.utc).isoformat().replace("+00:00", "Z")
+        return f"Once at {stamp}"
 
     def first(self, now: datetime) -> datetime | None:
         """When a schedule with this new timing fires first; checks a cron timing."""
@@ -142,9 +184,22 @@ class Timing:
         return self.after_fire(stored, now)
 
 
-def next_fire_after_fire(row: Row, now: datetime) -> datetime | None:
-    """Engine callback for firing a claimed schedule row."""
-    return Timing.of(row).after_fire(row["next_fire_at"], now)
+def fire_plan(row: Row, now: datetime) -> list[datetime | None]:
+    """Engine callback for firing a claimed schedule row: per fire, the next_fire_at it
+    leaves. Missed due times (those not after `now`) are fired one by one, in order, up
+    to the row's catch_up_limit fires in all; the last fire leaves the first due time
+    after now, skipping any missed times left."""
+    timing = Timing.of(row)
+    due = row["next_fire_at"]
+    plan: list[datetime | None] = []
+    while len(plan) + 1 < row["catch_up_limit"]:
+        missed = timing.after_fire(due, due)
+        if missed is None or missed > now:
+            break
+        plan.append(missed)
+        due = missed
+    plan.append(timing.after_fire(due, now))
+    return plan
 
 
 def next_fire_on_resume(row: Row, now: datetime) -> datetime | None:

@@ -285,9 +285,20 @@ class Operations:
     # Schedules.
 
     def list_schedules(
-        self, *, page_size: int = PAGE_SIZE
+        self,
+        *,
+        page_size: int = PAGE_SIZE,
+        paused: bool | None = None,
+        target_kind: str = "",
+        name_prefix: str = "",
     ) -> Iterator[schedule_service_pb2.Schedule]:
-        request = schedule_service_pb2.ListSchedulesRequest(page_size=page_size)
+        """Schedules in name order; only paused (or active) ones, those into queues or
+        topics (target_kind "queue", "topic"), or names starting with name_prefix."""
+        request = schedule_service_pb2.ListSchedulesRequest(
+            page_size=page_size, target_kind=target_kind, name_prefix=name_prefix
+        )
+        if paused is not None:
+            request.paused = paused
         return self._pages(self.schedules.ListSchedules, request, "schedules")
 
     def get_schedule(self, name: str) -> schedule_service_pb2.Schedule:

@@ -34,6 +34,7 @@ from postbox_server.http.rest.shapes import (
     MESSAGE_SCHEMA,
     attributes_of,
     body_of,
+    duration,
     message_id,
     time_text,
     whole_seconds,
@@ -98,15 +99,14 @@ async def publish(call: RestCall) -> web.Response:
     body = await call.json_object()
     if "message" not in body:
         raise BadInput("the body has no message; put the payload in `message`")
-    if body.get("delay"):
-        whole_seconds(body["delay"], "delay")
-        raise BadInput("delay is not supported on publish yet; send it as 0 or leave it out")
     request = tpb.PublishRequest(
         topic=EVENTS_TOPIC,
         routing_key=call.path("routing_key"),
         body=body_of(body["message"]),
         attributes=attributes_of(body.get("headers")),
     )
+    if body.get("delay") is not None:
+        request.delay.CopyFrom(duration(whole_seconds(body["delay"], "delay")))
     try:
         published = await call.call("TopicService/Publish", request)
     except RestError as error:
@@ -210,7 +210,11 @@ _PUBLISH: dict[str, Any] = {
     "properties": {
         "message": MESSAGE_SCHEMA,
         "headers": HEADERS_SCHEMA,
-        "delay": {"type": "integer", "const": 0, "description": "Only 0 for now."},
+        "delay": {
+            "type": "integer",
+            "minimum": 0,
+            "description": "Seconds each queue keeps it invisible, webhooks wait.",
+        },
     },
 }
 _SUBSCRIBE: dict[str, Any] = {

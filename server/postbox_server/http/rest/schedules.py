@@ -1,10 +1,12 @@
 """/v1/schedules and /v1/previews: beyond-queue's schedule routes on ScheduleService.
 
 A schedule is written as beyond-queue writes one, flat: its name; one timing (`cron`
-with `timezone`, `every` as seconds or "30s", "5m", "2h", "1d", or `fire_at` as an
-RFC 3339 time); `target_kind` "queue" (target: a queue's name) or "topic" (target: a
-routing key of the event bus, see events.py); `message` and `headers` as a send takes
-them; `status` "active" or "paused".
+with `timezone`, `when` in words such as "every weekday at 9am" (with `timezone`),
+stored as the cron expression it means, `every` as seconds or "30s", "5m", "2h", "1d",
+or `fire_at` as an RFC 3339 time); `target_kind` "queue" (target: a queue's name) or
+"topic" (target: a routing key of the event bus, see events.py); `message` and
+`headers` as a send takes them; `status` "active" or "paused"; `catchup` (with
+`catchup_limit`) and `failure_threshold`.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from aiohttp import web
 from google.protobuf.field_mask_pb2 import FieldMask
 from postbox.v1 import schedule_service_pb2 as spb
 
+from postbox_server.errors import ApiError
 from postbox_server.http.rest.events import EVENTS_TOPIC, ensure_events_topic
 from postbox_server.http.rest.framework import (
     BadInput,
@@ -42,14 +45,28 @@ from postbox_server.http.rest.shapes import (
     time_text,
     whole_seconds,
 )
+from postbox_server.workers.when import when_to_cron
 
 # beyond-queue's QUEUE_SCHEDULE_PREVIEW_COUNT and QUEUE_SCHEDULE_LIST_MAX defaults.
 PREVIEW_COUNT = 5
 LIST_MAX = 1000
+# catchup: true without a catchup_limit.
+DEFAULT_CATCH_UP_LIMIT = 100
 _EVERY = re.compile(r"([0-9]{1,9})([smhd])")
 _UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _TIMINGS = ("cron", "every", "fire_at", "when")
-_FIELDS = (*_TIMINGS, "name", "timezone", "target_kind", "target", "message", "headers", "status")
+_POLICIES = ("catchup", "catchup_limit", "failure_threshold")
+_FIELDS = (
+    *_TIMINGS,
+    *_POLICIES,
+    "name",
+    "timezone",
+    "target_kind",
+    "target",
+    "message",
+    "headers",
+    "status",
+)
 _STATUSES = ("active", "paused")
 _TARGET_KINDS = ("queue", "topic")
 NAME = path_param("name", "Name of the schedule.")
@@ -73,28 +90,56 @@ def _every(value: Any) -> int:
     return whole_seconds(value, "every")
 
 
+_SHAPES = {"cron": "five-field cron expression", "when": 'phrase such as "every day at 9am"'}
+
+
+def _count(body: dict[str, Any], name: str) -> int:
+    value = body[name]
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise BadInput(f"{name} is a JSON {json_type(value)}; a whole number, 0 to 1000")
+    return value
+
+
+def _policies(body: dict[str, Any], schedule: spb.Schedule) -> list[str]:
+    """Sets the body's catch-up and failure policies on `schedule`; the mask's paths."""
+    paths = []
+    catchup = body.get("catchup")
+    if catchup is not None and not isinstance(catchup, bool):
+        raise BadInput(f"catchup is a JSON {json_type(catchup)}; true or false")
+    if catchup is not None or body.get("catchup_limit") is not None:
+        limit = DEFAULT_CATCH_UP_LIMIT
+        if body.get("catchup_limit") is not None:
+            limit = _count(body, "catchup_limit")
+        schedule.catch_up_limit = 0 if catchup is False else limit
+        paths.append("catch_up_limit")
+    if body.get("failure_threshold") is not None:
+        schedule.failure_threshold = _count(body, "failure_threshold")
+        paths.append("failure_threshold")
+    return paths
+
+
 def _timing(body: dict[str, Any], schedule: spb.Schedule) -> str | None:
     """Sets the body's timing on `schedule`; its field name, None when it has none."""
     given = [name for name in _TIMINGS if body.get(name) is not None]
     if len(given) > 1:
-        raise BadInput(f"give one timing, not {' and '.join(given)}: cron, every or fire_at")
+        raise BadInput(f"give one timing, not {' and '.join(given)}: cron, when, every or fire_at")
     zone = body.get("timezone")
     if zone is not None and not isinstance(zone, str):
         raise BadInput(f"timezone is a JSON {json_type(zone)}; an IANA name such as Europe/Berlin")
-    if zone is not None and given != ["cron"]:
-        raise BadInput("timezone goes with cron: give the cron expression with it")
+    if zone is not None and given not in (["cron"], ["when"]):
+        raise BadInput("timezone goes with cron or when: give the timing with it")
     if not given:
         return None
     kind = given[0]
     value = body[kind]
-    if kind == "when":
-        raise BadInput(
-            "when (a timing in words) is not supported yet; write it as cron, every or fire_at"
-        )
-    if kind == "cron":
+    if kind in ("cron", "when"):
         if not isinstance(value, str):
-            raise BadInput(f"cron is a JSON {json_type(value)}; a five-field cron expression")
-        schedule.cron.CopyFrom(spb.CronSpec(expression=value, time_zone=zone or ""))
+            raise BadInput(f"{kind} is a JSON {json_type(value)}; a {_SHAPES[kind]}")
+        try:
+            expression = value if kind == "cron" else when_to_cron(value)
+        except ApiError as error:
+            raise BadInput(error.message) from None
+        schedule.cron.CopyFrom(spb.CronSpec(expression=expression, time_zone=zone or ""))
         return "cron"
     if kind == "every":
         schedule.interval.CopyFrom(duration(_every(value)))
@@ -143,10 +188,11 @@ def _schedule(body: dict[str, Any], name: str) -> tuple[spb.Schedule, list[str]]
         for key, value in attributes_of(body["headers"]).items():
             schedule.attributes[key].CopyFrom(value)
         paths.append("attributes")
+    paths += _policies(body, schedule)
     return schedule, paths
 
 
-def _json(schedule: spb.Schedule, next_fires: list[str] | None = None) -> dict[str, Any]:
+def _json(schedule: spb.Schedule, *, next_fires: bool = False) -> dict[str, Any]:
     answer: dict[str, Any] = {"name": schedule.name}
     timing = schedule.WhichOneof("timing")
     if timing == "cron":
@@ -169,26 +215,15 @@ def _json(schedule: spb.Schedule, next_fires: list[str] | None = None) -> dict[s
         created_at=time_text(schedule.create_time),
         fire_count=schedule.fire_count,
         last_error=schedule.last_error or None,
+        human_readable=schedule.human_readable,
+        catchup=schedule.catch_up_limit > 0,
+        catchup_limit=schedule.catch_up_limit or None,
+        failure_threshold=schedule.failure_threshold or None,
+        consecutive_failures=schedule.consecutive_failures,
     )
-    if next_fires is not None:
-        answer["next_fires"] = next_fires
+    if next_fires:
+        answer["next_fires"] = [time_text(t) for t in schedule.next_fire_times]
     return answer
-
-
-async def _next_fires(call: RestCall, schedule: spb.Schedule) -> list[str]:
-    next_fire = time_text(schedule.next_fire_time)
-    if schedule.paused or next_fire is None:
-        return []
-    if schedule.WhichOneof("timing") == "run_at":
-        return [next_fire]
-    # The fires after the next one: a cron's times after it, an interval's counted from it.
-    preview = await call.call(
-        "ScheduleService/PreviewSchedule",
-        spb.PreviewScheduleRequest(
-            schedule=schedule, count=PREVIEW_COUNT - 1, start_time=schedule.next_fire_time
-        ),
-    )
-    return [next_fire, *(text for t in preview.fire_times if (text := time_text(t)))]
 
 
 async def _set_status(call: RestCall, schedule: spb.Schedule, status: str | None) -> spb.Schedule:
@@ -207,9 +242,7 @@ async def _set_status(call: RestCall, schedule: spb.Schedule, status: str | None
 
 async def _answer(call: RestCall, schedule: spb.Schedule, status: int) -> web.Response:
     headers = {"Location": f"/v1/schedules/{schedule.name}"} if status == 201 else None
-    return web.json_response(
-        _json(schedule, await _next_fires(call, schedule)), status=status, headers=headers
-    )
+    return web.json_response(_json(schedule, next_fires=True), status=status, headers=headers)
 
 
 async def _create(call: RestCall, body: dict[str, Any], name: str) -> spb.Schedule:
@@ -293,30 +326,17 @@ async def get(call: RestCall) -> web.Response:
 async def list_all(call: RestCall) -> web.Response:
     status = call.query_str("status")
     kind = call.query_str("target_kind")
-    prefix = call.query_str("name_prefix") or ""
     if status is not None and status not in _STATUSES:
         raise BadInput(f"status is {quoted(status)}; it must be active or paused")
     if kind is not None and kind not in _TARGET_KINDS:
         raise BadInput(f"target_kind is {quoted(kind)}; it must be queue or topic")
-    found: list[dict[str, Any]] = []
-    token = ""
-    while len(found) < LIST_MAX:
-        page = await call.call(
-            "ScheduleService/ListSchedules",
-            spb.ListSchedulesRequest(page_size=LIST_MAX, page_token=token),
-        )
-        for schedule in page.schedules:
-            entry = _json(schedule)
-            if (
-                schedule.name.startswith(prefix)
-                and status in (None, entry["status"])
-                and kind in (None, entry["target_kind"])
-            ):
-                found.append(entry)
-        token = page.next_page_token
-        if not token:
-            break
-    return web.json_response(found[:LIST_MAX])
+    request = spb.ListSchedulesRequest(
+        page_size=LIST_MAX, target_kind=kind or "", name_prefix=call.query_str("name_prefix") or ""
+    )
+    if status is not None:
+        request.paused = status == "paused"
+    page = await call.call("ScheduleService/ListSchedules", request)
+    return web.json_response([_json(schedule) for schedule in page.schedules])
 
 
 async def delete(call: RestCall) -> web.Response:
@@ -345,7 +365,7 @@ async def run(call: RestCall) -> web.Response:
 
 async def preview(call: RestCall) -> web.Response:
     body = await call.json_object()
-    _unknown(body, ("cron", "every", "fire_at", "when", "timezone", "count", "name"))
+    _unknown(body, (*_TIMINGS, "timezone", "count", "name"))
     count = body.get("count", PREVIEW_COUNT)
     # 0 would mean PreviewScheduleRequest's default, ten.
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
@@ -355,14 +375,14 @@ async def preview(call: RestCall) -> web.Response:
         raise BadInput(f"name is a JSON {json_type(name)}; a schedule's name, for its grant")
     schedule = spb.Schedule(name=name)
     if _timing(body, schedule) is None:
-        raise BadInput("give a timing to preview: cron, every or fire_at")
+        raise BadInput("give a timing to preview: cron, when, every or fire_at")
     previewed = await call.call(
         "ScheduleService/PreviewSchedule",
         spb.PreviewScheduleRequest(schedule=schedule, count=count),
     )
-    answer = {
-        k: v for k, v in _json(schedule).items() if k in ("cron", "timezone", "every", "fire_at")
-    }
+    canonical = _json(previewed.canonical)
+    answer = {k: v for k, v in canonical.items() if k in ("cron", "timezone", "every", "fire_at")}
+    answer["human_readable"] = previewed.human_readable
     answer["next_fires"] = [time_text(t) for t in previewed.fire_times]
     return web.json_response(answer)
 
@@ -372,7 +392,11 @@ _TIMING_SCHEMA: dict[str, Any] = {
     "timezone": {"type": "string", "description": "IANA time zone of cron; default UTC."},
     "every": {"type": ["integer", "string"], "description": 'Seconds, or "30s", "5m", "2h", "1d".'},
     "fire_at": {"type": "string", "format": "date-time", "description": "Fire once then."},
-    "when": {"type": "string", "description": "Not supported yet: answered 400."},
+    "when": {
+        "type": "string",
+        "description": 'In words, e.g. "every weekday at 9am"; '
+        "stored as the cron expression it means.",
+    },
 }
 SCHEDULE_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -384,6 +408,19 @@ SCHEDULE_SCHEMA: dict[str, Any] = {
         "message": MESSAGE_SCHEMA,
         "headers": HEADERS_SCHEMA,
         "status": {"type": "string", "enum": list(_STATUSES)},
+        "catchup": {"type": "boolean", "description": "Fire missed times after downtime."},
+        "catchup_limit": {
+            "type": "integer",
+            "minimum": 0,
+            "maximum": 1000,
+            "description": f"Most catch-up fires; default {DEFAULT_CATCH_UP_LIMIT}.",
+        },
+        "failure_threshold": {
+            "type": "integer",
+            "minimum": 0,
+            "maximum": 1000,
+            "description": "Refused fires in a row that pause it; 0: never.",
+        },
     },
 }
 _READ_SCHEMA: dict[str, Any] = {
@@ -395,6 +432,8 @@ _READ_SCHEMA: dict[str, Any] = {
         "created_at": {"type": "string", "format": "date-time"},
         "fire_count": {"type": "integer"},
         "last_error": {"type": ["string", "null"]},
+        "human_readable": {"type": "string"},
+        "consecutive_failures": {"type": "integer"},
         "next_fires": {"type": "array", "items": {"type": "string", "format": "date-time"}},
     },
 }

@@ -23,10 +23,13 @@ type ScheduleServiceClient interface {
 	CreateSchedule(ctx context.Context, in *CreateScheduleRequest, opts ...grpc.CallOption) (*CreateScheduleResponse, error)
 	// Returns a schedule. NOT_FOUND if it does not exist.
 	GetSchedule(ctx context.Context, in *GetScheduleRequest, opts ...grpc.CallOption) (*GetScheduleResponse, error)
-	// Lists schedules in name order, one page at a time.
+	// Lists schedules in name order, one page at a time, optionally only the
+	// paused or active ones, those into queues or topics, or names with a prefix.
 	ListSchedules(ctx context.Context, in *ListSchedulesRequest, opts ...grpc.CallOption) (*ListSchedulesResponse, error)
 	// Changes the fields named in the update mask. A new timing takes effect at
 	// once (its next due time counts from now); a paused schedule stays paused.
+	// With `allow_missing`, a schedule that does not exist is created from the
+	// request's schedule (AIP-134).
 	UpdateSchedule(ctx context.Context, in *UpdateScheduleRequest, opts ...grpc.CallOption) (*UpdateScheduleResponse, error)
 	// Deletes a schedule.
 	DeleteSchedule(ctx context.Context, in *DeleteScheduleRequest, opts ...grpc.CallOption) (*DeleteScheduleResponse, error)
@@ -146,10 +149,13 @@ type ScheduleServiceServer interface {
 	CreateSchedule(context.Context, *CreateScheduleRequest) (*CreateScheduleResponse, error)
 	// Returns a schedule. NOT_FOUND if it does not exist.
 	GetSchedule(context.Context, *GetScheduleRequest) (*GetScheduleResponse, error)
-	// Lists schedules in name order, one page at a time.
+	// Lists schedules in name order, one page at a time, optionally only the
+	// paused or active ones, those into queues or topics, or names with a prefix.
 	ListSchedules(context.Context, *ListSchedulesRequest) (*ListSchedulesResponse, error)
 	// Changes the fields named in the update mask. A new timing takes effect at
 	// once (its next due time counts from now); a paused schedule stays paused.
+	// With `allow_missing`, a schedule that does not exist is created from the
+	// request's schedule (AIP-134).
 	UpdateSchedule(context.Context, *UpdateScheduleRequest) (*UpdateScheduleResponse, error)
 	// Deletes a schedule.
 	DeleteSchedule(context.Context, *DeleteScheduleRequest) (*DeleteScheduleResponse, error)

@@ -28,7 +28,7 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from postbox.v1 import message_pb2 as postbox_dot_v1_dot_message__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!postbox/v1/schedule_service.proto\x12\npostbox.v1\x1a\x1egoogle/protobuf/duration.proto\x1a google/protobuf/field_mask.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18postbox/v1/message.proto\"1\n\x08\x43ronSpec\x12\x12\n\nexpression\x18\x01 \x01(\t\x12\x11\n\ttime_zone\x18\x02 \x01(\t\"V\n\x0eScheduleTarget\x12\x0f\n\x05queue\x18\x01 \x01(\tH\x00\x12\x0f\n\x05topic\x18\x02 \x01(\tH\x00\x12\x13\n\x0brouting_key\x18\x03 \x01(\tB\r\n\x0b\x64\x65stination\"\xb9\x04\n\x08Schedule\x12\x0c\n\x04name\x18\x01 \x01(\t\x12$\n\x04\x63ron\x18\x02 \x01(\x0b\x32\x14.postbox.v1.CronSpecH\x00\x12-\n\x08interval\x18\x03 \x01(\x0b\x32\x19.google.protobuf.DurationH\x00\x12,\n\x06run_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.TimestampH\x00\x12*\n\x06target\x18\x05 \x01(\x0b\x32\x1a.postbox.v1.ScheduleTarget\x12\x0c\n\x04\x62ody\x18\x06 \x01(\x0c\x12\x38\n\nattributes\x18\x07 \x03(\x0b\x32$.postbox.v1.Schedule.AttributesEntry\x12\x0e\n\x06paused\x18\x08 \x01(\x08\x12\x32\n\x0enext_fire_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x32\n\x0elast_fire_time\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x63reate_time\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x12\n\nlast_error\x18\x0c \x01(\t\x12\x12\n\nfire_count\x18\r \x01(\x03\x1aM\n\x0f\x41ttributesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12)\n\x05value\x18\x02 \x01(\x0b\x32\x1a.postbox.v1.AttributeValue:\x02\x38\x01\x42\x08\n\x06timing\"?\n\x15\x43reateScheduleRequest\x12&\n\x08schedule\x18\x01 \x01(\x0b\x32\x14.postbox.v1.Schedule\"@\n\x16\x43reateScheduleResponse\x12&\n\x08schedule\x18\x01 \x01(\x0b\x32\x14.postbox.v1.Schedule\"\"\n\x12GetScheduleRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"=\n\x13GetScheduleResponse\x12&\n\x08schedule\x18\x01 \x01(\x0b\x32\x14.postbox.v1.Schedule\"=\n\x14ListSchedulesRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"Y\n\x15ListSchedulesResponse\x12\'\n\tschedules\x18\x01 \x03(\x0b\x32\x14.postbox.v1.Schedule\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"p\n\x15UpdateScheduleRequest\x12&\n\x08schedule\x18\x01 \x01(\x0b\x32\x14.postbox.v1.Schedule\x12/\n\x0bupdate_mask\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.FieldMask\"@\n\x16UpdateScheduleResponse\x12&\n\x08schedule\x18\x01 \x01(\x0b\x32\x14.postbox.v1.Schedule\"%\n\x15\x44\x65leteScheduleRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x18\n\x16\x44\x65leteScheduleResponse\"$\n\x14PauseScheduleRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"?\n\x15PauseScheduleResponse\x12&\n\x08schedule\x18\x01 \x01(\x0b\x32\x14.postbox.v1.Schedule\"%\n\x15ResumeScheduleRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"@\n\x16ResumeScheduleResponse\x12&\n\x08schedule\x18\x01 \x01(\x0b\x32\x14.postbox.v1.Schedule\"\"\n\x12RunScheduleRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"R\n\x13RunScheduleResponse\x12&\n\x08schedule\x18\x01 \x01(\x0b\x32\x14.postbox.v1.Schedule\x12\x13\n\x0bmessage_ids\x18\x02 \x03(\t\"\x7f\n\x16PreviewScheduleRequest\x12&\n\x08schedule\x18\x01 \x01(\x0b\x32\x14.postbox.v1.Schedule\x12\r\n\x05\x63ount\x18\x02 \x01(\x05\x12.\n\nstart_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"I\n\x17PreviewScheduleResponse\x12.\n\nfire_times\x18\x01 \x03(\x0b\x32\x1a.google.protobuf.Timestamp2\x9d\x06\n\x0fScheduleService\x12W\n\x0e\x43reateSchedule\x12!.postbox.v1.CreateScheduleRequest\x1a\".postbox.v1.CreateScheduleResponse\x12N\n\x0bGetSchedule\x12\x1e.postbox.v1.GetScheduleRequest\x1a\x1f.postbox.v1.GetScheduleResponse\x12T\n\rListSchedules\x12 .postbox.v1.ListSchedulesRequest\x1a!.postbox.v1.ListSchedulesResponse\x12W\n\x0eUpdateSchedule\x12!.postbox.v1.UpdateScheduleRequest\x1a\".postbox.v1.UpdateScheduleResponse\x12W\n\x0e\x44\x65leteSchedule\x12!.postbox.v1.DeleteScheduleRequest\x1a\".postbox.v1.DeleteScheduleResponse\x12T\n\rPauseSchedule\x12 .postbox.v1.PauseScheduleRequest\x1a!.postbox.v1.PauseScheduleResponse\x12W\n\x0eResumeSchedule\x12!.postbox.v1.ResumeScheduleRequest\x1a\".postbox.v1.ResumeScheduleResponse\x12N\n\x0bRunSchedule\x12\x1e.postbox.v1.RunScheduleRequest\x1a\x1f.postbox.v1.RunScheduleResponse\x12Z\n\x0fPreviewSchedule\x12\".postbox.v1.PreviewScheduleRequest\x1a#.postbox.v1.PreviewScheduleResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!postbox/v1/schedule_service.proto\x12\npostbox.v1\x1a\x1egoogle/protobuf/duration.proto\x1a google/protobuf/field_mask.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18postbox/v1/message.proto\"1\n\x08\x43ronSpec\x12\x12\n\nexpression\x18\x01 \x01(\t\x12\x11\n\ttime_zone\x18\x02 \x01(\t\"V\n\x0eScheduleTarget\x12\x0f\n\x05queue\x18\x01 \x01(\tH\x00\x12\x0f\n\x05topic\x18\x02 \x01(\tH\x00\x12\x13\n\x0brouting_key\x18\x03 \x01(\tB\r\n\x0b\x64\x65stination\"\xd7\x05\n\x08Schedule\x12\x0c\n\x04name\x18\x01 \x01(\t\x12$\n\x04\x63ron\x18\x02 \x01(\x0b\x32\x14.postbox.v1.CronSpecH\x00\x12-\n\x08interval\x18\x03 \x01(\x0b\x32\x19.google.protobuf.DurationH\x00\x12,\n\x06run_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.TimestampH\x00\x12*\n\x06target\x18\x05 \x01(\x0b\x32\x1a.postbox.v1.ScheduleTarget\x12\x0c\n\x04\x62ody\x18\x06 \x01(\x0c\x12\x38\n\nattributes\x18\x07 \x03(\x0b\x32$.postbox.v1.Schedule.AttributesEntry\x12\x0e\n\x06paused\x18\x08 \x01(\x08\x12\x32\n\x0enext_fire_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x32\n\x0elast_fire_time\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x63reate_time\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x12\n\nlast_error\x18\x0c \x01(\t\x12\x12\n\nfire_count\x18\r \x01(\x03\x12\x16\n\x0e\x63\x61tch_up_limit\x18\x0e \x01(\x05\x12\x19\n\x11\x66\x61ilure_threshold\x18\x0f \x01(\x05\x12\x1c\n\x14\x63onsecutive_failures\x18\x10 \x01(\x05\x12\x16\n\x0ehuman_readable\x18\x11 \x01(\t\x12\x33\n\x0fnext_fire_times\x18\x12 \x03(\x0b\x32\x1a.google.protobuf.Timestamp\x1aM\n\x0f\x41ttributesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12)\n\x05value\x18\x02 \x01(\x0b\x32\x1a.postbox.v1.AttributeValue:\x02\x38\x01\x42\x08\n\x06timing\"?\n\x15\x43reateScheduleRequest\x12&\n\x08schedule\x18\x01 \x01(\x0b\x32\x14.postbox.v1.Schedule\"@\n\x16\x43reateScheduleResponse\x12&\n\x08schedule\x18\x01 \x01(\x0b\x32\x14.postbox.v1.Schedule\"\"\n\x12GetScheduleRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"=\n\x13GetScheduleResponse\x12&\n\x08schedule\x18\x01 \x01(\x0b\x32\x14.postbox.v1.Schedule\"\x87\x01\n\x14ListSchedulesRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\x12\x13\n\x06paused\x18\x03 \x01(\x08H\x00\x88\x01\x01\x12\x13\n\x0btarget_kind\x18\x04 \x01(\t\x12\x13\n\x0bname_prefix\x18\x05 \x01(\tB\t\n\x07_paused\"Y\n\x15ListSchedulesResponse\x12\'\n\tschedules\x18\x01 \x03(\x0b\x32\x14.postbox.v1.Schedule\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\x87\x01\n\x15UpdateScheduleRequest\x12&\n\x08schedule\x18\x01 \x01(\x0b\x32\x14.postbox.v1.Schedule\x12/\n\x0bupdate_mask\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.FieldMask\x12\x15\n\rallow_missing\x18\x03 \x01(\x08\"@\n\x16UpdateScheduleResponse\x12&\n\x08schedule\x18\x01 \x01(\x0b\x32\x14.postbox.v1.Schedule\"%\n\x15\x44\x65leteScheduleRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x18\n\x16\x44\x65leteScheduleResponse\"$\n\x14PauseScheduleRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"?\n\x15PauseScheduleResponse\x12&\n\x08schedule\x18\x01 \x01(\x0b\x32\x14.postbox.v1.Schedule\"%\n\x15ResumeScheduleRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"@\n\x16ResumeScheduleResponse\x12&\n\x08schedule\x18\x01 \x01(\x0b\x32\x14.postbox.v1.Schedule\"\"\n\x12RunScheduleRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"R\n\x13RunScheduleResponse\x12&\n\x08schedule\x18\x01 \x01(\x0b\x32\x14.postbox.v1.Schedule\x12\x13\n\x0bmessage_ids\x18\x02 \x03(\t\"\x7f\n\x16PreviewScheduleRequest\x12&\n\x08schedule\x18\x01 \x01(\x0b\x32\x14.postbox.v1.Schedule\x12\r\n\x05\x63ount\x18\x02 \x01(\x05\x12.\n\nstart_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x8a\x01\n\x17PreviewScheduleResponse\x12.\n\nfire_times\x18\x01 \x03(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x16\n\x0ehuman_readable\x18\x02 \x01(\t\x12\'\n\tcanonical\x18\x03 \x01(\x0b\x32\x14.postbox.v1.Schedule2\x9d\x06\n\x0fScheduleService\x12W\n\x0e\x43reateSchedule\x12!.postbox.v1.CreateScheduleRequest\x1a\".postbox.v1.CreateScheduleResponse\x12N\n\x0bGetSchedule\x12\x1e.postbox.v1.GetScheduleRequest\x1a\x1f.postbox.v1.GetScheduleResponse\x12T\n\rListSchedules\x12 .postbox.v1.ListSchedulesRequest\x1a!.postbox.v1.ListSchedulesResponse\x12W\n\x0eUpdateSchedule\x12!.postbox.v1.UpdateScheduleRequest\x1a\".postbox.v1.UpdateScheduleResponse\x12W\n\x0e\x44\x65leteSchedule\x12!.postbox.v1.DeleteScheduleRequest\x1a\".postbox.v1.DeleteScheduleResponse\x12T\n\rPauseSchedule\x12 .postbox.v1.PauseScheduleRequest\x1a!.postbox.v1.PauseScheduleResponse\x12W\n\x0eResumeSchedule\x12!.postbox.v1.ResumeScheduleRequest\x1a\".postbox.v1.ResumeScheduleResponse\x12N\n\x0bRunSchedule\x12\x1e.postbox.v1.RunScheduleRequest\x1a\x1f.postbox.v1.RunScheduleResponse\x12Z\n\x0fPreviewSchedule\x12\".postbox.v1.PreviewScheduleRequest\x1a#.postbox.v1.PreviewScheduleResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -42,45 +42,45 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SCHEDULETARGET']._serialized_start=225
   _globals['_SCHEDULETARGET']._serialized_end=311
   _globals['_SCHEDULE']._serialized_start=314
-  _globals['_SCHEDULE']._serialized_end=883
-  _globals['_SCHEDULE_ATTRIBUTESENTRY']._serialized_start=796
-  _globals['_SCHEDULE_ATTRIBUTESENTRY']._serialized_end=873
-  _globals['_CREATESCHEDULEREQUEST']._serialized_start=885
-  _globals['_CREATESCHEDULEREQUEST']._serialized_end=948
-  _globals['_CREATESCHEDULERESPONSE']._serialized_start=950
-  _globals['_CREATESCHEDULERESPONSE']._serialized_end=1014
-  _globals['_GETSCHEDULEREQUEST']._serialized_start=1016
-  _globals['_GETSCHEDULEREQUEST']._serialized_end=1050
-  _globals['_GETSCHEDULERESPONSE']._serialized_start=1052
-  _globals['_GETSCHEDULERESPONSE']._serialized_end=1113
-  _globals['_LISTSCHEDULESREQUEST']._serialized_start=1115
-  _globals['_LISTSCHEDULESREQUEST']._serialized_end=1176
-  _globals['_LISTSCHEDULESRESPONSE']._serialized_start=1178
-  _globals['_LISTSCHEDULESRESPONSE']._serialized_end=1267
-  _globals['_UPDATESCHEDULEREQUEST']._serialized_start=1269
-  _globals['_UPDATESCHEDULEREQUEST']._serialized_end=1381
-  _globals['_UPDATESCHEDULERESPONSE']._serialized_start=1383
-  _globals['_UPDATESCHEDULERESPONSE']._serialized_end=1447
-  _globals['_DELETESCHEDULEREQUEST']._serialized_start=1449
-  _globals['_DELETESCHEDULEREQUEST']._serialized_end=1486
-  _globals['_DELETESCHEDULERESPONSE']._serialized_start=1488
-  _globals['_DELETESCHEDULERESPONSE']._serialized_end=1512
-  _globals['_PAUSESCHEDULEREQUEST']._serialized_start=1514
-  _globals['_PAUSESCHEDULEREQUEST']._serialized_end=1550
-  _globals['_PAUSESCHEDULERESPONSE']._serialized_start=1552
-  _globals['_PAUSESCHEDULERESPONSE']._serialized_end=1615
-  _globals['_RESUMESCHEDULEREQUEST']._serialized_start=1617
-  _globals['_RESUMESCHEDULEREQUEST']._serialized_end=1654
-  _globals['_RESUMESCHEDULERESPONSE']._serialized_start=1656
-  _globals['_RESUMESCHEDULERESPONSE']._serialized_end=1720
-  _globals['_RUNSCHEDULEREQUEST']._serialized_start=1722
-  _globals['_RUNSCHEDULEREQUEST']._serialized_end=1756
-  _globals['_RUNSCHEDULERESPONSE']._serialized_start=1758
-  _globals['_RUNSCHEDULERESPONSE']._serialized_end=1840
-  _globals['_PREVIEWSCHEDULEREQUEST']._serialized_start=1842
-  _globals['_PREVIEWSCHEDULEREQUEST']._serialized_end=1969
-  _globals['_PREVIEWSCHEDULERESPONSE']._serialized_start=1971
-  _globals['_PREVIEWSCHEDULERESPONSE']._serialized_end=2044
-  _globals['_SCHEDULESERVICE']._serialized_start=2047
-  _globals['_SCHEDULESERVICE']._serialized_end=2844
+  _globals['_SCHEDULE']._serialized_end=1041
+  _globals['_SCHEDULE_ATTRIBUTESENTRY']._serialized_start=954
+  _globals['_SCHEDULE_ATTRIBUTESENTRY']._serialized_end=1031
+  _globals['_CREATESCHEDULEREQUEST']._serialized_start=1043
+  _globals['_CREATESCHEDULEREQUEST']._serialized_end=1106
+  _globals['_CREATESCHEDULERESPONSE']._serialized_start=1108
+  _globals['_CREATESCHEDULERESPONSE']._serialized_end=1172
+  _globals['_GETSCHEDULEREQUEST']._serialized_start=1174
+  _globals['_GETSCHEDULEREQUEST']._serialized_end=1208
+  _globals['_GETSCHEDULERESPONSE']._serialized_start=1210
+  _globals['_GETSCHEDULERESPONSE']._serialized_end=1271
+  _globals['_LISTSCHEDULESREQUEST']._serialized_start=1274
+  _globals['_LISTSCHEDULESREQUEST']._serialized_end=1409
+  _globals['_LISTSCHEDULESRESPONSE']._serialized_start=1411
+  _globals['_LISTSCHEDULESRESPONSE']._serialized_end=1500
+  _globals['_UPDATESCHEDULEREQUEST']._serialized_start=1503
+  _globals['_UPDATESCHEDULEREQUEST']._serialized_end=1638
+  _globals['_UPDATESCHEDULERESPONSE']._serialized_start=1640
+  _globals['_UPDATESCHEDULERESPONSE']._serialized_end=1704
+  _globals['_DELETESCHEDULEREQUEST']._serialized_start=1706
+  _globals['_DELETESCHEDULEREQUEST']._serialized_end=1743
+  _globals['_DELETESCHEDULERESPONSE']._serialized_start=1745
+  _globals['_DELETESCHEDULERESPONSE']._serialized_end=1769
+  _globals['_PAUSESCHEDULEREQUEST']._serialized_start=1771
+  _globals['_PAUSESCHEDULEREQUEST']._serialized_end=1807
+  _globals['_PAUSESCHEDULERESPONSE']._serialized_start=1809
+  _globals['_PAUSESCHEDULERESPONSE']._serialized_end=1872
+  _globals['_RESUMESCHEDULEREQUEST']._serialized_start=1874
+  _globals['_RESUMESCHEDULEREQUEST']._serialized_end=1911
+  _globals['_RESUMESCHEDULERESPONSE']._serialized_start=1913
+  _globals['_RESUMESCHEDULERESPONSE']._serialized_end=1977
+  _globals['_RUNSCHEDULEREQUEST']._serialized_start=1979
+  _globals['_RUNSCHEDULEREQUEST']._serialized_end=2013
+  _globals['_RUNSCHEDULERESPONSE']._serialized_start=2015
+  _globals['_RUNSCHEDULERESPONSE']._serialized_end=2097
+  _globals['_PREVIEWSCHEDULEREQUEST']._serialized_start=2099
+  _globals['_PREVIEWSCHEDULEREQUEST']._serialized_end=2226
+  _globals['_PREVIEWSCHEDULERESPONSE']._serialized_start=2229
+  _globals['_PREVIEWSCHEDULERESPONSE']._serialized_end=2367
+  _globals['_SCHEDULESERVICE']._serialized_start=2370
+  _globals['_SCHEDULESERVICE']._serialized_end=3167
 # @@protoc_insertion_point(module_scope)

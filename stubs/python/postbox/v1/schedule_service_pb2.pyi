@@ -31,7 +31,7 @@ class ScheduleTarget(_message.Message):
     def __init__(self, queue: _Optional[str] = ..., topic: _Optional[str] = ..., routing_key: _Optional[str] = ...) -> None: ...
 
 class Schedule(_message.Message):
-    __slots__ = ("name", "cron", "interval", "run_at", "target", "body", "attributes", "paused", "next_fire_time", "last_fire_time", "create_time", "last_error", "fire_count")
+    __slots__ = ("name", "cron", "interval", "run_at", "target", "body", "attributes", "paused", "next_fire_time", "last_fire_time", "create_time", "last_error", "fire_count", "catch_up_limit", "failure_threshold", "consecutive_failures", "human_readable", "next_fire_times")
     class AttributesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -52,6 +52,11 @@ class Schedule(_message.Message):
     CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
     LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
     FIRE_COUNT_FIELD_NUMBER: _ClassVar[int]
+    CATCH_UP_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    CONSECUTIVE_FAILURES_FIELD_NUMBER: _ClassVar[int]
+    HUMAN_READABLE_FIELD_NUMBER: _ClassVar[int]
+    NEXT_FIRE_TIMES_FIELD_NUMBER: _ClassVar[int]
     name: str
     cron: CronSpec
     interval: _duration_pb2.Duration
@@ -65,7 +70,12 @@ class Schedule(_message.Message):
     create_time: _timestamp_pb2.Timestamp
     last_error: str
     fire_count: int
-    def __init__(self, name: _Optional[str] = ..., cron: _Optional[_Union[CronSpec, _Mapping]] = ..., interval: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., run_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., target: _Optional[_Union[ScheduleTarget, _Mapping]] = ..., body: _Optional[bytes] = ..., attributes: _Optional[_Mapping[str, _message_pb2.AttributeValue]] = ..., paused: _Optional[bool] = ..., next_fire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_fire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_error: _Optional[str] = ..., fire_count: _Optional[int] = ...) -> None: ...
+    catch_up_limit: int
+    failure_threshold: int
+    consecutive_failures: int
+    human_readable: str
+    next_fire_times: _containers.RepeatedCompositeFieldContainer[_timestamp_pb2.Timestamp]
+    def __init__(self, name: _Optional[str] = ..., cron: _Optional[_Union[CronSpec, _Mapping]] = ..., interval: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., run_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., target: _Optional[_Union[ScheduleTarget, _Mapping]] = ..., body: _Optional[bytes] = ..., attributes: _Optional[_Mapping[str, _message_pb2.AttributeValue]] = ..., paused: _Optional[bool] = ..., next_fire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_fire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_error: _Optional[str] = ..., fire_count: _Optional[int] = ..., catch_up_limit: _Optional[int] = ..., failure_threshold: _Optional[int] = ..., consecutive_failures: _Optional[int] = ..., human_readable: _Optional[str] = ..., next_fire_times: _Optional[_Iterable[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]]] = ...) -> None: ...
 
 class CreateScheduleRequest(_message.Message):
     __slots__ = ("schedule",)
@@ -92,12 +102,18 @@ class GetScheduleResponse(_message.Message):
     def __init__(self, schedule: _Optional[_Union[Schedule, _Mapping]] = ...) -> None: ...
 
 class ListSchedulesRequest(_message.Message):
-    __slots__ = ("page_size", "page_token")
+    __slots__ = ("page_size", "page_token", "paused", "target_kind", "name_prefix")
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    PAUSED_FIELD_NUMBER: _ClassVar[int]
+    TARGET_KIND_FIELD_NUMBER: _ClassVar[int]
+    NAME_PREFIX_FIELD_NUMBER: _ClassVar[int]
     page_size: int
     page_token: str
-    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+    paused: bool
+    target_kind: str
+    name_prefix: str
+    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., paused: _Optional[bool] = ..., target_kind: _Optional[str] = ..., name_prefix: _Optional[str] = ...) -> None: ...
 
 class ListSchedulesResponse(_message.Message):
     __slots__ = ("schedules", "next_page_token")
@@ -108,12 +124,14 @@ class ListSchedulesResponse(_message.Message):
     def __init__(self, schedules: _Optional[_Iterable[_Union[Schedule, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class UpdateScheduleRequest(_message.Message):
-    __slots__ = ("schedule", "update_mask")
+    __slots__ = ("schedule", "update_mask", "allow_missing")
     SCHEDULE_FIELD_NUMBER: _ClassVar[int]
     UPDATE_MASK_FIELD_NUMBER: _ClassVar[int]
+    ALLOW_MISSING_FIELD_NUMBER: _ClassVar[int]
     schedule: Schedule
     update_mask: _field_mask_pb2.FieldMask
-    def __init__(self, schedule: _Optional[_Union[Schedule, _Mapping]] = ..., update_mask: _Optional[_Union[_field_mask_pb2.FieldMask, _Mapping]] = ...) -> None: ...
+    allow_missing: bool
+    def __init__(self, schedule: _Optional[_Union[Schedule, _Mapping]] = ..., update_mask: _Optional[_Union[_field_mask_pb2.FieldMask, _Mapping]] = ..., allow_missing: _Optional[bool] = ...) -> None: ...
 
 class UpdateScheduleResponse(_message.Message):
     __slots__ = ("schedule",)
@@ -180,7 +198,11 @@ class PreviewScheduleRequest(_message.Message):
     def __init__(self, schedule: _Optional[_Union[Schedule, _Mapping]] = ..., count: _Optional[int] = ..., start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class PreviewScheduleResponse(_message.Message):
-    __slots__ = ("fire_times",)
+    __slots__ = ("fire_times", "human_readable", "canonical")
     FIRE_TIMES_FIELD_NUMBER: _ClassVar[int]
+    HUMAN_READABLE_FIELD_NUMBER: _ClassVar[int]
+    CANONICAL_FIELD_NUMBER: _ClassVar[int]
     fire_times: _containers.RepeatedCompositeFieldContainer[_timestamp_pb2.Timestamp]
-    def __init__(self, fire_times: _Optional[_Iterable[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]]] = ...) -> None: ...
+    human_readable: str
+    canonical: Schedule
+    def __init__(self, fire_times: _Optional[_Iterable[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]]] = ..., human_readable: _Optional[str] = ..., canonical: _Optional[_Union[Schedule, _Mapping]] = ...) -> None: ...

@@ -31,8 +31,10 @@ class ScheduleServiceStub:
     time however many server replicas run: the fire and the move to the next due
     time commit together. After downtime (or a long stall) a schedule fires once
     for all the times it missed, then continues from the first due time after
-    now. A fire that its target refuses (target missing, paused or full, message
-    too large) is skipped, not retried, and recorded in `last_error`.
+    now (or, with a `catch_up_limit`, for each missed time in order, up to that
+    many fires). A fire that its target refuses (target missing, paused or full,
+    message too large) is skipped, not retried, and recorded in `last_error`;
+    `failure_threshold` refusals in a row pause the schedule.
     """
 
     def __init__(self, channel):
@@ -94,8 +96,10 @@ class ScheduleServiceServicer:
     time however many server replicas run: the fire and the move to the next due
     time commit together. After downtime (or a long stall) a schedule fires once
     for all the times it missed, then continues from the first due time after
-    now. A fire that its target refuses (target missing, paused or full, message
-    too large) is skipped, not retried, and recorded in `last_error`.
+    now (or, with a `catch_up_limit`, for each missed time in order, up to that
+    many fires). A fire that its target refuses (target missing, paused or full,
+    message too large) is skipped, not retried, and recorded in `last_error`;
+    `failure_threshold` refusals in a row pause the schedule.
     """
 
     def CreateSchedule(self, request, context):
@@ -115,7 +119,8 @@ class ScheduleServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListSchedules(self, request, context):
-        """Lists schedules in name order, one page at a time.
+        """Lists schedules in name order, one page at a time, optionally only the
+        paused or active ones, those into queues or topics, or names with a prefix.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -124,6 +129,8 @@ class ScheduleServiceServicer:
     def UpdateSchedule(self, request, context):
         """Changes the fields named in the update mask. A new timing takes effect at
         once (its next due time counts from now); a paused schedule stays paused.
+        With `allow_missing`, a schedule that does not exist is created from the
+        request's schedule (AIP-134).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -233,8 +240,10 @@ class ScheduleService:
     time however many server replicas run: the fire and the move to the next due
     time commit together. After downtime (or a long stall) a schedule fires once
     for all the times it missed, then continues from the first due time after
-    now. A fire that its target refuses (target missing, paused or full, message
-    too large) is skipped, not retried, and recorded in `last_error`.
+    now (or, with a `catch_up_limit`, for each missed time in order, up to that
+    many fires). A fire that its target refuses (target missing, paused or full,
+    message too large) is skipped, not retried, and recorded in `last_error`;
+    `failure_threshold` refusals in a row pause the schedule.
     """
 
     @staticmethod

@@ -32,8 +32,10 @@ class ScheduleServiceStub:
     time however many server replicas run: the fire and the move to the next due
     time commit together. After downtime (or a long stall) a schedule fires once
     for all the times it missed, then continues from the first due time after
-    now. A fire that its target refuses (target missing, paused or full, message
-    too large) is skipped, not retried, and recorded in `last_error`.
+    now (or, with a `catch_up_limit`, for each missed time in order, up to that
+    many fires). A fire that its target refuses (target missing, paused or full,
+    message too large) is skipped, not retried, and recorded in `last_error`;
+    `failure_threshold` refusals in a row pause the schedule.
     """
 
     @_typing.overload
@@ -48,10 +50,14 @@ class ScheduleServiceStub:
     GetSchedule: _grpc.UnaryUnaryMultiCallable[_schedule_service_pb2.GetScheduleRequest, _schedule_service_pb2.GetScheduleResponse]
     """Returns a schedule. NOT_FOUND if it does not exist."""
     ListSchedules: _grpc.UnaryUnaryMultiCallable[_schedule_service_pb2.ListSchedulesRequest, _schedule_service_pb2.ListSchedulesResponse]
-    """Lists schedules in name order, one page at a time."""
+    """Lists schedules in name order, one page at a time, optionally only the
+    paused or active ones, those into queues or topics, or names with a prefix.
+    """
     UpdateSchedule: _grpc.UnaryUnaryMultiCallable[_schedule_service_pb2.UpdateScheduleRequest, _schedule_service_pb2.UpdateScheduleResponse]
     """Changes the fields named in the update mask. A new timing takes effect at
     once (its next due time counts from now); a paused schedule stays paused.
+    With `allow_missing`, a schedule that does not exist is created from the
+    request's schedule (AIP-134).
     """
     DeleteSchedule: _grpc.UnaryUnaryMultiCallable[_schedule_service_pb2.DeleteScheduleRequest, _schedule_service_pb2.DeleteScheduleResponse]
     """Deletes a schedule."""
@@ -81,8 +87,10 @@ class ScheduleServiceAsyncStub(ScheduleServiceStub):
     time however many server replicas run: the fire and the move to the next due
     time commit together. After downtime (or a long stall) a schedule fires once
     for all the times it missed, then continues from the first due time after
-    now. A fire that its target refuses (target missing, paused or full, message
-    too large) is skipped, not retried, and recorded in `last_error`.
+    now (or, with a `catch_up_limit`, for each missed time in order, up to that
+    many fires). A fire that its target refuses (target missing, paused or full,
+    message too large) is skipped, not retried, and recorded in `last_error`;
+    `failure_threshold` refusals in a row pause the schedule.
     """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
@@ -94,10 +102,14 @@ class ScheduleServiceAsyncStub(ScheduleServiceStub):
     GetSchedule: _aio.UnaryUnaryMultiCallable[_schedule_service_pb2.GetScheduleRequest, _schedule_service_pb2.GetScheduleResponse]  # type: ignore[assignment]
     """Returns a schedule. NOT_FOUND if it does not exist."""
     ListSchedules: _aio.UnaryUnaryMultiCallable[_schedule_service_pb2.ListSchedulesRequest, _schedule_service_pb2.ListSchedulesResponse]  # type: ignore[assignment]
-    """Lists schedules in name order, one page at a time."""
+    """Lists schedules in name order, one page at a time, optionally only the
+    paused or active ones, those into queues or topics, or names with a prefix.
+    """
     UpdateSchedule: _aio.UnaryUnaryMultiCallable[_schedule_service_pb2.UpdateScheduleRequest, _schedule_service_pb2.UpdateScheduleResponse]  # type: ignore[assignment]
     """Changes the fields named in the update mask. A new timing takes effect at
     once (its next due time counts from now); a paused schedule stays paused.
+    With `allow_missing`, a schedule that does not exist is created from the
+    request's schedule (AIP-134).
     """
     DeleteSchedule: _aio.UnaryUnaryMultiCallable[_schedule_service_pb2.DeleteScheduleRequest, _schedule_service_pb2.DeleteScheduleResponse]  # type: ignore[assignment]
     """Deletes a schedule."""
@@ -126,8 +138,10 @@ class ScheduleServiceServicer(metaclass=_abc_1.ABCMeta):
     time however many server replicas run: the fire and the move to the next due
     time commit together. After downtime (or a long stall) a schedule fires once
     for all the times it missed, then continues from the first due time after
-    now. A fire that its target refuses (target missing, paused or full, message
-    too large) is skipped, not retried, and recorded in `last_error`.
+    now (or, with a `catch_up_limit`, for each missed time in order, up to that
+    many fires). A fire that its target refuses (target missing, paused or full,
+    message too large) is skipped, not retried, and recorded in `last_error`;
+    `failure_threshold` refusals in a row pause the schedule.
     """
 
     @_abc_1.abstractmethod
@@ -155,7 +169,9 @@ class ScheduleServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _schedule_service_pb2.ListSchedulesRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_schedule_service_pb2.ListSchedulesResponse, _abc.Awaitable[_schedule_service_pb2.ListSchedulesResponse]]:
-        """Lists schedules in name order, one page at a time."""
+        """Lists schedules in name order, one page at a time, optionally only the
+        paused or active ones, those into queues or topics, or names with a prefix.
+        """
 
     @_abc_1.abstractmethod
     def UpdateSchedule(
@@ -165,6 +181,8 @@ class ScheduleServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_schedule_service_pb2.UpdateScheduleResponse, _abc.Awaitable[_schedule_service_pb2.UpdateScheduleResponse]]:
         """Changes the fields named in the update mask. A new timing takes effect at
         once (its next due time counts from now); a paused schedule stays paused.
+        With `allow_missing`, a schedule that does not exist is created from the
+        request's schedule (AIP-134).
         """
 
     @_abc_1.abstractmethod

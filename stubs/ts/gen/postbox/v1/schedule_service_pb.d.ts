@@ -202,6 +202,48 @@ export declare type Schedule = Message<"postbox.v1.Schedule"> & {
    * @generated from field: int64 fire_count = 13;
    */
   fireCount: bigint;
+
+  /**
+   * Optional. After downtime (or a long stall), how many fires catch up the
+   * missed due times: each fires in order, with its own due time in its
+   * deduplication id, up to this many; the rest are skipped and the schedule
+   * continues from its first due time after now. 0 to 1000; 0 (the default)
+   * and 1 fire once for all missed times.
+   *
+   * @generated from field: int32 catch_up_limit = 14;
+   */
+  catchUpLimit: number;
+
+  /**
+   * Optional. Refused fires in a row (see `last_error`) after which the
+   * schedule pauses itself; a fire that succeeds, a run or a resume starts the
+   * count again. 0 to 1000; 0 (the default): never.
+   *
+   * @generated from field: int32 failure_threshold = 15;
+   */
+  failureThreshold: number;
+
+  /**
+   * Output only. Refused fires in a row since the last that succeeded.
+   *
+   * @generated from field: int32 consecutive_failures = 16;
+   */
+  consecutiveFailures: number;
+
+  /**
+   * Output only. The timing in English, e.g. "At 09:00 every day (Europe/Berlin)".
+   *
+   * @generated from field: string human_readable = 17;
+   */
+  humanReadable: string;
+
+  /**
+   * Output only. The next 5 fire times from `next_fire_time` (one for run_at;
+   * none when paused or spent). GetSchedule fills it in; lists leave it out.
+   *
+   * @generated from field: repeated google.protobuf.Timestamp next_fire_times = 18;
+   */
+  nextFireTimes: Timestamp[];
 };
 
 /**
@@ -309,6 +351,29 @@ export declare type ListSchedulesRequest = Message<"postbox.v1.ListSchedulesRequ
    * @generated from field: string page_token = 2;
    */
   pageToken: string;
+
+  /**
+   * Optional. Only paused schedules (true) or only active ones (false). Unset:
+   * both.
+   *
+   * @generated from field: optional bool paused = 3;
+   */
+  paused?: boolean | undefined;
+
+  /**
+   * Optional. Only schedules into queues ("queue") or topics ("topic"). Empty:
+   * both.
+   *
+   * @generated from field: string target_kind = 4;
+   */
+  targetKind: string;
+
+  /**
+   * Optional. Only schedules whose names start with this.
+   *
+   * @generated from field: string name_prefix = 5;
+   */
+  namePrefix: string;
 };
 
 /**
@@ -360,11 +425,20 @@ export declare type UpdateScheduleRequest = Message<"postbox.v1.UpdateScheduleRe
 
   /**
    * Required. Fields to change: any of "cron", "interval", "run_at", "target",
-   * "body", "attributes".
+   * "body", "attributes", "catch_up_limit", "failure_threshold".
    *
    * @generated from field: google.protobuf.FieldMask update_mask = 2;
    */
   updateMask?: FieldMask | undefined;
+
+  /**
+   * Optional. When no schedule has that name, create it from `schedule` (all
+   * its fields, whatever the mask names), as CreateSchedule would, instead of
+   * NOT_FOUND.
+   *
+   * @generated from field: bool allow_missing = 3;
+   */
+  allowMissing: boolean;
 };
 
 /**
@@ -605,6 +679,21 @@ export declare type PreviewScheduleResponse = Message<"postbox.v1.PreviewSchedul
    * @generated from field: repeated google.protobuf.Timestamp fire_times = 1;
    */
   fireTimes: Timestamp[];
+
+  /**
+   * Output only. The timing in English (see Schedule.human_readable).
+   *
+   * @generated from field: string human_readable = 2;
+   */
+  humanReadable: string;
+
+  /**
+   * Output only. The timing as CreateSchedule stores it (canonical: a cron
+   * expression's fields single-spaced and its names upper case).
+   *
+   * @generated from field: postbox.v1.Schedule canonical = 3;
+   */
+  canonical?: Schedule | undefined;
 };
 
 /**
@@ -619,8 +708,10 @@ export declare const PreviewScheduleResponseSchema: GenMessage<PreviewScheduleRe
  * time however many server replicas run: the fire and the move to the next due
  * time commit together. After downtime (or a long stall) a schedule fires once
  * for all the times it missed, then continues from the first due time after
- * now. A fire that its target refuses (target missing, paused or full, message
- * too large) is skipped, not retried, and recorded in `last_error`.
+ * now (or, with a `catch_up_limit`, for each missed time in order, up to that
+ * many fires). A fire that its target refuses (target missing, paused or full,
+ * message too large) is skipped, not retried, and recorded in `last_error`;
+ * `failure_threshold` refusals in a row pause the schedule.
  *
  * @generated from service postbox.v1.ScheduleService
  */
@@ -648,7 +739,8 @@ export declare const ScheduleService: GenService<{
     output: typeof GetScheduleResponseSchema;
   },
   /**
-   * Lists schedules in name order, one page at a time.
+   * Lists schedules in name order, one page at a time, optionally only the
+   * paused or active ones, those into queues or topics, or names with a prefix.
    *
    * @generated from rpc postbox.v1.ScheduleService.ListSchedules
    */
@@ -660,6 +752,8 @@ export declare const ScheduleService: GenService<{
   /**
    * Changes the fields named in the update mask. A new timing takes effect at
    * once (its next due time counts from now); a paused schedule stays paused.
+   * With `allow_missing`, a schedule that does not exist is created from the
+   * request's schedule (AIP-134).
    *
    * @generated from rpc postbox.v1.ScheduleService.UpdateSchedule
    */

@@ -904,6 +904,19 @@ export declare type PublishRequest = Message<"postbox.v1.PublishRequest"> & {
    * @generated from field: google.protobuf.Duration stream_delay = 8;
    */
   streamDelay?: Duration | undefined;
+
+  /**
+   * Optional. Each subscribed queue keeps the message invisible for this long,
+   * as SendRequest.delay does (0 s to 365 days, and below the queue's
+   * retention; FIFO queues refuse it, naming the subscription), and each
+   * webhook subscription first attempts its delivery this long after the
+   * publish. Unset: each queue's `delivery_delay`, and webhooks at once.
+   * FAILED_PRECONDITION on a stream topic, whose messages wait with
+   * `stream_delay`; not with `stream_delay`.
+   *
+   * @generated from field: google.protobuf.Duration delay = 9;
+   */
+  delay?: Duration | undefined;
 };
 
 /**
@@ -1010,6 +1023,13 @@ export declare type PublishBatchEntry = Message<"postbox.v1.PublishBatchEntry"> 
    * @generated from field: string subject = 6;
    */
   subject: string;
+
+  /**
+   * Optional. See PublishRequest.delay.
+   *
+   * @generated from field: google.protobuf.Duration delay = 7;
+   */
+  delay?: Duration | undefined;
 };
 
 /**

@@ -47,6 +47,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="rows the spark_write scenario writes each way",
     )
     parser.add_argument(
+        "--spiral-phase-seconds",
+        type=float,
+        default=600.0,
+        help="length of each of death_spiral's three phases",
+    )
+    parser.add_argument(
+        "--spiral-rate",
+        type=float,
+        default=1000.0,
+        help="msgs/s of each of death_spiral's producers",
+    )
+    parser.add_argument(
         "--no-pin",
         action="store_true",
         help="sustained run without the transaction that pins the xmin horizon (for comparison)",
@@ -95,6 +107,8 @@ async def run(args: argparse.Namespace) -> Report:
             args.sustained_rate,
             sustained_pin=not args.no_pin,
             spark_rows=args.spark_rows,
+            spiral_phase_seconds=args.spiral_phase_seconds,
+            spiral_rate=args.spiral_rate,
         )
         try:
             for name in names:

@@ -4,6 +4,7 @@ from bench.scenarios import (
     auth,
     brokers,
     console,
+    death_spiral,
     durability,
     engine,
     history,
@@ -25,13 +26,16 @@ from bench.scenarios import (
 )
 
 # Scenarios too long for a default run; they run when named with --only.
-LONG = frozenset({"spark_write", "sustained", "sustained_stream", "send_sync_replication"})
+LONG = frozenset(
+    {"death_spiral", "spark_write", "sustained", "sustained_stream", "send_sync_replication"}
+)
 
 __all__ = [
     "LONG",
     "auth",
     "brokers",
     "console",
+    "death_spiral",
     "durability",
     "engine",
     "history",

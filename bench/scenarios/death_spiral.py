@@ -21,7 +21,9 @@ holder's release until the consumer's backlog (sent less consumed) is back to it
 clean-phase level, measured each second.
 
 Maintenance runs as each system's own would: postbox.tick() every second (expiry,
-stream rotation), PgQue's ticker every 100 ms and pgque.maint() every second. The
+stream rotation), PgQue's ticker every 100 ms, and pgque.maint() then
+maint_rotate_tables_step2() every second, each in a transaction of its own as
+pgque.start()'s cron jobs run them (the first recorded run left step 2 out). The
 stream topic keeps its log for a quarter of a phase and PgQue rotates its tables
 every quarter phase, so both rotate within each phase.
 
@@ -198,7 +200,8 @@ async def _consume(url: str, system: System, stop: asyncio.Event) -> None:
 
 
 async def _maintain(url: str, stop: asyncio.Event) -> None:
-    """postbox.tick() and pgque.maint() each second, PgQue's ticker every 100 ms."""
+    """postbox.tick(), pgque.maint() and its rotation's second step each second, PgQue's
+    ticker every 100 ms."""
     conn = await asyncpg.connect(url)
     try:
         last = 0.0
@@ -208,6 +211,8 @@ async def _maintain(url: str, stop: asyncio.Event) -> None:
                 last = time.monotonic()
                 await conn.execute("SELECT postbox.tick()")
                 await conn.execute("SELECT pgque.maint()")
+                # Its own transaction, after step 1's, as pgque.start()'s cron job runs it.
+                await conn.execute("SELECT pgque.maint_rotate_tables_step2()")
             await asyncio.sleep(0.1)
     finally:
         await conn.close()

@@ -50,6 +50,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--soak-seconds", type=float, default=3600.0, help="length of the soak run's load"
     )
     parser.add_argument(
+        "--spiral-phase-seconds",
+        type=float,
+        default=600.0,
+        help="length of each of death_spiral's three phases",
+    )
+    parser.add_argument(
+        "--spiral-rate",
+        type=float,
+        default=1000.0,
+        help="msgs/s of each of death_spiral's producers",
+    )
+    parser.add_argument(
         "--no-pin",
         action="store_true",
         help="sustained run without the transaction that pins the xmin horizon (for comparison)",
@@ -99,6 +111,8 @@ async def run(args: argparse.Namespace) -> Report:
             sustained_pin=not args.no_pin,
             spark_rows=args.spark_rows,
             soak_seconds=args.soak_seconds,
+            spiral_phase_seconds=args.spiral_phase_seconds,
+            spiral_rate=args.spiral_rate,
         )
         try:
             for name in names:

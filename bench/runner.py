@@ -93,6 +93,8 @@ class Context:
     sustained_pin: bool = True
     soak_seconds: float = 3600.0
     spark_rows: int = 1_000_000
+    spiral_phase_seconds: float = 600.0
+    spiral_rate: float = 1000.0
     # Scenario output beyond the table (e.g. the sustained run's windows), kept in the JSON.
     extra: dict[str, Any] = field(default_factory=dict)
     _servers: dict[str, Served] = field(default_factory=dict)

@@ -8804,6 +8804,624 @@ BEGIN
 END
 $$;
 
+-- Stream topics without subscriptions: publish appends to the log in one
+-- INSERT, publish_batch skips the subscriptions' query; read_stream walks the
+-- log's index in its order (no sort of the batch) and counts latency in the
+-- walk that finds the batch's end.
+
+-- Publishes up to 1,000 messages to a topic. Entry i of every array belongs to
+-- bodies[i]; an array may be NULL or shorter (missing entries are NULL):
+--   routing_keys     matched against subscription patterns; NULL or '' is the
+--                    empty key, which only "#" matches
+--   attributes       see attribute_problem
+--   ordering_keys    FIFO queues take it as message group (else the routing
+--                    key, else the topic name); standard queues ignore it
+--   deduplication_ids  passed to every queue (see send_batch); FIFO queues
+--                    without content_based_deduplication get the publish id
+--   subjects         up to 100 characters that SNS envelopes carry
+--   signatures       SNS Signatures by topic ARN (see _sns_envelope), under
+--                    signature_version; the server signs given_publish_ids and
+--                    given_published_at, which are then the publish's ids and
+--                    time (else they are made here)
+--   delays           each queue makes the message visible this long after the
+--                    publish (NULL: the queue's delivery_delay), 0 to 365 days
+--                    and below the queue's retention; FIFO queues refuse one,
+--                    as send_batch does; webhooks attempt the delivery then.
+--                    Not on a stream topic, whose delay is publish_delayed's.
+-- A FIFO topic (its name ends in .fifo) needs an ordering key on every entry.
+-- Suspended subscriptions, and those whose filter policy the entry does not
+-- match, take nothing. A subscription with an SNS delivery that is not raw
+-- takes the entry wrapped in SNS's notification JSON (see _sns_envelope).
+-- Each matching queue gets each message once, however many of its
+-- subscriptions match (as the first of them by name delivers it), under the
+-- queue's rules, as send_batch has them (size, pause, max_depth, FIFO,
+-- deduplication). Each matching webhook subscription gets a delivery row
+-- (messages for webhooks hold at most 1 MiB). It is all or nothing: when a
+-- queue refuses, the error names the entry and the subscription, and nothing
+-- is published. Returns one row per entry, in order: its publish id, the
+-- queues (in name order) with the message id each took and whether it was a
+-- duplicate there, and how many webhook deliveries were queued.
+-- Plain queues take their messages in one INSERT (_publish_to_plain_queues);
+-- when one of them refuses, the publish goes queue by queue through
+-- send_batch instead, which reports the first refusal by queue name.
+CREATE OR REPLACE FUNCTION postbox.publish_batch(
+    topic_name text, bodies bytea[], routing_keys text[] DEFAULT NULL, attributes jsonb[] DEFAULT NULL,
+    ordering_keys text[] DEFAULT NULL, deduplication_ids text[] DEFAULT NULL, subjects text[] DEFAULT NULL,
+    signatures jsonb[] DEFAULT NULL, signature_version text DEFAULT NULL, given_publish_ids uuid[] DEFAULT NULL,
+    given_published_at timestamptz DEFAULT NULL, delays interval[] DEFAULT NULL)
+RETURNS TABLE (publish_id uuid, queues text[], message_ids bigint[], duplicates boolean[],
+               webhook_deliveries integer)
+LANGUAGE plpgsql
+-- Plan each statement once per session. Custom plans (the default for the first
+-- calls, and for good when they look cheaper) re-plan every publish, which
+-- costs more than the publish itself.
+SET plan_cache_mode = force_generic_plan
+AS $$
+#variable_conflict use_column
+DECLARE
+    t postbox.topics;
+    n integer := coalesce(cardinality(bodies), 0);
+    published_at timestamptz := coalesce(given_published_at, clock_timestamp());
+    problem text;
+    any_webhooks boolean;
+    ids uuid[];
+    keys text[];
+    -- One entry per (queue, publish entry) that takes a message, in queue name
+    -- then entry order; plain: the queue takes it in the one INSERT.
+    pair_queue_ids integer[];
+    pair_queues text[];
+    pair_fifo boolean[];
+    pair_content_based boolean[];
+    pair_subscriptions text[];
+    pair_entries integer[];
+    pair_envelopes jsonb[];
+    pair_plain boolean[];
+    plain_count integer;
+    plain_queue_ids integer[];
+    plain_entries integer[];
+    plain_queues text[];
+    plain_ids bigint[];
+    one_by_one boolean := false;
+    dest record;
+    subset boolean;
+    groups text[];
+    dedup text[];
+    sent_ids bigint[];
+    sent_duplicates boolean[];
+    done_entries integer[] := '{}';
+    done_queues text[] := '{}';
+    done_ids bigint[] := '{}';
+    done_duplicates boolean[] := '{}';
+    hook_subscriptions integer[];
+    hook_entries integer[];
+    hook_bodies bytea[];
+    refusing text;
+    refusing_queue text;
+    refusing_entries integer[];
+    state text;
+    entry_of text[];
+    dest_bodies bytea[];
+    dest_attributes jsonb[];
+    dest_delays interval[];
+BEGIN
+    SELECT * INTO t FROM postbox.topics x WHERE x.name = topic_name;
+    IF NOT FOUND THEN
+        t := postbox._topic(topic_name);  -- raises the error
+    END IF;
+    IF n NOT BETWEEN 1 AND 1000 THEN
+        PERFORM postbox._check_batch_size(n);
+    END IF;
+    IF greatest(cardinality(routing_keys), cardinality(attributes), cardinality(ordering_keys),
+                cardinality(deduplication_ids), cardinality(subjects), cardinality(delays)) > n THEN
+        PERFORM postbox._invalid('per-entry arrays may not have more entries than bodies');
+    END IF;
+    IF delays IS NOT NULL THEN
+        SELECT postbox._entry_prefix(e.i, n) || CASE
+                   WHEN e.d < interval '0' THEN format('delay %s s is negative', trim_scale(extract(epoch FROM e.d)))
+                   ELSE format('delay %s s is beyond the longest delay, 365 days', trim_scale(extract(epoch FROM e.d)))
+               END
+        INTO problem
+        FROM unnest(delays) WITH ORDINALITY AS e(d, i)
+        WHERE e.d < interval '0' OR e.d >= interval '365 days'
+        ORDER BY e.i
+        LIMIT 1;
+        IF problem IS NOT NULL THEN
+            PERFORM postbox._invalid(problem);
+        END IF;
+        IF t.stream_retention IS NOT NULL AND array_remove(delays, NULL) <> '{}' THEN
+            RAISE EXCEPTION USING ERRCODE = 'PB412', MESSAGE = format(
+                'topic %s is a stream topic: hold a message out of its log with stream_delay, not delay',
+                quote_literal(t.name));
+        END IF;
+    END IF;
+    SELECT postbox._entry_prefix(e.i, n) || CASE
+               WHEN e.b IS NULL THEN 'body must not be NULL'
+               WHEN length(e.o) > 128 OR e.o !~ '^[!-~]+$' THEN
+                   'ordering_key must be 1 to 128 printable ASCII characters'
+               WHEN length(e.x) > 128 OR e.x !~ '^[!-~]+$' THEN
+                   'deduplication_id must be 1 to 128 printable ASCII characters'
+               WHEN length(e.s) > 100 OR e.s ~ '[[:cntrl:]]' THEN
+                   'subject must be at most 100 characters without control characters'
+               WHEN e.o IS NULL AND t.name LIKE '%.fifo' THEN
+                   format('topic %s is a FIFO topic: every message needs an ordering_key (its message group)',
+                          quote_literal(t.name))
+               ELSE postbox.routing_key_problem(e.k) END
+    INTO problem
+    FROM unnest(bodies, routing_keys, ordering_keys, deduplication_ids, subjects)
+         WITH ORDINALITY AS e(b, k, o, x, s, i)
+    WHERE e.b IS NULL OR length(e.o) > 128 OR e.o !~ '^[!-~]+$' OR length(e.x) > 128 OR e.x !~ '^[!-~]+$'
+          OR length(e.s) > 100 OR e.s ~ '[[:cntrl:]]' OR (e.o IS NULL AND t.name LIKE '%.fifo')
+          OR (e.k <> '' AND postbox.routing_key_problem(e.k) IS NOT NULL)
+    ORDER BY e.i
+    LIMIT 1;
+    IF problem IS NULL AND attributes IS NOT NULL THEN
+        problem := postbox._attributes_problem(attributes, n);
+    END IF;
+    IF problem IS NOT NULL THEN
+        PERFORM postbox._invalid(problem);
+    END IF;
+    IF given_publish_ids IS NOT NULL THEN
+        IF cardinality(given_publish_ids) <> n OR array_position(given_publish_ids, NULL) IS NOT NULL THEN
+            PERFORM postbox._invalid('given_publish_ids must hold one publish id per body');
+        END IF;
+        ids := given_publish_ids;
+        keys := ARRAY(SELECT coalesce(routing_keys[i], '') FROM generate_series(1, n) AS i);
+    ELSIF n = 1 THEN
+        ids := ARRAY[gen_random_uuid()];
+        keys := ARRAY[coalesce(routing_keys[1], '')];
+    ELSE
+        ids := ARRAY(SELECT gen_random_uuid() FROM generate_series(1, n));
+        keys := ARRAY(SELECT coalesce(routing_keys[i], '') FROM generate_series(1, n) AS i);
+    END IF;
+
+    PERFORM postbox._append_to_stream(t, ids, published_at, keys, ordering_keys, subjects, attributes, bodies)
+    WHERE t.stream_retention IS NOT NULL;
+    PERFORM pg_advisory_xact_lock_shared(1886350200, t.id);  -- postbox._lock_topic, inline
+    -- A stream topic without subscriptions: the log has the batch, nothing else
+    -- takes it (looked at under the lock, as the subscriptions' query below).
+    IF t.stream_retention IS NOT NULL AND NOT EXISTS (SELECT FROM postbox.subscriptions s WHERE s.topic_id = t.id) THEN
+        RETURN QUERY SELECT e.id, '{}'::text[], '{}'::bigint[], '{}'::boolean[], 0 FROM unnest(ids) AS e(id);
+        RETURN;
+    END IF;
+    -- The aggregates take the pairs in the order of the sorted sub-select (an
+    -- ORDER BY in each aggregate would sort eight times). None of them may have
+    -- DISTINCT or ORDER BY: PostgreSQL 16 and later then sort the input for it,
+    -- and every aggregate would see the pairs in that order instead.
+    SELECT array_agg(p.queue_id), array_agg(p.queue), array_agg(p.fifo), array_agg(p.content_based_deduplication),
+           array_agg(p.subscription), array_agg(p.i), array_agg(p.envelope), array_agg(p.plain),
+           count(*) FILTER (WHERE p.plain), array_agg(p.queue_id) FILTER (WHERE p.plain),
+           array_agg(p.i) FILTER (WHERE p.plain),
+           array_agg(p.queue) FILTER (WHERE p.plain),
+           -- Here, rather than a statement of its own (each costs its start).
+           (SELECT count(*) > 0 FROM postbox.subscriptions w
+            WHERE w.topic_id = t.id AND w.webhook_url IS NOT NULL AND NOT w.suspended)
+    INTO pair_queue_ids, pair_queues, pair_fifo, pair_content_based, pair_subscriptions, pair_entries,
+         pair_envelopes, pair_plain, plain_count, plain_queue_ids, plain_entries, plain_queues, any_webhooks
+    FROM (SELECT q.id AS queue_id, q.name AS queue, q.fifo, q.content_based_deduplication, m.subscription, m.i,
+                 m.envelope,
+                 NOT q.fifo AND NOT q.content_based_deduplication AND q.max_depth IS NULL
+                     AND (deduplication_ids IS NULL OR deduplication_ids[m.i] IS NULL) AS plain
+          FROM (SELECT DISTINCT ON (s.queue_id, e.i) s.queue_id, s.name AS subscription, e.i::integer AS i,
+                       -- The envelope the entry goes in (NULL: none).
+                       CASE WHEN NOT coalesce((s.sns ->> 'raw')::boolean, false) THEN s.sns END AS envelope
+                FROM postbox.subscriptions s
+                CROSS JOIN unnest(keys) WITH ORDINALITY AS e(k, i)
+                WHERE s.topic_id = t.id AND s.queue_id IS NOT NULL AND NOT s.suspended
+                      AND postbox._key_matches(s.match_kind, s.match_text, e.k)
+                      AND (s.filter_policy IS NULL
+                           OR postbox.filter_matches(s.filter_policy, s.filter_scope, attributes[e.i], bodies[e.i]))
+                ORDER BY s.queue_id, e.i, s.name) AS m
+          JOIN postbox.queues q ON q.id = m.queue_id
+          ORDER BY q.name, m.i) AS p;
+
+    IF plain_count > 0 THEN
+        IF array_remove(pair_envelopes, NULL) = '{}' THEN
+            plain_ids := postbox._publish_to_plain_queues(
+                pair_queue_ids, pair_entries, pair_envelopes, pair_plain, plain_queue_ids, bodies, attributes,
+                subjects, ids, published_at, signatures, signature_version, delays);
+        ELSE
+            -- An envelope refuses a body that is not UTF-8 by raising, in a
+            -- subtransaction, then, so that queue by queue can take over.
+            BEGIN
+                plain_ids := postbox._publish_to_plain_queues(
+                    pair_queue_ids, pair_entries, pair_envelopes, pair_plain, plain_queue_ids, bodies, attributes,
+                    subjects, ids, published_at, signatures, signature_version, delays);
+            EXCEPTION WHEN OTHERS THEN
+                GET STACKED DIAGNOSTICS state = RETURNED_SQLSTATE;
+                IF state NOT LIKE 'PB%' THEN
+                    RAISE;
+                END IF;
+                plain_ids := NULL;
+            END;
+        END IF;
+        IF plain_ids IS NULL THEN
+            one_by_one := true;
+        ELSE
+            done_entries := plain_entries;
+            done_queues := plain_queues;
+            done_ids := plain_ids;
+            done_duplicates := array_fill(false, ARRAY[plain_count]);
+        END IF;
+    END IF;
+
+    IF one_by_one OR plain_count < cardinality(pair_plain) THEN
+        -- One send_batch per queue, in queue name order (so concurrent publishes
+        -- take the queues' locks in one order). One subtransaction for all of
+        -- them, to say which subscription refused.
+        BEGIN
+            FOR dest IN
+                SELECT p.queue, p.fifo, p.content_based_deduplication, min(p.subscription) AS subscription,
+                       array_agg(p.i ORDER BY p.i) AS entries,
+                       -- Per entry, the envelope it goes in; NULL when no entry has one.
+                       CASE WHEN bool_or(p.envelope IS NOT NULL) THEN array_agg(p.envelope ORDER BY p.i) END
+                           AS envelopes
+                FROM unnest(pair_queue_ids, pair_queues, pair_fifo, pair_content_based, pair_subscriptions,
+                            pair_entries, pair_envelopes, pair_plain)
+                     AS p(queue_id, queue, fifo, content_based_deduplication, subscription, i, envelope, plain)
+                WHERE one_by_one OR NOT p.plain
+                GROUP BY p.queue_id, p.queue, p.fifo, p.content_based_deduplication
+                ORDER BY p.queue
+            LOOP
+                refusing := dest.subscription;
+                refusing_queue := dest.queue;
+                refusing_entries := dest.entries;
+                subset := cardinality(dest.entries) < n;
+                groups := NULL;
+                dedup := NULL;
+                IF dest.fifo OR deduplication_ids IS NOT NULL THEN
+                    SELECT CASE WHEN dest.fifo THEN
+                               array_agg(coalesce(ordering_keys[p], nullif(keys[p], ''), topic_name) ORDER BY o)
+                           END,
+                           array_agg(coalesce(deduplication_ids[p],
+                                              CASE WHEN dest.fifo AND NOT dest.content_based_deduplication
+                                                   THEN ids[p]::text END) ORDER BY o)
+                    INTO groups, dedup
+                    FROM unnest(dest.entries) WITH ORDINALITY AS u(p, o);
+                    IF array_remove(dedup, NULL) = '{}' THEN
+                        dedup := NULL;  -- keeps send_batch's fast path
+                    END IF;
+                END IF;
+                IF dest.envelopes IS NOT NULL THEN
+                    -- SNS's notification JSON carries the attributes inside it.
+                    SELECT array_agg(CASE WHEN u.env IS NULL THEN bodies[u.p]
+                                          ELSE postbox._sns_envelope(u.env, ids[u.p], published_at, subjects[u.p],
+                                                                     bodies[u.p], attributes[u.p], signatures[u.p],
+                                                                     signature_version) END ORDER BY u.o),
+                           array_agg(CASE WHEN u.env IS NULL THEN attributes[u.p] END ORDER BY u.o)
+                    INTO dest_bodies, dest_attributes
+                    FROM unnest(dest.entries, dest.envelopes) WITH ORDINALITY AS u(p, env, o);
+                ELSIF subset THEN
+                    dest_bodies := ARRAY(SELECT bodies[p] FROM unnest(dest.entries) WITH ORDINALITY AS u(p, o)
+                                         ORDER BY o);
+                    dest_attributes := CASE WHEN attributes IS NOT NULL THEN
+                        ARRAY(SELECT attributes[p] FROM unnest(dest.entries) WITH ORDINALITY AS u(p, o) ORDER BY o)
+                    END;
+                ELSE
+                    dest_bodies := bodies;
+                    dest_attributes := attributes;
+                END IF;
+                dest_delays := CASE WHEN delays IS NOT NULL THEN
+                    ARRAY(SELECT delays[p] FROM unnest(dest.entries) WITH ORDINALITY AS u(p, o) ORDER BY o)
+                END;
+                SELECT array_agg(r.message_id ORDER BY r.o), array_agg(r.duplicate ORDER BY r.o)
+                INTO sent_ids, sent_duplicates
+                FROM postbox.send_batch(
+                    dest.queue,
+                    dest_bodies,
+                    dest_attributes,
+                    delays => dest_delays,
+                    message_group_ids => groups,
+                    deduplication_ids => dedup) WITH ORDINALITY AS r(message_id, duplicate, o);
+                done_entries := done_entries || dest.entries;
+                done_queues := done_queues || array_fill(dest.queue, ARRAY[cardinality(dest.entries)]);
+                done_ids := done_ids || sent_ids;
+                done_duplicates := done_duplicates || sent_duplicates;
+            END LOOP;
+        EXCEPTION WHEN OTHERS THEN
+            GET STACKED DIAGNOSTICS state = RETURNED_SQLSTATE, problem = MESSAGE_TEXT;
+            IF refusing IS NULL OR state NOT LIKE 'PB%' THEN
+                RAISE;
+            END IF;
+            -- send_batch names entries of the batch it got; name the publish's.
+            entry_of := regexp_match(problem, '^entry ([0-9]+): (.*)$');
+            IF entry_of IS NOT NULL THEN
+                entry_of := ARRAY[format('entry %s: ', refusing_entries[entry_of[1]::integer + 1] - 1), entry_of[2]];
+            ELSIF n > 1 AND cardinality(refusing_entries) = 1 THEN
+                entry_of := ARRAY[format('entry %s: ', refusing_entries[1] - 1), problem];
+            ELSE
+                entry_of := ARRAY['', problem];
+            END IF;
+            RAISE EXCEPTION USING ERRCODE = state, MESSAGE = format(
+                '%ssubscription %s (queue %s) refused the publish, so nothing was published: %s',
+                entry_of[1], quote_literal(refusing), quote_literal(refusing_queue), entry_of[2]);
+        END;
+    END IF;
+
+    IF any_webhooks THEN
+        SELECT array_agg(s.id ORDER BY e.i, s.name), array_agg(e.i::integer ORDER BY e.i, s.name),
+               -- A webhook with an SNS delivery that is not raw gets the envelope made now.
+               array_agg(CASE WHEN s.sns IS NOT NULL AND NOT coalesce((s.sns ->> 'raw')::boolean, false)
+                              THEN postbox._sns_envelope(s.sns, ids[e.i], published_at, subjects[e.i], bodies[e.i],
+                                                         attributes[e.i], signatures[e.i], signature_version)
+                              ELSE bodies[e.i] END ORDER BY e.i, s.name),
+               (array_agg(format('%ssubscription %s takes webhook messages of at most 1048576 bytes, not %s',
+                                 postbox._entry_prefix(e.i, n), quote_literal(s.name),
+                                 postbox.message_size(bodies[e.i], attributes[e.i])) ORDER BY e.i)
+                   FILTER (WHERE postbox.message_size(bodies[e.i], attributes[e.i]) > 1048576))[1]
+        INTO hook_subscriptions, hook_entries, hook_bodies, problem
+        FROM postbox.subscriptions s
+        CROSS JOIN unnest(keys) WITH ORDINALITY AS e(k, i)
+        WHERE s.topic_id = t.id AND s.webhook_url IS NOT NULL AND NOT s.suspended
+              AND postbox._key_matches(s.match_kind, s.match_text, e.k)
+              AND (s.filter_policy IS NULL
+                   OR postbox.filter_matches(s.filter_policy, s.filter_scope, attributes[e.i], bodies[e.i]));
+        IF problem IS NOT NULL THEN
+            PERFORM postbox._invalid(problem);
+        END IF;
+        IF hook_subscriptions IS NOT NULL THEN
+            INSERT INTO postbox.webhook_deliveries (subscription_id, publish_id, published_at, routing_key,
+                                                    ordering_key, attributes, body, next_attempt_at)
+            SELECT h.s, ids[h.i], published_at, keys[h.i], ordering_keys[h.i], attributes[h.i], h.b,
+                   published_at + coalesce(delays[h.i], interval '0')
+            FROM unnest(hook_subscriptions, hook_entries, hook_bodies) AS h(s, i, b);
+            PERFORM postbox._signal('webhooks');
+        END IF;
+    END IF;
+
+    IF n = 1 AND NOT one_by_one AND plain_count = cardinality(pair_plain) THEN
+        -- One entry into plain queues only: its pairs are in queue name order.
+        RETURN QUERY SELECT ids[1], done_queues, done_ids, done_duplicates,
+                            coalesce(cardinality(hook_entries), 0)::integer;
+        RETURN;
+    END IF;
+    RETURN QUERY
+    SELECT ids[e.i], coalesce(d.queue_names, '{}'), coalesce(d.queue_message_ids, '{}'),
+           coalesce(d.queue_duplicates, '{}'), coalesce(h.deliveries, 0)::integer
+    FROM generate_series(1, n) AS e(i)
+    LEFT JOIN (SELECT x, array_agg(q ORDER BY q) AS queue_names, array_agg(m ORDER BY q) AS queue_message_ids,
+                      array_agg(dup ORDER BY q) AS queue_duplicates
+               FROM unnest(done_entries, done_queues, done_ids, done_duplicates) AS u(x, q, m, dup)
+               GROUP BY x) AS d ON d.x = e.i
+    LEFT JOIN (SELECT x, count(*) AS deliveries FROM unnest(hook_entries) AS x GROUP BY x) AS h ON h.x = e.i
+    ORDER BY e.i;
+END
+$$;
+
+-- Publishes one message; see publish_batch. A stream topic without
+-- subscriptions (none to match, filter or envelope for) takes it in one
+-- INSERT into its log, checked as publish_batch checks it; any other topic,
+-- and a message that fails a check (for publish_batch's error), take
+-- publish_batch's path.
+CREATE OR REPLACE FUNCTION postbox.publish(topic_name text, body bytea, routing_key text DEFAULT '',
+                                attributes jsonb DEFAULT NULL, ordering_key text DEFAULT NULL,
+                                deduplication_id text DEFAULT NULL, subject text DEFAULT NULL,
+                                delay interval DEFAULT NULL)
+RETURNS TABLE (publish_id uuid, queues text[], message_ids bigint[], duplicates boolean[],
+               webhook_deliveries integer)
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan  -- as publish_batch: plan each statement once per session
+AS $$
+DECLARE
+    log_topic_id integer;
+    fifo_topic boolean;
+    append_tx xid8;
+    new_id uuid := gen_random_uuid();
+BEGIN
+    -- The transaction id before the offset, as _append_to_stream takes them;
+    -- the topic's lock (_lock_topic, shared, as publish_batch holds it) before
+    -- the subscriptions are looked at, so none is made in between.
+    SELECT x.id, x.name LIKE '%.fifo', pg_current_xact_id()
+    INTO log_topic_id, fifo_topic, append_tx
+    FROM postbox.topics x
+    WHERE x.name = topic_name AND x.stream_retention IS NOT NULL;
+    IF FOUND THEN
+        PERFORM pg_advisory_xact_lock_shared(1886350200, log_topic_id);  -- postbox._lock_topic, inline
+        INSERT INTO postbox.stream_log (slot, topic_id, tx, stream_offset, published_at, publish_id, routing_key,
+                                        ordering_key, subject, attributes, body)
+        SELECT (SELECT s.slot FROM postbox.stream_slots s WHERE s.state = 'current'), log_topic_id,
+               append_tx, nextval('postbox.stream_offsets'), clock_timestamp(), new_id,
+               coalesce(publish.routing_key, ''), publish.ordering_key, publish.subject, publish.attributes,
+               publish.body
+        WHERE NOT EXISTS (SELECT FROM postbox.subscriptions s WHERE s.topic_id = log_topic_id)
+              AND publish.body IS NOT NULL
+              AND (publish.ordering_key IS NULL
+                   OR (length(publish.ordering_key) <= 128 AND publish.ordering_key ~ '^[!-~]+$'))
+              AND (publish.ordering_key IS NOT NULL OR NOT fifo_topic)
+              AND (publish.deduplication_id IS NULL
+                   OR (length(publish.deduplication_id) <= 128 AND publish.deduplication_id ~ '^[!-~]+$'))
+              AND (publish.subject IS NULL
+                   OR (length(publish.subject) <= 100 AND publish.subject !~ '[[:cntrl:]]'))
+              AND (coalesce(publish.routing_key, '') = '' OR postbox.routing_key_problem(publish.routing_key) IS NULL)
+              AND (publish.attributes IS NULL OR postbox._attributes_problem(ARRAY[publish.attributes], 1) IS NULL)
+              AND postbox.message_size(publish.body, publish.attributes) <= 1048576
+              AND publish.delay IS NULL;  -- a stream topic refuses one: publish_batch says so
+        IF FOUND THEN
+            publish_id := new_id;
+            queues := '{}';
+            message_ids := '{}';
+            duplicates := '{}';
+            webhook_deliveries := 0;
+            RETURN NEXT;
+            RETURN;
+        END IF;
+    END IF;
+    RETURN QUERY SELECT * FROM postbox.publish_batch(
+        topic_name, ARRAY[body], ARRAY[routing_key], postbox._array_of(attributes),
+        postbox._array_of(ordering_key), postbox._array_of(deduplication_id), postbox._array_of(subject),
+        delays => postbox._array_of(delay));
+END
+$$;
+
+-- Reads the next batch of a consumer group: up to max_messages (1-1000) rows
+-- past its cursor, leased for lease_duration (1 second to 12 hours), with a
+-- token (batch) that ack_stream takes. Returns no rows when the group's batch
+-- is out with another consumer (its lease running, or a read of the group in
+-- progress), when nothing is past the cursor, or, as batch controls, when
+-- fewer than min_messages (1 to max_messages) are and the first of them has
+-- waited less than max_batch_wait (NULL: no limit). A batch whose lease ran out
+-- comes back whole, to the next read, with its delivery_count one higher: a
+-- group gets every message at least once. Messages given back (ack_stream's
+-- nack_offsets) whose delay has passed lead a new batch, in offset order,
+-- whatever the batch controls say (they waited already), each with its own
+-- delivery_count (batch_delivery_count is the batch's); new messages of the
+-- log fill the rest of it. With max_deliveries, the messages of a batch whose
+-- lease ran out that have gone out that many times become dead letters
+-- ('lease expired') rather than go out again; the cursor moves past the log's.
+-- A read appends its topic's delayed messages that are due to the log (see
+-- _publish_due_streams): the next read can have them.
+CREATE OR REPLACE FUNCTION postbox.read_stream(topic_name text, group_name text, max_messages integer DEFAULT 100,
+                                    lease_duration interval DEFAULT '30 seconds', min_messages integer DEFAULT 1,
+                                    max_batch_wait interval DEFAULT NULL)
+RETURNS TABLE (batch uuid, stream_offset bigint, published_at timestamptz, publish_id uuid, routing_key text,
+               ordering_key text, subject text, attributes jsonb, body bytea, delivery_count integer,
+               batch_delivery_count integer)
+LANGUAGE plpgsql
+-- Plan each statement once per session: the generic plans walk the log's
+-- index in its order, where custom plans, re-made at every read, would
+-- gather a batch's rows and sort them.
+SET plan_cache_mode = force_generic_plan
+AS $$
+#variable_conflict use_column
+DECLARE
+    checked_name text := postbox._group_name(group_name);  -- before any lookup
+    t postbox.topics := postbox._stream_topic(topic_name);
+    g postbox.consumer_groups;
+    horizon xid8;
+    waiting integer;
+    first_at timestamptz;
+    end_tx xid8;
+    end_offset bigint;
+    due integer := 0;
+    previous uuid;
+    bounds double precision[] := postbox._stream_latency_bounds();  -- once, not per message
+    read_clock timestamptz := clock_timestamp();
+    latency_bins integer[];
+BEGIN
+    IF max_messages IS NULL OR max_messages NOT BETWEEN 1 AND 1000 THEN
+        PERFORM postbox._invalid(format('max_messages must be from 1 to 1000, not %s', max_messages));
+    ELSIF lease_duration IS NULL OR lease_duration < interval '1 second' OR lease_duration > interval '12 hours' THEN
+        PERFORM postbox._invalid(format('lease_duration must be from 1 second to 12 hours, not %s', lease_duration));
+    ELSIF min_messages IS NULL OR min_messages NOT BETWEEN 1 AND max_messages THEN
+        PERFORM postbox._invalid(format('min_messages must be from 1 to max_messages (%s), not %s', max_messages,
+                                        min_messages));
+    ELSIF max_batch_wait < interval '0' THEN
+        PERFORM postbox._invalid(format('max_batch_wait must not be negative, not %s', max_batch_wait));
+    END IF;
+    g := postbox._consumer_group(t, group_name, skip_locked => true);
+    IF g.paused THEN
+        RAISE EXCEPTION USING ERRCODE = 'PB503', MESSAGE = format(
+            'consumer group %s of topic %s is paused; ResumeConsumerGroup lets reads in again',
+            quote_literal(group_name), quote_literal(topic_name));
+    END IF;
+    IF EXISTS (SELECT FROM postbox.stream_delayed d WHERE d.topic_id = t.id AND d.deliver_at <= now()) THEN
+        PERFORM postbox._publish_due_streams(t.id, 1000);
+    END IF;
+    IF g.id IS NULL OR (g.lease IS NOT NULL AND g.lease_expires_at > now()) THEN
+        RETURN;
+    END IF;
+    IF g.lease IS NOT NULL AND g.max_deliveries IS NOT NULL THEN
+        INSERT INTO postbox.stream_dead_letters AS d (group_id, stream_offset, published_at, publish_id,
+                                                      routing_key, ordering_key, subject, attributes, body,
+                                                      deliveries, reason)
+        SELECT g.id, r.stream_offset, r.published_at, r.publish_id, r.routing_key, r.ordering_key, r.subject,
+               r.attributes, r.body, r.deliveries, 'lease expired'
+        FROM postbox.stream_retries r
+        WHERE r.group_id = g.id AND r.batch = g.lease AND r.deliveries >= g.max_deliveries
+        UNION ALL
+        SELECT g.id, l.stream_offset, l.published_at, l.publish_id, l.routing_key, l.ordering_key, l.subject,
+               l.attributes, l.body, g.lease_deliveries, 'lease expired'
+        FROM postbox.stream_log l
+        WHERE g.lease_deliveries >= g.max_deliveries AND l.topic_id = t.id
+              AND (l.tx, l.stream_offset) > (g.cursor_tx, g.cursor_offset)
+              AND (l.tx, l.stream_offset) <= (g.lease_end_tx, g.lease_end_offset)
+        ON CONFLICT ON CONSTRAINT stream_dead_letters_pkey DO UPDATE
+        SET deliveries = excluded.deliveries, dead_at = excluded.dead_at, reason = excluded.reason;
+        DELETE FROM postbox.stream_retries r
+        WHERE r.group_id = g.id AND r.batch = g.lease AND r.deliveries >= g.max_deliveries;
+        IF g.lease_deliveries >= g.max_deliveries THEN
+            -- The batch is done with: a new one goes out, the batch's retries left
+            -- under the limit are due in it.
+            g.cursor_tx := g.lease_end_tx;
+            g.cursor_offset := g.lease_end_offset;
+            g.lease := NULL;
+            UPDATE postbox.consumer_groups c
+            SET cursor_tx = g.cursor_tx, cursor_offset = g.cursor_offset, acked_at = now(), lease = NULL,
+                lease_expires_at = NULL, lease_end_tx = NULL, lease_end_offset = NULL, lease_deliveries = NULL
+            WHERE c.id = g.id;
+        END IF;
+    END IF;
+    previous := g.lease;
+    IF g.lease IS NULL THEN
+        -- Given-back messages out with a batch a seek called back wait no longer.
+        SELECT count(*) INTO due
+        FROM (SELECT FROM postbox.stream_retries r WHERE r.group_id = g.id AND r.visible_at <= now()
+              LIMIT max_messages) AS d;
+        horizon := pg_snapshot_xmin(pg_current_snapshot());
+        -- One walk of the log: what the batch would take, its end (the sorted
+        -- sub-select's last row: the aggregates take the rows in its order, an
+        -- ORDER BY in them would sort again) and its messages' latency bins.
+        SELECT count(*), min(r.published_at), (array_agg(r.tx))[count(*)], (array_agg(r.stream_offset))[count(*)],
+               array_agg(width_bucket(date_part('epoch', read_clock - r.published_at), bounds))
+        INTO waiting, first_at, g.lease_end_tx, g.lease_end_offset, latency_bins
+        FROM (SELECT l.tx, l.stream_offset, l.published_at FROM postbox.stream_log l
+              WHERE l.topic_id = t.id AND (l.tx, l.stream_offset) > (g.cursor_tx, g.cursor_offset) AND l.tx < horizon
+              ORDER BY l.tx, l.stream_offset
+              LIMIT max_messages - due) AS r;
+        IF due = 0 AND (waiting = 0 OR (waiting < min_messages
+                                        AND (max_batch_wait IS NULL OR first_at > now() - max_batch_wait))) THEN
+            RETURN;
+        ELSIF waiting = 0 THEN
+            g.lease_end_tx := g.cursor_tx;  -- given-back messages alone: the ack leaves the cursor
+            g.lease_end_offset := g.cursor_offset;
+        END IF;
+        g.lease_deliveries := 0;
+    END IF;
+    UPDATE postbox.consumer_groups c
+    SET lease = gen_random_uuid(), lease_expires_at = now() + lease_duration, lease_end_tx = g.lease_end_tx,
+        lease_end_offset = g.lease_end_offset, lease_deliveries = g.lease_deliveries + 1, read_at = now()
+    WHERE c.id = g.id
+    RETURNING c.lease, c.lease_deliveries INTO g.lease, g.lease_deliveries;
+    IF previous IS NULL AND waiting > 0 THEN
+        -- The new batch's messages of the log, first read now: their latency.
+        INSERT INTO postbox.stream_latency AS s (group_id, bucket, counts)
+        SELECT g.id, date_bin('10 seconds', now(), 'epoch'), array_agg(coalesce(c.n, 0) ORDER BY b.i)
+        FROM generate_series(0, 15) AS b(i)
+        LEFT JOIN (SELECT u.i, count(*) AS n FROM unnest(latency_bins) AS u(i) GROUP BY u.i) AS c ON c.i = b.i
+        ON CONFLICT ON CONSTRAINT stream_latency_pkey DO UPDATE
+        SET counts = ARRAY(SELECT u.x + u.y FROM unnest(s.counts, excluded.counts) WITH ORDINALITY AS u(x, y, k)
+                           ORDER BY u.k);
+    END IF;
+    -- The given-back messages go out with the batch: those that are due to a new
+    -- batch, those of the batch whose lease ran out with it again.
+    -- Then they go out first, in offset order, and the log's after them in its
+    -- order: two statements, each in the order of its index (one over both
+    -- would sort the batch, bodies and all).
+    IF due > 0 OR previous IS NOT NULL THEN
+        UPDATE postbox.stream_retries r SET batch = g.lease, deliveries = r.deliveries + 1
+        WHERE r.group_id = g.id
+              AND CASE WHEN previous IS NULL
+                       THEN r.stream_offset IN (SELECT d.stream_offset FROM postbox.stream_retries d
+                                                WHERE d.group_id = g.id AND d.visible_at <= now()
+                                                ORDER BY d.stream_offset LIMIT due)
+                       ELSE r.batch = previous END;
+        RETURN QUERY
+        SELECT g.lease, r.stream_offset, r.published_at, r.publish_id, r.routing_key, r.ordering_key, r.subject,
+               r.attributes, r.body, r.deliveries, g.lease_deliveries
+        FROM postbox.stream_retries r
+        WHERE r.group_id = g.id AND r.batch = g.lease
+        ORDER BY r.stream_offset;
+    END IF;
+    RETURN QUERY
+    SELECT g.lease, l.stream_offset, l.published_at, l.publish_id, l.routing_key, l.ordering_key, l.subject,
+           l.attributes, l.body, g.lease_deliveries, g.lease_deliveries
+    FROM postbox.stream_log l
+    WHERE l.topic_id = t.id AND (l.tx, l.stream_offset) > (g.cursor_tx, g.cursor_offset)
+          AND (l.tx, l.stream_offset) <= (g.lease_end_tx, g.lease_end_offset)
+    ORDER BY l.tx, l.stream_offset
+    LIMIT 1000;  -- a batch's most: with it, the plan walks the index rather than sort
+END
+$$;
+
 SELECT postbox._secure();
 
 INSERT INTO postbox.schema_version (version) VALUES ('0.9.0');

@@ -4953,6 +4953,12 @@ BEGIN
     PERFORM postbox._append_to_stream(t, ids, published_at, keys, ordering_keys, subjects, attributes, bodies)
     WHERE t.stream_retention IS NOT NULL;
     PERFORM pg_advisory_xact_lock_shared(1886350200, t.id);  -- postbox._lock_topic, inline
+    -- A stream topic without subscriptions: the log has the batch, nothing else
+    -- takes it (looked at under the lock, as the subscriptions' query below).
+    IF t.stream_retention IS NOT NULL AND NOT EXISTS (SELECT FROM postbox.subscriptions s WHERE s.topic_id = t.id) THEN
+        RETURN QUERY SELECT e.id, '{}'::text[], '{}'::bigint[], '{}'::boolean[], 0 FROM unnest(ids) AS e(id);
+        RETURN;
+    END IF;
     -- The aggregates take the pairs in the order of the sorted sub-select (an
     -- ORDER BY in each aggregate would sort eight times). None of them may have
     -- DISTINCT or ORDER BY: PostgreSQL 16 and later then sort the input for it,
@@ -5157,15 +5163,64 @@ BEGIN
 END
 $$;
 
--- Publishes one message; see publish_batch.
+-- Publishes one message; see publish_batch. A stream topic without
+-- subscriptions (none to match, filter or envelope for) takes it in one
+-- INSERT into its log, checked as publish_batch checks it; any other topic,
+-- and a message that fails a check (for publish_batch's error), take
+-- publish_batch's path.
 CREATE FUNCTION postbox.publish(topic_name text, body bytea, routing_key text DEFAULT '',
                                 attributes jsonb DEFAULT NULL, ordering_key text DEFAULT NULL,
                                 deduplication_id text DEFAULT NULL, subject text DEFAULT NULL,
                                 delay interval DEFAULT NULL)
 RETURNS TABLE (publish_id uuid, queues text[], message_ids bigint[], duplicates boolean[],
                webhook_deliveries integer)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan  -- as publish_batch: plan each statement once per session
+AS $$
+DECLARE
+    log_topic_id integer;
+    fifo_topic boolean;
+    append_tx xid8;
+    new_id uuid := gen_random_uuid();
 BEGIN
+    -- The transaction id before the offset, as _append_to_stream takes them;
+    -- the topic's lock (_lock_topic, shared, as publish_batch holds it) before
+    -- the subscriptions are looked at, so none is made in between.
+    SELECT x.id, x.name LIKE '%.fifo', pg_current_xact_id()
+    INTO log_topic_id, fifo_topic, append_tx
+    FROM postbox.topics x
+    WHERE x.name = topic_name AND x.stream_retention IS NOT NULL;
+    IF FOUND THEN
+        PERFORM pg_advisory_xact_lock_shared(1886350200, log_topic_id);  -- postbox._lock_topic, inline
+        INSERT INTO postbox.stream_log (slot, topic_id, tx, stream_offset, published_at, publish_id, routing_key,
+                                        ordering_key, subject, attributes, body)
+        SELECT (SELECT s.slot FROM postbox.stream_slots s WHERE s.state = 'current'), log_topic_id,
+               append_tx, nextval('postbox.stream_offsets'), clock_timestamp(), new_id,
+               coalesce(publish.routing_key, ''), publish.ordering_key, publish.subject, publish.attributes,
+               publish.body
+        WHERE NOT EXISTS (SELECT FROM postbox.subscriptions s WHERE s.topic_id = log_topic_id)
+              AND publish.body IS NOT NULL
+              AND (publish.ordering_key IS NULL
+                   OR (length(publish.ordering_key) <= 128 AND publish.ordering_key ~ '^[!-~]+$'))
+              AND (publish.ordering_key IS NOT NULL OR NOT fifo_topic)
+              AND (publish.deduplication_id IS NULL
+                   OR (length(publish.deduplication_id) <= 128 AND publish.deduplication_id ~ '^[!-~]+$'))
+              AND (publish.subject IS NULL
+                   OR (length(publish.subject) <= 100 AND publish.subject !~ '[[:cntrl:]]'))
+              AND (coalesce(publish.routing_key, '') = '' OR postbox.routing_key_problem(publish.routing_key) IS NULL)
+              AND (publish.attributes IS NULL OR postbox._attributes_problem(ARRAY[publish.attributes], 1) IS NULL)
+              AND postbox.message_size(publish.body, publish.attributes) <= 1048576
+              AND publish.delay IS NULL;  -- a stream topic refuses one: publish_batch says so
+        IF FOUND THEN
+            publish_id := new_id;
+            queues := '{}';
+            message_ids := '{}';
+            duplicates := '{}';
+            webhook_deliveries := 0;
+            RETURN NEXT;
+            RETURN;
+        END IF;
+    END IF;
     RETURN QUERY SELECT * FROM postbox.publish_batch(
         topic_name, ARRAY[body], ARRAY[routing_key], postbox._array_of(attributes),
         postbox._array_of(ordering_key), postbox._array_of(deduplication_id), postbox._array_of(subject),
@@ -5778,7 +5833,12 @@ CREATE FUNCTION postbox.read_stream(topic_name text, group_name text, max_messag
 RETURNS TABLE (batch uuid, stream_offset bigint, published_at timestamptz, publish_id uuid, routing_key text,
                ordering_key text, subject text, attributes jsonb, body bytea, delivery_count integer,
                batch_delivery_count integer)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+-- Plan each statement once per session: the generic plans walk the log's
+-- index in its order, where custom plans, re-made at every read, would
+-- gather a batch's rows and sort them.
+SET plan_cache_mode = force_generic_plan
+AS $$
 #variable_conflict use_column
 DECLARE
     checked_name text := postbox._group_name(group_name);  -- before any lookup
@@ -5791,6 +5851,9 @@ DECLARE
     end_offset bigint;
     due integer := 0;
     previous uuid;
+    bounds double precision[] := postbox._stream_latency_bounds();  -- once, not per message
+    read_clock timestamptz := clock_timestamp();
+    latency_bins integer[];
 BEGIN
     IF max_messages IS NULL OR max_messages NOT BETWEEN 1 AND 1000 THEN
         PERFORM postbox._invalid(format('max_messages must be from 1 to 1000, not %s', max_messages));
@@ -5852,9 +5915,12 @@ BEGIN
         FROM (SELECT FROM postbox.stream_retries r WHERE r.group_id = g.id AND r.visible_at <= now()
               LIMIT max_messages) AS d;
         horizon := pg_snapshot_xmin(pg_current_snapshot());
-        SELECT count(*), min(r.published_at), (array_agg(r.tx ORDER BY r.tx DESC, r.stream_offset DESC))[1],
-               (array_agg(r.stream_offset ORDER BY r.tx DESC, r.stream_offset DESC))[1]
-        INTO waiting, first_at, g.lease_end_tx, g.lease_end_offset
+        -- One walk of the log: what the batch would take, its end (the sorted
+        -- sub-select's last row: the aggregates take the rows in its order, an
+        -- ORDER BY in them would sort again) and its messages' latency bins.
+        SELECT count(*), min(r.published_at), (array_agg(r.tx))[count(*)], (array_agg(r.stream_offset))[count(*)],
+               array_agg(width_bucket(date_part('epoch', read_clock - r.published_at), bounds))
+        INTO waiting, first_at, g.lease_end_tx, g.lease_end_offset, latency_bins
         FROM (SELECT l.tx, l.stream_offset, l.published_at FROM postbox.stream_log l
               WHERE l.topic_id = t.id AND (l.tx, l.stream_offset) > (g.cursor_tx, g.cursor_offset) AND l.tx < horizon
               ORDER BY l.tx, l.stream_offset
@@ -5878,39 +5944,39 @@ BEGIN
         INSERT INTO postbox.stream_latency AS s (group_id, bucket, counts)
         SELECT g.id, date_bin('10 seconds', now(), 'epoch'), array_agg(coalesce(c.n, 0) ORDER BY b.i)
         FROM generate_series(0, 15) AS b(i)
-        LEFT JOIN (SELECT width_bucket(extract(epoch FROM clock_timestamp() - l.published_at)::double precision,
-                                       postbox._stream_latency_bounds()) AS i, count(*) AS n
-                   FROM postbox.stream_log l
-                   WHERE l.topic_id = t.id AND (l.tx, l.stream_offset) > (g.cursor_tx, g.cursor_offset)
-                         AND (l.tx, l.stream_offset) <= (g.lease_end_tx, g.lease_end_offset)
-                   GROUP BY 1) AS c ON c.i = b.i
+        LEFT JOIN (SELECT u.i, count(*) AS n FROM unnest(latency_bins) AS u(i) GROUP BY u.i) AS c ON c.i = b.i
         ON CONFLICT ON CONSTRAINT stream_latency_pkey DO UPDATE
         SET counts = ARRAY(SELECT u.x + u.y FROM unnest(s.counts, excluded.counts) WITH ORDINALITY AS u(x, y, k)
                            ORDER BY u.k);
     END IF;
     -- The given-back messages go out with the batch: those that are due to a new
     -- batch, those of the batch whose lease ran out with it again.
-    UPDATE postbox.stream_retries r SET batch = g.lease, deliveries = r.deliveries + 1
-    WHERE r.group_id = g.id
-          AND CASE WHEN previous IS NULL
-                   THEN r.stream_offset IN (SELECT d.stream_offset FROM postbox.stream_retries d
-                                            WHERE d.group_id = g.id AND d.visible_at <= now()
-                                            ORDER BY d.stream_offset LIMIT due)
-                   ELSE r.batch = previous END;
+    -- Then they go out first, in offset order, and the log's after them in its
+    -- order: two statements, each in the order of its index (one over both
+    -- would sort the batch, bodies and all).
+    IF due > 0 OR previous IS NOT NULL THEN
+        UPDATE postbox.stream_retries r SET batch = g.lease, deliveries = r.deliveries + 1
+        WHERE r.group_id = g.id
+              AND CASE WHEN previous IS NULL
+                       THEN r.stream_offset IN (SELECT d.stream_offset FROM postbox.stream_retries d
+                                                WHERE d.group_id = g.id AND d.visible_at <= now()
+                                                ORDER BY d.stream_offset LIMIT due)
+                       ELSE r.batch = previous END;
+        RETURN QUERY
+        SELECT g.lease, r.stream_offset, r.published_at, r.publish_id, r.routing_key, r.ordering_key, r.subject,
+               r.attributes, r.body, r.deliveries, g.lease_deliveries
+        FROM postbox.stream_retries r
+        WHERE r.group_id = g.id AND r.batch = g.lease
+        ORDER BY r.stream_offset;
+    END IF;
     RETURN QUERY
-    SELECT b.batch, b.stream_offset, b.published_at, b.publish_id, b.routing_key, b.ordering_key, b.subject,
-           b.attributes, b.body, b.delivery_count, g.lease_deliveries
-    FROM (SELECT 0 AS part, '0'::xid8 AS tx, g.lease AS batch, r.stream_offset, r.published_at, r.publish_id,
-                 r.routing_key, r.ordering_key, r.subject, r.attributes, r.body, r.deliveries AS delivery_count
-          FROM postbox.stream_retries r
-          WHERE r.group_id = g.id AND r.batch = g.lease
-          UNION ALL
-          SELECT 1, l.tx, g.lease, l.stream_offset, l.published_at, l.publish_id, l.routing_key, l.ordering_key,
-                 l.subject, l.attributes, l.body, g.lease_deliveries
-          FROM postbox.stream_log l
-          WHERE l.topic_id = t.id AND (l.tx, l.stream_offset) > (g.cursor_tx, g.cursor_offset)
-                AND (l.tx, l.stream_offset) <= (g.lease_end_tx, g.lease_end_offset)) AS b
-    ORDER BY b.part, b.tx, b.stream_offset;
+    SELECT g.lease, l.stream_offset, l.published_at, l.publish_id, l.routing_key, l.ordering_key, l.subject,
+           l.attributes, l.body, g.lease_deliveries, g.lease_deliveries
+    FROM postbox.stream_log l
+    WHERE l.topic_id = t.id AND (l.tx, l.stream_offset) > (g.cursor_tx, g.cursor_offset)
+          AND (l.tx, l.stream_offset) <= (g.lease_end_tx, g.lease_end_offset)
+    ORDER BY l.tx, l.stream_offset
+    LIMIT 1000;  -- a batch's most: with it, the plan walks the index rather than sort
 END
 $$;
 

@@ -4,6 +4,7 @@ from bench.scenarios import (
     auth,
     brokers,
     console,
+    death_spiral,
     durability,
     engine,
     history,
@@ -13,6 +14,7 @@ from bench.scenarios import (
     latency,
     payload_schema,
     pgque,
+    pgque_instructions,
     producer,
     receiving,
     replication,
@@ -26,13 +28,23 @@ from bench.scenarios import (
 )
 
 # Scenarios too long for a default run; they run when named with --only.
-LONG = frozenset({"spark_write", "sustained", "sustained_stream", "send_sync_replication", "soak"})
+LONG = frozenset(
+    {
+        "death_spiral",
+        "soak",
+        "spark_write",
+        "sustained",
+        "sustained_stream",
+        "send_sync_replication",
+    }
+)
 
 __all__ = [
     "LONG",
     "auth",
     "brokers",
     "console",
+    "death_spiral",
     "durability",
     "engine",
     "history",
@@ -42,6 +54,7 @@ __all__ = [
     "latency",
     "payload_schema",
     "pgque",
+    "pgque_instructions",
     "producer",
     "receiving",
     "replication",

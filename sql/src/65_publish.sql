@@ -275,6 +275,12 @@ BEGIN
     PERFORM postbox._append_to_stream(t, ids, published_at, keys, ordering_keys, subjects, attributes, bodies)
     WHERE t.stream_retention IS NOT NULL;
     PERFORM pg_advisory_xact_lock_shared(1886350200, t.id);  -- postbox._lock_topic, inline
+    -- A stream topic without subscriptions: the log has the batch, nothing else
+    -- takes it (looked at under the lock, as the subscriptions' query below).
+    IF t.stream_retention IS NOT NULL AND NOT EXISTS (SELECT FROM postbox.subscriptions s WHERE s.topic_id = t.id) THEN
+        RETURN QUERY SELECT e.id, '{}'::text[], '{}'::bigint[], '{}'::boolean[], 0 FROM unnest(ids) AS e(id);
+        RETURN;
+    END IF;
     -- The aggregates take the pairs in the order of the sorted sub-select (an
     -- ORDER BY in each aggregate would sort eight times). None of them may have
     -- DISTINCT or ORDER BY: PostgreSQL 16 and later then sort the input for it,
@@ -479,15 +485,64 @@ BEGIN
 END
 $$;
 
--- Publishes one message; see publish_batch.
+-- Publishes one message; see publish_batch. A stream topic without
+-- subscriptions (none to match, filter or envelope for) takes it in one
+-- INSERT into its log, checked as publish_batch checks it; any other topic,
+-- and a message that fails a check (for publish_batch's error), take
+-- publish_batch's path.
 CREATE FUNCTION postbox.publish(topic_name text, body bytea, routing_key text DEFAULT '',
                                 attributes jsonb DEFAULT NULL, ordering_key text DEFAULT NULL,
                                 deduplication_id text DEFAULT NULL, subject text DEFAULT NULL,
                                 delay interval DEFAULT NULL)
 RETURNS TABLE (publish_id uuid, queues text[], message_ids bigint[], duplicates boolean[],
                webhook_deliveries integer)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan  -- as publish_batch: plan each statement once per session
+AS $$
+DECLARE
+    log_topic_id integer;
+    fifo_topic boolean;
+    append_tx xid8;
+    new_id uuid := gen_random_uuid();
 BEGIN
+    -- The transaction id before the offset, as _append_to_stream takes them;
+    -- the topic's lock (_lock_topic, shared, as publish_batch holds it) before
+    -- the subscriptions are looked at, so none is made in between.
+    SELECT x.id, x.name LIKE '%.fifo', pg_current_xact_id()
+    INTO log_topic_id, fifo_topic, append_tx
+    FROM postbox.topics x
+    WHERE x.name = topic_name AND x.stream_retention IS NOT NULL;
+    IF FOUND THEN
+        PERFORM pg_advisory_xact_lock_shared(1886350200, log_topic_id);  -- postbox._lock_topic, inline
+        INSERT INTO postbox.stream_log (slot, topic_id, tx, stream_offset, published_at, publish_id, routing_key,
+                                        ordering_key, subject, attributes, body)
+        SELECT (SELECT s.slot FROM postbox.stream_slots s WHERE s.state = 'current'), log_topic_id,
+               append_tx, nextval('postbox.stream_offsets'), clock_timestamp(), new_id,
+               coalesce(publish.routing_key, ''), publish.ordering_key, publish.subject, publish.attributes,
+               publish.body
+        WHERE NOT EXISTS (SELECT FROM postbox.subscriptions s WHERE s.topic_id = log_topic_id)
+              AND publish.body IS NOT NULL
+              AND (publish.ordering_key IS NULL
+                   OR (length(publish.ordering_key) <= 128 AND publish.ordering_key ~ '^[!-~]+$'))
+              AND (publish.ordering_key IS NOT NULL OR NOT fifo_topic)
+              AND (publish.deduplication_id IS NULL
+                   OR (length(publish.deduplication_id) <= 128 AND publish.deduplication_id ~ '^[!-~]+$'))
+              AND (publish.subject IS NULL
+                   OR (length(publish.subject) <= 100 AND publish.subject !~ '[[:cntrl:]]'))
+              AND (coalesce(publish.routing_key, '') = '' OR postbox.routing_key_problem(publish.routing_key) IS NULL)
+              AND (publish.attributes IS NULL OR postbox._attributes_problem(ARRAY[publish.attributes], 1) IS NULL)
+              AND postbox.message_size(publish.body, publish.attributes) <= 1048576
+              AND publish.delay IS NULL;  -- a stream topic refuses one: publish_batch says so
+        IF FOUND THEN
+            publish_id := new_id;
+            queues := '{}';
+            message_ids := '{}';
+            duplicates := '{}';
+            webhook_deliveries := 0;
+            RETURN NEXT;
+            RETURN;
+        END IF;
+    END IF;
     RETURN QUERY SELECT * FROM postbox.publish_batch(
         topic_name, ARRAY[body], ARRAY[routing_key], postbox._array_of(attributes),
         postbox._array_of(ordering_key), postbox._array_of(deduplication_id), postbox._array_of(subject),

@@ -603,7 +603,12 @@ CREATE FUNCTION postbox.read_stream(topic_name text, group_name text, max_messag
 RETURNS TABLE (batch uuid, stream_offset bigint, published_at timestamptz, publish_id uuid, routing_key text,
                ordering_key text, subject text, attributes jsonb, body bytea, delivery_count integer,
                batch_delivery_count integer)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+-- Plan each statement once per session: the generic plans walk the log's
+-- index in its order, where custom plans, re-made at every read, would
+-- gather a batch's rows and sort them.
+SET plan_cache_mode = force_generic_plan
+AS $$
 #variable_conflict use_column
 DECLARE
     checked_name text := postbox._group_name(group_name);  -- before any lookup
@@ -616,6 +621,9 @@ DECLARE
     end_offset bigint;
     due integer := 0;
     previous uuid;
+    bounds double precision[] := postbox._stream_latency_bounds();  -- once, not per message
+    read_clock timestamptz := clock_timestamp();
+    latency_bins integer[];
 BEGIN
     IF max_messages IS NULL OR max_messages NOT BETWEEN 1 AND 1000 THEN
         PERFORM postbox._invalid(format('max_messages must be from 1 to 1000, not %s', max_messages));
@@ -677,9 +685,12 @@ BEGIN
         FROM (SELECT FROM postbox.stream_retries r WHERE r.group_id = g.id AND r.visible_at <= now()
               LIMIT max_messages) AS d;
         horizon := pg_snapshot_xmin(pg_current_snapshot());
-        SELECT count(*), min(r.published_at), (array_agg(r.tx ORDER BY r.tx DESC, r.stream_offset DESC))[1],
-               (array_agg(r.stream_offset ORDER BY r.tx DESC, r.stream_offset DESC))[1]
-        INTO waiting, first_at, g.lease_end_tx, g.lease_end_offset
+        -- One walk of the log: what the batch would take, its end (the sorted
+        -- sub-select's last row: the aggregates take the rows in its order, an
+        -- ORDER BY in them would sort again) and its messages' latency bins.
+        SELECT count(*), min(r.published_at), (array_agg(r.tx))[count(*)], (array_agg(r.stream_offset))[count(*)],
+               array_agg(width_bucket(date_part('epoch', read_clock - r.published_at), bounds))
+        INTO waiting, first_at, g.lease_end_tx, g.lease_end_offset, latency_bins
         FROM (SELECT l.tx, l.stream_offset, l.published_at FROM postbox.stream_log l
               WHERE l.topic_id = t.id AND (l.tx, l.stream_offset) > (g.cursor_tx, g.cursor_offset) AND l.tx < horizon
               ORDER BY l.tx, l.stream_offset
@@ -703,39 +714,39 @@ BEGIN
         INSERT INTO postbox.stream_latency AS s (group_id, bucket, counts)
         SELECT g.id, date_bin('10 seconds', now(), 'epoch'), array_agg(coalesce(c.n, 0) ORDER BY b.i)
         FROM generate_series(0, 15) AS b(i)
-        LEFT JOIN (SELECT width_bucket(extract(epoch FROM clock_timestamp() - l.published_at)::double precision,
-                                       postbox._stream_latency_bounds()) AS i, count(*) AS n
-                   FROM postbox.stream_log l
-                   WHERE l.topic_id = t.id AND (l.tx, l.stream_offset) > (g.cursor_tx, g.cursor_offset)
-                         AND (l.tx, l.stream_offset) <= (g.lease_end_tx, g.lease_end_offset)
-                   GROUP BY 1) AS c ON c.i = b.i
+        LEFT JOIN (SELECT u.i, count(*) AS n FROM unnest(latency_bins) AS u(i) GROUP BY u.i) AS c ON c.i = b.i
         ON CONFLICT ON CONSTRAINT stream_latency_pkey DO UPDATE
         SET counts = ARRAY(SELECT u.x + u.y FROM unnest(s.counts, excluded.counts) WITH ORDINALITY AS u(x, y, k)
                            ORDER BY u.k);
     END IF;
     -- The given-back messages go out with the batch: those that are due to a new
     -- batch, those of the batch whose lease ran out with it again.
-    UPDATE postbox.stream_retries r SET batch = g.lease, deliveries = r.deliveries + 1
-    WHERE r.group_id = g.id
-          AND CASE WHEN previous IS NULL
-                   THEN r.stream_offset IN (SELECT d.stream_offset FROM postbox.stream_retries d
-                                            WHERE d.group_id = g.id AND d.visible_at <= now()
-                                            ORDER BY d.stream_offset LIMIT due)
-                   ELSE r.batch = previous END;
+    -- Then they go out first, in offset order, and the log's after them in its
+    -- order: two statements, each in the order of its index (one over both
+    -- would sort the batch, bodies and all).
+    IF due > 0 OR previous IS NOT NULL THEN
+        UPDATE postbox.stream_retries r SET batch = g.lease, deliveries = r.deliveries + 1
+        WHERE r.group_id = g.id
+              AND CASE WHEN previous IS NULL
+                       THEN r.stream_offset IN (SELECT d.stream_offset FROM postbox.stream_retries d
+                                                WHERE d.group_id = g.id AND d.visible_at <= now()
+                                                ORDER BY d.stream_offset LIMIT due)
+                       ELSE r.batch = previous END;
+        RETURN QUERY
+        SELECT g.lease, r.stream_offset, r.published_at, r.publish_id, r.routing_key, r.ordering_key, r.subject,
+               r.attributes, r.body, r.deliveries, g.lease_deliveries
+        FROM postbox.stream_retries r
+        WHERE r.group_id = g.id AND r.batch = g.lease
+        ORDER BY r.stream_offset;
+    END IF;
     RETURN QUERY
-    SELECT b.batch, b.stream_offset, b.published_at, b.publish_id, b.routing_key, b.ordering_key, b.subject,
-           b.attributes, b.body, b.delivery_count, g.lease_deliveries
-    FROM (SELECT 0 AS part, '0'::xid8 AS tx, g.lease AS batch, r.stream_offset, r.published_at, r.publish_id,
-                 r.routing_key, r.ordering_key, r.subject, r.attributes, r.body, r.deliveries AS delivery_count
-          FROM postbox.stream_retries r
-          WHERE r.group_id = g.id AND r.batch = g.lease
-          UNION ALL
-          SELECT 1, l.tx, g.lease, l.stream_offset, l.published_at, l.publish_id, l.routing_key, l.ordering_key,
-                 l.subject, l.attributes, l.body, g.lease_deliveries
-          FROM postbox.stream_log l
-          WHERE l.topic_id = t.id AND (l.tx, l.stream_offset) > (g.cursor_tx, g.cursor_offset)
-                AND (l.tx, l.stream_offset) <= (g.lease_end_tx, g.lease_end_offset)) AS b
-    ORDER BY b.part, b.tx, b.stream_offset;
+    SELECT g.lease, l.stream_offset, l.published_at, l.publish_id, l.routing_key, l.ordering_key, l.subject,
+           l.attributes, l.body, g.lease_deliveries, g.lease_deliveries
+    FROM postbox.stream_log l
+    WHERE l.topic_id = t.id AND (l.tx, l.stream_offset) > (g.cursor_tx, g.cursor_offset)
+          AND (l.tx, l.stream_offset) <= (g.lease_end_tx, g.lease_end_offset)
+    ORDER BY l.tx, l.stream_offset
+    LIMIT 1000;  -- a batch's most: with it, the plan walks the index rather than sort
 END
 $$;
 

@@ -162,3 +162,68 @@ async def test_the_servers_maintenance_appends_a_due_message_with_no_reader_or_t
                 "ON t.id = d.topic_id WHERE t.name = $1)", stream)  # fmt: skip
     await until(db, FINAL, stream)
     assert lag(streams, stream) == 1
+
+
+def publish_batch(topics, topic: str, *entries: tuple[bytes, float | None], **fields):
+    """PublishBatch of (body, stream_delay) entries; the fields go on every entry."""
+    request = tpb.PublishBatchRequest(topic=topic)
+    for body, delay in entries:
+        entry = request.entries.add(body=body, **fields)
+        if delay is not None:
+            entry.stream_delay.CopyFrom(seconds(delay))
+    return topics.PublishBatch(request)
+
+
+async def test_a_batch_with_delays_appends_the_undelayed_at_once_and_holds_the_rest(
+    topics, streams, stream, db
+):
+    done = publish_batch(topics, stream, (b"now-1", None), (b"later", 3600), (b"now-2", 0))
+    assert len(done.results) == 3
+    assert all(r.publish_id and not r.queues for r in done.results)
+    first = take(streams, stream, 2)
+    assert [m.body for m in first.messages] == [b"now-1", b"now-2"]  # entry order
+    ack(streams, stream, first.batch)
+    assert read_now(streams, stream).batch == ""  # the delayed one is not in the log yet
+    assert await db.execute(DUE_NOW, stream) == "UPDATE 1"
+    due = take(streams, stream, 1)
+    assert [(m.body, m.publish_id) for m in due.messages] == [
+        (b"later", done.results[1].publish_id)
+    ]
+
+
+async def test_a_batch_with_delays_is_all_or_nothing(topics, queues, streams, stream, db):
+    for value in (-1, 30 * 86400 + 1):
+        error = error_of(publish_batch, topics, stream, (b"a", None), (b"b", value))
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert error.details().startswith("entry 1: stream_delay must be from 0 s to 2592000 s")
+    # A deduplication_id on an entry without a delay: the batch goes to the log only.
+    request = tpb.PublishBatchRequest(topic=stream)
+    request.entries.add(body=b"a", deduplication_id="d")
+    request.entries.add(body=b"b").stream_delay.CopyFrom(seconds(10))
+    error = error_of(topics.PublishBatch, request)
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error.details().startswith("entry 0: deduplication_id is for queues")
+    # The second entry's routing key is refused by the engine: the first, a delay of
+    # 0, is not appended either.
+    request = tpb.PublishBatchRequest(topic=stream)
+    request.entries.add(body=b"a").stream_delay.CopyFrom(seconds(0))
+    request.entries.add(body=b"b", routing_key="a..b").stream_delay.CopyFrom(seconds(10))
+    error = error_of(topics.PublishBatch, request)
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    queue = create_queue(queues, unique_name("batch_delayed_sub"))
+    topics.CreateSubscription(
+        tpb.CreateSubscriptionRequest(
+            subscription=tpb.Subscription(name="s", topic=stream, pattern="#", queue=queue.name)
+        )
+    )
+    error = error_of(publish_batch, topics, stream, (b"c", None), (b"d", 10))
+    assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "has subscriptions: a delayed publish goes to the stream log only" in error.details()
+    assert await db.fetchval(
+        "SELECT count(*) FROM postbox.stream_log l JOIN postbox.topics t ON t.id = l.topic_id "
+        "WHERE t.name = $1", stream
+    ) == 0  # fmt: skip
+    assert await db.fetchval(
+        "SELECT count(*) FROM postbox.stream_delayed d JOIN postbox.topics t ON t.id = d.topic_id "
+        "WHERE t.name = $1", stream
+    ) == 0  # fmt: skip

@@ -149,6 +149,47 @@ def test_topics_subscriptions_and_consumer_groups(server):
             client.get_topic(topic)
 
 
+def test_a_consumer_groups_dead_letters_listed_replayed_and_purged(server):
+    stream = unique_name("sdk_ops_dead_stream")
+    with Client(server.target) as client:
+        client.create_topic(stream, stream_retention=timedelta(hours=1))
+        group = stpb.ConsumerGroup(topic=stream, name="billing", max_deliveries=1)
+        client.call(
+            client.streams.CreateConsumerGroup,
+            stpb.CreateConsumerGroupRequest(consumer_group=group),
+        )
+        client.publish(stream, "good")
+        client.publish(stream, "poison")
+        wait = timedelta(seconds=10)
+        reader = client.stream_reader(stream, "billing", min_messages=2, wait_time=wait)
+
+        def fail_poison() -> None:
+            """Reads the batch holding the poison message and nacks that one: with
+            max_deliveries 1 it dies at once."""
+            batch = reader.read()
+            assert batch is not None
+            (poison,) = [m for m in batch.messages if m.body == b"poison"]
+            batch.ack(nack=[poison.offset])
+
+        fail_poison()
+        (dead,) = client.list_stream_dead_letters(stream, "billing", page_size=1)
+        assert (dead.message.body, dead.reason, dead.message.delivery_count) == (
+            b"poison", "nacked", 1,
+        )  # fmt: skip
+        assert client.replay_stream_dead_letters(stream, "billing", [dead.message.offset]) == 1
+        assert list(client.list_stream_dead_letters(stream, "billing")) == []
+        reader = client.stream_reader(stream, "billing", wait_time=wait)
+        fail_poison()  # the replayed message leads the group's next batch, and dies again
+        assert client.purge_stream_dead_letters(
+            stream, "billing", older_than=datetime.now(timezone.utc) - timedelta(hours=1)
+        ) == 0  # fmt: skip
+        assert client.purge_stream_dead_letters(
+            stream, "billing", older_than=datetime.now(timezone.utc) + timedelta(minutes=1)
+        ) == 1  # fmt: skip
+        assert list(client.list_stream_dead_letters(stream, "billing")) == []
+        assert client.replay_stream_dead_letters(stream, "billing") == 0
+
+
 def test_schedules_pause_run_preview_and_delete(server):
     queue, name = unique_name("sdk_ops_target"), unique_name("sdk_ops_schedule")
     with Client(server.target) as client:

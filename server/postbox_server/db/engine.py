@@ -693,6 +693,20 @@ class Engine:
             entry.attributes, entry.ordering_key, entry.subject,
         )  # fmt: skip
 
+    async def publish_delayed_batch(
+        self, topic: str, entries: Sequence[tuple[OutgoingPublish, timedelta]]
+    ) -> list[UUID]:
+        """A stream topic's messages, each appended to its log once its delay has
+        passed (0: at once), in one transaction: all or none."""
+        async with self._transaction() as conn:
+            return [
+                await self._call(
+                    "fetchval", "publish_delayed", topic, entry.body, delay, entry.routing_key,
+                    entry.attributes, entry.ordering_key, entry.subject, conn=conn,
+                )
+                for entry, delay in entries
+            ]  # fmt: skip
+
     async def publish_due_streams(self, max_messages: int) -> int:
         """Delayed stream messages that were due, appended to their logs."""
         return await self._call("fetchval", "publish_due_streams", max_messages)

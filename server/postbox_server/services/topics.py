@@ -174,6 +174,26 @@ def _webhook_settings(endpoint: pb.WebhookEndpoint) -> dict[str, Any]:
     return settings
 
 
+def _stream_delay(entry: pb.PublishRequest | pb.PublishBatchEntry) -> timedelta | None:
+    """The entry's stream_delay, checked (None: unset); a delayed entry goes to the
+    stream log only, so it may not carry a deduplication_id."""
+    if not entry.HasField("stream_delay"):
+        return None
+    delay = convert.optional_timedelta(entry, "stream_delay")
+    assert delay is not None
+    if not timedelta(0) <= delay <= MAX_STREAM_DELAY:
+        raise invalid(
+            f"stream_delay must be from 0 s to {MAX_STREAM_DELAY.total_seconds():.0f} s"
+            f" (30 days), not {delay.total_seconds():g} s"
+        )
+    if entry.deduplication_id:
+        raise invalid(
+            "deduplication_id is for queues; a publish with a stream_delay goes to the"
+            " stream log only: leave one of them out"
+        )
+    return delay
+
+
 def _outgoing(entry: Any, max_message_size: int) -> OutgoingPublish:
     """A PublishRequest or PublishBatchEntry as the engine takes it."""
     attributes = entry.attributes
@@ -517,18 +537,8 @@ class TopicService(topic_service_pb2_grpc.TopicServiceServicer):
 
     async def _publish_delayed(self, request: pb.PublishRequest) -> pb.PublishResponse:
         """A stream topic's message held out of its log for stream_delay."""
-        delay = convert.optional_timedelta(request, "stream_delay")
+        delay = _stream_delay(request)
         assert delay is not None
-        if not timedelta(0) <= delay <= MAX_STREAM_DELAY:
-            raise invalid(
-                f"stream_delay must be from 0 s to {MAX_STREAM_DELAY.total_seconds():.0f} s"
-                f" (30 days), not {delay.total_seconds():g} s"
-            )
-        if request.deduplication_id:
-            raise invalid(
-                "deduplication_id is for queues; a publish with a stream_delay goes to the"
-                " stream log only: leave one of them out"
-            )
         entry = _outgoing(request, self.max_message_size)
         await self.payload_schemas.check("topics", request.topic, (request.body,), batch=False)
         publish_id = await self.engine.publish_delayed(request.topic, entry, delay)
@@ -541,19 +551,49 @@ class TopicService(topic_service_pb2_grpc.TopicServiceServicer):
         self, request: pb.PublishBatchRequest, context: grpc.aio.ServicerContext
     ) -> pb.PublishBatchResponse:
         entries = []
+        delays = []
         for index, entry in enumerate(request.entries):
             try:
                 entries.append(_outgoing(entry, self.max_message_size))
+                delays.append(_stream_delay(entry))
             except ApiError as error:
                 raise invalid(f"entry {index}: {error.message}") from None
         await self.payload_schemas.check(
             "topics", request.topic, (entry.body for entry in request.entries), batch=True
         )
+        if any(delay is not None for delay in delays):
+            return await self._publish_batch_delayed(request, entries, delays)
         rows = await self._publish(request.topic, entries)
         response = pb.PublishBatchResponse()
         add = response.results.add
         for row in rows:
             _fill_result(add(), row)
+        return response
+
+    async def _publish_batch_delayed(
+        self,
+        request: pb.PublishBatchRequest,
+        entries: list[OutgoingPublish],
+        delays: list[timedelta | None],
+    ) -> pb.PublishBatchResponse:
+        """A batch with a stream_delay: to the stream log only, entries without a delay
+        appended at once, all in one transaction."""
+        for index, entry in enumerate(request.entries):
+            if entry.deduplication_id:
+                raise invalid(
+                    f"entry {index}: deduplication_id is for queues; a batch with a stream_delay"
+                    " goes to the stream log only: leave the deduplication_ids or the"
+                    " stream_delays out"
+                )
+        when = [timedelta(0) if delay is None else delay for delay in delays]
+        publish_ids = await self.engine.publish_delayed_batch(
+            request.topic, list(zip(entries, when, strict=True))
+        )
+        if not all(when):
+            self.on_published(request.topic)  # some appended now: waiting readers may take them
+        response = pb.PublishBatchResponse()
+        for publish_id in publish_ids:
+            response.results.add(publish_id=str(publish_id))
         return response
 
     @reports_errors

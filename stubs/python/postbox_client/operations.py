@@ -282,6 +282,36 @@ class Operations:
         request = stream_service_pb2.ResumeConsumerGroupRequest(topic=topic, name=name)
         return self.call(self.streams.ResumeConsumerGroup, request, repeatable=True).consumer_group
 
+    def list_stream_dead_letters(
+        self, topic: str, group: str, *, page_size: int = PAGE_SIZE
+    ) -> Iterator[stream_service_pb2.StreamDeadLetter]:
+        """A consumer group's dead letters in offset order: each message as published, with
+        how many times it went out to the group, when and why it died."""
+        request = stream_service_pb2.ListStreamDeadLettersRequest(
+            topic=topic, consumer_group=group, page_size=page_size
+        )
+        return self._pages(self.streams.ListStreamDeadLetters, request, "dead_letters")
+
+    def replay_stream_dead_letters(
+        self, topic: str, group: str, offsets: Sequence[int] = ()
+    ) -> int:
+        """Sends a consumer group's dead letters (all, or those at `offsets`) back to the
+        group, to lead its next batch; returns how many went back. Not retried: a replay
+        whose answer was lost would count none the second time."""
+        request = stream_service_pb2.ReplayStreamDeadLettersRequest(
+            topic=topic, consumer_group=group, offsets=offsets
+        )
+        return self.call(self.streams.ReplayStreamDeadLetters, request).replayed_count
+
+    def purge_stream_dead_letters(self, topic: str, group: str, *, older_than: datetime) -> int:
+        """Deletes a consumer group's dead letters that died before `older_than` (an aware
+        datetime); returns how many."""
+        request = stream_service_pb2.PurgeStreamDeadLettersRequest(
+            topic=topic, consumer_group=group
+        )
+        request.older_than.FromDatetime(older_than)
+        return self.call(self.streams.PurgeStreamDeadLetters, request, repeatable=True).purged_count
+
     # Schedules.
 
     def list_schedules(

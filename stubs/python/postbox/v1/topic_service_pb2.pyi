@@ -316,7 +316,7 @@ class PublishResponse(_message.Message):
     def __init__(self, message_ids: _Optional[_Iterable[str]] = ..., webhook_deliveries: _Optional[int] = ..., queues: _Optional[_Iterable[str]] = ..., duplicates: _Optional[_Iterable[bool]] = ..., publish_id: _Optional[str] = ...) -> None: ...
 
 class PublishBatchEntry(_message.Message):
-    __slots__ = ("routing_key", "body", "attributes", "ordering_key", "deduplication_id", "subject", "delay")
+    __slots__ = ("routing_key", "body", "attributes", "ordering_key", "deduplication_id", "subject", "delay", "stream_delay")
     class AttributesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -331,6 +331,7 @@ class PublishBatchEntry(_message.Message):
     DEDUPLICATION_ID_FIELD_NUMBER: _ClassVar[int]
     SUBJECT_FIELD_NUMBER: _ClassVar[int]
     DELAY_FIELD_NUMBER: _ClassVar[int]
+    STREAM_DELAY_FIELD_NUMBER: _ClassVar[int]
     routing_key: str
     body: bytes
     attributes: _containers.MessageMap[str, _message_pb2.AttributeValue]
@@ -338,7 +339,8 @@ class PublishBatchEntry(_message.Message):
     deduplication_id: str
     subject: str
     delay: _duration_pb2.Duration
-    def __init__(self, routing_key: _Optional[str] = ..., body: _Optional[bytes] = ..., attributes: _Optional[_Mapping[str, _message_pb2.AttributeValue]] = ..., ordering_key: _Optional[str] = ..., deduplication_id: _Optional[str] = ..., subject: _Optional[str] = ..., delay: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+    stream_delay: _duration_pb2.Duration
+    def __init__(self, routing_key: _Optional[str] = ..., body: _Optional[bytes] = ..., attributes: _Optional[_Mapping[str, _message_pb2.AttributeValue]] = ..., ordering_key: _Optional[str] = ..., deduplication_id: _Optional[str] = ..., subject: _Optional[str] = ..., delay: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., stream_delay: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class PublishBatchRequest(_message.Message):
     __slots__ = ("topic", "entries")

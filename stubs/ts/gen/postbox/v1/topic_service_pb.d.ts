@@ -1030,6 +1030,16 @@ export declare type PublishBatchEntry = Message<"postbox.v1.PublishBatchEntry"> 
    * @generated from field: google.protobuf.Duration delay = 7;
    */
   delay?: Duration | undefined;
+
+  /**
+   * Optional. See PublishRequest.stream_delay. A batch with a stream_delay on
+   * any entry goes to the stream log only, all or nothing: its entries
+   * without one are appended at once, in entry order, and no entry may have
+   * a deduplication_id.
+   *
+   * @generated from field: google.protobuf.Duration stream_delay = 8;
+   */
+  streamDelay?: Duration | undefined;
 };
 
 /**

@@ -542,3 +542,42 @@ async def _stored_names(url: str) -> dict[str, set[str]]:
 def resource_free(path: str) -> bool:
     """Rules without a field act on any resource ("*")."""
     return RULES[path].field is None and ANY_RESOURCE == "*"
+
+
+def test_cli_manages_tenants_and_creates_keys_in_them(
+    tenant_server: HttpServerProcess, world: World
+) -> None:
+    from support import postbox
+
+    target = ("--target", tenant_server.target)
+    as_admin = {"POSTBOX_API_KEY": world.default_admin}
+    created = postbox(
+        "tenants", "create", "hooli", "--account-id", "210987654321", "--description", "cli",
+        "-o", "json", *target, env=as_admin,
+    )  # fmt: skip
+    assert created.returncode == 0, created.stderr
+    assert json.loads(created.stdout)["account_id"] == "210987654321"
+    listed = postbox("tenants", "list", *target, env=as_admin)
+    assert listed.returncode == 0, listed.stderr
+    assert "hooli" in listed.stdout
+    updated = postbox(
+        "tenants", "update", "hooli", "--description", "changed", "-o", "json", *target,
+        env=as_admin,
+    )  # fmt: skip
+    assert json.loads(updated.stdout)["description"] == "changed"
+    key = postbox(
+        "keys", "create", "hooli-app", "--grant", "send:*", "--tenant", "hooli", *target,
+        env=as_admin,
+    )  # fmt: skip
+    assert key.returncode == 0, key.stderr
+    assert "tenant hooli" in key.stdout
+    got = postbox("tenants", "get", "hooli", "-o", "json", *target, env=as_admin)
+    assert json.loads(got.stdout)["name"] == "hooli"
+    refused = postbox("tenants", "list", *target, env={"POSTBOX_API_KEY": world.admins[TENANT_A]})
+    assert refused.returncode == 1
+    assert "PERMISSION_DENIED" in refused.stderr
+    deleted = postbox("tenants", "delete", "hooli", *target, env=as_admin)
+    assert deleted.returncode == 0, deleted.stderr
+    missing = postbox("tenants", "get", "hooli", *target, env=as_admin)
+    assert missing.returncode == 1
+    assert "NOT_FOUND" in missing.stderr

@@ -9422,6 +9422,391 @@ BEGIN
 END
 $$;
 
+-- Tenants (issue 47): a tenant is a namespace. Its queues, topics and
+-- schedules are named <tenant>/<name>, so the name checks take that prefix.
+
+-- The message of a name check, or NULL when the queue name is valid. A
+-- tenant's queue (since 0.9.0) is named <tenant>/<name>: the limits hold for
+-- the part after the tenant.
+CREATE OR REPLACE FUNCTION postbox.queue_name_problem(name text) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE
+        WHEN bare IS NULL OR bare = '' THEN 'queue name is required'
+        WHEN length(bare) > 80 THEN format('queue name is %s characters long; the limit is 80', length(bare))
+        WHEN bare !~ '^[A-Za-z0-9_-]+(\.fifo)?$' THEN
+            'queue name may only contain A-Z, a-z, 0-9, "_" and "-", and end in ".fifo" for a FIFO queue'
+    END
+    FROM (SELECT regexp_replace(name, '^[a-z0-9][a-z0-9-]{0,31}/', '') AS bare) AS n
+$$;
+
+
+-- The message of a check of a topic, subscription or schedule name (`what`
+-- says which), or NULL when the name is valid.
+-- Topic names (since 0.9.0) are as long as SNS's, and end in ".fifo" for a
+-- FIFO topic. A tenant's topic or schedule (since 0.9.0) is named
+-- <tenant>/<name>: the limits hold for the part after the tenant.
+CREATE OR REPLACE FUNCTION postbox.name_problem(what text, name text) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE
+        WHEN bare IS NULL OR bare = '' THEN what || ' name is required'
+        WHEN what = 'topic' THEN CASE
+            WHEN length(bare) > 256 THEN format('topic name is %s characters long; the limit is 256', length(bare))
+            WHEN bare !~ '^[A-Za-z0-9_-]+(\.fifo)?$' THEN
+                'topic name may only contain A-Z, a-z, 0-9, "_" and "-", and end in ".fifo" for a FIFO topic'
+            END
+        WHEN length(bare) > 80 THEN format('%s name is %s characters long; the limit is 80', what, length(bare))
+        WHEN bare !~ '^[A-Za-z0-9_-]+$' THEN what || ' name may only contain A-Z, a-z, 0-9, "_" and "-"'
+    END
+    FROM (SELECT CASE WHEN what IN ('topic', 'schedule')
+                      THEN regexp_replace(name, '^[a-z0-9][a-z0-9-]{0,31}/', '') ELSE name END AS bare) AS n
+$$;
+
+
+-- Tenants (since 0.9.0). A tenant is a namespace: its queues, topics and
+-- schedules are named <tenant>/<name>, and its API keys (api_keys.tenant) reach
+-- only those. The default tenant has no row: its resources are the names
+-- without "/", its keys have no tenant. account_id is the AWS account id the
+-- SQS and SNS shim shows in the tenant's queue URLs and ARNs.
+CREATE TABLE postbox.tenants (
+    name text PRIMARY KEY,
+    account_id text NOT NULL UNIQUE,
+    description text NOT NULL DEFAULT '',
+    created_at timestamptz NOT NULL DEFAULT now(),
+    updated_at timestamptz NOT NULL DEFAULT now()
+);
+
+DO $$
+BEGIN
+    PERFORM pg_catalog.pg_extension_config_dump('postbox.tenants', '');
+EXCEPTION WHEN feature_not_supported THEN
+    NULL;  -- installed from a plain script, not by CREATE EXTENSION
+END
+$$;
+
+-- The message of a check of a tenant's fields, or NULL when they are valid: a
+-- name of 1-32 characters of a-z, 0-9 and "-", starting with a letter or digit;
+-- an account id of 12 digits; a description of at most 256 characters.
+CREATE FUNCTION postbox.tenant_problem(tenant_name text, account_id text DEFAULT '000000000001',
+                                       description text DEFAULT '') RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE
+        WHEN tenant_name IS NULL OR tenant_name = '' THEN 'tenant name is required'
+        WHEN length(tenant_name) > 32 THEN
+            format('tenant name is %s characters long; the limit is 32', length(tenant_name))
+        WHEN tenant_name !~ '^[a-z0-9][a-z0-9-]*$' THEN
+            'tenant name may only contain a-z, 0-9 and "-", and must start with a letter or digit'
+        WHEN account_id IS NULL OR account_id !~ '^[0-9]{12}$' THEN
+            'account_id must be 12 digits, as an AWS account id'
+        WHEN length(coalesce(description, '')) > 256 THEN
+            format('description is %s characters long; the limit is 256', length(description))
+    END
+$$;
+
+-- The tenant of that name; PB400 for a malformed name, PB404 if there is none.
+CREATE FUNCTION postbox._tenant(tenant_name text) RETURNS postbox.tenants
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    t postbox.tenants;
+BEGIN
+    SELECT * INTO t FROM postbox.tenants WHERE name = tenant_name;
+    IF NOT FOUND THEN
+        PERFORM postbox._invalid(postbox.tenant_problem(tenant_name))
+        WHERE postbox.tenant_problem(tenant_name) IS NOT NULL;
+        RAISE EXCEPTION USING ERRCODE = 'PB404', MESSAGE = format('tenant %s does not exist', quote_literal(tenant_name));
+    END IF;
+    RETURN t;
+END
+$$;
+
+-- Creates a tenant. Without an account id it gets a random one no other
+-- tenant has. PB409 if the name or the account id is taken; PB400 for bad fields.
+CREATE FUNCTION postbox.create_tenant(tenant_name text, account_id text DEFAULT NULL, description text DEFAULT '')
+RETURNS postbox.tenants
+LANGUAGE plpgsql AS $$
+DECLARE
+    t postbox.tenants;
+    chosen text := nullif(account_id, '');
+BEGIN
+    WHILE chosen IS NULL LOOP
+        chosen := lpad((floor(random() * 1e12))::bigint::text, 12, '0');
+        IF chosen = '000000000000' OR EXISTS (SELECT FROM postbox.tenants x WHERE x.account_id = chosen) THEN
+            chosen := NULL;
+        END IF;
+    END LOOP;
+    PERFORM postbox._invalid(postbox.tenant_problem(tenant_name, chosen, description))
+    WHERE postbox.tenant_problem(tenant_name, chosen, description) IS NOT NULL;
+    IF EXISTS (SELECT FROM postbox.tenants x WHERE x.name = tenant_name) THEN
+        RAISE EXCEPTION USING ERRCODE = 'PB409', MESSAGE = format('tenant %s already exists', quote_literal(tenant_name));
+    END IF;
+    IF EXISTS (SELECT FROM postbox.tenants x WHERE x.account_id = chosen) THEN
+        RAISE EXCEPTION USING ERRCODE = 'PB409', MESSAGE = format('account id %s belongs to another tenant', chosen);
+    END IF;
+    INSERT INTO postbox.tenants (name, account_id, description)
+    VALUES (tenant_name, chosen, coalesce(description, ''))
+    RETURNING * INTO t;
+    RETURN t;
+EXCEPTION WHEN unique_violation THEN  -- created meanwhile
+    RAISE EXCEPTION USING ERRCODE = 'PB409', MESSAGE = format('tenant %s or account id %s exists already',
+                                                              quote_literal(tenant_name), chosen);
+END
+$$;
+
+CREATE FUNCTION postbox.get_tenant(tenant_name text) RETURNS postbox.tenants
+LANGUAGE sql STABLE AS $$
+    SELECT postbox._tenant(tenant_name)
+$$;
+
+-- Tenants in name order after after_name, page_size of them.
+CREATE FUNCTION postbox.list_tenants(page_size integer DEFAULT 100, after_name text DEFAULT '')
+RETURNS SETOF postbox.tenants
+LANGUAGE sql STABLE AS $$
+    SELECT * FROM postbox.tenants WHERE name > coalesce(after_name, '') ORDER BY name LIMIT page_size
+$$;
+
+-- Changes a tenant's account id (when set_account_id) and/or its description
+-- (when set_description). PB404 if there is none, PB409 if the account id is taken.
+CREATE FUNCTION postbox.update_tenant(tenant_name text, set_account_id boolean, account_id text,
+                                      set_description boolean, description text)
+RETURNS postbox.tenants
+LANGUAGE plpgsql AS $$
+DECLARE
+    t postbox.tenants := postbox._tenant(tenant_name);
+BEGIN
+    IF set_account_id THEN
+        t.account_id := account_id;
+    END IF;
+    IF set_description THEN
+        t.description := coalesce(description, '');
+    END IF;
+    PERFORM postbox._invalid(postbox.tenant_problem(tenant_name, t.account_id, t.description))
+    WHERE postbox.tenant_problem(tenant_name, t.account_id, t.description) IS NOT NULL;
+    IF EXISTS (SELECT FROM postbox.tenants x WHERE x.account_id = t.account_id AND x.name <> tenant_name) THEN
+        RAISE EXCEPTION USING ERRCODE = 'PB409', MESSAGE = format('account id %s belongs to another tenant', t.account_id);
+    END IF;
+    UPDATE postbox.tenants x SET account_id = t.account_id, description = t.description, updated_at = now()
+    WHERE x.name = tenant_name
+    RETURNING * INTO t;
+    RETURN t;
+END
+$$;
+
+-- How many queues, topics and schedules a tenant owns (those named <tenant>/...).
+CREATE FUNCTION postbox.tenant_resources(tenant_name text)
+RETURNS TABLE (queues bigint, topics bigint, schedules bigint)
+LANGUAGE sql STABLE AS $$
+    SELECT (SELECT count(*) FROM postbox.queues q WHERE starts_with(q.name, tenant_name || '/')),
+           (SELECT count(*) FROM postbox.topics t WHERE starts_with(t.name, tenant_name || '/')),
+           (SELECT count(*) FROM postbox.schedules s WHERE starts_with(s.name, tenant_name || '/'))
+$$;
+
+-- Deletes a tenant and its keys. PB412 while it owns queues, topics or
+-- schedules, unless force: then they go too, with their messages.
+CREATE FUNCTION postbox.delete_tenant(tenant_name text, force boolean DEFAULT false) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    t postbox.tenants := postbox._tenant(tenant_name);
+    owned record;
+    prefix text := tenant_name || '/';
+    resource text;
+BEGIN
+    PERFORM 1 FROM postbox.tenants x WHERE x.name = t.name FOR UPDATE;
+    SELECT * INTO owned FROM postbox.tenant_resources(tenant_name);
+    IF owned.queues + owned.topics + owned.schedules > 0 THEN
+        IF NOT force THEN
+            RAISE EXCEPTION USING ERRCODE = 'PB412', MESSAGE = format(
+                'tenant %s still owns %s queues, %s topics and %s schedules; delete them first, or pass force',
+                quote_literal(tenant_name), owned.queues, owned.topics, owned.schedules);
+        END IF;
+        FOR resource IN SELECT s.name FROM postbox.schedules s WHERE starts_with(s.name, prefix) ORDER BY s.name LOOP
+            PERFORM postbox.delete_schedule(resource);
+        END LOOP;
+        FOR resource IN SELECT x.name FROM postbox.topics x WHERE starts_with(x.name, prefix) ORDER BY x.name LOOP
+            PERFORM postbox.delete_topic(resource);
+        END LOOP;
+        -- Dead-letter links only join a tenant's own queues (a name never holds
+        -- another tenant's), so cutting them lets every queue go.
+        UPDATE postbox.queues q SET dead_letter_queue_id = NULL, max_receive_count = NULL
+        WHERE starts_with(q.name, prefix) AND q.dead_letter_queue_id IS NOT NULL;
+        FOR resource IN SELECT q.name FROM postbox.queues q WHERE starts_with(q.name, prefix) ORDER BY q.name LOOP
+            PERFORM postbox.drop_queue(resource);
+        END LOOP;
+    END IF;
+    DELETE FROM postbox.tenants x WHERE x.name = tenant_name;
+END
+$$;
+
+-- API keys belong to a tenant.
+ALTER TABLE postbox.api_keys ADD COLUMN tenant text REFERENCES postbox.tenants (name) ON DELETE CASCADE;
+ALTER TYPE postbox.api_key ADD ATTRIBUTE tenant text;
+-- The servers cache the tenants' account ids with the keys (the SQS shim's URLs).
+CREATE TRIGGER tenants_changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON postbox.tenants
+FOR EACH STATEMENT EXECUTE FUNCTION postbox._keys_changed();
+DROP FUNCTION postbox.create_key(text, bytea, text, text[], text[], timestamptz, jsonb);
+DROP FUNCTION postbox.update_key(text, text[], text[], boolean, timestamptz, boolean, jsonb);
+DROP FUNCTION postbox.get_key(text);
+DROP FUNCTION postbox.list_keys(integer, text);
+DROP FUNCTION postbox.delete_key(text);
+
+-- The key of that name with its grants; PB400 for a malformed name, PB404 if there is none.
+CREATE OR REPLACE FUNCTION postbox._api_key(key_name text) RETURNS postbox.api_key
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    k postbox.api_key;
+BEGIN
+    SELECT a.name, a.secret_sha256, a.sigv4_secret, a.expires_at, a.created_at, a.updated_at,
+           array(SELECT g.permission FROM postbox.api_key_grants g WHERE g.key_name = a.name ORDER BY g.permission, g.pattern),
+           array(SELECT g.pattern FROM postbox.api_key_grants g WHERE g.key_name = a.name ORDER BY g.permission, g.pattern),
+           (SELECT u.last_used_at FROM postbox.api_key_usage u WHERE u.key_name = a.name),
+           a.rate_limits, a.tenant
+    INTO k FROM postbox.api_keys a WHERE a.name = key_name;
+    IF NOT FOUND THEN
+        IF postbox.name_problem('key', key_name) IS NOT NULL THEN
+            PERFORM postbox._invalid(postbox.name_problem('key', key_name));
+        END IF;
+        RAISE EXCEPTION USING ERRCODE = 'PB404', MESSAGE = format('key %s does not exist', quote_literal(key_name));
+    END IF;
+    RETURN k;
+END
+$$;
+
+
+-- Every key with its grants: what a server process caches.
+CREATE OR REPLACE FUNCTION postbox.all_keys() RETURNS SETOF postbox.api_key
+LANGUAGE sql STABLE AS $$
+    SELECT a.name, a.secret_sha256, a.sigv4_secret, a.expires_at, a.created_at, a.updated_at,
+           coalesce(array_agg(g.permission ORDER BY g.permission, g.pattern) FILTER (WHERE g.permission IS NOT NULL), '{}'),
+           coalesce(array_agg(g.pattern ORDER BY g.permission, g.pattern) FILTER (WHERE g.permission IS NOT NULL), '{}'),
+           NULL::timestamptz,  -- the cache checks calls; it has no use for the last use
+           a.rate_limits, a.tenant
+    FROM postbox.api_keys a LEFT JOIN postbox.api_key_grants g ON g.key_name = a.name
+    GROUP BY a.name
+$$;
+
+
+-- The key of that name if it belongs to key_tenant ('': the default tenant;
+-- NULL: any); PB404 as for a missing key otherwise, so that a tenant cannot
+-- tell another tenant's key from none.
+CREATE FUNCTION postbox._tenant_key(key_name text, key_tenant text) RETURNS postbox.api_key
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    k postbox.api_key := postbox._api_key(key_name);
+BEGIN
+    IF key_tenant IS NOT NULL AND coalesce(k.tenant, '') <> key_tenant THEN
+        RAISE EXCEPTION USING ERRCODE = 'PB404', MESSAGE = format('key %s does not exist', quote_literal(key_name));
+    END IF;
+    RETURN k;
+END
+$$;
+
+
+-- Creates a key from the SHA-256 of its secret and its derived SigV4 secret
+-- (the server makes the secret and shows it once), with grants, an optional
+-- expiry and optional rate limits, in a tenant ('' or NULL: the default
+-- tenant). PB409 if a key of that name exists (key names are unique across
+-- tenants: a SigV4 access key id is the name); PB400 for a bad name, grant or
+-- an expiry in the past; PB404 if there is no such tenant.
+CREATE FUNCTION postbox.create_key(
+    key_name text, secret_sha256 bytea, sigv4_secret text, permissions text[], patterns text[],
+    expires_at timestamptz DEFAULT NULL, rate_limits jsonb DEFAULT NULL, key_tenant text DEFAULT '')
+RETURNS postbox.api_key
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF coalesce(key_tenant, '') <> '' THEN
+        PERFORM postbox._tenant(key_tenant);  -- raises PB400 or PB404
+    END IF;
+    IF postbox.name_problem('key', key_name) IS NOT NULL THEN
+        PERFORM postbox._invalid(postbox.name_problem('key', key_name));
+    END IF;
+    IF postbox.grants_problem(permissions, patterns) IS NOT NULL THEN
+        PERFORM postbox._invalid(postbox.grants_problem(permissions, patterns));
+    END IF;
+    IF expires_at <= now() THEN
+        PERFORM postbox._invalid('expiry must lie in the future');
+    END IF;
+    INSERT INTO postbox.api_keys (name, secret_sha256, sigv4_secret, expires_at, rate_limits, tenant)
+    VALUES (key_name, secret_sha256, sigv4_secret, expires_at, rate_limits, nullif(key_tenant, ''))
+    ON CONFLICT (name) DO NOTHING;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'PB409', MESSAGE = format('key %s already exists', quote_literal(key_name));
+    END IF;
+    INSERT INTO postbox.api_key_grants (key_name, permission, pattern)
+    SELECT DISTINCT key_name, g.permission, g.pattern FROM unnest(permissions, patterns) AS g (permission, pattern);
+    RETURN postbox._api_key(key_name);
+END
+$$;
+
+
+-- Replaces a key's grants (when `permissions` is not NULL), its expiry (when
+-- set_expiry; NULL expires_at: never) and/or its rate limits (when
+-- set_rate_limits; NULL: none). PB404 if there is no such key in key_tenant
+-- ('': the default tenant; NULL: any).
+CREATE FUNCTION postbox.update_key(
+    key_name text, permissions text[], patterns text[], set_expiry boolean, expires_at timestamptz,
+    set_rate_limits boolean DEFAULT false, rate_limits jsonb DEFAULT NULL, key_tenant text DEFAULT NULL)
+RETURNS postbox.api_key
+LANGUAGE plpgsql AS $$
+DECLARE
+    k postbox.api_key;
+BEGIN
+    PERFORM 1 FROM postbox.api_keys a WHERE a.name = key_name FOR UPDATE;
+    k := postbox._tenant_key(key_name, key_tenant);  -- raises PB400 or PB404
+    IF permissions IS NOT NULL THEN
+        IF postbox.grants_problem(permissions, patterns) IS NOT NULL THEN
+            PERFORM postbox._invalid(postbox.grants_problem(permissions, patterns));
+        END IF;
+        DELETE FROM postbox.api_key_grants g WHERE g.key_name = update_key.key_name;
+        INSERT INTO postbox.api_key_grants (key_name, permission, pattern)
+        SELECT DISTINCT update_key.key_name, g.permission, g.pattern
+        FROM unnest(permissions, patterns) AS g (permission, pattern);
+    END IF;
+    IF set_expiry THEN
+        IF expires_at <= now() THEN
+            PERFORM postbox._invalid('expiry must lie in the future');
+        END IF;
+        UPDATE postbox.api_keys a SET expires_at = update_key.expires_at WHERE a.name = key_name;
+    END IF;
+    IF set_rate_limits THEN
+        UPDATE postbox.api_keys a SET rate_limits = update_key.rate_limits WHERE a.name = key_name;
+    END IF;
+    UPDATE postbox.api_keys a SET updated_at = now() WHERE a.name = key_name;
+    RETURN postbox._api_key(key_name);
+END
+$$;
+
+
+-- The key of that name in key_tenant ('': the default tenant; NULL: any);
+-- PB404 if there is none.
+CREATE FUNCTION postbox.get_key(key_name text, key_tenant text DEFAULT NULL) RETURNS postbox.api_key
+LANGUAGE sql STABLE AS $$
+    SELECT postbox._tenant_key(key_name, key_tenant)
+$$;
+
+
+-- Keys of key_tenant ('': the default tenant; NULL: all) in name order after
+-- after_name, page_size of them.
+CREATE FUNCTION postbox.list_keys(page_size integer DEFAULT 100, after_name text DEFAULT '',
+                                  key_tenant text DEFAULT NULL)
+RETURNS SETOF postbox.api_key
+LANGUAGE sql STABLE AS $$
+    SELECT (postbox._api_key(a.name)).*
+    FROM postbox.api_keys a
+    WHERE a.name > coalesce(after_name, '')
+      AND (key_tenant IS NULL OR coalesce(a.tenant, '') = key_tenant)
+    ORDER BY a.name LIMIT page_size
+$$;
+
+
+-- Revokes a key: deleted, it stops working on every server within a second.
+-- PB404 if there is no such key in key_tenant ('': the default tenant; NULL: any).
+CREATE FUNCTION postbox.delete_key(key_name text, key_tenant text DEFAULT NULL) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM postbox._tenant_key(key_name, key_tenant);  -- raises PB400 or PB404
+    DELETE FROM postbox.api_keys a WHERE a.name = key_name;
+END
+$$;
+
+
 SELECT postbox._secure();
 
 INSERT INTO postbox.schema_version (version) VALUES ('0.9.0');

@@ -9,6 +9,8 @@ from typing import Any
 
 import grpc
 
+from postbox_server.tenant_names import without_caller_prefix
+
 log = logging.getLogger(__name__)
 
 # What an error may quote of the caller's input, and how long a message may get: a
@@ -49,7 +51,9 @@ class ApiError(Exception):
     """A call refused or failed, with the status to report and a message saying what to fix."""
 
     def __init__(self, code: grpc.StatusCode, message: str, *, paused: bool = False) -> None:
-        message = bounded(message)  # whoever wrote it, input never makes it oversized
+        # Whoever wrote it, input never makes it oversized, and a tenant's caller reads
+        # the names it sent, not their stored <tenant>/<name>.
+        message = bounded(without_caller_prefix(message))
         super().__init__(message)
         self.code = code
         self.message = message

@@ -14,15 +14,18 @@ LANGUAGE sql IMMUTABLE AS $$
                 ELSE quote_literal(left(value, 80)) || '… (' || octet_length(value) || ' bytes)' END
 $$;
 
--- The message of a name check, or NULL when the queue name is valid.
+-- The message of a name check, or NULL when the queue name is valid. A
+-- tenant's queue (since 0.9.0) is named <tenant>/<name>: the limits hold for
+-- the part after the tenant.
 CREATE FUNCTION postbox.queue_name_problem(name text) RETURNS text
 LANGUAGE sql IMMUTABLE AS $$
     SELECT CASE
-        WHEN name IS NULL OR name = '' THEN 'queue name is required'
-        WHEN length(name) > 80 THEN format('queue name is %s characters long; the limit is 80', length(name))
-        WHEN name !~ '^[A-Za-z0-9_-]+(\.fifo)?$' THEN
+        WHEN bare IS NULL OR bare = '' THEN 'queue name is required'
+        WHEN length(bare) > 80 THEN format('queue name is %s characters long; the limit is 80', length(bare))
+        WHEN bare !~ '^[A-Za-z0-9_-]+(\.fifo)?$' THEN
             'queue name may only contain A-Z, a-z, 0-9, "_" and "-", and end in ".fifo" for a FIFO queue'
     END
+    FROM (SELECT regexp_replace(name, '^[a-z0-9][a-z0-9-]{0,31}/', '') AS bare) AS n
 $$;
 
 -- The queue of that name; PB400 if the name is malformed (no queue can have

@@ -1,19 +1,22 @@
 -- The message of a check of a topic, subscription or schedule name (`what`
 -- says which), or NULL when the name is valid.
 -- Topic names (since 0.9.0) are as long as SNS's, and end in ".fifo" for a
--- FIFO topic.
+-- FIFO topic. A tenant's topic or schedule (since 0.9.0) is named
+-- <tenant>/<name>: the limits hold for the part after the tenant.
 CREATE FUNCTION postbox.name_problem(what text, name text) RETURNS text
 LANGUAGE sql IMMUTABLE AS $$
     SELECT CASE
-        WHEN name IS NULL OR name = '' THEN what || ' name is required'
+        WHEN bare IS NULL OR bare = '' THEN what || ' name is required'
         WHEN what = 'topic' THEN CASE
-            WHEN length(name) > 256 THEN format('topic name is %s characters long; the limit is 256', length(name))
-            WHEN name !~ '^[A-Za-z0-9_-]+(\.fifo)?$' THEN
+            WHEN length(bare) > 256 THEN format('topic name is %s characters long; the limit is 256', length(bare))
+            WHEN bare !~ '^[A-Za-z0-9_-]+(\.fifo)?$' THEN
                 'topic name may only contain A-Z, a-z, 0-9, "_" and "-", and end in ".fifo" for a FIFO topic'
             END
-        WHEN length(name) > 80 THEN format('%s name is %s characters long; the limit is 80', what, length(name))
-        WHEN name !~ '^[A-Za-z0-9_-]+$' THEN what || ' name may only contain A-Z, a-z, 0-9, "_" and "-"'
+        WHEN length(bare) > 80 THEN format('%s name is %s characters long; the limit is 80', what, length(bare))
+        WHEN bare !~ '^[A-Za-z0-9_-]+$' THEN what || ' name may only contain A-Z, a-z, 0-9, "_" and "-"'
     END
+    FROM (SELECT CASE WHEN what IN ('topic', 'schedule')
+                      THEN regexp_replace(name, '^[a-z0-9][a-z0-9-]{0,31}/', '') ELSE name END AS bare) AS n
 $$;
 
 -- The message of a check of a map of strings (tags, SNS attributes), or NULL

@@ -15,7 +15,10 @@ CREATE TABLE postbox.api_keys (
     updated_at timestamptz NOT NULL DEFAULT now(),
     -- Since 0.9.0: the key's rate limits, as the API's RateLimits message in JSON
     -- (proto field names); NULL: none. The server checks the values.
-    rate_limits jsonb CHECK (jsonb_typeof(rate_limits) = 'object')
+    rate_limits jsonb CHECK (jsonb_typeof(rate_limits) = 'object'),
+    -- Since 0.9.0: the tenant the key belongs to (79_tenants.sql); NULL: the
+    -- default tenant. Its grants cover that tenant's names only.
+    tenant text REFERENCES postbox.tenants (name) ON DELETE CASCADE
 );
 
 -- A grant: `permission` on every resource whose name matches `pattern`, where
@@ -57,6 +60,9 @@ $$;
 CREATE TRIGGER api_keys_changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON postbox.api_keys
 FOR EACH STATEMENT EXECUTE FUNCTION postbox._keys_changed();
 CREATE TRIGGER api_key_grants_changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON postbox.api_key_grants
+FOR EACH STATEMENT EXECUTE FUNCTION postbox._keys_changed();
+-- The servers cache the tenants' account ids with the keys (the SQS shim's URLs).
+CREATE TRIGGER tenants_changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON postbox.tenants
 FOR EACH STATEMENT EXECUTE FUNCTION postbox._keys_changed();
 
 -- The message of a check of grants (parallel arrays of permissions and
@@ -102,7 +108,8 @@ CREATE TYPE postbox.api_key AS (
     permissions text[],
     patterns text[],
     last_used_at timestamptz,
-    rate_limits jsonb
+    rate_limits jsonb,
+    tenant text
 );
 
 -- The key of that name with its grants; PB400 for a malformed name, PB404 if there is none.
@@ -115,7 +122,7 @@ BEGIN
            array(SELECT g.permission FROM postbox.api_key_grants g WHERE g.key_name = a.name ORDER BY g.permission, g.pattern),
            array(SELECT g.pattern FROM postbox.api_key_grants g WHERE g.key_name = a.name ORDER BY g.permission, g.pattern),
            (SELECT u.last_used_at FROM postbox.api_key_usage u WHERE u.key_name = a.name),
-           a.rate_limits
+           a.rate_limits, a.tenant
     INTO k FROM postbox.api_keys a WHERE a.name = key_name;
     IF NOT FOUND THEN
         IF postbox.name_problem('key', key_name) IS NOT NULL THEN
@@ -127,16 +134,36 @@ BEGIN
 END
 $$;
 
+-- The key of that name if it belongs to key_tenant ('': the default tenant;
+-- NULL: any); PB404 as for a missing key otherwise, so that a tenant cannot
+-- tell another tenant's key from none.
+CREATE FUNCTION postbox._tenant_key(key_name text, key_tenant text) RETURNS postbox.api_key
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    k postbox.api_key := postbox._api_key(key_name);
+BEGIN
+    IF key_tenant IS NOT NULL AND coalesce(k.tenant, '') <> key_tenant THEN
+        RAISE EXCEPTION USING ERRCODE = 'PB404', MESSAGE = format('key %s does not exist', quote_literal(key_name));
+    END IF;
+    RETURN k;
+END
+$$;
+
 -- Creates a key from the SHA-256 of its secret and its derived SigV4 secret
 -- (the server makes the secret and shows it once), with grants, an optional
--- expiry and optional rate limits. PB409 if a key of that name exists; PB400 for a bad name,
--- grant or an expiry in the past.
+-- expiry and optional rate limits, in a tenant ('' or NULL: the default
+-- tenant). PB409 if a key of that name exists (key names are unique across
+-- tenants: a SigV4 access key id is the name); PB400 for a bad name, grant or
+-- an expiry in the past; PB404 if there is no such tenant.
 CREATE FUNCTION postbox.create_key(
     key_name text, secret_sha256 bytea, sigv4_secret text, permissions text[], patterns text[],
-    expires_at timestamptz DEFAULT NULL, rate_limits jsonb DEFAULT NULL)
+    expires_at timestamptz DEFAULT NULL, rate_limits jsonb DEFAULT NULL, key_tenant text DEFAULT '')
 RETURNS postbox.api_key
 LANGUAGE plpgsql AS $$
 BEGIN
+    IF coalesce(key_tenant, '') <> '' THEN
+        PERFORM postbox._tenant(key_tenant);  -- raises PB400 or PB404
+    END IF;
     IF postbox.name_problem('key', key_name) IS NOT NULL THEN
         PERFORM postbox._invalid(postbox.name_problem('key', key_name));
     END IF;
@@ -146,8 +173,8 @@ BEGIN
     IF expires_at <= now() THEN
         PERFORM postbox._invalid('expiry must lie in the future');
     END IF;
-    INSERT INTO postbox.api_keys (name, secret_sha256, sigv4_secret, expires_at, rate_limits)
-    VALUES (key_name, secret_sha256, sigv4_secret, expires_at, rate_limits)
+    INSERT INTO postbox.api_keys (name, secret_sha256, sigv4_secret, expires_at, rate_limits, tenant)
+    VALUES (key_name, secret_sha256, sigv4_secret, expires_at, rate_limits, nullif(key_tenant, ''))
     ON CONFLICT (name) DO NOTHING;
     IF NOT FOUND THEN
         RAISE EXCEPTION USING ERRCODE = 'PB409', MESSAGE = format('key %s already exists', quote_literal(key_name));
@@ -160,19 +187,18 @@ $$;
 
 -- Replaces a key's grants (when `permissions` is not NULL), its expiry (when
 -- set_expiry; NULL expires_at: never) and/or its rate limits (when
--- set_rate_limits; NULL: none). PB404 if there is no such key.
+-- set_rate_limits; NULL: none). PB404 if there is no such key in key_tenant
+-- ('': the default tenant; NULL: any).
 CREATE FUNCTION postbox.update_key(
     key_name text, permissions text[], patterns text[], set_expiry boolean, expires_at timestamptz,
-    set_rate_limits boolean DEFAULT false, rate_limits jsonb DEFAULT NULL)
+    set_rate_limits boolean DEFAULT false, rate_limits jsonb DEFAULT NULL, key_tenant text DEFAULT NULL)
 RETURNS postbox.api_key
 LANGUAGE plpgsql AS $$
 DECLARE
     k postbox.api_key;
 BEGIN
     PERFORM 1 FROM postbox.api_keys a WHERE a.name = key_name FOR UPDATE;
-    IF NOT FOUND THEN
-        k := postbox._api_key(key_name);  -- raises PB400 or PB404
-    END IF;
+    k := postbox._tenant_key(key_name, key_tenant);  -- raises PB400 or PB404
     IF permissions IS NOT NULL THEN
         IF postbox.grants_problem(permissions, patterns) IS NOT NULL THEN
             PERFORM postbox._invalid(postbox.grants_problem(permissions, patterns));
@@ -196,18 +222,24 @@ BEGIN
 END
 $$;
 
--- The key of that name; PB404 if there is none.
-CREATE FUNCTION postbox.get_key(key_name text) RETURNS postbox.api_key
+-- The key of that name in key_tenant ('': the default tenant; NULL: any);
+-- PB404 if there is none.
+CREATE FUNCTION postbox.get_key(key_name text, key_tenant text DEFAULT NULL) RETURNS postbox.api_key
 LANGUAGE sql STABLE AS $$
-    SELECT postbox._api_key(key_name)
+    SELECT postbox._tenant_key(key_name, key_tenant)
 $$;
 
--- Keys in name order after after_name, page_size of them.
-CREATE FUNCTION postbox.list_keys(page_size integer DEFAULT 100, after_name text DEFAULT '')
+-- Keys of key_tenant ('': the default tenant; NULL: all) in name order after
+-- after_name, page_size of them.
+CREATE FUNCTION postbox.list_keys(page_size integer DEFAULT 100, after_name text DEFAULT '',
+                                  key_tenant text DEFAULT NULL)
 RETURNS SETOF postbox.api_key
 LANGUAGE sql STABLE AS $$
     SELECT (postbox._api_key(a.name)).*
-    FROM postbox.api_keys a WHERE a.name > coalesce(after_name, '') ORDER BY a.name LIMIT page_size
+    FROM postbox.api_keys a
+    WHERE a.name > coalesce(after_name, '')
+      AND (key_tenant IS NULL OR coalesce(a.tenant, '') = key_tenant)
+    ORDER BY a.name LIMIT page_size
 $$;
 
 -- Every key with its grants: what a server process caches.
@@ -217,7 +249,7 @@ LANGUAGE sql STABLE AS $$
            coalesce(array_agg(g.permission ORDER BY g.permission, g.pattern) FILTER (WHERE g.permission IS NOT NULL), '{}'),
            coalesce(array_agg(g.pattern ORDER BY g.permission, g.pattern) FILTER (WHERE g.permission IS NOT NULL), '{}'),
            NULL::timestamptz,  -- the cache checks calls; it has no use for the last use
-           a.rate_limits
+           a.rate_limits, a.tenant
     FROM postbox.api_keys a LEFT JOIN postbox.api_key_grants g ON g.key_name = a.name
     GROUP BY a.name
 $$;
@@ -236,13 +268,11 @@ LANGUAGE sql AS $$
 $$;
 
 -- Revokes a key: deleted, it stops working on every server within a second.
--- PB404 if there is no such key.
-CREATE FUNCTION postbox.delete_key(key_name text) RETURNS void
+-- PB404 if there is no such key in key_tenant ('': the default tenant; NULL: any).
+CREATE FUNCTION postbox.delete_key(key_name text, key_tenant text DEFAULT NULL) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
+    PERFORM postbox._tenant_key(key_name, key_tenant);  -- raises PB400 or PB404
     DELETE FROM postbox.api_keys a WHERE a.name = key_name;
-    IF NOT FOUND THEN
-        PERFORM postbox._api_key(key_name);  -- raises PB400 or PB404
-    END IF;
 END
 $$;

@@ -139,6 +139,8 @@ class World:
     consumer_group: str
     schedule: str
     key: str
+    tenant: str
+    account_id: str
     # An admin key: AccessService wants one even where the rest of the API does not.
     metadata: tuple[tuple[str, str], ...] = ()
 
@@ -174,6 +176,16 @@ BASELINES: dict[str, Baseline] = {
         "update_mask": "grants",
     },
     "AccessService.DeleteKey": lambda w: {"name": fresh()},
+    "AccessService.CreateTenant": lambda w: {
+        "tenant": {"name": fresh(), "account_id": "", "description": "d"}
+    },
+    "AccessService.GetTenant": lambda w: {"name": w.tenant},
+    "AccessService.ListTenants": lambda w: {},
+    "AccessService.UpdateTenant": lambda w: {
+        "tenant": {"name": w.tenant, "account_id": w.account_id, "description": "changed"},
+        "update_mask": "accountId,description",
+    },
+    "AccessService.DeleteTenant": lambda w: {"name": fresh()},
     "MessageService.Send": lambda w: {
         "queue": w.fifo_queue,
         "attributes": ATTRIBUTES,
@@ -378,6 +390,7 @@ EXPECTED = {
     "QueueService.RedriveMessages": grpc.StatusCode.NOT_FOUND,  # no such dead letter
     "QueueService.CancelRedriveTask": grpc.StatusCode.INVALID_ARGUMENT,  # "1" is no task id
     "AccessService.DeleteKey": grpc.StatusCode.NOT_FOUND,
+    "AccessService.DeleteTenant": grpc.StatusCode.NOT_FOUND,
     "ScheduleService.DeleteSchedule": grpc.StatusCode.NOT_FOUND,
     "StreamService.DeleteConsumerGroup": grpc.StatusCode.NOT_FOUND,
     "StreamService.PauseConsumerGroup": grpc.StatusCode.NOT_FOUND,
@@ -497,6 +510,8 @@ def world(keyed_channel: grpc.Channel, keyed_database: str) -> World:
         consumer_group="group",
         schedule=f"{base}-s",
         key=f"{base}-k",
+        tenant=fresh(),
+        account_id=f"{uuid.uuid4().int % 10**12:012d}",
         metadata=(("authorization", f"Bearer {secret}"),),
     )
     made = [
@@ -539,6 +554,12 @@ def world(keyed_channel: grpc.Channel, keyed_database: str) -> World:
         ),
     ]
     made.append(("TopicService.Publish", {"topic": world.topic, "routing_key": "k"}))
+    made.append(
+        (
+            "AccessService.CreateTenant",
+            {"tenant": {"name": world.tenant, "account_id": world.account_id}},
+        )
+    )
     for name, fields in made:
         outcome = call(keyed_channel, METHODS[name], parsed(name, fields), world.metadata)
         assert outcome.code == grpc.StatusCode.OK, f"{name}: {outcome.details}"

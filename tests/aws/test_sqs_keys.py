@@ -383,3 +383,50 @@ def test_an_sns_subscription_needs_send_on_its_queue(clients: Clients) -> None:
     assert refused == "AuthorizationError"
     clients.admin.create_queue(QueueName="team-a-inbox")
     sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint=_arn("team-a-inbox"))
+
+
+def test_a_tenants_key_sees_only_its_tenants_queues_through_the_shim(clients: Clients) -> None:
+    """The shim reaches the server through the tenant door: a tenant's key names its
+    queues as anyone does and never sees the default tenant's. (Queue URLs still carry
+    the shim's one account id: mapping it per tenant is left to do.)"""
+    with grpc.insecure_channel(clients.server_target) as channel:
+        access = access_service_pb2_grpc.AccessServiceStub(channel)
+        admin_secret = bootstrap_key(clients.database_url, "sqs-tenant-admin", "admin:*")
+        wait_until(lambda: _error(lambda: _granted(access, admin_secret)) == "OK", 5, "the new key")
+        access.CreateTenant(
+            access_pb.CreateTenantRequest(tenant=access_pb.Tenant(name="sqs-acme")),
+            metadata=bearer(admin_secret),
+        )
+        created = access.CreateKey(
+            access_pb.CreateKeyRequest(
+                key=access_pb.Key(
+                    name="sqs-acme-app",
+                    tenant="sqs-acme",
+                    grants=[access_pb.Grant(permission=access_pb.PERMISSION_ADMIN, pattern="*")],
+                )
+            ),
+            metadata=bearer(admin_secret),
+        )
+    tenant = sqs_client(clients.endpoint, "json", "sqs-acme-app", created.sigv4_secret_access_key)
+    default_url = clients.admin.create_queue(QueueName="shared-orders")["QueueUrl"]
+    clients.admin.create_queue(QueueName="default-only")
+    clients.admin.send_message(QueueUrl=default_url, MessageBody="default's")
+    tenant_url = tenant.create_queue(QueueName="shared-orders")["QueueUrl"]
+    assert tenant_url.endswith("/shared-orders")
+    tenant.send_message(QueueUrl=tenant_url, MessageBody="acme's")
+    listed = tenant.list_queues().get("QueueUrls", [])
+    assert [url.rsplit("/", 1)[1] for url in listed] == ["shared-orders"]
+    received = tenant.receive_message(QueueUrl=tenant_url, MaxNumberOfMessages=10)
+    assert [m["Body"] for m in received["Messages"]] == ["acme's"]
+    missing = _error(lambda: tenant.get_queue_url(QueueName="default-only"))
+    assert missing == _error(lambda: tenant.get_queue_url(QueueName="nowhere-at-all"))
+    assert missing == "AWS.SimpleQueueService.NonExistentQueue"
+    received = clients.admin.receive_message(QueueUrl=default_url, MaxNumberOfMessages=10)
+    assert [m["Body"] for m in received["Messages"]] == ["default's"]
+
+
+def _granted(access: Any, secret: str) -> None:
+    try:
+        access.ListTenants(access_pb.ListTenantsRequest(), metadata=bearer(secret))
+    except grpc.RpcError as error:
+        raise ClientError({"Error": {"Code": error.code().name}}, "ListTenants") from None

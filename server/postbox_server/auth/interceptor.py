@@ -24,6 +24,7 @@ from postbox_server.auth.rules import (
     resource_of,
     targets_of,
 )
+from postbox_server.auth.tenancy import qualify_request, unqualify_response
 from postbox_server.errors import ApiError, Refused, quoted
 from postbox_server.interceptors import (
     AioMethodHandler,
@@ -34,6 +35,7 @@ from postbox_server.interceptors import (
     yields,
 )
 from postbox_server.observability import request_ids
+from postbox_server.tenant_names import CALLER_TENANT, DEFAULT_TENANT, belongs, qualified
 
 # Trailing metadata of an UNAUTHENTICATED call saying why (missing, unknown-key, expired,
 # signature), so the SQS shim can answer with the error AWS would.
@@ -130,12 +132,16 @@ def denied(key: ApiKey, permission: str, resource: str) -> ApiError:
 
 
 def authorize(key: ApiKey, rule: Rule, request: Any) -> None:
-    """Raises PERMISSION_DENIED unless the key may make this call."""
+    """Raises PERMISSION_DENIED unless the key may make this call (the request's names
+    qualified with the key's tenant already)."""
     if rule.listed is not None and rule.field is None:
         if not key.holds(rule.permission):
             raise denied(key, rule.permission, ANY_RESOURCE)
         return
     resource = resource_of(request, rule)
+    if resource == ANY_RESOURCE and rule.within_tenant:
+        # Every name of the key's own tenant (its grant "*" covers that, and no more).
+        resource = qualified(key.tenant, ANY_RESOURCE)
     if not any(key.allows(permission, resource) for permission in rule.permissions):
         raise denied(key, rule.permission, resource)
     # The queue or topic the call would write into, besides the one it names.
@@ -144,13 +150,16 @@ def authorize(key: ApiKey, rule: Rule, request: Any) -> None:
             raise denied(key, permission, target)
 
 
-def filter_listed(key: ApiKey, rule: Rule, listed: str, response: Any) -> Any:
-    """A List response without the resources the key may not read (its field `listed`)."""
+def filter_listed(key: ApiKey | None, rule: Rule, listed: str, response: Any) -> Any:
+    """A List response without the resources the caller may not read (its field `listed`):
+    those of other tenants, and those the key's grants do not cover."""
+    tenant = key.tenant if key is not None else DEFAULT_TENANT
     items = getattr(response, listed)
     kept = [
         item
         for item in items
-        if key.allows(rule.permission, item if isinstance(item, str) else item.name)
+        if belongs(tenant, name := item if isinstance(item, str) else item.name)
+        and (key is None or key.allows(rule.permission, name))
     ]
     if len(kept) != len(items):
         del items[:]
@@ -193,11 +202,22 @@ class Authorize(WrapsEachMethod):
             # An undecodable request is the decoder's to refuse (INVALID_ARGUMENT).
             return hasattr(request, "DESCRIPTOR")
 
-        async def admit(request: Any, context: Context) -> ApiKey | None:
-            """The calling key (None while auth is off); ends the call if it is refused."""
+        def enter(key: ApiKey | None, request: Any) -> str:
+            """The caller's tenant, with the request's names qualified by it."""
+            CALLER.set(key)
+            tenant = key.tenant if key is not None else DEFAULT_TENANT
+            CALLER_TENANT.set(tenant)
+            if admits(request):
+                qualify_request(request, tenant)
+            return tenant
+
+        async def admit(request: Any, context: Context) -> tuple[ApiKey | None, str]:
+            """The calling key (None while auth is off) and its tenant; ends the call if it
+            is refused."""
+            tenant = DEFAULT_TENANT
             try:
                 key = check(context, rule)
-                CALLER.set(key)
+                tenant = enter(key, request)
                 # A key comes back only for a method with a rule.
                 if key is not None and rule is not None and admits(request):
                     authorize(key, rule, request)
@@ -205,22 +225,22 @@ class Authorize(WrapsEachMethod):
                     limiter.check_call(key.name, key.limits, method, request)
             except ApiError as error:
                 await refuse(context, error)
-            return key
+            return key, tenant
 
         async def unary(request: Any, context: Context) -> Any:
-            key = await admit(request, context)
+            key, tenant = await admit(request, context)
             assert handler.unary_unary is not None  # the handler of a unary method
             response = await handler.unary_unary(request, context)
-            if key is not None and rule is not None and rule.listed is not None:
-                return filter_listed(key, rule, rule.listed, response)
-            return response
+            if rule is not None and rule.listed is not None:
+                response = filter_listed(key, rule, rule.listed, response)
+            return unqualify_response(response, tenant)
 
         async def server_stream(request: Any, context: Context) -> AsyncGenerator[Any, None]:
-            await admit(request, context)
+            _key, tenant = await admit(request, context)
             assert handler.unary_stream is not None
             assert yields(handler.unary_stream)
             async for response in relay(handler.unary_stream(request, context)):
-                yield response
+                yield unqualify_response(response, tenant)
 
         async def server_stream_writes(request: Any, context: Context) -> None:
             await admit(request, context)
@@ -238,12 +258,22 @@ class Authorize(WrapsEachMethod):
                     limiter.check(key.name, key.limits, "call", 1)
             except ApiError as error:
                 await refuse(context, error)
+            tenant = key.tenant if key is not None else DEFAULT_TENANT
+            CALLER_TENANT.set(tenant)
 
             async def checked() -> AsyncIterator[Any]:
                 async for request in requests:
                     if key is not None:
                         # Over the key's limit, the stream waits rather than ends.
                         await limiter.pace(key.name, key.limits, method)
+                    if admits(request):
+                        try:
+                            qualify_request(request, tenant)
+                        except ApiError as error:
+                            if rule is None or not rule.per_request:
+                                raise
+                            yield Refused(request, error)
+                            continue
                     # Requests after the first may leave the queue empty: it stays the first's.
                     if (
                         key is not None
@@ -263,7 +293,7 @@ class Authorize(WrapsEachMethod):
             assert handler.stream_stream is not None
             assert yields(handler.stream_stream)
             async for response in relay(handler.stream_stream(checked(), context)):
-                yield response
+                yield unqualify_response(response, tenant)
 
         if handler.request_streaming and handler.response_streaming:
             return grpc.stream_stream_rpc_method_handler(

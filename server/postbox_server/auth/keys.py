@@ -29,6 +29,7 @@ from postbox_server.auth.ratelimits import Limits, RateLimiter
 from postbox_server.auth.secrets import secret_sha256
 from postbox_server.db import hosts
 from postbox_server.db.engine import Row, application_name
+from postbox_server.tenant_names import DEFAULT_TENANT, qualified
 
 log = logging.getLogger(__name__)
 
@@ -38,9 +39,12 @@ USAGE_INTERVAL = 60.0
 PERMISSIONS = ("send", "receive", "publish", "read", "manage", "admin")
 
 
-def pattern_regex(pattern: str) -> re.Pattern[str]:
-    """A grant's pattern as a regular expression: "*" matches any run of characters."""
-    return re.compile(".*".join(re.escape(part) for part in pattern.split("*")), re.DOTALL)
+def pattern_regex(pattern: str, tenant: str = DEFAULT_TENANT) -> re.Pattern[str]:
+    """A grant's pattern as a regular expression over stored names: "*" matches any run
+    of characters but "/", so that no pattern of one tenant reaches into another's
+    `<tenant>/` names; a tenant key's pattern is of its own tenant's names."""
+    regex = "[^/]*".join(re.escape(part) for part in pattern.split("*"))
+    return re.compile(re.escape(qualified(tenant, "")) + regex, re.DOTALL)
 
 
 def gives(held: str, needed: str) -> bool:
@@ -54,10 +58,12 @@ def gives(held: str, needed: str) -> bool:
 class Grant:
     permission: str
     pattern: str
+    # The tenant of the key holding it ("" for the default tenant).
+    tenant: str = DEFAULT_TENANT
     regex: re.Pattern[str] = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "regex", pattern_regex(self.pattern))
+        object.__setattr__(self, "regex", pattern_regex(self.pattern, self.tenant))
 
     def covers(self, permission: str, resource: str) -> bool:
         if not gives(self.permission, permission):
@@ -74,20 +80,24 @@ class ApiKey:
     grants: tuple[Grant, ...]
     # Rate limits (ratelimits.py); None: none.
     limits: Limits | None = field(default=None, compare=False)
+    # The tenant it belongs to ("" for the default tenant): its grants cover that tenant's names.
+    tenant: str = DEFAULT_TENANT
 
     @classmethod
     def from_row(cls, row: Row) -> ApiKey:
         expires_at = row["expires_at"]
+        tenant = row["tenant"] or DEFAULT_TENANT
         return cls(
             name=row["name"],
             secret_sha256=bytes(row["secret_sha256"]),
             sigv4_secret=row["sigv4_secret"],
             expires_at=expires_at.timestamp() if expires_at is not None else None,
             grants=tuple(
-                Grant(permission, pattern)
+                Grant(permission, pattern, tenant)
                 for permission, pattern in zip(row["permissions"], row["patterns"], strict=True)
             ),
             limits=Limits.from_json(row["rate_limits"]),
+            tenant=tenant,
         )
 
     def expired(self, now: float | None = None) -> bool:

@@ -57,6 +57,10 @@ class Rule:
     empty_means_all: bool = False
     # Second resources the call writes into (see Target).
     targets: tuple[Target, ...] = ()
+    # A call without a field that acts only within the caller's tenant (its servicer
+    # scopes it): a tenant's key needs the permission on all of its own tenant's names,
+    # rather than on every name, which no tenant's grant covers.
+    within_tenant: bool = False
 
     @property
     def permissions(self) -> tuple[str, ...]:
@@ -192,12 +196,19 @@ _SCHEDULES = {
     # Stores and touches nothing: whoever may read or manage a schedule of that name.
     "PreviewSchedule": Rule("read", "schedule.name", also=("manage",)),
 }
+# A tenant's admin manages its own tenant's keys (the servicer scopes them).
 _ACCESS = {
-    "CreateKey": Rule("admin"),
-    "GetKey": Rule("admin"),
-    "ListKeys": Rule("admin"),
-    "UpdateKey": Rule("admin"),
-    "DeleteKey": Rule("admin"),
+    "CreateKey": Rule("admin", within_tenant=True),
+    "GetKey": Rule("admin", within_tenant=True),
+    "ListKeys": Rule("admin", within_tenant=True),
+    "UpdateKey": Rule("admin", within_tenant=True),
+    "DeleteKey": Rule("admin", within_tenant=True),
+    # Tenants are the default tenant's admins' to manage: no tenant's grant covers "*".
+    "CreateTenant": Rule("admin"),
+    "GetTenant": Rule("admin"),
+    "ListTenants": Rule("admin"),
+    "UpdateTenant": Rule("admin"),
+    "DeleteTenant": Rule("admin"),
 }
 
 RULES: dict[str, Rule] = {

@@ -54,6 +54,8 @@ def _describe(key: pb.Key) -> str:
     expires = key.expire_time.ToJsonString() if key.HasField("expire_time") else "never"
     used = key.last_used_time.ToJsonString() if key.HasField("last_used_time") else "never"
     line = f"{key.name}\t{grants}\texpires {expires}\tlast used {used}"
+    if key.tenant:
+        line += f"\ttenant {key.tenant}"
     if key.HasField("rate_limits"):
         limits = json_format.MessageToDict(key.rate_limits, preserving_proto_field_name=True)
         line += "\tlimits " + " ".join(f"{name}={value:g}" for name, value in limits.items())
@@ -80,7 +82,7 @@ async def _on_database(args: argparse.Namespace) -> Any:
             expires = datetime.now(timezone.utc) + args.expires_in if args.expires_in else None
             row = await engine.create_key(
                 args.name, credentials.secret_sha256, credentials.sigv4_secret,
-                permissions, patterns, expires,
+                permissions, patterns, expires, tenant=args.tenant,
             )  # fmt: skip
             return pb.CreateKeyResponse(
                 key=key_resource(row),
@@ -102,7 +104,7 @@ async def _on_database(args: argparse.Namespace) -> Any:
 def _through_server(args: argparse.Namespace, client: Client) -> Any:
     if args.keys_verb == "create":
         expires = datetime.now(timezone.utc) + args.expires_in if args.expires_in else None
-        return client.create_key(args.name, args.grant, expire_time=expires)
+        return client.create_key(args.name, args.grant, expire_time=expires, tenant=args.tenant)
     if args.keys_verb == "list":
         return list(client.list_keys(page_size=1000))
     client.delete_key(args.name)
@@ -173,6 +175,12 @@ def add_parser(verbs: Verbs, client: ClientParsers) -> None:
         "(* matches any run of characters), as in send:orders-* (repeatable)",
     )
     create.add_argument("--expires-in", type=duration, help="as in 30d, 12h, 90m (default: never)")
+    create.add_argument(
+        "--tenant",
+        default="",
+        help="the tenant the key belongs to (default: the caller's; another tenant takes an "
+        "admin key of the default tenant); its grants cover that tenant's names only",
+    )
     keys_verbs.add_parser(
         "list", parents=[client.connection, on_database], help="list keys (no secrets)"
     )

@@ -20,6 +20,7 @@ from postbox_server.cli import (
     serve,
     sqs,
     status,
+    tenants,
     topics,
 )
 from postbox_server.cli.client import ClientParsers
@@ -74,6 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
         group.add_parser(verbs, client)
     completion.add_parser(verbs, build_parser)
     keys.add_parser(verbs, client)
+    tenants.add_parser(verbs, client)
     return parser
 
 

@@ -932,33 +932,62 @@ class Engine:
     async def create_key(
         self, name: str, secret_sha256: bytes, sigv4_secret: str, permissions: Sequence[str],
         patterns: Sequence[str], expires_at: datetime | None, rate_limits: str | None = None,
+        tenant: str = "",
     ) -> Record:  # fmt: skip
-        """`rate_limits`: the RateLimits message as JSON, or None for none."""
+        """`rate_limits`: the RateLimits message as JSON, or None for none; `tenant`: ""
+        for the default tenant."""
         return await self._call(
             "fetchrow", "create_key", name, secret_sha256, sigv4_secret, list(permissions),
-            list(patterns), expires_at, rate_limits,
+            list(patterns), expires_at, rate_limits, tenant,
         )  # fmt: skip
 
-    async def get_key(self, name: str) -> Record:
-        return await self._call("fetchrow", "get_key", name)
+    # `tenant` of the key lookups: the caller's ("" for the default tenant); None: any.
 
-    async def list_keys(self, page_size: int, after_name: str) -> list[Record]:
-        return await self._call("fetch", "list_keys", page_size, after_name)
+    async def get_key(self, name: str, tenant: str | None = None) -> Record:
+        return await self._call("fetchrow", "get_key", name, tenant)
+
+    async def list_keys(
+        self, page_size: int, after_name: str, tenant: str | None = None
+    ) -> list[Record]:
+        return await self._call("fetch", "list_keys", page_size, after_name, tenant)
 
     async def update_key(
         self, name: str, permissions: Sequence[str] | None, patterns: Sequence[str] | None,
         set_expiry: bool, expires_at: datetime | None, set_rate_limits: bool = False,
-        rate_limits: str | None = None,
+        rate_limits: str | None = None, tenant: str | None = None,
     ) -> Record:  # fmt: skip
         return await self._call(
             "fetchrow", "update_key", name,
             None if permissions is None else list(permissions),
             None if patterns is None else list(patterns), set_expiry, expires_at,
-            set_rate_limits, rate_limits,
+            set_rate_limits, rate_limits, tenant,
         )  # fmt: skip
 
-    async def delete_key(self, name: str) -> None:
-        await self._call("execute", "delete_key", name)
+    async def delete_key(self, name: str, tenant: str | None = None) -> None:
+        await self._call("execute", "delete_key", name, tenant)
+
+    # Tenants (the default tenant has no row).
+
+    async def create_tenant(self, name: str, account_id: str | None, description: str) -> Record:
+        return await self._call("fetchrow", "create_tenant", name, account_id, description)
+
+    async def get_tenant(self, name: str) -> Record:
+        return await self._call("fetchrow", "get_tenant", name)
+
+    async def list_tenants(self, page_size: int, after_name: str) -> list[Record]:
+        return await self._call("fetch", "list_tenants", page_size, after_name)
+
+    async def update_tenant(
+        self, name: str, account_id: str | None, description: str | None
+    ) -> Record:
+        """Changes the fields given (None: leave it)."""
+        return await self._call(
+            "fetchrow", "update_tenant", name, account_id is not None, account_id,
+            description is not None, description,
+        )  # fmt: skip
+
+    async def delete_tenant(self, name: str, force: bool) -> None:
+        await self._call("execute", "delete_tenant", name, force)
 
     # Maintenance.
 

@@ -296,19 +296,39 @@ SELECT postbox.next_schedule_fire_at()
 -- API keys.
 
 -- name: create_key
-SELECT * FROM postbox.create_key($1, $2, $3, $4, $5, $6, $7)
+SELECT * FROM postbox.create_key($1, $2, $3, $4, $5, $6, $7, $8)
 
 -- name: get_key
-SELECT * FROM postbox.get_key($1)
+SELECT * FROM postbox.get_key($1, $2)
 
 -- name: list_keys
-SELECT * FROM postbox.list_keys($1, $2)
+SELECT * FROM postbox.list_keys($1, $2, $3)
 
 -- name: update_key
-SELECT * FROM postbox.update_key($1, $2, $3, $4, $5, $6, $7)
+SELECT * FROM postbox.update_key($1, $2, $3, $4, $5, $6, $7, $8)
 
 -- name: delete_key
-SELECT postbox.delete_key($1)
+SELECT postbox.delete_key($1, $2)
+
+-- Tenants.
+
+-- name: create_tenant
+SELECT * FROM postbox.create_tenant($1, $2, $3)
+
+-- name: get_tenant
+SELECT * FROM postbox.get_tenant($1)
+
+-- name: list_tenants
+SELECT * FROM postbox.list_tenants($1, $2)
+
+-- name: update_tenant
+SELECT * FROM postbox.update_tenant($1, $2, $3, $4, $5)
+
+-- name: delete_tenant
+SELECT postbox.delete_tenant($1, $2)
+
+-- name: tenant_accounts
+SELECT name, account_id FROM postbox.tenants
 
 -- name: queue_metrics
 SELECT * FROM postbox.queue_metrics($1)

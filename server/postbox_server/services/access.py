@@ -1,4 +1,5 @@
-"""AccessService: API keys and their grants. The rules live in SQL; the secret is made here."""
+"""AccessService: API keys and their grants, and tenants. The rules live in SQL; the
+secret is made here. A tenant's admin sees and changes its own tenant's keys only."""
 
 from __future__ import annotations
 
@@ -14,12 +15,14 @@ from postbox_server.auth.keys import KeyCache
 from postbox_server.auth.ratelimits import MAX_RATE
 from postbox_server.auth.secrets import Credentials
 from postbox_server.db.engine import Engine, Row
-from postbox_server.errors import invalid, quoted
+from postbox_server.errors import ApiError, invalid, quoted
 from postbox_server.services import convert
 from postbox_server.services.pagination import decode_page_token, next_page, page_size_of
 from postbox_server.services.status import reports_errors
+from postbox_server.tenant_names import CALLER_TENANT, DEFAULT_TENANT
 
 _UPDATABLE = ("grants", "expire_time", "rate_limits")
+_TENANT_UPDATABLE = ("account_id", "description")
 _RATES = ("sends_per_second", "receives_per_second", "calls_per_second")
 _BURSTS = ("send_burst", "receive_burst", "call_burst")
 
@@ -87,7 +90,36 @@ def key_resource(row: Row) -> pb.Key:
         rate_limits=(
             json_format.Parse(row["rate_limits"], pb.RateLimits()) if row["rate_limits"] else None
         ),
+        tenant=row["tenant"] or DEFAULT_TENANT,
     )
+
+
+def tenant_resource(row: Row) -> pb.Tenant:
+    return pb.Tenant(
+        name=row["name"],
+        account_id=row["account_id"],
+        description=row["description"],
+        create_time=convert.timestamp(row["created_at"]),
+        update_time=convert.timestamp(row["updated_at"]),
+    )
+
+
+def _keys_in_reach() -> str | None:
+    """The tenant whose keys the caller manages: a tenant's admin its own; an admin of
+    the default tenant (or anyone, while auth is off) every tenant's (None)."""
+    return CALLER_TENANT.get() or None
+
+
+def _update_paths(mask: Any, updatable: tuple[str, ...]) -> list[str]:
+    """The update mask's paths, INVALID_ARGUMENT unless each is one of `updatable`."""
+    paths = list(mask.paths)
+    unknown = [path for path in paths if path not in updatable]
+    if not paths or unknown:
+        raise invalid(
+            f"update_mask names the fields to change: any of {', '.join(updatable)}"
+            + (f" (not {quoted(', '.join(unknown))})" if unknown else "")
+        )
+    return paths
 
 
 class AccessService(access_service_pb2_grpc.AccessServiceServicer):
@@ -103,11 +135,19 @@ class AccessService(access_service_pb2_grpc.AccessServiceServicer):
         self, request: pb.CreateKeyRequest, context: grpc.aio.ServicerContext
     ) -> pb.CreateKeyResponse:
         key = request.key
+        caller_tenant = CALLER_TENANT.get()
+        if caller_tenant and key.tenant not in (DEFAULT_TENANT, caller_tenant):
+            raise ApiError(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"tenant {quoted(key.tenant)}: only an admin key of the default tenant may "
+                "create keys in another tenant; leave tenant empty for your own",
+            )
         permissions, patterns = grant_arrays(key.grants)
         credentials = Credentials.issue()
         row = await self.engine.create_key(
             key.name, credentials.secret_sha256, credentials.sigv4_secret, permissions, patterns,
             convert.optional_datetime(key, "expire_time"), rate_limits_json(key),
+            caller_tenant or key.tenant,
         )  # fmt: skip
         await self.keys.catch_up()
         return pb.CreateKeyResponse(
@@ -120,7 +160,8 @@ class AccessService(access_service_pb2_grpc.AccessServiceServicer):
     async def GetKey(
         self, request: pb.GetKeyRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetKeyResponse:
-        return pb.GetKeyResponse(key=key_resource(await self.engine.get_key(request.name)))
+        row = await self.engine.get_key(request.name, _keys_in_reach())
+        return pb.GetKeyResponse(key=key_resource(row))
 
     @reports_errors
     async def ListKeys(
@@ -129,7 +170,9 @@ class AccessService(access_service_pb2_grpc.AccessServiceServicer):
         page_size = page_size_of(request.page_size)
         after = decode_page_token(request.page_token, "ListKeys")
         rows, token = next_page(
-            await self.engine.list_keys(page_size + 1, after), page_size, "ListKeys"
+            await self.engine.list_keys(page_size + 1, after, _keys_in_reach()),
+            page_size,
+            "ListKeys",
         )
         return pb.ListKeysResponse(keys=[key_resource(row) for row in rows], next_page_token=token)
 
@@ -137,20 +180,14 @@ class AccessService(access_service_pb2_grpc.AccessServiceServicer):
     async def UpdateKey(
         self, request: pb.UpdateKeyRequest, context: grpc.aio.ServicerContext
     ) -> pb.UpdateKeyResponse:
-        paths = list(request.update_mask.paths)
-        unknown = [path for path in paths if path not in _UPDATABLE]
-        if not paths or unknown:
-            raise invalid(
-                f"update_mask names the fields to change: any of {', '.join(_UPDATABLE)}"
-                + (f" (not {quoted(', '.join(unknown))})" if unknown else "")
-            )
+        paths = _update_paths(request.update_mask, _UPDATABLE)
         permissions = patterns = None
         if "grants" in paths:
             permissions, patterns = grant_arrays(request.key.grants)
         row = await self.engine.update_key(
             request.key.name, permissions, patterns, "expire_time" in paths,
             convert.optional_datetime(request.key, "expire_time"),
-            "rate_limits" in paths, rate_limits_json(request.key),
+            "rate_limits" in paths, rate_limits_json(request.key), _keys_in_reach(),
         )  # fmt: skip
         await self.keys.catch_up()
         return pb.UpdateKeyResponse(key=key_resource(row))
@@ -159,6 +196,62 @@ class AccessService(access_service_pb2_grpc.AccessServiceServicer):
     async def DeleteKey(
         self, request: pb.DeleteKeyRequest, context: grpc.aio.ServicerContext
     ) -> pb.DeleteKeyResponse:
-        await self.engine.delete_key(request.name)
+        await self.engine.delete_key(request.name, _keys_in_reach())
         await self.keys.catch_up()
         return pb.DeleteKeyResponse()
+
+    # Tenants: only an admin key of the default tenant reaches these (auth/rules.py).
+
+    @reports_errors
+    async def CreateTenant(
+        self, request: pb.CreateTenantRequest, context: grpc.aio.ServicerContext
+    ) -> pb.CreateTenantResponse:
+        tenant = request.tenant
+        row = await self.engine.create_tenant(
+            tenant.name, tenant.account_id or None, tenant.description
+        )
+        await self.keys.catch_up()
+        return pb.CreateTenantResponse(tenant=tenant_resource(row))
+
+    @reports_errors
+    async def GetTenant(
+        self, request: pb.GetTenantRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetTenantResponse:
+        return pb.GetTenantResponse(
+            tenant=tenant_resource(await self.engine.get_tenant(request.name))
+        )
+
+    @reports_errors
+    async def ListTenants(
+        self, request: pb.ListTenantsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListTenantsResponse:
+        page_size = page_size_of(request.page_size)
+        after = decode_page_token(request.page_token, "ListTenants")
+        rows, token = next_page(
+            await self.engine.list_tenants(page_size + 1, after), page_size, "ListTenants"
+        )
+        return pb.ListTenantsResponse(
+            tenants=[tenant_resource(row) for row in rows], next_page_token=token
+        )
+
+    @reports_errors
+    async def UpdateTenant(
+        self, request: pb.UpdateTenantRequest, context: grpc.aio.ServicerContext
+    ) -> pb.UpdateTenantResponse:
+        paths = _update_paths(request.update_mask, _TENANT_UPDATABLE)
+        tenant = request.tenant
+        row = await self.engine.update_tenant(
+            tenant.name,
+            tenant.account_id if "account_id" in paths else None,
+            tenant.description if "description" in paths else None,
+        )
+        await self.keys.catch_up()
+        return pb.UpdateTenantResponse(tenant=tenant_resource(row))
+
+    @reports_errors
+    async def DeleteTenant(
+        self, request: pb.DeleteTenantRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DeleteTenantResponse:
+        await self.engine.delete_tenant(request.name, request.force)
+        await self.keys.catch_up()
+        return pb.DeleteTenantResponse()

@@ -384,12 +384,14 @@ class Operations:
         grants: Sequence[access_service_pb2.Grant | str],
         *,
         expire_time: datetime | None = None,
+        tenant: str = "",
     ) -> access_service_pb2.CreateKeyResponse:
         """Creates an API key with `grants`: Grant messages, or "PERMISSION:PATTERN" as in
-        "send:orders-*" (see `parse_grant`). The answer holds its secret, shown only this
-        once."""
+        "send:orders-*" (see `parse_grant`), in `tenant` ("": the caller's; naming
+        another tenant takes an admin key of the default tenant). The answer holds its
+        secret, shown only this once."""
         parsed = [parse_grant(g) if isinstance(g, str) else g for g in grants]
-        key = access_service_pb2.Key(name=name, grants=parsed)
+        key = access_service_pb2.Key(name=name, grants=parsed, tenant=tenant)
         if expire_time is not None:
             key.expire_time.FromDatetime(expire_time)
         return self.call(self.access.CreateKey, access_service_pb2.CreateKeyRequest(key=key))
@@ -402,6 +404,48 @@ class Operations:
     def delete_key(self, name: str) -> None:
         """Revokes an API key."""
         self.call(self.access.DeleteKey, access_service_pb2.DeleteKeyRequest(name=name))
+
+    # Tenants: an admin key of the default tenant manages them.
+
+    def create_tenant(
+        self, name: str, *, account_id: str = "", description: str = ""
+    ) -> access_service_pb2.Tenant:
+        """Creates a tenant; without `account_id` it gets a random one."""
+        tenant = access_service_pb2.Tenant(
+            name=name, account_id=account_id, description=description
+        )
+        request = access_service_pb2.CreateTenantRequest(tenant=tenant)
+        return self.call(self.access.CreateTenant, request).tenant
+
+    def get_tenant(self, name: str) -> access_service_pb2.Tenant:
+        request = access_service_pb2.GetTenantRequest(name=name)
+        return self.call(self.access.GetTenant, request).tenant
+
+    def list_tenants(self, *, page_size: int = PAGE_SIZE) -> Iterator[access_service_pb2.Tenant]:
+        """Every tenant but the default one."""
+        request = access_service_pb2.ListTenantsRequest(page_size=page_size)
+        return self._pages(self.access.ListTenants, request, "tenants")
+
+    def update_tenant(
+        self, name: str, *, account_id: str | None = None, description: str | None = None
+    ) -> access_service_pb2.Tenant:
+        """Changes the fields given (None: leave it)."""
+        tenant = access_service_pb2.Tenant(name=name)
+        paths = []
+        if account_id is not None:
+            tenant.account_id = account_id
+            paths.append("account_id")
+        if description is not None:
+            tenant.description = description
+            paths.append("description")
+        request = access_service_pb2.UpdateTenantRequest(tenant=tenant)
+        request.update_mask.paths.extend(paths)
+        return self.call(self.access.UpdateTenant, request).tenant
+
+    def delete_tenant(self, name: str, *, force: bool = False) -> None:
+        """Deletes a tenant and its keys; with `force`, its queues, topics and schedules too."""
+        request = access_service_pb2.DeleteTenantRequest(name=name, force=force)
+        self.call(self.access.DeleteTenant, request)
 
 
 def parse_grant(text: str) -> access_service_pb2.Grant:

@@ -27,8 +27,11 @@ if _version_not_supported:
 
 class AccessServiceStub:
     """AccessService manages API keys: who may call the server, and what they may
-    do. Every method needs a key with the admin permission once any key exists.
-    A client sends its key's secret as `authorization: Bearer <secret>`.
+    do, and tenants: namespaces of queues, topics, schedules and keys that share
+    one server without seeing each other. Every method needs a key with the
+    admin permission once any key exists; a tenant's admin manages the keys of
+    its own tenant, and only an admin of the default tenant manages tenants. A
+    client sends its key's secret as `authorization: Bearer <secret>`.
     """
 
     def __init__(self, channel):
@@ -62,12 +65,40 @@ class AccessServiceStub:
                 request_serializer=postbox_dot_v1_dot_access__service__pb2.DeleteKeyRequest.SerializeToString,
                 response_deserializer=postbox_dot_v1_dot_access__service__pb2.DeleteKeyResponse.FromString,
                 _registered_method=True)
+        self.CreateTenant = channel.unary_unary(
+                '/postbox.v1.AccessService/CreateTenant',
+                request_serializer=postbox_dot_v1_dot_access__service__pb2.CreateTenantRequest.SerializeToString,
+                response_deserializer=postbox_dot_v1_dot_access__service__pb2.CreateTenantResponse.FromString,
+                _registered_method=True)
+        self.GetTenant = channel.unary_unary(
+                '/postbox.v1.AccessService/GetTenant',
+                request_serializer=postbox_dot_v1_dot_access__service__pb2.GetTenantRequest.SerializeToString,
+                response_deserializer=postbox_dot_v1_dot_access__service__pb2.GetTenantResponse.FromString,
+                _registered_method=True)
+        self.ListTenants = channel.unary_unary(
+                '/postbox.v1.AccessService/ListTenants',
+                request_serializer=postbox_dot_v1_dot_access__service__pb2.ListTenantsRequest.SerializeToString,
+                response_deserializer=postbox_dot_v1_dot_access__service__pb2.ListTenantsResponse.FromString,
+                _registered_method=True)
+        self.UpdateTenant = channel.unary_unary(
+                '/postbox.v1.AccessService/UpdateTenant',
+                request_serializer=postbox_dot_v1_dot_access__service__pb2.UpdateTenantRequest.SerializeToString,
+                response_deserializer=postbox_dot_v1_dot_access__service__pb2.UpdateTenantResponse.FromString,
+                _registered_method=True)
+        self.DeleteTenant = channel.unary_unary(
+                '/postbox.v1.AccessService/DeleteTenant',
+                request_serializer=postbox_dot_v1_dot_access__service__pb2.DeleteTenantRequest.SerializeToString,
+                response_deserializer=postbox_dot_v1_dot_access__service__pb2.DeleteTenantResponse.FromString,
+                _registered_method=True)
 
 
 class AccessServiceServicer:
     """AccessService manages API keys: who may call the server, and what they may
-    do. Every method needs a key with the admin permission once any key exists.
-    A client sends its key's secret as `authorization: Bearer <secret>`.
+    do, and tenants: namespaces of queues, topics, schedules and keys that share
+    one server without seeing each other. Every method needs a key with the
+    admin permission once any key exists; a tenant's admin manages the keys of
+    its own tenant, and only an admin of the default tenant manages tenants. A
+    client sends its key's secret as `authorization: Bearer <secret>`.
     """
 
     def CreateKey(self, request, context):
@@ -109,6 +140,45 @@ class AccessServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateTenant(self, request, context):
+        """Creates a tenant. ALREADY_EXISTS if a tenant of that name, or with that
+        account id, exists; INVALID_ARGUMENT for a bad name or account id.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetTenant(self, request, context):
+        """Returns a tenant. NOT_FOUND if it does not exist.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListTenants(self, request, context):
+        """Lists tenants in name order, one page at a time (the default tenant, which
+        has no name, is not listed).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UpdateTenant(self, request, context):
+        """Changes the fields named in the update mask. NOT_FOUND if the tenant does
+        not exist.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteTenant(self, request, context):
+        """Deletes a tenant and its keys. FAILED_PRECONDITION while it owns queues,
+        topics or schedules, unless `force`; NOT_FOUND if it does not exist.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AccessServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -137,6 +207,31 @@ def add_AccessServiceServicer_to_server(servicer, server):
                     request_deserializer=postbox_dot_v1_dot_access__service__pb2.DeleteKeyRequest.FromString,
                     response_serializer=postbox_dot_v1_dot_access__service__pb2.DeleteKeyResponse.SerializeToString,
             ),
+            'CreateTenant': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateTenant,
+                    request_deserializer=postbox_dot_v1_dot_access__service__pb2.CreateTenantRequest.FromString,
+                    response_serializer=postbox_dot_v1_dot_access__service__pb2.CreateTenantResponse.SerializeToString,
+            ),
+            'GetTenant': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetTenant,
+                    request_deserializer=postbox_dot_v1_dot_access__service__pb2.GetTenantRequest.FromString,
+                    response_serializer=postbox_dot_v1_dot_access__service__pb2.GetTenantResponse.SerializeToString,
+            ),
+            'ListTenants': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListTenants,
+                    request_deserializer=postbox_dot_v1_dot_access__service__pb2.ListTenantsRequest.FromString,
+                    response_serializer=postbox_dot_v1_dot_access__service__pb2.ListTenantsResponse.SerializeToString,
+            ),
+            'UpdateTenant': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateTenant,
+                    request_deserializer=postbox_dot_v1_dot_access__service__pb2.UpdateTenantRequest.FromString,
+                    response_serializer=postbox_dot_v1_dot_access__service__pb2.UpdateTenantResponse.SerializeToString,
+            ),
+            'DeleteTenant': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteTenant,
+                    request_deserializer=postbox_dot_v1_dot_access__service__pb2.DeleteTenantRequest.FromString,
+                    response_serializer=postbox_dot_v1_dot_access__service__pb2.DeleteTenantResponse.SerializeToString,
+            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'postbox.v1.AccessService', rpc_method_handlers)
@@ -147,8 +242,11 @@ def add_AccessServiceServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class AccessService:
     """AccessService manages API keys: who may call the server, and what they may
-    do. Every method needs a key with the admin permission once any key exists.
-    A client sends its key's secret as `authorization: Bearer <secret>`.
+    do, and tenants: namespaces of queues, topics, schedules and keys that share
+    one server without seeing each other. Every method needs a key with the
+    admin permission once any key exists; a tenant's admin manages the keys of
+    its own tenant, and only an admin of the default tenant manages tenants. A
+    client sends its key's secret as `authorization: Bearer <secret>`.
     """
 
     @staticmethod
@@ -276,6 +374,141 @@ class AccessService:
             '/postbox.v1.AccessService/DeleteKey',
             postbox_dot_v1_dot_access__service__pb2.DeleteKeyRequest.SerializeToString,
             postbox_dot_v1_dot_access__service__pb2.DeleteKeyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateTenant(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/postbox.v1.AccessService/CreateTenant',
+            postbox_dot_v1_dot_access__service__pb2.CreateTenantRequest.SerializeToString,
+            postbox_dot_v1_dot_access__service__pb2.CreateTenantResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetTenant(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/postbox.v1.AccessService/GetTenant',
+            postbox_dot_v1_dot_access__service__pb2.GetTenantRequest.SerializeToString,
+            postbox_dot_v1_dot_access__service__pb2.GetTenantResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListTenants(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/postbox.v1.AccessService/ListTenants',
+            postbox_dot_v1_dot_access__service__pb2.ListTenantsRequest.SerializeToString,
+            postbox_dot_v1_dot_access__service__pb2.ListTenantsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateTenant(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/postbox.v1.AccessService/UpdateTenant',
+            postbox_dot_v1_dot_access__service__pb2.UpdateTenantRequest.SerializeToString,
+            postbox_dot_v1_dot_access__service__pb2.UpdateTenantResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteTenant(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/postbox.v1.AccessService/DeleteTenant',
+            postbox_dot_v1_dot_access__service__pb2.DeleteTenantRequest.SerializeToString,
+            postbox_dot_v1_dot_access__service__pb2.DeleteTenantResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -28,8 +28,11 @@ GRPC_VERSION: str
 
 class AccessServiceStub:
     """AccessService manages API keys: who may call the server, and what they may
-    do. Every method needs a key with the admin permission once any key exists.
-    A client sends its key's secret as `authorization: Bearer <secret>`.
+    do, and tenants: namespaces of queues, topics, schedules and keys that share
+    one server without seeing each other. Every method needs a key with the
+    admin permission once any key exists; a tenant's admin manages the keys of
+    its own tenant, and only an admin of the default tenant manages tenants. A
+    client sends its key's secret as `authorization: Bearer <secret>`.
     """
 
     @_typing.overload
@@ -53,12 +56,33 @@ class AccessServiceStub:
     """Revokes a key: it stops working on every server within a second. NOT_FOUND
     if it does not exist.
     """
+    CreateTenant: _grpc.UnaryUnaryMultiCallable[_access_service_pb2.CreateTenantRequest, _access_service_pb2.CreateTenantResponse]
+    """Creates a tenant. ALREADY_EXISTS if a tenant of that name, or with that
+    account id, exists; INVALID_ARGUMENT for a bad name or account id.
+    """
+    GetTenant: _grpc.UnaryUnaryMultiCallable[_access_service_pb2.GetTenantRequest, _access_service_pb2.GetTenantResponse]
+    """Returns a tenant. NOT_FOUND if it does not exist."""
+    ListTenants: _grpc.UnaryUnaryMultiCallable[_access_service_pb2.ListTenantsRequest, _access_service_pb2.ListTenantsResponse]
+    """Lists tenants in name order, one page at a time (the default tenant, which
+    has no name, is not listed).
+    """
+    UpdateTenant: _grpc.UnaryUnaryMultiCallable[_access_service_pb2.UpdateTenantRequest, _access_service_pb2.UpdateTenantResponse]
+    """Changes the fields named in the update mask. NOT_FOUND if the tenant does
+    not exist.
+    """
+    DeleteTenant: _grpc.UnaryUnaryMultiCallable[_access_service_pb2.DeleteTenantRequest, _access_service_pb2.DeleteTenantResponse]
+    """Deletes a tenant and its keys. FAILED_PRECONDITION while it owns queues,
+    topics or schedules, unless `force`; NOT_FOUND if it does not exist.
+    """
 
 @_typing.type_check_only
 class AccessServiceAsyncStub(AccessServiceStub):
     """AccessService manages API keys: who may call the server, and what they may
-    do. Every method needs a key with the admin permission once any key exists.
-    A client sends its key's secret as `authorization: Bearer <secret>`.
+    do, and tenants: namespaces of queues, topics, schedules and keys that share
+    one server without seeing each other. Every method needs a key with the
+    admin permission once any key exists; a tenant's admin manages the keys of
+    its own tenant, and only an admin of the default tenant manages tenants. A
+    client sends its key's secret as `authorization: Bearer <secret>`.
     """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
@@ -79,11 +103,32 @@ class AccessServiceAsyncStub(AccessServiceStub):
     """Revokes a key: it stops working on every server within a second. NOT_FOUND
     if it does not exist.
     """
+    CreateTenant: _aio.UnaryUnaryMultiCallable[_access_service_pb2.CreateTenantRequest, _access_service_pb2.CreateTenantResponse]  # type: ignore[assignment]
+    """Creates a tenant. ALREADY_EXISTS if a tenant of that name, or with that
+    account id, exists; INVALID_ARGUMENT for a bad name or account id.
+    """
+    GetTenant: _aio.UnaryUnaryMultiCallable[_access_service_pb2.GetTenantRequest, _access_service_pb2.GetTenantResponse]  # type: ignore[assignment]
+    """Returns a tenant. NOT_FOUND if it does not exist."""
+    ListTenants: _aio.UnaryUnaryMultiCallable[_access_service_pb2.ListTenantsRequest, _access_service_pb2.ListTenantsResponse]  # type: ignore[assignment]
+    """Lists tenants in name order, one page at a time (the default tenant, which
+    has no name, is not listed).
+    """
+    UpdateTenant: _aio.UnaryUnaryMultiCallable[_access_service_pb2.UpdateTenantRequest, _access_service_pb2.UpdateTenantResponse]  # type: ignore[assignment]
+    """Changes the fields named in the update mask. NOT_FOUND if the tenant does
+    not exist.
+    """
+    DeleteTenant: _aio.UnaryUnaryMultiCallable[_access_service_pb2.DeleteTenantRequest, _access_service_pb2.DeleteTenantResponse]  # type: ignore[assignment]
+    """Deletes a tenant and its keys. FAILED_PRECONDITION while it owns queues,
+    topics or schedules, unless `force`; NOT_FOUND if it does not exist.
+    """
 
 class AccessServiceServicer(metaclass=_abc_1.ABCMeta):
     """AccessService manages API keys: who may call the server, and what they may
-    do. Every method needs a key with the admin permission once any key exists.
-    A client sends its key's secret as `authorization: Bearer <secret>`.
+    do, and tenants: namespaces of queues, topics, schedules and keys that share
+    one server without seeing each other. Every method needs a key with the
+    admin permission once any key exists; a tenant's admin manages the keys of
+    its own tenant, and only an admin of the default tenant manages tenants. A
+    client sends its key's secret as `authorization: Bearer <secret>`.
     """
 
     @_abc_1.abstractmethod
@@ -131,6 +176,54 @@ class AccessServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_access_service_pb2.DeleteKeyResponse, _abc.Awaitable[_access_service_pb2.DeleteKeyResponse]]:
         """Revokes a key: it stops working on every server within a second. NOT_FOUND
         if it does not exist.
+        """
+
+    @_abc_1.abstractmethod
+    def CreateTenant(
+        self,
+        request: _access_service_pb2.CreateTenantRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_access_service_pb2.CreateTenantResponse, _abc.Awaitable[_access_service_pb2.CreateTenantResponse]]:
+        """Creates a tenant. ALREADY_EXISTS if a tenant of that name, or with that
+        account id, exists; INVALID_ARGUMENT for a bad name or account id.
+        """
+
+    @_abc_1.abstractmethod
+    def GetTenant(
+        self,
+        request: _access_service_pb2.GetTenantRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_access_service_pb2.GetTenantResponse, _abc.Awaitable[_access_service_pb2.GetTenantResponse]]:
+        """Returns a tenant. NOT_FOUND if it does not exist."""
+
+    @_abc_1.abstractmethod
+    def ListTenants(
+        self,
+        request: _access_service_pb2.ListTenantsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_access_service_pb2.ListTenantsResponse, _abc.Awaitable[_access_service_pb2.ListTenantsResponse]]:
+        """Lists tenants in name order, one page at a time (the default tenant, which
+        has no name, is not listed).
+        """
+
+    @_abc_1.abstractmethod
+    def UpdateTenant(
+        self,
+        request: _access_service_pb2.UpdateTenantRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_access_service_pb2.UpdateTenantResponse, _abc.Awaitable[_access_service_pb2.UpdateTenantResponse]]:
+        """Changes the fields named in the update mask. NOT_FOUND if the tenant does
+        not exist.
+        """
+
+    @_abc_1.abstractmethod
+    def DeleteTenant(
+        self,
+        request: _access_service_pb2.DeleteTenantRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_access_service_pb2.DeleteTenantResponse, _abc.Awaitable[_access_service_pb2.DeleteTenantResponse]]:
+        """Deletes a tenant and its keys. FAILED_PRECONDITION while it owns queues,
+        topics or schedules, unless `force`; NOT_FOUND if it does not exist.
         """
 
 def add_AccessServiceServicer_to_server(servicer: AccessServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -96,6 +96,16 @@ export declare type Key = Message<"postbox.v1.Key"> & {
    * @generated from field: postbox.v1.RateLimits rate_limits = 7;
    */
   rateLimits?: RateLimits | undefined;
+
+  /**
+   * Optional on create, then immutable. The tenant the key belongs to; empty:
+   * the default tenant. The key's grants cover its tenant's resources only.
+   * Only an admin of the default tenant may name another tenant
+   * (PERMISSION_DENIED); a tenant's admin creates keys in its own tenant.
+   *
+   * @generated from field: string tenant = 8;
+   */
+  tenant: string;
 };
 
 /**
@@ -386,6 +396,264 @@ export declare type DeleteKeyResponse = Message<"postbox.v1.DeleteKeyResponse"> 
 export declare const DeleteKeyResponseSchema: GenMessage<DeleteKeyResponse>;
 
 /**
+ * A tenant: a namespace of queues, topics, schedules and keys. A tenant's keys
+ * name its resources as anyone names theirs ("orders"), cannot see or reach
+ * another tenant's, and the same name may exist in two tenants. The default
+ * tenant, which has no name, holds every resource and key made without one.
+ *
+ * @generated from message postbox.v1.Tenant
+ */
+export declare type Tenant = Message<"postbox.v1.Tenant"> & {
+  /**
+   * Required on create, then immutable. 1-32 characters of [a-z0-9-],
+   * starting with a letter or digit.
+   *
+   * @generated from field: string name = 1;
+   */
+  name: string;
+
+  /**
+   * Optional. 12 digits: the AWS account id in the tenant's queue URLs and
+   * ARNs at the SQS and SNS shim; unset on create: a random one no other
+   * tenant has.
+   *
+   * @generated from field: string account_id = 2;
+   */
+  accountId: string;
+
+  /**
+   * Optional. What the tenant is for; at most 256 characters.
+   *
+   * @generated from field: string description = 3;
+   */
+  description: string;
+
+  /**
+   * Output only. When the tenant was created.
+   *
+   * @generated from field: google.protobuf.Timestamp create_time = 4;
+   */
+  createTime?: Timestamp | undefined;
+
+  /**
+   * Output only. When its account id or description last changed.
+   *
+   * @generated from field: google.protobuf.Timestamp update_time = 5;
+   */
+  updateTime?: Timestamp | undefined;
+};
+
+/**
+ * Describes the message postbox.v1.Tenant.
+ * Use `create(TenantSchema)` to create a new message.
+ */
+export declare const TenantSchema: GenMessage<Tenant>;
+
+/**
+ * @generated from message postbox.v1.CreateTenantRequest
+ */
+export declare type CreateTenantRequest = Message<"postbox.v1.CreateTenantRequest"> & {
+  /**
+   * Required. The tenant to create.
+   *
+   * @generated from field: postbox.v1.Tenant tenant = 1;
+   */
+  tenant?: Tenant | undefined;
+};
+
+/**
+ * Describes the message postbox.v1.CreateTenantRequest.
+ * Use `create(CreateTenantRequestSchema)` to create a new message.
+ */
+export declare const CreateTenantRequestSchema: GenMessage<CreateTenantRequest>;
+
+/**
+ * @generated from message postbox.v1.CreateTenantResponse
+ */
+export declare type CreateTenantResponse = Message<"postbox.v1.CreateTenantResponse"> & {
+  /**
+   * Output only. The tenant as created.
+   *
+   * @generated from field: postbox.v1.Tenant tenant = 1;
+   */
+  tenant?: Tenant | undefined;
+};
+
+/**
+ * Describes the message postbox.v1.CreateTenantResponse.
+ * Use `create(CreateTenantResponseSchema)` to create a new message.
+ */
+export declare const CreateTenantResponseSchema: GenMessage<CreateTenantResponse>;
+
+/**
+ * @generated from message postbox.v1.GetTenantRequest
+ */
+export declare type GetTenantRequest = Message<"postbox.v1.GetTenantRequest"> & {
+  /**
+   * Required. The tenant's name.
+   *
+   * @generated from field: string name = 1;
+   */
+  name: string;
+};
+
+/**
+ * Describes the message postbox.v1.GetTenantRequest.
+ * Use `create(GetTenantRequestSchema)` to create a new message.
+ */
+export declare const GetTenantRequestSchema: GenMessage<GetTenantRequest>;
+
+/**
+ * @generated from message postbox.v1.GetTenantResponse
+ */
+export declare type GetTenantResponse = Message<"postbox.v1.GetTenantResponse"> & {
+  /**
+   * Output only. The tenant.
+   *
+   * @generated from field: postbox.v1.Tenant tenant = 1;
+   */
+  tenant?: Tenant | undefined;
+};
+
+/**
+ * Describes the message postbox.v1.GetTenantResponse.
+ * Use `create(GetTenantResponseSchema)` to create a new message.
+ */
+export declare const GetTenantResponseSchema: GenMessage<GetTenantResponse>;
+
+/**
+ * @generated from message postbox.v1.ListTenantsRequest
+ */
+export declare type ListTenantsRequest = Message<"postbox.v1.ListTenantsRequest"> & {
+  /**
+   * Optional. Most tenants to return, 1-1000; default 100.
+   *
+   * @generated from field: int32 page_size = 1;
+   */
+  pageSize: number;
+
+  /**
+   * Optional. `next_page_token` of the previous page; empty for the first page.
+   *
+   * @generated from field: string page_token = 2;
+   */
+  pageToken: string;
+};
+
+/**
+ * Describes the message postbox.v1.ListTenantsRequest.
+ * Use `create(ListTenantsRequestSchema)` to create a new message.
+ */
+export declare const ListTenantsRequestSchema: GenMessage<ListTenantsRequest>;
+
+/**
+ * @generated from message postbox.v1.ListTenantsResponse
+ */
+export declare type ListTenantsResponse = Message<"postbox.v1.ListTenantsResponse"> & {
+  /**
+   * Output only. Tenants in name order.
+   *
+   * @generated from field: repeated postbox.v1.Tenant tenants = 1;
+   */
+  tenants: Tenant[];
+
+  /**
+   * Output only. Token for the next page; empty on the last page.
+   *
+   * @generated from field: string next_page_token = 2;
+   */
+  nextPageToken: string;
+};
+
+/**
+ * Describes the message postbox.v1.ListTenantsResponse.
+ * Use `create(ListTenantsResponseSchema)` to create a new message.
+ */
+export declare const ListTenantsResponseSchema: GenMessage<ListTenantsResponse>;
+
+/**
+ * @generated from message postbox.v1.UpdateTenantRequest
+ */
+export declare type UpdateTenantRequest = Message<"postbox.v1.UpdateTenantRequest"> & {
+  /**
+   * Required. `name` selects the tenant; the fields named in `update_mask`
+   * carry the new values.
+   *
+   * @generated from field: postbox.v1.Tenant tenant = 1;
+   */
+  tenant?: Tenant | undefined;
+
+  /**
+   * Required. Fields to change: any of "account_id" and "description".
+   *
+   * @generated from field: google.protobuf.FieldMask update_mask = 2;
+   */
+  updateMask?: FieldMask | undefined;
+};
+
+/**
+ * Describes the message postbox.v1.UpdateTenantRequest.
+ * Use `create(UpdateTenantRequestSchema)` to create a new message.
+ */
+export declare const UpdateTenantRequestSchema: GenMessage<UpdateTenantRequest>;
+
+/**
+ * @generated from message postbox.v1.UpdateTenantResponse
+ */
+export declare type UpdateTenantResponse = Message<"postbox.v1.UpdateTenantResponse"> & {
+  /**
+   * Output only. The tenant as changed.
+   *
+   * @generated from field: postbox.v1.Tenant tenant = 1;
+   */
+  tenant?: Tenant | undefined;
+};
+
+/**
+ * Describes the message postbox.v1.UpdateTenantResponse.
+ * Use `create(UpdateTenantResponseSchema)` to create a new message.
+ */
+export declare const UpdateTenantResponseSchema: GenMessage<UpdateTenantResponse>;
+
+/**
+ * @generated from message postbox.v1.DeleteTenantRequest
+ */
+export declare type DeleteTenantRequest = Message<"postbox.v1.DeleteTenantRequest"> & {
+  /**
+   * Required. The tenant to delete.
+   *
+   * @generated from field: string name = 1;
+   */
+  name: string;
+
+  /**
+   * Optional. Delete its queues (with their messages), topics and schedules
+   * too; unset: refuse while it owns any.
+   *
+   * @generated from field: bool force = 2;
+   */
+  force: boolean;
+};
+
+/**
+ * Describes the message postbox.v1.DeleteTenantRequest.
+ * Use `create(DeleteTenantRequestSchema)` to create a new message.
+ */
+export declare const DeleteTenantRequestSchema: GenMessage<DeleteTenantRequest>;
+
+/**
+ * @generated from message postbox.v1.DeleteTenantResponse
+ */
+export declare type DeleteTenantResponse = Message<"postbox.v1.DeleteTenantResponse"> & {
+};
+
+/**
+ * Describes the message postbox.v1.DeleteTenantResponse.
+ * Use `create(DeleteTenantResponseSchema)` to create a new message.
+ */
+export declare const DeleteTenantResponseSchema: GenMessage<DeleteTenantResponse>;
+
+/**
  * What a grant allows on the resources it matches.
  *
  * @generated from enum postbox.v1.Permission
@@ -448,8 +716,11 @@ export declare const PermissionSchema: GenEnum<Permission>;
 
 /**
  * AccessService manages API keys: who may call the server, and what they may
- * do. Every method needs a key with the admin permission once any key exists.
- * A client sends its key's secret as `authorization: Bearer <secret>`.
+ * do, and tenants: namespaces of queues, topics, schedules and keys that share
+ * one server without seeing each other. Every method needs a key with the
+ * admin permission once any key exists; a tenant's admin manages the keys of
+ * its own tenant, and only an admin of the default tenant manages tenants. A
+ * client sends its key's secret as `authorization: Bearer <secret>`.
  *
  * @generated from service postbox.v1.AccessService
  */
@@ -507,6 +778,60 @@ export declare const AccessService: GenService<{
     methodKind: "unary";
     input: typeof DeleteKeyRequestSchema;
     output: typeof DeleteKeyResponseSchema;
+  },
+  /**
+   * Creates a tenant. ALREADY_EXISTS if a tenant of that name, or with that
+   * account id, exists; INVALID_ARGUMENT for a bad name or account id.
+   *
+   * @generated from rpc postbox.v1.AccessService.CreateTenant
+   */
+  createTenant: {
+    methodKind: "unary";
+    input: typeof CreateTenantRequestSchema;
+    output: typeof CreateTenantResponseSchema;
+  },
+  /**
+   * Returns a tenant. NOT_FOUND if it does not exist.
+   *
+   * @generated from rpc postbox.v1.AccessService.GetTenant
+   */
+  getTenant: {
+    methodKind: "unary";
+    input: typeof GetTenantRequestSchema;
+    output: typeof GetTenantResponseSchema;
+  },
+  /**
+   * Lists tenants in name order, one page at a time (the default tenant, which
+   * has no name, is not listed).
+   *
+   * @generated from rpc postbox.v1.AccessService.ListTenants
+   */
+  listTenants: {
+    methodKind: "unary";
+    input: typeof ListTenantsRequestSchema;
+    output: typeof ListTenantsResponseSchema;
+  },
+  /**
+   * Changes the fields named in the update mask. NOT_FOUND if the tenant does
+   * not exist.
+   *
+   * @generated from rpc postbox.v1.AccessService.UpdateTenant
+   */
+  updateTenant: {
+    methodKind: "unary";
+    input: typeof UpdateTenantRequestSchema;
+    output: typeof UpdateTenantResponseSchema;
+  },
+  /**
+   * Deletes a tenant and its keys. FAILED_PRECONDITION while it owns queues,
+   * topics or schedules, unless `force`; NOT_FOUND if it does not exist.
+   *
+   * @generated from rpc postbox.v1.AccessService.DeleteTenant
+   */
+  deleteTenant: {
+    methodKind: "unary";
+    input: typeof DeleteTenantRequestSchema;
+    output: typeof DeleteTenantResponseSchema;
   },
 }>;
 

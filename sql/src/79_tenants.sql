@@ -1,0 +1,172 @@
+-- Tenants (since 0.9.0). A tenant is a namespace: its queues, topics and
+-- schedules are named <tenant>/<name>, and its API keys (api_keys.tenant) reach
+-- only those. The default tenant has no row: its resources are the names
+-- without "/", its keys have no tenant. account_id is the AWS account id the
+-- SQS and SNS shim shows in the tenant's queue URLs and ARNs.
+CREATE TABLE postbox.tenants (
+    name text PRIMARY KEY,
+    account_id text NOT NULL UNIQUE,
+    description text NOT NULL DEFAULT '',
+    created_at timestamptz NOT NULL DEFAULT now(),
+    updated_at timestamptz NOT NULL DEFAULT now()
+);
+
+DO $$
+BEGIN
+    PERFORM pg_catalog.pg_extension_config_dump('postbox.tenants', '');
+EXCEPTION WHEN feature_not_supported THEN
+    NULL;  -- installed from a plain script, not by CREATE EXTENSION
+END
+$$;
+
+-- The message of a check of a tenant's fields, or NULL when they are valid: a
+-- name of 1-32 characters of a-z, 0-9 and "-", starting with a letter or digit;
+-- an account id of 12 digits; a description of at most 256 characters.
+CREATE FUNCTION postbox.tenant_problem(tenant_name text, account_id text DEFAULT '000000000001',
+                                       description text DEFAULT '') RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE
+        WHEN tenant_name IS NULL OR tenant_name = '' THEN 'tenant name is required'
+        WHEN length(tenant_name) > 32 THEN
+            format('tenant name is %s characters long; the limit is 32', length(tenant_name))
+        WHEN tenant_name !~ '^[a-z0-9][a-z0-9-]*$' THEN
+            'tenant name may only contain a-z, 0-9 and "-", and must start with a letter or digit'
+        WHEN account_id IS NULL OR account_id !~ '^[0-9]{12}$' THEN
+            'account_id must be 12 digits, as an AWS account id'
+        WHEN length(coalesce(description, '')) > 256 THEN
+            format('description is %s characters long; the limit is 256', length(description))
+    END
+$$;
+
+-- The tenant of that name; PB400 for a malformed name, PB404 if there is none.
+CREATE FUNCTION postbox._tenant(tenant_name text) RETURNS postbox.tenants
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    t postbox.tenants;
+BEGIN
+    SELECT * INTO t FROM postbox.tenants WHERE name = tenant_name;
+    IF NOT FOUND THEN
+        PERFORM postbox._invalid(postbox.tenant_problem(tenant_name))
+        WHERE postbox.tenant_problem(tenant_name) IS NOT NULL;
+        RAISE EXCEPTION USING ERRCODE = 'PB404', MESSAGE = format('tenant %s does not exist', quote_literal(tenant_name));
+    END IF;
+    RETURN t;
+END
+$$;
+
+-- Creates a tenant. Without an account id it gets a random one no other
+-- tenant has. PB409 if the name or the account id is taken; PB400 for bad fields.
+CREATE FUNCTION postbox.create_tenant(tenant_name text, account_id text DEFAULT NULL, description text DEFAULT '')
+RETURNS postbox.tenants
+LANGUAGE plpgsql AS $$
+DECLARE
+    t postbox.tenants;
+    chosen text := nullif(account_id, '');
+BEGIN
+    WHILE chosen IS NULL LOOP
+        chosen := lpad((floor(random() * 1e12))::bigint::text, 12, '0');
+        IF chosen = '000000000000' OR EXISTS (SELECT FROM postbox.tenants x WHERE x.account_id = chosen) THEN
+            chosen := NULL;
+        END IF;
+    END LOOP;
+    PERFORM postbox._invalid(postbox.tenant_problem(tenant_name, chosen, description))
+    WHERE postbox.tenant_problem(tenant_name, chosen, description) IS NOT NULL;
+    IF EXISTS (SELECT FROM postbox.tenants x WHERE x.name = tenant_name) THEN
+        RAISE EXCEPTION USING ERRCODE = 'PB409', MESSAGE = format('tenant %s already exists', quote_literal(tenant_name));
+    END IF;
+    IF EXISTS (SELECT FROM postbox.tenants x WHERE x.account_id = chosen) THEN
+        RAISE EXCEPTION USING ERRCODE = 'PB409', MESSAGE = format('account id %s belongs to another tenant', chosen);
+    END IF;
+    INSERT INTO postbox.tenants (name, account_id, description)
+    VALUES (tenant_name, chosen, coalesce(description, ''))
+    RETURNING * INTO t;
+    RETURN t;
+EXCEPTION WHEN unique_violation THEN  -- created meanwhile
+    RAISE EXCEPTION USING ERRCODE = 'PB409', MESSAGE = format('tenant %s or account id %s exists already',
+                                                              quote_literal(tenant_name), chosen);
+END
+$$;
+
+CREATE FUNCTION postbox.get_tenant(tenant_name text) RETURNS postbox.tenants
+LANGUAGE sql STABLE AS $$
+    SELECT postbox._tenant(tenant_name)
+$$;
+
+-- Tenants in name order after after_name, page_size of them.
+CREATE FUNCTION postbox.list_tenants(page_size integer DEFAULT 100, after_name text DEFAULT '')
+RETURNS SETOF postbox.tenants
+LANGUAGE sql STABLE AS $$
+    SELECT * FROM postbox.tenants WHERE name > coalesce(after_name, '') ORDER BY name LIMIT page_size
+$$;
+
+-- Changes a tenant's account id (when set_account_id) and/or its description
+-- (when set_description). PB404 if there is none, PB409 if the account id is taken.
+CREATE FUNCTION postbox.update_tenant(tenant_name text, set_account_id boolean, account_id text,
+                                      set_description boolean, description text)
+RETURNS postbox.tenants
+LANGUAGE plpgsql AS $$
+DECLARE
+    t postbox.tenants := postbox._tenant(tenant_name);
+BEGIN
+    IF set_account_id THEN
+        t.account_id := account_id;
+    END IF;
+    IF set_description THEN
+        t.description := coalesce(description, '');
+    END IF;
+    PERFORM postbox._invalid(postbox.tenant_problem(tenant_name, t.account_id, t.description))
+    WHERE postbox.tenant_problem(tenant_name, t.account_id, t.description) IS NOT NULL;
+    IF EXISTS (SELECT FROM postbox.tenants x WHERE x.account_id = t.account_id AND x.name <> tenant_name) THEN
+        RAISE EXCEPTION USING ERRCODE = 'PB409', MESSAGE = format('account id %s belongs to another tenant', t.account_id);
+    END IF;
+    UPDATE postbox.tenants x SET account_id = t.account_id, description = t.description, updated_at = now()
+    WHERE x.name = tenant_name
+    RETURNING * INTO t;
+    RETURN t;
+END
+$$;
+
+-- How many queues, topics and schedules a tenant owns (those named <tenant>/...).
+CREATE FUNCTION postbox.tenant_resources(tenant_name text)
+RETURNS TABLE (queues bigint, topics bigint, schedules bigint)
+LANGUAGE sql STABLE AS $$
+    SELECT (SELECT count(*) FROM postbox.queues q WHERE starts_with(q.name, tenant_name || '/')),
+           (SELECT count(*) FROM postbox.topics t WHERE starts_with(t.name, tenant_name || '/')),
+           (SELECT count(*) FROM postbox.schedules s WHERE starts_with(s.name, tenant_name || '/'))
+$$;
+
+-- Deletes a tenant and its keys. PB412 while it owns queues, topics or
+-- schedules, unless force: then they go too, with their messages.
+CREATE FUNCTION postbox.delete_tenant(tenant_name text, force boolean DEFAULT false) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    t postbox.tenants := postbox._tenant(tenant_name);
+    owned record;
+    prefix text := tenant_name || '/';
+    resource text;
+BEGIN
+    PERFORM 1 FROM postbox.tenants x WHERE x.name = t.name FOR UPDATE;
+    SELECT * INTO owned FROM postbox.tenant_resources(tenant_name);
+    IF owned.queues + owned.topics + owned.schedules > 0 THEN
+        IF NOT force THEN
+            RAISE EXCEPTION USING ERRCODE = 'PB412', MESSAGE = format(
+                'tenant %s still owns %s queues, %s topics and %s schedules; delete them first, or pass force',
+                quote_literal(tenant_name), owned.queues, owned.topics, owned.schedules);
+        END IF;
+        FOR resource IN SELECT s.name FROM postbox.schedules s WHERE starts_with(s.name, prefix) ORDER BY s.name LOOP
+            PERFORM postbox.delete_schedule(resource);
+        END LOOP;
+        FOR resource IN SELECT x.name FROM postbox.topics x WHERE starts_with(x.name, prefix) ORDER BY x.name LOOP
+            PERFORM postbox.delete_topic(resource);
+        END LOOP;
+        -- Dead-letter links only join a tenant's own queues (a name never holds
+        -- another tenant's), so cutting them lets every queue go.
+        UPDATE postbox.queues q SET dead_letter_queue_id = NULL, max_receive_count = NULL
+        WHERE starts_with(q.name, prefix) AND q.dead_letter_queue_id IS NOT NULL;
+        FOR resource IN SELECT q.name FROM postbox.queues q WHERE starts_with(q.name, prefix) ORDER BY q.name LOOP
+            PERFORM postbox.drop_queue(resource);
+        END LOOP;
+    END IF;
+    DELETE FROM postbox.tenants x WHERE x.name = tenant_name;
+END
+$$;

@@ -264,11 +264,14 @@ async def test_queues_topics_and_schedules(
         ("list_queues", {"limit": 0}, "limit"),
         ("list_queues", {"limit": 1001}, "limit"),
         ("send_message", {"queue": "QUEUE", "body": "not base64!", "body_base64": True},
-         "INVALID_ARGUMENT: "),
+         "INVALID_ARGUMENT: body is not base64, as body_base64 says it is"),
         ("create_schedule", {"name": "both", "queue": "QUEUE", "body": "x", "cron": "* * * * *",
                              "interval_seconds": 60}, "exactly one of cron, interval and run_at"),
         ("create_schedule", {"name": "neither", "body": "x", "interval_seconds": 60},
          "exactly one of queue and topic"),
+        ("send_message", {"queue": "QUEUE", "body": "x", "delay_seconds": 1e300},
+         "delay_seconds"),
+        ("receive_messages", {"queue": "QUEUE", "wait_seconds": -1}, "wait_seconds"),
     ],
 )  # fmt: skip
 async def test_input_refused_before_any_call_is_a_tool_error_and_sends_nothing(

@@ -8,6 +8,7 @@ worker thread, so a receive that waits does not hold up the others.
 
 from __future__ import annotations
 
+import binascii
 import functools
 import itertools
 from collections.abc import Callable, Iterable
@@ -23,12 +24,15 @@ from pydantic import Field
 from postbox_server.proto_json import as_dict, body_bytes, readable
 
 # Items one listing tool returns at most: enough to see a server at a glance, few enough
-# that a listing fits in an agent's context. Larger sets: call again with filters, or use
-# the CLI.
+# that a listing fits in an agent's context. Larger sets: the CLI or the SDK, which follow
+# every page.
 MAX_LISTED = 1000
 Limit = Annotated[int, Field(ge=1, le=MAX_LISTED, description="how many at most, 1 to 1000")]
 Body = Annotated[str, Field(description="the message body: text, or base64 with body_base64")]
 BodyIsBase64 = Annotated[bool, Field(description="body is base64 of binary bytes")]
+# A duration in seconds: the server checks each one's range; this side, only that it is
+# one (not negative, and no more than a protobuf Duration holds: 10,000 years).
+Seconds = Annotated[float, Field(ge=0, le=315_576_000_000)]
 Attributes = Annotated[
     dict[str, str] | None, Field(description="String attributes by name (optional)")
 ]
@@ -54,6 +58,14 @@ def document(message: Message) -> dict[str, Any]:
 
 def documents(messages: Iterable[Message], limit: int) -> list[dict[str, Any]]:
     return [document(m) for m in itertools.islice(messages, limit)]
+
+
+def body_of(body: str, body_base64: bool) -> bytes:
+    """A tool's body argument as bytes; a ValueError that says so when it is not base64."""
+    try:
+        return body_bytes(body, is_base64=body_base64)
+    except binascii.Error as error:
+        raise ValueError(f"body is not base64, as body_base64 says it is ({error})") from None
 
 
 def seconds(value: float | None) -> timedelta | None:
@@ -96,7 +108,7 @@ class PostboxTools:
     def create_queue(
         self,
         name: str,
-        visibility_timeout_seconds: float | None = None,
+        visibility_timeout_seconds: Seconds | None = None,
         with_dead_letter_queue: bool = False,
         max_receive_count: int = 5,
         keep_history: bool = False,
@@ -134,7 +146,7 @@ class PostboxTools:
         body: Body,
         body_base64: BodyIsBase64 = False,
         attributes: Attributes = None,
-        delay_seconds: float | None = None,
+        delay_seconds: Seconds | None = None,
         message_group_id: str | None = None,
         deduplication_id: str | None = None,
     ) -> dict[str, Any]:
@@ -142,7 +154,7 @@ class PostboxTools:
         A FIFO queue needs message_group_id."""
         sent = self.client.send_message(
             queue,
-            body_bytes(body, is_base64=body_base64),
+            body_of(body, body_base64),
             attributes=attributes,
             delay=seconds(delay_seconds),
             message_group_id=message_group_id,
@@ -154,8 +166,8 @@ class PostboxTools:
         self,
         queue: str,
         max_messages: int = 1,
-        wait_seconds: float = 0,
-        visibility_timeout_seconds: float | None = None,
+        wait_seconds: Seconds = 0,
+        visibility_timeout_seconds: Seconds | None = None,
         consumer_id: str = "",
     ) -> dict[str, Any]:
         """Receives up to max_messages, waiting up to wait_seconds (at most 20) for the
@@ -181,7 +193,7 @@ class PostboxTools:
         queue: str,
         receipt: str,
         error: str = "",
-        delay_seconds: float | None = None,
+        delay_seconds: Seconds | None = None,
         dead_letter: bool = False,
     ) -> dict[str, Any]:
         """Gives a received message back to be tried again, after delay_seconds or the
@@ -218,7 +230,7 @@ class PostboxTools:
         routing_key gets it."""
         published = self.client.publish(
             topic,
-            body_bytes(body, is_base64=body_base64),
+            body_of(body, body_base64),
             routing_key=routing_key,
             attributes=attributes,
         )
@@ -241,7 +253,7 @@ class PostboxTools:
         body_base64: BodyIsBase64 = False,
         cron: str | None = None,
         time_zone: str = "UTC",
-        interval_seconds: float | None = None,
+        interval_seconds: Seconds | None = None,
         run_at: datetime | None = None,
     ) -> dict[str, Any]:
         """Creates a schedule that sends body to a queue, or publishes it to a topic (give
@@ -249,7 +261,7 @@ class PostboxTools:
         interval, or once at run_at (RFC 3339)."""
         schedule = self.client.create_schedule(
             name,
-            body_bytes(body, is_base64=body_base64),
+            body_of(body, body_base64),
             queue=queue,
             topic=topic,
             routing_key=routing_key,

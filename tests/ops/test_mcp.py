@@ -11,6 +11,7 @@ from contextlib import asynccontextmanager
 from datetime import timedelta
 from typing import Any
 
+import psutil
 import pytest
 from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.types import CallToolResult
@@ -94,6 +95,16 @@ def as_admin(server: ServerProcess, keys: Keys) -> Any:
     return mcp_session("--target", server.target, env={"POSTBOX_API_KEY": keys.admin})
 
 
+def assert_key_not_shown_by_ps(secret: str) -> None:
+    """The running `postbox mcp` has the key, and its command line (what ps shows) not."""
+    (server,) = [
+        child
+        for child in psutil.Process().children(recursive=True)
+        if "mcp" in child.cmdline()[1:3]
+    ]
+    assert secret not in " ".join(server.cmdline())
+
+
 def answer(result: CallToolResult) -> dict[str, Any]:
     """A successful call's structured answer."""
     assert not result.is_error, result.content
@@ -143,6 +154,7 @@ async def test_a_call_the_keys_grants_refuse_is_a_tool_error_naming_permission_d
         assert queue in message, message
         # The same session goes on, and what the key may do works.
         assert answer(await s.call_tool("get_queue", {"name": queue}))["name"] == queue
+        assert_key_not_shown_by_ps(keys.reader)
     assert admin.peek_messages(queue) == []
 
 
@@ -155,6 +167,7 @@ async def test_sends_receives_and_acks_a_message_with_a_result(
         async def call(tool: str, **arguments: Any) -> dict[str, Any]:
             return answer(await session.call_tool(tool, arguments))
 
+        assert_key_not_shown_by_ps(keys.admin)
         created = await call("create_queue", name=queue, keep_history=True)
         assert created["name"] == queue
         assert created["archive_on_delete"] is True

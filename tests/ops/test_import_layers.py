@@ -1,6 +1,7 @@
 """Which part of the server may import which, read from the source with ast: the packages
 of postbox_server form no import cycle, the CLI is the top layer, and its client verbs
-call the server through the SDK rather than stubs of their own; db/, the seam to
+and the MCP server (mcp_server/) call the server through the SDK rather than stubs of
+their own; db/, the seam to
 PostgreSQL, imports nothing above it (the engine tells an EngineObserver what happened,
 and observability subscribes from above); postbox_client's modules import one another at
 runtime without a cycle (a module that needs another only for its types imports it under
@@ -96,11 +97,21 @@ def test_only_the_entry_points_import_the_cli():
 
 
 def test_client_verbs_call_the_sdk_not_stubs_of_their_own():
+    """The CLI's client verbs, and the MCP server's tools, which act with the caller's key
+    through the API every client uses."""
     assert (SERVER / "cli").is_dir()
-    for path in (SERVER / "cli").rglob("*.py"):
+    assert (SERVER / "mcp_server").is_dir()
+    for path in [*(SERVER / "cli").rglob("*.py"), *(SERVER / "mcp_server").rglob("*.py")]:
         stubs = {name for name in _imported_by(path) if name.endswith("_pb2_grpc")}
         assert stubs == set(), f"{path.name} imports {sorted(stubs)}: call postbox_client"
         assert "grpc" not in _imported_by(path), f"{path.name}: call postbox_client"
+
+
+def test_the_mcp_server_reaches_postbox_only_through_the_sdk():
+    """Nothing of the server's own engine, services or database: only the SDK client, the
+    documents the CLI prints too (proto_json), and the MCP SDK."""
+    graph = _graph()
+    assert graph["mcp_server"] <= {"proto_json"}, graph["mcp_server"]
 
 
 def test_the_sdk_imports_nothing_of_the_server():

@@ -11,7 +11,6 @@ from postbox.v1 import access_service_pb2 as apb
 from postbox.v1 import message_pb2
 from postbox.v1 import message_service_pb2 as mpb
 from postbox.v1 import queue_service_pb2 as qpb
-from postbox.v1 import schedule_service_pb2 as spb
 from postbox.v1 import stream_service_pb2 as stpb
 from postbox.v1 import topic_service_pb2 as tpb
 from postbox_client import AsyncClient, Client, InvalidArgument, NotFound, Unauthenticated
@@ -194,13 +193,15 @@ def test_schedules_pause_run_preview_and_delete(server):
     queue, name = unique_name("sdk_ops_target"), unique_name("sdk_ops_schedule")
     with Client(server.target) as client:
         client.create_queue(queue)
-        schedule = spb.Schedule(
-            name=name,
-            interval=timedelta(hours=1),
-            target=spb.ScheduleTarget(queue=queue),
-            body=b"by hand",
+        created = client.create_schedule(
+            name, "by hand", queue=queue, interval=timedelta(hours=1), attributes={"by": "sdk"}
         )
-        client.call(client.schedules.CreateSchedule, spb.CreateScheduleRequest(schedule=schedule))
+        assert (created.target.queue, created.interval.seconds) == (queue, 3600)
+        assert created.attributes["by"].string_value == "sdk"
+        with pytest.raises(ValueError, match="exactly one of queue and topic"):
+            client.create_schedule(unique_name("sdk_ops_nowhere"), "x", interval=timedelta(1))
+        with pytest.raises(ValueError, match="exactly one of cron"):
+            client.create_schedule(unique_name("sdk_ops_untimed"), "x", queue=queue)
         assert name in [s.name for s in client.list_schedules()]
         assert client.pause_schedule(name).paused is True
         assert [s.name for s in client.list_schedules(paused=True, name_prefix=name)] == [name]
@@ -292,3 +293,27 @@ async def test_create_queue_with_its_dead_letter_queue(server):
         )
         assert queue.dead_letter_policy.max_receive_count == 7
         assert (await client.get_queue(queue.dead_letter_policy.dead_letter_queue)).fifo
+
+
+async def test_nack_with_an_error_or_to_the_dead_letter_queue_and_ack_with_a_result(server):
+    name = unique_name("sdk_ops_nack")
+    with Client(server.target) as client:
+        client.create_queue(name, archive_on_delete=True, with_dead_letter_queue=True)
+        first, second = client.send(name, "retry me"), client.send(name, "give up")
+        got = {m.message_id: m for m in client.receive(name, 2)}
+        client.nack(name, got[first].receipt, delay=timedelta(0), error="flaky")
+        assert client.get_message(name, first).last_error == "flaky"
+        client.nack(name, got[second].receipt, error="bad input", dead_letter=True)
+        (dead,) = client.peek_messages(f"{name}-dlq")
+        assert (dead.body, dead.last_error) == (b"give up", "bad input")
+        (again,) = client.receive(name)
+        client.delete(name, again.receipt, result=b"42")
+        done = client.get_message(name, first)
+        assert (done.state, done.result) == (message_pb2.MESSAGE_STATE_SUCCEEDED, b"42")
+    async with AsyncClient(server.target) as async_client:
+        await async_client.send(name, "async")
+        (got_async,) = await async_client.receive(name)
+        await async_client.nack(name, got_async.receipt, error="async flaky", dead_letter=True)
+    with Client(server.target) as client:
+        dead_letters = {m.body: m.last_error for m in client.peek_messages(f"{name}-dlq")}
+        assert dead_letters == {b"give up": "bad input", b"async": "async flaky"}

@@ -9,6 +9,7 @@ import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from postbox_client import Client, PostboxError, Retry
@@ -24,15 +25,28 @@ Handler = Callable[[argparse.Namespace, Client], int]
 ONE_ATTEMPT = Retry(attempts=1)
 
 
-def connect(args: argparse.Namespace) -> Client:
-    """A client of --target with --api-key, over TLS when the --tls flags ask for it; a
-    flag that cannot work ends the command (exit code 2), naming the flag."""
+def connect(args: argparse.Namespace, retry: Retry = ONE_ATTEMPT) -> Client:
+    """A client of --target with the API key (--api-key, or --api-key-file where the verb
+    has it), over TLS when the --tls flags ask for it; a flag that cannot work ends the
+    command (exit code 2), naming the flag."""
     try:
         tls = client_tls(args)
-    except TlsError as error:
+        key = _api_key(args)
+    except (TlsError, OSError) as error:
         print(f"postbox {args.verb}: {error}", file=sys.stderr)
         raise SystemExit(2) from None
-    return Client(args.target, api_key=args.api_key, tls=tls, retry=ONE_ATTEMPT)
+    return Client(args.target, api_key=key, tls=tls, retry=retry)
+
+
+def _api_key(args: argparse.Namespace) -> str | None:
+    path = getattr(args, "api_key_file", None)
+    if path is None:
+        key: str | None = args.api_key
+        return key
+    try:
+        return Path(path).read_text().strip()
+    except OSError as error:
+        raise OSError(f"--api-key-file {path}: {error.strerror}") from None
 
 
 def run_with_client(args: argparse.Namespace) -> int:
@@ -46,20 +60,44 @@ def run_with_client(args: argparse.Namespace) -> int:
             return 1
 
 
-def connection_flags() -> argparse.ArgumentParser:
-    """--target, --api-key and the TLS flags; they may follow the verb, wherever it is."""
+class _RefuseKeyOnCommandLine(argparse.Action):
+    """--api-key of a verb that runs for long: ps would show the secret all along."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        parser.error(
+            "--api-key would show the key to ps for as long as this runs: set "
+            "$POSTBOX_API_KEY or give --api-key-file instead"
+        )
+
+
+def connection_flags(*, long_running: bool = False) -> argparse.ArgumentParser:
+    """--target, --api-key and the TLS flags; they may follow the verb, wherever it is. A
+    long-running verb takes the key from $POSTBOX_API_KEY or --api-key-file only."""
     target = argparse.ArgumentParser(add_help=False)
     target.add_argument(
         "--target",
         default=os.environ.get("POSTBOX_TARGET", "localhost:50051"),
         help="address of a postbox server (default: $POSTBOX_TARGET or %(default)s)",
     )
-    target.add_argument(
-        "--api-key",
-        default=os.environ.get("POSTBOX_API_KEY"),
-        help="the secret of the API key to call with (default: $POSTBOX_API_KEY, which "
-        "keeps it off the command line that ps shows)",
-    )
+    if long_running:
+        target.set_defaults(api_key=os.environ.get("POSTBOX_API_KEY"))
+        target.add_argument(
+            "--api-key-file",
+            type=Path,
+            metavar="PATH",
+            help="a file holding the secret of the API key to call with (default: "
+            "$POSTBOX_API_KEY)",
+        )
+        target.add_argument(
+            "--api-key", nargs=0, action=_RefuseKeyOnCommandLine, help=argparse.SUPPRESS
+        )
+    else:
+        target.add_argument(
+            "--api-key",
+            default=os.environ.get("POSTBOX_API_KEY"),
+            help="the secret of the API key to call with (default: $POSTBOX_API_KEY, which "
+            "keeps it off the command line that ps shows)",
+        )
     add_client_flags(target, environment=True)
     return target
 

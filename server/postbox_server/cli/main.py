@@ -13,6 +13,7 @@ from postbox_server.cli import (
     dlq,
     embedded,
     keys,
+    mcp,
     messages,
     queues,
     schedules,
@@ -76,6 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     completion.add_parser(verbs, build_parser)
     keys.add_parser(verbs, client)
     tenants.add_parser(verbs, client)
+    mcp.add_parser(verbs)
     return parser
 
 

@@ -33,7 +33,7 @@ from postbox.v1 import (
 from postbox_client.consumer import Consumer, ConsumerOptions
 from postbox_client.errors import PostboxError, Unavailable, from_rpc_error
 from postbox_client.fields import Attributes, attribute_values, send_fields
-from postbox_client.operations import Operations
+from postbox_client.operations import Operations, nack_request
 from postbox_client.producer import Producer, ProducerOptions
 from postbox_client.send_stream import SendStream
 from postbox_client.streams import BlockingStreamReader, StreamReader
@@ -231,8 +231,10 @@ class AsyncClient:
         except grpc.RpcError as error:
             raise from_rpc_error(error) from None
 
-    async def delete(self, queue: str, receipt: str) -> None:
-        request = message_service_pb2.DeleteRequest(queue=queue, receipt=receipt)
+    async def delete(self, queue: str, receipt: str, *, result: bytes = b"") -> None:
+        """Acknowledges a received message; `result` is what the job produced, kept where
+        the queue keeps history (GetMessage returns it)."""
+        request = message_service_pb2.DeleteRequest(queue=queue, receipt=receipt, result=result)
         await self.call(self.messages.Delete, request, repeatable=True)
 
     async def cancel(self, queue: str, message_id: str) -> None:
@@ -240,11 +242,19 @@ class AsyncClient:
         request = message_service_pb2.CancelMessageRequest(queue=queue, message_id=message_id)
         await self.call(self.messages.CancelMessage, request, repeatable=True)
 
-    async def nack(self, queue: str, receipt: str, *, delay: timedelta | None = None) -> None:
-        """Gives a message back: visible after `delay`, or the queue's retry backoff."""
-        request = message_service_pb2.NackRequest(queue=queue, receipt=receipt)
-        if delay is not None:
-            request.delay.FromTimedelta(delay)
+    async def nack(
+        self,
+        queue: str,
+        receipt: str,
+        *,
+        delay: timedelta | None = None,
+        error: str = "",
+        dead_letter: bool = False,
+    ) -> None:
+        """Gives a message back: visible after `delay`, or the queue's retry backoff;
+        `error` says why (its last_error). With dead_letter, its tries end now: to the
+        dead-letter queue, or failed where the queue has none."""
+        request = nack_request(queue, receipt, delay=delay, error=error, dead_letter=dead_letter)
         await self.call(self.messages.Nack, request)
 
     async def publish(
@@ -378,8 +388,10 @@ class Client(Operations):
         except grpc.RpcError as error:
             raise from_rpc_error(error) from None
 
-    def delete(self, queue: str, receipt: str) -> None:
-        request = message_service_pb2.DeleteRequest(queue=queue, receipt=receipt)
+    def delete(self, queue: str, receipt: str, *, result: bytes = b"") -> None:
+        """Acknowledges a received message; `result` is what the job produced, kept where
+        the queue keeps history (GetMessage returns it)."""
+        request = message_service_pb2.DeleteRequest(queue=queue, receipt=receipt, result=result)
         self.call(self.messages.Delete, request, repeatable=True)
 
     def cancel(self, queue: str, message_id: str) -> None:

@@ -32,6 +32,7 @@ from postbox.v1 import (
 )
 
 from postbox_client.errors import from_rpc_error
+from postbox_client.fields import Attributes, attribute_values
 
 T = TypeVar("T")
 
@@ -188,6 +189,21 @@ class Operations:
             # A caller that stops early ends the stream now, not when it is collected.
             stream.cancel()
 
+    def nack(
+        self,
+        queue: str,
+        receipt: str,
+        *,
+        delay: timedelta | None = None,
+        error: str = "",
+        dead_letter: bool = False,
+    ) -> None:
+        """Gives a received message back: visible after `delay`, or the queue's retry
+        backoff; `error` says why (its last_error). With dead_letter, its tries end now:
+        to the dead-letter queue, or failed where the queue has none."""
+        request = nack_request(queue, receipt, delay=delay, error=error, dead_letter=dead_letter)
+        self.call(self.messages.Nack, request)
+
     def get_message(self, queue: str, message_id: str) -> message_pb2.Message:
         """Where a message stands: its state, attempts, consumer and result."""
         request = message_service_pb2.GetMessageRequest(queue=queue, message_id=message_id)
@@ -314,6 +330,39 @@ class Operations:
 
     # Schedules.
 
+    def create_schedule(
+        self,
+        name: str,
+        body: bytes | str,
+        *,
+        queue: str = "",
+        topic: str = "",
+        routing_key: str = "",
+        attributes: Attributes | None = None,
+        cron: str | None = None,
+        time_zone: str = "UTC",
+        interval: timedelta | None = None,
+        run_at: datetime | None = None,
+    ) -> schedule_service_pb2.Schedule:
+        """A schedule that sends `body` to `queue`, or publishes it to `topic`, at the times
+        of one timing: a cron expression (in `time_zone`), an interval, or one time."""
+        if bool(queue) == bool(topic):
+            raise ValueError("give exactly one of queue and topic")
+        target = schedule_service_pb2.ScheduleTarget(routing_key=routing_key)
+        if queue:
+            target.queue = queue
+        else:
+            target.topic = topic
+        schedule = schedule_service_pb2.Schedule(
+            name=name,
+            target=target,
+            body=body.encode() if isinstance(body, str) else body,
+            attributes=attribute_values(attributes),
+        )
+        set_timing(schedule, cron=cron, time_zone=time_zone, interval=interval, run_at=run_at)
+        request = schedule_service_pb2.CreateScheduleRequest(schedule=schedule)
+        return self.call(self.schedules.CreateSchedule, request).schedule
+
     def list_schedules(
         self,
         *,
@@ -363,16 +412,10 @@ class Operations:
     ) -> list[timestamp_pb2.Timestamp]:
         """The next `count` fire times of a timing: a cron expression (in `time_zone`), an
         interval, or one time; exactly one of them."""
-        if (cron is not None) + (interval is not None) + (run_at is not None) != 1:
-            raise ValueError("give exactly one of cron, interval and run_at")
         request = schedule_service_pb2.PreviewScheduleRequest(count=count)
-        if cron is not None:
-            request.schedule.cron.expression = cron
-            request.schedule.cron.time_zone = time_zone
-        elif interval is not None:
-            request.schedule.interval.FromTimedelta(interval)
-        elif run_at is not None:
-            request.schedule.run_at.FromDatetime(run_at)
+        set_timing(
+            request.schedule, cron=cron, time_zone=time_zone, interval=interval, run_at=run_at
+        )
         response = self.call(self.schedules.PreviewSchedule, request, repeatable=True)
         return list(response.fire_times)
 
@@ -446,6 +489,39 @@ class Operations:
         """Deletes a tenant and its keys; with `force`, its queues, topics and schedules too."""
         request = access_service_pb2.DeleteTenantRequest(name=name, force=force)
         self.call(self.access.DeleteTenant, request)
+
+
+def nack_request(
+    queue: str, receipt: str, *, delay: timedelta | None, error: str, dead_letter: bool
+) -> message_service_pb2.NackRequest:
+    """The NackRequest of both clients' `nack`."""
+    request = message_service_pb2.NackRequest(
+        queue=queue, receipt=receipt, error=error, dead_letter=dead_letter
+    )
+    if delay is not None:
+        request.delay.FromTimedelta(delay)
+    return request
+
+
+def set_timing(
+    schedule: schedule_service_pb2.Schedule,
+    *,
+    cron: str | None,
+    time_zone: str,
+    interval: timedelta | None,
+    run_at: datetime | None,
+) -> None:
+    """Sets a schedule's timing: exactly one of a cron expression (read in `time_zone`),
+    an interval and one time (another count is a ValueError)."""
+    if (cron is not None) + (interval is not None) + (run_at is not None) != 1:
+        raise ValueError("give exactly one of cron, interval and run_at")
+    if cron is not None:
+        schedule.cron.expression = cron
+        schedule.cron.time_zone = time_zone
+    elif interval is not None:
+        schedule.interval.FromTimedelta(interval)
+    elif run_at is not None:
+        schedule.run_at.FromDatetime(run_at)
 
 
 def parse_grant(text: str) -> access_service_pb2.Grant:

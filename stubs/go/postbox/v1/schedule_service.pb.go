@@ -201,7 +201,8 @@ type Schedule struct {
 	//	*Schedule_Interval
 	//	*Schedule_RunAt
 	Timing isSchedule_Timing `protobuf_oneof:"timing"`
-	// Required. Where the fired messages go: a queue or topic that exists.
+	// Required on create. Where the fired messages go: a queue or topic that
+	// exists. PreviewSchedule's canonical timing carries none.
 	Target *ScheduleTarget `protobuf:"bytes,5,opt,name=target,proto3" json:"target,omitempty"`
 	// Optional. Body of each fired message; within the target queue's
 	// max_message_size (body and attributes).

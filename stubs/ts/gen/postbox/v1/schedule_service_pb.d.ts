@@ -138,7 +138,8 @@ export declare type Schedule = Message<"postbox.v1.Schedule"> & {
   } | { case: undefined; value?: undefined };
 
   /**
-   * Required. Where the fired messages go: a queue or topic that exists.
+   * Required on create. Where the fired messages go: a queue or topic that
+   * exists. PreviewSchedule's canonical timing carries none.
    *
    * @generated from field: postbox.v1.ScheduleTarget target = 5;
    */

@@ -1,0 +1,244 @@
+"""PostgreSQL's disk fills under a stream of sends, then space comes back.
+
+The test runs its own PostgreSQL (Debian's 15, fsync on) whose data directory, WAL
+included, lies on a tmpfs of 64 MiB of its own, and fills that filesystem with a file
+while eight clients send. It shows that sends fail with RESOURCE_EXHAUSTED saying
+the database is out of disk space (PostgreSQL's disk_full, SQLSTATE 53100), that the
+server stays up and says why (gRPC health NOT_SERVING, /readyz `degraded` with the
+reason, a warning in its log), that it serves again by itself once the file is
+deleted, and that every acknowledged message is there. Mounting needs root, as CI
+runs; elsewhere the test is skipped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import json
+import os
+import shutil
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from postbox.v1 import message_service_pb2 as pb
+from postbox.v1 import message_service_pb2_grpc, queue_service_pb2_grpc
+from postbox.v1 import queue_service_pb2 as qpb
+from support import ServerProcess
+
+from bench.pg_cluster import PG_BIN, Postgres, scratch_directory
+
+pytestmark = [
+    pytest.mark.skipif(
+        not (PG_BIN / "initdb").exists(),
+        reason="Debian's postgresql-15 is not installed (.ci/run installs it)",
+    ),
+    pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root (CI runs as root)"),
+]
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+CHANNEL_OPTIONS = [
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 500),
+]
+# initdb's files take about 39 MiB of it (16 of them the first WAL segment).
+FILESYSTEM_SIZE = "64m"
+BODY = b"x" * 1000
+
+
+@dataclass
+class SmallDisk:
+    """A tmpfs of its own, mounted on a scratch directory, holding a PostgreSQL's data."""
+
+    mount: Path
+    postgres: Postgres
+    filler: Path = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.filler = self.mount / "filler"
+
+    def fill(self) -> None:
+        """Writes a file until the filesystem has no byte left."""
+        with self.filler.open("wb", buffering=0) as file:
+            chunk = b"\0" * 65536
+            with contextlib.suppress(OSError):  # ENOSPC: full
+                while True:
+                    file.write(chunk)
+            with contextlib.suppress(OSError):  # the last bytes, a block at a time
+                while True:
+                    file.write(b"\0" * 4096)
+
+    def free(self) -> None:
+        self.filler.unlink()
+
+
+@pytest.fixture
+def small_disk() -> Iterator[SmallDisk]:
+    directory = scratch_directory("postbox-disk-full-")
+    mount = directory / "fs"
+    mount.mkdir()
+    subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={FILESYSTEM_SIZE},mode=0755", "tmpfs", str(mount)],
+        check=True,
+    )
+    try:
+        shutil.chown(mount, "postgres", "postgres")
+        postgres = Postgres(mount / "data")
+        try:
+            postgres.initdb().start()
+            yield SmallDisk(mount, postgres)
+        finally:
+            postgres.stop_if_running()
+    finally:
+        subprocess.run(["umount", "--lazy", str(mount)], check=False)
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+async def health(stub: health_pb2_grpc.HealthStub) -> int:
+    try:
+        return (await stub.Check(health_pb2.HealthCheckRequest(), timeout=2)).status
+    except grpc.aio.AioRpcError:
+        return -1
+
+
+async def wait_for(check, timeout: float, what: str) -> float:
+    """Seconds until `check()` (awaited when awaitable) holds; fails after `timeout`."""
+    started = time.monotonic()
+    while not await _holds(check):
+        assert time.monotonic() - started < timeout, f"not after {timeout} s: {what}"
+        await asyncio.sleep(0.05)
+    return time.monotonic() - started
+
+
+async def _holds(check) -> bool:
+    result = check()
+    return bool(await result if inspect.isawaitable(result) else result)
+
+
+def readyz(port: int) -> tuple[int, dict]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+@dataclass
+class Senders:
+    """Send calls in a loop, each retried until acknowledged; what was refused, and how."""
+
+    messages: message_service_pb2_grpc.MessageServiceStub
+    queue: str
+    acknowledged: set[int] = field(default_factory=set)
+    refusals: list[tuple[grpc.StatusCode, str]] = field(default_factory=list)
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+    _numbers: Iterator[int] = field(default_factory=lambda: iter(range(10**9)))
+
+    async def run(self) -> None:
+        while not self.stop.is_set():
+            number = next(self._numbers)
+            request = pb.SendRequest(queue=self.queue, body=b"%d " % number + BODY)
+            while not self.stop.is_set():
+                try:
+                    await self.messages.Send(request, timeout=10)
+                except grpc.aio.AioRpcError as error:
+                    self.refusals.append((error.code(), error.details() or ""))
+                    await asyncio.sleep(0.05)
+                    continue
+                self.acknowledged.add(number)
+                break
+
+
+async def test_full_disk_under_load(small_disk: SmallDisk):
+    server = ServerProcess(small_disk.postgres.url(), "--safety-poll-interval", "1", metrics=True)
+    server.start()
+    try:
+        async with grpc.aio.insecure_channel(server.target, options=CHANNEL_OPTIONS) as channel:
+            await _fill_under_load(small_disk, server, channel)
+        assert server.process is not None
+        assert server.process.poll() is None, "the server died"
+    finally:
+        server.stop()
+    log = server.log()
+    assert "the database is out of disk space (could not extend file" in log, log
+    assert "database is out of disk space" in log
+    assert "NOT_SERVING" in log
+    assert "the database has disk space again" in log
+    assert "internal error" not in log, log
+    assert "Traceback" not in log, log
+
+
+async def _fill_under_load(disk: SmallDisk, server: ServerProcess, channel) -> None:
+    messages = message_service_pb2_grpc.MessageServiceStub(channel)
+    queues = queue_service_pb2_grpc.QueueServiceStub(channel)
+    checks = health_pb2_grpc.HealthStub(channel)
+    await queues.CreateQueue(qpb.CreateQueueRequest(queue=qpb.Queue(name="filling")))
+    load = Senders(messages, "filling")
+    senders = [asyncio.ensure_future(load.run()) for _ in range(8)]
+
+    await wait_for(lambda: len(load.acknowledged) > 100, 30, "sends before the disk fills")
+    assert not load.refusals, load.refusals[:3]
+
+    await asyncio.to_thread(disk.fill)
+    # The first refusals, health and readiness; 15 s: this machine is shared and loaded.
+    await wait_for(lambda: bool(load.refusals), 15, "a send refused for the full disk")
+    code, details = load.refusals[0]
+    assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, (code, details)
+    assert "the database is out of disk space (SQLSTATE 53100, disk_full)" in details
+    assert "nothing of this call was committed" in details
+    down = await wait_for(lambda: health_is(checks, NOT_SERVING), 15, "NOT_SERVING")
+    assert server.metrics_port is not None
+    status, body = await asyncio.to_thread(readyz, server.metrics_port)
+    assert status == 503, body
+    assert body["status"] == "degraded", body
+    assert body["reason"].startswith("the database is out of disk space (could not extend"), body
+    # Load against the full disk for a while: refused each time, the server up.
+    refused = len(load.refusals)
+    await wait_for(lambda: len(load.refusals) > refused + 20, 30, "more refusals")
+    acknowledged_while_full = len(load.acknowledged)
+    codes = {code for code, _ in load.refusals}
+    assert codes == {grpc.StatusCode.RESOURCE_EXHAUSTED}, codes
+
+    await asyncio.to_thread(disk.free)
+    freed_at = time.monotonic()
+    # The health watcher tries a write every second while the disk is full.
+    await wait_for(lambda: health_is(checks, SERVING), 15, "SERVING once space is back")
+    serving_after = time.monotonic() - freed_at
+    await wait_for(
+        lambda: len(load.acknowledged) > acknowledged_while_full + 50,
+        30,
+        "sends after space is back",
+    )
+    status, body = await asyncio.to_thread(readyz, server.metrics_port)
+    assert status == 200, body
+    load.stop.set()
+    await asyncio.gather(*senders)
+
+    received: set[int] = set()
+    while True:
+        request = pb.ReceiveRequest(queue="filling", max_messages=1000, wait_time={})
+        batch = [
+            int(m.body.split()[0]) async for r in messages.Receive(request) for m in r.messages
+        ]
+        if not batch:
+            break
+        received.update(batch)
+    lost = load.acknowledged - received
+    assert not lost, f"{len(lost)} acknowledged messages lost, e.g. {sorted(lost)[:5]}"
+    print(
+        f"NOT_SERVING {down:.1f} s after the fill; {len(load.refusals)} sends refused; "
+        f"SERVING {serving_after:.1f} s after space came back; "
+        f"{len(load.acknowledged)} acknowledged, all received"
+    )
+
+
+async def health_is(stub: health_pb2_grpc.HealthStub, status: int) -> bool:
+    return await health(stub) == status

@@ -409,6 +409,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     stop_on_signals(stop)
     async with contextlib.AsyncExitStack() as stack:
         stack.callback(log.info, "stopped")
+        hosts.set_silence_timeout(settings.database_silence_timeout)
         dsn, embedded = await open_database(settings)
         if embedded is not None:
             stack.push_async_callback(asyncio.to_thread, embedded.stop)

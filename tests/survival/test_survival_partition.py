@@ -1,0 +1,315 @@
+"""A network partition between the server and PostgreSQL: packets dropped, not refused.
+
+The test runs its own PostgreSQL (Debian's 15) inside a network namespace of its own,
+reached from the server over a veth pair. A partition is an nftables table in that
+namespace whose input and output chains drop everything (Debian's nftables; .ci/run
+installs it): every packet either way is dropped without a word on PostgreSQL's side,
+as by a cut cable or a firewall that drops, so no connection is refused or reset and
+only the server's timeouts can tell. (Dropping on the server's side instead, with a
+qdisc, would not do: Linux counts a probe its own qdisc dropped as local congestion,
+not as a probe unanswered. This kernel has no netem.) Creating namespaces needs root,
+as CI runs; elsewhere the tests are skipped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import shutil
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from postbox.v1 import message_service_pb2 as pb
+from postbox.v1 import message_service_pb2_grpc, queue_service_pb2_grpc
+from postbox.v1 import queue_service_pb2 as qpb
+from support import ServerProcess
+
+from bench.pg_cluster import PG_BIN, Postgres, as_owner, scratch_directory
+
+pytestmark = [
+    pytest.mark.skipif(
+        not (PG_BIN / "initdb").exists(),
+        reason="Debian's postgresql-15 is not installed (.ci/run installs it)",
+    ),
+    pytest.mark.skipif(
+        shutil.which("nft") is None, reason="Debian's nftables is not installed (.ci/run does)"
+    ),
+    pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root (CI runs as root)"),
+]
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+CHANNEL_OPTIONS = [
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 500),
+]
+# The issue's partition: long enough for every timeout of the path to fire.
+PARTITION_SECONDS = 30.0
+# Each Send's own deadline: a call must end by it, whatever the network does.
+SEND_DEADLINE = 3.0
+# gRPC's timer and a loaded 2-core machine: a call ends at most this long past its deadline.
+DEADLINE_SLACK = 1.0
+
+
+DROP_EVERYTHING = """
+table inet partition {
+  chain incoming { type filter hook input priority 0; policy drop; }
+  chain outgoing { type filter hook output priority 0; policy drop; }
+}
+"""
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=30)
+
+
+@dataclass
+class Namespace:
+    """A network namespace joined to this one by a veth pair: this side HOST, that side
+    PEER, a /30 of its own on the pair: addresses that exist only on this machine, drawn
+    at random so that two runs at once do not collide."""
+
+    name: str
+    host_link: str
+    peer_link: str
+    host_address: str
+    peer_address: str
+
+    @classmethod
+    def create(cls) -> Namespace:
+        tag = uuid.uuid4().hex[:6]
+        subnet = f"10.231.{random.randrange(256)}.{4 * random.randrange(64)}"
+        base = subnet.rsplit(".", 1)
+        host, peer = (f"{base[0]}.{int(base[1]) + n}" for n in (1, 2))
+        ns = cls(f"postbox-{tag}", f"pbh{tag}", f"pbn{tag}", host, peer)
+        _ip("netns", "add", ns.name)
+        try:
+            _ip("link", "add", ns.host_link, "type", "veth", "peer", "name", ns.peer_link)
+            _ip("link", "set", ns.peer_link, "netns", ns.name)
+            _ip("addr", "add", f"{ns.host_address}/30", "dev", ns.host_link)
+            _ip("link", "set", ns.host_link, "up")
+            ns.run("ip", "addr", "add", f"{ns.peer_address}/30", "dev", ns.peer_link)
+            ns.run("ip", "link", "set", ns.peer_link, "up")
+            ns.run("ip", "link", "set", "lo", "up")
+        except BaseException:
+            ns.remove()
+            raise
+        return ns
+
+    def command(self, *args: str) -> list[str]:
+        return ["ip", "netns", "exec", self.name, *args]
+
+    def run(self, *args: str) -> None:
+        subprocess.run(self.command(*args), check=True, capture_output=True, timeout=60)
+
+    def drop(self) -> None:
+        """From now on the namespace drops every packet it gets or sends, silently."""
+        subprocess.run(self.command("nft", "-f", "-"), input=DROP_EVERYTHING, text=True, check=True)
+
+    def heal(self) -> None:
+        self.run("nft", "delete", "table", "inet", "partition")
+
+    def remove(self) -> None:
+        subprocess.run(["ip", "link", "del", self.host_link], capture_output=True, check=False)
+        subprocess.run(["ip", "netns", "del", self.name], capture_output=True, check=False)
+
+
+class NamespacedPostgres(Postgres):
+    """A PostgreSQL that listens only on the namespace's side of the pair."""
+
+    def __init__(self, data: Path, namespace: Namespace) -> None:
+        super().__init__(data, port=5432)
+        self.namespace = namespace
+
+    @property
+    def address(self) -> str:
+        return f"{self.namespace.peer_address}:{self.port}"
+
+    def start(self) -> NamespacedPostgres:
+        self.configure(f"listen_addresses = '{self.namespace.peer_address}'")
+        with (self.data / "pg_hba.conf").open("a") as hba:
+            hba.write(f"host all all {self.namespace.host_address}/32 trust\n")
+        log = str(self.data / "server.log")
+        command = [str(self.bin_dir / "pg_ctl"), "-D", str(self.data), "-w",
+                   "-o", f"-p {self.port}", "-l", log, "start"]  # fmt: skip
+        subprocess.run(
+            self.namespace.command(*as_owner(command)), check=True, capture_output=True, timeout=60
+        )
+        return self
+
+
+@dataclass
+class Partitioned:
+    namespace: Namespace
+    postgres: NamespacedPostgres
+
+
+@pytest.fixture
+def partitioned() -> Iterator[Partitioned]:
+    directory = scratch_directory("postbox-partition-")
+    namespace = Namespace.create()
+    postgres = NamespacedPostgres(directory / "data", namespace)
+    try:
+        postgres.initdb()
+        postgres.start()
+        yield Partitioned(namespace, postgres)
+    finally:
+        postgres.stop_if_running()
+        namespace.remove()
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+async def health(stub: health_pb2_grpc.HealthStub) -> int:
+    try:
+        return (await stub.Check(health_pb2.HealthCheckRequest(), timeout=1)).status
+    except grpc.aio.AioRpcError:
+        return -1
+
+
+async def wait_for_health(stub: health_pb2_grpc.HealthStub, status: int, timeout: float) -> float:
+    started = time.monotonic()
+    while await health(stub) != status:
+        assert time.monotonic() - started < timeout, f"health not {status} after {timeout} s"
+        await asyncio.sleep(0.05)
+    return time.monotonic() - started
+
+
+@dataclass
+class Senders:
+    """Sends with a deadline in a loop, each retried until acknowledged; every failure
+    with how long it took."""
+
+    messages: message_service_pb2_grpc.MessageServiceStub
+    queue: str
+    acknowledged: set[int] = field(default_factory=set)
+    failures: list[tuple[float, grpc.StatusCode, str]] = field(default_factory=list)
+    last_ack: float = 0.0
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+    _numbers: Iterator[int] = field(default_factory=lambda: iter(range(10**9)))
+
+    async def run(self) -> None:
+        while not self.stop.is_set():
+            number = next(self._numbers)
+            request = pb.SendRequest(queue=self.queue, body=str(number).encode())
+            while not self.stop.is_set():
+                started = time.monotonic()
+                try:
+                    await self.messages.Send(request, timeout=SEND_DEADLINE)
+                except grpc.aio.AioRpcError as error:
+                    took = time.monotonic() - started
+                    self.failures.append((took, error.code(), error.details() or ""))
+                    await asyncio.sleep(0.1)
+                    continue
+                self.acknowledged.add(number)
+                self.last_ack = time.monotonic()
+                break
+
+
+async def receive_all(messages, queue: str) -> set[int]:
+    received: set[int] = set()
+    while True:
+        request = pb.ReceiveRequest(queue=queue, max_messages=1000, wait_time={})
+        batch = [
+            int(m.body) async for r in messages.Receive(request, timeout=30) for m in r.messages
+        ]
+        if not batch:
+            return received
+        received.update(batch)
+
+
+async def test_partition_under_load(partitioned: Partitioned):
+    # The default settings: their timeouts are the ones this test holds to.
+    server = ServerProcess(partitioned.postgres.url()).start()
+    try:
+        async with grpc.aio.insecure_channel(server.target, options=CHANNEL_OPTIONS) as channel:
+            await _partition_under_load(partitioned.namespace, channel)
+        assert server.process is not None
+        assert server.process.poll() is None, "the server died"
+    finally:
+        server.stop()
+    log = server.log()
+    assert "does not answer: NOT_SERVING" in log, log
+    assert "internal error" not in log, log
+    assert " ERROR " not in log, log
+
+
+async def _partition_under_load(namespace: Namespace, channel: grpc.aio.Channel) -> None:
+    messages = message_service_pb2_grpc.MessageServiceStub(channel)
+    queues = queue_service_pb2_grpc.QueueServiceStub(channel)
+    checks = health_pb2_grpc.HealthStub(channel)
+    for name in ("load", "waiting"):
+        await queues.CreateQueue(qpb.CreateQueueRequest(queue=qpb.Queue(name=name)))
+    load = Senders(messages, "load")
+    senders = [asyncio.ensure_future(load.run()) for _ in range(8)]
+    # Long polls that wait through the partition: each ends by its deadline.
+    polls: list[tuple[float, grpc.StatusCode]] = []
+
+    async def poll() -> None:
+        while not load.stop.is_set():
+            started = time.monotonic()
+            request = pb.ReceiveRequest(queue="waiting", wait_time={"seconds": 2})
+            try:
+                async for _ in messages.Receive(request, timeout=SEND_DEADLINE + 2):
+                    pass
+                code = grpc.StatusCode.OK
+            except grpc.aio.AioRpcError as error:
+                code = error.code()
+                await asyncio.sleep(0.1)
+            polls.append((time.monotonic() - started, code))
+
+    pollers = [asyncio.ensure_future(poll()) for _ in range(2)]
+    deadline = time.monotonic() + 30
+    while len(load.acknowledged) < 100:
+        assert time.monotonic() < deadline, "no sends before the partition"
+        await asyncio.sleep(0.05)
+    assert not load.failures, load.failures[:3]
+
+    await asyncio.to_thread(namespace.drop)
+    dropped_at = time.monotonic()
+    not_serving = await wait_for_health(checks, NOT_SERVING, timeout=PARTITION_SECONDS)
+    failures_before = len(load.failures)
+    polls_before = len(polls)
+    await asyncio.sleep(max(0.0, PARTITION_SECONDS - (time.monotonic() - dropped_at)))
+    acknowledged_in_partition = len(load.acknowledged)
+    await asyncio.to_thread(namespace.heal)
+    healed_at = time.monotonic()
+    # Service resumes: a send is acknowledged again, and health says SERVING.
+    while load.last_ack < healed_at:
+        await asyncio.sleep(0.05)
+        assert time.monotonic() - healed_at < 30, "no send acknowledged 30 s after the heal"
+    resumed = load.last_ack - healed_at
+    serving = await wait_for_health(checks, SERVING, timeout=30)
+    await asyncio.sleep(1.0)
+    load.stop.set()
+    await asyncio.gather(*senders, *pollers)
+
+    during = load.failures[failures_before:]
+    assert during, "no send failed during the partition"
+    for took, code, details in load.failures:
+        assert code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED), (
+            code, details,
+        )  # fmt: skip
+        assert took < SEND_DEADLINE + DEADLINE_SLACK, (took, code, details)
+    for took, code in polls:
+        assert code in (grpc.StatusCode.OK, grpc.StatusCode.UNAVAILABLE,
+                        grpc.StatusCode.DEADLINE_EXCEEDED), code  # fmt: skip
+        assert took < SEND_DEADLINE + 2 + DEADLINE_SLACK, (took, code)
+    assert len(polls) > polls_before, "no long poll ended during the partition"
+    received = await receive_all(messages, "load")
+    lost = load.acknowledged - received
+    assert not lost, f"{len(lost)} acknowledged messages lost, e.g. {sorted(lost)[:5]}"
+    codes = sorted({code.name for _, code, _ in during})
+    print(
+        f"NOT_SERVING {not_serving:.1f} s after the drop; {len(during)} sends failed in it "
+        f"({', '.join(codes)}), {acknowledged_in_partition} acknowledged by its end; "
+        f"first acknowledgement {resumed:.1f} s after the heal, SERVING {serving:.1f} s after"
+    )
+    assert not_serving <= 5.0, f"NOT_SERVING only {not_serving:.1f} s after the drop"
+    assert resumed <= 10.0, f"the first send acknowledged {resumed:.1f} s after the heal"

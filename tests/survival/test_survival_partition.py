@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import asyncpg
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -313,3 +314,105 @@ async def _partition_under_load(namespace: Namespace, channel: grpc.aio.Channel)
     )
     assert not_serving <= 5.0, f"NOT_SERVING only {not_serving:.1f} s after the drop"
     assert resumed <= 10.0, f"the first send acknowledged {resumed:.1f} s after the heal"
+
+
+def established_to(address: str) -> int:
+    """TCP connections of this machine's namespace to `address`, in state ESTABLISHED."""
+    done = subprocess.run(
+        ["ss", "-Htn", "state", "established", "dst", address],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return len(done.stdout.splitlines())
+
+
+async def test_half_open_connections(partitioned: Partitioned):
+    """PostgreSQL restarts while the network drops everything, so its side of every
+    connection is gone and the server's never heard: the server's sockets stay open
+    (half-open) until it sends on them. --database-silence-timeout 60 keeps the silence
+    from closing them first, so the path tested is the reset PostgreSQL's kernel
+    answers once the network is back: calls fail UNAVAILABLE, the pool and the LISTEN
+    connection are replaced, and wake-ups and sends resume with nothing lost. The
+    LISTEN connection sends nothing while no stream starts waiting: only its TCP
+    keepalives find it dead before its safety poll, 30 s apart here."""
+    postgres = partitioned.postgres
+    server = ServerProcess(
+        postgres.url(), "--database-silence-timeout", "60", "--safety-poll-interval", "30"
+    ).start()
+    try:
+        async with grpc.aio.insecure_channel(server.target, options=CHANNEL_OPTIONS) as channel:
+            await _half_open(partitioned, channel)
+    finally:
+        server.stop()
+    log = server.log()
+    assert "internal error" not in log, log
+    assert " ERROR " not in log, log
+
+
+async def _half_open(partitioned: Partitioned, channel: grpc.aio.Channel) -> None:
+    namespace, postgres = partitioned.namespace, partitioned.postgres
+    messages = message_service_pb2_grpc.MessageServiceStub(channel)
+    queues = queue_service_pb2_grpc.QueueServiceStub(channel)
+    checks = health_pb2_grpc.HealthStub(channel)
+    for name in ("load", "waiting"):
+        await queues.CreateQueue(qpb.CreateQueueRequest(queue=qpb.Queue(name=name)))
+    # A stream waiting on an empty queue through it all: the queue is listed on the
+    # LISTEN connection that goes half-open.
+    waiting = messages.Receive(pb.ReceiveRequest(queue="waiting", mode=pb.RECEIVE_MODE_CONTINUOUS))
+    first = asyncio.ensure_future(waiting.read())
+    load = Senders(messages, "load")
+    senders = [asyncio.ensure_future(load.run()) for _ in range(4)]
+    deadline = time.monotonic() + 30
+    while len(load.acknowledged) < 100:
+        assert time.monotonic() < deadline, "no sends before the partition"
+        await asyncio.sleep(0.05)
+    assert not first.done()
+    load.stop.set()  # no call in flight while PostgreSQL restarts: none is lost there
+    await asyncio.gather(*senders)
+    before = established_to(namespace.peer_address)
+    assert before >= 2, before  # the pool's and the LISTEN connection
+
+    await asyncio.to_thread(namespace.drop)
+    await asyncio.to_thread(postgres.stop, "immediate")  # its resets go nowhere
+    await asyncio.to_thread(postgres.start)
+    # Every socket the server had is still open on its side, to a server that knows none.
+    assert established_to(namespace.peer_address) == before
+    await asyncio.to_thread(namespace.heal)
+    healed_at = time.monotonic()
+
+    load.stop.clear()
+    senders = [asyncio.ensure_future(load.run()) for _ in range(4)]
+    while load.last_ack < healed_at:
+        await asyncio.sleep(0.05)
+        assert time.monotonic() - healed_at < 30, "no send acknowledged 30 s after the heal"
+    resumed = load.last_ack - healed_at
+    serving = await wait_for_health(checks, SERVING, timeout=30)
+    # The waiting stream is woken by a send from another client of the database, whose
+    # NOTIFY only a live LISTEN connection hears: the half-open one has been replaced.
+    sent_at = time.monotonic()
+    conn = await asyncpg.connect(postgres.url())
+    try:
+        await conn.execute("SELECT postbox.send('waiting', 'wake')")
+    finally:
+        await conn.close()
+    woken = await asyncio.wait_for(first, 30)
+    woken_after = time.monotonic() - sent_at
+    assert [m.body for m in woken.messages] == [b"wake"]
+    waiting.cancel()
+    load.stop.set()
+    await asyncio.gather(*senders)
+
+    for took, code, details in load.failures:
+        assert code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED), (
+            code, details,
+        )  # fmt: skip
+        assert took < SEND_DEADLINE + DEADLINE_SLACK, (took, code, details)
+    received = await receive_all(messages, "load")
+    lost = load.acknowledged - received
+    assert not lost, f"{len(lost)} acknowledged messages lost, e.g. {sorted(lost)[:5]}"
+    print(
+        f"{before} half-open connections; {len(load.failures)} sends failed after the heal; "
+        f"first acknowledgement {resumed:.1f} s after it, SERVING {serving:.1f} s after that; "
+        f"the waiting stream woken {woken_after:.2f} s after a send"
+    )
+    assert resumed <= 10.0, f"the first send acknowledged {resumed:.1f} s after the heal"
+    assert woken_after <= 5.0, f"the waiting stream woken only {woken_after:.1f} s after a send"

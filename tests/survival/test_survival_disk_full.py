@@ -51,6 +51,9 @@ CHANNEL_OPTIONS = [
 ]
 # initdb's files take about 39 MiB of it (16 of them the first WAL segment).
 FILESYSTEM_SIZE = "64m"
+# pg_wal alone, in 1 MiB segments: room for the WAL that the load writes between
+# checkpoints once space is back (the filler takes all of it before).
+WAL_FILESYSTEM_SIZE = "32m"
 BODY = b"x" * 1000
 
 
@@ -80,26 +83,48 @@ class SmallDisk:
         self.filler.unlink()
 
 
-@pytest.fixture
-def small_disk() -> Iterator[SmallDisk]:
+@contextlib.contextmanager
+def _small_disk(size: str, wal_only: bool) -> Iterator[SmallDisk]:
+    """A PostgreSQL whose data directory, or only its WAL (pg_wal, in 1 MiB segments),
+    lies on a tmpfs of `size`."""
     directory = scratch_directory("postbox-disk-full-")
     mount = directory / "fs"
     mount.mkdir()
     subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={FILESYSTEM_SIZE},mode=0755", "tmpfs", str(mount)],
-        check=True,
+        ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(mount)], check=True
     )
     try:
         shutil.chown(mount, "postgres", "postgres")
-        postgres = Postgres(mount / "data")
+        if wal_only:
+            postgres = Postgres(directory / "data")
+            postgres.initdb(
+                "min_wal_size = 2MB",
+                "max_wal_size = 4MB",
+                options=("--waldir", str(mount / "pg_wal"), "--wal-segsize", "1"),
+            )
+        else:
+            postgres = Postgres(mount / "data")
+            postgres.initdb()
         try:
-            postgres.initdb().start()
+            postgres.start()
             yield SmallDisk(mount, postgres)
         finally:
             postgres.stop_if_running()
     finally:
         subprocess.run(["umount", "--lazy", str(mount)], check=False)
         shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture
+def small_disk() -> Iterator[SmallDisk]:
+    with _small_disk(FILESYSTEM_SIZE, wal_only=False) as disk:
+        yield disk
+
+
+@pytest.fixture
+def small_wal_disk() -> Iterator[SmallDisk]:
+    with _small_disk(WAL_FILESYSTEM_SIZE, wal_only=True) as disk:
+        yield disk
 
 
 async def health(stub: health_pb2_grpc.HealthStub) -> int:
@@ -222,15 +247,7 @@ async def _fill_under_load(disk: SmallDisk, server: ServerProcess, channel) -> N
     load.stop.set()
     await asyncio.gather(*senders)
 
-    received: set[int] = set()
-    while True:
-        request = pb.ReceiveRequest(queue="filling", max_messages=1000, wait_time={})
-        batch = [
-            int(m.body.split()[0]) async for r in messages.Receive(request) for m in r.messages
-        ]
-        if not batch:
-            break
-        received.update(batch)
+    received = await receive_all(messages, "filling")
     lost = load.acknowledged - received
     assert not lost, f"{len(lost)} acknowledged messages lost, e.g. {sorted(lost)[:5]}"
     print(
@@ -240,5 +257,86 @@ async def _fill_under_load(disk: SmallDisk, server: ServerProcess, channel) -> N
     )
 
 
+async def receive_all(messages, queue: str) -> set[int]:
+    """The numbers of every message of the queue (the first word of each body)."""
+    received: set[int] = set()
+    while True:
+        request = pb.ReceiveRequest(queue=queue, max_messages=1000, wait_time={})
+        batch = [
+            int(m.body.split()[0]) async for r in messages.Receive(request) for m in r.messages
+        ]
+        if not batch:
+            return received
+        received.update(batch)
+
+
 async def health_is(stub: health_pb2_grpc.HealthStub, status: int) -> bool:
     return await health(stub) == status
+
+
+async def test_full_wal_disk_crashes_postgres(small_wal_disk: SmallDisk):
+    """pg_wal fills: PostgreSQL cannot write a WAL segment, PANICs, restarts itself,
+    finds no room for its end-of-recovery checkpoint and shuts down. The server stays
+    up, refusing calls UNAVAILABLE with health NOT_SERVING; once space is freed and
+    PostgreSQL started again (as its supervisor would), it serves again by itself and
+    every acknowledged message is there. A replication slot holds the WAL back, as a
+    lost standby's does, so checkpoints cannot recycle it."""
+    postgres = small_wal_disk.postgres
+    postgres.sql("SELECT pg_create_physical_replication_slot('postbox_test_hold', true)")
+    server = ServerProcess(postgres.url(), "--safety-poll-interval", "1").start()
+    try:
+        async with grpc.aio.insecure_channel(server.target, options=CHANNEL_OPTIONS) as channel:
+            await _fill_wal_under_load(small_wal_disk, channel)
+        assert server.process is not None
+        assert server.process.poll() is None, "the server died"
+    finally:
+        server.stop()
+    log = server.log()
+    assert "does not answer: NOT_SERVING" in log, log
+    assert "internal error" not in log, log
+    assert " ERROR " not in log, log
+
+
+async def _fill_wal_under_load(disk: SmallDisk, channel) -> None:
+    postgres = disk.postgres
+    messages = message_service_pb2_grpc.MessageServiceStub(channel)
+    queues = queue_service_pb2_grpc.QueueServiceStub(channel)
+    checks = health_pb2_grpc.HealthStub(channel)
+    await queues.CreateQueue(qpb.CreateQueueRequest(queue=qpb.Queue(name="walfill")))
+    load = Senders(messages, "walfill")
+    senders = [asyncio.ensure_future(load.run()) for _ in range(8)]
+    await wait_for(lambda: len(load.acknowledged) > 100, 30, "sends before the WAL fills")
+
+    await asyncio.to_thread(disk.fill)
+    pid_file = postgres.data / "postmaster.pid"
+    # 60 s: the PANIC comes once the current segment is used up, then a restart.
+    down = await wait_for(lambda: not pid_file.exists(), 60, "PostgreSQL to shut down")
+    await wait_for(lambda: health_is(checks, NOT_SERVING), 15, "NOT_SERVING")
+    refused = len(load.refusals)
+    await wait_for(lambda: len(load.refusals) > refused + 10, 30, "refusals while it is down")
+    acknowledged_while_down = len(load.acknowledged)
+
+    await asyncio.to_thread(disk.free)
+    await asyncio.to_thread(postgres.start)
+    restarted_at = time.monotonic()
+    # The slot would fill the WAL again.
+    await asyncio.to_thread(postgres.sql, "SELECT pg_drop_replication_slot('postbox_test_hold')")
+    await wait_for(lambda: health_is(checks, SERVING), 30, "SERVING after the restart")
+    serving_after = time.monotonic() - restarted_at
+    await wait_for(
+        lambda: len(load.acknowledged) > acknowledged_while_down + 50, 30, "sends after it"
+    )
+    load.stop.set()
+    await asyncio.gather(*senders)
+
+    codes = {code for code, _ in load.refusals}
+    assert codes <= {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED}, codes
+    assert grpc.StatusCode.UNAVAILABLE in codes
+    received = await receive_all(messages, "walfill")
+    lost = load.acknowledged - received
+    assert not lost, f"{len(lost)} acknowledged messages lost, e.g. {sorted(lost)[:5]}"
+    print(
+        f"PostgreSQL down {down:.1f} s after the fill; {len(load.refusals)} sends refused "
+        f"({', '.join(sorted(code.name for code in codes))}); SERVING {serving_after:.1f} s "
+        f"after its start; {len(load.acknowledged)} acknowledged, all received"
+    )

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import json
 import os
 import shutil
@@ -28,8 +27,16 @@ from pathlib import Path
 
 import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-from postbox.v1 import message_service_pb2 as pb
+from faults import (
+    CHANNEL_OPTIONS,
+    NOT_SERVING,
+    SERVING,
+    Senders,
+    receive_numbers,
+    wait_for,
+    wait_for_health,
+)
+from grpc_health.v1 import health_pb2_grpc
 from postbox.v1 import message_service_pb2_grpc, queue_service_pb2_grpc
 from postbox.v1 import queue_service_pb2 as qpb
 from support import ServerProcess
@@ -42,12 +49,6 @@ pytestmark = [
         reason="Debian's postgresql-15 is not installed (.ci/run installs it)",
     ),
     pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root (CI runs as root)"),
-]
-SERVING = health_pb2.HealthCheckResponse.SERVING
-NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
-CHANNEL_OPTIONS = [
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 500),
 ]
 # initdb's files take about 39 MiB of it (16 of them the first WAL segment).
 FILESYSTEM_SIZE = "64m"
@@ -127,59 +128,12 @@ def small_wal_disk() -> Iterator[SmallDisk]:
         yield disk
 
 
-async def health(stub: health_pb2_grpc.HealthStub) -> int:
-    try:
-        return (await stub.Check(health_pb2.HealthCheckRequest(), timeout=2)).status
-    except grpc.aio.AioRpcError:
-        return -1
-
-
-async def wait_for(check, timeout: float, what: str) -> float:
-    """Seconds until `check()` (awaited when awaitable) holds; fails after `timeout`."""
-    started = time.monotonic()
-    while not await _holds(check):
-        assert time.monotonic() - started < timeout, f"not after {timeout} s: {what}"
-        await asyncio.sleep(0.05)
-    return time.monotonic() - started
-
-
-async def _holds(check) -> bool:
-    result = check()
-    return bool(await result if inspect.isawaitable(result) else result)
-
-
 def readyz(port: int) -> tuple[int, dict]:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as response:
             return response.status, json.loads(response.read())
     except urllib.error.HTTPError as error:
         return error.code, json.loads(error.read())
-
-
-@dataclass
-class Senders:
-    """Send calls in a loop, each retried until acknowledged; what was refused, and how."""
-
-    messages: message_service_pb2_grpc.MessageServiceStub
-    queue: str
-    acknowledged: set[int] = field(default_factory=set)
-    refusals: list[tuple[grpc.StatusCode, str]] = field(default_factory=list)
-    stop: asyncio.Event = field(default_factory=asyncio.Event)
-    _numbers: Iterator[int] = field(default_factory=lambda: iter(range(10**9)))
-
-    async def run(self) -> None:
-        while not self.stop.is_set():
-            number = next(self._numbers)
-            request = pb.SendRequest(queue=self.queue, body=b"%d " % number + BODY)
-            while not self.stop.is_set():
-                try:
-                    await self.messages.Send(request, timeout=10)
-                except grpc.aio.AioRpcError as error:
-                    self.refusals.append((error.code(), error.details() or ""))
-                    await asyncio.sleep(0.05)
-                    continue
-                self.acknowledged.add(number)
-                break
 
 
 async def test_full_disk_under_load(small_disk: SmallDisk):
@@ -206,36 +160,36 @@ async def _fill_under_load(disk: SmallDisk, server: ServerProcess, channel) -> N
     queues = queue_service_pb2_grpc.QueueServiceStub(channel)
     checks = health_pb2_grpc.HealthStub(channel)
     await queues.CreateQueue(qpb.CreateQueueRequest(queue=qpb.Queue(name="filling")))
-    load = Senders(messages, "filling")
-    senders = [asyncio.ensure_future(load.run()) for _ in range(8)]
+    load = Senders(messages, "filling", padding=BODY)
+    senders = load.start(8)
 
     await wait_for(lambda: len(load.acknowledged) > 100, 30, "sends before the disk fills")
-    assert not load.refusals, load.refusals[:3]
+    assert not load.failures, load.failures[:3]
 
     await asyncio.to_thread(disk.fill)
     # The first refusals, health and readiness; 15 s: this machine is shared and loaded.
-    await wait_for(lambda: bool(load.refusals), 15, "a send refused for the full disk")
-    code, details = load.refusals[0]
+    await wait_for(lambda: bool(load.failures), 15, "a send refused for the full disk")
+    _, code, details = load.failures[0]
     assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, (code, details)
     assert "the database is out of disk space (SQLSTATE 53100, disk_full)" in details
     assert "nothing of this call was committed" in details
-    down = await wait_for(lambda: health_is(checks, NOT_SERVING), 15, "NOT_SERVING")
+    down = await wait_for_health(checks, NOT_SERVING, 15)
     assert server.metrics_port is not None
     status, body = await asyncio.to_thread(readyz, server.metrics_port)
     assert status == 503, body
     assert body["status"] == "degraded", body
     assert body["reason"].startswith("the database is out of disk space (could not extend"), body
     # Load against the full disk for a while: refused each time, the server up.
-    refused = len(load.refusals)
-    await wait_for(lambda: len(load.refusals) > refused + 20, 30, "more refusals")
+    refused = len(load.failures)
+    await wait_for(lambda: len(load.failures) > refused + 20, 30, "more refusals")
     acknowledged_while_full = len(load.acknowledged)
-    codes = {code for code, _ in load.refusals}
+    codes = load.codes()
     assert codes == {grpc.StatusCode.RESOURCE_EXHAUSTED}, codes
 
     await asyncio.to_thread(disk.free)
     freed_at = time.monotonic()
     # The health watcher tries a write every second while the disk is full.
-    await wait_for(lambda: health_is(checks, SERVING), 15, "SERVING once space is back")
+    await wait_for_health(checks, SERVING, 15)  # once space is back
     serving_after = time.monotonic() - freed_at
     await wait_for(
         lambda: len(load.acknowledged) > acknowledged_while_full + 50,
@@ -247,31 +201,14 @@ async def _fill_under_load(disk: SmallDisk, server: ServerProcess, channel) -> N
     load.stop.set()
     await asyncio.gather(*senders)
 
-    received = await receive_all(messages, "filling")
+    received = await receive_numbers(messages, "filling")
     lost = load.acknowledged - received
     assert not lost, f"{len(lost)} acknowledged messages lost, e.g. {sorted(lost)[:5]}"
     print(
-        f"NOT_SERVING {down:.1f} s after the fill; {len(load.refusals)} sends refused; "
+        f"NOT_SERVING {down:.1f} s after the fill; {len(load.failures)} sends refused; "
         f"SERVING {serving_after:.1f} s after space came back; "
         f"{len(load.acknowledged)} acknowledged, all received"
     )
-
-
-async def receive_all(messages, queue: str) -> set[int]:
-    """The numbers of every message of the queue (the first word of each body)."""
-    received: set[int] = set()
-    while True:
-        request = pb.ReceiveRequest(queue=queue, max_messages=1000, wait_time={})
-        batch = [
-            int(m.body.split()[0]) async for r in messages.Receive(request) for m in r.messages
-        ]
-        if not batch:
-            return received
-        received.update(batch)
-
-
-async def health_is(stub: health_pb2_grpc.HealthStub, status: int) -> bool:
-    return await health(stub) == status
 
 
 async def test_full_wal_disk_crashes_postgres(small_wal_disk: SmallDisk):
@@ -303,17 +240,17 @@ async def _fill_wal_under_load(disk: SmallDisk, channel) -> None:
     queues = queue_service_pb2_grpc.QueueServiceStub(channel)
     checks = health_pb2_grpc.HealthStub(channel)
     await queues.CreateQueue(qpb.CreateQueueRequest(queue=qpb.Queue(name="walfill")))
-    load = Senders(messages, "walfill")
-    senders = [asyncio.ensure_future(load.run()) for _ in range(8)]
+    load = Senders(messages, "walfill", padding=BODY)
+    senders = load.start(8)
     await wait_for(lambda: len(load.acknowledged) > 100, 30, "sends before the WAL fills")
 
     await asyncio.to_thread(disk.fill)
     pid_file = postgres.data / "postmaster.pid"
     # 60 s: the PANIC comes once the current segment is used up, then a restart.
     down = await wait_for(lambda: not pid_file.exists(), 60, "PostgreSQL to shut down")
-    await wait_for(lambda: health_is(checks, NOT_SERVING), 15, "NOT_SERVING")
-    refused = len(load.refusals)
-    await wait_for(lambda: len(load.refusals) > refused + 10, 30, "refusals while it is down")
+    await wait_for_health(checks, NOT_SERVING, 15)
+    refused = len(load.failures)
+    await wait_for(lambda: len(load.failures) > refused + 10, 30, "refusals while it is down")
     acknowledged_while_down = len(load.acknowledged)
 
     await asyncio.to_thread(disk.free)
@@ -321,7 +258,7 @@ async def _fill_wal_under_load(disk: SmallDisk, channel) -> None:
     restarted_at = time.monotonic()
     # The slot would fill the WAL again.
     await asyncio.to_thread(postgres.sql, "SELECT pg_drop_replication_slot('postbox_test_hold')")
-    await wait_for(lambda: health_is(checks, SERVING), 30, "SERVING after the restart")
+    await wait_for_health(checks, SERVING, 30)  # after PostgreSQL's start
     serving_after = time.monotonic() - restarted_at
     await wait_for(
         lambda: len(load.acknowledged) > acknowledged_while_down + 50, 30, "sends after it"
@@ -329,14 +266,14 @@ async def _fill_wal_under_load(disk: SmallDisk, channel) -> None:
     load.stop.set()
     await asyncio.gather(*senders)
 
-    codes = {code for code, _ in load.refusals}
+    codes = load.codes()
     assert codes <= {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED}, codes
     assert grpc.StatusCode.UNAVAILABLE in codes
-    received = await receive_all(messages, "walfill")
+    received = await receive_numbers(messages, "walfill")
     lost = load.acknowledged - received
     assert not lost, f"{len(lost)} acknowledged messages lost, e.g. {sorted(lost)[:5]}"
     print(
-        f"PostgreSQL down {down:.1f} s after the fill; {len(load.refusals)} sends refused "
+        f"PostgreSQL down {down:.1f} s after the fill; {len(load.failures)} sends refused "
         f"({', '.join(sorted(code.name for code in codes))}); SERVING {serving_after:.1f} s "
         f"after its start; {len(load.acknowledged)} acknowledged, all received"
     )

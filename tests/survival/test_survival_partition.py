@@ -21,13 +21,22 @@ import subprocess
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import asyncpg
 import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from faults import (
+    CHANNEL_OPTIONS,
+    NOT_SERVING,
+    SERVING,
+    Senders,
+    receive_numbers,
+    wait_for,
+    wait_for_health,
+)
+from grpc_health.v1 import health_pb2_grpc
 from postbox.v1 import message_service_pb2 as pb
 from postbox.v1 import message_service_pb2_grpc, queue_service_pb2_grpc
 from postbox.v1 import queue_service_pb2 as qpb
@@ -44,12 +53,6 @@ pytestmark = [
         shutil.which("nft") is None, reason="Debian's nftables is not installed (.ci/run does)"
     ),
     pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root (CI runs as root)"),
-]
-SERVING = health_pb2.HealthCheckResponse.SERVING
-NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
-CHANNEL_OPTIONS = [
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 500),
 ]
 # The issue's partition: long enough for every timeout of the path to fire.
 PARTITION_SECONDS = 30.0
@@ -167,64 +170,6 @@ def partitioned() -> Iterator[Partitioned]:
         shutil.rmtree(directory, ignore_errors=True)
 
 
-async def health(stub: health_pb2_grpc.HealthStub) -> int:
-    try:
-        return (await stub.Check(health_pb2.HealthCheckRequest(), timeout=1)).status
-    except grpc.aio.AioRpcError:
-        return -1
-
-
-async def wait_for_health(stub: health_pb2_grpc.HealthStub, status: int, timeout: float) -> float:
-    started = time.monotonic()
-    while await health(stub) != status:
-        assert time.monotonic() - started < timeout, f"health not {status} after {timeout} s"
-        await asyncio.sleep(0.05)
-    return time.monotonic() - started
-
-
-@dataclass
-class Senders:
-    """Sends with a deadline in a loop, each retried until acknowledged; every failure
-    with how long it took."""
-
-    messages: message_service_pb2_grpc.MessageServiceStub
-    queue: str
-    acknowledged: set[int] = field(default_factory=set)
-    failures: list[tuple[float, grpc.StatusCode, str]] = field(default_factory=list)
-    last_ack: float = 0.0
-    stop: asyncio.Event = field(default_factory=asyncio.Event)
-    _numbers: Iterator[int] = field(default_factory=lambda: iter(range(10**9)))
-
-    async def run(self) -> None:
-        while not self.stop.is_set():
-            number = next(self._numbers)
-            request = pb.SendRequest(queue=self.queue, body=str(number).encode())
-            while not self.stop.is_set():
-                started = time.monotonic()
-                try:
-                    await self.messages.Send(request, timeout=SEND_DEADLINE)
-                except grpc.aio.AioRpcError as error:
-                    took = time.monotonic() - started
-                    self.failures.append((took, error.code(), error.details() or ""))
-                    await asyncio.sleep(0.1)
-                    continue
-                self.acknowledged.add(number)
-                self.last_ack = time.monotonic()
-                break
-
-
-async def receive_all(messages, queue: str) -> set[int]:
-    received: set[int] = set()
-    while True:
-        request = pb.ReceiveRequest(queue=queue, max_messages=1000, wait_time={})
-        batch = [
-            int(m.body) async for r in messages.Receive(request, timeout=30) for m in r.messages
-        ]
-        if not batch:
-            return received
-        received.update(batch)
-
-
 async def test_partition_under_load(partitioned: Partitioned):
     # The default settings: their timeouts are the ones this test holds to.
     server = ServerProcess(partitioned.postgres.url()).start()
@@ -247,8 +192,8 @@ async def _partition_under_load(namespace: Namespace, channel: grpc.aio.Channel)
     checks = health_pb2_grpc.HealthStub(channel)
     for name in ("load", "waiting"):
         await queues.CreateQueue(qpb.CreateQueueRequest(queue=qpb.Queue(name=name)))
-    load = Senders(messages, "load")
-    senders = [asyncio.ensure_future(load.run()) for _ in range(8)]
+    load = Senders(messages, "load", deadline=SEND_DEADLINE)
+    senders = load.start(8)
     # Long polls that wait through the partition: each ends by its deadline.
     polls: list[tuple[float, grpc.StatusCode]] = []
 
@@ -266,10 +211,7 @@ async def _partition_under_load(namespace: Namespace, channel: grpc.aio.Channel)
             polls.append((time.monotonic() - started, code))
 
     pollers = [asyncio.ensure_future(poll()) for _ in range(2)]
-    deadline = time.monotonic() + 30
-    while len(load.acknowledged) < 100:
-        assert time.monotonic() < deadline, "no sends before the partition"
-        await asyncio.sleep(0.05)
+    await wait_for(lambda: len(load.acknowledged) >= 100, 30, "sends before the partition")
     assert not load.failures, load.failures[:3]
 
     await asyncio.to_thread(namespace.drop)
@@ -282,9 +224,7 @@ async def _partition_under_load(namespace: Namespace, channel: grpc.aio.Channel)
     await asyncio.to_thread(namespace.heal)
     healed_at = time.monotonic()
     # Service resumes: a send is acknowledged again, and health says SERVING.
-    while load.last_ack < healed_at:
-        await asyncio.sleep(0.05)
-        assert time.monotonic() - healed_at < 30, "no send acknowledged 30 s after the heal"
+    await wait_for(lambda: load.last_ack > healed_at, 30, "a send acknowledged after the heal")
     resumed = load.last_ack - healed_at
     serving = await wait_for_health(checks, SERVING, timeout=30)
     await asyncio.sleep(1.0)
@@ -303,7 +243,7 @@ async def _partition_under_load(namespace: Namespace, channel: grpc.aio.Channel)
                         grpc.StatusCode.DEADLINE_EXCEEDED), code  # fmt: skip
         assert took < SEND_DEADLINE + 2 + DEADLINE_SLACK, (took, code)
     assert len(polls) > polls_before, "no long poll ended during the partition"
-    received = await receive_all(messages, "load")
+    received = await receive_numbers(messages, "load")
     lost = load.acknowledged - received
     assert not lost, f"{len(lost)} acknowledged messages lost, e.g. {sorted(lost)[:5]}"
     codes = sorted({code.name for _, code, _ in during})
@@ -359,12 +299,9 @@ async def _half_open(partitioned: Partitioned, channel: grpc.aio.Channel) -> Non
     # LISTEN connection that goes half-open.
     waiting = messages.Receive(pb.ReceiveRequest(queue="waiting", mode=pb.RECEIVE_MODE_CONTINUOUS))
     first = asyncio.ensure_future(waiting.read())
-    load = Senders(messages, "load")
-    senders = [asyncio.ensure_future(load.run()) for _ in range(4)]
-    deadline = time.monotonic() + 30
-    while len(load.acknowledged) < 100:
-        assert time.monotonic() < deadline, "no sends before the partition"
-        await asyncio.sleep(0.05)
+    load = Senders(messages, "load", deadline=SEND_DEADLINE)
+    senders = load.start(4)
+    await wait_for(lambda: len(load.acknowledged) >= 100, 30, "sends before the partition")
     assert not first.done()
     load.stop.set()  # no call in flight while PostgreSQL restarts: none is lost there
     await asyncio.gather(*senders)
@@ -380,10 +317,8 @@ async def _half_open(partitioned: Partitioned, channel: grpc.aio.Channel) -> Non
     healed_at = time.monotonic()
 
     load.stop.clear()
-    senders = [asyncio.ensure_future(load.run()) for _ in range(4)]
-    while load.last_ack < healed_at:
-        await asyncio.sleep(0.05)
-        assert time.monotonic() - healed_at < 30, "no send acknowledged 30 s after the heal"
+    senders = load.start(4)
+    await wait_for(lambda: load.last_ack > healed_at, 30, "a send acknowledged after the heal")
     resumed = load.last_ack - healed_at
     serving = await wait_for_health(checks, SERVING, timeout=30)
     # The waiting stream is woken by a send from another client of the database, whose
@@ -406,7 +341,7 @@ async def _half_open(partitioned: Partitioned, channel: grpc.aio.Channel) -> Non
             code, details,
         )  # fmt: skip
         assert took < SEND_DEADLINE + DEADLINE_SLACK, (took, code, details)
-    received = await receive_all(messages, "load")
+    received = await receive_numbers(messages, "load")
     lost = load.acknowledged - received
     assert not lost, f"{len(lost)} acknowledged messages lost, e.g. {sorted(lost)[:5]}"
     print(

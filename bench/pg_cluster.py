@@ -61,10 +61,11 @@ class Postgres:
     def url(self, database: str = "postgres") -> str:
         return f"postgresql://postgres@{self.address}/{database}"
 
-    def initdb(self, *settings: str) -> Postgres:
+    def initdb(self, *settings: str, options: tuple[str, ...] = ()) -> Postgres:
+        """`options`: initdb's own (a WAL directory elsewhere, a WAL segment size)."""
         # --no-sync: initdb's own files need no flush for a test; the server keeps fsync on.
         _run([str(self.bin_dir / "initdb"), "-D", str(self.data), "-U", "postgres",
-              "--auth=trust", "--no-sync", "--no-instructions"])  # fmt: skip
+              "--auth=trust", "--no-sync", "--no-instructions", *options])  # fmt: skip
         self.configure(
             "listen_addresses = '127.0.0.1'",
             "unix_socket_directories = ''",

@@ -28,7 +28,9 @@ from postbox_server.auth.keys import KeyCache
 from postbox_server.config import Settings, is_loopback
 from postbox_server.console.app import build_console_app
 from postbox_server.db import hosts
+from postbox_server.db.disk_space import DISK_SPACE
 from postbox_server.db.engine import Engine, application_name
+from postbox_server.db.errors import DiskFull
 from postbox_server.db.migrate import format_version, migrate
 from postbox_server.db.wakeup import WakeHub
 from postbox_server.deadline import DefaultDeadline
@@ -111,29 +113,54 @@ async def _set_health(
 async def _watch_health(
     engine: Engine, servicer: health.aio.HealthServicer, hub: WakeHub, state: Serving
 ) -> None:
-    """SERVING while the database answers, NOT_SERVING while it does not."""
+    """SERVING while the database answers and has disk space for writes, NOT_SERVING
+    while not, with the reason in the log."""
     serving = None
     check_now = asyncio.Event()
     hub.on_lost(check_now.set)
+    DISK_SPACE.on_refusal(check_now.set)
     while True:
         check_now.clear()
-        try:
-            await asyncio.wait_for(engine.ping(), HEALTH_RECHECK_INTERVAL * 2)
-            metrics.observe_pool(engine)  # workers' figures reach the parent's scrape this way
-            now_serving = True
-        except (ApiError, asyncio.TimeoutError):
-            now_serving = False
+        trouble = await _database_trouble(engine)
+        now_serving = trouble is None
         if now_serving != serving:
             serving = now_serving
             await _set_health(servicer, serving, state)
-            log.log(
-                logging.INFO if serving else logging.WARNING,
-                "database %s",
-                "answers: SERVING" if serving else "does not answer: NOT_SERVING",
-            )
+            if serving:
+                log.info("database answers: SERVING")
+            else:
+                log.warning("database %s: NOT_SERVING", trouble)
         interval = HEALTH_CHECK_INTERVAL if serving else HEALTH_RECHECK_INTERVAL
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(check_now.wait(), interval)
+
+
+async def _database_trouble(engine: Engine) -> str | None:
+    """Why the database cannot serve calls now, or None: it does not answer a ping, or
+    it refused a write for lack of disk space and a small write of our own fails too."""
+    try:
+        await asyncio.wait_for(engine.ping(), HEALTH_RECHECK_INTERVAL * 2)
+        metrics.observe_pool(engine)  # workers' figures reach the parent's scrape this way
+        if DISK_SPACE.full:
+            await _probe_disk_space(engine)
+    except DiskFull:
+        return f"is out of disk space ({DISK_SPACE.refusal})"
+    except (ApiError, asyncio.TimeoutError):
+        return "does not answer"
+    return None
+
+
+async def _probe_disk_space(engine: Engine) -> None:
+    """Marks the space back unless the probe, too, is refused for lack of it. A probe
+    refused for another reason (a role without TEMPORARY on the database) cannot tell:
+    the space counts as back, and the next refused write marks it full again."""
+    try:
+        await asyncio.wait_for(engine.probe_disk_space(), HEALTH_RECHECK_INTERVAL * 2)
+    except DiskFull:
+        raise
+    except ApiError as error:
+        log.warning("the disk-space probe failed (%s); counting the space as back", error)
+    DISK_SPACE.freed()
 
 
 class DatabaseUnreachable(Exception):
@@ -402,6 +429,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     stop_on_signals(stop)
     async with contextlib.AsyncExitStack() as stack:
         stack.callback(log.info, "stopped")
+        hosts.set_silence_timeout(settings.database_silence_timeout)
         dsn, embedded = await open_database(settings)
         if embedded is not None:
             stack.push_async_callback(asyncio.to_thread, embedded.stop)

@@ -39,6 +39,9 @@ class Settings:
     pool_size: int = 10
     # Seconds a call waits for a pooled connection before UNAVAILABLE.
     pool_acquire_timeout: float = 30.0
+    # Seconds of silence from the database (sent data unacknowledged, keepalive probes
+    # unanswered) after which a connection is closed (postbox_server/db/hosts.py).
+    database_silence_timeout: float = 2.0
     # Refuse to serve unless commits wait for a synchronous standby (postbox_server/durability.py).
     require_synchronous_commit: bool = False
     # Largest message (body and attributes) this server accepts and a queue may be

@@ -53,6 +53,7 @@ def worker_command(settings: Settings, log_level: str, log_format: str) -> list[
         "--grpc-port", str(settings.grpc_port),
         "--pool-size", str(settings.pool_size),
         "--pool-acquire-timeout", str(settings.pool_acquire_timeout),
+        "--database-silence-timeout", str(settings.database_silence_timeout),
         "--max-message-size", str(settings.max_message_size),
         "--max-response-size", str(settings.max_response_size),
         "--safety-poll-interval", str(settings.safety_poll_interval),

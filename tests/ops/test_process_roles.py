@@ -195,7 +195,8 @@ def test_probes_tell_liveness_from_readiness(
         for port in ports:
             eventually(
                 lambda port=port: probe(port, "/readyz") == (503, {"status": "degraded",
-                                                                   "version": __version__}),
+                    "reason": "the database does not answer within 2 s",
+                    "version": __version__}),
                 what=f"/readyz on {port} to say degraded",
             )  # fmt: skip
             assert probe(port, "/livez") == (200, {"status": "ok", "version": __version__})

@@ -51,6 +51,7 @@ def run(args: argparse.Namespace) -> int:
         tls=tls,
         pool_size=args.pool_size,
         pool_acquire_timeout=args.pool_acquire_timeout,
+        database_silence_timeout=args.database_silence_timeout,
         require_synchronous_commit=args.require_synchronous_commit,
         max_message_size=args.max_message_size,
         max_response_size=args.max_response_size,
@@ -141,6 +142,16 @@ def _add_serve_flags(serve: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="a call that finds every pooled database connection busy for this long is "
         "refused with UNAVAILABLE, to retry (default: %(default)s)",
+    )
+    serve.add_argument(
+        "--database-silence-timeout",
+        type=positive_seconds,
+        default=Settings.database_silence_timeout,
+        metavar="SECONDS",
+        help="a database connection that hears nothing back for this long (data it sent "
+        "unacknowledged, TCP keepalive probes unanswered: a network that drops packets) "
+        "is closed; its call fails UNAVAILABLE and health turns NOT_SERVING "
+        "(default: %(default)s)",
     )
     serve.add_argument(
         "--require-synchronous-commit",

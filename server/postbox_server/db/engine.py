@@ -320,6 +320,10 @@ class Engine:
     async def ping(self) -> None:
         await self._call("fetchval", "ping")
 
+    async def probe_disk_space(self) -> None:
+        """A small write of its own, dropped at once: DiskFull while the disk has no room."""
+        await self._call("execute", "disk_probe")
+
     async def replication_settings(self) -> tuple[str, str]:
         """synchronous_commit and synchronous_standby_names, as the pool's sessions see them."""
         row = await self._call("fetchrow", "replication_settings")

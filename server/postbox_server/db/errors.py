@@ -9,6 +9,7 @@ import uuid
 import asyncpg
 import grpc
 
+from postbox_server.db.disk_space import DISK_FULL, DISK_SPACE
 from postbox_server.errors import ApiError
 
 log = logging.getLogger(__name__)
@@ -23,9 +24,22 @@ _ENGINE_CODES = {
     "PB503": grpc.StatusCode.UNAVAILABLE,
 }
 
+DISK_FULL_MESSAGE = (
+    "the database is out of disk space (SQLSTATE 53100, disk_full): nothing of this call "
+    "was committed; retry with backoff once space is freed on the database's data or WAL "
+    "disk (the server's health is NOT_SERVING until then)"
+)
 UNAVAILABLE_MESSAGE = (
     "the database is unavailable (restarting, or failing over to a standby); retry with backoff"
 )
+
+
+class DiskFull(ApiError):
+    """RESOURCE_EXHAUSTED: the database had no disk space for a write. Not the fault of
+    any one write of a group commit, so the group is not written again item by item."""
+
+    def __init__(self) -> None:
+        super().__init__(grpc.StatusCode.RESOURCE_EXHAUSTED, DISK_FULL_MESSAGE)
 
 
 def _is_unavailable(exc: BaseException) -> bool:
@@ -66,6 +80,9 @@ def translate(exc: BaseException) -> ApiError:
         return ApiError(
             _ENGINE_CODES[state], exc.args[0] if exc.args else str(exc), paused=state == "PB503"
         )
+    if state == DISK_FULL:
+        DISK_SPACE.refused(exc.args[0] if exc.args else str(exc))
+        return DiskFull()
     if _is_unavailable(exc):
         log.warning("database call failed: %r", exc)
         return ApiError(grpc.StatusCode.UNAVAILABLE, UNAVAILABLE_MESSAGE)

@@ -32,7 +32,7 @@ from typing import Generic, TypeVar
 import grpc
 
 from postbox_server.db.engine import RELAXED_COMMIT, Connection, Engine
-from postbox_server.db.errors import translate
+from postbox_server.db.errors import DiskFull, translate
 from postbox_server.errors import ApiError
 
 log = logging.getLogger(__name__)
@@ -47,7 +47,9 @@ WriteBatch = Callable[[Connection, str, list[Item]], Awaitable[Sequence[Result]]
 
 def _entry_fault(error: ApiError) -> bool:
     """Whether a statement failed over its own input or destination (a paused queue
-    among them), rather than the database being away."""
+    among them), rather than the database being away or out of disk space."""
+    if isinstance(error, DiskFull):
+        return False
     return error.paused or error.code != grpc.StatusCode.UNAVAILABLE
 
 

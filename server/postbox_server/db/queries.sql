@@ -4,6 +4,13 @@
 -- name: ping
 SELECT 1
 
+-- A write that needs two new blocks of a file of its own (five rows of 1,500 bytes
+-- fill a page; rows under 2 kB are stored as they are), dropped as it commits: it
+-- fails with disk_full while the database's disk has no room (db/disk_space.py).
+-- name: disk_probe
+CREATE TEMPORARY TABLE postbox_disk_probe ON COMMIT DROP AS
+    SELECT repeat('x', 1500) AS filler FROM generate_series(1, 10)
+
 -- name: replication_settings
 SELECT current_setting('synchronous_commit'), current_setting('synchronous_standby_names')
 

@@ -8,7 +8,7 @@ import shutil
 import sys
 import tempfile
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 # gRPC's fork handlers can crash a child forked while channels are open (grpc
 # issue 43055, epoll EBADF): pyspark forks the JVM's launcher that way. The tests
@@ -51,11 +51,27 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
 SERIAL_AREAS = ("ops", "survival", "spark", "console")
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        area = item.path.parent.name
-        group = area if area in SERIAL_AREAS else str(item.path.relative_to(item.config.rootpath))
-        item.add_marker(pytest.mark.xdist_group(group))
+def xdist_group(nodeid: str) -> str:
+    """The group a test runs in under `--dist loadgroup`: its area if serial, else its file."""
+    path = PurePosixPath(nodeid.split("::", 1)[0])
+    return path.parent.name if path.parent.name in SERIAL_AREAS else str(path)
+
+
+# tryfirst: xdist's own scheduler would answer first. Its loadgroup reads xdist_group marks
+# through a suffix its workers append to each test's id, which pytest 9.2's structured ids
+# no longer take (pytest-xdist issue 1386): the marks are silently ignored. This takes the
+# group from the id's path instead, which every pytest reports.
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class ByArea(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_group(nodeid)
+
+    return ByArea(config, log)
 
 
 @pytest.fixture(scope="session")

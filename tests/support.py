@@ -23,6 +23,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import grpc
+import psutil
 import pytest
 from google.protobuf.duration_pb2 import Duration
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -258,6 +259,29 @@ class ChildProcess:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+    def wait_workers_listening(
+        self, workers: int, port: int, timeout: float = 30.0
+    ) -> list[psutil.Process]:
+        """The processes of `serve --workers N`, once each of them listens on `port`.
+
+        The parent answers health checks as soon as one worker serves; until the others
+        have bound the port (SO_REUSEPORT), the kernel hands every connection to it."""
+        assert self.process is not None
+        parent = psutil.Process(self.process.pid)
+
+        def listening(child: psutil.Process) -> bool:
+            return any(
+                c.status == psutil.CONN_LISTEN and c.laddr.port == port
+                for c in child.net_connections(kind="tcp")
+            )
+
+        self.wait_ready(
+            lambda: len(parent.children()) == workers and all(map(listening, parent.children())),
+            f"{workers} workers listening on {port}",
+            timeout,
+        )
+        return parent.children()
 
     def stop(self, timeout: float = 15.0) -> int | None:
         if self.process is None or self.process.poll() is not None:

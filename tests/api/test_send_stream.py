@@ -165,6 +165,26 @@ async def test_a_cancelled_caller_leaves_the_stream_and_the_others_alone(server,
     assert calls_started(server, "SendStream") == streams + 1
 
 
+async def test_a_send_cancelled_before_it_is_written_is_not_sent(server, db, queue):
+    """Sends wait for the client's writer; one whose caller gave up before the writer took
+    it is left out of the request, rather than sent for nobody."""
+    async with AsyncClient(server.target) as client:
+        await client.send(queue, b"open")  # the stream is open
+        kept = asyncio.ensure_future(client.send(queue, b"kept"))
+        dropped = asyncio.ensure_future(client.send(queue, b"dropped"))
+        # Both sends run their first step (ready, the writer started) before this callback,
+        # and the writer's first step comes after it: asyncio runs callbacks in order.
+        asyncio.get_running_loop().call_soon(dropped.cancel)
+        kept_id = await kept
+        with pytest.raises(asyncio.CancelledError):
+            await dropped
+        after = await client.send(queue, b"after")  # a later request does not carry it
+        stored = await bodies_by_id(db, queue)
+    assert sorted(stored.values()) == [b"after", b"kept", b"open"]
+    assert stored[kept_id] == b"kept"
+    assert stored[after] == b"after"
+
+
 @pytest.fixture
 def own_server(database_url: str):
     process = ServerProcess(database_url).start()

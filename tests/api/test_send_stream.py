@@ -13,7 +13,7 @@ import pytest
 from postbox.v1 import message_pb2 as msg
 from postbox.v1 import message_service_pb2 as pb
 from postbox.v1 import message_service_pb2_grpc
-from postbox_client import AsyncClient
+from postbox_client import AsyncClient, Retry
 from postbox_client.errors import InvalidArgument, NotFound, Unavailable
 from support import (
     ServerProcess,
@@ -25,6 +25,7 @@ from support import (
     unique_name,
 )
 
+from postbox_server.auth.rules import MAX_PARTS
 from postbox_server.services.send_stream import MAX_IN_PROGRESS
 
 _METHOD = {"grpc_service": "postbox.v1.MessageService"}
@@ -101,6 +102,44 @@ async def test_a_bad_request_gets_its_own_error_and_the_others_commit(server, db
     assert (await bodies_by_id(db, queue))[results[9].sent.message_id] == b"y"
 
 
+async def test_the_sends_a_request_carries_are_answered_each_alone(server, db, queue):
+    """A request with `more` is several sends: each gets its own answer, as in a request of
+    its own; a request over the limit has every send refused, and the stream goes on."""
+    bad_attribute = {"AWS.reserved": msg.AttributeValue(data_type="String", string_value="x")}
+    carrying = pb.SendStreamRequest(tag=1, send=pb.SendRequest(queue=queue, body=b"one"))
+    carrying.more.add(tag=2, send=pb.SendRequest(queue=queue, body=b"x", attributes=bad_attribute))
+    carrying.more.add(tag=3, send=pb.SendRequest(queue="no_such_queue_carried", body=b"x"))
+    carrying.more.add(tag=4, send=pb.SendRequest(queue=queue, body=b"four"))
+    carrying.more.add(tag=5)  # no send
+    too_many = pb.SendStreamRequest(tag=100, send=pb.SendRequest(queue=queue, body=b"over"))
+    for tag in range(101, 100 + MAX_PARTS + 1):  # MAX_PARTS + 1 sends in all
+        too_many.more.add(tag=tag, send=pb.SendRequest(queue=queue, body=b"over"))
+    after = pb.SendStreamRequest(tag=6, send=pb.SendRequest(queue=queue, body=b"six"))
+    async with grpc.aio.insecure_channel(server.target) as channel:
+        call = message_service_pb2_grpc.MessageServiceStub(channel).SendStream()
+        for request in (carrying, too_many, after):
+            await call.write(request)
+        await call.done_writing()
+        results = {result.tag: result async for response in call for result in response.results}
+    invalid = grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    assert sorted(results) == [1, 2, 3, 4, 5, 6, *range(100, 100 + MAX_PARTS + 1)]
+    assert results[2].error.code == invalid
+    assert "AWS." in results[2].error.message
+    assert results[3].error.code == grpc.StatusCode.NOT_FOUND.value[0]
+    assert "no_such_queue_carried" in results[3].error.message
+    assert results[5].error.code == invalid
+    assert "tag 5 has no send" in results[5].error.message
+    for tag in range(100, 100 + MAX_PARTS + 1):
+        assert results[tag].error.code == invalid
+        assert "carries 1,001 sends, at most 1,000" in results[tag].error.message
+    stored = await bodies_by_id(db, queue)
+    assert stored == {
+        results[1].sent.message_id: b"one",
+        results[4].sent.message_id: b"four",
+        results[6].sent.message_id: b"six",
+    }
+
+
 async def test_a_cancelled_caller_leaves_the_stream_and_the_others_alone(server, db, queue):
     streams = calls_started(server, "SendStream")
     async with AsyncClient(server.target) as client:
@@ -124,6 +163,26 @@ async def test_a_cancelled_caller_leaves_the_stream_and_the_others_alone(server,
         # The same stream serves the next send.
         assert (await client.send(queue, b"after")) in await bodies_by_id(db, queue)
     assert calls_started(server, "SendStream") == streams + 1
+
+
+async def test_a_send_cancelled_before_it_is_written_is_not_sent(server, db, queue):
+    """Sends wait for the client's writer; one whose caller gave up before the writer took
+    it is left out of the request, rather than sent for nobody."""
+    async with AsyncClient(server.target) as client:
+        await client.send(queue, b"open")  # the stream is open
+        kept = asyncio.ensure_future(client.send(queue, b"kept"))
+        dropped = asyncio.ensure_future(client.send(queue, b"dropped"))
+        # Both sends run their first step (ready, the writer started) before this callback,
+        # and the writer's first step comes after it: asyncio runs callbacks in order.
+        asyncio.get_running_loop().call_soon(dropped.cancel)
+        kept_id = await kept
+        with pytest.raises(asyncio.CancelledError):
+            await dropped
+        after = await client.send(queue, b"after")  # a later request does not carry it
+        stored = await bodies_by_id(db, queue)
+    assert sorted(stored.values()) == [b"after", b"kept", b"open"]
+    assert stored[kept_id] == b"kept"
+    assert stored[after] == b"after"
 
 
 @pytest.fixture
@@ -171,6 +230,50 @@ async def test_a_server_restart_fails_sends_in_flight_with_unavailable(
             await client.channel.channel_ready()  # past the channel's reconnect backoff
             # The client opens a new stream to the restarted server.
             assert (await client.send(queue, b"after")) in await bodies_by_id(db, queue)
+    finally:
+        await db.close()
+
+
+async def test_a_broken_stream_retries_sends_with_a_deduplication_id_once_each(
+    own_server: ServerProcess, database_url: str
+):
+    """The stream breaks with sends in flight (the server is killed while their commit
+    waits): each caller with a deduplication id gets its message's id from a retry on a new
+    stream, never a silent loss, and each message is stored once, whether or not the
+    statement the dead server left at the database committed."""
+    queue = unique_name("send_stream_retry")
+    db = await asyncpg.connect(database_url)
+    # Generous: the retries must outlast a restart of the server on a loaded machine.
+    patient = Retry(attempts=40, initial=0.2, maximum=2.0)
+    try:
+        async with AsyncClient(own_server.target, retry=patient) as client:
+            await client.create_queue(queue)
+            await client.send(queue, b"before")  # the stream is open
+            held = db.transaction()
+            await held.start()
+            await db.execute("LOCK TABLE postbox.messages IN SHARE MODE")
+            bodies = [f"{i}".encode() for i in range(20)]
+            sends = [
+                asyncio.ensure_future(client.send(queue, body, deduplication_id=f"d{i}"))
+                for i, body in enumerate(bodies)
+            ]
+            for _ in range(3000):
+                waiting = await db.fetchval(
+                    "SELECT count(*) FROM pg_stat_clear_snapshot(), pg_stat_activity "
+                    "WHERE wait_event_type = 'Lock' AND query LIKE '%postbox.send_batch%' "
+                    "AND datname = current_database()"
+                )
+                if waiting:
+                    break
+                await asyncio.sleep(0.01)
+            assert waiting, "the sends never reached the database"
+            own_server.kill()
+            await held.rollback()  # the dead server's statement may now commit, or not
+            await asyncio.to_thread(own_server.start)
+            ids = await asyncio.gather(*sends)
+            stored = await bodies_by_id(db, queue)
+            assert [stored[i] for i in ids] == bodies  # each caller's own message
+            assert sorted(stored.values()) == sorted([b"before", *bodies])  # each once
     finally:
         await db.close()
 

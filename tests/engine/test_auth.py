@@ -530,6 +530,13 @@ def test_a_send_stream_refuses_a_send_alone_and_goes_on(
         )
         for tag, queue in ((1, "send-mine"), (2, "send-theirs"), (3, "send-mine"))
     ]
+    # The sends a request carries in `more` are each checked alone.
+    carrying = message_service_pb2.SendStreamRequest(
+        tag=4, send=message_service_pb2.SendRequest(queue="send-mine", body=b"x")
+    )
+    for tag, queue in ((5, "send-theirs"), (6, "send-mine")):
+        carrying.more.add(tag=tag, send=message_service_pb2.SendRequest(queue=queue, body=b"x"))
+    requests.append(carrying)
     responses = message_service_pb2_grpc.MessageServiceStub(auth_channel).SendStream(
         iter(requests), metadata=bearer(sender), timeout=20
     )
@@ -539,6 +546,9 @@ def test_a_send_stream_refuses_a_send_alone_and_goes_on(
     assert answers[2].error.code == grpc.StatusCode.PERMISSION_DENIED.value[0]
     assert "'send-theirs'" in answers[2].error.message
     assert "'send'" in answers[2].error.message
+    assert answers[4].sent.message_id
+    assert answers[6].sent.message_id
+    assert answers[5].error == answers[2].error
 
 
 def test_listing_every_queues_messages_needs_read_on_every_queue(

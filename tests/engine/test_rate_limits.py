@@ -293,11 +293,19 @@ def test_a_send_stream_over_the_limit_waits_rather_than_fails(
             queue_service_pb2.CreateQueueRequest(queue=queue_service_pb2.Queue(name="paced")),
             metadata=bearer(admin),
         )
+        # Two requests of three sends each (`more`): each send counts, not each request.
         requests = [
             message_service_pb2.SendStreamRequest(
-                tag=tag, send=message_service_pb2.SendRequest(queue="paced", body=b"x")
+                tag=tag,
+                send=message_service_pb2.SendRequest(queue="paced", body=b"x"),
+                more=[
+                    message_service_pb2.SendStreamEntry(
+                        tag=tag + extra, send=message_service_pb2.SendRequest(queue="paced")
+                    )
+                    for extra in (1, 2)
+                ],
             )
-            for tag in range(6)
+            for tag in (0, 3)
         ]
         started = time.monotonic()
         responses = message_service_pb2_grpc.MessageServiceStub(channel).SendStream(

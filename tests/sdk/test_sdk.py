@@ -260,7 +260,7 @@ async def test_acks_of_handlers_finishing_together_go_in_one_request(server):
         consumer.stop()
         await asyncio.wait_for(running, 30)
         # Five rounds of eight acks, each round's within _SETTLE_LATENCY: a round goes
-        # in one request, or in two where a request fills up (max_messages, 10) or
+        # in one request, or in two where a request fills up (max_messages) or
         # rounds run together. Forty requests without batching.
         assert consumer.settle_requests <= 10
         stats = (await client.get_queue(name)).stats

@@ -21,6 +21,7 @@ from postbox_server.auth.rules import (
     OPEN_SERVICES,
     RULES,
     Rule,
+    parts_of,
     resource_of,
     targets_of,
 )
@@ -262,33 +263,39 @@ class Authorize(WrapsEachMethod):
             CALLER_TENANT.set(tenant)
 
             async def checked() -> AsyncIterator[Any]:
-                async for request in requests:
-                    if key is not None:
-                        # Over the key's limit, the stream waits rather than ends.
-                        await limiter.pace(key.name, key.limits, method)
-                    if admits(request):
-                        try:
-                            qualify_request(request, tenant)
-                        except ApiError as error:
-                            if rule is None or not rule.per_request:
-                                raise
-                            yield Refused(request, error)
+                async for carried in requests:
+                    parts, too_many = parts_of(carried, rule)
+                    for request in parts:
+                        if too_many is not None:
+                            yield Refused(request, too_many)
                             continue
-                    # Requests after the first may leave the queue empty: it stays the first's.
-                    if (
-                        key is not None
-                        and rule is not None
-                        and admits(request)
-                        and resource_of(request, rule)
-                    ):
-                        try:
-                            authorize(key, rule, request)
-                        except ApiError as error:
-                            if not rule.per_request:
-                                raise
-                            yield Refused(request, error)
-                            continue
-                    yield request
+                        if key is not None:
+                            # Over the key's limit, the stream waits rather than ends.
+                            await limiter.pace(key.name, key.limits, method)
+                        if admits(request):
+                            try:
+                                qualify_request(request, tenant)
+                            except ApiError as error:
+                                if rule is None or not rule.per_request:
+                                    raise
+                                yield Refused(request, error)
+                                continue
+                        # Requests after the first may leave the queue empty: it stays the
+                        # first's.
+                        if (
+                            key is not None
+                            and rule is not None
+                            and admits(request)
+                            and resource_of(request, rule)
+                        ):
+                            try:
+                                authorize(key, rule, request)
+                            except ApiError as error:
+                                if not rule.per_request:
+                                    raise
+                                yield Refused(request, error)
+                                continue
+                        yield request
 
             assert handler.stream_stream is not None
             assert yields(handler.stream_stream)

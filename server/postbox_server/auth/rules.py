@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
+from postbox_server.errors import ApiError, invalid
 from postbox_server.queue_names import dead_letter_queue_name
 
 
@@ -53,6 +55,9 @@ class Rule:
     # For a request stream whose requests are answered each on its own: a refused request
     # reaches the method as a server.errors.Refused, rather than ending the stream.
     per_request: bool = False
+    # With per_request: the repeated field of further requests a request may carry, each
+    # checked, paced and answered as a request of its own (see parts_of).
+    more: str | None = None
     # Whether an empty `field` names every resource (then the permission is needed on "*").
     empty_means_all: bool = False
     # Second resources the call writes into (see Target).
@@ -119,7 +124,7 @@ _MESSAGES = {
     "Send": Rule("send", "queue"),
     "SendBatch": Rule("send", "queue"),
     # Each request names its queue: a refused one is answered alone, the stream goes on.
-    "SendStream": Rule("send", "send.queue", per_request=True),
+    "SendStream": Rule("send", "send.queue", per_request=True, more="more"),
     "Receive": Rule("receive", "queue"),
     "StreamingReceive": Rule("receive", "queue"),
     "Delete": Rule("receive", "queue"),
@@ -230,6 +235,30 @@ def _at(request: object, field: str) -> object:
     for part in field.split("."):
         value = getattr(value, part)
     return value
+
+
+# Most requests one request of a stream may carry, itself and its `more` (SendStream's
+# 1,000 sends per request).
+MAX_PARTS = 1000
+
+
+def parts_of(request: Any, rule: Rule | None) -> tuple[list[Any], ApiError | None]:
+    """The requests a stream's request carries: itself and those of the rule's `more`
+    field, which is emptied so that each is qualified and checked once; with the error
+    that refuses them all when there are more than MAX_PARTS."""
+    if rule is None or rule.more is None or not hasattr(request, "DESCRIPTOR"):
+        return [request], None
+    more = list(getattr(request, rule.more))
+    if not more:
+        return [request], None
+    request.ClearField(rule.more)  # the entries taken out stay whole, detached
+    parts = [request, *more]
+    if len(parts) <= MAX_PARTS:
+        return parts, None
+    return parts, invalid(
+        f"a request carries {len(parts):,} sends, at most {MAX_PARTS:,} allowed (itself "
+        f"and {MAX_PARTS - 1:,} in `{rule.more}`): write the others in another request"
+    )
 
 
 def resource_of(request: object, rule: Rule) -> str:

@@ -6,12 +6,14 @@ send is one request message: each goes through the same group commit as Send
 (postbox_server/db/group_commit.py), so the sends of many callers share commits, and each
 is answered only after its own message committed, or with its own error.
 
-A reader task takes requests off the stream, at most MAX_IN_PROGRESS unanswered at a
-time (then it stops reading, so the client's writes wait: gRPC's flow control), and
-starts a task per send; the answers of the sends that finished together go out in
-one response. When the server shuts down, the stream stops reading, answers what it
-read and ends with UNAVAILABLE at once: an idle stream of every connected client would
-otherwise hold the shutdown for its whole grace period.
+A request may carry several sends (`more`): the authorisation interceptor hands each
+on as a request of its own (auth.rules.parts_of), checked and paced alone, so this call
+sees one send per request. A reader task takes them off the stream, at most
+MAX_IN_PROGRESS unanswered at a time (then it stops reading, so the client's writes
+wait: gRPC's flow control), and starts a task per send; the answers of the sends that
+finished together go out in one response. When the server shuts down, the stream stops
+reading, answers what it read and ends with UNAVAILABLE at once: an idle stream of every
+connected client would otherwise hold the shutdown for its whole grace period.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from postbox_server.errors import ApiError, Refused, invalid
 MAX_IN_PROGRESS = 1000
 
 Send = Callable[[pb.SendRequest], Awaitable[pb.SendResponse]]
+# A send of the stream: a request, or one of the `more` a request carried.
+Sent = pb.SendStreamRequest | pb.SendStreamEntry
 
 
 def _failed(tag: int, error: ApiError) -> pb.SendStreamResult:
@@ -45,7 +49,7 @@ class SendStreamCall:
         self._sending: set[asyncio.Task[None]] = set()
 
     async def run(
-        self, requests: AsyncIterator[pb.SendStreamRequest | Refused], closing: Awaitable[None]
+        self, requests: AsyncIterator[Sent | Refused], closing: Awaitable[None]
     ) -> AsyncIterator[pb.SendStreamResponse]:
         """The responses of the stream until the client half-closes, the stream breaks, or
         `closing` returns (the server shuts down)."""
@@ -90,7 +94,7 @@ class SendStreamCall:
             )
         reading.result()  # raises what broke the stream
 
-    async def _read(self, requests: AsyncIterator[pb.SendStreamRequest | Refused]) -> None:
+    async def _read(self, requests: AsyncIterator[Sent | Refused]) -> None:
         async for request in requests:
             if isinstance(request, Refused):  # the authorisation interceptor's verdict
                 self._answers.put_nowait(_failed(request.request.tag, request.error))
@@ -104,7 +108,7 @@ class SendStreamCall:
             self._sending.add(task)
             task.add_done_callback(self._sending.discard)
 
-    async def _answer(self, request: pb.SendStreamRequest) -> None:
+    async def _answer(self, request: Sent) -> None:
         try:
             sent = await self._send(request.send)
         except ApiError as error:

@@ -1,9 +1,10 @@
 """Every `AsyncClient.send` of a client over one MessageService.SendStream.
 
 A unary Send costs a gRPC call in client and server alike, and with many concurrent
-callers those calls, not the database, bound the rate. On the stream a send is one
-request message with a tag; the server answers each tag once its message committed
-(sends that arrive together share a commit), or with that message's own error.
+callers those calls, not the database, bound the rate. On the stream a send is part
+of a request message, with a tag: the sends that callers start while a write is under
+way go together in the next request. The server answers each tag once its message
+committed (sends that arrive together share a commit), or with that message's own error.
 
 The stream opens with the first send and opens again after it ends. When it breaks,
 the sends not yet answered fail with Unavailable: their messages may or may not have
@@ -36,14 +37,20 @@ _BROKEN = (
 )
 
 
+# Most sends of one request (the server's limit: a SendStreamRequest and its `more`).
+MAX_SENDS = 1000
+
+Answer = asyncio.Future[message_service_pb2.SendResponse]
+# A send not written yet: its tag, its request, and the future its caller awaits.
+Ready = tuple[int, message_service_pb2.SendRequest, Answer]
+
+
 @dataclass
 class _Stream:
     """One SendStream call and the sends written to it not answered yet, by tag."""
 
     call: Any
-    waiting: dict[int, asyncio.Future[message_service_pb2.SendResponse]] = field(
-        default_factory=dict
-    )
+    waiting: dict[int, Answer] = field(default_factory=dict)
     accepted: bool = False  # the server sent its initial metadata
 
 
@@ -57,37 +64,64 @@ class SendStream:
         self._stream: _Stream | None = None
         self._readers: set[asyncio.Task[None]] = set()
         self._writing = asyncio.Lock()  # grpc.aio takes one write at a time
+        self._ready: list[Ready] = []
+        self._writer: asyncio.Future[None] | None = None
         self.supported = True  # False once the server answered UNIMPLEMENTED
 
     async def send(
         self, request: message_service_pb2.SendRequest
     ) -> message_service_pb2.SendResponse:
         """Sends one message; its SendResponse once committed, or its typed error."""
-        tag = next(self._tags)
-        answer: asyncio.Future[message_service_pb2.SendResponse] = (
-            asyncio.get_running_loop().create_future()
-        )
-        frame = message_service_pb2.SendStreamRequest(tag=tag, send=request)
+        answer: Answer = asyncio.get_running_loop().create_future()
+        self._ready.append((next(self._tags), request, answer))
+        if self._writer is None or self._writer.done():
+            # The writer, not the caller, writes: a caller cancelled during a write would
+            # cancel the whole call (grpc.aio cancels a call whose write is cancelled).
+            self._writer = asyncio.ensure_future(self._write_all())
+        return await answer
+
+    async def _write_all(self) -> None:
+        """Writes the sends ready, as one request each time: while one write is under way
+        the sends of other callers gather, and the next write takes them all."""
         async with self._writing:
-            if not self.supported:  # learnt while this send waited to write
-                raise PostboxError("the server has no SendStream", grpc.StatusCode.UNIMPLEMENTED)
-            stream = self._open()
+            while self._ready:
+                # A caller that stopped waiting before its send was written: not sent.
+                ready = [send for send in self._ready[:MAX_SENDS] if not send[2].done()]
+                del self._ready[:MAX_SENDS]
+                try:
+                    await self._write(ready)
+                except Exception as error:  # whatever it is, its callers must hear of it
+                    for _, _, answer in ready:
+                        if not answer.done():
+                            answer.set_exception(error)
+
+    async def _write(self, ready: list[Ready]) -> None:
+        if not ready:
+            return
+        if not self.supported:  # learnt while these sends waited to be written
+            error = PostboxError("the server has no SendStream", grpc.StatusCode.UNIMPLEMENTED)
+            for _, _, answer in ready:
+                answer.set_exception(error)
+            return
+        (tag, first, _), more = ready[0], ready[1:]
+        frame = message_service_pb2.SendStreamRequest(tag=tag, send=first)
+        for tag, request, _ in more:
+            frame.more.add(tag=tag, send=request)
+        stream = self._open()
+        # Waiting before the write: the stream's reader fails them if the stream ends.
+        for tag, _, answer in ready:
             stream.waiting[tag] = answer
-            if not stream.accepted:
-                # The server's initial metadata says it took the stream. A write to a call
-                # the server had already ended (no such method, a refused key) would turn
-                # its status into INTERNAL (grpc/grpc#36066), hiding an UNIMPLEMENTED.
-                with contextlib.suppress(grpc.RpcError):
-                    await stream.call.initial_metadata()
-                stream.accepted = True
-            # A write to a stream that ended fails; its reader fails the sends waiting on it.
-            if not stream.call.done():
-                with contextlib.suppress(grpc.RpcError, asyncio.InvalidStateError):
-                    await stream.call.write(frame)
-        try:
-            return await answer
-        finally:
-            stream.waiting.pop(tag, None)  # answered, failed or given up (cancelled)
+        if not stream.accepted:
+            # The server's initial metadata says it took the stream. A write to a call
+            # the server had already ended (no such method, a refused key) would turn
+            # its status into INTERNAL (grpc/grpc#36066), hiding an UNIMPLEMENTED.
+            with contextlib.suppress(grpc.RpcError):
+                await stream.call.initial_metadata()
+            stream.accepted = True
+        # A write to a stream that ended fails; its reader fails the sends waiting on it.
+        if not stream.call.done():
+            with contextlib.suppress(grpc.RpcError, asyncio.InvalidStateError):
+                await stream.call.write(frame)
 
     def _open(self) -> _Stream:
         if self._stream is None:
@@ -126,6 +160,8 @@ class SendStream:
 
     async def close(self) -> None:
         """Half-closes the stream, after its sends, and waits for their answers."""
+        if self._writer is not None:
+            await asyncio.gather(self._writer, return_exceptions=True)
         async with self._writing:
             stream, self._stream = self._stream, None
             if stream is not None:

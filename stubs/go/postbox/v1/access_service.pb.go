@@ -279,8 +279,8 @@ type RateLimits struct {
 	unknownFields protoimpl.UnknownFields
 
 	// Optional. Messages sent per second: each Send, each entry of a SendBatch or
-	// PublishBatch, each Publish and each request of a SendStream. 0 to
-	// 1,000,000; 0: no limit.
+	// PublishBatch, each Publish and each send of a SendStream (a request and each
+	// of its `more`). 0 to 1,000,000; 0: no limit.
 	SendsPerSecond float64 `protobuf:"fixed64,1,opt,name=sends_per_second,json=sendsPerSecond,proto3" json:"sends_per_second,omitempty"`
 	// Optional. Most sends at once, 0 to 1,000,000; 0: one second's worth (at
 	// least 1).

@@ -119,6 +119,16 @@ class SendBatchResponse(_message.Message):
     def __init__(self, message_ids: _Optional[_Iterable[str]] = ..., duplicates: _Optional[_Iterable[bool]] = ...) -> None: ...
 
 class SendStreamRequest(_message.Message):
+    __slots__ = ("tag", "send", "more")
+    TAG_FIELD_NUMBER: _ClassVar[int]
+    SEND_FIELD_NUMBER: _ClassVar[int]
+    MORE_FIELD_NUMBER: _ClassVar[int]
+    tag: int
+    send: SendRequest
+    more: _containers.RepeatedCompositeFieldContainer[SendStreamEntry]
+    def __init__(self, tag: _Optional[int] = ..., send: _Optional[_Union[SendRequest, _Mapping]] = ..., more: _Optional[_Iterable[_Union[SendStreamEntry, _Mapping]]] = ...) -> None: ...
+
+class SendStreamEntry(_message.Message):
     __slots__ = ("tag", "send")
     TAG_FIELD_NUMBER: _ClassVar[int]
     SEND_FIELD_NUMBER: _ClassVar[int]

@@ -138,14 +138,14 @@ class MessageServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def SendStream(self, request_iterator, context):
-        """Sends over one long-lived bidirectional stream, one message per request, so
-        that a send costs a stream message rather than a call (the SDK sends every
-        send() of a client this way). Each request is answered, by a result with
-        its tag, once its message has committed, or with that message's own error,
-        exactly as Send would have answered; answers may come in any order. One
-        refused message does not end the stream nor fail the others. At most 1,000
-        requests of a stream are in progress at once: the server reads further
-        requests as earlier ones are answered. A server shutting down answers the
+        """Sends over one long-lived bidirectional stream, so that a send costs part of
+        a stream message rather than a call (the SDK sends every send() of a client
+        this way). A request carries one send, or several (`more`): each send is
+        answered, by a result with its tag, once its message has committed, or with
+        that message's own error, exactly as Send would have answered; answers may
+        come in any order. One refused message does not end the stream nor fail
+        the others. At most 1,000 sends of a stream are in progress at once: the
+        server reads further requests as earlier sends are answered. A server shutting down answers the
         requests it has read and ends the stream with UNAVAILABLE; it has not read
         the others. If the stream breaks, requests not yet answered may or may not
         have committed, as a Send whose call broke.

@@ -44,14 +44,14 @@ class MessageServiceStub:
     when any entry is invalid, none is.
     """
     SendStream: _grpc.StreamStreamMultiCallable[_message_service_pb2.SendStreamRequest, _message_service_pb2.SendStreamResponse]
-    """Sends over one long-lived bidirectional stream, one message per request, so
-    that a send costs a stream message rather than a call (the SDK sends every
-    send() of a client this way). Each request is answered, by a result with
-    its tag, once its message has committed, or with that message's own error,
-    exactly as Send would have answered; answers may come in any order. One
-    refused message does not end the stream nor fail the others. At most 1,000
-    requests of a stream are in progress at once: the server reads further
-    requests as earlier ones are answered. A server shutting down answers the
+    """Sends over one long-lived bidirectional stream, so that a send costs part of
+    a stream message rather than a call (the SDK sends every send() of a client
+    this way). A request carries one send, or several (`more`): each send is
+    answered, by a result with its tag, once its message has committed, or with
+    that message's own error, exactly as Send would have answered; answers may
+    come in any order. One refused message does not end the stream nor fail
+    the others. At most 1,000 sends of a stream are in progress at once: the
+    server reads further requests as earlier sends are answered. A server shutting down answers the
     requests it has read and ends the stream with UNAVAILABLE; it has not read
     the others. If the stream breaks, requests not yet answered may or may not
     have committed, as a Send whose call broke.
@@ -140,14 +140,14 @@ class MessageServiceAsyncStub(MessageServiceStub):
     when any entry is invalid, none is.
     """
     SendStream: _aio.StreamStreamMultiCallable[_message_service_pb2.SendStreamRequest, _message_service_pb2.SendStreamResponse]  # type: ignore[assignment]
-    """Sends over one long-lived bidirectional stream, one message per request, so
-    that a send costs a stream message rather than a call (the SDK sends every
-    send() of a client this way). Each request is answered, by a result with
-    its tag, once its message has committed, or with that message's own error,
-    exactly as Send would have answered; answers may come in any order. One
-    refused message does not end the stream nor fail the others. At most 1,000
-    requests of a stream are in progress at once: the server reads further
-    requests as earlier ones are answered. A server shutting down answers the
+    """Sends over one long-lived bidirectional stream, so that a send costs part of
+    a stream message rather than a call (the SDK sends every send() of a client
+    this way). A request carries one send, or several (`more`): each send is
+    answered, by a result with its tag, once its message has committed, or with
+    that message's own error, exactly as Send would have answered; answers may
+    come in any order. One refused message does not end the stream nor fail
+    the others. At most 1,000 sends of a stream are in progress at once: the
+    server reads further requests as earlier sends are answered. A server shutting down answers the
     requests it has read and ends the stream with UNAVAILABLE; it has not read
     the others. If the stream breaks, requests not yet answered may or may not
     have committed, as a Send whose call broke.
@@ -251,14 +251,14 @@ class MessageServiceServicer(metaclass=_abc_1.ABCMeta):
         request_iterator: _MaybeAsyncIterator[_message_service_pb2.SendStreamRequest],
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_message_service_pb2.SendStreamResponse], _abc.AsyncIterator[_message_service_pb2.SendStreamResponse]]:
-        """Sends over one long-lived bidirectional stream, one message per request, so
-        that a send costs a stream message rather than a call (the SDK sends every
-        send() of a client this way). Each request is answered, by a result with
-        its tag, once its message has committed, or with that message's own error,
-        exactly as Send would have answered; answers may come in any order. One
-        refused message does not end the stream nor fail the others. At most 1,000
-        requests of a stream are in progress at once: the server reads further
-        requests as earlier ones are answered. A server shutting down answers the
+        """Sends over one long-lived bidirectional stream, so that a send costs part of
+        a stream message rather than a call (the SDK sends every send() of a client
+        this way). A request carries one send, or several (`more`): each send is
+        answered, by a result with its tag, once its message has committed, or with
+        that message's own error, exactly as Send would have answered; answers may
+        come in any order. One refused message does not end the stream nor fail
+        the others. At most 1,000 sends of a stream are in progress at once: the
+        server reads further requests as earlier sends are answered. A server shutting down answers the
         requests it has read and ends the stream with UNAVAILABLE; it has not read
         the others. If the stream breaks, requests not yet answered may or may not
         have committed, as a Send whose call broke.

@@ -126,8 +126,8 @@ export declare const KeySchema: GenMessage<Key>;
 export declare type RateLimits = Message<"postbox.v1.RateLimits"> & {
   /**
    * Optional. Messages sent per second: each Send, each entry of a SendBatch or
-   * PublishBatch, each Publish and each request of a SendStream. 0 to
-   * 1,000,000; 0: no limit.
+   * PublishBatch, each Publish and each send of a SendStream (a request and each
+   * of its `more`). 0 to 1,000,000; 0: no limit.
    *
    * @generated from field: double sends_per_second = 1;
    */

@@ -347,14 +347,54 @@ export declare type SendBatchResponse = Message<"postbox.v1.SendBatchResponse"> 
 export declare const SendBatchResponseSchema: GenMessage<SendBatchResponse>;
 
 /**
- * One message of a MessageService.SendStream.
+ * One message of a MessageService.SendStream: one send, and any further
+ * sends the client had ready at once.
  *
  * @generated from message postbox.v1.SendStreamRequest
  */
 export declare type SendStreamRequest = Message<"postbox.v1.SendStreamRequest"> & {
   /**
-   * Required. Chosen by the client to match this request's response: any value,
-   * unique among the stream's requests not yet answered.
+   * Required. Chosen by the client to match this send's answer: any value,
+   * unique among the stream's sends not yet answered.
+   *
+   * @generated from field: uint64 tag = 1;
+   */
+  tag: bigint;
+
+  /**
+   * Required. The message, with the fields and limits of Send.
+   *
+   * @generated from field: postbox.v1.SendRequest send = 2;
+   */
+  send?: SendRequest | undefined;
+
+  /**
+   * Optional. Further sends of the same request, each answered on its own,
+   * exactly as if it had come in a request of its own: one request costs
+   * client and server less than one per send. At most 999 (1,000 sends per
+   * request); past that every send of the request is refused with
+   * INVALID_ARGUMENT.
+   *
+   * @generated from field: repeated postbox.v1.SendStreamEntry more = 3;
+   */
+  more: SendStreamEntry[];
+};
+
+/**
+ * Describes the message postbox.v1.SendStreamRequest.
+ * Use `create(SendStreamRequestSchema)` to create a new message.
+ */
+export declare const SendStreamRequestSchema: GenMessage<SendStreamRequest>;
+
+/**
+ * One further send of a SendStreamRequest.
+ *
+ * @generated from message postbox.v1.SendStreamEntry
+ */
+export declare type SendStreamEntry = Message<"postbox.v1.SendStreamEntry"> & {
+  /**
+   * Required. As SendStreamRequest.tag: unique among the stream's sends not yet
+   * answered.
    *
    * @generated from field: uint64 tag = 1;
    */
@@ -369,10 +409,10 @@ export declare type SendStreamRequest = Message<"postbox.v1.SendStreamRequest"> 
 };
 
 /**
- * Describes the message postbox.v1.SendStreamRequest.
- * Use `create(SendStreamRequestSchema)` to create a new message.
+ * Describes the message postbox.v1.SendStreamEntry.
+ * Use `create(SendStreamEntrySchema)` to create a new message.
  */
-export declare const SendStreamRequestSchema: GenMessage<SendStreamRequest>;
+export declare const SendStreamEntrySchema: GenMessage<SendStreamEntry>;
 
 /**
  * Answers of a MessageService.SendStream: the server answers the requests
@@ -396,7 +436,7 @@ export declare type SendStreamResponse = Message<"postbox.v1.SendStreamResponse"
 export declare const SendStreamResponseSchema: GenMessage<SendStreamResponse>;
 
 /**
- * The answer to one SendStreamRequest.
+ * The answer to one send of a SendStreamRequest.
  *
  * @generated from message postbox.v1.SendStreamResult
  */
@@ -1372,14 +1412,14 @@ export declare const MessageService: GenService<{
     output: typeof SendBatchResponseSchema;
   },
   /**
-   * Sends over one long-lived bidirectional stream, one message per request, so
-   * that a send costs a stream message rather than a call (the SDK sends every
-   * send() of a client this way). Each request is answered, by a result with
-   * its tag, once its message has committed, or with that message's own error,
-   * exactly as Send would have answered; answers may come in any order. One
-   * refused message does not end the stream nor fail the others. At most 1,000
-   * requests of a stream are in progress at once: the server reads further
-   * requests as earlier ones are answered. A server shutting down answers the
+   * Sends over one long-lived bidirectional stream, so that a send costs part of
+   * a stream message rather than a call (the SDK sends every send() of a client
+   * this way). A request carries one send, or several (`more`): each send is
+   * answered, by a result with its tag, once its message has committed, or with
+   * that message's own error, exactly as Send would have answered; answers may
+   * come in any order. One refused message does not end the stream nor fail
+   * the others. At most 1,000 sends of a stream are in progress at once: the
+   * server reads further requests as earlier sends are answered. A server shutting down answers the
    * requests it has read and ends the stream with UNAVAILABLE; it has not read
    * the others. If the stream breaks, requests not yet answered may or may not
    * have committed, as a Send whose call broke.

@@ -9807,6 +9807,65 @@ END
 $$;
 
 
+-- fire_schedule takes the server's refusal (a body that breaks the target's payload schema).
+DROP FUNCTION postbox.fire_schedule(integer, timestamptz);
+-- Fires a due schedule that the caller claimed: sends its message, or
+-- publishes it, and sets when it fires next (next_fire_at, computed by the
+-- caller; ignored for a one-shot schedule, which is paused for good), all in
+-- the caller's transaction, so a fire happens exactly once. The message's
+-- deduplication id is "<schedule>@<due time>", which keeps content-based
+-- deduplication from eating repeats; FIFO queues get the schedule name as
+-- message group. A fire that the target refuses (missing, paused, full, ...)
+-- is skipped, not retried: `error` says why, and so does the schedule's
+-- last_error; failure_threshold such refusals in a row pause the schedule.
+-- Returns the error, how many webhook deliveries were queued, and whether the
+-- schedule is paused now. A next_fire_at not after now() is a missed due time
+-- to catch up: the caller fires it next. A `refusal` is the caller's reason not
+-- to send at all (the body breaks the target's payload schema, which only the
+-- server can check): the fire fails with it, as if the target had refused.
+CREATE FUNCTION postbox.fire_schedule(schedule_id integer, next_fire_at timestamptz,
+                                      refusal text DEFAULT NULL)
+RETURNS TABLE (error text, webhook_deliveries integer, paused boolean)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_variable
+DECLARE
+    s postbox.schedules;
+    deduplication_id text;
+    problem text;
+    state text;
+    hooks integer := 0;
+BEGIN
+    SELECT * INTO s FROM postbox.schedules WHERE id = schedule_id FOR UPDATE;
+    IF NOT FOUND OR s.paused OR NOT s.next_fire_at <= now() THEN
+        RAISE EXCEPTION USING ERRCODE = 'PB412', MESSAGE = format('schedule %s is not due', schedule_id);
+    END IF;
+    deduplication_id := s.name || '@' || to_char(s.next_fire_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"');
+    problem := refusal;
+    IF problem IS NULL THEN
+        BEGIN
+            hooks := (postbox._fire(s, deduplication_id)).webhook_deliveries;
+        EXCEPTION WHEN OTHERS THEN
+            GET STACKED DIAGNOSTICS state = RETURNED_SQLSTATE, problem = MESSAGE_TEXT;
+            IF state NOT LIKE 'PB%' THEN
+                RAISE;
+            END IF;
+        END;
+    END IF;
+    UPDATE postbox.schedules x
+    SET next_fire_at = CASE WHEN s.run_at IS NULL THEN fire_schedule.next_fire_at END,
+        paused = s.run_at IS NOT NULL
+                 OR (problem IS NOT NULL AND s.failure_threshold > 0
+                     AND s.consecutive_failures + 1 >= s.failure_threshold),
+        last_fire_at = CASE WHEN problem IS NULL THEN now() ELSE x.last_fire_at END,
+        fire_count = x.fire_count + CASE WHEN problem IS NULL THEN 1 ELSE 0 END,
+        consecutive_failures = CASE WHEN problem IS NULL THEN 0 ELSE x.consecutive_failures + 1 END,
+        last_error = problem
+    WHERE x.id = s.id
+    RETURNING x.paused INTO s.paused;
+    RETURN QUERY SELECT problem, coalesce(hooks, 0), s.paused;
+END
+$$;
+
 SELECT postbox._secure();
 
 INSERT INTO postbox.schema_version (version) VALUES ('0.9.0');

@@ -4,6 +4,7 @@ import { useEffect, useState } from "preact/hooks";
 import { currentSession, login, logout, useSession } from "./api.js";
 import { accessOf } from "./access.js";
 import { html } from "./ui.js";
+import { MessageDetail } from "./views/jobs.js";
 import { Keys } from "./views/keys.js";
 import { Overview } from "./views/overview.js";
 import { QueueDetail } from "./views/queue.js";
@@ -50,7 +51,9 @@ function Login({ onSignedIn, message }) {
 }
 
 function Page({ route, access }) {
-  const [section, name] = route;
+  const [section, name, part, id] = route;
+  if (section === "queues" && name && part === "messages" && id)
+    return html`<${MessageDetail} key=${id} queue=${name} id=${id} />`;
   if (section === "queues" && name) return html`<${QueueDetail} key=${name} name=${name} access=${access} />`;
   if (section === "topics" && name) return html`<${TopicDetail} key=${name} name=${name} access=${access} />`;
   if (section === "topics") return html`<${TopicList} />`;

@@ -348,7 +348,12 @@ async def _serve_api(
         ),
         (
             schedule_service_pb2_grpc.add_ScheduleServiceServicer_to_server,
-            ScheduleService(engine, scheduler.wake, max_message_size=settings.max_message_size),
+            ScheduleService(
+                engine,
+                scheduler.wake,
+                payload_schema_cache,
+                max_message_size=settings.max_message_size,
+            ),
         ),
         (
             access_service_pb2_grpc.add_AccessServiceServicer_to_server,
@@ -471,7 +476,10 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         egress = EgressPolicy(settings.webhook_allow_cidrs)
         webhooks = WebhookWorker(engine, egress, poll_interval=IDLE_POLL_INTERVAL)
         scheduler = SchedulerWorker(
-            engine, on_webhook_deliveries=webhooks.wake, poll_interval=IDLE_POLL_INTERVAL
+            engine,
+            PayloadSchemaCache(engine, hub),
+            on_webhook_deliveries=webhooks.wake,
+            poll_interval=IDLE_POLL_INTERVAL,
         )
         hub.on_signal("webhooks", webhooks.wake)
         hub.on_signal("schedules", scheduler.wake)

@@ -342,8 +342,11 @@ $$;
 -- last_error; failure_threshold such refusals in a row pause the schedule.
 -- Returns the error, how many webhook deliveries were queued, and whether the
 -- schedule is paused now. A next_fire_at not after now() is a missed due time
--- to catch up: the caller fires it next.
-CREATE FUNCTION postbox.fire_schedule(schedule_id integer, next_fire_at timestamptz)
+-- to catch up: the caller fires it next. A `refusal` is the caller's reason not
+-- to send at all (the body breaks the target's payload schema, which only the
+-- server can check): the fire fails with it, as if the target had refused.
+CREATE FUNCTION postbox.fire_schedule(schedule_id integer, next_fire_at timestamptz,
+                                      refusal text DEFAULT NULL)
 RETURNS TABLE (error text, webhook_deliveries integer, paused boolean)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_variable
@@ -359,14 +362,17 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'PB412', MESSAGE = format('schedule %s is not due', schedule_id);
     END IF;
     deduplication_id := s.name || '@' || to_char(s.next_fire_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"');
-    BEGIN
-        hooks := (postbox._fire(s, deduplication_id)).webhook_deliveries;
-    EXCEPTION WHEN OTHERS THEN
-        GET STACKED DIAGNOSTICS state = RETURNED_SQLSTATE, problem = MESSAGE_TEXT;
-        IF state NOT LIKE 'PB%' THEN
-            RAISE;
-        END IF;
-    END;
+    problem := refusal;
+    IF problem IS NULL THEN
+        BEGIN
+            hooks := (postbox._fire(s, deduplication_id)).webhook_deliveries;
+        EXCEPTION WHEN OTHERS THEN
+            GET STACKED DIAGNOSTICS state = RETURNED_SQLSTATE, problem = MESSAGE_TEXT;
+            IF state NOT LIKE 'PB%' THEN
+                RAISE;
+            END IF;
+        END;
+    END IF;
     UPDATE postbox.schedules x
     SET next_fire_at = CASE WHEN s.run_at IS NULL THEN fire_schedule.next_fire_at END,
         paused = s.run_at IS NOT NULL

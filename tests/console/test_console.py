@@ -62,6 +62,8 @@ from support import seconds as duration
 from postbox_server.console.sessions import Sessions
 
 CHROMIUM = Path("/usr/bin/chromium")
+# What the console shows for a time or holder that is not set (format.js): an en dash.
+NOTHING = "\u2013"
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
 WAIT = 20.0
 
@@ -827,3 +829,92 @@ def test_the_overview_pages_through_more_than_a_thousand_queues(page, open_conso
         ),
         "the filter finds the last queue",
     )
+
+
+def test_a_jobs_life_shows_its_state_consumer_and_result(page, keyed_console, channel_of):
+    """Send a job, receive it as consumer worker-7, ack it with a result: the message
+    view, the in-flight peek and the list by state show each step."""
+    channel = channel_of(keyed_console)
+    queue = "console-jobs"
+    queue_service_pb2_grpc.QueueServiceStub(channel).CreateQueue(
+        queue_service_pb2.CreateQueueRequest(
+            queue=queue_service_pb2.Queue(name=queue, archive_on_delete=True)
+        ),
+        metadata=keyed_console.metadata(),
+    )
+    messages = message_service_pb2_grpc.MessageServiceStub(channel)
+    job = messages.Send(
+        msg_pb.SendRequest(queue=queue, body=b'{"resize": "cat.png"}'),
+        metadata=keyed_console.metadata(),
+    ).message_id
+    log_in(page, keyed_console, keyed_console.secret)
+    page.get(f"{keyed_console.url}/#/queues/{queue}/messages/{job}")
+    wait(page, lambda d: text_of(d, "#message-state") == "visible", "the job waiting")
+    assert text_of(page, "#message-attempts") == "0"
+    assert text_of(page, "#message-consumer") == NOTHING
+
+    received = [
+        m
+        for response in messages.Receive(
+            msg_pb.ReceiveRequest(
+                queue=queue, max_messages=1, consumer_id="worker-7",
+                visibility_timeout=duration(600),  # held through the whole check
+            ),
+            metadata=keyed_console.metadata(),
+        )
+        for m in response.messages
+    ]  # fmt: skip
+    assert [m.message_id for m in received] == [job]
+    # The view polls: the next answer shows who holds it and since when.
+    wait(page, lambda d: text_of(d, "#message-state") == "in flight", "the job in flight")
+    holder = text_of(page, "#message-consumer") or ""
+    assert holder.startswith("worker-7 since ")
+    assert text_of(page, "#message-attempts") == "1"
+    # The queue's peek and its list of in-flight messages name the consumer too.
+    page.get(f"{keyed_console.url}/#/queues/{queue}")
+    peeked = f'tr[data-message="{job}"] td.consumer'
+    wait(page, lambda d: (text_of(d, peeked) or "").startswith("worker-7"), "the peeked holder")
+    state = page.find_element(By.ID, "jobs-state")
+    state.find_element(By.XPATH, "./option[.='In flight']").click()
+    row = f'tr[data-job="{job}"]'
+    wait(page, lambda d: text_of(d, f"{row} td.state") == "in flight", "the in-flight list")
+    assert (text_of(page, f"{row} td:nth-child(4)") or "").startswith("worker-7 since ")
+
+    messages.Delete(
+        msg_pb.DeleteRequest(
+            queue=queue, receipt=received[0].receipt, result=b'{"thumb": "t.png"}'
+        ),
+        metadata=keyed_console.metadata(),
+    )
+    wait(page, lambda d: not d.find_elements(By.CSS_SELECTOR, row), "the job gone from in flight")
+    page.find_element(By.ID, "jobs-state").find_element(By.XPATH, "./option[.='Succeeded']").click()
+    wait(page, lambda d: text_of(d, f"{row} td.state") == "succeeded", "the succeeded list")
+    page.find_element(By.CSS_SELECTOR, f"{row} a").click()
+    wait(page, lambda d: text_of(d, "#message-state") == "succeeded", "the job succeeded")
+    assert text_of(page, "#message-result") == '{"thumb": "t.png"}'
+    assert text_of(page, "#message-finished") not in (None, NOTHING)
+    assert text_of(page, "#message-consumer") == NOTHING
+
+
+def test_the_list_by_state_pages(page, keyed_console, channel_of):
+    channel = channel_of(keyed_console)
+    queue = "console-jobs-paged"
+    create_queue(channel, keyed_console, queue)
+    messages = message_service_pb2_grpc.MessageServiceStub(channel)
+    for start in range(0, 55, 10):  # one more page than the console's 50
+        entries = [
+            msg_pb.SendBatchEntry(body=f"job {i}".encode())
+            for i in range(start, min(start + 10, 55))
+        ]
+        messages.SendBatch(
+            msg_pb.SendBatchRequest(queue=queue, entries=entries), metadata=keyed_console.metadata()
+        )
+    log_in(page, keyed_console, keyed_console.secret)
+    page.get(f"{keyed_console.url}/#/queues/{queue}")
+    rows = "#jobs tr[data-job]"
+    wait(page, lambda d: len(d.find_elements(By.CSS_SELECTOR, rows)) == 50, "the first page")
+    page.find_element(By.ID, "jobs-next").click()
+    wait(page, lambda d: len(d.find_elements(By.CSS_SELECTOR, rows)) == 5, "the second page")
+    assert not page.find_element(By.ID, "jobs-next").is_enabled()
+    page.find_element(By.ID, "jobs-first").click()
+    wait(page, lambda d: len(d.find_elements(By.CSS_SELECTOR, rows)) == 50, "the first page again")

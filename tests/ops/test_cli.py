@@ -368,6 +368,31 @@ def test_messages_get_and_list_follow_a_job_through_its_life(server):
     assert "is not in queue" in missing.stderr
 
 
+def test_messages_nack_retries_or_fails_a_job_with_its_error(server):
+    target = ["--target", server.target]
+    name = unique_name("cli_nack")
+    ok("queues", "create", name, "--archive", *target)
+    sent = json.loads(ok("messages", "send", name, "job", "-o", "json", *target))
+
+    def take() -> str:
+        (got,) = json.loads(ok("messages", "receive", name, "--wait", "5", "-o", "json", *target))
+        return got["receipt"]
+
+    # A plain nack gives it back with its error; the queue's backoff is 1 s, the wait 5 s.
+    assert ok("messages", "nack", name, take(), "--error", "smtp 451", *target) == ""
+    back = json.loads(ok("messages", "get", name, sent["message_id"], "-o", "json", *target))
+    assert back["state"] in ("MESSAGE_STATE_DELAYED", "MESSAGE_STATE_VISIBLE")
+    assert back["last_error"] == "smtp 451"
+    # --dead-letter gives up: no DLQ, so the job fails for good, with its reason.
+    ok("messages", "nack", name, take(), "--error", "no such mailbox", "--dead-letter", *target)
+    failed = json.loads(ok("messages", "get", name, sent["message_id"], "-o", "json", *target))
+    assert failed["state"] == "MESSAGE_STATE_FAILED"
+    assert failed["last_error"] == "no such mailbox"
+    # An ack of a receipt that is none fails.
+    stale = postbox("messages", "ack", name, "not-a-receipt", *target)
+    assert stale.returncode != 0
+
+
 def test_queue_updates_purges_and_schedule_verbs(server):
     target = ["--target", server.target]
     name = unique_name("cli_update")

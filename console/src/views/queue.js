@@ -4,6 +4,7 @@ import { QueueView, RedriveTask_State } from "../../../stubs/ts/gen/postbox/v1/q
 import { listAll, messages, queues } from "../api.js";
 import { age, bodyText, count, rate, seconds, time } from "../format.js";
 import { ErrorLine, html, useAction, usePoll } from "../ui.js";
+import { Holder, MessageList, messageHref } from "./jobs.js";
 
 const encoder = new TextEncoder();
 
@@ -109,14 +110,16 @@ function Peek({ name, version }) {
     </div>
     <${ErrorLine} error=${error} />
     <table class="messages">
-      <thead><tr><th>Id</th><th>State</th><th>Enqueued</th><th class="num">Receives</th><th>Body</th></tr></thead>
+      <thead><tr><th>Id</th><th>State</th><th>Enqueued</th><th class="num">Receives</th><th>Consumer</th><th>Body</th></tr></thead>
       <tbody>
         ${(found ?? []).map((message) => html`<tr key=${message.messageId} data-message=${message.messageId}
             onClick=${() => setOpen(open === message.messageId ? null : message.messageId)}>
-          <td class="mono">${message.messageId}</td>
+          <td class="mono"><a href=${messageHref(name, message.messageId)}
+            onClick=${(event) => event.stopPropagation()}>${message.messageId}</a></td>
           <td>${MessageState[message.state] ?? ""}</td>
           <td>${time(message.enqueueTime)}</td>
           <td class="num">${message.receiveCount}</td>
+          <td class="consumer"><${Holder} message=${message} /></td>
           <td><pre class="body">${bodyText(message.body, asJson)}</pre>
             ${open === message.messageId || Object.keys(message.attributes).length
               ? html`<dl class="message-attributes">
@@ -268,7 +271,8 @@ export function QueueDetail({ name, access }) {
         <${Attributes} key=${queue.updateTime?.seconds} queue=${queue} canManage=${canManage} onSaved=${reload} />
         ${access.can("send", name) ? html`<${SendTest} name=${name} onSent=${changed} />` : null}
       </div>
-      ${access.can("read", name) ? html`<${Peek} name=${name} version=${version} />` : null}
+      ${access.can("read", name) ? html`<${Peek} name=${name} version=${version} />
+        <${MessageList} name=${name} version=${version} />` : null}
     ` : null}
   </section>`;
 }

@@ -133,6 +133,21 @@ def receive(args: argparse.Namespace, client: Client) -> int:
     return 0
 
 
+def ack(args: argparse.Namespace, client: Client) -> int:
+    """Finishes a received job: deleted, with what it produced where the queue keeps history."""
+    result = b"" if args.result is None else output.body_bytes(args.result, is_base64=args.base64)
+    client.delete(args.queue, args.receipt, result=result)
+    output.note("acknowledged")
+    return 0
+
+
+def nack(args: argparse.Namespace, client: Client) -> int:
+    """Gives a received job back with why: retried later, or with --dead-letter given up."""
+    client.nack(args.queue, args.receipt, error=args.error or "", dead_letter=args.dead_letter)
+    output.note("dead-lettered" if args.dead_letter else "given back")
+    return 0
+
+
 def peek(args: argparse.Namespace, client: Client) -> int:
     return show_peeked(args, client, ("message_id", "body", "receive_count", "enqueue_time"))
 
@@ -162,7 +177,9 @@ def tail(args: argparse.Namespace, client: Client) -> int:
 
 
 def add_parser(verbs: Verbs, client: ClientParsers) -> None:
-    group = verbs.add_parser("messages", help="send, receive, peek, tail, get or list messages")
+    group = verbs.add_parser(
+        "messages", help="send, receive, ack, nack, peek, tail, get or list messages"
+    )
     sub = group.add_subparsers(dest="messages_verb", required=True)
     sending = client.verb(sub, "send", "send a message, or a JSON Lines file of them", send)
     sending.add_argument("queue")
@@ -196,6 +213,17 @@ def add_parser(verbs: Verbs, client: ClientParsers) -> None:
     receiving.add_argument("--consumer-id", help="name this consumer (1-128 of A-Z a-z 0-9 _.:@/-)")
     receiving.add_argument(
         "--visibility-timeout", type=float, metavar="SECONDS", help="(default: the queue's)"
+    )
+    acking = client.verb(sub, "ack", "finish a received message, with an optional result", ack)
+    acking.add_argument("queue")
+    acking.add_argument("receipt")
+    acking.add_argument("--result", help="what the job produced, up to 65,536 bytes")
+    nacking = client.verb(sub, "nack", "give a received message back, saying why", nack)
+    nacking.add_argument("queue")
+    nacking.add_argument("receipt")
+    nacking.add_argument("--error", help="why, kept as its last_error (up to 4,096 characters)")
+    nacking.add_argument(
+        "--dead-letter", action="store_true", help="give up now: to the DLQ, or failed"
     )
     peeking = client.verb(sub, "peek", "look at messages without receiving them", peek)
     peeking.add_argument("queue")

@@ -7,7 +7,7 @@ import collections
 import contextlib
 import json
 import os
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
 from typing import Any, TypeAlias
@@ -148,6 +148,13 @@ NextFire = Callable[[Record, datetime], "datetime | None"]
 # Plans the fires of a due schedule from its row and the database's clock: per fire,
 # the next_fire_at it leaves (a missed due time still to catch up, or the next one).
 FirePlan = Callable[[Record, datetime], "list[datetime | None]"]
+# Why a claimed schedule must not send at all (its body breaks the target's payload
+# schema), or None: the server's check, which the engine cannot make.
+FireRefusal = Callable[[Record], Awaitable["str | None"]]
+
+
+async def _no_refusal(row: Record) -> str | None:
+    return None
 
 
 def _optional_column(values: list[Any]) -> list[Any] | None:
@@ -907,10 +914,11 @@ class Engine:
             )
 
     async def fire_due_schedules(
-        self, max_schedules: int, plan: FirePlan
+        self, max_schedules: int, plan: FirePlan, refusal: FireRefusal = _no_refusal
     ) -> list[tuple[Record, str | None, int]]:
         """Claims due schedules and fires each as `plan` says (more than once to catch
-        up missed due times), all in one transaction.
+        up missed due times), all in one transaction; a schedule that `refusal` refuses
+        fails each of those fires with its reason instead of sending.
 
         Per fire: the schedule's row as claimed, the error of a refused fire, and how
         many webhook deliveries the fire queued. A fire that pauses the schedule (its
@@ -919,9 +927,12 @@ class Engine:
         fired = []
         async with self._transaction() as conn:
             for row in await conn.fetch(self._sql["claim_due_schedules"], max_schedules):
+                refused = await refusal(row)
                 for following in plan(row, row["db_now"]):
                     error, webhook_deliveries, paused = _one(
-                        await conn.fetchrow(self._sql["fire_schedule"], row["id"], following)
+                        await conn.fetchrow(
+                            self._sql["fire_schedule"], row["id"], following, refused
+                        )
                     )
                     fired.append((row, error, webhook_deliveries))
                     if paused:

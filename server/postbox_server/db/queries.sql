@@ -295,7 +295,7 @@ SELECT * FROM postbox.resume_schedule($1, $2)
 SELECT s.*, now() AS db_now FROM postbox.claim_due_schedules($1) s
 
 -- name: fire_schedule
-SELECT * FROM postbox.fire_schedule($1, $2)
+SELECT * FROM postbox.fire_schedule($1, $2, $3)
 
 -- name: next_schedule_fire_at
 SELECT postbox.next_schedule_fire_at()

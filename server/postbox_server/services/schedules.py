@@ -13,6 +13,7 @@ from postbox_server.db.engine import Engine, Row, ScheduleFields
 from postbox_server.errors import ApiError, invalid, quoted
 from postbox_server.services import convert
 from postbox_server.services.pagination import decode_page_token, next_page, page_size_of
+from postbox_server.services.payload_schema_cache import PayloadSchemaCache
 from postbox_server.services.status import reports_errors
 from postbox_server.workers.scheduling import (
     DEFAULT_TIME_ZONE,
@@ -68,6 +69,21 @@ def _check_target(schedule: pb.Schedule) -> None:
         raise invalid("a schedule needs its target: target.queue or target.topic")
 
 
+async def check_fired_body(
+    payload_schemas: PayloadSchemaCache,
+    target_queue: str | None,
+    target_topic: str | None,
+    body: bytes,
+) -> None:
+    """Refuses (INVALID_ARGUMENT) a body that breaks its target's payload schema, as a
+    send or publish of it would be; FAILED_PRECONDITION for a schema that does not
+    compile. A missing target has no schema: its fires fail with NOT_FOUND instead."""
+    if target_queue is not None:
+        await payload_schemas.check("queues", target_queue, (body,), batch=False)
+    elif target_topic is not None:
+        await payload_schemas.check("topics", target_topic, (body,), batch=False)
+
+
 def schedule_resource(row: Row) -> pb.Schedule:
     """A row of postbox.schedules as an API Schedule."""
     schedule = pb.Schedule(
@@ -118,10 +134,18 @@ def with_next_fire_times(row: Row) -> pb.Schedule:
 
 class ScheduleService(schedule_service_pb2_grpc.ScheduleServiceServicer):
     def __init__(
-        self, engine: Engine, on_change: Callable[[], None], *, max_message_size: int
+        self,
+        engine: Engine,
+        on_change: Callable[[], None],
+        payload_schemas: PayloadSchemaCache,
+        *,
+        max_message_size: int,
     ) -> None:
         self.engine = engine
         self.max_message_size = max_message_size
+        # A schedule's body is checked against its target's schema when it is set, so
+        # a bad one is refused to its author rather than failing every fire.
+        self.payload_schemas = payload_schemas
         # Wakes this server's scheduler, so a schedule due soon is not left to its poll.
         self.on_change = on_change
 
@@ -135,10 +159,14 @@ class ScheduleService(schedule_service_pb2_grpc.ScheduleServiceServicer):
         timing = _timing(schedule)
         _check_target(schedule)
         convert.check_message_size(schedule, self.max_message_size)
+        fields = _fields(schedule, timing)
+        await check_fired_body(
+            self.payload_schemas, fields.target_queue, fields.target_topic, fields.body
+        )
         first = timing.first(datetime.now(timezone.utc))
         if first is None:  # _timing refused a schedule without its timing already
             raise invalid("a schedule needs its timing: cron, interval or run_at")
-        row = await self.engine.create_schedule(schedule.name, first, _fields(schedule, timing))
+        row = await self.engine.create_schedule(schedule.name, first, fields)
         self.on_change()
         return with_next_fire_times(row)
 
@@ -209,9 +237,18 @@ class ScheduleService(schedule_service_pb2_grpc.ScheduleServiceServicer):
             _check_target(schedule)
         # Fields outside the mask are empty here: a lower bound of the message it will send.
         convert.check_message_size(schedule, self.max_message_size)
-        row = await self.engine.update_schedule(
-            schedule.name, paths, first, _fields(schedule, timing)
-        )
+        fields = _fields(schedule, timing)
+        if "body" in paths or "target" in paths:
+            # The body and target it will fire with: the new ones, or those it has.
+            current = await self.engine.get_schedule(schedule.name)
+            target = fields if "target" in paths else None
+            await check_fired_body(
+                self.payload_schemas,
+                target.target_queue if target else current["target_queue"],
+                target.target_topic if target else current["target_topic"],
+                fields.body if "body" in paths else current["body"],
+            )
+        row = await self.engine.update_schedule(schedule.name, paths, first, fields)
         self.on_change()
         return with_next_fire_times(row)
 
@@ -241,6 +278,10 @@ class ScheduleService(schedule_service_pb2_grpc.ScheduleServiceServicer):
     async def RunSchedule(
         self, request: pb.RunScheduleRequest, context: grpc.aio.ServicerContext
     ) -> pb.RunScheduleResponse:
+        current = await self.engine.get_schedule(request.name)
+        await check_fired_body(
+            self.payload_schemas, current["target_queue"], current["target_topic"], current["body"]
+        )
         row = await self.engine.run_schedule(request.name)
         return pb.RunScheduleResponse(
             schedule=with_next_fire_times(row), message_ids=[str(i) for i in row["message_ids"]]

@@ -9,6 +9,10 @@ Between rounds the worker sleeps until the next due time, at most `poll_interval
 which is long: an idle server stays quiet. Creating, changing or resuming a
 schedule anywhere wakes it at once (through this server, or by the engine's
 "#schedules" signal).
+
+A fire whose body breaks its target's payload schema (changed since the schedule was
+set, which checked it then) does not send: it fails like any refused fire, in
+last_error, and counts toward failure_threshold.
 """
 
 from __future__ import annotations
@@ -19,25 +23,34 @@ import logging
 from collections.abc import Callable
 from datetime import datetime, timezone
 
-from postbox_server.db.engine import Engine
+import grpc
+
+from postbox_server.db.engine import Engine, Record
 from postbox_server.errors import ApiError
 from postbox_server.observability import metrics
+from postbox_server.services.payload_schema_cache import PayloadSchemaCache
+from postbox_server.services.schedules import check_fired_body
 from postbox_server.workers import OutageLog
 from postbox_server.workers.scheduling import fire_plan
 
 log = logging.getLogger(__name__)
+# What the schema check answers for a body that breaks the schema, or a schema that
+# does not compile; anything else (the database down) is the round's failure.
+_BODY_REFUSALS = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION)
 
 
 class SchedulerWorker:
     def __init__(
         self,
         engine: Engine,
+        payload_schemas: PayloadSchemaCache,
         *,
         on_webhook_deliveries: Callable[[], None] = lambda: None,
         poll_interval: float = 1.0,
         batch_size: int = 100,
     ) -> None:
         self.engine = engine
+        self.payload_schemas = payload_schemas
         # Fires into topics may queue webhook deliveries: the webhook worker wants to know.
         self.on_webhook_deliveries = on_webhook_deliveries
         self.poll_interval = poll_interval
@@ -48,13 +61,27 @@ class SchedulerWorker:
         """A schedule changed: look at the due times again now."""
         self._nudge.set()
 
+    async def _refusal(self, row: Record) -> str | None:
+        """Why the schedule in `row` must not send: its body breaks the target's schema."""
+        try:
+            await check_fired_body(
+                self.payload_schemas, row["target_queue"], row["target_topic"], row["body"]
+            )
+        except ApiError as error:
+            if error.code not in _BODY_REFUSALS:
+                raise
+            return error.message
+        return None
+
     async def run(self) -> None:
         outage = OutageLog(log, "the scheduler")
         while True:
             self._nudge.clear()
             timeout = self.poll_interval
             try:
-                fired = await self.engine.fire_due_schedules(self.batch_size, fire_plan)
+                fired = await self.engine.fire_due_schedules(
+                    self.batch_size, fire_plan, self._refusal
+                )
                 for row, error, webhook_deliveries in fired:
                     metrics.SCHEDULE_FIRES.labels("failed" if error else "fired").inc()
                     if error is not None:

@@ -26,11 +26,10 @@ def _parts(arn: str, parameter: str, count: int) -> list[str]:
 
 
 def _ours(parts: list[str], settings: ShimSettings, what: str) -> None:
+    """NotFound for an ARN of another region or account (another tenant's, or none), in
+    SNS's words for a missing one: nothing tells whether it is there."""
     if parts[3] != settings.region or parts[4] != settings.account_id:
-        raise not_found(
-            f"{what} does not exist: it is not in region {settings.region}, "
-            f"account {settings.account_id}"
-        )
+        raise not_found(f"{what} does not exist")
 
 
 def topic_of(arn: str, settings: ShimSettings, parameter: str = "TopicArn") -> str:

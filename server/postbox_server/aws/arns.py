@@ -30,6 +30,12 @@ def queue_arn(settings: ShimSettings, name: str) -> str:
     return f"arn:aws:sqs:{settings.region}:{settings.account_id}:{name}"
 
 
+def is_foreign(arn: str, settings: ShimSettings) -> bool:
+    """Whether an SQS ARN names another region or account than the caller's."""
+    parts = arn.split(":")
+    return len(parts) == 6 and (parts[3], parts[4]) != (settings.region, settings.account_id)
+
+
 def queue_from_arn(arn: str, settings: ShimSettings, parameter: str) -> str:
     """The queue an SQS ARN names; InvalidParameterValue if it is not one of ours."""
     parts = arn.split(":")

@@ -323,3 +323,21 @@ def test_queue_metrics_name_the_tenant_and_the_tenants_queue_name(world: World) 
     assert metric(samples, "postbox_queue_messages_visible", queue="metered") == 0
     assert ("postbox_queue_messages_visible", frozenset({("queue", "metered")})) in samples
     assert not any("/" in dict(labels).get("queue", "") for _, labels in samples)
+
+
+def test_a_wrong_secret_learns_nothing_of_a_keys_account(world: World) -> None:
+    """The shim knows acme-admin's account from its last request; someone with the key's
+    name but not its secret is refused for the signature whatever account the URL names,
+    so cannot test a guess of acme's account id."""
+    acme, globex = world.tenants[ACME], world.tenants[GLOBEX]
+    acme_url = _queue(acme, "orders")  # acme-admin's account is known to the shim now
+    guesser = sqs_client(world.endpoint, "json", "acme-admin", "not-the-secret")
+    for url in (acme_url, _queue(globex, "orders"), f"{world.endpoint}/123456789012/orders"):
+        refused = _error(lambda u=url: guesser.send_message(QueueUrl=u, MessageBody="x"))
+        assert refused[0] == "SignatureDoesNotMatch", (url, refused)
+        refused = _error(
+            lambda u=url: guesser.get_queue_url(
+                QueueName="orders", QueueOwnerAWSAccountId=u.split("/")[-2]
+            )
+        )
+        assert refused[0] == "SignatureDoesNotMatch", (url, refused)

@@ -18,6 +18,7 @@ import uuid
 
 import grpc
 from aiohttp import web
+from postbox.v1.access_service_pb2 import GetCallerTenantRequest
 from postbox.v1.queue_service_pb2 import ListQueuesRequest
 
 from postbox_server.auth.client import bearer_metadata
@@ -25,6 +26,7 @@ from postbox_server.auth.interceptor import SIGV4_REQUIRED_METADATA
 from postbox_server.aws import query
 from postbox_server.aws.accounts import CallerAccounts
 from postbox_server.aws.backend import CALLER, Backend
+from postbox_server.aws.call import Call
 from postbox_server.aws.errors import (
     INTERNAL_FAILURE,
     INVALID_ACTION,
@@ -182,6 +184,8 @@ async def _respond(request: web.Request) -> tuple[web.StreamResponse, str, Servi
     except AwsError as error:
         if call is not None:
             error = await protocol.explain(call, error)
+            if error.other_account:
+                error = await _authenticated(call, error)
         log.debug("%s %s: %s %s", request_id, protocol.action, error.kind.code, error.message)
         return protocol.failure(error, request_id), error.kind.code, protocol
     except Exception:
@@ -190,6 +194,18 @@ async def _respond(request: web.Request) -> tuple[web.StreamResponse, str, Servi
             INTERNAL_FAILURE, f"Internal failure; see the shim's log for request {request_id}."
         )
         return protocol.failure(failure, request_id), failure.kind.code, protocol
+
+
+async def _authenticated(call: Call, error: AwsError) -> AwsError:
+    """The refusal of another account's URL or ARN, once the server has authenticated the
+    caller; else the server's refusal of the caller. The shim knew the caller's account
+    from an earlier request of its access key, and must not tell someone who has only
+    the key's name whether an account id is that key's."""
+    try:
+        await call.backend.call(call.backend.access.GetCallerTenant, GetCallerTenantRequest())
+    except AwsError as refused:
+        return refused
+    return error
 
 
 def build_app(settings: ShimSettings, backend: Backend) -> web.Application:

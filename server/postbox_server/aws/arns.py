@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from postbox_server.aws.errors import invalid_parameter, queue_does_not_exist
+from postbox_server.aws.errors import invalid_parameter, of_another_account, queue_does_not_exist
 from postbox_server.aws.settings import ShimSettings
 from postbox_server.errors import quoted
 from postbox_server.queue_names import MAX_QUEUE_NAME
@@ -47,5 +47,5 @@ def queue_from_arn(arn: str, settings: ShimSettings, parameter: str) -> str:
     if parts[3] != settings.region or parts[4] != settings.account_id:
         # Another region or account (another tenant's, or none): as a missing queue is,
         # so that nothing tells whether a queue of that name is there.
-        raise queue_does_not_exist()
+        raise of_another_account(queue_does_not_exist())
     return existing_queue_name(parts[5])

@@ -11,7 +11,7 @@ from postbox.v1 import queue_service_pb2 as qpb
 
 from postbox_server.aws import policies
 from postbox_server.aws.arns import is_foreign
-from postbox_server.aws.errors import AwsError, invalid_parameter
+from postbox_server.aws.errors import AwsError, invalid_parameter, of_another_account
 from postbox_server.aws.settings import ShimSettings
 from postbox_server.aws.sqs import naming
 from postbox_server.aws.sqs.errors import INVALID_ATTRIBUTE_NAME, INVALID_ATTRIBUTE_VALUE
@@ -168,9 +168,11 @@ class RedrivePolicy(Attribute):
             raise invalid_value(name, "maxReceiveCount must be 1 to 1000.")
         if is_foreign(target, settings):
             # Another account's (another tenant's): SQS's refusal, whether it exists or not.
-            raise invalid_parameter(
-                f"Value {quoted(target)} for parameter {name} is invalid. "
-                "Reason: Dead-letter target owner should be same as the source."
+            raise of_another_account(
+                invalid_parameter(
+                    f"Value {quoted(target)} for parameter {name} is invalid. "
+                    "Reason: Dead-letter target owner should be same as the source."
+                )
             )
         dead_letter_queue = naming.queue_from_arn(target, settings, "deadLetterTargetArn")
         queue.dead_letter_policy.CopyFrom(

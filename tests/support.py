@@ -206,8 +206,9 @@ def scrape(port: int) -> dict[tuple[str, frozenset], float]:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
         assert response.headers["Content-Type"].startswith("text/plain")
         text = response.read().decode()
+    # An empty label is no label, as Prometheus reads it (the default tenant's tenant="").
     return {
-        (sample.name, frozenset(sample.labels.items())): sample.value
+        (sample.name, frozenset((k, v) for k, v in sample.labels.items() if v)): sample.value
         for family in text_string_to_metric_families(text)
         for sample in family.samples
     }

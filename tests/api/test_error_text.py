@@ -190,6 +190,7 @@ BASELINES: dict[str, Baseline] = {
         "update_mask": "accountId,description",
     },
     "AccessService.DeleteTenant": lambda w: {"name": fresh()},
+    "AccessService.GetCallerTenant": lambda w: {},
     "MessageService.Send": lambda w: {
         "queue": w.fifo_queue,
         "attributes": ATTRIBUTES,

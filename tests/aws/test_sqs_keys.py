@@ -387,8 +387,8 @@ def test_an_sns_subscription_needs_send_on_its_queue(clients: Clients) -> None:
 
 def test_a_tenants_key_sees_only_its_tenants_queues_through_the_shim(clients: Clients) -> None:
     """The shim reaches the server through the tenant door: a tenant's key names its
-    queues as anyone does and never sees the default tenant's. (Queue URLs still carry
-    the shim's one account id: mapping it per tenant is left to do.)"""
+    queues as anyone does and never sees the default tenant's. (Its account id in URLs
+    and ARNs: test_tenant_accounts.py.)"""
     with grpc.insecure_channel(clients.server_target) as channel:
         access = access_service_pb2_grpc.AccessServiceStub(channel)
         admin_secret = bootstrap_key(clients.database_url, "sqs-tenant-admin", "admin:*")

@@ -506,6 +506,12 @@ def test_every_rpc_with_a_key_of_tenant_a_on_a_resource_of_tenant_b_is_refused(
         assert status == grpc.StatusCode.OK, details
         assert SHARED.encode() not in data
         assert b"/" not in data
+    elif rule.any_key:
+        # About the caller: A's own tenant, nothing of B's.
+        status, details, data = _matrix_call(channel, path, a, None)
+        assert status == grpc.StatusCode.OK, details
+        assert TENANT_A.encode() in data
+        assert TENANT_B.encode() not in data
     elif rule.within_tenant:
         # Key RPCs act on the caller's own tenant: test_keys_live_in_their_tenant.
         status, details, data = _matrix_call(channel, path, a, None)

@@ -18,12 +18,15 @@ import uuid
 
 import grpc
 from aiohttp import web
+from postbox.v1.access_service_pb2 import GetCallerTenantRequest
 from postbox.v1.queue_service_pb2 import ListQueuesRequest
 
 from postbox_server.auth.client import bearer_metadata
 from postbox_server.auth.interceptor import SIGV4_REQUIRED_METADATA
 from postbox_server.aws import query
+from postbox_server.aws.accounts import CallerAccounts
 from postbox_server.aws.backend import CALLER, Backend
+from postbox_server.aws.call import Call
 from postbox_server.aws.errors import (
     INTERNAL_FAILURE,
     INVALID_ACTION,
@@ -48,6 +51,10 @@ log = logging.getLogger("postbox.sqs")
 _BACKEND = web.AppKey("backend", Backend)
 _SETTINGS = web.AppKey("settings", ShimSettings)
 _VERIFIER = web.AppKey("verifier", Verifier)
+_ACCOUNTS = web.AppKey("accounts", CallerAccounts)
+
+# The access key of requests whose calls carry the shim's own key.
+_SHIMS_OWN_KEY = ""
 
 
 async def _read_body(request: web.Request, limit: int) -> bytes:
@@ -92,8 +99,9 @@ def _check_request(request: web.Request, content_type_required: str | None) -> N
 
 def _caller(
     request: web.Request, body: bytes, verifier: Verifier | None, settings: ShimSettings
-) -> tuple[tuple[str, str], ...]:
-    """How this request's calls authenticate to the server.
+) -> tuple[tuple[tuple[str, str], ...], str]:
+    """How this request's calls authenticate to the server, and the access key they
+    authenticate as (_SHIMS_OWN_KEY for the shim's own).
 
     A static credential's signature is checked here, and the calls carry the shim's own
     key. Any other signature goes to the server, which checks it with the API key named
@@ -106,14 +114,18 @@ def _caller(
     except AwsError:
         if verifier is not None:
             raise
-        return bearer_metadata(settings.api_key)  # an open shim takes any signature or none
+        # An open shim takes any signature or none.
+        return bearer_metadata(settings.api_key), _SHIMS_OWN_KEY
     if verifier is not None and signed.access_key in verifier.secrets:
         verifier.verify(signed)
-        return bearer_metadata(settings.api_key)
+        return bearer_metadata(settings.api_key), _SHIMS_OWN_KEY
     if verifier is not None:
         # Not a static credential: only a key can vouch for it, even while none exists.
-        return (*signed.forwarded_metadata(), (SIGV4_REQUIRED_METADATA, "1"))
-    return signed.forwarded_metadata()
+        return (
+            (*signed.forwarded_metadata(), (SIGV4_REQUIRED_METADATA, "1")),
+            signed.access_key,
+        )
+    return signed.forwarded_metadata(), signed.access_key
 
 
 async def handle(request: web.Request) -> web.StreamResponse:
@@ -146,9 +158,10 @@ async def _respond(request: web.Request) -> tuple[web.StreamResponse, str, Servi
         if not target and is_sns(request, body):
             protocol = SnsQuery()
         if protocol.vouched(request):
-            CALLER.set(bearer_metadata(settings.api_key))
+            caller, access_key = bearer_metadata(settings.api_key), _SHIMS_OWN_KEY
         else:
-            CALLER.set(_caller(request, body, request.app.get(_VERIFIER), settings))
+            caller, access_key = _caller(request, body, request.app.get(_VERIFIER), settings)
+        CALLER.set(caller)
         # The server's calls for this request log and echo the same id.
         CALLER.set((*CALLER.get(), (request_ids.HEADER, request_id)))
         params = protocol.parse(request, body)
@@ -157,18 +170,22 @@ async def _respond(request: web.Request) -> tuple[web.StreamResponse, str, Servi
             raise AwsError(
                 INVALID_ACTION, f"The action {protocol.action} is not valid for this endpoint."
             )
+        backend = request.app[_BACKEND].speaking(protocol.status_errors)
         call = protocol.call_type(
             params=params,
             path=request.path,
             base_url=f"{request.scheme}://{request.host}",
-            settings=settings,
-            backend=request.app[_BACKEND].speaking(protocol.status_errors),
+            # With the caller's account id: its tenant's (aws/accounts.py).
+            settings=await request.app[_ACCOUNTS].settings_for(access_key, backend),
+            backend=backend,
         )
         result = await handler(call)
         return protocol.success(result, request_id), "OK", protocol
     except AwsError as error:
         if call is not None:
             error = await protocol.explain(call, error)
+            if error.other_account:
+                error = await _authenticated(call, error)
         log.debug("%s %s: %s %s", request_id, protocol.action, error.kind.code, error.message)
         return protocol.failure(error, request_id), error.kind.code, protocol
     except Exception:
@@ -179,10 +196,23 @@ async def _respond(request: web.Request) -> tuple[web.StreamResponse, str, Servi
         return protocol.failure(failure, request_id), failure.kind.code, protocol
 
 
+async def _authenticated(call: Call, error: AwsError) -> AwsError:
+    """The refusal of another account's URL or ARN, once the server has authenticated the
+    caller; else the server's refusal of the caller. The shim knew the caller's account
+    from an earlier request of its access key, and must not tell someone who has only
+    the key's name whether an account id is that key's."""
+    try:
+        await call.backend.call(call.backend.access.GetCallerTenant, GetCallerTenantRequest())
+    except AwsError as refused:
+        return refused
+    return error
+
+
 def build_app(settings: ShimSettings, backend: Backend) -> web.Application:
     app = web.Application(client_max_size=settings.max_request_size)
     app[_SETTINGS] = settings
     app[_BACKEND] = backend
+    app[_ACCOUNTS] = CallerAccounts(settings)
     request_ids.install(app)
     if settings.credentials:
         app[_VERIFIER] = Verifier(settings.credentials)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from postbox_server.aws.errors import AwsError, invalid_parameter, queue_does_not_exist
+from postbox_server.aws.errors import invalid_parameter, of_another_account, queue_does_not_exist
 from postbox_server.aws.settings import ShimSettings
 from postbox_server.errors import quoted
 from postbox_server.queue_names import MAX_QUEUE_NAME
@@ -26,7 +26,14 @@ def existing_queue_name(name: str) -> str:
 
 
 def queue_arn(settings: ShimSettings, name: str) -> str:
+    """The ARN of a queue of the caller's account (settings of its request: aws/accounts.py)."""
     return f"arn:aws:sqs:{settings.region}:{settings.account_id}:{name}"
+
+
+def is_foreign(arn: str, settings: ShimSettings) -> bool:
+    """Whether an SQS ARN names another region or account than the caller's."""
+    parts = arn.split(":")
+    return len(parts) == 6 and (parts[3], parts[4]) != (settings.region, settings.account_id)
 
 
 def queue_from_arn(arn: str, settings: ShimSettings, parameter: str) -> str:
@@ -38,10 +45,7 @@ def queue_from_arn(arn: str, settings: ShimSettings, parameter: str) -> str:
             "Reason: not an SQS queue ARN."
         )
     if parts[3] != settings.region or parts[4] != settings.account_id:
-        raise AwsError(
-            queue_does_not_exist().kind,
-            f"The specified queue does not exist: {quoted(arn)} "
-            f"is not in region {settings.region}, "
-            f"account {settings.account_id}.",
-        )
+        # Another region or account (another tenant's, or none): as a missing queue is,
+        # so that nothing tells whether a queue of that name is there.
+        raise of_another_account(queue_does_not_exist())
     return existing_queue_name(parts[5])

@@ -11,7 +11,12 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 import grpc
-from postbox.v1 import message_service_pb2_grpc, queue_service_pb2_grpc, topic_service_pb2_grpc
+from postbox.v1 import (
+    access_service_pb2_grpc,
+    message_service_pb2_grpc,
+    queue_service_pb2_grpc,
+    topic_service_pb2_grpc,
+)
 from postbox_client import TLS
 
 from postbox_server.auth.interceptor import FAILURE_METADATA
@@ -153,6 +158,8 @@ class Backend:
         self.queues = queue_service_pb2_grpc.QueueServiceStub(self.channel)
         self.messages = message_service_pb2_grpc.MessageServiceStub(self.channel)
         self.topics = topic_service_pb2_grpc.TopicServiceStub(self.channel)
+        # Only to ask which tenant's account a caller's URLs and ARNs carry (aws/accounts.py).
+        self.access = access_service_pb2_grpc.AccessServiceStub(self.channel)
 
     def speaking(self, status_errors: Mapping[grpc.StatusCode, ErrorKind]) -> Backend:
         """This backend (the same channel), its failures reported as one service reports

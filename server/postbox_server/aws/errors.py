@@ -33,6 +33,15 @@ class AwsError(Exception):
         self.message = message
         # The trailing metadata of the postbox call that failed, if one did.
         self.metadata: dict[str, str] = {}
+        # Refused for naming another account than the caller's, before the server saw
+        # the caller: answered only once the server has authenticated it (aws/app.py).
+        self.other_account = False
+
+
+def of_another_account(error: AwsError) -> AwsError:
+    """The error, marked as the refusal of a URL or ARN of another account."""
+    error.other_account = True
+    return error
 
 
 def error_kind(

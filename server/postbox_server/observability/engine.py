@@ -28,12 +28,13 @@ class CountingObserver(EngineObserver):
     def received(self, queue: str, rows: Sequence[Mapping[str, Any]]) -> None:
         metrics.count(metrics.MESSAGES_RECEIVED, queue, len(rows))
         redelivered = 0
+        ages = metrics.AGE_AT_RECEIVE.labels(*metrics.tenant_and_name(queue))
         for row in rows:
             if row["receive_count"] > 1:
                 redelivered += 1
             elif row["first_received_at"] is not None:
                 age = row["first_received_at"] - row["enqueued_at"]
-                metrics.AGE_AT_RECEIVE.labels(queue).observe(max(age.total_seconds(), 0.0))
+                ages.observe(max(age.total_seconds(), 0.0))
         metrics.count(metrics.MESSAGES_REDELIVERED, queue, redelivered)
         self._activity.received(queue, rows)
 

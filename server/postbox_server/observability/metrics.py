@@ -31,6 +31,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from postbox_server.errors import ApiError
 from postbox_server.http_site import http_site
 from postbox_server.observability.probes import Ready, add_probes
+from postbox_server.tenant_names import SEPARATOR
 
 if TYPE_CHECKING:
     from postbox_server.db.engine import Engine
@@ -54,26 +55,30 @@ GRPC_SECONDS = Histogram(
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
 )
 
-MESSAGES_SENT = Counter("postbox_messages_sent_total", "Messages sent, by queue.", ("queue",))
+# A queue's series name its tenant ("" for the default tenant, which Prometheus reads as
+# no label) and the name its tenant knows it by: a function of the stored name, so the
+# tenant label adds no series.
+_QUEUE_LABELS = ("tenant", "queue")
+MESSAGES_SENT = Counter("postbox_messages_sent_total", "Messages sent, by queue.", _QUEUE_LABELS)
 MESSAGES_RECEIVED = Counter(
-    "postbox_messages_received_total", "Deliveries of messages, by queue.", ("queue",)
+    "postbox_messages_received_total", "Deliveries of messages, by queue.", _QUEUE_LABELS
 )
 MESSAGES_REDELIVERED = Counter(
     "postbox_messages_redelivered_total",
     "Deliveries of messages delivered before (a lease ran out, or a nack), by queue.",
-    ("queue",),
+    _QUEUE_LABELS,
 )
 AGE_AT_RECEIVE = Histogram(
     "postbox_message_age_at_receive_seconds",
     "Seconds from a message's send to its first delivery, by queue.",
-    ("queue",),
+    _QUEUE_LABELS,
     buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 1800, 3600),
 )
 MESSAGES_DELETED = Counter(
-    "postbox_messages_deleted_total", "Messages deleted by their receipt, by queue.", ("queue",)
+    "postbox_messages_deleted_total", "Messages deleted by their receipt, by queue.", _QUEUE_LABELS
 )
 MESSAGES_NACKED = Counter(
-    "postbox_messages_nacked_total", "Messages given back for a retry, by queue.", ("queue",)
+    "postbox_messages_nacked_total", "Messages given back for a retry, by queue.", _QUEUE_LABELS
 )
 WEBHOOK_DELIVERIES = Counter(
     "postbox_webhook_deliveries_total",
@@ -129,9 +134,15 @@ SQS_SECONDS = Histogram(
 )
 
 
+def tenant_and_name(stored: str) -> list[str]:
+    """The label values of a stored queue or topic name: [tenant, name in the tenant]."""
+    tenant, _, name = stored.rpartition(SEPARATOR)
+    return [tenant, name]
+
+
 def count(counter: Counter, queue: str, amount: int) -> None:
     if amount:
-        counter.labels(queue).inc(amount)
+        counter.labels(*tenant_and_name(queue)).inc(amount)
 
 
 def observe_pool(engine: Engine) -> None:
@@ -171,25 +182,26 @@ async def queue_families(engine: Engine, max_queues: int) -> list[Metric]:
     """The depth figures of up to max_queues queues (in name order), from one query."""
     rows = await engine.queue_metrics(max_queues + 1)
     families = {
-        column: GaugeMetricFamily(name, text, labels=["queue"])
+        column: GaugeMetricFamily(name, text, labels=list(_QUEUE_LABELS))
         for name, text, column in _QUEUE_FAMILIES
     }
     paused = GaugeMetricFamily(
-        "postbox_queue_paused", "1 while sends or receives are paused.", labels=["queue"]
+        "postbox_queue_paused", "1 while sends or receives are paused.", labels=list(_QUEUE_LABELS)
     )
     # Counted by the engine wherever it happens (a sweep, a receive on its way, any
     # server or SQL caller), so one figure for the whole deployment.
     counters = {
-        column: CounterMetricFamily(name, text, labels=["queue"])
+        column: CounterMetricFamily(name, text, labels=list(_QUEUE_LABELS))
         for name, text, column in _QUEUE_COUNTERS
     }
     for row in rows[:max_queues]:
+        labels = tenant_and_name(row["queue_name"])
         for column, family in families.items():
             if row[column] is not None:
-                family.add_metric([row["queue_name"]], float(row[column]))
+                family.add_metric(labels, float(row[column]))
         for column, counter in counters.items():
-            counter.add_metric([row["queue_name"]], float(row[column]))
-        paused.add_metric([row["queue_name"]], float(row["send_paused"] or row["receive_paused"]))
+            counter.add_metric(labels, float(row[column]))
+        paused.add_metric(labels, float(row["send_paused"] or row["receive_paused"]))
     omitted = GaugeMetricFamily(
         "postbox_queues_omitted",
         "1 when there are more queues than --metrics-max-queues shows (the first by name are).",
@@ -212,17 +224,19 @@ async def consumer_families(engine: Engine, max_consumers: int) -> list[Metric]:
         "postbox_consumer_messages_in_flight",
         "Messages delivered to a consumer (ReceiveRequest.consumer_id), not settled; "
         f"the {max_consumers} largest holders, then (other) per queue; (none): unnamed.",
-        labels=["queue", "consumer"],
+        labels=[*_QUEUE_LABELS, "consumer"],
     )
     for row in rows:
-        in_flight.add_metric([row["queue_name"], row["consumer_id"]], float(row["in_flight"]))
+        in_flight.add_metric(
+            [*tenant_and_name(row["queue_name"]), row["consumer_id"]], float(row["in_flight"])
+        )
     return [in_flight]
 
 
 async def stream_families(engine: Engine, max_groups: int) -> list[Metric]:
     """Every consumer group's lag (up to max_groups, by topic and group name), one query."""
     rows = await engine.stream_metrics(max_groups)
-    labels = ["topic", "group"]
+    labels = ["tenant", "topic", "group"]
     messages = GaugeMetricFamily(
         "postbox_consumer_group_lag_messages",
         "Messages of a stream topic's log past the group's cursor.",
@@ -234,8 +248,9 @@ async def stream_families(engine: Engine, max_groups: int) -> list[Metric]:
         labels=labels,
     )
     for row in rows:
-        messages.add_metric([row["topic"], row["name"]], float(row["lag_messages"]))
-        seconds.add_metric([row["topic"], row["name"]], float(row["lag_seconds"]))
+        values = [*tenant_and_name(row["topic"]), row["name"]]
+        messages.add_metric(values, float(row["lag_messages"]))
+        seconds.add_metric(values, float(row["lag_seconds"]))
     return [messages, seconds]
 
 

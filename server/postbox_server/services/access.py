@@ -255,3 +255,14 @@ class AccessService(access_service_pb2_grpc.AccessServiceServicer):
         await self.engine.delete_tenant(request.name, request.force)
         await self.keys.catch_up()
         return pb.DeleteTenantResponse()
+
+    @reports_errors
+    async def GetCallerTenant(
+        self, request: pb.GetCallerTenantRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetCallerTenantResponse:
+        tenant = CALLER_TENANT.get()
+        if tenant == DEFAULT_TENANT:
+            return pb.GetCallerTenantResponse(tenant=pb.Tenant())
+        return pb.GetCallerTenantResponse(
+            tenant=tenant_resource(await self.engine.get_tenant(tenant))
+        )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from postbox_server.aws.errors import of_another_account
 from postbox_server.aws.settings import ShimSettings
 from postbox_server.aws.sns.errors import InvalidParameter, not_found
 from postbox_server.errors import quoted
@@ -26,11 +27,10 @@ def _parts(arn: str, parameter: str, count: int) -> list[str]:
 
 
 def _ours(parts: list[str], settings: ShimSettings, what: str) -> None:
+    """NotFound for an ARN of another region or account (another tenant's, or none), in
+    SNS's words for a missing one: nothing tells whether it is there."""
     if parts[3] != settings.region or parts[4] != settings.account_id:
-        raise not_found(
-            f"{what} does not exist: it is not in region {settings.region}, "
-            f"account {settings.account_id}"
-        )
+        raise of_another_account(not_found(f"{what} does not exist"))
 
 
 def topic_of(arn: str, settings: ShimSettings, parameter: str = "TopicArn") -> str:

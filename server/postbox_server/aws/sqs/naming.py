@@ -5,7 +5,7 @@ from __future__ import annotations
 from urllib.parse import urlsplit
 
 from postbox_server.aws.arns import existing_queue_name, is_queue_name, queue_arn, queue_from_arn
-from postbox_server.aws.errors import invalid_parameter, queue_does_not_exist
+from postbox_server.aws.errors import invalid_parameter, of_another_account, queue_does_not_exist
 from postbox_server.aws.settings import ShimSettings
 
 
@@ -29,7 +29,7 @@ def queue_from_path(path: str, settings: ShimSettings) -> str:
         raise queue_does_not_exist()
     account, name = parts
     if account != settings.account_id:
-        raise queue_does_not_exist()
+        raise of_another_account(queue_does_not_exist())
     return existing_queue_name(name)
 
 

@@ -10,7 +10,8 @@ from typing import Any
 from postbox.v1 import queue_service_pb2 as qpb
 
 from postbox_server.aws import policies
-from postbox_server.aws.errors import AwsError
+from postbox_server.aws.arns import is_foreign
+from postbox_server.aws.errors import AwsError, invalid_parameter, of_another_account
 from postbox_server.aws.settings import ShimSettings
 from postbox_server.aws.sqs import naming
 from postbox_server.aws.sqs.errors import INVALID_ATTRIBUTE_NAME, INVALID_ATTRIBUTE_VALUE
@@ -165,6 +166,14 @@ class RedrivePolicy(Attribute):
             count = int(count)
         if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= 1000:
             raise invalid_value(name, "maxReceiveCount must be 1 to 1000.")
+        if is_foreign(target, settings):
+            # Another account's (another tenant's): SQS's refusal, whether it exists or not.
+            raise of_another_account(
+                invalid_parameter(
+                    f"Value {quoted(target)} for parameter {name} is invalid. "
+                    "Reason: Dead-letter target owner should be same as the source."
+                )
+            )
         dead_letter_queue = naming.queue_from_arn(target, settings, "deadLetterTargetArn")
         queue.dead_letter_policy.CopyFrom(
             qpb.DeadLetterPolicy(dead_letter_queue=dead_letter_queue, max_receive_count=count)

@@ -45,6 +45,9 @@ type AccessServiceClient interface {
 	// Deletes a tenant and its keys. FAILED_PRECONDITION while it owns queues,
 	// topics or schedules, unless `force`; NOT_FOUND if it does not exist.
 	DeleteTenant(ctx context.Context, in *DeleteTenantRequest, opts ...grpc.CallOption) (*DeleteTenantResponse, error)
+	// Returns the tenant of the calling key: any key may ask about its own. The
+	// SQS and SNS shim puts its account id in the caller's queue URLs and ARNs.
+	GetCallerTenant(ctx context.Context, in *GetCallerTenantRequest, opts ...grpc.CallOption) (*GetCallerTenantResponse, error)
 }
 
 type accessServiceClient struct {
@@ -145,6 +148,15 @@ func (c *accessServiceClient) DeleteTenant(ctx context.Context, in *DeleteTenant
 	return out, nil
 }
 
+func (c *accessServiceClient) GetCallerTenant(ctx context.Context, in *GetCallerTenantRequest, opts ...grpc.CallOption) (*GetCallerTenantResponse, error) {
+	out := new(GetCallerTenantResponse)
+	err := c.cc.Invoke(ctx, "/postbox.v1.AccessService/GetCallerTenant", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AccessServiceServer is the server API for AccessService service.
 // All implementations must embed UnimplementedAccessServiceServer
 // for forward compatibility
@@ -177,6 +189,9 @@ type AccessServiceServer interface {
 	// Deletes a tenant and its keys. FAILED_PRECONDITION while it owns queues,
 	// topics or schedules, unless `force`; NOT_FOUND if it does not exist.
 	DeleteTenant(context.Context, *DeleteTenantRequest) (*DeleteTenantResponse, error)
+	// Returns the tenant of the calling key: any key may ask about its own. The
+	// SQS and SNS shim puts its account id in the caller's queue URLs and ARNs.
+	GetCallerTenant(context.Context, *GetCallerTenantRequest) (*GetCallerTenantResponse, error)
 	mustEmbedUnimplementedAccessServiceServer()
 }
 
@@ -213,6 +228,9 @@ func (UnimplementedAccessServiceServer) UpdateTenant(context.Context, *UpdateTen
 }
 func (UnimplementedAccessServiceServer) DeleteTenant(context.Context, *DeleteTenantRequest) (*DeleteTenantResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method DeleteTenant not implemented")
+}
+func (UnimplementedAccessServiceServer) GetCallerTenant(context.Context, *GetCallerTenantRequest) (*GetCallerTenantResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method GetCallerTenant not implemented")
 }
 func (UnimplementedAccessServiceServer) mustEmbedUnimplementedAccessServiceServer() {}
 
@@ -407,6 +425,24 @@ func _AccessService_DeleteTenant_Handler(srv interface{}, ctx context.Context, d
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AccessService_GetCallerTenant_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetCallerTenantRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AccessServiceServer).GetCallerTenant(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/postbox.v1.AccessService/GetCallerTenant",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AccessServiceServer).GetCallerTenant(ctx, req.(*GetCallerTenantRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 var _AccessService_serviceDesc = grpc.ServiceDesc{
 	ServiceName: "postbox.v1.AccessService",
 	HandlerType: (*AccessServiceServer)(nil),
@@ -450,6 +486,10 @@ var _AccessService_serviceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "DeleteTenant",
 			Handler:    _AccessService_DeleteTenant_Handler,
+		},
+		{
+			MethodName: "GetCallerTenant",
+			Handler:    _AccessService_GetCallerTenant_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

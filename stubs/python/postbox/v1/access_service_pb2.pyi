@@ -219,3 +219,13 @@ class DeleteTenantRequest(_message.Message):
 class DeleteTenantResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class GetCallerTenantRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetCallerTenantResponse(_message.Message):
+    __slots__ = ("tenant",)
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    tenant: Tenant
+    def __init__(self, tenant: _Optional[_Union[Tenant, _Mapping]] = ...) -> None: ...

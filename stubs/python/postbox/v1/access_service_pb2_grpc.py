@@ -29,8 +29,9 @@ class AccessServiceStub:
     """AccessService manages API keys: who may call the server, and what they may
     do, and tenants: namespaces of queues, topics, schedules and keys that share
     one server without seeing each other. Every method needs a key with the
-    admin permission once any key exists; a tenant's admin manages the keys of
-    its own tenant, and only an admin of the default tenant manages tenants. A
+    admin permission once any key exists (but GetCallerTenant, which any key may
+    call); a tenant's admin manages the keys of its own tenant, and only an admin
+    of the default tenant manages tenants. A
     client sends its key's secret as `authorization: Bearer <secret>`.
     """
 
@@ -90,14 +91,20 @@ class AccessServiceStub:
                 request_serializer=postbox_dot_v1_dot_access__service__pb2.DeleteTenantRequest.SerializeToString,
                 response_deserializer=postbox_dot_v1_dot_access__service__pb2.DeleteTenantResponse.FromString,
                 _registered_method=True)
+        self.GetCallerTenant = channel.unary_unary(
+                '/postbox.v1.AccessService/GetCallerTenant',
+                request_serializer=postbox_dot_v1_dot_access__service__pb2.GetCallerTenantRequest.SerializeToString,
+                response_deserializer=postbox_dot_v1_dot_access__service__pb2.GetCallerTenantResponse.FromString,
+                _registered_method=True)
 
 
 class AccessServiceServicer:
     """AccessService manages API keys: who may call the server, and what they may
     do, and tenants: namespaces of queues, topics, schedules and keys that share
     one server without seeing each other. Every method needs a key with the
-    admin permission once any key exists; a tenant's admin manages the keys of
-    its own tenant, and only an admin of the default tenant manages tenants. A
+    admin permission once any key exists (but GetCallerTenant, which any key may
+    call); a tenant's admin manages the keys of its own tenant, and only an admin
+    of the default tenant manages tenants. A
     client sends its key's secret as `authorization: Bearer <secret>`.
     """
 
@@ -179,6 +186,14 @@ class AccessServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetCallerTenant(self, request, context):
+        """Returns the tenant of the calling key: any key may ask about its own. The
+        SQS and SNS shim puts its account id in the caller's queue URLs and ARNs.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AccessServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -232,6 +247,11 @@ def add_AccessServiceServicer_to_server(servicer, server):
                     request_deserializer=postbox_dot_v1_dot_access__service__pb2.DeleteTenantRequest.FromString,
                     response_serializer=postbox_dot_v1_dot_access__service__pb2.DeleteTenantResponse.SerializeToString,
             ),
+            'GetCallerTenant': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetCallerTenant,
+                    request_deserializer=postbox_dot_v1_dot_access__service__pb2.GetCallerTenantRequest.FromString,
+                    response_serializer=postbox_dot_v1_dot_access__service__pb2.GetCallerTenantResponse.SerializeToString,
+            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'postbox.v1.AccessService', rpc_method_handlers)
@@ -244,8 +264,9 @@ class AccessService:
     """AccessService manages API keys: who may call the server, and what they may
     do, and tenants: namespaces of queues, topics, schedules and keys that share
     one server without seeing each other. Every method needs a key with the
-    admin permission once any key exists; a tenant's admin manages the keys of
-    its own tenant, and only an admin of the default tenant manages tenants. A
+    admin permission once any key exists (but GetCallerTenant, which any key may
+    call); a tenant's admin manages the keys of its own tenant, and only an admin
+    of the default tenant manages tenants. A
     client sends its key's secret as `authorization: Bearer <secret>`.
     """
 
@@ -509,6 +530,33 @@ class AccessService:
             '/postbox.v1.AccessService/DeleteTenant',
             postbox_dot_v1_dot_access__service__pb2.DeleteTenantRequest.SerializeToString,
             postbox_dot_v1_dot_access__service__pb2.DeleteTenantResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetCallerTenant(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/postbox.v1.AccessService/GetCallerTenant',
+            postbox_dot_v1_dot_access__service__pb2.GetCallerTenantRequest.SerializeToString,
+            postbox_dot_v1_dot_access__service__pb2.GetCallerTenantResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -30,8 +30,9 @@ class AccessServiceStub:
     """AccessService manages API keys: who may call the server, and what they may
     do, and tenants: namespaces of queues, topics, schedules and keys that share
     one server without seeing each other. Every method needs a key with the
-    admin permission once any key exists; a tenant's admin manages the keys of
-    its own tenant, and only an admin of the default tenant manages tenants. A
+    admin permission once any key exists (but GetCallerTenant, which any key may
+    call); a tenant's admin manages the keys of its own tenant, and only an admin
+    of the default tenant manages tenants. A
     client sends its key's secret as `authorization: Bearer <secret>`.
     """
 
@@ -74,14 +75,19 @@ class AccessServiceStub:
     """Deletes a tenant and its keys. FAILED_PRECONDITION while it owns queues,
     topics or schedules, unless `force`; NOT_FOUND if it does not exist.
     """
+    GetCallerTenant: _grpc.UnaryUnaryMultiCallable[_access_service_pb2.GetCallerTenantRequest, _access_service_pb2.GetCallerTenantResponse]
+    """Returns the tenant of the calling key: any key may ask about its own. The
+    SQS and SNS shim puts its account id in the caller's queue URLs and ARNs.
+    """
 
 @_typing.type_check_only
 class AccessServiceAsyncStub(AccessServiceStub):
     """AccessService manages API keys: who may call the server, and what they may
     do, and tenants: namespaces of queues, topics, schedules and keys that share
     one server without seeing each other. Every method needs a key with the
-    admin permission once any key exists; a tenant's admin manages the keys of
-    its own tenant, and only an admin of the default tenant manages tenants. A
+    admin permission once any key exists (but GetCallerTenant, which any key may
+    call); a tenant's admin manages the keys of its own tenant, and only an admin
+    of the default tenant manages tenants. A
     client sends its key's secret as `authorization: Bearer <secret>`.
     """
 
@@ -121,13 +127,18 @@ class AccessServiceAsyncStub(AccessServiceStub):
     """Deletes a tenant and its keys. FAILED_PRECONDITION while it owns queues,
     topics or schedules, unless `force`; NOT_FOUND if it does not exist.
     """
+    GetCallerTenant: _aio.UnaryUnaryMultiCallable[_access_service_pb2.GetCallerTenantRequest, _access_service_pb2.GetCallerTenantResponse]  # type: ignore[assignment]
+    """Returns the tenant of the calling key: any key may ask about its own. The
+    SQS and SNS shim puts its account id in the caller's queue URLs and ARNs.
+    """
 
 class AccessServiceServicer(metaclass=_abc_1.ABCMeta):
     """AccessService manages API keys: who may call the server, and what they may
     do, and tenants: namespaces of queues, topics, schedules and keys that share
     one server without seeing each other. Every method needs a key with the
-    admin permission once any key exists; a tenant's admin manages the keys of
-    its own tenant, and only an admin of the default tenant manages tenants. A
+    admin permission once any key exists (but GetCallerTenant, which any key may
+    call); a tenant's admin manages the keys of its own tenant, and only an admin
+    of the default tenant manages tenants. A
     client sends its key's secret as `authorization: Bearer <secret>`.
     """
 
@@ -224,6 +235,16 @@ class AccessServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_access_service_pb2.DeleteTenantResponse, _abc.Awaitable[_access_service_pb2.DeleteTenantResponse]]:
         """Deletes a tenant and its keys. FAILED_PRECONDITION while it owns queues,
         topics or schedules, unless `force`; NOT_FOUND if it does not exist.
+        """
+
+    @_abc_1.abstractmethod
+    def GetCallerTenant(
+        self,
+        request: _access_service_pb2.GetCallerTenantRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_access_service_pb2.GetCallerTenantResponse, _abc.Awaitable[_access_service_pb2.GetCallerTenantResponse]]:
+        """Returns the tenant of the calling key: any key may ask about its own. The
+        SQS and SNS shim puts its account id in the caller's queue URLs and ARNs.
         """
 
 def add_AccessServiceServicer_to_server(servicer: AccessServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -14,7 +14,7 @@ from postbox.v1 import topic_service_pb2 as pb
 
 from postbox_server.aws.arns import queue_arn, queue_from_arn
 from postbox_server.aws.call import Call, Result
-from postbox_server.aws.errors import AwsError
+from postbox_server.aws.errors import QUEUE_DOES_NOT_EXIST, AwsError, of_another_account
 from postbox_server.aws.sns import arns, confirmations
 from postbox_server.aws.sns.actions.base import (
     PAGE,
@@ -190,7 +190,16 @@ def _subscribed_queue(call: Call, endpoint: str, topic: str) -> str:
     """The queue an sqs subscription's Endpoint names, checked as SNS checks it."""
     if not endpoint.startswith("arn:"):
         raise InvalidParameter("Invalid parameter: SQS endpoint ARN")
-    queue = queue_from_arn(endpoint, call.settings, "Endpoint")
+    try:
+        queue = queue_from_arn(endpoint, call.settings, "Endpoint")
+    except AwsError as error:
+        if error.kind is not QUEUE_DOES_NOT_EXIST:
+            raise
+        # A queue of another account (another tenant's): no tenant delivers into
+        # another's queues, so SNS's NotFound, as for a queue that is not there.
+        raise of_another_account(
+            not_found("Invalid parameter: Endpoint Reason: the SQS queue does not exist")
+        ) from None
     if is_fifo(queue) and not is_fifo(topic):
         raise InvalidParameter(
             "Invalid parameter: Invalid parameter: Endpoint Reason: FIFO SQS Queues can not be "

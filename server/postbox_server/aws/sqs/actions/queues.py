@@ -14,6 +14,7 @@ from postbox_server.aws.errors import (
     AwsError,
     invalid_parameter,
     missing_parameter,
+    of_another_account,
     queue_does_not_exist,
 )
 from postbox_server.aws.sqs import naming, queue_attributes
@@ -76,7 +77,7 @@ async def get_queue_url(call: Call) -> Result:
     name = naming.existing_queue_name(call.required("QueueName"))
     owner = call.params.get("QueueOwnerAWSAccountId")
     if owner is not None and owner != call.settings.account_id:
-        raise queue_does_not_exist()
+        raise of_another_account(queue_does_not_exist())
     await get_queue(call, name)
     return {"QueueUrl": call.queue_url(name)}
 

@@ -654,6 +654,37 @@ export declare type DeleteTenantResponse = Message<"postbox.v1.DeleteTenantRespo
 export declare const DeleteTenantResponseSchema: GenMessage<DeleteTenantResponse>;
 
 /**
+ * @generated from message postbox.v1.GetCallerTenantRequest
+ */
+export declare type GetCallerTenantRequest = Message<"postbox.v1.GetCallerTenantRequest"> & {
+};
+
+/**
+ * Describes the message postbox.v1.GetCallerTenantRequest.
+ * Use `create(GetCallerTenantRequestSchema)` to create a new message.
+ */
+export declare const GetCallerTenantRequestSchema: GenMessage<GetCallerTenantRequest>;
+
+/**
+ * @generated from message postbox.v1.GetCallerTenantResponse
+ */
+export declare type GetCallerTenantResponse = Message<"postbox.v1.GetCallerTenantResponse"> & {
+  /**
+   * Output only. The calling key's tenant. For the default tenant (and while
+   * the server has no key), a Tenant with every field unset.
+   *
+   * @generated from field: postbox.v1.Tenant tenant = 1;
+   */
+  tenant?: Tenant | undefined;
+};
+
+/**
+ * Describes the message postbox.v1.GetCallerTenantResponse.
+ * Use `create(GetCallerTenantResponseSchema)` to create a new message.
+ */
+export declare const GetCallerTenantResponseSchema: GenMessage<GetCallerTenantResponse>;
+
+/**
  * What a grant allows on the resources it matches.
  *
  * @generated from enum postbox.v1.Permission
@@ -718,8 +749,9 @@ export declare const PermissionSchema: GenEnum<Permission>;
  * AccessService manages API keys: who may call the server, and what they may
  * do, and tenants: namespaces of queues, topics, schedules and keys that share
  * one server without seeing each other. Every method needs a key with the
- * admin permission once any key exists; a tenant's admin manages the keys of
- * its own tenant, and only an admin of the default tenant manages tenants. A
+ * admin permission once any key exists (but GetCallerTenant, which any key may
+ * call); a tenant's admin manages the keys of its own tenant, and only an admin
+ * of the default tenant manages tenants. A
  * client sends its key's secret as `authorization: Bearer <secret>`.
  *
  * @generated from service postbox.v1.AccessService
@@ -832,6 +864,17 @@ export declare const AccessService: GenService<{
     methodKind: "unary";
     input: typeof DeleteTenantRequestSchema;
     output: typeof DeleteTenantResponseSchema;
+  },
+  /**
+   * Returns the tenant of the calling key: any key may ask about its own. The
+   * SQS and SNS shim puts its account id in the caller's queue URLs and ARNs.
+   *
+   * @generated from rpc postbox.v1.AccessService.GetCallerTenant
+   */
+  getCallerTenant: {
+    methodKind: "unary";
+    input: typeof GetCallerTenantRequestSchema;
+    output: typeof GetCallerTenantResponseSchema;
   },
 }>;
 

@@ -302,25 +302,13 @@ class CpuSplit:
         return " / ".join(f"{part:.1f}" for part in parts) + f" ({sum(parts):.1f})"
 
 
-def _tree_seconds(root: psutil.Process, skip: psutil.Process | None = None) -> dict[str, float]:
-    """CPU seconds of `root`'s processes by kind ("java" or not), counting processes
-    that ended and were waited for through their parents."""
-    used = {"java": 0.0, "other": 0.0}
-    for process in [root, *root.children(recursive=True)]:
-        if skip is not None and process.pid == skip.pid:
-            continue
-        try:
-            times = process.cpu_times()
-            kind = "java" if process.name() == "java" else "other"
-        except psutil.NoSuchProcess:
-            continue  # ended meanwhile: its last moments go uncounted
-        used[kind] += times.user + times.system + times.children_user + times.children_system
-    return used
-
-
 class CpuMeter:
     """Reads a CpuSplit: the JVM is this process's java child, the Python workers the
-    JVM's descendants; the server and PostgreSQL only when this script started them."""
+    JVM's descendants; the server and PostgreSQL only when this script started them.
+
+    Spark's Python daemons fork workers that come and go, and do not always wait for
+    them, so a process's CPU is kept as last seen: one that ended between two readings
+    misses only its last moments rather than taking back all it had used."""
 
     def __init__(self, server: Server | None) -> None:
         self.here = psutil.Process()
@@ -329,17 +317,32 @@ class CpuMeter:
         if server is not None and server.embedded is not None:
             pid = (server.embedded.data_dir / "postmaster.pid").read_text().split()[0]
             self.postmaster = psutil.Process(int(pid))
+        self.last_seen: dict[tuple[int, float], tuple[str, float]] = {}
 
     def totals(self) -> CpuSplit:
+        for process in self.here.children():
+            if process.name() == "java":
+                self._read(process, "jvm", "python_workers")
+        for part, root in (("server", self.server), ("postgres", self.postmaster)):
+            if root is not None:
+                self._read(root, part, part)
+        used = dict.fromkeys(("jvm", "python_workers", "server", "postgres"), 0.0)
+        for part, seconds in self.last_seen.values():
+            used[part] += seconds
         own = self.here.cpu_times()
-        jvm = workers = 0.0
-        for child in self.here.children():
-            if child.name() == "java":
-                under = _tree_seconds(child)
-                jvm, workers = under["java"], under["other"]
-        server = sum(_tree_seconds(self.server).values()) if self.server else 0.0
-        postgres = sum(_tree_seconds(self.postmaster).values()) if self.postmaster else 0.0
-        return CpuSplit(own.user + own.system, jvm, workers, server, postgres)
+        return CpuSplit(here=own.user + own.system, **used)
+
+    def _read(self, root: psutil.Process, part: str, descendants: str) -> None:
+        for process in [root, *root.children(recursive=True)]:
+            try:
+                with process.oneshot():
+                    key = (process.pid, process.create_time())
+                    times = process.cpu_times()
+                    name = process.name()
+            except psutil.NoSuchProcess:
+                continue  # ended meanwhile: its last moments go uncounted
+            kind = part if process.pid == root.pid or name == root.name() else descendants
+            self.last_seen[key] = (kind, times.user + times.system)
 
 
 class Server:

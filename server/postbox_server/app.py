@@ -53,7 +53,7 @@ from postbox_server.services.decoding import RejectUndecodable
 from postbox_server.services.messages import MessageService
 from postbox_server.services.payload_schema_cache import PayloadSchemaCache
 from postbox_server.services.queues import QueueService
-from postbox_server.services.schedules import ScheduleService
+from postbox_server.services.schedules import ScheduleService, check_fired_body
 from postbox_server.services.streams import StreamService, StreamWaiters
 from postbox_server.services.topics import TopicService
 from postbox_server.sns_signing import SigningKey, load_or_create
@@ -475,9 +475,10 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
 
         egress = EgressPolicy(settings.webhook_allow_cidrs)
         webhooks = WebhookWorker(engine, egress, poll_interval=IDLE_POLL_INTERVAL)
+        schedule_schemas = PayloadSchemaCache(engine, hub)
         scheduler = SchedulerWorker(
             engine,
-            PayloadSchemaCache(engine, hub),
+            functools.partial(check_fired_body, schedule_schemas),
             on_webhook_deliveries=webhooks.wake,
             poll_interval=IDLE_POLL_INTERVAL,
         )

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import datetime, timezone
 
 import grpc
@@ -28,8 +28,6 @@ import grpc
 from postbox_server.db.engine import Engine, Record
 from postbox_server.errors import ApiError
 from postbox_server.observability import metrics
-from postbox_server.services.payload_schema_cache import PayloadSchemaCache
-from postbox_server.services.schedules import check_fired_body
 from postbox_server.workers import OutageLog
 from postbox_server.workers.scheduling import fire_plan
 
@@ -43,14 +41,16 @@ class SchedulerWorker:
     def __init__(
         self,
         engine: Engine,
-        payload_schemas: PayloadSchemaCache,
+        # services.schedules.check_fired_body, given by the app: workers sit below
+        # services and do not import them.
+        check_fired_body: Callable[[str | None, str | None, bytes], Awaitable[None]],
         *,
         on_webhook_deliveries: Callable[[], None] = lambda: None,
         poll_interval: float = 1.0,
         batch_size: int = 100,
     ) -> None:
         self.engine = engine
-        self.payload_schemas = payload_schemas
+        self.check_fired_body = check_fired_body
         # Fires into topics may queue webhook deliveries: the webhook worker wants to know.
         self.on_webhook_deliveries = on_webhook_deliveries
         self.poll_interval = poll_interval
@@ -64,9 +64,7 @@ class SchedulerWorker:
     async def _refusal(self, row: Record) -> str | None:
         """Why the schedule in `row` must not send: its body breaks the target's schema."""
         try:
-            await check_fired_body(
-                self.payload_schemas, row["target_queue"], row["target_topic"], row["body"]
-            )
+            await self.check_fired_body(row["target_queue"], row["target_topic"], row["body"])
         except ApiError as error:
             if error.code not in _BODY_REFUSALS:
                 raise

@@ -239,18 +239,29 @@ class ScheduleService(schedule_service_pb2_grpc.ScheduleServiceServicer):
         convert.check_message_size(schedule, self.max_message_size)
         fields = _fields(schedule, timing)
         if "body" in paths or "target" in paths:
-            # The body and target it will fire with: the new ones, or those it has.
-            current = await self.engine.get_schedule(schedule.name)
-            target = fields if "target" in paths else None
-            await check_fired_body(
-                self.payload_schemas,
-                target.target_queue if target else current["target_queue"],
-                target.target_topic if target else current["target_topic"],
-                fields.body if "body" in paths else current["body"],
-            )
+            await self._check_updated_body(schedule.name, paths, fields)
         row = await self.engine.update_schedule(schedule.name, paths, first, fields)
         self.on_change()
         return with_next_fire_times(row)
+
+    async def _check_updated_body(
+        self, name: str, paths: list[str], fields: ScheduleFields
+    ) -> None:
+        """Checks the body and target it will fire with: the new ones, or those it has."""
+        try:
+            current = await self.engine.get_schedule(name)
+        except ApiError as error:
+            if error.code is not grpc.StatusCode.NOT_FOUND:
+                raise
+            # The update then says what is wrong: a malformed target before NOT_FOUND.
+            return
+        target = fields if "target" in paths else None
+        await check_fired_body(
+            self.payload_schemas,
+            target.target_queue if target else current["target_queue"],
+            target.target_topic if target else current["target_topic"],
+            fields.body if "body" in paths else current["body"],
+        )
 
     @reports_errors
     async def DeleteSchedule(

@@ -68,6 +68,12 @@ def test_create_checks_the_rest(schedules, queue, name):
     for fields, code, says in [
         ({}, grpc.StatusCode.INVALID_ARGUMENT, "timing"),
         ({"interval": seconds(0.5)}, grpc.StatusCode.INVALID_ARGUMENT, "outside 1 s to 366 days"),
+        # Found by the HTTP fuzzer: now + this overflowed a datetime (a 500).
+        (
+            {"interval": seconds(-89_270_073_141)},
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "outside 1 s to 366 days",
+        ),
         ({"interval": seconds(60), "name": "bad name"}, grpc.StatusCode.INVALID_ARGUMENT, "name"),
     ]:
         error = error_of(create, schedules, fields.pop("name", name), queue, **fields)

@@ -130,7 +130,8 @@ class Timing:
         return f"Once at {stamp}"
 
     def first(self, now: datetime) -> datetime | None:
-        """When a schedule with this new timing fires first; checks a cron timing."""
+        """When a schedule with this new timing fires first; checks a cron timing and an
+        interval's bounds (before any arithmetic: a huge one overflows a datetime)."""
         if self.cron_expression is not None:
             first = next_cron_time(self.cron_expression, self.time_zone or DEFAULT_TIME_ZONE, now)
             if first is None:
@@ -140,6 +141,8 @@ class Timing:
                 )
             return first
         if self.every is not None:
+            if not MIN_INTERVAL <= self.every <= MAX_INTERVAL:
+                raise invalid(f"interval {self.every} is outside 1 s to 366 days")
             return now + self.every
         return self.run_at
 
@@ -151,8 +154,6 @@ class Timing:
                 f"cron expression is {len(self.cron_expression)} characters; "
                 f"the limit is {MAX_CRON_LENGTH}"
             )
-        if self.every is not None and not MIN_INTERVAL <= self.every <= MAX_INTERVAL:
-            raise invalid(f"interval {self.every} is outside 1 s to 366 days")
         first = self.first(start)
         if first is None:
             raise invalid("a schedule needs its timing: cron, interval or run_at")

@@ -179,7 +179,10 @@ async def test_messages_send_receive_visibility_delete(http: aiohttp.ClientSessi
     assert first["headers"] == {"kind": "new", "n": 2}
     assert first["read_ct"] == 1
     assert first["enqueued_at"].endswith("Z")
-    assert first["id"].startswith(f"{sent['id']}:")  # the receipt
+    # The id is a number standing for this delivery; the receipt comes beside it.
+    assert isinstance(first["id"], int)
+    assert 0 <= first["id"] < 2**53  # exact as a JavaScript number
+    assert first["receipt"].startswith(f"{sent['id']}:")
     status, rest, _ = await request(http, "GET", f"{messages}?max=10")
     assert sorted(json.dumps(m["message"]) for m in rest) == ['"a"', "[1]"]
     # Nothing visible: the default wait (0) answers at once, empty.
@@ -193,9 +196,14 @@ async def test_messages_send_receive_visibility_delete(http: aiohttp.ClientSessi
     status, [again], _ = await request(http, "GET", f"{messages}?vt=60")
     assert again["message_id"] == sent["id"]
     assert again["read_ct"] == 2
+    assert again["id"] != first["id"]  # another delivery, another number
+    # The first consumer's id, after the redelivery: stale, and the message stays.
     status, stale, _ = await request(http, "DELETE", f"{messages}/{first['id']}")
     refused(status, stale, 400, "stale")
     assert stale["code"] == "failed_precondition"
+    status, stale, _ = await request(http, "PATCH", f"{messages}/{first['id']}", {"vt": 0})
+    refused(status, stale, 400, "stale")
+    assert await depth(http, queue) == 3
     status, deleted, _ = await request(http, "DELETE", f"{messages}/{again['id']}")
     assert (status, deleted) == (204, None)
     status, gone, _ = await request(http, "DELETE", f"{messages}/{again['id']}")
@@ -206,6 +214,42 @@ async def test_messages_send_receive_visibility_delete(http: aiohttp.ClientSessi
     )
     assert status == 200, batch_deleted
     assert batch_deleted == {"deleted": [rest[0]["id"], rest[1]["id"]]}
+    assert await depth(http, queue) == 0
+
+
+async def test_a_delivery_id_is_this_process_s_and_a_receipt_works_on_any(
+    http: aiohttp.ClientSession, rest_server: HttpServerProcess, database_url: str
+) -> None:
+    queue = await new_queue(http, "rest_ids")
+    messages = f"/v1/queues/{queue}/messages"
+    await request(http, "POST", messages, [{"message": i} for i in range(3)])
+    status, received, _ = await request(http, "GET", f"{messages}?max=3&vt=60")
+    assert status == 200, received
+    first, second, third = received
+    other = HttpServerProcess(database_url).start()
+    try:
+        async with aiohttp.ClientSession(other.base) as elsewhere:
+            status, gone, _ = await request(elsewhere, "DELETE", f"{messages}/{first['id']}")
+            refused(status, gone, 410, f"delivery id {first['id']}", "receipt")
+            assert gone["code"] == "not_found"
+            status, gone, _ = await request(
+                elsewhere, "PATCH", f"{messages}/{first['id']}", {"vt": 0}
+            )
+            refused(status, gone, 410, "receipt")
+            # Unknown there: not deleted, the receipt beside it is.
+            status, batch, _ = await request(
+                elsewhere, "DELETE", messages, {"ids": [first["id"], second["receipt"]]}
+            )
+            assert (status, batch) == (200, {"deleted": [second["receipt"]]})
+            status, done, _ = await request(elsewhere, "DELETE", f"{messages}/{first['receipt']}")
+            assert status == 204, done
+    finally:
+        other.stop()
+    # The process that handed them out still knows them: a gone message is 404.
+    status, gone, _ = await request(http, "DELETE", f"{messages}/{first['id']}")
+    refused(status, gone, 404)
+    status, batch, _ = await request(http, "DELETE", messages, {"ids": [third["id"]]})
+    assert (status, batch) == (200, {"deleted": [third["id"]]})
     assert await depth(http, queue) == 0
 
 
@@ -466,7 +510,8 @@ async def test_previews_store_nothing(http: aiohttp.ClientSession) -> None:
         ("POST", "/messages", [{"message": i} for i in range(1001)], ["1001"]),
         ("POST", "/messages", {"message": 1, "headers": {f"h{i}": i for i in range(11)}}, ["10"]),
         ("DELETE", "/messages", {"ids": []}, ["1"]),
-        ("DELETE", "/messages", {"ids": [1, 2]}, ["ids"]),
+        ("DELETE", "/messages", {"ids": [1.5]}, ["ids"]),
+        ("DELETE", "/messages", {"ids": [True]}, ["ids"]),
         ("PATCH", "/messages/1:x", {}, ["vt"]),
         ("PATCH", "/messages/1:x", {"vt": "soon"}, ["vt"]),
         ("DELETE", "/messages/not-a-receipt", None, ["receipt"]),

@@ -48,6 +48,11 @@ class BadInput(Exception):
         self.reason = reason
 
 
+class Gone(BadInput):
+    """The request names something this server process does not know (any more): 410,
+    after the caller's key is checked as for any bad input."""
+
+
 class RestError(Exception):
     """A call's failure, as the REST client hears it."""
 
@@ -200,6 +205,11 @@ class RestCall:
         try:
             await self.call(self.route.procedure, Undecodable(bad.reason, _ADVICE))
         except RestError as error:
+            if isinstance(bad, Gone) and error.code is grpc.StatusCode.INVALID_ARGUMENT:
+                # The key passed: the refusal is the route's own.
+                return error_response(
+                    ConnectError(grpc.StatusCode.NOT_FOUND, bad.reason), status=410
+                )
             return error.response()
         raise AssertionError(f"{self.route.procedure} took an undecodable request")
 

@@ -1,9 +1,11 @@
 """/v1/queues/{name}/messages: send (one or a batch), receive, delete (one or a batch) and
 change visibility.
 
-A received message's `id` is its receipt ("<message id>:<lease>"): what deletes it and
-changes its visibility, and what stops a consumer whose lease ran out from deleting a
-message delivered to another since. `message_id` is the message's id, as sends return it.
+A received message's `id` is a number standing for its delivery (see deliveries.py):
+what deletes it and changes its visibility, as beyond-queue's numeric id does, and,
+like the delivery's `receipt` ("<message id>:<lease>", which these routes take too),
+what stops a consumer whose lease ran out from deleting a message delivered to another
+since. `message_id` is the message's id, as sends return it.
 """
 
 from __future__ import annotations
@@ -13,8 +15,10 @@ from typing import Any, TypeVar
 from aiohttp import web
 from postbox.v1 import message_service_pb2 as mpb
 
+from postbox_server.http.rest import deliveries
 from postbox_server.http.rest.framework import (
     BadInput,
+    Gone,
     Reply,
     RestCall,
     Route,
@@ -39,7 +43,9 @@ from postbox_server.http.rest.shapes import (
 
 # beyond-queue's receive defaults: one message, a 30 s lease, no wait.
 DEFAULT_MAX, DEFAULT_VT, DEFAULT_WAIT = 1, 30, 0
-RECEIPT = path_param("id", "The `id` a receive returned (the delivery's receipt).")
+RECEIPT = path_param(
+    "id", "The `id` a receive returned (its delivery id), or the delivery's `receipt`."
+)
 # The messages a send's body fills.
 Sendable = TypeVar("Sendable", mpb.SendRequest, mpb.SendBatchEntry)
 _SEND_FIELDS = ("message", "headers", "delay", "group_id", "deduplication_id")
@@ -91,9 +97,10 @@ async def send(call: RestCall) -> web.Response:
     return web.json_response({"id": message_id(one.message_id)}, status=201)
 
 
-def _received(message: Any) -> dict[str, Any]:
+def _received(message: Any, handed: deliveries.Deliveries, queue: str) -> dict[str, Any]:
     return {
-        "id": message.receipt,
+        "id": handed.hand_out(queue, message.receipt),
+        "receipt": message.receipt,
         "message_id": message_id(message.message_id),
         **message_fields(message.body),
         "headers": headers_of(message.attributes),
@@ -117,27 +124,58 @@ async def receive(call: RestCall) -> web.Response:
         wait_time=duration(wait),
     )
     received = await call.call("MessageService/Receive", request)
-    return web.json_response([_received(message) for message in received.messages])
+    handed = deliveries.of(call.request)
+    return web.json_response(
+        [_received(message, handed, request.queue) for message in received.messages]
+    )
+
+
+def _receipt(call: RestCall, queue: str, given: str) -> str:
+    """The receipt the path's id names: a delivery id's, or the receipt given."""
+    number = deliveries.parse_delivery_id(given)
+    if number is None:
+        return given
+    receipt = deliveries.of(call.request).receipt(queue, number)
+    if receipt is None:
+        raise Gone(
+            f"delivery id {number} is not one this server process handed out, or it has "
+            f"forgotten it (it keeps the last {deliveries.CAPACITY}); a delivery id works "
+            "only on the server process that received the message: settle it there, or "
+            "by the `receipt` the receive returned beside it, which every process takes"
+        )
+    return receipt
+
+
+def _is_id(value: Any) -> bool:
+    return isinstance(value, str) or (
+        isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    )
 
 
 async def delete_batch(call: RestCall) -> web.Response:
     body = await call.json_object()
     ids = body.get("ids")
-    if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
-        raise BadInput("the body needs ids: an array of the `id`s receives returned (strings)")
+    if not isinstance(ids, list) or not all(_is_id(i) for i in ids):
+        raise BadInput(
+            "the body needs ids: an array of the `id`s receives returned (numbers) or of "
+            "their receipts (strings)"
+        )
+    queue = call.path("name")
+    handed = deliveries.of(call.request)
+    # A delivery id this process does not know goes as its digits: a malformed receipt,
+    # which fails on its own (not deleted) while the others are.
+    receipts = [i if isinstance(i, str) else handed.receipt(queue, i) or str(i) for i in ids]
     done = await call.call(
-        "MessageService/DeleteBatch", mpb.DeleteBatchRequest(queue=call.path("name"), receipts=ids)
+        "MessageService/DeleteBatch", mpb.DeleteBatchRequest(queue=queue, receipts=receipts)
     )
-    deleted = [
-        receipt for receipt, result in zip(ids, done.results, strict=True) if result.code == 0
-    ]
+    deleted = [given for given, result in zip(ids, done.results, strict=True) if result.code == 0]
     return web.json_response({"deleted": deleted})
 
 
 async def delete_one(call: RestCall) -> web.Response:
-    await call.call(
-        "MessageService/Delete", mpb.DeleteRequest(queue=call.path("name"), receipt=call.path("id"))
-    )
+    queue = call.path("name")
+    receipt = _receipt(call, queue, call.path("id"))
+    await call.call("MessageService/Delete", mpb.DeleteRequest(queue=queue, receipt=receipt))
     return web.Response(status=204)
 
 
@@ -146,14 +184,16 @@ async def change_visibility(call: RestCall) -> web.Response:
     if "vt" not in body:
         raise BadInput("the body needs vt: seconds until the message is visible again")
     vt = whole_seconds(body["vt"], "vt")
-    receipt = call.path("id")
+    queue, given = call.path("name"), call.path("id")
+    receipt = _receipt(call, queue, given)
     await call.call(
         "MessageService/ChangeVisibility",
-        mpb.ChangeVisibilityRequest(
-            queue=call.path("name"), receipt=receipt, visibility_timeout=duration(vt)
-        ),
+        mpb.ChangeVisibilityRequest(queue=queue, receipt=receipt, visibility_timeout=duration(vt)),
     )
-    return web.json_response({"id": receipt, "visible_at": now_plus(vt)})
+    number = deliveries.parse_delivery_id(given)
+    return web.json_response(
+        {"id": given if number is None else number, "visible_at": now_plus(vt)}
+    )
 
 
 _SEND_ONE: dict[str, Any] = {
@@ -170,7 +210,12 @@ _SEND_ONE: dict[str, Any] = {
 _RECEIVED: dict[str, Any] = {
     "type": "object",
     "properties": {
-        "id": {"type": "string", "description": "The receipt: deletes, changes visibility."},
+        "id": {
+            "type": ["integer", "string"],
+            "description": "The delivery id: deletes, changes visibility, on this server "
+            "process (the receipt itself in the rare case of a clash).",
+        },
+        "receipt": {"type": "string", "description": "The same, on any server process."},
         "message_id": {"type": "integer"},
         "message": MESSAGE_SCHEMA,
         "body_base64": {"type": "string", "description": "Only for a body that is no text."},
@@ -180,6 +225,8 @@ _RECEIVED: dict[str, Any] = {
     },
 }
 _NOT_FOUND = {404: Reply("No queue of that name, or the message is gone.")}
+_ID = {"type": ["integer", "string"]}
+_UNKNOWN_ID = {410: Reply("A delivery id this server process did not hand out, or forgot.")}
 _MESSAGES = "/v1/queues/{name}/messages"
 ROUTES = (
     Route(
@@ -215,14 +262,14 @@ ROUTES = (
         "Delete up to 1000 received messages; each succeeds or fails on its own.",
         params=(NAME,),
         body={"type": "object", "required": ["ids"],
-              "properties": {"ids": {"type": "array", "items": {"type": "string"}}}},
+              "properties": {"ids": {"type": "array", "items": _ID}}},
         replies={200: Reply("The ids deleted.", {"type": "object", "properties": {
-            "deleted": {"type": "array", "items": {"type": "string"}}}}), **_NOT_FOUND},
+            "deleted": {"type": "array", "items": _ID}}}), **_NOT_FOUND},
     ),
     Route(
         "DELETE", _MESSAGES + "/{id}", "MessageService/Delete", delete_one,
         "Delete a received message.", params=(NAME, RECEIPT),
-        replies={204: Reply("Deleted."), **_NOT_FOUND,
+        replies={204: Reply("Deleted."), **_NOT_FOUND, **_UNKNOWN_ID,
                  400: Reply("Stale (delivered again since) or malformed id.")},
     ),
     Route(
@@ -231,7 +278,7 @@ ROUTES = (
         body={"type": "object", "required": ["vt"],
               "properties": {"vt": {"type": "integer", "minimum": 0, "maximum": 43200}}},
         replies={200: Reply("Changed.", {"type": "object", "properties": {
-            "id": {"type": "string"}, "visible_at": {"type": "string", "format": "date-time"}}}),
-            **_NOT_FOUND},
+            "id": _ID, "visible_at": {"type": "string", "format": "date-time"}}}),
+            **_NOT_FOUND, **_UNKNOWN_ID},
     ),
 )  # fmt: skip

@@ -9866,6 +9866,69 @@ BEGIN
 END
 $$;
 
+-- REST queue metrics (newest_msg_age_sec, total_messages): the newest message's age
+-- in queue_stats, and lifetime sends counted by the activity flushes.
+ALTER TABLE postbox.queue_counters ADD COLUMN sent bigint NOT NULL DEFAULT 0;
+
+-- Adds one server process's counts since its last flush, an entry per queue
+-- (arrays in step), to the current bucket, and its sends to the queues'
+-- lifetime counts (queue_counters.sent, since 0.9.0). Queues since dropped are
+-- skipped. Rows are written in queue id order, activity then counters, so two
+-- processes flushing at once wait for each other rather than deadlock.
+CREATE OR REPLACE FUNCTION postbox.record_activity(queue_names text[], sent bigint[], received bigint[], deleted bigint[],
+                                        latency_sum double precision[], latency_count bigint[],
+                                        latency_max double precision[])
+RETURNS void
+LANGUAGE sql AS $$
+    INSERT INTO postbox.queue_activity AS a (queue_id, bucket, sent, received, deleted,
+                                             latency_sum, latency_count, latency_max)
+    SELECT q.id, date_bin('10 seconds', now(), 'epoch'), t.sent, t.received, t.deleted,
+           t.latency_sum, t.latency_count, t.latency_max
+    FROM unnest(queue_names, sent, received, deleted, latency_sum, latency_count, latency_max)
+         AS t(name, sent, received, deleted, latency_sum, latency_count, latency_max)
+    JOIN postbox.queues q ON q.name = t.name
+    ORDER BY q.id
+    ON CONFLICT (queue_id, bucket) DO UPDATE
+    SET sent = a.sent + excluded.sent,
+        received = a.received + excluded.received,
+        deleted = a.deleted + excluded.deleted,
+        latency_sum = a.latency_sum + excluded.latency_sum,
+        latency_count = a.latency_count + excluded.latency_count,
+        latency_max = greatest(a.latency_max, excluded.latency_max);
+    INSERT INTO postbox.queue_counters AS c (queue_id, sent)
+    SELECT q.id, t.sent
+    FROM unnest(queue_names, sent) AS t(name, sent)
+    JOIN postbox.queues q ON q.name = t.name
+    WHERE t.sent > 0
+    ORDER BY q.id
+    ON CONFLICT ON CONSTRAINT queue_counters_pkey DO UPDATE SET sent = c.sent + excluded.sent
+$$;
+
+DROP FUNCTION postbox.queue_stats(text);
+-- Live counts of a queue's messages. Parked FIFO messages count as visible
+-- (waiting for their turn); expired ones do not count. The ages of the oldest
+-- and newest message (0 when empty), and the messages sent through a server
+-- since the queue was made (queue_counters.sent; newest_age and sent_total
+-- since 0.9.0).
+CREATE FUNCTION postbox.queue_stats(queue_name text)
+RETURNS TABLE (visible bigint, in_flight bigint, delayed bigint, oldest_age interval,
+               newest_age interval, sent_total bigint)
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    q postbox.queues := postbox._queue(queue_name);
+BEGIN
+    RETURN QUERY
+    SELECT count(*) FILTER (WHERE m.visible_at <= now() OR m.visible_at = 'infinity'),
+           count(*) FILTER (WHERE m.visible_at > now() AND m.visible_at <> 'infinity' AND m.lease IS NOT NULL),
+           count(*) FILTER (WHERE m.visible_at > now() AND m.visible_at <> 'infinity' AND m.lease IS NULL),
+           coalesce(now() - min(m.enqueued_at), interval '0'),
+           greatest(coalesce(now() - max(m.enqueued_at), interval '0'), interval '0'),
+           coalesce((SELECT c.sent FROM postbox.queue_counters c WHERE c.queue_id = q.id), 0)
+    FROM postbox.messages m
+    WHERE m.queue_id = q.id AND (q.retention IS NULL OR m.enqueued_at >= now() - q.retention);
+END
+$$;
+
 SELECT postbox._secure();
 
 INSERT INTO postbox.schema_version (version) VALUES ('0.9.0');

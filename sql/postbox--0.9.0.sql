@@ -215,12 +215,14 @@ CREATE INDEX archive_queue_idx ON postbox.archive (queue_id, id);
 CREATE INDEX archive_expiry_idx ON postbox.archive (queue_id, archived_at);
 
 -- What happened to each queue's messages that no message keeps a trace of: counts
--- since the queue was made (since 0.8.0). Written only when messages expire or
--- become dead letters, never on a send, receive or delete.
+-- since the queue was made (since 0.8.0). Written when messages expire or become
+-- dead letters, and by the servers' activity flushes (record_activity, every few
+-- seconds), never on a send, receive or delete.
 CREATE TABLE postbox.queue_counters (
     queue_id integer PRIMARY KEY REFERENCES postbox.queues (id) ON DELETE CASCADE,
     expired bigint NOT NULL DEFAULT 0,        -- past their retention or their own expiry
-    dead_lettered bigint NOT NULL DEFAULT 0   -- moved to the queue's dead-letter queue
+    dead_lettered bigint NOT NULL DEFAULT 0,  -- moved to the queue's dead-letter queue
+    sent bigint NOT NULL DEFAULT 0            -- sent through a server (since 0.9.0)
 );
 
 -- Queues that a server has streams waiting on, by the backend pid of that
@@ -902,9 +904,13 @@ END
 $$;
 
 -- Live counts of a queue's messages. Parked FIFO messages count as visible
--- (waiting for their turn); expired ones do not count.
+-- (waiting for their turn); expired ones do not count. The ages of the oldest
+-- and newest message (0 when empty), and the messages sent through a server
+-- since the queue was made (queue_counters.sent; newest_age and sent_total
+-- since 0.9.0).
 CREATE FUNCTION postbox.queue_stats(queue_name text)
-RETURNS TABLE (visible bigint, in_flight bigint, delayed bigint, oldest_age interval)
+RETURNS TABLE (visible bigint, in_flight bigint, delayed bigint, oldest_age interval,
+               newest_age interval, sent_total bigint)
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
     q postbox.queues := postbox._queue(queue_name);
@@ -913,7 +919,9 @@ BEGIN
     SELECT count(*) FILTER (WHERE m.visible_at <= now() OR m.visible_at = 'infinity'),
            count(*) FILTER (WHERE m.visible_at > now() AND m.visible_at <> 'infinity' AND m.lease IS NOT NULL),
            count(*) FILTER (WHERE m.visible_at > now() AND m.visible_at <> 'infinity' AND m.lease IS NULL),
-           coalesce(now() - min(m.enqueued_at), interval '0')
+           coalesce(now() - min(m.enqueued_at), interval '0'),
+           greatest(coalesce(now() - max(m.enqueued_at), interval '0'), interval '0'),
+           coalesce((SELECT c.sent FROM postbox.queue_counters c WHERE c.queue_id = q.id), 0)
     FROM postbox.messages m
     WHERE m.queue_id = q.id AND (q.retention IS NULL OR m.enqueued_at >= now() - q.retention);
 END
@@ -3457,9 +3465,10 @@ CREATE TABLE postbox.queue_activity (
 );
 
 -- Adds one server process's counts since its last flush, an entry per queue
--- (arrays in step), to the current bucket. Queues since dropped are skipped.
--- Rows are written in queue id order, so two processes flushing at once wait
--- for each other rather than deadlock.
+-- (arrays in step), to the current bucket, and its sends to the queues'
+-- lifetime counts (queue_counters.sent, since 0.9.0). Queues since dropped are
+-- skipped. Rows are written in queue id order, activity then counters, so two
+-- processes flushing at once wait for each other rather than deadlock.
 CREATE FUNCTION postbox.record_activity(queue_names text[], sent bigint[], received bigint[], deleted bigint[],
                                         latency_sum double precision[], latency_count bigint[],
                                         latency_max double precision[])
@@ -3479,7 +3488,14 @@ LANGUAGE sql AS $$
         deleted = a.deleted + excluded.deleted,
         latency_sum = a.latency_sum + excluded.latency_sum,
         latency_count = a.latency_count + excluded.latency_count,
-        latency_max = greatest(a.latency_max, excluded.latency_max)
+        latency_max = greatest(a.latency_max, excluded.latency_max);
+    INSERT INTO postbox.queue_counters AS c (queue_id, sent)
+    SELECT q.id, t.sent
+    FROM unnest(queue_names, sent) AS t(name, sent)
+    JOIN postbox.queues q ON q.name = t.name
+    WHERE t.sent > 0
+    ORDER BY q.id
+    ON CONFLICT ON CONSTRAINT queue_counters_pkey DO UPDATE SET sent = c.sent + excluded.sent
 $$;
 
 -- Forgets activity older than an hour, the longest window worth asking for,

@@ -215,12 +215,14 @@ CREATE INDEX archive_queue_idx ON postbox.archive (queue_id, id);
 CREATE INDEX archive_expiry_idx ON postbox.archive (queue_id, archived_at);
 
 -- What happened to each queue's messages that no message keeps a trace of: counts
--- since the queue was made (since 0.8.0). Written only when messages expire or
--- become dead letters, never on a send, receive or delete.
+-- since the queue was made (since 0.8.0). Written when messages expire or become
+-- dead letters, and by the servers' activity flushes (record_activity, every few
+-- seconds), never on a send, receive or delete.
 CREATE TABLE postbox.queue_counters (
     queue_id integer PRIMARY KEY REFERENCES postbox.queues (id) ON DELETE CASCADE,
     expired bigint NOT NULL DEFAULT 0,        -- past their retention or their own expiry
-    dead_lettered bigint NOT NULL DEFAULT 0   -- moved to the queue's dead-letter queue
+    dead_lettered bigint NOT NULL DEFAULT 0,  -- moved to the queue's dead-letter queue
+    sent bigint NOT NULL DEFAULT 0            -- sent through a server (since 0.9.0)
 );
 
 -- Queues that a server has streams waiting on, by the backend pid of that

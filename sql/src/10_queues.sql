@@ -483,9 +483,13 @@ END
 $$;
 
 -- Live counts of a queue's messages. Parked FIFO messages count as visible
--- (waiting for their turn); expired ones do not count.
+-- (waiting for their turn); expired ones do not count. The ages of the oldest
+-- and newest message (0 when empty), and the messages sent through a server
+-- since the queue was made (queue_counters.sent; newest_age and sent_total
+-- since 0.9.0).
 CREATE FUNCTION postbox.queue_stats(queue_name text)
-RETURNS TABLE (visible bigint, in_flight bigint, delayed bigint, oldest_age interval)
+RETURNS TABLE (visible bigint, in_flight bigint, delayed bigint, oldest_age interval,
+               newest_age interval, sent_total bigint)
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
     q postbox.queues := postbox._queue(queue_name);
@@ -494,7 +498,9 @@ BEGIN
     SELECT count(*) FILTER (WHERE m.visible_at <= now() OR m.visible_at = 'infinity'),
            count(*) FILTER (WHERE m.visible_at > now() AND m.visible_at <> 'infinity' AND m.lease IS NOT NULL),
            count(*) FILTER (WHERE m.visible_at > now() AND m.visible_at <> 'infinity' AND m.lease IS NULL),
-           coalesce(now() - min(m.enqueued_at), interval '0')
+           coalesce(now() - min(m.enqueued_at), interval '0'),
+           greatest(coalesce(now() - max(m.enqueued_at), interval '0'), interval '0'),
+           coalesce((SELECT c.sent FROM postbox.queue_counters c WHERE c.queue_id = q.id), 0)
     FROM postbox.messages m
     WHERE m.queue_id = q.id AND (q.retention IS NULL OR m.enqueued_at >= now() - q.retention);
 END

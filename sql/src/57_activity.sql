@@ -20,9 +20,10 @@ CREATE TABLE postbox.queue_activity (
 );
 
 -- Adds one server process's counts since its last flush, an entry per queue
--- (arrays in step), to the current bucket. Queues since dropped are skipped.
--- Rows are written in queue id order, so two processes flushing at once wait
--- for each other rather than deadlock.
+-- (arrays in step), to the current bucket, and its sends to the queues'
+-- lifetime counts (queue_counters.sent, since 0.9.0). Queues since dropped are
+-- skipped. Rows are written in queue id order, activity then counters, so two
+-- processes flushing at once wait for each other rather than deadlock.
 CREATE FUNCTION postbox.record_activity(queue_names text[], sent bigint[], received bigint[], deleted bigint[],
                                         latency_sum double precision[], latency_count bigint[],
                                         latency_max double precision[])
@@ -42,7 +43,14 @@ LANGUAGE sql AS $$
         deleted = a.deleted + excluded.deleted,
         latency_sum = a.latency_sum + excluded.latency_sum,
         latency_count = a.latency_count + excluded.latency_count,
-        latency_max = greatest(a.latency_max, excluded.latency_max)
+        latency_max = greatest(a.latency_max, excluded.latency_max);
+    INSERT INTO postbox.queue_counters AS c (queue_id, sent)
+    SELECT q.id, t.sent
+    FROM unnest(queue_names, sent) AS t(name, sent)
+    JOIN postbox.queues q ON q.name = t.name
+    WHERE t.sent > 0
+    ORDER BY q.id
+    ON CONFLICT ON CONSTRAINT queue_counters_pkey DO UPDATE SET sent = c.sent + excluded.sent
 $$;
 
 -- Forgets activity older than an hour, the longest window worth asking for,

@@ -253,6 +253,8 @@ def queue_resource(row: Row, *, with_payload_schema: bool = True) -> pb.Queue:
                 in_flight_messages=row["in_flight"],
                 delayed_messages=row["delayed"],
                 oldest_message_age=convert.duration(row["oldest_age"]),
+                newest_message_age=convert.duration(row["newest_age"]),
+                sent_messages_total=row["sent_total"],
                 sent_per_second=row["sent_per_second"],
                 received_per_second=row["received_per_second"],
             )

@@ -25,7 +25,8 @@ from collections import OrderedDict
 
 from aiohttp import web
 
-# Deliveries remembered per process: some 200 bytes each, so about 20 MB when full.
+# Deliveries remembered per process: about 300 bytes each with its receipt, so some
+# 30 MB when full (measured: 100,000 entries, 20 MB besides the receipts).
 CAPACITY = 100_000
 # Largest id a JSON number holds exactly in JavaScript (Number.MAX_SAFE_INTEGER).
 _ID_BITS = 53

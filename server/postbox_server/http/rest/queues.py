@@ -8,6 +8,7 @@ from typing import Any
 
 import grpc
 from aiohttp import web
+from google.protobuf.duration_pb2 import Duration
 from postbox.v1 import queue_service_pb2 as qpb
 
 from postbox_server.http.rest import events
@@ -35,6 +36,31 @@ QUEUE_SCHEMA: dict[str, Any] = {
         "is_partitioned": {"type": "boolean", "const": False},
         "is_unlogged": {"type": "boolean", "const": False},
         "created_at": {"type": "string", "format": "date-time"},
+    },
+}
+
+_COUNT: dict[str, Any] = {"type": "integer", "minimum": 0}
+_AGE: dict[str, Any] = {
+    "type": ["integer", "null"],
+    "minimum": 0,
+    "description": "Seconds; null when the queue is empty.",
+}
+METRICS_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "queue_name": {"type": "string"},
+        "queue_length": {**_COUNT, "description": "Visible, in flight and delayed."},
+        "visible_messages": _COUNT,
+        "in_flight_messages": _COUNT,
+        "delayed_messages": _COUNT,
+        "oldest_msg_age_sec": _AGE,
+        "newest_msg_age_sec": _AGE,
+        "total_messages": {
+            **_COUNT,
+            "description": "Sent since the queue was made, as the servers counted them "
+            "(a few seconds behind; sends made in SQL are not counted).",
+        },
+        "scrape_time": {"type": "string", "format": "date-time"},
     },
 }
 
@@ -103,7 +129,6 @@ async def metrics(call: RestCall) -> web.Response:
     name = call.path("name")
     got = await call.call("QueueService/GetQueue", qpb.GetQueueRequest(name=name))
     stats = got.queue.stats
-    oldest = stats.oldest_message_age.ToTimedelta().total_seconds()
     length = stats.visible_messages + stats.in_flight_messages + stats.delayed_messages
     return web.json_response(
         {
@@ -112,13 +137,18 @@ async def metrics(call: RestCall) -> web.Response:
             "visible_messages": stats.visible_messages,
             "in_flight_messages": stats.in_flight_messages,
             "delayed_messages": stats.delayed_messages,
-            "oldest_msg_age_sec": int(oldest) if length else None,
-            # postbox keeps neither: null, not a made-up figure.
-            "newest_msg_age_sec": None,
-            "total_messages": None,
+            # As beyond-queue's: null for an empty queue.
+            "oldest_msg_age_sec": _seconds(stats.oldest_message_age) if length else None,
+            "newest_msg_age_sec": _seconds(stats.newest_message_age) if length else None,
+            # Sent through a server since the queue was made: SQL sends are not counted.
+            "total_messages": stats.sent_messages_total,
             "scrape_time": datetime.now(timezone.utc).isoformat().replace("+00:00", "Z"),
         }
     )
+
+
+def _seconds(age: Duration) -> int:
+    return int(age.ToTimedelta().total_seconds())
 
 
 async def delete(call: RestCall) -> web.Response:
@@ -163,7 +193,7 @@ ROUTES = (
     Route(
         "GET", "/v1/queues/{name}", "QueueService/GetQueue", metrics,
         "A queue's metrics.", params=(NAME,),
-        replies={200: Reply("Counted now.", {"type": "object"}), **_ERROR_REPLIES},
+        replies={200: Reply("Counted now.", METRICS_SCHEMA), **_ERROR_REPLIES},
     ),
     Route(
         "DELETE", "/v1/queues/{name}", "QueueService/DeleteQueue", delete,

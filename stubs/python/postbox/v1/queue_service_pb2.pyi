@@ -124,20 +124,24 @@ class RetryPolicy(_message.Message):
     def __init__(self, minimum_backoff: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., maximum_backoff: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class QueueStats(_message.Message):
-    __slots__ = ("visible_messages", "in_flight_messages", "delayed_messages", "oldest_message_age", "sent_per_second", "received_per_second")
+    __slots__ = ("visible_messages", "in_flight_messages", "delayed_messages", "oldest_message_age", "sent_per_second", "received_per_second", "newest_message_age", "sent_messages_total")
     VISIBLE_MESSAGES_FIELD_NUMBER: _ClassVar[int]
     IN_FLIGHT_MESSAGES_FIELD_NUMBER: _ClassVar[int]
     DELAYED_MESSAGES_FIELD_NUMBER: _ClassVar[int]
     OLDEST_MESSAGE_AGE_FIELD_NUMBER: _ClassVar[int]
     SENT_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
     RECEIVED_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    NEWEST_MESSAGE_AGE_FIELD_NUMBER: _ClassVar[int]
+    SENT_MESSAGES_TOTAL_FIELD_NUMBER: _ClassVar[int]
     visible_messages: int
     in_flight_messages: int
     delayed_messages: int
     oldest_message_age: _duration_pb2.Duration
     sent_per_second: float
     received_per_second: float
-    def __init__(self, visible_messages: _Optional[int] = ..., in_flight_messages: _Optional[int] = ..., delayed_messages: _Optional[int] = ..., oldest_message_age: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., sent_per_second: _Optional[float] = ..., received_per_second: _Optional[float] = ...) -> None: ...
+    newest_message_age: _duration_pb2.Duration
+    sent_messages_total: int
+    def __init__(self, visible_messages: _Optional[int] = ..., in_flight_messages: _Optional[int] = ..., delayed_messages: _Optional[int] = ..., oldest_message_age: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., sent_per_second: _Optional[float] = ..., received_per_second: _Optional[float] = ..., newest_message_age: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., sent_messages_total: _Optional[int] = ...) -> None: ...
 
 class CreateQueueRequest(_message.Message):
     __slots__ = ("queue", "with_dead_letter_queue", "dead_letter_max_receive_count")

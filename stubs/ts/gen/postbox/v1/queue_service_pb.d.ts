@@ -431,6 +431,23 @@ export declare type QueueStats = Message<"postbox.v1.QueueStats"> & {
    * @generated from field: double received_per_second = 6;
    */
   receivedPerSecond: number;
+
+  /**
+   * Output only. Age of the newest message in the queue, whatever its state;
+   * zero when the queue is empty.
+   *
+   * @generated from field: google.protobuf.Duration newest_message_age = 7;
+   */
+  newestMessageAge?: Duration | undefined;
+
+  /**
+   * Output only. Messages sent to the queue since it was made (since postbox
+   * 0.9.0 for a queue made before), counted as `sent_per_second` is: by every
+   * server, a few seconds behind, sends made directly in SQL not included.
+   *
+   * @generated from field: int64 sent_messages_total = 8;
+   */
+  sentMessagesTotal: bigint;
 };
 
 /**

@@ -29,6 +29,7 @@ from typing import Any
 import pytest
 from certificates import Authority
 from cryptography import x509
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
 from support import ROOT, HttpServerProcess, SqsShimProcess, eventually, sqs_client, unique_name
@@ -113,13 +114,17 @@ def _pypi_validate(
     )
 
 
-def _verify_by_the_documented_recipe(message: dict[str, Any]) -> None:
-    """AWS's steps, written out here apart from the server's code: fetch the certificate,
-    build the string to sign from the type's fields, check RSA with SHA1 or SHA256."""
-    with urllib.request.urlopen(
-        message["SigningCertURL"], timeout=10, context=ssl.create_default_context(cafile=_CA[0])
-    ) as answer:
-        certificate = x509.load_pem_x509_certificate(answer.read())
+def _verify_by_the_documented_recipe(
+    message: dict[str, Any], certificate: x509.Certificate | None = None
+) -> None:
+    """AWS's steps, written out here apart from the server's code: fetch the certificate
+    (unless given), build the string to sign from the type's fields, check RSA with SHA1
+    or SHA256."""
+    if certificate is None:
+        with urllib.request.urlopen(
+            message["SigningCertURL"], timeout=10, context=ssl.create_default_context(cafile=_CA[0])
+        ) as answer:
+            certificate = x509.load_pem_x509_certificate(answer.read())
     if message["Type"] == "Notification":
         fields = ["Message", "MessageId", "Subject", "Timestamp", "TopicArn", "Type"]
     else:
@@ -180,6 +185,35 @@ def test_the_key_file_is_made_once_and_both_ports_serve_its_certificate(
         assert answer.headers["Content-Type"].startswith("application/x-pem-file")
         from_server = answer.read()
     assert from_shim == from_server == stored.public_bytes(serialization.Encoding.PEM)
+
+
+def test_the_rest_api_s_cert_is_the_one_that_signs(clients, signing_server, request):
+    """beyond-queue's GET /v1/cert, fetched with a plain HTTP client from the REST port:
+    the certificate whose key verifies a delivered envelope, and not a changed one."""
+    sns, sqs = clients
+    name = unique_name(request.node.name)
+    url = sqs.create_queue(QueueName=name)["QueueUrl"]
+    queue_arn = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"][
+        "QueueArn"
+    ]
+    topic = sns.create_topic(Name=name, Attributes={"SignatureVersion": "2"})["TopicArn"]
+    try:
+        sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint=queue_arn)
+        sns.publish(TopicArn=topic, Message="checked with /v1/cert")
+        [envelope] = [json.loads(m["Body"]) for m in _receive(sqs, url, 1)]
+    finally:
+        sns.delete_topic(TopicArn=topic)
+        sqs.delete_queue(QueueUrl=url)
+    # No credentials: subscribers fetch it as they fetch SNS's.
+    with urllib.request.urlopen(f"{signing_server.base}/v1/cert", timeout=10) as answer:
+        assert answer.status == 200
+        assert answer.headers["Content-Type"].startswith("application/x-pem-file")
+        pem = answer.read()
+    assert pem.startswith(b"-----BEGIN CERTIFICATE-----")
+    certificate = x509.load_pem_x509_certificate(pem)
+    _verify_by_the_documented_recipe(envelope, certificate)
+    with pytest.raises(InvalidSignature):
+        _verify_by_the_documented_recipe(_tampered(envelope), certificate)
 
 
 @pytest.mark.parametrize("version", ["1", "2"])

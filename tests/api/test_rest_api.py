@@ -685,6 +685,13 @@ async def test_keys_and_grants_answer_as_over_connect(
             http, "POST", f"/v1/queues/{mine}/messages", raw=b"{broken", headers=sender
         )
         refused(status, answer, 400, "not JSON")
+        # A delivery id this process does not know: as bad input, the key first (401),
+        # then 410, which says nothing of the queue.
+        unknown = f"/v1/queues/{mine}/messages/12345"
+        status, answer, _ = await request(http, "DELETE", unknown)
+        refused(status, answer, 401)
+        status, answer, _ = await request(http, "DELETE", unknown, headers=admin)
+        refused(status, answer, 410, "delivery id 12345")
         # Lists come back filtered to what the key may read.
         status, listed, _ = await request(http, "GET", "/v1/queues", headers=sender)
         assert status == 200

@@ -135,7 +135,8 @@ class PostboxTools:
 
     def queue_stats(self, name: str) -> dict[str, Any]:
         """A queue's live counts: visible, in flight and delayed messages, the oldest
-        message's age, and sends and receives per second over the last minute."""
+        and newest message's age, messages sent since it was made, and sends and
+        receives per second over the last minute."""
         return document(self.client.get_queue(name).stats)
 
     # Messages.

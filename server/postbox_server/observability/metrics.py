@@ -277,7 +277,7 @@ async def tenant_families(engine: Engine) -> list[Metric]:
     """Each tenant's usage and quotas (postbox.tenant_usage), one query per scrape; the
     default tenant, which has no quota, is not counted."""
     rows = await engine.tenant_usage()
-    families = []
+    families: list[Metric] = []
     for name, text, column in (*_TENANT_USAGE, *_TENANT_QUOTAS):
         family = GaugeMetricFamily(name, text, labels=["tenant"])
         for row in rows:

@@ -5,8 +5,9 @@ present a key of their tenant, so authentication costs both alike."""
 
 from __future__ import annotations
 
-import asyncio
+import functools
 import statistics
+from collections.abc import Awaitable, Callable
 
 import asyncpg
 import grpc
@@ -19,7 +20,7 @@ from postbox.v1 import (
 )
 from postbox.v1 import message_service_pb2 as pb
 
-from bench.load import Load, interleaved_rounds
+from bench.load import Load, interleaved_rounds, until_seen
 from bench.runner import Context, Row, median_range, scenario
 from bench.scenarios.throughput import grpc_load
 from postbox_server.auth.client import bearer_metadata
@@ -33,15 +34,6 @@ LIMITED, FREE = "bench-quota", "bench-free"
 LARGE_QUOTA = access_pb.TenantQuota(
     max_queues=1000, max_topics=1000, max_messages=10**12, max_bytes=2**50
 )
-
-
-async def _until(ready, what: str, timeout: float = 10.0) -> None:
-    """Polls until the server shows the change (a notification away)."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not await ready():
-        if asyncio.get_running_loop().time() > deadline:
-            raise TimeoutError(f"{what} not seen by the server after {timeout} s")
-        await asyncio.sleep(0.01)
 
 
 @scenario(
@@ -60,11 +52,11 @@ async def run(ctx: Context) -> list[Row]:
             # While no key exists anyone may create tenants; the server counts its
             # tenants again at once, so its snapshot holds LIMITED's quota from here on.
             access = access_service_pb2_grpc.AccessServiceStub(channel)
-            for tenant in (
+            for made in (
                 access_pb.Tenant(name=LIMITED, quota=LARGE_QUOTA),
                 access_pb.Tenant(name=FREE),
             ):
-                await access.CreateTenant(access_pb.CreateTenantRequest(tenant=tenant))
+                await access.CreateTenant(access_pb.CreateTenantRequest(tenant=made))
             for tenant, credentials in keys.items():
                 await conn.execute(
                     "SELECT postbox.create_key($1, $2, $3, $4, $5, NULL, NULL, $6)",
@@ -86,9 +78,9 @@ async def run(ctx: Context) -> list[Row]:
                 return True
 
             for tenant in keys:
-                await _until(lambda tenant=tenant: queue_made(tenant), f"{tenant}'s key")
+                await until_seen(functools.partial(queue_made, tenant), f"{tenant}'s key")
 
-        def sends(tenant: str):
+        def sends(tenant: str) -> Callable[[], Awaitable[Load]]:
             request = pb.SendRequest(queue=QUEUE, body=body)
             metadata = bearer_metadata(keys[tenant].secret)
 

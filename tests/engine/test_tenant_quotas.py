@@ -21,7 +21,7 @@ from typing import Any
 
 import grpc
 import pytest
-from auth_support import bearer, wait_until
+from auth_support import bearer, wait_key_works
 from botocore.exceptions import ClientError
 from postbox.v1 import access_service_pb2 as access_pb
 from postbox.v1 import (
@@ -85,14 +85,7 @@ def world(admin_url: str) -> Iterator[World]:
             access = access_service_pb2_grpc.AccessServiceStub(channel)
             admin = bearer(admin_secret)
 
-            def ready() -> bool:
-                try:
-                    access.ListKeys(access_pb.ListKeysRequest(), metadata=admin)
-                except grpc.RpcError:
-                    return False
-                return True
-
-            wait_until(ready, 5, "the first key")
+            wait_key_works(access, admin)
             yield World(server, shim.endpoint, access, admin, admin_secret)
     finally:
         if shim is not None:

@@ -10028,34 +10028,60 @@ BEGIN
 END
 $$;
 
--- Each tenant's quotas and what it holds now: its queues and topics, and the
+-- What each tenant held at the last count (see tenant_usage): every server's
+-- snapshot comes from here, so the tenants' messages are counted once per
+-- interval, not once per server. Runtime state, not in pg_dump.
+CREATE TABLE postbox.tenant_usage_counts (
+    tenant_name text PRIMARY KEY,
+    queues bigint NOT NULL,
+    topics bigint NOT NULL,
+    messages bigint NOT NULL,
+    bytes bigint NOT NULL,
+    counted_at timestamptz NOT NULL
+);
+
+-- Each tenant's quotas and what it holds: its queues and topics, and the
 -- messages in its queues (visible, in flight, delayed, dead letters) with the
--- bytes of their bodies. One pass over the tenants' queues' messages (not the
--- default tenant's). Every server reads it every few seconds
--- (--quota-refresh-interval) and checks each send against that snapshot.
-CREATE FUNCTION postbox.tenant_usage()
+-- bytes of their bodies. The figures are those of the last count; one older
+-- than max_age is counted again first, in one pass over the tenants' queues'
+-- messages (not the default tenant's), by one session at a time (an advisory
+-- lock: another returns the last count at once). Every server calls it every
+-- --quota-refresh-interval seconds and checks each send against what it got.
+CREATE FUNCTION postbox.tenant_usage(max_age interval DEFAULT '0 seconds')
 RETURNS TABLE (tenant_name text, max_queues bigint, max_topics bigint, max_messages bigint, max_bytes bigint,
-               queues bigint, topics bigint, messages bigint, bytes bigint)
-LANGUAGE sql STABLE AS $$
-    WITH owned AS (
-        SELECT split_part(q.name, '/', 1) AS tenant_name, q.id
-        FROM postbox.queues q WHERE strpos(q.name, '/') > 0
-    ), queue_counts AS (
-        SELECT o.tenant_name, count(*) AS queues FROM owned o GROUP BY o.tenant_name
-    ), topic_counts AS (
-        SELECT split_part(x.name, '/', 1) AS tenant_name, count(*) AS topics
-        FROM postbox.topics x WHERE strpos(x.name, '/') > 0 GROUP BY 1
-    ), stored AS (
-        SELECT o.tenant_name, count(*) AS messages, sum(octet_length(m.body)) AS bytes
-        FROM owned o JOIN postbox.messages m ON m.queue_id = o.id GROUP BY o.tenant_name
-    )
+               queues bigint, topics bigint, messages bigint, bytes bigint, counted_at timestamptz)
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF coalesce((SELECT max(c.counted_at) FROM postbox.tenant_usage_counts c) <= now() - max_age, true)
+       AND pg_try_advisory_xact_lock(1886350201, 2) THEN
+        DELETE FROM postbox.tenant_usage_counts;
+        INSERT INTO postbox.tenant_usage_counts (tenant_name, queues, topics, messages, bytes, counted_at)
+        WITH owned AS (
+            SELECT split_part(q.name, '/', 1) AS tenant_name, q.id
+            FROM postbox.queues q WHERE strpos(q.name, '/') > 0
+        ), queue_counts AS (
+            SELECT o.tenant_name, count(*) AS queues FROM owned o GROUP BY o.tenant_name
+        ), topic_counts AS (
+            SELECT split_part(x.name, '/', 1) AS tenant_name, count(*) AS topics
+            FROM postbox.topics x WHERE strpos(x.name, '/') > 0 GROUP BY 1
+        ), stored AS (
+            SELECT o.tenant_name, count(*) AS messages, sum(octet_length(m.body)) AS bytes
+            FROM owned o JOIN postbox.messages m ON m.queue_id = o.id GROUP BY o.tenant_name
+        )
+        SELECT t.name, coalesce(qc.queues, 0), coalesce(tc.topics, 0), coalesce(s.messages, 0),
+               coalesce(s.bytes, 0)::bigint, now()
+        FROM postbox.tenants t
+        LEFT JOIN queue_counts qc ON qc.tenant_name = t.name
+        LEFT JOIN topic_counts tc ON tc.tenant_name = t.name
+        LEFT JOIN stored s ON s.tenant_name = t.name;
+    END IF;
+    RETURN QUERY
     SELECT t.name, t.max_queues, t.max_topics, t.max_messages, t.max_bytes,
-           coalesce(qc.queues, 0), coalesce(tc.topics, 0), coalesce(s.messages, 0), coalesce(s.bytes, 0)::bigint
-    FROM postbox.tenants t
-    LEFT JOIN queue_counts qc ON qc.tenant_name = t.name
-    LEFT JOIN topic_counts tc ON tc.tenant_name = t.name
-    LEFT JOIN stored s ON s.tenant_name = t.name
-    ORDER BY t.name
+           coalesce(c.queues, 0), coalesce(c.topics, 0), coalesce(c.messages, 0), coalesce(c.bytes, 0),
+           c.counted_at
+    FROM postbox.tenants t LEFT JOIN postbox.tenant_usage_counts c ON c.tenant_name = t.name
+    ORDER BY t.name;
+END
 $$;
 
 -- Creates a queue; a name ending in ".fifo" makes it a FIFO queue. settings:

@@ -3,11 +3,13 @@ bodies a tenant's queues may hold.
 
 A send must not write a per-tenant counter row: every send of a tenant would then
 wait on the one before it. Instead each server process keeps a snapshot of every
-tenant's quotas and usage (postbox.tenant_usage, one pass over the tenants' queues'
-messages), refreshed every `interval` seconds off the request path, and checks a send
-against it in memory. So a quota holds within one refresh: what a tenant sends
-between two refreshes, through every server, may take it past its quota, and the
-next refresh refuses its sends until it is under again.
+tenant's quotas and usage, refreshed every `interval` seconds off the request path, and
+checks a send against it in memory. The snapshot comes from postbox.tenant_usage, which
+counts the tenants' queues' messages in one pass when its last count is older than the
+interval and otherwise returns that count, so the servers of a database share one count
+per interval. So a quota holds within about one refresh: what a tenant sends between
+two counts, through every server, may take it past its quota, and the next refresh
+refuses its sends until it is under again.
 
 Queue and topic quotas are the engine's, exact, checked as each is created
 (postbox._check_resource_quota); the snapshot only shows them.
@@ -20,7 +22,7 @@ import logging
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta
 
 import grpc
 
@@ -48,6 +50,8 @@ class TenantFigures:
     topics: int
     messages: int
     bytes: int
+    # When they were counted (None: not yet, a tenant made since the last count).
+    counted_at: datetime | None
 
     @classmethod
     def from_row(cls, row: Row) -> TenantFigures:
@@ -61,6 +65,7 @@ class TenantFigures:
             topics=row["topics"],
             messages=row["messages"],
             bytes=row["bytes"],
+            counted_at=row["counted_at"],
         )
 
     @property
@@ -68,8 +73,11 @@ class TenantFigures:
         """Whether a send must be checked: the tenant has a message or byte quota."""
         return self.max_messages is not None or self.max_bytes is not None
 
-    def refuse_beyond(self, messages: int, size: int, age: float) -> None:
+    def refuse_beyond(self, messages: int, size: int) -> None:
         """RESOURCE_EXHAUSTED when `messages` more, of `size` bytes, do not fit."""
+        if self.counted_at is None:
+            return
+        age = max(0.0, time.time() - self.counted_at.timestamp())
         if self.max_messages is not None and self.messages + messages > self.max_messages:
             raise ApiError(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -96,20 +104,15 @@ class TenantQuotas:
         # Only the tenants with a message or byte quota: the send path looks here, and
         # while it is empty (no such quota anywhere) a send only tests it.
         self._limiting: dict[str, TenantFigures] = {}
-        # When the snapshot was counted: the database's clock, and this process's.
-        self.counted_at: datetime | None = None
-        self._counted_monotonic = 0.0
         self._refreshing = asyncio.Lock()
 
     async def refresh(self) -> None:
         """Counts again now (after a tenant's quota changed here, and every interval)."""
         async with self._refreshing:
-            rows = await self._engine.tenant_usage()
+            rows = await self._engine.tenant_usage(timedelta(seconds=self.interval))
             tenants = {row["tenant_name"]: TenantFigures.from_row(row) for row in rows}
             self._tenants = tenants
             self._limiting = {name: t for name, t in tenants.items() if t.limits_stores}
-            self.counted_at = datetime.now(timezone.utc)
-            self._counted_monotonic = time.monotonic()
 
     async def run(self) -> None:
         """Refreshes every `interval` seconds until cancelled. While the database is
@@ -136,5 +139,4 @@ class TenantQuotas:
         tenant, separator, _ = destination.partition(SEPARATOR)
         figures = self._limiting.get(tenant) if separator else None
         if figures is not None:
-            age = time.monotonic() - self._counted_monotonic
-            figures.refuse_beyond(messages, sum(len(body) for body in bodies), age)
+            figures.refuse_beyond(messages, sum(len(body) for body in bodies))

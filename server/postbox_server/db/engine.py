@@ -1017,10 +1017,11 @@ class Engine:
     async def delete_tenant(self, name: str, force: bool) -> None:
         await self._call("execute", "delete_tenant", name, force)
 
-    async def tenant_usage(self) -> list[Record]:
-        """Each tenant's quotas and what it holds now (postbox.tenant_usage): one pass
-        over its queues' messages, so called every few seconds, never per call."""
-        return await self._call("fetch", "tenant_usage")
+    async def tenant_usage(self, max_age: timedelta) -> list[Record]:
+        """Each tenant's quotas and what it held at the last count (postbox.tenant_usage),
+        counted again first when that is older than max_age: one pass over the tenants'
+        queues' messages, so called every few seconds, never per call."""
+        return await self._call("fetch", "tenant_usage", max_age)
 
     # Maintenance.
 

@@ -335,7 +335,7 @@ SELECT * FROM postbox.update_tenant($1, $2, $3, $4, $5, $6)
 SELECT postbox.delete_tenant($1, $2)
 
 -- name: tenant_usage
-SELECT * FROM postbox.tenant_usage()
+SELECT * FROM postbox.tenant_usage($1)
 
 -- name: tenant_accounts
 SELECT name, account_id FROM postbox.tenants

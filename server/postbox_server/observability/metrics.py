@@ -13,6 +13,7 @@ import contextlib
 import logging
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from aiohttp import web
@@ -273,10 +274,15 @@ _TENANT_QUOTAS = (
 )
 
 
+# A scrape shows the servers' last count of the tenants' usage, unless none counted
+# within the default --quota-refresh-interval (a scrape of a server with no API).
+_TENANT_COUNT_AGE = timedelta(seconds=5)
+
+
 async def tenant_families(engine: Engine) -> list[Metric]:
     """Each tenant's usage and quotas (postbox.tenant_usage), one query per scrape; the
     default tenant, which has no quota, is not counted."""
-    rows = await engine.tenant_usage()
+    rows = await engine.tenant_usage(_TENANT_COUNT_AGE)
     families: list[Metric] = []
     for name, text, column in (*_TENANT_USAGE, *_TENANT_QUOTAS):
         family = GaugeMetricFamily(name, text, labels=["tenant"])

@@ -132,14 +132,14 @@ def quota_fields(tenant: pb.Tenant, paths: list[str] | None = None) -> dict[str,
 def usage_resource(quotas: TenantQuotas, tenant: str) -> pb.TenantUsage | None:
     """A tenant's usage as this server last counted it; None before its first count."""
     figures = quotas.of(tenant)
-    if figures is None or quotas.counted_at is None:
+    if figures is None or figures.counted_at is None:
         return None
     return pb.TenantUsage(
         queues=figures.queues,
         topics=figures.topics,
         messages=figures.messages,
         bytes=figures.bytes,
-        count_time=convert.timestamp(quotas.counted_at),
+        count_time=convert.timestamp(figures.counted_at),
     )
 
 

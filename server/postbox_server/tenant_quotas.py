@@ -7,9 +7,10 @@ tenant's quotas and usage, refreshed every `interval` seconds off the request pa
 checks a send against it in memory. The snapshot comes from postbox.tenant_usage, which
 counts the tenants' queues' messages in one pass when its last count is older than the
 interval and otherwise returns that count, so the servers of a database share one count
-per interval. So a quota holds within about one refresh: what a tenant sends between
-two counts, through every server, may take it past its quota, and the next refresh
-refuses its sends until it is under again.
+per interval. So a quota holds within two refreshes (a count up to one interval old
+when read, read once an interval): what a tenant sends meanwhile, through every server,
+may take it past its quota, and the next refresh refuses its sends until it is under
+again.
 
 Queue and topic quotas are the engine's, exact, checked as each is created
 (postbox._check_resource_quota); the snapshot only shows them.

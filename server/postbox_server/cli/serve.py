@@ -224,7 +224,7 @@ def _add_serve_flags(serve: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="seconds between counts of each tenant's messages and bytes, against which "
         "sends are checked for the tenants' quotas: a quota may be overrun by what a tenant "
-        "sends within one interval (default: %(default)s)",
+        "sends within two intervals (default: %(default)s)",
     )
     serve.add_argument(
         "--workers",

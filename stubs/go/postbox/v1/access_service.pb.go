@@ -1000,7 +1000,7 @@ func (x *Tenant) GetQuota() *TenantQuota {
 // are exact (checked as each is created). Messages and bytes are checked on
 // each send against a snapshot of the tenant's usage that every server
 // refreshes every few seconds (`serve --quota-refresh-interval`, default 5 s),
-// so a tenant may go past them by what it sends within one refresh.
+// so a tenant may go past them by what it sends within two refreshes.
 type TenantQuota struct {
 	state         protoimpl.MessageState
 	sizeCache     protoimpl.SizeCache

@@ -463,7 +463,7 @@ export declare const TenantSchema: GenMessage<Tenant>;
  * are exact (checked as each is created). Messages and bytes are checked on
  * each send against a snapshot of the tenant's usage that every server
  * refreshes every few seconds (`serve --quota-refresh-interval`, default 5 s),
- * so a tenant may go past them by what it sends within one refresh.
+ * so a tenant may go past them by what it sends within two refreshes.
  *
  * @generated from message postbox.v1.TenantQuota
  */

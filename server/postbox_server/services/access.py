@@ -164,7 +164,7 @@ def _update_paths(mask: Any, updatable: tuple[str, ...]) -> list[str]:
 class AccessService(access_service_pb2_grpc.AccessServiceServicer):
     def __init__(self, engine: Engine, keys: KeyCache, quotas: TenantQuotas | None = None) -> None:
         self.engine = engine
-        # Counted again after a tenant or its quota changes, so that this server's next
+        # Read again after a tenant or its quota changes, so that this server's next
         # send is checked against the new quota; other servers follow at their refresh.
         self.quotas = quotas or TenantQuotas(engine)
         # Every change waits until this server's cache has it, so a client that
@@ -172,13 +172,14 @@ class AccessService(access_service_pb2_grpc.AccessServiceServicer):
         # notification.
         self.keys = keys
 
-    async def _recount(self) -> None:
-        """Counts the tenants again after a change that committed: should the database
-        fail now, the change stands and the periodic refresh catches up."""
+    async def _reload_quotas(self) -> None:
+        """Reads the tenants' quotas (and their last count) again after a change that
+        committed: should the database fail now, the change stands and the periodic
+        refresh catches up."""
         try:
             await self.quotas.refresh()
         except ApiError as error:
-            log.warning("tenant usage not counted again after a change: %s", error.message)
+            log.warning("tenant quotas not read again after a change: %s", error.message)
 
     @reports_errors
     async def CreateKey(
@@ -261,7 +262,7 @@ class AccessService(access_service_pb2_grpc.AccessServiceServicer):
             tenant.name, tenant.account_id or None, tenant.description, quota_fields(tenant)
         )
         await self.keys.catch_up()
-        await self._recount()
+        await self._reload_quotas()
         return pb.CreateTenantResponse(tenant=tenant_resource(row))
 
     @reports_errors
@@ -299,7 +300,7 @@ class AccessService(access_service_pb2_grpc.AccessServiceServicer):
             quota_fields(tenant, paths),
         )
         await self.keys.catch_up()
-        await self._recount()
+        await self._reload_quotas()
         return pb.UpdateTenantResponse(tenant=tenant_resource(row))
 
     @reports_errors
@@ -308,7 +309,7 @@ class AccessService(access_service_pb2_grpc.AccessServiceServicer):
     ) -> pb.DeleteTenantResponse:
         await self.engine.delete_tenant(request.name, request.force)
         await self.keys.catch_up()
-        await self._recount()
+        await self._reload_quotas()
         return pb.DeleteTenantResponse()
 
     @reports_errors

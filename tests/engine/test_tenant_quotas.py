@@ -12,13 +12,16 @@ A database, server and shim of their own: keys turn authentication on.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
+import asyncpg
 import grpc
 import pytest
 from auth_support import bearer, wait_key_works
@@ -53,6 +56,7 @@ REFRESH = 0.2
 
 @dataclass
 class World:
+    database_url: str
     server: HttpServerProcess
     shim_endpoint: str
     access: access_service_pb2_grpc.AccessServiceStub
@@ -86,7 +90,7 @@ def world(admin_url: str) -> Iterator[World]:
             admin = bearer(admin_secret)
 
             wait_key_works(access, admin)
-            yield World(server, shim.endpoint, access, admin, admin_secret)
+            yield World(url, server, shim.endpoint, access, admin, admin_secret)
     finally:
         if shim is not None:
             shim.stop()
@@ -507,3 +511,31 @@ def test_tenant_cli_sets_quotas(world: World) -> None:
     refused = postbox("tenants", "update", "cli-quota", "--max-topics", "-2", env=env)
     assert refused.returncode != 0
     assert "quota.max_topics is '-2'" in refused.stderr
+
+
+def test_the_servers_share_one_count_per_interval(world: World) -> None:
+    """postbox.tenant_usage counts one session at a time: while another session counts
+    (here: holds its lock), it answers the last count at once, and counts again once the
+    lock is free (max_age 0: any count is too old)."""
+
+    async def run() -> None:
+        counting = await asyncpg.connect(world.database_url)
+        asking = await asyncpg.connect(world.database_url)
+        usage = "SELECT messages FROM postbox.tenant_usage($1) WHERE tenant_name = 'sql-count'"
+        try:
+            await asking.execute("SELECT postbox.create_tenant('sql-count')")
+            await asking.execute("SELECT postbox.create_queue('sql-count/q')")
+            async with counting.transaction():
+                await counting.execute("SELECT pg_advisory_xact_lock(1886350201, 2)")
+                await asking.execute("SELECT postbox.send('sql-count/q', 'a')")
+                await asking.execute("SELECT postbox.send('sql-count/q', 'b')")
+                assert await asking.fetchval(usage, timedelta(0)) == 0
+            deadline = asyncio.get_running_loop().time() + 30
+            while await asking.fetchval(usage, timedelta(0)) != 2:
+                assert asyncio.get_running_loop().time() < deadline, "never counted again"
+                await asyncio.sleep(0.02)
+        finally:
+            await counting.close()
+            await asking.close()
+
+    asyncio.run(run())

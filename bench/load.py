@@ -152,3 +152,14 @@ async def fixed_rate(
     if tasks:
         await asyncio.gather(*tasks)
     return Paced(count, elapsed)
+
+
+async def until_seen(
+    ready: Callable[[], Awaitable[bool]], what: str, timeout: float = 10.0
+) -> None:
+    """Polls until the server shows a change (a key, a tenant: a notification away)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not await ready():
+        if asyncio.get_running_loop().time() > deadline:
+            raise TimeoutError(f"{what} not seen by the server after {timeout} s")
+        await asyncio.sleep(0.01)

@@ -715,7 +715,7 @@ $$;
 
 -- Creates a queue; a name ending in ".fifo" makes it a FIFO queue. settings:
 -- any keys of queue_defaults(), e.g. '{"visibility_timeout": 60}'. PB409 if the
--- queue exists.
+-- queue exists, PB429 if its tenant owns max_queues already (since 0.9.0).
 CREATE FUNCTION postbox.create_queue(queue_name text, settings jsonb DEFAULT '{}')
 RETURNS postbox.queues
 LANGUAGE plpgsql AS $$
@@ -747,6 +747,7 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'PB409',
             MESSAGE = format('queue %s already exists', quote_literal(queue_name));
     END IF;
+    PERFORM postbox._check_resource_quota('queue', queue_name);  -- since 0.9.0
     -- SNS subscriptions made before the queue existed deliver into it from now on.
     UPDATE postbox.subscriptions SET queue_id = q.id, pending_queue = NULL WHERE pending_queue = queue_name;
     RETURN q;
@@ -3663,7 +3664,8 @@ END
 $$;
 
 -- Creates a topic, with its tags and SNS attributes (see postbox.topics), and
--- a stream_retention for a stream topic. PB409 if it exists.
+-- a stream_retention for a stream topic. PB409 if it exists, PB429 if its
+-- tenant owns max_topics already (since 0.9.0).
 CREATE FUNCTION postbox.create_topic(topic_name text, tags jsonb DEFAULT '{}', sns_attributes jsonb DEFAULT '{}',
                                      stream_retention interval DEFAULT NULL, payload_schema jsonb DEFAULT NULL)
 RETURNS postbox.topics
@@ -3687,6 +3689,7 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'PB409',
             MESSAGE = format('topic %s already exists', quote_literal(topic_name));
     END IF;
+    PERFORM postbox._check_resource_quota('topic', topic_name);  -- since 0.9.0
     RETURN t;
 END
 $$;
@@ -7199,13 +7202,20 @@ $$;
 -- schedules are named <tenant>/<name>, and its API keys (api_keys.tenant) reach
 -- only those. The default tenant has no row: its resources are the names
 -- without "/", its keys have no tenant. account_id is the AWS account id the
--- SQS and SNS shim shows in the tenant's queue URLs and ARNs.
+-- SQS and SNS shim shows in the tenant's queue URLs and ARNs. The max_ columns
+-- are its quotas (NULL: no limit): queues and topics it may own, checked here
+-- as it creates one, and messages and bytes of message bodies its queues may
+-- hold, which the servers check on each send against postbox.tenant_usage.
 CREATE TABLE postbox.tenants (
     name text PRIMARY KEY,
     account_id text NOT NULL UNIQUE,
     description text NOT NULL DEFAULT '',
     created_at timestamptz NOT NULL DEFAULT now(),
-    updated_at timestamptz NOT NULL DEFAULT now()
+    updated_at timestamptz NOT NULL DEFAULT now(),
+    max_queues bigint,
+    max_topics bigint,
+    max_messages bigint,
+    max_bytes bigint
 );
 
 DO $$
@@ -7251,13 +7261,72 @@ BEGIN
 END
 $$;
 
+-- The message of a check of a tenant's quota, or NULL when it is valid: a
+-- JSON object of any of max_queues and max_topics (0 to 1,000,000),
+-- max_messages (0 to 10^12) and max_bytes (0 to 2^50, a pebibyte), each a
+-- whole number; 0: no limit.
+CREATE FUNCTION postbox.tenant_quota_problem(quota jsonb) RETURNS text
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    field text;
+    value jsonb;
+    ceiling numeric;
+BEGIN
+    IF quota IS NULL THEN
+        RETURN NULL;
+    END IF;
+    IF jsonb_typeof(quota) <> 'object' THEN
+        RETURN 'quota must be an object of max_queues, max_topics, max_messages and max_bytes';
+    END IF;
+    FOR field, value IN SELECT * FROM jsonb_each(quota) LOOP
+        ceiling := CASE field WHEN 'max_queues' THEN 1000000 WHEN 'max_topics' THEN 1000000
+                              WHEN 'max_messages' THEN 1000000000000 WHEN 'max_bytes' THEN 1125899906842624 END;
+        IF ceiling IS NULL THEN
+            RETURN format('quota has no field %s: give any of max_queues, max_topics, max_messages and max_bytes',
+                          postbox._quoted(field));
+        END IF;
+        IF jsonb_typeof(value) <> 'number' OR value::text::numeric <> trunc(value::text::numeric)
+           OR value::text::numeric NOT BETWEEN 0 AND ceiling THEN
+            RETURN format('quota.%s is %s; give a whole number from 0 (no limit) to %s',
+                          field, postbox._quoted(value::text), ceiling);
+        END IF;
+    END LOOP;
+    RETURN NULL;
+END
+$$;
+
+-- The tenant with the quota fields present in `quota` set (0: no limit);
+-- PB400 for a bad quota.
+CREATE FUNCTION postbox._with_quota(t postbox.tenants, quota jsonb) RETURNS postbox.tenants
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    PERFORM postbox._invalid(postbox.tenant_quota_problem(quota))
+    WHERE postbox.tenant_quota_problem(quota) IS NOT NULL;
+    IF quota ? 'max_queues' THEN
+        t.max_queues := nullif((quota ->> 'max_queues')::bigint, 0);
+    END IF;
+    IF quota ? 'max_topics' THEN
+        t.max_topics := nullif((quota ->> 'max_topics')::bigint, 0);
+    END IF;
+    IF quota ? 'max_messages' THEN
+        t.max_messages := nullif((quota ->> 'max_messages')::bigint, 0);
+    END IF;
+    IF quota ? 'max_bytes' THEN
+        t.max_bytes := nullif((quota ->> 'max_bytes')::bigint, 0);
+    END IF;
+    RETURN t;
+END
+$$;
+
 -- Creates a tenant. Without an account id it gets a random one no other
--- tenant has. PB409 if the name or the account id is taken; PB400 for bad fields.
-CREATE FUNCTION postbox.create_tenant(tenant_name text, account_id text DEFAULT NULL, description text DEFAULT '')
+-- tenant has. quota: see tenant_quota_problem (since 0.9.0). PB409 if the
+-- name or the account id is taken; PB400 for bad fields.
+CREATE FUNCTION postbox.create_tenant(tenant_name text, account_id text DEFAULT NULL, description text DEFAULT '',
+                                      quota jsonb DEFAULT NULL)
 RETURNS postbox.tenants
 LANGUAGE plpgsql AS $$
 DECLARE
-    t postbox.tenants;
+    t postbox.tenants := postbox._with_quota(NULL, quota);
     chosen text := nullif(account_id, '');
 BEGIN
     WHILE chosen IS NULL LOOP
@@ -7274,8 +7343,8 @@ BEGIN
     IF EXISTS (SELECT FROM postbox.tenants x WHERE x.account_id = chosen) THEN
         RAISE EXCEPTION USING ERRCODE = 'PB409', MESSAGE = format('account id %s belongs to another tenant', chosen);
     END IF;
-    INSERT INTO postbox.tenants (name, account_id, description)
-    VALUES (tenant_name, chosen, coalesce(description, ''))
+    INSERT INTO postbox.tenants (name, account_id, description, max_queues, max_topics, max_messages, max_bytes)
+    VALUES (tenant_name, chosen, coalesce(description, ''), t.max_queues, t.max_topics, t.max_messages, t.max_bytes)
     RETURNING * INTO t;
     RETURN t;
 EXCEPTION WHEN unique_violation THEN  -- created meanwhile
@@ -7297,9 +7366,10 @@ LANGUAGE sql STABLE AS $$
 $$;
 
 -- Changes a tenant's account id (when set_account_id) and/or its description
--- (when set_description). PB404 if there is none, PB409 if the account id is taken.
+-- (when set_description), and the quota fields present in quota (since 0.9.0).
+-- PB404 if there is none, PB409 if the account id is taken.
 CREATE FUNCTION postbox.update_tenant(tenant_name text, set_account_id boolean, account_id text,
-                                      set_description boolean, description text)
+                                      set_description boolean, description text, quota jsonb DEFAULT NULL)
 RETURNS postbox.tenants
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -7313,10 +7383,13 @@ BEGIN
     END IF;
     PERFORM postbox._invalid(postbox.tenant_problem(tenant_name, t.account_id, t.description))
     WHERE postbox.tenant_problem(tenant_name, t.account_id, t.description) IS NOT NULL;
+    t := postbox._with_quota(t, quota);
     IF EXISTS (SELECT FROM postbox.tenants x WHERE x.account_id = t.account_id AND x.name <> tenant_name) THEN
         RAISE EXCEPTION USING ERRCODE = 'PB409', MESSAGE = format('account id %s belongs to another tenant', t.account_id);
     END IF;
-    UPDATE postbox.tenants x SET account_id = t.account_id, description = t.description, updated_at = now()
+    UPDATE postbox.tenants x SET account_id = t.account_id, description = t.description, updated_at = now(),
+                                 max_queues = t.max_queues, max_topics = t.max_topics,
+                                 max_messages = t.max_messages, max_bytes = t.max_bytes
     WHERE x.name = tenant_name
     RETURNING * INTO t;
     RETURN t;
@@ -7365,6 +7438,94 @@ BEGIN
         END LOOP;
     END IF;
     DELETE FROM postbox.tenants x WHERE x.name = tenant_name;
+END
+$$;
+
+-- PB429 when the queue or topic (kind) just created as resource_name puts its
+-- tenant over its max_queues or max_topics; the error undoes the create. Locks
+-- the tenant's row first, so that one tenant's creates count one after another.
+-- The default tenant's names (no "/") have no quota.
+CREATE FUNCTION postbox._check_resource_quota(kind text, resource_name text) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    tenant_name text := split_part(resource_name, '/', 1);
+    quota bigint;
+    owned bigint;
+BEGIN
+    IF strpos(resource_name, '/') = 0 THEN
+        RETURN;
+    END IF;
+    SELECT CASE kind WHEN 'queue' THEN t.max_queues ELSE t.max_topics END INTO quota
+    FROM postbox.tenants t WHERE t.name = tenant_name FOR NO KEY UPDATE;
+    IF quota IS NULL THEN
+        RETURN;
+    END IF;
+    IF kind = 'queue' THEN
+        SELECT count(*) INTO owned FROM postbox.queues q WHERE starts_with(q.name, tenant_name || '/');
+    ELSE
+        SELECT count(*) INTO owned FROM postbox.topics x WHERE starts_with(x.name, tenant_name || '/');
+    END IF;
+    IF owned > quota THEN
+        RAISE EXCEPTION USING ERRCODE = 'PB429', MESSAGE = format(
+            'tenant %s is at its quota of %s %ss (max_%ss); delete one or raise the quota',
+            quote_literal(tenant_name), quota, kind, kind);
+    END IF;
+END
+$$;
+
+-- What each tenant held at the last count (see tenant_usage): every server's
+-- snapshot comes from here, so the tenants' messages are counted once per
+-- interval, not once per server. Runtime state, not in pg_dump.
+CREATE TABLE postbox.tenant_usage_counts (
+    tenant_name text PRIMARY KEY,
+    queues bigint NOT NULL,
+    topics bigint NOT NULL,
+    messages bigint NOT NULL,
+    bytes bigint NOT NULL,
+    counted_at timestamptz NOT NULL
+);
+
+-- Each tenant's quotas and what it holds: its queues and topics, and the
+-- messages in its queues (visible, in flight, delayed, dead letters) with the
+-- bytes of their bodies. The figures are those of the last count; one older
+-- than max_age is counted again first, in one pass over the tenants' queues'
+-- messages (not the default tenant's), by one session at a time (an advisory
+-- lock: another returns the last count at once). Every server calls it every
+-- --quota-refresh-interval seconds and checks each send against what it got.
+CREATE FUNCTION postbox.tenant_usage(max_age interval DEFAULT '0 seconds')
+RETURNS TABLE (tenant_name text, max_queues bigint, max_topics bigint, max_messages bigint, max_bytes bigint,
+               queues bigint, topics bigint, messages bigint, bytes bigint, counted_at timestamptz)
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF coalesce((SELECT max(c.counted_at) FROM postbox.tenant_usage_counts c) <= now() - max_age, true)
+       AND pg_try_advisory_xact_lock(1886350201, 2) THEN
+        DELETE FROM postbox.tenant_usage_counts;
+        INSERT INTO postbox.tenant_usage_counts (tenant_name, queues, topics, messages, bytes, counted_at)
+        WITH owned AS (
+            SELECT split_part(q.name, '/', 1) AS tenant_name, q.id
+            FROM postbox.queues q WHERE strpos(q.name, '/') > 0
+        ), queue_counts AS (
+            SELECT o.tenant_name, count(*) AS queues FROM owned o GROUP BY o.tenant_name
+        ), topic_counts AS (
+            SELECT split_part(x.name, '/', 1) AS tenant_name, count(*) AS topics
+            FROM postbox.topics x WHERE strpos(x.name, '/') > 0 GROUP BY 1
+        ), stored AS (
+            SELECT o.tenant_name, count(*) AS messages, sum(octet_length(m.body)) AS bytes
+            FROM owned o JOIN postbox.messages m ON m.queue_id = o.id GROUP BY o.tenant_name
+        )
+        SELECT t.name, coalesce(qc.queues, 0), coalesce(tc.topics, 0), coalesce(s.messages, 0),
+               coalesce(s.bytes, 0)::bigint, now()
+        FROM postbox.tenants t
+        LEFT JOIN queue_counts qc ON qc.tenant_name = t.name
+        LEFT JOIN topic_counts tc ON tc.tenant_name = t.name
+        LEFT JOIN stored s ON s.tenant_name = t.name;
+    END IF;
+    RETURN QUERY
+    SELECT t.name, t.max_queues, t.max_topics, t.max_messages, t.max_bytes,
+           coalesce(c.queues, 0), coalesce(c.topics, 0), coalesce(c.messages, 0), coalesce(c.bytes, 0),
+           c.counted_at
+    FROM postbox.tenants t LEFT JOIN postbox.tenant_usage_counts c ON c.tenant_name = t.name
+    ORDER BY t.name;
 END
 $$;
 

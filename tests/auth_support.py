@@ -89,3 +89,18 @@ def assert_refuses_anonymous_exposure(*args: str) -> None:
     assert result.returncode == 2, result.stderr
     assert "postbox keys create" in result.stderr
     assert "--insecure-allow-anonymous" in result.stderr
+
+
+def wait_key_works(access, metadata: list[tuple[str, str]], timeout: float = 5.0) -> None:
+    """Until the server's key cache has the key (an admin key, bootstrapped in SQL): it
+    takes a notification, which may come after the server answers its first call."""
+    from postbox.v1 import access_service_pb2
+
+    def works() -> bool:
+        try:
+            access.ListKeys(access_service_pb2.ListKeysRequest(), metadata=metadata)
+        except grpc.RpcError:
+            return False
+        return True
+
+    wait_until(works, timeout, "the first key")

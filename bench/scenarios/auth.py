@@ -3,14 +3,12 @@ every call (auth on) and without (no key exists: auth off), taking turns."""
 
 from __future__ import annotations
 
-import asyncio
-
 import asyncpg
 import grpc
 from postbox.v1 import message_service_pb2 as pb
 from postbox.v1 import message_service_pb2_grpc
 
-from bench.load import Load, interleaved
+from bench.load import Load, interleaved, until_seen
 from bench.runner import Context, Row, scenario
 from bench.scenarios.throughput import grpc_load
 from postbox_server.auth.client import bearer_metadata
@@ -21,15 +19,6 @@ KEY = "bench-sender"
 # More turns than the other comparisons: the difference sought (a few µs of a ~600 µs
 # call) is far below this shared machine's drift over seconds.
 TURNS = 5
-
-
-async def _until(ready, what: str, timeout: float = 10.0) -> None:
-    """Polls until the server's key cache shows the change (a notification away)."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not await ready():
-        if asyncio.get_running_loop().time() > deadline:
-            raise TimeoutError(f"{what} not seen by the server after {timeout} s")
-        await asyncio.sleep(0.01)
 
 
 @scenario(
@@ -73,13 +62,13 @@ async def run(ctx: Context) -> list[Row]:
             credentials.sigv4_secret, ["send"], [queue],
         )  # fmt: skip
         # Auth is on once an anonymous Send is refused, and the key works.
-        await _until(anonymous_refused, "the key")
-        await _until(lambda: answers(bearer_metadata(credentials.secret)), "the key")
+        await until_seen(anonymous_refused, "the key")
+        await until_seen(lambda: answers(bearer_metadata(credentials.secret)), "the key")
         try:
             return await sends(bearer_metadata(credentials.secret))
         finally:
             await conn.execute("SELECT postbox.delete_key($1)", KEY)
-            await _until(lambda: answers(()), "the revocation")
+            await until_seen(lambda: answers(()), "the revocation")
 
     async def auth_off() -> Load:
         return await sends(())

@@ -43,6 +43,7 @@ from bench.load import Load, Paced, closed_loop, fixed_rate
 from bench.processes import Served
 from bench.runner import Context, Row, scenario
 from bench.scenarios.latency import Stopwatch, _body
+from bench.scenarios.latency import theirs as raw_postgres_latency
 from bench.scenarios.streams import _stream_topic
 from bench.scenarios.topics import _topic as fanout_topic
 
@@ -64,6 +65,9 @@ NATS_URL = os.environ.get("POSTBOX_BENCH_NATS_URL", "nats://127.0.0.1:4222")
 
 POSTBOX, RABBITMQ, JETSTREAM = "postbox", "RabbitMQ", "JetStream"
 UNARY = "postbox unary Send"
+NOT_IDEMPOTENT = "postbox Producer, idempotent=False"
+# The latency turn's floor: INSERT + NOTIFY, and a LISTENing consumer that claims (asyncpg).
+RAW_POSTGRES = "raw PostgreSQL"
 DURABILITY = {
     POSTBOX: "OK after PostgreSQL's commit (fsync {fsync}, synchronous_commit {sync})",
     RABBITMQ: "confirm once the persistent message is on disk (durable queue)",
@@ -499,10 +503,12 @@ class Postbox(Broker):
         finally:
             await self.client.delete_queue(queue)
 
-    async def producer_sends(self, seconds: float, window: CpuParts) -> Load:
+    async def producer_sends(
+        self, seconds: float, window: CpuParts, *, idempotent: bool = True
+    ) -> Load:
         queue = await self._queue("producer")
         try:
-            async with self.client.producer(queue) as producer:
+            async with self.client.producer(queue, idempotent=idempotent) as producer:
                 return await self._callers(seconds, lambda: producer.send(self.body), window)
         finally:
             await self.client.delete_queue(queue)
@@ -696,6 +702,11 @@ async def brokers(ctx: Context) -> list[Row]:
             load = await postbox.producer_sends(turn, window)
             producer.add(POSTBOX, load.rate)
             producer.cpu.setdefault(POSTBOX, []).append(window.per_message(load))
+            # Without a deduplication id per message, as JetStream's publishes are sent.
+            window = CpuParts(served)
+            load = await postbox.producer_sends(turn, window, idempotent=False)
+            producer.add(NOT_IDEMPOTENT, load.rate)
+            producer.cpu.setdefault(NOT_IDEMPOTENT, []).append(window.per_message(load))
             if JETSTREAM in sends.rounds:  # the Producer against JetStream's own publish
                 producer.add(JETSTREAM, sends.rounds[JETSTREAM][-1])
                 producer.cpu.setdefault(JETSTREAM, []).append(sends.cpu[JETSTREAM][-1])
@@ -705,6 +716,10 @@ async def brokers(ctx: Context) -> list[Row]:
                 load = await system.latency(RATE, turn + 1.0, ctx.body_size)
                 latency.add(f"{system.name} p50", load.latency_ms(0.5))
                 latency.add(f"{system.name} p99", load.latency_ms(0.99))
+            # The floor of any queue on PostgreSQL that delivers only committed messages.
+            load, _ = await raw_postgres_latency(ctx, turn + 1.0, RATE)
+            latency.add(f"{RAW_POSTGRES} p50", load.latency_ms(0.5))
+            latency.add(f"{RAW_POSTGRES} p99", load.latency_ms(0.99))
             for system in systems:
                 fanout.add(system.name, (await system.fanout(turn)).rate)
             fanout.add("postbox stream topic", (await postbox.stream_fanout(turn)).rate)
@@ -730,6 +745,14 @@ async def brokers(ctx: Context) -> list[Row]:
         durability=durability,
     )
     rows += _rows(
+        f"Producer, {CALLERS} callers, idempotent=False",
+        "msgs/s",
+        producer,
+        [JETSTREAM] if JETSTREAM in names else [],
+        ours=NOT_IDEMPOTENT,
+        durability=durability,
+    )
+    rows += _rows(
         f"consume, {CONSUMERS} consumers acking each",
         "msgs/s",
         consumed,
@@ -744,6 +767,23 @@ async def brokers(ctx: Context) -> list[Row]:
             [f"{name} {percentile}" for name in names],
             ours=f"{POSTBOX} {percentile}",
             targets={f"{RABBITMQ} p50": ("<= 1.0x", lambda ratio: ratio <= 1.0)},
+        )
+        rows += _rows(
+            f"send->delivery {percentile} @{RATE:,.0f}/s",
+            "ms",
+            latency,
+            [f"{RAW_POSTGRES} {percentile}"],
+            ours=f"{POSTBOX} {percentile}",
+        )
+        # What RabbitMQ would be beside even a bare PostgreSQL queue: it hands a message
+        # to its consumer before the message is on disk; a PostgreSQL queue only after
+        # the commit, and its consumer then claims it in a transaction of its own.
+        rows += _rows(
+            f"send->delivery {percentile} @{RATE:,.0f}/s, raw PostgreSQL",
+            "ms",
+            latency,
+            [f"{name} {percentile}" for name in names if name == RABBITMQ],
+            ours=f"{RAW_POSTGRES} {percentile}",
         )
     rows += _rows(f"fan-out to {SUBSCRIBERS}, topic", "msgs/s", fanout, names)
     rows += _rows(

@@ -57,6 +57,7 @@ from postbox_server.services.schedules import ScheduleService, check_fired_body
 from postbox_server.services.streams import StreamService, StreamWaiters
 from postbox_server.services.topics import TopicService
 from postbox_server.sns_signing import SigningKey, load_or_create
+from postbox_server.tenant_quotas import TenantQuotas
 from postbox_server.workers.activity import run_flusher
 from postbox_server.workers.maintenance import MaintenanceWorker
 from postbox_server.workers.scheduler import SchedulerWorker
@@ -279,6 +280,7 @@ async def _serve_api(
     engine: Engine,
     hub: WakeHub,
     keys: KeyCache,
+    quotas: TenantQuotas,
     workers: tuple[EgressPolicy, WebhookWorker, SchedulerWorker],
     health_servicer: health.aio.HealthServicer,
     serving: Serving,
@@ -327,6 +329,7 @@ async def _serve_api(
                 max_response_size=settings.max_response_size,
                 auto_create_queues=settings.auto_create_queues,
                 payload_schemas=payload_schema_cache,
+                quotas=quotas,
             ),
         ),
         (
@@ -340,6 +343,7 @@ async def _serve_api(
                 on_published=stream_waiters.wake,
                 payload_schemas=payload_schema_cache,
                 signing_key=signing_key,
+                quotas=quotas,
             ),
         ),
         (
@@ -357,7 +361,7 @@ async def _serve_api(
         ),
         (
             access_service_pb2_grpc.add_AccessServiceServicer_to_server,
-            AccessService(engine, keys),
+            AccessService(engine, keys, quotas),
         ),
     )
     methods = MethodTable()
@@ -489,6 +493,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         # The servicer starts out SERVING the whole server; nothing is served until
         # the database has answered a ping.
         await _set_health(health_servicer, False, serving)
+        quotas = TenantQuotas(engine, settings.quota_refresh_interval)
         if settings.run_api:
             await _serve_api(
                 stack,
@@ -496,6 +501,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
                 engine,
                 hub,
                 keys,
+                quotas,
                 (egress, webhooks, scheduler),
                 health_servicer,
                 serving,
@@ -529,6 +535,8 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
                 run_flusher(engine, settings.activity_interval), name="postbox-activity"
             ),
         ]
+        if settings.run_api:
+            tasks.append(asyncio.create_task(quotas.run(), name="postbox-tenant-quotas"))
         if settings.run_workers:
             tasks += [
                 asyncio.create_task(maintenance.run(), name="postbox-maintenance"),

@@ -60,6 +60,10 @@ class Settings:
     # Seconds between flushes of this process's per-queue counts into
     # postbox.queue_activity (postbox_server/workers/activity.py).
     activity_interval: float = 5.0
+    # Seconds between counts of every tenant's usage (postbox.tenant_usage), against
+    # which this process checks sends for the tenants' message and byte quotas
+    # (postbox_server/tenant_quotas.py): a quota may be overrun by two intervals' sends.
+    quota_refresh_interval: float = 5.0
     # Seconds in-flight calls get to finish on shutdown.
     shutdown_grace: float = 5.0
     # Bind the port with SO_REUSEPORT: set for the processes of `serve --workers N`.

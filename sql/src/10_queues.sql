@@ -294,7 +294,7 @@ $$;
 
 -- Creates a queue; a name ending in ".fifo" makes it a FIFO queue. settings:
 -- any keys of queue_defaults(), e.g. '{"visibility_timeout": 60}'. PB409 if the
--- queue exists.
+-- queue exists, PB429 if its tenant owns max_queues already (since 0.9.0).
 CREATE FUNCTION postbox.create_queue(queue_name text, settings jsonb DEFAULT '{}')
 RETURNS postbox.queues
 LANGUAGE plpgsql AS $$
@@ -326,6 +326,7 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'PB409',
             MESSAGE = format('queue %s already exists', quote_literal(queue_name));
     END IF;
+    PERFORM postbox._check_resource_quota('queue', queue_name);  -- since 0.9.0
     -- SNS subscriptions made before the queue existed deliver into it from now on.
     UPDATE postbox.subscriptions SET queue_id = q.id, pending_queue = NULL WHERE pending_queue = queue_name;
     RETURN q;

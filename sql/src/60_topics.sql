@@ -99,7 +99,8 @@ END
 $$;
 
 -- Creates a topic, with its tags and SNS attributes (see postbox.topics), and
--- a stream_retention for a stream topic. PB409 if it exists.
+-- a stream_retention for a stream topic. PB409 if it exists, PB429 if its
+-- tenant owns max_topics already (since 0.9.0).
 CREATE FUNCTION postbox.create_topic(topic_name text, tags jsonb DEFAULT '{}', sns_attributes jsonb DEFAULT '{}',
                                      stream_retention interval DEFAULT NULL, payload_schema jsonb DEFAULT NULL)
 RETURNS postbox.topics
@@ -123,6 +124,7 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'PB409',
             MESSAGE = format('topic %s already exists', quote_literal(topic_name));
     END IF;
+    PERFORM postbox._check_resource_quota('topic', topic_name);  -- since 0.9.0
     RETURN t;
 END
 $$;

@@ -17,7 +17,7 @@ from typing import Any
 import boto3
 import grpc
 import pytest
-from auth_support import bearer, wait_until
+from auth_support import bearer, wait_key_works
 from botocore.config import Config
 from botocore.exceptions import ClientError
 from postbox.v1 import access_service_pb2 as access_pb
@@ -78,14 +78,7 @@ def world(admin_url: str) -> Iterator[World]:
             access = access_service_pb2_grpc.AccessServiceStub(channel)
             admin = bearer(admin_secret)
 
-            def ready() -> bool:
-                try:
-                    access.ListKeys(access_pb.ListKeysRequest(), metadata=admin)
-                except grpc.RpcError:
-                    return False
-                return True
-
-            wait_until(ready, 5, "the first key")
+            wait_key_works(access, admin)
 
             def key(name: str, tenant: str, permission: str, pattern: str) -> str:
                 grant = access_pb.Grant(

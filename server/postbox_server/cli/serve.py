@@ -61,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
         maintenance_interval=args.maintenance_interval,
         expiry_interval=args.expiry_interval,
         activity_interval=args.activity_interval,
+        quota_refresh_interval=args.quota_refresh_interval,
         reuse_port=args.reuse_port,
         insecure_allow_anonymous=args.insecure_allow_anonymous,
         http_host=args.grpc_host if args.http_host is None else args.http_host,
@@ -215,6 +216,15 @@ def _add_serve_flags(serve: argparse.ArgumentParser) -> None:
         help="seconds between writes of each process's per-queue sent, received and deleted "
         "counts to postbox.queue_activity, which the postbox.queue_throughput view and the "
         "rates of `postbox status` read (default: %(default)s)",
+    )
+    serve.add_argument(
+        "--quota-refresh-interval",
+        type=positive_seconds,
+        default=Settings.quota_refresh_interval,
+        metavar="SECONDS",
+        help="seconds between counts of each tenant's messages and bytes, against which "
+        "sends are checked for the tenants' quotas: a quota may be overrun by what a tenant "
+        "sends within two intervals (default: %(default)s)",
     )
     serve.add_argument(
         "--workers",

@@ -1,4 +1,5 @@
-"""`postbox status`: a row per queue, once or every few seconds."""
+"""`postbox status`: a row per queue, once or every few seconds; with --tenant, a tenant's
+usage against its quotas."""
 
 from __future__ import annotations
 
@@ -52,9 +53,44 @@ def status_rows(client: Client) -> list[dict[str, Any]]:
     return rows
 
 
+# TenantUsage's figures and the TenantQuota field that limits each.
+_USAGE_QUOTAS = (
+    ("queues", "max_queues"),
+    ("topics", "max_topics"),
+    ("messages", "max_messages"),
+    ("bytes", "max_bytes"),
+)
+
+
+def tenant_rows(client: Client, tenant: str) -> list[dict[str, Any]]:
+    """A row per quota of the tenant: what it holds (as the answering server last counted
+    it), its quota ("none": no limit) and the share of the quota used."""
+    answer = client.get_tenant_with_usage(tenant)
+    counted = (
+        answer.usage.count_time.ToDatetime().isoformat(timespec="seconds") + "Z"
+        if answer.usage.HasField("count_time")
+        else "not yet"
+    )
+    rows = []
+    for figure, limit in _USAGE_QUOTAS:
+        used = getattr(answer.usage, figure)
+        quota = getattr(answer.tenant.quota, limit)
+        rows.append(
+            {
+                "tenant": tenant,
+                "usage": figure,
+                "used": used,
+                "quota": quota or "none",
+                "used_pct": round(100 * used / quota, 1) if quota else "",
+                "counted_at": counted,
+            }
+        )
+    return rows
+
+
 def status(args: argparse.Namespace, client: Client) -> int:
     while True:
-        rows = status_rows(client)
+        rows = tenant_rows(client, args.tenant) if args.tenant else status_rows(client)
         if args.watch and args.output == "table":
             print("\033[2J\033[H", end="")  # a fresh screen each round
         if rows or args.output != "table":
@@ -75,3 +111,9 @@ def add_parser(verbs: Verbs, client: ClientParsers) -> None:
         status,
     )
     watch.add_argument("--watch", type=float, metavar="SECONDS", help="refresh every SECONDS")
+    watch.add_argument(
+        "--tenant",
+        metavar="NAME",
+        help="instead: the tenant's queues, topics, messages and bytes against its quotas "
+        "(an admin key of the default tenant)",
+    )

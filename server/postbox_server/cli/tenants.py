@@ -13,11 +13,26 @@ from postbox_server.cli.flags import Verbs
 
 PAGE = 1000  # tenants per ListTenants page
 COLUMNS = ("name", "account_id", "description")
+# Quota flags: (flag's dest, what it limits); each is TenantQuota's field of the same name.
+QUOTA_FLAGS = (
+    ("max_queues", "queues it may own"),
+    ("max_topics", "topics it may own"),
+    ("max_messages", "messages its queues may hold"),
+    ("max_bytes", "bytes of message bodies its queues may hold"),
+)
+
+
+def _quota(args: argparse.Namespace) -> dict[str, int]:
+    """The quota flags given, by TenantQuota field."""
+    return {name: getattr(args, name) for name, _ in QUOTA_FLAGS if getattr(args, name) is not None}
 
 
 def create(args: argparse.Namespace, client: Client) -> int:
     created = client.create_tenant(
-        args.name, account_id=args.account_id or "", description=args.description or ""
+        args.name,
+        account_id=args.account_id or "",
+        description=args.description or "",
+        **_quota(args),
     )
     output.show_one(args, created)
     return 0
@@ -34,10 +49,14 @@ def ls(args: argparse.Namespace, client: Client) -> int:
 
 
 def update(args: argparse.Namespace, client: Client) -> int:
-    if args.account_id is None and args.description is None:
-        raise SystemExit("postbox tenants update: give --account-id and/or --description")
+    quota = _quota(args)
+    if args.account_id is None and args.description is None and not quota:
+        raise SystemExit(
+            "postbox tenants update: give --account-id, --description or a quota flag "
+            "(--max-queues, --max-topics, --max-messages, --max-bytes)"
+        )
     changed = client.update_tenant(
-        args.name, account_id=args.account_id, description=args.description
+        args.name, account_id=args.account_id, description=args.description, **quota
     )
     output.show_one(args, changed)
     return 0
@@ -54,13 +73,22 @@ def add_parser(verbs: Verbs, client: ClientParsers) -> None:
     sub = group.add_subparsers(dest="tenants_verb", required=True)
     creating = client.verb(sub, "create", "create a tenant", create)
     creating.add_argument("name", help="1-32 characters of a-z, 0-9 and -")
-    updating = client.verb(sub, "update", "change a tenant's account id or description", update)
+    updating = client.verb(
+        sub, "update", "change a tenant's account id, description or quota", update
+    )
     updating.add_argument("name")
     for parser in (creating, updating):
         parser.add_argument(
             "--account-id", help="12 digits: its AWS account id at the SQS shim (default: random)"
         )
         parser.add_argument("--description", help="at most 256 characters")
+        for name, what in QUOTA_FLAGS:
+            parser.add_argument(
+                f"--{name.replace('_', '-')}",
+                type=int,
+                metavar="N",
+                help=f"quota: most {what}; 0: no limit",
+            )
     client.verb(sub, "get", "show a tenant", get).add_argument("name")
     client.verb(sub, "list", "list tenants", ls)
     deleting = client.verb(sub, "delete", "delete a tenant and its keys", delete)

@@ -157,6 +157,10 @@ async def _no_refusal(row: Record) -> str | None:
     return None
 
 
+def _json_or_none(value: Any) -> str | None:
+    return None if value is None else json.dumps(value)
+
+
 def _optional_column(values: list[Any]) -> list[Any] | None:
     """A per-entry array, or NULL when no entry uses it (the engine's fast paths)."""
     return values if any(v is not None for v in values) else None
@@ -983,8 +987,13 @@ class Engine:
 
     # Tenants (the default tenant has no row).
 
-    async def create_tenant(self, name: str, account_id: str | None, description: str) -> Record:
-        return await self._call("fetchrow", "create_tenant", name, account_id, description)
+    async def create_tenant(
+        self, name: str, account_id: str | None, description: str, quota: dict[str, int] | None
+    ) -> Record:
+        """`quota`: the engine's quota fields (postbox.tenant_quota_problem); None: none."""
+        return await self._call(
+            "fetchrow", "create_tenant", name, account_id, description, _json_or_none(quota)
+        )
 
     async def get_tenant(self, name: str) -> Record:
         return await self._call("fetchrow", "get_tenant", name)
@@ -993,16 +1002,26 @@ class Engine:
         return await self._call("fetch", "list_tenants", page_size, after_name)
 
     async def update_tenant(
-        self, name: str, account_id: str | None, description: str | None
+        self,
+        name: str,
+        account_id: str | None,
+        description: str | None,
+        quota: dict[str, int] | None = None,
     ) -> Record:
-        """Changes the fields given (None: leave it)."""
+        """Changes the fields given (None: leave it); of `quota`, the fields it holds."""
         return await self._call(
             "fetchrow", "update_tenant", name, account_id is not None, account_id,
-            description is not None, description,
+            description is not None, description, _json_or_none(quota),
         )  # fmt: skip
 
     async def delete_tenant(self, name: str, force: bool) -> None:
         await self._call("execute", "delete_tenant", name, force)
+
+    async def tenant_usage(self, max_age: timedelta) -> list[Record]:
+        """Each tenant's quotas and what it held at the last count (postbox.tenant_usage),
+        counted again first when that is older than max_age: one pass over the tenants'
+        queues' messages, so called every few seconds, never per call."""
+        return await self._call("fetch", "tenant_usage", max_age)
 
     # Maintenance.
 

@@ -320,7 +320,7 @@ SELECT postbox.delete_key($1, $2)
 -- Tenants.
 
 -- name: create_tenant
-SELECT * FROM postbox.create_tenant($1, $2, $3)
+SELECT * FROM postbox.create_tenant($1, $2, $3, $4)
 
 -- name: get_tenant
 SELECT * FROM postbox.get_tenant($1)
@@ -329,10 +329,13 @@ SELECT * FROM postbox.get_tenant($1)
 SELECT * FROM postbox.list_tenants($1, $2)
 
 -- name: update_tenant
-SELECT * FROM postbox.update_tenant($1, $2, $3, $4, $5)
+SELECT * FROM postbox.update_tenant($1, $2, $3, $4, $5, $6)
 
 -- name: delete_tenant
 SELECT postbox.delete_tenant($1, $2)
+
+-- name: tenant_usage
+SELECT * FROM postbox.tenant_usage($1)
 
 -- name: tenant_accounts
 SELECT name, account_id FROM postbox.tenants

@@ -13,6 +13,7 @@ import contextlib
 import logging
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from aiohttp import web
@@ -254,6 +255,44 @@ async def stream_families(engine: Engine, max_groups: int) -> list[Metric]:
     return [messages, seconds]
 
 
+# (metric, help, column of postbox.tenant_usage): what each tenant holds, and its quotas.
+_TENANT_USAGE = (
+    ("postbox_tenant_queues", "Queues the tenant owns.", "queues"),
+    ("postbox_tenant_topics", "Topics the tenant owns.", "topics"),
+    ("postbox_tenant_messages", "Messages in the tenant's queues, in every state.", "messages"),
+    ("postbox_tenant_bytes", "Bytes of the bodies of those messages.", "bytes"),
+)
+_TENANT_QUOTAS = (
+    ("postbox_tenant_quota_queues", "The tenant's max_queues; absent: no limit.", "max_queues"),
+    ("postbox_tenant_quota_topics", "The tenant's max_topics; absent: no limit.", "max_topics"),
+    (
+        "postbox_tenant_quota_messages",
+        "The tenant's max_messages; absent: no limit.",
+        "max_messages",
+    ),
+    ("postbox_tenant_quota_bytes", "The tenant's max_bytes; absent: no limit.", "max_bytes"),
+)
+
+
+# A scrape shows the servers' last count of the tenants' usage, unless none counted
+# within the default --quota-refresh-interval (a scrape of a server with no API).
+_TENANT_COUNT_AGE = timedelta(seconds=5)
+
+
+async def tenant_families(engine: Engine) -> list[Metric]:
+    """Each tenant's usage and quotas (postbox.tenant_usage), one query per scrape; the
+    default tenant, which has no quota, is not counted."""
+    rows = await engine.tenant_usage(_TENANT_COUNT_AGE)
+    families: list[Metric] = []
+    for name, text, column in (*_TENANT_USAGE, *_TENANT_QUOTAS):
+        family = GaugeMetricFamily(name, text, labels=["tenant"])
+        for row in rows:
+            if row[column] is not None:
+                family.add_metric([row["tenant_name"]], float(row[column]))
+        families.append(family)
+    return families
+
+
 class _Families:
     def __init__(self, families: list[Metric]) -> None:
         self._families = families
@@ -278,6 +317,7 @@ async def exposition(
             families = await queue_families(engine, max_queues)
             families += await stream_families(engine, max_queues)
             families += await consumer_families(engine, MAX_CONSUMER_SERIES)
+            families += await tenant_families(engine)
             queues.register(_Families(families))
         except ApiError as error:
             # The database is away: the process's own figures still tell why.

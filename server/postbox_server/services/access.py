@@ -3,6 +3,7 @@ secret is made here. A tenant's admin sees and changes its own tenant's keys onl
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any, cast
 
@@ -20,9 +21,18 @@ from postbox_server.services import convert
 from postbox_server.services.pagination import decode_page_token, next_page, page_size_of
 from postbox_server.services.status import reports_errors
 from postbox_server.tenant_names import CALLER_TENANT, DEFAULT_TENANT
+from postbox_server.tenant_quotas import TenantQuotas
+
+log = logging.getLogger(__name__)
 
 _UPDATABLE = ("grants", "expire_time", "rate_limits")
-_TENANT_UPDATABLE = ("account_id", "description")
+_QUOTA_FIELDS = ("max_queues", "max_topics", "max_messages", "max_bytes")
+_TENANT_UPDATABLE = (
+    "account_id",
+    "description",
+    "quota",
+    *(f"quota.{field}" for field in _QUOTA_FIELDS),
+)
 _RATES = ("sends_per_second", "receives_per_second", "calls_per_second")
 _BURSTS = ("send_burst", "receive_burst", "call_burst")
 
@@ -95,12 +105,41 @@ def key_resource(row: Row) -> pb.Key:
 
 
 def tenant_resource(row: Row) -> pb.Tenant:
+    quota = {field: row[field] for field in _QUOTA_FIELDS if row[field] is not None}
     return pb.Tenant(
         name=row["name"],
         account_id=row["account_id"],
         description=row["description"],
         create_time=convert.timestamp(row["created_at"]),
         update_time=convert.timestamp(row["updated_at"]),
+        quota=pb.TenantQuota(**quota) if quota else None,
+    )
+
+
+def quota_fields(tenant: pb.Tenant, paths: list[str] | None = None) -> dict[str, int] | None:
+    """The quota fields to store, as the engine takes them (it checks their ranges):
+    on create, those set (None without a quota); on update, those the mask names
+    ("quota": all four)."""
+    if paths is None:
+        fields = list(_QUOTA_FIELDS) if tenant.HasField("quota") else []
+    elif "quota" in paths:
+        fields = list(_QUOTA_FIELDS)
+    else:
+        fields = [path.removeprefix("quota.") for path in paths if path.startswith("quota.")]
+    return {field: getattr(tenant.quota, field) for field in fields} or None
+
+
+def usage_resource(quotas: TenantQuotas, tenant: str) -> pb.TenantUsage | None:
+    """A tenant's usage as this server last counted it; None before its first count."""
+    figures = quotas.of(tenant)
+    if figures is None or figures.counted_at is None:
+        return None
+    return pb.TenantUsage(
+        queues=figures.queues,
+        topics=figures.topics,
+        messages=figures.messages,
+        bytes=figures.bytes,
+        count_time=convert.timestamp(figures.counted_at),
     )
 
 
@@ -123,12 +162,24 @@ def _update_paths(mask: Any, updatable: tuple[str, ...]) -> list[str]:
 
 
 class AccessService(access_service_pb2_grpc.AccessServiceServicer):
-    def __init__(self, engine: Engine, keys: KeyCache) -> None:
+    def __init__(self, engine: Engine, keys: KeyCache, quotas: TenantQuotas | None = None) -> None:
         self.engine = engine
+        # Read again after a tenant or its quota changes, so that this server's next
+        # send is checked against the new quota; other servers follow at their refresh.
+        self.quotas = quotas or TenantQuotas(engine)
         # Every change waits until this server's cache has it, so a client that
         # changed a key here can use the change at once; other replicas follow by
         # notification.
         self.keys = keys
+
+    async def _reload_quotas(self) -> None:
+        """Reads the tenants' quotas (and their last count) again after a change that
+        committed: should the database fail now, the change stands and the periodic
+        refresh catches up."""
+        try:
+            await self.quotas.refresh()
+        except ApiError as error:
+            log.warning("tenant quotas not read again after a change: %s", error.message)
 
     @reports_errors
     async def CreateKey(
@@ -208,9 +259,10 @@ class AccessService(access_service_pb2_grpc.AccessServiceServicer):
     ) -> pb.CreateTenantResponse:
         tenant = request.tenant
         row = await self.engine.create_tenant(
-            tenant.name, tenant.account_id or None, tenant.description
+            tenant.name, tenant.account_id or None, tenant.description, quota_fields(tenant)
         )
         await self.keys.catch_up()
+        await self._reload_quotas()
         return pb.CreateTenantResponse(tenant=tenant_resource(row))
 
     @reports_errors
@@ -218,7 +270,8 @@ class AccessService(access_service_pb2_grpc.AccessServiceServicer):
         self, request: pb.GetTenantRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetTenantResponse:
         return pb.GetTenantResponse(
-            tenant=tenant_resource(await self.engine.get_tenant(request.name))
+            tenant=tenant_resource(await self.engine.get_tenant(request.name)),
+            usage=usage_resource(self.quotas, request.name),
         )
 
     @reports_errors
@@ -244,8 +297,10 @@ class AccessService(access_service_pb2_grpc.AccessServiceServicer):
             tenant.name,
             tenant.account_id if "account_id" in paths else None,
             tenant.description if "description" in paths else None,
+            quota_fields(tenant, paths),
         )
         await self.keys.catch_up()
+        await self._reload_quotas()
         return pb.UpdateTenantResponse(tenant=tenant_resource(row))
 
     @reports_errors
@@ -254,6 +309,7 @@ class AccessService(access_service_pb2_grpc.AccessServiceServicer):
     ) -> pb.DeleteTenantResponse:
         await self.engine.delete_tenant(request.name, request.force)
         await self.keys.catch_up()
+        await self._reload_quotas()
         return pb.DeleteTenantResponse()
 
     @reports_errors

@@ -34,6 +34,7 @@ from postbox_server.services.receive.prefetch import Prefetch
 from postbox_server.services.receive.streaming import StreamingReceive
 from postbox_server.services.send_stream import SendStreamCall
 from postbox_server.services.status import reports_errors
+from postbox_server.tenant_quotas import TenantQuotas
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +49,11 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
         max_response_size: int = Settings.max_response_size,
         auto_create_queues: bool = False,
         payload_schemas: PayloadSchemaCache | None = None,
+        quotas: TenantQuotas | None = None,
     ) -> None:
         self.engine = engine
+        # Tenants' message and byte quotas, checked before anything is stored.
+        self.quotas = quotas or TenantQuotas(engine)
         self.payload_schemas = payload_schemas or PayloadSchemaCache(engine, hub)
         # The settings of a queue a send creates, or None when sends create no queue.
         self.auto_created = default_settings(max_message_size) if auto_create_queues else None
@@ -86,6 +90,7 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
     async def _send(self, request: pb.SendRequest) -> pb.SendResponse:
         """One message, through the group commit; its id once committed."""
         outgoing = convert.outgoing(request, self.max_message_size)
+        self.quotas.check_send(request.queue, 1, (request.body,))
         await self.payload_schemas.check("queues", request.queue, (request.body,), batch=False)
         outgoing.attributes = tracing.stamp(outgoing.attributes)
         sends = self.relaxed_sends if request.relaxed_durability else self.sends
@@ -147,6 +152,9 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
             None
             if traced or request.relaxed_durability
             else convert.plain_batch(request, self.max_message_size)
+        )
+        self.quotas.check_send(
+            request.queue, len(request.entries), (entry.body for entry in request.entries)
         )
         await self.payload_schemas.check(
             "queues", request.queue, (entry.body for entry in request.entries), batch=True

@@ -37,6 +37,7 @@ from postbox_server.services.pagination import (
 from postbox_server.services.payload_schema_cache import PayloadSchemaCache
 from postbox_server.services.status import reports_errors
 from postbox_server.sns_signing import SigningKey, signature_version
+from postbox_server.tenant_quotas import TenantQuotas
 from postbox_server.workers import standard_webhooks as webhooks
 
 _DELIVERY_STATES = {
@@ -293,8 +294,12 @@ class TopicService(topic_service_pb2_grpc.TopicServiceServicer):
         on_published: Callable[[str], None] = lambda topic: None,
         payload_schemas: PayloadSchemaCache | None = None,
         signing_key: SigningKey | None = None,
+        quotas: TenantQuotas | None = None,
     ) -> None:
         self.engine = engine
+        # Tenants' message and byte quotas: a publish is checked as one message per
+        # entry (its copies in the subscribed queues count from the next refresh on).
+        self.quotas = quotas or TenantQuotas(engine)
         self.payload_schemas = payload_schemas or PayloadSchemaCache(engine, hub)
         # Signs the SNS envelopes of publishes (None: they go unsigned).
         self.signing_key = signing_key
@@ -519,6 +524,7 @@ class TopicService(topic_service_pb2_grpc.TopicServiceServicer):
     async def Publish(
         self, request: pb.PublishRequest, context: grpc.aio.ServicerContext
     ) -> pb.PublishResponse:
+        self.quotas.check_send(request.topic, 1, (request.body,))
         if request.HasField("stream_delay"):
             if request.HasField("delay"):
                 raise invalid(
@@ -558,6 +564,9 @@ class TopicService(topic_service_pb2_grpc.TopicServiceServicer):
                 delays.append(_stream_delay(entry))
             except ApiError as error:
                 raise invalid(f"entry {index}: {error.message}") from None
+        self.quotas.check_send(
+            request.topic, len(request.entries), (entry.body for entry in request.entries)
+        )
         await self.payload_schemas.check(
             "topics", request.topic, (entry.body for entry in request.entries), batch=True
         )

@@ -451,18 +451,39 @@ class Operations:
     # Tenants: an admin key of the default tenant manages them.
 
     def create_tenant(
-        self, name: str, *, account_id: str = "", description: str = ""
+        self,
+        name: str,
+        *,
+        account_id: str = "",
+        description: str = "",
+        max_queues: int = 0,
+        max_topics: int = 0,
+        max_messages: int = 0,
+        max_bytes: int = 0,
     ) -> access_service_pb2.Tenant:
-        """Creates a tenant; without `account_id` it gets a random one."""
+        """Creates a tenant; without `account_id` it gets a random one. The max_ arguments
+        are its quota (0: no limit)."""
         tenant = access_service_pb2.Tenant(
             name=name, account_id=account_id, description=description
         )
+        quota = {
+            "max_queues": max_queues,
+            "max_topics": max_topics,
+            "max_messages": max_messages,
+            "max_bytes": max_bytes,
+        }
+        if any(quota.values()):
+            tenant.quota.CopyFrom(access_service_pb2.TenantQuota(**quota))
         request = access_service_pb2.CreateTenantRequest(tenant=tenant)
         return self.call(self.access.CreateTenant, request).tenant
 
     def get_tenant(self, name: str) -> access_service_pb2.Tenant:
+        return self.get_tenant_with_usage(name).tenant
+
+    def get_tenant_with_usage(self, name: str) -> access_service_pb2.GetTenantResponse:
+        """The tenant and what it holds, as the answering server last counted it."""
         request = access_service_pb2.GetTenantRequest(name=name)
-        return self.call(self.access.GetTenant, request).tenant
+        return self.call(self.access.GetTenant, request, repeatable=True)
 
     def list_tenants(self, *, page_size: int = PAGE_SIZE) -> Iterator[access_service_pb2.Tenant]:
         """Every tenant but the default one."""
@@ -470,9 +491,17 @@ class Operations:
         return self._pages(self.access.ListTenants, request, "tenants")
 
     def update_tenant(
-        self, name: str, *, account_id: str | None = None, description: str | None = None
+        self,
+        name: str,
+        *,
+        account_id: str | None = None,
+        description: str | None = None,
+        max_queues: int | None = None,
+        max_topics: int | None = None,
+        max_messages: int | None = None,
+        max_bytes: int | None = None,
     ) -> access_service_pb2.Tenant:
-        """Changes the fields given (None: leave it)."""
+        """Changes the fields given (None: leave it; a max_ of 0: no limit)."""
         tenant = access_service_pb2.Tenant(name=name)
         paths = []
         if account_id is not None:
@@ -481,6 +510,16 @@ class Operations:
         if description is not None:
             tenant.description = description
             paths.append("description")
+        quota = {
+            "max_queues": max_queues,
+            "max_topics": max_topics,
+            "max_messages": max_messages,
+            "max_bytes": max_bytes,
+        }
+        for field, value in quota.items():
+            if value is not None:
+                setattr(tenant.quota, field, value)
+                paths.append(f"quota.{field}")
         request = access_service_pb2.UpdateTenantRequest(tenant=tenant)
         request.update_mask.paths.extend(paths)
         return self.call(self.access.UpdateTenant, request).tenant

@@ -32,9 +32,9 @@ type AccessServiceClient interface {
 	// if it does not exist.
 	DeleteKey(ctx context.Context, in *DeleteKeyRequest, opts ...grpc.CallOption) (*DeleteKeyResponse, error)
 	// Creates a tenant. ALREADY_EXISTS if a tenant of that name, or with that
-	// account id, exists; INVALID_ARGUMENT for a bad name or account id.
+	// account id, exists; INVALID_ARGUMENT for a bad name, account id or quota.
 	CreateTenant(ctx context.Context, in *CreateTenantRequest, opts ...grpc.CallOption) (*CreateTenantResponse, error)
-	// Returns a tenant. NOT_FOUND if it does not exist.
+	// Returns a tenant and its usage. NOT_FOUND if it does not exist.
 	GetTenant(ctx context.Context, in *GetTenantRequest, opts ...grpc.CallOption) (*GetTenantResponse, error)
 	// Lists tenants in name order, one page at a time (the default tenant, which
 	// has no name, is not listed).
@@ -176,9 +176,9 @@ type AccessServiceServer interface {
 	// if it does not exist.
 	DeleteKey(context.Context, *DeleteKeyRequest) (*DeleteKeyResponse, error)
 	// Creates a tenant. ALREADY_EXISTS if a tenant of that name, or with that
-	// account id, exists; INVALID_ARGUMENT for a bad name or account id.
+	// account id, exists; INVALID_ARGUMENT for a bad name, account id or quota.
 	CreateTenant(context.Context, *CreateTenantRequest) (*CreateTenantResponse, error)
-	// Returns a tenant. NOT_FOUND if it does not exist.
+	// Returns a tenant and its usage. NOT_FOUND if it does not exist.
 	GetTenant(context.Context, *GetTenantRequest) (*GetTenantResponse, error)
 	// Lists tenants in name order, one page at a time (the default tenant, which
 	// has no name, is not listed).

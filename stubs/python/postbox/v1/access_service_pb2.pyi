@@ -141,18 +141,46 @@ class DeleteKeyResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class Tenant(_message.Message):
-    __slots__ = ("name", "account_id", "description", "create_time", "update_time")
+    __slots__ = ("name", "account_id", "description", "create_time", "update_time", "quota")
     NAME_FIELD_NUMBER: _ClassVar[int]
     ACCOUNT_ID_FIELD_NUMBER: _ClassVar[int]
     DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
     CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
     UPDATE_TIME_FIELD_NUMBER: _ClassVar[int]
+    QUOTA_FIELD_NUMBER: _ClassVar[int]
     name: str
     account_id: str
     description: str
     create_time: _timestamp_pb2.Timestamp
     update_time: _timestamp_pb2.Timestamp
-    def __init__(self, name: _Optional[str] = ..., account_id: _Optional[str] = ..., description: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    quota: TenantQuota
+    def __init__(self, name: _Optional[str] = ..., account_id: _Optional[str] = ..., description: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., quota: _Optional[_Union[TenantQuota, _Mapping]] = ...) -> None: ...
+
+class TenantQuota(_message.Message):
+    __slots__ = ("max_queues", "max_topics", "max_messages", "max_bytes")
+    MAX_QUEUES_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOPICS_FIELD_NUMBER: _ClassVar[int]
+    MAX_MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    max_queues: int
+    max_topics: int
+    max_messages: int
+    max_bytes: int
+    def __init__(self, max_queues: _Optional[int] = ..., max_topics: _Optional[int] = ..., max_messages: _Optional[int] = ..., max_bytes: _Optional[int] = ...) -> None: ...
+
+class TenantUsage(_message.Message):
+    __slots__ = ("queues", "topics", "messages", "bytes", "count_time")
+    QUEUES_FIELD_NUMBER: _ClassVar[int]
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    COUNT_TIME_FIELD_NUMBER: _ClassVar[int]
+    queues: int
+    topics: int
+    messages: int
+    bytes: int
+    count_time: _timestamp_pb2.Timestamp
+    def __init__(self, queues: _Optional[int] = ..., topics: _Optional[int] = ..., messages: _Optional[int] = ..., bytes: _Optional[int] = ..., count_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class CreateTenantRequest(_message.Message):
     __slots__ = ("tenant",)
@@ -173,10 +201,12 @@ class GetTenantRequest(_message.Message):
     def __init__(self, name: _Optional[str] = ...) -> None: ...
 
 class GetTenantResponse(_message.Message):
-    __slots__ = ("tenant",)
+    __slots__ = ("tenant", "usage")
     TENANT_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
     tenant: Tenant
-    def __init__(self, tenant: _Optional[_Union[Tenant, _Mapping]] = ...) -> None: ...
+    usage: TenantUsage
+    def __init__(self, tenant: _Optional[_Union[Tenant, _Mapping]] = ..., usage: _Optional[_Union[TenantUsage, _Mapping]] = ...) -> None: ...
 
 class ListTenantsRequest(_message.Message):
     __slots__ = ("page_size", "page_token")

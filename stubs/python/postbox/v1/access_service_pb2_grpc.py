@@ -149,14 +149,14 @@ class AccessServiceServicer:
 
     def CreateTenant(self, request, context):
         """Creates a tenant. ALREADY_EXISTS if a tenant of that name, or with that
-        account id, exists; INVALID_ARGUMENT for a bad name or account id.
+        account id, exists; INVALID_ARGUMENT for a bad name, account id or quota.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def GetTenant(self, request, context):
-        """Returns a tenant. NOT_FOUND if it does not exist.
+        """Returns a tenant and its usage. NOT_FOUND if it does not exist.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

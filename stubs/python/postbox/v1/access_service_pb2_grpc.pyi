@@ -59,10 +59,10 @@ class AccessServiceStub:
     """
     CreateTenant: _grpc.UnaryUnaryMultiCallable[_access_service_pb2.CreateTenantRequest, _access_service_pb2.CreateTenantResponse]
     """Creates a tenant. ALREADY_EXISTS if a tenant of that name, or with that
-    account id, exists; INVALID_ARGUMENT for a bad name or account id.
+    account id, exists; INVALID_ARGUMENT for a bad name, account id or quota.
     """
     GetTenant: _grpc.UnaryUnaryMultiCallable[_access_service_pb2.GetTenantRequest, _access_service_pb2.GetTenantResponse]
-    """Returns a tenant. NOT_FOUND if it does not exist."""
+    """Returns a tenant and its usage. NOT_FOUND if it does not exist."""
     ListTenants: _grpc.UnaryUnaryMultiCallable[_access_service_pb2.ListTenantsRequest, _access_service_pb2.ListTenantsResponse]
     """Lists tenants in name order, one page at a time (the default tenant, which
     has no name, is not listed).
@@ -111,10 +111,10 @@ class AccessServiceAsyncStub(AccessServiceStub):
     """
     CreateTenant: _aio.UnaryUnaryMultiCallable[_access_service_pb2.CreateTenantRequest, _access_service_pb2.CreateTenantResponse]  # type: ignore[assignment]
     """Creates a tenant. ALREADY_EXISTS if a tenant of that name, or with that
-    account id, exists; INVALID_ARGUMENT for a bad name or account id.
+    account id, exists; INVALID_ARGUMENT for a bad name, account id or quota.
     """
     GetTenant: _aio.UnaryUnaryMultiCallable[_access_service_pb2.GetTenantRequest, _access_service_pb2.GetTenantResponse]  # type: ignore[assignment]
-    """Returns a tenant. NOT_FOUND if it does not exist."""
+    """Returns a tenant and its usage. NOT_FOUND if it does not exist."""
     ListTenants: _aio.UnaryUnaryMultiCallable[_access_service_pb2.ListTenantsRequest, _access_service_pb2.ListTenantsResponse]  # type: ignore[assignment]
     """Lists tenants in name order, one page at a time (the default tenant, which
     has no name, is not listed).
@@ -196,7 +196,7 @@ class AccessServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_access_service_pb2.CreateTenantResponse, _abc.Awaitable[_access_service_pb2.CreateTenantResponse]]:
         """Creates a tenant. ALREADY_EXISTS if a tenant of that name, or with that
-        account id, exists; INVALID_ARGUMENT for a bad name or account id.
+        account id, exists; INVALID_ARGUMENT for a bad name, account id or quota.
         """
 
     @_abc_1.abstractmethod
@@ -205,7 +205,7 @@ class AccessServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _access_service_pb2.GetTenantRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_access_service_pb2.GetTenantResponse, _abc.Awaitable[_access_service_pb2.GetTenantResponse]]:
-        """Returns a tenant. NOT_FOUND if it does not exist."""
+        """Returns a tenant and its usage. NOT_FOUND if it does not exist."""
 
     @_abc_1.abstractmethod
     def ListTenants(

@@ -436,11 +436,20 @@ export declare type Tenant = Message<"postbox.v1.Tenant"> & {
   createTime?: Timestamp | undefined;
 
   /**
-   * Output only. When its account id or description last changed.
+   * Output only. When its account id, description or quota last changed.
    *
    * @generated from field: google.protobuf.Timestamp update_time = 5;
    */
   updateTime?: Timestamp | undefined;
+
+  /**
+   * Optional. Limits on what the tenant may own and store; unset: no limits.
+   * CreateQueue and CreateTopic past a limit, and sends past the message or
+   * byte limit, fail with RESOURCE_EXHAUSTED (the SQS shim: OverLimit).
+   *
+   * @generated from field: postbox.v1.TenantQuota quota = 6;
+   */
+  quota?: TenantQuota | undefined;
 };
 
 /**
@@ -448,6 +457,102 @@ export declare type Tenant = Message<"postbox.v1.Tenant"> & {
  * Use `create(TenantSchema)` to create a new message.
  */
 export declare const TenantSchema: GenMessage<Tenant>;
+
+/**
+ * Limits on a tenant; each 0 (or unset) means no limit. Queue and topic counts
+ * are exact (checked as each is created). Messages and bytes are checked on
+ * each send against a snapshot of the tenant's usage that every server
+ * refreshes every few seconds (`serve --quota-refresh-interval`, default 5 s),
+ * so a tenant may go past them by what it sends within two refreshes.
+ *
+ * @generated from message postbox.v1.TenantQuota
+ */
+export declare type TenantQuota = Message<"postbox.v1.TenantQuota"> & {
+  /**
+   * Optional. Most queues the tenant may own, 0 to 1,000,000.
+   *
+   * @generated from field: int32 max_queues = 1;
+   */
+  maxQueues: number;
+
+  /**
+   * Optional. Most topics the tenant may own, 0 to 1,000,000.
+   *
+   * @generated from field: int32 max_topics = 2;
+   */
+  maxTopics: number;
+
+  /**
+   * Optional. Most messages its queues may hold, in every state (visible, in
+   * flight, delayed, dead letters), 0 to 1,000,000,000,000.
+   *
+   * @generated from field: int64 max_messages = 3;
+   */
+  maxMessages: bigint;
+
+  /**
+   * Optional. Most bytes of message bodies its queues may hold (attributes
+   * are not counted), 0 to 1,125,899,906,842,624 (1 PiB).
+   *
+   * @generated from field: int64 max_bytes = 4;
+   */
+  maxBytes: bigint;
+};
+
+/**
+ * Describes the message postbox.v1.TenantQuota.
+ * Use `create(TenantQuotaSchema)` to create a new message.
+ */
+export declare const TenantQuotaSchema: GenMessage<TenantQuota>;
+
+/**
+ * What a tenant holds, as of `count_time`.
+ *
+ * @generated from message postbox.v1.TenantUsage
+ */
+export declare type TenantUsage = Message<"postbox.v1.TenantUsage"> & {
+  /**
+   * Output only. Queues it owns.
+   *
+   * @generated from field: int64 queues = 1;
+   */
+  queues: bigint;
+
+  /**
+   * Output only. Topics it owns.
+   *
+   * @generated from field: int64 topics = 2;
+   */
+  topics: bigint;
+
+  /**
+   * Output only. Messages its queues hold, in every state.
+   *
+   * @generated from field: int64 messages = 3;
+   */
+  messages: bigint;
+
+  /**
+   * Output only. Bytes of those messages' bodies.
+   *
+   * @generated from field: int64 bytes = 4;
+   */
+  bytes: bigint;
+
+  /**
+   * Output only. When the answering server counted them (its last refresh);
+   * sends are checked against these figures.
+   *
+   * @generated from field: google.protobuf.Timestamp count_time = 5;
+   */
+  countTime?: Timestamp | undefined;
+};
+
+/**
+ * Describes the message postbox.v1.TenantUsage.
+ * Use `create(TenantUsageSchema)` to create a new message.
+ */
+export declare const TenantUsageSchema: GenMessage<TenantUsage>;
 
 /**
  * @generated from message postbox.v1.CreateTenantRequest
@@ -513,6 +618,13 @@ export declare type GetTenantResponse = Message<"postbox.v1.GetTenantResponse"> 
    * @generated from field: postbox.v1.Tenant tenant = 1;
    */
   tenant?: Tenant | undefined;
+
+  /**
+   * Output only. What it holds, as the answering server last counted it.
+   *
+   * @generated from field: postbox.v1.TenantUsage usage = 2;
+   */
+  usage?: TenantUsage | undefined;
 };
 
 /**
@@ -584,7 +696,9 @@ export declare type UpdateTenantRequest = Message<"postbox.v1.UpdateTenantReques
   tenant?: Tenant | undefined;
 
   /**
-   * Required. Fields to change: any of "account_id" and "description".
+   * Required. Fields to change: any of "account_id", "description", "quota"
+   * (every quota field) and "quota.max_queues", "quota.max_topics",
+   * "quota.max_messages", "quota.max_bytes" (that one).
    *
    * @generated from field: google.protobuf.FieldMask update_mask = 2;
    */
@@ -813,7 +927,7 @@ export declare const AccessService: GenService<{
   },
   /**
    * Creates a tenant. ALREADY_EXISTS if a tenant of that name, or with that
-   * account id, exists; INVALID_ARGUMENT for a bad name or account id.
+   * account id, exists; INVALID_ARGUMENT for a bad name, account id or quota.
    *
    * @generated from rpc postbox.v1.AccessService.CreateTenant
    */
@@ -823,7 +937,7 @@ export declare const AccessService: GenService<{
     output: typeof CreateTenantResponseSchema;
   },
   /**
-   * Returns a tenant. NOT_FOUND if it does not exist.
+   * Returns a tenant and its usage. NOT_FOUND if it does not exist.
    *
    * @generated from rpc postbox.v1.AccessService.GetTenant
    */

@@ -278,7 +278,8 @@ def test_http_confirmation_and_notifications_pass_the_validators(
             unsubscribed = json.loads(body)
             assert unsubscribed["TopicArn"] == topic
             assert subscription["SubscriptionArn"] in unsubscribed["Message"]
-            assert unsubscribed["Token"] and unsubscribed["MessageId"]
+            assert unsubscribed["Token"]
+            assert unsubscribed["MessageId"]
             assert "Action=ConfirmSubscription" in unsubscribed["SubscribeURL"]
             _check([unsubscribed], version, signing_shim, authority, monkeypatch)
     finally:

@@ -10,10 +10,9 @@ import grpc
 import pytest
 from google.protobuf.field_mask_pb2 import FieldMask
 from google.protobuf.timestamp_pb2 import Timestamp
-from postbox.v1 import message_pb2
+from postbox.v1 import message_pb2, schedule_service_pb2_grpc, topic_service_pb2
 from postbox.v1 import queue_service_pb2 as qpb
 from postbox.v1 import schedule_service_pb2 as pb
-from postbox.v1 import schedule_service_pb2_grpc, topic_service_pb2
 from postbox.v1 import topic_service_pb2_grpc as topic_grpc
 from support import create_queue, error_of, eventually, receive, seconds, stats, unique_name
 
@@ -48,7 +47,8 @@ def gone(schedules, name: str) -> bool:
     try:
         get(schedules, name)
     except grpc.RpcError as error:
-        assert error.code() == grpc.StatusCode.NOT_FOUND, error
+        if error.code() != grpc.StatusCode.NOT_FOUND:
+            raise
         return True
     return False
 
@@ -188,7 +188,8 @@ def test_a_refused_one_shot_stays_paused_with_its_error(schedules, queues, queue
     queues.PauseQueue(qpb.PauseQueueRequest(name=queue, sends=True))
     create(schedules, name, queue, run_at=at(run_at), body=b"refused")
     spent = eventually(lambda: (s := get(schedules, name)).last_error and s)
-    assert spent.paused and spent.fire_count == 0
+    assert spent.paused
+    assert spent.fire_count == 0
     assert not spent.HasField("next_fire_time")
     error = error_of(schedules.ResumeSchedule, pb.ResumeScheduleRequest(name=name))
     assert error.code() == grpc.StatusCode.FAILED_PRECONDITION

@@ -25,8 +25,8 @@ from postbox_server.http.rest.framework import (
 from postbox_server.http.rest.queues import NAME
 from postbox_server.http.rest.shapes import (
     HEADERS_SCHEMA,
-    RECEIVED_HEADERS_SCHEMA,
     MESSAGE_SCHEMA,
+    RECEIVED_HEADERS_SCHEMA,
     attributes_of,
     body_of,
     duration,

@@ -32,8 +32,7 @@ HEADERS_SCHEMA: dict[str, Any] = {
 RECEIVED_HEADERS_SCHEMA: dict[str, Any] = {
     "type": "object",
     "additionalProperties": {"type": ["string", "number", "object"]},
-    "description": "As sent; a schedule's fire adds _schedule: {name, scheduled_for, "
-    "out_of_band}.",
+    "description": "As sent; a schedule's fire adds _schedule: {name, scheduled_for, out_of_band}.",
 }
 # The data type of attributes whose text is JSON, read back as the JSON value.
 _JSON_TYPE = "String.json"

@@ -193,6 +193,43 @@ def test_the_key_file_is_made_once_and_both_ports_serve_its_certificate(
     assert from_shim == from_server == stored.public_bytes(serialization.Encoding.PEM)
 
 
+def _get(url: str, context: ssl.SSLContext | None = None) -> bytes:
+    with urllib.request.urlopen(url, timeout=10, context=context) as answer:
+        assert answer.headers["Content-Type"].startswith("application/x-pem-file")
+        return answer.read()
+
+
+def test_with_no_key_file_named_the_server_makes_one_beside_its_data_dir_and_keeps_it(
+    database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    data_dir = tmp_path / "state" / "pgdata"
+    made = tmp_path / "state" / "sns-signing-key.pem"
+    served = []
+    for _ in range(2):  # the second start is a restart: the same key, the same certificate
+        server = HttpServerProcess(database_url, "--data-dir", str(data_dir)).start()
+        try:
+            cert = _get(f"{server.base}/SimpleNotificationService.pem")
+            assert _get(f"{server.base}/v1/cert") == cert
+            served.append(cert)
+        finally:
+            server.stop()
+        assert made.stat().st_mode & 0o777 == 0o600
+        # The key is in the file and nowhere in what the server said.
+        assert b"PRIVATE KEY" in made.read_bytes()
+        assert "PRIVATE KEY" not in server.log()
+    assert served[0] == served[1]
+    assert x509.load_pem_x509_certificate(served[0])
+    # The shim on the same host finds the same file through the same data directory.
+    monkeypatch.setenv("POSTBOX_DATA_DIR", str(data_dir))
+    server = HttpServerProcess(database_url, "--data-dir", str(data_dir)).start()
+    shim = SqsShimProcess(server.target).start()
+    try:
+        assert _get(f"{shim.endpoint}/SimpleNotificationService.pem") == served[0]
+    finally:
+        shim.stop()
+        server.stop()
+
+
 @pytest.mark.parametrize("version", ["1", "2"])
 def test_sqs_delivered_envelopes_pass_the_validators(
     version, clients, signing_shim, authority, monkeypatch, request

@@ -6790,7 +6790,7 @@ $$;
 -- the due time it fired for, and whether it fired out of band (a manual run).
 CREATE FUNCTION postbox._schedule_attribute(schedule_name text, scheduled_for timestamptz, out_of_band boolean)
 RETURNS jsonb
-LANGUAGE sql IMMUTABLE AS $$
+LANGUAGE sql STABLE AS $$
     SELECT jsonb_build_object('_schedule', jsonb_build_object(
         'data_type', 'String.json',
         'string_value', jsonb_build_object(

@@ -10024,6 +10024,48 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'PB429', MESSAGE = format(
             'tenant %s is at its quota of %s %ss (max_%ss); delete one or raise the quota',
             quote_literal(tenant_name), quota, kind, kind);
+
+-- Fired messages carry a _schedule attribute (beyond-queue's headers._schedule),
+-- and a one-shot schedule that fired is deleted; those that fired before this
+-- are deleted too.
+DROP FUNCTION postbox._fire(postbox.schedules, text);
+-- The `_schedule` attribute of a fired message, as beyond-queue's
+-- headers._schedule: JSON text (data_type String.json) of the schedule's name,
+-- the due time it fired for, and whether it fired out of band (a manual run).
+CREATE FUNCTION postbox._schedule_attribute(schedule_name text, scheduled_for timestamptz, out_of_band boolean)
+RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+    SELECT jsonb_build_object('_schedule', jsonb_build_object(
+        'data_type', 'String.json',
+        'string_value', jsonb_build_object(
+            'name', schedule_name,
+            'scheduled_for', to_char(scheduled_for AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+            'out_of_band', out_of_band)::text))
+$$;
+
+-- Sends a schedule's message into its target with the given deduplication id
+-- and its _schedule attribute (see _schedule_attribute): the ids of the
+-- committed messages (one per queue the message reached) and how many webhook
+-- deliveries it queued. Errors reach the caller.
+CREATE FUNCTION postbox._fire(s postbox.schedules, deduplication_id text, scheduled_for timestamptz,
+                              out_of_band boolean, OUT message_ids bigint[], OUT webhook_deliveries integer)
+LANGUAGE plpgsql AS $$
+DECLARE
+    fifo boolean;
+    attributes jsonb := coalesce(s.attributes, '{}') || postbox._schedule_attribute(s.name, scheduled_for, out_of_band);
+BEGIN
+    webhook_deliveries := 0;
+    IF s.target_queue IS NOT NULL THEN
+        SELECT q.fifo INTO fifo FROM postbox.queues q WHERE q.name = s.target_queue;
+        message_ids := ARRAY(
+            SELECT b.message_id FROM postbox.send_batch(
+                s.target_queue, ARRAY[s.body], ARRAY[attributes],
+                message_group_ids => CASE WHEN fifo THEN ARRAY[s.name] END,
+                deduplication_ids => ARRAY[deduplication_id]) b);
+    ELSE
+        SELECT p.message_ids, p.webhook_deliveries INTO message_ids, webhook_deliveries
+        FROM postbox.publish(s.target_topic, s.body, s.routing_key, attributes,
+                             deduplication_id => deduplication_id) p;
     END IF;
 END
 $$;
@@ -10218,6 +10260,180 @@ BEGIN
     WHERE m.queue_id = q.id AND (q.retention IS NULL OR m.enqueued_at >= now() - q.retention);
 END
 $$;
+
+
+-- Checks a schedule before it is stored: PB400 for a bad field, PB404 when
+-- its target does not exist.
+CREATE OR REPLACE FUNCTION postbox._check_schedule(s postbox.schedules) RETURNS void
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    problem text := postbox.name_problem('schedule', s.name);
+    q postbox.queues;
+    size bigint;
+BEGIN
+    problem := coalesce(problem, CASE
+        WHEN num_nonnulls(s.cron_expression, s.every, s.run_at) <> 1 THEN
+            'give exactly one of a cron expression, an interval and a run_at time'
+        WHEN length(s.cron_expression) NOT BETWEEN 1 AND 255 THEN 'a cron expression has 1 to 255 characters'
+        WHEN s.cron_expression IS NOT NULL AND coalesce(s.time_zone, '') = '' THEN 'a cron schedule needs a time zone'
+        WHEN s.cron_expression IS NULL AND s.time_zone IS NOT NULL THEN 'a time zone is for cron schedules'
+        WHEN s.every < interval '1 second' OR s.every > interval '366 days' THEN
+            format('interval %s is outside 1 s to 366 days', s.every)
+        WHEN num_nonnulls(s.target_queue, s.target_topic) <> 1 THEN 'give a target queue or a target topic'
+        WHEN postbox._target_problem(s.target_queue, s.target_topic) IS NOT NULL THEN
+            postbox._target_problem(s.target_queue, s.target_topic)
+        WHEN s.target_queue IS NOT NULL AND s.routing_key <> '' THEN 'a routing key is for topic targets'
+        WHEN s.body IS NULL THEN 'body must not be NULL'
+        WHEN s.catch_up_limit NOT BETWEEN 0 AND 1000 THEN
+            format('catch_up_limit %s is outside 0 to 1000 (0: one fire for all missed times)', s.catch_up_limit)
+        WHEN s.failure_threshold NOT BETWEEN 0 AND 1000 THEN
+            format('failure_threshold %s is outside 0 to 1000 (0: never pause)', s.failure_threshold)
+        WHEN NOT s.paused AND s.next_fire_at IS NULL THEN
+            'next_fire_at is required: the server computes it from the timing'
+        ELSE postbox.routing_key_problem(s.routing_key) END);
+    IF problem IS NULL AND s.attributes IS NOT NULL THEN
+        problem := coalesce(postbox._attributes_problem(ARRAY[s.attributes], 1), CASE
+            WHEN s.attributes ? '_schedule' THEN
+                'attribute name ''_schedule'' is the server''s: it adds it to every fired message'
+            WHEN (SELECT count(*) FROM jsonb_object_keys(s.attributes)) > 9 THEN
+                format('%s attributes; a schedule''s message may have at most 9 (the server adds _schedule)',
+                       (SELECT count(*) FROM jsonb_object_keys(s.attributes)))
+            END);
+    END IF;
+    IF problem IS NOT NULL THEN
+        PERFORM postbox._invalid(problem);
+    END IF;
+    IF s.target_queue IS NOT NULL THEN
+        q := postbox._queue(s.target_queue);
+        -- Sized as fired: with its _schedule attribute, at its longest.
+        size := postbox.message_size(s.body, coalesce(s.attributes, '{}')
+                                             || postbox._schedule_attribute(s.name, now(), false));
+        IF size > q.max_message_size THEN
+            PERFORM postbox._invalid(format(
+                'the message is %s bytes; queue %s takes at most %s (body and attributes, with _schedule)',
+                size, quote_literal(q.name), q.max_message_size));
+        END IF;
+    ELSE
+        PERFORM postbox._topic(s.target_topic);
+    END IF;
+END
+$$;
+
+-- Fires a due schedule that the caller claimed: sends its message, or
+-- publishes it, and sets when it fires next (next_fire_at, computed by the
+-- caller), all in the caller's transaction, so a fire happens exactly once. A
+-- one-shot schedule that fired is deleted, as beyond-queue deletes it; one whose
+-- fire was refused stays, paused for good, its last_error saying why. The message's
+-- deduplication id is "<schedule>@<due time>", which keeps content-based
+-- deduplication from eating repeats; FIFO queues get the schedule name as
+-- message group. A fire that the target refuses (missing, paused, full, ...)
+-- is skipped, not retried: `error` says why, and so does the schedule's
+-- last_error; failure_threshold such refusals in a row pause the schedule.
+-- Returns the error, how many webhook deliveries were queued, and whether the
+-- schedule is paused (or deleted) now. A next_fire_at not after now() is a missed due time
+-- to catch up: the caller fires it next. A `refusal` is the caller's reason not
+-- to send at all (the body breaks the target's payload schema, which only the
+-- server can check): the fire fails with it, as if the target had refused.
+CREATE OR REPLACE FUNCTION postbox.fire_schedule(schedule_id integer, next_fire_at timestamptz,
+                                      refusal text DEFAULT NULL)
+RETURNS TABLE (error text, webhook_deliveries integer, paused boolean)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_variable
+DECLARE
+    s postbox.schedules;
+    deduplication_id text;
+    problem text;
+    state text;
+    hooks integer := 0;
+BEGIN
+    SELECT * INTO s FROM postbox.schedules WHERE id = schedule_id FOR UPDATE;
+    IF NOT FOUND OR s.paused OR NOT s.next_fire_at <= now() THEN
+        RAISE EXCEPTION USING ERRCODE = 'PB412', MESSAGE = format('schedule %s is not due', schedule_id);
+    END IF;
+    deduplication_id := s.name || '@' || to_char(s.next_fire_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"');
+    problem := refusal;
+    IF problem IS NULL THEN
+        BEGIN
+            hooks := (postbox._fire(s, deduplication_id, s.next_fire_at, false)).webhook_deliveries;
+        EXCEPTION WHEN OTHERS THEN
+            GET STACKED DIAGNOSTICS state = RETURNED_SQLSTATE, problem = MESSAGE_TEXT;
+            IF state NOT LIKE 'PB%' THEN
+                RAISE;
+            END IF;
+        END;
+    END IF;
+    IF s.run_at IS NOT NULL AND problem IS NULL THEN
+        DELETE FROM postbox.schedules WHERE id = s.id;
+        RETURN QUERY SELECT problem, coalesce(hooks, 0), true;
+        RETURN;
+    END IF;
+    UPDATE postbox.schedules x
+    SET next_fire_at = CASE WHEN s.run_at IS NULL THEN fire_schedule.next_fire_at END,
+        paused = s.run_at IS NOT NULL
+                 OR (problem IS NOT NULL AND s.failure_threshold > 0
+                     AND s.consecutive_failures + 1 >= s.failure_threshold),
+        last_fire_at = CASE WHEN problem IS NULL THEN now() ELSE x.last_fire_at END,
+        fire_count = x.fire_count + CASE WHEN problem IS NULL THEN 1 ELSE 0 END,
+        consecutive_failures = CASE WHEN problem IS NULL THEN 0 ELSE x.consecutive_failures + 1 END,
+        last_error = problem
+    WHERE x.id = s.id
+    RETURNING x.paused INTO s.paused;
+    RETURN QUERY SELECT problem, coalesce(hooks, 0), s.paused;
+END
+$$;
+
+-- Fires a schedule once now, paused or not, without moving its next fire
+-- time; counted as a fire. Unlike a due fire, a refusal (target missing,
+-- paused or full) is the caller's error and is not kept in last_error. The
+-- fire's deduplication id is "<name>@run:<now>", and its _schedule attribute
+-- says out_of_band, scheduled for now. Returns the schedule and the ids of the
+-- committed messages.
+CREATE OR REPLACE FUNCTION postbox.run_schedule(schedule_name text, OUT schedule postbox.schedules,
+                                     OUT message_ids bigint[])
+LANGUAGE plpgsql AS $$
+DECLARE
+    s postbox.schedules;
+    ran_at timestamptz := clock_timestamp();
+BEGIN
+    SELECT * INTO s FROM postbox.schedules WHERE name = schedule_name FOR UPDATE;
+    IF NOT FOUND THEN
+        s := postbox._schedule(schedule_name);  -- raises PB400 or PB404
+    END IF;
+    message_ids := (postbox._fire(
+        s, s.name || '@run:' || to_char(ran_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'), ran_at, true)).message_ids;
+    UPDATE postbox.schedules
+    SET last_fire_at = now(), fire_count = fire_count + 1, last_error = NULL, consecutive_failures = 0
+    WHERE id = s.id
+    RETURNING * INTO schedule;
+END
+$$;
+
+-- Lets a schedule fire again, next at next_fire_at (computed by the caller
+-- from the row lock_schedule returned), or at its stored next_fire_at when
+-- NULL. PB412 for a one-shot schedule whose fire was refused: give it a new
+-- run_at.
+CREATE OR REPLACE FUNCTION postbox.resume_schedule(schedule_name text, next_fire_at timestamptz DEFAULT NULL)
+RETURNS postbox.schedules
+LANGUAGE plpgsql AS $$
+DECLARE
+    s postbox.schedules := postbox.lock_schedule(schedule_name);
+BEGIN
+    IF coalesce(next_fire_at, s.next_fire_at) IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'PB412', MESSAGE = format(
+            'schedule %s was refused at its run_at time (see last_error); update run_at to have it fire again',
+            quote_literal(schedule_name));
+    END IF;
+    UPDATE postbox.schedules
+    SET paused = false, next_fire_at = coalesce(resume_schedule.next_fire_at, s.next_fire_at), updated_at = now(),
+        consecutive_failures = 0
+    WHERE id = s.id
+    RETURNING * INTO s;
+    PERFORM postbox._signal('schedules');
+    RETURN s;
+END
+$$;
+
+DELETE FROM postbox.schedules WHERE run_at IS NOT NULL AND next_fire_at IS NULL AND last_error IS NULL;
 
 SELECT postbox._secure();
 

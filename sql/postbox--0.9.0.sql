@@ -368,7 +368,8 @@ CREATE INDEX webhook_deliveries_failed_idx ON postbox.webhook_deliveries (last_a
 -- workers claim due rows with SKIP LOCKED and fire them with fire_schedule,
 -- which sends and moves next_fire_at in one transaction. A paused schedule
 -- keeps next_fire_at (an interval's phase) but is not due; a one-shot schedule
--- that fired is paused with next_fire_at NULL.
+-- that fired is deleted, and one whose fire was refused is paused with
+-- next_fire_at NULL.
 CREATE TABLE postbox.schedules (
     id integer GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     name text NOT NULL UNIQUE,
@@ -6803,6 +6804,20 @@ LANGUAGE sql IMMUTABLE AS $$
                     'target: ' || CASE WHEN target_topic IS NOT NULL THEN postbox.name_problem('topic', target_topic) END)
 $$;
 
+-- The `_schedule` attribute of a fired message, as beyond-queue's
+-- headers._schedule: JSON text (data_type String.json) of the schedule's name,
+-- the due time it fired for, and whether it fired out of band (a manual run).
+CREATE FUNCTION postbox._schedule_attribute(schedule_name text, scheduled_for timestamptz, out_of_band boolean)
+RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+    SELECT jsonb_build_object('_schedule', jsonb_build_object(
+        'data_type', 'String.json',
+        'string_value', jsonb_build_object(
+            'name', schedule_name,
+            'scheduled_for', to_char(scheduled_for AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+            'out_of_band', out_of_band)::text))
+$$;
+
 -- Checks a schedule before it is stored: PB400 for a bad field, PB404 when
 -- its target does not exist.
 CREATE FUNCTION postbox._check_schedule(s postbox.schedules) RETURNS void
@@ -6810,6 +6825,7 @@ LANGUAGE plpgsql STABLE AS $$
 DECLARE
     problem text := postbox.name_problem('schedule', s.name);
     q postbox.queues;
+    size bigint;
 BEGIN
     problem := coalesce(problem, CASE
         WHEN num_nonnulls(s.cron_expression, s.every, s.run_at) <> 1 THEN
@@ -6832,17 +6848,26 @@ BEGIN
             'next_fire_at is required: the server computes it from the timing'
         ELSE postbox.routing_key_problem(s.routing_key) END);
     IF problem IS NULL AND s.attributes IS NOT NULL THEN
-        problem := postbox._attributes_problem(ARRAY[s.attributes], 1);
+        problem := coalesce(postbox._attributes_problem(ARRAY[s.attributes], 1), CASE
+            WHEN s.attributes ? '_schedule' THEN
+                'attribute name ''_schedule'' is the server''s: it adds it to every fired message'
+            WHEN (SELECT count(*) FROM jsonb_object_keys(s.attributes)) > 9 THEN
+                format('%s attributes; a schedule''s message may have at most 9 (the server adds _schedule)',
+                       (SELECT count(*) FROM jsonb_object_keys(s.attributes)))
+            END);
     END IF;
     IF problem IS NOT NULL THEN
         PERFORM postbox._invalid(problem);
     END IF;
     IF s.target_queue IS NOT NULL THEN
         q := postbox._queue(s.target_queue);
-        IF postbox.message_size(s.body, s.attributes) > q.max_message_size THEN
+        -- Sized as fired: with its _schedule attribute, at its longest.
+        size := postbox.message_size(s.body, coalesce(s.attributes, '{}')
+                                             || postbox._schedule_attribute(s.name, now(), false));
+        IF size > q.max_message_size THEN
             PERFORM postbox._invalid(format(
-                'the message is %s bytes; queue %s takes at most %s (body and attributes)',
-                postbox.message_size(s.body, s.attributes), quote_literal(q.name), q.max_message_size));
+                'the message is %s bytes; queue %s takes at most %s (body and attributes, with _schedule)',
+                size, quote_literal(q.name), q.max_message_size));
         END IF;
     ELSE
         PERFORM postbox._topic(s.target_topic);
@@ -7044,7 +7069,8 @@ $$;
 
 -- Lets a schedule fire again, next at next_fire_at (computed by the caller
 -- from the row lock_schedule returned), or at its stored next_fire_at when
--- NULL. PB412 for a one-shot schedule that has fired: give it a new run_at.
+-- NULL. PB412 for a one-shot schedule whose fire was refused: give it a new
+-- run_at.
 CREATE FUNCTION postbox.resume_schedule(schedule_name text, next_fire_at timestamptz DEFAULT NULL)
 RETURNS postbox.schedules
 LANGUAGE plpgsql AS $$
@@ -7053,7 +7079,7 @@ DECLARE
 BEGIN
     IF coalesce(next_fire_at, s.next_fire_at) IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = 'PB412', MESSAGE = format(
-            'schedule %s fired at its run_at time already; update run_at to have it fire again',
+            'schedule %s was refused at its run_at time (see last_error); update run_at to have it fire again',
             quote_literal(schedule_name));
     END IF;
     UPDATE postbox.schedules
@@ -7085,26 +7111,28 @@ BEGIN
 END
 $$;
 
--- Sends a schedule's message into its target with the given deduplication id:
--- the ids of the committed messages (one per queue the message reached) and
--- how many webhook deliveries it queued. Errors reach the caller.
-CREATE FUNCTION postbox._fire(s postbox.schedules, deduplication_id text,
-                              OUT message_ids bigint[], OUT webhook_deliveries integer)
+-- Sends a schedule's message into its target with the given deduplication id
+-- and its _schedule attribute (see _schedule_attribute): the ids of the
+-- committed messages (one per queue the message reached) and how many webhook
+-- deliveries it queued. Errors reach the caller.
+CREATE FUNCTION postbox._fire(s postbox.schedules, deduplication_id text, scheduled_for timestamptz,
+                              out_of_band boolean, OUT message_ids bigint[], OUT webhook_deliveries integer)
 LANGUAGE plpgsql AS $$
 DECLARE
     fifo boolean;
+    attributes jsonb := coalesce(s.attributes, '{}') || postbox._schedule_attribute(s.name, scheduled_for, out_of_band);
 BEGIN
     webhook_deliveries := 0;
     IF s.target_queue IS NOT NULL THEN
         SELECT q.fifo INTO fifo FROM postbox.queues q WHERE q.name = s.target_queue;
         message_ids := ARRAY(
             SELECT b.message_id FROM postbox.send_batch(
-                s.target_queue, ARRAY[s.body], postbox._array_of(s.attributes),
+                s.target_queue, ARRAY[s.body], ARRAY[attributes],
                 message_group_ids => CASE WHEN fifo THEN ARRAY[s.name] END,
                 deduplication_ids => ARRAY[deduplication_id]) b);
     ELSE
         SELECT p.message_ids, p.webhook_deliveries INTO message_ids, webhook_deliveries
-        FROM postbox.publish(s.target_topic, s.body, s.routing_key, s.attributes,
+        FROM postbox.publish(s.target_topic, s.body, s.routing_key, attributes,
                              deduplication_id => deduplication_id) p;
     END IF;
 END
@@ -7112,15 +7140,16 @@ $$;
 
 -- Fires a due schedule that the caller claimed: sends its message, or
 -- publishes it, and sets when it fires next (next_fire_at, computed by the
--- caller; ignored for a one-shot schedule, which is paused for good), all in
--- the caller's transaction, so a fire happens exactly once. The message's
+-- caller), all in the caller's transaction, so a fire happens exactly once. A
+-- one-shot schedule that fired is deleted, as beyond-queue deletes it; one whose
+-- fire was refused stays, paused for good, its last_error saying why. The message's
 -- deduplication id is "<schedule>@<due time>", which keeps content-based
 -- deduplication from eating repeats; FIFO queues get the schedule name as
 -- message group. A fire that the target refuses (missing, paused, full, ...)
 -- is skipped, not retried: `error` says why, and so does the schedule's
 -- last_error; failure_threshold such refusals in a row pause the schedule.
 -- Returns the error, how many webhook deliveries were queued, and whether the
--- schedule is paused now. A next_fire_at not after now() is a missed due time
+-- schedule is paused (or deleted) now. A next_fire_at not after now() is a missed due time
 -- to catch up: the caller fires it next. A `refusal` is the caller's reason not
 -- to send at all (the body breaks the target's payload schema, which only the
 -- server can check): the fire fails with it, as if the target had refused.
@@ -7144,13 +7173,18 @@ BEGIN
     problem := refusal;
     IF problem IS NULL THEN
         BEGIN
-            hooks := (postbox._fire(s, deduplication_id)).webhook_deliveries;
+            hooks := (postbox._fire(s, deduplication_id, s.next_fire_at, false)).webhook_deliveries;
         EXCEPTION WHEN OTHERS THEN
             GET STACKED DIAGNOSTICS state = RETURNED_SQLSTATE, problem = MESSAGE_TEXT;
             IF state NOT LIKE 'PB%' THEN
                 RAISE;
             END IF;
         END;
+    END IF;
+    IF s.run_at IS NOT NULL AND problem IS NULL THEN
+        DELETE FROM postbox.schedules WHERE id = s.id;
+        RETURN QUERY SELECT problem, coalesce(hooks, 0), true;
+        RETURN;
     END IF;
     UPDATE postbox.schedules x
     SET next_fire_at = CASE WHEN s.run_at IS NULL THEN fire_schedule.next_fire_at END,
@@ -7170,20 +7204,22 @@ $$;
 -- Fires a schedule once now, paused or not, without moving its next fire
 -- time; counted as a fire. Unlike a due fire, a refusal (target missing,
 -- paused or full) is the caller's error and is not kept in last_error. The
--- fire's deduplication id is "<name>@run:<now>". Returns the schedule and the
--- ids of the committed messages.
+-- fire's deduplication id is "<name>@run:<now>", and its _schedule attribute
+-- says out_of_band, scheduled for now. Returns the schedule and the ids of the
+-- committed messages.
 CREATE FUNCTION postbox.run_schedule(schedule_name text, OUT schedule postbox.schedules,
                                      OUT message_ids bigint[])
 LANGUAGE plpgsql AS $$
 DECLARE
     s postbox.schedules;
+    ran_at timestamptz := clock_timestamp();
 BEGIN
     SELECT * INTO s FROM postbox.schedules WHERE name = schedule_name FOR UPDATE;
     IF NOT FOUND THEN
         s := postbox._schedule(schedule_name);  -- raises PB400 or PB404
     END IF;
     message_ids := (postbox._fire(
-        s, s.name || '@run:' || to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))).message_ids;
+        s, s.name || '@run:' || to_char(ran_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'), ran_at, true)).message_ids;
     UPDATE postbox.schedules
     SET last_fire_at = now(), fire_count = fire_count + 1, last_error = NULL, consecutive_failures = 0
     WHERE id = s.id

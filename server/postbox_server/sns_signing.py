@@ -6,7 +6,9 @@ SignatureVersion 1 with SHA1, 2 with SHA256. Subscribers verify with the certifi
 the message's SigningCertURL. postbox signs with one RSA key that both the server (queue
 and webhook notifications) and the SNS shim (confirmations, and the certificate it serves
 at /SimpleNotificationService.pem) load from the same PEM file: the operator's, or one
-made on first use and kept, so that messages signed before a restart still verify.
+made on first use and kept, so that messages signed before a restart still verify. With
+no file named, it is sns-signing-key.pem beside the embedded PostgreSQL's data directory
+(default_key_path), which `postbox serve` and `postbox sqs` on one host share.
 """
 
 from __future__ import annotations
@@ -80,6 +82,16 @@ class SigningKey:
         }
 
 
+DEFAULT_KEY_NAME = "sns-signing-key.pem"
+
+
+def default_key_path(data_dir: Path) -> Path:
+    """The key file when the operator names none: in postbox's data directory, the one
+    that holds the embedded PostgreSQL's (`data_dir`), so it survives restarts, but not
+    inside PostgreSQL's own directory, which is PostgreSQL's alone."""
+    return data_dir.expanduser().resolve().parent / DEFAULT_KEY_NAME
+
+
 def certificate_url(base_url: str) -> str:
     """Where an SNS endpoint at `base_url` serves its signing certificate."""
     return base_url.rstrip("/") + CERTIFICATE_PATH
@@ -135,6 +147,10 @@ def load_or_create(path: Path) -> SigningKey:
     except OSError as error:
         raise SigningKeyError(f"{path}: cannot read it: {error.strerror}") from None
     key = rsa.generate_private_key(public_exponent=65537, key_size=_KEY_BITS)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as error:
+        raise SigningKeyError(f"{path}: cannot create its directory: {error.strerror}") from None
     pem = key.private_bytes(
         serialization.Encoding.PEM,
         serialization.PrivateFormat.PKCS8,

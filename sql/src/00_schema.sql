@@ -368,7 +368,8 @@ CREATE INDEX webhook_deliveries_failed_idx ON postbox.webhook_deliveries (last_a
 -- workers claim due rows with SKIP LOCKED and fire them with fire_schedule,
 -- which sends and moves next_fire_at in one transaction. A paused schedule
 -- keeps next_fire_at (an interval's phase) but is not due; a one-shot schedule
--- that fired is paused with next_fire_at NULL.
+-- that fired is deleted, and one whose fire was refused is paused with
+-- next_fire_at NULL.
 CREATE TABLE postbox.schedules (
     id integer GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     name text NOT NULL UNIQUE,

@@ -428,7 +428,13 @@ async def test_schedules_create_upsert_pause_run_delete(http: aiohttp.ClientSess
     status, [fired], _ = await request(http, "GET", f"/v1/queues/{queue}/messages")
     assert fired["message_id"] == ran["msg_ids"][0]
     assert fired["message"] == {"job": "report"}
+    # As beyond-queue's headers._schedule: which schedule, for when, and that a run is
+    # out of band (its scheduled_for is the run's moment).
+    schedule_header = fired["headers"].pop("_schedule")
     assert fired["headers"] == {"source": "cron"}
+    assert set(schedule_header) == {"name", "scheduled_for", "out_of_band"}
+    assert (schedule_header["name"], schedule_header["out_of_band"]) == (name, True)
+    assert schedule_header["scheduled_for"].endswith("Z")
     status, after, _ = await request(http, "GET", f"/v1/schedules/{name}")
     assert after["fire_count"] == 1
     assert after["next_fire_at"] == resumed["next_fire_at"]
@@ -606,12 +612,17 @@ async def test_unknown_paths_and_methods(http: aiohttp.ClientSession) -> None:
     assert headers["Allow"] == "POST, GET"
 
 
-async def test_cert_is_not_found_on_a_server_that_signs_no_sns_messages(
-    http: aiohttp.ClientSession,
-) -> None:
-    # With --sns-signing-key it serves the certificate (tests/aws/test_sns_signatures.py).
-    status, answer, _ = await request(http, "GET", "/v1/cert")
-    refused(status, answer, 404, "--sns-signing-key")
+async def test_cert_is_served_by_default(http: aiohttp.ClientSession) -> None:
+    # No --sns-signing-key: the server made a key beside its data directory (kept over
+    # restarts: tests/aws/test_sns_signatures.py), and serves its certificate.
+    certs = []
+    for path in ("/v1/cert", "/SimpleNotificationService.pem"):
+        async with http.get(path) as answer:
+            assert answer.status == 200
+            assert answer.content_type == "application/x-pem-file"
+            certs.append(await answer.read())
+    assert certs[0] == certs[1]
+    assert certs[0].startswith(b"-----BEGIN CERTIFICATE-----")
 
 
 # Keys: a database of their own (a key turns authentication on for the whole database).

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import datetime, timedelta, timezone
 from zoneinfo import ZoneInfo
 
@@ -9,9 +10,9 @@ import grpc
 import pytest
 from google.protobuf.field_mask_pb2 import FieldMask
 from google.protobuf.timestamp_pb2 import Timestamp
+from postbox.v1 import message_pb2, schedule_service_pb2_grpc, topic_service_pb2
 from postbox.v1 import queue_service_pb2 as qpb
 from postbox.v1 import schedule_service_pb2 as pb
-from postbox.v1 import schedule_service_pb2_grpc, topic_service_pb2
 from postbox.v1 import topic_service_pb2_grpc as topic_grpc
 from support import create_queue, error_of, eventually, receive, seconds, stats, unique_name
 
@@ -39,6 +40,17 @@ def create(schedules, name: str, queue: str, **fields) -> pb.Schedule:
 
 def get(schedules, name: str) -> pb.Schedule:
     return schedules.GetSchedule(pb.GetScheduleRequest(name=name)).schedule
+
+
+def gone(schedules, name: str) -> bool:
+    """Whether GetSchedule says there is no such schedule."""
+    try:
+        get(schedules, name)
+    except grpc.RpcError as error:
+        if error.code() != grpc.StatusCode.NOT_FOUND:
+            raise
+        return True
+    return False
 
 
 def visible(queues, queue: str) -> int:
@@ -133,7 +145,16 @@ def test_interval_fires_into_a_queue_until_paused(schedules, queues, messages, q
     assert error.code() == grpc.StatusCode.NOT_FOUND
 
 
-def test_run_at_fires_once_into_a_topic(schedules, channel, queues, messages, queue, name):
+def _schedule_header(message) -> dict:
+    """The `_schedule` attribute of a fired message, as the JSON object it holds."""
+    attribute = message.attributes["_schedule"]
+    assert attribute.data_type == "String.json"
+    return json.loads(attribute.string_value)
+
+
+def test_run_at_fires_once_into_a_topic_and_is_deleted(
+    schedules, channel, queues, messages, queue, name
+):
     topics = topic_grpc.TopicServiceStub(channel)
     topics.CreateTopic(
         topic_service_pb2.CreateTopicRequest(topic=topic_service_pb2.Topic(name=name))
@@ -152,14 +173,59 @@ def test_run_at_fires_once_into_a_topic(schedules, channel, queues, messages, qu
         body=b"once",
     )
     schedules.CreateSchedule(pb.CreateScheduleRequest(schedule=schedule))
-    spent = eventually(lambda: (s := get(schedules, name)).fire_count == 1 and s)
+    # Fired, it is gone, as beyond-queue deletes one-shots: the message is the record.
+    eventually(lambda: gone(schedules, name), what="the one-shot schedule deleted after its fire")
+    (message,) = receive(messages, queue)
+    assert message.body == b"once"
+    stamp = run_at.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    assert _schedule_header(message) == {
+        "name": name, "scheduled_for": stamp, "out_of_band": False,
+    }  # fmt: skip
+
+
+def test_a_refused_one_shot_stays_paused_with_its_error(schedules, queues, queue, name):
+    run_at = datetime.now(timezone.utc) + timedelta(seconds=0.3)
+    queues.PauseQueue(qpb.PauseQueueRequest(name=queue, sends=True))
+    create(schedules, name, queue, run_at=at(run_at), body=b"refused")
+    spent = eventually(lambda: (s := get(schedules, name)).last_error and s)
     assert spent.paused
+    assert spent.fire_count == 0
     assert not spent.HasField("next_fire_time")
-    assert spent.last_fire_time.ToDatetime(timezone.utc) >= run_at.replace(microsecond=0)
-    assert [m.body for m in receive(messages, queue)] == [b"once"]
     error = error_of(schedules.ResumeSchedule, pb.ResumeScheduleRequest(name=name))
     assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "update run_at" in error.details()
+
+
+def test_a_fired_message_says_its_schedule_and_due_time(schedules, messages, queue, name):
+    created = create(
+        schedules, name, queue, interval=seconds(1), body=b"tick",
+        attributes={"kind": message_pb2.AttributeValue(data_type="String", string_value="k")},
+    )  # fmt: skip
+    due = created.next_fire_time.ToDatetime(timezone.utc)
+    (message,) = eventually(lambda: receive(messages, queue, count=1), what="a fire")
+    assert message.attributes["kind"].string_value == "k"
+    assert _schedule_header(message) == {
+        "name": name,
+        "scheduled_for": due.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+        "out_of_band": False,
+    }
+    # The deduplication id names the same due time.
+    assert message.deduplication_id == f"{name}@{due.strftime('%Y-%m-%dT%H:%M:%S.%fZ')}"
+
+
+def test_the_server_keeps_the_schedule_attribute_for_itself(schedules, queue, name):
+    def attributes(*names: str) -> dict:
+        return {n: message_pb2.AttributeValue(data_type="String", string_value="v") for n in names}
+
+    error = error_of(
+        create, schedules, name, queue, interval=seconds(60), attributes=attributes("_schedule")
+    )
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "'_schedule' is the server's" in error.details()
+    ten = attributes(*(f"a{i}" for i in range(10)))
+    error = error_of(create, schedules, name, queue, interval=seconds(60), attributes=ten)
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "at most 9 (the server adds _schedule)" in error.details()
 
 
 def test_update(schedules, queues, queue, name):
@@ -301,6 +367,10 @@ def test_run_fires_now_and_keeps_the_next_fire_time(schedules, messages, queue, 
     assert ran.schedule.HasField("last_fire_time")
     (message,) = receive(messages, queue)
     assert (message.body, [message.message_id]) == (b"by hand", list(ran.message_ids))
+    # Out of band, scheduled for the moment of the run (its deduplication id's).
+    header = _schedule_header(message)
+    assert (header["name"], header["out_of_band"]) == (name, True)
+    assert message.deduplication_id == f"{name}@run:{header['scheduled_for']}"
     # Two runs are two messages: each run has a deduplication id of its own.
     _run(schedules, name)
     assert len(receive(messages, queue)) == 1

@@ -244,7 +244,22 @@ async def test_tick_does_every_kind_of_maintenance_and_says_what(engine):
     now = await engine.fetchval("SELECT now()")
     assert rows["by-cron"]["next_fire_at"] == next_cron_time("*/5 * * * *", "Europe/Berlin", now)
     assert rows["by-interval"]["next_fire_at"] > before
-    assert rows["once"]["paused"]
+    # The one-shot schedule, fired, is deleted; its message says which schedule it
+    # came from, as a server's fire says it (the same SQL sets it).
+    assert "once" not in rows
+    fired = await engine.fetch(
+        "SELECT m.attributes -> '_schedule' AS header FROM postbox.messages m"
+        " JOIN postbox.queues q ON q.id = m.queue_id WHERE q.name = 'fired'"
+    )
+    headers = {}
+    for row in fired:
+        header = json.loads(row["header"])
+        assert header["data_type"] == "String.json"
+        value = json.loads(header["string_value"])
+        headers[value.pop("name")] = value
+    assert set(headers) == {"by-cron", "by-interval", "once"}
+    assert all(h["out_of_band"] is False for h in headers.values())
+    assert all(h["scheduled_for"].endswith("Z") for h in headers.values())
     # The stream rotated: its old slot retired, an empty one is current.
     assert await _current_slot(engine) != slot
     assert (
@@ -377,9 +392,8 @@ async def test_pg_cron_ticks_with_no_server_running(cron_postgres):
         deadline = time.monotonic() + 150  # a minute's schedule, on a loaded machine
         while True:
             gone = await _depth(conn, "old") == 0
-            fired = await conn.fetchval(
-                "SELECT count(*) FROM postbox.schedules WHERE fire_count = 1"
-            )
+            # A one-shot schedule that fired is deleted: count the messages.
+            fired = await _depth(conn, "fired")
             rotated = await _current_slot(conn) != slot
             if gone and fired == 3 and rotated:
                 break

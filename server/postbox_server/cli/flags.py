@@ -91,17 +91,19 @@ def add_sns_signing_flag(parser: argparse.ArgumentParser) -> None:
         help="PEM file of the RSA key (and optionally its certificate) that signs SNS "
         "messages; made with a new key and a self-signed certificate when it does not "
         "exist. Give the server and the SNS shim the same file (default: "
-        "$POSTBOX_SNS_SIGNING_KEY; none: SNS messages go unsigned)",
+        "$POSTBOX_SNS_SIGNING_KEY, else sns-signing-key.pem in the directory that holds "
+        "the --data-dir, made once and kept)",
     )
 
 
-def check_sns_signing_key(args: argparse.Namespace, verb: str) -> bool:
+def check_sns_signing_key(args: argparse.Namespace, verb: str, data_dir: Path) -> bool:
     """Reads (or makes) the --sns-signing-key file now, so that a bad one stops the
-    command before it serves; False after saying why on stderr."""
-    from postbox_server.sns_signing import SigningKeyError, load_or_create
+    command before it serves; False after saying why on stderr. With no file named, it
+    is the one beside `data_dir` (sns_signing.default_key_path), set on `args`."""
+    from postbox_server.sns_signing import SigningKeyError, default_key_path, load_or_create
 
     if args.sns_signing_key is None:
-        return True
+        args.sns_signing_key = default_key_path(data_dir)
     try:
         load_or_create(args.sns_signing_key)
     except SigningKeyError as error:

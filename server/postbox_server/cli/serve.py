@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
     except TlsError as error:
         print(f"postbox serve: {error}", file=sys.stderr)
         return 2
-    if not check_sns_signing_key(args, "serve"):
+    if not check_sns_signing_key(args, "serve", args.data_dir):
         return 2
     settings = Settings(
         # An empty DATABASE_URL (as compose files and shells leave it) means unset.

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from postbox_server import event_loop
 from postbox_server.cli.flags import Verbs, add_sns_signing_flag, webhook_cidr
+from postbox_server.embedded import default_data_dir
 from postbox_server.tls import add_client_flags, add_server_flags, client_tls, server_tls
 
 
@@ -20,10 +21,14 @@ def run(args: argparse.Namespace) -> int:
     if len(args.access_key) != len(args.secret_key):
         print("postbox sqs: give one --secret-key per --access-key", file=sys.stderr)
         return 2
-    from postbox_server.sns_signing import SigningKeyError, load_or_create
+    from postbox_server.sns_signing import SigningKeyError, default_key_path, load_or_create
 
+    if args.sns_signing_key is None:
+        # The file `postbox serve` makes beside its data directory on this host.
+        data_dir = Path(os.environ.get("POSTBOX_DATA_DIR") or default_data_dir())
+        args.sns_signing_key = default_key_path(data_dir)
     try:
-        signing_key = None if args.sns_signing_key is None else load_or_create(args.sns_signing_key)
+        signing_key = load_or_create(args.sns_signing_key)
     except SigningKeyError as error:
         print(f"postbox sqs: --sns-signing-key: {error}", file=sys.stderr)
         return 2

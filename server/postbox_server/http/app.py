@@ -29,7 +29,7 @@ from postbox_server.http.rest.framework import error_response
 from postbox_server.observability import request_ids
 from postbox_server.observability.probes import Ready, add_probes
 from postbox_server.services.decoding import Undecodable
-from postbox_server.sns_signing import PEM_CONTENT_TYPE
+from postbox_server.sns_signing import CERTIFICATE_PATH, PEM_CONTENT_TYPE
 
 # beyond-queue's route for the SNS signing certificate.
 SNS_CERT_PATH = "/v1/cert"
@@ -179,8 +179,9 @@ def build_app(
     sns_certificate: bytes | None = None,
 ) -> web.Application:
     """`openapi`: the OpenAPI document GET /openapi.json serves; `ready`: /readyz's check;
-    `sns_certificate`: the PEM certificate of the SNS signing key, which GET /v1/cert
-    serves (None: SNS envelopes go unsigned, and /v1/cert answers 404 saying so)."""
+    `sns_certificate`: the PEM certificate of the SNS signing key, which GET /v1/cert and
+    GET /SimpleNotificationService.pem serve (None: SNS envelopes go unsigned, and they
+    answer 404 saying so)."""
 
     async def healthz(_: web.Request) -> web.Response:
         status = "SERVING" if serving() else "NOT_SERVING"
@@ -207,6 +208,8 @@ def build_app(
         return web.Response(body=sns_certificate, content_type=PEM_CONTENT_TYPE)
 
     app.router.add_get(SNS_CERT_PATH, sns_cert)
+    # Where SNS serves it too, as beyond-queue's server does.
+    app.router.add_get(CERTIFICATE_PATH, sns_cert)
     rest.add_routes(app, procedures, max_body=max_request_size, deadline=None)
     # Every other path: a procedure's, or a Connect not_found naming where they are.
     app.router.add_route("*", "/{path:.*}", ConnectHandler(procedures, max_request_size))

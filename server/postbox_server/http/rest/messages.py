@@ -30,6 +30,7 @@ from postbox_server.http.rest.queues import NAME
 from postbox_server.http.rest.shapes import (
     HEADERS_SCHEMA,
     MESSAGE_SCHEMA,
+    RECEIVED_HEADERS_SCHEMA,
     attributes_of,
     body_of,
     duration,
@@ -219,7 +220,7 @@ _RECEIVED: dict[str, Any] = {
         "message_id": {"type": "integer"},
         "message": MESSAGE_SCHEMA,
         "body_base64": {"type": "string", "description": "Only for a body that is no text."},
-        "headers": HEADERS_SCHEMA,
+        "headers": RECEIVED_HEADERS_SCHEMA,
         "read_ct": {"type": "integer"},
         "enqueued_at": {"type": "string", "format": "date-time"},
     },

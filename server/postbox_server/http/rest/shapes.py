@@ -3,7 +3,9 @@
 A message's `message` is any JSON value, stored as its JSON text; a body that is not
 JSON (sent over gRPC or SQS) reads back as a string when it is UTF-8, else as null with
 `body_base64`. `headers` are attributes: string values are String attributes, numbers
-are Number attributes; they read back the same way (Binary ones as base64 strings).
+are Number attributes; they read back the same way (Binary ones as base64 strings), and
+a String.json attribute (as `_schedule`, which a schedule's fire adds) reads back as
+the JSON value its text holds.
 """
 
 from __future__ import annotations
@@ -25,6 +27,15 @@ HEADERS_SCHEMA: dict[str, Any] = {
     "additionalProperties": {"type": ["string", "number"]},
     "description": "At most 10; names as SendRequest.attributes takes them.",
 }
+# What a received message's `headers` hold: those, and the JSON value of a String.json
+# attribute, such as the `_schedule` object of a schedule's fire.
+RECEIVED_HEADERS_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": {"type": ["string", "number", "object"]},
+    "description": "As sent; a schedule's fire adds _schedule: {name, scheduled_for, out_of_band}.",
+}
+# The data type of attributes whose text is JSON, read back as the JSON value.
+_JSON_TYPE = "String.json"
 MESSAGE_SCHEMA: dict[str, Any] = {"description": "Any JSON value: the message."}
 
 
@@ -71,7 +82,7 @@ def headers_of(attributes: Any) -> dict[str, Any]:
     for name, value in attributes.items():
         if value.WhichOneof("value") == "binary_value":
             headers[name] = base64.b64encode(value.binary_value).decode()
-        elif value.data_type.split(".")[0] == "Number":
+        elif value.data_type.split(".")[0] == "Number" or value.data_type == _JSON_TYPE:
             try:
                 headers[name] = json.loads(value.string_value)
             except ValueError:

@@ -208,7 +208,10 @@ type Schedule struct {
 	// max_message_size (body and attributes).
 	Body []byte `protobuf:"bytes,6,opt,name=body,proto3" json:"body,omitempty"`
 	// Optional. Attributes of each fired message, with the rules of
-	// SendRequest.attributes.
+	// SendRequest.attributes, at most 9: each fired message also carries
+	// _schedule (data_type String.json), the JSON object {"name",
+	// "scheduled_for" (the due time, RFC 3339 UTC), "out_of_band" (true for
+	// RunSchedule)}, a name the server keeps for itself.
 	Attributes map[string]*AttributeValue `protobuf:"bytes,7,rep,name=attributes,proto3" json:"attributes,omitempty" protobuf_key:"bytes,1,opt,name=key,proto3" protobuf_val:"bytes,2,opt,name=value,proto3"`
 	// Output only. Whether the schedule is paused.
 	Paused bool `protobuf:"varint,8,opt,name=paused,proto3" json:"paused,omitempty"`
@@ -424,7 +427,8 @@ type Schedule_Interval struct {
 
 type Schedule_RunAt struct {
 	// Fire once at this time (at once when it has passed); the schedule is
-	// kept, paused, afterwards.
+	// deleted once it fired (the message's _schedule attribute is the
+	// record), or kept, paused, with last_error when its fire was refused.
 	RunAt *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=run_at,json=runAt,proto3,oneof"`
 }
 

@@ -37,7 +37,8 @@ type ScheduleServiceClient interface {
 	PauseSchedule(ctx context.Context, in *PauseScheduleRequest, opts ...grpc.CallOption) (*PauseScheduleResponse, error)
 	// Lets a paused schedule fire again, from its next due time after now (an
 	// interval keeps its phase). A one-shot schedule whose run_at passed while
-	// paused fires at once; one that fired already is FAILED_PRECONDITION.
+	// paused fires at once; one whose fire was refused is FAILED_PRECONDITION
+	// (update its run_at).
 	ResumeSchedule(ctx context.Context, in *ResumeScheduleRequest, opts ...grpc.CallOption) (*ResumeScheduleResponse, error)
 	// Fires a schedule once now, paused or not, without moving its next fire
 	// time; it counts as a fire. Unlike a due fire, a refusal is the caller's
@@ -163,7 +164,8 @@ type ScheduleServiceServer interface {
 	PauseSchedule(context.Context, *PauseScheduleRequest) (*PauseScheduleResponse, error)
 	// Lets a paused schedule fire again, from its next due time after now (an
 	// interval keeps its phase). A one-shot schedule whose run_at passed while
-	// paused fires at once; one that fired already is FAILED_PRECONDITION.
+	// paused fires at once; one whose fire was refused is FAILED_PRECONDITION
+	// (update its run_at).
 	ResumeSchedule(context.Context, *ResumeScheduleRequest) (*ResumeScheduleResponse, error)
 	// Fires a schedule once now, paused or not, without moving its next fire
 	// time; it counts as a fire. Unlike a due fire, a refusal is the caller's

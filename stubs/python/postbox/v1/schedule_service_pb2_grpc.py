@@ -153,7 +153,8 @@ class ScheduleServiceServicer:
     def ResumeSchedule(self, request, context):
         """Lets a paused schedule fire again, from its next due time after now (an
         interval keeps its phase). A one-shot schedule whose run_at passed while
-        paused fires at once; one that fired already is FAILED_PRECONDITION.
+        paused fires at once; one whose fire was refused is FAILED_PRECONDITION
+        (update its run_at).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

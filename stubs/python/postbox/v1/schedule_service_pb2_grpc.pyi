@@ -66,7 +66,8 @@ class ScheduleServiceStub:
     ResumeSchedule: _grpc.UnaryUnaryMultiCallable[_schedule_service_pb2.ResumeScheduleRequest, _schedule_service_pb2.ResumeScheduleResponse]
     """Lets a paused schedule fire again, from its next due time after now (an
     interval keeps its phase). A one-shot schedule whose run_at passed while
-    paused fires at once; one that fired already is FAILED_PRECONDITION.
+    paused fires at once; one whose fire was refused is FAILED_PRECONDITION
+    (update its run_at).
     """
     RunSchedule: _grpc.UnaryUnaryMultiCallable[_schedule_service_pb2.RunScheduleRequest, _schedule_service_pb2.RunScheduleResponse]
     """Fires a schedule once now, paused or not, without moving its next fire
@@ -118,7 +119,8 @@ class ScheduleServiceAsyncStub(ScheduleServiceStub):
     ResumeSchedule: _aio.UnaryUnaryMultiCallable[_schedule_service_pb2.ResumeScheduleRequest, _schedule_service_pb2.ResumeScheduleResponse]  # type: ignore[assignment]
     """Lets a paused schedule fire again, from its next due time after now (an
     interval keeps its phase). A one-shot schedule whose run_at passed while
-    paused fires at once; one that fired already is FAILED_PRECONDITION.
+    paused fires at once; one whose fire was refused is FAILED_PRECONDITION
+    (update its run_at).
     """
     RunSchedule: _aio.UnaryUnaryMultiCallable[_schedule_service_pb2.RunScheduleRequest, _schedule_service_pb2.RunScheduleResponse]  # type: ignore[assignment]
     """Fires a schedule once now, paused or not, without moving its next fire
@@ -209,7 +211,8 @@ class ScheduleServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_schedule_service_pb2.ResumeScheduleResponse, _abc.Awaitable[_schedule_service_pb2.ResumeScheduleResponse]]:
         """Lets a paused schedule fire again, from its next due time after now (an
         interval keeps its phase). A one-shot schedule whose run_at passed while
-        paused fires at once; one that fired already is FAILED_PRECONDITION.
+        paused fires at once; one whose fire was refused is FAILED_PRECONDITION
+        (update its run_at).
         """
 
     @_abc_1.abstractmethod

@@ -268,6 +268,21 @@ async def unsubscribe(call: Call) -> Result:
         call, call.backend.topics.DeleteSubscription,
         pb.DeleteSubscriptionRequest(topic=subscription.topic, name=subscription.name),
     )  # fmt: skip
+    if subscription.HasField("webhook") and not subscription.suspended:
+        # As SNS: the endpoint hears that it was unsubscribed. The token is a fresh one
+        # that confirms nothing (the subscription is gone): Subscribe again to restore it.
+        topic_arn = subscription.sns_delivery.topic_arn or arns.topic_arn(
+            call.settings, subscription.topic
+        )
+        token = f"{subscription.name}.{secrets.token_hex(32)}"
+        topic_attributes = (await get_topic(call, subscription.topic)).sns_attributes
+        await confirmations.unsubscribed(
+            call.settings, subscription.webhook.url, topic_arn, _arn_of(call, subscription),
+            token,
+            _action_url(call, {"Action": "ConfirmSubscription", "TopicArn": topic_arn,
+                               "Token": token}),
+            signature_version(topic_attributes),
+        )  # fmt: skip
     return {}
 
 

@@ -129,7 +129,8 @@ export declare type Schedule = Message<"postbox.v1.Schedule"> & {
   } | {
     /**
      * Fire once at this time (at once when it has passed); the schedule is
-     * kept, paused, afterwards.
+     * deleted once it fired (the message's _schedule attribute is the
+     * record), or kept, paused, with last_error when its fire was refused.
      *
      * @generated from field: google.protobuf.Timestamp run_at = 4;
      */
@@ -155,7 +156,10 @@ export declare type Schedule = Message<"postbox.v1.Schedule"> & {
 
   /**
    * Optional. Attributes of each fired message, with the rules of
-   * SendRequest.attributes.
+   * SendRequest.attributes, at most 9: each fired message also carries
+   * _schedule (data_type String.json), the JSON object {"name",
+   * "scheduled_for" (the due time, RFC 3339 UTC), "out_of_band" (true for
+   * RunSchedule)}, a name the server keeps for itself.
    *
    * @generated from field: map<string, postbox.v1.AttributeValue> attributes = 7;
    */
@@ -786,7 +790,8 @@ export declare const ScheduleService: GenService<{
   /**
    * Lets a paused schedule fire again, from its next due time after now (an
    * interval keeps its phase). A one-shot schedule whose run_at passed while
-   * paused fires at once; one that fired already is FAILED_PRECONDITION.
+   * paused fires at once; one whose fire was refused is FAILED_PRECONDITION
+   * (update its run_at).
    *
    * @generated from rpc postbox.v1.ScheduleService.ResumeSchedule
    */

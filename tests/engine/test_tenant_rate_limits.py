@@ -23,9 +23,8 @@ from dataclasses import dataclass
 
 import grpc
 import pytest
-from auth_support import bearer, wait_key_works
+from auth_support import bearer, retry_delay, wait_key_works
 from botocore.exceptions import ClientError
-from google.rpc import error_details_pb2, status_pb2
 from postbox.v1 import access_service_pb2 as access_pb
 from postbox.v1 import (
     access_service_pb2_grpc,
@@ -36,6 +35,7 @@ from postbox.v1 import (
 )
 from support import (
     HttpServerProcess,
+    ServerProcess,
     SqsShimProcess,
     bootstrap_key,
     create_database,
@@ -52,6 +52,7 @@ SLOW = 0.01  # tokens per second: none comes back within a test
 
 @dataclass
 class World:
+    database_url: str
     server: HttpServerProcess
     shim_endpoint: str
     access: access_service_pb2_grpc.AccessServiceStub
@@ -82,7 +83,7 @@ def world(admin_url: str) -> Iterator[World]:
         with grpc.insecure_channel(server.target) as channel:
             access = access_service_pb2_grpc.AccessServiceStub(channel)
             wait_key_works(access, bearer(admin_secret))
-            yield World(server, shim.endpoint, access, bearer(admin_secret), admin_secret)
+            yield World(url, server, shim.endpoint, access, bearer(admin_secret), admin_secret)
     finally:
         if shim is not None:
             shim.stop()
@@ -124,17 +125,6 @@ def _update_limits(world: World, tenant: str, **limits: float) -> access_pb.Tena
     )
     request.update_mask.paths.append("rate_limits")
     return world.access.UpdateTenant(request, metadata=world.admin).tenant
-
-
-def _retry_delay(error: grpc.RpcError) -> float:
-    """The RetryInfo's delay in the status details of a refused call."""
-    (details,) = [v for k, v in error.trailing_metadata() if k == "grpc-status-details-bin"]
-    status = status_pb2.Status.FromString(details)
-    assert status.code == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
-    (packed,) = status.details
-    info = error_details_pb2.RetryInfo()
-    assert packed.Unpack(info)
-    return info.retry_delay.ToNanoseconds() / 1e9
 
 
 def _create_queue(channel: grpc.Channel, key: Key, name: str) -> None:
@@ -259,7 +249,7 @@ def test_two_keys_of_a_tenant_share_its_burst_and_other_tenants_are_not_affected
             f"tenant 'shared' is over its limit of 0.01 sends per second (burst {burst}); "
         )
         # One token comes back in 1/rate s, less the little time since the burst.
-        assert 0 < _retry_delay(refused) <= 1 / SLOW
+        assert 0 < retry_delay(refused) <= 1 / SLOW
     # A refused send stored nothing; other calls are not sends.
     assert _depth(channel, first, "jobs") == burst
     # Another tenant's keys, with the same limits, have buckets of their own; the default
@@ -302,7 +292,7 @@ def test_a_tenants_calls_are_limited_against_the_clock(world: World, channel: gr
     refused = error_of(queues.ListQueues, LIST_QUEUES, metadata=keys[0].metadata)
     assert refused.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert "tenant 'clocked'" in refused.details()
-    assert 0 < _retry_delay(refused) <= 1 / rate
+    assert 0 < retry_delay(refused) <= 1 / rate
     # Both keys calling flat out for 2 s get burst-free rate * elapsed calls between them;
     # the bounds allow one refill step either way plus a slow machine's slack (calls take
     # ms, so the loop makes hundreds of attempts).
@@ -401,3 +391,41 @@ def test_a_send_stream_over_the_tenants_limit_waits_rather_than_fails(
     # The first goes on the burst, the 5 others one every 1/rate s: 1 s at the least;
     # 0.1 s less for the clock's granularity, and no upper bound but the deadline.
     assert elapsed >= 5 / rate - 0.1
+
+
+def test_servers_on_one_database_each_enforce_a_share_and_follow_changes(world: World) -> None:
+    second = ServerProcess(world.database_url, "--pool-size", "3").start()
+    try:
+        # Created after both run: the tenant change makes each server count the others.
+        _tenant(world, "spread", calls_per_second=SLOW, call_burst=6)
+        key = _key(world, "spread-one", "spread")
+        allowed = {}
+        for server in (world.server, second):
+            with grpc.insecure_channel(server.target) as channel:
+                queues = queue_service_pb2_grpc.QueueServiceStub(channel)
+                eventually(
+                    lambda queues=queues: (
+                        (error := _outcome(queues.ListQueues, LIST_QUEUES, key)) is None
+                        or error.code() != grpc.StatusCode.UNAUTHENTICATED
+                    ),
+                    what="the new key on each server",
+                )
+                count = 1
+                while (error := _outcome(queues.ListQueues, LIST_QUEUES, key)) is None:
+                    count += 1
+                assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                assert "tenant 'spread'" in error.details()
+                assert "this server's share" in error.details()
+                allowed[server.target] = count
+        # A burst of 6 over two servers: 3 each, so 6 in all, not 12.
+        assert sorted(allowed.values()) == [3, 3]
+        # Lifted through the first server, the second follows by notification.
+        _update_limits(world, "spread")
+        with grpc.insecure_channel(second.target) as channel:
+            queues = queue_service_pb2_grpc.QueueServiceStub(channel)
+            eventually(
+                lambda: _outcome(queues.ListQueues, LIST_QUEUES, key) is None,
+                what="the second server lifting the tenant's limit",
+            )
+    finally:
+        second.stop()

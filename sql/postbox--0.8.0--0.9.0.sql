@@ -10435,6 +10435,96 @@ $$;
 
 DELETE FROM postbox.schedules WHERE run_at IS NOT NULL AND next_fire_at IS NULL AND last_error IS NULL;
 
+
+-- Tenants' rate limits (issue 47, since 0.9.0).
+ALTER TABLE postbox.tenants ADD COLUMN rate_limits jsonb CHECK (jsonb_typeof(rate_limits) = 'object');
+
+DROP FUNCTION postbox.create_tenant(text, text, text, jsonb);
+DROP FUNCTION postbox.update_tenant(text, boolean, text, boolean, text, jsonb);
+
+-- Creates a tenant. Without an account id it gets a random one no other
+-- tenant has. quota: see tenant_quota_problem; rate_limits: shared by its
+-- keys, NULL for none (both since 0.9.0). PB409 if the name or the account id
+-- is taken; PB400 for bad fields.
+CREATE FUNCTION postbox.create_tenant(tenant_name text, account_id text DEFAULT NULL, description text DEFAULT '',
+                                      quota jsonb DEFAULT NULL, rate_limits jsonb DEFAULT NULL)
+RETURNS postbox.tenants
+LANGUAGE plpgsql AS $$
+DECLARE
+    t postbox.tenants := postbox._with_quota(NULL, quota);
+    chosen text := nullif(account_id, '');
+BEGIN
+    WHILE chosen IS NULL LOOP
+        chosen := lpad((floor(random() * 1e12))::bigint::text, 12, '0');
+        IF chosen = '000000000000' OR EXISTS (SELECT FROM postbox.tenants x WHERE x.account_id = chosen) THEN
+            chosen := NULL;
+        END IF;
+    END LOOP;
+    PERFORM postbox._invalid(postbox.tenant_problem(tenant_name, chosen, description))
+    WHERE postbox.tenant_problem(tenant_name, chosen, description) IS NOT NULL;
+    IF EXISTS (SELECT FROM postbox.tenants x WHERE x.name = tenant_name) THEN
+        RAISE EXCEPTION USING ERRCODE = 'PB409', MESSAGE = format('tenant %s already exists', quote_literal(tenant_name));
+    END IF;
+    IF EXISTS (SELECT FROM postbox.tenants x WHERE x.account_id = chosen) THEN
+        RAISE EXCEPTION USING ERRCODE = 'PB409', MESSAGE = format('account id %s belongs to another tenant', chosen);
+    END IF;
+    INSERT INTO postbox.tenants (name, account_id, description, max_queues, max_topics, max_messages, max_bytes,
+                                 rate_limits)
+    VALUES (tenant_name, chosen, coalesce(description, ''), t.max_queues, t.max_topics, t.max_messages, t.max_bytes,
+            create_tenant.rate_limits)
+    RETURNING * INTO t;
+    RETURN t;
+EXCEPTION WHEN unique_violation THEN  -- created meanwhile
+    RAISE EXCEPTION USING ERRCODE = 'PB409', MESSAGE = format('tenant %s or account id %s exists already',
+                                                              quote_literal(tenant_name), chosen);
+END
+$$;
+
+-- Changes a tenant's account id (when set_account_id) and/or its description
+-- (when set_description), the quota fields present in quota and its rate
+-- limits (when set_rate_limits; NULL: none) (both since 0.9.0). PB404 if
+-- there is none, PB409 if the account id is taken.
+CREATE FUNCTION postbox.update_tenant(tenant_name text, set_account_id boolean, account_id text,
+                                      set_description boolean, description text, quota jsonb DEFAULT NULL,
+                                      set_rate_limits boolean DEFAULT false, rate_limits jsonb DEFAULT NULL)
+RETURNS postbox.tenants
+LANGUAGE plpgsql AS $$
+DECLARE
+    t postbox.tenants := postbox._tenant(tenant_name);
+BEGIN
+    IF set_account_id THEN
+        t.account_id := account_id;
+    END IF;
+    IF set_description THEN
+        t.description := coalesce(description, '');
+    END IF;
+    IF set_rate_limits THEN
+        t.rate_limits := update_tenant.rate_limits;
+    END IF;
+    PERFORM postbox._invalid(postbox.tenant_problem(tenant_name, t.account_id, t.description))
+    WHERE postbox.tenant_problem(tenant_name, t.account_id, t.description) IS NOT NULL;
+    t := postbox._with_quota(t, quota);
+    IF EXISTS (SELECT FROM postbox.tenants x WHERE x.account_id = t.account_id AND x.name <> tenant_name) THEN
+        RAISE EXCEPTION USING ERRCODE = 'PB409', MESSAGE = format('account id %s belongs to another tenant', t.account_id);
+    END IF;
+    UPDATE postbox.tenants x SET account_id = t.account_id, description = t.description, updated_at = now(),
+                                 max_queues = t.max_queues, max_topics = t.max_topics,
+                                 max_messages = t.max_messages, max_bytes = t.max_bytes,
+                                 rate_limits = t.rate_limits
+    WHERE x.name = tenant_name
+    RETURNING * INTO t;
+    RETURN t;
+END
+$$;
+
+-- The tenants with rate limits and those limits (since 0.9.0): the servers cache
+-- them with the keys (a change to a tenant notifies postbox_keys too), and
+-- every call of a tenant's key counts against them as well as the key's.
+CREATE FUNCTION postbox.tenant_rate_limits() RETURNS TABLE (tenant_name text, rate_limits jsonb)
+LANGUAGE sql STABLE AS $$
+    SELECT t.name, t.rate_limits FROM postbox.tenants t WHERE t.rate_limits IS NOT NULL
+$$;
+
 SELECT postbox._secure();
 
 INSERT INTO postbox.schema_version (version) VALUES ('0.9.0');

@@ -1,6 +1,6 @@
 """What the tests that turn API keys on share: bearer metadata, the status of one call of
-any RPC made with a key, waiting for a key to take effect, and the refusal to serve a
-network address anonymously."""
+any RPC made with a key, waiting for a key to take effect, the RetryInfo of a call
+refused over a rate limit, and the refusal to serve a network address anonymously."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import time
 import grpc
 from google.protobuf import message_factory
 from google.protobuf.descriptor import MethodDescriptor
+from google.rpc import error_details_pb2, status_pb2
 from support import ROOT, api_methods
 
 from postbox_server.auth.rules import RULES, Rule
@@ -27,6 +28,17 @@ def bearer(secret: str) -> list[tuple[str, str]]:
 
 
 STATUS_BY_NUMBER = {code.value[0]: code for code in grpc.StatusCode}
+
+
+def retry_delay(error: grpc.RpcError) -> float:
+    """The RetryInfo's delay in the status details of a call refused over a rate limit."""
+    (details,) = [v for k, v in error.trailing_metadata() if k == "grpc-status-details-bin"]
+    status = status_pb2.Status.FromString(details)
+    assert status.code == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
+    (packed,) = status.details
+    info = error_details_pb2.RetryInfo()
+    assert packed.Unpack(info)
+    return info.retry_delay.ToNanoseconds() / 1e9
 
 
 def matrix_request(method: MethodDescriptor, rule: Rule | None):

@@ -6,6 +6,8 @@
 -- are its quotas (NULL: no limit): queues and topics it may own, checked here
 -- as it creates one, and messages and bytes of message bodies its queues may
 -- hold, which the servers check on each send against postbox.tenant_usage.
+-- rate_limits (since 0.9.0) are shared by all its keys, as the API's RateLimits
+-- message in JSON (proto field names); NULL: none. The server checks the values.
 CREATE TABLE postbox.tenants (
     name text PRIMARY KEY,
     account_id text NOT NULL UNIQUE,
@@ -15,7 +17,8 @@ CREATE TABLE postbox.tenants (
     max_queues bigint,
     max_topics bigint,
     max_messages bigint,
-    max_bytes bigint
+    max_bytes bigint,
+    rate_limits jsonb CHECK (jsonb_typeof(rate_limits) = 'object')
 );
 
 DO $$
@@ -119,10 +122,11 @@ END
 $$;
 
 -- Creates a tenant. Without an account id it gets a random one no other
--- tenant has. quota: see tenant_quota_problem (since 0.9.0). PB409 if the
--- name or the account id is taken; PB400 for bad fields.
+-- tenant has. quota: see tenant_quota_problem; rate_limits: shared by its
+-- keys, NULL for none (both since 0.9.0). PB409 if the name or the account id
+-- is taken; PB400 for bad fields.
 CREATE FUNCTION postbox.create_tenant(tenant_name text, account_id text DEFAULT NULL, description text DEFAULT '',
-                                      quota jsonb DEFAULT NULL)
+                                      quota jsonb DEFAULT NULL, rate_limits jsonb DEFAULT NULL)
 RETURNS postbox.tenants
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -143,8 +147,10 @@ BEGIN
     IF EXISTS (SELECT FROM postbox.tenants x WHERE x.account_id = chosen) THEN
         RAISE EXCEPTION USING ERRCODE = 'PB409', MESSAGE = format('account id %s belongs to another tenant', chosen);
     END IF;
-    INSERT INTO postbox.tenants (name, account_id, description, max_queues, max_topics, max_messages, max_bytes)
-    VALUES (tenant_name, chosen, coalesce(description, ''), t.max_queues, t.max_topics, t.max_messages, t.max_bytes)
+    INSERT INTO postbox.tenants (name, account_id, description, max_queues, max_topics, max_messages, max_bytes,
+                                 rate_limits)
+    VALUES (tenant_name, chosen, coalesce(description, ''), t.max_queues, t.max_topics, t.max_messages, t.max_bytes,
+            create_tenant.rate_limits)
     RETURNING * INTO t;
     RETURN t;
 EXCEPTION WHEN unique_violation THEN  -- created meanwhile
@@ -166,10 +172,12 @@ LANGUAGE sql STABLE AS $$
 $$;
 
 -- Changes a tenant's account id (when set_account_id) and/or its description
--- (when set_description), and the quota fields present in quota (since 0.9.0).
--- PB404 if there is none, PB409 if the account id is taken.
+-- (when set_description), the quota fields present in quota and its rate
+-- limits (when set_rate_limits; NULL: none) (both since 0.9.0). PB404 if
+-- there is none, PB409 if the account id is taken.
 CREATE FUNCTION postbox.update_tenant(tenant_name text, set_account_id boolean, account_id text,
-                                      set_description boolean, description text, quota jsonb DEFAULT NULL)
+                                      set_description boolean, description text, quota jsonb DEFAULT NULL,
+                                      set_rate_limits boolean DEFAULT false, rate_limits jsonb DEFAULT NULL)
 RETURNS postbox.tenants
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -181,6 +189,9 @@ BEGIN
     IF set_description THEN
         t.description := coalesce(description, '');
     END IF;
+    IF set_rate_limits THEN
+        t.rate_limits := update_tenant.rate_limits;
+    END IF;
     PERFORM postbox._invalid(postbox.tenant_problem(tenant_name, t.account_id, t.description))
     WHERE postbox.tenant_problem(tenant_name, t.account_id, t.description) IS NOT NULL;
     t := postbox._with_quota(t, quota);
@@ -189,7 +200,8 @@ BEGIN
     END IF;
     UPDATE postbox.tenants x SET account_id = t.account_id, description = t.description, updated_at = now(),
                                  max_queues = t.max_queues, max_topics = t.max_topics,
-                                 max_messages = t.max_messages, max_bytes = t.max_bytes
+                                 max_messages = t.max_messages, max_bytes = t.max_bytes,
+                                 rate_limits = t.rate_limits
     WHERE x.name = tenant_name
     RETURNING * INTO t;
     RETURN t;

@@ -254,6 +254,14 @@ LANGUAGE sql STABLE AS $$
     GROUP BY a.name
 $$;
 
+-- The tenants with rate limits and those limits (since 0.9.0): the servers cache
+-- them with the keys (a change to a tenant notifies postbox_keys too), and
+-- every call of a tenant's key counts against them as well as the key's.
+CREATE FUNCTION postbox.tenant_rate_limits() RETURNS TABLE (tenant_name text, rate_limits jsonb)
+LANGUAGE sql STABLE AS $$
+    SELECT t.name, t.rate_limits FROM postbox.tenants t WHERE t.rate_limits IS NOT NULL
+$$;
+
 -- Records when keys were last used: key_names[i] at used_at[i]. A time older
 -- than the one stored leaves it (several servers flush out of order); keys
 -- deleted meanwhile are skipped.

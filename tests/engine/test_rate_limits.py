@@ -18,9 +18,8 @@ from collections.abc import Iterator
 
 import grpc
 import pytest
-from auth_support import bearer, wait_until
+from auth_support import bearer, retry_delay, wait_until
 from botocore.exceptions import ClientError
-from google.rpc import error_details_pb2, status_pb2
 from postbox.v1 import access_service_pb2 as access_pb
 from postbox.v1 import (
     access_service_pb2_grpc,
@@ -88,17 +87,6 @@ def _create_key(target: str, admin: str, name: str, **limits: float) -> access_p
         return access.CreateKey(access_pb.CreateKeyRequest(key=key), metadata=bearer(admin))
 
 
-def _retry_delay(error: grpc.RpcError) -> float:
-    """The RetryInfo's delay in the status details of a refused call."""
-    (details,) = [v for k, v in error.trailing_metadata() if k == "grpc-status-details-bin"]
-    status = status_pb2.Status.FromString(details)
-    assert status.code == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
-    (packed,) = status.details
-    info = error_details_pb2.RetryInfo()
-    assert packed.Unpack(info)
-    return info.retry_delay.ToNanoseconds() / 1e9
-
-
 def _list_queues(queues, secret: str) -> grpc.RpcError | None:
     """The error a ListQueues with the key fails with, None when it succeeds."""
     try:
@@ -164,7 +152,7 @@ def test_calls_over_the_limit_are_refused_with_retry_info_measured_against_the_c
         assert "limits-calls" in refused.details()
         assert "4 calls per second" in refused.details()
         # One token comes back every 1/rate s; the call just took a little of that.
-        assert 0 < _retry_delay(refused) <= 1 / rate
+        assert 0 < retry_delay(refused) <= 1 / rate
         # Calling flat out for a while lets through burst + rate * elapsed calls. The
         # window is 2 s; the bounds allow one refill step either way plus a slow machine's
         # slack (calls take ms, so the loop makes hundreds of attempts).

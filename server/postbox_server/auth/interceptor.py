@@ -224,8 +224,9 @@ class Authorize(WrapsEachMethod):
                 # A key comes back only for a method with a rule.
                 if key is not None and rule is not None and admits(request):
                     authorize(key, rule, request)
-                    # Only an authorised call counts against the key's limits.
-                    limiter.check_call(key.name, key.limits, method, request)
+                    # Only an authorised call counts against the key's (and its tenant's)
+                    # limits.
+                    limiter.check_call(key.limited, method, request)
             except ApiError as error:
                 await refuse(context, error)
             return key, tenant
@@ -258,7 +259,7 @@ class Authorize(WrapsEachMethod):
                 key = check(context, rule)
                 CALLER.set(key)
                 if key is not None:
-                    limiter.check(key.name, key.limits, "call", 1)
+                    limiter.check(key.limited, "call", 1)
             except ApiError as error:
                 await refuse(context, error)
             tenant = key.tenant if key is not None else DEFAULT_TENANT
@@ -272,8 +273,9 @@ class Authorize(WrapsEachMethod):
                             yield Refused(request, too_many)
                             continue
                         if key is not None:
-                            # Over the key's limit, the stream waits rather than ends.
-                            await limiter.pace(key.name, key.limits, method)
+                            # Over its key's or tenant's limit, the stream waits rather
+                            # than ends.
+                            await limiter.pace(key.limited, method)
                         if admits(request):
                             try:
                                 qualify_request(request, tenant)

@@ -2,8 +2,10 @@
 
 Every call is checked against this cache, never the database: a change to any key
 notifies on commit, and each process reloads all keys (a small table) at once, so a
-revoked key stops working everywhere within a second. A process that loses its
-listening connection keeps its last keys and reloads when it reconnects.
+revoked key stops working everywhere within a second. With the keys come the tenants'
+rate limits (a change to a tenant notifies too), which each key of a tenant carries
+with its own (ratelimits.py). A process that loses its listening connection keeps its
+last keys and reloads when it reconnects.
 
 The same connection records when keys were used (postbox.api_key_usage): a call only
 notes its key's time in memory, and the listener writes what is due in one statement,
@@ -18,14 +20,14 @@ import hmac
 import logging
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 import asyncpg
 
-from postbox_server.auth.ratelimits import Limits, RateLimiter
+from postbox_server.auth.ratelimits import Limited, Limits, RateLimiter
 from postbox_server.auth.secrets import secret_sha256
 from postbox_server.db import hosts
 from postbox_server.db.engine import Row, application_name
@@ -78,15 +80,19 @@ class ApiKey:
     sigv4_secret: str
     expires_at: float | None  # seconds since the epoch
     grants: tuple[Grant, ...]
-    # Rate limits (ratelimits.py); None: none.
-    limits: Limits | None = field(default=None, compare=False)
+    # The rate limits its calls count against (ratelimits.py): its own and its tenant's,
+    # those it has; none: not limited.
+    limited: tuple[Limited, ...] = field(default=(), compare=False)
     # The tenant it belongs to ("" for the default tenant): its grants cover that tenant's names.
     tenant: str = DEFAULT_TENANT
 
     @classmethod
-    def from_row(cls, row: Row) -> ApiKey:
+    def from_row(cls, row: Row, tenant_limits: Mapping[str, Limits] | None = None) -> ApiKey:
+        """`tenant_limits`: the rate limits of the tenants that have some, by name."""
         expires_at = row["expires_at"]
         tenant = row["tenant"] or DEFAULT_TENANT
+        own = Limits.from_json(row["rate_limits"])
+        shared = (tenant_limits or {}).get(tenant) if tenant else None
         return cls(
             name=row["name"],
             secret_sha256=bytes(row["secret_sha256"]),
@@ -96,7 +102,10 @@ class ApiKey:
                 Grant(permission, pattern, tenant)
                 for permission, pattern in zip(row["permissions"], row["patterns"], strict=True)
             ),
-            limits=Limits.from_json(row["rate_limits"]),
+            limited=(
+                *((Limited("API key", row["name"], own),) if own else ()),
+                *((Limited("tenant", tenant, shared),) if shared else ()),
+            ),
             tenant=tenant,
         )
 
@@ -146,7 +155,8 @@ class KeyCache:
         self._used: dict[str, float] = {}
         self._written: dict[str, float] = {}
         self._usage_due = asyncio.Event()
-        # The keys' rate limits, shared among this database's server processes.
+        # The keys' and the tenants' rate limits, shared among this database's server
+        # processes.
         self.limiter = RateLimiter()
 
     @property
@@ -239,7 +249,13 @@ class KeyCache:
         self._reloads_begun += 1
         begun = self._reloads_begun
         rows = await conn.fetch("SELECT * FROM postbox.all_keys()")
-        self.replace(ApiKey.from_row(row) for row in rows)
+        tenants = await conn.fetch("SELECT * FROM postbox.tenant_rate_limits()")
+        tenant_limits = {
+            tenant["tenant_name"]: limits
+            for tenant in tenants
+            if (limits := Limits.from_json(tenant["rate_limits"])) is not None
+        }
+        self.replace(ApiKey.from_row(row, tenant_limits) for row in rows)
         await self._count_processes(conn)
         self._loaded.set()
         async with self._reloads_done:

@@ -1,13 +1,20 @@
-"""Per-key rate limits: token buckets for sends, receives and calls.
+"""Per-key and per-tenant rate limits: token buckets for sends, receives and calls.
 
-A key's limits (RateLimits in access_service.proto, postbox.api_keys.rate_limits) come
-with the key cache. Each server process keeps its own buckets in memory and enforces
-an equal share of each limit: the rate and the burst divided by the number of server
-processes on the database, which the key cache counts (their key listeners in
-pg_stat_activity). So a call costs no database round trip, and N servers together let
-through about what one would, provided clients spread their calls over them (as a
-load balancer does). A process that has not yet seen a new server (up to the key
-cache's liveness interval, or the next key change) allows its old, larger share.
+A key's limits (RateLimits in access_service.proto, postbox.api_keys.rate_limits) and
+its tenant's (the same message, postbox.tenants.rate_limits) come with the key cache,
+which a change to either reloads. Every call of a tenant's key draws from its key's
+buckets and from its tenant's, which all the tenant's keys share; it goes only when
+both have the tokens (and then takes from both), and a refusal names the key or the
+tenant whose limit was short.
+
+Each server process keeps its own buckets in memory and enforces an equal share of
+each limit, a key's and a tenant's alike: the rate and the burst divided by the number
+of server processes on the database, which the key cache counts (their key listeners
+in pg_stat_activity). So a call costs no database round trip, and N servers together
+let through about what one would, provided clients spread their calls over them (as a
+load balancer does); a tenant whose keys all call one server of N gets 1/N of its
+limit. A process that has not yet seen a new server (up to the key cache's liveness
+interval, or the next key or tenant change) allows its old, larger share.
 
 A bucket that lacks tokens refuses a unary call with RESOURCE_EXHAUSTED and a
 google.rpc.RetryInfo (the time until enough tokens are back); streams wait for their
@@ -20,6 +27,7 @@ import asyncio
 import json
 import math
 import time
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,7 +77,7 @@ class Limit:
 
 @dataclass(frozen=True)
 class Limits:
-    """A key's limits by kind; a kind without one is not limited."""
+    """A key's or a tenant's limits by kind; a kind without one is not limited."""
 
     by_kind: dict[str, Limit]
 
@@ -89,7 +97,8 @@ class Limits:
 
 
 class Throttled(ApiError):
-    """RESOURCE_EXHAUSTED for a key over one of its limits, with when to retry."""
+    """RESOURCE_EXHAUSTED for a key, or its tenant, over one of its limits, with when to
+    retry."""
 
     def __init__(self, message: str, retry_after: float) -> None:
         super().__init__(grpc.StatusCode.RESOURCE_EXHAUSTED, message)
@@ -119,76 +128,105 @@ class Bucket:
         self.tokens = min(self.limit.burst, self.tokens + (now - self.updated) * self.limit.rate)
         self.updated = now
 
-    def take(self, cost: float) -> float:
-        """Takes `cost` tokens and returns 0, or returns the seconds until it could.
+    def wait(self, cost: float) -> float:
+        """0 when `cost` tokens may be taken now, else the seconds until they could.
 
         A cost above the burst (a large batch) goes through on a full bucket and leaves
         it in debt, so the average rate still holds."""
-        now = time.monotonic()
-        self._refill(now)
+        self._refill(time.monotonic())
         needed = min(cost, self.limit.burst)
-        if self.tokens >= needed:
-            self.tokens -= cost
-            return 0.0
-        return (needed - self.tokens) / self.limit.rate
+        return 0.0 if self.tokens >= needed else (needed - self.tokens) / self.limit.rate
+
+    def take(self, cost: float) -> None:
+        self.tokens -= cost
+
+
+@dataclass(frozen=True)
+class Limited:
+    """Who a call counts against, with its limits: its API key, or the key's tenant."""
+
+    holder: str  # "API key" or "tenant", in the words of the errors
+    name: str
+    limits: Limits
+
+
+@dataclass(frozen=True)
+class Shortfall:
+    """The limit a call found short of tokens, and the seconds until it would not be."""
+
+    limited: Limited
+    kind: str
+    wait: float
 
 
 class RateLimiter:
-    """This process's buckets, by key and kind."""
+    """This process's buckets, by holder (key or tenant), name and kind."""
 
     def __init__(self) -> None:
-        self._buckets: dict[tuple[str, str], Bucket] = {}
+        self._buckets: dict[tuple[str, str, str], Bucket] = {}
         # Server processes sharing the database (the key cache keeps it current).
         self.processes = 1
 
-    def _bucket(self, key_name: str, kind: str, limit: Limit) -> Bucket:
+    def _bucket(self, limited: Limited, kind: str, limit: Limit) -> Bucket:
         shares = max(1, self.processes)
         share = Limit(limit.rate / shares, max(1.0, limit.burst / shares))
-        bucket = self._buckets.get((key_name, kind))
+        at = (limited.holder, limited.name, kind)
+        bucket = self._buckets.get(at)
         if bucket is None or bucket.limit != share:
-            # New, or the key's limits or the number of servers changed.
-            bucket = self._buckets[key_name, kind] = Bucket(share)
+            # New, or the limits or the number of servers changed.
+            bucket = self._buckets[at] = Bucket(share)
         return bucket
 
-    def wait_for(self, key_name: str, limits: Limits | None, kind: str, cost: float) -> float:
-        """Takes the tokens and returns 0, or returns the seconds to wait for them."""
-        if limits is None:
-            return 0.0
-        limit = limits.by_kind.get(kind)
-        if limit is None:
-            return 0.0
-        return self._bucket(key_name, kind, limit).take(cost)
+    def shortfall(self, limited: Iterable[Limited], kind: str, cost: float) -> Shortfall | None:
+        """Takes `cost` tokens of `kind` from every bucket the call counts against, or,
+        when any lacks them, takes none and returns the longest wait: a call refused by
+        its tenant's limit costs its key nothing, and the other way round."""
+        buckets = []
+        worst: Shortfall | None = None
+        for holder in limited:
+            limit = holder.limits.by_kind.get(kind)
+            if limit is None:
+                continue
+            bucket = self._bucket(holder, kind, limit)
+            wait = bucket.wait(cost)
+            if wait > 0 and (worst is None or wait > worst.wait):
+                worst = Shortfall(holder, kind, wait)
+            buckets.append(bucket)
+        if worst is None:
+            for bucket in buckets:
+                bucket.take(cost)
+        return worst
 
-    def check(self, key_name: str, limits: Limits | None, kind: str, cost: float) -> None:
-        """Raises Throttled when the key is over its limit of `kind`."""
-        wait = self.wait_for(key_name, limits, kind, cost)
-        if wait > 0:
-            assert limits is not None
-            limit = limits.by_kind[kind]
+    def check(self, limited: Iterable[Limited], kind: str, cost: float) -> None:
+        """Raises Throttled, naming the key or tenant, when a limit of `kind` is short."""
+        short = self.shortfall(limited, kind, cost)
+        if short is not None:
+            limit = short.limited.limits.by_kind[kind]
             shares = max(1, self.processes)
             share = f"; this server's share: {limit.rate / shares:g}/s" if shares > 1 else ""
             raise Throttled(
-                f"API key {key_name!r} is over its limit of {limit.rate:g} {_UNITS[kind]} "
-                f"per second (burst {limit.burst:g}{share}); retry in {wait:.3f} s",
-                wait,
+                f"{short.limited.holder} {short.limited.name!r} is over its limit of "
+                f"{limit.rate:g} {_UNITS[kind]} per second (burst {limit.burst:g}{share}); "
+                f"retry in {short.wait:.3f} s",
+                short.wait,
             )
 
-    def check_call(self, key_name: str, limits: Limits | None, method: str, request: Any) -> None:
+    def check_call(self, limited: Sequence[Limited], method: str, request: Any) -> None:
         """The limits a call's start is counted against (calls, then sends or receives)."""
-        if limits is None or method in UNCOUNTED:
+        if not limited or method in UNCOUNTED:
             return
-        self.check(key_name, limits, "call", 1)
+        self.check(limited, "call", 1)
         sends = SENDS.get(method)
         if sends is not None and hasattr(request, "DESCRIPTOR"):
-            self.check(key_name, limits, "send", sends(request))
+            self.check(limited, "send", sends(request))
         elif method in RECEIVES:
-            self.check(key_name, limits, "receive", 1)
+            self.check(limited, "receive", 1)
 
-    async def pace(self, key_name: str, limits: Limits | None, method: str) -> None:
+    async def pace(self, limited: Sequence[Limited], method: str) -> None:
         """Waits until a stream's next request may go (StreamingReceive and the like)."""
         kind = STREAMED.get(method)
-        if limits is None or kind is None:
+        if not limited or kind is None:
             return
-        # No event to wait on: the bucket refills with time, and says how long.
-        while (wait := self.wait_for(key_name, limits, kind, 1)) > 0:  # noqa: ASYNC110
-            await asyncio.sleep(wait)
+        # No event to wait on: the buckets refill with time, and say how long.
+        while (short := self.shortfall(limited, kind, 1)) is not None:  # noqa: ASYNC110
+            await asyncio.sleep(short.wait)

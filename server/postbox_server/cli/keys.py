@@ -22,6 +22,7 @@ from postbox_client.operations import parse_grant
 from postbox_server.auth.secrets import Credentials, sigv4_secret
 from postbox_server.cli.client import ClientParsers, connect
 from postbox_server.cli.flags import Verbs
+from postbox_server.cli.rate_limit_flags import add_rate_limit_flags, rate_limits
 
 _DURATION = re.compile(r"^(\d+)([smhdw])$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -67,7 +68,7 @@ async def _on_database(args: argparse.Namespace) -> Any:
 
     from postbox_server.db.engine import Engine
     from postbox_server.db.migrate import migrate
-    from postbox_server.services.access import grant_arrays, key_resource
+    from postbox_server.services.access import grant_arrays, key_resource, rate_limits_json
 
     conn = await asyncpg.connect(args.database_url)
     try:
@@ -80,9 +81,10 @@ async def _on_database(args: argparse.Namespace) -> Any:
             permissions, patterns = grant_arrays(args.grant)
             credentials = Credentials.issue()
             expires = datetime.now(timezone.utc) + args.expires_in if args.expires_in else None
+            limits = rate_limits_json(pb.Key(rate_limits=rate_limits(args)))
             row = await engine.create_key(
                 args.name, credentials.secret_sha256, credentials.sigv4_secret,
-                permissions, patterns, expires, tenant=args.tenant,
+                permissions, patterns, expires, limits, tenant=args.tenant,
             )  # fmt: skip
             return pb.CreateKeyResponse(
                 key=key_resource(row),
@@ -104,7 +106,13 @@ async def _on_database(args: argparse.Namespace) -> Any:
 def _through_server(args: argparse.Namespace, client: Client) -> Any:
     if args.keys_verb == "create":
         expires = datetime.now(timezone.utc) + args.expires_in if args.expires_in else None
-        return client.create_key(args.name, args.grant, expire_time=expires, tenant=args.tenant)
+        return client.create_key(
+            args.name,
+            args.grant,
+            expire_time=expires,
+            tenant=args.tenant,
+            rate_limits=rate_limits(args),
+        )
     if args.keys_verb == "list":
         return list(client.list_keys(page_size=1000))
     client.delete_key(args.name)
@@ -181,6 +189,7 @@ def add_parser(verbs: Verbs, client: ClientParsers) -> None:
         help="the tenant the key belongs to (default: the caller's; another tenant takes an "
         "admin key of the default tenant); its grants cover that tenant's names only",
     )
+    add_rate_limit_flags(create)
     keys_verbs.add_parser(
         "list", parents=[client.connection, on_database], help="list keys (no secrets)"
     )

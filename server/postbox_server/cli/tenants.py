@@ -10,6 +10,7 @@ from postbox_client import Client
 from postbox_server.cli import output
 from postbox_server.cli.client import ClientParsers
 from postbox_server.cli.flags import Verbs
+from postbox_server.cli.rate_limit_flags import add_rate_limit_flags, rate_limits
 
 PAGE = 1000  # tenants per ListTenants page
 COLUMNS = ("name", "account_id", "description")
@@ -32,6 +33,7 @@ def create(args: argparse.Namespace, client: Client) -> int:
         args.name,
         account_id=args.account_id or "",
         description=args.description or "",
+        rate_limits=rate_limits(args),
         **_quota(args),
     )
     output.show_one(args, created)
@@ -50,13 +52,19 @@ def ls(args: argparse.Namespace, client: Client) -> int:
 
 def update(args: argparse.Namespace, client: Client) -> int:
     quota = _quota(args)
-    if args.account_id is None and args.description is None and not quota:
+    limits = rate_limits(args)
+    if args.account_id is None and args.description is None and not quota and limits is None:
         raise SystemExit(
-            "postbox tenants update: give --account-id, --description or a quota flag "
-            "(--max-queues, --max-topics, --max-messages, --max-bytes)"
+            "postbox tenants update: give --account-id, --description, a quota flag "
+            "(--max-queues, --max-topics, --max-messages, --max-bytes) or rate-limit flags "
+            "(--sends-per-second and the like, or --no-rate-limits)"
         )
     changed = client.update_tenant(
-        args.name, account_id=args.account_id, description=args.description, **quota
+        args.name,
+        account_id=args.account_id,
+        description=args.description,
+        rate_limits=limits,
+        **quota,
     )
     output.show_one(args, changed)
     return 0
@@ -74,7 +82,7 @@ def add_parser(verbs: Verbs, client: ClientParsers) -> None:
     creating = client.verb(sub, "create", "create a tenant", create)
     creating.add_argument("name", help="1-32 characters of a-z, 0-9 and -")
     updating = client.verb(
-        sub, "update", "change a tenant's account id, description or quota", update
+        sub, "update", "change a tenant's account id, description, quota or rate limits", update
     )
     updating.add_argument("name")
     for parser in (creating, updating):
@@ -89,6 +97,7 @@ def add_parser(verbs: Verbs, client: ClientParsers) -> None:
                 metavar="N",
                 help=f"quota: most {what}; 0: no limit",
             )
+        add_rate_limit_flags(parser, updating=parser is updating)
     client.verb(sub, "get", "show a tenant", get).add_argument("name")
     client.verb(sub, "list", "list tenants", ls)
     deleting = client.verb(sub, "delete", "delete a tenant and its keys", delete)

@@ -988,12 +988,19 @@ class Engine:
     # Tenants (the default tenant has no row).
 
     async def create_tenant(
-        self, name: str, account_id: str | None, description: str, quota: dict[str, int] | None
+        self,
+        name: str,
+        account_id: str | None,
+        description: str,
+        quota: dict[str, int] | None,
+        rate_limits: str | None = None,
     ) -> Record:
-        """`quota`: the engine's quota fields (postbox.tenant_quota_problem); None: none."""
+        """`quota`: the engine's quota fields (postbox.tenant_quota_problem); None: none.
+        `rate_limits`: the RateLimits message as JSON, or None for none."""
         return await self._call(
-            "fetchrow", "create_tenant", name, account_id, description, _json_or_none(quota)
-        )
+            "fetchrow", "create_tenant", name, account_id, description, _json_or_none(quota),
+            rate_limits,
+        )  # fmt: skip
 
     async def get_tenant(self, name: str) -> Record:
         return await self._call("fetchrow", "get_tenant", name)
@@ -1007,11 +1014,15 @@ class Engine:
         account_id: str | None,
         description: str | None,
         quota: dict[str, int] | None = None,
+        set_rate_limits: bool = False,
+        rate_limits: str | None = None,
     ) -> Record:
-        """Changes the fields given (None: leave it); of `quota`, the fields it holds."""
+        """Changes the fields given (None: leave it); of `quota`, the fields it holds;
+        the rate limits when set_rate_limits (`rate_limits` None: none)."""
         return await self._call(
             "fetchrow", "update_tenant", name, account_id is not None, account_id,
             description is not None, description, _json_or_none(quota),
+            set_rate_limits, rate_limits,
         )  # fmt: skip
 
     async def delete_tenant(self, name: str, force: bool) -> None:

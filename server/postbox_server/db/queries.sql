@@ -320,7 +320,7 @@ SELECT postbox.delete_key($1, $2)
 -- Tenants.
 
 -- name: create_tenant
-SELECT * FROM postbox.create_tenant($1, $2, $3, $4)
+SELECT * FROM postbox.create_tenant($1, $2, $3, $4, $5)
 
 -- name: get_tenant
 SELECT * FROM postbox.get_tenant($1)
@@ -329,7 +329,7 @@ SELECT * FROM postbox.get_tenant($1)
 SELECT * FROM postbox.list_tenants($1, $2)
 
 -- name: update_tenant
-SELECT * FROM postbox.update_tenant($1, $2, $3, $4, $5, $6)
+SELECT * FROM postbox.update_tenant($1, $2, $3, $4, $5, $6, $7, $8)
 
 -- name: delete_tenant
 SELECT postbox.delete_tenant($1, $2)

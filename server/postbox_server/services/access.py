@@ -32,16 +32,18 @@ _TENANT_UPDATABLE = (
     "description",
     "quota",
     *(f"quota.{field}" for field in _QUOTA_FIELDS),
+    "rate_limits",
 )
 _RATES = ("sends_per_second", "receives_per_second", "calls_per_second")
 _BURSTS = ("send_burst", "receive_burst", "call_burst")
 
 
-def rate_limits_json(key: pb.Key) -> str | None:
-    """A key's rate limits as the engine stores them (JSON), None for none; checked here."""
-    if not key.HasField("rate_limits"):
+def rate_limits_json(holder: pb.Key | pb.Tenant) -> str | None:
+    """A key's or a tenant's rate limits as the engine stores them (JSON), None for none;
+    checked here."""
+    if not holder.HasField("rate_limits"):
         return None
-    limits = key.rate_limits
+    limits = holder.rate_limits
     for name in _RATES:
         value = getattr(limits, name)
         if not (math.isfinite(value) and 0 <= value <= MAX_RATE):
@@ -85,6 +87,11 @@ def grant_arrays(grants: Any) -> tuple[list[str], list[str]]:
     return permissions, [grant.pattern for grant in grants]
 
 
+def rate_limits_resource(row: Row) -> pb.RateLimits | None:
+    """The stored rate limits (JSON) of a key's or a tenant's row as the API's message."""
+    return json_format.Parse(row["rate_limits"], pb.RateLimits()) if row["rate_limits"] else None
+
+
 def key_resource(row: Row) -> pb.Key:
     """A row of postbox.api_key as an API Key (never anything that verifies its secret)."""
     return pb.Key(
@@ -97,9 +104,7 @@ def key_resource(row: Row) -> pb.Key:
         create_time=convert.timestamp(row["created_at"]),
         update_time=convert.timestamp(row["updated_at"]),
         last_used_time=convert.timestamp(row["last_used_at"]),
-        rate_limits=(
-            json_format.Parse(row["rate_limits"], pb.RateLimits()) if row["rate_limits"] else None
-        ),
+        rate_limits=rate_limits_resource(row),
         tenant=row["tenant"] or DEFAULT_TENANT,
     )
 
@@ -113,6 +118,7 @@ def tenant_resource(row: Row) -> pb.Tenant:
         create_time=convert.timestamp(row["created_at"]),
         update_time=convert.timestamp(row["updated_at"]),
         quota=pb.TenantQuota(**quota) if quota else None,
+        rate_limits=rate_limits_resource(row),
     )
 
 
@@ -259,8 +265,9 @@ class AccessService(access_service_pb2_grpc.AccessServiceServicer):
     ) -> pb.CreateTenantResponse:
         tenant = request.tenant
         row = await self.engine.create_tenant(
-            tenant.name, tenant.account_id or None, tenant.description, quota_fields(tenant)
-        )
+            tenant.name, tenant.account_id or None, tenant.description, quota_fields(tenant),
+            rate_limits_json(tenant),
+        )  # fmt: skip
         await self.keys.catch_up()
         await self._reload_quotas()
         return pb.CreateTenantResponse(tenant=tenant_resource(row))
@@ -298,6 +305,8 @@ class AccessService(access_service_pb2_grpc.AccessServiceServicer):
             tenant.account_id if "account_id" in paths else None,
             tenant.description if "description" in paths else None,
             quota_fields(tenant, paths),
+            "rate_limits" in paths,
+            rate_limits_json(tenant),
         )
         await self.keys.catch_up()
         await self._reload_quotas()

@@ -428,13 +428,16 @@ class Operations:
         *,
         expire_time: datetime | None = None,
         tenant: str = "",
+        rate_limits: access_service_pb2.RateLimits | None = None,
     ) -> access_service_pb2.CreateKeyResponse:
         """Creates an API key with `grants`: Grant messages, or "PERMISSION:PATTERN" as in
         "send:orders-*" (see `parse_grant`), in `tenant` ("": the caller's; naming
-        another tenant takes an admin key of the default tenant). The answer holds its
-        secret, shown only this once."""
+        another tenant takes an admin key of the default tenant), with `rate_limits`
+        (None: none). The answer holds its secret, shown only this once."""
         parsed = [parse_grant(g) if isinstance(g, str) else g for g in grants]
-        key = access_service_pb2.Key(name=name, grants=parsed, tenant=tenant)
+        key = access_service_pb2.Key(
+            name=name, grants=parsed, tenant=tenant, rate_limits=rate_limits
+        )
         if expire_time is not None:
             key.expire_time.FromDatetime(expire_time)
         return self.call(self.access.CreateKey, access_service_pb2.CreateKeyRequest(key=key))
@@ -460,11 +463,12 @@ class Operations:
         max_topics: int = 0,
         max_messages: int = 0,
         max_bytes: int = 0,
+        rate_limits: access_service_pb2.RateLimits | None = None,
     ) -> access_service_pb2.Tenant:
         """Creates a tenant; without `account_id` it gets a random one. The max_ arguments
-        are its quota (0: no limit)."""
+        are its quota (0: no limit); `rate_limits` are shared by all its keys (None: none)."""
         tenant = access_service_pb2.Tenant(
-            name=name, account_id=account_id, description=description
+            name=name, account_id=account_id, description=description, rate_limits=rate_limits
         )
         quota = {
             "max_queues": max_queues,
@@ -500,8 +504,10 @@ class Operations:
         max_topics: int | None = None,
         max_messages: int | None = None,
         max_bytes: int | None = None,
+        rate_limits: access_service_pb2.RateLimits | None = None,
     ) -> access_service_pb2.Tenant:
-        """Changes the fields given (None: leave it; a max_ of 0: no limit)."""
+        """Changes the fields given (None: leave it; a max_ of 0: no limit; `rate_limits`
+        replace all of them, an empty RateLimits lifts them)."""
         tenant = access_service_pb2.Tenant(name=name)
         paths = []
         if account_id is not None:
@@ -520,6 +526,9 @@ class Operations:
             if value is not None:
                 setattr(tenant.quota, field, value)
                 paths.append(f"quota.{field}")
+        if rate_limits is not None:
+            tenant.rate_limits.CopyFrom(rate_limits)
+            paths.append("rate_limits")
         request = access_service_pb2.UpdateTenantRequest(tenant=tenant)
         request.update_mask.paths.extend(paths)
         return self.call(self.access.UpdateTenant, request).tenant

@@ -26,15 +26,15 @@ from google.protobuf import field_mask_pb2 as google_dot_protobuf_dot_field__mas
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fpostbox/v1/access_service.proto\x12\npostbox.v1\x1a google/protobuf/field_mask.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"D\n\x05Grant\x12*\n\npermission\x18\x01 \x01(\x0e\x32\x16.postbox.v1.Permission\x12\x0f\n\x07pattern\x18\x02 \x01(\t\"\xba\x02\n\x03Key\x12\x0c\n\x04name\x18\x01 \x01(\t\x12!\n\x06grants\x18\x02 \x03(\x0b\x32\x11.postbox.v1.Grant\x12/\n\x0b\x65xpire_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x63reate_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bupdate_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x32\n\x0elast_used_time\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12+\n\x0brate_limits\x18\x07 \x01(\x0b\x32\x16.postbox.v1.RateLimits\x12\x0e\n\x06tenant\x18\x08 \x01(\t\"\x9c\x01\n\nRateLimits\x12\x18\n\x10sends_per_second\x18\x01 \x01(\x01\x12\x12\n\nsend_burst\x18\x02 \x01(\x05\x12\x1b\n\x13receives_per_second\x18\x03 \x01(\x01\x12\x15\n\rreceive_burst\x18\x04 \x01(\x05\x12\x18\n\x10\x63\x61lls_per_second\x18\x05 \x01(\x01\x12\x12\n\ncall_burst\x18\x06 \x01(\x05\"0\n\x10\x43reateKeyRequest\x12\x1c\n\x03key\x18\x01 \x01(\x0b\x32\x0f.postbox.v1.Key\"b\n\x11\x43reateKeyResponse\x12\x1c\n\x03key\x18\x01 \x01(\x0b\x32\x0f.postbox.v1.Key\x12\x0e\n\x06secret\x18\x02 \x01(\t\x12\x1f\n\x17sigv4_secret_access_key\x18\x03 \x01(\t\"\x1d\n\rGetKeyRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\".\n\x0eGetKeyResponse\x12\x1c\n\x03key\x18\x01 \x01(\x0b\x32\x0f.postbox.v1.Key\"8\n\x0fListKeysRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"J\n\x10ListKeysResponse\x12\x1d\n\x04keys\x18\x01 \x03(\x0b\x32\x0f.postbox.v1.Key\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"a\n\x10UpdateKeyRequest\x12\x1c\n\x03key\x18\x01 \x01(\x0b\x32\x0f.postbox.v1.Key\x12/\n\x0bupdate_mask\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.FieldMask\"1\n\x11UpdateKeyResponse\x12\x1c\n\x03key\x18\x01 \x01(\x0b\x32\x0f.postbox.v1.Key\" \n\x10\x44\x65leteKeyRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x13\n\x11\x44\x65leteKeyResponse\"\xc9\x01\n\x06Tenant\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\naccount_id\x18\x02 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x03 \x01(\t\x12/\n\x0b\x63reate_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bupdate_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12&\n\x05quota\x18\x06 \x01(\x0b\x32\x17.postbox.v1.TenantQuota\"^\n\x0bTenantQuota\x12\x12\n\nmax_queues\x18\x01 \x01(\x05\x12\x12\n\nmax_topics\x18\x02 \x01(\x05\x12\x14\n\x0cmax_messages\x18\x03 \x01(\x03\x12\x11\n\tmax_bytes\x18\x04 \x01(\x03\"~\n\x0bTenantUsage\x12\x0e\n\x06queues\x18\x01 \x01(\x03\x12\x0e\n\x06topics\x18\x02 \x01(\x03\x12\x10\n\x08messages\x18\x03 \x01(\x03\x12\r\n\x05\x62ytes\x18\x04 \x01(\x03\x12.\n\ncount_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"9\n\x13\x43reateTenantRequest\x12\"\n\x06tenant\x18\x01 \x01(\x0b\x32\x12.postbox.v1.Tenant\":\n\x14\x43reateTenantResponse\x12\"\n\x06tenant\x18\x01 \x01(\x0b\x32\x12.postbox.v1.Tenant\" \n\x10GetTenantRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"_\n\x11GetTenantResponse\x12\"\n\x06tenant\x18\x01 \x01(\x0b\x32\x12.postbox.v1.Tenant\x12&\n\x05usage\x18\x02 \x01(\x0b\x32\x17.postbox.v1.TenantUsage\";\n\x12ListTenantsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"S\n\x13ListTenantsResponse\x12#\n\x07tenants\x18\x01 \x03(\x0b\x32\x12.postbox.v1.Tenant\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"j\n\x13UpdateTenantRequest\x12\"\n\x06tenant\x18\x01 \x01(\x0b\x32\x12.postbox.v1.Tenant\x12/\n\x0bupdate_mask\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.FieldMask\":\n\x14UpdateTenantResponse\x12\"\n\x06tenant\x18\x01 \x01(\x0b\x32\x12.postbox.v1.Tenant\"2\n\x13\x44\x65leteTenantRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x66orce\x18\x02 \x01(\x08\"\x16\n\x14\x44\x65leteTenantResponse\"\x18\n\x16GetCallerTenantRequest\"=\n\x17GetCallerTenantResponse\x12\"\n\x06tenant\x18\x01 \x01(\x0b\x32\x12.postbox.v1.Tenant*\xaf\x01\n\nPermission\x12\x1a\n\x16PERMISSION_UNSPECIFIED\x10\x00\x12\x13\n\x0fPERMISSION_SEND\x10\x01\x12\x16\n\x12PERMISSION_RECEIVE\x10\x02\x12\x16\n\x12PERMISSION_PUBLISH\x10\x03\x12\x13\n\x0fPERMISSION_READ\x10\x04\x12\x15\n\x11PERMISSION_MANAGE\x10\x05\x12\x14\n\x10PERMISSION_ADMIN\x10\x06\x32\xe4\x06\n\rAccessService\x12H\n\tCreateKey\x12\x1c.postbox.v1.CreateKeyRequest\x1a\x1d.postbox.v1.CreateKeyResponse\x12?\n\x06GetKey\x12\x19.postbox.v1.GetKeyRequest\x1a\x1a.postbox.v1.GetKeyResponse\x12\x45\n\x08ListKeys\x12\x1b.postbox.v1.ListKeysRequest\x1a\x1c.postbox.v1.ListKeysResponse\x12H\n\tUpdateKey\x12\x1c.postbox.v1.UpdateKeyRequest\x1a\x1d.postbox.v1.UpdateKeyResponse\x12H\n\tDeleteKey\x12\x1c.postbox.v1.DeleteKeyRequest\x1a\x1d.postbox.v1.DeleteKeyResponse\x12Q\n\x0c\x43reateTenant\x12\x1f.postbox.v1.CreateTenantRequest\x1a .postbox.v1.CreateTenantResponse\x12H\n\tGetTenant\x12\x1c.postbox.v1.GetTenantRequest\x1a\x1d.postbox.v1.GetTenantResponse\x12N\n\x0bListTenants\x12\x1e.postbox.v1.ListTenantsRequest\x1a\x1f.postbox.v1.ListTenantsResponse\x12Q\n\x0cUpdateTenant\x12\x1f.postbox.v1.UpdateTenantRequest\x1a .postbox.v1.UpdateTenantResponse\x12Q\n\x0c\x44\x65leteTenant\x12\x1f.postbox.v1.DeleteTenantRequest\x1a .postbox.v1.DeleteTenantResponse\x12Z\n\x0fGetCallerTenant\x12\".postbox.v1.GetCallerTenantRequest\x1a#.postbox.v1.GetCallerTenantResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fpostbox/v1/access_service.proto\x12\npostbox.v1\x1a google/protobuf/field_mask.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"D\n\x05Grant\x12*\n\npermission\x18\x01 \x01(\x0e\x32\x16.postbox.v1.Permission\x12\x0f\n\x07pattern\x18\x02 \x01(\t\"\xba\x02\n\x03Key\x12\x0c\n\x04name\x18\x01 \x01(\t\x12!\n\x06grants\x18\x02 \x03(\x0b\x32\x11.postbox.v1.Grant\x12/\n\x0b\x65xpire_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x63reate_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bupdate_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x32\n\x0elast_used_time\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12+\n\x0brate_limits\x18\x07 \x01(\x0b\x32\x16.postbox.v1.RateLimits\x12\x0e\n\x06tenant\x18\x08 \x01(\t\"\x9c\x01\n\nRateLimits\x12\x18\n\x10sends_per_second\x18\x01 \x01(\x01\x12\x12\n\nsend_burst\x18\x02 \x01(\x05\x12\x1b\n\x13receives_per_second\x18\x03 \x01(\x01\x12\x15\n\rreceive_burst\x18\x04 \x01(\x05\x12\x18\n\x10\x63\x61lls_per_second\x18\x05 \x01(\x01\x12\x12\n\ncall_burst\x18\x06 \x01(\x05\"0\n\x10\x43reateKeyRequest\x12\x1c\n\x03key\x18\x01 \x01(\x0b\x32\x0f.postbox.v1.Key\"b\n\x11\x43reateKeyResponse\x12\x1c\n\x03key\x18\x01 \x01(\x0b\x32\x0f.postbox.v1.Key\x12\x0e\n\x06secret\x18\x02 \x01(\t\x12\x1f\n\x17sigv4_secret_access_key\x18\x03 \x01(\t\"\x1d\n\rGetKeyRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\".\n\x0eGetKeyResponse\x12\x1c\n\x03key\x18\x01 \x01(\x0b\x32\x0f.postbox.v1.Key\"8\n\x0fListKeysRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"J\n\x10ListKeysResponse\x12\x1d\n\x04keys\x18\x01 \x03(\x0b\x32\x0f.postbox.v1.Key\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"a\n\x10UpdateKeyRequest\x12\x1c\n\x03key\x18\x01 \x01(\x0b\x32\x0f.postbox.v1.Key\x12/\n\x0bupdate_mask\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.FieldMask\"1\n\x11UpdateKeyResponse\x12\x1c\n\x03key\x18\x01 \x01(\x0b\x32\x0f.postbox.v1.Key\" \n\x10\x44\x65leteKeyRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x13\n\x11\x44\x65leteKeyResponse\"\xf6\x01\n\x06Tenant\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\naccount_id\x18\x02 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x03 \x01(\t\x12/\n\x0b\x63reate_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bupdate_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12&\n\x05quota\x18\x06 \x01(\x0b\x32\x17.postbox.v1.TenantQuota\x12+\n\x0brate_limits\x18\x07 \x01(\x0b\x32\x16.postbox.v1.RateLimits\"^\n\x0bTenantQuota\x12\x12\n\nmax_queues\x18\x01 \x01(\x05\x12\x12\n\nmax_topics\x18\x02 \x01(\x05\x12\x14\n\x0cmax_messages\x18\x03 \x01(\x03\x12\x11\n\tmax_bytes\x18\x04 \x01(\x03\"~\n\x0bTenantUsage\x12\x0e\n\x06queues\x18\x01 \x01(\x03\x12\x0e\n\x06topics\x18\x02 \x01(\x03\x12\x10\n\x08messages\x18\x03 \x01(\x03\x12\r\n\x05\x62ytes\x18\x04 \x01(\x03\x12.\n\ncount_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"9\n\x13\x43reateTenantRequest\x12\"\n\x06tenant\x18\x01 \x01(\x0b\x32\x12.postbox.v1.Tenant\":\n\x14\x43reateTenantResponse\x12\"\n\x06tenant\x18\x01 \x01(\x0b\x32\x12.postbox.v1.Tenant\" \n\x10GetTenantRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"_\n\x11GetTenantResponse\x12\"\n\x06tenant\x18\x01 \x01(\x0b\x32\x12.postbox.v1.Tenant\x12&\n\x05usage\x18\x02 \x01(\x0b\x32\x17.postbox.v1.TenantUsage\";\n\x12ListTenantsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"S\n\x13ListTenantsResponse\x12#\n\x07tenants\x18\x01 \x03(\x0b\x32\x12.postbox.v1.Tenant\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"j\n\x13UpdateTenantRequest\x12\"\n\x06tenant\x18\x01 \x01(\x0b\x32\x12.postbox.v1.Tenant\x12/\n\x0bupdate_mask\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.FieldMask\":\n\x14UpdateTenantResponse\x12\"\n\x06tenant\x18\x01 \x01(\x0b\x32\x12.postbox.v1.Tenant\"2\n\x13\x44\x65leteTenantRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x66orce\x18\x02 \x01(\x08\"\x16\n\x14\x44\x65leteTenantResponse\"\x18\n\x16GetCallerTenantRequest\"=\n\x17GetCallerTenantResponse\x12\"\n\x06tenant\x18\x01 \x01(\x0b\x32\x12.postbox.v1.Tenant*\xaf\x01\n\nPermission\x12\x1a\n\x16PERMISSION_UNSPECIFIED\x10\x00\x12\x13\n\x0fPERMISSION_SEND\x10\x01\x12\x16\n\x12PERMISSION_RECEIVE\x10\x02\x12\x16\n\x12PERMISSION_PUBLISH\x10\x03\x12\x13\n\x0fPERMISSION_READ\x10\x04\x12\x15\n\x11PERMISSION_MANAGE\x10\x05\x12\x14\n\x10PERMISSION_ADMIN\x10\x06\x32\xe4\x06\n\rAccessService\x12H\n\tCreateKey\x12\x1c.postbox.v1.CreateKeyRequest\x1a\x1d.postbox.v1.CreateKeyResponse\x12?\n\x06GetKey\x12\x19.postbox.v1.GetKeyRequest\x1a\x1a.postbox.v1.GetKeyResponse\x12\x45\n\x08ListKeys\x12\x1b.postbox.v1.ListKeysRequest\x1a\x1c.postbox.v1.ListKeysResponse\x12H\n\tUpdateKey\x12\x1c.postbox.v1.UpdateKeyRequest\x1a\x1d.postbox.v1.UpdateKeyResponse\x12H\n\tDeleteKey\x12\x1c.postbox.v1.DeleteKeyRequest\x1a\x1d.postbox.v1.DeleteKeyResponse\x12Q\n\x0c\x43reateTenant\x12\x1f.postbox.v1.CreateTenantRequest\x1a .postbox.v1.CreateTenantResponse\x12H\n\tGetTenant\x12\x1c.postbox.v1.GetTenantRequest\x1a\x1d.postbox.v1.GetTenantResponse\x12N\n\x0bListTenants\x12\x1e.postbox.v1.ListTenantsRequest\x1a\x1f.postbox.v1.ListTenantsResponse\x12Q\n\x0cUpdateTenant\x12\x1f.postbox.v1.UpdateTenantRequest\x1a .postbox.v1.UpdateTenantResponse\x12Q\n\x0c\x44\x65leteTenant\x12\x1f.postbox.v1.DeleteTenantRequest\x1a .postbox.v1.DeleteTenantResponse\x12Z\n\x0fGetCallerTenant\x12\".postbox.v1.GetCallerTenantRequest\x1a#.postbox.v1.GetCallerTenantResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'postbox.v1.access_service_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_PERMISSION']._serialized_start=2386
-  _globals['_PERMISSION']._serialized_end=2561
+  _globals['_PERMISSION']._serialized_start=2431
+  _globals['_PERMISSION']._serialized_end=2606
   _globals['_GRANT']._serialized_start=114
   _globals['_GRANT']._serialized_end=182
   _globals['_KEY']._serialized_start=185
@@ -62,35 +62,35 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DELETEKEYRESPONSE']._serialized_start=1207
   _globals['_DELETEKEYRESPONSE']._serialized_end=1226
   _globals['_TENANT']._serialized_start=1229
-  _globals['_TENANT']._serialized_end=1430
-  _globals['_TENANTQUOTA']._serialized_start=1432
-  _globals['_TENANTQUOTA']._serialized_end=1526
-  _globals['_TENANTUSAGE']._serialized_start=1528
-  _globals['_TENANTUSAGE']._serialized_end=1654
-  _globals['_CREATETENANTREQUEST']._serialized_start=1656
-  _globals['_CREATETENANTREQUEST']._serialized_end=1713
-  _globals['_CREATETENANTRESPONSE']._serialized_start=1715
-  _globals['_CREATETENANTRESPONSE']._serialized_end=1773
-  _globals['_GETTENANTREQUEST']._serialized_start=1775
-  _globals['_GETTENANTREQUEST']._serialized_end=1807
-  _globals['_GETTENANTRESPONSE']._serialized_start=1809
-  _globals['_GETTENANTRESPONSE']._serialized_end=1904
-  _globals['_LISTTENANTSREQUEST']._serialized_start=1906
-  _globals['_LISTTENANTSREQUEST']._serialized_end=1965
-  _globals['_LISTTENANTSRESPONSE']._serialized_start=1967
-  _globals['_LISTTENANTSRESPONSE']._serialized_end=2050
-  _globals['_UPDATETENANTREQUEST']._serialized_start=2052
-  _globals['_UPDATETENANTREQUEST']._serialized_end=2158
-  _globals['_UPDATETENANTRESPONSE']._serialized_start=2160
-  _globals['_UPDATETENANTRESPONSE']._serialized_end=2218
-  _globals['_DELETETENANTREQUEST']._serialized_start=2220
-  _globals['_DELETETENANTREQUEST']._serialized_end=2270
-  _globals['_DELETETENANTRESPONSE']._serialized_start=2272
-  _globals['_DELETETENANTRESPONSE']._serialized_end=2294
-  _globals['_GETCALLERTENANTREQUEST']._serialized_start=2296
-  _globals['_GETCALLERTENANTREQUEST']._serialized_end=2320
-  _globals['_GETCALLERTENANTRESPONSE']._serialized_start=2322
-  _globals['_GETCALLERTENANTRESPONSE']._serialized_end=2383
-  _globals['_ACCESSSERVICE']._serialized_start=2564
-  _globals['_ACCESSSERVICE']._serialized_end=3432
+  _globals['_TENANT']._serialized_end=1475
+  _globals['_TENANTQUOTA']._serialized_start=1477
+  _globals['_TENANTQUOTA']._serialized_end=1571
+  _globals['_TENANTUSAGE']._serialized_start=1573
+  _globals['_TENANTUSAGE']._serialized_end=1699
+  _globals['_CREATETENANTREQUEST']._serialized_start=1701
+  _globals['_CREATETENANTREQUEST']._serialized_end=1758
+  _globals['_CREATETENANTRESPONSE']._serialized_start=1760
+  _globals['_CREATETENANTRESPONSE']._serialized_end=1818
+  _globals['_GETTENANTREQUEST']._serialized_start=1820
+  _globals['_GETTENANTREQUEST']._serialized_end=1852
+  _globals['_GETTENANTRESPONSE']._serialized_start=1854
+  _globals['_GETTENANTRESPONSE']._serialized_end=1949
+  _globals['_LISTTENANTSREQUEST']._serialized_start=1951
+  _globals['_LISTTENANTSREQUEST']._serialized_end=2010
+  _globals['_LISTTENANTSRESPONSE']._serialized_start=2012
+  _globals['_LISTTENANTSRESPONSE']._serialized_end=2095
+  _globals['_UPDATETENANTREQUEST']._serialized_start=2097
+  _globals['_UPDATETENANTREQUEST']._serialized_end=2203
+  _globals['_UPDATETENANTRESPONSE']._serialized_start=2205
+  _globals['_UPDATETENANTRESPONSE']._serialized_end=2263
+  _globals['_DELETETENANTREQUEST']._serialized_start=2265
+  _globals['_DELETETENANTREQUEST']._serialized_end=2315
+  _globals['_DELETETENANTRESPONSE']._serialized_start=2317
+  _globals['_DELETETENANTRESPONSE']._serialized_end=2339
+  _globals['_GETCALLERTENANTREQUEST']._serialized_start=2341
+  _globals['_GETCALLERTENANTREQUEST']._serialized_end=2365
+  _globals['_GETCALLERTENANTRESPONSE']._serialized_start=2367
+  _globals['_GETCALLERTENANTRESPONSE']._serialized_end=2428
+  _globals['_ACCESSSERVICE']._serialized_start=2609
+  _globals['_ACCESSSERVICE']._serialized_end=3477
 # @@protoc_insertion_point(module_scope)

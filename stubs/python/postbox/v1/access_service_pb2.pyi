@@ -141,20 +141,22 @@ class DeleteKeyResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class Tenant(_message.Message):
-    __slots__ = ("name", "account_id", "description", "create_time", "update_time", "quota")
+    __slots__ = ("name", "account_id", "description", "create_time", "update_time", "quota", "rate_limits")
     NAME_FIELD_NUMBER: _ClassVar[int]
     ACCOUNT_ID_FIELD_NUMBER: _ClassVar[int]
     DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
     CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
     UPDATE_TIME_FIELD_NUMBER: _ClassVar[int]
     QUOTA_FIELD_NUMBER: _ClassVar[int]
+    RATE_LIMITS_FIELD_NUMBER: _ClassVar[int]
     name: str
     account_id: str
     description: str
     create_time: _timestamp_pb2.Timestamp
     update_time: _timestamp_pb2.Timestamp
     quota: TenantQuota
-    def __init__(self, name: _Optional[str] = ..., account_id: _Optional[str] = ..., description: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., quota: _Optional[_Union[TenantQuota, _Mapping]] = ...) -> None: ...
+    rate_limits: RateLimits
+    def __init__(self, name: _Optional[str] = ..., account_id: _Optional[str] = ..., description: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., quota: _Optional[_Union[TenantQuota, _Mapping]] = ..., rate_limits: _Optional[_Union[RateLimits, _Mapping]] = ...) -> None: ...
 
 class TenantQuota(_message.Message):
     __slots__ = ("max_queues", "max_topics", "max_messages", "max_bytes")

@@ -115,7 +115,7 @@ export declare type Key = Message<"postbox.v1.Key"> & {
 export declare const KeySchema: GenMessage<Key>;
 
 /**
- * Rate limits of an API key, each a token bucket: it holds up to its burst and
+ * Rate limits of an API key or a tenant, each a token bucket: it holds up to its burst and
  * refills at its rate; a call that finds too few tokens fails with
  * RESOURCE_EXHAUSTED and a google.rpc.RetryInfo saying when to retry. Several
  * servers on one database each enforce an equal share of each limit (see the
@@ -436,7 +436,8 @@ export declare type Tenant = Message<"postbox.v1.Tenant"> & {
   createTime?: Timestamp | undefined;
 
   /**
-   * Output only. When its account id, description or quota last changed.
+   * Output only. When its account id, description, quota or rate limits last
+   * changed.
    *
    * @generated from field: google.protobuf.Timestamp update_time = 5;
    */
@@ -450,6 +451,15 @@ export declare type Tenant = Message<"postbox.v1.Tenant"> & {
    * @generated from field: postbox.v1.TenantQuota quota = 6;
    */
   quota?: TenantQuota | undefined;
+
+  /**
+   * Optional. Rate limits shared by all the tenant's keys: every call of one of
+   * its keys counts against both its key's limits and these, and is refused
+   * (or, in a stream, waits) when either is short; unset: none.
+   *
+   * @generated from field: postbox.v1.RateLimits rate_limits = 7;
+   */
+  rateLimits?: RateLimits | undefined;
 };
 
 /**
@@ -698,7 +708,8 @@ export declare type UpdateTenantRequest = Message<"postbox.v1.UpdateTenantReques
   /**
    * Required. Fields to change: any of "account_id", "description", "quota"
    * (every quota field) and "quota.max_queues", "quota.max_topics",
-   * "quota.max_messages", "quota.max_bytes" (that one).
+   * "quota.max_messages", "quota.max_bytes" (that one), and "rate_limits"
+   * (all of them; unset: none).
    *
    * @generated from field: google.protobuf.FieldMask update_mask = 2;
    */

@@ -9866,6 +9866,136 @@ BEGIN
 END
 $$;
 
+-- Stream reads and acks cheaper (issue 44): a well-formed group name skips
+-- name_problem, ack_stream finds its group in one statement and runs the
+-- nack statements only for nacks, and the log's position index carries
+-- published_at.
+DROP INDEX postbox.stream_log_position_idx;
+CREATE INDEX stream_log_position_idx ON postbox.stream_log (topic_id, tx, stream_offset) INCLUDE (published_at);
+
+-- The group name, when it keeps the grammar of names; INVALID_ARGUMENT saying
+-- what is allowed otherwise. Called first, so a malformed name is refused
+-- whatever else the call names (an absent topic included). A well-formed name
+-- passes one cached regular expression: name_problem, a SQL function, is
+-- parsed and planned at every call (a tenth of a read and ack of 1,000).
+CREATE OR REPLACE FUNCTION postbox._group_name(group_name text) RETURNS text
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF length(group_name) <= 80 AND group_name ~ '^[A-Za-z0-9_-]+$' THEN
+        RETURN group_name;
+    END IF;
+    PERFORM postbox._invalid(postbox.name_problem('consumer group', group_name))
+    WHERE postbox.name_problem('consumer group', group_name) IS NOT NULL;
+    RETURN group_name;
+END
+$$;
+
+-- Acknowledges a batch of read_stream: the group's cursor moves past it.
+-- The messages of the batch whose offsets are in nack_offsets are given back
+-- instead (a nack): they go out to the group again, in a later batch, once
+-- nack_delay (0 to 12 hours) has passed, while the group reads on; those that
+-- have gone out max_deliveries times become dead letters ('nacked'). PB412 when
+-- the batch is no longer the group's: its lease ran out and it went out again,
+-- it was acknowledged already, or the group was sought since. Returns the
+-- group's cursor (the offset of the batch's last row of the log).
+CREATE OR REPLACE FUNCTION postbox.ack_stream(topic_name text, group_name text, batch uuid,
+                                   nack_offsets bigint[] DEFAULT '{}', nack_delay interval DEFAULT '0 seconds')
+RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    g postbox.consumer_groups;
+BEGIN
+    -- A well-formed group of a stream topic is found and locked in one
+    -- statement; anything else takes the checks one by one, for their errors.
+    SELECT c.* INTO g
+    FROM postbox.consumer_groups c JOIN postbox.topics t ON t.id = c.topic_id
+    WHERE t.name = topic_name AND t.stream_retention IS NOT NULL AND c.name = group_name
+          AND length(group_name) <= 80 AND group_name ~ '^[A-Za-z0-9_-]+$'
+    FOR UPDATE OF c;
+    IF NOT FOUND THEN
+        PERFORM postbox._group_name(group_name);  -- before any lookup
+        g := postbox._consumer_group(postbox._stream_topic(topic_name), group_name);
+    END IF;
+    IF batch IS NULL THEN
+        PERFORM postbox._invalid('batch is required: the token read_stream returned with the batch');
+    ELSIF nack_delay IS NULL OR nack_delay < interval '0' OR nack_delay > interval '12 hours' THEN
+        PERFORM postbox._invalid(format('nack_delay must be from 0 seconds to 12 hours, not %s', nack_delay));
+    END IF;
+    IF g.lease IS DISTINCT FROM batch THEN
+        RAISE EXCEPTION USING ERRCODE = 'PB412', MESSAGE = format(
+            'batch %s is not the batch out of consumer group %s: its lease ran out and it went out again, it was '
+            'acknowledged already, or the group was sought since', batch, quote_literal(group_name));
+    END IF;
+    IF cardinality(nack_offsets) > 0 THEN
+        PERFORM postbox._nack_stream(g, batch, nack_offsets, nack_delay);
+    END IF;
+    -- The batch's given-back messages are done.
+    DELETE FROM postbox.stream_retries r WHERE r.group_id = g.id AND r.batch = g.lease;
+    UPDATE postbox.consumer_groups
+    SET cursor_tx = lease_end_tx, cursor_offset = lease_end_offset, acked_at = now(), lease = NULL,
+        lease_expires_at = NULL, lease_end_tx = NULL, lease_end_offset = NULL, lease_deliveries = NULL
+    WHERE id = g.id;
+    RETURN g.lease_end_offset;
+END
+$$;
+
+-- ack_stream's nacks, when it has any: checks that each offset is one of the
+-- batch's, copies nacked messages of the log aside to go out again after
+-- nack_delay, lets nacked ones that were given back before wait again, and
+-- moves those out of deliveries to the dead letters. The rest of the batch's
+-- given-back messages are left to ack_stream to delete.
+CREATE FUNCTION postbox._nack_stream(g postbox.consumer_groups, batch uuid, nack_offsets bigint[],
+                                     nack_delay interval) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    stray bigint;
+BEGIN
+    SELECT o INTO stray FROM unnest(nack_offsets) AS o
+    WHERE o IS NULL
+          OR (NOT EXISTS (SELECT FROM postbox.stream_retries r
+                          WHERE r.group_id = g.id AND r.batch = g.lease AND r.stream_offset = o)
+              AND NOT EXISTS (SELECT FROM postbox.stream_log l
+                              WHERE l.topic_id = g.topic_id AND l.stream_offset = o
+                                    AND (l.tx, l.stream_offset) > (g.cursor_tx, g.cursor_offset)
+                                    AND (l.tx, l.stream_offset) <= (g.lease_end_tx, g.lease_end_offset)))
+    LIMIT 1;
+    IF FOUND THEN
+        PERFORM postbox._invalid(format('nack_offsets: %s is not the offset of a message of batch %s',
+                                        coalesce(stray::text, 'NULL'), batch));
+    END IF;
+    -- Nacked messages of the log are copied aside; nacked ones that were given
+    -- back before wait again. Then the nacked ones out of deliveries go on to
+    -- the dead letters.
+    INSERT INTO postbox.stream_retries AS r (group_id, stream_offset, published_at, publish_id, routing_key,
+                                             ordering_key, subject, attributes, body, deliveries, visible_at)
+    SELECT g.id, l.stream_offset, l.published_at, l.publish_id, l.routing_key, l.ordering_key, l.subject,
+           l.attributes, l.body, g.lease_deliveries, now() + nack_delay
+    FROM postbox.stream_log l
+    WHERE l.topic_id = g.topic_id AND l.stream_offset = ANY (nack_offsets)
+          AND (l.tx, l.stream_offset) > (g.cursor_tx, g.cursor_offset)
+          AND (l.tx, l.stream_offset) <= (g.lease_end_tx, g.lease_end_offset)
+    ON CONFLICT ON CONSTRAINT stream_retries_pkey DO UPDATE
+    SET deliveries = greatest(r.deliveries, excluded.deliveries), visible_at = excluded.visible_at, batch = NULL;
+    UPDATE postbox.stream_retries r SET batch = NULL, visible_at = now() + nack_delay
+    WHERE r.group_id = g.id AND r.batch = g.lease AND r.stream_offset = ANY (nack_offsets);
+    IF g.max_deliveries IS NOT NULL THEN
+        WITH dead AS (
+            DELETE FROM postbox.stream_retries r
+            WHERE r.group_id = g.id AND r.stream_offset = ANY (nack_offsets) AND r.deliveries >= g.max_deliveries
+            RETURNING r.*)
+        INSERT INTO postbox.stream_dead_letters AS d (group_id, stream_offset, published_at, publish_id,
+                                                      routing_key, ordering_key, subject, attributes, body,
+                                                      deliveries, reason)
+        SELECT dead.group_id, dead.stream_offset, dead.published_at, dead.publish_id, dead.routing_key,
+               dead.ordering_key, dead.subject, dead.attributes, dead.body, dead.deliveries, 'nacked'
+        FROM dead
+        ON CONFLICT ON CONSTRAINT stream_dead_letters_pkey DO UPDATE
+        SET deliveries = excluded.deliveries, dead_at = excluded.dead_at, reason = excluded.reason;
+    END IF;
+END
+$$;
+
+
 SELECT postbox._secure();
 
 INSERT INTO postbox.schema_version (version) VALUES ('0.9.0');

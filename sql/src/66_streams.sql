@@ -628,9 +628,14 @@ DECLARE
     end_offset bigint;
     due integer := 0;
     previous uuid;
-    bounds double precision[] := postbox._stream_latency_bounds();  -- once, not per message
     read_clock timestamptz := clock_timestamp();
+    -- The bins' bounds as publish times, oldest first: a message published at
+    -- or after n of them is in bin 15 - n. Compared as they are, per message,
+    -- where a latency in seconds would be an interval made and taken apart.
+    bounds timestamptz[] := ARRAY(SELECT read_clock - b * interval '1 second'
+                                  FROM unnest(postbox._stream_latency_bounds()) AS b ORDER BY b DESC);
     latency_bins integer[];
+    last_at timestamptz;
 BEGIN
     IF max_messages IS NULL OR max_messages NOT BETWEEN 1 AND 1000 THEN
         PERFORM postbox._invalid(format('max_messages must be from 1 to 1000, not %s', max_messages));
@@ -695,9 +700,9 @@ BEGIN
         -- One walk of the log: what the batch would take, its end (the sorted
         -- sub-select's last row: the aggregates take the rows in its order, an
         -- ORDER BY in them would sort again) and its messages' latency bins.
-        SELECT count(*), min(r.published_at), (array_agg(r.tx))[count(*)], (array_agg(r.stream_offset))[count(*)],
-               array_agg(width_bucket(date_part('epoch', read_clock - r.published_at), bounds))
-        INTO waiting, first_at, g.lease_end_tx, g.lease_end_offset, latency_bins
+        SELECT count(*), min(r.published_at), max(r.published_at), (array_agg(r.tx))[count(*)],
+               (array_agg(r.stream_offset))[count(*)], array_agg(15 - width_bucket(r.published_at, bounds))
+        INTO waiting, first_at, last_at, g.lease_end_tx, g.lease_end_offset, latency_bins
         FROM (SELECT l.tx, l.stream_offset, l.published_at FROM postbox.stream_log l
               WHERE l.topic_id = t.id AND (l.tx, l.stream_offset) > (g.cursor_tx, g.cursor_offset) AND l.tx < horizon
               ORDER BY l.tx, l.stream_offset
@@ -718,10 +723,14 @@ BEGIN
     RETURNING c.lease, c.lease_deliveries INTO g.lease, g.lease_deliveries;
     IF previous IS NULL AND waiting > 0 THEN
         -- The new batch's messages of the log, first read now: their latency.
+        -- Only the bins from the newest message's to the oldest's hold any (a
+        -- batch's messages mostly share one or two): those alone are counted.
         INSERT INTO postbox.stream_latency AS s (group_id, bucket, counts)
-        SELECT g.id, date_bin('10 seconds', now(), 'epoch'), array_agg(coalesce(c.n, 0) ORDER BY b.i)
-        FROM generate_series(0, 15) AS b(i)
-        LEFT JOIN (SELECT u.i, count(*) AS n FROM unnest(latency_bins) AS u(i) GROUP BY u.i) AS c ON c.i = b.i
+        SELECT g.id, date_bin('10 seconds', now(), 'epoch'),
+               ARRAY(SELECT CASE WHEN b.i BETWEEN 15 - width_bucket(last_at, bounds)
+                                                AND 15 - width_bucket(first_at, bounds)
+                                 THEN cardinality(array_positions(latency_bins, b.i)) ELSE 0 END
+                     FROM generate_series(0, 15) AS b(i) ORDER BY b.i)
         ON CONFLICT ON CONSTRAINT stream_latency_pkey DO UPDATE
         SET counts = ARRAY(SELECT u.x + u.y FROM unnest(s.counts, excluded.counts) WITH ORDINALITY AS u(x, y, k)
                            ORDER BY u.k);

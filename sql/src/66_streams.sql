@@ -143,8 +143,9 @@ CREATE TABLE postbox.stream_latency (
     PRIMARY KEY (group_id, bucket)
 );
 
--- The upper bounds, in seconds, of stream_latency's bins, 5 ms to 30 minutes;
--- a 16th bin takes everything above.
+-- The upper bounds, in seconds, of stream_latency's bins, 5 ms to 30 minutes
+-- (a bin takes latencies up to and including its bound); a 16th bin takes
+-- everything above.
 CREATE FUNCTION postbox._stream_latency_bounds() RETURNS double precision[]
 LANGUAGE sql IMMUTABLE AS $$
     SELECT '{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800}'::double precision[]

@@ -5866,12 +5866,14 @@ DECLARE
     due integer := 0;
     previous uuid;
     read_clock timestamptz := clock_timestamp();
-    -- The bins' bounds as publish times, oldest first: a message published at
-    -- or after n of them is in bin 15 - n. Compared as they are, per message,
-    -- where a latency in seconds would be an interval made and taken apart.
-    bounds timestamptz[] := ARRAY(SELECT read_clock - b * interval '1 second'
-                                  FROM unnest(postbox._stream_latency_bounds()) AS b ORDER BY b DESC);
-    latency_bins integer[];
+    -- The bins' bounds as publish times, oldest first, between -infinity and
+    -- infinity: bin i (0 to 15) holds the messages published from
+    -- edges[16 - i] to before edges[17 - i].
+    edges timestamptz[] := '{-infinity}'::timestamptz[]
+                           || ARRAY(SELECT read_clock - b * interval '1 second'
+                                    FROM unnest(postbox._stream_latency_bounds()) AS b ORDER BY b DESC)
+                           || '{infinity}'::timestamptz[];
+    publish_times timestamptz[];
     last_at timestamptz;
 BEGIN
     IF max_messages IS NULL OR max_messages NOT BETWEEN 1 AND 1000 THEN
@@ -5938,8 +5940,8 @@ BEGIN
         -- sub-select's last row: the aggregates take the rows in its order, an
         -- ORDER BY in them would sort again) and its messages' latency bins.
         SELECT count(*), min(r.published_at), max(r.published_at), (array_agg(r.tx))[count(*)],
-               (array_agg(r.stream_offset))[count(*)], array_agg(15 - width_bucket(r.published_at, bounds))
-        INTO waiting, first_at, last_at, g.lease_end_tx, g.lease_end_offset, latency_bins
+               (array_agg(r.stream_offset))[count(*)], array_agg(r.published_at)
+        INTO waiting, first_at, last_at, g.lease_end_tx, g.lease_end_offset, publish_times
         FROM (SELECT l.tx, l.stream_offset, l.published_at FROM postbox.stream_log l
               WHERE l.topic_id = t.id AND (l.tx, l.stream_offset) > (g.cursor_tx, g.cursor_offset) AND l.tx < horizon
               ORDER BY l.tx, l.stream_offset
@@ -5960,13 +5962,16 @@ BEGIN
     RETURNING c.lease, c.lease_deliveries INTO g.lease, g.lease_deliveries;
     IF previous IS NULL AND waiting > 0 THEN
         -- The new batch's messages of the log, first read now: their latency.
-        -- Only the bins from the newest message's to the oldest's hold any (a
-        -- batch's messages mostly share one or two): those alone are counted.
+        -- The oldest and newest message bound the bins that hold any: a bin
+        -- that holds them all takes the batch's count, one that holds neither
+        -- none, and only a bin between (a batch spans one or two, mostly) counts
+        -- messages.
         INSERT INTO postbox.stream_latency AS s (group_id, bucket, counts)
         SELECT g.id, date_bin('10 seconds', now(), 'epoch'),
-               ARRAY(SELECT CASE WHEN b.i BETWEEN 15 - width_bucket(last_at, bounds)
-                                                AND 15 - width_bucket(first_at, bounds)
-                                 THEN cardinality(array_positions(latency_bins, b.i)) ELSE 0 END
+               ARRAY(SELECT CASE WHEN first_at >= edges[16 - b.i] AND last_at < edges[17 - b.i] THEN waiting
+                                 WHEN first_at >= edges[17 - b.i] OR last_at < edges[16 - b.i] THEN 0
+                                 ELSE (SELECT count(*) FROM unnest(publish_times) AS p
+                                       WHERE p >= edges[16 - b.i] AND p < edges[17 - b.i]) END
                      FROM generate_series(0, 15) AS b(i) ORDER BY b.i)
         ON CONFLICT ON CONSTRAINT stream_latency_pkey DO UPDATE
         SET counts = ARRAY(SELECT u.x + u.y FROM unnest(s.counts, excluded.counts) WITH ORDINALITY AS u(x, y, k)

@@ -91,23 +91,34 @@ async def test_latency_percentiles_are_the_bounds_of_their_bins(db, topics, stre
     assert row["p99_seconds"] == math.inf  # past the last bound: not understated
 
 
-async def test_a_read_counts_each_message_in_the_bin_of_its_latency(db, streams, stream):
-    # a, b, c published 40 s, 100 s and 2 hours before now: the (30 s, 60 s], the
-    # (60 s, 300 s] and the last bin (past 30 minutes), with room for a slow read.
+@pytest.mark.parametrize(
+    ("ages", "counts"),
+    [
+        # 40 s, 100 s and 2 hours: the (30 s, 60 s], (60 s, 300 s] and last (past 30
+        # minutes) bins, one message each, with room for a slow read.
+        (("40 seconds", "100 seconds", "2 hours"), [0] * 12 + [1, 1, 0, 1]),
+        # All three in one bin: it takes the batch's count.
+        (("100 seconds", "110 seconds", "120 seconds"), [0] * 13 + [3, 0, 0]),
+    ],
+)
+async def test_a_read_counts_each_message_in_the_bin_of_its_latency(
+    db, streams, stream, ages, counts
+):
     await db.execute(
         "UPDATE postbox.stream_log l SET published_at = now() - CASE convert_from(l.body, 'UTF8')"
-        " WHEN 'a' THEN interval '40 seconds' WHEN 'b' THEN interval '100 seconds'"
-        " ELSE interval '2 hours' END"
+        " WHEN 'a' THEN $2::text::interval WHEN 'b' THEN $3::text::interval"
+        " ELSE $4::text::interval END"
         " FROM postbox.topics t WHERE t.id = l.topic_id AND t.name = $1",
         stream,
+        *ages,
     )
     take(streams, stream, 3)
-    counts = await db.fetchval(
+    counted = await db.fetchval(
         "SELECT s.counts FROM postbox.stream_latency s JOIN postbox.consumer_groups g"
         " ON g.id = s.group_id JOIN postbox.topics t ON t.id = g.topic_id WHERE t.name = $1",
         stream,
     )
-    assert counts == [0] * 12 + [1, 1, 0, 1]
+    assert counted == counts
 
 
 async def test_pause_dead_letters_stuck_and_age_show_in_status_and_reason(streams, stream, db):

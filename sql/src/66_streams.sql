@@ -702,7 +702,7 @@ BEGIN
         horizon := pg_snapshot_xmin(pg_current_snapshot());
         -- One walk of the log: what the batch would take, its end (the sorted
         -- sub-select's last row: the aggregates take the rows in its order, an
-        -- ORDER BY in them would sort again) and its messages' latency bins.
+        -- ORDER BY in them would sort again) and its messages' publish times.
         SELECT count(*), min(r.published_at), max(r.published_at), (array_agg(r.tx))[count(*)],
                (array_agg(r.stream_offset))[count(*)], array_agg(r.published_at)
         INTO waiting, first_at, last_at, g.lease_end_tx, g.lease_end_offset, publish_times
@@ -727,8 +727,8 @@ BEGIN
     IF previous IS NULL AND waiting > 0 THEN
         -- The new batch's messages of the log, first read now: their latency.
         -- The oldest and newest message bound the bins that hold any: a bin
-        -- that holds them all takes the batch's count, one that holds neither
-        -- none, and only a bin between (a batch spans one or two, mostly) counts
+        -- that holds both holds the whole batch, one outside them nothing, and
+        -- only the others (a batch mostly spans one or two bins) count their
         -- messages.
         INSERT INTO postbox.stream_latency AS s (group_id, bucket, counts)
         SELECT g.id, date_bin('10 seconds', now(), 'epoch'),

@@ -91,6 +91,36 @@ async def test_latency_percentiles_are_the_bounds_of_their_bins(db, topics, stre
     assert row["p99_seconds"] == math.inf  # past the last bound: not understated
 
 
+@pytest.mark.parametrize(
+    ("ages", "counts"),
+    [
+        # 40 s, 100 s and 2 hours: the (30 s, 60 s], (60 s, 300 s] and last (past 30
+        # minutes) bins, one message each, with room for a slow read.
+        (("40 seconds", "100 seconds", "2 hours"), [0] * 12 + [1, 1, 0, 1]),
+        # All three in one bin: it takes the batch's count.
+        (("100 seconds", "110 seconds", "120 seconds"), [0] * 13 + [3, 0, 0]),
+    ],
+)
+async def test_a_read_counts_each_message_in_the_bin_of_its_latency(
+    db, streams, stream, ages, counts
+):
+    await db.execute(
+        "UPDATE postbox.stream_log l SET published_at = now() - CASE convert_from(l.body, 'UTF8')"
+        " WHEN 'a' THEN $2::text::interval WHEN 'b' THEN $3::text::interval"
+        " ELSE $4::text::interval END"
+        " FROM postbox.topics t WHERE t.id = l.topic_id AND t.name = $1",
+        stream,
+        *ages,
+    )
+    take(streams, stream, 3)
+    counted = await db.fetchval(
+        "SELECT s.counts FROM postbox.stream_latency s JOIN postbox.consumer_groups g"
+        " ON g.id = s.group_id JOIN postbox.topics t ON t.id = g.topic_id WHERE t.name = $1",
+        stream,
+    )
+    assert counted == counts
+
+
 async def test_pause_dead_letters_stuck_and_age_show_in_status_and_reason(streams, stream, db):
     batch = take(streams, stream, 3)
     ack(streams, stream, batch.batch, nack=[batch.messages[0].offset])  # max_deliveries 1

@@ -188,6 +188,20 @@ CREATE TABLE postbox.deduplication (
 );
 CREATE INDEX deduplication_expiry_idx ON postbox.deduplication (expires_at);
 
+-- SendBatch request ids (since 0.9.0) seen within each queue's deduplication
+-- window, with the message ids their batch answered: a repeat of the request
+-- stores nothing and answers them again. One row per batch, where a
+-- deduplication id costs one per message. Kept after the messages are gone,
+-- as deduplication ids are.
+CREATE TABLE postbox.batch_requests (
+    queue_id integer NOT NULL,
+    request_id text NOT NULL,
+    message_ids bigint[] NOT NULL,
+    expires_at timestamptz NOT NULL,
+    PRIMARY KEY (queue_id, request_id)
+);
+CREATE INDEX batch_requests_expiry_idx ON postbox.batch_requests (expires_at);
+
 -- The finished messages of queues with archive_on_delete (their history):
 -- deleted, expired, cancelled, or failed for good.
 CREATE TABLE postbox.archive (
@@ -406,6 +420,7 @@ BEGIN
     PERFORM pg_catalog.pg_extension_config_dump('postbox.queues', '');
     PERFORM pg_catalog.pg_extension_config_dump('postbox.messages', '');
     PERFORM pg_catalog.pg_extension_config_dump('postbox.deduplication', '');
+    PERFORM pg_catalog.pg_extension_config_dump('postbox.batch_requests', '');
     PERFORM pg_catalog.pg_extension_config_dump('postbox.message_expiries', '');
     PERFORM pg_catalog.pg_extension_config_dump('postbox.dedupe_keys', '');
     PERFORM pg_catalog.pg_extension_config_dump('postbox.archive', '');
@@ -878,6 +893,7 @@ BEGIN
     PERFORM postbox._lock_queue(q, true);
     PERFORM postbox._delete_messages(q.id);
     DELETE FROM postbox.deduplication WHERE queue_id = q.id;
+    DELETE FROM postbox.batch_requests WHERE queue_id = q.id;
     DELETE FROM postbox.archive WHERE queue_id = q.id;
     DELETE FROM postbox.receive_tokens WHERE queue_id = q.id;
     DELETE FROM postbox.redrive_tasks WHERE dead_letter_queue_id = q.id;
@@ -890,7 +906,8 @@ $$;
 
 -- Deletes every message of a queue; returns how many. Sends wait meanwhile, so
 -- no FIFO message is parked behind a head that the purge removed. Since 0.9.0 it
--- forgets the queue's deduplication ids too, as SQS's PurgeQueue does.
+-- forgets the queue's deduplication and request ids too, as SQS's PurgeQueue
+-- does its deduplication ids.
 CREATE FUNCTION postbox.purge_queue(queue_name text) RETURNS bigint
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -900,6 +917,7 @@ BEGIN
     PERFORM postbox._lock_queue(q, true);
     purged := postbox._delete_messages(q.id);
     DELETE FROM postbox.deduplication WHERE queue_id = q.id;
+    DELETE FROM postbox.batch_requests WHERE queue_id = q.id;
     UPDATE postbox.queues SET purged_at = now() WHERE id = q.id;
     RETURN purged;
 END
@@ -1657,6 +1675,9 @@ $$;
 --   deliver_ats      invisible until then (instead of a delay)
 --   max_receive_counts  since 0.9.0: 1-1000 deliveries, the message's own
 --                    limit in place of the queue's (see receive)
+-- request_id (since 0.9.0), 1-128 printable ASCII characters, names the whole
+-- batch: a repeat within the queue's deduplication_window sends nothing and
+-- answers the first batch's ids, all duplicates (see _send_batch_once).
 -- Nothing is sent if any entry is invalid; the error names the entry by its
 -- 0-based index. PB503 while sends are paused, PB429 when max_depth is reached.
 --
@@ -1679,7 +1700,7 @@ CREATE FUNCTION postbox.send_batch(
     message_group_ids text[] DEFAULT NULL, deduplication_ids text[] DEFAULT NULL,
     dedupe_keys text[] DEFAULT NULL, priorities integer[] DEFAULT NULL,
     deliver_ats timestamptz[] DEFAULT NULL, ttls interval[] DEFAULT NULL, expire_ats timestamptz[] DEFAULT NULL,
-    max_receive_counts integer[] DEFAULT NULL)
+    max_receive_counts integer[] DEFAULT NULL, request_id text DEFAULT NULL)
 RETURNS TABLE (message_id bigint, duplicate boolean)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
@@ -1691,6 +1712,12 @@ DECLARE
     q_listened boolean;
     locked text;
 BEGIN
+    IF request_id IS NOT NULL THEN
+        RETURN QUERY SELECT * FROM postbox._send_batch_once(
+            queue_name, request_id, bodies, attributes, delays, message_group_ids, deduplication_ids, dedupe_keys,
+            priorities, deliver_ats, ttls, expire_ats, max_receive_counts);
+        RETURN;
+    END IF;
     IF num_nonnulls(attributes, delays, message_group_ids, deduplication_ids, dedupe_keys, priorities,
                     deliver_ats, ttls, expire_ats, max_receive_counts) = 0 AND cardinality(bodies) BETWEEN 1 AND 1000
        AND array_position(bodies, NULL) IS NULL AND current_setting('transaction_isolation') = 'read committed' THEN
@@ -1736,6 +1763,65 @@ BEGIN
         -- Which looks again: a call saved when nobody listens.
         PERFORM postbox._notify(x) FROM postbox.queues x WHERE x.id = q_id;
     END IF;
+END
+$$;
+
+-- send_batch of a batch named by a request id. The id's row, written in the
+-- batch's transaction, claims it: a committed batch and its row are one. A
+-- repeat within the queue's deduplication window finds the row, sends nothing
+-- and answers the first batch's ids, all duplicates; a repeat while the first
+-- is still uncommitted waits on the row (ON CONFLICT) and then does the same,
+-- or, if the first rolled back, is the first itself. The entries are not
+-- compared (the id is a retry token, as a deduplication id is), but their
+-- number is: the answer is parallel to them, so a repeat with another number
+-- is PB412, a new batch that reused an id. The row is written empty and
+-- filled once the batch is in: the batch draws its ids as it inserts.
+CREATE FUNCTION postbox._send_batch_once(
+    queue_name text, request_id text, bodies bytea[], attributes jsonb[], delays interval[],
+    message_group_ids text[], deduplication_ids text[], dedupe_keys text[], priorities integer[],
+    deliver_ats timestamptz[], ttls interval[], expire_ats timestamptz[], max_receive_counts integer[])
+RETURNS TABLE (message_id bigint, duplicate boolean)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    q postbox.queues := postbox._queue(queue_name);
+    claimed_at timestamptz := clock_timestamp();
+    stored bigint[];
+    sent_ids bigint[];
+    sent_duplicates boolean[];
+BEGIN
+    IF length(_send_batch_once.request_id) NOT BETWEEN 1 AND 128 OR _send_batch_once.request_id ~ '[^!-~]' THEN
+        PERFORM postbox._invalid(format('request_id %s is not 1 to 128 printable ASCII characters',
+                                        postbox._quoted(_send_batch_once.request_id)));
+    END IF;
+    PERFORM postbox._check_batch_size(cardinality(bodies));
+    INSERT INTO postbox.batch_requests AS r (queue_id, request_id, message_ids, expires_at)
+    VALUES (q.id, _send_batch_once.request_id, '{}', claimed_at + q.deduplication_window)
+    ON CONFLICT ON CONSTRAINT batch_requests_pkey DO UPDATE
+    SET message_ids = excluded.message_ids, expires_at = excluded.expires_at
+    WHERE r.expires_at <= claimed_at;
+    IF NOT FOUND THEN
+        -- Committed within the window: a statement of its own sees it.
+        SELECT r.message_ids INTO stored FROM postbox.batch_requests r
+        WHERE r.queue_id = q.id AND r.request_id = _send_batch_once.request_id;
+        IF cardinality(stored) <> cardinality(bodies) THEN
+            RAISE EXCEPTION USING ERRCODE = 'PB412', MESSAGE = format(
+                'request_id %s named a batch of %s entries within the queue''s deduplication window; this one '
+                'has %s: a retry repeats its batch, a new batch takes a new request_id',
+                postbox._quoted(_send_batch_once.request_id), cardinality(stored), cardinality(bodies));
+        END IF;
+        RETURN QUERY SELECT s.id, true FROM unnest(stored) WITH ORDINALITY AS s(id, i) ORDER BY s.i;
+        RETURN;
+    END IF;
+    SELECT array_agg(s.message_id ORDER BY s.n), array_agg(s.duplicate ORDER BY s.n)
+    INTO sent_ids, sent_duplicates
+    FROM postbox.send_batch(queue_name, bodies, attributes, delays, message_group_ids, deduplication_ids,
+                            dedupe_keys, priorities, deliver_ats, ttls, expire_ats, max_receive_counts)
+         WITH ORDINALITY AS s(message_id, duplicate, n);
+    UPDATE postbox.batch_requests r SET message_ids = sent_ids
+    WHERE r.queue_id = q.id AND r.request_id = _send_batch_once.request_id;
+    RETURN QUERY SELECT s.id, s.duplicate FROM unnest(sent_ids, sent_duplicates) WITH ORDINALITY AS s(id, duplicate, i)
+                 ORDER BY s.i;
 END
 $$;
 
@@ -3171,12 +3257,14 @@ END
 $$;
 
 -- Forgets up to batch_size archived messages past their queue's
--- archive_retention and deduplication ids past their window. Returns how many.
+-- archive_retention, deduplication ids and (since 0.9.0) SendBatch request ids
+-- past their window. Returns how many.
 CREATE FUNCTION postbox.expire_records(batch_size integer DEFAULT 1000) RETURNS bigint
 LANGUAGE plpgsql AS $$
 DECLARE
     archived bigint;
     deduplicated bigint;
+    requests bigint;
 BEGIN
     DELETE FROM postbox.archive
     WHERE id IN (SELECT a.id FROM postbox.archive a JOIN postbox.queues q ON q.id = a.queue_id
@@ -3188,7 +3276,12 @@ BEGIN
         SELECT d.queue_id, d.deduplication_id FROM postbox.deduplication d
         WHERE d.expires_at < now() LIMIT batch_size FOR UPDATE SKIP LOCKED);
     GET DIAGNOSTICS deduplicated = ROW_COUNT;
-    RETURN archived + deduplicated;
+    DELETE FROM postbox.batch_requests
+    WHERE (queue_id, request_id) IN (
+        SELECT r.queue_id, r.request_id FROM postbox.batch_requests r
+        WHERE r.expires_at < now() LIMIT batch_size FOR UPDATE SKIP LOCKED);
+    GET DIAGNOSTICS requests = ROW_COUNT;
+    RETURN archived + deduplicated + requests;
 END
 $$;
 

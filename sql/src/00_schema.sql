@@ -188,6 +188,20 @@ CREATE TABLE postbox.deduplication (
 );
 CREATE INDEX deduplication_expiry_idx ON postbox.deduplication (expires_at);
 
+-- SendBatch request ids (since 0.9.0) seen within each queue's deduplication
+-- window, with the message ids their batch answered: a repeat of the request
+-- stores nothing and answers them again. One row per batch, where a
+-- deduplication id costs one per message. Kept after the messages are gone,
+-- as deduplication ids are.
+CREATE TABLE postbox.batch_requests (
+    queue_id integer NOT NULL,
+    request_id text NOT NULL,
+    message_ids bigint[] NOT NULL,
+    expires_at timestamptz NOT NULL,
+    PRIMARY KEY (queue_id, request_id)
+);
+CREATE INDEX batch_requests_expiry_idx ON postbox.batch_requests (expires_at);
+
 -- The finished messages of queues with archive_on_delete (their history):
 -- deleted, expired, cancelled, or failed for good.
 CREATE TABLE postbox.archive (
@@ -406,6 +420,7 @@ BEGIN
     PERFORM pg_catalog.pg_extension_config_dump('postbox.queues', '');
     PERFORM pg_catalog.pg_extension_config_dump('postbox.messages', '');
     PERFORM pg_catalog.pg_extension_config_dump('postbox.deduplication', '');
+    PERFORM pg_catalog.pg_extension_config_dump('postbox.batch_requests', '');
     PERFORM pg_catalog.pg_extension_config_dump('postbox.message_expiries', '');
     PERFORM pg_catalog.pg_extension_config_dump('postbox.dedupe_keys', '');
     PERFORM pg_catalog.pg_extension_config_dump('postbox.archive', '');

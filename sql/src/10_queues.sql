@@ -456,6 +456,7 @@ BEGIN
     PERFORM postbox._lock_queue(q, true);
     PERFORM postbox._delete_messages(q.id);
     DELETE FROM postbox.deduplication WHERE queue_id = q.id;
+    DELETE FROM postbox.batch_requests WHERE queue_id = q.id;
     DELETE FROM postbox.archive WHERE queue_id = q.id;
     DELETE FROM postbox.receive_tokens WHERE queue_id = q.id;
     DELETE FROM postbox.redrive_tasks WHERE dead_letter_queue_id = q.id;
@@ -468,7 +469,8 @@ $$;
 
 -- Deletes every message of a queue; returns how many. Sends wait meanwhile, so
 -- no FIFO message is parked behind a head that the purge removed. Since 0.9.0 it
--- forgets the queue's deduplication ids too, as SQS's PurgeQueue does.
+-- forgets the queue's deduplication and request ids too, as SQS's PurgeQueue
+-- does its deduplication ids.
 CREATE FUNCTION postbox.purge_queue(queue_name text) RETURNS bigint
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -478,6 +480,7 @@ BEGIN
     PERFORM postbox._lock_queue(q, true);
     purged := postbox._delete_messages(q.id);
     DELETE FROM postbox.deduplication WHERE queue_id = q.id;
+    DELETE FROM postbox.batch_requests WHERE queue_id = q.id;
     UPDATE postbox.queues SET purged_at = now() WHERE id = q.id;
     RETURN purged;
 END

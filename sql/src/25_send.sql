@@ -372,6 +372,9 @@ $$;
 --   deliver_ats      invisible until then (instead of a delay)
 --   max_receive_counts  since 0.9.0: 1-1000 deliveries, the message's own
 --                    limit in place of the queue's (see receive)
+-- request_id (since 0.9.0), 1-128 printable ASCII characters, names the whole
+-- batch: a repeat within the queue's deduplication_window sends nothing and
+-- answers the first batch's ids, all duplicates (see _send_batch_once).
 -- Nothing is sent if any entry is invalid; the error names the entry by its
 -- 0-based index. PB503 while sends are paused, PB429 when max_depth is reached.
 --
@@ -394,7 +397,7 @@ CREATE FUNCTION postbox.send_batch(
     message_group_ids text[] DEFAULT NULL, deduplication_ids text[] DEFAULT NULL,
     dedupe_keys text[] DEFAULT NULL, priorities integer[] DEFAULT NULL,
     deliver_ats timestamptz[] DEFAULT NULL, ttls interval[] DEFAULT NULL, expire_ats timestamptz[] DEFAULT NULL,
-    max_receive_counts integer[] DEFAULT NULL)
+    max_receive_counts integer[] DEFAULT NULL, request_id text DEFAULT NULL)
 RETURNS TABLE (message_id bigint, duplicate boolean)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
@@ -406,6 +409,12 @@ DECLARE
     q_listened boolean;
     locked text;
 BEGIN
+    IF request_id IS NOT NULL THEN
+        RETURN QUERY SELECT * FROM postbox._send_batch_once(
+            queue_name, request_id, bodies, attributes, delays, message_group_ids, deduplication_ids, dedupe_keys,
+            priorities, deliver_ats, ttls, expire_ats, max_receive_counts);
+        RETURN;
+    END IF;
     IF num_nonnulls(attributes, delays, message_group_ids, deduplication_ids, dedupe_keys, priorities,
                     deliver_ats, ttls, expire_ats, max_receive_counts) = 0 AND cardinality(bodies) BETWEEN 1 AND 1000
        AND array_position(bodies, NULL) IS NULL AND current_setting('transaction_isolation') = 'read committed' THEN
@@ -451,6 +460,65 @@ BEGIN
         -- Which looks again: a call saved when nobody listens.
         PERFORM postbox._notify(x) FROM postbox.queues x WHERE x.id = q_id;
     END IF;
+END
+$$;
+
+-- send_batch of a batch named by a request id. The id's row, written in the
+-- batch's transaction, claims it: a committed batch and its row are one. A
+-- repeat within the queue's deduplication window finds the row, sends nothing
+-- and answers the first batch's ids, all duplicates; a repeat while the first
+-- is still uncommitted waits on the row (ON CONFLICT) and then does the same,
+-- or, if the first rolled back, is the first itself. The entries are not
+-- compared (the id is a retry token, as a deduplication id is), but their
+-- number is: the answer is parallel to them, so a repeat with another number
+-- is PB412, a new batch that reused an id. The row is written empty and
+-- filled once the batch is in: the batch draws its ids as it inserts.
+CREATE FUNCTION postbox._send_batch_once(
+    queue_name text, request_id text, bodies bytea[], attributes jsonb[], delays interval[],
+    message_group_ids text[], deduplication_ids text[], dedupe_keys text[], priorities integer[],
+    deliver_ats timestamptz[], ttls interval[], expire_ats timestamptz[], max_receive_counts integer[])
+RETURNS TABLE (message_id bigint, duplicate boolean)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    q postbox.queues := postbox._queue(queue_name);
+    claimed_at timestamptz := clock_timestamp();
+    stored bigint[];
+    sent_ids bigint[];
+    sent_duplicates boolean[];
+BEGIN
+    IF length(_send_batch_once.request_id) NOT BETWEEN 1 AND 128 OR _send_batch_once.request_id ~ '[^!-~]' THEN
+        PERFORM postbox._invalid(format('request_id %s is not 1 to 128 printable ASCII characters',
+                                        postbox._quoted(_send_batch_once.request_id)));
+    END IF;
+    PERFORM postbox._check_batch_size(cardinality(bodies));
+    INSERT INTO postbox.batch_requests AS r (queue_id, request_id, message_ids, expires_at)
+    VALUES (q.id, _send_batch_once.request_id, '{}', claimed_at + q.deduplication_window)
+    ON CONFLICT ON CONSTRAINT batch_requests_pkey DO UPDATE
+    SET message_ids = excluded.message_ids, expires_at = excluded.expires_at
+    WHERE r.expires_at <= claimed_at;
+    IF NOT FOUND THEN
+        -- Committed within the window: a statement of its own sees it.
+        SELECT r.message_ids INTO stored FROM postbox.batch_requests r
+        WHERE r.queue_id = q.id AND r.request_id = _send_batch_once.request_id;
+        IF cardinality(stored) <> cardinality(bodies) THEN
+            RAISE EXCEPTION USING ERRCODE = 'PB412', MESSAGE = format(
+                'request_id %s named a batch of %s entries within the queue''s deduplication window; this one '
+                'has %s: a retry repeats its batch, a new batch takes a new request_id',
+                postbox._quoted(_send_batch_once.request_id), cardinality(stored), cardinality(bodies));
+        END IF;
+        RETURN QUERY SELECT s.id, true FROM unnest(stored) WITH ORDINALITY AS s(id, i) ORDER BY s.i;
+        RETURN;
+    END IF;
+    SELECT array_agg(s.message_id ORDER BY s.n), array_agg(s.duplicate ORDER BY s.n)
+    INTO sent_ids, sent_duplicates
+    FROM postbox.send_batch(queue_name, bodies, attributes, delays, message_group_ids, deduplication_ids,
+                            dedupe_keys, priorities, deliver_ats, ttls, expire_ats, max_receive_counts)
+         WITH ORDINALITY AS s(message_id, duplicate, n);
+    UPDATE postbox.batch_requests r SET message_ids = sent_ids
+    WHERE r.queue_id = q.id AND r.request_id = _send_batch_once.request_id;
+    RETURN QUERY SELECT s.id, s.duplicate FROM unnest(sent_ids, sent_duplicates) WITH ORDINALITY AS s(id, duplicate, i)
+                 ORDER BY s.i;
 END
 $$;
 

@@ -56,12 +56,14 @@ END
 $$;
 
 -- Forgets up to batch_size archived messages past their queue's
--- archive_retention and deduplication ids past their window. Returns how many.
+-- archive_retention, deduplication ids and (since 0.9.0) SendBatch request ids
+-- past their window. Returns how many.
 CREATE FUNCTION postbox.expire_records(batch_size integer DEFAULT 1000) RETURNS bigint
 LANGUAGE plpgsql AS $$
 DECLARE
     archived bigint;
     deduplicated bigint;
+    requests bigint;
 BEGIN
     DELETE FROM postbox.archive
     WHERE id IN (SELECT a.id FROM postbox.archive a JOIN postbox.queues q ON q.id = a.queue_id
@@ -73,6 +75,11 @@ BEGIN
         SELECT d.queue_id, d.deduplication_id FROM postbox.deduplication d
         WHERE d.expires_at < now() LIMIT batch_size FOR UPDATE SKIP LOCKED);
     GET DIAGNOSTICS deduplicated = ROW_COUNT;
-    RETURN archived + deduplicated;
+    DELETE FROM postbox.batch_requests
+    WHERE (queue_id, request_id) IN (
+        SELECT r.queue_id, r.request_id FROM postbox.batch_requests r
+        WHERE r.expires_at < now() LIMIT batch_size FOR UPDATE SKIP LOCKED);
+    GET DIAGNOSTICS requests = ROW_COUNT;
+    RETURN archived + deduplicated + requests;
 END
 $$;

@@ -122,6 +122,7 @@ RedriveMessagesRequest RedriveTask: message_ids
 RedriveTask: task_id
 ScheduleTarget WebhookDelivery: routing_key
 SendRequest SendBatchEntry: dedupe_key deduplication_id message_group_id
+SendBatchRequest: request_id
 SendResponse: message_id
 SnsDelivery: subscription_arn topic_arn unsubscribe_url
 Subscription: filter_policy name pattern

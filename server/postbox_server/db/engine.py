@@ -72,8 +72,9 @@ _SEND_OPTIONS = (
     "max_receive_count",
 )
 assert set(_SEND_OPTIONS) | {"body"} == {f.name for f in fields(OutgoingMessage)}
-# send_batch's optional columns, all left out (the bench calls the statement too).
-NO_SEND_OPTIONS = (None,) * len(_SEND_OPTIONS)
+# send_batch's optional columns, all left out (the bench calls the statement too),
+# and its request_id, which follows them.
+NO_SEND_OPTIONS = (None,) * (len(_SEND_OPTIONS) + 1)
 assert _SEND_OPTIONS[3] == "deduplication_id"  # where send_bodies puts the ids
 
 
@@ -425,10 +426,12 @@ class Engine:
         *,
         conn: Connection | None = None,
         relaxed: bool = False,
+        request_id: str | None = None,
     ) -> SentBatch:
         """The message ids and duplicate flags, in message order. On `conn` it joins that
         connection's transaction (group commit). `relaxed`: that transaction, or the
-        statement's own, commits with synchronous_commit off (relaxed_durability)."""
+        statement's own, commits with synchronous_commit off (relaxed_durability).
+        `request_id` names the batch: a repeat answers the first one's ids."""
         options = []
         for name in _SEND_OPTIONS:
             values = [getattr(message, name) for message in messages]
@@ -436,7 +439,9 @@ class Engine:
         bodies = [m.body for m in messages]
         async with self._sending(queue, conn) as sending:
             statement = "send_batch_relaxed" if relaxed else "send_batch"
-            row = await self._call("fetchrow", statement, queue, bodies, *options, conn=sending)
+            row = await self._call(
+                "fetchrow", statement, queue, bodies, *options, request_id, conn=sending
+            )
         sent = len(row[1]) - sum(row[1])
         self.observer.sent(queue, sent)
         return row[0], row[1]
@@ -446,12 +451,12 @@ class Engine:
         queue: str,
         bodies: Sequence[bytes],
         deduplication_ids: Sequence[str | None] | None = None,
+        request_id: str | None = None,
     ) -> SentBatch:
-        """send_batch for messages that are nothing but a body and perhaps a deduplication id."""
-        if deduplication_ids is None:
-            options: tuple[Any, ...] = NO_SEND_OPTIONS
-        else:
-            options = (None, None, None, deduplication_ids, *NO_SEND_OPTIONS[4:])
+        """send_batch for messages that are nothing but a body and perhaps a deduplication
+        id, the batch perhaps named by a request id."""
+        options: tuple[Any, ...] = (None, None, None, deduplication_ids, *NO_SEND_OPTIONS[4:-1])
+        options += (request_id,)
         async with self._sending(queue, None) as conn:
             row = await self._call("fetchrow", "send_batch", queue, bodies, *options, conn=conn)
         sent = len(row[1]) - sum(row[1])

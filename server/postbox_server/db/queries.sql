@@ -87,7 +87,7 @@ FROM postbox.cancel_redrive($1) t
 -- ids in Python cost more than the rest of the server's part of a SendBatch.
 SELECT coalesce(array_agg(s.message_id::text ORDER BY s.n), '{}'),
        coalesce(array_agg(s.duplicate ORDER BY s.n), '{}')
-FROM postbox.send_batch($1, $2, $3::jsonb[], $4, $5, $6, $7, $8, $9, $10, $11, $12)
+FROM postbox.send_batch($1, $2, $3::jsonb[], $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
      WITH ORDINALITY AS s(message_id, duplicate, n)
 
 -- name: send_batch_relaxed
@@ -98,7 +98,7 @@ FROM postbox.send_batch($1, $2, $3::jsonb[], $4, $5, $6, $7, $8, $9, $10, $11, $
 SELECT coalesce(array_agg(s.message_id::text ORDER BY s.n), '{}'),
        coalesce(array_agg(s.duplicate ORDER BY s.n), '{}')
 FROM postbox.send_batch((SELECT $1::text FROM set_config('synchronous_commit', 'off', true)),
-                        $2, $3::jsonb[], $4, $5, $6, $7, $8, $9, $10, $11, $12)
+                        $2, $3::jsonb[], $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
      WITH ORDINALITY AS s(message_id, duplicate, n)
 
 -- name: receive

@@ -289,6 +289,8 @@ def plain_batch(request: Any, max_message_size: int) -> PlainBatch | None:
     actual = request.ByteSize()
     if request.queue:
         actual -= size(len(request.queue.encode()))
+    if request.request_id:
+        actual -= size(len(request.request_id.encode()))
     if actual == sum(size(size(length)) for length in lengths):
         return PlainBatch(bodies, None)
     ids = [entry.deduplication_id for entry in entries]

@@ -175,7 +175,7 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
     ) -> SentBatch:
         if plain is not None:  # most batches
             ids, duplicates = await self.engine.send_bodies(
-                request.queue, plain.bodies, plain.deduplication_ids
+                request.queue, plain.bodies, plain.deduplication_ids, request.request_id or None
             )
         else:
             outgoing = []
@@ -187,7 +187,10 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
                 if traced:
                     outgoing[-1].attributes = tracing.stamp(outgoing[-1].attributes)
             ids, duplicates = await self.engine.send_batch(
-                request.queue, outgoing, relaxed=request.relaxed_durability
+                request.queue,
+                outgoing,
+                relaxed=request.relaxed_durability,
+                request_id=request.request_id or None,
             )
         return ids, duplicates
 

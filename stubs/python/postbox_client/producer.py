@@ -9,11 +9,17 @@ and goes in one SendBatch. Each caller's future gets its own message id; a messa
 the server refuses (it names the entry) fails its own future, and the rest of the
 batch goes again without it.
 
-With `idempotent` (the default) each message gets a deduplication id, so a batch that
-failed with UNAVAILABLE is sent again without duplicating what the first attempt may
-have committed (within the queue's deduplication window). A message that is nothing
-but a body waits as its bytes, and its entry (with its id) is made when its batch is:
-building an entry, and a uuid4, for each send() cost more than the rest of it.
+With `idempotent` (the default) each batch gets a request id (a uuid4), so a batch
+that failed with UNAVAILABLE is sent again under the same id without duplicating what
+the first attempt may have committed (within the queue's deduplication window): the
+server answers the first attempt's message ids. The id costs the server one row per
+batch, where a deduplication id per message cost one per message and halved the rate
+(issue 48). A batch sent again without an entry the server refused (none of it was
+committed) gets a new id. Messages keep the deduplication ids they are given; a
+message with a message_group_id and none (a FIFO queue needs one) gets one of its own,
+as before request ids. A message that is nothing but a body waits as its bytes, and
+its entry is made when its batch is: building an entry for each send() cost more than
+the rest of it.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import uuid
 from typing import TYPE_CHECKING, Any, TypeAlias, TypedDict
 
 from postbox.v1 import message_service_pb2
@@ -87,7 +94,7 @@ class Producer:
         if isinstance(body, str):
             body = body.encode()
         if fields or not isinstance(body, bytes):
-            if self.idempotent and not fields.get("deduplication_id"):
+            if self.idempotent and fields.get("message_group_id") and not fields.get("deduplication_id"):
                 fields["deduplication_id"] = os.urandom(_ID_BYTES).hex()
             # A body of another type raises here, to its caller, not in the batch.
             waiting = message_service_pb2.SendBatchEntry(**send_fields(body, **fields))
@@ -123,25 +130,22 @@ class Producer:
             task.add_done_callback(self._tasks.discard)
 
     def _request(self, batch: list[tuple[Waiting, Any]]) -> tuple[Any, bool]:
-        """The SendBatchRequest of a batch, and whether it may be repeated (every entry
-        has a deduplication id). Made once: a retry sends the same ids again."""
+        """The SendBatchRequest of a batch, and whether it may be repeated (it has a
+        request id, or every entry has a deduplication id). Made once: a retry sends
+        the same ids again."""
         request = message_service_pb2.SendBatchRequest(queue=self.queue)
+        if self.idempotent:
+            request.request_id = uuid.uuid4().hex
         entries, add = request.entries, request.entries.add
-        # One random draw for the batch's ids rather than one per message.
-        ids = os.urandom(_ID_BYTES * len(batch)).hex() if self.idempotent else ""
-        step = 2 * _ID_BYTES
         repeatable = True
-        for index, (waiting, _) in enumerate(batch):
+        for waiting, _ in batch:
             if isinstance(waiting, bytes):
-                if ids:
-                    add(body=waiting, deduplication_id=ids[index * step : (index + 1) * step])
-                else:
-                    add(body=waiting)
-                    repeatable = False
+                add(body=waiting)
+                repeatable = False
             else:
                 entries.append(waiting)
                 repeatable = repeatable and bool(waiting.deduplication_id)
-        return request, repeatable
+        return request, self.idempotent or repeatable
 
     async def _send(self, batch: list[tuple[Waiting, Any]]) -> None:
         self.batches_sent += 1
@@ -157,13 +161,15 @@ class Producer:
                 except InvalidArgument as error:
                     # A batch is all or nothing: the server names the entry it refused
                     # and committed none. That entry's caller gets the error, the others'
-                    # messages go again without it (with the same ids).
+                    # messages go again without it.
                     refused = _refused_entry(error, len(batch))
                     if refused is None:
                         raise
                     index, reason = refused
                     (_, future) = batch.pop(index)
                     del request.entries[index]
+                    if self.idempotent:  # another batch now: its id must not answer this one
+                        request.request_id = uuid.uuid4().hex
                     if not future.done():
                         future.set_exception(InvalidArgument(reason, error.code))
                     if not batch:

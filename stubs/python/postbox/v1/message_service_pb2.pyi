@@ -101,14 +101,16 @@ class SendBatchEntry(_message.Message):
     def __init__(self, body: _Optional[bytes] = ..., attributes: _Optional[_Mapping[str, _message_pb2.AttributeValue]] = ..., delay: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., deliver_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., message_group_id: _Optional[str] = ..., deduplication_id: _Optional[str] = ..., dedupe_key: _Optional[str] = ..., priority: _Optional[int] = ..., ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., max_receive_count: _Optional[int] = ...) -> None: ...
 
 class SendBatchRequest(_message.Message):
-    __slots__ = ("queue", "entries", "relaxed_durability")
+    __slots__ = ("queue", "entries", "relaxed_durability", "request_id")
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
     RELAXED_DURABILITY_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     queue: str
     entries: _containers.RepeatedCompositeFieldContainer[SendBatchEntry]
     relaxed_durability: bool
-    def __init__(self, queue: _Optional[str] = ..., entries: _Optional[_Iterable[_Union[SendBatchEntry, _Mapping]]] = ..., relaxed_durability: _Optional[bool] = ...) -> None: ...
+    request_id: str
+    def __init__(self, queue: _Optional[str] = ..., entries: _Optional[_Iterable[_Union[SendBatchEntry, _Mapping]]] = ..., relaxed_durability: _Optional[bool] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class SendBatchResponse(_message.Message):
     __slots__ = ("message_ids", "duplicates")

@@ -310,6 +310,24 @@ export declare type SendBatchRequest = Message<"postbox.v1.SendBatchRequest"> & 
    * @generated from field: bool relaxed_durability = 3;
    */
   relaxedDurability: boolean;
+
+  /**
+   * Optional. Names the batch, so that a retry of it cannot send it twice: 1 to
+   * 128 printable ASCII characters, like deduplication_id, chosen by the client
+   * (a UUID, say), unique per batch. A SendBatch with the request_id of one
+   * already committed to the same queue within the queue's
+   * deduplication_window stores nothing and answers the first call's
+   * message_ids, with every duplicate true; one that arrives while the first is
+   * still in progress waits for it, and is the first if that one fails. The
+   * same id means the same request: the entries are not compared, as a
+   * deduplication_id's body is not, but a repeat with another number of entries
+   * fails with FAILED_PRECONDITION (a new batch that reused an id). Costs one
+   * row per batch where deduplication ids cost one per message; works in
+   * standard and FIFO queues alike, beside the entries' own deduplication ids.
+   *
+   * @generated from field: string request_id = 4;
+   */
+  requestId: string;
 };
 
 /**

@@ -4,11 +4,12 @@ attempt's ids and store nothing (issue 48). Real server, real PostgreSQL."""
 from __future__ import annotations
 
 import asyncio
+
 import asyncpg
 import grpc
 import pytest
-from postbox.v1 import message_service_pb2 as pb
 from google.protobuf import duration_pb2
+from postbox.v1 import message_service_pb2 as pb
 from postbox.v1 import queue_service_pb2 as qpb
 from support import unique_name, until
 
@@ -17,7 +18,8 @@ from postbox_server.services.convert import PlainBatch, plain_batch
 
 def send_batch(messages, queue: str, bodies: list[bytes], request_id: str, **entry_fields):
     entries = [pb.SendBatchEntry(body=body, **entry_fields) for body in bodies]
-    return messages.SendBatch(pb.SendBatchRequest(queue=queue, entries=entries, request_id=request_id))
+    request = pb.SendBatchRequest(queue=queue, entries=entries, request_id=request_id)
+    return messages.SendBatch(request)
 
 
 async def stored(db: asyncpg.Connection, queue: str) -> int:
@@ -81,7 +83,9 @@ def test_a_malformed_request_id_is_invalid_argument(messages, queue, request_id,
     with pytest.raises(grpc.RpcError) as refused:
         send_batch(messages, queue, [b"a"], request_id)
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert refused.value.details() == f"request_id {quoted} is not 1 to 128 printable ASCII characters"
+    assert refused.value.details() == (
+        f"request_id {quoted} is not 1 to 128 printable ASCII characters"
+    )
 
 
 def test_the_longest_request_id_is_taken(messages, queue):
@@ -195,7 +199,7 @@ async def test_a_concurrent_repeat_waits_for_the_first_and_answers_its_ids(datab
         await second_conn.close()
 
 
-async def test_a_concurrent_repeat_of_a_batch_that_rolled_back_is_the_first(database_url, db, queue):
+async def test_a_concurrent_repeat_of_a_rolled_back_batch_is_the_first(database_url, db, queue):
     first_conn = await asyncpg.connect(database_url)
     second_conn = await asyncpg.connect(database_url)
     statement = (

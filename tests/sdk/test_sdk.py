@@ -10,6 +10,7 @@ import time
 import zipfile
 from datetime import timedelta
 
+import grpc
 import pytest
 from postbox.v1 import queue_service_pb2 as qpb
 from postbox_client import AsyncClient, Client, InvalidArgument, NotFound, Retry, Unavailable
@@ -104,10 +105,92 @@ async def test_64_callers_fill_one_batch_a_round(server, db):
     }
 
 
+async def test_the_producer_names_each_batch_and_gives_bodies_no_deduplication_ids(server, db):
+    """One request id per batch (one row), and none of the per-message rows that halved
+    the rate (issue 48)."""
+    name = unique_name("sdk_request_ids")
+    async with AsyncClient(server.target) as client:
+        await client.create_queue(name)
+        async with client.producer(name, max_entries=50) as producer:
+            await asyncio.gather(*(producer.send(f"m{i}") for i in range(200)))
+            assert producer.batches_sent == 4
+    counts = await db.fetchrow(
+        "SELECT (SELECT count(*) FROM postbox.batch_requests WHERE queue_id = q.id) AS requests,"
+        " (SELECT count(*) FROM postbox.deduplication WHERE queue_id = q.id) AS deduplication,"
+        " (SELECT count(*) FROM postbox.messages WHERE queue_id = q.id) AS messages "
+        "FROM postbox.queues q WHERE q.name = $1",
+        name,
+    )
+    assert dict(counts) == {"requests": 4, "deduplication": 0, "messages": 200}
+
+
+async def test_the_producer_gives_fifo_messages_their_deduplication_ids(server):
+    """A FIFO queue needs a deduplication id per message; the producer still makes one
+    for a message with a group and none, and keeps one it is given."""
+    name = unique_name("sdk_fifo") + ".fifo"
+    async with AsyncClient(server.target) as client:
+        await client.create_queue(name, fifo=True)
+        async with client.producer(name) as producer:
+            made, given = await asyncio.gather(
+                producer.send("a", message_group_id="g"),
+                producer.send("b", message_group_id="g", deduplication_id="mine"),
+            )
+        received = await client.receive(name, max_messages=2)
+        assert [m.message_id for m in received] == [made, given]
+        assert len(received[0].deduplication_id) == 32
+        assert received[1].deduplication_id == "mine"
+
+
+async def test_a_producer_batch_retried_after_unavailable_duplicates_nothing(server, db):
+    """The first attempt commits but its answer is lost (UNAVAILABLE, as a broken
+    connection gives): the retry, under the same request id, stores nothing and answers
+    the first attempt's ids."""
+    name = unique_name("sdk_retried")
+    async with AsyncClient(server.target, retry=Retry(initial=0.01, maximum=0.01)) as client:
+        await client.create_queue(name)
+        send_batch = client.messages.SendBatch
+        attempts: list[tuple[str, list[str]]] = []
+
+        async def answer_lost_once(request, **kwargs):
+            response = await send_batch(request, **kwargs)
+            attempts.append((request.request_id, list(response.message_ids)))
+            if len(attempts) == 1:
+                raise grpc.aio.AioRpcError(
+                    grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(),
+                    details="connection reset after the commit",
+                )  # fmt: skip
+            return response
+
+        client.messages.SendBatch = answer_lost_once
+        async with client.producer(name) as producer:
+            ids = await asyncio.gather(*(producer.send(f"m{i}") for i in range(10)))
+    assert len(attempts) == 2
+    (first_id, first_ids), (retry_id, retry_ids) = attempts
+    assert first_id == retry_id
+    assert len(first_id) == 32
+    assert ids == first_ids == retry_ids
+    assert (
+        await db.fetchval(
+            "SELECT count(*) FROM postbox.messages m JOIN postbox.queues q ON q.id = m.queue_id "
+            "WHERE q.name = $1",
+            name,
+        )
+        == 10
+    )
+
+
 async def test_a_refused_message_fails_only_its_own_future(server, db):
     name = unique_name("sdk_refused")
     async with AsyncClient(server.target) as client:
         await client.create_queue(name)
+        send_batch = client.messages.SendBatch
+        request_ids: list[str] = []
+
+        def noting_request_ids(request, **kwargs):
+            request_ids.append(request.request_id)
+            return send_batch(request, **kwargs)
+
+        client.messages.SendBatch = noting_request_ids
         async with client.producer(name) as producer:
             futures = [
                 producer.send("ok 0"),
@@ -119,8 +202,10 @@ async def test_a_refused_message_fails_only_its_own_future(server, db):
             with pytest.raises(TypeError):
                 producer.send(bytearray(b"not bytes"))  # refused at once, not in the batch
             outcomes = await asyncio.gather(*futures, return_exceptions=True)
-            # The batch, then again without each refused entry.
+            # The batch, then again without each refused entry: each a new batch, with
+            # an id of its own (the refused attempts committed nothing).
             assert producer.batches_sent == 3
+            assert len(set(request_ids)) == 3
     ttl, priority = outcomes[1], outcomes[3]
     assert isinstance(ttl, InvalidArgument)
     assert ttl.message.startswith("ttl is -1.0 s")

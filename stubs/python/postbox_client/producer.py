@@ -94,7 +94,9 @@ class Producer:
         if isinstance(body, str):
             body = body.encode()
         if fields or not isinstance(body, bytes):
-            if self.idempotent and fields.get("message_group_id") and not fields.get("deduplication_id"):
+            # A FIFO queue needs a deduplication id per message: the request id is not one.
+            fifo = bool(fields.get("message_group_id"))
+            if self.idempotent and fifo and not fields.get("deduplication_id"):
                 fields["deduplication_id"] = os.urandom(_ID_BYTES).hex()
             # A body of another type raises here, to its caller, not in the batch.
             waiting = message_service_pb2.SendBatchEntry(**send_fields(body, **fields))

@@ -10024,48 +10024,6 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'PB429', MESSAGE = format(
             'tenant %s is at its quota of %s %ss (max_%ss); delete one or raise the quota',
             quote_literal(tenant_name), quota, kind, kind);
-
--- Fired messages carry a _schedule attribute (beyond-queue's headers._schedule),
--- and a one-shot schedule that fired is deleted; those that fired before this
--- are deleted too.
-DROP FUNCTION postbox._fire(postbox.schedules, text);
--- The `_schedule` attribute of a fired message, as beyond-queue's
--- headers._schedule: JSON text (data_type String.json) of the schedule's name,
--- the due time it fired for, and whether it fired out of band (a manual run).
-CREATE FUNCTION postbox._schedule_attribute(schedule_name text, scheduled_for timestamptz, out_of_band boolean)
-RETURNS jsonb
-LANGUAGE sql STABLE AS $$
-    SELECT jsonb_build_object('_schedule', jsonb_build_object(
-        'data_type', 'String.json',
-        'string_value', jsonb_build_object(
-            'name', schedule_name,
-            'scheduled_for', to_char(scheduled_for AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
-            'out_of_band', out_of_band)::text))
-$$;
-
--- Sends a schedule's message into its target with the given deduplication id
--- and its _schedule attribute (see _schedule_attribute): the ids of the
--- committed messages (one per queue the message reached) and how many webhook
--- deliveries it queued. Errors reach the caller.
-CREATE FUNCTION postbox._fire(s postbox.schedules, deduplication_id text, scheduled_for timestamptz,
-                              out_of_band boolean, OUT message_ids bigint[], OUT webhook_deliveries integer)
-LANGUAGE plpgsql AS $$
-DECLARE
-    fifo boolean;
-    attributes jsonb := coalesce(s.attributes, '{}') || postbox._schedule_attribute(s.name, scheduled_for, out_of_band);
-BEGIN
-    webhook_deliveries := 0;
-    IF s.target_queue IS NOT NULL THEN
-        SELECT q.fifo INTO fifo FROM postbox.queues q WHERE q.name = s.target_queue;
-        message_ids := ARRAY(
-            SELECT b.message_id FROM postbox.send_batch(
-                s.target_queue, ARRAY[s.body], ARRAY[attributes],
-                message_group_ids => CASE WHEN fifo THEN ARRAY[s.name] END,
-                deduplication_ids => ARRAY[deduplication_id]) b);
-    ELSE
-        SELECT p.message_ids, p.webhook_deliveries INTO message_ids, webhook_deliveries
-        FROM postbox.publish(s.target_topic, s.body, s.routing_key, attributes,
-                             deduplication_id => deduplication_id) p;
     END IF;
 END
 $$;
@@ -10261,6 +10219,51 @@ BEGIN
 END
 $$;
 
+
+-- Fired messages carry a _schedule attribute (beyond-queue's headers._schedule),
+-- and a one-shot schedule that fired is deleted; those that fired before this
+-- are deleted too.
+DROP FUNCTION postbox._fire(postbox.schedules, text);
+-- The `_schedule` attribute of a fired message, as beyond-queue's
+-- headers._schedule: JSON text (data_type String.json) of the schedule's name,
+-- the due time it fired for, and whether it fired out of band (a manual run).
+CREATE FUNCTION postbox._schedule_attribute(schedule_name text, scheduled_for timestamptz, out_of_band boolean)
+RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+    SELECT jsonb_build_object('_schedule', jsonb_build_object(
+        'data_type', 'String.json',
+        'string_value', jsonb_build_object(
+            'name', schedule_name,
+            'scheduled_for', to_char(scheduled_for AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+            'out_of_band', out_of_band)::text))
+$$;
+
+-- Sends a schedule's message into its target with the given deduplication id
+-- and its _schedule attribute (see _schedule_attribute): the ids of the
+-- committed messages (one per queue the message reached) and how many webhook
+-- deliveries it queued. Errors reach the caller.
+CREATE FUNCTION postbox._fire(s postbox.schedules, deduplication_id text, scheduled_for timestamptz,
+                              out_of_band boolean, OUT message_ids bigint[], OUT webhook_deliveries integer)
+LANGUAGE plpgsql AS $$
+DECLARE
+    fifo boolean;
+    attributes jsonb := coalesce(s.attributes, '{}') || postbox._schedule_attribute(s.name, scheduled_for, out_of_band);
+BEGIN
+    webhook_deliveries := 0;
+    IF s.target_queue IS NOT NULL THEN
+        SELECT q.fifo INTO fifo FROM postbox.queues q WHERE q.name = s.target_queue;
+        message_ids := ARRAY(
+            SELECT b.message_id FROM postbox.send_batch(
+                s.target_queue, ARRAY[s.body], ARRAY[attributes],
+                message_group_ids => CASE WHEN fifo THEN ARRAY[s.name] END,
+                deduplication_ids => ARRAY[deduplication_id]) b);
+    ELSE
+        SELECT p.message_ids, p.webhook_deliveries INTO message_ids, webhook_deliveries
+        FROM postbox.publish(s.target_topic, s.body, s.routing_key, attributes,
+                             deduplication_id => deduplication_id) p;
+    END IF;
+END
+$$;
 
 -- Checks a schedule before it is stored: PB400 for a bad field, PB404 when
 -- its target does not exist.
@@ -10840,7 +10843,6 @@ BEGIN
     LIMIT 1000;  -- a batch's most: with it, the plan walks the index rather than sort
 END
 $$;
-
 
 -- Issue 48: SendBatch's request_id, one row per batch where a deduplication id costs one per message.
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import re
 import ssl
 import subprocess
 import sys
@@ -629,7 +630,7 @@ def test_tenants_are_listed_with_usage_against_quota_and_rate_limits(
     row = 'tr[data-tenant="console-quota"]'
     assert page.find_elements(By.CSS_SELECTOR, f"{row} td")[2].text == "the console-quota team"
     account = page.find_elements(By.CSS_SELECTOR, f"{row} td")[1].text
-    assert len(account) == 12 and account.isdigit()
+    assert re.fullmatch(r"[0-9]{12}", account), account
     page.find_element(By.CSS_SELECTOR, f"{row} a").click()
     # Usage is the servers' snapshot, refreshed every few seconds: wait for the new queue.
     usage = "#tenant-usage tr[data-usage={} td"
@@ -677,7 +678,7 @@ def test_a_tenants_key_sees_only_its_tenants_queues_and_topics(page, keyed_conso
         By.CSS_SELECTOR, "li[data-topic]")] == ["a-events"]  # fmt: skip
     # B's queue by its address: the API answers NOT_FOUND, as for no queue at all.
     page.get(keyed_console.url + "/#/queues/b-orders")
-    assert "NOT_FOUND" in wait(page, lambda d: text_of(d, ".error"), "B's queue refused")
+    assert "NotFound" in wait(page, lambda d: text_of(d, ".error"), "B's queue refused")
 
 
 def test_schedules_show_next_fire_times_run_now_and_pause(page, keyed_console, channel_of):

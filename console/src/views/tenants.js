@@ -52,7 +52,7 @@ export function TenantDetail({ name }) {
       </dl>
     </div>
     <h3>Usage against quota</h3>
-    <table id="tenant-usage">
+    <table class="facts" id="tenant-usage">
       <tbody>
         <tr data-usage="queues"><th>Queues</th><td>${usageText(usage.queues, quota.maxQueues, "queues")}</td></tr>
         <tr data-usage="topics"><th>Topics</th><td>${usageText(usage.topics, quota.maxTopics, "topics")}</td></tr>
@@ -62,7 +62,7 @@ export function TenantDetail({ name }) {
     </table>
     <p class="muted">Counted ${time(usage.countTime)}; sends are checked against these figures.</p>
     <h3>Rate limits</h3>
-    <table id="tenant-limits">
+    <table class="facts" id="tenant-limits">
       <tbody>
         <tr data-limit="sends"><th>Sends</th><td>${limitText(limits.sendsPerSecond, limits.sendBurst)}</td></tr>
         <tr data-limit="receives"><th>Receives</th><td>${limitText(limits.receivesPerSecond, limits.receiveBurst)}</td></tr>

@@ -286,7 +286,7 @@ var yt,x,Tr,bc,he,Wr,Lr,Jr,pn,pt,Me,kr,hn,fn,bn,hc,bt={},ht=[],gc=/acit|ex(?:s|g
       </dl>
     </div>
     <h3>Usage against quota</h3>
-    <table id="tenant-usage">
+    <table class="facts" id="tenant-usage">
       <tbody>
         <tr data-usage="queues"><th>Queues</th><td>${mn(o.queues,s.maxQueues,"queues")}</td></tr>
         <tr data-usage="topics"><th>Topics</th><td>${mn(o.topics,s.maxTopics,"topics")}</td></tr>
@@ -296,7 +296,7 @@ var yt,x,Tr,bc,he,Wr,Lr,Jr,pn,pt,Me,kr,hn,fn,bn,hc,bt={},ht=[],gc=/acit|ex(?:s|g
     </table>
     <p class="muted">Counted ${v(o.countTime)}; sends are checked against these figures.</p>
     <h3>Rate limits</h3>
-    <table id="tenant-limits">
+    <table class="facts" id="tenant-limits">
       <tbody>
         <tr data-limit="sends"><th>Sends</th><td>${Xr(a.sendsPerSecond,a.sendBurst)}</td></tr>
         <tr data-limit="receives"><th>Receives</th><td>${Xr(a.receivesPerSecond,a.receiveBurst)}</td></tr>

@@ -14,15 +14,18 @@ function patternRegex(pattern) {
 
 export function accessOf(session) {
   // No key exists: the console is open, as the API is.
-  if (!session.auth) return { can: () => true, holds: () => true, name: null };
+  if (!session.auth) return { can: () => true, holds: () => true, managesTenants: true, name: null };
   const grants = (session.key?.grants ?? []).map((grant) => ({
     permission: grant.permission,
     regex: patternRegex(grant.pattern),
   }));
+  const can = (permission, resource) =>
+    grants.some((grant) => gives(grant.permission, permission) && grant.regex.test(resource));
   return {
     name: session.key?.name ?? null,
-    can: (permission, resource) =>
-      grants.some((grant) => gives(grant.permission, permission) && grant.regex.test(resource)),
+    can,
     holds: (permission) => grants.some((grant) => gives(grant.permission, permission)),
+    // Only an admin of the default tenant (which has no name) manages tenants.
+    managesTenants: !session.key?.tenant && can("admin", "*"),
   };
 }

@@ -9,6 +9,7 @@ import { Keys } from "./views/keys.js";
 import { Overview } from "./views/overview.js";
 import { QueueDetail } from "./views/queue.js";
 import { Schedules } from "./views/schedules.js";
+import { TenantDetail, TenantList } from "./views/tenants.js";
 import { TopicDetail, TopicList } from "./views/topics.js";
 
 function useRoute() {
@@ -59,6 +60,9 @@ function Page({ route, access }) {
   if (section === "topics") return html`<${TopicList} />`;
   if (section === "schedules") return html`<${Schedules} access=${access} />`;
   if (section === "keys" && access.can("admin", "*")) return html`<${Keys} />`;
+  if (section === "tenants" && name && access.managesTenants)
+    return html`<${TenantDetail} key=${name} name=${name} />`;
+  if (section === "tenants" && access.managesTenants) return html`<${TenantList} />`;
   return html`<${Overview} />`;
 }
 
@@ -98,6 +102,7 @@ function App() {
         ${tab("#/topics", "Topics", section === "topics")}
         ${tab("#/schedules", "Schedules", section === "schedules")}
         ${access.can("admin", "*") ? tab("#/keys", "Keys", section === "keys") : null}
+        ${access.managesTenants ? tab("#/tenants", "Tenants", section === "tenants") : null}
       </nav>
       <span class="who" id="who">${session.auth ? `key ${access.name}` : "open (no API keys exist)"}</span>
       ${session.auth ? html`<button type="button" id="logout" onClick=${signOut}>Log out</button>` : null}

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import re
 import ssl
 import subprocess
 import sys
@@ -334,6 +335,7 @@ def test_a_key_without_rights_sees_no_purge_button_and_only_its_queues(
     )
     assert not page.find_elements(By.CSS_SELECTOR, 'tr[data-queue="console-secret-other"]')
     assert "Keys" not in text_of(page, "header nav")
+    assert "Tenants" not in text_of(page, "header nav")
     page.get(keyed_console.url + "/#/queues/console-reader-mine")
     wait(page, lambda d: text_of(d, "tr[data-message] pre.body") == "readable", "peeking")
     assert text_of(page, "#stat-visible") == "1"
@@ -572,6 +574,113 @@ def _logs_in(console: Console, secret: str) -> bool:
     return asyncio.run(attempt())
 
 
+def _tenant_with_admin_key(channel: grpc.Channel, console: Console, name: str, **quota) -> str:
+    """Creates tenant `name` (as the default tenant's admin) and an admin key of it; its secret."""
+    access = access_service_pb2_grpc.AccessServiceStub(channel)
+    access.CreateTenant(
+        access_service_pb2.CreateTenantRequest(
+            tenant=access_service_pb2.Tenant(
+                name=name,
+                description=f"the {name} team",
+                quota=access_service_pb2.TenantQuota(**quota),
+                rate_limits=access_service_pb2.RateLimits(sends_per_second=50, send_burst=100),
+            )
+        ),
+        metadata=console.metadata(),
+    )
+    grant = access_service_pb2.Grant(permission=access_service_pb2.PERMISSION_ADMIN, pattern="*")
+    created = access.CreateKey(
+        access_service_pb2.CreateKeyRequest(
+            key=access_service_pb2.Key(name=f"{name}-admin", tenant=name, grants=[grant])
+        ),
+        metadata=console.metadata(),
+    )
+    return created.secret
+
+
+def _create_as(channel: grpc.Channel, secret: str, queue: str, topic: str) -> None:
+    queue_service_pb2_grpc.QueueServiceStub(channel).CreateQueue(
+        queue_service_pb2.CreateQueueRequest(queue=queue_service_pb2.Queue(name=queue)),
+        metadata=bearer(secret),
+    )
+    topic_service_pb2_grpc.TopicServiceStub(channel).CreateTopic(
+        topic_service_pb2.CreateTopicRequest(topic=topic_service_pb2.Topic(name=topic)),
+        metadata=bearer(secret),
+    )
+
+
+def test_tenants_are_listed_with_usage_against_quota_and_rate_limits(
+    page, keyed_console, channel_of
+):
+    channel = channel_of(keyed_console)
+    secret = _tenant_with_admin_key(
+        channel, keyed_console, "console-quota", max_queues=10, max_topics=0, max_messages=1000
+    )
+    _create_as(channel, secret, "quota-orders", "quota-events")
+    _tenant_with_admin_key(channel, keyed_console, "console-other")
+    log_in(page, keyed_console, keyed_console.secret)
+    wait(page, lambda d: "Tenants" in (text_of(d, "header nav") or ""), "the Tenants link")
+    page.find_element(By.LINK_TEXT, "Tenants").click()
+    for name in ("console-quota", "console-other"):
+        wait(
+            page,
+            lambda d, name=name: d.find_elements(By.CSS_SELECTOR, f'tr[data-tenant="{name}"]'),
+            f"tenant {name} listed",
+        )
+    row = 'tr[data-tenant="console-quota"]'
+    assert page.find_elements(By.CSS_SELECTOR, f"{row} td")[2].text == "the console-quota team"
+    account = page.find_elements(By.CSS_SELECTOR, f"{row} td")[1].text
+    assert re.fullmatch(r"[0-9]{12}", account), account
+    page.find_element(By.CSS_SELECTOR, f"{row} a").click()
+    # Usage is the servers' snapshot, refreshed every few seconds: wait for the new queue.
+    usage = "#tenant-usage tr[data-usage={} td"
+    wait(
+        page,
+        lambda d: text_of(d, usage.format("queues]")) == "1 / 10 queues",
+        "one queue of ten",
+    )
+    assert text_of(page, usage.format("topics]")) == "1 topics (no limit)"
+    assert text_of(page, usage.format("messages]")) == "0 / 1,000 messages"
+    assert text_of(page, usage.format("bytes]")) == "0 bytes (no limit)"
+    assert text_of(page, "#tenant-account") == account
+    assert text_of(page, "#tenant-description") == "the console-quota team"
+    limits = "#tenant-limits tr[data-limit={}] td"
+    assert text_of(page, limits.format("sends")) == "50 / s, burst 100"
+    assert text_of(page, limits.format("calls")) == "no limit"
+
+
+def test_a_tenants_key_sees_only_its_tenants_queues_and_topics(page, keyed_console, channel_of):
+    channel = channel_of(keyed_console)
+    secret_a = _tenant_with_admin_key(channel, keyed_console, "console-a")
+    secret_b = _tenant_with_admin_key(channel, keyed_console, "console-b")
+    _create_as(channel, secret_a, "a-orders", "a-events")
+    _create_as(channel, secret_b, "b-orders", "b-events")
+    log_in(page, keyed_console, secret_a)
+    assert text_of(page, "#who") == "key console-a-admin"
+    wait(
+        page,
+        lambda d: d.find_elements(By.CSS_SELECTOR, 'tr[data-queue="a-orders"]'),
+        "tenant A's queue",
+    )
+    assert not page.find_elements(By.CSS_SELECTOR, 'tr[data-queue="b-orders"]')
+    # Nor the default tenant's: the overview lists A's queue alone.
+    assert len(page.find_elements(By.CSS_SELECTOR, "tr[data-queue]")) == 1
+    # A tenant's admin manages its keys, not tenants: no Tenants screen.
+    assert "Keys" in text_of(page, "header nav")
+    assert "Tenants" not in text_of(page, "header nav")
+    page.find_element(By.LINK_TEXT, "Topics").click()
+    wait(
+        page,
+        lambda d: d.find_elements(By.CSS_SELECTOR, 'li[data-topic="a-events"]'),
+        "tenant A's topic",
+    )
+    assert [item.get_attribute("data-topic") for item in page.find_elements(
+        By.CSS_SELECTOR, "li[data-topic]")] == ["a-events"]  # fmt: skip
+    # B's queue by its address: the API answers NOT_FOUND, as for no queue at all.
+    page.get(keyed_console.url + "/#/queues/b-orders")
+    assert "NotFound" in wait(page, lambda d: text_of(d, ".error"), "B's queue refused")
+
+
 def test_schedules_show_next_fire_times_run_now_and_pause(page, keyed_console, channel_of):
     channel = channel_of(keyed_console)
     create_queue(channel, keyed_console, "console-scheduled")
@@ -675,6 +784,7 @@ async def test_the_session_cookie_is_httponly_and_samesite_strict(keyed_console)
     assert keyed_console.secret not in json.dumps(answer)
     assert answer["key"] == {
         "name": "console-admin",
+        "tenant": "",
         "grants": [{"permission": "admin", "pattern": "*"}],
     }
 

@@ -102,6 +102,8 @@ def _grants(keys: KeyCache, session: Session) -> dict[str, Any] | None:
         return None
     return {
         "name": key.name,
+        # "" for the default tenant: the console shows tenants to its admins only.
+        "tenant": key.tenant,
         "grants": [{"permission": g.permission, "pattern": g.pattern} for g in key.grants],
     }
 

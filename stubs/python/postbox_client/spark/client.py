@@ -28,9 +28,7 @@ log = logging.getLogger(__name__)
 BatchRequest = pb.SendBatchRequest | topic_service_pb2.PublishBatchRequest
 BatchResponse = pb.SendBatchResponse | topic_service_pb2.PublishBatchResponse
 # A string: grpc.Future is generic in the type stubs only.
-BatchFuture: TypeAlias = (
-    "grpc.Future[pb.SendBatchResponse] | grpc.Future[topic_service_pb2.PublishBatchResponse]"
-)
+BatchFuture: TypeAlias = "grpc.Future[BatchResponse]"
 
 # The method of each request type, and how its answer is read.
 _METHODS: dict[str, tuple[str, Callable[[bytes], BatchResponse]]] = {
@@ -207,7 +205,7 @@ class BatchSender:
         max_in_flight: int,
     ) -> None:
         # Requests arrive serialized: no request_serializer, gRPC sends the bytes.
-        self._calls = {
+        self._calls: dict[str, grpc.UnaryUnaryMultiCallable[bytes, BatchResponse]] = {
             method: channel.unary_unary(path, response_deserializer=read)
             for method, (path, read) in _METHODS.items()
         }

@@ -12,10 +12,10 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from postbox.v1 import message_service_pb2 as pb
 from postbox.v1 import topic_service_pb2 as tpb
 
+from postbox_client.spark import wire
 from postbox_client.spark.client import EncodedRequest
 from postbox_client.spark.options import AttributeColumn, WritePlan, attribute_name_problem
 
@@ -68,55 +68,6 @@ def _digest(request_without_ids: bytes | memoryview) -> str:
     return hashlib.blake2b(request_without_ids, digest_size=8).hexdigest()
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-def _key(message: type[BatchRequest | BatchEntry], field: str) -> bytes:
-    """The protobuf key of a length-delimited field (bytes, string or message)."""
-    return _varint(message.DESCRIPTOR.fields_by_name[field].number << 3 | 2)
-
-
-def _varints(lengths: np.ndarray) -> pa.LargeBinaryArray:
-    """Each length as a protobuf varint, one binary value a length."""
-    values = lengths.astype(np.uint64)
-    sizes = np.ones(len(values), np.int64)
-    for shift in (7, 14, 21, 28, 35):
-        sizes += values >= (1 << shift)
-    offsets = np.zeros(len(values) + 1, np.int64)
-    np.cumsum(sizes, out=offsets[1:])
-    data = np.empty(int(offsets[-1]), np.uint8)
-    for index in range(int(sizes.max(initial=1))):
-        holds = sizes > index
-        byte = (values[holds] >> np.uint64(7 * index)) & np.uint64(0x7F)
-        byte |= np.where(sizes[holds] > index + 1, np.uint64(0x80), np.uint64(0))
-        data[offsets[:-1][holds] + index] = byte
-    return pa.Array.from_buffers(  # type: ignore[return-value]
-        pa.large_binary(), len(values), [None, pa.py_buffer(offsets), pa.py_buffer(data)]
-    )
-
-
-def _scalar(value: bytes) -> pa.Scalar:
-    return pa.scalar(value, pa.large_binary())
-
-
-def _fields(key: bytes, values: pa.LargeBinaryArray) -> pa.LargeBinaryArray:
-    """Each value as a length-delimited field: key, varint length, bytes."""
-    lengths = pc.binary_length(values).to_numpy(zero_copy_only=False)
-    return pc.binary_join_element_wise(_scalar(key), _varints(lengths), values, _scalar(b""))
-
-
-def _spans(array: pa.LargeBinaryArray) -> tuple[pa.Buffer, np.ndarray]:
-    """The data buffer of `array` and where each value starts in it (and the end)."""
-    offsets = np.frombuffer(array.buffers()[1], np.int64, len(array) + 1, array.offset)
-    return array.buffers()[2], offsets
-
-
 class Encoder:
     """Encodes the rows of one task; `position` counts rows so ids stay deterministic.
 
@@ -162,8 +113,7 @@ class Encoder:
         if column.null_count:
             first = column.is_null().to_pylist().index(True)
             raise self._null(plan.body_column, self.position + first)
-        bodies = column.cast(pa.large_binary())
-        lengths = pc.binary_length(bodies).to_numpy(zero_copy_only=False).astype(np.int64)
+        bodies = wire.as_column(column)
         if plan.topic is None:
             request_type: Any = pb.SendBatchRequest
             entry_type: Any = pb.SendBatchEntry
@@ -172,42 +122,30 @@ class Encoder:
             request_type, entry_type = tpb.PublishBatchRequest, tpb.PublishBatchEntry
             method, name = "PublishBatch", plan.topic
         assert name is not None
-        header = _key(request_type, request_type.DESCRIPTOR.fields[0].name)
-        header += _varint(len(name.encode())) + name.encode()
-        entries_key = _key(request_type, "entries")
-        heads = _fields(_key(entry_type, "body"), bodies)
-        if not lengths.all():  # proto3 leaves an empty body out of the entry's bytes
-            heads = pc.if_else(pc.equal(lengths, 0), _scalar(b""), heads)
-        bare, bare_offsets = _spans(_fields(entries_key, heads))
+        header = wire.key(request_type, request_type.DESCRIPTOR.fields[0].name)
+        header += wire.varint(len(name.encode())) + name.encode()
+        entries_key = wire.key(request_type, "entries")
+        heads = wire.fields(wire.key(entry_type, "body"), bodies, omit_empty=True)
+        bare, bare_offsets = wire.spans(wire.fields(entries_key, heads))
 
-        requests = list(self._ranges(lengths))
-        digests = [
-            _digest(header.__add__(memoryview(bare)[bare_offsets[s] : bare_offsets[e]]))
-            for s, e in requests
-        ]
-        counts = [e - s for s, e in requests]
+        requests = list(self._ranges(np.diff(wire.spans(bodies)[1])))
+        digests = [_digest(header + bare[bare_offsets[s] : bare_offsets[e]]) for s, e in requests]
         hexes = np.frombuffer("".join(digests).encode(), np.uint8).reshape(-1, 16)
-        digest_column = pa.Array.from_buffers(
-            pa.large_binary(),
-            batch.num_rows,
-            [
-                None,
-                pa.py_buffer(np.arange(0, 16 * batch.num_rows + 1, 16, dtype=np.int64)),
-                pa.py_buffer(np.repeat(hexes, counts, axis=0)),
-            ],
+        digest_column = wire.binary(
+            np.arange(0, 16 * batch.num_rows + 1, 16),
+            np.repeat(hexes, [e - s for s, e in requests], axis=0).reshape(-1),
         )
-        positions = pa.array(
-            np.arange(self.position, self.position + batch.num_rows, dtype=np.int64)
-        ).cast(pa.large_string()).cast(pa.large_binary())
-        ids = pc.binary_join_element_wise(
-            _scalar(self.id_prefix.encode()), positions, digest_column, _scalar(b":")
+        positions = pa.array(np.arange(self.position, self.position + batch.num_rows))
+        ids = wire.join(
+            self.id_prefix.encode() + b":",
+            wire.as_column(positions),
+            b":",
+            digest_column,
         )
-        entries = pc.binary_join_element_wise(
-            heads, _fields(_key(entry_type, "deduplication_id"), ids), _scalar(b"")
-        )
-        data, offsets = _spans(_fields(entries_key, entries))
+        entries = wire.join(heads, wire.fields(wire.key(entry_type, "deduplication_id"), ids))
+        data, offsets = wire.spans(wire.fields(entries_key, entries))
         for start, end in requests:
-            payload = header + memoryview(data)[offsets[start] : offsets[end]]
+            payload = header + data[offsets[start] : offsets[end]]
             yield EncodedRequest(method, plan.destination, end - start, payload)
         self.position += batch.num_rows
 
@@ -303,7 +241,8 @@ class Encoder:
         """`request` serialized; with derived ids, set last so the digest covers all else."""
         if derived:
             digest = _digest(request.SerializeToString(deterministic=True))
-            for position, entry in enumerate(request.entries, first):
+            entries: Any = request.entries  # of SendBatchEntry or PublishBatchEntry
+            for position, entry in enumerate(entries, first):
                 entry.deduplication_id = f"{self.id_prefix}:{position}:{digest}"
         return EncodedRequest.of(request)
 

@@ -126,13 +126,15 @@ def test_bodies_alone_take_the_fast_encoding_with_the_same_ids_and_bytes(destina
 
 def test_bodies_alone_split_requests_by_size_as_the_general_encoding(monkeypatch):
     """Requests end at `batch_size` rows or before their bodies pass MAX_REQUEST_BYTES
-    (a larger body alone is a request of its own), on both encodings alike."""
+    (a larger body alone is a request of its own), on both encodings alike, whether
+    the fast one takes the batch's chunks in one pass or several (ENCODE_BYTES)."""
     monkeypatch.setattr(encode, "MAX_REQUEST_BYTES", 500)
+    monkeypatch.setattr(encode, "ENCODE_BYTES", 2000)
     schema = StructType([StructField("body", StringType())])
     plan = write_plan(
         {"queue": "q", "body_column": "body", "batch_size": "7"}, schema, streaming=False
     )
-    sizes = [0, 1, 50, 200, 499, 500, 501, 1000, 3, 3, 3, 3, 3, 3, 3, 3, 250, 250, 251]
+    sizes = [0, 1, 50, 200, 499, 500, 501, 1000, 3, 3, 3, 3, 3, 3, 3, 3, 250, 250, 251, 3000]
     batch = pa.RecordBatch.from_pydict({"body": ["x" * size for size in sizes * 3]})
     general = Encoder(plan, PREFIX)
     general._bodies_only = lambda: False  # type: ignore[method-assign]

@@ -26,6 +26,9 @@ BatchEntry = pb.SendBatchEntry | tpb.PublishBatchEntry
 # A request stays well under the server's 64 MiB request limit even when
 # messages are large; small messages reach the 1,000-entry limit first.
 MAX_REQUEST_BYTES = 8 * 1024 * 1024
+# Bodies that one pass of the Arrow encoding takes at most: it holds about three
+# copies of them at once.
+ENCODE_BYTES = 32 * 1024 * 1024
 
 
 class PostboxRowError(ValueError):
@@ -85,11 +88,25 @@ class Encoder:
         self.position = 0
 
     def requests(self, batch: pa.RecordBatch) -> Iterator[EncodedRequest]:
-        if self._bodies_only():
-            yield from self._bodies(batch)
+        size = self.plan.batch_size
+        if not self._bodies_only():
+            for start in range(0, batch.num_rows, size):
+                yield from self._chunk(batch.slice(start, size))
             return
-        for start in range(0, batch.num_rows, self.plan.batch_size):
-            yield from self._chunk(batch.slice(start, self.plan.batch_size))
+        # `_bodies` takes as many chunks of batch_size rows at once as fit in
+        # ENCODE_BYTES: Arrow's calls cost little a row but much a call.
+        assert self.plan.body_column is not None
+        _, offsets = wire.spans(wire.as_column(batch.column(self.plan.body_column)))
+        start = 0
+        while start < batch.num_rows:
+            end = min(start + size, batch.num_rows)
+            while end < batch.num_rows:
+                further = min(end + size, batch.num_rows)
+                if offsets[further] - offsets[start] > ENCODE_BYTES:
+                    break
+                end = further
+            yield from self._bodies(batch.slice(start, end - start))
+            start = end
 
     def _bodies_only(self) -> bool:
         """Whether a message is its body column alone, with a derived id: the common
@@ -105,8 +122,8 @@ class Encoder:
 
     def _bodies(self, batch: pa.RecordBatch) -> Iterator[EncodedRequest]:
         """`_chunk`'s requests for a plan of bodies alone (see `_bodies_only`), byte for
-        byte, serialized by Arrow compute over the whole batch: fields are joined
-        element-wise, so a request is a slice of one buffer."""
+        byte, serialized by Arrow compute: fields are joined element-wise, so each
+        request is a slice of one buffer."""
         plan = self.plan
         assert plan.body_column is not None
         column = batch.column(plan.body_column)
@@ -149,12 +166,13 @@ class Encoder:
             yield EncodedRequest(method, plan.destination, end - start, payload)
         self.position += batch.num_rows
 
-    def _ranges(self, lengths: np.ndarray) -> Iterator[tuple[int, int]]:
-        """The rows of each request, as `_chunk` splits them: batch_size rows at most,
-        and no more body bytes than MAX_REQUEST_BYTES unless one body alone is."""
-        ends = np.concatenate(([0], np.cumsum(lengths)))
-        for chunk in range(0, len(lengths), self.plan.batch_size):
-            stop = min(chunk + self.plan.batch_size, len(lengths))
+    def _ranges(self, body_sizes: np.ndarray) -> Iterator[tuple[int, int]]:
+        """Rows from `start` to `end` of each request, as `_chunk` splits them: chunks
+        of batch_size rows, cut before their bodies pass MAX_REQUEST_BYTES (unless
+        one body alone does)."""
+        ends = np.concatenate(([0], np.cumsum(body_sizes)))
+        for chunk in range(0, len(body_sizes), self.plan.batch_size):
+            stop = min(chunk + self.plan.batch_size, len(body_sizes))
             start = chunk
             while start < stop:
                 fits = int(np.searchsorted(ends, ends[start] + MAX_REQUEST_BYTES, "right")) - 1

@@ -124,17 +124,19 @@ def spark_session(partitions: int):
     return spark
 
 
-def row_requests(plan, rows: Iterator, prefix: str) -> Iterator[pb.SendBatchRequest]:
+def row_requests(plan, rows: Iterator, prefix: str) -> Iterator:
     """What a Row-based writer does with the same plan: one row at a time."""
+    from postbox_client.spark.client import EncodedRequest
+
     column = plan.body_column
     request = pb.SendBatchRequest(queue=plan.queue)
     for position, row in enumerate(rows):
         request.entries.add(body=row[column].encode(), deduplication_id=f"{prefix}:{position}")
         if len(request.entries) == plan.batch_size:
-            yield request
+            yield EncodedRequest.of(request)
             request = pb.SendBatchRequest(queue=plan.queue)
     if len(request.entries):
-        yield request
+        yield EncodedRequest.of(request)
 
 
 def client_cpu(rows: int, size: int) -> tuple[float, float]:

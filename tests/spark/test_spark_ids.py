@@ -9,6 +9,8 @@ from collections import Counter
 
 import pyarrow as pa
 import pytest
+from postbox.v1 import message_service_pb2 as pb
+from postbox_client.spark import encode
 from postbox_client.spark.encode import Encoder, PostboxRowError
 from postbox_client.spark.options import WritePlan, write_plan
 from postbox_client.spark.writer import PartitionResult, send_partition
@@ -33,19 +35,40 @@ def _batches(rows: list[int]) -> list[pa.RecordBatch]:
     ]
 
 
-def test_ids_are_the_prefix_row_and_content_digest(server, queue):
-    encoder = Encoder(_plan(server.target, queue), PREFIX)
-    (request,) = encoder.requests(pa.RecordBatch.from_pydict({"body": ["a", "b"]}))
-    first, second = (entry.deduplication_id for entry in request.entries)
-    assert re.fullmatch(r"nightly:7:0:[0-9a-f]{16}", first)
-    assert re.fullmatch(r"nightly:7:1:[0-9a-f]{16}", second)
-    # The same row at the same position: the same id; other content there: another.
-    (again,) = Encoder(_plan(server.target, queue), PREFIX).requests(
-        pa.RecordBatch.from_pydict({"body": ["a", "c"]})
+def _requests(encoder: Encoder, bodies: list[str]) -> list[pb.SendBatchRequest]:
+    batch = pa.RecordBatch.from_pydict({"body": bodies})
+    return [pb.SendBatchRequest.FromString(r.payload) for r in encoder.requests(batch)]
+
+
+def _ids(requests: list[pb.SendBatchRequest]) -> list[str]:
+    return [entry.deduplication_id for request in requests for entry in request.entries]
+
+
+def test_ids_are_the_prefix_row_and_request_digest(server, queue):
+    bodies = [str(row) for row in range(150)]  # two requests of batch_size 100
+    first = _ids(_requests(Encoder(_plan(server.target, queue), PREFIX), bodies))
+    assert re.fullmatch(r"nightly:7:0:[0-9a-f]{16}", first[0])
+    assert re.fullmatch(r"nightly:7:149:[0-9a-f]{16}", first[149])
+    assert len({id.rsplit(":", 1)[1] for id in first[:100]}) == 1  # one digest a request
+    # The same rows in the same order: the same ids. Other content in one row: every
+    # row of its request gets another id, and the other request's rows keep theirs.
+    again = _ids(_requests(Encoder(_plan(server.target, queue), PREFIX), bodies))
+    assert again == first
+    changed = _ids(
+        _requests(Encoder(_plan(server.target, queue), PREFIX), [*bodies[:120], "x", *bodies[121:]])
     )
-    assert again.entries[0].deduplication_id == first
-    assert again.entries[1].deduplication_id.split(":")[:3] == ["nightly", "7", "1"]
-    assert again.entries[1].deduplication_id != second
+    assert changed[:100] == first[:100]
+    assert [id.split(":")[2] for id in changed[100:]] == [str(row) for row in range(100, 150)]
+    assert not set(changed[100:]) & set(first[100:])
+
+
+def test_rows_that_trade_places_get_other_ids_even_an_empty_one(server, queue):
+    """An empty body leaves the entry empty: the digest still tells `["", "a"]` from
+    `["a", ""]`, since it hashes each entry with its length."""
+    plan = _plan(server.target, queue)
+    assert _ids(_requests(Encoder(plan, PREFIX), ["", "a"])) != _ids(
+        _requests(Encoder(plan, PREFIX), ["a", ""])
+    )
 
 
 def test_parallel_attempts_of_a_partition_land_each_row_once(server, messages, queue):
@@ -98,9 +121,30 @@ def test_bodies_alone_take_the_fast_encoding_with_the_same_ids_and_bytes(destina
     general._bodies_only = lambda: False  # type: ignore[method-assign]
     assert fast._bodies_only()
     for _ in range(2):  # positions go on across batches alike
-        assert [r.SerializeToString() for r in fast.requests(batch)] == [
-            r.SerializeToString() for r in general.requests(batch)
-        ]
+        assert list(fast.requests(batch)) == list(general.requests(batch))
+
+
+def test_bodies_alone_split_requests_by_size_as_the_general_encoding(monkeypatch):
+    """Requests end at `batch_size` rows or before their bodies pass MAX_REQUEST_BYTES
+    (a larger body alone is a request of its own), on both encodings alike, whether
+    the fast one takes the batch's chunks in one pass or several (ENCODE_BYTES)."""
+    monkeypatch.setattr(encode, "MAX_REQUEST_BYTES", 500)
+    monkeypatch.setattr(encode, "ENCODE_BYTES", 2000)
+    schema = StructType([StructField("body", StringType())])
+    plan = write_plan(
+        {"queue": "q", "body_column": "body", "batch_size": "7"}, schema, streaming=False
+    )
+    sizes = [0, 1, 50, 200, 499, 500, 501, 1000, 3, 3, 3, 3, 3, 3, 3, 3, 250, 250, 251, 3000]
+    batch = pa.RecordBatch.from_pydict({"body": ["x" * size for size in sizes * 3]})
+    general = Encoder(plan, PREFIX)
+    general._bodies_only = lambda: False  # type: ignore[method-assign]
+    fast = list(Encoder(plan, PREFIX).requests(batch))
+    assert fast == list(general.requests(batch))
+    assert sum(r.entries for r in fast) == batch.num_rows
+    for request in fast:
+        entries = pb.SendBatchRequest.FromString(request.payload).entries
+        assert len(entries) <= 7
+        assert len(entries) == 1 or sum(len(e.body) for e in entries) <= 500
 
 
 def test_a_null_body_on_the_fast_encoding_names_its_row():

@@ -17,7 +17,6 @@ from typing import TypeAlias, TypeVar
 import grpc
 from postbox.v1 import message_service_pb2 as pb
 from postbox.v1 import (
-    message_service_pb2_grpc,
     queue_service_pb2,
     queue_service_pb2_grpc,
     topic_service_pb2,
@@ -26,13 +25,39 @@ from postbox.v1 import (
 
 log = logging.getLogger(__name__)
 
-# What a BatchSender sends (see encode.BatchRequest) and what the server answers.
 BatchRequest = pb.SendBatchRequest | topic_service_pb2.PublishBatchRequest
 BatchResponse = pb.SendBatchResponse | topic_service_pb2.PublishBatchResponse
 # A string: grpc.Future is generic in the type stubs only.
-BatchFuture: TypeAlias = (
-    "grpc.Future[pb.SendBatchResponse] | grpc.Future[topic_service_pb2.PublishBatchResponse]"
-)
+BatchFuture: TypeAlias = "grpc.Future[BatchResponse]"
+
+# The method of each request type, and how its answer is read.
+_METHODS: dict[str, tuple[str, Callable[[bytes], BatchResponse]]] = {
+    "SendBatch": ("/postbox.v1.MessageService/SendBatch", pb.SendBatchResponse.FromString),
+    "PublishBatch": (
+        "/postbox.v1.TopicService/PublishBatch",
+        topic_service_pb2.PublishBatchResponse.FromString,
+    ),
+}
+
+
+@dataclass(frozen=True)
+class EncodedRequest:
+    """A SendBatch or PublishBatch request already serialized: the encoder builds the
+    bytes of a request of bodies alone directly, and gRPC sends them as they are."""
+
+    method: str  # a key of _METHODS
+    destination: str  # for messages: "queue 'orders'"
+    entries: int
+    payload: bytes
+
+    @classmethod
+    def of(cls, request: BatchRequest) -> EncodedRequest:
+        if isinstance(request, pb.SendBatchRequest):
+            method, destination = "SendBatch", f"queue {request.queue!r}"
+        else:
+            method, destination = "PublishBatch", f"topic {request.topic!r}"
+        return cls(method, destination, len(request.entries), request.SerializeToString())
+
 
 # The server is restarting, failing over or overloaded: the call may or may not
 # have committed, so a retry is safe only because sends carry idempotency ids.
@@ -156,12 +181,6 @@ def call_with_retries(
             time.sleep(delay)
 
 
-def _destination(request: BatchRequest) -> str:
-    if isinstance(request, pb.SendBatchRequest):
-        return f"queue {request.queue!r}"
-    return f"topic {request.topic!r}"
-
-
 def _duplicates(response: BatchResponse) -> int:
     """Entries the server had already committed: SendBatch or PublishBatch responses."""
     if isinstance(response, pb.SendBatchResponse):
@@ -185,19 +204,22 @@ class BatchSender:
         retry: RetryPolicy,
         max_in_flight: int,
     ) -> None:
-        self._send_batch = message_service_pb2_grpc.MessageServiceStub(channel).SendBatch
-        self._publish_batch = topic_service_pb2_grpc.TopicServiceStub(channel).PublishBatch
+        # Requests arrive serialized: no request_serializer, gRPC sends the bytes.
+        self._calls: dict[str, grpc.UnaryUnaryMultiCallable[bytes, BatchResponse]] = {
+            method: channel.unary_unary(path, response_deserializer=read)
+            for method, (path, read) in _METHODS.items()
+        }
         self._connection = connection
         self._retry = retry
         self._max_in_flight = max_in_flight
-        self._in_flight: deque[tuple[BatchRequest, BatchFuture]] = deque()
+        self._in_flight: deque[tuple[EncodedRequest, BatchFuture]] = deque()
         self.messages = 0
         # Entries the server had already committed (an earlier attempt sent them).
         self.duplicates = 0
         self.batches = 0
         self.retries = 0
 
-    def submit(self, request: BatchRequest) -> None:
+    def submit(self, request: EncodedRequest) -> None:
         while len(self._in_flight) >= self._max_in_flight:
             self._settle(*self._in_flight.popleft())
         self._in_flight.append((request, self._start(request)))
@@ -207,13 +229,12 @@ class BatchSender:
         while self._in_flight:
             self._settle(*self._in_flight.popleft())
 
-    def _start(self, request: BatchRequest) -> BatchFuture:
-        timeout, metadata = self._connection.timeout, self._connection.metadata
-        if isinstance(request, pb.SendBatchRequest):
-            return self._send_batch.future(request, timeout=timeout, metadata=metadata)
-        return self._publish_batch.future(request, timeout=timeout, metadata=metadata)
+    def _start(self, request: EncodedRequest) -> BatchFuture:
+        return self._calls[request.method].future(
+            request.payload, timeout=self._connection.timeout, metadata=self._connection.metadata
+        )
 
-    def _settle(self, request: BatchRequest, future: BatchFuture) -> None:
+    def _settle(self, request: EncodedRequest, future: BatchFuture) -> None:
         started = [future]
 
         def wait() -> BatchResponse:
@@ -224,12 +245,11 @@ class BatchSender:
             self.retries += 1
 
         response = call_with_retries(
-            f"{type(request).__name__.removesuffix('Request')} of {len(request.entries)}"
-            f" messages to {_destination(request)}",
+            f"{request.method} of {request.entries} messages to {request.destination}",
             self._retry,
             wait,
             count_retry,
         )
-        self.messages += len(request.entries)
+        self.messages += request.entries
         self.duplicates += _duplicates(response)
         self.batches += 1

@@ -10,10 +10,13 @@ import json
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 from postbox.v1 import message_service_pb2 as pb
 from postbox.v1 import topic_service_pb2 as tpb
 
+from postbox_client.spark import wire
+from postbox_client.spark.client import EncodedRequest
 from postbox_client.spark.options import AttributeColumn, WritePlan, attribute_name_problem
 
 # What an Encoder makes: SendBatch requests for a queue, PublishBatch ones for a topic.
@@ -23,6 +26,9 @@ BatchEntry = pb.SendBatchEntry | tpb.PublishBatchEntry
 # A request stays well under the server's 64 MiB request limit even when
 # messages are large; small messages reach the 1,000-entry limit first.
 MAX_REQUEST_BYTES = 8 * 1024 * 1024
+# Bodies that one pass of the Arrow encoding takes at most: it holds about three
+# copies of them at once.
+ENCODE_BYTES = 32 * 1024 * 1024
 
 
 class PostboxRowError(ValueError):
@@ -60,32 +66,20 @@ def _attribute_text(value: Any) -> str:
     return str(value)
 
 
-def content_digest(entry: BatchEntry) -> str:
-    """16 hex digits of a hash of everything the entry carries (before its id is set)."""
-    return hashlib.blake2b(entry.SerializeToString(deterministic=True), digest_size=8).hexdigest()
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-def _body_key(entry_type: type[BatchEntry]) -> bytes:
-    """The protobuf key of an entry's `body` field (a length-delimited field)."""
-    return _varint(entry_type.DESCRIPTOR.fields_by_name["body"].number << 3 | 2)
+def _digest(request_without_ids: bytes | memoryview) -> str:
+    """16 hex digits of a hash of a request's serialized form before its ids are set."""
+    return hashlib.blake2b(request_without_ids, digest_size=8).hexdigest()
 
 
 class Encoder:
     """Encodes the rows of one task; `position` counts rows so ids stay deterministic.
 
-    A derived id is `<prefix>:<row>:<content digest>`: an attempt that sends the
-    partition's rows in the same order repeats every id, and one whose order
-    differs gives a moved row a new id, so the row is sent again rather than
-    dropped as the repeat of a different row.
+    A derived id is `<prefix>:<row>:<request digest>`, the digest a hash of the
+    whole request before ids are set: an attempt that sends the partition's rows in
+    the same order repeats every id, and one whose order differs gives a new id to
+    every row of a request that holds a moved row, so rows are sent again rather than
+    dropped as the repeats of different rows. One hash a request rather than one a
+    row keeps a body-only write's encoding free of per-row Python.
     """
 
     def __init__(self, plan: WritePlan, id_prefix: str) -> None:
@@ -93,14 +87,30 @@ class Encoder:
         self.id_prefix = id_prefix
         self.position = 0
 
-    def requests(self, batch: pa.RecordBatch) -> Iterator[BatchRequest]:
-        chunk = self._bodies_chunk if self._bodies_only() else self._chunk
-        for start in range(0, batch.num_rows, self.plan.batch_size):
-            yield from chunk(batch.slice(start, self.plan.batch_size))
+    def requests(self, batch: pa.RecordBatch) -> Iterator[EncodedRequest]:
+        size = self.plan.batch_size
+        if not self._bodies_only():
+            for start in range(0, batch.num_rows, size):
+                yield from self._chunk(batch.slice(start, size))
+            return
+        # `_bodies` takes as many chunks of batch_size rows at once as fit in
+        # ENCODE_BYTES: Arrow's calls cost little a row but much a call.
+        assert self.plan.body_column is not None
+        _, offsets = wire.spans(wire.as_column(batch.column(self.plan.body_column)))
+        start = 0
+        while start < batch.num_rows:
+            end = min(start + size, batch.num_rows)
+            while end < batch.num_rows:
+                further = min(end + size, batch.num_rows)
+                if offsets[further] - offsets[start] > ENCODE_BYTES:
+                    break
+                end = further
+            yield from self._bodies(batch.slice(start, end - start))
+            start = end
 
     def _bodies_only(self) -> bool:
         """Whether a message is its body column alone, with a derived id: the common
-        case, which `_bodies_chunk` encodes at about half the cost of `_chunk`."""
+        case, which `_bodies` encodes with Arrow compute rather than row by row."""
         plan = self.plan
         return plan.body_column is not None and not plan.attributes and all(
             column is None
@@ -110,39 +120,65 @@ class Encoder:
             )
         )  # fmt: skip
 
-    def _bodies_chunk(self, batch: pa.RecordBatch) -> Iterator[BatchRequest]:
-        """`_chunk` for a plan of bodies alone (see `_bodies_only`), with the same ids:
-        the digest hashes the entry's serialized form, which for a body alone is the
-        body's field key, its length and its bytes, so no entry is serialized twice."""
-        assert self.plan.body_column is not None
-        column = batch.column(self.plan.body_column)
+    def _bodies(self, batch: pa.RecordBatch) -> Iterator[EncodedRequest]:
+        """`_chunk`'s requests for a plan of bodies alone (see `_bodies_only`), byte for
+        byte, serialized by Arrow compute: fields are joined element-wise, so each
+        request is a slice of one buffer."""
+        plan = self.plan
+        assert plan.body_column is not None
+        column = batch.column(plan.body_column)
         if column.null_count:
             first = column.is_null().to_pylist().index(True)
-            raise self._null(self.plan.body_column, self.position + first)
-        if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
-            column = column.cast(pa.binary())  # bytes out of Arrow, not str to encode
-        bodies: list[bytes] = column.to_pylist()  # type: ignore[assignment]  # no nulls, above
-        key = _body_key(pb.SendBatchEntry if self.plan.topic is None else tpb.PublishBatchEntry)
-        heads: dict[int, bytes] = {}  # body length -> the entry's bytes before the body
-        request = self._request()
-        entries: Any = request.entries  # of SendBatchEntry or PublishBatchEntry
-        add, blake2b, prefix, size = entries.add, hashlib.blake2b, self.id_prefix, 0
-        for position, body in enumerate(bodies, self.position):
-            if size and size + len(body) > MAX_REQUEST_BYTES:
-                yield request
-                request = self._request()
-                entries = request.entries
-                add, size = entries.add, 0
-            size += len(body)
-            head = heads.get(len(body))
-            if head is None:
-                # proto3 leaves an empty body out of the entry's bytes.
-                head = heads[len(body)] = key + _varint(len(body)) if body else b""
-            digest = blake2b(head + body, digest_size=8).hexdigest()
-            add(body=body, deduplication_id=f"{prefix}:{position}:{digest}")
+            raise self._null(plan.body_column, self.position + first)
+        bodies = wire.as_column(column)
+        if plan.topic is None:
+            request_type: Any = pb.SendBatchRequest
+            entry_type: Any = pb.SendBatchEntry
+            method, name = "SendBatch", plan.queue
+        else:
+            request_type, entry_type = tpb.PublishBatchRequest, tpb.PublishBatchEntry
+            method, name = "PublishBatch", plan.topic
+        assert name is not None
+        header = wire.key(request_type, request_type.DESCRIPTOR.fields[0].name)
+        header += wire.varint(len(name.encode())) + name.encode()
+        entries_key = wire.key(request_type, "entries")
+        heads = wire.fields(wire.key(entry_type, "body"), bodies, omit_empty=True)
+        bare, bare_offsets = wire.spans(wire.fields(entries_key, heads))
+
+        requests = list(self._ranges(np.diff(wire.spans(bodies)[1])))
+        digests = [_digest(header + bare[bare_offsets[s] : bare_offsets[e]]) for s, e in requests]
+        hexes = np.frombuffer("".join(digests).encode(), np.uint8).reshape(-1, 16)
+        digest_column = wire.binary(
+            np.arange(0, 16 * batch.num_rows + 1, 16),
+            np.repeat(hexes, [e - s for s, e in requests], axis=0).reshape(-1),
+        )
+        positions = pa.array(np.arange(self.position, self.position + batch.num_rows))
+        ids = wire.join(
+            self.id_prefix.encode() + b":",
+            wire.as_column(positions),
+            b":",
+            digest_column,
+        )
+        entries = wire.join(heads, wire.fields(wire.key(entry_type, "deduplication_id"), ids))
+        data, offsets = wire.spans(wire.fields(entries_key, entries))
+        for start, end in requests:
+            payload = header + data[offsets[start] : offsets[end]]
+            yield EncodedRequest(method, plan.destination, end - start, payload)
         self.position += batch.num_rows
-        if len(request.entries):
-            yield request
+
+    def _ranges(self, body_sizes: np.ndarray) -> Iterator[tuple[int, int]]:
+        """Rows from `start` to `end` of each request, as `_chunk` splits them: chunks
+        of batch_size rows, cut before their bodies pass MAX_REQUEST_BYTES (unless
+        one body alone does)."""
+        ends = np.concatenate(([0], np.cumsum(body_sizes)))
+        for chunk in range(0, len(body_sizes), self.plan.batch_size):
+            stop = min(chunk + self.plan.batch_size, len(body_sizes))
+            start = chunk
+            while start < stop:
+                fits = int(np.searchsorted(ends, ends[start] + MAX_REQUEST_BYTES, "right")) - 1
+                end = min(stop, max(fits, start + 1))
+                yield start, end
+                start = end
 
     def _column(self, batch: pa.RecordBatch, name: str | None) -> list[Any] | None:
         return None if name is None else batch.column(name).to_pylist()
@@ -153,7 +189,7 @@ class Encoder:
             return pb.SendBatchRequest(queue=self.plan.queue)
         return tpb.PublishBatchRequest(topic=self.plan.topic)
 
-    def _chunk(self, batch: pa.RecordBatch) -> Iterator[BatchRequest]:
+    def _chunk(self, batch: pa.RecordBatch) -> Iterator[EncodedRequest]:
         plan = self.plan
         if plan.body_column is None:
             bodies: list[Any] = _json_bodies(batch, plan.json_columns)
@@ -171,6 +207,7 @@ class Encoder:
 
         request = self._request()
         size = 0
+        first = self.position  # of the request's first row
         for row, body in enumerate(bodies):
             position = self.position + row
             if body is None:
@@ -178,9 +215,9 @@ class Encoder:
             if isinstance(body, str):
                 body = body.encode()
             if len(request.entries) and size + len(body) > MAX_REQUEST_BYTES:
-                yield request
+                yield self._encoded(request, first, derived=dedupes is None)
                 request = self._request()
-                size = 0
+                size, first = 0, position
             size += len(body)
             entry: BatchEntry = request.entries.add(body=body)
             for column, values in attributes:
@@ -210,16 +247,22 @@ class Encoder:
                     entry.deliver_at.FromDatetime(deliver_ats[row])
                 if priorities is not None and priorities[row] is not None:
                     entry.priority = priorities[row]
-            # Last: the digest covers everything else the entry carries.
-            if dedupes is None:
-                entry.deduplication_id = f"{self.id_prefix}:{position}:{content_digest(entry)}"
-            elif dedupes[row] is None:
-                raise self._null(plan.dedupe_column, position)
-            else:
+            if dedupes is not None:
+                if dedupes[row] is None:
+                    raise self._null(plan.dedupe_column, position)
                 entry.deduplication_id = str(dedupes[row])
         self.position += batch.num_rows
         if len(request.entries):
-            yield request
+            yield self._encoded(request, first, derived=dedupes is None)
+
+    def _encoded(self, request: BatchRequest, first: int, derived: bool) -> EncodedRequest:
+        """`request` serialized; with derived ids, set last so the digest covers all else."""
+        if derived:
+            digest = _digest(request.SerializeToString(deterministic=True))
+            entries: Any = request.entries  # of SendBatchEntry or PublishBatchEntry
+            for position, entry in enumerate(entries, first):
+                entry.deduplication_id = f"{self.id_prefix}:{position}:{digest}"
+        return EncodedRequest.of(request)
 
     def _attribute(
         self, entry: BatchEntry, column: AttributeColumn, name: str, value: Any, position: int

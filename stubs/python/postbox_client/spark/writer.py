@@ -4,7 +4,8 @@ Every message carries an idempotency id that a retried or speculative attempt of
 the same task computes again: `<write id>:<partition>:<row>:<digest>` for a batch
 write, `<query id>:<batch id>:<partition>:<row>:<digest>` for a stream (both kept
 in the checkpoint, so a restarted query repeats them), where the digest hashes
-the message's content (see Encoder), or the user's dedupe column. The
+the content of the request that carries the row (see Encoder), or the user's
+dedupe column. The
 server drops a repeat within the queue's deduplication window, so rows that
 an earlier attempt already committed are not sent twice.
 """

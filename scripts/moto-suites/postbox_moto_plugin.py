@@ -94,6 +94,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--postbox-results", help="write each test's outcome here, as JSON")
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Deselects exactly the node ids of $POSTBOX_MOTO_DESELECT (one a line)."""
+    chosen = set(filter(None, os.environ.get("POSTBOX_MOTO_DESELECT", "").splitlines()))
+    if not chosen:
+        return
+    config.hook.pytest_deselected(items=[item for item in items if item.nodeid in chosen])
+    items[:] = [item for item in items if item.nodeid not in chosen]
+
+
 def pytest_configure(config: pytest.Config) -> None:
     _answer_sts_locally()
     config.stash[_OUTCOMES] = {}

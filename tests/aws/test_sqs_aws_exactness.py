@@ -340,3 +340,30 @@ def test_a_delay_over_15_minutes_fails_its_batch_entry_alone(sqs_any, sqs_queue)
             "Reason: DelaySeconds must be >= 0 and <= 900.",
         }
     ]
+
+
+def test_a_malformed_receipt_handle_is_quoted_as_aws_quotes_it(sqs_any, sqs_queue):
+    sqs_any.send_message(QueueUrl=sqs_queue, MessageBody="x")
+    (message,) = sqs_any.receive_message(QueueUrl=sqs_queue)["Messages"]
+    long_handle = "h" * 200
+    entries = [
+        {"Id": "bad", "ReceiptHandle": "fake-receipt-handle"},
+        {"Id": "good", "ReceiptHandle": message["ReceiptHandle"]},
+        {"Id": "long", "ReceiptHandle": long_handle},
+    ]
+    result = sqs_any.delete_message_batch(QueueUrl=sqs_queue, Entries=entries)
+    assert result["Successful"] == [{"Id": "good"}]
+    failed = {entry["Id"]: entry for entry in result["Failed"]}
+    assert failed["bad"]["Code"] == "ReceiptHandleIsInvalid"
+    assert failed["bad"]["Message"] == (
+        'The input receipt handle "fake-receipt-handle" is not a valid receipt handle.'
+    )
+    # A long handle is quoted as a prefix with its length, never whole.
+    assert failed["long"]["Message"] == (
+        f'The input receipt handle "{long_handle[:80]}…" (200 bytes) is not a valid receipt handle.'
+    )
+    error = error_of(sqs_any.delete_message, QueueUrl=sqs_queue, ReceiptHandle="not-existing")
+    assert error["Code"] == "ReceiptHandleIsInvalid"
+    assert error["Message"] == (
+        'The input receipt handle "not-existing" is not a valid receipt handle.'
+    )

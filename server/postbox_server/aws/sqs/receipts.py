@@ -11,7 +11,7 @@ import binascii
 
 from postbox_server.aws.errors import AwsError
 from postbox_server.aws.sqs.errors import RECEIPT_HANDLE_IS_INVALID
-from postbox_server.errors import quoted
+from postbox_server.errors import QUOTED_PREFIX
 
 _VERSION = "1"
 
@@ -35,7 +35,13 @@ def decode(handle: str, queue: str) -> str:
 
 
 def invalid(handle: str) -> AwsError:
+    # AWS's text, which puts the handle in double quotes; a long one is cut to a prefix
+    # with its length, as quoted() cuts input.
+    if len(handle) <= QUOTED_PREFIX:
+        shown = f'"{handle}"'
+    else:
+        shown = f'"{handle[:QUOTED_PREFIX]}…" ({len(handle.encode(errors="surrogatepass"))} bytes)'
     return AwsError(
         RECEIPT_HANDLE_IS_INVALID,
-        f"The input receipt handle {quoted(handle)} is not a valid receipt handle.",
+        f"The input receipt handle {shown} is not a valid receipt handle.",
     )

@@ -253,12 +253,13 @@ async def test_a_delivery_id_works_on_any_process_until_the_message_is_delivered
             )
             assert (status, changed["id"]) == (200, first["id"]), changed
             status, again, _ = await request(http, "GET", f"{messages}?vt=60")
-            assert status == 200 and again[0]["message_id"] == first["message_id"], again
+            assert status == 200, again
+            assert again[0]["message_id"] == first["message_id"]
             assert again[0]["id"] != first["id"]
             # The first delivery's id is stale now, everywhere: it changes nothing.
             for server in (http, elsewhere):
                 status, stale, _ = await request(server, "DELETE", f"{messages}/{first['id']}")
-                refused(status, stale, 400, "stale")
+                refused(status, stale, 400, "stale", f"'{first['message_id']}#1'")
                 status, stale, _ = await request(
                     server, "PATCH", f"{messages}/{first['id']}", {"vt": 0}
                 )

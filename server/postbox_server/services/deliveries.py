@@ -14,9 +14,12 @@ same number names the newest delivery again.
 
 from __future__ import annotations
 
+import contextlib
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Protocol
+
+from postbox_server.errors import ApiError
 
 # Receive counts a number tells apart: a stale number acts again only 4096 deliveries on.
 COUNTS = 4096
@@ -63,3 +66,15 @@ async def resolved(engine: _Resolver, queue: str, receipts: Sequence[str]) -> li
     for (i, _), receipt in zip(named, current, strict=True):
         out[i] = receipt
     return out
+
+
+@contextlib.contextmanager
+def quoting(given: str, receipt: str) -> Iterator[None]:
+    """Errors name the delivery as the caller did, not the receipt it was traded for."""
+    try:
+        yield
+    except ApiError as error:
+        if receipt != given:
+            error.message = error.message.replace(receipt, given)
+            error.args = (error.message,)
+        raise

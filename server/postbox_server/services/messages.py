@@ -222,7 +222,8 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
         if handed is None or await handed.outcomes != ["ok"]:
             # Deleted here, or told precisely why not: a handed delete that was not
             # "ok" changed nothing.
-            await self.engine.delete(request.queue, receipt, request.result or None)
+            with deliveries.quoting(request.receipt, receipt):
+                await self.engine.delete(request.queue, receipt, request.result or None)
         self.prefetch.settled([receipt])
         return pb.DeleteResponse()
 
@@ -252,7 +253,8 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
         if timeout is None:
             raise invalid("visibility_timeout is required (0 makes the message visible at once)")
         [receipt] = await deliveries.resolved(self.engine, request.queue, [request.receipt])
-        await self.engine.change_visibility(request.queue, receipt, timeout)
+        with deliveries.quoting(request.receipt, receipt):
+            await self.engine.change_visibility(request.queue, receipt, timeout)
         self.prefetch.settled([receipt])
         if timeout == timedelta(0):
             self.hub.wake(request.queue)

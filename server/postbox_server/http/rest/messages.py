@@ -26,7 +26,6 @@ from postbox_server.http.rest.framework import (
     query_param,
 )
 from postbox_server.http.rest.queues import NAME
-from postbox_server.services import deliveries
 from postbox_server.http.rest.shapes import (
     HEADERS_SCHEMA,
     MESSAGE_SCHEMA,
@@ -41,6 +40,7 @@ from postbox_server.http.rest.shapes import (
     time_text,
     whole_seconds,
 )
+from postbox_server.services import deliveries
 
 # beyond-queue's receive defaults: one message, a 30 s lease, no wait.
 DEFAULT_MAX, DEFAULT_VT, DEFAULT_WAIT = 1, 30, 0

@@ -10024,6 +10024,9 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'PB429', MESSAGE = format(
             'tenant %s is at its quota of %s %ss (max_%ss); delete one or raise the quota',
             quote_literal(tenant_name), quota, kind, kind);
+    END IF;
+END
+$$;
 
 -- Fired messages carry a _schedule attribute (beyond-queue's headers._schedule),
 -- and a one-shot schedule that fired is deleted; those that fired before this

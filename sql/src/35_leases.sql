@@ -464,3 +464,18 @@ LANGUAGE sql STABLE AS $$
     JOIN postbox.messages m ON m.id = p.message_id AND m.lease = p.lease
     WHERE m.visible_at > now() AND m.visible_at <> 'infinity'
 $$;
+
+-- Receipts for deliveries named by (message id, receive count modulo 4096), as
+-- the REST API's numeric delivery ids name them (since 0.9.0): the message's
+-- receipt while that delivery holds it, else one with the nil lease, which no
+-- delivery holds, so the receipt operations answer it stale or gone.
+CREATE FUNCTION postbox.delivery_receipts(queue_name text, message_ids bigint[], receive_counts integer[])
+RETURNS text[]
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(array_agg(t.id || ':' || coalesce(m.lease, '00000000-0000-0000-0000-000000000000')
+                              ORDER BY t.i), '{}')
+    FROM unnest(message_ids, receive_counts) WITH ORDINALITY AS t(id, n, i)
+    LEFT JOIN postbox.messages m
+        ON m.id = t.id AND m.receive_count % 4096 = t.n
+           AND m.queue_id = (SELECT q.id FROM postbox.queues q WHERE q.name = queue_name)
+$$;

@@ -1,45 +1,35 @@
-"""The REST API's memory of delivery ids (http/rest/deliveries.py), on its own: the
-bound a server process keeps, and that one number never stands for two receipts.
-tests/api/test_rest_api.py drives the same through a real server."""
+"""The REST API's delivery ids (services/deliveries.py) on their own: how a number packs
+(message id, receive count), where it stops fitting, and which path segments are one.
+tests/api/test_rest_api.py drives them through two real server processes."""
 
 from __future__ import annotations
 
-from postbox_server.http.rest.deliveries import Deliveries, delivery_id, parse_delivery_id
-
-RECEIPTS = [f"{n}:3f1c2a9e-0000-4000-8000-{n:012d}" for n in range(1, 5)]
+from postbox_server.services.deliveries import COUNTS, LIMIT, number, parse_number, receipt_of
 
 
-def test_the_least_recently_used_delivery_is_forgotten_first() -> None:
-    handed = Deliveries(capacity=2)
-    first, second, third = (handed.hand_out("q", r) for r in RECEIPTS[:3])
-    assert len(handed) == 2
-    assert handed.receipt("q", first) is None  # out: the 410 case
-    assert handed.receipt("q", second) == RECEIPTS[1]
-    # Used just now, so the next one pushes the third out instead.
-    handed.hand_out("q", RECEIPTS[3])
-    assert handed.receipt("q", second) == RECEIPTS[1]
-    assert handed.receipt("q", third) is None
+def test_a_number_names_a_message_and_its_receive_count() -> None:
+    assert number(7, 1) == 7 * 4096 + 1
+    assert receipt_of(7 * 4096 + 1) == "7#1"
+    assert number(7, 1) != number(7, 2)  # two deliveries of a message, two numbers
 
 
-def test_an_id_is_the_receipt_s_everywhere_and_belongs_to_its_queue() -> None:
-    one, other = Deliveries(), Deliveries()
-    number = one.hand_out("q", RECEIPTS[0])
-    assert number == delivery_id(RECEIPTS[0]) == other.hand_out("q", RECEIPTS[0])
-    assert 0 <= number < 2**53
-    assert one.receipt("another", number) is None
+def test_the_count_wraps_after_4096_deliveries() -> None:
+    # The documented bound: a stale number acts again 4096 deliveries later.
+    assert number(7, 1) == number(7, 1 + COUNTS)
 
 
-def test_a_number_that_would_stand_for_two_receipts_is_not_handed_out() -> None:
-    handed = Deliveries()
-    number = handed.hand_out("q", RECEIPTS[0])
-    # A clash of the 53-bit hash, made by hand: the receipt itself is the id then.
-    handed._receipts[("q", number)] = RECEIPTS[1]
-    assert handed.hand_out("q", RECEIPTS[0]) == RECEIPTS[0]
-    assert handed.receipt("q", number) == RECEIPTS[1]
+def test_message_ids_from_2_to_the_41_get_no_number() -> None:
+    largest = LIMIT // COUNTS - 1
+    packed = number(largest, COUNTS - 1)
+    assert packed == LIMIT - 1
+    assert receipt_of(packed) == f"{largest}#{COUNTS - 1}"
+    assert number(largest + 1, 0) is None  # the receipt stands for it instead
 
 
-def test_digits_are_a_delivery_id_and_anything_else_a_receipt() -> None:
-    assert parse_delivery_id("12345") == 12345
-    assert parse_delivery_id("1:3f1c") is None
-    assert parse_delivery_id("\uff11\uff12") is None  # fullwidth digits: not ASCII
-    assert parse_delivery_id("1" * 17) is None
+def test_digits_below_2_to_the_53_are_a_delivery_id_and_anything_else_a_receipt() -> None:
+    assert parse_number("12345") == 12345
+    assert parse_number(str(LIMIT - 1)) == LIMIT - 1
+    assert parse_number(str(LIMIT)) is None
+    assert parse_number("1:3f1c") is None
+    assert parse_number("\uff11\uff12") is None  # fullwidth digits: not ASCII
+    assert parse_number("1" * 17) is None

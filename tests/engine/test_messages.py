@@ -241,6 +241,46 @@ def test_stale_receipt_is_refused(messages, queues, queue):
     assert error.code() == grpc.StatusCode.NOT_FOUND
 
 
+def test_a_delivery_named_by_message_id_and_receive_count_is_a_receipt(messages, queues, queue):
+    """The REST API's delivery ids reach the engine as "<message id>#<receive count mod
+    4096>": current while that delivery holds the message, stale after a redelivery."""
+    messages.Send(pb.SendRequest(queue=queue, body=b"x"))
+    (first,) = receive(messages, queue, visibility=60)
+    assert first.receive_count == 1
+    named = f"{first.message_id}#1"
+    messages.ChangeVisibility(
+        pb.ChangeVisibilityRequest(queue=queue, receipt=named, visibility_timeout=seconds(0))
+    )
+    (second,) = receive(messages, queue, visibility=60)
+    for call, request in [
+        (messages.Delete, pb.DeleteRequest(queue=queue, receipt=named)),
+        (
+            messages.ChangeVisibility,
+            pb.ChangeVisibilityRequest(queue=queue, receipt=named, visibility_timeout=seconds(0)),
+        ),
+    ]:
+        error = error_of(call, request)
+        assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert f"'{named}' is stale" in error.details()
+    assert stats(queues, queue).in_flight_messages == 1
+    # (Beside the current delivery of the same message, the engine reads a stale one
+    # as done with it: an outcome is the message's; neither deletes more.)
+    refused = messages.DeleteBatch(
+        pb.DeleteBatchRequest(queue=queue, receipts=[named, "999999999#1", "1#4096"])
+    )
+    assert [r.code for r in refused.results] == [
+        grpc.StatusCode.FAILED_PRECONDITION.value[0],
+        grpc.StatusCode.NOT_FOUND.value[0],
+        grpc.StatusCode.INVALID_ARGUMENT.value[0],  # no count of 4096 or more: malformed
+    ]
+    done = messages.DeleteBatch(
+        pb.DeleteBatchRequest(queue=queue, receipts=[f"{second.message_id}#2"])
+    )
+    assert [r.code for r in done.results] == [grpc.StatusCode.OK.value[0]]
+    error = error_of(messages.Delete, pb.DeleteRequest(queue=queue, receipt=named))
+    assert error.code() == grpc.StatusCode.NOT_FOUND
+
+
 def test_receipt_stays_valid_after_timeout_until_redelivery(messages, queue):
     messages.Send(pb.SendRequest(queue=queue, body=b"x"))
     (got,) = receive(messages, queue, visibility=0)

@@ -498,6 +498,15 @@ class Engine:
         await self._call("execute", "delete", queue, receipt, result)
         self.observer.deleted(queue, 1)
 
+    async def delivery_receipts(
+        self, queue: str, message_ids: Sequence[int], receive_counts: Sequence[int]
+    ) -> list[str]:
+        """The receipt per (message id, receive count mod 4096): the message's while
+        that delivery holds it, else one no delivery holds (stale or gone)."""
+        return list(
+            await self._call("fetchval", "delivery_receipts", queue, message_ids, receive_counts)
+        )
+
     async def change_visibility(self, queue: str, receipt: str, timeout: timedelta) -> None:
         await self._call("execute", "change_visibility", queue, receipt, timeout)
 

@@ -130,6 +130,9 @@ LEFT JOIN LATERAL postbox.receive($1, $3, $4, $5, $6, $7) r ON true
 -- name: change_visibility
 SELECT postbox.change_visibility($1, $2, $3)
 
+-- name: delivery_receipts
+SELECT postbox.delivery_receipts($1, $2, $3)
+
 -- name: change_visibility_batch
 SELECT outcome FROM postbox.change_visibility_batch($1, $2, $3) ORDER BY i
 

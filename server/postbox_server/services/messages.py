@@ -18,7 +18,7 @@ from postbox_server.db.group_commit import GroupCommit
 from postbox_server.db.wakeup import WakeHub
 from postbox_server.errors import ApiError, Refused, invalid, quoted
 from postbox_server.observability import tracing
-from postbox_server.services import convert
+from postbox_server.services import convert, deliveries
 from postbox_server.services.pagination import (
     decode_id_page_token,
     encode_page_token,
@@ -219,20 +219,22 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
     async def Delete(
         self, request: pb.DeleteRequest, context: grpc.aio.ServicerContext
     ) -> pb.DeleteResponse:
+        [receipt] = await deliveries.resolved(self.engine, request.queue, [request.receipt])
         # A delete with a result is not handed to a stream's claim, which keeps none.
-        handed = None if request.result else self.prefetch.hand(request.queue, [request.receipt])
+        handed = None if request.result else self.prefetch.hand(request.queue, [receipt])
         if handed is None or await handed.outcomes != ["ok"]:
             # Deleted here, or told precisely why not: a handed delete that was not
             # "ok" changed nothing.
-            await self.engine.delete(request.queue, request.receipt, request.result or None)
-        self.prefetch.settled([request.receipt])
+            with deliveries.quoting(request.receipt, receipt):
+                await self.engine.delete(request.queue, receipt, request.result or None)
+        self.prefetch.settled([receipt])
         return pb.DeleteResponse()
 
     @reports_errors
     async def DeleteBatch(
         self, request: pb.DeleteBatchRequest, context: grpc.aio.ServicerContext
     ) -> pb.DeleteBatchResponse:
-        receipts = list(request.receipts)
+        receipts = await deliveries.resolved(self.engine, request.queue, request.receipts)
         outcomes: list[str] | None = None
         if request.results:
             # Deleted here: a stream's claim, which takes handed deletes, keeps no results.
@@ -253,8 +255,10 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
         timeout = convert.optional_timedelta(request, "visibility_timeout")
         if timeout is None:
             raise invalid("visibility_timeout is required (0 makes the message visible at once)")
-        await self.engine.change_visibility(request.queue, request.receipt, timeout)
-        self.prefetch.settled([request.receipt])
+        [receipt] = await deliveries.resolved(self.engine, request.queue, [request.receipt])
+        with deliveries.quoting(request.receipt, receipt):
+            await self.engine.change_visibility(request.queue, receipt, timeout)
+        self.prefetch.settled([receipt])
         if timeout == timedelta(0):
             self.hub.wake(request.queue)
         return pb.ChangeVisibilityResponse()

@@ -1,11 +1,12 @@
 """/v1/queues/{name}/messages: send (one or a batch), receive, delete (one or a batch) and
 change visibility.
 
-A received message's `id` is a number standing for its delivery (see deliveries.py):
-what deletes it and changes its visibility, as beyond-queue's numeric id does, and,
-like the delivery's `receipt` ("<message id>:<lease>", which these routes take too),
-what stops a consumer whose lease ran out from deleting a message delivered to another
-since. `message_id` is the message's id, as sends return it.
+A received message's `id` is a number standing for its delivery, (message id, receive
+count) packed (see services/deliveries.py): what deletes it and changes its visibility,
+as beyond-queue's numeric id does, on any server process, and, like the delivery's
+`receipt` ("<message id>:<lease>", which these routes take too), what stops a consumer
+whose lease ran out from deleting a message delivered to another since. `message_id` is
+the message's id, as sends return it.
 """
 
 from __future__ import annotations
@@ -15,10 +16,8 @@ from typing import Any, TypeVar
 from aiohttp import web
 from postbox.v1 import message_service_pb2 as mpb
 
-from postbox_server.http.rest import deliveries
 from postbox_server.http.rest.framework import (
     BadInput,
-    Gone,
     Reply,
     RestCall,
     Route,
@@ -41,6 +40,7 @@ from postbox_server.http.rest.shapes import (
     time_text,
     whole_seconds,
 )
+from postbox_server.services import deliveries
 
 # beyond-queue's receive defaults: one message, a 30 s lease, no wait.
 DEFAULT_MAX, DEFAULT_VT, DEFAULT_WAIT = 1, 30, 0
@@ -98,9 +98,11 @@ async def send(call: RestCall) -> web.Response:
     return web.json_response({"id": message_id(one.message_id)}, status=201)
 
 
-def _received(message: Any, handed: deliveries.Deliveries, queue: str) -> dict[str, Any]:
+def _received(message: Any) -> dict[str, Any]:
+    number = deliveries.number(int(message.message_id), message.receive_count)
     return {
-        "id": handed.hand_out(queue, message.receipt),
+        # Past 2^41 messages no number fits below 2^53: the receipt stands for it then.
+        "id": message.receipt if number is None else number,
         "receipt": message.receipt,
         "message_id": message_id(message.message_id),
         **message_fields(message.body),
@@ -125,26 +127,13 @@ async def receive(call: RestCall) -> web.Response:
         wait_time=duration(wait),
     )
     received = await call.call("MessageService/Receive", request)
-    handed = deliveries.of(call.request)
-    return web.json_response(
-        [_received(message, handed, request.queue) for message in received.messages]
-    )
+    return web.json_response([_received(message) for message in received.messages])
 
 
-def _receipt(call: RestCall, queue: str, given: str) -> str:
-    """The receipt the path's id names: a delivery id's, or the receipt given."""
-    number = deliveries.parse_delivery_id(given)
-    if number is None:
-        return given
-    receipt = deliveries.of(call.request).receipt(queue, number)
-    if receipt is None:
-        raise Gone(
-            f"delivery id {number} is not one this server process handed out, or it has "
-            f"forgotten it (it keeps the last {deliveries.CAPACITY}); a delivery id works "
-            "only on the server process that received the message: settle it there, or "
-            "by the `receipt` the receive returned beside it, which every process takes"
-        )
-    return receipt
+def _receipt(given: str) -> str:
+    """The receipt a path's id names: a delivery number's form, or the receipt given."""
+    number = deliveries.parse_number(given)
+    return given if number is None else deliveries.receipt_of(number)
 
 
 def _is_id(value: Any) -> bool:
@@ -162,10 +151,12 @@ async def delete_batch(call: RestCall) -> web.Response:
             "their receipts (strings)"
         )
     queue = call.path("name")
-    handed = deliveries.of(call.request)
-    # A delivery id this process does not know goes as its digits: a malformed receipt,
-    # which fails on its own (not deleted) while the others are.
-    receipts = [i if isinstance(i, str) else handed.receipt(queue, i) or str(i) for i in ids]
+    # A number past 2^53 goes as its digits: a malformed receipt, which fails on its
+    # own (not deleted) while the others are.
+    receipts = [
+        i if isinstance(i, str) else deliveries.receipt_of(i) if i < deliveries.LIMIT else str(i)
+        for i in ids
+    ]
     done = await call.call(
         "MessageService/DeleteBatch", mpb.DeleteBatchRequest(queue=queue, receipts=receipts)
     )
@@ -175,7 +166,7 @@ async def delete_batch(call: RestCall) -> web.Response:
 
 async def delete_one(call: RestCall) -> web.Response:
     queue = call.path("name")
-    receipt = _receipt(call, queue, call.path("id"))
+    receipt = _receipt(call.path("id"))
     await call.call("MessageService/Delete", mpb.DeleteRequest(queue=queue, receipt=receipt))
     return web.Response(status=204)
 
@@ -186,12 +177,12 @@ async def change_visibility(call: RestCall) -> web.Response:
         raise BadInput("the body needs vt: seconds until the message is visible again")
     vt = whole_seconds(body["vt"], "vt")
     queue, given = call.path("name"), call.path("id")
-    receipt = _receipt(call, queue, given)
+    receipt = _receipt(given)
     await call.call(
         "MessageService/ChangeVisibility",
         mpb.ChangeVisibilityRequest(queue=queue, receipt=receipt, visibility_timeout=duration(vt)),
     )
-    number = deliveries.parse_delivery_id(given)
+    number = deliveries.parse_number(given)
     return web.json_response(
         {"id": given if number is None else number, "visible_at": now_plus(vt)}
     )
@@ -213,8 +204,8 @@ _RECEIVED: dict[str, Any] = {
     "properties": {
         "id": {
             "type": ["integer", "string"],
-            "description": "The delivery id: deletes, changes visibility, on this server "
-            "process (the receipt itself in the rare case of a clash).",
+            "description": "The delivery id: deletes, changes visibility, on any server "
+            "process (the receipt itself for message ids of 2^41 and above).",
         },
         "receipt": {"type": "string", "description": "The same, on any server process."},
         "message_id": {"type": "integer"},
@@ -227,7 +218,6 @@ _RECEIVED: dict[str, Any] = {
 }
 _NOT_FOUND = {404: Reply("No queue of that name, or the message is gone.")}
 _ID = {"type": ["integer", "string"]}
-_UNKNOWN_ID = {410: Reply("A delivery id this server process did not hand out, or forgot.")}
 _MESSAGES = "/v1/queues/{name}/messages"
 ROUTES = (
     Route(
@@ -270,7 +260,7 @@ ROUTES = (
     Route(
         "DELETE", _MESSAGES + "/{id}", "MessageService/Delete", delete_one,
         "Delete a received message.", params=(NAME, RECEIPT),
-        replies={204: Reply("Deleted."), **_NOT_FOUND, **_UNKNOWN_ID,
+        replies={204: Reply("Deleted."), **_NOT_FOUND,
                  400: Reply("Stale (delivered again since) or malformed id.")},
     ),
     Route(
@@ -280,6 +270,7 @@ ROUTES = (
               "properties": {"vt": {"type": "integer", "minimum": 0, "maximum": 43200}}},
         replies={200: Reply("Changed.", {"type": "object", "properties": {
             "id": _ID, "visible_at": {"type": "string", "format": "date-time"}}}),
-            **_NOT_FOUND, **_UNKNOWN_ID},
+            **_NOT_FOUND,
+            400: Reply("Stale (delivered again since) or malformed id.")},
     ),
 )  # fmt: skip

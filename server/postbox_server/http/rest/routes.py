@@ -13,7 +13,7 @@ from aiohttp import web
 from postbox_server import __version__
 from postbox_server.http.connect import ConnectError
 from postbox_server.http.procedures import Procedure
-from postbox_server.http.rest import deliveries, events, messages, queues, schedules
+from postbox_server.http.rest import events, messages, queues, schedules
 from postbox_server.http.rest.framework import ERROR_SCHEMA, Route, error_response, handler_of
 
 ROUTES: tuple[Route, ...] = (
@@ -121,7 +121,6 @@ def add_routes(
     async def openapi(_: web.Request) -> web.Response:
         return web.Response(body=served, content_type="application/json")
 
-    app[deliveries.DELIVERIES] = deliveries.Deliveries()
     app.router.add_get(OPENAPI_PATH, openapi)
     for route in ROUTES:
         app.router.add_route(

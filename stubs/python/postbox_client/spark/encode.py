@@ -15,7 +15,7 @@ import pyarrow as pa
 from postbox.v1 import message_service_pb2 as pb
 from postbox.v1 import topic_service_pb2 as tpb
 
-from postbox_client.spark import wire
+import postbox_client.spark.wire as wire
 from postbox_client.spark.client import EncodedRequest
 from postbox_client.spark.options import AttributeColumn, WritePlan, attribute_name_problem
 

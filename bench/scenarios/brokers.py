@@ -38,6 +38,7 @@ from nats.js.api import ConsumerConfig, RetentionPolicy, StorageType, StreamConf
 from postbox.v1 import message_service_pb2 as pb
 from postbox_client import AsyncClient
 
+from bench import raw
 from bench.cpu import DATABASE_PROCESSES, seconds_of
 from bench.load import Load, Paced, closed_loop, fixed_rate
 from bench.processes import Served
@@ -562,6 +563,71 @@ class Postbox(Broker):
         await self.client.close()
 
 
+class RawBatcher:
+    """The floor of a batching producer on PostgreSQL, with nothing between the callers and
+    the database: what callers send while batches are at the database waits and goes in
+    one multi-row INSERT (asyncpg), committed with the run's fsync and synchronous_commit;
+    at most `max_in_flight` batches at once, as the SDK's Producer sends them."""
+
+    def __init__(self, pool: asyncpg.Pool, max_in_flight: int = 4) -> None:
+        self.pool = pool
+        self.max_in_flight = max_in_flight
+        self.in_flight = 0
+        self.waiting: list[tuple[bytes, asyncio.Future[int]]] = []
+        self.scheduled = False
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    def send(self, body: bytes) -> asyncio.Future[int]:
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self.waiting.append((body, future))
+        if self.in_flight < self.max_in_flight and not self.scheduled:
+            # After this turn of the loop, so the sends made in it go together.
+            self.scheduled = True
+            asyncio.get_running_loop().call_soon(self._dispatch)
+        return future
+
+    def _dispatch(self) -> None:
+        self.scheduled = False
+        if not self.waiting or self.in_flight >= self.max_in_flight:
+            return
+        batch, self.waiting = self.waiting[:1000], self.waiting[1000:]
+        self.in_flight += 1
+        task = asyncio.ensure_future(self._insert(batch))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _insert(self, batch: list[tuple[bytes, asyncio.Future[int]]]) -> None:
+        try:
+            rows = await self.pool.fetch(raw.INSERT_MANY, [body for body, _ in batch])
+            for (_, future), row in zip(batch, rows, strict=True):
+                if not future.done():
+                    future.set_result(row["id"])
+        except Exception as error:  # every caller of the batch hears of it
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(error)
+        finally:
+            self.in_flight -= 1
+            self._dispatch()
+
+
+async def raw_producer_sends(ctx: Context, seconds: float, body: bytes) -> Load:
+    """64 callers awaiting RawBatcher.send: the Producer row's PostgreSQL floor."""
+    pool = await asyncpg.create_pool(ctx.db.url, min_size=4, max_size=4)
+    batcher = RawBatcher(pool)
+    try:
+        return await closed_loop(lambda: _one(batcher.send(body)), clients=CALLERS, seconds=seconds)
+    finally:
+        await asyncio.gather(*batcher.tasks, return_exceptions=True)
+        await pool.close()
+        await ctx.db.reset_raw()
+
+
+async def _one(sent: Awaitable[object]) -> int:
+    await sent
+    return 1
+
+
 def _produce(production: Production, out: Connection) -> None:
     """The producer process of a latency turn: sends through its system's client."""
     address, destination, size = production.address, production.destination, production.size
@@ -702,6 +768,8 @@ async def brokers(ctx: Context) -> list[Row]:
             load = await postbox.producer_sends(turn, window)
             producer.add(POSTBOX, load.rate)
             producer.cpu.setdefault(POSTBOX, []).append(window.per_message(load))
+            load = await raw_producer_sends(ctx, turn, postbox.body)
+            producer.add(RAW_POSTGRES, load.rate)
             # Without a deduplication id per message, as JetStream's publishes are sent.
             window = CpuParts(served)
             load = await postbox.producer_sends(turn, window, idempotent=False)
@@ -743,6 +811,13 @@ async def brokers(ctx: Context) -> list[Row]:
         [JETSTREAM] if JETSTREAM in names else [],
         targets={JETSTREAM: (">= 1.0x", lambda ratio: ratio >= 1.0)},
         durability=durability,
+    )
+    rows += _rows(
+        f"Producer, {CALLERS} callers, raw PostgreSQL",
+        "msgs/s",
+        producer,
+        [JETSTREAM] if JETSTREAM in names else [],
+        ours=RAW_POSTGRES,
     )
     rows += _rows(
         f"Producer, {CALLERS} callers, idempotent=False",

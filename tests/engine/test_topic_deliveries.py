@@ -112,8 +112,11 @@ def test_an_sns_delivery_wraps_the_message_in_sns_json(topics, queues, messages,
     )
     (message,) = receive(messages, queue, wait=5)
     envelope = json.loads(message.body)
+    # Signed, as SNS signs (the server makes its key when none is given); the signing
+    # certificate's and unsubscribe URLs come with the shim's subscriptions, not this one.
     assert list(envelope) == [
-        "Type", "MessageId", "TopicArn", "Subject", "Message", "Timestamp", "MessageAttributes",
+        "Type", "MessageId", "TopicArn", "Subject", "Message", "Timestamp",
+        "SignatureVersion", "Signature", "MessageAttributes",
     ]  # fmt: skip
     assert envelope["MessageId"] == published.publish_id
     assert envelope["Message"] == "héllo"

@@ -8,6 +8,9 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TypeVar
 
 import grpc
 from google.protobuf import message_factory
@@ -15,7 +18,7 @@ from google.protobuf.descriptor import MethodDescriptor
 from google.rpc import error_details_pb2, status_pb2
 from postbox.v1 import access_service_pb2 as access_pb
 from postbox.v1 import access_service_pb2_grpc
-from support import ROOT, api_methods
+from support import ROOT, ServerProcess, api_methods, bootstrap_key, create_database, drop_database
 
 from postbox_server.auth.rules import RULES, Rule
 
@@ -149,3 +152,24 @@ def tenant_admins(channel: grpc.Channel, default_admin: str, *tenants: str) -> d
         )
         secrets[tenant] = created.secret
     return secrets
+
+
+Server = TypeVar("Server", bound=ServerProcess)
+
+
+@contextmanager
+def tenant_server(
+    admin_url: str, database: str, server_class: type[Server], *tenants: str
+) -> Iterator[tuple[Server, dict[str, str]]]:
+    """A database of its own (keys turn authentication on), a server on it, and the
+    tenants, each with its admin:* key's secret; all gone on exit."""
+    url = create_database(admin_url, database)
+    server = server_class(url).start()
+    try:
+        default_admin = bootstrap_key(url, f"{database}-admin", "admin:*")
+        with grpc.insecure_channel(server.target) as channel:
+            secrets = tenant_admins(channel, default_admin, *tenants)
+        yield server, secrets
+    finally:
+        server.stop()
+        drop_database(admin_url, url)

@@ -13,10 +13,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
-import grpc
 import pytest
-from auth_support import tenant_admins
-from support import HttpServerProcess, bootstrap_key, create_database, drop_database
+from auth_support import tenant_server
+from support import HttpServerProcess
 
 TENANT_A, TENANT_B = "acme", "globex"
 # A queue only tenant B has, and a name no tenant has.
@@ -31,17 +30,11 @@ class Doors:
 
 @pytest.fixture(scope="module")
 def doors(admin_url: str) -> Iterator[Doors]:
-    url = create_database(admin_url, "postbox_rest_tenants")
-    server = HttpServerProcess(url).start()
-    try:
-        default_admin = bootstrap_key(url, "rest-tenants-admin", "admin:*")
-        with grpc.insecure_channel(server.target) as channel:
-            secrets = tenant_admins(channel, default_admin, TENANT_A, TENANT_B)
+    with tenant_server(
+        admin_url, "postbox_rest_tenants", HttpServerProcess, TENANT_A, TENANT_B
+    ) as (server, secrets):
         keys = {tenant: {"Authorization": f"Bearer {s}"} for tenant, s in secrets.items()}
         yield Doors(server, keys)
-    finally:
-        server.stop()
-        drop_database(admin_url, url)
 
 
 @pytest.fixture

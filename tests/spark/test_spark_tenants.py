@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import grpc
 import pytest
-from auth_support import tenant_admins
+from auth_support import tenant_server
 from postbox.v1 import (
     message_service_pb2,
     message_service_pb2_grpc,
@@ -21,7 +21,7 @@ from postbox.v1 import (
 from postbox.v1 import stream_service_pb2 as spb
 from postbox.v1 import topic_service_pb2 as tpb
 from spark_support import receive_all, wait_for, writer
-from support import ServerProcess, bootstrap_key, create_database, drop_database, seconds
+from support import ServerProcess, seconds
 
 from postbox_server.auth.client import with_api_key
 
@@ -38,17 +38,10 @@ class Tenants:
 
 @pytest.fixture(scope="module")
 def tenants(admin_url: str) -> Iterator[Tenants]:
-    url = create_database(admin_url, "postbox_spark_tenants")
-    server = ServerProcess(url).start()
-    try:
-        default_admin = bootstrap_key(url, "spark-tenants-admin", "admin:*")
-        with grpc.insecure_channel(server.target) as channel:
-            secrets = tenant_admins(channel, default_admin, TENANT_A, TENANT_B)
-            channels = {tenant: with_api_key(channel, s) for tenant, s in secrets.items()}
-            yield Tenants(server, secrets, channels)
-    finally:
-        server.stop()
-        drop_database(admin_url, url)
+    made = tenant_server(admin_url, "postbox_spark_tenants", ServerProcess, TENANT_A, TENANT_B)
+    with made as (server, secrets), grpc.insecure_channel(server.target) as channel:
+        channels = {tenant: with_api_key(channel, s) for tenant, s in secrets.items()}
+        yield Tenants(server, secrets, channels)
 
 
 def _bodies(channel: grpc.Channel, queue: str) -> list[bytes]:

@@ -160,8 +160,11 @@ async def test_events_and_subscriptions_stay_in_the_tenant(rest) -> None:
     assert published["messages"][0]["queue"] == "events"
     assert await _depth(rest, TENANT_A, "events") == 1
     assert await _depth(rest, TENANT_B, "events") == 0
-    status, [message] = await rest(TENANT_A, "GET", "/v1/queues/events/messages")
-    assert message["message"] == "a"
+    status, published = await rest(TENANT_B, "POST", "/v1/events/shop.paid", {"message": "b"})
+    assert (status, published["queues_matched"]) == (201, 1), published
+    for tenant in (TENANT_A, TENANT_B):
+        status, received = await rest(tenant, "GET", "/v1/queues/events/messages?max=10")
+        assert [m["message"] for m in received] == ["a" if tenant == TENANT_A else "b"]
 
     # B's subscription, by its id under A's key: as missing as an id never made.
     foreign = await rest(

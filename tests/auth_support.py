@@ -1,18 +1,24 @@
 """What the tests that turn API keys on share: bearer metadata, the status of one call of
 any RPC made with a key, waiting for a key to take effect, the RetryInfo of a call
-refused over a rate limit, and the refusal to serve a network address anonymously."""
+refused over a rate limit, the refusal to serve a network address anonymously, and
+tenants with an admin key each."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TypeVar
 
 import grpc
 from google.protobuf import message_factory
 from google.protobuf.descriptor import MethodDescriptor
 from google.rpc import error_details_pb2, status_pb2
-from support import ROOT, api_methods
+from postbox.v1 import access_service_pb2 as access_pb
+from postbox.v1 import access_service_pb2_grpc
+from support import ROOT, ServerProcess, api_methods, bootstrap_key, create_database, drop_database
 
 from postbox_server.auth.rules import RULES, Rule
 
@@ -116,3 +122,54 @@ def wait_key_works(access, metadata: list[tuple[str, str]], timeout: float = 5.0
         return True
 
     wait_until(works, timeout, "the first key")
+
+
+def tenant_admins(channel: grpc.Channel, default_admin: str, *tenants: str) -> dict[str, str]:
+    """Creates each tenant and a key of it with admin:*, by the default tenant's
+    `default_admin` (waited for until the server knows it); each tenant's secret."""
+    access = access_service_pb2_grpc.AccessServiceStub(channel)
+
+    def known() -> bool:
+        try:
+            access.ListTenants(access_pb.ListTenantsRequest(), metadata=bearer(default_admin))
+        except grpc.RpcError:
+            return False
+        return True
+
+    wait_until(known, 30, "the first key")
+    secrets = {}
+    for tenant in tenants:
+        access.CreateTenant(
+            access_pb.CreateTenantRequest(tenant=access_pb.Tenant(name=tenant)),
+            metadata=bearer(default_admin),
+        )
+        grant = access_pb.Grant(permission=access_pb.PERMISSION_ADMIN, pattern="*")
+        created = access.CreateKey(
+            access_pb.CreateKeyRequest(
+                key=access_pb.Key(name=f"{tenant}-admin", grants=[grant], tenant=tenant)
+            ),
+            metadata=bearer(default_admin),
+        )
+        secrets[tenant] = created.secret
+    return secrets
+
+
+Server = TypeVar("Server", bound=ServerProcess)
+
+
+@contextmanager
+def tenant_server(
+    admin_url: str, database: str, server_class: type[Server], *tenants: str
+) -> Iterator[tuple[Server, dict[str, str]]]:
+    """A database of its own (keys turn authentication on), a server on it, and the
+    tenants, each with its admin:* key's secret; all gone on exit."""
+    url = create_database(admin_url, database)
+    server = server_class(url).start()
+    try:
+        default_admin = bootstrap_key(url, f"{database}-admin", "admin:*")
+        with grpc.insecure_channel(server.target) as channel:
+            secrets = tenant_admins(channel, default_admin, *tenants)
+        yield server, secrets
+    finally:
+        server.stop()
+        drop_database(admin_url, url)

@@ -37,9 +37,27 @@ def _wait_for_exit(pid: int) -> None:
         os.close(fd)
 
 
+def _gone(pid: int) -> bool:
+    """True for a process that has exited, reaped or not.
+
+    A postmaster that pg_ctl started is reparented to PID 1; where PID 1 reaps late
+    (some container inits) it lingers as a zombie after a clean stop, and a zombie
+    still takes signals without an error.
+    """
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rpartition(b")")[2].split()[0] == b"Z"
+    except FileNotFoundError:
+        return True
+    except OSError:  # no /proc: a signal decides below
+        return False
+
+
 def main(argv: list[str]) -> None:
     server, postmaster = int(argv[0]), int(argv[1])
     _wait_for_exit(server)
+    if _gone(postmaster):
+        return  # stopped by the server, as it should be
     try:
         os.kill(postmaster, signal.SIGINT)  # PostgreSQL's fast shutdown
     except ProcessLookupError:

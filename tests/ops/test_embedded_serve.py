@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import grpc
@@ -150,3 +151,42 @@ def test_a_killed_server_does_not_leave_its_postgres_running(tmp_path):
         assert "died without stopping its embedded PostgreSQL" in server.log()
     finally:
         server.kill()
+
+
+def _watchdog(server: subprocess.Popen[bytes], postmaster: int) -> subprocess.CompletedProcess[str]:
+    watchdog = [sys.executable, "-m", "postbox_server.embedded_watchdog"]
+    return subprocess.run(
+        [*watchdog, str(server.pid), str(postmaster)], capture_output=True, text=True, timeout=30
+    )
+
+
+def test_the_watchdog_leaves_a_stopped_but_unreaped_postmaster_alone():
+    """A cleanly stopped postmaster that nobody has reaped yet is a zombie, not a survivor."""
+    stopped = subprocess.Popen(["true"])  # not waited for until the end: it stays a zombie
+    server = subprocess.Popen(["true"])
+    server.wait()
+    try:
+        # The zombie state is what the watchdog must see: wait for it, not a fixed time.
+        deadline = time.monotonic() + 30  # a process that runs `true` exits at once
+        while psutil.Process(stopped.pid).status() != psutil.STATUS_ZOMBIE:
+            assert time.monotonic() < deadline, "the child never exited"
+            time.sleep(0.01)
+        done = _watchdog(server, stopped.pid)
+    finally:
+        stopped.wait()
+    assert done.returncode == 0
+    assert "died without stopping" not in done.stderr
+
+
+def test_the_watchdog_stops_a_postmaster_its_server_left_running():
+    survivor = subprocess.Popen(["sleep", "60"])
+    server = subprocess.Popen(["true"])
+    server.wait()
+    try:
+        done = _watchdog(server, survivor.pid)
+        assert survivor.wait(10) == -signal.SIGINT
+    finally:
+        survivor.kill()
+        survivor.wait()
+    assert done.returncode == 0
+    assert f"stopped it (postmaster {survivor.pid})" in done.stderr

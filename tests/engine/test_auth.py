@@ -350,6 +350,89 @@ def test_cli_bootstraps_the_first_key_on_the_database_then_manages_keys_through_
         drop_database(admin_url, url)
 
 
+def test_cli_keys_update_changes_only_the_fields_given_through_the_server_or_the_database(
+    keys: Keys, auth_server: ServerProcess, auth_database: str, auth_channel: grpc.Channel
+) -> None:
+    from support import postbox
+
+    target = ("--target", auth_server.target)
+    as_admin = {"POSTBOX_API_KEY": keys.admin}
+    access = access_service_pb2_grpc.AccessServiceStub(auth_channel)
+
+    def stored() -> access_pb.Key:
+        request = access_pb.GetKeyRequest(name="cli-update")
+        return access.GetKey(request, metadata=bearer(keys.admin)).key
+
+    def update(*flags: str, on: tuple[str, ...] = target) -> str:
+        result = postbox("keys", "update", "cli-update", *flags, *on, env=as_admin)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.startswith("updated cli-update\t")
+        return result.stdout
+
+    created = postbox(
+        "keys", "create", "cli-update", "--grant", "send:jobs-*", "--expires-in", "30d",
+        "--sends-per-second", "5", *target, env=as_admin,
+    )  # fmt: skip
+    assert created.returncode == 0, created.stderr
+    secret = created.stdout.splitlines()[-1]
+    expiry = stored().expire_time.seconds
+    queues = queue_service_pb2_grpc.QueueServiceStub(auth_channel)
+    purge = queue_service_pb2.PurgeQueueRequest(name="jobs-1")
+    assert error_of(queues.PurgeQueue, purge, metadata=bearer(secret)).code() == (
+        grpc.StatusCode.PERMISSION_DENIED
+    )
+
+    # Grants: the ones given replace them all; the expiry and the limits stay.
+    shown = update("--grant", "manage:jobs-*", "--grant", "read:jobs-*")
+    assert "\tmanage:jobs-* read:jobs-*\t" in shown
+    key = stored()
+    assert [g.pattern for g in key.grants] == ["jobs-*", "jobs-*"]
+    assert key.expire_time.seconds == expiry
+    assert key.rate_limits.sends_per_second == 5
+    # The server's key cache took the new grants before UpdateKey answered.
+    assert error_of(queues.PurgeQueue, purge, metadata=bearer(secret)).code() == (
+        grpc.StatusCode.NOT_FOUND
+    )
+
+    # Expiry: lifted, then set again, on the database directly.
+    assert "\texpires never\t" in update("--no-expiry")
+    assert not stored().HasField("expire_time")
+    before = time.time()
+    update("--expires-in", "2h", on=("--database-url", auth_database))
+    # Generous bounds: "2h from now" is taken between `before` and this line.
+    assert before + 7200 - 1 <= stored().expire_time.seconds <= time.time() + 7200 + 1
+
+    # Rate limits: the flags given replace all of them; --no-rate-limits lifts them.
+    assert "\tlimits calls_per_second=9" in update("--calls-per-second", "9")
+    limits = stored().rate_limits
+    assert (limits.calls_per_second, limits.sends_per_second) == (9, 0)
+    assert "limits" not in update("--no-rate-limits", on=("--database-url", auth_database))
+    key = stored()
+    assert not key.HasField("rate_limits")
+    assert len(key.grants) == 2
+
+    # Refusals change nothing.
+    nothing = postbox("keys", "update", "cli-update", *target, env=as_admin)
+    assert nothing.returncode == 2
+    assert "give --grant, --expires-in, --no-expiry or rate-limit flags" in nothing.stderr
+    both = postbox(
+        "keys", "update", "cli-update", "--no-expiry", "--expires-in", "1d", *target, env=as_admin
+    )
+    assert both.returncode == 2
+    assert "not allowed with argument" in both.stderr
+    negative = postbox(
+        "keys", "update", "cli-update", "--sends-per-second", "-1", *target, env=as_admin
+    )
+    assert negative.returncode == 1
+    assert "INVALID_ARGUMENT" in negative.stderr
+    assert "rate_limits.sends_per_second" in negative.stderr
+    assert stored() == key
+    missing = postbox("keys", "update", "no-such-key", "--no-expiry", *target, env=as_admin)
+    assert missing.returncode == 1
+    assert "NOT_FOUND" in missing.stderr
+    assert postbox("keys", "revoke", "cli-update", *target, env=as_admin).returncode == 0
+
+
 def _grant(permission: str, pattern: str) -> access_pb.Grant:
     return access_pb.Grant(
         permission=access_pb.Permission.Value(f"PERMISSION_{permission.upper()}"), pattern=pattern

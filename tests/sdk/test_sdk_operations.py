@@ -257,6 +257,19 @@ def test_api_keys_created_listed_and_revoked(admin_url):
                 (apb.PERMISSION_SEND, "orders-*"),
                 (apb.PERMISSION_RECEIVE, "orders-*"),
             }
+            # update_key masks only what it is given: the grants here, the expiry stays.
+            changed = client.update_key("sender", grants=["read:orders-*"])
+            assert [(g.permission, g.pattern) for g in changed.grants] == [
+                (apb.PERMISSION_READ, "orders-*")
+            ]
+            assert changed.expire_time == sender.expire_time
+            limits = apb.RateLimits(sends_per_second=5)
+            changed = client.update_key("sender", never_expires=True, rate_limits=limits)
+            assert not changed.HasField("expire_time")
+            assert changed.rate_limits == limits
+            assert len(changed.grants) == 1
+            with pytest.raises(ValueError, match="expire_time or never_expires"):
+                client.update_key("sender", expire_time=expires, never_expires=True)
             client.delete_key("sender")
             assert [key.name for key in client.list_keys()] == ["root"]
             with pytest.raises(NotFound):

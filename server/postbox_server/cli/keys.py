@@ -1,4 +1,5 @@
-"""`postbox keys`: create, list and revoke API keys, on the database or through the server.
+"""`postbox keys`: create, list, update and revoke API keys, on the database or through the
+server.
 
 With --database-url the verbs act on the database directly (installing the engine
 if needed): that is how the first admin key is made. Otherwise they call
@@ -12,7 +13,7 @@ import asyncio
 import re
 import sys
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from google.protobuf import json_format
 from postbox.v1 import access_service_pb2 as pb
@@ -23,6 +24,9 @@ from postbox_server.auth.secrets import Credentials, sigv4_secret
 from postbox_server.cli.client import ClientParsers, connect
 from postbox_server.cli.flags import Verbs
 from postbox_server.cli.rate_limit_flags import add_rate_limit_flags, rate_limits
+
+if TYPE_CHECKING:
+    from postbox_server.db.engine import Engine
 
 _DURATION = re.compile(r"^(\d+)([smhdw])$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -47,6 +51,11 @@ def grant(text: str) -> pb.Grant:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
+def _expiry(args: argparse.Namespace) -> datetime | None:
+    """When --expires-in from now ends; None without it."""
+    return datetime.now(timezone.utc) + args.expires_in if args.expires_in else None
+
+
 def _describe(key: pb.Key) -> str:
     grants = " ".join(
         f"{pb.Permission.Name(g.permission).removeprefix('PERMISSION_').lower()}:{g.pattern}"
@@ -61,6 +70,22 @@ def _describe(key: pb.Key) -> str:
         limits = json_format.MessageToDict(key.rate_limits, preserving_proto_field_name=True)
         line += "\tlimits " + " ".join(f"{name}={value:g}" for name, value in limits.items())
     return line
+
+
+async def _update_on_database(engine: Engine, args: argparse.Namespace) -> pb.Key:
+    """Changes the fields the flags give, as UpdateKey's update_mask names them."""
+    from postbox_server.services.access import grant_arrays, key_resource, rate_limits_json
+
+    permissions: list[str] | None = None
+    patterns: list[str] | None = None
+    if args.grant:
+        permissions, patterns = grant_arrays(args.grant)
+    limits = rate_limits(args)
+    row = await engine.update_key(
+        args.name, permissions, patterns, _sets_expiry(args), _expiry(args),
+        limits is not None, rate_limits_json(pb.Key(rate_limits=limits)),
+    )  # fmt: skip
+    return key_resource(row)
 
 
 async def _on_database(args: argparse.Namespace) -> Any:
@@ -80,11 +105,10 @@ async def _on_database(args: argparse.Namespace) -> Any:
         if args.keys_verb == "create":
             permissions, patterns = grant_arrays(args.grant)
             credentials = Credentials.issue()
-            expires = datetime.now(timezone.utc) + args.expires_in if args.expires_in else None
             limits = rate_limits_json(pb.Key(rate_limits=rate_limits(args)))
             row = await engine.create_key(
                 args.name, credentials.secret_sha256, credentials.sigv4_secret,
-                permissions, patterns, expires, limits, tenant=args.tenant,
+                permissions, patterns, _expiry(args), limits, tenant=args.tenant,
             )  # fmt: skip
             return pb.CreateKeyResponse(
                 key=key_resource(row),
@@ -97,24 +121,37 @@ async def _on_database(args: argparse.Namespace) -> Any:
                 keys += [key_resource(row) for row in page]
                 after = page[-1]["name"]
             return keys
+        if args.keys_verb == "update":
+            return await _update_on_database(engine, args)
         await engine.delete_key(args.name)
         return None
     finally:
         await engine.close()
 
 
+def _sets_expiry(args: argparse.Namespace) -> bool:
+    return bool(args.expires_in or args.no_expiry)
+
+
 def _through_server(args: argparse.Namespace, client: Client) -> Any:
     if args.keys_verb == "create":
-        expires = datetime.now(timezone.utc) + args.expires_in if args.expires_in else None
         return client.create_key(
             args.name,
             args.grant,
-            expire_time=expires,
+            expire_time=_expiry(args),
             tenant=args.tenant,
             rate_limits=rate_limits(args),
         )
     if args.keys_verb == "list":
         return list(client.list_keys(page_size=1000))
+    if args.keys_verb == "update":
+        return client.update_key(
+            args.name,
+            grants=args.grant,
+            expire_time=_expiry(args),
+            never_expires=args.no_expiry,
+            rate_limits=rate_limits(args),
+        )
     client.delete_key(args.name)
     return None
 
@@ -129,6 +166,15 @@ def run(args: argparse.Namespace) -> int:
             return 2
         print(sigv4_secret(args.api_key))
         return 0
+    if args.keys_verb == "update" and not (
+        args.grant or _sets_expiry(args) or rate_limits(args) is not None
+    ):
+        print(
+            "postbox keys update: give --grant, --expires-in, --no-expiry or rate-limit flags "
+            "(--sends-per-second and the like, or --no-rate-limits)",
+            file=sys.stderr,
+        )
+        return 2
     try:
         if getattr(args, "database_url", None):
             result = asyncio.run(_on_database(args))
@@ -150,14 +196,28 @@ def run(args: argparse.Namespace) -> int:
     elif args.keys_verb == "list":
         for key in result:
             print(_describe(key))
+    elif args.keys_verb == "update":
+        print(f"updated {_describe(result)}")
     else:
         print(f"revoked {args.name}")
     return 0
 
 
+def _add_grant_flag(parser: argparse.ArgumentParser, *, required: bool, more: str) -> None:
+    parser.add_argument(
+        "--grant",
+        type=grant,
+        action="append",
+        required=required,
+        metavar="PERMISSION:PATTERN",
+        help="send, receive, publish, read, manage or admin on names matching the pattern "
+        f"(* matches any run of characters), as in send:orders-* (repeatable{more})",
+    )
+
+
 def add_parser(verbs: Verbs, client: ClientParsers) -> None:
     """The `keys` verb; it takes the connection flags of every client verb, not -o."""
-    keys = verbs.add_parser("keys", help="create, list or revoke API keys")
+    keys = verbs.add_parser("keys", help="create, list, update or revoke API keys")
     keys.set_defaults(run=run)
     keys_verbs = keys.add_subparsers(dest="keys_verb", required=True)
     on_database = argparse.ArgumentParser(add_help=False)
@@ -173,15 +233,7 @@ def add_parser(verbs: Verbs, client: ClientParsers) -> None:
         help="create a key; prints its secret last",
     )
     create.add_argument("name")
-    create.add_argument(
-        "--grant",
-        type=grant,
-        action="append",
-        required=True,
-        metavar="PERMISSION:PATTERN",
-        help="send, receive, publish, read, manage or admin on names matching the pattern "
-        "(* matches any run of characters), as in send:orders-* (repeatable)",
-    )
+    _add_grant_flag(create, required=True, more="")
     create.add_argument("--expires-in", type=duration, help="as in 30d, 12h, 90m (default: never)")
     create.add_argument(
         "--tenant",
@@ -193,6 +245,17 @@ def add_parser(verbs: Verbs, client: ClientParsers) -> None:
     keys_verbs.add_parser(
         "list", parents=[client.connection, on_database], help="list keys (no secrets)"
     )
+    update = keys_verbs.add_parser(
+        "update",
+        parents=[client.connection, on_database],
+        help="change a key's grants, expiry or rate limits; the others stay as they are",
+    )
+    update.add_argument("name")
+    _add_grant_flag(update, required=False, more="; the grants given replace all of the key's")
+    expiry = update.add_mutually_exclusive_group()
+    expiry.add_argument("--expires-in", type=duration, help="from now, as in 30d, 12h, 90m")
+    expiry.add_argument("--no-expiry", action="store_true", help="the key never expires")
+    add_rate_limit_flags(update, updating=True)
     revoke = keys_verbs.add_parser(
         "revoke", parents=[client.connection, on_database], help="revoke a key"
     )

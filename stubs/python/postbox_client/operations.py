@@ -447,6 +447,36 @@ class Operations:
         request = access_service_pb2.ListKeysRequest(page_size=page_size)
         return self._pages(self.access.ListKeys, request, "keys")
 
+    def update_key(
+        self,
+        name: str,
+        *,
+        grants: Sequence[access_service_pb2.Grant | str] | None = None,
+        expire_time: datetime | None = None,
+        never_expires: bool = False,
+        rate_limits: access_service_pb2.RateLimits | None = None,
+    ) -> access_service_pb2.Key:
+        """Changes the fields given and only those (None: leave it): `grants` replace them
+        all; `expire_time`, or `never_expires`; `rate_limits` replace all of them, an
+        empty RateLimits lifts them."""
+        if expire_time is not None and never_expires:
+            raise ValueError("give expire_time or never_expires, not both")
+        key = access_service_pb2.Key(name=name)
+        paths = []
+        if grants is not None:
+            key.grants.extend(parse_grant(g) if isinstance(g, str) else g for g in grants)
+            paths.append("grants")
+        if expire_time is not None:
+            key.expire_time.FromDatetime(expire_time)
+        if expire_time is not None or never_expires:
+            paths.append("expire_time")
+        if rate_limits is not None:
+            key.rate_limits.CopyFrom(rate_limits)
+            paths.append("rate_limits")
+        request = access_service_pb2.UpdateKeyRequest(key=key)
+        request.update_mask.paths.extend(paths)
+        return self.call(self.access.UpdateKey, request).key
+
     def delete_key(self, name: str) -> None:
         """Revokes an API key."""
         self.call(self.access.DeleteKey, access_service_pb2.DeleteKeyRequest(name=name))

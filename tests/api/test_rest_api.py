@@ -140,13 +140,14 @@ async def test_queues_create_list_metrics_purge_delete(http: aiohttp.ClientSessi
     assert (status, again) == (200, created)
     # A FIFO queue's name says so, as in SQS.
     status, clash, _ = await request(http, "POST", "/v1/queues", {"name": name, "fifo": True})
-    refused(status, clash, 400, ".fifo")
+    refused(status, clash, 400, "does not end in .fifo", f"create '{name}.fifo'")
+    assert clash["code"] == "invalid_argument"
     status, fifo, _ = await request(http, "POST", "/v1/queues", {"name": f"{name}.fifo"})
     assert (status, fifo["fifo"]) == (201, True)
     status, clash, _ = await request(
         http, "POST", "/v1/queues", {"name": f"{name}2.fifo", "fifo": False}
     )
-    refused(status, clash, 400, ".fifo")
+    refused(status, clash, 400, "ends in .fifo", "leave out fifo")
     status, listed, _ = await request(http, "GET", "/v1/queues")
     assert f"{name}2.fifo" not in [q["name"] for q in listed]
     status, listed, _ = await request(http, "GET", "/v1/queues")

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import aiohttp
+import asyncpg
 import pytest
 from openapi_spec_validator import validate
 from receiver import Receiver
@@ -139,13 +140,14 @@ async def test_queues_create_list_metrics_purge_delete(http: aiohttp.ClientSessi
     assert (status, again) == (200, created)
     # A FIFO queue's name says so, as in SQS.
     status, clash, _ = await request(http, "POST", "/v1/queues", {"name": name, "fifo": True})
-    refused(status, clash, 400, ".fifo")
+    refused(status, clash, 400, "does not end in .fifo", f"create '{name}.fifo'")
+    assert clash["code"] == "invalid_argument"
     status, fifo, _ = await request(http, "POST", "/v1/queues", {"name": f"{name}.fifo"})
     assert (status, fifo["fifo"]) == (201, True)
     status, clash, _ = await request(
         http, "POST", "/v1/queues", {"name": f"{name}2.fifo", "fifo": False}
     )
-    refused(status, clash, 400, ".fifo")
+    refused(status, clash, 400, "ends in .fifo", "leave out fifo")
     status, listed, _ = await request(http, "GET", "/v1/queues")
     assert f"{name}2.fifo" not in [q["name"] for q in listed]
     status, listed, _ = await request(http, "GET", "/v1/queues")
@@ -199,7 +201,8 @@ async def test_messages_send_receive_visibility_delete(http: aiohttp.ClientSessi
     # The id is a number standing for this delivery; the receipt comes beside it.
     assert isinstance(first["id"], int)
     assert 0 <= first["id"] < 2**53  # exact as a JavaScript number
-    assert first["receipt"].startswith(f"{sent['id']}:")
+    assert first["receipt"].startswith(f"{sent['id'] // 4096}:")
+    assert first["id"] != sent["id"]  # a delivery's id, never the message's
     status, rest, _ = await request(http, "GET", f"{messages}?max=10")
     assert sorted(json.dumps(m["message"]) for m in rest) == ['"a"', "[1]"]
     # Nothing visible: the default wait (0) answers at once, empty.
@@ -259,7 +262,7 @@ async def test_a_delivery_id_works_on_any_process_until_the_message_is_delivered
             # The first delivery's id is stale now, everywhere: it changes nothing.
             for server in (http, elsewhere):
                 status, stale, _ = await request(server, "DELETE", f"{messages}/{first['id']}")
-                refused(status, stale, 400, "stale", f"'{first['message_id']}#1'")
+                refused(status, stale, 400, "stale", f"'{first['message_id'] // 4096}#1'")
                 status, stale, _ = await request(
                     server, "PATCH", f"{messages}/{first['id']}", {"vt": 0}
                 )
@@ -280,6 +283,65 @@ async def test_a_delivery_id_works_on_any_process_until_the_message_is_delivered
     status, batch, _ = await request(http, "DELETE", messages, {"ids": [third["id"]]})
     assert (status, batch) == (200, {"deleted": [third["id"]]})
     assert await depth(http, queue) == 0
+
+
+async def test_a_sends_id_deletes_the_message_whoever_holds_it(
+    http: aiohttp.ClientSession, database_url: str
+) -> None:
+    """beyond-queue's scripts delete by the id a send returned, without receiving first,
+    and its delete removes the message whoever holds it (DELETE ... WHERE msg_id = $id)."""
+    queue = await new_queue(http, "rest_send_ids")
+    messages = f"/v1/queues/{queue}/messages"
+    # Waiting: deleted (cancelled) by the send's id; then gone.
+    status, sent, _ = await request(http, "POST", messages, {"message": "waiting"})
+    assert status == 201, sent
+    assert sent["id"] % 4096 == 0  # receive-count part 0: the message, not a delivery
+    status, deleted, _ = await request(http, "DELETE", f"{messages}/{sent['id']}")
+    assert (status, deleted) == (204, None)
+    status, gone, _ = await request(http, "DELETE", f"{messages}/{sent['id']}")
+    refused(status, gone, 404)
+    # Held by a consumer: deleted all the same; the consumer's delivery id is then gone.
+    status, held, _ = await request(http, "POST", messages, {"message": "held"})
+    status, [delivery], _ = await request(http, "GET", f"{messages}?vt=600")
+    assert delivery["message_id"] == held["id"] != delivery["id"]
+    status, deleted, _ = await request(http, "DELETE", f"{messages}/{held['id']}")
+    assert (status, deleted) == (204, None)
+    assert await depth(http, queue) == 0
+    status, gone, _ = await request(http, "DELETE", f"{messages}/{delivery['id']}")
+    refused(status, gone, 404)
+    # PATCH by a send's id changes the lease of the delivery holding the message, and
+    # is refused while none does.
+    status, sent, _ = await request(http, "POST", messages, {"message": "patched"})
+    status, unheld, _ = await request(http, "PATCH", f"{messages}/{sent['id']}", {"vt": 0})
+    refused(status, unheld, 400, "not in flight", "delay")
+    assert unheld["code"] == "failed_precondition"
+    status, [first], _ = await request(http, "GET", f"{messages}?vt=600")
+    status, changed, _ = await request(http, "PATCH", f"{messages}/{sent['id']}", {"vt": 0})
+    assert (status, changed["id"]) == (200, sent["id"]), changed
+    status, [second], _ = await request(http, "GET", f"{messages}?vt=600")
+    assert (second["message_id"], second["read_ct"]) == (sent["id"], 2)
+    # A stale receive id still deletes nothing; the send's id does, in a batch too.
+    status, stale, _ = await request(http, "DELETE", f"{messages}/{first['id']}")
+    refused(status, stale, 400, "stale")
+    status, batch, _ = await request(
+        http, "DELETE", messages, {"ids": [first["id"], sent["id"], 4096 * (2**40)]}
+    )
+    assert (status, batch) == (200, {"deleted": [sent["id"]]})
+    assert await depth(http, queue) == 0
+    # Every 4096th delivery is named by its receipt, so part 0 is never a delivery's.
+    status, sent, _ = await request(http, "POST", messages, {"message": "often"})
+    conn = await asyncpg.connect(database_url)
+    try:
+        await conn.execute(
+            "UPDATE postbox.messages SET receive_count = 4095 WHERE id = $1", sent["id"] // 4096
+        )
+    finally:
+        await conn.close()
+    status, [often], _ = await request(http, "GET", f"{messages}?vt=600")
+    assert often["read_ct"] == 4096
+    assert often["id"] == often["receipt"]
+    status, deleted, _ = await request(http, "DELETE", f"{messages}/{often['id']}")
+    assert (status, deleted) == (204, None)
 
 
 async def test_receive_waits_for_a_message(http: aiohttp.ClientSession) -> None:

@@ -4,7 +4,16 @@ tests/api/test_rest_api.py drives them through two real server processes."""
 
 from __future__ import annotations
 
-from postbox_server.services.deliveries import COUNTS, LIMIT, number, parse_number, receipt_of
+from postbox_server.http.rest.shapes import message_id
+from postbox_server.services.deliveries import (
+    COUNTS,
+    LIMIT,
+    message_number,
+    message_of,
+    number,
+    parse_number,
+    receipt_of,
+)
 
 
 def test_a_number_names_a_message_and_its_receive_count() -> None:
@@ -33,3 +42,21 @@ def test_digits_below_2_to_the_53_are_a_delivery_id_and_anything_else_a_receipt(
     assert parse_number("1:3f1c") is None
     assert parse_number("\uff11\uff12") is None  # fullwidth digits: not ASCII
     assert parse_number("1" * 17) is None
+
+
+def test_count_part_0_names_the_message_never_a_delivery() -> None:
+    # A send's id: the message's number, part 0; every delivery's differs from it.
+    assert message_number(7) == 7 * COUNTS
+    assert message_of(7 * COUNTS) == 7
+    assert message_of(number(7, 1) or 0) is None
+    # The 4096th delivery (and every 4096th after) has no number: its receipt stands for
+    # it, so part 0 stays the message's.
+    assert number(7, COUNTS) is None
+    assert number(7, 2 * COUNTS) is None
+    assert message_number(LIMIT // COUNTS - 1) == LIMIT - COUNTS
+    assert message_number(LIMIT // COUNTS) is None
+
+
+def test_the_rest_api_writes_a_message_id_as_its_number() -> None:
+    assert message_id("7") == 7 * COUNTS
+    assert message_id(str(LIMIT // COUNTS)) == f"{LIMIT // COUNTS}#0"  # past 2^41

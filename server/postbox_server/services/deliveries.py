@@ -10,6 +10,10 @@ holds it (postbox.delivery_receipts), so every server process resolves it and th
 lease check still applies: a number whose message was delivered again since is
 stale, as its receipt is. The one exception is the wrap: 4096 deliveries later the
 same number names the newest delivery again.
+
+The REST API keeps the receive-count part 0 for the message itself: a send answers
+message id * 4096 (a delivery whose receive count is a multiple of 4096 is named by
+its receipt instead), so a send's id and a receive's never name the same thing.
 """
 
 from __future__ import annotations
@@ -29,9 +33,22 @@ _FORM = re.compile(r"([0-9]{1,19})#([0-9]{1,4})")
 
 
 def number(message_id: int, receive_count: int) -> int | None:
-    """The delivery's number, or None for a message id too large to pack below 2^53."""
+    """The delivery's number, or None for a message id too large to pack below 2^53 and
+    for a receive count whose part is 0, which names the message (message_number)."""
     packed = message_id * COUNTS + receive_count % COUNTS
+    return packed if packed < LIMIT and packed % COUNTS else None
+
+
+def message_number(message_id: int) -> int | None:
+    """The number naming the message itself (receive-count part 0), or None for a
+    message id too large to pack below 2^53."""
+    packed = message_id * COUNTS
     return packed if packed < LIMIT else None
+
+
+def message_of(number: int) -> int | None:
+    """The message id a number names the message by, or None for a delivery's number."""
+    return None if number % COUNTS else number // COUNTS
 
 
 def receipt_of(number: int) -> str:

@@ -6,24 +6,33 @@ count) packed (see services/deliveries.py): what deletes it and changes its visi
 as beyond-queue's numeric id does, on any server process, and, like the delivery's
 `receipt` ("<message id>:<lease>", which these routes take too), what stops a consumer
 whose lease ran out from deleting a message delivered to another since. `message_id` is
-the message's id, as sends return it.
+the message's number, as sends return it: the same packing with receive-count part 0,
+never a delivery's. Deleting by it removes the message whoever holds it, as
+beyond-queue's delete by msg_id does (`DELETE ... WHERE msg_id = $id`); changing its
+visibility acts on the delivery that holds it.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any, TypeVar
 
+import grpc
 from aiohttp import web
+from postbox.v1 import message_pb2
 from postbox.v1 import message_service_pb2 as mpb
 
+from postbox_server.http.connect import ConnectError
 from postbox_server.http.rest.framework import (
     BadInput,
     Reply,
     RestCall,
+    RestError,
     Route,
     json_type,
     path_param,
     query_param,
+    quoted,
 )
 from postbox_server.http.rest.queues import NAME
 from postbox_server.http.rest.shapes import (
@@ -45,8 +54,17 @@ from postbox_server.services import deliveries
 # beyond-queue's receive defaults: one message, a 30 s lease, no wait.
 DEFAULT_MAX, DEFAULT_VT, DEFAULT_WAIT = 1, 30, 0
 RECEIPT = path_param(
-    "id", "The `id` a receive returned (its delivery id), or the delivery's `receipt`."
+    "id",
+    "The `id` a receive returned (its delivery id) or the delivery's `receipt`; or the "
+    "`id` a send returned (the message's, whoever holds it).",
 )
+# A message's id past 2^41 messages, as shapes.message_id writes it.
+_MESSAGE_FORM = re.compile(r"([0-9]{1,19})#0")
+# Rounds of "cancel, else delete with the delivery holding it" a delete by a message's id
+# makes: each loses only to a receive or a lease running out between its two calls.
+_TRIES = 3
+# Most ids of a batch delete (DeleteBatch's limit).
+BATCH_MOST = 1000
 # The messages a send's body fills.
 Sendable = TypeVar("Sendable", mpb.SendRequest, mpb.SendBatchEntry)
 _SEND_FIELDS = ("message", "headers", "delay", "group_id", "deduplication_id")
@@ -136,6 +154,54 @@ def _receipt(given: str) -> str:
     return given if number is None else deliveries.receipt_of(number)
 
 
+def _message(given: str | int) -> int | None:
+    """The message a send's id names (receive-count part 0), or None for a delivery's id
+    or a receipt."""
+    if isinstance(given, int):
+        return deliveries.message_of(given) if given < deliveries.LIMIT else None
+    number = deliveries.parse_number(given)
+    if number is not None:
+        return deliveries.message_of(number)
+    form = _MESSAGE_FORM.fullmatch(given)
+    return None if form is None else int(form[1])
+
+
+async def _holding(call: RestCall, queue: str, message: int) -> tuple[str, int]:
+    """The delivery form of the message's latest delivery, and the message's state."""
+    got = await call.call(
+        "MessageService/GetMessage", mpb.GetMessageRequest(queue=queue, message_id=str(message))
+    )
+    count = got.message.receive_count % deliveries.COUNTS
+    return f"{message}#{count}", got.message.state
+
+
+async def _delete_message(call: RestCall, queue: str, message: int) -> None:
+    """As beyond-queue's delete by msg_id: the message goes, whoever holds it. One no
+    consumer holds is cancelled (CancelMessage: no receive takes it meanwhile); one a
+    consumer holds goes with the delivery that holds it, whose own id then answers 404,
+    as beyond-queue's does once the row is gone."""
+    for attempt in range(_TRIES):
+        try:
+            await call.call(
+                "MessageService/CancelMessage",
+                mpb.CancelMessageRequest(queue=queue, message_id=str(message)),
+            )
+            return
+        except RestError as error:
+            if error.code is not grpc.StatusCode.FAILED_PRECONDITION:
+                raise
+        receipt, _ = await _holding(call, queue, message)
+        try:
+            await call.call(
+                "MessageService/Delete", mpb.DeleteRequest(queue=queue, receipt=receipt)
+            )
+            return
+        except RestError as error:
+            # Stale: delivered again, or (FIFO) its lease ran out, since the look.
+            if error.code is not grpc.StatusCode.FAILED_PRECONDITION or attempt == _TRIES - 1:
+                raise
+
+
 def _is_id(value: Any) -> bool:
     return isinstance(value, str) or (
         isinstance(value, int) and not isinstance(value, bool) and value >= 0
@@ -147,26 +213,51 @@ async def delete_batch(call: RestCall) -> web.Response:
     ids = body.get("ids")
     if not isinstance(ids, list) or not all(_is_id(i) for i in ids):
         raise BadInput(
-            "the body needs ids: an array of the `id`s receives returned (numbers) or of "
-            "their receipts (strings)"
+            "the body needs ids: an array of the `id`s receives or sends returned (numbers) "
+            "or of receipts (strings)"
         )
     queue = call.path("name")
+    messages = {i: m for i, m in enumerate(_message(given) for given in ids) if m is not None}
+    if not 1 <= len(ids) <= BATCH_MOST:
+        messages = {}  # DeleteBatch refuses the size before anything is deleted
+    deleted: set[int] = set()
+    for i, message in messages.items():
+        try:
+            await _delete_message(call, queue, message)
+        except RestError as error:
+            # Each fails on its own, as the deliveries' do; a refused key fails the call.
+            if error.code in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED):
+                raise
+        else:
+            deleted.add(i)
     # A number past 2^53 goes as its digits: a malformed receipt, which fails on its
     # own (not deleted) while the others are.
+    named = [(i, given) for i, given in enumerate(ids) if i not in messages]
     receipts = [
-        i if isinstance(i, str) else deliveries.receipt_of(i) if i < deliveries.LIMIT else str(i)
-        for i in ids
+        given
+        if isinstance(given, str)
+        else deliveries.receipt_of(given)
+        if given < deliveries.LIMIT
+        else str(given)
+        for _, given in named
     ]
-    done = await call.call(
-        "MessageService/DeleteBatch", mpb.DeleteBatchRequest(queue=queue, receipts=receipts)
-    )
-    deleted = [given for given, result in zip(ids, done.results, strict=True) if result.code == 0]
-    return web.json_response({"deleted": deleted})
+    if receipts or not messages:
+        done = await call.call(
+            "MessageService/DeleteBatch", mpb.DeleteBatchRequest(queue=queue, receipts=receipts)
+        )
+        deleted |= {
+            i for (i, _), result in zip(named, done.results, strict=True) if not result.code
+        }
+    return web.json_response({"deleted": [given for i, given in enumerate(ids) if i in deleted]})
 
 
 async def delete_one(call: RestCall) -> web.Response:
-    queue = call.path("name")
-    receipt = _receipt(call.path("id"))
+    queue, given = call.path("name"), call.path("id")
+    message = _message(given)
+    if message is not None:
+        await _delete_message(call, queue, message)
+        return web.Response(status=204)
+    receipt = _receipt(given)
     await call.call("MessageService/Delete", mpb.DeleteRequest(queue=queue, receipt=receipt))
     return web.Response(status=204)
 
@@ -177,7 +268,21 @@ async def change_visibility(call: RestCall) -> web.Response:
         raise BadInput("the body needs vt: seconds until the message is visible again")
     vt = whole_seconds(body["vt"], "vt")
     queue, given = call.path("name"), call.path("id")
-    receipt = _receipt(given)
+    message = _message(given)
+    if message is None:
+        receipt = _receipt(given)
+    else:
+        # A send's id: the delivery that holds the message now, if one does.
+        receipt, state = await _holding(call, queue, message)
+        if state != message_pb2.MESSAGE_STATE_IN_FLIGHT:
+            raise RestError(
+                ConnectError(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"message {quoted(given)} is not in flight: by a send's id, vt changes "
+                    "the lease of a message a consumer holds; hold a message back with a "
+                    "send's delay",
+                )
+            )
     await call.call(
         "MessageService/ChangeVisibility",
         mpb.ChangeVisibilityRequest(queue=queue, receipt=receipt, visibility_timeout=duration(vt)),
@@ -208,7 +313,11 @@ _RECEIVED: dict[str, Any] = {
             "process (the receipt itself for message ids of 2^41 and above).",
         },
         "receipt": {"type": "string", "description": "The same, on any server process."},
-        "message_id": {"type": "integer"},
+        "message_id": {
+            "type": ["integer", "string"],
+            "description": "The message's id, as the send returned it: deletes the message "
+            "whoever holds it.",
+        },
         "message": MESSAGE_SCHEMA,
         "body_base64": {"type": "string", "description": "Only for a body that is no text."},
         "headers": RECEIVED_HEADERS_SCHEMA,
@@ -225,9 +334,9 @@ ROUTES = (
         "Send a message, or a batch (an array) in one transaction.", params=(NAME,),
         body={"oneOf": [_SEND_ONE, {"type": "array", "items": _SEND_ONE}]},
         replies={
-            201: Reply("Committed.", {"type": "object", "properties": {
-                "id": {"type": "integer"},
-                "ids": {"type": "array", "items": {"type": "integer"}}}}),
+            201: Reply("Committed: the messages' ids, which delete them whoever holds them.",
+                       {"type": "object", "properties": {
+                           "id": _ID, "ids": {"type": "array", "items": _ID}}}),
             **_NOT_FOUND,
         },
     ),
@@ -250,7 +359,8 @@ ROUTES = (
     ),
     Route(
         "DELETE", _MESSAGES, "MessageService/DeleteBatch", delete_batch,
-        "Delete up to 1000 received messages; each succeeds or fails on its own.",
+        "Delete up to 1000 messages by receives' or sends' ids; each succeeds or fails on "
+        "its own.",
         params=(NAME,),
         body={"type": "object", "required": ["ids"],
               "properties": {"ids": {"type": "array", "items": _ID}}},
@@ -259,18 +369,21 @@ ROUTES = (
     ),
     Route(
         "DELETE", _MESSAGES + "/{id}", "MessageService/Delete", delete_one,
-        "Delete a received message.", params=(NAME, RECEIPT),
+        "Delete a received message, or by a send's id a message whoever holds it.",
+        params=(NAME, RECEIPT),
         replies={204: Reply("Deleted."), **_NOT_FOUND,
                  400: Reply("Stale (delivered again since) or malformed id.")},
     ),
     Route(
         "PATCH", _MESSAGES + "/{id}", "MessageService/ChangeVisibility", change_visibility,
-        "Make a received message visible again vt seconds from now.", params=(NAME, RECEIPT),
+        "Make a received message visible again vt seconds from now (by a send's id: the "
+        "message's current delivery).", params=(NAME, RECEIPT),
         body={"type": "object", "required": ["vt"],
               "properties": {"vt": {"type": "integer", "minimum": 0, "maximum": 43200}}},
         replies={200: Reply("Changed.", {"type": "object", "properties": {
             "id": _ID, "visible_at": {"type": "string", "format": "date-time"}}}),
             **_NOT_FOUND,
-            400: Reply("Stale (delivered again since) or malformed id.")},
+            400: Reply("Stale (delivered again since), malformed id, or by a send's id a "
+                       "message no consumer holds.")},
     ),
 )  # fmt: skip

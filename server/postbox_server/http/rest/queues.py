@@ -84,11 +84,19 @@ async def create(call: RestCall) -> web.Response:
     if not isinstance(fifo, bool):
         raise BadInput(f"fifo is a JSON {json_type(fifo)}; it must be true or false")
     if fifo != name.endswith(FIFO_SUFFIX):
-        # postbox tells a FIFO queue by its name, as SQS does.
+        # postbox's engine tells a FIFO queue by its name (create_queue), as SQS does, so
+        # a FIFO queue has one name on every door. beyond-queue strips the suffix instead,
+        # its REST "orders" being its SQS "orders.fifo": the fix is the caller's one word.
+        fix = (
+            f"create {quoted(name + FIFO_SUFFIX)} instead"
+            if fifo
+            else "leave out fifo or make it true"
+        )
         raise BadInput(
             f"fifo is {str(fifo).lower()} but the name {quoted(name)} "
             f"{'does not end' if fifo else 'ends'} in {FIFO_SUFFIX}: a FIFO queue's name ends "
-            f"in {FIFO_SUFFIX}, and only a FIFO queue's does"
+            f"in {FIFO_SUFFIX}, and only a FIFO queue's does (in the engine, as in SQS); "
+            f"{fix}"
         )
     request = qpb.CreateQueueRequest(queue=qpb.Queue(name=name))
     try:

@@ -20,6 +20,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from postbox.v1 import message_pb2
 
 from postbox_server.http.rest.framework import BadInput, json_type, quoted
+from postbox_server.services import deliveries
 
 # What a message's `headers` hold: string and number values.
 HEADERS_SCHEMA: dict[str, Any] = {
@@ -107,8 +108,14 @@ def duration(seconds: int) -> Duration:
 
 
 def message_id(text: str) -> int | str:
-    """A message id as beyond-queue writes it: a number."""
-    return int(text) if text.isdigit() else text
+    """A message's id as the REST API writes it, a number as beyond-queue's: the
+    message's receive-count part 0 (deliveries.message_number), which deletes and changes
+    the visibility of the message, where a receive's `id` names one delivery of it. Past
+    2^41 messages, "<message id>#0", which those routes take too."""
+    if not text.isdigit():
+        return text
+    number = deliveries.message_number(int(text))
+    return f"{text}#0" if number is None else number
 
 
 def time_text(stamp: Timestamp) -> str | None:

@@ -461,33 +461,34 @@ $$;
 -- The tenant the caller acts for, NULL when it is bound to none. Inside a
 -- SECURITY DEFINER function current_user is the engine's owner, so the caller
 -- is session_user and, after SET ROLE, the role set (current_setting('role')),
--- with every role either belongs to, directly or not (pg_auth_members, not
--- pg_has_role, which makes a superuser a member of every role). A login role
--- may only SET ROLE to roles it belongs to, so it cannot shed its binding
--- that way; a superuser that sets a bound role acts for that role's tenant.
--- 42501 when the caller is bound to two tenants, or is bound and belongs to
--- postbox_admin, whose functions and table rights cross tenants. Costs one
--- look at an empty table while no role is bound.
+-- each with every role it belongs to, directly or not (pg_has_role's MEMBER,
+-- which counts a membership without INHERIT too). A superuser is a member of
+-- every role, so it counts only through a role it sets. A login role may only
+-- SET ROLE to roles it belongs to, so it cannot shed its binding that way; a
+-- superuser that sets a bound role acts for that role's tenant. 42501 when the
+-- caller is bound to two tenants, or is bound and belongs to postbox_admin,
+-- whose functions and table rights cross tenants. The owner (the servers'
+-- role: it cannot be bound) and everyone while no role is bound pay no query
+-- of the roles.
 CREATE FUNCTION postbox._caller_tenant() RETURNS text
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
     bound text[];
     admin boolean;
 BEGIN
-    IF NOT EXISTS (SELECT FROM postbox.tenant_roles) THEN
+    IF (session_user = current_user AND current_setting('role') = 'none')
+       OR NOT EXISTS (SELECT FROM postbox.tenant_roles) THEN
         RETURN NULL;
     END IF;
-    WITH RECURSIVE held(oid) AS (
-        SELECT r.oid FROM pg_catalog.pg_roles r
-        WHERE r.rolname = session_user OR r.rolname = nullif(current_setting('role'), 'none')
-        UNION
-        SELECT m.roleid FROM pg_catalog.pg_auth_members m JOIN held h ON m.member = h.oid
-    )
-    SELECT array_agg(DISTINCT b.tenant_name) FILTER (WHERE b.tenant_name IS NOT NULL),
-           bool_or(r.rolname = 'postbox_admin')
+    -- One statement: each one a plpgsql function runs costs as much as a
+    -- send's insert. Bound roles are looked up with to_regrole (NULL for a
+    -- dropped role, which then matches nothing).
+    SELECT array_agg(DISTINCT b.tenant_name ORDER BY b.tenant_name),
+           bool_or(pg_catalog.pg_has_role(c.oid, to_regrole('postbox_admin'), 'MEMBER'))
     INTO bound, admin
-    FROM held h JOIN pg_catalog.pg_roles r ON r.oid = h.oid
-    LEFT JOIN postbox.tenant_roles b ON b.role_name = r.rolname;
+    FROM pg_catalog.pg_roles c
+    JOIN postbox.tenant_roles b ON pg_catalog.pg_has_role(c.oid, to_regrole(quote_ident(b.role_name)), 'MEMBER')
+    WHERE (c.rolname = session_user OR c.rolname = nullif(current_setting('role'), 'none')) AND NOT c.rolsuper;
     IF bound IS NULL THEN
         RETURN NULL;
     ELSIF cardinality(bound) > 1 THEN

@@ -11129,6 +11129,1564 @@ LANGUAGE sql STABLE AS $$
            AND m.queue_id = (SELECT q.id FROM postbox.queues q WHERE q.name = queue_name)
 $$;
 
+-- SQL roles bound to tenants: the binding, and the reader and writer functions scoped to a
+-- bound role's tenant (see 05_tenant_scope.sql).
+-- SQL roles bound to tenants (since 0.9.0). A direct SQL user whose role is
+-- bound to a tenant (bind_tenant_role), itself or through a role it belongs
+-- to, sees through the reader and writer functions only that tenant's queues,
+-- topics and schedules, under their own names: `orders` is the tenant's
+-- `acme/orders`, lists show the tenant's resources without the prefix, and
+-- another tenant's resource answers as a missing one. An unbound role sees
+-- every tenant, as before. Bindings name roles (a role's name survives
+-- pg_dump to another cluster, its oid does not): a binding outlives its role,
+-- and a new role of that name is bound.
+CREATE TABLE IF NOT EXISTS postbox.tenant_roles (
+    role_name name PRIMARY KEY,
+    tenant_name text NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT now()
+);
+
+DO $$
+BEGIN
+    PERFORM pg_catalog.pg_extension_config_dump('postbox.tenant_roles', '');
+EXCEPTION WHEN feature_not_supported THEN
+    NULL;  -- installed from a plain script, not by CREATE EXTENSION
+END
+$$;
+
+-- The tenant the caller acts for, NULL when it is bound to none. Inside a
+-- SECURITY DEFINER function current_user is the engine's owner, so the caller
+-- is session_user and, after SET ROLE, the role set (current_setting('role')),
+-- each with every role it belongs to, directly or not (pg_has_role's MEMBER,
+-- which counts a membership without INHERIT too). A superuser is a member of
+-- every role, so it counts only through a role it sets. A login role may only
+-- SET ROLE to roles it belongs to, so it cannot shed its binding that way; a
+-- superuser that sets a bound role acts for that role's tenant. 42501 when the
+-- caller is bound to two tenants, or is bound and belongs to postbox_admin,
+-- whose functions and table rights cross tenants. The owner (the servers'
+-- role: it cannot be bound) and everyone while no role is bound pay no query
+-- of the roles.
+CREATE OR REPLACE FUNCTION postbox._caller_tenant() RETURNS text
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    bound text[];
+    admin boolean;
+BEGIN
+    IF (session_user = current_user AND current_setting('role') = 'none')
+       OR NOT EXISTS (SELECT FROM postbox.tenant_roles) THEN
+        RETURN NULL;
+    END IF;
+    -- One statement: each one a plpgsql function runs costs as much as a
+    -- send's insert. Bound roles are looked up with to_regrole (NULL for a
+    -- dropped role, which then matches nothing).
+    SELECT array_agg(DISTINCT b.tenant_name ORDER BY b.tenant_name),
+           bool_or(pg_catalog.pg_has_role(c.oid, to_regrole('postbox_admin'), 'MEMBER'))
+    INTO bound, admin
+    FROM pg_catalog.pg_roles c
+    JOIN postbox.tenant_roles b ON pg_catalog.pg_has_role(c.oid, to_regrole(quote_ident(b.role_name)), 'MEMBER')
+    WHERE (c.rolname = session_user OR c.rolname = nullif(current_setting('role'), 'none')) AND NOT c.rolsuper;
+    IF bound IS NULL THEN
+        RETURN NULL;
+    ELSIF cardinality(bound) > 1 THEN
+        RAISE EXCEPTION USING ERRCODE = '42501', MESSAGE = format(
+            'role %s is bound to tenants %s (itself or through its roles); a role acts for one tenant: '
+            'unbind all but one (postbox.unbind_tenant_role)',
+            quote_ident(coalesce(nullif(current_setting('role'), 'none'), session_user)),
+            array_to_string(bound, ', '));
+    ELSIF admin THEN
+        RAISE EXCEPTION USING ERRCODE = '42501', MESSAGE = format(
+            'role %s is bound to tenant %s and is a member of postbox_admin, whose rights cross tenants: '
+            'revoke postbox_admin from it or unbind it',
+            quote_ident(coalesce(nullif(current_setting('role'), 'none'), session_user)), bound[1]);
+    END IF;
+    RETURN bound[1];
+END
+$$;
+
+-- The tenant the calling role acts for (see _caller_tenant): NULL when it is
+-- bound to none and sees every tenant. For readers and writers too.
+CREATE OR REPLACE FUNCTION postbox.caller_tenant() RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT postbox._caller_tenant()
+$$;
+
+-- The resource a caller of tenant `tenant` means by resource_name: its own
+-- name `orders` is `tenant/orders`, and `tenant/orders` is taken as it is (the
+-- engine's functions pass full names to one another). Any other name with "/"
+-- is PB400, whether or not it exists, so it tells nothing of other tenants.
+-- Unbound (tenant NULL) and NULL names: the name itself.
+CREATE OR REPLACE FUNCTION postbox._in_tenant(resource_name text, tenant text) RETURNS text
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF tenant IS NULL OR resource_name IS NULL OR starts_with(resource_name, tenant || '/') THEN
+        RETURN resource_name;
+    ELSIF strpos(resource_name, '/') > 0 THEN
+        PERFORM postbox._invalid(format(
+            'name %s has a "/": a role bound to a tenant names its resources without the tenant',
+            postbox._quoted(resource_name)));
+    END IF;
+    RETURN tenant || '/' || resource_name;
+END
+$$;
+
+-- resource_name as the caller means it (see _in_tenant).
+CREATE OR REPLACE FUNCTION postbox._scoped_name(resource_name text) RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT postbox._in_tenant(resource_name, postbox._caller_tenant())
+$$;
+
+-- A name as a caller of tenant `tenant` sees it: without the tenant's prefix.
+CREATE OR REPLACE FUNCTION postbox._shown(resource_name text, tenant text) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN tenant IS NOT NULL AND starts_with(resource_name, tenant || '/')
+                THEN substr(resource_name, length(tenant) + 2) ELSE resource_name END
+$$;
+
+-- The first characters of the names a caller of tenant `tenant` may see:
+-- 'tenant/', or '' when unbound. Lists compare names with this || the caller's
+-- bounds, so the name index still serves them.
+CREATE OR REPLACE FUNCTION postbox._tenant_prefix(tenant text) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT coalesce(tenant || '/', '')
+$$;
+
+-- A queue as a caller of tenant `tenant` sees it: its name and its redrive
+-- sources' without the tenant (see _shown).
+CREATE OR REPLACE FUNCTION postbox._shown_queue(q postbox.queues, tenant text) RETURNS postbox.queues
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF tenant IS NOT NULL THEN
+        q.name := postbox._shown(q.name, tenant);
+        q.redrive_sources := ARRAY(SELECT postbox._shown(x, tenant) FROM unnest(q.redrive_sources) AS x);
+    END IF;
+    RETURN q;
+END
+$$;
+
+-- The queue of that name (the caller's tenant's, for a bound role: see
+-- _caller_tenant); PB404 if there is none.
+CREATE OR REPLACE FUNCTION postbox.get_queue(queue_name text) RETURNS postbox.queues
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    tenant text := postbox._caller_tenant();
+BEGIN
+    RETURN postbox._shown_queue(postbox._queue(postbox._in_tenant(queue_name, tenant)), tenant);
+END
+$$;
+
+-- Queues in name order after after_name, whose names start with name_prefix;
+-- a bound role's tenant's only, named as it names them.
+CREATE OR REPLACE FUNCTION postbox.list_queues(page_size integer DEFAULT 100, after_name text DEFAULT '',
+                                    name_prefix text DEFAULT '')
+RETURNS SETOF postbox.queues
+LANGUAGE sql STABLE AS $$
+    -- The tenant as a subquery: evaluated once, and the name index still serves.
+    SELECT s.* FROM postbox.queues q
+    CROSS JOIN LATERAL postbox._shown_queue(q, (SELECT postbox._caller_tenant())) AS s
+    WHERE q.name > postbox._tenant_prefix((SELECT postbox._caller_tenant())) || coalesce(after_name, '')
+          AND starts_with(q.name, postbox._tenant_prefix((SELECT postbox._caller_tenant()))
+                                  || coalesce(name_prefix, ''))
+    ORDER BY q.name
+    LIMIT page_size
+$$;
+
+-- Live counts of a queue's messages. Parked FIFO messages count as visible
+-- (waiting for their turn); expired ones do not count. The ages of the oldest
+-- and newest message (0 when empty), and the messages sent through a server
+-- since the queue was made (queue_counters.sent; newest_age and sent_total
+-- since 0.9.0).
+CREATE OR REPLACE FUNCTION postbox.queue_stats(queue_name text)
+RETURNS TABLE (visible bigint, in_flight bigint, delayed bigint, oldest_age interval,
+               newest_age interval, sent_total bigint)
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    q postbox.queues := postbox._queue(postbox._scoped_name(queue_name));
+BEGIN
+    RETURN QUERY
+    SELECT count(*) FILTER (WHERE m.visible_at <= now() OR m.visible_at = 'infinity'),
+           count(*) FILTER (WHERE m.visible_at > now() AND m.visible_at <> 'infinity' AND m.lease IS NOT NULL),
+           count(*) FILTER (WHERE m.visible_at > now() AND m.visible_at <> 'infinity' AND m.lease IS NULL),
+           coalesce(now() - min(m.enqueued_at), interval '0'),
+           greatest(coalesce(now() - max(m.enqueued_at), interval '0'), interval '0'),
+           coalesce((SELECT c.sent FROM postbox.queue_counters c WHERE c.queue_id = q.id), 0)
+    FROM postbox.messages m
+    WHERE m.queue_id = q.id AND (q.retention IS NULL OR m.enqueued_at >= now() - q.retention);
+END
+$$;
+
+-- Live figures of the first max_queues queues in name order, for a metrics
+-- scrape: the counts of queue_stats, the oldest message's age in seconds, the
+-- depth of the queue's dead-letter queue (NULL without one), its pause flags
+-- and its counters (expired and dead-lettered messages, since 0.8.0).
+-- One pass over the messages of those queues and their dead-letter queues, not
+-- a call per queue. A bound role's tenant's queues only, named as it names them.
+CREATE OR REPLACE FUNCTION postbox.queue_metrics(max_queues integer DEFAULT 1000)
+RETURNS TABLE (queue_name text, visible bigint, in_flight bigint, delayed bigint,
+               oldest_age_seconds double precision, dead_letter_depth bigint,
+               send_paused boolean, receive_paused boolean,
+               expired_total bigint, dead_lettered_total bigint)
+LANGUAGE sql STABLE AS $$
+    WITH me AS MATERIALIZED (
+        SELECT postbox._caller_tenant() AS tenant
+    ), shown AS (
+        SELECT q.id, postbox._shown(q.name, me.tenant) AS name, q.dead_letter_queue_id, q.send_paused,
+               q.receive_paused
+        FROM postbox.queues q, me
+        WHERE starts_with(q.name, postbox._tenant_prefix(me.tenant))
+        ORDER BY q.name LIMIT max_queues
+    ), depth AS (
+        SELECT m.queue_id,
+               count(*) FILTER (WHERE m.visible_at <= now() OR m.visible_at = 'infinity') AS visible,
+               count(*) FILTER (WHERE m.visible_at > now() AND m.visible_at <> 'infinity'
+                                      AND m.lease IS NOT NULL) AS in_flight,
+               count(*) FILTER (WHERE m.visible_at > now() AND m.visible_at <> 'infinity'
+                                      AND m.lease IS NULL) AS delayed,
+               min(m.enqueued_at) AS oldest
+        FROM postbox.messages m JOIN postbox.queues q ON q.id = m.queue_id
+        WHERE m.queue_id IN (SELECT id FROM shown UNION SELECT dead_letter_queue_id FROM shown)
+          AND (q.retention IS NULL OR m.enqueued_at >= now() - q.retention)
+        GROUP BY m.queue_id
+    )
+    SELECT s.name, coalesce(d.visible, 0), coalesce(d.in_flight, 0), coalesce(d.delayed, 0),
+           greatest(coalesce(extract(epoch FROM now() - d.oldest), 0), 0)::double precision,
+           CASE WHEN s.dead_letter_queue_id IS NOT NULL
+                THEN coalesce(dl.visible + dl.in_flight + dl.delayed, 0) END,
+           s.send_paused, s.receive_paused,
+           coalesce(c.expired, 0), coalesce(c.dead_lettered, 0)
+    FROM shown s
+    LEFT JOIN depth d ON d.queue_id = s.id
+    LEFT JOIN depth dl ON dl.queue_id = s.dead_letter_queue_id
+    LEFT JOIN postbox.queue_counters c ON c.queue_id = s.id
+    ORDER BY s.name
+$$;
+
+-- Each queue's counts and rates over the last `span` (30 seconds to an hour), or
+-- one queue's (only_queue): the buckets that began in the span, divided by the
+-- seconds from the first of them to now, so the current, partial bucket counts
+-- and the rate is neither diluted nor inflated. Figures lag by up to the
+-- servers' flush period (5 s by default). Receive latency is enqueue to first
+-- delivery (a delay counts), NULL when nothing was delivered for the first time.
+-- A bound role's tenant's queues only, named as it names them.
+CREATE OR REPLACE FUNCTION postbox.queue_rates(span interval DEFAULT '1 minute', only_queue text DEFAULT NULL)
+RETURNS TABLE (queue_name text, sent bigint, received bigint, deleted bigint,
+               sent_per_second double precision, received_per_second double precision,
+               deleted_per_second double precision, receive_latency_avg_seconds double precision,
+               receive_latency_max_seconds double precision)
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    since timestamptz := date_bin('10 seconds', now() - span, 'epoch') + interval '10 seconds';
+    seconds double precision := extract(epoch FROM now() - since);
+    tenant text := postbox._caller_tenant();
+BEGIN
+    only_queue := postbox._in_tenant(only_queue, tenant);
+    IF span IS NULL OR span < interval '30 seconds' OR span > interval '1 hour' THEN
+        RAISE EXCEPTION 'span must be from 30 seconds to 1 hour, not %', span
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'activity is kept in 10-second buckets for an hour';
+    END IF;
+    RETURN QUERY
+    SELECT postbox._shown(q.name, tenant), coalesce(sum(a.sent), 0)::bigint, coalesce(sum(a.received), 0)::bigint,
+           coalesce(sum(a.deleted), 0)::bigint,
+           coalesce(sum(a.sent), 0) / seconds, coalesce(sum(a.received), 0) / seconds,
+           coalesce(sum(a.deleted), 0) / seconds,
+           sum(a.latency_sum) / nullif(sum(a.latency_count), 0), max(a.latency_max)
+    FROM postbox.queues q
+    LEFT JOIN postbox.queue_activity a ON a.queue_id = q.id AND a.bucket >= since
+    WHERE (only_queue IS NULL OR q.name = only_queue) AND starts_with(q.name, postbox._tenant_prefix(tenant))
+    GROUP BY q.name
+    ORDER BY q.name;
+END
+$$;
+
+-- Browses a queue's messages in id order without claiming them: all of them,
+-- or those in one state (visible, in_flight, delayed), or the dead letters
+-- ('dead', whatever their state). Expired messages are not shown. Since 0.9.0
+-- with the consumer that took the latest delivery, when, and the message's own
+-- max_receive_count.
+CREATE OR REPLACE FUNCTION postbox.peek_messages(queue_name text, in_state text DEFAULT NULL, after_id bigint DEFAULT 0,
+                                      page_size integer DEFAULT 100)
+RETURNS TABLE (message_id bigint, body bytea, attributes jsonb, enqueued_at timestamptz,
+               receive_count integer, first_received_at timestamptz, priority smallint,
+               message_group_id text, deduplication_id text, dead_letter_source text, last_error text,
+               state text, visible_at timestamptz, expires_at timestamptz,
+               consumer_id text, received_at timestamptz, max_receive_count integer)
+LANGUAGE plpgsql STABLE AS $$
+#variable_conflict use_column
+DECLARE
+    tenant text := postbox._caller_tenant();
+    q postbox.queues := postbox._queue(postbox._in_tenant(queue_name, tenant));
+BEGIN
+    IF in_state IS NOT NULL AND in_state NOT IN ('visible', 'in_flight', 'delayed', 'dead') THEN
+        PERFORM postbox._invalid(format('state %s is none of visible, in_flight, delayed, dead', in_state));
+    END IF;
+    -- The API pages by at most 1000 and asks for one more row to see whether a
+    -- next page exists; psql callers get the same ten-fold headroom.
+    IF page_size NOT BETWEEN 1 AND 10000 THEN
+        PERFORM postbox._invalid(format('page_size is %s; it must be 1 to 10000', page_size));
+    END IF;
+    RETURN QUERY
+    SELECT m.id, m.body, m.attributes, m.enqueued_at, m.receive_count, m.first_received_at, m.priority,
+           m.message_group_id, m.deduplication_id,
+           (SELECT postbox._shown(s.name, tenant) FROM postbox.queues s WHERE s.id = m.source_queue_id), m.last_error,
+           postbox._state(m.visible_at, m.lease), m.visible_at, m.expires_at,
+           m.consumer_id, m.received_at, m.max_receive_count
+    FROM postbox.messages m
+    WHERE m.queue_id = q.id AND m.id > coalesce(after_id, 0)
+          AND (q.retention IS NULL OR m.enqueued_at >= now() - q.retention)
+          AND (m.expires_at IS NULL OR m.expires_at > now())
+          AND (in_state IS NULL
+               OR (in_state = 'dead' AND m.source_queue_id IS NOT NULL)
+               OR postbox._state(m.visible_at, m.lease) = in_state)
+    ORDER BY m.id
+    LIMIT page_size;
+END
+$$;
+
+-- One message's life as seen from a queue (see _message_lives): waiting, in
+-- flight, or (since 0.9.0) dead-lettered, expired, and where the queue archives
+-- succeeded with its result, failed or cancelled. PB404 if the queue never
+-- held it, or forgot it.
+CREATE OR REPLACE FUNCTION postbox.get_message(queue_name text, id bigint)
+RETURNS TABLE (message_id bigint, queue text, body bytea, attributes jsonb, enqueued_at timestamptz,
+               receive_count integer, first_received_at timestamptz, priority smallint,
+               message_group_id text, deduplication_id text, dead_letter_source text, last_error text,
+               state text, visible_at timestamptz, expires_at timestamptz, consumer_id text,
+               received_at timestamptz, finished_at timestamptz, result bytea, max_receive_count integer)
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    tenant text := postbox._caller_tenant();
+    q postbox.queues := postbox._queue(postbox._in_tenant(queue_name, tenant));
+BEGIN
+    RETURN QUERY
+    SELECT l.message_id, postbox._shown(l.queue, tenant), l.body, l.attributes, l.enqueued_at, l.receive_count,
+           l.first_received_at, l.priority, l.message_group_id, l.deduplication_id,
+           postbox._shown(l.dead_letter_source, tenant), l.last_error, l.state, l.visible_at, l.expires_at,
+           l.consumer_id, l.received_at, l.finished_at, l.result, l.max_receive_count
+    FROM postbox._message_lives(q.id, NULL, id, id, 1) AS l;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'PB404', MESSAGE = format(
+            'message %s is not in queue %s: never sent there, or finished where the queue keeps no history '
+            '(archive_on_delete), or its archive_retention passed', id, quote_literal(queue_name));
+    END IF;
+END
+$$;
+
+-- A queue's archived messages in id order after after_id.
+CREATE OR REPLACE FUNCTION postbox.list_archived_messages(queue_name text, after_id bigint DEFAULT 0,
+                                               page_size integer DEFAULT 100)
+RETURNS TABLE (message_id bigint, body bytea, attributes jsonb, enqueued_at timestamptz,
+               receive_count integer, first_received_at timestamptz, priority smallint,
+               message_group_id text, deduplication_id text, dead_letter_source text, last_error text,
+               archived_at timestamptz, reason text)
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    tenant text := postbox._caller_tenant();
+    q postbox.queues := postbox._queue(postbox._in_tenant(queue_name, tenant));
+BEGIN
+    -- The API pages by at most 1000 and asks for one more row to see whether a
+    -- next page exists; psql callers get the same ten-fold headroom.
+    IF page_size NOT BETWEEN 1 AND 10000 THEN
+        PERFORM postbox._invalid(format('page_size is %s; it must be 1 to 10000', page_size));
+    END IF;
+    RETURN QUERY
+    SELECT a.id, a.body, a.attributes, a.enqueued_at, a.receive_count, a.first_received_at, a.priority,
+           a.message_group_id, a.deduplication_id,
+           (SELECT postbox._shown(s.name, tenant) FROM postbox.queues s WHERE s.id = a.source_queue_id), a.last_error,
+           a.archived_at, a.reason
+    FROM postbox.archive a
+    WHERE a.queue_id = q.id AND a.id > coalesce(after_id, 0)
+    ORDER BY a.id
+    LIMIT page_size;
+END
+$$;
+
+-- The queues whose dead-letter queue this is, in name order after after_name.
+CREATE OR REPLACE FUNCTION postbox.list_dead_letter_source_queues(queue_name text, page_size integer DEFAULT 100,
+                                                       after_name text DEFAULT '')
+RETURNS SETOF text
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    -- Looked up first: in the query's filter it would run only if some queue
+    -- were scanned, and an absent queue must be PB404 on an empty database too.
+    tenant text := postbox._caller_tenant();
+    dlq postbox.queues := postbox._queue(postbox._in_tenant(queue_name, tenant));
+BEGIN
+    RETURN QUERY
+    SELECT postbox._shown(s.name, tenant) FROM postbox.queues s
+    WHERE s.dead_letter_queue_id = dlq.id AND s.name > postbox._tenant_prefix(tenant) || coalesce(after_name, '')
+    ORDER BY s.name
+    LIMIT page_size;
+END
+$$;
+
+-- The redrive tasks of a dead-letter queue, newest first; a page after
+-- after_task, the last task of the page before.
+CREATE OR REPLACE FUNCTION postbox.list_redrive_tasks(dead_letter_queue text, page_size integer DEFAULT 10,
+                                           after_task uuid DEFAULT NULL)
+RETURNS SETOF postbox.redrive_tasks
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    dlq postbox.queues := postbox._queue(postbox._scoped_name(dead_letter_queue));  -- PB404 even when no task exists
+    after postbox.redrive_tasks;
+BEGIN
+    SELECT * INTO after FROM postbox.redrive_tasks WHERE id = after_task;
+    RETURN QUERY
+    SELECT * FROM postbox.redrive_tasks t
+    WHERE t.dead_letter_queue_id = dlq.id
+      -- After it in (created_at DESC, id) order: older, or as old with a greater id.
+      AND (after_task IS NULL OR (t.created_at, after.id) < (after.created_at, t.id))
+    ORDER BY t.created_at DESC, t.id
+    LIMIT page_size;
+END
+$$;
+
+-- A topic as a caller of tenant `tenant` sees it: named without the tenant.
+CREATE OR REPLACE FUNCTION postbox._shown_topic(t postbox.topics, tenant text) RETURNS postbox.topics
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    t.name := postbox._shown(t.name, tenant);
+    RETURN t;
+END
+$$;
+
+-- The topic of that name (the caller's tenant's, for a bound role); PB404 if
+-- there is none.
+CREATE OR REPLACE FUNCTION postbox.get_topic(topic_name text) RETURNS postbox.topics
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    tenant text := postbox._caller_tenant();
+BEGIN
+    RETURN postbox._shown_topic(postbox._topic(postbox._in_tenant(topic_name, tenant)), tenant);
+END
+$$;
+
+-- Topics in name order after after_name; a bound role's tenant's only, named
+-- as it names them (see list_queues).
+CREATE OR REPLACE FUNCTION postbox.list_topics(page_size integer DEFAULT 100, after_name text DEFAULT '')
+RETURNS SETOF postbox.topics
+LANGUAGE sql STABLE AS $$
+    SELECT s.* FROM postbox.topics t
+    CROSS JOIN LATERAL postbox._shown_topic(t, (SELECT postbox._caller_tenant())) AS s
+    WHERE t.name > postbox._tenant_prefix((SELECT postbox._caller_tenant())) || coalesce(after_name, '')
+          AND starts_with(t.name, postbox._tenant_prefix((SELECT postbox._caller_tenant())))
+    ORDER BY t.name
+    LIMIT page_size
+$$;
+
+-- A subscription as a caller of tenant `tenant` sees it: its pending queue
+-- named without the tenant.
+CREATE OR REPLACE FUNCTION postbox._shown_subscription(s postbox.subscriptions, tenant text) RETURNS postbox.subscriptions
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    s.pending_queue := postbox._shown(s.pending_queue, tenant);
+    RETURN s;
+END
+$$;
+
+-- The subscription of a topic (the caller's tenant's, for a bound role);
+-- PB400 if either name is malformed, PB404 if there is none.
+CREATE OR REPLACE FUNCTION postbox.get_subscription(topic_name text, subscription_name text)
+RETURNS postbox.subscriptions
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    t postbox.topics;
+    s postbox.subscriptions;
+BEGIN
+    PERFORM postbox._invalid(postbox.name_problem('subscription', subscription_name))
+    WHERE postbox.name_problem('subscription', subscription_name) IS NOT NULL;
+    t := postbox._topic(postbox._scoped_name(topic_name));
+    SELECT * INTO s FROM postbox.subscriptions WHERE topic_id = t.id AND name = subscription_name;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'PB404', MESSAGE = format(
+            'topic %s has no subscription %s', quote_literal(topic_name), quote_literal(subscription_name));
+    END IF;
+    RETURN postbox._shown_subscription(s, postbox._caller_tenant());
+END
+$$;
+
+-- A topic's subscriptions in name order after after_name.
+CREATE OR REPLACE FUNCTION postbox.list_subscriptions(topic_name text, page_size integer DEFAULT 100,
+                                           after_name text DEFAULT '')
+RETURNS SETOF postbox.subscriptions
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    tenant text := postbox._caller_tenant();
+    t postbox.topics := postbox._topic(postbox._in_tenant(topic_name, tenant));
+BEGIN
+    RETURN QUERY
+    SELECT x.* FROM postbox.subscriptions s CROSS JOIN LATERAL postbox._shown_subscription(s, tenant) AS x
+    WHERE s.topic_id = t.id AND s.name > coalesce(after_name, '')
+    ORDER BY s.name
+    LIMIT page_size;
+END
+$$;
+
+-- A schedule as a caller of tenant `tenant` sees it: its name and target
+-- without the tenant.
+CREATE OR REPLACE FUNCTION postbox._shown_schedule(s postbox.schedules, tenant text) RETURNS postbox.schedules
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    s.name := postbox._shown(s.name, tenant);
+    s.target_queue := postbox._shown(s.target_queue, tenant);
+    s.target_topic := postbox._shown(s.target_topic, tenant);
+    RETURN s;
+END
+$$;
+
+-- The schedule of that name (the caller's tenant's, for a bound role); PB404
+-- if there is none.
+CREATE OR REPLACE FUNCTION postbox.get_schedule(schedule_name text) RETURNS postbox.schedules
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    tenant text := postbox._caller_tenant();
+BEGIN
+    RETURN postbox._shown_schedule(postbox._schedule(postbox._in_tenant(schedule_name, tenant)), tenant);
+END
+$$;
+
+-- Schedules in name order after after_name; only paused (or only active)
+-- ones when `paused` is not NULL, only those into queues (target_kind 'queue')
+-- or topics ('topic') when it is not NULL, only names starting with
+-- name_prefix. A bound role's tenant's only, named as it names them.
+CREATE OR REPLACE FUNCTION postbox.list_schedules(page_size integer DEFAULT 100, after_name text DEFAULT '',
+                                       paused boolean DEFAULT NULL, target_kind text DEFAULT NULL,
+                                       name_prefix text DEFAULT '')
+RETURNS SETOF postbox.schedules
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    tenant text := postbox._caller_tenant();
+BEGIN
+    IF target_kind NOT IN ('queue', 'topic') THEN
+        PERFORM postbox._invalid(format('target_kind is %s; it must be queue or topic', postbox._quoted(target_kind)));
+    END IF;
+    RETURN QUERY
+    SELECT x.* FROM postbox.schedules s CROSS JOIN LATERAL postbox._shown_schedule(s, tenant) AS x
+    WHERE s.name > postbox._tenant_prefix(tenant) || coalesce(after_name, '')
+          AND (list_schedules.paused IS NULL OR s.paused = list_schedules.paused)
+          AND (target_kind IS NULL OR (target_kind = 'queue') = (s.target_queue IS NOT NULL))
+          AND starts_with(s.name, postbox._tenant_prefix(tenant) || coalesce(name_prefix, ''))
+    ORDER BY s.name
+    LIMIT page_size;
+END
+$$;
+
+-- A consumer group with its lag; PB404 if there is none.
+CREATE OR REPLACE FUNCTION postbox.get_consumer_group(topic_name text, group_name text)
+RETURNS TABLE (topic text, name text, created_at timestamptz, cursor_offset bigint, acked_at timestamptz,
+               lease_expires_at timestamptz, lag_messages bigint, lag_seconds double precision,
+               paused boolean, retry_messages bigint, max_deliveries integer, dead_letters bigint)
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    checked_name text := postbox._group_name(group_name);  -- before any lookup
+    tenant text := postbox._caller_tenant();
+    t postbox.topics := postbox._topic(postbox._in_tenant(topic_name, tenant));
+    g postbox.consumer_groups;
+BEGIN
+    SELECT * INTO g FROM postbox.consumer_groups c WHERE c.topic_id = t.id AND c.name = group_name;
+    IF NOT FOUND THEN
+        PERFORM postbox._invalid(postbox.name_problem('consumer group', group_name))
+        WHERE postbox.name_problem('consumer group', group_name) IS NOT NULL;
+        RAISE EXCEPTION USING ERRCODE = 'PB404', MESSAGE = format(
+            'consumer group %s of topic %s does not exist', quote_literal(group_name), quote_literal(topic_name));
+    END IF;
+    RETURN QUERY SELECT * FROM postbox._consumer_group_view(g, postbox._shown(t.name, tenant));
+END
+$$;
+
+-- A topic's consumer groups in name order after after_name, with their lag.
+CREATE OR REPLACE FUNCTION postbox.list_consumer_groups(topic_name text, page_size integer DEFAULT 100,
+                                             after_name text DEFAULT '')
+RETURNS TABLE (topic text, name text, created_at timestamptz, cursor_offset bigint, acked_at timestamptz,
+               lease_expires_at timestamptz, lag_messages bigint, lag_seconds double precision,
+               paused boolean, retry_messages bigint, max_deliveries integer, dead_letters bigint)
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    tenant text := postbox._caller_tenant();
+    t postbox.topics := postbox._topic(postbox._in_tenant(topic_name, tenant));
+BEGIN
+    RETURN QUERY
+    SELECT v.* FROM postbox.consumer_groups g, LATERAL postbox._consumer_group_view(g, postbox._shown(t.name, tenant)) v
+    WHERE g.topic_id = t.id AND g.name > coalesce(after_name, '')
+    ORDER BY g.name
+    LIMIT page_size;
+END
+$$;
+
+-- A consumer group's dead letters in offset order after after_offset (0: from
+-- the first), at most page_size (1-1001), each with the deliveries it had,
+-- when and why it died. PB404 if the group does not exist.
+CREATE OR REPLACE FUNCTION postbox.list_stream_dead_letters(topic_name text, group_name text, page_size integer DEFAULT 100,
+                                                 after_offset bigint DEFAULT 0)
+RETURNS TABLE (stream_offset bigint, published_at timestamptz, publish_id uuid, routing_key text,
+               ordering_key text, subject text, attributes jsonb, body bytea, delivery_count integer,
+               dead_at timestamptz, reason text)
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    checked_name text := postbox._group_name(group_name);  -- before any lookup
+    t postbox.topics := postbox._stream_topic(postbox._scoped_name(topic_name));
+    dead_group integer;
+BEGIN
+    IF page_size IS NULL OR page_size NOT BETWEEN 1 AND 1001 THEN
+        PERFORM postbox._invalid(format('page_size must be from 1 to 1001, not %s', page_size));
+    END IF;
+    SELECT c.id INTO dead_group FROM postbox.consumer_groups c WHERE c.topic_id = t.id AND c.name = group_name;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'PB404', MESSAGE = format(
+            'consumer group %s of topic %s does not exist', quote_literal(group_name), quote_literal(topic_name));
+    END IF;
+    RETURN QUERY
+    SELECT d.stream_offset, d.published_at, d.publish_id, d.routing_key, d.ordering_key, d.subject, d.attributes,
+           d.body, d.deliveries, d.dead_at, d.reason
+    FROM postbox.stream_dead_letters d
+    WHERE d.group_id = dead_group AND d.stream_offset > coalesce(after_offset, 0)
+    ORDER BY d.stream_offset
+    LIMIT page_size;
+END
+$$;
+
+-- Where a consumer group's cursor stands, and where the topic's log ends for
+-- readers now: its last row below the horizon, or the cursor when no such row
+-- is past it. PB404 if the group does not exist.
+CREATE OR REPLACE FUNCTION postbox.stream_position(topic_name text, group_name text, OUT cursor_tx bigint,
+                                        OUT cursor_offset bigint, OUT end_tx bigint, OUT end_offset bigint)
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    checked_name text := postbox._group_name(group_name);  -- before any lookup
+    t postbox.topics := postbox._stream_topic(postbox._scoped_name(topic_name));
+    g postbox.consumer_groups;
+BEGIN
+    SELECT * INTO g FROM postbox.consumer_groups c WHERE c.topic_id = t.id AND c.name = group_name;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'PB404', MESSAGE = format(
+            'consumer group %s of topic %s does not exist', quote_literal(group_name), quote_literal(topic_name));
+    END IF;
+    cursor_tx := g.cursor_tx::text::bigint;
+    cursor_offset := g.cursor_offset;
+    SELECT l.tx::text::bigint, l.stream_offset INTO end_tx, end_offset
+    FROM postbox.stream_log l
+    WHERE l.topic_id = t.id AND (l.tx, l.stream_offset) > (g.cursor_tx, g.cursor_offset)
+          AND l.tx < pg_snapshot_xmin(pg_current_snapshot())
+    ORDER BY l.tx DESC, l.stream_offset DESC
+    LIMIT 1;
+    IF NOT FOUND THEN
+        end_tx := cursor_tx;
+        end_offset := cursor_offset;
+    END IF;
+END
+$$;
+
+-- Consumer groups' lag for the servers' metrics: up to max_groups groups, in
+-- topic and group name order; a bound role's tenant's only, its topics named
+-- as it names them.
+CREATE OR REPLACE FUNCTION postbox.stream_metrics(max_groups integer DEFAULT 1000)
+RETURNS TABLE (topic text, name text, lag_messages bigint, lag_seconds double precision)
+LANGUAGE sql STABLE AS $$
+    SELECT v.topic, v.name, v.lag_messages, v.lag_seconds
+    FROM postbox.consumer_groups g
+    JOIN postbox.topics t ON t.id = g.topic_id
+    CROSS JOIN LATERAL postbox._consumer_group_view(g, postbox._shown(t.name, (SELECT postbox._caller_tenant()))) v
+    WHERE starts_with(t.name, postbox._tenant_prefix((SELECT postbox._caller_tenant())))
+    ORDER BY t.name, g.name
+    LIMIT max_groups
+$$;
+
+-- Publish-to-first-read latency of each consumer group that read in the last
+-- `recent` (10 seconds to 1 hour, in whole 10-second buckets): how many
+-- messages its new batches took, and the 50th, 95th and 99th percentiles of
+-- their latency, each the upper bound of the bin it falls in (5 ms to 30
+-- minutes; Infinity above), so never understated. Latency counts from the
+-- publish to the read that took the message first: time waiting for the
+-- group's batch, for the horizon (see Order above), or for a delay. A bound
+-- role's tenant's groups only, its topics named as it names them.
+CREATE OR REPLACE FUNCTION postbox.stream_latency(recent interval DEFAULT '5 minutes')
+RETURNS TABLE (topic text, consumer_group text, messages bigint, p50_seconds double precision,
+               p95_seconds double precision, p99_seconds double precision)
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    tenant text := postbox._caller_tenant();
+BEGIN
+    IF recent IS NULL OR recent < interval '10 seconds' OR recent > interval '1 hour' THEN
+        PERFORM postbox._invalid(format('recent must be from 10 seconds to 1 hour, not %s', recent));
+    END IF;
+    RETURN QUERY
+    WITH bins AS (
+        SELECT s.group_id, b.i, sum(b.n) AS n
+        FROM postbox.stream_latency s, unnest(s.counts) WITH ORDINALITY AS b(n, i)
+        WHERE s.bucket > now() - recent
+        GROUP BY s.group_id, b.i),
+    cumulative AS (
+        SELECT bins.group_id, bins.i, sum(bins.n) OVER (PARTITION BY bins.group_id ORDER BY bins.i) AS upto,
+               sum(bins.n) OVER (PARTITION BY bins.group_id) AS total
+        FROM bins)
+    SELECT postbox._shown(t.name, tenant), g.name, max(c.total)::bigint,
+           coalesce((postbox._stream_latency_bounds())[min(c.i) FILTER (WHERE c.upto >= 0.50 * c.total)], 'Infinity'),
+           coalesce((postbox._stream_latency_bounds())[min(c.i) FILTER (WHERE c.upto >= 0.95 * c.total)], 'Infinity'),
+           coalesce((postbox._stream_latency_bounds())[min(c.i) FILTER (WHERE c.upto >= 0.99 * c.total)], 'Infinity')
+    FROM cumulative c
+    JOIN postbox.consumer_groups g ON g.id = c.group_id
+    JOIN postbox.topics t ON t.id = g.topic_id
+    WHERE c.total > 0 AND starts_with(t.name, postbox._tenant_prefix(tenant))
+    GROUP BY t.name, g.name
+    ORDER BY t.name, g.name;
+END
+$$;
+
+-- Each consumer group's health (the view stream_health), as queue_health is
+-- each queue's: 'critical'
+-- when its oldest unacknowledged message (past its cursor, or given back) is
+-- older than postbox.health_critical_age (default 1 hour) or it holds
+-- postbox.health_critical_dlq_depth dead letters (100); 'warning' past
+-- postbox.health_warning_age (5 minutes) or postbox.health_warning_dlq_depth
+-- (1), while paused, or when stuck: messages wait for it and no batch has
+-- gone out to it for postbox.health_stuck_after (5 minutes). reason says
+-- which. held_slots counts the log's retired slots it keeps from rotating
+-- (they hold messages of its topic past its cursor); p95 and p99 are its
+-- publish-to-first-read latency over the last 5 minutes (stream_latency;
+-- NULL without reads). Reads the log past each cursor: seconds for a group
+-- millions behind. A bound role's tenant's groups only, its topics named as it
+-- names them.
+CREATE OR REPLACE FUNCTION postbox.consumer_group_health()
+RETURNS TABLE (topic text, consumer_group text, status text, reason text, lag_messages bigint,
+               oldest_unacked_seconds double precision, retry_messages bigint, dead_letters bigint,
+               paused boolean, last_read_at timestamptz, lease_expires_at timestamptz, held_slots bigint,
+               latency_p95_seconds double precision, latency_p99_seconds double precision)
+LANGUAGE sql STABLE AS $$
+SELECT v.topic, v.name AS consumer_group,
+       CASE WHEN h.critical <> '{}' THEN 'critical'
+            WHEN h.warning <> '{}' THEN 'warning'
+            ELSE 'ok' END AS status,
+       array_to_string(h.critical || h.warning, '; ') AS reason,
+       v.lag_messages, o.oldest_unacked_seconds, v.retry_messages, v.dead_letters, v.paused,
+       g.read_at AS last_read_at, v.lease_expires_at, r.held_slots, lat.p95_seconds AS latency_p95_seconds,
+       lat.p99_seconds AS latency_p99_seconds
+FROM (SELECT postbox._caller_tenant() AS tenant) AS me
+JOIN postbox.topics t ON starts_with(t.name, postbox._tenant_prefix(me.tenant))
+JOIN postbox.consumer_groups g ON g.topic_id = t.id
+CROSS JOIN LATERAL postbox._consumer_group_view(g, postbox._shown(t.name, me.tenant)) v
+CROSS JOIN LATERAL (
+    SELECT greatest(v.lag_seconds,
+                    (SELECT extract(epoch FROM now() - min(x.published_at))::double precision
+                     FROM postbox.stream_retries x WHERE x.group_id = g.id), 0) AS oldest_unacked_seconds) o
+CROSS JOIN LATERAL (
+    SELECT count(*) AS held_slots FROM postbox.stream_slots s
+    WHERE s.state = 'retired'
+          AND EXISTS (SELECT FROM postbox.stream_log l
+                      WHERE l.slot = s.slot AND l.topic_id = g.topic_id
+                            AND (l.tx, l.stream_offset) > (g.cursor_tx, g.cursor_offset))) r
+LEFT JOIN postbox.stream_latency('5 minutes') lat ON lat.topic = v.topic AND lat.consumer_group = g.name
+CROSS JOIN LATERAL (
+    SELECT coalesce(nullif(current_setting('postbox.health_warning_age', true), ''), '5 minutes')::interval AS warning_age,
+           coalesce(nullif(current_setting('postbox.health_critical_age', true), ''), '1 hour')::interval AS critical_age,
+           coalesce(nullif(current_setting('postbox.health_warning_dlq_depth', true), ''), '1')::bigint AS warning_dlq,
+           coalesce(nullif(current_setting('postbox.health_critical_dlq_depth', true), ''), '100')::bigint AS critical_dlq,
+           coalesce(nullif(current_setting('postbox.health_stuck_after', true), ''), '5 minutes')::interval AS stuck_after) k
+CROSS JOIN LATERAL (
+    SELECT array_remove(ARRAY[
+               CASE WHEN o.oldest_unacked_seconds >= extract(epoch FROM k.critical_age)
+                    THEN format('oldest unacknowledged message %s s old', round(o.oldest_unacked_seconds::numeric)) END,
+               CASE WHEN v.dead_letters >= k.critical_dlq THEN format('%s dead letters', v.dead_letters) END],
+               NULL) AS critical,
+           array_remove(ARRAY[
+               CASE WHEN o.oldest_unacked_seconds >= extract(epoch FROM k.warning_age)
+                         AND o.oldest_unacked_seconds < extract(epoch FROM k.critical_age)
+                    THEN format('oldest unacknowledged message %s s old', round(o.oldest_unacked_seconds::numeric)) END,
+               CASE WHEN v.dead_letters >= k.warning_dlq AND v.dead_letters < k.critical_dlq
+                    THEN format('%s dead letters', v.dead_letters) END,
+               CASE WHEN v.paused THEN 'paused' END,
+               CASE WHEN NOT v.paused AND v.lag_messages + v.retry_messages > 0
+                         AND coalesce(g.read_at, g.created_at) <= now() - k.stuck_after
+                    THEN format('stuck: no batch taken for %s s while %s messages wait',
+                                round(extract(epoch FROM now() - coalesce(g.read_at, g.created_at))),
+                                v.lag_messages + v.retry_messages) END],
+               NULL) AS warning) h
+ORDER BY v.topic, v.name
+$$;
+
+-- Sends one message; returns its id (the original's, for a duplicate). See
+-- send_batch for the options and rules. A message that is nothing but a body,
+-- into a queue without FIFO order, deduplication or a depth limit (the common
+-- transactional send), takes a straight path: send_batch's checks and branches
+-- cost as much as the insert itself when many sessions each send one.
+CREATE OR REPLACE FUNCTION postbox.send(
+    queue_name text, body bytea, attributes jsonb DEFAULT NULL, delay interval DEFAULT NULL,
+    message_group_id text DEFAULT NULL, deduplication_id text DEFAULT NULL,
+    dedupe_key text DEFAULT NULL, priority integer DEFAULT NULL, deliver_at timestamptz DEFAULT NULL,
+    ttl interval DEFAULT NULL, expire_at timestamptz DEFAULT NULL, max_receive_count integer DEFAULT NULL)
+RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    -- The queue's, as scalars: a row variable's fields cost 5% of the call (valgrind).
+    q_id integer;
+    q_delay interval;
+    q_listened boolean;
+    locked text;
+    sent_id bigint;
+BEGIN
+    queue_name := postbox._scoped_name(queue_name);  -- a bound role's own name (see _caller_tenant)
+    IF body IS NOT NULL AND num_nonnulls(attributes, delay, message_group_id, deduplication_id, dedupe_key,
+                                         priority, deliver_at, ttl, expire_at, max_receive_count) = 0
+       AND current_setting('transaction_isolation') = 'read committed' THEN
+        -- As send_batch's straight path (see there).
+        locked := concat(pg_current_xact_id(),
+                         pg_advisory_xact_lock_shared(1886350224 + pg_backend_pid() % 16, hashtext(queue_name)));
+        SELECT x.id, x.delivery_delay, x.listened INTO q_id, q_delay, q_listened
+        FROM postbox.queues x
+        WHERE x.name = queue_name AND NOT (x.fifo OR x.content_based_deduplication OR x.max_depth IS NOT NULL
+                                           OR x.send_paused OR octet_length(body) > x.max_message_size);
+    END IF;
+    IF q_id IS NULL THEN
+        -- Everything else, and every error, as send_batch has it.
+        RETURN (SELECT s.message_id FROM postbox._send_batch_general(
+            queue_name, ARRAY[body], postbox._array_of(attributes), postbox._array_of(delay),
+            postbox._array_of(message_group_id), postbox._array_of(deduplication_id),
+            postbox._array_of(dedupe_key), postbox._array_of(priority), postbox._array_of(deliver_at),
+            postbox._array_of(ttl), postbox._array_of(expire_at), postbox._array_of(max_receive_count)) s);
+    END IF;
+    INSERT INTO postbox.messages (queue_id, visible_at, enqueued_at, body, priority)
+    SELECT q_id, c.sent_at + q_delay, c.sent_at, body, 0
+    FROM (SELECT clock_timestamp() AS sent_at) AS c
+    RETURNING messages.id INTO sent_id;
+    IF q_listened THEN
+        -- Which looks again: a call saved when nobody listens.
+        PERFORM postbox._notify(x) FROM postbox.queues x WHERE x.id = q_id;
+    END IF;
+    RETURN sent_id;
+END
+$$;
+
+-- Sends up to 1,000 messages in one go; returns their ids in input order, and
+-- whether each was a duplicate (then nothing was enqueued and the id is the
+-- original message's). Entry i of every array belongs to bodies[i]; an array may
+-- be NULL or shorter (missing entries are NULL):
+--   attributes       see attribute_problem
+--   delays           invisible this long first (NULL: the queue's delivery_delay)
+--   message_group_ids  FIFO queues: required; delivery is in order per group
+--   deduplication_ids  a repeat within the queue's deduplication_window is
+--                      dropped (content-based when the queue says so)
+--   dedupe_keys      standard queues: replaces the body and attributes of a
+--                    waiting (never received) message with the same key
+--   priorities       0-9, standard queues; higher is received first
+--   deliver_ats      invisible until then (instead of a delay)
+--   max_receive_counts  since 0.9.0: 1-1000 deliveries, the message's own
+--                    limit in place of the queue's (see receive)
+-- request_id (since 0.9.0), 1-128 printable ASCII characters, names the whole
+-- batch: a repeat within the queue's deduplication_window sends nothing and
+-- answers the first batch's ids, all duplicates (see _send_batch_once).
+-- Nothing is sent if any entry is invalid; the error names the entry by its
+-- 0-based index. PB503 while sends are paused, PB429 when max_depth is reached.
+--
+-- Bodies alone into a queue without FIFO order, deduplication, a depth limit or
+-- paused sends take a straight path of two statements: the general one's
+-- checks and branches cost as much as the insert of a hundred messages. It
+-- takes, in one expression (an assignment is evaluated without starting a
+-- statement), its transaction id and the queue's lock by name, then looks the
+-- queue up:
+--   * the lock first, so the look sees a drop that committed meanwhile, and the
+--     insert needs no second look;
+--   * the transaction id first, so that a listing that the look misses sees
+--     this transaction in progress, and waits for it (see listen_to).
+-- The clock is read in the insert, which holds the table's lock by then (see
+-- the general path). Only in READ COMMITTED: elsewhere the look reads the
+-- transaction's snapshot, which may predate a drop, and the general path looks
+-- under a row lock instead (see _lock_queue).
+CREATE OR REPLACE FUNCTION postbox.send_batch(
+    queue_name text, bodies bytea[], attributes jsonb[] DEFAULT NULL, delays interval[] DEFAULT NULL,
+    message_group_ids text[] DEFAULT NULL, deduplication_ids text[] DEFAULT NULL,
+    dedupe_keys text[] DEFAULT NULL, priorities integer[] DEFAULT NULL,
+    deliver_ats timestamptz[] DEFAULT NULL, ttls interval[] DEFAULT NULL, expire_ats timestamptz[] DEFAULT NULL,
+    max_receive_counts integer[] DEFAULT NULL, request_id text DEFAULT NULL)
+RETURNS TABLE (message_id bigint, duplicate boolean)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    -- The queue's, as scalars (see send).
+    q_id integer;
+    q_delay interval;
+    q_max_message_size integer;
+    q_listened boolean;
+    locked text;
+BEGIN
+    queue_name := postbox._scoped_name(queue_name);  -- a bound role's own name (see _caller_tenant)
+    IF request_id IS NOT NULL THEN
+        RETURN QUERY SELECT * FROM postbox._send_batch_once(
+            queue_name, request_id, bodies, attributes, delays, message_group_ids, deduplication_ids, dedupe_keys,
+            priorities, deliver_ats, ttls, expire_ats, max_receive_counts);
+        RETURN;
+    END IF;
+    IF num_nonnulls(attributes, delays, message_group_ids, deduplication_ids, dedupe_keys, priorities,
+                    deliver_ats, ttls, expire_ats, max_receive_counts) = 0 AND cardinality(bodies) BETWEEN 1 AND 1000
+       AND array_position(bodies, NULL) IS NULL AND current_setting('transaction_isolation') = 'read committed' THEN
+        locked := concat(pg_current_xact_id(),
+                         pg_advisory_xact_lock_shared(1886350224 + pg_backend_pid() % 16, hashtext(queue_name)));
+        SELECT x.id, x.delivery_delay, x.max_message_size, x.listened
+        INTO q_id, q_delay, q_max_message_size, q_listened
+        FROM postbox.queues x
+        WHERE x.name = queue_name AND NOT (x.fifo OR x.content_based_deduplication OR x.max_depth IS NOT NULL
+                                           OR x.send_paused);
+    END IF;
+    -- No body is longer than the whole array, so the bodies are looked at one by
+    -- one only when the array is over the limit: that look cost 4% of a batch
+    -- of 100 (valgrind). An expanded array (plpgsql expands its array arguments)
+    -- is never compressed; the second test says so for certain. The look has an
+    -- IF of its own: plpgsql runs a condition with a subquery as a statement,
+    -- on every call (0.6% of a batch of 100).
+    IF pg_column_size(bodies) > q_max_message_size OR pg_column_compression(bodies) IS NOT NULL THEN
+        IF EXISTS (SELECT FROM unnest(bodies) AS b WHERE octet_length(b) > q_max_message_size) THEN
+            q_id := NULL;  -- the general path says which body is too long
+        END IF;
+    END IF;
+    IF q_id IS NULL THEN
+        -- Everything else, and every error.
+        RETURN QUERY SELECT * FROM postbox._send_batch_general(
+            queue_name, bodies, attributes, delays, message_group_ids, deduplication_ids, dedupe_keys,
+            priorities, deliver_ats, ttls, expire_ats, max_receive_counts);
+        RETURN;
+    END IF;
+    -- unnest sits in the select list (a ProjectSet, where FROM unnest would first
+    -- copy every body into a tuplestore), so the rows go to the insert in input
+    -- order with no sort: ids are drawn, and returned, in input order (as the
+    -- tests hold). The call's values are worked out once, in a one-row subquery
+    -- that OFFSET 0 keeps from being pulled up: in the select list, they were
+    -- evaluated for each row (0.3%).
+    RETURN QUERY
+    INSERT INTO postbox.messages (queue_id, visible_at, enqueued_at, body, priority)
+    SELECT c.queue_id, c.visible_at, c.sent_at, unnest(bodies), 0
+    FROM (SELECT q_id AS queue_id, t AS sent_at, t + q_delay AS visible_at
+          FROM clock_timestamp() AS t OFFSET 0) AS c
+    RETURNING id, false;
+    IF q_listened THEN
+        -- Which looks again: a call saved when nobody listens.
+        PERFORM postbox._notify(x) FROM postbox.queues x WHERE x.id = q_id;
+    END IF;
+END
+$$;
+
+-- Publishes one message; see publish_batch. A stream topic without
+-- subscriptions (none to match, filter or envelope for) takes it in one
+-- INSERT into its log, checked as publish_batch checks it; any other topic,
+-- and a message that fails a check (for publish_batch's error), take
+-- publish_batch's path.
+CREATE OR REPLACE FUNCTION postbox.publish(topic_name text, body bytea, routing_key text DEFAULT '',
+                                attributes jsonb DEFAULT NULL, ordering_key text DEFAULT NULL,
+                                deduplication_id text DEFAULT NULL, subject text DEFAULT NULL,
+                                delay interval DEFAULT NULL)
+RETURNS TABLE (publish_id uuid, queues text[], message_ids bigint[], duplicates boolean[],
+               webhook_deliveries integer)
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan  -- as publish_batch: plan each statement once per session
+AS $$
+DECLARE
+    log_topic_id integer;
+    fifo_topic boolean;
+    append_tx xid8;
+    new_id uuid := gen_random_uuid();
+BEGIN
+    topic_name := postbox._scoped_name(topic_name);  -- a bound role's own name (see _caller_tenant)
+    -- The transaction id before the offset, as _append_to_stream takes them;
+    -- the topic's lock (_lock_topic, shared, as publish_batch holds it) before
+    -- the subscriptions are looked at, so none is made in between.
+    SELECT x.id, x.name LIKE '%.fifo', pg_current_xact_id()
+    INTO log_topic_id, fifo_topic, append_tx
+    FROM postbox.topics x
+    WHERE x.name = topic_name AND x.stream_retention IS NOT NULL;
+    IF FOUND THEN
+        PERFORM pg_advisory_xact_lock_shared(1886350200, log_topic_id);  -- postbox._lock_topic, inline
+        INSERT INTO postbox.stream_log (slot, topic_id, tx, stream_offset, published_at, publish_id, routing_key,
+                                        ordering_key, subject, attributes, body)
+        SELECT (SELECT s.slot FROM postbox.stream_slots s WHERE s.state = 'current'), log_topic_id,
+               append_tx, nextval('postbox.stream_offsets'), clock_timestamp(), new_id,
+               coalesce(publish.routing_key, ''), publish.ordering_key, publish.subject, publish.attributes,
+               publish.body
+        WHERE NOT EXISTS (SELECT FROM postbox.subscriptions s WHERE s.topic_id = log_topic_id)
+              AND publish.body IS NOT NULL
+              AND (publish.ordering_key IS NULL
+                   OR (length(publish.ordering_key) <= 128 AND publish.ordering_key ~ '^[!-~]+$'))
+              AND (publish.ordering_key IS NOT NULL OR NOT fifo_topic)
+              AND (publish.deduplication_id IS NULL
+                   OR (length(publish.deduplication_id) <= 128 AND publish.deduplication_id ~ '^[!-~]+$'))
+              AND (publish.subject IS NULL
+                   OR (length(publish.subject) <= 100 AND publish.subject !~ '[[:cntrl:]]'))
+              AND (coalesce(publish.routing_key, '') = '' OR postbox.routing_key_problem(publish.routing_key) IS NULL)
+              AND (publish.attributes IS NULL OR postbox._attributes_problem(ARRAY[publish.attributes], 1) IS NULL)
+              AND postbox.message_size(publish.body, publish.attributes) <= 1048576
+              AND publish.delay IS NULL;  -- a stream topic refuses one: publish_batch says so
+        IF FOUND THEN
+            publish_id := new_id;
+            queues := '{}';
+            message_ids := '{}';
+            duplicates := '{}';
+            webhook_deliveries := 0;
+            RETURN NEXT;
+            RETURN;
+        END IF;
+    END IF;
+    RETURN QUERY SELECT * FROM postbox.publish_batch(
+        topic_name, ARRAY[body], ARRAY[routing_key], postbox._array_of(attributes),
+        postbox._array_of(ordering_key), postbox._array_of(deduplication_id), postbox._array_of(subject),
+        delays => postbox._array_of(delay));
+END
+$$;
+
+-- Publishes up to 1,000 messages to a topic. Entry i of every array belongs to
+-- bodies[i]; an array may be NULL or shorter (missing entries are NULL):
+--   routing_keys     matched against subscription patterns; NULL or '' is the
+--                    empty key, which only "#" matches
+--   attributes       see attribute_problem
+--   ordering_keys    FIFO queues take it as message group (else the routing
+--                    key, else the topic name); standard queues ignore it
+--   deduplication_ids  passed to every queue (see send_batch); FIFO queues
+--                    without content_based_deduplication get the publish id
+--   subjects         up to 100 characters that SNS envelopes carry
+--   signatures       SNS Signatures by topic ARN (see _sns_envelope), under
+--                    signature_version; the server signs given_publish_ids and
+--                    given_published_at, which are then the publish's ids and
+--                    time (else they are made here)
+--   delays           each queue makes the message visible this long after the
+--                    publish (NULL: the queue's delivery_delay), 0 to 365 days
+--                    and below the queue's retention; FIFO queues refuse one,
+--                    as send_batch does; webhooks attempt the delivery then.
+--                    Not on a stream topic, whose delay is publish_delayed's.
+-- A FIFO topic (its name ends in .fifo) needs an ordering key on every entry.
+-- Suspended subscriptions, and those whose filter policy the entry does not
+-- match, take nothing. A subscription with an SNS delivery that is not raw
+-- takes the entry wrapped in SNS's notification JSON (see _sns_envelope).
+-- Each matching queue gets each message once, however many of its
+-- subscriptions match (as the first of them by name delivers it), under the
+-- queue's rules, as send_batch has them (size, pause, max_depth, FIFO,
+-- deduplication). Each matching webhook subscription gets a delivery row
+-- (messages for webhooks hold at most 1 MiB). It is all or nothing: when a
+-- queue refuses, the error names the entry and the subscription, and nothing
+-- is published. Returns one row per entry, in order: its publish id, the
+-- queues (in name order) with the message id each took and whether it was a
+-- duplicate there, and how many webhook deliveries were queued.
+-- Plain queues take their messages in one INSERT (_publish_to_plain_queues);
+-- when one of them refuses, the publish goes queue by queue through
+-- send_batch instead, which reports the first refusal by queue name.
+CREATE OR REPLACE FUNCTION postbox.publish_batch(
+    topic_name text, bodies bytea[], routing_keys text[] DEFAULT NULL, attributes jsonb[] DEFAULT NULL,
+    ordering_keys text[] DEFAULT NULL, deduplication_ids text[] DEFAULT NULL, subjects text[] DEFAULT NULL,
+    signatures jsonb[] DEFAULT NULL, signature_version text DEFAULT NULL, given_publish_ids uuid[] DEFAULT NULL,
+    given_published_at timestamptz DEFAULT NULL, delays interval[] DEFAULT NULL)
+RETURNS TABLE (publish_id uuid, queues text[], message_ids bigint[], duplicates boolean[],
+               webhook_deliveries integer)
+LANGUAGE plpgsql
+-- Plan each statement once per session. Custom plans (the default for the first
+-- calls, and for good when they look cheaper) re-plan every publish, which
+-- costs more than the publish itself.
+SET plan_cache_mode = force_generic_plan
+AS $$
+#variable_conflict use_column
+DECLARE
+    t postbox.topics;
+    n integer := coalesce(cardinality(bodies), 0);
+    published_at timestamptz := coalesce(given_published_at, clock_timestamp());
+    problem text;
+    any_webhooks boolean;
+    ids uuid[];
+    keys text[];
+    -- One entry per (queue, publish entry) that takes a message, in queue name
+    -- then entry order; plain: the queue takes it in the one INSERT.
+    pair_queue_ids integer[];
+    pair_queues text[];
+    pair_fifo boolean[];
+    pair_content_based boolean[];
+    pair_subscriptions text[];
+    pair_entries integer[];
+    pair_envelopes jsonb[];
+    pair_plain boolean[];
+    plain_count integer;
+    plain_queue_ids integer[];
+    plain_entries integer[];
+    plain_queues text[];
+    plain_ids bigint[];
+    one_by_one boolean := false;
+    dest record;
+    subset boolean;
+    groups text[];
+    dedup text[];
+    sent_ids bigint[];
+    sent_duplicates boolean[];
+    done_entries integer[] := '{}';
+    done_queues text[] := '{}';
+    done_ids bigint[] := '{}';
+    done_duplicates boolean[] := '{}';
+    hook_subscriptions integer[];
+    hook_entries integer[];
+    hook_bodies bytea[];
+    refusing text;
+    refusing_queue text;
+    refusing_entries integer[];
+    state text;
+    entry_of text[];
+    dest_bodies bytea[];
+    dest_attributes jsonb[];
+    dest_delays interval[];
+    tenant text := postbox._caller_tenant();
+BEGIN
+    topic_name := postbox._in_tenant(topic_name, tenant);  -- a bound role's own name (see _caller_tenant)
+    SELECT * INTO t FROM postbox.topics x WHERE x.name = topic_name;
+    IF NOT FOUND THEN
+        t := postbox._topic(topic_name);  -- raises the error
+    END IF;
+    IF n NOT BETWEEN 1 AND 1000 THEN
+        PERFORM postbox._check_batch_size(n);
+    END IF;
+    IF greatest(cardinality(routing_keys), cardinality(attributes), cardinality(ordering_keys),
+                cardinality(deduplication_ids), cardinality(subjects), cardinality(delays)) > n THEN
+        PERFORM postbox._invalid('per-entry arrays may not have more entries than bodies');
+    END IF;
+    IF delays IS NOT NULL THEN
+        SELECT postbox._entry_prefix(e.i, n) || CASE
+                   WHEN e.d < interval '0' THEN format('delay %s s is negative', trim_scale(extract(epoch FROM e.d)))
+                   ELSE format('delay %s s is beyond the longest delay, 365 days', trim_scale(extract(epoch FROM e.d)))
+               END
+        INTO problem
+        FROM unnest(delays) WITH ORDINALITY AS e(d, i)
+        WHERE e.d < interval '0' OR e.d >= interval '365 days'
+        ORDER BY e.i
+        LIMIT 1;
+        IF problem IS NOT NULL THEN
+            PERFORM postbox._invalid(problem);
+        END IF;
+        IF t.stream_retention IS NOT NULL AND array_remove(delays, NULL) <> '{}' THEN
+            RAISE EXCEPTION USING ERRCODE = 'PB412', MESSAGE = format(
+                'topic %s is a stream topic: hold a message out of its log with stream_delay, not delay',
+                quote_literal(t.name));
+        END IF;
+    END IF;
+    SELECT postbox._entry_prefix(e.i, n) || CASE
+               WHEN e.b IS NULL THEN 'body must not be NULL'
+               WHEN length(e.o) > 128 OR e.o !~ '^[!-~]+$' THEN
+                   'ordering_key must be 1 to 128 printable ASCII characters'
+               WHEN length(e.x) > 128 OR e.x !~ '^[!-~]+$' THEN
+                   'deduplication_id must be 1 to 128 printable ASCII characters'
+               WHEN length(e.s) > 100 OR e.s ~ '[[:cntrl:]]' THEN
+                   'subject must be at most 100 characters without control characters'
+               WHEN e.o IS NULL AND t.name LIKE '%.fifo' THEN
+                   format('topic %s is a FIFO topic: every message needs an ordering_key (its message group)',
+                          quote_literal(t.name))
+               ELSE postbox.routing_key_problem(e.k) END
+    INTO problem
+    FROM unnest(bodies, routing_keys, ordering_keys, deduplication_ids, subjects)
+         WITH ORDINALITY AS e(b, k, o, x, s, i)
+    WHERE e.b IS NULL OR length(e.o) > 128 OR e.o !~ '^[!-~]+$' OR length(e.x) > 128 OR e.x !~ '^[!-~]+$'
+          OR length(e.s) > 100 OR e.s ~ '[[:cntrl:]]' OR (e.o IS NULL AND t.name LIKE '%.fifo')
+          OR (e.k <> '' AND postbox.routing_key_problem(e.k) IS NOT NULL)
+    ORDER BY e.i
+    LIMIT 1;
+    IF problem IS NULL AND attributes IS NOT NULL THEN
+        problem := postbox._attributes_problem(attributes, n);
+    END IF;
+    IF problem IS NOT NULL THEN
+        PERFORM postbox._invalid(problem);
+    END IF;
+    IF given_publish_ids IS NOT NULL THEN
+        IF cardinality(given_publish_ids) <> n OR array_position(given_publish_ids, NULL) IS NOT NULL THEN
+            PERFORM postbox._invalid('given_publish_ids must hold one publish id per body');
+        END IF;
+        ids := given_publish_ids;
+        keys := ARRAY(SELECT coalesce(routing_keys[i], '') FROM generate_series(1, n) AS i);
+    ELSIF n = 1 THEN
+        ids := ARRAY[gen_random_uuid()];
+        keys := ARRAY[coalesce(routing_keys[1], '')];
+    ELSE
+        ids := ARRAY(SELECT gen_random_uuid() FROM generate_series(1, n));
+        keys := ARRAY(SELECT coalesce(routing_keys[i], '') FROM generate_series(1, n) AS i);
+    END IF;
+
+    PERFORM postbox._append_to_stream(t, ids, published_at, keys, ordering_keys, subjects, attributes, bodies)
+    WHERE t.stream_retention IS NOT NULL;
+    PERFORM pg_advisory_xact_lock_shared(1886350200, t.id);  -- postbox._lock_topic, inline
+    -- A stream topic without subscriptions: the log has the batch, nothing else
+    -- takes it (looked at under the lock, as the subscriptions' query below).
+    IF t.stream_retention IS NOT NULL AND NOT EXISTS (SELECT FROM postbox.subscriptions s WHERE s.topic_id = t.id) THEN
+        RETURN QUERY SELECT e.id, '{}'::text[], '{}'::bigint[], '{}'::boolean[], 0 FROM unnest(ids) AS e(id);
+        RETURN;
+    END IF;
+    -- The aggregates take the pairs in the order of the sorted sub-select (an
+    -- ORDER BY in each aggregate would sort eight times). None of them may have
+    -- DISTINCT or ORDER BY: PostgreSQL 16 and later then sort the input for it,
+    -- and every aggregate would see the pairs in that order instead.
+    SELECT array_agg(p.queue_id), array_agg(p.queue), array_agg(p.fifo), array_agg(p.content_based_deduplication),
+           array_agg(p.subscription), array_agg(p.i), array_agg(p.envelope), array_agg(p.plain),
+           count(*) FILTER (WHERE p.plain), array_agg(p.queue_id) FILTER (WHERE p.plain),
+           array_agg(p.i) FILTER (WHERE p.plain),
+           array_agg(p.queue) FILTER (WHERE p.plain),
+           -- Here, rather than a statement of its own (each costs its start).
+           (SELECT count(*) > 0 FROM postbox.subscriptions w
+            WHERE w.topic_id = t.id AND w.webhook_url IS NOT NULL AND NOT w.suspended)
+    INTO pair_queue_ids, pair_queues, pair_fifo, pair_content_based, pair_subscriptions, pair_entries,
+         pair_envelopes, pair_plain, plain_count, plain_queue_ids, plain_entries, plain_queues, any_webhooks
+    FROM (SELECT q.id AS queue_id, q.name AS queue, q.fifo, q.content_based_deduplication, m.subscription, m.i,
+                 m.envelope,
+                 NOT q.fifo AND NOT q.content_based_deduplication AND q.max_depth IS NULL
+                     AND (deduplication_ids IS NULL OR deduplication_ids[m.i] IS NULL) AS plain
+          FROM (SELECT DISTINCT ON (s.queue_id, e.i) s.queue_id, s.name AS subscription, e.i::integer AS i,
+                       -- The envelope the entry goes in (NULL: none).
+                       CASE WHEN NOT coalesce((s.sns ->> 'raw')::boolean, false) THEN s.sns END AS envelope
+                FROM postbox.subscriptions s
+                CROSS JOIN unnest(keys) WITH ORDINALITY AS e(k, i)
+                WHERE s.topic_id = t.id AND s.queue_id IS NOT NULL AND NOT s.suspended
+                      AND postbox._key_matches(s.match_kind, s.match_text, e.k)
+                      AND (s.filter_policy IS NULL
+                           OR postbox.filter_matches(s.filter_policy, s.filter_scope, attributes[e.i], bodies[e.i]))
+                ORDER BY s.queue_id, e.i, s.name) AS m
+          JOIN postbox.queues q ON q.id = m.queue_id
+          ORDER BY q.name, m.i) AS p;
+
+    IF plain_count > 0 THEN
+        IF array_remove(pair_envelopes, NULL) = '{}' THEN
+            plain_ids := postbox._publish_to_plain_queues(
+                pair_queue_ids, pair_entries, pair_envelopes, pair_plain, plain_queue_ids, bodies, attributes,
+                subjects, ids, published_at, signatures, signature_version, delays);
+        ELSE
+            -- An envelope refuses a body that is not UTF-8 by raising, in a
+            -- subtransaction, then, so that queue by queue can take over.
+            BEGIN
+                plain_ids := postbox._publish_to_plain_queues(
+                    pair_queue_ids, pair_entries, pair_envelopes, pair_plain, plain_queue_ids, bodies, attributes,
+                    subjects, ids, published_at, signatures, signature_version, delays);
+            EXCEPTION WHEN OTHERS THEN
+                GET STACKED DIAGNOSTICS state = RETURNED_SQLSTATE;
+                IF state NOT LIKE 'PB%' THEN
+                    RAISE;
+                END IF;
+                plain_ids := NULL;
+            END;
+        END IF;
+        IF plain_ids IS NULL THEN
+            one_by_one := true;
+        ELSE
+            done_entries := plain_entries;
+            done_queues := plain_queues;
+            done_ids := plain_ids;
+            done_duplicates := array_fill(false, ARRAY[plain_count]);
+        END IF;
+    END IF;
+
+    IF one_by_one OR plain_count < cardinality(pair_plain) THEN
+        -- One send_batch per queue, in queue name order (so concurrent publishes
+        -- take the queues' locks in one order). One subtransaction for all of
+        -- them, to say which subscription refused.
+        BEGIN
+            FOR dest IN
+                SELECT p.queue, p.fifo, p.content_based_deduplication, min(p.subscription) AS subscription,
+                       array_agg(p.i ORDER BY p.i) AS entries,
+                       -- Per entry, the envelope it goes in; NULL when no entry has one.
+                       CASE WHEN bool_or(p.envelope IS NOT NULL) THEN array_agg(p.envelope ORDER BY p.i) END
+                           AS envelopes
+                FROM unnest(pair_queue_ids, pair_queues, pair_fifo, pair_content_based, pair_subscriptions,
+                            pair_entries, pair_envelopes, pair_plain)
+                     AS p(queue_id, queue, fifo, content_based_deduplication, subscription, i, envelope, plain)
+                WHERE one_by_one OR NOT p.plain
+                GROUP BY p.queue_id, p.queue, p.fifo, p.content_based_deduplication
+                ORDER BY p.queue
+            LOOP
+                refusing := dest.subscription;
+                refusing_queue := dest.queue;
+                refusing_entries := dest.entries;
+                subset := cardinality(dest.entries) < n;
+                groups := NULL;
+                dedup := NULL;
+                IF dest.fifo OR deduplication_ids IS NOT NULL THEN
+                    SELECT CASE WHEN dest.fifo THEN
+                               array_agg(coalesce(ordering_keys[p], nullif(keys[p], ''), topic_name) ORDER BY o)
+                           END,
+                           array_agg(coalesce(deduplication_ids[p],
+                                              CASE WHEN dest.fifo AND NOT dest.content_based_deduplication
+                                                   THEN ids[p]::text END) ORDER BY o)
+                    INTO groups, dedup
+                    FROM unnest(dest.entries) WITH ORDINALITY AS u(p, o);
+                    IF array_remove(dedup, NULL) = '{}' THEN
+                        dedup := NULL;  -- keeps send_batch's fast path
+                    END IF;
+                END IF;
+                IF dest.envelopes IS NOT NULL THEN
+                    -- SNS's notification JSON carries the attributes inside it.
+                    SELECT array_agg(CASE WHEN u.env IS NULL THEN bodies[u.p]
+                                          ELSE postbox._sns_envelope(u.env, ids[u.p], published_at, subjects[u.p],
+                                                                     bodies[u.p], attributes[u.p], signatures[u.p],
+                                                                     signature_version) END ORDER BY u.o),
+                           array_agg(CASE WHEN u.env IS NULL THEN attributes[u.p] END ORDER BY u.o)
+                    INTO dest_bodies, dest_attributes
+                    FROM unnest(dest.entries, dest.envelopes) WITH ORDINALITY AS u(p, env, o);
+                ELSIF subset THEN
+                    dest_bodies := ARRAY(SELECT bodies[p] FROM unnest(dest.entries) WITH ORDINALITY AS u(p, o)
+                                         ORDER BY o);
+                    dest_attributes := CASE WHEN attributes IS NOT NULL THEN
+                        ARRAY(SELECT attributes[p] FROM unnest(dest.entries) WITH ORDINALITY AS u(p, o) ORDER BY o)
+                    END;
+                ELSE
+                    dest_bodies := bodies;
+                    dest_attributes := attributes;
+                END IF;
+                dest_delays := CASE WHEN delays IS NOT NULL THEN
+                    ARRAY(SELECT delays[p] FROM unnest(dest.entries) WITH ORDINALITY AS u(p, o) ORDER BY o)
+                END;
+                SELECT array_agg(r.message_id ORDER BY r.o), array_agg(r.duplicate ORDER BY r.o)
+                INTO sent_ids, sent_duplicates
+                FROM postbox.send_batch(
+                    dest.queue,
+                    dest_bodies,
+                    dest_attributes,
+                    delays => dest_delays,
+                    message_group_ids => groups,
+                    deduplication_ids => dedup) WITH ORDINALITY AS r(message_id, duplicate, o);
+                done_entries := done_entries || dest.entries;
+                done_queues := done_queues || array_fill(dest.queue, ARRAY[cardinality(dest.entries)]);
+                done_ids := done_ids || sent_ids;
+                done_duplicates := done_duplicates || sent_duplicates;
+            END LOOP;
+        EXCEPTION WHEN OTHERS THEN
+            GET STACKED DIAGNOSTICS state = RETURNED_SQLSTATE, problem = MESSAGE_TEXT;
+            IF refusing IS NULL OR state NOT LIKE 'PB%' THEN
+                RAISE;
+            END IF;
+            -- send_batch names entries of the batch it got; name the publish's.
+            entry_of := regexp_match(problem, '^entry ([0-9]+): (.*)$');
+            IF entry_of IS NOT NULL THEN
+                entry_of := ARRAY[format('entry %s: ', refusing_entries[entry_of[1]::integer + 1] - 1), entry_of[2]];
+            ELSIF n > 1 AND cardinality(refusing_entries) = 1 THEN
+                entry_of := ARRAY[format('entry %s: ', refusing_entries[1] - 1), problem];
+            ELSE
+                entry_of := ARRAY['', problem];
+            END IF;
+            RAISE EXCEPTION USING ERRCODE = state, MESSAGE = format(
+                '%ssubscription %s (queue %s) refused the publish, so nothing was published: %s',
+                entry_of[1], quote_literal(refusing), quote_literal(refusing_queue), entry_of[2]);
+        END;
+    END IF;
+
+    IF any_webhooks THEN
+        SELECT array_agg(s.id ORDER BY e.i, s.name), array_agg(e.i::integer ORDER BY e.i, s.name),
+               -- A webhook with an SNS delivery that is not raw gets the envelope made now.
+               array_agg(CASE WHEN s.sns IS NOT NULL AND NOT coalesce((s.sns ->> 'raw')::boolean, false)
+                              THEN postbox._sns_envelope(s.sns, ids[e.i], published_at, subjects[e.i], bodies[e.i],
+                                                         attributes[e.i], signatures[e.i], signature_version)
+                              ELSE bodies[e.i] END ORDER BY e.i, s.name),
+               (array_agg(format('%ssubscription %s takes webhook messages of at most 1048576 bytes, not %s',
+                                 postbox._entry_prefix(e.i, n), quote_literal(s.name),
+                                 postbox.message_size(bodies[e.i], attributes[e.i])) ORDER BY e.i)
+                   FILTER (WHERE postbox.message_size(bodies[e.i], attributes[e.i]) > 1048576))[1]
+        INTO hook_subscriptions, hook_entries, hook_bodies, problem
+        FROM postbox.subscriptions s
+        CROSS JOIN unnest(keys) WITH ORDINALITY AS e(k, i)
+        WHERE s.topic_id = t.id AND s.webhook_url IS NOT NULL AND NOT s.suspended
+              AND postbox._key_matches(s.match_kind, s.match_text, e.k)
+              AND (s.filter_policy IS NULL
+                   OR postbox.filter_matches(s.filter_policy, s.filter_scope, attributes[e.i], bodies[e.i]));
+        IF problem IS NOT NULL THEN
+            PERFORM postbox._invalid(problem);
+        END IF;
+        IF hook_subscriptions IS NOT NULL THEN
+            INSERT INTO postbox.webhook_deliveries (subscription_id, publish_id, published_at, routing_key,
+                                                    ordering_key, attributes, body, next_attempt_at)
+            SELECT h.s, ids[h.i], published_at, keys[h.i], ordering_keys[h.i], attributes[h.i], h.b,
+                   published_at + coalesce(delays[h.i], interval '0')
+            FROM unnest(hook_subscriptions, hook_entries, hook_bodies) AS h(s, i, b);
+            PERFORM postbox._signal('webhooks');
+        END IF;
+    END IF;
+
+    IF tenant IS NOT NULL THEN  -- a bound role sees its queues under its own names
+        done_queues := ARRAY(SELECT postbox._shown(u.q, tenant)
+                             FROM unnest(done_queues) WITH ORDINALITY AS u(q, i) ORDER BY u.i);
+    END IF;
+    IF n = 1 AND NOT one_by_one AND plain_count = cardinality(pair_plain) THEN
+        -- One entry into plain queues only: its pairs are in queue name order.
+        RETURN QUERY SELECT ids[1], done_queues, done_ids, done_duplicates,
+                            coalesce(cardinality(hook_entries), 0)::integer;
+        RETURN;
+    END IF;
+    RETURN QUERY
+    SELECT ids[e.i], coalesce(d.queue_names, '{}'), coalesce(d.queue_message_ids, '{}'),
+           coalesce(d.queue_duplicates, '{}'), coalesce(h.deliveries, 0)::integer
+    FROM generate_series(1, n) AS e(i)
+    LEFT JOIN (SELECT x, array_agg(q ORDER BY q) AS queue_names, array_agg(m ORDER BY q) AS queue_message_ids,
+                      array_agg(dup ORDER BY q) AS queue_duplicates
+               FROM unnest(done_entries, done_queues, done_ids, done_duplicates) AS u(x, q, m, dup)
+               GROUP BY x) AS d ON d.x = e.i
+    LEFT JOIN (SELECT x, count(*) AS deliveries FROM unnest(hook_entries) AS x GROUP BY x) AS h ON h.x = e.i
+    ORDER BY e.i;
+END
+$$;
+
+-- Deletes a tenant and its keys. PB412 while it owns queues, topics or
+-- schedules, unless force: then they go too, with their messages. PB412 while
+-- SQL roles are bound to it (since 0.9.0), force or not: unbound, a role would
+-- see every tenant.
+CREATE OR REPLACE FUNCTION postbox.delete_tenant(tenant_name text, force boolean DEFAULT false) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    t postbox.tenants := postbox._tenant(tenant_name);
+    owned record;
+    prefix text := tenant_name || '/';
+    resource text;
+    roles text;
+BEGIN
+    PERFORM 1 FROM postbox.tenants x WHERE x.name = t.name FOR UPDATE;
+    SELECT string_agg(quote_ident(b.role_name), ', ' ORDER BY b.role_name) INTO roles
+    FROM postbox.tenant_roles b WHERE b.tenant_name = delete_tenant.tenant_name;
+    IF roles IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'PB412', MESSAGE = format(
+            'tenant %s has SQL roles bound to it (%s); unbind them first (postbox.unbind_tenant_role) or '
+            'drop them: an unbound role sees every tenant', quote_literal(tenant_name), roles);
+    END IF;
+    SELECT * INTO owned FROM postbox.tenant_resources(tenant_name);
+    IF owned.queues + owned.topics + owned.schedules > 0 THEN
+        IF NOT force THEN
+            RAISE EXCEPTION USING ERRCODE = 'PB412', MESSAGE = format(
+                'tenant %s still owns %s queues, %s topics and %s schedules; delete them first, or pass force',
+                quote_literal(tenant_name), owned.queues, owned.topics, owned.schedules);
+        END IF;
+        FOR resource IN SELECT s.name FROM postbox.schedules s WHERE starts_with(s.name, prefix) ORDER BY s.name LOOP
+            PERFORM postbox.delete_schedule(resource);
+        END LOOP;
+        FOR resource IN SELECT x.name FROM postbox.topics x WHERE starts_with(x.name, prefix) ORDER BY x.name LOOP
+            PERFORM postbox.delete_topic(resource);
+        END LOOP;
+        -- Dead-letter links only join a tenant's own queues (a name never holds
+        -- another tenant's), so cutting them lets every queue go.
+        UPDATE postbox.queues q SET dead_letter_queue_id = NULL, max_receive_count = NULL
+        WHERE starts_with(q.name, prefix) AND q.dead_letter_queue_id IS NOT NULL;
+        FOR resource IN SELECT q.name FROM postbox.queues q WHERE starts_with(q.name, prefix) ORDER BY q.name LOOP
+            PERFORM postbox.drop_queue(resource);
+        END LOOP;
+    END IF;
+    DELETE FROM postbox.tenants x WHERE x.name = tenant_name;
+END
+$$;
+
+-- Binds a PostgreSQL role to a tenant (since 0.9.0): the role, and every role
+-- that belongs to it, then sees through the reader and writer functions only
+-- that tenant's resources, under their own names (see _caller_tenant). A role
+-- holds one binding; binding it again moves it. PB404 for an unknown tenant or
+-- role; PB400 for a superuser, a role that bypasses row security, the owner of
+-- schema postbox, or a member of postbox_admin: none of them can be confined.
+CREATE OR REPLACE FUNCTION postbox.bind_tenant_role(role_name name, tenant_name text) RETURNS postbox.tenant_roles
+LANGUAGE plpgsql AS $$
+DECLARE
+    t postbox.tenants := postbox._tenant(tenant_name);
+    r pg_catalog.pg_roles;
+    b postbox.tenant_roles;
+BEGIN
+    SELECT * INTO r FROM pg_catalog.pg_roles x WHERE x.rolname = role_name;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'PB404', MESSAGE = format('role %s does not exist', postbox._quoted(role_name));
+    ELSIF r.rolsuper OR r.rolbypassrls THEN
+        PERFORM postbox._invalid(format('role %s is a superuser or bypasses row security: it cannot be confined '
+                                        'to a tenant', quote_ident(role_name)));
+    ELSIF r.oid = (SELECT n.nspowner FROM pg_catalog.pg_namespace n WHERE n.nspname = 'postbox') THEN
+        PERFORM postbox._invalid(format('role %s owns schema postbox (the servers connect as it): it cannot be '
+                                        'confined to a tenant', quote_ident(role_name)));
+    ELSIF EXISTS (SELECT FROM pg_catalog.pg_roles a WHERE a.rolname = 'postbox_admin'
+                  AND pg_catalog.pg_has_role(r.oid, a.oid, 'MEMBER')) THEN
+        PERFORM postbox._invalid(format('role %s is a member of postbox_admin, whose rights cross tenants: '
+                                        'grant it postbox_reader or postbox_writer instead', quote_ident(role_name)));
+    END IF;
+    INSERT INTO postbox.tenant_roles AS x (role_name, tenant_name) VALUES (role_name, t.name)
+    ON CONFLICT ON CONSTRAINT tenant_roles_pkey DO UPDATE SET tenant_name = excluded.tenant_name, created_at = now()
+    RETURNING * INTO b;
+    RETURN b;
+END
+$$;
+
+-- Unbinds a role from its tenant: it sees every tenant again. Returns whether
+-- it was bound.
+CREATE OR REPLACE FUNCTION postbox.unbind_tenant_role(role_name name) RETURNS boolean
+LANGUAGE plpgsql AS $$
+BEGIN
+    DELETE FROM postbox.tenant_roles b WHERE b.role_name = unbind_tenant_role.role_name;
+    RETURN FOUND;
+END
+$$;
+
+-- The roles bound to tenants, of one tenant or (NULL) all, in role name order.
+CREATE OR REPLACE FUNCTION postbox.list_tenant_roles(tenant_name text DEFAULT NULL) RETURNS SETOF postbox.tenant_roles
+LANGUAGE sql STABLE AS $$
+    SELECT * FROM postbox.tenant_roles b
+    WHERE list_tenant_roles.tenant_name IS NULL OR b.tenant_name = list_tenant_roles.tenant_name
+    ORDER BY b.role_name
+$$;
+
+-- Gives the engine's functions their privileges, and makes each public one
+-- SECURITY DEFINER with a fixed search_path: a reader or writer then needs no
+-- right on the tables (a writer can call send, not insert rows of its own), and
+-- no schema of the caller's can shadow a function or operator the engine uses.
+-- Pure (IMMUTABLE) functions and internal ones (named "_...") stay as they are:
+-- they run inside a public function, whose path is fixed already, and a SET
+-- clause would keep the planner from inlining them. CREATE OR REPLACE resets
+-- a function's settings, so every install and upgrade script ends by calling
+-- this. start, stop, uninstall, capture and release stay the owner's (since
+-- 0.9.0): they schedule jobs, drop the engine and add triggers to tables.
+CREATE OR REPLACE FUNCTION postbox._secure() RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    f record;
+    roles boolean := (SELECT count(*) = 3 FROM pg_catalog.pg_roles
+                      WHERE rolname IN ('postbox_reader', 'postbox_writer', 'postbox_admin'));
+    owner_only oid[] := array_remove(ARRAY[
+        to_regprocedure('postbox.start(interval)'), to_regprocedure('postbox.stop()'),
+        to_regprocedure('postbox.uninstall()'), to_regprocedure('postbox.capture(regclass,text,text)'),
+        to_regprocedure('postbox.release(regclass)')]::oid[], NULL);
+BEGIN
+    FOR f IN SELECT p.oid, p.oid::regprocedure AS signature, p.proname AS name, p.provolatile, p.prorettype
+             FROM pg_catalog.pg_proc p WHERE p.pronamespace = 'postbox'::regnamespace LOOP
+        EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', f.signature);
+        IF f.provolatile <> 'i' AND f.prorettype <> 'trigger'::regtype AND left(f.name, 1) <> '_' THEN
+            EXECUTE format('ALTER FUNCTION %s SECURITY DEFINER SET search_path = pg_catalog, postbox, pg_temp',
+                           f.signature);
+        END IF;
+        IF roles AND f.oid <> ALL (owner_only) THEN
+            EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO postbox_admin', f.signature);
+            IF f.name IN ('queue_stats', 'queue_metrics', 'queue_rates', 'peek_messages', 'get_message',
+                          'list_archived_messages', 'get_queue', 'list_queues', 'list_dead_letter_source_queues', 'list_redrive_tasks',
+                          'get_topic', 'list_topics', 'get_subscription', 'list_subscriptions',
+                          'list_webhook_deliveries', 'get_schedule', 'list_schedules', 'get_consumer_group',
+                          'list_consumer_groups', 'stream_metrics', 'stream_position',
+                          'list_stream_dead_letters', 'stream_latency', 'consumer_group_health') THEN
+                EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO postbox_reader', f.signature);
+            ELSIF f.name IN ('send', 'send_batch', 'publish', 'publish_batch') THEN
+                EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO postbox_writer', f.signature);
+            ELSIF f.name = 'caller_tenant' THEN  -- since 0.9.0: which tenant a bound role acts for
+                EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO postbox_reader, postbox_writer', f.signature);
+            END IF;
+        END IF;
+    END LOOP;
+    IF roles THEN
+        GRANT USAGE ON SCHEMA postbox TO postbox_reader, postbox_writer, postbox_admin;
+        GRANT ALL ON ALL TABLES IN SCHEMA postbox TO postbox_admin;
+        GRANT ALL ON ALL SEQUENCES IN SCHEMA postbox TO postbox_admin;
+        GRANT SELECT ON postbox.queue_health, postbox.queue_throughput, postbox.stream_health,
+                        postbox.stream_rotation TO postbox_reader;
+    END IF;
+END
+$$;
+
+-- The stream log's slots (see Rotation above): each one's state and since
+-- when (the current slot's since is the last rotation), how many messages it
+-- holds, and for a retired slot the consumer groups that keep it from being
+-- truncated, as topic/group: those with messages of their topic in it past
+-- their cursor. Counts each slot's rows. A role bound to a tenant sees only
+-- its tenant's groups in held_by, its topics named as it names them (the
+-- slots and their counts are the whole log's, shared by the tenants).
+CREATE OR REPLACE VIEW postbox.stream_rotation AS
+SELECT s.slot, s.state, s.since,
+       (SELECT count(*) FROM postbox.stream_log l WHERE l.slot = s.slot) AS messages,
+       -- A view calls functions as its user, so only caller_tenant, not the
+       -- internal _shown and _tenant_prefix, whose work is written out here.
+       ARRAY(SELECT substr(t.name, coalesce(length(me.tenant) + 2, 1)) || '/' || g.name
+             FROM (SELECT postbox.caller_tenant() AS tenant) AS me
+             JOIN postbox.topics t ON starts_with(t.name, coalesce(me.tenant || '/', ''))
+             JOIN postbox.consumer_groups g ON t.id = g.topic_id
+             WHERE s.state = 'retired'
+                   AND EXISTS (SELECT FROM postbox.stream_log l
+                               WHERE l.slot = s.slot AND l.topic_id = g.topic_id
+                                     AND (l.tx, l.stream_offset) > (g.cursor_tx, g.cursor_offset))
+             ORDER BY 1) AS held_by
+FROM postbox.stream_slots s
+ORDER BY s.slot;
+
 SELECT postbox._secure();
 
 INSERT INTO postbox.schema_version (version) VALUES ('0.9.0');

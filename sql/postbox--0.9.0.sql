@@ -435,6 +435,125 @@ EXCEPTION WHEN feature_not_supported THEN
 END
 $$;
 
+-- SQL roles bound to tenants (since 0.9.0). A direct SQL user whose role is
+-- bound to a tenant (bind_tenant_role), itself or through a role it belongs
+-- to, sees through the reader and writer functions only that tenant's queues,
+-- topics and schedules, under their own names: `orders` is the tenant's
+-- `acme/orders`, lists show the tenant's resources without the prefix, and
+-- another tenant's resource answers as a missing one. An unbound role sees
+-- every tenant, as before. Bindings name roles (a role's name survives
+-- pg_dump to another cluster, its oid does not): a binding outlives its role,
+-- and a new role of that name is bound.
+CREATE TABLE postbox.tenant_roles (
+    role_name name PRIMARY KEY,
+    tenant_name text NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT now()
+);
+
+DO $$
+BEGIN
+    PERFORM pg_catalog.pg_extension_config_dump('postbox.tenant_roles', '');
+EXCEPTION WHEN feature_not_supported THEN
+    NULL;  -- installed from a plain script, not by CREATE EXTENSION
+END
+$$;
+
+-- The tenant the caller acts for, NULL when it is bound to none. Inside a
+-- SECURITY DEFINER function current_user is the engine's owner, so the caller
+-- is session_user and, after SET ROLE, the role set (current_setting('role')),
+-- each with every role it belongs to, directly or not (pg_has_role's MEMBER,
+-- which counts a membership without INHERIT too). A superuser is a member of
+-- every role, so it counts only through a role it sets. A login role may only
+-- SET ROLE to roles it belongs to, so it cannot shed its binding that way; a
+-- superuser that sets a bound role acts for that role's tenant. 42501 when the
+-- caller is bound to two tenants, or is bound and belongs to postbox_admin,
+-- whose functions and table rights cross tenants. The owner (the servers'
+-- role: it cannot be bound) and everyone while no role is bound pay no query
+-- of the roles.
+CREATE FUNCTION postbox._caller_tenant() RETURNS text
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    bound text[];
+    admin boolean;
+BEGIN
+    IF (session_user = current_user AND current_setting('role') = 'none')
+       OR NOT EXISTS (SELECT FROM postbox.tenant_roles) THEN
+        RETURN NULL;
+    END IF;
+    -- One statement: each one a plpgsql function runs costs as much as a
+    -- send's insert. Bound roles are looked up with to_regrole (NULL for a
+    -- dropped role, which then matches nothing).
+    SELECT array_agg(DISTINCT b.tenant_name ORDER BY b.tenant_name),
+           bool_or(pg_catalog.pg_has_role(c.oid, to_regrole('postbox_admin'), 'MEMBER'))
+    INTO bound, admin
+    FROM pg_catalog.pg_roles c
+    JOIN postbox.tenant_roles b ON pg_catalog.pg_has_role(c.oid, to_regrole(quote_ident(b.role_name)), 'MEMBER')
+    WHERE (c.rolname = session_user OR c.rolname = nullif(current_setting('role'), 'none')) AND NOT c.rolsuper;
+    IF bound IS NULL THEN
+        RETURN NULL;
+    ELSIF cardinality(bound) > 1 THEN
+        RAISE EXCEPTION USING ERRCODE = '42501', MESSAGE = format(
+            'role %s is bound to tenants %s (itself or through its roles); a role acts for one tenant: '
+            'unbind all but one (postbox.unbind_tenant_role)',
+            quote_ident(coalesce(nullif(current_setting('role'), 'none'), session_user)),
+            array_to_string(bound, ', '));
+    ELSIF admin THEN
+        RAISE EXCEPTION USING ERRCODE = '42501', MESSAGE = format(
+            'role %s is bound to tenant %s and is a member of postbox_admin, whose rights cross tenants: '
+            'revoke postbox_admin from it or unbind it',
+            quote_ident(coalesce(nullif(current_setting('role'), 'none'), session_user)), bound[1]);
+    END IF;
+    RETURN bound[1];
+END
+$$;
+
+-- The tenant the calling role acts for (see _caller_tenant): NULL when it is
+-- bound to none and sees every tenant. For readers and writers too.
+CREATE FUNCTION postbox.caller_tenant() RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT postbox._caller_tenant()
+$$;
+
+-- The resource a caller of tenant `tenant` means by resource_name: its own
+-- name `orders` is `tenant/orders`, and `tenant/orders` is taken as it is (the
+-- engine's functions pass full names to one another). Any other name with "/"
+-- is PB400, whether or not it exists, so it tells nothing of other tenants.
+-- Unbound (tenant NULL) and NULL names: the name itself.
+CREATE FUNCTION postbox._in_tenant(resource_name text, tenant text) RETURNS text
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF tenant IS NULL OR resource_name IS NULL OR starts_with(resource_name, tenant || '/') THEN
+        RETURN resource_name;
+    ELSIF strpos(resource_name, '/') > 0 THEN
+        PERFORM postbox._invalid(format(
+            'name %s has a "/": a role bound to a tenant names its resources without the tenant',
+            postbox._quoted(resource_name)));
+    END IF;
+    RETURN tenant || '/' || resource_name;
+END
+$$;
+
+-- resource_name as the caller means it (see _in_tenant).
+CREATE FUNCTION postbox._scoped_name(resource_name text) RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT postbox._in_tenant(resource_name, postbox._caller_tenant())
+$$;
+
+-- A name as a caller of tenant `tenant` sees it: without the tenant's prefix.
+CREATE FUNCTION postbox._shown(resource_name text, tenant text) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN tenant IS NOT NULL AND starts_with(resource_name, tenant || '/')
+                THEN substr(resource_name, length(tenant) + 2) ELSE resource_name END
+$$;
+
+-- The first characters of the names a caller of tenant `tenant` may see:
+-- 'tenant/', or '' when unbound. Lists compare names with this || the caller's
+-- bounds, so the name index still serves them.
+CREATE FUNCTION postbox._tenant_prefix(tenant text) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT coalesce(tenant || '/', '')
+$$;
+
 -- Raises a PB400 error with the given message.
 CREATE FUNCTION postbox._invalid(message text) RETURNS void
 LANGUAGE plpgsql AS $$
@@ -807,20 +926,43 @@ BEGIN
 END
 $$;
 
--- The queue of that name; PB404 if there is none.
-CREATE FUNCTION postbox.get_queue(queue_name text) RETURNS postbox.queues
-LANGUAGE sql STABLE AS $$
-    SELECT postbox._queue(queue_name)
+-- A queue as a caller of tenant `tenant` sees it: its name and its redrive
+-- sources' without the tenant (see _shown).
+CREATE FUNCTION postbox._shown_queue(q postbox.queues, tenant text) RETURNS postbox.queues
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF tenant IS NOT NULL THEN
+        q.name := postbox._shown(q.name, tenant);
+        q.redrive_sources := ARRAY(SELECT postbox._shown(x, tenant) FROM unnest(q.redrive_sources) AS x);
+    END IF;
+    RETURN q;
+END
 $$;
 
--- Queues in name order after after_name, whose names start with name_prefix.
+-- The queue of that name (the caller's tenant's, for a bound role: see
+-- _caller_tenant); PB404 if there is none.
+CREATE FUNCTION postbox.get_queue(queue_name text) RETURNS postbox.queues
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    tenant text := postbox._caller_tenant();
+BEGIN
+    RETURN postbox._shown_queue(postbox._queue(postbox._in_tenant(queue_name, tenant)), tenant);
+END
+$$;
+
+-- Queues in name order after after_name, whose names start with name_prefix;
+-- a bound role's tenant's only, named as it names them.
 CREATE FUNCTION postbox.list_queues(page_size integer DEFAULT 100, after_name text DEFAULT '',
                                     name_prefix text DEFAULT '')
 RETURNS SETOF postbox.queues
 LANGUAGE sql STABLE AS $$
-    SELECT * FROM postbox.queues
-    WHERE name > coalesce(after_name, '') AND starts_with(name, coalesce(name_prefix, ''))
-    ORDER BY name
+    -- The tenant as a subquery: evaluated once, and the name index still serves.
+    SELECT s.* FROM postbox.queues q
+    CROSS JOIN LATERAL postbox._shown_queue(q, (SELECT postbox._caller_tenant())) AS s
+    WHERE q.name > postbox._tenant_prefix((SELECT postbox._caller_tenant())) || coalesce(after_name, '')
+          AND starts_with(q.name, postbox._tenant_prefix((SELECT postbox._caller_tenant()))
+                                  || coalesce(name_prefix, ''))
+    ORDER BY q.name
     LIMIT page_size
 $$;
 
@@ -933,7 +1075,7 @@ RETURNS TABLE (visible bigint, in_flight bigint, delayed bigint, oldest_age inte
                newest_age interval, sent_total bigint)
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
-    q postbox.queues := postbox._queue(queue_name);
+    q postbox.queues := postbox._queue(postbox._scoped_name(queue_name));
 BEGIN
     RETURN QUERY
     SELECT count(*) FILTER (WHERE m.visible_at <= now() OR m.visible_at = 'infinity'),
@@ -952,16 +1094,21 @@ $$;
 -- depth of the queue's dead-letter queue (NULL without one), its pause flags
 -- and its counters (expired and dead-lettered messages, since 0.8.0).
 -- One pass over the messages of those queues and their dead-letter queues, not
--- a call per queue.
+-- a call per queue. A bound role's tenant's queues only, named as it names them.
 CREATE FUNCTION postbox.queue_metrics(max_queues integer DEFAULT 1000)
 RETURNS TABLE (queue_name text, visible bigint, in_flight bigint, delayed bigint,
                oldest_age_seconds double precision, dead_letter_depth bigint,
                send_paused boolean, receive_paused boolean,
                expired_total bigint, dead_lettered_total bigint)
 LANGUAGE sql STABLE AS $$
-    WITH shown AS (
-        SELECT q.id, q.name, q.dead_letter_queue_id, q.send_paused, q.receive_paused
-        FROM postbox.queues q ORDER BY q.name LIMIT max_queues
+    WITH me AS MATERIALIZED (
+        SELECT postbox._caller_tenant() AS tenant
+    ), shown AS (
+        SELECT q.id, postbox._shown(q.name, me.tenant) AS name, q.dead_letter_queue_id, q.send_paused,
+               q.receive_paused
+        FROM postbox.queues q, me
+        WHERE starts_with(q.name, postbox._tenant_prefix(me.tenant))
+        ORDER BY q.name LIMIT max_queues
     ), depth AS (
         SELECT m.queue_id,
                count(*) FILTER (WHERE m.visible_at <= now() OR m.visible_at = 'infinity') AS visible,
@@ -1712,6 +1859,7 @@ DECLARE
     q_listened boolean;
     locked text;
 BEGIN
+    queue_name := postbox._scoped_name(queue_name);  -- a bound role's own name (see _caller_tenant)
     IF request_id IS NOT NULL THEN
         RETURN QUERY SELECT * FROM postbox._send_batch_once(
             queue_name, request_id, bodies, attributes, delays, message_group_ids, deduplication_ids, dedupe_keys,
@@ -1845,6 +1993,7 @@ DECLARE
     locked text;
     sent_id bigint;
 BEGIN
+    queue_name := postbox._scoped_name(queue_name);  -- a bound role's own name (see _caller_tenant)
     IF body IS NOT NULL AND num_nonnulls(attributes, delay, message_group_id, deduplication_id, dedupe_key,
                                          priority, deliver_at, ttl, expire_at, max_receive_count) = 0
        AND current_setting('transaction_isolation') = 'read committed' THEN
@@ -3015,11 +3164,12 @@ LANGUAGE plpgsql STABLE AS $$
 DECLARE
     -- Looked up first: in the query's filter it would run only if some queue
     -- were scanned, and an absent queue must be PB404 on an empty database too.
-    dlq postbox.queues := postbox._queue(queue_name);
+    tenant text := postbox._caller_tenant();
+    dlq postbox.queues := postbox._queue(postbox._in_tenant(queue_name, tenant));
 BEGIN
     RETURN QUERY
-    SELECT s.name FROM postbox.queues s
-    WHERE s.dead_letter_queue_id = dlq.id AND s.name > coalesce(after_name, '')
+    SELECT postbox._shown(s.name, tenant) FROM postbox.queues s
+    WHERE s.dead_letter_queue_id = dlq.id AND s.name > postbox._tenant_prefix(tenant) || coalesce(after_name, '')
     ORDER BY s.name
     LIMIT page_size;
 END
@@ -3099,7 +3249,7 @@ CREATE FUNCTION postbox.list_redrive_tasks(dead_letter_queue text, page_size int
 RETURNS SETOF postbox.redrive_tasks
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
-    dlq postbox.queues := postbox._queue(dead_letter_queue);  -- PB404 even when no task exists
+    dlq postbox.queues := postbox._queue(postbox._scoped_name(dead_letter_queue));  -- PB404 even when no task exists
     after postbox.redrive_tasks;
 BEGIN
     SELECT * INTO after FROM postbox.redrive_tasks WHERE id = after_task;
@@ -3323,7 +3473,8 @@ RETURNS TABLE (message_id bigint, body bytea, attributes jsonb, enqueued_at time
 LANGUAGE plpgsql STABLE AS $$
 #variable_conflict use_column
 DECLARE
-    q postbox.queues := postbox._queue(queue_name);
+    tenant text := postbox._caller_tenant();
+    q postbox.queues := postbox._queue(postbox._in_tenant(queue_name, tenant));
 BEGIN
     IF in_state IS NOT NULL AND in_state NOT IN ('visible', 'in_flight', 'delayed', 'dead') THEN
         PERFORM postbox._invalid(format('state %s is none of visible, in_flight, delayed, dead', in_state));
@@ -3336,7 +3487,7 @@ BEGIN
     RETURN QUERY
     SELECT m.id, m.body, m.attributes, m.enqueued_at, m.receive_count, m.first_received_at, m.priority,
            m.message_group_id, m.deduplication_id,
-           (SELECT s.name FROM postbox.queues s WHERE s.id = m.source_queue_id), m.last_error,
+           (SELECT postbox._shown(s.name, tenant) FROM postbox.queues s WHERE s.id = m.source_queue_id), m.last_error,
            postbox._state(m.visible_at, m.lease), m.visible_at, m.expires_at,
            m.consumer_id, m.received_at, m.max_receive_count
     FROM postbox.messages m
@@ -3428,9 +3579,15 @@ RETURNS TABLE (message_id bigint, queue text, body bytea, attributes jsonb, enqu
                received_at timestamptz, finished_at timestamptz, result bytea, max_receive_count integer)
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
-    q postbox.queues := postbox._queue(queue_name);
+    tenant text := postbox._caller_tenant();
+    q postbox.queues := postbox._queue(postbox._in_tenant(queue_name, tenant));
 BEGIN
-    RETURN QUERY SELECT * FROM postbox._message_lives(q.id, NULL, id, id, 1);
+    RETURN QUERY
+    SELECT l.message_id, postbox._shown(l.queue, tenant), l.body, l.attributes, l.enqueued_at, l.receive_count,
+           l.first_received_at, l.priority, l.message_group_id, l.deduplication_id,
+           postbox._shown(l.dead_letter_source, tenant), l.last_error, l.state, l.visible_at, l.expires_at,
+           l.consumer_id, l.received_at, l.finished_at, l.result, l.max_receive_count
+    FROM postbox._message_lives(q.id, NULL, id, id, 1) AS l;
     IF NOT FOUND THEN
         RAISE EXCEPTION USING ERRCODE = 'PB404', MESSAGE = format(
             'message %s is not in queue %s: never sent there, or finished where the queue keeps no history '
@@ -3509,7 +3666,8 @@ RETURNS TABLE (message_id bigint, body bytea, attributes jsonb, enqueued_at time
                archived_at timestamptz, reason text)
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
-    q postbox.queues := postbox._queue(queue_name);
+    tenant text := postbox._caller_tenant();
+    q postbox.queues := postbox._queue(postbox._in_tenant(queue_name, tenant));
 BEGIN
     -- The API pages by at most 1000 and asks for one more row to see whether a
     -- next page exists; psql callers get the same ten-fold headroom.
@@ -3519,7 +3677,7 @@ BEGIN
     RETURN QUERY
     SELECT a.id, a.body, a.attributes, a.enqueued_at, a.receive_count, a.first_received_at, a.priority,
            a.message_group_id, a.deduplication_id,
-           (SELECT s.name FROM postbox.queues s WHERE s.id = a.source_queue_id), a.last_error,
+           (SELECT postbox._shown(s.name, tenant) FROM postbox.queues s WHERE s.id = a.source_queue_id), a.last_error,
            a.archived_at, a.reason
     FROM postbox.archive a
     WHERE a.queue_id = q.id AND a.id > coalesce(after_id, 0)
@@ -3633,6 +3791,7 @@ $$;
 -- and the rate is neither diluted nor inflated. Figures lag by up to the
 -- servers' flush period (5 s by default). Receive latency is enqueue to first
 -- delivery (a delay counts), NULL when nothing was delivered for the first time.
+-- A bound role's tenant's queues only, named as it names them.
 CREATE FUNCTION postbox.queue_rates(span interval DEFAULT '1 minute', only_queue text DEFAULT NULL)
 RETURNS TABLE (queue_name text, sent bigint, received bigint, deleted bigint,
                sent_per_second double precision, received_per_second double precision,
@@ -3642,21 +3801,23 @@ LANGUAGE plpgsql STABLE AS $$
 DECLARE
     since timestamptz := date_bin('10 seconds', now() - span, 'epoch') + interval '10 seconds';
     seconds double precision := extract(epoch FROM now() - since);
+    tenant text := postbox._caller_tenant();
 BEGIN
+    only_queue := postbox._in_tenant(only_queue, tenant);
     IF span IS NULL OR span < interval '30 seconds' OR span > interval '1 hour' THEN
         RAISE EXCEPTION 'span must be from 30 seconds to 1 hour, not %', span
             USING ERRCODE = 'invalid_parameter_value',
                   HINT = 'activity is kept in 10-second buckets for an hour';
     END IF;
     RETURN QUERY
-    SELECT q.name, coalesce(sum(a.sent), 0)::bigint, coalesce(sum(a.received), 0)::bigint,
+    SELECT postbox._shown(q.name, tenant), coalesce(sum(a.sent), 0)::bigint, coalesce(sum(a.received), 0)::bigint,
            coalesce(sum(a.deleted), 0)::bigint,
            coalesce(sum(a.sent), 0) / seconds, coalesce(sum(a.received), 0) / seconds,
            coalesce(sum(a.deleted), 0) / seconds,
            sum(a.latency_sum) / nullif(sum(a.latency_count), 0), max(a.latency_max)
     FROM postbox.queues q
     LEFT JOIN postbox.queue_activity a ON a.queue_id = q.id AND a.bucket >= since
-    WHERE only_queue IS NULL OR q.name = only_queue
+    WHERE (only_queue IS NULL OR q.name = only_queue) AND starts_with(q.name, postbox._tenant_prefix(tenant))
     GROUP BY q.name
     ORDER BY q.name;
 END
@@ -3803,10 +3964,24 @@ BEGIN
 END
 $$;
 
--- The topic of that name; PB404 if there is none.
+-- A topic as a caller of tenant `tenant` sees it: named without the tenant.
+CREATE FUNCTION postbox._shown_topic(t postbox.topics, tenant text) RETURNS postbox.topics
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    t.name := postbox._shown(t.name, tenant);
+    RETURN t;
+END
+$$;
+
+-- The topic of that name (the caller's tenant's, for a bound role); PB404 if
+-- there is none.
 CREATE FUNCTION postbox.get_topic(topic_name text) RETURNS postbox.topics
-LANGUAGE sql STABLE AS $$
-    SELECT postbox._topic(topic_name)
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    tenant text := postbox._caller_tenant();
+BEGIN
+    RETURN postbox._shown_topic(postbox._topic(postbox._in_tenant(topic_name, tenant)), tenant);
+END
 $$;
 
 -- Replaces the fields of a topic named in `fields`: tags, sns_attributes (a
@@ -3861,11 +4036,17 @@ BEGIN
 END
 $$;
 
--- Topics in name order after after_name.
+-- Topics in name order after after_name; a bound role's tenant's only, named
+-- as it names them (see list_queues).
 CREATE FUNCTION postbox.list_topics(page_size integer DEFAULT 100, after_name text DEFAULT '')
 RETURNS SETOF postbox.topics
 LANGUAGE sql STABLE AS $$
-    SELECT * FROM postbox.topics WHERE name > coalesce(after_name, '') ORDER BY name LIMIT page_size
+    SELECT s.* FROM postbox.topics t
+    CROSS JOIN LATERAL postbox._shown_topic(t, (SELECT postbox._caller_tenant())) AS s
+    WHERE t.name > postbox._tenant_prefix((SELECT postbox._caller_tenant())) || coalesce(after_name, '')
+          AND starts_with(t.name, postbox._tenant_prefix((SELECT postbox._caller_tenant())))
+    ORDER BY t.name
+    LIMIT page_size
 $$;
 
 -- Deletes a topic, its subscriptions and their pending and failed webhook
@@ -4124,8 +4305,18 @@ BEGIN
 END
 $$;
 
--- The subscription of a topic; PB400 if either name is malformed, PB404 if
--- there is none.
+-- A subscription as a caller of tenant `tenant` sees it: its pending queue
+-- named without the tenant.
+CREATE FUNCTION postbox._shown_subscription(s postbox.subscriptions, tenant text) RETURNS postbox.subscriptions
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    s.pending_queue := postbox._shown(s.pending_queue, tenant);
+    RETURN s;
+END
+$$;
+
+-- The subscription of a topic (the caller's tenant's, for a bound role);
+-- PB400 if either name is malformed, PB404 if there is none.
 CREATE FUNCTION postbox.get_subscription(topic_name text, subscription_name text)
 RETURNS postbox.subscriptions
 LANGUAGE plpgsql STABLE AS $$
@@ -4135,13 +4326,13 @@ DECLARE
 BEGIN
     PERFORM postbox._invalid(postbox.name_problem('subscription', subscription_name))
     WHERE postbox.name_problem('subscription', subscription_name) IS NOT NULL;
-    t := postbox._topic(topic_name);
+    t := postbox._topic(postbox._scoped_name(topic_name));
     SELECT * INTO s FROM postbox.subscriptions WHERE topic_id = t.id AND name = subscription_name;
     IF NOT FOUND THEN
         RAISE EXCEPTION USING ERRCODE = 'PB404', MESSAGE = format(
             'topic %s has no subscription %s', quote_literal(topic_name), quote_literal(subscription_name));
     END IF;
-    RETURN s;
+    RETURN postbox._shown_subscription(s, postbox._caller_tenant());
 END
 $$;
 
@@ -4255,10 +4446,11 @@ CREATE FUNCTION postbox.list_subscriptions(topic_name text, page_size integer DE
 RETURNS SETOF postbox.subscriptions
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
-    t postbox.topics := postbox._topic(topic_name);
+    tenant text := postbox._caller_tenant();
+    t postbox.topics := postbox._topic(postbox._in_tenant(topic_name, tenant));
 BEGIN
     RETURN QUERY
-    SELECT * FROM postbox.subscriptions s
+    SELECT x.* FROM postbox.subscriptions s CROSS JOIN LATERAL postbox._shown_subscription(s, tenant) AS x
     WHERE s.topic_id = t.id AND s.name > coalesce(after_name, '')
     ORDER BY s.name
     LIMIT page_size;
@@ -5013,7 +5205,9 @@ DECLARE
     dest_bodies bytea[];
     dest_attributes jsonb[];
     dest_delays interval[];
+    tenant text := postbox._caller_tenant();
 BEGIN
+    topic_name := postbox._in_tenant(topic_name, tenant);  -- a bound role's own name (see _caller_tenant)
     SELECT * INTO t FROM postbox.topics x WHERE x.name = topic_name;
     IF NOT FOUND THEN
         t := postbox._topic(topic_name);  -- raises the error
@@ -5278,6 +5472,10 @@ BEGIN
         END IF;
     END IF;
 
+    IF tenant IS NOT NULL THEN  -- a bound role sees its queues under its own names
+        done_queues := ARRAY(SELECT postbox._shown(u.q, tenant)
+                             FROM unnest(done_queues) WITH ORDINALITY AS u(q, i) ORDER BY u.i);
+    END IF;
     IF n = 1 AND NOT one_by_one AND plain_count = cardinality(pair_plain) THEN
         -- One entry into plain queues only: its pairs are in queue name order.
         RETURN QUERY SELECT ids[1], done_queues, done_ids, done_duplicates,
@@ -5317,6 +5515,7 @@ DECLARE
     append_tx xid8;
     new_id uuid := gen_random_uuid();
 BEGIN
+    topic_name := postbox._scoped_name(topic_name);  -- a bound role's own name (see _caller_tenant)
     -- The transaction id before the offset, as _append_to_stream takes them;
     -- the topic's lock (_lock_topic, shared, as publish_batch holds it) before
     -- the subscriptions are looked at, so none is made in between.
@@ -5871,7 +6070,8 @@ RETURNS TABLE (topic text, name text, created_at timestamptz, cursor_offset bigi
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
     checked_name text := postbox._group_name(group_name);  -- before any lookup
-    t postbox.topics := postbox._topic(topic_name);
+    tenant text := postbox._caller_tenant();
+    t postbox.topics := postbox._topic(postbox._in_tenant(topic_name, tenant));
     g postbox.consumer_groups;
 BEGIN
     SELECT * INTO g FROM postbox.consumer_groups c WHERE c.topic_id = t.id AND c.name = group_name;
@@ -5881,7 +6081,7 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'PB404', MESSAGE = format(
             'consumer group %s of topic %s does not exist', quote_literal(group_name), quote_literal(topic_name));
     END IF;
-    RETURN QUERY SELECT * FROM postbox._consumer_group_view(g, t.name);
+    RETURN QUERY SELECT * FROM postbox._consumer_group_view(g, postbox._shown(t.name, tenant));
 END
 $$;
 
@@ -5893,10 +6093,11 @@ RETURNS TABLE (topic text, name text, created_at timestamptz, cursor_offset bigi
                paused boolean, retry_messages bigint, max_deliveries integer, dead_letters bigint)
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
-    t postbox.topics := postbox._topic(topic_name);
+    tenant text := postbox._caller_tenant();
+    t postbox.topics := postbox._topic(postbox._in_tenant(topic_name, tenant));
 BEGIN
     RETURN QUERY
-    SELECT v.* FROM postbox.consumer_groups g, LATERAL postbox._consumer_group_view(g, t.name) v
+    SELECT v.* FROM postbox.consumer_groups g, LATERAL postbox._consumer_group_view(g, postbox._shown(t.name, tenant)) v
     WHERE g.topic_id = t.id AND g.name > coalesce(after_name, '')
     ORDER BY g.name
     LIMIT page_size;
@@ -6274,7 +6475,7 @@ RETURNS TABLE (stream_offset bigint, published_at timestamptz, publish_id uuid, 
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
     checked_name text := postbox._group_name(group_name);  -- before any lookup
-    t postbox.topics := postbox._stream_topic(topic_name);
+    t postbox.topics := postbox._stream_topic(postbox._scoped_name(topic_name));
     dead_group integer;
 BEGIN
     IF page_size IS NULL OR page_size NOT BETWEEN 1 AND 1001 THEN
@@ -6546,7 +6747,7 @@ CREATE FUNCTION postbox.stream_position(topic_name text, group_name text, OUT cu
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
     checked_name text := postbox._group_name(group_name);  -- before any lookup
-    t postbox.topics := postbox._stream_topic(topic_name);
+    t postbox.topics := postbox._stream_topic(postbox._scoped_name(topic_name));
     g postbox.consumer_groups;
 BEGIN
     SELECT * INTO g FROM postbox.consumer_groups c WHERE c.topic_id = t.id AND c.name = group_name;
@@ -6604,14 +6805,16 @@ END
 $$;
 
 -- Consumer groups' lag for the servers' metrics: up to max_groups groups, in
--- topic and group name order.
+-- topic and group name order; a bound role's tenant's only, its topics named
+-- as it names them.
 CREATE FUNCTION postbox.stream_metrics(max_groups integer DEFAULT 1000)
 RETURNS TABLE (topic text, name text, lag_messages bigint, lag_seconds double precision)
 LANGUAGE sql STABLE AS $$
     SELECT v.topic, v.name, v.lag_messages, v.lag_seconds
     FROM postbox.consumer_groups g
     JOIN postbox.topics t ON t.id = g.topic_id
-    CROSS JOIN LATERAL postbox._consumer_group_view(g, t.name) v
+    CROSS JOIN LATERAL postbox._consumer_group_view(g, postbox._shown(t.name, (SELECT postbox._caller_tenant()))) v
+    WHERE starts_with(t.name, postbox._tenant_prefix((SELECT postbox._caller_tenant())))
     ORDER BY t.name, g.name
     LIMIT max_groups
 $$;
@@ -6622,11 +6825,14 @@ $$;
 -- their latency, each the upper bound of the bin it falls in (5 ms to 30
 -- minutes; Infinity above), so never understated. Latency counts from the
 -- publish to the read that took the message first: time waiting for the
--- group's batch, for the horizon (see Order above), or for a delay.
+-- group's batch, for the horizon (see Order above), or for a delay. A bound
+-- role's tenant's groups only, its topics named as it names them.
 CREATE FUNCTION postbox.stream_latency(recent interval DEFAULT '5 minutes')
 RETURNS TABLE (topic text, consumer_group text, messages bigint, p50_seconds double precision,
                p95_seconds double precision, p99_seconds double precision)
 LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    tenant text := postbox._caller_tenant();
 BEGIN
     IF recent IS NULL OR recent < interval '10 seconds' OR recent > interval '1 hour' THEN
         PERFORM postbox._invalid(format('recent must be from 10 seconds to 1 hour, not %s', recent));
@@ -6641,14 +6847,14 @@ BEGIN
         SELECT bins.group_id, bins.i, sum(bins.n) OVER (PARTITION BY bins.group_id ORDER BY bins.i) AS upto,
                sum(bins.n) OVER (PARTITION BY bins.group_id) AS total
         FROM bins)
-    SELECT t.name, g.name, max(c.total)::bigint,
+    SELECT postbox._shown(t.name, tenant), g.name, max(c.total)::bigint,
            coalesce((postbox._stream_latency_bounds())[min(c.i) FILTER (WHERE c.upto >= 0.50 * c.total)], 'Infinity'),
            coalesce((postbox._stream_latency_bounds())[min(c.i) FILTER (WHERE c.upto >= 0.95 * c.total)], 'Infinity'),
            coalesce((postbox._stream_latency_bounds())[min(c.i) FILTER (WHERE c.upto >= 0.99 * c.total)], 'Infinity')
     FROM cumulative c
     JOIN postbox.consumer_groups g ON g.id = c.group_id
     JOIN postbox.topics t ON t.id = g.topic_id
-    WHERE c.total > 0
+    WHERE c.total > 0 AND starts_with(t.name, postbox._tenant_prefix(tenant))
     GROUP BY t.name, g.name
     ORDER BY t.name, g.name;
 END
@@ -6666,7 +6872,8 @@ $$;
 -- (they hold messages of its topic past its cursor); p95 and p99 are its
 -- publish-to-first-read latency over the last 5 minutes (stream_latency;
 -- NULL without reads). Reads the log past each cursor: seconds for a group
--- millions behind.
+-- millions behind. A bound role's tenant's groups only, its topics named as it
+-- names them.
 CREATE FUNCTION postbox.consumer_group_health()
 RETURNS TABLE (topic text, consumer_group text, status text, reason text, lag_messages bigint,
                oldest_unacked_seconds double precision, retry_messages bigint, dead_letters bigint,
@@ -6681,9 +6888,10 @@ SELECT v.topic, v.name AS consumer_group,
        v.lag_messages, o.oldest_unacked_seconds, v.retry_messages, v.dead_letters, v.paused,
        g.read_at AS last_read_at, v.lease_expires_at, r.held_slots, lat.p95_seconds AS latency_p95_seconds,
        lat.p99_seconds AS latency_p99_seconds
-FROM postbox.consumer_groups g
-JOIN postbox.topics t ON t.id = g.topic_id
-CROSS JOIN LATERAL postbox._consumer_group_view(g, t.name) v
+FROM (SELECT postbox._caller_tenant() AS tenant) AS me
+JOIN postbox.topics t ON starts_with(t.name, postbox._tenant_prefix(me.tenant))
+JOIN postbox.consumer_groups g ON g.topic_id = t.id
+CROSS JOIN LATERAL postbox._consumer_group_view(g, postbox._shown(t.name, me.tenant)) v
 CROSS JOIN LATERAL (
     SELECT greatest(v.lag_seconds,
                     (SELECT extract(epoch FROM now() - min(x.published_at))::double precision
@@ -6694,7 +6902,7 @@ CROSS JOIN LATERAL (
           AND EXISTS (SELECT FROM postbox.stream_log l
                       WHERE l.slot = s.slot AND l.topic_id = g.topic_id
                             AND (l.tx, l.stream_offset) > (g.cursor_tx, g.cursor_offset))) r
-LEFT JOIN postbox.stream_latency('5 minutes') lat ON lat.topic = t.name AND lat.consumer_group = g.name
+LEFT JOIN postbox.stream_latency('5 minutes') lat ON lat.topic = v.topic AND lat.consumer_group = g.name
 CROSS JOIN LATERAL (
     SELECT coalesce(nullif(current_setting('postbox.health_warning_age', true), ''), '5 minutes')::interval AS warning_age,
            coalesce(nullif(current_setting('postbox.health_critical_age', true), ''), '1 hour')::interval AS critical_age,
@@ -6730,12 +6938,18 @@ CREATE VIEW postbox.stream_health AS SELECT * FROM postbox.consumer_group_health
 -- when (the current slot's since is the last rotation), how many messages it
 -- holds, and for a retired slot the consumer groups that keep it from being
 -- truncated, as topic/group: those with messages of their topic in it past
--- their cursor. Counts each slot's rows.
+-- their cursor. Counts each slot's rows. A role bound to a tenant sees only
+-- its tenant's groups in held_by, its topics named as it names them (the
+-- slots and their counts are the whole log's, shared by the tenants).
 CREATE VIEW postbox.stream_rotation AS
 SELECT s.slot, s.state, s.since,
        (SELECT count(*) FROM postbox.stream_log l WHERE l.slot = s.slot) AS messages,
-       ARRAY(SELECT t.name || '/' || g.name
-             FROM postbox.consumer_groups g JOIN postbox.topics t ON t.id = g.topic_id
+       -- A view calls functions as its user, so only caller_tenant, not the
+       -- internal _shown and _tenant_prefix, whose work is written out here.
+       ARRAY(SELECT substr(t.name, coalesce(length(me.tenant) + 2, 1)) || '/' || g.name
+             FROM (SELECT postbox.caller_tenant() AS tenant) AS me
+             JOIN postbox.topics t ON starts_with(t.name, coalesce(me.tenant || '/', ''))
+             JOIN postbox.consumer_groups g ON t.id = g.topic_id
              WHERE s.state = 'retired'
                    AND EXISTS (SELECT FROM postbox.stream_log l
                                WHERE l.slot = s.slot AND l.topic_id = g.topic_id
@@ -7153,10 +7367,27 @@ BEGIN
 END
 $$;
 
--- The schedule of that name; PB404 if there is none.
+-- A schedule as a caller of tenant `tenant` sees it: its name and target
+-- without the tenant.
+CREATE FUNCTION postbox._shown_schedule(s postbox.schedules, tenant text) RETURNS postbox.schedules
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    s.name := postbox._shown(s.name, tenant);
+    s.target_queue := postbox._shown(s.target_queue, tenant);
+    s.target_topic := postbox._shown(s.target_topic, tenant);
+    RETURN s;
+END
+$$;
+
+-- The schedule of that name (the caller's tenant's, for a bound role); PB404
+-- if there is none.
 CREATE FUNCTION postbox.get_schedule(schedule_name text) RETURNS postbox.schedules
-LANGUAGE sql STABLE AS $$
-    SELECT postbox._schedule(schedule_name)
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    tenant text := postbox._caller_tenant();
+BEGIN
+    RETURN postbox._shown_schedule(postbox._schedule(postbox._in_tenant(schedule_name, tenant)), tenant);
+END
 $$;
 
 -- The schedule of that name, locked until the transaction ends (so a resume
@@ -7177,22 +7408,24 @@ $$;
 -- Schedules in name order after after_name; only paused (or only active)
 -- ones when `paused` is not NULL, only those into queues (target_kind 'queue')
 -- or topics ('topic') when it is not NULL, only names starting with
--- name_prefix.
+-- name_prefix. A bound role's tenant's only, named as it names them.
 CREATE FUNCTION postbox.list_schedules(page_size integer DEFAULT 100, after_name text DEFAULT '',
                                        paused boolean DEFAULT NULL, target_kind text DEFAULT NULL,
                                        name_prefix text DEFAULT '')
 RETURNS SETOF postbox.schedules
 LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    tenant text := postbox._caller_tenant();
 BEGIN
     IF target_kind NOT IN ('queue', 'topic') THEN
         PERFORM postbox._invalid(format('target_kind is %s; it must be queue or topic', postbox._quoted(target_kind)));
     END IF;
     RETURN QUERY
-    SELECT * FROM postbox.schedules s
-    WHERE s.name > coalesce(after_name, '')
+    SELECT x.* FROM postbox.schedules s CROSS JOIN LATERAL postbox._shown_schedule(s, tenant) AS x
+    WHERE s.name > postbox._tenant_prefix(tenant) || coalesce(after_name, '')
           AND (list_schedules.paused IS NULL OR s.paused = list_schedules.paused)
           AND (target_kind IS NULL OR (target_kind = 'queue') = (s.target_queue IS NOT NULL))
-          AND starts_with(s.name, coalesce(name_prefix, ''))
+          AND starts_with(s.name, postbox._tenant_prefix(tenant) || coalesce(name_prefix, ''))
     ORDER BY s.name
     LIMIT page_size;
 END
@@ -7610,7 +7843,9 @@ LANGUAGE sql STABLE AS $$
 $$;
 
 -- Deletes a tenant and its keys. PB412 while it owns queues, topics or
--- schedules, unless force: then they go too, with their messages.
+-- schedules, unless force: then they go too, with their messages. PB412 while
+-- SQL roles are bound to it (since 0.9.0), force or not: unbound, a role would
+-- see every tenant.
 CREATE FUNCTION postbox.delete_tenant(tenant_name text, force boolean DEFAULT false) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -7618,8 +7853,16 @@ DECLARE
     owned record;
     prefix text := tenant_name || '/';
     resource text;
+    roles text;
 BEGIN
     PERFORM 1 FROM postbox.tenants x WHERE x.name = t.name FOR UPDATE;
+    SELECT string_agg(quote_ident(b.role_name), ', ' ORDER BY b.role_name) INTO roles
+    FROM postbox.tenant_roles b WHERE b.tenant_name = delete_tenant.tenant_name;
+    IF roles IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'PB412', MESSAGE = format(
+            'tenant %s has SQL roles bound to it (%s); unbind them first (postbox.unbind_tenant_role) or '
+            'drop them: an unbound role sees every tenant', quote_literal(tenant_name), roles);
+    END IF;
     SELECT * INTO owned FROM postbox.tenant_resources(tenant_name);
     IF owned.queues + owned.topics + owned.schedules > 0 THEN
         IF NOT force THEN
@@ -7643,6 +7886,58 @@ BEGIN
     END IF;
     DELETE FROM postbox.tenants x WHERE x.name = tenant_name;
 END
+$$;
+
+-- Binds a PostgreSQL role to a tenant (since 0.9.0): the role, and every role
+-- that belongs to it, then sees through the reader and writer functions only
+-- that tenant's resources, under their own names (see _caller_tenant). A role
+-- holds one binding; binding it again moves it. PB404 for an unknown tenant or
+-- role; PB400 for a superuser, a role that bypasses row security, the owner of
+-- schema postbox, or a member of postbox_admin: none of them can be confined.
+CREATE FUNCTION postbox.bind_tenant_role(role_name name, tenant_name text) RETURNS postbox.tenant_roles
+LANGUAGE plpgsql AS $$
+DECLARE
+    t postbox.tenants := postbox._tenant(tenant_name);
+    r pg_catalog.pg_roles;
+    b postbox.tenant_roles;
+BEGIN
+    SELECT * INTO r FROM pg_catalog.pg_roles x WHERE x.rolname = role_name;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'PB404', MESSAGE = format('role %s does not exist', postbox._quoted(role_name));
+    ELSIF r.rolsuper OR r.rolbypassrls THEN
+        PERFORM postbox._invalid(format('role %s is a superuser or bypasses row security: it cannot be confined '
+                                        'to a tenant', quote_ident(role_name)));
+    ELSIF r.oid = (SELECT n.nspowner FROM pg_catalog.pg_namespace n WHERE n.nspname = 'postbox') THEN
+        PERFORM postbox._invalid(format('role %s owns schema postbox (the servers connect as it): it cannot be '
+                                        'confined to a tenant', quote_ident(role_name)));
+    ELSIF EXISTS (SELECT FROM pg_catalog.pg_roles a WHERE a.rolname = 'postbox_admin'
+                  AND pg_catalog.pg_has_role(r.oid, a.oid, 'MEMBER')) THEN
+        PERFORM postbox._invalid(format('role %s is a member of postbox_admin, whose rights cross tenants: '
+                                        'grant it postbox_reader or postbox_writer instead', quote_ident(role_name)));
+    END IF;
+    INSERT INTO postbox.tenant_roles AS x (role_name, tenant_name) VALUES (role_name, t.name)
+    ON CONFLICT ON CONSTRAINT tenant_roles_pkey DO UPDATE SET tenant_name = excluded.tenant_name, created_at = now()
+    RETURNING * INTO b;
+    RETURN b;
+END
+$$;
+
+-- Unbinds a role from its tenant: it sees every tenant again. Returns whether
+-- it was bound.
+CREATE FUNCTION postbox.unbind_tenant_role(role_name name) RETURNS boolean
+LANGUAGE plpgsql AS $$
+BEGIN
+    DELETE FROM postbox.tenant_roles b WHERE b.role_name = unbind_tenant_role.role_name;
+    RETURN FOUND;
+END
+$$;
+
+-- The roles bound to tenants, of one tenant or (NULL) all, in role name order.
+CREATE FUNCTION postbox.list_tenant_roles(tenant_name text DEFAULT NULL) RETURNS SETOF postbox.tenant_roles
+LANGUAGE sql STABLE AS $$
+    SELECT * FROM postbox.tenant_roles b
+    WHERE list_tenant_roles.tenant_name IS NULL OR b.tenant_name = list_tenant_roles.tenant_name
+    ORDER BY b.role_name
 $$;
 
 -- PB429 when the queue or topic (kind) just created as resource_name puts its
@@ -8704,6 +8999,8 @@ BEGIN
                 EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO postbox_reader', f.signature);
             ELSIF f.name IN ('send', 'send_batch', 'publish', 'publish_batch') THEN
                 EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO postbox_writer', f.signature);
+            ELSIF f.name = 'caller_tenant' THEN  -- since 0.9.0: which tenant a bound role acts for
+                EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO postbox_reader, postbox_writer', f.signature);
             END IF;
         END IF;
     END LOOP;

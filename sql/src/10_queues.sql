@@ -370,20 +370,43 @@ BEGIN
 END
 $$;
 
--- The queue of that name; PB404 if there is none.
-CREATE FUNCTION postbox.get_queue(queue_name text) RETURNS postbox.queues
-LANGUAGE sql STABLE AS $$
-    SELECT postbox._queue(queue_name)
+-- A queue as a caller of tenant `tenant` sees it: its name and its redrive
+-- sources' without the tenant (see _shown).
+CREATE FUNCTION postbox._shown_queue(q postbox.queues, tenant text) RETURNS postbox.queues
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF tenant IS NOT NULL THEN
+        q.name := postbox._shown(q.name, tenant);
+        q.redrive_sources := ARRAY(SELECT postbox._shown(x, tenant) FROM unnest(q.redrive_sources) AS x);
+    END IF;
+    RETURN q;
+END
 $$;
 
--- Queues in name order after after_name, whose names start with name_prefix.
+-- The queue of that name (the caller's tenant's, for a bound role: see
+-- _caller_tenant); PB404 if there is none.
+CREATE FUNCTION postbox.get_queue(queue_name text) RETURNS postbox.queues
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    tenant text := postbox._caller_tenant();
+BEGIN
+    RETURN postbox._shown_queue(postbox._queue(postbox._in_tenant(queue_name, tenant)), tenant);
+END
+$$;
+
+-- Queues in name order after after_name, whose names start with name_prefix;
+-- a bound role's tenant's only, named as it names them.
 CREATE FUNCTION postbox.list_queues(page_size integer DEFAULT 100, after_name text DEFAULT '',
                                     name_prefix text DEFAULT '')
 RETURNS SETOF postbox.queues
 LANGUAGE sql STABLE AS $$
-    SELECT * FROM postbox.queues
-    WHERE name > coalesce(after_name, '') AND starts_with(name, coalesce(name_prefix, ''))
-    ORDER BY name
+    -- The tenant as a subquery: evaluated once, and the name index still serves.
+    SELECT s.* FROM postbox.queues q
+    CROSS JOIN LATERAL postbox._shown_queue(q, (SELECT postbox._caller_tenant())) AS s
+    WHERE q.name > postbox._tenant_prefix((SELECT postbox._caller_tenant())) || coalesce(after_name, '')
+          AND starts_with(q.name, postbox._tenant_prefix((SELECT postbox._caller_tenant()))
+                                  || coalesce(name_prefix, ''))
+    ORDER BY q.name
     LIMIT page_size
 $$;
 
@@ -496,7 +519,7 @@ RETURNS TABLE (visible bigint, in_flight bigint, delayed bigint, oldest_age inte
                newest_age interval, sent_total bigint)
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
-    q postbox.queues := postbox._queue(queue_name);
+    q postbox.queues := postbox._queue(postbox._scoped_name(queue_name));
 BEGIN
     RETURN QUERY
     SELECT count(*) FILTER (WHERE m.visible_at <= now() OR m.visible_at = 'infinity'),
@@ -515,16 +538,21 @@ $$;
 -- depth of the queue's dead-letter queue (NULL without one), its pause flags
 -- and its counters (expired and dead-lettered messages, since 0.8.0).
 -- One pass over the messages of those queues and their dead-letter queues, not
--- a call per queue.
+-- a call per queue. A bound role's tenant's queues only, named as it names them.
 CREATE FUNCTION postbox.queue_metrics(max_queues integer DEFAULT 1000)
 RETURNS TABLE (queue_name text, visible bigint, in_flight bigint, delayed bigint,
                oldest_age_seconds double precision, dead_letter_depth bigint,
                send_paused boolean, receive_paused boolean,
                expired_total bigint, dead_lettered_total bigint)
 LANGUAGE sql STABLE AS $$
-    WITH shown AS (
-        SELECT q.id, q.name, q.dead_letter_queue_id, q.send_paused, q.receive_paused
-        FROM postbox.queues q ORDER BY q.name LIMIT max_queues
+    WITH me AS MATERIALIZED (
+        SELECT postbox._caller_tenant() AS tenant
+    ), shown AS (
+        SELECT q.id, postbox._shown(q.name, me.tenant) AS name, q.dead_letter_queue_id, q.send_paused,
+               q.receive_paused
+        FROM postbox.queues q, me
+        WHERE starts_with(q.name, postbox._tenant_prefix(me.tenant))
+        ORDER BY q.name LIMIT max_queues
     ), depth AS (
         SELECT m.queue_id,
                count(*) FILTER (WHERE m.visible_at <= now() OR m.visible_at = 'infinity') AS visible,

@@ -409,6 +409,7 @@ DECLARE
     q_listened boolean;
     locked text;
 BEGIN
+    queue_name := postbox._scoped_name(queue_name);  -- a bound role's own name (see _caller_tenant)
     IF request_id IS NOT NULL THEN
         RETURN QUERY SELECT * FROM postbox._send_batch_once(
             queue_name, request_id, bodies, attributes, delays, message_group_ids, deduplication_ids, dedupe_keys,
@@ -542,6 +543,7 @@ DECLARE
     locked text;
     sent_id bigint;
 BEGIN
+    queue_name := postbox._scoped_name(queue_name);  -- a bound role's own name (see _caller_tenant)
     IF body IS NOT NULL AND num_nonnulls(attributes, delay, message_group_id, deduplication_id, dedupe_key,
                                          priority, deliver_at, ttl, expire_at, max_receive_count) = 0
        AND current_setting('transaction_isolation') = 'read committed' THEN

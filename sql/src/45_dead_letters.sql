@@ -6,11 +6,12 @@ LANGUAGE plpgsql STABLE AS $$
 DECLARE
     -- Looked up first: in the query's filter it would run only if some queue
     -- were scanned, and an absent queue must be PB404 on an empty database too.
-    dlq postbox.queues := postbox._queue(queue_name);
+    tenant text := postbox._caller_tenant();
+    dlq postbox.queues := postbox._queue(postbox._in_tenant(queue_name, tenant));
 BEGIN
     RETURN QUERY
-    SELECT s.name FROM postbox.queues s
-    WHERE s.dead_letter_queue_id = dlq.id AND s.name > coalesce(after_name, '')
+    SELECT postbox._shown(s.name, tenant) FROM postbox.queues s
+    WHERE s.dead_letter_queue_id = dlq.id AND s.name > postbox._tenant_prefix(tenant) || coalesce(after_name, '')
     ORDER BY s.name
     LIMIT page_size;
 END
@@ -90,7 +91,7 @@ CREATE FUNCTION postbox.list_redrive_tasks(dead_letter_queue text, page_size int
 RETURNS SETOF postbox.redrive_tasks
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
-    dlq postbox.queues := postbox._queue(dead_letter_queue);  -- PB404 even when no task exists
+    dlq postbox.queues := postbox._queue(postbox._scoped_name(dead_letter_queue));  -- PB404 even when no task exists
     after postbox.redrive_tasks;
 BEGIN
     SELECT * INTO after FROM postbox.redrive_tasks WHERE id = after_task;

@@ -21,7 +21,8 @@ RETURNS TABLE (message_id bigint, body bytea, attributes jsonb, enqueued_at time
 LANGUAGE plpgsql STABLE AS $$
 #variable_conflict use_column
 DECLARE
-    q postbox.queues := postbox._queue(queue_name);
+    tenant text := postbox._caller_tenant();
+    q postbox.queues := postbox._queue(postbox._in_tenant(queue_name, tenant));
 BEGIN
     IF in_state IS NOT NULL AND in_state NOT IN ('visible', 'in_flight', 'delayed', 'dead') THEN
         PERFORM postbox._invalid(format('state %s is none of visible, in_flight, delayed, dead', in_state));
@@ -34,7 +35,7 @@ BEGIN
     RETURN QUERY
     SELECT m.id, m.body, m.attributes, m.enqueued_at, m.receive_count, m.first_received_at, m.priority,
            m.message_group_id, m.deduplication_id,
-           (SELECT s.name FROM postbox.queues s WHERE s.id = m.source_queue_id), m.last_error,
+           (SELECT postbox._shown(s.name, tenant) FROM postbox.queues s WHERE s.id = m.source_queue_id), m.last_error,
            postbox._state(m.visible_at, m.lease), m.visible_at, m.expires_at,
            m.consumer_id, m.received_at, m.max_receive_count
     FROM postbox.messages m
@@ -126,9 +127,15 @@ RETURNS TABLE (message_id bigint, queue text, body bytea, attributes jsonb, enqu
                received_at timestamptz, finished_at timestamptz, result bytea, max_receive_count integer)
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
-    q postbox.queues := postbox._queue(queue_name);
+    tenant text := postbox._caller_tenant();
+    q postbox.queues := postbox._queue(postbox._in_tenant(queue_name, tenant));
 BEGIN
-    RETURN QUERY SELECT * FROM postbox._message_lives(q.id, NULL, id, id, 1);
+    RETURN QUERY
+    SELECT l.message_id, postbox._shown(l.queue, tenant), l.body, l.attributes, l.enqueued_at, l.receive_count,
+           l.first_received_at, l.priority, l.message_group_id, l.deduplication_id,
+           postbox._shown(l.dead_letter_source, tenant), l.last_error, l.state, l.visible_at, l.expires_at,
+           l.consumer_id, l.received_at, l.finished_at, l.result, l.max_receive_count
+    FROM postbox._message_lives(q.id, NULL, id, id, 1) AS l;
     IF NOT FOUND THEN
         RAISE EXCEPTION USING ERRCODE = 'PB404', MESSAGE = format(
             'message %s is not in queue %s: never sent there, or finished where the queue keeps no history '
@@ -207,7 +214,8 @@ RETURNS TABLE (message_id bigint, body bytea, attributes jsonb, enqueued_at time
                archived_at timestamptz, reason text)
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
-    q postbox.queues := postbox._queue(queue_name);
+    tenant text := postbox._caller_tenant();
+    q postbox.queues := postbox._queue(postbox._in_tenant(queue_name, tenant));
 BEGIN
     -- The API pages by at most 1000 and asks for one more row to see whether a
     -- next page exists; psql callers get the same ten-fold headroom.
@@ -217,7 +225,7 @@ BEGIN
     RETURN QUERY
     SELECT a.id, a.body, a.attributes, a.enqueued_at, a.receive_count, a.first_received_at, a.priority,
            a.message_group_id, a.deduplication_id,
-           (SELECT s.name FROM postbox.queues s WHERE s.id = a.source_queue_id), a.last_error,
+           (SELECT postbox._shown(s.name, tenant) FROM postbox.queues s WHERE s.id = a.source_queue_id), a.last_error,
            a.archived_at, a.reason
     FROM postbox.archive a
     WHERE a.queue_id = q.id AND a.id > coalesce(after_id, 0)

@@ -78,6 +78,7 @@ $$;
 -- and the rate is neither diluted nor inflated. Figures lag by up to the
 -- servers' flush period (5 s by default). Receive latency is enqueue to first
 -- delivery (a delay counts), NULL when nothing was delivered for the first time.
+-- A bound role's tenant's queues only, named as it names them.
 CREATE FUNCTION postbox.queue_rates(span interval DEFAULT '1 minute', only_queue text DEFAULT NULL)
 RETURNS TABLE (queue_name text, sent bigint, received bigint, deleted bigint,
                sent_per_second double precision, received_per_second double precision,
@@ -87,21 +88,23 @@ LANGUAGE plpgsql STABLE AS $$
 DECLARE
     since timestamptz := date_bin('10 seconds', now() - span, 'epoch') + interval '10 seconds';
     seconds double precision := extract(epoch FROM now() - since);
+    tenant text := postbox._caller_tenant();
 BEGIN
+    only_queue := postbox._in_tenant(only_queue, tenant);
     IF span IS NULL OR span < interval '30 seconds' OR span > interval '1 hour' THEN
         RAISE EXCEPTION 'span must be from 30 seconds to 1 hour, not %', span
             USING ERRCODE = 'invalid_parameter_value',
                   HINT = 'activity is kept in 10-second buckets for an hour';
     END IF;
     RETURN QUERY
-    SELECT q.name, coalesce(sum(a.sent), 0)::bigint, coalesce(sum(a.received), 0)::bigint,
+    SELECT postbox._shown(q.name, tenant), coalesce(sum(a.sent), 0)::bigint, coalesce(sum(a.received), 0)::bigint,
            coalesce(sum(a.deleted), 0)::bigint,
            coalesce(sum(a.sent), 0) / seconds, coalesce(sum(a.received), 0) / seconds,
            coalesce(sum(a.deleted), 0) / seconds,
            sum(a.latency_sum) / nullif(sum(a.latency_count), 0), max(a.latency_max)
     FROM postbox.queues q
     LEFT JOIN postbox.queue_activity a ON a.queue_id = q.id AND a.bucket >= since
-    WHERE only_queue IS NULL OR q.name = only_queue
+    WHERE (only_queue IS NULL OR q.name = only_queue) AND starts_with(q.name, postbox._tenant_prefix(tenant))
     GROUP BY q.name
     ORDER BY q.name;
 END

@@ -129,10 +129,24 @@ BEGIN
 END
 $$;
 
--- The topic of that name; PB404 if there is none.
+-- A topic as a caller of tenant `tenant` sees it: named without the tenant.
+CREATE FUNCTION postbox._shown_topic(t postbox.topics, tenant text) RETURNS postbox.topics
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    t.name := postbox._shown(t.name, tenant);
+    RETURN t;
+END
+$$;
+
+-- The topic of that name (the caller's tenant's, for a bound role); PB404 if
+-- there is none.
 CREATE FUNCTION postbox.get_topic(topic_name text) RETURNS postbox.topics
-LANGUAGE sql STABLE AS $$
-    SELECT postbox._topic(topic_name)
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    tenant text := postbox._caller_tenant();
+BEGIN
+    RETURN postbox._shown_topic(postbox._topic(postbox._in_tenant(topic_name, tenant)), tenant);
+END
 $$;
 
 -- Replaces the fields of a topic named in `fields`: tags, sns_attributes (a
@@ -187,11 +201,17 @@ BEGIN
 END
 $$;
 
--- Topics in name order after after_name.
+-- Topics in name order after after_name; a bound role's tenant's only, named
+-- as it names them (see list_queues).
 CREATE FUNCTION postbox.list_topics(page_size integer DEFAULT 100, after_name text DEFAULT '')
 RETURNS SETOF postbox.topics
 LANGUAGE sql STABLE AS $$
-    SELECT * FROM postbox.topics WHERE name > coalesce(after_name, '') ORDER BY name LIMIT page_size
+    SELECT s.* FROM postbox.topics t
+    CROSS JOIN LATERAL postbox._shown_topic(t, (SELECT postbox._caller_tenant())) AS s
+    WHERE t.name > postbox._tenant_prefix((SELECT postbox._caller_tenant())) || coalesce(after_name, '')
+          AND starts_with(t.name, postbox._tenant_prefix((SELECT postbox._caller_tenant())))
+    ORDER BY t.name
+    LIMIT page_size
 $$;
 
 -- Deletes a topic, its subscriptions and their pending and failed webhook
@@ -450,8 +470,18 @@ BEGIN
 END
 $$;
 
--- The subscription of a topic; PB400 if either name is malformed, PB404 if
--- there is none.
+-- A subscription as a caller of tenant `tenant` sees it: its pending queue
+-- named without the tenant.
+CREATE FUNCTION postbox._shown_subscription(s postbox.subscriptions, tenant text) RETURNS postbox.subscriptions
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    s.pending_queue := postbox._shown(s.pending_queue, tenant);
+    RETURN s;
+END
+$$;
+
+-- The subscription of a topic (the caller's tenant's, for a bound role);
+-- PB400 if either name is malformed, PB404 if there is none.
 CREATE FUNCTION postbox.get_subscription(topic_name text, subscription_name text)
 RETURNS postbox.subscriptions
 LANGUAGE plpgsql STABLE AS $$
@@ -461,13 +491,13 @@ DECLARE
 BEGIN
     PERFORM postbox._invalid(postbox.name_problem('subscription', subscription_name))
     WHERE postbox.name_problem('subscription', subscription_name) IS NOT NULL;
-    t := postbox._topic(topic_name);
+    t := postbox._topic(postbox._scoped_name(topic_name));
     SELECT * INTO s FROM postbox.subscriptions WHERE topic_id = t.id AND name = subscription_name;
     IF NOT FOUND THEN
         RAISE EXCEPTION USING ERRCODE = 'PB404', MESSAGE = format(
             'topic %s has no subscription %s', quote_literal(topic_name), quote_literal(subscription_name));
     END IF;
-    RETURN s;
+    RETURN postbox._shown_subscription(s, postbox._caller_tenant());
 END
 $$;
 
@@ -581,10 +611,11 @@ CREATE FUNCTION postbox.list_subscriptions(topic_name text, page_size integer DE
 RETURNS SETOF postbox.subscriptions
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
-    t postbox.topics := postbox._topic(topic_name);
+    tenant text := postbox._caller_tenant();
+    t postbox.topics := postbox._topic(postbox._in_tenant(topic_name, tenant));
 BEGIN
     RETURN QUERY
-    SELECT * FROM postbox.subscriptions s
+    SELECT x.* FROM postbox.subscriptions s CROSS JOIN LATERAL postbox._shown_subscription(s, tenant) AS x
     WHERE s.topic_id = t.id AND s.name > coalesce(after_name, '')
     ORDER BY s.name
     LIMIT page_size;

@@ -201,7 +201,9 @@ DECLARE
     dest_bodies bytea[];
     dest_attributes jsonb[];
     dest_delays interval[];
+    tenant text := postbox._caller_tenant();
 BEGIN
+    topic_name := postbox._in_tenant(topic_name, tenant);  -- a bound role's own name (see _caller_tenant)
     SELECT * INTO t FROM postbox.topics x WHERE x.name = topic_name;
     IF NOT FOUND THEN
         t := postbox._topic(topic_name);  -- raises the error
@@ -466,6 +468,10 @@ BEGIN
         END IF;
     END IF;
 
+    IF tenant IS NOT NULL THEN  -- a bound role sees its queues under its own names
+        done_queues := ARRAY(SELECT postbox._shown(u.q, tenant)
+                             FROM unnest(done_queues) WITH ORDINALITY AS u(q, i) ORDER BY u.i);
+    END IF;
     IF n = 1 AND NOT one_by_one AND plain_count = cardinality(pair_plain) THEN
         -- One entry into plain queues only: its pairs are in queue name order.
         RETURN QUERY SELECT ids[1], done_queues, done_ids, done_duplicates,
@@ -505,6 +511,7 @@ DECLARE
     append_tx xid8;
     new_id uuid := gen_random_uuid();
 BEGIN
+    topic_name := postbox._scoped_name(topic_name);  -- a bound role's own name (see _caller_tenant)
     -- The transaction id before the offset, as _append_to_stream takes them;
     -- the topic's lock (_lock_topic, shared, as publish_batch holds it) before
     -- the subscriptions are looked at, so none is made in between.

@@ -507,7 +507,8 @@ RETURNS TABLE (topic text, name text, created_at timestamptz, cursor_offset bigi
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
     checked_name text := postbox._group_name(group_name);  -- before any lookup
-    t postbox.topics := postbox._topic(topic_name);
+    tenant text := postbox._caller_tenant();
+    t postbox.topics := postbox._topic(postbox._in_tenant(topic_name, tenant));
     g postbox.consumer_groups;
 BEGIN
     SELECT * INTO g FROM postbox.consumer_groups c WHERE c.topic_id = t.id AND c.name = group_name;
@@ -517,7 +518,7 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'PB404', MESSAGE = format(
             'consumer group %s of topic %s does not exist', quote_literal(group_name), quote_literal(topic_name));
     END IF;
-    RETURN QUERY SELECT * FROM postbox._consumer_group_view(g, t.name);
+    RETURN QUERY SELECT * FROM postbox._consumer_group_view(g, postbox._shown(t.name, tenant));
 END
 $$;
 
@@ -529,10 +530,11 @@ RETURNS TABLE (topic text, name text, created_at timestamptz, cursor_offset bigi
                paused boolean, retry_messages bigint, max_deliveries integer, dead_letters bigint)
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
-    t postbox.topics := postbox._topic(topic_name);
+    tenant text := postbox._caller_tenant();
+    t postbox.topics := postbox._topic(postbox._in_tenant(topic_name, tenant));
 BEGIN
     RETURN QUERY
-    SELECT v.* FROM postbox.consumer_groups g, LATERAL postbox._consumer_group_view(g, t.name) v
+    SELECT v.* FROM postbox.consumer_groups g, LATERAL postbox._consumer_group_view(g, postbox._shown(t.name, tenant)) v
     WHERE g.topic_id = t.id AND g.name > coalesce(after_name, '')
     ORDER BY g.name
     LIMIT page_size;
@@ -910,7 +912,7 @@ RETURNS TABLE (stream_offset bigint, published_at timestamptz, publish_id uuid, 
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
     checked_name text := postbox._group_name(group_name);  -- before any lookup
-    t postbox.topics := postbox._stream_topic(topic_name);
+    t postbox.topics := postbox._stream_topic(postbox._scoped_name(topic_name));
     dead_group integer;
 BEGIN
     IF page_size IS NULL OR page_size NOT BETWEEN 1 AND 1001 THEN
@@ -1182,7 +1184,7 @@ CREATE FUNCTION postbox.stream_position(topic_name text, group_name text, OUT cu
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
     checked_name text := postbox._group_name(group_name);  -- before any lookup
-    t postbox.topics := postbox._stream_topic(topic_name);
+    t postbox.topics := postbox._stream_topic(postbox._scoped_name(topic_name));
     g postbox.consumer_groups;
 BEGIN
     SELECT * INTO g FROM postbox.consumer_groups c WHERE c.topic_id = t.id AND c.name = group_name;
@@ -1240,14 +1242,16 @@ END
 $$;
 
 -- Consumer groups' lag for the servers' metrics: up to max_groups groups, in
--- topic and group name order.
+-- topic and group name order; a bound role's tenant's only, its topics named
+-- as it names them.
 CREATE FUNCTION postbox.stream_metrics(max_groups integer DEFAULT 1000)
 RETURNS TABLE (topic text, name text, lag_messages bigint, lag_seconds double precision)
 LANGUAGE sql STABLE AS $$
     SELECT v.topic, v.name, v.lag_messages, v.lag_seconds
     FROM postbox.consumer_groups g
     JOIN postbox.topics t ON t.id = g.topic_id
-    CROSS JOIN LATERAL postbox._consumer_group_view(g, t.name) v
+    CROSS JOIN LATERAL postbox._consumer_group_view(g, postbox._shown(t.name, (SELECT postbox._caller_tenant()))) v
+    WHERE starts_with(t.name, postbox._tenant_prefix((SELECT postbox._caller_tenant())))
     ORDER BY t.name, g.name
     LIMIT max_groups
 $$;
@@ -1258,11 +1262,14 @@ $$;
 -- their latency, each the upper bound of the bin it falls in (5 ms to 30
 -- minutes; Infinity above), so never understated. Latency counts from the
 -- publish to the read that took the message first: time waiting for the
--- group's batch, for the horizon (see Order above), or for a delay.
+-- group's batch, for the horizon (see Order above), or for a delay. A bound
+-- role's tenant's groups only, its topics named as it names them.
 CREATE FUNCTION postbox.stream_latency(recent interval DEFAULT '5 minutes')
 RETURNS TABLE (topic text, consumer_group text, messages bigint, p50_seconds double precision,
                p95_seconds double precision, p99_seconds double precision)
 LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    tenant text := postbox._caller_tenant();
 BEGIN
     IF recent IS NULL OR recent < interval '10 seconds' OR recent > interval '1 hour' THEN
         PERFORM postbox._invalid(format('recent must be from 10 seconds to 1 hour, not %s', recent));
@@ -1277,14 +1284,14 @@ BEGIN
         SELECT bins.group_id, bins.i, sum(bins.n) OVER (PARTITION BY bins.group_id ORDER BY bins.i) AS upto,
                sum(bins.n) OVER (PARTITION BY bins.group_id) AS total
         FROM bins)
-    SELECT t.name, g.name, max(c.total)::bigint,
+    SELECT postbox._shown(t.name, tenant), g.name, max(c.total)::bigint,
            coalesce((postbox._stream_latency_bounds())[min(c.i) FILTER (WHERE c.upto >= 0.50 * c.total)], 'Infinity'),
            coalesce((postbox._stream_latency_bounds())[min(c.i) FILTER (WHERE c.upto >= 0.95 * c.total)], 'Infinity'),
            coalesce((postbox._stream_latency_bounds())[min(c.i) FILTER (WHERE c.upto >= 0.99 * c.total)], 'Infinity')
     FROM cumulative c
     JOIN postbox.consumer_groups g ON g.id = c.group_id
     JOIN postbox.topics t ON t.id = g.topic_id
-    WHERE c.total > 0
+    WHERE c.total > 0 AND starts_with(t.name, postbox._tenant_prefix(tenant))
     GROUP BY t.name, g.name
     ORDER BY t.name, g.name;
 END
@@ -1302,7 +1309,8 @@ $$;
 -- (they hold messages of its topic past its cursor); p95 and p99 are its
 -- publish-to-first-read latency over the last 5 minutes (stream_latency;
 -- NULL without reads). Reads the log past each cursor: seconds for a group
--- millions behind.
+-- millions behind. A bound role's tenant's groups only, its topics named as it
+-- names them.
 CREATE FUNCTION postbox.consumer_group_health()
 RETURNS TABLE (topic text, consumer_group text, status text, reason text, lag_messages bigint,
                oldest_unacked_seconds double precision, retry_messages bigint, dead_letters bigint,
@@ -1317,9 +1325,10 @@ SELECT v.topic, v.name AS consumer_group,
        v.lag_messages, o.oldest_unacked_seconds, v.retry_messages, v.dead_letters, v.paused,
        g.read_at AS last_read_at, v.lease_expires_at, r.held_slots, lat.p95_seconds AS latency_p95_seconds,
        lat.p99_seconds AS latency_p99_seconds
-FROM postbox.consumer_groups g
-JOIN postbox.topics t ON t.id = g.topic_id
-CROSS JOIN LATERAL postbox._consumer_group_view(g, t.name) v
+FROM (SELECT postbox._caller_tenant() AS tenant) AS me
+JOIN postbox.topics t ON starts_with(t.name, postbox._tenant_prefix(me.tenant))
+JOIN postbox.consumer_groups g ON g.topic_id = t.id
+CROSS JOIN LATERAL postbox._consumer_group_view(g, postbox._shown(t.name, me.tenant)) v
 CROSS JOIN LATERAL (
     SELECT greatest(v.lag_seconds,
                     (SELECT extract(epoch FROM now() - min(x.published_at))::double precision
@@ -1330,7 +1339,7 @@ CROSS JOIN LATERAL (
           AND EXISTS (SELECT FROM postbox.stream_log l
                       WHERE l.slot = s.slot AND l.topic_id = g.topic_id
                             AND (l.tx, l.stream_offset) > (g.cursor_tx, g.cursor_offset))) r
-LEFT JOIN postbox.stream_latency('5 minutes') lat ON lat.topic = t.name AND lat.consumer_group = g.name
+LEFT JOIN postbox.stream_latency('5 minutes') lat ON lat.topic = v.topic AND lat.consumer_group = g.name
 CROSS JOIN LATERAL (
     SELECT coalesce(nullif(current_setting('postbox.health_warning_age', true), ''), '5 minutes')::interval AS warning_age,
            coalesce(nullif(current_setting('postbox.health_critical_age', true), ''), '1 hour')::interval AS critical_age,
@@ -1366,12 +1375,18 @@ CREATE VIEW postbox.stream_health AS SELECT * FROM postbox.consumer_group_health
 -- when (the current slot's since is the last rotation), how many messages it
 -- holds, and for a retired slot the consumer groups that keep it from being
 -- truncated, as topic/group: those with messages of their topic in it past
--- their cursor. Counts each slot's rows.
+-- their cursor. Counts each slot's rows. A role bound to a tenant sees only
+-- its tenant's groups in held_by, its topics named as it names them (the
+-- slots and their counts are the whole log's, shared by the tenants).
 CREATE VIEW postbox.stream_rotation AS
 SELECT s.slot, s.state, s.since,
        (SELECT count(*) FROM postbox.stream_log l WHERE l.slot = s.slot) AS messages,
-       ARRAY(SELECT t.name || '/' || g.name
-             FROM postbox.consumer_groups g JOIN postbox.topics t ON t.id = g.topic_id
+       -- A view calls functions as its user, so only caller_tenant, not the
+       -- internal _shown and _tenant_prefix, whose work is written out here.
+       ARRAY(SELECT substr(t.name, coalesce(length(me.tenant) + 2, 1)) || '/' || g.name
+             FROM (SELECT postbox.caller_tenant() AS tenant) AS me
+             JOIN postbox.topics t ON starts_with(t.name, coalesce(me.tenant || '/', ''))
+             JOIN postbox.consumer_groups g ON t.id = g.topic_id
              WHERE s.state = 'retired'
                    AND EXISTS (SELECT FROM postbox.stream_log l
                                WHERE l.slot = s.slot AND l.topic_id = g.topic_id

@@ -217,10 +217,27 @@ BEGIN
 END
 $$;
 
--- The schedule of that name; PB404 if there is none.
+-- A schedule as a caller of tenant `tenant` sees it: its name and target
+-- without the tenant.
+CREATE FUNCTION postbox._shown_schedule(s postbox.schedules, tenant text) RETURNS postbox.schedules
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    s.name := postbox._shown(s.name, tenant);
+    s.target_queue := postbox._shown(s.target_queue, tenant);
+    s.target_topic := postbox._shown(s.target_topic, tenant);
+    RETURN s;
+END
+$$;
+
+-- The schedule of that name (the caller's tenant's, for a bound role); PB404
+-- if there is none.
 CREATE FUNCTION postbox.get_schedule(schedule_name text) RETURNS postbox.schedules
-LANGUAGE sql STABLE AS $$
-    SELECT postbox._schedule(schedule_name)
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    tenant text := postbox._caller_tenant();
+BEGIN
+    RETURN postbox._shown_schedule(postbox._schedule(postbox._in_tenant(schedule_name, tenant)), tenant);
+END
 $$;
 
 -- The schedule of that name, locked until the transaction ends (so a resume
@@ -241,22 +258,24 @@ $$;
 -- Schedules in name order after after_name; only paused (or only active)
 -- ones when `paused` is not NULL, only those into queues (target_kind 'queue')
 -- or topics ('topic') when it is not NULL, only names starting with
--- name_prefix.
+-- name_prefix. A bound role's tenant's only, named as it names them.
 CREATE FUNCTION postbox.list_schedules(page_size integer DEFAULT 100, after_name text DEFAULT '',
                                        paused boolean DEFAULT NULL, target_kind text DEFAULT NULL,
                                        name_prefix text DEFAULT '')
 RETURNS SETOF postbox.schedules
 LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    tenant text := postbox._caller_tenant();
 BEGIN
     IF target_kind NOT IN ('queue', 'topic') THEN
         PERFORM postbox._invalid(format('target_kind is %s; it must be queue or topic', postbox._quoted(target_kind)));
     END IF;
     RETURN QUERY
-    SELECT * FROM postbox.schedules s
-    WHERE s.name > coalesce(after_name, '')
+    SELECT x.* FROM postbox.schedules s CROSS JOIN LATERAL postbox._shown_schedule(s, tenant) AS x
+    WHERE s.name > postbox._tenant_prefix(tenant) || coalesce(after_name, '')
           AND (list_schedules.paused IS NULL OR s.paused = list_schedules.paused)
           AND (target_kind IS NULL OR (target_kind = 'queue') = (s.target_queue IS NOT NULL))
-          AND starts_with(s.name, coalesce(name_prefix, ''))
+          AND starts_with(s.name, postbox._tenant_prefix(tenant) || coalesce(name_prefix, ''))
     ORDER BY s.name
     LIMIT page_size;
 END

@@ -218,7 +218,9 @@ LANGUAGE sql STABLE AS $$
 $$;
 
 -- Deletes a tenant and its keys. PB412 while it owns queues, topics or
--- schedules, unless force: then they go too, with their messages.
+-- schedules, unless force: then they go too, with their messages. PB412 while
+-- SQL roles are bound to it (since 0.9.0), force or not: unbound, a role would
+-- see every tenant.
 CREATE FUNCTION postbox.delete_tenant(tenant_name text, force boolean DEFAULT false) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -226,8 +228,16 @@ DECLARE
     owned record;
     prefix text := tenant_name || '/';
     resource text;
+    roles text;
 BEGIN
     PERFORM 1 FROM postbox.tenants x WHERE x.name = t.name FOR UPDATE;
+    SELECT string_agg(quote_ident(b.role_name), ', ' ORDER BY b.role_name) INTO roles
+    FROM postbox.tenant_roles b WHERE b.tenant_name = delete_tenant.tenant_name;
+    IF roles IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'PB412', MESSAGE = format(
+            'tenant %s has SQL roles bound to it (%s); unbind them first (postbox.unbind_tenant_role) or '
+            'drop them: an unbound role sees every tenant', quote_literal(tenant_name), roles);
+    END IF;
     SELECT * INTO owned FROM postbox.tenant_resources(tenant_name);
     IF owned.queues + owned.topics + owned.schedules > 0 THEN
         IF NOT force THEN
@@ -251,6 +261,58 @@ BEGIN
     END IF;
     DELETE FROM postbox.tenants x WHERE x.name = tenant_name;
 END
+$$;
+
+-- Binds a PostgreSQL role to a tenant (since 0.9.0): the role, and every role
+-- that belongs to it, then sees through the reader and writer functions only
+-- that tenant's resources, under their own names (see _caller_tenant). A role
+-- holds one binding; binding it again moves it. PB404 for an unknown tenant or
+-- role; PB400 for a superuser, a role that bypasses row security, the owner of
+-- schema postbox, or a member of postbox_admin: none of them can be confined.
+CREATE FUNCTION postbox.bind_tenant_role(role_name name, tenant_name text) RETURNS postbox.tenant_roles
+LANGUAGE plpgsql AS $$
+DECLARE
+    t postbox.tenants := postbox._tenant(tenant_name);
+    r pg_catalog.pg_roles;
+    b postbox.tenant_roles;
+BEGIN
+    SELECT * INTO r FROM pg_catalog.pg_roles x WHERE x.rolname = role_name;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'PB404', MESSAGE = format('role %s does not exist', postbox._quoted(role_name));
+    ELSIF r.rolsuper OR r.rolbypassrls THEN
+        PERFORM postbox._invalid(format('role %s is a superuser or bypasses row security: it cannot be confined '
+                                        'to a tenant', quote_ident(role_name)));
+    ELSIF r.oid = (SELECT n.nspowner FROM pg_catalog.pg_namespace n WHERE n.nspname = 'postbox') THEN
+        PERFORM postbox._invalid(format('role %s owns schema postbox (the servers connect as it): it cannot be '
+                                        'confined to a tenant', quote_ident(role_name)));
+    ELSIF EXISTS (SELECT FROM pg_catalog.pg_roles a WHERE a.rolname = 'postbox_admin'
+                  AND pg_catalog.pg_has_role(r.oid, a.oid, 'MEMBER')) THEN
+        PERFORM postbox._invalid(format('role %s is a member of postbox_admin, whose rights cross tenants: '
+                                        'grant it postbox_reader or postbox_writer instead', quote_ident(role_name)));
+    END IF;
+    INSERT INTO postbox.tenant_roles AS x (role_name, tenant_name) VALUES (role_name, t.name)
+    ON CONFLICT ON CONSTRAINT tenant_roles_pkey DO UPDATE SET tenant_name = excluded.tenant_name, created_at = now()
+    RETURNING * INTO b;
+    RETURN b;
+END
+$$;
+
+-- Unbinds a role from its tenant: it sees every tenant again. Returns whether
+-- it was bound.
+CREATE FUNCTION postbox.unbind_tenant_role(role_name name) RETURNS boolean
+LANGUAGE plpgsql AS $$
+BEGIN
+    DELETE FROM postbox.tenant_roles b WHERE b.role_name = unbind_tenant_role.role_name;
+    RETURN FOUND;
+END
+$$;
+
+-- The roles bound to tenants, of one tenant or (NULL) all, in role name order.
+CREATE FUNCTION postbox.list_tenant_roles(tenant_name text DEFAULT NULL) RETURNS SETOF postbox.tenant_roles
+LANGUAGE sql STABLE AS $$
+    SELECT * FROM postbox.tenant_roles b
+    WHERE list_tenant_roles.tenant_name IS NULL OR b.tenant_name = list_tenant_roles.tenant_name
+    ORDER BY b.role_name
 $$;
 
 -- PB429 when the queue or topic (kind) just created as resource_name puts its

@@ -61,6 +61,8 @@ BEGIN
                 EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO postbox_reader', f.signature);
             ELSIF f.name IN ('send', 'send_batch', 'publish', 'publish_batch') THEN
                 EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO postbox_writer', f.signature);
+            ELSIF f.name = 'caller_tenant' THEN  -- since 0.9.0: which tenant a bound role acts for
+                EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO postbox_reader, postbox_writer', f.signature);
             END IF;
         END IF;
     END LOOP;

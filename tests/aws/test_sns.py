@@ -116,6 +116,47 @@ def test_bad_names_and_attributes_are_invalid_parameter(sns):
         assert error.response["ResponseMetadata"]["HTTPStatusCode"] == 400
 
 
+def test_a_fifo_name_mismatch_is_aws_topic_name_error(sns):
+    # AWS's words for both directions (localstack's AWS-validated snapshot of
+    # test_create_topic_name_constraints): no topic is made.
+    for name, attributes in (("plain", {"FifoTopic": "true"}), ("x.fifo", {})):
+        error = _error(sns.create_topic, Name=name, Attributes=attributes)
+        assert (error.response["Error"]["Code"], error.response["Error"]["Message"]) == (
+            "InvalidParameter",
+            "Invalid parameter: Topic Name",
+        )
+        assert name not in {t["TopicArn"].rsplit(":", 1)[1] for t in sns.list_topics()["Topics"]}
+
+
+def test_publish_json_structure_errors_in_aws_words(sns, topic):
+    # AWS's words (localstack's AWS-validated snapshot of test_message_structure_json_exc).
+    prefix = "Invalid parameter: Message Structure - "
+    for message, text in (
+        ("invalid-json", prefix + "JSON message body failed to parse"),
+        (json.dumps({"sqs": "x"}), prefix + "No default entry in JSON message body"),
+    ):
+        error = _error(sns.publish, TopicArn=topic, Message=message, MessageStructure="json")
+        assert (error.response["Error"]["Code"], error.response["Error"]["Message"]) == (
+            "InvalidParameter",
+            text,
+        )
+
+
+def test_an_arn_of_another_service_names_no_subscription(sns, topic):
+    # SNS checks a SubscriptionArn's shape, then looks it up: a well-formed sqs: ARN is
+    # NotFound (moto's answer; AWS validates only the count of elements, see
+    # docs/reference/aws-compatibility.md), a malformed one InvalidParameter.
+    arn = f"arn:aws:sqs:{SQS_REGION}:000000000000:q:66d97e76-31e5-444f-8fa7-b60b680d0d39"
+    error = _error(sns.get_subscription_attributes, SubscriptionArn=arn)
+    assert (error.response["Error"]["Code"], error.response["Error"]["Message"]) == (
+        "NotFound",
+        "Subscription does not exist",
+    )
+    assert error.response["ResponseMetadata"]["HTTPStatusCode"] == 404
+    error = _error(sns.get_subscription_attributes, SubscriptionArn="not-an-arn")
+    assert error.response["Error"]["Code"] == "InvalidParameter"
+
+
 def test_tags(sns, topic):
     sns.tag_resource(
         ResourceArn=topic, Tags=[{"Key": "a", "Value": "1"}, {"Key": "b", "Value": "2"}]
@@ -125,6 +166,18 @@ def test_tags(sns, topic):
     missing = topic + "-missing"
     error = _error(sns.list_tags_for_resource, ResourceArn=missing)
     assert error.response["Error"]["Code"] == "ResourceNotFound"
+    # A ResourceArn that is no ARN names no resource either (moto's answer).
+    for call, extra in (
+        (sns.list_tags_for_resource, {}),
+        (sns.tag_resource, {"Tags": [{"Key": "a", "Value": "1"}]}),
+        (sns.untag_resource, {"TagKeys": ["b"]}),
+    ):
+        error = _error(call, ResourceArn="not-existing-topic", **extra)
+        assert (error.response["Error"]["Code"], error.response["Error"]["Message"]) == (
+            "ResourceNotFound",
+            "Resource does not exist",
+        )
+        assert error.response["ResponseMetadata"]["HTTPStatusCode"] == 404
     too_many = [{"Key": f"k{n}", "Value": "v"} for n in range(50)]  # 51 with "b"
     error = _error(sns.tag_resource, ResourceArn=topic, Tags=too_many)
     assert (error.response["Error"]["Code"], error.response["Error"]["Message"]) == (
@@ -818,3 +871,30 @@ def test_the_json_protocol_serves_the_same_actions(sqs_shim, sqs, request):
         assert unknown["__type"] == "com.amazonaws.sns#InvalidAction"
     finally:
         _sns_json(sqs_shim.endpoint, "DeleteTopic", {"TopicArn": topic})
+
+
+def test_filter_numbers_match_to_five_decimals_and_string_array_numbers(sns, sqs, topic, request):
+    # SNS documents five digits of accuracy after the point: a policy number with more is
+    # taken, and compared at five (it is not refused). A String.Array attribute holding a
+    # bare JSON number matches as that number (moto's test of SNS's behaviour).
+    url, arn = _queue(sqs, unique_name(request.node.name))
+    sns.subscribe(
+        TopicArn=topic, Protocol="sqs", Endpoint=arn,
+        Attributes={"FilterPolicy": json.dumps({"price": [100.123456789, 500]}),
+                    "RawMessageDelivery": "true"},
+    )  # fmt: skip
+    for body, data_type, value in (
+        ("digits", "Number", "100.1234567"),
+        ("array", "String.Array", json.dumps([100.1234567, 50])),
+        ("bare", "String.Array", "500"),
+        ("fifth digit differs", "Number", "100.12346"),
+        ("a string", "String", "500"),
+    ):
+        sns.publish(
+            TopicArn=topic, Message=body,
+            MessageAttributes={"price": {"DataType": data_type, "StringValue": value}},
+        )  # fmt: skip
+    # Published in order to one queue: the three that match arrive, then none (the two
+    # that do not are filtered at publish, before this receive starts).
+    assert sorted(m["Body"] for m in _receive(sqs, url, 3)) == ["array", "bare", "digits"]
+    assert _empty(sqs, url)

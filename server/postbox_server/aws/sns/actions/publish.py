@@ -51,7 +51,9 @@ def _message_entry(
         try:
             structure = json.loads(message)
         except ValueError:
-            structure = None
+            raise InvalidParameter(
+                "Invalid parameter: Message Structure - JSON message body failed to parse"
+            ) from None
         if not isinstance(structure, dict) or not isinstance(structure.get("default"), str):
             raise InvalidParameter(
                 "Invalid parameter: Message Structure - No default entry in JSON message body"

@@ -443,6 +443,18 @@ def test_http_subscription_confirms_by_its_subscribe_url_then_gets_signed_posts(
                 sns.confirm_subscription, TopicArn=topic, Token=confirmation["Token"] + "0"
             )
             assert error.response["Error"]["Code"] == "InvalidParameter"
+            # In AWS's words: one of a token's shape that confirms nothing, and one not.
+            wrong = confirmation["Token"][:-1] + ("0" if confirmation["Token"][-1] != "0" else "1")
+            for token, text in (
+                (wrong, "Invalid parameter: Token"),
+                ("f" * 64, "Invalid parameter: Token"),
+                ("randomtoken", "Invalid token"),
+            ):
+                error = _error(sns.confirm_subscription, TopicArn=topic, Token=token)
+                assert (error.response["Error"]["Code"], error.response["Error"]["Message"]) == (
+                    "InvalidParameter",
+                    text,
+                )
             # The endpoint visits SubscribeURL, unsigned, as SNS's endpoints do.
             with urllib.request.urlopen(confirmation["SubscribeURL"], timeout=10) as visit:
                 assert visit.status == 200

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import secrets
 import uuid
 from urllib.parse import urlencode, urlsplit
@@ -65,6 +66,13 @@ _TOKEN_DIGEST = "postbox:ConfirmationTokenSha256"
 
 
 PENDING = "PendingConfirmation"
+
+
+# A confirmation token's shape: the shim's (a subscription's UUID, ".", 64 hex digits),
+# or SNS's (a long run of hex digits).
+_TOKEN_SHAPE = re.compile(
+    r"[0-9a-f]{8}(?:-[0-9a-f]{4}){3}-[0-9a-f]{12}\.[0-9a-f]{64}|[0-9a-f]{64,}"
+)
 
 
 def _protocol(subscription: pb.Subscription) -> tuple[str, str]:
@@ -218,7 +226,12 @@ async def confirm_subscription(call: Call) -> Result:
     topic = arns.topic_of(required(call, "TopicArn"), call.settings)
     token = required(call, "Token")
     name, _, secret = token.partition(".")
-    invalid = InvalidParameter("Invalid token")
+    # AWS's words (localstack's AWS-validated snapshot): "Invalid token" for a token not
+    # of a token's shape, "Invalid parameter: Token" for a well-formed one that confirms
+    # nothing (unknown, or of another topic).
+    invalid = InvalidParameter(
+        "Invalid parameter: Token" if _TOKEN_SHAPE.fullmatch(token) else "Invalid token"
+    )
     try:
         response = await rpc(
             call,

@@ -910,3 +910,39 @@ def test_filter_numbers_match_to_five_decimals_and_string_array_numbers(sns, sqs
     # that do not are filtered at publish, before this receive starts).
     assert sorted(m["Body"] for m in _receive(sqs, url, 3)) == ["array", "bare", "digits"]
     assert _empty(sqs, url)
+
+
+def test_too_complex_filter_policies_in_aws_words(sns, sqs, topic, request):
+    # AWS's words (localstack's AWS-validated snapshots): Subscribe says "Attributes
+    # Reason: ", SetSubscriptionAttributes not. Nothing is subscribed or changed.
+    _url, arn = _queue(sqs, unique_name(request.node.name))
+    too_complex = {"store": [str(i) for i in range(151)]}
+    too_many_keys = {f"key_{k}": ["v"] for k in "abcdef"}
+    for policy, text in (
+        (too_complex, "Filter policy is too complex"),
+        (too_many_keys, "Filter policy can not have more than 5 keys"),
+    ):
+        error = _error(
+            sns.subscribe, TopicArn=topic, Protocol="sqs", Endpoint=arn,
+            Attributes={"FilterPolicy": json.dumps(policy)},
+        )  # fmt: skip
+        assert (error.response["Error"]["Code"], error.response["Error"]["Message"]) == (
+            "InvalidParameter",
+            f"Invalid parameter: Attributes Reason: FilterPolicy: {text}",
+        )
+    assert sns.list_subscriptions_by_topic(TopicArn=topic)["Subscriptions"] == []
+    subscription = sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint=arn)["SubscriptionArn"]
+    for policy, text in (
+        (too_complex, "Filter policy is too complex"),
+        (too_many_keys, "Filter policy can not have more than 5 keys"),
+    ):
+        error = _error(
+            sns.set_subscription_attributes, SubscriptionArn=subscription,
+            AttributeName="FilterPolicy", AttributeValue=json.dumps(policy),
+        )  # fmt: skip
+        assert (error.response["Error"]["Code"], error.response["Error"]["Message"]) == (
+            "InvalidParameter",
+            f"Invalid parameter: FilterPolicy: {text}",
+        )
+    attributes = sns.get_subscription_attributes(SubscriptionArn=subscription)["Attributes"]
+    assert "FilterPolicy" not in attributes

@@ -946,3 +946,18 @@ def test_too_complex_filter_policies_in_aws_words(sns, sqs, topic, request):
         )
     attributes = sns.get_subscription_attributes(SubscriptionArn=subscription)["Attributes"]
     assert "FilterPolicy" not in attributes
+
+
+def test_an_empty_message_attribute_value_in_sns_words(sns, topic):
+    # SNS's code and words, not SQS's (localstack's AWS-validated snapshot of
+    # test_empty_or_wrong_message_attributes).
+    for data_type, value in (("String", {"StringValue": ""}), ("Binary", {"BinaryValue": b""})):
+        error = _error(
+            sns.publish, TopicArn=topic, Message="m",
+            MessageAttributes={"attr1": {"DataType": data_type, **value}},
+        )  # fmt: skip
+        assert (error.response["Error"]["Code"], error.response["Error"]["Message"]) == (
+            "ParameterValueInvalid",
+            "The message attribute 'attr1' must contain non-empty message attribute value "
+            f"for message attribute type '{data_type}'.",
+        )

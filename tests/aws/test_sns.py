@@ -153,8 +153,19 @@ def test_an_arn_of_another_service_names_no_subscription(sns, topic):
         "Subscription does not exist",
     )
     assert error.response["ResponseMetadata"]["HTTPStatusCode"] == 404
-    error = _error(sns.get_subscription_attributes, SubscriptionArn="not-an-arn")
-    assert error.response["Error"]["Code"] == "InvalidParameter"
+    # A malformed one in AWS's words.
+    for call, name, arn in (
+        (sns.get_subscription_attributes, "SubscriptionArn", "not-an-arn"),
+        (sns.unsubscribe, "SubscriptionArn", f"arn:aws:sns:{SQS_REGION}:random"),
+        (sns.publish, "TopicArn", "arn:aws"),
+    ):
+        extra = {"Message": "m"} if call == sns.publish else {}
+        error = _error(call, **{name: arn}, **extra)
+        assert (error.response["Error"]["Code"], error.response["Error"]["Message"]) == (
+            "InvalidParameter",
+            f"Invalid parameter: {name} Reason: An ARN must have at least 6 elements, "
+            f"not {len(arn.split(':'))}",
+        )
 
 
 def test_tags(sns, topic):

@@ -12687,6 +12687,157 @@ SELECT s.slot, s.state, s.since,
 FROM postbox.stream_slots s
 ORDER BY s.slot;
 
+-- Filter policies: numbers compared to five digits after the point (more are taken,
+-- not refused); a String.Array attribute holding a JSON scalar matches as that scalar.
+-- The problem of a number in a policy, or NULL: SNS takes -10^9 to 10^9. More
+-- digits after the decimal point than SNS's five are taken, and ignored (see
+-- _filter_fixed).
+CREATE OR REPLACE FUNCTION postbox._filter_number_problem(value jsonb) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE
+        WHEN abs(value::numeric) > 1000000000 THEN
+            format('number %s is out of range; numbers lie between -1000000000 and 1000000000',
+                   postbox._filter_quote(value))
+    END
+$$;
+
+-- A number as filter policies compare it: cut to the five digits after the
+-- decimal point SNS matches with ("five digits of accuracy"), towards minus
+-- infinity, as SNS's rule engine cuts its fixed-point form.
+CREATE OR REPLACE FUNCTION postbox._filter_fixed(n numeric) RETURNS numeric
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT floor(n * 100000) / 100000
+$$;
+
+-- Whether a policy value equals a document value: numbers by _filter_fixed,
+-- the rest as jsonb.
+CREATE OR REPLACE FUNCTION postbox._filter_same(a jsonb, b jsonb) RETURNS boolean
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN jsonb_typeof(a) = 'number' AND jsonb_typeof(b) = 'number'
+                THEN postbox._filter_fixed(a::numeric) = postbox._filter_fixed(b::numeric)
+                ELSE a = b END
+$$;
+
+-- One attribute as a filter document value, or NULL to leave it out: String
+-- types a JSON string, Number types a JSON number, String.Array the JSON
+-- array or number it holds ("100" is the number 100, as SNS matches it), else
+-- a string, Binary nothing (SNS ignores
+-- binary attributes). A number too far out of numeric's range stays a string.
+CREATE OR REPLACE FUNCTION postbox._filter_attribute_value(attribute jsonb) RETURNS jsonb
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    data_type text := attribute ->> 'data_type';
+    string_value text := attribute ->> 'string_value';
+    parsed jsonb;
+BEGIN
+    IF data_type IS NULL OR string_value IS NULL THEN
+        RETURN NULL;
+    ELSIF data_type = 'String.Array' THEN
+        -- Only what may be a JSON array or number is parsed, in a subtransaction.
+        IF ltrim(string_value, E' \t\n\r') ~ '^(\[|[0-9-])' THEN
+            BEGIN
+                parsed := string_value::jsonb;
+            EXCEPTION WHEN data_exception OR program_limit_exceeded THEN
+                parsed := NULL;
+            END;
+            IF jsonb_typeof(parsed) IN ('array', 'number') THEN
+                RETURN parsed;
+            END IF;
+        END IF;
+        RETURN to_jsonb(string_value);
+    ELSIF data_type LIKE 'Number%' THEN
+        IF length(string_value) <= 1000
+           AND string_value ~ '^[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]{1,3})?$' THEN
+            RETURN to_jsonb(string_value::numeric);
+        END IF;
+        RETURN to_jsonb(string_value);
+    ELSIF data_type LIKE 'String%' THEN
+        RETURN to_jsonb(string_value);
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+-- Whether any of a key's conditions matches any of its leaf values. Equality
+-- is jsonb's (strings to strings, numbers numerically, true, false, null);
+-- prefix, suffix and equals-ignore-case look at strings, numeric at numbers;
+-- anything-but needs a non-null value that is none of its values; exists asks
+-- for a non-null value, or none, and exists false never matches an empty
+-- document (SNS: "an empty set of attributes results in the filter not
+-- matching").
+CREATE OR REPLACE FUNCTION postbox._filter_conditions_match(conditions jsonb, leaves jsonb, empty boolean) RETURNS boolean
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    condition jsonb;
+    op text;
+    arg jsonb;
+    leaf jsonb;
+    hit boolean;
+BEGIN
+    FOR condition IN SELECT jsonb_array_elements(conditions) LOOP
+        IF jsonb_typeof(condition) = 'number' THEN
+            IF EXISTS (SELECT FROM jsonb_array_elements(leaves) AS l WHERE postbox._filter_same(condition, l)) THEN
+                RETURN true;
+            END IF;
+            CONTINUE;
+        ELSIF jsonb_typeof(condition) <> 'object' THEN
+            IF leaves @> jsonb_build_array(condition) THEN
+                RETURN true;
+            END IF;
+            CONTINUE;
+        END IF;
+        SELECT e.key, e.value INTO op, arg FROM jsonb_each(condition) AS e LIMIT 1;
+        IF op = 'exists' THEN
+            IF arg = to_jsonb(EXISTS (SELECT FROM jsonb_array_elements(leaves) AS l WHERE l <> 'null'))
+               AND (arg = 'true' OR NOT empty) THEN
+                RETURN true;
+            END IF;
+            CONTINUE;
+        END IF;
+        FOR leaf IN SELECT jsonb_array_elements(leaves) LOOP
+            hit := CASE op
+                WHEN 'prefix' THEN
+                    jsonb_typeof(leaf) = 'string' AND starts_with(leaf #>> '{}', arg #>> '{}')
+                WHEN 'suffix' THEN
+                    jsonb_typeof(leaf) = 'string' AND right(leaf #>> '{}', length(arg #>> '{}')) = arg #>> '{}'
+                WHEN 'equals-ignore-case' THEN
+                    jsonb_typeof(leaf) = 'string' AND lower(leaf #>> '{}') = lower(arg #>> '{}')
+                WHEN 'anything-but' THEN
+                    leaf <> 'null' AND CASE jsonb_typeof(arg)
+                        WHEN 'object' THEN jsonb_typeof(leaf) = 'string' AND CASE
+                            WHEN arg ? 'prefix' THEN NOT starts_with(leaf #>> '{}', arg ->> 'prefix')
+                            ELSE right(leaf #>> '{}', length(arg ->> 'suffix')) <> arg ->> 'suffix' END
+                        WHEN 'array' THEN NOT EXISTS (SELECT FROM jsonb_array_elements(arg) AS a
+                                                      WHERE postbox._filter_same(a, leaf))
+                        ELSE NOT postbox._filter_same(arg, leaf) END
+                WHEN 'numeric' THEN
+                    jsonb_typeof(leaf) = 'number' AND postbox._filter_numeric_matches(arg, leaf::numeric)
+                ELSE false
+            END;
+            IF hit THEN
+                RETURN true;
+            END IF;
+        END LOOP;
+    END LOOP;
+    RETURN false;
+END
+$$;
+
+-- Whether a number meets a "numeric" operator's comparison or range, both
+-- sides cut to five digits after the point (_filter_fixed).
+CREATE OR REPLACE FUNCTION postbox._filter_numeric_matches(arg jsonb, n numeric) RETURNS boolean
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT bool_and(CASE c.op
+                        WHEN '=' THEN postbox._filter_fixed(n) = c.bound
+                        WHEN '<' THEN postbox._filter_fixed(n) < c.bound
+                        WHEN '<=' THEN postbox._filter_fixed(n) <= c.bound
+                        WHEN '>' THEN postbox._filter_fixed(n) > c.bound
+                        WHEN '>=' THEN postbox._filter_fixed(n) >= c.bound
+                        ELSE false END)
+    FROM (SELECT arg ->> i AS op, postbox._filter_fixed((arg -> (i + 1))::numeric) AS bound
+          FROM generate_series(0, jsonb_array_length(arg) - 2, 2) AS i) AS c
+$$;
+
 SELECT postbox._secure();
 
 INSERT INTO postbox.schema_version (version) VALUES ('0.9.0');

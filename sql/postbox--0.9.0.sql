@@ -4499,17 +4499,33 @@ LANGUAGE sql IMMUTABLE AS $$
         ELSE false END
 $$;
 
--- The problem of a number in a policy, or NULL: SNS takes -10^9 to 10^9 with at
--- most five digits after the decimal point.
+-- The problem of a number in a policy, or NULL: SNS takes -10^9 to 10^9. More
+-- digits after the decimal point than SNS's five are taken, and ignored (see
+-- _filter_fixed).
 CREATE FUNCTION postbox._filter_number_problem(value jsonb) RETURNS text
 LANGUAGE sql IMMUTABLE AS $$
     SELECT CASE
         WHEN abs(value::numeric) > 1000000000 THEN
             format('number %s is out of range; numbers lie between -1000000000 and 1000000000',
                    postbox._filter_quote(value))
-        WHEN scale(trim_scale(value::numeric)) > 5 THEN
-            format('number %s has more than 5 digits after the decimal point', postbox._filter_quote(value))
     END
+$$;
+
+-- A number as filter policies compare it: cut to the five digits after the
+-- decimal point SNS matches with ("five digits of accuracy"), towards minus
+-- infinity, as SNS's rule engine cuts its fixed-point form.
+CREATE FUNCTION postbox._filter_fixed(n numeric) RETURNS numeric
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT floor(n * 100000) / 100000
+$$;
+
+-- Whether a policy value equals a document value: numbers by _filter_fixed,
+-- the rest as jsonb.
+CREATE FUNCTION postbox._filter_same(a jsonb, b jsonb) RETURNS boolean
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN jsonb_typeof(a) = 'number' AND jsonb_typeof(b) = 'number'
+                THEN postbox._filter_fixed(a::numeric) = postbox._filter_fixed(b::numeric)
+                ELSE a = b END
 $$;
 
 -- The problem of a "numeric" operator's array, or NULL: [op, n] with op one of
@@ -4749,8 +4765,9 @@ END
 $$;
 
 -- One attribute as a filter document value, or NULL to leave it out: String
--- types a JSON string, Number types a JSON number, String.Array the array it
--- holds (a string when it holds no JSON array), Binary nothing (SNS ignores
+-- types a JSON string, Number types a JSON number, String.Array the JSON
+-- array or number it holds ("100" is the number 100, as SNS matches it), else
+-- a string, Binary nothing (SNS ignores
 -- binary attributes). A number too far out of numeric's range stays a string.
 CREATE FUNCTION postbox._filter_attribute_value(attribute jsonb) RETURNS jsonb
 LANGUAGE plpgsql IMMUTABLE AS $$
@@ -4762,13 +4779,14 @@ BEGIN
     IF data_type IS NULL OR string_value IS NULL THEN
         RETURN NULL;
     ELSIF data_type = 'String.Array' THEN
-        IF ltrim(string_value, E' \t\n\r') LIKE '[%' THEN
+        -- Only what may be a JSON array or number is parsed, in a subtransaction.
+        IF ltrim(string_value, E' \t\n\r') ~ '^(\[|[0-9-])' THEN
             BEGIN
                 parsed := string_value::jsonb;
             EXCEPTION WHEN data_exception OR program_limit_exceeded THEN
                 parsed := NULL;
             END;
-            IF jsonb_typeof(parsed) = 'array' THEN
+            IF jsonb_typeof(parsed) IN ('array', 'number') THEN
                 RETURN parsed;
             END IF;
         END IF;
@@ -4872,7 +4890,12 @@ DECLARE
     hit boolean;
 BEGIN
     FOR condition IN SELECT jsonb_array_elements(conditions) LOOP
-        IF jsonb_typeof(condition) <> 'object' THEN
+        IF jsonb_typeof(condition) = 'number' THEN
+            IF EXISTS (SELECT FROM jsonb_array_elements(leaves) AS l WHERE postbox._filter_same(condition, l)) THEN
+                RETURN true;
+            END IF;
+            CONTINUE;
+        ELSIF jsonb_typeof(condition) <> 'object' THEN
             IF leaves @> jsonb_build_array(condition) THEN
                 RETURN true;
             END IF;
@@ -4899,8 +4922,9 @@ BEGIN
                         WHEN 'object' THEN jsonb_typeof(leaf) = 'string' AND CASE
                             WHEN arg ? 'prefix' THEN NOT starts_with(leaf #>> '{}', arg ->> 'prefix')
                             ELSE right(leaf #>> '{}', length(arg ->> 'suffix')) <> arg ->> 'suffix' END
-                        WHEN 'array' THEN NOT arg @> jsonb_build_array(leaf)
-                        ELSE leaf <> arg END
+                        WHEN 'array' THEN NOT EXISTS (SELECT FROM jsonb_array_elements(arg) AS a
+                                                      WHERE postbox._filter_same(a, leaf))
+                        ELSE NOT postbox._filter_same(arg, leaf) END
                 WHEN 'numeric' THEN
                     jsonb_typeof(leaf) = 'number' AND postbox._filter_numeric_matches(arg, leaf::numeric)
                 ELSE false
@@ -4914,17 +4938,18 @@ BEGIN
 END
 $$;
 
--- Whether a number meets a "numeric" operator's comparison or range.
+-- Whether a number meets a "numeric" operator's comparison or range, both
+-- sides cut to five digits after the point (_filter_fixed).
 CREATE FUNCTION postbox._filter_numeric_matches(arg jsonb, n numeric) RETURNS boolean
 LANGUAGE sql IMMUTABLE AS $$
     SELECT bool_and(CASE c.op
-                        WHEN '=' THEN n = c.bound
-                        WHEN '<' THEN n < c.bound
-                        WHEN '<=' THEN n <= c.bound
-                        WHEN '>' THEN n > c.bound
-                        WHEN '>=' THEN n >= c.bound
+                        WHEN '=' THEN postbox._filter_fixed(n) = c.bound
+                        WHEN '<' THEN postbox._filter_fixed(n) < c.bound
+                        WHEN '<=' THEN postbox._filter_fixed(n) <= c.bound
+                        WHEN '>' THEN postbox._filter_fixed(n) > c.bound
+                        WHEN '>=' THEN postbox._filter_fixed(n) >= c.bound
                         ELSE false END)
-    FROM (SELECT arg ->> i AS op, (arg -> (i + 1))::numeric AS bound
+    FROM (SELECT arg ->> i AS op, postbox._filter_fixed((arg -> (i + 1))::numeric) AS bound
           FROM generate_series(0, jsonb_array_length(arg) - 2, 2) AS i) AS c
 $$;
 

@@ -116,6 +116,58 @@ def test_bad_names_and_attributes_are_invalid_parameter(sns):
         assert error.response["ResponseMetadata"]["HTTPStatusCode"] == 400
 
 
+def test_a_fifo_name_mismatch_is_aws_topic_name_error(sns):
+    # AWS's words for both directions (localstack's AWS-validated snapshot of
+    # test_create_topic_name_constraints): no topic is made.
+    for name, attributes in (("plain", {"FifoTopic": "true"}), ("x.fifo", {})):
+        error = _error(sns.create_topic, Name=name, Attributes=attributes)
+        assert (error.response["Error"]["Code"], error.response["Error"]["Message"]) == (
+            "InvalidParameter",
+            "Invalid parameter: Topic Name",
+        )
+        assert name not in {t["TopicArn"].rsplit(":", 1)[1] for t in sns.list_topics()["Topics"]}
+
+
+def test_publish_json_structure_errors_in_aws_words(sns, topic):
+    # AWS's words (localstack's AWS-validated snapshot of test_message_structure_json_exc).
+    prefix = "Invalid parameter: Message Structure - "
+    for message, text in (
+        ("invalid-json", prefix + "JSON message body failed to parse"),
+        (json.dumps({"sqs": "x"}), prefix + "No default entry in JSON message body"),
+    ):
+        error = _error(sns.publish, TopicArn=topic, Message=message, MessageStructure="json")
+        assert (error.response["Error"]["Code"], error.response["Error"]["Message"]) == (
+            "InvalidParameter",
+            text,
+        )
+
+
+def test_an_arn_of_another_service_names_no_subscription(sns, topic):
+    # SNS checks a SubscriptionArn's shape, then looks it up: a well-formed sqs: ARN is
+    # NotFound (moto's answer; AWS validates only the count of elements, see
+    # docs/reference/aws-compatibility.md), a malformed one InvalidParameter.
+    arn = f"arn:aws:sqs:{SQS_REGION}:000000000000:q:66d97e76-31e5-444f-8fa7-b60b680d0d39"
+    error = _error(sns.get_subscription_attributes, SubscriptionArn=arn)
+    assert (error.response["Error"]["Code"], error.response["Error"]["Message"]) == (
+        "NotFound",
+        "Subscription does not exist",
+    )
+    assert error.response["ResponseMetadata"]["HTTPStatusCode"] == 404
+    # A malformed one in AWS's words.
+    for call, name, arn in (
+        (sns.get_subscription_attributes, "SubscriptionArn", "not-an-arn"),
+        (sns.unsubscribe, "SubscriptionArn", f"arn:aws:sns:{SQS_REGION}:random"),
+        (sns.publish, "TopicArn", "arn:aws"),
+    ):
+        extra = {"Message": "m"} if call == sns.publish else {}
+        error = _error(call, **{name: arn}, **extra)
+        assert (error.response["Error"]["Code"], error.response["Error"]["Message"]) == (
+            "InvalidParameter",
+            f"Invalid parameter: {name} Reason: An ARN must have at least 6 elements, "
+            f"not {len(arn.split(':'))}",
+        )
+
+
 def test_tags(sns, topic):
     sns.tag_resource(
         ResourceArn=topic, Tags=[{"Key": "a", "Value": "1"}, {"Key": "b", "Value": "2"}]
@@ -125,6 +177,18 @@ def test_tags(sns, topic):
     missing = topic + "-missing"
     error = _error(sns.list_tags_for_resource, ResourceArn=missing)
     assert error.response["Error"]["Code"] == "ResourceNotFound"
+    # A ResourceArn that is no ARN names no resource either (moto's answer).
+    for call, extra in (
+        (sns.list_tags_for_resource, {}),
+        (sns.tag_resource, {"Tags": [{"Key": "a", "Value": "1"}]}),
+        (sns.untag_resource, {"TagKeys": ["b"]}),
+    ):
+        error = _error(call, ResourceArn="not-existing-topic", **extra)
+        assert (error.response["Error"]["Code"], error.response["Error"]["Message"]) == (
+            "ResourceNotFound",
+            "Resource does not exist",
+        )
+        assert error.response["ResponseMetadata"]["HTTPStatusCode"] == 404
     too_many = [{"Key": f"k{n}", "Value": "v"} for n in range(50)]  # 51 with "b"
     error = _error(sns.tag_resource, ResourceArn=topic, Tags=too_many)
     assert (error.response["Error"]["Code"], error.response["Error"]["Message"]) == (
@@ -390,6 +454,18 @@ def test_http_subscription_confirms_by_its_subscribe_url_then_gets_signed_posts(
                 sns.confirm_subscription, TopicArn=topic, Token=confirmation["Token"] + "0"
             )
             assert error.response["Error"]["Code"] == "InvalidParameter"
+            # In AWS's words: one of a token's shape that confirms nothing, and one not.
+            wrong = confirmation["Token"][:-1] + ("0" if confirmation["Token"][-1] != "0" else "1")
+            for token, text in (
+                (wrong, "Invalid parameter: Token"),
+                ("f" * 64, "Invalid parameter: Token"),
+                ("randomtoken", "Invalid token"),
+            ):
+                error = _error(sns.confirm_subscription, TopicArn=topic, Token=token)
+                assert (error.response["Error"]["Code"], error.response["Error"]["Message"]) == (
+                    "InvalidParameter",
+                    text,
+                )
             # The endpoint visits SubscribeURL, unsigned, as SNS's endpoints do.
             with urllib.request.urlopen(confirmation["SubscribeURL"], timeout=10) as visit:
                 assert visit.status == 200
@@ -818,3 +894,81 @@ def test_the_json_protocol_serves_the_same_actions(sqs_shim, sqs, request):
         assert unknown["__type"] == "com.amazonaws.sns#InvalidAction"
     finally:
         _sns_json(sqs_shim.endpoint, "DeleteTopic", {"TopicArn": topic})
+
+
+def test_filter_numbers_match_to_five_decimals_and_string_array_numbers(sns, sqs, topic, request):
+    # SNS documents five digits of accuracy after the point: a policy number with more is
+    # taken, and compared at five (it is not refused). A String.Array attribute holding a
+    # bare JSON number matches as that number (moto's test of SNS's behaviour).
+    url, arn = _queue(sqs, unique_name(request.node.name))
+    sns.subscribe(
+        TopicArn=topic, Protocol="sqs", Endpoint=arn,
+        Attributes={"FilterPolicy": json.dumps({"price": [100.123456789, 500]}),
+                    "RawMessageDelivery": "true"},
+    )  # fmt: skip
+    for body, data_type, value in (
+        ("digits", "Number", "100.1234567"),
+        ("array", "String.Array", json.dumps([100.1234567, 50])),
+        ("bare", "String.Array", "500"),
+        ("fifth digit differs", "Number", "100.12346"),
+        ("a string", "String", "500"),
+    ):
+        sns.publish(
+            TopicArn=topic, Message=body,
+            MessageAttributes={"price": {"DataType": data_type, "StringValue": value}},
+        )  # fmt: skip
+    # Published in order to one queue: the three that match arrive, then none (the two
+    # that do not are filtered at publish, before this receive starts).
+    assert sorted(m["Body"] for m in _receive(sqs, url, 3)) == ["array", "bare", "digits"]
+    assert _empty(sqs, url)
+
+
+def test_too_complex_filter_policies_in_aws_words(sns, sqs, topic, request):
+    # AWS's words (localstack's AWS-validated snapshots): Subscribe says "Attributes
+    # Reason: ", SetSubscriptionAttributes not. Nothing is subscribed or changed.
+    _url, arn = _queue(sqs, unique_name(request.node.name))
+    too_complex = {"store": [str(i) for i in range(151)]}
+    too_many_keys = {f"key_{k}": ["v"] for k in "abcdef"}
+    for policy, text in (
+        (too_complex, "Filter policy is too complex"),
+        (too_many_keys, "Filter policy can not have more than 5 keys"),
+    ):
+        error = _error(
+            sns.subscribe, TopicArn=topic, Protocol="sqs", Endpoint=arn,
+            Attributes={"FilterPolicy": json.dumps(policy)},
+        )  # fmt: skip
+        assert (error.response["Error"]["Code"], error.response["Error"]["Message"]) == (
+            "InvalidParameter",
+            f"Invalid parameter: Attributes Reason: FilterPolicy: {text}",
+        )
+    assert sns.list_subscriptions_by_topic(TopicArn=topic)["Subscriptions"] == []
+    subscription = sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint=arn)["SubscriptionArn"]
+    for policy, text in (
+        (too_complex, "Filter policy is too complex"),
+        (too_many_keys, "Filter policy can not have more than 5 keys"),
+    ):
+        error = _error(
+            sns.set_subscription_attributes, SubscriptionArn=subscription,
+            AttributeName="FilterPolicy", AttributeValue=json.dumps(policy),
+        )  # fmt: skip
+        assert (error.response["Error"]["Code"], error.response["Error"]["Message"]) == (
+            "InvalidParameter",
+            f"Invalid parameter: FilterPolicy: {text}",
+        )
+    attributes = sns.get_subscription_attributes(SubscriptionArn=subscription)["Attributes"]
+    assert "FilterPolicy" not in attributes
+
+
+def test_an_empty_message_attribute_value_in_sns_words(sns, topic):
+    # SNS's code and words, not SQS's (localstack's AWS-validated snapshot of
+    # test_empty_or_wrong_message_attributes).
+    for data_type, value in (("String", {"StringValue": ""}), ("Binary", {"BinaryValue": b""})):
+        error = _error(
+            sns.publish, TopicArn=topic, Message="m",
+            MessageAttributes={"attr1": {"DataType": data_type, **value}},
+        )  # fmt: skip
+        assert (error.response["Error"]["Code"], error.response["Error"]["Message"]) == (
+            "ParameterValueInvalid",
+            "The message attribute 'attr1' must contain non-empty message attribute value "
+            f"for message attribute type '{data_type}'.",
+        )

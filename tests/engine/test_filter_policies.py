@@ -103,6 +103,17 @@ ATTRIBUTE_CASES = [
     ({CI: ["[oops"]}, {CI: s("[oops", "String.Array")}, True),
     ({CI: [1]}, {CI: arr([1, "a"])}, True),
     ({CI: ["1"]}, {CI: arr([1, "a"])}, False),
+    # One that holds a JSON number is that number (moto's test of SNS's behaviour).
+    ({CI: [100, 500]}, {CI: s("100", "String.Array")}, True),
+    ({CI: ["100"]}, {CI: s("100", "String.Array")}, False),
+    # Numbers compare to five digits after the point (SNS's accuracy); more are ignored.
+    ({CI: [100.123456789]}, {CI: n("100.1234567")}, True),
+    ({CI: [100.123456789, 500]}, {CI: arr([100.1234567, 50])}, True),
+    ({CI: [100.12345]}, {CI: n("100.12346")}, False),
+    ({CI: [{"numeric": ["=", 1.000001]}]}, {CI: n("1")}, True),
+    ({CI: [{"numeric": [">", 1.000001]}]}, {CI: n("1.000009")}, False),
+    ({CI: [{"anything-but": [1.000001]}]}, {CI: n("1")}, False),
+    ({CI: [{"anything-but": 2.000001}]}, {CI: n("2.00001")}, True),
     ({CI: [{"prefix": "ten"}]}, {CI: arr(["rugby", "tennis"])}, True),
     # anything-but: values, a value, prefix, suffix; the key must be there.
     ({CI: [{"anything-but": ["rugby", "tennis"]}]}, {CI: s("baseball")}, True),
@@ -509,11 +520,6 @@ PROBLEM_CASES = [
         "anything-but takes a value",
     ),
     ({"a": [{"anything-but": [1, 2e9]}]}, "attributes", "number 2000000000.0 is out of range"),
-    (
-        {"a": [{"anything-but": 0.000001}]},
-        "attributes",
-        "has more than 5 digits after the decimal point",
-    ),
     # numeric.
     (
         {"a": [{"numeric": 5}]},
@@ -558,14 +564,8 @@ PROBLEM_CASES = [
     ),
     ({"a": [{"numeric": [">", -1000000000.5]}]}, "attributes", "-1000000000.5 is out of range"),
     ({"a": [{"numeric": [">", 0, "<", 1000000001]}]}, "attributes", "1000000001 is out of range"),
-    (
-        {"a": [{"numeric": ["=", 1.123456]}]},
-        "attributes",
-        "1.123456 has more than 5 digits after the decimal",
-    ),
     # Numbers to equal.
     ({"a": [1e10]}, "attributes", 'key "a": number 10000000000.0 is out of range'),
-    ({"a": {"b": [0.0000001]}}, "body", 'key "a.b": number 0.0000001 has more than 5 digits'),
 ]
 
 

@@ -18,6 +18,22 @@ def subscription_arn(settings: ShimSettings, topic: str, subscription: str) -> s
 
 def _parts(arn: str, parameter: str, count: int) -> list[str]:
     parts = arn.split(":")
+    if (
+        len(parts) == count
+        and parts[0] == "arn"
+        and all(parts[1:])
+        and parts[1:3] != ["aws", "sns"]
+    ):
+        # SNS checks an ARN's shape only, then looks it up: a well-formed ARN of another
+        # service (an sqs: one given as a SubscriptionArn) names nothing there.
+        raise not_found(f"{'Topic' if count == 6 else 'Subscription'} does not exist")
+    if len(parts) < 6:
+        # AWS's words (localstack's AWS-validated snapshots of test_publish_wrong_arn_format
+        # and test_unsubscribe_wrong_arn_format).
+        raise InvalidParameter(
+            f"Invalid parameter: {parameter} Reason: An ARN must have at least 6 elements, "
+            f"not {len(parts)}"
+        )
     if len(parts) != count or parts[:3] != ["arn", "aws", "sns"] or not all(parts[3:]):
         raise InvalidParameter(
             f"Invalid parameter: {parameter} Reason: {quoted(arn)} is not an ARN of "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -39,6 +40,11 @@ MAX_MESSAGE_BYTES = 256 * 1024
 MAX_BATCH_ENTRIES = 10
 MAX_SUBJECT = 100
 
+_SQS_EMPTY_VALUE = re.compile(
+    r"^Message \(user\) attribute ('.*') must contain a non-empty message attribute value"
+)
+_SNS_EMPTY_VALUE = r"The message attribute \1 must contain non-empty message attribute value"
+
 
 def _message_entry(
     params: dict[str, Any], topic: str, content_deduplication: bool
@@ -51,7 +57,9 @@ def _message_entry(
         try:
             structure = json.loads(message)
         except ValueError:
-            structure = None
+            raise InvalidParameter(
+                "Invalid parameter: Message Structure - JSON message body failed to parse"
+            ) from None
         if not isinstance(structure, dict) or not isinstance(structure.get("default"), str):
             raise InvalidParameter(
                 "Invalid parameter: Message Structure - No default entry in JSON message body"
@@ -66,7 +74,11 @@ def _message_entry(
     try:
         attributes = message_attributes.to_postbox(params.get("MessageAttributes") or {}, {})
     except AwsError as error:
-        raise AwsError(INVALID_PARAMETER_VALUE, error.message) from None
+        # SQS's words, but for an empty value SNS's own (localstack's AWS-validated
+        # snapshot of test_empty_or_wrong_message_attributes).
+        raise AwsError(
+            INVALID_PARAMETER_VALUE, _SQS_EMPTY_VALUE.sub(_SNS_EMPTY_VALUE, error.message)
+        ) from None
     body = message.encode("utf-8")
     size = message_attributes.size(body, attributes)
     if size > MAX_MESSAGE_BYTES:

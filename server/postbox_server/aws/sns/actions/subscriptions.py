@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import secrets
 import uuid
+from typing import Any
 from urllib.parse import urlencode, urlsplit
 
 from google.protobuf import field_mask_pb2
@@ -65,6 +67,13 @@ _TOKEN_DIGEST = "postbox:ConfirmationTokenSha256"
 
 
 PENDING = "PendingConfirmation"
+
+
+# A confirmation token's shape: the shim's (a subscription's UUID, ".", 64 hex digits),
+# or SNS's (a long run of hex digits).
+_TOKEN_SHAPE = re.compile(
+    r"[0-9a-f]{8}(?:-[0-9a-f]{4}){3}-[0-9a-f]{12}\.[0-9a-f]{64}|[0-9a-f]{64,}"
+)
 
 
 def _protocol(subscription: pb.Subscription) -> tuple[str, str]:
@@ -168,9 +177,9 @@ async def subscribe(call: Call) -> Result:
         subscription.sns_delivery.attributes[_TOKEN_DIGEST] = hashlib.sha256(
             token.encode()
         ).hexdigest()
-    await rpc(
+    await _saved(
         call, call.backend.topics.CreateSubscription,
-        pb.CreateSubscriptionRequest(subscription=subscription),
+        pb.CreateSubscriptionRequest(subscription=subscription), "Attributes Reason: ",
     )  # fmt: skip
     if token is None:
         return {"SubscriptionArn": subscription.sns_delivery.subscription_arn}
@@ -184,6 +193,29 @@ async def subscribe(call: Call) -> Result:
     if call.params.get("ReturnSubscriptionArn"):
         return {"SubscriptionArn": subscription.sns_delivery.subscription_arn}
     return {"SubscriptionArn": "pending confirmation"}
+
+
+# The engine's two complexity problems, and AWS's words for them (localstack's
+# AWS-validated snapshots of test_policy_complexity and
+# test_sub_filter_policy_nested_property_constraints).
+_COMPLEXITY = (
+    (re.compile(r"filter policy has \d+ keys with conditions; the limit is 5"),
+     "Filter policy can not have more than 5 keys"),
+    (re.compile(r"filter policy has \d+ combinations of values; the limit is 150"),
+     "Filter policy is too complex"),
+)  # fmt: skip
+
+
+async def _saved(call: Call, method: Any, request: Any, prefix: str) -> None:
+    """An RPC that stores a subscription, a too complex filter policy in AWS's words:
+    prefix is Subscribe's "Attributes Reason: " or SetSubscriptionAttributes' ""."""
+    try:
+        await rpc(call, method, request)
+    except AwsError as error:
+        for problem, text in _COMPLEXITY:
+            if problem.search(error.message):
+                raise InvalidParameter(f"Invalid parameter: {prefix}FilterPolicy: {text}") from None
+        raise
 
 
 def _subscribed_queue(call: Call, endpoint: str, topic: str) -> str:
@@ -218,7 +250,12 @@ async def confirm_subscription(call: Call) -> Result:
     topic = arns.topic_of(required(call, "TopicArn"), call.settings)
     token = required(call, "Token")
     name, _, secret = token.partition(".")
-    invalid = InvalidParameter("Invalid token")
+    # AWS's words (localstack's AWS-validated snapshot): "Invalid token" for a token not
+    # of a token's shape, "Invalid parameter: Token" for a well-formed one that confirms
+    # nothing (unknown, or of another topic).
+    invalid = InvalidParameter(
+        "Invalid parameter: Token" if _TOKEN_SHAPE.fullmatch(token) else "Invalid token"
+    )
     try:
         response = await rpc(
             call,
@@ -361,11 +398,12 @@ async def set_subscription_attributes(call: Call) -> Result:
     # Each attribute changes its own field only: a scope set before (or without) a
     # policy is kept when the policy comes.
     paths = {"FilterPolicy": ["filter_policy"], "FilterPolicyScope": ["filter_policy_scope"]}
-    await rpc(
+    await _saved(
         call, call.backend.topics.UpdateSubscription,
         pb.UpdateSubscriptionRequest(
             subscription=subscription,
             update_mask=field_mask_pb2.FieldMask(paths=paths.get(name, ["sns_delivery"])),
         ),
+        "",
     )  # fmt: skip
     return {}

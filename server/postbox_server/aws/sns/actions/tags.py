@@ -14,6 +14,7 @@ from postbox_server.aws.sns.actions.base import (
     update_topic,
 )
 from postbox_server.aws.sns.errors import (
+    INVALID_PARAMETER,
     NOT_FOUND,
     RESOURCE_NOT_FOUND,
     TAG_LIMIT_EXCEEDED,
@@ -28,7 +29,9 @@ def _tagged_topic(call: Call) -> str:
     try:
         return arns.topic_of(arn, call.settings, "ResourceArn")
     except AwsError as error:
-        if error.kind is NOT_FOUND:
+        # A ResourceArn that names no topic of this account, an ARN or not, is a resource
+        # that does not exist (moto's answer; AWS's for a non-ARN is unrecorded).
+        if error.kind in (NOT_FOUND, INVALID_PARAMETER):
             raise AwsError(RESOURCE_NOT_FOUND, "Resource does not exist") from None
         raise
 

@@ -43,12 +43,8 @@ async def create_topic(call: Call) -> Result:
     attributes = dict(call.params.get("Attributes") or {})
     fifo = boolean("FifoTopic", attributes.pop("FifoTopic", "false"))
     if fifo != is_fifo(name):
-        raise InvalidParameter(
-            "Invalid parameter: Topic Name" if not fifo else
-            "Invalid parameter: Fifo Topic names must end with .fifo and must be made up of only "
-            "uppercase and lowercase ASCII letters, numbers, underscores, and hyphens, and must "
-            "be between 1 and 256 characters long."
-        )  # fmt: skip
+        # AWS's words for a FIFO name without .fifo and for .fifo on a standard topic alike.
+        raise InvalidParameter("Invalid parameter: Topic Name")
     _check_topic_attributes(attributes, fifo)
     tags = {tag["Key"]: tag.get("Value", "") for tag in call.params.get("Tags") or []}
     topic = pb.Topic(name=name, tags=tags, sns_attributes=attributes)

@@ -92,8 +92,11 @@ async def test_long_poll_ends_before_client_deadline(stub, queue):
     # 2-core machine (CI once ran over a 50 ms margin at load 10); far under the 30 s wait.
     call = stub.Receive(pb.ReceiveRequest(queue=queue, wait_time=seconds(30)), timeout=3)
     assert [r async for r in call] == []
+    # OK, not DEADLINE_EXCEEDED: the server ended the poll before the client's deadline.
     assert await call.code() == grpc.StatusCode.OK
-    assert time.monotonic() - started < 3
+    # The wall clock only shows the 30 s wait was cut short: the client's own turns at
+    # load 8 took it past 3 s once (3.04 s) although the server had answered in time.
+    assert time.monotonic() - started < 15
 
 
 async def test_receive_from_missing_queue_is_not_found(stub):

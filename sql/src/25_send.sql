@@ -357,6 +357,38 @@ BEGIN
 END
 $$;
 
+-- PB400 unless a batch's request_id is 1 to 128 printable ASCII characters.
+CREATE FUNCTION postbox._check_request_id(request_id text) RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF length(request_id) NOT BETWEEN 1 AND 128 OR request_id ~ '[^!-~]' THEN
+        PERFORM postbox._invalid(format('request_id %s is not 1 to 128 printable ASCII characters',
+                                        postbox._quoted(request_id)));
+    END IF;
+END
+$$;
+
+-- The answer to a repeat of the batch of n entries that request_id named in the
+-- queue, its row claimed and committed within the window (a statement of its
+-- own sees it): the first batch's ids, all duplicates; PB412 for another n.
+CREATE FUNCTION postbox._repeated_batch(queue_id integer, request_id text, n integer)
+RETURNS TABLE (message_id bigint, duplicate boolean)
+LANGUAGE plpgsql AS $$
+DECLARE
+    stored bigint[];
+BEGIN
+    SELECT r.message_ids INTO stored FROM postbox.batch_requests r
+    WHERE r.queue_id = _repeated_batch.queue_id AND r.request_id = _repeated_batch.request_id;
+    IF cardinality(stored) <> n THEN
+        RAISE EXCEPTION USING ERRCODE = 'PB412', MESSAGE = format(
+            'request_id %s named a batch of %s entries within the queue''s deduplication window; this one '
+            'has %s: a retry repeats its batch, a new batch takes a new request_id',
+            postbox._quoted(_repeated_batch.request_id), cardinality(stored), n);
+    END IF;
+    RETURN QUERY SELECT s.id, true FROM unnest(stored) WITH ORDINALITY AS s(id, i) ORDER BY s.i;
+END
+$$;
+
 -- Sends up to 1,000 messages in one go; returns their ids in input order, and
 -- whether each was a duplicate (then nothing was enqueued and the id is the
 -- original message's). Entry i of every array belongs to bodies[i]; an array may
@@ -391,7 +423,11 @@ $$;
 -- The clock is read in the insert, which holds the table's lock by then (see
 -- the general path). Only in READ COMMITTED: elsewhere the look reads the
 -- transaction's snapshot, which may predate a drop, and the general path looks
--- under a row lock instead (see _lock_queue).
+-- under a row lock instead (see _lock_queue). A request id takes the straight
+-- path too: the batch's ids are drawn first, so that its row is written once,
+-- with them, before the insert (the general path's went through
+-- _send_batch_once, which looked the queue up again, wrote the row empty and
+-- filled it: a seventh of a batch of 64).
 CREATE FUNCTION postbox.send_batch(
     queue_name text, bodies bytea[], attributes jsonb[] DEFAULT NULL, delays interval[] DEFAULT NULL,
     message_group_ids text[] DEFAULT NULL, deduplication_ids text[] DEFAULT NULL,
@@ -407,22 +443,19 @@ DECLARE
     q_delay interval;
     q_max_message_size integer;
     q_listened boolean;
+    q_window interval;
     locked text;
+    claimed_at timestamptz;
+    claimed_ids bigint[];
 BEGIN
     queue_name := postbox._scoped_name(queue_name);  -- a bound role's own name (see _caller_tenant)
-    IF request_id IS NOT NULL THEN
-        RETURN QUERY SELECT * FROM postbox._send_batch_once(
-            queue_name, request_id, bodies, attributes, delays, message_group_ids, deduplication_ids, dedupe_keys,
-            priorities, deliver_ats, ttls, expire_ats, max_receive_counts);
-        RETURN;
-    END IF;
     IF num_nonnulls(attributes, delays, message_group_ids, deduplication_ids, dedupe_keys, priorities,
                     deliver_ats, ttls, expire_ats, max_receive_counts) = 0 AND cardinality(bodies) BETWEEN 1 AND 1000
        AND array_position(bodies, NULL) IS NULL AND current_setting('transaction_isolation') = 'read committed' THEN
         locked := concat(pg_current_xact_id(),
                          pg_advisory_xact_lock_shared(1886350224 + pg_backend_pid() % 16, hashtext(queue_name)));
-        SELECT x.id, x.delivery_delay, x.max_message_size, x.listened
-        INTO q_id, q_delay, q_max_message_size, q_listened
+        SELECT x.id, x.delivery_delay, x.max_message_size, x.listened, x.deduplication_window
+        INTO q_id, q_delay, q_max_message_size, q_listened, q_window
         FROM postbox.queues x
         WHERE x.name = queue_name AND NOT (x.fifo OR x.content_based_deduplication OR x.max_depth IS NOT NULL
                                            OR x.send_paused);
@@ -438,6 +471,12 @@ BEGIN
             q_id := NULL;  -- the general path says which body is too long
         END IF;
     END IF;
+    IF q_id IS NULL AND request_id IS NOT NULL THEN
+        RETURN QUERY SELECT * FROM postbox._send_batch_once(
+            queue_name, request_id, bodies, attributes, delays, message_group_ids, deduplication_ids, dedupe_keys,
+            priorities, deliver_ats, ttls, expire_ats, max_receive_counts);
+        RETURN;
+    END IF;
     IF q_id IS NULL THEN
         -- Everything else, and every error.
         RETURN QUERY SELECT * FROM postbox._send_batch_general(
@@ -451,12 +490,37 @@ BEGIN
     -- tests hold). The call's values are worked out once, in a one-row subquery
     -- that OFFSET 0 keeps from being pulled up: in the select list, they were
     -- evaluated for each row (0.3%).
-    RETURN QUERY
-    INSERT INTO postbox.messages (queue_id, visible_at, enqueued_at, body, priority)
-    SELECT c.queue_id, c.visible_at, c.sent_at, unnest(bodies), 0
-    FROM (SELECT q_id AS queue_id, t AS sent_at, t + q_delay AS visible_at
-          FROM clock_timestamp() AS t OFFSET 0) AS c
-    RETURNING id, false;
+    IF request_id IS NULL THEN
+        RETURN QUERY
+        INSERT INTO postbox.messages (queue_id, visible_at, enqueued_at, body, priority)
+        SELECT c.queue_id, c.visible_at, c.sent_at, unnest(bodies), 0
+        FROM (SELECT q_id AS queue_id, t AS sent_at, t + q_delay AS visible_at
+              FROM clock_timestamp() AS t OFFSET 0) AS c
+        RETURNING id, false;
+    ELSE
+        -- As _send_batch_once, the row claiming the batch written once, with its ids.
+        PERFORM postbox._check_request_id(request_id);
+        claimed_at := clock_timestamp();
+        SELECT array_agg(nextval('postbox.messages_id_seq') ORDER BY s) INTO claimed_ids
+        FROM generate_series(1, cardinality(bodies)) AS s;
+        INSERT INTO postbox.batch_requests AS r (queue_id, request_id, message_ids, expires_at)
+        VALUES (q_id, send_batch.request_id, claimed_ids, claimed_at + q_window)
+        ON CONFLICT ON CONSTRAINT batch_requests_pkey DO UPDATE
+        SET message_ids = excluded.message_ids, expires_at = excluded.expires_at
+        WHERE r.expires_at <= claimed_at;
+        IF NOT FOUND THEN
+            RETURN QUERY SELECT * FROM postbox._repeated_batch(q_id, request_id, cardinality(bodies));
+            RETURN;
+        END IF;
+        -- Two arrays in the select list go side by side: id i with body i.
+        RETURN QUERY
+        INSERT INTO postbox.messages (id, queue_id, visible_at, enqueued_at, body, priority)
+        OVERRIDING SYSTEM VALUE
+        SELECT unnest(claimed_ids), c.queue_id, c.visible_at, c.sent_at, unnest(bodies), 0
+        FROM (SELECT q_id AS queue_id, t AS sent_at, t + q_delay AS visible_at
+              FROM clock_timestamp() AS t OFFSET 0) AS c
+        RETURNING id, false;
+    END IF;
     IF q_listened THEN
         -- Which looks again: a call saved when nobody listens.
         PERFORM postbox._notify(x) FROM postbox.queues x WHERE x.id = q_id;
@@ -473,7 +537,8 @@ $$;
 -- compared (the id is a retry token, as a deduplication id is), but their
 -- number is: the answer is parallel to them, so a repeat with another number
 -- is PB412, a new batch that reused an id. The row is written empty and
--- filled once the batch is in: the batch draws its ids as it inserts.
+-- filled once the batch is in: the general path draws its ids as it inserts
+-- (send_batch's straight path writes it once, see there).
 CREATE FUNCTION postbox._send_batch_once(
     queue_name text, request_id text, bodies bytea[], attributes jsonb[], delays interval[],
     message_group_ids text[], deduplication_ids text[], dedupe_keys text[], priorities integer[],
@@ -484,14 +549,10 @@ LANGUAGE plpgsql AS $$
 DECLARE
     q postbox.queues := postbox._queue(queue_name);
     claimed_at timestamptz := clock_timestamp();
-    stored bigint[];
     sent_ids bigint[];
     sent_duplicates boolean[];
 BEGIN
-    IF length(_send_batch_once.request_id) NOT BETWEEN 1 AND 128 OR _send_batch_once.request_id ~ '[^!-~]' THEN
-        PERFORM postbox._invalid(format('request_id %s is not 1 to 128 printable ASCII characters',
-                                        postbox._quoted(_send_batch_once.request_id)));
-    END IF;
+    PERFORM postbox._check_request_id(_send_batch_once.request_id);
     PERFORM postbox._check_batch_size(cardinality(bodies));
     INSERT INTO postbox.batch_requests AS r (queue_id, request_id, message_ids, expires_at)
     VALUES (q.id, _send_batch_once.request_id, '{}', claimed_at + q.deduplication_window)
@@ -499,16 +560,7 @@ BEGIN
     SET message_ids = excluded.message_ids, expires_at = excluded.expires_at
     WHERE r.expires_at <= claimed_at;
     IF NOT FOUND THEN
-        -- Committed within the window: a statement of its own sees it.
-        SELECT r.message_ids INTO stored FROM postbox.batch_requests r
-        WHERE r.queue_id = q.id AND r.request_id = _send_batch_once.request_id;
-        IF cardinality(stored) <> cardinality(bodies) THEN
-            RAISE EXCEPTION USING ERRCODE = 'PB412', MESSAGE = format(
-                'request_id %s named a batch of %s entries within the queue''s deduplication window; this one '
-                'has %s: a retry repeats its batch, a new batch takes a new request_id',
-                postbox._quoted(_send_batch_once.request_id), cardinality(stored), cardinality(bodies));
-        END IF;
-        RETURN QUERY SELECT s.id, true FROM unnest(stored) WITH ORDINALITY AS s(id, i) ORDER BY s.i;
+        RETURN QUERY SELECT * FROM postbox._repeated_batch(q.id, _send_batch_once.request_id, cardinality(bodies));
         RETURN;
     END IF;
     SELECT array_agg(s.message_id ORDER BY s.n), array_agg(s.duplicate ORDER BY s.n)

@@ -167,6 +167,36 @@ def test_a_request_id_keeps_the_short_way_of_plain_bodies():
     assert plain_batch(request, 1 << 20) == PlainBatch([b"a"], None)
 
 
+async def test_a_plain_batch_writes_its_request_id_row_once_with_its_ids(database_url, queue):
+    """Bodies alone into a plain queue take send_batch's straight path: the row is
+    inserted with the batch's ids, never written empty and filled (issue 48). The
+    transaction's own statistics count its writes at once."""
+    conn = await asyncpg.connect(database_url)
+    try:
+        async with conn.transaction():
+            rows = await conn.fetch(
+                "SELECT * FROM postbox.send_batch($1, ARRAY['a', 'b', 'c']::bytea[], "
+                "request_id => 'once')",
+                queue,
+            )
+            written = await conn.fetchrow(
+                "SELECT n_tup_ins, n_tup_upd FROM pg_stat_xact_user_tables "
+                "WHERE relid = 'postbox.batch_requests'::regclass"
+            )
+            ids = await conn.fetchval(
+                "SELECT r.message_ids FROM postbox.batch_requests r "
+                "JOIN postbox.queues q ON q.id = r.queue_id "
+                "WHERE q.name = $1 AND r.request_id = 'once'",
+                queue,
+            )
+        assert [row["duplicate"] for row in rows] == [False] * 3
+        assert ids == [row["message_id"] for row in rows]
+        assert ids == sorted(ids)  # drawn in input order
+        assert tuple(written) == (1, 0)
+    finally:
+        await conn.close()
+
+
 async def test_a_concurrent_repeat_waits_for_the_first_and_answers_its_ids(database_url, db, queue):
     """The first attempt's transaction is held open on purpose: the repeat waits on the
     request id's row, and once the first commits answers its ids and stores nothing."""

@@ -9,7 +9,7 @@ and goes in one SendBatch. Each caller's future gets its own message id; a messa
 the server refuses (it names the entry) fails its own future, and the rest of the
 batch goes again without it.
 
-With `idempotent` (the default) each batch gets a request id (a uuid4), so a batch
+With `idempotent` (the default) each batch gets a request id (32 random hex digits), so a batch
 that failed with UNAVAILABLE is sent again under the same id without duplicating what
 the first attempt may have committed (within the queue's deduplication window): the
 server answers the first attempt's message ids. The id costs the server one row per
@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-import uuid
 from typing import TYPE_CHECKING, Any, TypeAlias, TypedDict
 
 from postbox.v1 import message_service_pb2
@@ -137,7 +136,7 @@ class Producer:
         the same ids again."""
         request = message_service_pb2.SendBatchRequest(queue=self.queue)
         if self.idempotent:
-            request.request_id = uuid.uuid4().hex
+            request.request_id = os.urandom(_ID_BYTES).hex()
         entries, add = request.entries, request.entries.add
         repeatable = True
         for waiting, _ in batch:
@@ -171,7 +170,7 @@ class Producer:
                     (_, future) = batch.pop(index)
                     del request.entries[index]
                     if self.idempotent:  # another batch now: its id must not answer this one
-                        request.request_id = uuid.uuid4().hex
+                        request.request_id = os.urandom(_ID_BYTES).hex()
                     if not future.done():
                         future.set_exception(InvalidArgument(reason, error.code))
                     if not batch:

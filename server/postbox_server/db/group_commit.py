@@ -122,6 +122,9 @@ class GroupCommit(Generic[Item, Result]):
                 group = [w for w in group if not w.future.done()]  # callers gone before writing
                 if group:
                     await self._commit(group)
+                    # The callers just answered (and the streams their sends wake) go
+                    # first: sending the next group's statement would hold them up.
+                    await asyncio.sleep(0)
         finally:
             self._committing = False
 

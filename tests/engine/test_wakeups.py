@@ -446,3 +446,34 @@ async def test_a_send_after_the_listing_notifies(
         if call is not None:
             call.cancel()
         await observer.close()
+
+
+async def test_a_watch_hands_its_wake_up_on_when_its_stream_will_not_claim(
+    database_url: str,
+) -> None:
+    """WakeHub.watch, the future a StreamingReceive waits on beside its other sources:
+    a wake-up goes to one watcher at a time, in order; a watcher that ends without
+    claiming (its stream ends) hands the wake-up to the next; a watch asked for after a
+    wake-up it has not seen returns None; shutting down ends every watch. Watching and
+    waking need no LISTEN connection, so the hub is not started."""
+    hub = WakeHub(database_url)
+    seen = hub.generation("q")
+    first, second = hub.watch("q", seen), hub.watch("q", seen)
+    assert first is not None
+    assert second is not None
+    hub.wake("q")
+    assert first.done()
+    assert not second.done()
+    hub.unwatch("q", first, pass_on=True)
+    assert second.done()
+    assert hub.watch("q", seen) is None  # woken since `seen`: claim, do not wait
+    hub.unwatch("q", second)  # claims: nothing to hand on
+
+    third = hub.watch("q", hub.generation("q"))
+    assert third is not None
+    closed = hub.closed()
+    await hub.close()
+    assert third.done()
+    assert closed.done()
+    assert hub.watch("q", hub.generation("q")) is None
+    hub.unwatch("q", third)

@@ -26,10 +26,19 @@ class CountingEngine(Engine):
     """The real engine, counting its claims and noting the receive floors it computes."""
 
     claims = 0
+    looks = 0  # at when a queue's next message becomes visible
+    # While set and not open, a look at the next visible time waits for it to open.
+    look_gate: asyncio.Event | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.floors: list[tuple[datetime, datetime]] = []  # (asked at, floor)
+
+    async def next_visible_at(self, *args: Any, **kwargs: Any) -> Any:
+        self.looks += 1
+        if self.look_gate is not None:
+            await self.look_gate.wait()
+        return await super().next_visible_at(*args, **kwargs)
 
     async def receive(self, *args: Any, **kwargs: Any) -> Any:
         self.claims += 1
@@ -122,6 +131,36 @@ async def _bodies(call: Any) -> list[bytes]:
         batch = response.batch if isinstance(response, pb.StreamingReceiveResponse) else response
         if batch.messages:
             return [m.body for m in batch.messages]
+
+
+async def test_a_streaming_receive_takes_messages_while_it_looks_at_the_next_visible_time(
+    in_process: InProcess, queue_name: str
+) -> None:
+    """A stream that claimed fewer than it asked for looks up when the queue's next
+    message becomes visible (for its timer) beside its wait, not before it: a send that
+    commits during that query reaches the stream without waiting for it. Here every
+    look is held until the end, so each message can only come while one is under way;
+    before, the first look (after the claim of the empty queue) held the stream."""
+    gate = in_process.engine.look_gate = asyncio.Event()
+    call = await _streaming_receive(in_process.messages, queue_name)
+    try:
+        await in_process.until_claims(1)  # found the queue empty
+        for _ in range(250):
+            if in_process.engine.looks:
+                break
+            await asyncio.sleep(0.02)
+        assert in_process.engine.looks == 1
+        await in_process.until_listed(queue_name)
+        for body in (b"one", b"two"):
+            await in_process.engine.send_bodies(queue_name, [body])
+            # _bodies waits 5 s at most: generous for a loaded machine, and the held
+            # look would hold the message for ever.
+            assert await _bodies(call) == [body]
+        assert not gate.is_set()
+        assert in_process.engine.looks == 1  # still the first look, held
+    finally:
+        gate.set()
+        call.cancel()
 
 
 @pytest.mark.parametrize("opening", [_receive, _streaming_receive], ids=["Receive", "Streaming"])
@@ -407,3 +446,34 @@ async def test_a_send_after_the_listing_notifies(
         if call is not None:
             call.cancel()
         await observer.close()
+
+
+async def test_a_watch_hands_its_wake_up_on_when_its_stream_will_not_claim(
+    database_url: str,
+) -> None:
+    """WakeHub.watch, the future a StreamingReceive waits on beside its other sources:
+    a wake-up goes to one watcher at a time, in order; a watcher that ends without
+    claiming (its stream ends) hands the wake-up to the next; a watch asked for after a
+    wake-up it has not seen returns None; shutting down ends every watch. Watching and
+    waking need no LISTEN connection, so the hub is not started."""
+    hub = WakeHub(database_url)
+    seen = hub.generation("q")
+    first, second = hub.watch("q", seen), hub.watch("q", seen)
+    assert first is not None
+    assert second is not None
+    hub.wake("q")
+    assert first.done()
+    assert not second.done()
+    hub.unwatch("q", first, pass_on=True)
+    assert second.done()
+    assert hub.watch("q", seen) is None  # woken since `seen`: claim, do not wait
+    hub.unwatch("q", second)  # claims: nothing to hand on
+
+    third = hub.watch("q", hub.generation("q"))
+    assert third is not None
+    closed = hub.closed()
+    await hub.close()
+    assert third.done()
+    assert closed.done()
+    assert hub.watch("q", hub.generation("q")) is None
+    hub.unwatch("q", third)

@@ -90,7 +90,6 @@ class GroupCommit(Generic[Item, Result]):
         self._max_size = max_size
         self._waiting: list[_Waiting[Item, Result]] = []
         self._committing = False
-        self._flush_due = False
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def write(self, destination: str, item: Item) -> Result:
@@ -98,10 +97,14 @@ class GroupCommit(Generic[Item, Result]):
         loop = asyncio.get_running_loop()
         waiting: _Waiting[Item, Result] = _Waiting(destination, item, loop.create_future())
         self._waiting.append(waiting)
-        if not self._committing and not self._flush_due:
-            # Idle database: go now, after the other writes of this loop turn joined.
-            self._flush_due = True
-            loop.call_soon(self._flush)
+        if not self._committing:
+            # Idle database: go now. The task's first step runs on the loop's next
+            # turn, so the other writes of this turn join the group; a lone write
+            # waits that one turn, no timer.
+            self._committing = True
+            task = asyncio.create_task(self._commit_waiting())
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
         observer = self._engine.observer
         observer.group_waiting(1)
         try:
@@ -109,17 +112,21 @@ class GroupCommit(Generic[Item, Result]):
         finally:
             observer.group_waiting(-1)
 
-    def _flush(self) -> None:
-        self._flush_due = False
-        while self._waiting and not self._committing:
-            group, self._waiting = self._waiting[: self._max_size], self._waiting[self._max_size :]
-            group = [w for w in group if not w.future.done()]  # callers gone before writing
-            if not group:
-                continue
-            self._committing = True
-            task = asyncio.create_task(self._commit(group))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+    async def _commit_waiting(self) -> None:
+        """Commits groups one after another while writes wait: those that arrived while
+        a group was at the database go next, in this task (no hop to another)."""
+        try:
+            while self._waiting:
+                group = self._waiting[: self._max_size]
+                self._waiting = self._waiting[self._max_size :]
+                group = [w for w in group if not w.future.done()]  # callers gone before writing
+                if group:
+                    await self._commit(group)
+                    # The callers just answered (and the streams their sends wake) go
+                    # first: sending the next group's statement would hold them up.
+                    await asyncio.sleep(0)
+        finally:
+            self._committing = False
 
     async def _commit(self, group: list[_Waiting[Item, Result]]) -> None:
         self._engine.observer.group_committed(len(group))
@@ -132,9 +139,6 @@ class GroupCommit(Generic[Item, Result]):
         else:
             for waiting, outcome in zip(group, outcomes, strict=True):
                 waiting.settle(outcome)
-        finally:
-            self._committing = False
-            self._flush()  # the next group filled up while this one committed
 
     async def _run(self, group: list[_Waiting[Item, Result]]) -> list[Result | ApiError]:
         async with self._engine.connection() as conn:

@@ -119,6 +119,7 @@ class WakeHub:
         self._tasks: list[asyncio.Task[None]] = []
         self._connected = asyncio.Event()
         self._closed = asyncio.Event()
+        self._closed_future: asyncio.Future[None] | None = None
         self.closing = False
 
     @property
@@ -133,6 +134,15 @@ class WakeHub:
     async def until_closed(self) -> None:
         """Returns once the server shuts down (see close)."""
         await self._closed.wait()
+
+    def closed(self) -> asyncio.Future[None]:
+        """A future done once the server shuts down, for callers that add a callback to it
+        rather than wait in a task of their own (see until_closed)."""
+        if self._closed_future is None:
+            self._closed_future = asyncio.get_running_loop().create_future()
+            if self.closing:
+                self._closed_future.set_result(None)
+        return self._closed_future
 
     def on_signal(self, kind: str, callback: Callable[[], None]) -> None:
         """Calls `callback` whenever the engine signals work of that kind (see _signal)."""
@@ -156,6 +166,8 @@ class WakeHub:
         """Ends every wait at once (streams see `closing`) and stops listening."""
         self.closing = True
         self._closed.set()
+        if self._closed_future is not None and not self._closed_future.done():
+            self._closed_future.set_result(None)
         for queue in list(self._queues):
             self.wake(queue, everyone=True)
         for task in self._tasks:
@@ -170,10 +182,30 @@ class WakeHub:
 
     async def wait(self, queue: str, seen_generation: int, timeout: float | None) -> None:
         """Sleeps until the queue is woken after `seen_generation`, or the timeout passes."""
+        waiter = self.watch(queue, seen_generation)
+        if waiter is None:
+            return
+        try:
+            await asyncio.wait_for(asyncio.shield(waiter), timeout)
+        except asyncio.TimeoutError:
+            pass
+        except asyncio.CancelledError:
+            self.unwatch(queue, waiter, pass_on=True)  # this stream will not poll
+            raise
+        finally:
+            self.unwatch(queue, waiter)
+
+    def watch(self, queue: str, seen_generation: int) -> asyncio.Future[None] | None:
+        """What `wait` waits on, for a caller that waits on other things too: a future
+        done once the queue is woken after `seen_generation` (or the hub closes); None
+        if that has happened already. Every future returned goes back through unwatch.
+
+        A caller that waits on its own future and a task's `wait` together pays for
+        the task's hops on every wake-up; a callback on this future costs one."""
         if self.closing:
-            return
+            return None
         if self._generations.get(queue, 0) != seen_generation:
-            return
+            return None
         state = self._queues.setdefault(queue, _QueueWaiters())
         loop = asyncio.get_running_loop()
         if queue in self._listed:
@@ -183,20 +215,20 @@ class WakeHub:
             self._list_requested.set()
         waiter: asyncio.Future[None] = loop.create_future()
         state.waiters.append(waiter)
-        try:
-            await asyncio.wait_for(asyncio.shield(waiter), timeout)
-        except asyncio.TimeoutError:
-            pass
-        except asyncio.CancelledError:
-            if waiter.done() and not waiter.cancelled():
-                self.wake(queue)  # this stream will not poll: pass its wake-up on
-            raise
-        finally:
-            if not waiter.done():
-                waiter.cancel()
+        return waiter
+
+    def unwatch(self, queue: str, waiter: asyncio.Future[None], *, pass_on: bool = False) -> None:
+        """Ends a watch. `pass_on`: the caller will not claim, so a wake-up it was given
+        goes to the next stream waiting on the queue."""
+        if pass_on and waiter.done() and not waiter.cancelled():
+            self.wake(queue)
+        if not waiter.done():
+            waiter.cancel()
+        state = self._queues.get(queue)
+        if state is not None:
             with contextlib.suppress(ValueError):
                 state.waiters.remove(waiter)
-            self._forget_if_idle(queue)
+        self._forget_if_idle(queue)
 
     def wake(self, queue: str, *, everyone: bool = False) -> None:
         """Wakes the longest-waiting stream of the queue (or the next one to wait), or all."""

@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections import deque
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -38,6 +39,8 @@ from postbox_server.observability import tracing
 from postbox_server.services import convert
 from postbox_server.services.receive.claims import Claims, more_left
 from postbox_server.services.receive.prefetch import Prefetch
+
+log = logging.getLogger(__name__)
 
 DEFAULT_MAX_MESSAGES = 10
 MAX_OUTSTANDING = 10_000
@@ -90,6 +93,20 @@ class Opening:
         return cls(request.queue, max_messages, timeout, outstanding, request.consumer_id or None)
 
 
+class Stir(asyncio.Event):
+    """An Event that also calls the callbacks in `callbacks` when set: a waiter that
+    waits on several things adds a callback rather than a task per thing."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.callbacks: set[Callable[[], None]] = set()
+
+    def set(self) -> None:
+        super().set()
+        for callback in list(self.callbacks):
+            callback()
+
+
 class Outstanding:
     """Receipts delivered on one stream and not yet settled, with their lease deadlines.
 
@@ -101,7 +118,7 @@ class Outstanding:
     def __init__(self, registry: Prefetch) -> None:
         self._registry = registry
         self._deadlines: dict[str, float] = {}
-        self.freed = asyncio.Event()
+        self.freed = Stir()
 
     def delivered(self, receipts: Iterable[str], lease: float) -> None:
         deadline = asyncio.get_running_loop().time() + lease
@@ -168,6 +185,8 @@ class StreamingReceive:
         self.outstanding = Outstanding(registry)
         self.results: asyncio.Queue[pb.StreamingReceiveResponse] = asyncio.Queue()
         self._offer: Handoff | None = None
+        self._look: asyncio.Task[None] | None = None
+        self._look_again = False
 
     async def run(
         self, requests: AsyncIterator[pb.StreamingReceiveRequest]
@@ -187,6 +206,10 @@ class StreamingReceive:
             settling.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await settling
+            if self._look is not None:
+                self._look.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._look
             self.outstanding.close()
 
     async def _deliver(
@@ -225,10 +248,9 @@ class StreamingReceive:
             generation = self.hub.generation(queue)
             try:
                 rows = await self._claim(opening, want, handoff)
-                next_visible = None if rows else await self.claims.next_visible_at(queue)
             except ApiError as error:
                 if error.paused and not first_claim:
-                    rows, next_visible = [], None  # paused after it opened: wait on
+                    rows = []  # paused after it opened: wait on
                 elif error.paused:
                     raise
                 else:
@@ -252,21 +274,39 @@ class StreamingReceive:
                 if len(rows) == want or more_left(rows):
                     self.hub.wake(queue)  # there may be more: let another stream look too
                     continue
-                # Fewer than asked: nothing else was visible, so wait rather than claim
-                # again; a wake-up since `generation` ends the wait at once.
-                try:
-                    next_visible = await self.claims.next_visible_at(queue)
-                except ApiError as error:
-                    if not error.paused:
-                        await self.claims.ride_out(error)
-                        continue
-                    next_visible = None
-            if next_visible is not None:
-                self.hub.wake_at(queue, next_visible)
+            # Fewer than asked: nothing else was visible, so wait rather than claim
+            # again; a wake-up since `generation` ends the wait at once. When the next
+            # message becomes visible is looked up meanwhile, not before the wait: a
+            # send that commits during that query would wait for it too.
+            self._look_ahead(queue)
             exhausted_at = generation
             await self._until_stirred(
                 settling, self.outstanding.until_next_expiry(), (queue, generation)
             )
+
+    def _look_ahead(self, queue: str) -> None:
+        """Sets the queue's timer for when its next message becomes visible (delayed, or
+        in flight), in a task of its own; one look at a time, and once more if asked
+        again meanwhile (a claim since may have changed the answer)."""
+        if self._look is not None and not self._look.done():
+            self._look_again = True
+            return
+        self._look = asyncio.create_task(self._looking(queue))
+
+    async def _looking(self, queue: str) -> None:
+        again = True
+        while again:
+            self._look_again = False
+            try:
+                next_visible = await self.claims.next_visible_at(queue)
+            except ApiError as error:
+                # The next claim meets the same database and rides its error out;
+                # the hub's safety poll covers a timer this look could not set.
+                log.debug("no look at when %s's next message is visible: %s", queue, error)
+                return
+            if next_visible is not None:
+                self.hub.wake_at(queue, next_visible)
+            again = self._look_again
 
     def _take_offer(self) -> Handoff | None:
         """The settle task's pending deletes, now the generator's; they stop counting
@@ -302,19 +342,45 @@ class StreamingReceive:
         wake_up: tuple[str, int] | None = None,
     ) -> None:
         """Waits for settle results or freed room, the end of the settle task, a wake-up
-        of the queue (when given), the server's shutdown, or the timeout."""
-        waits: list[asyncio.Future[Any]] = [
-            asyncio.ensure_future(self.outstanding.freed.wait()),
-            asyncio.ensure_future(self.hub.until_closed()),
-        ]
+        of the queue (when given), the server's shutdown, or the timeout.
+
+        One future, set by a callback of each: a wake-up reaches the claim after one
+        hop of the event loop, not the several of a task per source and their
+        cancelling (a send's latency pays for each hop while the loop is busy)."""
+        watching = None
         if wake_up is not None:
-            waits.append(asyncio.ensure_future(self.hub.wait(*wake_up, timeout)))
+            watching = self.hub.watch(*wake_up)
+            if watching is None:
+                return  # woken since, or shutting down
+        loop = asyncio.get_running_loop()
+        stirred: asyncio.Future[None] = loop.create_future()
+
+        def stir(_: object = None) -> None:
+            if not stirred.done():
+                stirred.set_result(None)
+
+        freed, closed = self.outstanding.freed, self.hub.closed()
+        sources: list[asyncio.Future[Any]] = [settling, closed]
+        if watching is not None:
+            sources.append(watching)
+        for source in sources:
+            source.add_done_callback(stir)
+        freed.callbacks.add(stir)
+        timer = loop.call_later(timeout, stir) if timeout is not None else None
         try:
-            await asyncio.wait([settling, *waits], timeout=timeout, return_when="FIRST_COMPLETED")
+            if freed.is_set():
+                return
+            await stirred
         finally:
-            for wait in waits:
-                wait.cancel()
-            await asyncio.gather(*waits, return_exceptions=True)
+            if timer is not None:
+                timer.cancel()
+            freed.callbacks.discard(stir)
+            for source in sources:
+                source.remove_done_callback(stir)
+            if watching is not None and wake_up is not None:
+                # A wake-up taken by a stream that ends (or stops) goes on to the next.
+                ending = settling.done() or not stirred.done()
+                self.hub.unwatch(wake_up[0], watching, pass_on=ending)
 
     async def _settle_all(
         self,

@@ -494,6 +494,106 @@ def test_http_subscription_confirms_by_its_subscribe_url_then_gets_signed_posts(
         sns.delete_topic(TopicArn=topic)
 
 
+def test_unsubscribe_confirmation_s_subscribe_url_restores_the_subscription_once(
+    webhook_shim, request
+):
+    import urllib.error
+    import urllib.request
+
+    sns = sns_client(webhook_shim.endpoint)
+    topic = sns.create_topic(Name=unique_name(request.node.name))["TopicArn"]
+    policy = json.dumps({"k": ["v"]})
+    matching = {"k": {"DataType": "String", "StringValue": "v"}}
+    try:
+        with _Endpoint() as endpoint:
+            sns.subscribe(TopicArn=topic, Protocol="http", Endpoint=endpoint.url)
+            ((_, body),) = eventually(
+                lambda: endpoint.of_type("SubscriptionConfirmation"), what="the confirmation"
+            )
+            token = json.loads(body)["Token"]
+            arn = sns.confirm_subscription(TopicArn=topic, Token=token)["SubscriptionArn"]
+            sns.set_subscription_attributes(
+                SubscriptionArn=arn, AttributeName="RawMessageDelivery", AttributeValue="true"
+            )
+            sns.set_subscription_attributes(
+                SubscriptionArn=arn, AttributeName="FilterPolicy", AttributeValue=policy
+            )
+            sns.unsubscribe(SubscriptionArn=arn)
+            ((_, body),) = eventually(
+                lambda: endpoint.of_type("UnsubscribeConfirmation"), what="the unsubscribe"
+            )
+            unsubscribed = json.loads(body)
+            # Gone for the SNS API until restored; publishes pass it by meanwhile.
+            assert sns.list_subscriptions_by_topic(TopicArn=topic)["Subscriptions"] == []
+            assert arn not in [
+                s["SubscriptionArn"] for s in sns.list_subscriptions()["Subscriptions"]
+            ]
+            error = _error(sns.get_subscription_attributes, SubscriptionArn=arn)
+            assert error.response["Error"]["Code"] == "NotFound"
+            assert _error(sns.unsubscribe, SubscriptionArn=arn).response["Error"]["Code"] == (
+                "NotFound"
+            )
+            counts = sns.get_topic_attributes(TopicArn=topic)["Attributes"]
+            assert (counts["SubscriptionsConfirmed"], counts["SubscriptionsDeleted"]) == ("0", "1")
+            sns.publish(TopicArn=topic, Message="while away", MessageAttributes=matching)
+
+            # The endpoint visits SubscribeURL, as AWS's message says to restore it.
+            with urllib.request.urlopen(unsubscribed["SubscribeURL"], timeout=10) as visit:
+                assert visit.status == 200
+                assert arn.encode() in visit.read()
+            (listed,) = sns.list_subscriptions_by_topic(TopicArn=topic)["Subscriptions"]
+            assert (listed["SubscriptionArn"], listed["Endpoint"]) == (arn, endpoint.url)
+            attributes = sns.get_subscription_attributes(SubscriptionArn=arn)["Attributes"]
+            assert attributes["RawMessageDelivery"] == "true"
+            assert json.loads(attributes["FilterPolicy"]) == {"k": ["v"]}
+            assert attributes["PendingConfirmation"] == "false"
+            assert not [k for k in attributes if k.startswith("postbox:")]
+
+            # Delivers again, raw and filtered as before.
+            sns.publish(TopicArn=topic, Message="filtered out")
+            sns.publish(TopicArn=topic, Message="back", MessageAttributes=matching)
+            ((headers, body),) = eventually(
+                lambda: endpoint.of_type("Notification"), what="the notification"
+            )
+            assert (body, headers["x-amz-sns-subscription-arn"]) == (b"back", arn)
+
+            # The token restores once: then, as an unknown token, in AWS's words.
+            for visit in (
+                lambda: sns.confirm_subscription(TopicArn=topic, Token=unsubscribed["Token"]),
+                lambda: urllib.request.urlopen(unsubscribed["SubscribeURL"], timeout=10),
+            ):
+                with pytest.raises((ClientError, urllib.error.HTTPError)) as caught:
+                    visit()
+                if isinstance(caught.value, ClientError):
+                    assert caught.value.response["Error"]["Message"] == "Invalid parameter: Token"
+                else:
+                    assert caught.value.code == 400
+                    assert b"Invalid parameter: Token" in caught.value.read()
+            # The SubscriptionConfirmation's own token still answers the subscription.
+            assert sns.confirm_subscription(TopicArn=topic, Token=token)["SubscriptionArn"] == arn
+
+            # A topic deleted meanwhile: the token restores nothing.
+            sns.unsubscribe(SubscriptionArn=arn)
+            again = json.loads(
+                eventually(
+                    lambda: (
+                        (found := endpoint.of_type("UnsubscribeConfirmation"))
+                        and len(found) == 2
+                        and found
+                    ),
+                    what="the second unsubscribe",
+                )[1][1]
+            )
+            sns.delete_topic(TopicArn=topic)
+            sns.create_topic(Name=topic.rsplit(":", 1)[1])
+            error = _error(sns.confirm_subscription, TopicArn=topic, Token=again["Token"])
+            assert error.response["Error"]["Message"] == "Invalid parameter: Token"
+            assert sns.list_subscriptions_by_topic(TopicArn=topic)["Subscriptions"] == []
+            assert [p for p in endpoint.posts if b"while away" in p[1]] == []
+    finally:
+        sns.delete_topic(TopicArn=topic)
+
+
 def test_auto_confirmed_endpoints_skip_the_handshake(server, request):
     with _Endpoint() as endpoint:
         shim = SqsShimProcess(

@@ -594,6 +594,67 @@ def test_unsubscribe_confirmation_s_subscribe_url_restores_the_subscription_once
         sns.delete_topic(TopicArn=topic)
 
 
+def test_an_unsubscribe_token_restores_nothing_once_expired_or_subscribed_again(
+    webhook_shim, channel, request
+):
+    import grpc
+    from google.protobuf import field_mask_pb2
+    from postbox.v1 import topic_service_pb2 as pb
+    from postbox.v1 import topic_service_pb2_grpc
+
+    topics = topic_service_pb2_grpc.TopicServiceStub(channel)
+    sns = sns_client(webhook_shim.endpoint)
+    topic = sns.create_topic(Name=unique_name(request.node.name))["TopicArn"]
+    name = topic.rsplit(":", 1)[1]
+
+    def unsubscribed_token(endpoint: _Endpoint) -> tuple[str, str]:
+        """Subscribes, confirms and unsubscribes the endpoint: (ARN, the restore token)."""
+        seen = len(endpoint.of_type("UnsubscribeConfirmation"))
+        asked = len(endpoint.of_type("SubscriptionConfirmation"))
+        sns.subscribe(TopicArn=topic, Protocol="http", Endpoint=endpoint.url)
+        confirmation = eventually(
+            lambda: endpoint.of_type("SubscriptionConfirmation")[asked:], what="a confirmation"
+        )[0]
+        token = json.loads(confirmation[1])["Token"]
+        arn = sns.confirm_subscription(TopicArn=topic, Token=token)["SubscriptionArn"]
+        sns.unsubscribe(SubscriptionArn=arn)
+        posted = eventually(
+            lambda: endpoint.of_type("UnsubscribeConfirmation")[seen:], what="the unsubscribe"
+        )[0]
+        return arn, json.loads(posted[1])["Token"]
+
+    try:
+        with _Endpoint() as endpoint:
+            # Past its restore period (set so through the gRPC API, as 3 days would be).
+            arn, token = unsubscribed_token(endpoint)
+            kept = topics.GetSubscription(
+                pb.GetSubscriptionRequest(topic=name, name=arn.rsplit(":", 1)[1])
+            ).subscription
+            assert kept.suspended
+            kept.sns_delivery.attributes["postbox:RestoreUntil"] = "1"
+            topics.UpdateSubscription(
+                pb.UpdateSubscriptionRequest(
+                    subscription=kept,
+                    update_mask=field_mask_pb2.FieldMask(paths=["sns_delivery"]),
+                )
+            )
+            error = _error(sns.confirm_subscription, TopicArn=topic, Token=token)
+            assert error.response["Error"]["Message"] == "Invalid parameter: Token"
+            with pytest.raises(grpc.RpcError) as gone:
+                topics.GetSubscription(pb.GetSubscriptionRequest(topic=name, name=kept.name))
+            assert gone.value.code() == grpc.StatusCode.NOT_FOUND
+
+            # Subscribing the endpoint again ends the restore of the unsubscribed one.
+            arn, token = unsubscribed_token(endpoint)
+            sns.subscribe(TopicArn=topic, Protocol="http", Endpoint=endpoint.url)
+            error = _error(sns.confirm_subscription, TopicArn=topic, Token=token)
+            assert error.response["Error"]["Message"] == "Invalid parameter: Token"
+            (listed,) = sns.list_subscriptions_by_topic(TopicArn=topic)["Subscriptions"]
+            assert listed["SubscriptionArn"] == "PendingConfirmation"
+    finally:
+        sns.delete_topic(TopicArn=topic)
+
+
 def test_auto_confirmed_endpoints_skip_the_handshake(server, request):
     with _Endpoint() as endpoint:
         shim = SqsShimProcess(

@@ -379,6 +379,8 @@ class _Endpoint:
 
     def __init__(self) -> None:
         self.posts: list[tuple[dict[str, str], bytes]] = []
+        # While set, notifications get a 500 (so their deliveries stay, retrying).
+        self.failing = False
         self.loop = asyncio.new_event_loop()
         self.ready = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
@@ -390,6 +392,8 @@ class _Endpoint:
 
         async def record(request: web.Request) -> web.Response:
             self.posts.append((dict(request.headers), await request.read()))
+            if self.failing and request.headers.get("x-amz-sns-message-type") == "Notification":
+                return web.Response(status=500)
             return web.Response(text="ok")
 
         app.router.add_post("/hook", record)
@@ -623,10 +627,34 @@ def test_an_unsubscribe_token_restores_nothing_once_expired_or_subscribed_again(
         )[0]
         return arn, json.loads(posted[1])["Token"]
 
+    def deliveries(subscription: str) -> list:
+        request = pb.ListWebhookDeliveriesRequest(topic=name, subscription=subscription)
+        return list(topics.ListWebhookDeliveries(request).deliveries)
+
     try:
         with _Endpoint() as endpoint:
+            # A delivery retrying at Unsubscribe goes, as the subscription's did before
+            # (its restore brings back the subscription, not what it was sent).
+            endpoint.failing = True
+            sns.subscribe(TopicArn=topic, Protocol="http", Endpoint=endpoint.url)
+            ((_, body),) = eventually(
+                lambda: endpoint.of_type("SubscriptionConfirmation"), what="a confirmation"
+            )
+            arn = sns.confirm_subscription(TopicArn=topic, Token=json.loads(body)["Token"])[
+                "SubscriptionArn"
+            ]
+            sns.publish(TopicArn=topic, Message="refused")
+            eventually(lambda: endpoint.of_type("Notification"), what="a refused attempt")
+            assert len(deliveries(arn.rsplit(":", 1)[1])) == 1
+            sns.unsubscribe(SubscriptionArn=arn)
+            assert deliveries(arn.rsplit(":", 1)[1]) == []
+            endpoint.failing = False
+            ((_, body),) = eventually(
+                lambda: endpoint.of_type("UnsubscribeConfirmation"), what="the unsubscribe"
+            )
+            token = json.loads(body)["Token"]
+
             # Past its restore period (set so through the gRPC API, as 3 days would be).
-            arn, token = unsubscribed_token(endpoint)
             kept = topics.GetSubscription(
                 pb.GetSubscriptionRequest(topic=name, name=arn.rsplit(":", 1)[1])
             ).subscription

@@ -380,19 +380,25 @@ async def _subscription(call: Call) -> pb.Subscription:
 @action("Unsubscribe")
 async def unsubscribe(call: Call) -> Result:
     subscription = await _subscription(call)
-    if not subscription.HasField("webhook") or subscription.suspended:
-        await _delete(call, subscription)
-    else:
+    await _delete(call, subscription)  # and its pending deliveries, as on AWS
+    if subscription.HasField("webhook") and not subscription.suspended:
         # As SNS: the endpoint hears that it was unsubscribed, and the token it gets
-        # restores the subscription within RESTORE_PERIOD. Till then the subscription
-        # stays suspended (publishes pass it by), with the token's digest, hidden from
-        # the SNS API; Subscribe drops it once the period is over.
+        # restores the subscription within RESTORE_PERIOD. Till then a copy stays, of
+        # the same name (so ARN), suspended (publishes pass it by), with the token's
+        # digest, hidden from the SNS API; Subscribe drops it once the period is over.
+        # Its webhook secret is a new one, which the SNS API never shows anyway.
         secret = secrets.token_hex(32)
-        attributes = subscription.sns_delivery.attributes
-        attributes[_RESTORE_DIGEST] = _digest(secret)
-        attributes[_RESTORE_UNTIL] = str(int(time.time()) + RESTORE_PERIOD)
-        subscription.suspended = True
-        await _update_delivery(call, subscription)
+        kept = pb.Subscription()
+        kept.CopyFrom(subscription)
+        kept.ClearField("create_time")
+        kept.webhook.secret = ""
+        kept.sns_delivery.attributes[_RESTORE_DIGEST] = _digest(secret)
+        kept.sns_delivery.attributes[_RESTORE_UNTIL] = str(int(time.time()) + RESTORE_PERIOD)
+        kept.suspended = True
+        await rpc(
+            call, call.backend.topics.CreateSubscription,
+            pb.CreateSubscriptionRequest(subscription=kept),
+        )  # fmt: skip
         topic_arn = subscription.sns_delivery.topic_arn or arns.topic_arn(
             call.settings, subscription.topic
         )

@@ -73,9 +73,10 @@ _TOKEN_DIGEST = "postbox:ConfirmationTokenSha256"
 _CONFIRMED_DIGEST = "postbox:ConfirmedTokenSha256"
 
 
-# An unsubscribed http/https subscription stays, suspended and hidden from the SNS API,
-# until its UnsubscribeConfirmation's token restores it or RESTORE_PERIOD has passed:
-# the digest of that token, and the Unix time it stops restoring.
+# An unsubscribed http/https subscription leaves a suspended copy of the same name,
+# hidden from the SNS API, until its UnsubscribeConfirmation's token restores it or
+# RESTORE_PERIOD has passed: the copy keeps the digest of that token, and the Unix time
+# it stops restoring.
 _RESTORE_DIGEST = "postbox:RestoreTokenSha256"
 _RESTORE_UNTIL = "postbox:RestoreUntil"
 

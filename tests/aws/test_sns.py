@@ -379,6 +379,8 @@ class _Endpoint:
 
     def __init__(self) -> None:
         self.posts: list[tuple[dict[str, str], bytes]] = []
+        # While set, notifications get a 500 (so their deliveries stay, retrying).
+        self.failing = False
         self.loop = asyncio.new_event_loop()
         self.ready = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
@@ -390,6 +392,8 @@ class _Endpoint:
 
         async def record(request: web.Request) -> web.Response:
             self.posts.append((dict(request.headers), await request.read()))
+            if self.failing and request.headers.get("x-amz-sns-message-type") == "Notification":
+                return web.Response(status=500)
             return web.Response(text="ok")
 
         app.router.add_post("/hook", record)
@@ -490,6 +494,191 @@ def test_http_subscription_confirms_by_its_subscribe_url_then_gets_signed_posts(
             assert headers["Content-Type"].startswith("text/plain")
             # Signed as every postbox webhook is (Standard Webhooks).
             assert headers["webhook-signature"].startswith("v1,")
+    finally:
+        sns.delete_topic(TopicArn=topic)
+
+
+def test_unsubscribe_confirmation_s_subscribe_url_restores_the_subscription_once(
+    webhook_shim, request
+):
+    import urllib.error
+    import urllib.request
+
+    sns = sns_client(webhook_shim.endpoint)
+    topic = sns.create_topic(Name=unique_name(request.node.name))["TopicArn"]
+    policy = json.dumps({"k": ["v"]})
+    matching = {"k": {"DataType": "String", "StringValue": "v"}}
+    try:
+        with _Endpoint() as endpoint:
+            sns.subscribe(TopicArn=topic, Protocol="http", Endpoint=endpoint.url)
+            ((_, body),) = eventually(
+                lambda: endpoint.of_type("SubscriptionConfirmation"), what="the confirmation"
+            )
+            token = json.loads(body)["Token"]
+            arn = sns.confirm_subscription(TopicArn=topic, Token=token)["SubscriptionArn"]
+            sns.set_subscription_attributes(
+                SubscriptionArn=arn, AttributeName="RawMessageDelivery", AttributeValue="true"
+            )
+            sns.set_subscription_attributes(
+                SubscriptionArn=arn, AttributeName="FilterPolicy", AttributeValue=policy
+            )
+            sns.unsubscribe(SubscriptionArn=arn)
+            ((_, body),) = eventually(
+                lambda: endpoint.of_type("UnsubscribeConfirmation"), what="the unsubscribe"
+            )
+            unsubscribed = json.loads(body)
+            # Gone for the SNS API until restored; publishes pass it by meanwhile.
+            assert sns.list_subscriptions_by_topic(TopicArn=topic)["Subscriptions"] == []
+            assert arn not in [
+                s["SubscriptionArn"] for s in sns.list_subscriptions()["Subscriptions"]
+            ]
+            error = _error(sns.get_subscription_attributes, SubscriptionArn=arn)
+            assert error.response["Error"]["Code"] == "NotFound"
+            assert _error(sns.unsubscribe, SubscriptionArn=arn).response["Error"]["Code"] == (
+                "NotFound"
+            )
+            counts = sns.get_topic_attributes(TopicArn=topic)["Attributes"]
+            assert (counts["SubscriptionsConfirmed"], counts["SubscriptionsDeleted"]) == ("0", "1")
+            sns.publish(TopicArn=topic, Message="while away", MessageAttributes=matching)
+
+            # The endpoint visits SubscribeURL, as AWS's message says to restore it.
+            with urllib.request.urlopen(unsubscribed["SubscribeURL"], timeout=10) as visit:
+                assert visit.status == 200
+                assert arn.encode() in visit.read()
+            (listed,) = sns.list_subscriptions_by_topic(TopicArn=topic)["Subscriptions"]
+            assert (listed["SubscriptionArn"], listed["Endpoint"]) == (arn, endpoint.url)
+            attributes = sns.get_subscription_attributes(SubscriptionArn=arn)["Attributes"]
+            assert attributes["RawMessageDelivery"] == "true"
+            assert json.loads(attributes["FilterPolicy"]) == {"k": ["v"]}
+            assert attributes["PendingConfirmation"] == "false"
+            assert not [k for k in attributes if k.startswith("postbox:")]
+
+            # Delivers again, raw and filtered as before.
+            sns.publish(TopicArn=topic, Message="filtered out")
+            sns.publish(TopicArn=topic, Message="back", MessageAttributes=matching)
+            ((headers, body),) = eventually(
+                lambda: endpoint.of_type("Notification"), what="the notification"
+            )
+            assert (body, headers["x-amz-sns-subscription-arn"]) == (b"back", arn)
+
+            # The token restores once: then, as an unknown token, in AWS's words.
+            for visit in (
+                lambda: sns.confirm_subscription(TopicArn=topic, Token=unsubscribed["Token"]),
+                lambda: urllib.request.urlopen(unsubscribed["SubscribeURL"], timeout=10),
+            ):
+                with pytest.raises((ClientError, urllib.error.HTTPError)) as caught:
+                    visit()
+                if isinstance(caught.value, ClientError):
+                    assert caught.value.response["Error"]["Message"] == "Invalid parameter: Token"
+                else:
+                    assert caught.value.code == 400
+                    assert b"Invalid parameter: Token" in caught.value.read()
+            # The SubscriptionConfirmation's own token still answers the subscription.
+            assert sns.confirm_subscription(TopicArn=topic, Token=token)["SubscriptionArn"] == arn
+
+            # A topic deleted meanwhile: the token restores nothing.
+            sns.unsubscribe(SubscriptionArn=arn)
+            again = json.loads(
+                eventually(
+                    lambda: (
+                        (found := endpoint.of_type("UnsubscribeConfirmation"))
+                        and len(found) == 2
+                        and found
+                    ),
+                    what="the second unsubscribe",
+                )[1][1]
+            )
+            sns.delete_topic(TopicArn=topic)
+            sns.create_topic(Name=topic.rsplit(":", 1)[1])
+            error = _error(sns.confirm_subscription, TopicArn=topic, Token=again["Token"])
+            assert error.response["Error"]["Message"] == "Invalid parameter: Token"
+            assert sns.list_subscriptions_by_topic(TopicArn=topic)["Subscriptions"] == []
+            assert [p for p in endpoint.posts if b"while away" in p[1]] == []
+    finally:
+        sns.delete_topic(TopicArn=topic)
+
+
+def test_an_unsubscribe_token_restores_nothing_once_expired_or_subscribed_again(
+    webhook_shim, channel, request
+):
+    import grpc
+    from google.protobuf import field_mask_pb2
+    from postbox.v1 import topic_service_pb2 as pb
+    from postbox.v1 import topic_service_pb2_grpc
+
+    topics = topic_service_pb2_grpc.TopicServiceStub(channel)
+    sns = sns_client(webhook_shim.endpoint)
+    topic = sns.create_topic(Name=unique_name(request.node.name))["TopicArn"]
+    name = topic.rsplit(":", 1)[1]
+
+    def unsubscribed_token(endpoint: _Endpoint) -> tuple[str, str]:
+        """Subscribes, confirms and unsubscribes the endpoint: (ARN, the restore token)."""
+        seen = len(endpoint.of_type("UnsubscribeConfirmation"))
+        asked = len(endpoint.of_type("SubscriptionConfirmation"))
+        sns.subscribe(TopicArn=topic, Protocol="http", Endpoint=endpoint.url)
+        confirmation = eventually(
+            lambda: endpoint.of_type("SubscriptionConfirmation")[asked:], what="a confirmation"
+        )[0]
+        token = json.loads(confirmation[1])["Token"]
+        arn = sns.confirm_subscription(TopicArn=topic, Token=token)["SubscriptionArn"]
+        sns.unsubscribe(SubscriptionArn=arn)
+        posted = eventually(
+            lambda: endpoint.of_type("UnsubscribeConfirmation")[seen:], what="the unsubscribe"
+        )[0]
+        return arn, json.loads(posted[1])["Token"]
+
+    def deliveries(subscription: str) -> list:
+        request = pb.ListWebhookDeliveriesRequest(topic=name, subscription=subscription)
+        return list(topics.ListWebhookDeliveries(request).deliveries)
+
+    try:
+        with _Endpoint() as endpoint:
+            # A delivery retrying at Unsubscribe goes, as the subscription's did before
+            # (its restore brings back the subscription, not what it was sent).
+            endpoint.failing = True
+            sns.subscribe(TopicArn=topic, Protocol="http", Endpoint=endpoint.url)
+            ((_, body),) = eventually(
+                lambda: endpoint.of_type("SubscriptionConfirmation"), what="a confirmation"
+            )
+            arn = sns.confirm_subscription(TopicArn=topic, Token=json.loads(body)["Token"])[
+                "SubscriptionArn"
+            ]
+            sns.publish(TopicArn=topic, Message="refused")
+            eventually(lambda: endpoint.of_type("Notification"), what="a refused attempt")
+            assert len(deliveries(arn.rsplit(":", 1)[1])) == 1
+            sns.unsubscribe(SubscriptionArn=arn)
+            assert deliveries(arn.rsplit(":", 1)[1]) == []
+            endpoint.failing = False
+            ((_, body),) = eventually(
+                lambda: endpoint.of_type("UnsubscribeConfirmation"), what="the unsubscribe"
+            )
+            token = json.loads(body)["Token"]
+
+            # Past its restore period (set so through the gRPC API, as 3 days would be).
+            kept = topics.GetSubscription(
+                pb.GetSubscriptionRequest(topic=name, name=arn.rsplit(":", 1)[1])
+            ).subscription
+            assert kept.suspended
+            kept.sns_delivery.attributes["postbox:RestoreUntil"] = "1"
+            topics.UpdateSubscription(
+                pb.UpdateSubscriptionRequest(
+                    subscription=kept,
+                    update_mask=field_mask_pb2.FieldMask(paths=["sns_delivery"]),
+                )
+            )
+            error = _error(sns.confirm_subscription, TopicArn=topic, Token=token)
+            assert error.response["Error"]["Message"] == "Invalid parameter: Token"
+            with pytest.raises(grpc.RpcError) as gone:
+                topics.GetSubscription(pb.GetSubscriptionRequest(topic=name, name=kept.name))
+            assert gone.value.code() == grpc.StatusCode.NOT_FOUND
+
+            # Subscribing the endpoint again ends the restore of the unsubscribed one.
+            arn, token = unsubscribed_token(endpoint)
+            sns.subscribe(TopicArn=topic, Protocol="http", Endpoint=endpoint.url)
+            error = _error(sns.confirm_subscription, TopicArn=topic, Token=token)
+            assert error.response["Error"]["Message"] == "Invalid parameter: Token"
+            (listed,) = sns.list_subscriptions_by_topic(TopicArn=topic)["Subscriptions"]
+            assert listed["SubscriptionArn"] == "PendingConfirmation"
     finally:
         sns.delete_topic(TopicArn=topic)
 

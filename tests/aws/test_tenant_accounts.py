@@ -73,7 +73,8 @@ def world(admin_url: str) -> Iterator[World]:
     try:
         server = ServerProcess(url, metrics=True).start()
         admin_secret = bootstrap_key(url, "root", "admin:*")
-        shim = SqsShimProcess(server.target).start()
+        # Loopback webhooks allowed: the http endpoints of tests here are on 127.0.0.1.
+        shim = SqsShimProcess(server.target, "--webhook-allow-cidr", "127.0.0.0/8").start()
         with grpc.insecure_channel(server.target) as channel:
             access = access_service_pb2_grpc.AccessServiceStub(channel)
             admin = bearer(admin_secret)
@@ -334,3 +335,36 @@ def test_a_wrong_secret_learns_nothing_of_a_keys_account(world: World) -> None:
             )
         )
         assert refused[0] == "SignatureDoesNotMatch", (url, refused)
+
+
+def test_an_unsubscribe_token_restores_the_subscription_in_its_tenant(world: World) -> None:
+    from test_sns import _Endpoint
+
+    acme, globex = world.tenants[ACME], world.tenants[GLOBEX]
+    topic = acme.sns.create_topic(Name="restored")["TopicArn"]
+    globex.sns.create_topic(Name="restored")
+    with _Endpoint() as endpoint:
+        acme.sns.subscribe(TopicArn=topic, Protocol="http", Endpoint=endpoint.url)
+        ((_, body),) = eventually(
+            lambda: endpoint.of_type("SubscriptionConfirmation"), what="the confirmation"
+        )
+        arn = acme.sns.confirm_subscription(TopicArn=topic, Token=json.loads(body)["Token"])[
+            "SubscriptionArn"
+        ]
+        acme.sns.unsubscribe(SubscriptionArn=arn)
+        ((_, body),) = eventually(
+            lambda: endpoint.of_type("UnsubscribeConfirmation"), what="the unsubscribe"
+        )
+        unsubscribed = json.loads(body)
+        # Another tenant's topic of that name: the token restores nothing there.
+        foreign = topic.replace(acme.account, globex.account)
+        assert _error(
+            lambda: globex.sns.confirm_subscription(TopicArn=foreign, Token=unsubscribed["Token"])
+        ) == ("InvalidParameter", "Invalid parameter: Token")
+        # Restored by the tenant's own call (an unsigned visit of SubscribeURL reaches the
+        # server with the shim's key, which no tenant's subscriptions answer to).
+        restored = acme.sns.confirm_subscription(TopicArn=topic, Token=unsubscribed["Token"])
+        assert restored["SubscriptionArn"] == arn
+        (listed,) = acme.sns.list_subscriptions_by_topic(TopicArn=topic)["Subscriptions"]
+        assert (listed["SubscriptionArn"], listed["Owner"]) == (arn, acme.account)
+        assert globex.sns.list_subscriptions_by_topic(TopicArn=foreign)["Subscriptions"] == []

@@ -5,7 +5,7 @@ endpoint; the endpoint proves it wants the messages by calling the SubscribeURL 
 ConfirmSubscription with the token). Only the token's digest is stored. Endpoints the
 operator names with --sns-auto-confirm skip the handshake. Unsubscribe of a confirmed
 http or https subscription POSTs an UnsubscribeConfirmation to its endpoint, signed as
-the SubscriptionConfirmation is.
+the SubscriptionConfirmation is, whose token restores the subscription for 3 days.
 """
 
 from __future__ import annotations
@@ -69,8 +69,9 @@ async def unsubscribed(
     subscribe_url: str,
     version: str,
 ) -> None:
-    """POSTs the UnsubscribeConfirmation of a deleted subscription, as SNS does. The
-    subscription is gone whatever happens: a refused endpoint or a failed POST is logged."""
+    """POSTs the UnsubscribeConfirmation of an unsubscribed subscription, as SNS does. The
+    subscription is unsubscribed whatever happens: a refused endpoint or a failed POST is
+    logged (its token, never delivered, then restores nothing)."""
     policy = EgressPolicy(settings.webhook_allow_cidrs)
     try:
         policy.check_literal_url(endpoint)

@@ -7,6 +7,7 @@ import hashlib
 import json
 import re
 import secrets
+import time
 import uuid
 from typing import Any
 from urllib.parse import urlencode, urlsplit
@@ -66,6 +67,24 @@ _SCOPE_NAMES = {value: name for name, value in _SCOPES.items()}
 _TOKEN_DIGEST = "postbox:ConfirmationTokenSha256"
 
 
+# Where a confirmed subscription keeps the digest of the token that confirmed it, so
+# that only that token confirms it again ("" when none may: a restored subscription
+# whose confirming token was not kept).
+_CONFIRMED_DIGEST = "postbox:ConfirmedTokenSha256"
+
+
+# An unsubscribed http/https subscription leaves a suspended copy of the same name,
+# hidden from the SNS API, until its UnsubscribeConfirmation's token restores it or
+# RESTORE_PERIOD has passed: the copy keeps the digest of that token, and the Unix time
+# it stops restoring.
+_RESTORE_DIGEST = "postbox:RestoreTokenSha256"
+_RESTORE_UNTIL = "postbox:RestoreUntil"
+
+
+# As long as AWS's confirmation tokens are valid.
+RESTORE_PERIOD = 3 * 24 * 3600
+
+
 PENDING = "PendingConfirmation"
 
 
@@ -74,6 +93,27 @@ PENDING = "PendingConfirmation"
 _TOKEN_SHAPE = re.compile(
     r"[0-9a-f]{8}(?:-[0-9a-f]{4}){3}-[0-9a-f]{12}\.[0-9a-f]{64}|[0-9a-f]{64,}"
 )
+
+
+def _digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def unsubscribed(subscription: pb.Subscription) -> bool:
+    """Whether the subscription was unsubscribed and waits only to be restored."""
+    return _RESTORE_DIGEST in subscription.sns_delivery.attributes
+
+
+def _restorable_until(subscription: pb.Subscription) -> float:
+    try:
+        return float(subscription.sns_delivery.attributes.get(_RESTORE_UNTIL, "0"))
+    except ValueError:
+        return 0.0
+
+
+def _visible(subscriptions: list[pb.Subscription]) -> list[pb.Subscription]:
+    """The subscriptions the SNS API shows: not the unsubscribed ones."""
+    return [s for s in subscriptions if not unsubscribed(s)]
 
 
 def _protocol(subscription: pb.Subscription) -> tuple[str, str]:
@@ -161,11 +201,18 @@ async def subscribe(call: Call) -> Result:
         )
     _apply_attributes(subscription, dict(call.params.get("Attributes") or {}))
     for existing in await all_subscriptions(call, topic):
-        if _protocol(existing)[0] == protocol and (
+        same = _protocol(existing)[0] == protocol and (
             existing.queue == subscription.queue
             if protocol == "sqs"
             else existing.webhook.url == endpoint
-        ):
+        )
+        if unsubscribed(existing):
+            # One subscription per endpoint: subscribing again ends the restore of an
+            # unsubscribed one; one past its restore period goes too.
+            if same or _restorable_until(existing) < time.time():
+                await _delete(call, existing)
+            continue
+        if same:
             # SNS's Subscribe is idempotent for the same endpoint.
             if existing.suspended:
                 return {"SubscriptionArn": "pending confirmation"}
@@ -174,9 +221,7 @@ async def subscribe(call: Call) -> Result:
     if protocol != "sqs" and not confirmations.auto_confirmed(endpoint, call.settings):
         token = secrets.token_hex(32)
         subscription.suspended = True
-        subscription.sns_delivery.attributes[_TOKEN_DIGEST] = hashlib.sha256(
-            token.encode()
-        ).hexdigest()
+        subscription.sns_delivery.attributes[_TOKEN_DIGEST] = _digest(token)
     await _saved(
         call, call.backend.topics.CreateSubscription,
         pb.CreateSubscriptionRequest(subscription=subscription), "Attributes Reason: ",
@@ -265,22 +310,55 @@ async def confirm_subscription(call: Call) -> Result:
     except AwsError:
         raise invalid from None
     subscription = response.subscription
-    digest = subscription.sns_delivery.attributes.get(_TOKEN_DIGEST)
-    if subscription.suspended:
-        if digest is None or not secrets.compare_digest(
-            digest, hashlib.sha256(secret.encode()).hexdigest()
-        ):
+    attributes = subscription.sns_delivery.attributes
+    given = _digest(secret)
+    if unsubscribed(subscription):
+        # The UnsubscribeConfirmation's token: restores the subscription as it was.
+        if not secrets.compare_digest(attributes[_RESTORE_DIGEST], given):
             raise invalid
+        if _restorable_until(subscription) < time.time():
+            await _delete(call, subscription)
+            raise invalid
+        del attributes[_RESTORE_DIGEST]
+        attributes.pop(_RESTORE_UNTIL, None)
+        attributes.setdefault(_CONFIRMED_DIGEST, "")
         subscription.suspended = False
-        del subscription.sns_delivery.attributes[_TOKEN_DIGEST]
-        await rpc(
-            call, call.backend.topics.UpdateSubscription,
-            pb.UpdateSubscriptionRequest(
-                subscription=subscription,
-                update_mask=field_mask_pb2.FieldMask(paths=["suspended", "sns_delivery"]),
-            ),
-        )  # fmt: skip
+        await _update_delivery(call, subscription)
+    elif subscription.suspended:
+        digest = attributes.get(_TOKEN_DIGEST)
+        if digest is None or not secrets.compare_digest(digest, given):
+            raise invalid
+        del attributes[_TOKEN_DIGEST]
+        attributes[_CONFIRMED_DIGEST] = given
+        subscription.suspended = False
+        await _update_delivery(call, subscription)
+    elif _CONFIRMED_DIGEST in attributes and not secrets.compare_digest(
+        attributes[_CONFIRMED_DIGEST], given
+    ):
+        # Confirmed: its own token confirms it again, no other (a spent restore token).
+        raise invalid
     return {"SubscriptionArn": _arn_of(call, subscription)}
+
+
+async def _update_delivery(call: Call, subscription: pb.Subscription) -> None:
+    await rpc(
+        call, call.backend.topics.UpdateSubscription,
+        pb.UpdateSubscriptionRequest(
+            subscription=subscription,
+            update_mask=field_mask_pb2.FieldMask(paths=["suspended", "sns_delivery"]),
+        ),
+    )  # fmt: skip
+
+
+async def _delete(call: Call, subscription: pb.Subscription) -> None:
+    try:
+        await rpc(
+            call, call.backend.topics.DeleteSubscription,
+            pb.DeleteSubscriptionRequest(topic=subscription.topic, name=subscription.name),
+        )  # fmt: skip
+    except AwsError as error:
+        if error.kind is not NOT_FOUND:  # gone already: as wanted
+            raise
 
 
 async def _subscription(call: Call) -> pb.Subscription:
@@ -295,23 +373,37 @@ async def _subscription(call: Call) -> pb.Subscription:
         if error.kind is NOT_FOUND:
             raise not_found("Subscription does not exist") from None
         raise
+    if unsubscribed(response.subscription):
+        raise not_found("Subscription does not exist")
     return response.subscription
 
 
 @action("Unsubscribe")
 async def unsubscribe(call: Call) -> Result:
     subscription = await _subscription(call)
-    await rpc(
-        call, call.backend.topics.DeleteSubscription,
-        pb.DeleteSubscriptionRequest(topic=subscription.topic, name=subscription.name),
-    )  # fmt: skip
+    await _delete(call, subscription)  # and its pending deliveries, as on AWS
     if subscription.HasField("webhook") and not subscription.suspended:
-        # As SNS: the endpoint hears that it was unsubscribed. The token is a fresh one
-        # that confirms nothing (the subscription is gone): Subscribe again to restore it.
+        # As SNS: the endpoint hears that it was unsubscribed, and the token it gets
+        # restores the subscription within RESTORE_PERIOD. Till then a copy stays, of
+        # the same name (so ARN), suspended (publishes pass it by), with the token's
+        # digest, hidden from the SNS API; Subscribe drops it once the period is over.
+        # Its webhook secret is a new one, which the SNS API never shows anyway.
+        secret = secrets.token_hex(32)
+        kept = pb.Subscription()
+        kept.CopyFrom(subscription)
+        kept.ClearField("create_time")
+        kept.webhook.secret = ""
+        kept.sns_delivery.attributes[_RESTORE_DIGEST] = _digest(secret)
+        kept.sns_delivery.attributes[_RESTORE_UNTIL] = str(int(time.time()) + RESTORE_PERIOD)
+        kept.suspended = True
+        await rpc(
+            call, call.backend.topics.CreateSubscription,
+            pb.CreateSubscriptionRequest(subscription=kept),
+        )  # fmt: skip
         topic_arn = subscription.sns_delivery.topic_arn or arns.topic_arn(
             call.settings, subscription.topic
         )
-        token = f"{subscription.name}.{secrets.token_hex(32)}"
+        token = f"{subscription.name}.{secret}"
         topic_attributes = (await get_topic(call, subscription.topic)).sns_attributes
         await confirmations.unsubscribed(
             call.settings, subscription.webhook.url, topic_arn, _arn_of(call, subscription),
@@ -331,7 +423,9 @@ async def list_subscriptions_by_topic(call: Call) -> Result:
         call, call.backend.topics.ListSubscriptions,
         pb.ListSubscriptionsRequest(topic=topic, page_size=PAGE, page_token=next_token(call)),
     )  # fmt: skip
-    result: Result = {"Subscriptions": [_entry(call, s) for s in response.subscriptions]}
+    result: Result = {
+        "Subscriptions": [_entry(call, s) for s in _visible(list(response.subscriptions))]
+    }
     if response.next_page_token:
         result["NextToken"] = response.next_page_token
     return result
@@ -353,7 +447,8 @@ async def list_subscriptions(call: Call) -> Result:
                 continue
             if len(entries) >= PAGE:
                 return {"Subscriptions": entries, "NextToken": topic.name}
-            entries.extend(_entry(call, s) for s in await all_subscriptions(call, topic.name))
+            subscriptions = _visible(await all_subscriptions(call, topic.name))
+            entries.extend(_entry(call, s) for s in subscriptions)
         page_token = response.next_page_token
         if not page_token:
             return {"Subscriptions": entries}
@@ -380,7 +475,9 @@ async def get_subscription_attributes(call: Call) -> Result:
             subscription.filter_policy_scope, "MessageAttributes"
         )
     attributes.update(
-        (k, v) for k, v in subscription.sns_delivery.attributes.items() if k != _TOKEN_DIGEST
+        (k, v)
+        for k, v in subscription.sns_delivery.attributes.items()
+        if not k.startswith("postbox:")
     )
     return {"Attributes": attributes}
 

@@ -22,6 +22,7 @@ from postbox_server.aws.sns.actions.base import (
     update_topic,
 )
 from postbox_server.aws.sns.actions.permissions import default_policy
+from postbox_server.aws.sns.actions.subscriptions import unsubscribed
 from postbox_server.aws.sns.errors import (
     NOT_FOUND,
     InvalidParameter,
@@ -106,7 +107,8 @@ async def list_topics(call: Call) -> Result:
 async def get_topic_attributes(call: Call) -> Result:
     name = arns.topic_of(required(call, "TopicArn"), call.settings)
     topic = await get_topic(call, name)
-    subscriptions = await all_subscriptions(call, name)
+    every = await all_subscriptions(call, name)
+    subscriptions = [s for s in every if not unsubscribed(s)]
     pending = sum(1 for s in subscriptions if s.suspended)
     arn = arns.topic_arn(call.settings, name)
     attributes = {
@@ -116,7 +118,8 @@ async def get_topic_attributes(call: Call) -> Result:
         "Policy": default_policy(call, arn),
         "SubscriptionsConfirmed": str(len(subscriptions) - pending),
         "SubscriptionsPending": str(pending),
-        "SubscriptionsDeleted": "0",
+        # Unsubscribed, still restorable by the UnsubscribeConfirmation's token.
+        "SubscriptionsDeleted": str(len(every) - len(subscriptions)),
         "EffectiveDeliveryPolicy": json.dumps(
             {"http": {"defaultHealthyRetryPolicy": {"numRetries": 20}}}, separators=(",", ":")
         ),

@@ -5,12 +5,17 @@ what was published before it became due."""
 
 from __future__ import annotations
 
+import asyncio
+
 import asyncpg
 import grpc
 import pytest
 from postbox.v1 import stream_service_pb2 as spb
 from postbox.v1 import topic_service_pb2 as tpb
 from support import create_queue, error_of, seconds, unique_name, until
+
+from postbox_server.db.engine import Engine
+from postbox_server.workers.maintenance import MaintenanceWorker
 
 FINAL = """
 SELECT coalesce(bool_and(l.tx < pg_snapshot_xmin(pg_current_snapshot())), true)
@@ -162,6 +167,49 @@ async def test_the_servers_maintenance_appends_a_due_message_with_no_reader_or_t
                 "ON t.id = d.topic_id WHERE t.name = $1)", stream)  # fmt: skip
     await until(db, FINAL, stream)
     assert lag(streams, stream) == 1
+
+
+class ExpiryHeld(Engine):
+    """An engine whose message expiry blocks until released, and which counts the
+    passes that append due stream messages."""
+
+    expiring: asyncio.Event
+    released: asyncio.Event
+    due_passes = 0
+
+    async def expire_messages(self, max_messages: int) -> int:
+        self.expiring.set()
+        await self.released.wait()
+        return await super().expire_messages(max_messages)
+
+    async def publish_due_streams(self, max_messages: int) -> int:
+        appended = await super().publish_due_streams(max_messages)
+        self.due_passes += 1
+        return appended
+
+
+async def test_due_stream_messages_are_appended_while_expiry_is_held(database_url, server):
+    """A maintenance pass stuck in expiry (a backlog, a lock held elsewhere) does not
+    hold back the appending of delayed stream messages that come due. (`server`
+    installs the engine.)"""
+    engine = await ExpiryHeld.connect(database_url, pool_size=2)
+    engine.expiring, engine.released = asyncio.Event(), asyncio.Event()
+    worker = asyncio.create_task(
+        MaintenanceWorker(engine, interval=0.05, expiry_interval=0.05).run()
+    )
+    try:
+        await asyncio.wait_for(engine.expiring.wait(), 30)  # 30 s: a loaded machine
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 30
+        while engine.due_passes < 2:
+            assert loop.time() < deadline, "no due-stream pass while expiry was held"
+            await asyncio.sleep(0.02)
+        assert not engine.released.is_set()  # still held: the passes ran beside it
+    finally:
+        engine.released.set()
+        worker.cancel()
+        await asyncio.gather(worker, return_exceptions=True)
+        await engine.close()
 
 
 def publish_batch(topics, topic: str, *entries: tuple[bytes, float | None], **fields):

@@ -200,7 +200,8 @@ def _add_serve_flags(serve: argparse.ArgumentParser) -> None:
         "--maintenance-interval",
         type=float,
         default=Settings.maintenance_interval,
-        help="seconds between steps of redrive tasks (default: %(default)s)",
+        help="seconds between steps of redrive tasks, and between appends of delayed stream "
+        "messages that came due (default: %(default)s)",
     )
     serve.add_argument(
         "--expiry-interval",

@@ -51,9 +51,10 @@ class MaintenanceWorker:
         self._redrive_started.set()
 
     async def run(self) -> None:
-        # Two loops: a cleanup that takes long (a backlog of expired records, a
-        # lock held elsewhere) must not hold redrives back, nor their rate clocks.
-        await asyncio.gather(self._run_redrives(), self._run_expiry())
+        # Three loops: a cleanup that takes long (a backlog of expired records, a
+        # lock held elsewhere) must hold back neither redrives and their rate clocks,
+        # nor the delayed stream messages that come due meanwhile.
+        await asyncio.gather(self._run_redrives(), self._run_expiry(), self._run_due_streams())
 
     async def _run_redrives(self) -> None:
         outage = OutageLog(log, "redrive")
@@ -78,13 +79,22 @@ class MaintenanceWorker:
                 await self.engine.expire_activity()  # what queue_throughput no longer shows
                 # The engine's own rotation period: half the shortest stream retention.
                 await self.engine.rotate_streams(None, STREAM_ROTATION_LOCK_WAIT)
-                # Delayed stream publishes that are due: reads of their topics append
-                # them too, but a topic nobody reads still shows them in its lag.
-                await self._drain(self.engine.publish_due_streams)
                 outage.worked()
             except ApiError as error:
                 outage.failed(error)
             await asyncio.sleep(self.expiry_interval)
+
+    async def _run_due_streams(self) -> None:
+        # Delayed stream publishes that are due: reads of their topics append them
+        # too, but a topic nobody reads still shows them in its lag until this does.
+        outage = OutageLog(log, "appending due stream messages")
+        while True:
+            try:
+                await self._drain(self.engine.publish_due_streams)
+                outage.worked()
+            except ApiError as error:
+                outage.failed(error)
+            await asyncio.sleep(self.interval)
 
     async def _drain(self, job: Callable[[int], Awaitable[int]]) -> None:
         """Repeats a job while it fills whole batches: each call is one short transaction."""

@@ -200,14 +200,14 @@ def _add_serve_flags(serve: argparse.ArgumentParser) -> None:
         "--maintenance-interval",
         type=float,
         default=Settings.maintenance_interval,
-        help="seconds between steps of redrive tasks, and between appends of delayed stream "
-        "messages that came due (default: %(default)s)",
+        help="seconds between steps of redrive tasks (default: %(default)s)",
     )
     serve.add_argument(
         "--expiry-interval",
         type=float,
         default=Settings.expiry_interval,
-        help="seconds between sweeps for expired messages and records (default: %(default)s)",
+        help="seconds between sweeps for expired messages and records, and between appends "
+        "of delayed stream messages that came due (default: %(default)s)",
     )
     serve.add_argument(
         "--activity-interval",

@@ -477,3 +477,24 @@ async def test_a_watch_hands_its_wake_up_on_when_its_stream_will_not_claim(
     assert closed.done()
     assert hub.watch("q", hub.generation("q")) is None
     hub.unwatch("q", third)
+
+
+async def test_a_wake_up_for_messages_a_claim_took_is_told_apart(database_url: str) -> None:
+    """WakeHub.woken_only_for, which spares a stream the empty claim after a send that
+    committed just before its claim began and woke the queue just after: true only when
+    the one wake-up since the claim began was this server's send of messages the claim
+    took. Any other wake-up (a NOTIFY, a timer, a second send) means claim again."""
+    hub = WakeHub(database_url)
+    seen = hub.generation("q")
+    assert not hub.woken_only_for("q", seen, ["7"])  # no wake-up since
+    hub.wake("q", sent=["7", "8"])
+    assert hub.woken_only_for("q", seen, ["6", "7", "8"])
+    assert not hub.woken_only_for("q", seen, ["7"])  # 8 may be there to claim
+    hub.wake("q", sent=["9"])
+    assert not hub.woken_only_for("q", seen, ["7", "8", "9"])  # two wake-ups since
+    seen = hub.generation("q")
+    hub.wake("q")  # a NOTIFY or a timer: no ids
+    assert not hub.woken_only_for("q", seen, ["9"])
+    seen = hub.generation("q")
+    hub.wake("q", sent=[str(i) for i in range(101)])  # more ids than it keeps
+    assert not hub.woken_only_for("q", seen, [str(i) for i in range(101)])

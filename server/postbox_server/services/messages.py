@@ -94,6 +94,7 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
         await self.payload_schemas.check("queues", request.queue, (request.body,), batch=False)
         outgoing.attributes = tracing.stamp(outgoing.attributes)
         sends = self.relaxed_sends if request.relaxed_durability else self.sends
+        message_id = None
         try:
             try:
                 message_id, duplicate = await sends.write(request.queue, outgoing)
@@ -103,7 +104,7 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
                 message_id, duplicate = await sends.write(request.queue, outgoing)
         finally:
             # Failed too: the hub skipped any NOTIFY of the session's last call.
-            self.hub.wake(request.queue)
+            self.hub.wake(request.queue, sent=() if message_id is None else (message_id,))
         return pb.SendResponse(message_id=message_id, duplicate=duplicate)
 
     async def _created(self, queue: str, error: ApiError) -> bool:
@@ -159,6 +160,7 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
         await self.payload_schemas.check(
             "queues", request.queue, (entry.body for entry in request.entries), batch=True
         )
+        ids: list[str] = []
         try:
             try:
                 ids, duplicates = await self._send_batch(request, plain, traced)
@@ -167,7 +169,7 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
                     raise
                 ids, duplicates = await self._send_batch(request, plain, traced)
         finally:
-            self.hub.wake(request.queue)  # failed too, as in Send
+            self.hub.wake(request.queue, sent=ids)  # failed too, as in Send
         return pb.SendBatchResponse(message_ids=ids, duplicates=duplicates)
 
     async def _send_batch(

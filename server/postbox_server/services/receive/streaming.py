@@ -26,7 +26,7 @@ import logging
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import grpc
@@ -279,6 +279,8 @@ class StreamingReceive:
             # message becomes visible is looked up meanwhile, not before the wait: a
             # send that commits during that query would wait for it too.
             self._look_ahead(queue)
+            if self.hub.woken_only_for(queue, generation, (str(row["message_id"]) for row in rows)):
+                generation += 1  # its wake-up came after the claim took its messages
             exhausted_at = generation
             await self._until_stirred(
                 settling, self.outstanding.until_next_expiry(), (queue, generation)
@@ -297,6 +299,7 @@ class StreamingReceive:
         again = True
         while again:
             self._look_again = False
+            generation = self.hub.generation(queue)
             try:
                 next_visible = await self.claims.next_visible_at(queue)
             except ApiError as error:
@@ -304,7 +307,15 @@ class StreamingReceive:
                 # the hub's safety poll covers a timer this look could not set.
                 log.debug("no look at when %s's next message is visible: %s", queue, error)
                 return
-            if next_visible is not None:
+            # A time already past means visible rows: locked by another session (the
+            # hub's timer looks again soon) or, when the queue was woken during the
+            # look, most likely a send that committed meanwhile, whose wake-up has a
+            # stream claim it (and look again, if short). The timer would then only
+            # wake the queue for an empty claim after that one: one claim in ten, loaded.
+            woken = self.hub.generation(queue) != generation
+            if next_visible is not None and (
+                next_visible > datetime.now(timezone.utc) or not woken
+            ):
                 self.hub.wake_at(queue, next_visible)
             again = self._look_again
 

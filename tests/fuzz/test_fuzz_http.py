@@ -54,6 +54,32 @@ SELECT md5(coalesce(string_agg(row, E'\\n' ORDER BY row), '')) FROM (
 """
 
 
+# Everything the calls made, gone: each chain starts from the same state, so that a
+# chain Hypothesis replays (its generation walks prefixes it ran before) meets the same
+# answers and draws the same calls; a queue kept from an earlier chain answered 409
+# where the first run's 200 had offered a link, and Hypothesis failed the run as a
+# flaky strategy.
+RESET = """
+DO $$
+DECLARE
+    queue text;
+BEGIN
+    PERFORM postbox.delete_tenant(name, true) FROM postbox.tenants;
+    PERFORM postbox.delete_schedule(name) FROM postbox.schedules;
+    PERFORM postbox.delete_topic(name) FROM postbox.topics;
+    LOOP  -- a dead-letter queue goes after the queues that send to it
+        SELECT q.name INTO queue FROM postbox.queues q
+        WHERE NOT EXISTS (SELECT FROM postbox.queues s WHERE s.dead_letter_queue_id = q.id)
+        LIMIT 1;
+        EXIT WHEN queue IS NULL;
+        PERFORM postbox.drop_queue(queue);
+    END LOOP;
+    DELETE FROM postbox.api_keys WHERE name <> 'fuzz-admin';
+END
+$$
+"""
+
+
 @dataclass
 class Target:
     base: str
@@ -63,6 +89,9 @@ class Target:
 
     def resources(self) -> str:
         return self.loop.run_until_complete(self.conn.fetchval(RESOURCES))
+
+    def reset(self) -> None:
+        self.loop.run_until_complete(self.conn.execute(RESET))
 
 
 @pytest.fixture(scope="module")
@@ -109,6 +138,16 @@ def test_the_document_carries_the_limits_the_protos_state():
     }
 
 
+@schemathesis.check
+def not_a_server_error_but_a_pause(ctx, response, case) -> bool | None:
+    """not_a_server_error, less the one 5xx the API documents for a valid call: 503
+    UNAVAILABLE from a queue or consumer group that PauseQueue or PauseConsumerGroup
+    paused (a client retries it, as RabbitMQ's publishers wait out its flow control)."""
+    if response.status_code == 503 and " is paused" in response.json().get("message", ""):
+        return None
+    return not_a_server_error(ctx, response, case)
+
+
 # Each operation an id of its own: SCHEMA.parametrize() gives every one the test's id, and
 # pytest-xdist's scheduler, which keys tests by id, then runs one of the 75.
 OPERATIONS = [result.ok() for result in SCHEMA.get_all_operations()]
@@ -123,7 +162,9 @@ def test_generated_calls_get_documented_answers_and_refusals_change_nothing(
     case = data.draw(operation.as_strategy())
     before = target.resources()
     response = case.call(base_url=target.base, headers=target.headers, timeout=30)
-    case.validate_response(response, checks=[not_a_server_error, response_schema_conformance])
+    case.validate_response(
+        response, checks=[not_a_server_error_but_a_pause, response_schema_conformance]
+    )
     if 400 <= response.status_code < 500:
         assert target.resources() == before, (
             f"{case.operation.path} answered {response.status_code} but changed resources: "
@@ -148,12 +189,15 @@ def test_chained_calls_get_documented_answers(target):
             case.validate_response(
                 response,
                 checks=[
-                    not_a_server_error,
+                    not_a_server_error_but_a_pause,
                     response_schema_conformance,
                     ensure_resource_availability,
                     use_after_free,
                 ],
             )
+
+        def setup(self):
+            target.reset()
 
         def before_call(self, case):
             self.before = target.resources()

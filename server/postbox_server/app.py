@@ -544,12 +544,25 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
                 asyncio.create_task(scheduler.run(), name="postbox-scheduler"),
             ]
             log.info("postbox running maintenance, webhook deliveries and schedules")
+        for task in tasks:
+            task.add_done_callback(lambda _: _stop_if_crashed(tasks, stop))
         stack.push_async_callback(_cancel, tasks)
         # Last in, so first out: before any stream ends, balancers stop sending calls
         # while the grace lasts; later sets (the health watcher's) are ignored.
         stack.push_async_callback(_stop_serving, health_servicer, serving)
         await stop.wait()
         log.info("shutting down")
+        for task in tasks:
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                # Out through the stack's shutdown, then a traceback and exit status 1.
+                raise RuntimeError(f"{task.get_name()} stopped on an error") from task.exception()
+
+
+def _stop_if_crashed(tasks: list[asyncio.Task[None]], stop: asyncio.Event) -> None:
+    """A background task that ends on an error stops the server: one whose maintenance or
+    deliveries died would go on serving without them, with nothing to show for it."""
+    if any(t.done() and not t.cancelled() and t.exception() is not None for t in tasks):
+        stop.set()
 
 
 async def _stop_serving(servicer: health.aio.HealthServicer, serving: Serving) -> None:

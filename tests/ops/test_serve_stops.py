@@ -13,6 +13,7 @@ import pytest
 from postbox_server.app import serve
 from postbox_server.config import Settings
 from postbox_server.db.engine import application_name
+from postbox_server.workers.maintenance import MaintenanceWorker
 
 
 def _free_port() -> int:
@@ -56,3 +57,26 @@ async def test_a_taken_http_port_stops_what_had_started(database_url: str) -> No
     finally:
         await conn.close()
     assert left == 0
+
+
+async def test_a_background_task_that_fails_stops_the_server(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker that dies on an error (a bug, not a database outage, which workers ride
+    out) ends serve() with that error, after the shutdown: a server left running without
+    its maintenance would stop expiring messages with nothing to show for it."""
+
+    async def broken(self: MaintenanceWorker) -> None:
+        raise ZeroDivisionError("a bug in the maintenance worker")
+
+    monkeypatch.setattr(MaintenanceWorker, "run", broken)
+    settings = Settings(
+        database_url=database_url,
+        grpc_host="127.0.0.1",
+        grpc_port=_free_port(),
+        http_host="127.0.0.1",
+        http_port=_free_port(),
+    )
+    with pytest.raises(RuntimeError, match="postbox-maintenance stopped on an error") as ended:
+        await asyncio.wait_for(serve(settings), 60)
+    assert isinstance(ended.value.__cause__, ZeroDivisionError)

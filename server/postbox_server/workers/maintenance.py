@@ -71,17 +71,26 @@ class MaintenanceWorker:
                 await asyncio.wait_for(self._redrive_started.wait(), pause)
 
     async def _run_expiry(self) -> None:
-        outage = OutageLog(log, "expiry")
+        # Each job fails on its own: one that keeps failing (a queue whose expired
+        # messages cannot be removed, say) holds back none of the others.
+        jobs: list[tuple[OutageLog, Callable[[], Awaitable[object]]]] = [
+            (OutageLog(log, "message expiry"), lambda: self._drain(self.engine.expire_messages)),
+            (OutageLog(log, "record expiry"), lambda: self._drain(self.engine.expire_records)),
+            # What queue_throughput no longer shows.
+            (OutageLog(log, "activity expiry"), self.engine.expire_activity),
+            # The engine's own rotation period: half the shortest stream retention.
+            (
+                OutageLog(log, "stream rotation"),
+                lambda: self.engine.rotate_streams(None, STREAM_ROTATION_LOCK_WAIT),
+            ),
+        ]
         while True:
-            try:
-                await self._drain(self.engine.expire_messages)
-                await self._drain(self.engine.expire_records)
-                await self.engine.expire_activity()  # what queue_throughput no longer shows
-                # The engine's own rotation period: half the shortest stream retention.
-                await self.engine.rotate_streams(None, STREAM_ROTATION_LOCK_WAIT)
-                outage.worked()
-            except ApiError as error:
-                outage.failed(error)
+            for outage, job in jobs:
+                try:
+                    await job()
+                    outage.worked()
+                except ApiError as error:
+                    outage.failed(error)
             await asyncio.sleep(self.expiry_interval)
 
     async def _run_due_streams(self) -> None:

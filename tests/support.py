@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import signal
@@ -15,7 +16,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from postbox_server.auth.secrets import new_secret, secret_sha256, sigv4_secret
+from postbox_server.db.migrate import migrate
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -61,6 +63,28 @@ def create_database(admin_url: str, prefix: str = "postbox_test") -> str:
 def drop_database(admin_url: str, url: str) -> None:
     name = urlsplit(url).path.lstrip("/")
     run_sql(admin_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@contextlib.asynccontextmanager
+async def engine_database(
+    admin_url: str,
+    prefix: str,
+    seed: Callable[[asyncpg.Connection], Awaitable[object]] | None = None,
+) -> AsyncIterator[str]:
+    """A new database of its own with the engine installed and `seed` run on it, for
+    tests that call the engine's SQL with no server; its URL. Dropped afterwards."""
+    url = await asyncio.to_thread(create_database, admin_url, prefix)
+    try:
+        conn = await asyncpg.connect(url)
+        try:
+            await migrate(conn)
+            if seed is not None:
+                await seed(conn)
+        finally:
+            await conn.close()
+        yield url
+    finally:
+        await asyncio.to_thread(drop_database, admin_url, url)
 
 
 def seconds(value: float) -> Duration:

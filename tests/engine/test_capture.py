@@ -8,26 +8,20 @@ regclass and format('%I'), never spliced raw.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator
 
 import asyncpg
 import pytest
-from support import create_database, drop_database
-
-from postbox_server.db.migrate import migrate
+from support import engine_database
 
 TABLE = '"Shop Data"."Order Lines"'  # names that must be quoted to work at all
 
 
 @pytest.fixture
 async def engine_url(admin_url: str) -> AsyncIterator[str]:
-    url = await asyncio.to_thread(create_database, admin_url, "postbox_capture")
-    conn = await asyncpg.connect(url)
-    try:
-        await migrate(conn)
+    async def seed(conn: asyncpg.Connection) -> None:
         await conn.execute('CREATE SCHEMA "Shop Data"')
         await conn.execute(
             f"CREATE TABLE {TABLE} (id integer PRIMARY KEY, item text NOT NULL, qty integer)"
@@ -41,12 +35,9 @@ async def engine_url(admin_url: str) -> AsyncIterator[str]:
             "SELECT postbox.create_subscription('lines', 'gone', 'shop.delete', 'deletes')"
         )
         await conn.execute(f"SELECT postbox.capture('{TABLE}', 'lines', 'shop')")
-    finally:
-        await conn.close()
-    try:
+
+    async with engine_database(admin_url, "postbox_capture", seed) as url:
         yield url
-    finally:
-        await asyncio.to_thread(drop_database, admin_url, url)
 
 
 @pytest.fixture

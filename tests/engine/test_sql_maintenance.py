@@ -20,7 +20,7 @@ from datetime import datetime, timedelta, timezone
 import asyncpg
 import pytest
 from cron_cluster import cron_cluster
-from support import create_database, drop_database
+from support import engine_database
 
 from bench.pg_cluster import PG_BIN, Postgres
 from postbox_server.db.engine import Engine
@@ -57,16 +57,8 @@ ZONES = [
 @pytest.fixture
 async def engine_url(admin_url: str) -> AsyncIterator[str]:
     """A new database with the engine installed; its URL."""
-    url = await asyncio.to_thread(create_database, admin_url, "postbox_tick")
-    conn = await asyncpg.connect(url)
-    try:
-        await migrate(conn)
-    finally:
-        await conn.close()
-    try:
+    async with engine_database(admin_url, "postbox_tick") as url:
         yield url
-    finally:
-        await asyncio.to_thread(drop_database, admin_url, url)
 
 
 @pytest.fixture

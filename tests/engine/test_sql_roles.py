@@ -7,15 +7,12 @@ an application's own transaction would.
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from collections.abc import AsyncIterator
 
 import asyncpg
 import pytest
-from support import create_database, drop_database
-
-from postbox_server.db.migrate import migrate
+from support import engine_database
 
 DENIED = asyncpg.exceptions.InsufficientPrivilegeError
 
@@ -23,20 +20,15 @@ DENIED = asyncpg.exceptions.InsufficientPrivilegeError
 @pytest.fixture
 async def engine_db(admin_url: str) -> AsyncIterator[str]:
     """A new database with the engine installed and one queue and one topic; its URL."""
-    url = await asyncio.to_thread(create_database, admin_url, "postbox_roles")
-    conn = await asyncpg.connect(url)
-    try:
-        await migrate(conn)
+
+    async def seed(conn: asyncpg.Connection) -> None:
         await conn.execute("SELECT postbox.create_queue('jobs')")
         await conn.execute("SELECT postbox.create_topic('events')")
         await conn.execute("SELECT postbox.create_subscription('events', 'all', '#', 'jobs')")
         await conn.execute("SELECT postbox.send('jobs', 'seed')")
-    finally:
-        await conn.close()
-    try:
+
+    async with engine_database(admin_url, "postbox_roles", seed) as url:
         yield url
-    finally:
-        await asyncio.to_thread(drop_database, admin_url, url)
 
 
 @pytest.fixture

@@ -9,15 +9,12 @@ through a group role, and calls every function postbox_reader and postbox_writer
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import asyncpg
 import pytest
-from support import create_database, drop_database
-
-from postbox_server.db.migrate import migrate
+from support import engine_database
 
 TENANTS = ("acme", "globex")
 PREFIXES = ("acme/", "globex/", "")  # the default tenant's names have no prefix
@@ -29,10 +26,8 @@ async def engine_db(admin_url: str) -> AsyncIterator[str]:
     the same resources: queues orders (one message, its tenant's name as body) and
     graveyard (orders' dead-letter queue), topics events (subscription all into orders)
     and log (a stream with consumer group readers, one message behind), schedule tick."""
-    url = await asyncio.to_thread(create_database, admin_url, "postbox_tenant_roles")
-    conn = await asyncpg.connect(url)
-    try:
-        await migrate(conn)
+
+    async def seed(conn: asyncpg.Connection) -> None:
         for tenant in TENANTS:
             await conn.execute("SELECT 1 FROM postbox.create_tenant($1)", tenant)
         # globex alone has a queue only-b: acme must not tell it from one never made.
@@ -67,12 +62,9 @@ async def engine_db(admin_url: str) -> AsyncIterator[str]:
                 f"{p}tick",
                 f"{p}orders",
             )
-    finally:
-        await conn.close()
-    try:
+
+    async with engine_database(admin_url, "postbox_tenant_roles", seed) as url:
         yield url
-    finally:
-        await asyncio.to_thread(drop_database, admin_url, url)
 
 
 @pytest.fixture

@@ -494,6 +494,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         # the database has answered a ping.
         await _set_health(health_servicer, False, serving)
         quotas = TenantQuotas(engine, settings.quota_refresh_interval)
+        keys.on_change(quotas.wake)
         if settings.run_api:
             await _serve_api(
                 stack,

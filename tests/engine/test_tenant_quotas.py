@@ -46,6 +46,7 @@ from support import (
     eventually,
     metric,
     postbox,
+    run_sql,
     scrape,
     sqs_client,
 )
@@ -539,3 +540,56 @@ def test_the_servers_share_one_count_per_interval(world: World) -> None:
             await asking.close()
 
     asyncio.run(run())
+
+
+def test_a_quota_set_elsewhere_wakes_a_server_that_counted_no_quotas(admin_url: str) -> None:
+    """While no tenant has a message or byte quota, a server counts usage only every
+    IDLE_REFRESH_INTERVAL (60 s), so that an idle server stays quiet; a quota set anywhere
+    (here in SQL, as another server or `postbox tenants update --database-url` would)
+    reaches it by the tenants' NOTIFY, and its sends are refused at once, not a minute on."""
+    url = create_database(admin_url, "postbox_quota_wake")
+    server = None
+    try:
+        server = HttpServerProcess(url, "--quota-refresh-interval", str(REFRESH)).start()
+        admin = bearer(bootstrap_key(url, "root", "admin:*"))
+        with grpc.insecure_channel(server.target) as channel:
+            access = access_service_pb2_grpc.AccessServiceStub(channel)
+            wait_key_works(access, admin)
+            access.CreateTenant(
+                access_pb.CreateTenantRequest(tenant=access_pb.Tenant(name="late")),
+                metadata=admin,
+            )
+            grant = access_pb.Grant(permission=access_pb.PERMISSION_ADMIN, pattern="*")
+            secret = access.CreateKey(
+                access_pb.CreateKeyRequest(
+                    key=access_pb.Key(name="late-admin", tenant="late", grants=[grant])
+                ),
+                metadata=admin,
+            ).secret
+            tenant = Tenant("late", bearer(secret), secret, "late-admin", "")
+            _create_queue(channel, tenant, "orders")
+            _send(channel, tenant, "orders", b"one")
+            _send(channel, tenant, "orders", b"two")  # no quota: taken
+            run_sql(
+                url,
+                """SELECT postbox.update_tenant('late', false, NULL, false, NULL,
+                                                           '{"max_messages": 1}')""",
+            )
+            messages = message_service_pb2_grpc.MessageServiceStub(channel)
+            request = message_service_pb2.SendRequest(queue="orders", body=b"three")
+
+            def refused() -> grpc.StatusCode | None:
+                try:
+                    messages.Send(request, metadata=tenant.metadata)
+                except grpc.RpcError as error:
+                    return error.code()
+                return None
+
+            # 20 s: the count follows the NOTIFY at once, on a loaded machine within
+            # seconds; without the wake-up it would come after the 60 s idle interval.
+            status = eventually(refused, timeout=20.0, what="a send refused past the new quota")
+            assert status == grpc.StatusCode.RESOURCE_EXHAUSTED
+    finally:
+        if server is not None:
+            server.stop()
+        drop_database(admin_url, url)

@@ -20,7 +20,7 @@ import hmac
 import logging
 import re
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -145,6 +145,7 @@ class KeyCache:
         self._by_name: dict[str, ApiKey] = {}
         self._loaded = asyncio.Event()
         self._stale = asyncio.Event()
+        self._change_callbacks: list[Callable[[], None]] = []
         # Reloads begun and finished: catch_up waits for one that began after it was called.
         self._reloads_begun = 0
         self._reloads_done = asyncio.Condition()
@@ -229,8 +230,14 @@ class KeyCache:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
 
+    def on_change(self, callback: Callable[[], None]) -> None:
+        """Calls `callback` whenever a key, a grant or a tenant changes, on any server."""
+        self._change_callbacks.append(callback)
+
     def _on_notify(self, *_args: object) -> None:
         self._stale.set()
+        for callback in self._change_callbacks:
+            callback()
 
     async def catch_up(self, timeout: float = 1.0) -> None:
         """Returns once this process has reloaded the keys after the call (or after

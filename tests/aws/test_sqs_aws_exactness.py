@@ -36,6 +36,31 @@ def test_a_bare_queue_name_is_accepted_as_queue_url(sqs_any, sqs_queue):
         sqs_any.get_queue_attributes(QueueUrl="no_such_queue_by_name", AttributeNames=["All"])
 
 
+def test_attribute_names_are_taken_without_the_spaces_around_them(sqs_any, request):
+    """ "VisibilityTimeout " sets VisibilityTimeout: code written against AWS sends it so,
+    and moto's suites do (six of their tests)."""
+    name = unique_name(request.node.name)
+    url = sqs_any.create_queue(QueueName=name, Attributes={"VisibilityTimeout ": "7"})["QueueUrl"]
+    try:
+        sqs_any.set_queue_attributes(QueueUrl=url, Attributes={" DelaySeconds": "3"})
+        got = sqs_any.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
+        assert (got["VisibilityTimeout"], got["DelaySeconds"]) == ("7", "3")
+        # The same again is the same queue; two spellings of one name are refused.
+        again = sqs_any.create_queue(QueueName=name, Attributes={"VisibilityTimeout ": "7"})
+        assert again["QueueUrl"] == url
+        error = error_of(
+            sqs_any.set_queue_attributes,
+            QueueUrl=url,
+            Attributes={"DelaySeconds": "1", "DelaySeconds ": "2"},
+        )
+        assert error["Code"] == "InvalidAttributeName"
+        assert error["Message"] == "Attribute DelaySeconds is given more than once."
+        got = sqs_any.get_queue_attributes(QueueUrl=url, AttributeNames=["DelaySeconds"])
+        assert got["Attributes"]["DelaySeconds"] == "3"  # unchanged
+    finally:
+        sqs_any.delete_queue(QueueUrl=url)
+
+
 def test_fifo_queue_attribute_is_unknown_on_a_standard_queue(sqs_any, sqs_queue, request):
     for attributes in ({"FifoQueue": "false"}, {"ContentBasedDeduplication": "true"}):
         error = error_of(

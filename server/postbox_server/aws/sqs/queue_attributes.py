@@ -301,6 +301,20 @@ READ_ONLY = (
 )
 
 
+def named(attributes: Mapping[str, str]) -> dict[str, str]:
+    """The attributes of a CreateQueue or SetQueueAttributes, their names without the
+    spaces around them ("VisibilityTimeout " sets VisibilityTimeout, as code written
+    against AWS and moto's suites both send it)."""
+    trimmed: dict[str, str] = {}
+    for name, text in attributes.items():
+        if name.strip() in trimmed:
+            raise AwsError(
+                INVALID_ATTRIBUTE_NAME, f"Attribute {name.strip()} is given more than once."
+            )
+        trimmed[name.strip()] = text
+    return trimmed
+
+
 def _attribute(name: str, queue_name: str) -> Attribute:
     attribute = SETTABLE.get(name)
     if attribute is None or (attribute.fifo_only and not is_fifo(queue_name)):

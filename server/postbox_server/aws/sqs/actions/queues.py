@@ -33,7 +33,7 @@ async def get_queue(call: Call, name: str, *, stats: bool = False) -> qpb.Queue:
 @action("CreateQueue")
 async def create_queue(call: Call) -> Result:
     name = naming.new_queue_name(call.required("QueueName"))
-    attributes = call.params.get("Attributes", {})
+    attributes = queue_attributes.named(call.params.get("Attributes", {}))
     wants_fifo = attributes.get("FifoQueue", "").lower() == "true"
     # SQS's own answers (codes and texts) when a name and FifoQueue disagree, and a hint.
     if queue_attributes.is_fifo(name) and not wants_fifo:
@@ -136,7 +136,7 @@ async def get_queue_attributes(call: Call) -> Result:
 @action("SetQueueAttributes")
 async def set_queue_attributes(call: Call) -> Result:
     name = call.queue()
-    attributes = call.params.get("Attributes")
+    attributes = queue_attributes.named(call.params.get("Attributes") or {})
     if not attributes:
         raise missing_parameter("Attribute.1.Name")
     queue, paths = queue_attributes.to_queue(name, attributes, call.settings)

@@ -58,8 +58,9 @@ def _is_unavailable(exc: BaseException) -> bool:
     ):
         return True
     state = getattr(exc, "sqlstate", None) or ""
-    # 08: connection exception, 53: insufficient resources, 57P: server shutting down.
-    return state.startswith(("08", "53", "57P"))
+    # 08: connection exception, 53: insufficient resources, 57P: server shutting down,
+    # 25006: a read-only session, on a standby (a failover under way, say).
+    return state.startswith(("08", "53", "57P")) or state == "25006"
 
 
 def pool_exhausted(timeout: float, size: int) -> ApiError:

@@ -285,6 +285,10 @@ async def test_two_maintenance_workers_never_do_the_same_work(admin_url, fresh_d
         "UPDATE postbox.messages SET enqueued_at = enqueued_at - interval '2 min', "
         "visible_at = visible_at - interval '2 min'"
     )
+    # The two race for the messages; none is expired (archived) twice. Which of them
+    # takes part is the scheduler's: one that ran first could take it all (CI saw
+    # [0, 3000]), and a step held open in a transaction blocks the other's (tried, as
+    # the record and redrive tests do). So only the sum is asserted.
     done = await run_two_workers(
         admin_url,
         fresh_db,
@@ -292,7 +296,6 @@ async def test_two_maintenance_workers_never_do_the_same_work(admin_url, fresh_d
         "SELECT count(*) FROM postbox.messages",
     )
     assert done[0] + done[1] == 3000
-    assert min(done) > 0, done  # both took part
     assert await fresh_db.fetchval("SELECT count(*) FROM postbox.archive") == 3000
     assert await fresh_db.fetchval("SELECT count(*) FROM postbox.messages") == 0
 

@@ -11,7 +11,7 @@ import grpc
 import pytest
 from postbox.v1 import message_service_pb2 as pb
 from postbox.v1 import message_service_pb2_grpc
-from support import create_queue, error_of, kept, receive, seconds, stats, unique_name
+from support import create_queue, error_of, eventually, kept, receive, seconds, stats, unique_name
 
 
 @pytest.fixture
@@ -260,11 +260,11 @@ def test_priority_orders_receives(messages, queue):
 
 
 def test_priority_then_visibility_time(messages, queue):
-    send(messages, queue, b"urgent-but-later", priority=9, delay=seconds(0.3))
+    # 5 s: the first receive comes long before it, on a loaded machine too (0.3 s did not).
+    send(messages, queue, b"urgent-but-later", priority=9, delay=seconds(5))
     send(messages, queue, b"normal")
     assert [m.body for m in receive(messages, queue, count=10)] == [b"normal"]
-    time.sleep(0.35)
-    (got,) = receive(messages, queue, count=10)
+    (got,) = eventually(lambda: receive(messages, queue, count=10), timeout=30)
     assert got.priority == 9
 
 

@@ -5,7 +5,9 @@ once the database is writable, without a restart.
 A database of the test's own made read-only for new sessions
 (`default_transaction_read_only`), with the server's sessions ended so that its pool
 opens read-only ones: that is what a session on a standby meets (SQLSTATE 25006). It
-was an internal error (seen in the pg_auto_failover test under load).
+was an internal error (seen in the pg_auto_failover test under load), and the pool kept
+its read-only sessions after the database was writable again (seen in CI); the pool now
+drops a session on that error.
 """
 
 from __future__ import annotations

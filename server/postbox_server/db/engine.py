@@ -317,6 +317,12 @@ class Engine:
             if self.own_sessions is not None:
                 self.own_sessions.acquired(conn.get_server_pid())
             yield conn
+        except asyncpg.ReadOnlySQLTransactionError:
+            # A session on a standby: one opened while a failover was under way, or on a
+            # host demoted since. A new session finds the writable host (the URL's
+            # target_session_attrs) or, failing that, says the database is unavailable.
+            conn.terminate()
+            raise
         finally:
             await self.pool.release(conn)
 

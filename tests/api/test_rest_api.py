@@ -139,10 +139,7 @@ async def test_queues_create_list_metrics_purge_delete(http: aiohttp.ClientSessi
     status, again, _ = await request(http, "POST", "/v1/queues", {"name": name})
     assert (status, again) == (200, created)
     # A FIFO queue's name says so, as in SQS.
-    status, clash, _ = await request(http, "POST", "/v1/queues", {"name": name, "fifo": True})
-    refused(status, clash, 400, "does not end in .fifo", f"create '{name}.fifo'")
-    assert clash["code"] == "invalid_argument"
-    status, fifo, _ = await request(http, "POST", "/v1/queues", {"name": f"{name}.fifo"})
+    status, fifo, _ = await request(http, "POST", "/v1/queues", {"name": f"{name}-f.fifo"})
     assert (status, fifo["fifo"]) == (201, True)
     status, clash, _ = await request(
         http, "POST", "/v1/queues", {"name": f"{name}2.fifo", "fifo": False}
@@ -235,6 +232,91 @@ async def test_messages_send_receive_visibility_delete(http: aiohttp.ClientSessi
     assert status == 200, batch_deleted
     assert batch_deleted == {"deleted": [rest[0]["id"], rest[1]["id"]]}
     assert await depth(http, queue) == 0
+
+
+async def test_a_fifo_queue_made_as_beyond_queue_makes_it_is_reached_by_its_plain_name(
+    http: aiohttp.ClientSession, database_url: str
+) -> None:
+    """beyond-queue's script: {"name": "orders", "fifo": true}, then /v1/queues/orders/...
+    The queue is postbox's (and SQS's) `orders.fifo`; the plain name reaches it on every
+    queue route while no standard queue `orders` exists."""
+    name = unique_name("rest_bq_fifo")
+    status, created, headers = await request(
+        http, "POST", "/v1/queues", {"name": name, "fifo": True}
+    )
+    assert status == 201, created
+    assert (created["name"], created["fifo"]) == (f"{name}.fifo", True)
+    assert headers["Location"] == f"/v1/queues/{name}.fifo"
+    status, again, _ = await request(http, "POST", "/v1/queues", {"name": name, "fifo": True})
+    assert (status, again) == (200, created)
+    messages = f"/v1/queues/{name}/messages"
+    status, sent, _ = await request(
+        http, "POST", messages,
+        [{"message": "a1", "group_id": "a"}, {"message": "a2", "group_id": "a"},
+         {"message": "b1", "group_id": "b"}],
+    )  # fmt: skip
+    assert status == 201, sent
+    status, metrics, _ = await request(http, "GET", f"/v1/queues/{name}")
+    assert (status, metrics["queue_name"], metrics["queue_length"]) == (200, f"{name}.fifo", 3)
+    status, received, _ = await request(http, "GET", f"{messages}?max=10&vt=60&fifo=true")
+    assert status == 200, received
+    assert [m["message"] for m in received] == ["a1", "a2", "b1"]
+    status, changed, _ = await request(http, "PATCH", f"{messages}/{received[2]['id']}", {"vt": 0})
+    assert status == 200, changed
+    status, deleted, _ = await request(http, "DELETE", f"{messages}/{received[0]['id']}")
+    assert (status, deleted) == (204, None)
+    status, batch, _ = await request(http, "DELETE", messages, {"ids": [received[1]["id"]]})
+    assert (status, batch) == (200, {"deleted": [received[1]["id"]]})
+    status, subscriptions, _ = await request(http, "GET", f"/v1/queues/{name}/subscriptions")
+    assert (status, subscriptions) == (200, [])
+    status, purged, _ = await request(http, "POST", f"/v1/queues/{name}/purge")
+    assert (status, purged) == (200, {"deleted": 1})
+    # A send without a deduplication_id is not deduplicated, as in beyond-queue...
+    for _ in range(2):
+        status, _, _ = await request(http, "POST", messages, {"message": "x", "group_id": "x"})
+        assert status == 201
+    assert await depth(http, name) == 2
+    # ...unless the queue deduplicates by content, which then holds as on every door.
+    conn = await asyncpg.connect(database_url)
+    try:
+        await conn.execute(
+            "SELECT postbox.update_queue($1, '{\"content_based_deduplication\": true}')",
+            f"{name}.fifo",
+        )
+    finally:
+        await conn.close()
+    for _ in range(2):
+        status, _, _ = await request(http, "POST", messages, [{"message": "y", "group_id": "y"}])
+        assert status == 201
+    assert await depth(http, name) == 3
+    status, purged, _ = await request(http, "POST", f"/v1/queues/{name}/purge")
+    assert (status, purged) == (200, {"deleted": 3})
+    # Its full name works as well; the listing shows that one.
+    status, metrics, _ = await request(http, "GET", f"/v1/queues/{name}.fifo")
+    assert (status, metrics["queue_length"]) == (200, 0)
+    status, listed, _ = await request(http, "GET", "/v1/queues")
+    assert [q["name"] for q in listed if q["name"].startswith(name)] == [f"{name}.fifo"]
+    # With a standard queue of the plain name, the plain name is that queue's, and a
+    # 404 of one of its routes is its own: a FIFO message's id deletes nothing there.
+    fifo_messages = f"/v1/queues/{name}.fifo/messages"
+    await request(http, "POST", fifo_messages, {"message": "f", "group_id": "g"})
+    status, [fifo_message], _ = await request(http, "GET", fifo_messages)
+    status, standard, _ = await request(http, "POST", "/v1/queues", {"name": name})
+    assert (status, standard["fifo"]) == (201, False)
+    status, metrics, _ = await request(http, "GET", f"/v1/queues/{name}")
+    assert (metrics["queue_name"], metrics["queue_length"]) == (name, 0)
+    status, missing, _ = await request(http, "DELETE", f"{messages}/{fifo_message['id']}")
+    refused(status, missing, 404)
+    assert await depth(http, f"{name}.fifo") == 1
+    status, _, _ = await request(http, "DELETE", f"/v1/queues/{name}")
+    assert status == 204
+    # Then the plain name reaches the FIFO queue again, for its deletion too.
+    status, _, _ = await request(http, "DELETE", f"/v1/queues/{name}")
+    assert status == 204
+    status, gone, _ = await request(http, "GET", f"/v1/queues/{name}")
+    refused(status, gone, 404, repr(name))
+    status, gone, _ = await request(http, "GET", f"/v1/queues/{name}.fifo")
+    refused(status, gone, 404)
 
 
 async def test_a_delivery_id_works_on_any_process_until_the_message_is_delivered_again(

@@ -142,9 +142,19 @@ class RestCall:
         self._max_body = max_body
         # Seconds a call may take (None: no deadline), on the event loop's clock from now.
         self._deadline = deadline
+        self._renamed: dict[str, str] = {}
+        self._body: bytes | None = None
 
     def path(self, name: str) -> str:
-        return self.request.match_info[name]
+        return self._renamed.get(name) or self.request.match_info[name]
+
+    def renamed(self, param: str, value: str) -> RestCall:
+        """The same request with one path parameter read as `value`: its body, if read,
+        is kept for the new call."""
+        call = RestCall(self.request, self.route, self._procedures, self._max_body, self._deadline)
+        call._renamed = {**self._renamed, param: value}
+        call._body = self._body
+        return call
 
     def query_int(self, name: str, default: int) -> int:
         text = self.request.query.get(name)
@@ -170,10 +180,12 @@ class RestCall:
 
     async def json(self) -> Any:
         """The body as JSON; BadInput when it is not JSON."""
-        try:
-            data = await invoke.read_body(self.request, self._max_body)
-        except ConnectError as error:
-            raise RestError(error) from None
+        if self._body is None:
+            try:
+                self._body = await invoke.read_body(self.request, self._max_body)
+            except ConnectError as error:
+                raise RestError(error) from None
+        data = self._body
         if not data.strip():
             raise BadInput("the body is empty; this route takes a JSON body")
         try:

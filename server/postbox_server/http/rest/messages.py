@@ -15,12 +15,14 @@ visibility acts on the delivery that holds it.
 from __future__ import annotations
 
 import re
+import secrets
 from typing import Any, TypeVar
 
 import grpc
 from aiohttp import web
 from postbox.v1 import message_pb2
 from postbox.v1 import message_service_pb2 as mpb
+from postbox.v1 import queue_service_pb2 as qpb
 
 from postbox_server.http.connect import ConnectError
 from postbox_server.http.rest.framework import (
@@ -49,6 +51,7 @@ from postbox_server.http.rest.shapes import (
     time_text,
     whole_seconds,
 )
+from postbox_server.queue_names import FIFO_SUFFIX
 from postbox_server.services import deliveries
 
 # beyond-queue's receive defaults: one message, a 30 s lease, no wait.
@@ -105,15 +108,34 @@ async def send(call: RestCall) -> web.Response:
     body = await call.json()
     if isinstance(body, list):
         entries = [_fill(mpb.SendBatchEntry(), item, f"[{i}]") for i, item in enumerate(body)]
+        await _undeduplicated(call, queue, entries)
         sent = await call.call(
             "MessageService/SendBatch", mpb.SendBatchRequest(queue=queue, entries=entries)
         )
         return web.json_response({"ids": [message_id(i) for i in sent.message_ids]}, status=201)
     # A lone message as Send: it may share a commit with concurrent ones (group commit).
-    one = await call.call(
-        "MessageService/Send", _fill(mpb.SendRequest(queue=queue), body, "the body")
+    one = _fill(mpb.SendRequest(queue=queue), body, "the body")
+    await _undeduplicated(call, queue, [one])
+    sent_one = await call.call("MessageService/Send", one)
+    return web.json_response({"id": message_id(sent_one.message_id)}, status=201)
+
+
+async def _undeduplicated(
+    call: RestCall, queue: str, sends: list[mpb.SendRequest] | list[mpb.SendBatchEntry]
+) -> None:
+    """As in beyond-queue, a FIFO send over REST needs no deduplication_id: one without
+    it is not deduplicated (a fresh id of its own), unless the queue deduplicates by
+    content, which then applies as on every door."""
+    if not queue.endswith(FIFO_SUFFIX) or all(send.deduplication_id for send in sends):
+        return
+    found = await call.call(
+        "QueueService/GetQueue", qpb.GetQueueRequest(name=queue, view=qpb.QUEUE_VIEW_BASIC)
     )
-    return web.json_response({"id": message_id(one.message_id)}, status=201)
+    if found.queue.content_based_deduplication:
+        return
+    for send in sends:
+        if not send.deduplication_id:
+            send.deduplication_id = secrets.token_hex(16)
 
 
 def _received(message: Any) -> dict[str, Any]:

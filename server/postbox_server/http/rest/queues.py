@@ -83,20 +83,16 @@ async def create(call: RestCall) -> web.Response:
     fifo = body.get("fifo", name.endswith(FIFO_SUFFIX))
     if not isinstance(fifo, bool):
         raise BadInput(f"fifo is a JSON {json_type(fifo)}; it must be true or false")
-    if fifo != name.endswith(FIFO_SUFFIX):
-        # postbox's engine tells a FIFO queue by its name (create_queue), as SQS does, so
-        # a FIFO queue has one name on every door. beyond-queue strips the suffix instead,
-        # its REST "orders" being its SQS "orders.fifo": the fix is the caller's one word.
-        fix = (
-            f"create {quoted(name + FIFO_SUFFIX)} instead"
-            if fifo
-            else "leave out fifo or make it true"
-        )
+    if fifo and not name.endswith(FIFO_SUFFIX):
+        # beyond-queue's FIFO "orders" is the queue SQS calls "orders.fifo": postbox's
+        # engine tells a FIFO queue by its name, so that is the queue made, and the REST
+        # paths reach it as "orders" too (fifo_names).
+        name += FIFO_SUFFIX
+    elif not fifo and name.endswith(FIFO_SUFFIX):
         raise BadInput(
-            f"fifo is {str(fifo).lower()} but the name {quoted(name)} "
-            f"{'does not end' if fifo else 'ends'} in {FIFO_SUFFIX}: a FIFO queue's name ends "
-            f"in {FIFO_SUFFIX}, and only a FIFO queue's does (in the engine, as in SQS); "
-            f"{fix}"
+            f"fifo is false but the name {quoted(name)} ends in {FIFO_SUFFIX}: only a FIFO "
+            f"queue's name ends in {FIFO_SUFFIX} (in the engine, as in SQS); leave out fifo "
+            "or make it true"
         )
     request = qpb.CreateQueueRequest(queue=qpb.Queue(name=name))
     try:
@@ -184,14 +180,16 @@ _ERROR_REPLIES = {404: Reply("No queue of that name.")}
 ROUTES = (
     Route(
         "POST", "/v1/queues", "QueueService/CreateQueue", create,
-        "Create a queue (a FIFO queue's name ends in .fifo); one that exists answers 200.",
+        "Create a queue; one that exists answers 200. A FIFO queue's name ends in .fifo: "
+        "with fifo true and a name without it, the queue made is <name>.fifo, which the "
+        "/v1/queues/{name} paths also reach by <name> when no queue <name> exists.",
         body={
             "type": "object",
             "required": ["name"],
             "properties": {"name": {"type": "string"}, "fifo": {"type": "boolean"}},
         },
         replies={201: Reply("Created.", QUEUE_SCHEMA), 200: Reply("It existed.", QUEUE_SCHEMA),
-                 400: Reply("fifo disagrees with the name, or the name is not valid.")},
+                 400: Reply("fifo is false for a name ending in .fifo, or the name is not valid.")},
     ),
     Route(
         "GET", "/v1/queues", "QueueService/ListQueues", list_all,

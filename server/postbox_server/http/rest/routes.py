@@ -14,13 +14,12 @@ from postbox_server import __version__
 from postbox_server.http.connect import ConnectError
 from postbox_server.http.procedures import Procedure
 from postbox_server.http.rest import events, messages, queues, schedules
+from postbox_server.http.rest.fifo_names import taking_fifo_names
 from postbox_server.http.rest.framework import ERROR_SCHEMA, Route, error_response, handler_of
 
-ROUTES: tuple[Route, ...] = (
-    *queues.ROUTES,
-    *messages.ROUTES,
-    *events.ROUTES,
-    *schedules.ROUTES,
+ROUTES: tuple[Route, ...] = tuple(
+    taking_fifo_names(route)
+    for route in (*queues.ROUTES, *messages.ROUTES, *events.ROUTES, *schedules.ROUTES)
 )
 OPENAPI_PATH = "/v1/openapi.json"
 _PARAM = re.compile(r"\{([a-z_]+)\}")

@@ -13004,6 +13004,610 @@ BEGIN
 END
 $$;
 
+-- SQS's high-throughput FIFO settings: DeduplicationScope (an id unique per
+-- message group) and FifoThroughputLimit (kept and returned).
+ALTER TABLE postbox.queues ADD COLUMN deduplication_scope text NOT NULL DEFAULT 'queue';
+ALTER TABLE postbox.queues ADD COLUMN fifo_throughput_limit text NOT NULL DEFAULT 'per_queue';
+
+-- Attribute defaults of a new queue; durations in seconds. A retention or
+-- archive_retention of 0 keeps messages forever; a max_depth or
+-- receive_rate_limit of 0 means no limit.
+CREATE OR REPLACE FUNCTION postbox.queue_defaults() RETURNS jsonb
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT '{"visibility_timeout": 30, "delivery_delay": 0, "retention": 345600,
+             "max_message_size": 1048576, "receive_wait_time": 0,
+             "content_based_deduplication": false, "deduplication_window": 300,
+             "dead_letter_policy": null,
+             "redrive_allow_policy": {"permission": "allow_all", "source_queues": []},
+             "retry_policy": {"minimum_backoff": 1, "maximum_backoff": 600},
+             "archive_on_delete": false, "archive_retention": 604800,
+             "max_depth": 0, "receive_rate_limit": 0, "tags": {}, "access_policy": "",
+             "payload_schema": null, "deduplication_scope": "queue",
+             "fifo_throughput_limit": "per_queue"}'::jsonb
+$$;
+
+-- The attributes of a queue as settings jsonb, in the shape of queue_defaults().
+CREATE OR REPLACE FUNCTION postbox.queue_settings(q postbox.queues) RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+    SELECT jsonb_build_object(
+        'visibility_timeout', extract(epoch FROM q.visibility_timeout),
+        'delivery_delay', extract(epoch FROM q.delivery_delay),
+        'retention', coalesce(extract(epoch FROM q.retention), 0),
+        'max_message_size', q.max_message_size,
+        'receive_wait_time', extract(epoch FROM q.receive_wait_time),
+        'content_based_deduplication', q.content_based_deduplication,
+        'deduplication_window', extract(epoch FROM q.deduplication_window),
+        'dead_letter_policy', CASE WHEN q.dead_letter_queue_id IS NOT NULL THEN jsonb_build_object(
+            'dead_letter_queue', (SELECT d.name FROM postbox.queues d WHERE d.id = q.dead_letter_queue_id),
+            'max_receive_count', q.max_receive_count) END,
+        'redrive_allow_policy', jsonb_build_object(
+            'permission', q.redrive_permission, 'source_queues', to_jsonb(q.redrive_sources)),
+        'retry_policy', jsonb_build_object(
+            'minimum_backoff', extract(epoch FROM q.retry_minimum_backoff),
+            'maximum_backoff', extract(epoch FROM q.retry_maximum_backoff)),
+        'archive_on_delete', q.archive_on_delete,
+        'archive_retention', coalesce(extract(epoch FROM q.archive_retention), 0),
+        'max_depth', coalesce(q.max_depth, 0),
+        'receive_rate_limit', coalesce(q.receive_rate_limit, 0),
+        'tags', q.tags,
+        'access_policy', q.access_policy,
+        'payload_schema', q.payload_schema,
+        'deduplication_scope', q.deduplication_scope,
+        'fifo_throughput_limit', q.fifo_throughput_limit)
+$$;
+
+-- Checks settings jsonb (a full set, in the shape of queue_defaults()) and
+-- writes them into q; q.name and q.fifo must be set.
+CREATE OR REPLACE FUNCTION postbox._apply_settings(q postbox.queues, settings jsonb) RETURNS postbox.queues
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    unknown text;
+    key text;
+    number numeric;
+    policy jsonb;
+    dlq postbox.queues;
+BEGIN
+    PERFORM postbox._invalid(postbox._settings_name_problem(settings))
+    WHERE postbox._settings_name_problem(settings) IS NOT NULL;
+    SELECT string_agg(k, ', ') INTO unknown
+    FROM jsonb_object_keys(settings) AS k
+    WHERE NOT postbox.queue_defaults() ? k;
+    IF unknown IS NOT NULL THEN
+        PERFORM postbox._invalid(format('unknown queue setting(s): %s', unknown));
+    END IF;
+    FOREACH key IN ARRAY ARRAY['max_message_size', 'max_depth', 'receive_rate_limit'] LOOP
+        IF jsonb_typeof(settings -> key) IS DISTINCT FROM 'number' THEN
+            PERFORM postbox._invalid(format('queue setting %s must be a number', key));
+        END IF;
+    END LOOP;
+    FOREACH key IN ARRAY ARRAY['content_based_deduplication', 'archive_on_delete'] LOOP
+        IF jsonb_typeof(settings -> key) IS DISTINCT FROM 'boolean' THEN
+            PERFORM postbox._invalid(format('queue setting %s must be true or false', key));
+        END IF;
+    END LOOP;
+
+    q.visibility_timeout := postbox._seconds_setting(settings, 'visibility_timeout', 0, 43200);
+    q.retention := postbox._seconds_setting(settings, 'retention', 60, 1209600, true);
+    q.delivery_delay := postbox._seconds_setting(settings, 'delivery_delay', 0, 31536000);
+    -- Otherwise every message would expire before it became visible.
+    IF q.delivery_delay >= q.retention THEN
+        PERFORM postbox._invalid(format(
+            'delivery_delay is %s s and retention %s s: delivery_delay must be shorter than retention, '
+            'or messages would expire before they became visible; lower delivery_delay or raise retention',
+            trim_scale(extract(epoch FROM q.delivery_delay)), trim_scale(extract(epoch FROM q.retention))));
+    END IF;
+    q.receive_wait_time := postbox._seconds_setting(settings, 'receive_wait_time', 0, 20);
+    q.deduplication_window := postbox._seconds_setting(settings, 'deduplication_window', 1, 604800);
+    q.archive_retention := postbox._seconds_setting(settings, 'archive_retention', 60, 1209600, true);
+
+    number := (settings ->> 'max_message_size')::numeric;
+    IF number <> trunc(number) OR number < 1024 OR number > 67108864 THEN
+        PERFORM postbox._invalid(format(
+            'max_message_size is %s; it must be a whole number of bytes from 1024 to 67108864', number));
+    END IF;
+    q.max_message_size := number::integer;
+    number := (settings ->> 'max_depth')::numeric;
+    IF number <> trunc(number) OR number < 0 OR number > 1e15 THEN
+        PERFORM postbox._invalid(format('max_depth is %s; it must be a whole number, 0 for no limit', number));
+    END IF;
+    q.max_depth := nullif(number, 0)::bigint;
+    number := (settings ->> 'receive_rate_limit')::numeric;
+    IF number < 0 OR number > 1e6 THEN
+        PERFORM postbox._invalid(format(
+            'receive_rate_limit is %s; it must be 0 (no limit) to 1000000 messages per second', number));
+    END IF;
+    q.receive_rate_limit := nullif(number, 0)::double precision;
+    q.content_based_deduplication := (settings ->> 'content_based_deduplication')::boolean;
+    q.archive_on_delete := (settings ->> 'archive_on_delete')::boolean;
+
+    -- Bounds left out keep their defaults.
+    policy := (postbox.queue_defaults() -> 'retry_policy') || coalesce(settings -> 'retry_policy', '{}');
+    IF jsonb_typeof(policy) IS DISTINCT FROM 'object'
+       OR EXISTS (SELECT FROM jsonb_object_keys(policy) k WHERE k NOT IN ('minimum_backoff', 'maximum_backoff')) THEN
+        PERFORM postbox._invalid('retry_policy must be an object of minimum_backoff and maximum_backoff (seconds)');
+    END IF;
+    q.retry_minimum_backoff := postbox._seconds_setting(policy, 'minimum_backoff', 0, 43200);
+    q.retry_maximum_backoff := postbox._seconds_setting(policy, 'maximum_backoff', 0, 43200);
+    IF q.retry_minimum_backoff > q.retry_maximum_backoff THEN
+        PERFORM postbox._invalid('retry_policy: minimum_backoff must not exceed maximum_backoff');
+    END IF;
+
+    policy := settings -> 'redrive_allow_policy';
+    IF jsonb_typeof(policy) IS DISTINCT FROM 'object'
+       OR EXISTS (SELECT FROM jsonb_object_keys(policy) k WHERE k NOT IN ('permission', 'source_queues'))
+       OR NOT coalesce(policy ->> 'permission' IN ('allow_all', 'deny_all', 'by_queue'), false)
+       OR jsonb_typeof(coalesce(policy -> 'source_queues', '[]')) <> 'array'
+       OR EXISTS (SELECT FROM jsonb_array_elements(coalesce(policy -> 'source_queues', '[]')) e
+                  WHERE jsonb_typeof(e) <> 'string') THEN
+        PERFORM postbox._invalid('redrive_allow_policy must be an object of permission (allow_all, '
+                                 'deny_all or by_queue) and source_queues (queue names)');
+    END IF;
+    q.redrive_permission := policy ->> 'permission';
+    q.redrive_sources := ARRAY(SELECT jsonb_array_elements_text(coalesce(policy -> 'source_queues', '[]')));
+    IF (q.redrive_permission = 'by_queue') <> (cardinality(q.redrive_sources) > 0)
+       OR cardinality(q.redrive_sources) > 10 THEN
+        PERFORM postbox._invalid('redrive_allow_policy: by_queue takes 1 to 10 source_queues, '
+                                 'allow_all and deny_all take none');
+    END IF;
+
+    policy := settings -> 'tags';
+    IF jsonb_typeof(policy) IS DISTINCT FROM 'object'
+       OR (SELECT count(*) FROM jsonb_object_keys(policy)) > 50
+       OR EXISTS (SELECT FROM jsonb_each(policy) e
+                  WHERE length(e.key) NOT BETWEEN 1 AND 128 OR jsonb_typeof(e.value) <> 'string'
+                        OR length(e.value #>> '{}') > 256) THEN
+        PERFORM postbox._invalid('tags must be an object of at most 50 keys (1 to 128 characters) '
+                                 'with string values (at most 256 characters)');
+    END IF;
+    q.tags := policy;
+
+    -- An access policy document (SQS's Policy): kept as given, not enforced.
+    policy := settings -> 'access_policy';
+    IF jsonb_typeof(policy) IS DISTINCT FROM 'string' OR octet_length(policy #>> '{}') > 20480 THEN
+        PERFORM postbox._invalid('access_policy must be a string of at most 20480 bytes');
+    END IF;
+    q.access_policy := policy #>> '{}';
+
+    -- SQS's high-throughput FIFO settings; a standard queue has no message groups.
+    q.deduplication_scope := settings ->> 'deduplication_scope';
+    IF jsonb_typeof(settings -> 'deduplication_scope') IS DISTINCT FROM 'string'
+       OR q.deduplication_scope NOT IN ('queue', 'message_group') THEN
+        PERFORM postbox._invalid('deduplication_scope must be queue or message_group');
+    END IF;
+    q.fifo_throughput_limit := settings ->> 'fifo_throughput_limit';
+    IF jsonb_typeof(settings -> 'fifo_throughput_limit') IS DISTINCT FROM 'string'
+       OR q.fifo_throughput_limit NOT IN ('per_queue', 'per_message_group_id') THEN
+        PERFORM postbox._invalid('fifo_throughput_limit must be per_queue or per_message_group_id');
+    END IF;
+    IF NOT q.fifo AND q.deduplication_scope <> 'queue' THEN
+        PERFORM postbox._invalid('deduplication_scope message_group is for FIFO queues: a standard '
+                                 'queue has no message groups');
+    END IF;
+    IF NOT q.fifo AND q.fifo_throughput_limit <> 'per_queue' THEN
+        PERFORM postbox._invalid('fifo_throughput_limit is for FIFO queues');
+    END IF;
+    -- As in SQS: the per-group limit goes with per-group deduplication.
+    IF q.fifo_throughput_limit = 'per_message_group_id' AND q.deduplication_scope <> 'message_group' THEN
+        PERFORM postbox._invalid('fifo_throughput_limit per_message_group_id needs deduplication_scope '
+                                 'message_group');
+    END IF;
+
+    -- The server compiles the schema before it gets here; this keeps the shape
+    -- and the size limits for callers in SQL.
+    PERFORM postbox._invalid(postbox._payload_schema_problem(settings -> 'payload_schema'))
+    WHERE postbox._payload_schema_problem(settings -> 'payload_schema') IS NOT NULL;
+    q.payload_schema := nullif(settings -> 'payload_schema', 'null');
+
+    policy := settings -> 'dead_letter_policy';
+    IF policy IS NULL OR policy = 'null' THEN
+        q.dead_letter_queue_id := NULL;
+        q.max_receive_count := NULL;
+    ELSE
+        IF jsonb_typeof(policy) IS DISTINCT FROM 'object'
+           OR EXISTS (SELECT FROM jsonb_object_keys(policy) k
+                      WHERE k NOT IN ('dead_letter_queue', 'max_receive_count'))
+           OR jsonb_typeof(policy -> 'dead_letter_queue') IS DISTINCT FROM 'string'
+           OR jsonb_typeof(policy -> 'max_receive_count') IS DISTINCT FROM 'number' THEN
+            PERFORM postbox._invalid('dead_letter_policy must be an object of dead_letter_queue (a queue '
+                                     'name) and max_receive_count (1 to 1000)');
+        END IF;
+        number := (policy ->> 'max_receive_count')::numeric;
+        IF number <> trunc(number) OR number NOT BETWEEN 1 AND 1000 THEN
+            PERFORM postbox._invalid(format('max_receive_count is %s; it must be 1 to 1000', number));
+        END IF;
+        IF policy ->> 'dead_letter_queue' = q.name THEN
+            PERFORM postbox._invalid('a queue cannot be its own dead-letter queue');
+        END IF;
+        SELECT * INTO dlq FROM postbox.queues WHERE name = policy ->> 'dead_letter_queue';
+        IF NOT FOUND THEN
+            RAISE EXCEPTION USING ERRCODE = 'PB404', MESSAGE = format(
+                'dead-letter queue %s does not exist; create it first', quote_literal(policy ->> 'dead_letter_queue'));
+        ELSIF dlq.fifo <> q.fifo THEN
+            PERFORM postbox._invalid('a FIFO queue needs a FIFO dead-letter queue, and a standard queue '
+                                     'a standard one');
+        ELSIF dlq.redrive_permission = 'deny_all'
+              OR (dlq.redrive_permission = 'by_queue' AND NOT q.name = ANY (dlq.redrive_sources)) THEN
+            PERFORM postbox._invalid(format('the redrive_allow_policy of %s does not let %s use it as '
+                                            'dead-letter queue', quote_literal(dlq.name), quote_literal(q.name)));
+        END IF;
+        q.dead_letter_queue_id := dlq.id;
+        q.max_receive_count := number::integer;
+    END IF;
+    RETURN q;
+END
+$$;
+
+-- Creates a queue; a name ending in ".fifo" makes it a FIFO queue. settings:
+-- any keys of queue_defaults(), e.g. '{"visibility_timeout": 60}'. PB409 if the
+-- queue exists, PB429 if its tenant owns max_queues already (since 0.9.0).
+CREATE OR REPLACE FUNCTION postbox.create_queue(queue_name text, settings jsonb DEFAULT '{}')
+RETURNS postbox.queues
+LANGUAGE plpgsql AS $$
+DECLARE
+    problem text := postbox.queue_name_problem(queue_name);
+    q postbox.queues;
+BEGIN
+    IF problem IS NOT NULL THEN
+        PERFORM postbox._invalid(problem);
+    END IF;
+    q.name := queue_name;
+    q.fifo := right(queue_name, 5) = '.fifo';
+    q := postbox._apply_settings(q, postbox.queue_defaults() || jsonb_strip_nulls(coalesce(settings, '{}')));
+    INSERT INTO postbox.queues (
+        name, visibility_timeout, delivery_delay, retention, max_message_size, receive_wait_time,
+        fifo, content_based_deduplication, deduplication_window, dead_letter_queue_id,
+        max_receive_count, redrive_permission, redrive_sources, retry_minimum_backoff,
+        retry_maximum_backoff, archive_on_delete, archive_retention, max_depth, receive_rate_limit,
+        send_paused, receive_paused, tags, access_policy, payload_schema, deduplication_scope,
+        fifo_throughput_limit)
+    VALUES (
+        queue_name, q.visibility_timeout, q.delivery_delay, q.retention, q.max_message_size,
+        q.receive_wait_time, q.fifo, q.content_based_deduplication, q.deduplication_window,
+        q.dead_letter_queue_id, q.max_receive_count, q.redrive_permission, q.redrive_sources,
+        q.retry_minimum_backoff, q.retry_maximum_backoff, q.archive_on_delete, q.archive_retention,
+        q.max_depth, q.receive_rate_limit, false, false, q.tags, q.access_policy, q.payload_schema,
+        q.deduplication_scope, q.fifo_throughput_limit)
+    ON CONFLICT (name) DO NOTHING
+    RETURNING * INTO q;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'PB409',
+            MESSAGE = format('queue %s already exists', quote_literal(queue_name));
+    END IF;
+    PERFORM postbox._check_resource_quota('queue', queue_name);  -- since 0.9.0
+    -- SNS subscriptions made before the queue existed deliver into it from now on.
+    UPDATE postbox.subscriptions SET queue_id = q.id, pending_queue = NULL WHERE pending_queue = queue_name;
+    RETURN q;
+END
+$$;
+
+-- Changes the settings named in settings; a key whose value is null goes back
+-- to its default.
+CREATE OR REPLACE FUNCTION postbox.update_queue(queue_name text, settings jsonb) RETURNS postbox.queues
+LANGUAGE plpgsql AS $$
+DECLARE
+    q postbox.queues;
+    changes jsonb;
+BEGIN
+    SELECT * INTO q FROM postbox.queues WHERE name = queue_name FOR UPDATE;
+    IF NOT FOUND THEN
+        PERFORM postbox._invalid(postbox._settings_name_problem(settings))
+        WHERE postbox._settings_name_problem(settings) IS NOT NULL;
+        q := postbox._queue(queue_name);  -- raises PB400 or PB404
+    END IF;
+    SELECT coalesce(jsonb_object_agg(key, CASE WHEN value = 'null' THEN postbox.queue_defaults() -> key
+                                               ELSE value END), '{}')
+    INTO changes
+    FROM jsonb_each(coalesce(settings, '{}'));
+    q := postbox._apply_settings(q, postbox.queue_settings(q) || changes);
+    UPDATE postbox.queues
+    SET visibility_timeout = q.visibility_timeout, delivery_delay = q.delivery_delay,
+        retention = q.retention, max_message_size = q.max_message_size,
+        receive_wait_time = q.receive_wait_time,
+        content_based_deduplication = q.content_based_deduplication,
+        deduplication_window = q.deduplication_window, dead_letter_queue_id = q.dead_letter_queue_id,
+        max_receive_count = q.max_receive_count, redrive_permission = q.redrive_permission,
+        redrive_sources = q.redrive_sources, retry_minimum_backoff = q.retry_minimum_backoff,
+        retry_maximum_backoff = q.retry_maximum_backoff, archive_on_delete = q.archive_on_delete,
+        archive_retention = q.archive_retention, max_depth = q.max_depth,
+        receive_rate_limit = q.receive_rate_limit, tags = q.tags, access_policy = q.access_policy,
+        payload_schema = q.payload_schema, deduplication_scope = q.deduplication_scope,
+        fifo_throughput_limit = q.fifo_throughput_limit, updated_at = now()
+    WHERE id = q.id
+    RETURNING * INTO q;
+    RETURN q;
+END
+$$;
+
+-- send_batch's every case: options, FIFO order, deduplication, depth limits and
+-- every error. send_batch (below) takes the plain case past it.
+CREATE OR REPLACE FUNCTION postbox._send_batch_general(
+    queue_name text, bodies bytea[], attributes jsonb[] DEFAULT NULL, delays interval[] DEFAULT NULL,
+    message_group_ids text[] DEFAULT NULL, deduplication_ids text[] DEFAULT NULL,
+    dedupe_keys text[] DEFAULT NULL, priorities integer[] DEFAULT NULL,
+    deliver_ats timestamptz[] DEFAULT NULL, ttls interval[] DEFAULT NULL, expire_ats timestamptz[] DEFAULT NULL,
+    max_receive_counts integer[] DEFAULT NULL)
+RETURNS TABLE (message_id bigint, duplicate boolean)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    q postbox.queues := postbox._queue(queue_name);
+    n integer := coalesce(cardinality(bodies), 0);
+    problem text;
+    sent_at timestamptz;
+    latest timestamptz;
+    ids bigint[];
+    resolved bigint[];
+    dedup text[];
+    scoped text[];  -- dedup as postbox.deduplication keys it (deduplication_scope)
+    keys text[];  -- dedupe keys; each one's last entry; the message its row named when claimed
+    lasts bigint[];
+    holders bigint[];
+    held integer;  -- keys whose row named a message already
+    with_priority boolean;
+    with_keys boolean;
+    filled bigint[];  -- messages that hold their key and took new content
+    with_ids integer;  -- entries with a deduplication id
+    claimed bigint;  -- of them, those whose id this send recorded
+    adding bigint;
+    depth bigint;
+BEGIN
+    IF q.send_paused THEN
+        RAISE EXCEPTION USING ERRCODE = 'PB503', MESSAGE = format(
+            'queue %s is paused for sending; ResumeQueue lets sends in again', quote_literal(queue_name));
+    END IF;
+    -- A writer of the messages table from here on, before the clock is read:
+    -- receive_floor stays at or before the start of every transaction that holds
+    -- this lock, so a message stamped sent_at can never land behind the floor,
+    -- however long the locks below keep the send waiting. (The lock is the one
+    -- the insert takes anyway, and conflicts with no other writer.)
+    LOCK TABLE postbox.messages IN ROW EXCLUSIVE MODE;
+    sent_at := clock_timestamp();
+    PERFORM postbox._check_batch_size(n);
+    IF greatest(cardinality(attributes), cardinality(delays), cardinality(message_group_ids),
+                cardinality(deduplication_ids), cardinality(dedupe_keys), cardinality(priorities),
+                cardinality(deliver_ats), cardinality(ttls), cardinality(expire_ats),
+                cardinality(max_receive_counts)) > n THEN
+        PERFORM postbox._invalid('per-entry arrays may not have more entries than bodies');
+    END IF;
+    -- A message must become visible before it expires, so a delay stays below
+    -- the retention (with none, below a year).
+    latest := sent_at + coalesce(q.retention, interval '365 days');
+    SELECT postbox._entry_prefix(c.i, n) || c.problem INTO problem
+    FROM (
+        SELECT e.i, CASE
+            WHEN e.b IS NULL THEN 'body must not be NULL'
+            WHEN q.fifo AND (e.d IS NOT NULL OR e.t IS NOT NULL) THEN
+                'FIFO queues take no per-message delay; set the queue''s delivery_delay instead'
+            WHEN e.d IS NOT NULL AND e.t IS NOT NULL THEN 'give a delay or a delivery time, not both'
+            WHEN e.d < interval '0' THEN format('delay %s s is negative', trim_scale(extract(epoch FROM e.d)))
+            WHEN sent_at + e.d >= latest AND q.retention IS NULL THEN
+                format('delay %s s is beyond the longest delay, 365 days', trim_scale(extract(epoch FROM e.d)))
+            WHEN sent_at + e.d >= latest THEN format(
+                'delay %s s is not shorter than the queue''s retention, %s s: the message would expire before '
+                'it became visible; shorten the delay or raise retention',
+                trim_scale(extract(epoch FROM e.d)), trim_scale(extract(epoch FROM q.retention)))
+            WHEN e.t >= latest AND q.retention IS NULL THEN
+                format('delivery time %s is beyond the longest delay, 365 days from now', e.t)
+            WHEN e.t >= latest THEN format(
+                'delivery time %s is not before %s, when the message would expire (the queue''s retention is '
+                '%s s): deliver it sooner or raise retention', e.t, latest, trim_scale(extract(epoch FROM q.retention)))
+            WHEN e.l IS NOT NULL AND e.e IS NOT NULL THEN 'give a ttl or an expire_time, not both'
+            WHEN e.l <= interval '0' THEN format('ttl %s s must be above 0', trim_scale(extract(epoch FROM e.l)))
+            WHEN coalesce(e.e, sent_at + e.l) <= postbox._visible_at(sent_at, e.d, e.t, q.delivery_delay) THEN format(
+                'the message would expire (at %s) before it became visible (at %s): expire it later or deliver it '
+                'sooner', coalesce(e.e, sent_at + e.l), postbox._visible_at(sent_at, e.d, e.t, q.delivery_delay))
+            WHEN e.p NOT BETWEEN 0 AND 9 THEN format('priority %s is outside 0 to 9', e.p)
+            WHEN q.fifo AND e.p > 0 THEN 'FIFO queues deliver in order; priority is for standard queues'
+            WHEN q.fifo AND e.g IS NULL THEN 'FIFO queues need a message_group_id'
+            -- Length and a character class, not '^[!-~]{1,128}$': the bounded repetition
+            -- made the regex engine take tens of microseconds per id, more than a
+            -- message's insert (the SDK's Producer gives every message an id).
+            WHEN length(e.g) NOT BETWEEN 1 AND 128 OR e.g ~ '[^!-~]' THEN
+                'message_group_id must be 1 to 128 printable ASCII characters'
+            WHEN length(e.x) NOT BETWEEN 1 AND 128 OR e.x ~ '[^!-~]' THEN
+                'deduplication_id must be 1 to 128 printable ASCII characters'
+            WHEN q.fifo AND e.x IS NULL AND NOT q.content_based_deduplication THEN
+                'FIFO queues need a deduplication_id unless the queue has content_based_deduplication'
+            WHEN e.k IS NOT NULL AND q.fifo THEN
+                'dedupe_key is for standard queues; FIFO queues deduplicate by deduplication_id'
+            WHEN e.k IS NOT NULL AND e.x IS NOT NULL THEN 'give a dedupe_key or a deduplication_id, not both'
+            WHEN length(e.k) NOT BETWEEN 1 AND 256 THEN 'dedupe_key must be 1 to 256 characters'
+            WHEN postbox.message_size(e.b, e.a) > q.max_message_size THEN format(
+                'message is %s bytes; the queue takes at most %s (body and attributes)',
+                postbox.message_size(e.b, e.a), q.max_message_size)
+            WHEN e.r NOT BETWEEN 1 AND 1000 THEN format('max_receive_count is %s; it must be 1 to 1000', e.r)
+        END AS problem
+        FROM unnest(bodies, delays, deliver_ats, priorities, message_group_ids, deduplication_ids,
+                    dedupe_keys, attributes, ttls, expire_ats, max_receive_counts)
+             WITH ORDINALITY AS e(b, d, t, p, g, x, k, a, l, e, r, i)
+    ) AS c
+    WHERE c.problem IS NOT NULL
+    ORDER BY c.i
+    LIMIT 1;
+    IF problem IS NULL AND attributes IS NOT NULL THEN
+        problem := postbox._attributes_problem(attributes, n);
+    END IF;
+    IF problem IS NOT NULL THEN
+        PERFORM postbox._invalid(problem);
+    END IF;
+
+    PERFORM postbox._lock_queue(q, false);
+    with_priority := EXISTS (SELECT FROM unnest(priorities) p WHERE p > 0);
+    with_keys := EXISTS (SELECT FROM unnest(dedupe_keys) k WHERE k IS NOT NULL);
+    IF with_priority AND NOT q.prioritized OR with_keys AND NOT q.keyed THEN
+        PERFORM postbox._mark_queue(q.id, with_priority, with_keys);
+    END IF;
+    IF NOT q.fifo AND NOT q.content_based_deduplication AND q.max_depth IS NULL
+       AND deduplication_ids IS NULL AND dedupe_keys IS NULL THEN
+        -- The common case, in one statement: identity values are drawn in
+        -- insertion order, so id order is input order.
+        RETURN QUERY
+        WITH inserted AS (
+            INSERT INTO postbox.messages (queue_id, visible_at, enqueued_at, attributes, body, priority,
+                                          message_group_id, expires_at, max_receive_count)
+            SELECT q.id, postbox._visible_at(sent_at, d, t, q.delivery_delay), sent_at,
+                   a, b, coalesce(p, 0), g, coalesce(x, sent_at + l), r
+            FROM unnest(bodies, attributes, delays, deliver_ats, priorities, message_group_ids, ttls, expire_ats,
+                        max_receive_counts)
+                 WITH ORDINALITY AS e(b, a, d, t, p, g, l, x, r, i)
+            ORDER BY i
+            RETURNING id, expires_at
+        ), expiring AS (
+            INSERT INTO postbox.message_expiries (message_id, expires_at)
+            SELECT id, expires_at FROM inserted WHERE expires_at IS NOT NULL
+        )
+        SELECT id, false FROM inserted ORDER BY id;
+        PERFORM postbox._notify(q);
+        RETURN;
+    END IF;
+
+    -- FIFO groups are locked before ids are drawn, so a group's id order is the
+    -- order in which its sends commit.
+    IF q.fifo THEN
+        PERFORM postbox._lock_groups(q.id, message_group_ids);
+    END IF;
+    SELECT array_agg(nextval('postbox.messages_id_seq') ORDER BY s) INTO ids FROM generate_series(1, n) AS s;
+    resolved := ids;
+
+    -- Deduplication: the first entry with an id claims it unless the queue saw it
+    -- within its window (a concurrent claimer is waited for); the rest resolve to
+    -- the claimer's message. An entry with a dedupe_key is never deduplicated by
+    -- content: its key decides, and it may not become a message of its own id, so
+    -- a recorded hash would point later sends at a message that never existed.
+    dedup := ARRAY(
+        SELECT CASE WHEN k IS NULL THEN
+                   coalesce(x, CASE WHEN q.content_based_deduplication THEN encode(sha256(b), 'hex') END)
+               END
+        FROM unnest(bodies, deduplication_ids, dedupe_keys) WITH ORDINALITY AS e(b, x, k, i) ORDER BY i);
+    with_ids := cardinality(array_remove(dedup, NULL));
+    IF with_ids > 0 THEN
+        -- With deduplication_scope message_group (FIFO: every entry has a group) an
+        -- id is unique within its group: the group and a newline, which neither
+        -- may hold, go before it in postbox.deduplication.
+        scoped := CASE WHEN q.deduplication_scope = 'message_group' THEN
+            ARRAY(SELECT g || E'\n' || x FROM unnest(dedup, message_group_ids) WITH ORDINALITY AS e(x, g, i)
+                  ORDER BY i)
+        ELSE dedup END;
+        INSERT INTO postbox.deduplication AS d (queue_id, deduplication_id, message_id, expires_at)
+        SELECT DISTINCT ON (e.x) q.id, e.x, ids[e.i], sent_at + q.deduplication_window
+        FROM unnest(scoped) WITH ORDINALITY AS e(x, i)
+        WHERE e.x IS NOT NULL
+        ORDER BY e.x, e.i
+        ON CONFLICT (queue_id, deduplication_id) DO UPDATE
+        SET message_id = excluded.message_id, expires_at = excluded.expires_at
+        WHERE d.expires_at <= sent_at;
+        GET DIAGNOSTICS claimed = ROW_COUNT;
+        -- Every entry with an id claimed it (the ids were distinct, none seen within
+        -- the window): each resolves to its own message, and the look-ups, one index
+        -- scan per entry, are skipped (a tenth of a Producer's batch in the database).
+        IF claimed < with_ids THEN
+            resolved := ARRAY(
+                SELECT coalesce((SELECT d.message_id FROM postbox.deduplication d
+                                 WHERE d.queue_id = q.id AND d.deduplication_id = e.x), ids[e.i])
+                FROM unnest(scoped) WITH ORDINALITY AS e(x, i) ORDER BY e.i);
+        END IF;
+    END IF;
+
+    -- Idempotent enqueue: the last entry of a key carries the content. The
+    -- key's row in dedupe_keys, locked first (in key order, so two batches
+    -- never wait on each other in a circle), names the message that holds the
+    -- key. While that message waits (not received, removed or expired) it takes
+    -- the content; otherwise the entry becomes a message of its own, which the
+    -- row then names. Receives and removals free keys without waiting for rows
+    -- (see _free_keys), so a row may name a message that holds its key no more.
+    IF dedupe_keys IS NOT NULL THEN
+        SELECT array_agg(l.k ORDER BY l.k), array_agg(l.i ORDER BY l.k) INTO keys, lasts
+        FROM (SELECT DISTINCT ON (e.k) e.k, e.i FROM unnest(dedupe_keys) WITH ORDINALITY AS e(k, i)
+              WHERE e.k IS NOT NULL ORDER BY e.k, e.i DESC) AS l;
+        WITH claimed AS (
+            INSERT INTO postbox.dedupe_keys AS d (queue_id, dedupe_key, message_id)
+            SELECT q.id, l.k, ids[l.i] FROM unnest(keys, lasts) WITH ORDINALITY AS l(k, i, n) ORDER BY l.n
+            ON CONFLICT (queue_id, dedupe_key) DO UPDATE SET message_id = d.message_id  -- locks, keeps
+            RETURNING d.dedupe_key, d.message_id
+        )
+        SELECT array_agg(c.message_id ORDER BY l.n), count(*) FILTER (WHERE c.message_id <> ALL (ids))
+        INTO holders, held
+        FROM unnest(keys) WITH ORDINALITY AS l(k, n) JOIN claimed c ON c.dedupe_key = l.k;
+        IF held > 0 THEN
+            -- A statement of its own: its snapshot sees a holder whose send
+            -- committed while the claim waited for the key's row.
+            WITH filled AS (
+                UPDATE postbox.messages m
+                SET body = bodies[h.i], attributes = _send_batch_general.attributes[h.i],
+                    priority = coalesce(priorities[h.i], 0),
+                    expires_at = coalesce(expire_ats[h.i], sent_at + ttls[h.i]),
+                    max_receive_count = max_receive_counts[h.i]
+                FROM unnest(keys, lasts, holders) AS h(k, i, id)
+                WHERE m.id = h.id AND h.id <> ids[h.i] AND m.queue_id = q.id AND m.dedupe_key = h.k
+                  AND NOT coalesce(m.enqueued_at < now() - q.retention OR m.expires_at <= now(), false)
+                RETURNING m.id
+            )
+            SELECT array_agg(f.id) INTO filled FROM filled f;
+            -- Their expiries as they are now.
+            DELETE FROM postbox.message_expiries WHERE message_id = ANY (filled);
+            IF ttls IS NOT NULL OR expire_ats IS NOT NULL THEN
+                INSERT INTO postbox.message_expiries (message_id, expires_at)
+                SELECT m.id, m.expires_at FROM postbox.messages m WHERE m.id = ANY (filled) AND m.expires_at IS NOT NULL;
+            END IF;
+            IF coalesce(cardinality(filled), 0) < held THEN
+                -- Keys whose message holds them no more name the message this send makes.
+                UPDATE postbox.dedupe_keys d SET message_id = ids[h.i]
+                FROM unnest(keys, lasts, holders) AS h(k, i, id)
+                WHERE d.queue_id = q.id AND d.dedupe_key = h.k AND h.id <> ids[h.i]
+                  AND h.id <> ALL (coalesce(filled, '{}'));
+            END IF;
+        END IF;
+        -- A key's entries resolve to the message that took the content, or to the
+        -- key's last entry, which the insert below makes a message.
+        SELECT ARRAY(
+            SELECT CASE WHEN e.k IS NULL THEN resolved[e.i]
+                        WHEN h.id = ANY (filled) THEN h.id
+                        ELSE ids[h.i] END
+            FROM unnest(dedupe_keys) WITH ORDINALITY AS e(k, i)
+            LEFT JOIN unnest(keys, lasts, holders) AS h(k, i, id) ON h.k = e.k
+            ORDER BY e.i)
+        INTO resolved;
+    END IF;
+
+    IF q.max_depth IS NOT NULL THEN
+        -- Bounded queues take their sends one at a time, so the count is exact.
+        PERFORM pg_advisory_xact_lock(1886350199, q.id);  -- 'posu'
+        SELECT count(*) FILTER (WHERE r = id) INTO adding FROM unnest(resolved, ids) AS e(r, id);
+        SELECT count(*) INTO depth
+        FROM (SELECT FROM postbox.messages WHERE queue_id = q.id LIMIT q.max_depth + 1) AS s;
+        IF depth + adding > q.max_depth THEN
+            RAISE EXCEPTION USING ERRCODE = 'PB429', MESSAGE = format(
+                'queue %s holds %s messages and its max_depth is %s, so %s more do not fit; '
+                'receive some or raise max_depth', quote_literal(queue_name), depth, q.max_depth, adding);
+        END IF;
+    END IF;
+
+    -- Every entry that is a message of its own: no duplicate, and for a key the
+    -- last entry, when the key's message did not take its content.
+    INSERT INTO postbox.messages (id, queue_id, visible_at, enqueued_at, attributes, body, priority,
+                                  message_group_id, deduplication_id, dedupe_key, expires_at, max_receive_count)
+    OVERRIDING SYSTEM VALUE
+    SELECT ids[e.i], q.id,
+           CASE WHEN q.fifo AND (row_number() OVER (PARTITION BY e.g ORDER BY e.i) > 1
+                                 OR EXISTS (SELECT FROM postbox.messages x
+                                            WHERE x.queue_id = q.id AND x.message_group_id = e.g))
+                THEN 'infinity'
+                ELSE postbox._visible_at(sent_at, e.d, e.t, q.delivery_delay) END,
+           sent_at, e.a, e.b, coalesce(e.p, 0), e.g, e.x, e.k, coalesce(e.e, sent_at + e.l), e.c
+    FROM unnest(bodies, attributes, delays, deliver_ats, priorities, message_group_ids, dedup,
+                dedupe_keys, resolved, ttls, expire_ats, max_receive_counts)
+         WITH ORDINALITY AS e(b, a, d, t, p, g, x, k, r, l, e, c, i)
+    WHERE e.r = ids[e.i]
+    ORDER BY e.i;
+    IF ttls IS NOT NULL OR expire_ats IS NOT NULL THEN
+        INSERT INTO postbox.message_expiries (message_id, expires_at)
+        SELECT m.id, m.expires_at FROM postbox.messages m WHERE m.id = ANY (ids) AND m.expires_at IS NOT NULL;
+    END IF;
+    PERFORM postbox._notify(q);
+    RETURN QUERY SELECT e.r, e.r <> ids[e.i] FROM unnest(resolved) WITH ORDINALITY AS e(r, i) ORDER BY e.i;
+END
+$$;
+
 SELECT postbox._secure();
 
 INSERT INTO postbox.schema_version (version) VALUES ('0.9.0');

@@ -70,7 +70,13 @@ CREATE TABLE postbox.queues (
     access_policy text NOT NULL DEFAULT '',
     -- Since 0.9.0: what message bodies must be (postbox._payload_schema_problem
     -- gives the shape), checked by the server on every send; NULL: any body.
-    payload_schema jsonb
+    payload_schema jsonb,
+    -- Since 0.9.0: what a deduplication id (or a body's hash) is unique within:
+    -- 'queue', or 'message_group' (FIFO queues; SQS's DeduplicationScope).
+    deduplication_scope text NOT NULL DEFAULT 'queue',
+    -- Since 0.9.0: SQS's FifoThroughputLimit as a client set it, 'per_queue' or
+    -- 'per_message_group_id': kept and returned, as postbox limits neither.
+    fifo_throughput_limit text NOT NULL DEFAULT 'per_queue'
 );
 
 -- Every queue's messages live in this one table, keyed by queue_id, rather than
@@ -618,7 +624,8 @@ LANGUAGE sql IMMUTABLE AS $$
              "retry_policy": {"minimum_backoff": 1, "maximum_backoff": 600},
              "archive_on_delete": false, "archive_retention": 604800,
              "max_depth": 0, "receive_rate_limit": 0, "tags": {}, "access_policy": "",
-             "payload_schema": null}'::jsonb
+             "payload_schema": null, "deduplication_scope": "queue",
+             "fifo_throughput_limit": "per_queue"}'::jsonb
 $$;
 
 -- The attributes of a queue as settings jsonb, in the shape of queue_defaults().
@@ -646,7 +653,9 @@ LANGUAGE sql STABLE AS $$
         'receive_rate_limit', coalesce(q.receive_rate_limit, 0),
         'tags', q.tags,
         'access_policy', q.access_policy,
-        'payload_schema', q.payload_schema)
+        'payload_schema', q.payload_schema,
+        'deduplication_scope', q.deduplication_scope,
+        'fifo_throughput_limit', q.fifo_throughput_limit)
 $$;
 
 -- The seconds of a setting as an interval: PB400 unless it lies in [low, high],
@@ -803,6 +812,30 @@ BEGIN
     END IF;
     q.access_policy := policy #>> '{}';
 
+    -- SQS's high-throughput FIFO settings; a standard queue has no message groups.
+    q.deduplication_scope := settings ->> 'deduplication_scope';
+    IF jsonb_typeof(settings -> 'deduplication_scope') IS DISTINCT FROM 'string'
+       OR q.deduplication_scope NOT IN ('queue', 'message_group') THEN
+        PERFORM postbox._invalid('deduplication_scope must be queue or message_group');
+    END IF;
+    q.fifo_throughput_limit := settings ->> 'fifo_throughput_limit';
+    IF jsonb_typeof(settings -> 'fifo_throughput_limit') IS DISTINCT FROM 'string'
+       OR q.fifo_throughput_limit NOT IN ('per_queue', 'per_message_group_id') THEN
+        PERFORM postbox._invalid('fifo_throughput_limit must be per_queue or per_message_group_id');
+    END IF;
+    IF NOT q.fifo AND q.deduplication_scope <> 'queue' THEN
+        PERFORM postbox._invalid('deduplication_scope message_group is for FIFO queues: a standard '
+                                 'queue has no message groups');
+    END IF;
+    IF NOT q.fifo AND q.fifo_throughput_limit <> 'per_queue' THEN
+        PERFORM postbox._invalid('fifo_throughput_limit is for FIFO queues');
+    END IF;
+    -- As in SQS: the per-group limit goes with per-group deduplication.
+    IF q.fifo_throughput_limit = 'per_message_group_id' AND q.deduplication_scope <> 'message_group' THEN
+        PERFORM postbox._invalid('fifo_throughput_limit per_message_group_id needs deduplication_scope '
+                                 'message_group');
+    END IF;
+
     -- The server compiles the schema before it gets here; this keeps the shape
     -- and the size limits for callers in SQL.
     PERFORM postbox._invalid(postbox._payload_schema_problem(settings -> 'payload_schema'))
@@ -869,13 +902,15 @@ BEGIN
         fifo, content_based_deduplication, deduplication_window, dead_letter_queue_id,
         max_receive_count, redrive_permission, redrive_sources, retry_minimum_backoff,
         retry_maximum_backoff, archive_on_delete, archive_retention, max_depth, receive_rate_limit,
-        send_paused, receive_paused, tags, access_policy, payload_schema)
+        send_paused, receive_paused, tags, access_policy, payload_schema, deduplication_scope,
+        fifo_throughput_limit)
     VALUES (
         queue_name, q.visibility_timeout, q.delivery_delay, q.retention, q.max_message_size,
         q.receive_wait_time, q.fifo, q.content_based_deduplication, q.deduplication_window,
         q.dead_letter_queue_id, q.max_receive_count, q.redrive_permission, q.redrive_sources,
         q.retry_minimum_backoff, q.retry_maximum_backoff, q.archive_on_delete, q.archive_retention,
-        q.max_depth, q.receive_rate_limit, false, false, q.tags, q.access_policy, q.payload_schema)
+        q.max_depth, q.receive_rate_limit, false, false, q.tags, q.access_policy, q.payload_schema,
+        q.deduplication_scope, q.fifo_throughput_limit)
     ON CONFLICT (name) DO NOTHING
     RETURNING * INTO q;
     IF NOT FOUND THEN
@@ -919,7 +954,8 @@ BEGIN
         retry_maximum_backoff = q.retry_maximum_backoff, archive_on_delete = q.archive_on_delete,
         archive_retention = q.archive_retention, max_depth = q.max_depth,
         receive_rate_limit = q.receive_rate_limit, tags = q.tags, access_policy = q.access_policy,
-        payload_schema = q.payload_schema, updated_at = now()
+        payload_schema = q.payload_schema, deduplication_scope = q.deduplication_scope,
+        fifo_throughput_limit = q.fifo_throughput_limit, updated_at = now()
     WHERE id = q.id
     RETURNING * INTO q;
     RETURN q;
@@ -1545,6 +1581,7 @@ DECLARE
     ids bigint[];
     resolved bigint[];
     dedup text[];
+    scoped text[];  -- dedup as postbox.deduplication keys it (deduplication_scope)
     keys text[];  -- dedupe keys; each one's last entry; the message its row named when claimed
     lasts bigint[];
     holders bigint[];
@@ -1687,9 +1724,16 @@ BEGIN
         FROM unnest(bodies, deduplication_ids, dedupe_keys) WITH ORDINALITY AS e(b, x, k, i) ORDER BY i);
     with_ids := cardinality(array_remove(dedup, NULL));
     IF with_ids > 0 THEN
+        -- With deduplication_scope message_group (FIFO: every entry has a group) an
+        -- id is unique within its group: the group and a newline, which neither
+        -- may hold, go before it in postbox.deduplication.
+        scoped := CASE WHEN q.deduplication_scope = 'message_group' THEN
+            ARRAY(SELECT g || E'\n' || x FROM unnest(dedup, message_group_ids) WITH ORDINALITY AS e(x, g, i)
+                  ORDER BY i)
+        ELSE dedup END;
         INSERT INTO postbox.deduplication AS d (queue_id, deduplication_id, message_id, expires_at)
         SELECT DISTINCT ON (e.x) q.id, e.x, ids[e.i], sent_at + q.deduplication_window
-        FROM unnest(dedup) WITH ORDINALITY AS e(x, i)
+        FROM unnest(scoped) WITH ORDINALITY AS e(x, i)
         WHERE e.x IS NOT NULL
         ORDER BY e.x, e.i
         ON CONFLICT (queue_id, deduplication_id) DO UPDATE
@@ -1703,7 +1747,7 @@ BEGIN
             resolved := ARRAY(
                 SELECT coalesce((SELECT d.message_id FROM postbox.deduplication d
                                  WHERE d.queue_id = q.id AND d.deduplication_id = e.x), ids[e.i])
-                FROM unnest(dedup) WITH ORDINALITY AS e(x, i) ORDER BY e.i);
+                FROM unnest(scoped) WITH ORDINALITY AS e(x, i) ORDER BY e.i);
         END IF;
     END IF;
 

@@ -70,7 +70,13 @@ CREATE TABLE postbox.queues (
     access_policy text NOT NULL DEFAULT '',
     -- Since 0.9.0: what message bodies must be (postbox._payload_schema_problem
     -- gives the shape), checked by the server on every send; NULL: any body.
-    payload_schema jsonb
+    payload_schema jsonb,
+    -- Since 0.9.0: what a deduplication id (or a body's hash) is unique within:
+    -- 'queue', or 'message_group' (FIFO queues; SQS's DeduplicationScope).
+    deduplication_scope text NOT NULL DEFAULT 'queue',
+    -- Since 0.9.0: SQS's FifoThroughputLimit as a client set it, 'per_queue' or
+    -- 'per_message_group_id': kept and returned, as postbox limits neither.
+    fifo_throughput_limit text NOT NULL DEFAULT 'per_queue'
 );
 
 -- Every queue's messages live in this one table, keyed by queue_id, rather than

@@ -95,6 +95,7 @@ DECLARE
     ids bigint[];
     resolved bigint[];
     dedup text[];
+    scoped text[];  -- dedup as postbox.deduplication keys it (deduplication_scope)
     keys text[];  -- dedupe keys; each one's last entry; the message its row named when claimed
     lasts bigint[];
     holders bigint[];
@@ -237,9 +238,16 @@ BEGIN
         FROM unnest(bodies, deduplication_ids, dedupe_keys) WITH ORDINALITY AS e(b, x, k, i) ORDER BY i);
     with_ids := cardinality(array_remove(dedup, NULL));
     IF with_ids > 0 THEN
+        -- With deduplication_scope message_group (FIFO: every entry has a group) an
+        -- id is unique within its group: the group and a newline, which neither
+        -- may hold, go before it in postbox.deduplication.
+        scoped := CASE WHEN q.deduplication_scope = 'message_group' THEN
+            ARRAY(SELECT g || E'\n' || x FROM unnest(dedup, message_group_ids) WITH ORDINALITY AS e(x, g, i)
+                  ORDER BY i)
+        ELSE dedup END;
         INSERT INTO postbox.deduplication AS d (queue_id, deduplication_id, message_id, expires_at)
         SELECT DISTINCT ON (e.x) q.id, e.x, ids[e.i], sent_at + q.deduplication_window
-        FROM unnest(dedup) WITH ORDINALITY AS e(x, i)
+        FROM unnest(scoped) WITH ORDINALITY AS e(x, i)
         WHERE e.x IS NOT NULL
         ORDER BY e.x, e.i
         ON CONFLICT (queue_id, deduplication_id) DO UPDATE
@@ -253,7 +261,7 @@ BEGIN
             resolved := ARRAY(
                 SELECT coalesce((SELECT d.message_id FROM postbox.deduplication d
                                  WHERE d.queue_id = q.id AND d.deduplication_id = e.x), ids[e.i])
-                FROM unnest(dedup) WITH ORDINALITY AS e(x, i) ORDER BY e.i);
+                FROM unnest(scoped) WITH ORDINALITY AS e(x, i) ORDER BY e.i);
         END IF;
     END IF;
 

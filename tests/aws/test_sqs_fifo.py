@@ -75,12 +75,58 @@ def test_fifo_rules_on_create(sqs_any, sqs_queue, request):
         Attributes={"ContentBasedDeduplication": "true"},
     )
     assert error["Code"] == "InvalidAttributeName"
+    # High throughput: perMessageGroupId goes with DeduplicationScope messageGroup.
     error = error_of(
         sqs_any.create_queue,
         QueueName=f"{name}.fifo",
-        Attributes={"FifoQueue": "true", "DeduplicationScope": "messageGroup"},
+        Attributes={"FifoQueue": "true", "FifoThroughputLimit": "perMessageGroupId"},
+    )
+    assert error["Code"] == "InvalidParameterValue"
+    assert error["Message"] == (
+        "FifoThroughputLimit perMessageGroupId needs DeduplicationScope messageGroup"
+    )
+    error = error_of(
+        sqs_any.create_queue,
+        QueueName=f"{name}.fifo",
+        Attributes={"FifoQueue": "true", "DeduplicationScope": "group"},
     )
     assert error["Code"] == "InvalidAttributeValue"
+    assert "must be queue or messageGroup, not 'group'" in error["Message"]
+
+
+def test_high_throughput_fifo_deduplicates_per_message_group(sqs_any, request):
+    """DeduplicationScope messageGroup, FifoThroughputLimit perMessageGroupId: SQS's
+    high-throughput FIFO settings, kept; a deduplication id is then its group's."""
+    name = unique_name(request.node.name)[:60] + ".fifo"
+    high = {"FifoQueue": "true", "DeduplicationScope": "messageGroup",
+            "FifoThroughputLimit": "perMessageGroupId"}  # fmt: skip
+    url = sqs_any.create_queue(QueueName=name, Attributes=high)["QueueUrl"]
+    try:
+        # The same attributes again: the same queue.
+        assert sqs_any.create_queue(QueueName=name, Attributes=high)["QueueUrl"] == url
+        got = sqs_any.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
+        assert (got["DeduplicationScope"], got["FifoThroughputLimit"]) == (
+            "messageGroup", "perMessageGroupId"
+        )
+        for group in ("a", "b", "a"):
+            sqs_any.send_message(
+                QueueUrl=url, MessageBody=group, MessageGroupId=group,
+                MessageDeduplicationId="same",
+            )  # fmt: skip
+        delivered = drain(sqs_any, url)
+        assert sorted(m["Body"] for m in delivered) == ["a", "b"]
+        assert {m["Attributes"]["MessageDeduplicationId"] for m in delivered} == {"same"}
+        # Back to normal throughput, per queue.
+        sqs_any.set_queue_attributes(
+            QueueUrl=url,
+            Attributes={"FifoThroughputLimit": "perQueue", "DeduplicationScope": "queue"},
+        )
+        got = sqs_any.get_queue_attributes(
+            QueueUrl=url, AttributeNames=["DeduplicationScope", "FifoThroughputLimit"]
+        )["Attributes"]
+        assert got == {"DeduplicationScope": "queue", "FifoThroughputLimit": "perQueue"}
+    finally:
+        sqs_any.delete_queue(QueueUrl=url)
 
 
 def test_groups_are_delivered_in_order(sqs_any, fifo_queue):

@@ -11,6 +11,7 @@ import grpc
 import pytest
 from postbox.v1 import message_service_pb2 as pb
 from postbox.v1 import message_service_pb2_grpc
+from postbox.v1 import queue_service_pb2 as qpb
 from support import create_queue, error_of, eventually, kept, receive, seconds, stats, unique_name
 
 
@@ -205,6 +206,73 @@ def test_content_based_deduplication_hashes_the_body(messages, queues):
     (got,) = receive(messages, queue.name, count=1)
     assert got.message_id == first.message_id
     assert got.deduplication_id == hashlib.sha256(b"same").hexdigest()
+
+
+def test_deduplication_scope_message_group_makes_an_id_its_groups_own(messages, queues):
+    """SQS's high-throughput FIFO: with DeduplicationScope messageGroup the same id in two
+    groups names two messages; within a group it is still a duplicate."""
+    queue = create_queue(
+        queues, unique_name("per_group") + ".fifo",
+        deduplication_scope=qpb.DEDUPLICATION_SCOPE_MESSAGE_GROUP,
+        fifo_throughput_limit=qpb.FIFO_THROUGHPUT_LIMIT_PER_MESSAGE_GROUP_ID,
+    ).name  # fmt: skip
+    got = queues.GetQueue(qpb.GetQueueRequest(name=queue)).queue
+    assert got.deduplication_scope == qpb.DEDUPLICATION_SCOPE_MESSAGE_GROUP
+    assert got.fifo_throughput_limit == qpb.FIFO_THROUGHPUT_LIMIT_PER_MESSAGE_GROUP_ID
+    a = send(messages, queue, b"a", message_group_id="a", deduplication_id="order-1")
+    b = send(messages, queue, b"b", message_group_id="b", deduplication_id="order-1")
+    again = send(messages, queue, b"a2", message_group_id="a", deduplication_id="order-1")
+    assert (a.duplicate, b.duplicate, again.duplicate) == (False, False, True)
+    assert again.message_id == a.message_id != b.message_id
+    # In one batch too, the first of a group's repeats claims the id.
+    batch = messages.SendBatch(pb.SendBatchRequest(queue=queue, entries=[
+        pb.SendBatchEntry(body=b"c", message_group_id="c", deduplication_id="order-2"),
+        pb.SendBatchEntry(body=b"d", message_group_id="d", deduplication_id="order-2"),
+        pb.SendBatchEntry(body=b"c2", message_group_id="c", deduplication_id="order-2"),
+    ]))  # fmt: skip
+    assert list(batch.duplicates) == [False, False, True]
+    received = receive(messages, queue, count=10)
+    assert sorted(m.body for m in received) == [b"a", b"b", b"c", b"d"]
+    # A message keeps its own deduplication id, without its group.
+    assert {m.deduplication_id for m in received} == {"order-1", "order-2"}
+
+
+def test_deduplication_scope_by_content_is_per_group_too(messages, queues):
+    queue = create_queue(
+        queues, unique_name("per_group_content") + ".fifo", content_based_deduplication=True,
+        deduplication_scope=qpb.DEDUPLICATION_SCOPE_MESSAGE_GROUP,
+    ).name  # fmt: skip
+    first = send(messages, queue, b"same", message_group_id="a")
+    assert not send(messages, queue, b"same", message_group_id="b").duplicate
+    assert send(messages, queue, b"same", message_group_id="a").message_id == first.message_id
+    # Back to one scope for the queue: the ids seen so far were kept per group, and a
+    # new one is the queue's.
+    queues.UpdateQueue(qpb.UpdateQueueRequest(
+        queue=qpb.Queue(name=queue), update_mask={"paths": ["deduplication_scope"]}
+    ))  # fmt: skip
+    assert send(messages, queue, b"new", message_group_id="a").duplicate is False
+    assert send(messages, queue, b"new", message_group_id="b").duplicate is True
+
+
+@pytest.mark.parametrize(
+    ("name", "attributes", "says"),
+    [
+        ("std", {"deduplication_scope": qpb.DEDUPLICATION_SCOPE_MESSAGE_GROUP},
+         "deduplication_scope message_group is for FIFO queues"),
+        ("std", {"fifo_throughput_limit": qpb.FIFO_THROUGHPUT_LIMIT_PER_MESSAGE_GROUP_ID},
+         "fifo_throughput_limit is for FIFO queues"),
+        ("f.fifo", {"fifo_throughput_limit": qpb.FIFO_THROUGHPUT_LIMIT_PER_MESSAGE_GROUP_ID},
+         "per_message_group_id needs deduplication_scope message_group"),
+        ("f.fifo", {"deduplication_scope": 7}, "deduplication_scope is 7"),
+    ],
+)  # fmt: skip
+def test_deduplication_scope_and_throughput_limit_rules(queues, name, attributes, says):
+    queue = unique_name("bad_scope") + name
+    error = error_of(create_queue, queues, queue, **attributes)
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert says in error.details()
+    error = error_of(queues.GetQueue, qpb.GetQueueRequest(name=queue))
+    assert error.code() == grpc.StatusCode.NOT_FOUND
 
 
 def test_duplicates_inside_one_batch(messages, queue):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import grpc
@@ -47,12 +47,30 @@ _PERMISSION_ENUMS = {
     "deny_all": pb.RedriveAllowPolicy.PERMISSION_DENY_ALL,
     "by_queue": pb.RedriveAllowPolicy.PERMISSION_BY_QUEUE,
 }
+# The engine's words for the high-throughput FIFO settings; unspecified: the default.
+_SCOPES = {
+    pb.DEDUPLICATION_SCOPE_UNSPECIFIED: None,
+    pb.DEDUPLICATION_SCOPE_QUEUE: "queue",
+    pb.DEDUPLICATION_SCOPE_MESSAGE_GROUP: "message_group",
+}
+_THROUGHPUT_LIMITS = {
+    pb.FIFO_THROUGHPUT_LIMIT_UNSPECIFIED: None,
+    pb.FIFO_THROUGHPUT_LIMIT_PER_QUEUE: "per_queue",
+    pb.FIFO_THROUGHPUT_LIMIT_PER_MESSAGE_GROUP_ID: "per_message_group_id",
+}
 _TASK_STATES = {
     "running": pb.RedriveTask.STATE_RUNNING,
     "completed": pb.RedriveTask.STATE_COMPLETED,
     "cancelled": pb.RedriveTask.STATE_CANCELLED,
     "failed": pb.RedriveTask.STATE_FAILED,
 }
+
+
+def _enum_setting(queue: pb.Queue, field: str, words: Mapping[Any, str | None]) -> str | None:
+    value = getattr(queue, field)
+    if value not in words:
+        raise invalid(f"{field} is {value}, which is none of its enum's values")
+    return words[value]
 
 
 def _duration_setting(queue: pb.Queue, field: str) -> float | None:
@@ -140,6 +158,10 @@ SETTINGS: dict[str, Callable[[pb.Queue], Any]] = {
     "receive_rate_limit": lambda q: _positive_setting(q, "receive_rate_limit"),
     "tags": lambda q: dict(q.tags),
     "access_policy": lambda q: q.access_policy,
+    "deduplication_scope": lambda q: _enum_setting(q, "deduplication_scope", _SCOPES),
+    "fifo_throughput_limit": lambda q: _enum_setting(
+        q, "fifo_throughput_limit", _THROUGHPUT_LIMITS
+    ),
     # Compiled here, so that a schema that cannot check anything is refused now.
     "payload_schema": lambda q: (
         payload_schemas.setting(q.payload_schema) if q.HasField("payload_schema") else None
@@ -201,6 +223,10 @@ def default_settings(max_message_size: int) -> dict[str, Any]:
     return queue_settings(pb.Queue(), list(SETTINGS), max_message_size)
 
 
+def _enum_of(words: Mapping[Any, str | None], word: str) -> Any:
+    return next(value for value, known in words.items() if known == word)
+
+
 def queue_resource(row: Row, *, with_payload_schema: bool = True) -> pb.Queue:
     """A row of postbox.queues (with its dead_letter_queue name) as an API Queue; its
     payload_schema (up to 256 KiB) only when asked for, as GetQueue does and a page of
@@ -218,6 +244,8 @@ def queue_resource(row: Row, *, with_payload_schema: bool = True) -> pb.Queue:
         receive_paused=row["receive_paused"],
         tags=json.loads(row["tags"]),
         access_policy=row["access_policy"],
+        deduplication_scope=_enum_of(_SCOPES, row["deduplication_scope"]),
+        fifo_throughput_limit=_enum_of(_THROUGHPUT_LIMITS, row["fifo_throughput_limit"]),
         payload_schema=(
             payload_schemas.resource(row["payload_schema"]) if with_payload_schema else None
         ),

@@ -106,6 +106,26 @@ class Flag(Attribute):
         return "true" if getattr(queue, self.field) else "false"
 
 
+class Choice(Attribute):
+    """One of SQS's words, each a value of the field's enum (the first: its default)."""
+
+    field: str
+
+    def __init__(self, field: str, values: Mapping[str, int], fifo_only: bool = False) -> None:
+        super().__init__(field, fifo_only)
+        self.values = values
+
+    def put(self, name: str, text: str, queue: qpb.Queue, settings: ShimSettings) -> None:
+        if text not in self.values:
+            raise invalid_value(name, f"must be {' or '.join(self.values)}, not {quoted(text)}.")
+        setattr(queue, self.field, self.values[text])
+
+    def get(self, queue: qpb.Queue, settings: ShimSettings) -> str:
+        value = getattr(queue, self.field)
+        return next((word for word, known in self.values.items() if known == value),
+                    next(iter(self.values)))  # fmt: skip
+
+
 class Fixed(Attribute):
     """An SQS choice postbox has one answer to: only that value is accepted."""
 
@@ -274,11 +294,21 @@ SETTABLE: dict[str, Attribute] = {
     # InvalidAttributeName ("Unknown Attribute FifoQueue.").
     "FifoQueue": FifoQueue(fifo_only=True),
     "ContentBasedDeduplication": Flag("content_based_deduplication", fifo_only=True),
-    "DeduplicationScope": Fixed(
-        "queue", "it deduplicates per queue, not per message group.", fifo_only=True
+    "DeduplicationScope": Choice(
+        "deduplication_scope",
+        {
+            "queue": qpb.DEDUPLICATION_SCOPE_QUEUE,
+            "messageGroup": qpb.DEDUPLICATION_SCOPE_MESSAGE_GROUP,
+        },
+        fifo_only=True,
     ),
-    "FifoThroughputLimit": Fixed(
-        "perQueue", "it has no per-message-group throughput mode.", fifo_only=True
+    "FifoThroughputLimit": Choice(
+        "fifo_throughput_limit",
+        {
+            "perQueue": qpb.FIFO_THROUGHPUT_LIMIT_PER_QUEUE,
+            "perMessageGroupId": qpb.FIFO_THROUGHPUT_LIMIT_PER_MESSAGE_GROUP_ID,
+        },
+        fifo_only=True,
     ),
     "Policy": Policy(),
     # Known to SQS, so not InvalidAttributeName; the values that mean "none" are

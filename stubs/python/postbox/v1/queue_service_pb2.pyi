@@ -13,17 +13,35 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class DeduplicationScope(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    DEDUPLICATION_SCOPE_UNSPECIFIED: _ClassVar[DeduplicationScope]
+    DEDUPLICATION_SCOPE_QUEUE: _ClassVar[DeduplicationScope]
+    DEDUPLICATION_SCOPE_MESSAGE_GROUP: _ClassVar[DeduplicationScope]
+
+class FifoThroughputLimit(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    FIFO_THROUGHPUT_LIMIT_UNSPECIFIED: _ClassVar[FifoThroughputLimit]
+    FIFO_THROUGHPUT_LIMIT_PER_QUEUE: _ClassVar[FifoThroughputLimit]
+    FIFO_THROUGHPUT_LIMIT_PER_MESSAGE_GROUP_ID: _ClassVar[FifoThroughputLimit]
+
 class QueueView(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     QUEUE_VIEW_UNSPECIFIED: _ClassVar[QueueView]
     QUEUE_VIEW_BASIC: _ClassVar[QueueView]
     QUEUE_VIEW_FULL: _ClassVar[QueueView]
+DEDUPLICATION_SCOPE_UNSPECIFIED: DeduplicationScope
+DEDUPLICATION_SCOPE_QUEUE: DeduplicationScope
+DEDUPLICATION_SCOPE_MESSAGE_GROUP: DeduplicationScope
+FIFO_THROUGHPUT_LIMIT_UNSPECIFIED: FifoThroughputLimit
+FIFO_THROUGHPUT_LIMIT_PER_QUEUE: FifoThroughputLimit
+FIFO_THROUGHPUT_LIMIT_PER_MESSAGE_GROUP_ID: FifoThroughputLimit
 QUEUE_VIEW_UNSPECIFIED: QueueView
 QUEUE_VIEW_BASIC: QueueView
 QUEUE_VIEW_FULL: QueueView
 
 class Queue(_message.Message):
-    __slots__ = ("name", "visibility_timeout", "delivery_delay", "retention", "max_message_size", "receive_wait_time", "create_time", "update_time", "stats", "fifo", "content_based_deduplication", "deduplication_window", "dead_letter_policy", "redrive_allow_policy", "retry_policy", "archive_on_delete", "archive_retention", "max_depth", "receive_rate_limit", "send_paused", "receive_paused", "tags", "purge_time", "access_policy", "payload_schema")
+    __slots__ = ("name", "visibility_timeout", "delivery_delay", "retention", "max_message_size", "receive_wait_time", "create_time", "update_time", "stats", "fifo", "content_based_deduplication", "deduplication_window", "dead_letter_policy", "redrive_allow_policy", "retry_policy", "archive_on_delete", "archive_retention", "max_depth", "receive_rate_limit", "send_paused", "receive_paused", "tags", "purge_time", "access_policy", "payload_schema", "deduplication_scope", "fifo_throughput_limit")
     class TagsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -56,6 +74,8 @@ class Queue(_message.Message):
     PURGE_TIME_FIELD_NUMBER: _ClassVar[int]
     ACCESS_POLICY_FIELD_NUMBER: _ClassVar[int]
     PAYLOAD_SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    DEDUPLICATION_SCOPE_FIELD_NUMBER: _ClassVar[int]
+    FIFO_THROUGHPUT_LIMIT_FIELD_NUMBER: _ClassVar[int]
     name: str
     visibility_timeout: _duration_pb2.Duration
     delivery_delay: _duration_pb2.Duration
@@ -81,7 +101,9 @@ class Queue(_message.Message):
     purge_time: _timestamp_pb2.Timestamp
     access_policy: str
     payload_schema: _message_pb2.PayloadSchema
-    def __init__(self, name: _Optional[str] = ..., visibility_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., delivery_delay: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., retention: _Optional[_Union[Retention, _Mapping]] = ..., max_message_size: _Optional[int] = ..., receive_wait_time: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., stats: _Optional[_Union[QueueStats, _Mapping]] = ..., fifo: _Optional[bool] = ..., content_based_deduplication: _Optional[bool] = ..., deduplication_window: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., dead_letter_policy: _Optional[_Union[DeadLetterPolicy, _Mapping]] = ..., redrive_allow_policy: _Optional[_Union[RedriveAllowPolicy, _Mapping]] = ..., retry_policy: _Optional[_Union[RetryPolicy, _Mapping]] = ..., archive_on_delete: _Optional[bool] = ..., archive_retention: _Optional[_Union[Retention, _Mapping]] = ..., max_depth: _Optional[int] = ..., receive_rate_limit: _Optional[float] = ..., send_paused: _Optional[bool] = ..., receive_paused: _Optional[bool] = ..., tags: _Optional[_Mapping[str, str]] = ..., purge_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., access_policy: _Optional[str] = ..., payload_schema: _Optional[_Union[_message_pb2.PayloadSchema, _Mapping]] = ...) -> None: ...
+    deduplication_scope: DeduplicationScope
+    fifo_throughput_limit: FifoThroughputLimit
+    def __init__(self, name: _Optional[str] = ..., visibility_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., delivery_delay: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., retention: _Optional[_Union[Retention, _Mapping]] = ..., max_message_size: _Optional[int] = ..., receive_wait_time: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., stats: _Optional[_Union[QueueStats, _Mapping]] = ..., fifo: _Optional[bool] = ..., content_based_deduplication: _Optional[bool] = ..., deduplication_window: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., dead_letter_policy: _Optional[_Union[DeadLetterPolicy, _Mapping]] = ..., redrive_allow_policy: _Optional[_Union[RedriveAllowPolicy, _Mapping]] = ..., retry_policy: _Optional[_Union[RetryPolicy, _Mapping]] = ..., archive_on_delete: _Optional[bool] = ..., archive_retention: _Optional[_Union[Retention, _Mapping]] = ..., max_depth: _Optional[int] = ..., receive_rate_limit: _Optional[float] = ..., send_paused: _Optional[bool] = ..., receive_paused: _Optional[bool] = ..., tags: _Optional[_Mapping[str, str]] = ..., purge_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., access_policy: _Optional[str] = ..., payload_schema: _Optional[_Union[_message_pb2.PayloadSchema, _Mapping]] = ..., deduplication_scope: _Optional[_Union[DeduplicationScope, str]] = ..., fifo_throughput_limit: _Optional[_Union[FifoThroughputLimit, str]] = ...) -> None: ...
 
 class Retention(_message.Message):
     __slots__ = ("period",)

@@ -225,6 +225,24 @@ export declare type Queue = Message<"postbox.v1.Queue"> & {
    * @generated from field: postbox.v1.PayloadSchema payload_schema = 25;
    */
   payloadSchema?: PayloadSchema | undefined;
+
+  /**
+   * Optional. What a deduplication id (or, with content_based_deduplication,
+   * a body's hash) is unique within: the queue, or each message group (FIFO
+   * queues only; the SQS DeduplicationScope). Unset: the queue.
+   *
+   * @generated from field: postbox.v1.DeduplicationScope deduplication_scope = 26;
+   */
+  deduplicationScope: DeduplicationScope;
+
+  /**
+   * Optional. The SQS FifoThroughputLimit a client set (FIFO queues only),
+   * kept and returned: postbox limits neither a FIFO queue's nor a message
+   * group's throughput, so both values mean the same here. Unset: per queue.
+   *
+   * @generated from field: postbox.v1.FifoThroughputLimit fifo_throughput_limit = 27;
+   */
+  fifoThroughputLimit: FifoThroughputLimit;
 };
 
 /**
@@ -654,8 +672,9 @@ export declare type UpdateQueueRequest = Message<"postbox.v1.UpdateQueueRequest"
    * "content_based_deduplication", "deduplication_window",
    * "dead_letter_policy", "redrive_allow_policy", "retry_policy",
    * "archive_on_delete", "archive_retention", "max_depth",
-   * "receive_rate_limit", "tags", "access_policy", "payload_schema". A named
-   * field that is unset in `queue` is reset to its default.
+   * "receive_rate_limit", "tags", "access_policy", "payload_schema",
+   * "deduplication_scope", "fifo_throughput_limit". A named field that is
+   * unset in `queue` is reset to its default.
    *
    * @generated from field: google.protobuf.FieldMask update_mask = 2;
    */
@@ -1247,6 +1266,72 @@ export declare type CancelRedriveTaskResponse = Message<"postbox.v1.CancelRedriv
  * Use `create(CancelRedriveTaskResponseSchema)` to create a new message.
  */
 export declare const CancelRedriveTaskResponseSchema: GenMessage<CancelRedriveTaskResponse>;
+
+/**
+ * What a deduplication id is unique within.
+ *
+ * @generated from enum postbox.v1.DeduplicationScope
+ */
+export enum DeduplicationScope {
+  /**
+   * The default: the queue.
+   *
+   * @generated from enum value: DEDUPLICATION_SCOPE_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * The queue: a repeat of an id in any message group is a duplicate.
+   *
+   * @generated from enum value: DEDUPLICATION_SCOPE_QUEUE = 1;
+   */
+  QUEUE = 1,
+
+  /**
+   * Each message group: the same id in two groups names two messages.
+   *
+   * @generated from enum value: DEDUPLICATION_SCOPE_MESSAGE_GROUP = 2;
+   */
+  MESSAGE_GROUP = 2,
+}
+
+/**
+ * Describes the enum postbox.v1.DeduplicationScope.
+ */
+export declare const DeduplicationScopeSchema: GenEnum<DeduplicationScope>;
+
+/**
+ * The SQS FifoThroughputLimit of a FIFO queue, as a client set it.
+ *
+ * @generated from enum postbox.v1.FifoThroughputLimit
+ */
+export enum FifoThroughputLimit {
+  /**
+   * The default: per queue.
+   *
+   * @generated from enum value: FIFO_THROUGHPUT_LIMIT_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * SQS's perQueue.
+   *
+   * @generated from enum value: FIFO_THROUGHPUT_LIMIT_PER_QUEUE = 1;
+   */
+  PER_QUEUE = 1,
+
+  /**
+   * SQS's perMessageGroupId.
+   *
+   * @generated from enum value: FIFO_THROUGHPUT_LIMIT_PER_MESSAGE_GROUP_ID = 2;
+   */
+  PER_MESSAGE_GROUP_ID = 2,
+}
+
+/**
+ * Describes the enum postbox.v1.FifoThroughputLimit.
+ */
+export declare const FifoThroughputLimitSchema: GenEnum<FifoThroughputLimit>;
 
 /**
  * How much of a queue GetQueue returns.

@@ -7,6 +7,7 @@ import contextlib
 import functools
 import logging
 import signal
+import time
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any
@@ -121,8 +122,9 @@ async def _watch_health(
     hub.on_lost(check_now.set)
     DISK_SPACE.on_refusal(check_now.set)
     while True:
+        forced = check_now.is_set()
         check_now.clear()
-        trouble = await _database_trouble(engine)
+        trouble = await _database_trouble(engine, ping=forced or serving is not True)
         now_serving = trouble is None
         if now_serving != serving:
             serving = now_serving
@@ -136,11 +138,14 @@ async def _watch_health(
             await asyncio.wait_for(check_now.wait(), interval)
 
 
-async def _database_trouble(engine: Engine) -> str | None:
+async def _database_trouble(engine: Engine, ping: bool) -> str | None:
     """Why the database cannot serve calls now, or None: it does not answer a ping, or
-    it refused a write for lack of disk space and a small write of our own fails too."""
+    it refused a write for lack of disk space and a small write of our own fails too.
+    Unless told to ping, a statement that answered within the last check's interval
+    (the workers' sweeps, any call) stands for the ping: an idle server stays quiet."""
     try:
-        await asyncio.wait_for(engine.ping(), HEALTH_RECHECK_INTERVAL * 2)
+        if ping or time.monotonic() - engine.answered_at > HEALTH_CHECK_INTERVAL:
+            await asyncio.wait_for(engine.ping(), HEALTH_RECHECK_INTERVAL * 2)
         metrics.observe_pool(engine)  # workers' figures reach the parent's scrape this way
         if DISK_SPACE.full:
             await _probe_disk_space(engine)

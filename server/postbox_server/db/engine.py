@@ -6,7 +6,9 @@ import asyncio
 import collections
 import contextlib
 import json
+import math
 import os
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
@@ -232,6 +234,9 @@ class Engine:
         self._sql = queries()
         # None behind a transaction pooler, whose server sessions are not this pool's.
         self.own_sessions = own_sessions
+        # When a named query last answered (monotonic clock): what proves the database
+        # alive without a ping of its own (the health watch of an idle server).
+        self.answered_at = -math.inf
 
     @classmethod
     async def connect(
@@ -298,11 +303,14 @@ class Engine:
         try:
             with self.observer.statement(name):
                 if conn is not None:
-                    return await getattr(conn, method)(self._sql[name], *args)
-                async with self.connection() as acquired:
-                    return await getattr(acquired, method)(self._sql[name], *args)
+                    answer = await getattr(conn, method)(self._sql[name], *args)
+                else:
+                    async with self.connection() as acquired:
+                        answer = await getattr(acquired, method)(self._sql[name], *args)
         except Exception as exc:
             raise translate(exc) from exc
+        self.answered_at = time.monotonic()
+        return answer
 
     @contextlib.asynccontextmanager
     async def connection(self) -> AsyncIterator[Connection]:

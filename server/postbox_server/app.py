@@ -559,15 +559,19 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         await stop.wait()
         log.info("shutting down")
         for task in tasks:
-            if task.done() and not task.cancelled() and task.exception() is not None:
+            if _crashed(task):
                 # Out through the stack's shutdown, then a traceback and exit status 1.
                 raise RuntimeError(f"{task.get_name()} stopped on an error") from task.exception()
+
+
+def _crashed(task: asyncio.Task[None]) -> bool:
+    return task.done() and not task.cancelled() and task.exception() is not None
 
 
 def _stop_if_crashed(tasks: list[asyncio.Task[None]], stop: asyncio.Event) -> None:
     """A background task that ends on an error stops the server: one whose maintenance or
     deliveries died would go on serving without them, with nothing to show for it."""
-    if any(t.done() and not t.cancelled() and t.exception() is not None for t in tasks):
+    if any(_crashed(task) for task in tasks):
         stop.set()
 
 

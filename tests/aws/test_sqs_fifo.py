@@ -106,7 +106,8 @@ def test_high_throughput_fifo_deduplicates_per_message_group(sqs_any, request):
         assert sqs_any.create_queue(QueueName=name, Attributes=high)["QueueUrl"] == url
         got = sqs_any.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
         assert (got["DeduplicationScope"], got["FifoThroughputLimit"]) == (
-            "messageGroup", "perMessageGroupId"
+            "messageGroup",
+            "perMessageGroupId",
         )
         for group in ("a", "b", "a"):
             sqs_any.send_message(

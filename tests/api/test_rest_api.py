@@ -39,6 +39,9 @@ SEED_ROUTES = {
     ("PATCH", "/v1/schedules/{name}"), ("DELETE", "/v1/schedules/{name}"),
     ("POST", "/v1/schedules/{name}/runs"), ("POST", "/v1/previews"),
 }  # fmt: skip
+# Headers as beyond-queue's scripts send them: any JSON values.
+HEADERS = {"kind": "new", "n": 2, "ratio": 0.5, "retry": True, "none": None, "empty": "",
+           "meta": {"tags": ["a", "b"], "depth": {"x": 1}}}  # fmt: skip
 # The smallest --http-max-request-size, so a test exceeds it cheaply.
 BODY_LIMIT = 64 * 1024
 
@@ -178,7 +181,7 @@ async def test_messages_send_receive_visibility_delete(http: aiohttp.ClientSessi
     queue = await new_queue(http, "rest_messages")
     messages = f"/v1/queues/{queue}/messages"
     status, sent, _ = await request(
-        http, "POST", messages, {"message": {"order": 7}, "headers": {"kind": "new", "n": 2}}
+        http, "POST", messages, {"message": {"order": 7}, "headers": HEADERS}
     )
     assert status == 201, sent
     assert isinstance(sent["id"], int)
@@ -192,7 +195,7 @@ async def test_messages_send_receive_visibility_delete(http: aiohttp.ClientSessi
     [first] = received
     assert first["message_id"] == sent["id"]
     assert first["message"] == {"order": 7}
-    assert first["headers"] == {"kind": "new", "n": 2}
+    assert first["headers"] == HEADERS
     assert first["read_ct"] == 1
     assert first["enqueued_at"].endswith("Z")
     # The id is a number standing for this delivery; the receipt comes beside it.
@@ -672,7 +675,7 @@ async def test_previews_store_nothing(http: aiohttp.ClientSession) -> None:
 @pytest.mark.parametrize(
     ("method", "path", "body", "words"),
     [
-        ("POST", "/messages", {"message": 1, "headers": {"h": {"nested": 1}}}, ["headers"]),
+        ("POST", "/messages", {"message": 1, "headers": {"a b": 1}}, ["'a b'", "may only"]),
         ("POST", "/messages", {"message": 1, "delay": -1}, ["delay", "0 or more"]),
         ("POST", "/messages", [{"message": 1}, {"body": 2}], ["[1]", "body"]),
         ("POST", "/messages", b"{not json", ["not JSON"]),

@@ -22,17 +22,18 @@ from postbox.v1 import message_pb2
 from postbox_server.http.rest.framework import BadInput, json_type, quoted
 from postbox_server.services import deliveries
 
-# What a message's `headers` hold: string and number values.
+# What a message's `headers` hold: any JSON values, as beyond-queue's (a jsonb object).
 HEADERS_SCHEMA: dict[str, Any] = {
     "type": "object",
-    "additionalProperties": {"type": ["string", "number"]},
-    "description": "At most 10; names as SendRequest.attributes takes them.",
+    "additionalProperties": True,
+    "description": "At most 10; names as SendRequest.attributes takes them. A string is a "
+    "String attribute, a number a Number one, any other value a String.json one.",
 }
-# What a received message's `headers` hold: those, and the JSON value of a String.json
-# attribute, such as the `_schedule` object of a schedule's fire.
+# What a received message's `headers` hold: the same values, and the `_schedule` object
+# of a schedule's fire.
 RECEIVED_HEADERS_SCHEMA: dict[str, Any] = {
     "type": "object",
-    "additionalProperties": {"type": ["string", "number", "object"]},
+    "additionalProperties": True,
     "description": "As sent; a schedule's fire adds _schedule: {name, scheduled_for, out_of_band}.",
 }
 # The data type of attributes whose text is JSON, read back as the JSON value.
@@ -64,16 +65,18 @@ def attributes_of(headers: Any, where: str = "headers") -> dict[str, message_pb2
         raise BadInput(f"{where} is a JSON {json_type(headers)}; it must be an object")
     attributes = {}
     for name, value in headers.items():
-        if isinstance(value, str):
+        if isinstance(value, str) and value:
             attributes[name] = message_pb2.AttributeValue(data_type="String", string_value=value)
         elif isinstance(value, (int, float)) and not isinstance(value, bool):
             attributes[name] = message_pb2.AttributeValue(
                 data_type="Number", string_value=json.dumps(value)
             )
         else:
-            raise BadInput(
-                f"{where}[{quoted(name)}] is a JSON {json_type(value)}; header values are "
-                "strings or numbers"
+            # true, null, an object, an array or "", as beyond-queue's headers may hold
+            # them (an attribute's string is never empty): its JSON text, read back as
+            # the value (headers_of).
+            attributes[name] = message_pb2.AttributeValue(
+                data_type=_JSON_TYPE, string_value=json.dumps(value, separators=(",", ":"))
             )
     return attributes
 

@@ -13608,6 +13608,95 @@ BEGIN
 END
 $$;
 
+-- A message may have up to 100 attributes (was 10): Pub/Sub's limit, and room for
+-- beyond-queue's free-form headers.
+-- The first problem of a batch's per-entry attributes (see attribute_problem),
+-- named by entry as _entry_prefix does for a batch of n; NULL when all are
+-- valid.
+CREATE OR REPLACE FUNCTION postbox._attributes_problem(attributes jsonb[], n integer) RETURNS text
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    problem text;
+BEGIN
+    SELECT postbox._entry_prefix(i, n) || coalesce(
+               CASE WHEN jsonb_typeof(a) <> 'object'
+                    THEN 'attributes must be a JSON object keyed by attribute name'
+                    WHEN (SELECT count(*) FROM jsonb_object_keys(a)) > 100
+                    THEN format('%s attributes; a message may have at most 100',
+                                (SELECT count(*) FROM jsonb_object_keys(a)))
+               END,
+               (SELECT postbox.attribute_problem(e.key, e.value)
+                FROM jsonb_each(a) AS e
+                WHERE postbox.attribute_problem(e.key, e.value) IS NOT NULL
+                LIMIT 1))
+    INTO problem
+    FROM unnest(attributes) WITH ORDINALITY AS t(a, i)
+    WHERE a IS NOT NULL AND (
+        jsonb_typeof(a) <> 'object'
+        OR (SELECT count(*) FROM jsonb_object_keys(a)) > 100
+        OR EXISTS (SELECT FROM jsonb_each(a) AS e WHERE postbox.attribute_problem(e.key, e.value) IS NOT NULL))
+    LIMIT 1;
+    RETURN problem;
+END
+$$;
+
+-- Checks a schedule before it is stored: PB400 for a bad field, PB404 when
+-- its target does not exist.
+CREATE OR REPLACE FUNCTION postbox._check_schedule(s postbox.schedules) RETURNS void
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    problem text := postbox.name_problem('schedule', s.name);
+    q postbox.queues;
+    size bigint;
+BEGIN
+    problem := coalesce(problem, CASE
+        WHEN num_nonnulls(s.cron_expression, s.every, s.run_at) <> 1 THEN
+            'give exactly one of a cron expression, an interval and a run_at time'
+        WHEN length(s.cron_expression) NOT BETWEEN 1 AND 255 THEN 'a cron expression has 1 to 255 characters'
+        WHEN s.cron_expression IS NOT NULL AND coalesce(s.time_zone, '') = '' THEN 'a cron schedule needs a time zone'
+        WHEN s.cron_expression IS NULL AND s.time_zone IS NOT NULL THEN 'a time zone is for cron schedules'
+        WHEN s.every < interval '1 second' OR s.every > interval '366 days' THEN
+            format('interval %s is outside 1 s to 366 days', s.every)
+        WHEN num_nonnulls(s.target_queue, s.target_topic) <> 1 THEN 'give a target queue or a target topic'
+        WHEN postbox._target_problem(s.target_queue, s.target_topic) IS NOT NULL THEN
+            postbox._target_problem(s.target_queue, s.target_topic)
+        WHEN s.target_queue IS NOT NULL AND s.routing_key <> '' THEN 'a routing key is for topic targets'
+        WHEN s.body IS NULL THEN 'body must not be NULL'
+        WHEN s.catch_up_limit NOT BETWEEN 0 AND 1000 THEN
+            format('catch_up_limit %s is outside 0 to 1000 (0: one fire for all missed times)', s.catch_up_limit)
+        WHEN s.failure_threshold NOT BETWEEN 0 AND 1000 THEN
+            format('failure_threshold %s is outside 0 to 1000 (0: never pause)', s.failure_threshold)
+        WHEN NOT s.paused AND s.next_fire_at IS NULL THEN
+            'next_fire_at is required: the server computes it from the timing'
+        ELSE postbox.routing_key_problem(s.routing_key) END);
+    IF problem IS NULL AND s.attributes IS NOT NULL THEN
+        problem := coalesce(postbox._attributes_problem(ARRAY[s.attributes], 1), CASE
+            WHEN s.attributes ? '_schedule' THEN
+                'attribute name ''_schedule'' is the server''s: it adds it to every fired message'
+            WHEN (SELECT count(*) FROM jsonb_object_keys(s.attributes)) > 99 THEN
+                format('%s attributes; a schedule''s message may have at most 99 (the server adds _schedule)',
+                       (SELECT count(*) FROM jsonb_object_keys(s.attributes)))
+            END);
+    END IF;
+    IF problem IS NOT NULL THEN
+        PERFORM postbox._invalid(problem);
+    END IF;
+    IF s.target_queue IS NOT NULL THEN
+        q := postbox._queue(s.target_queue);
+        -- Sized as fired: with its _schedule attribute, at its longest.
+        size := postbox.message_size(s.body, coalesce(s.attributes, '{}')
+                                             || postbox._schedule_attribute(s.name, now(), false));
+        IF size > q.max_message_size THEN
+            PERFORM postbox._invalid(format(
+                'the message is %s bytes; queue %s takes at most %s (body and attributes, with _schedule)',
+                size, quote_literal(q.name), q.max_message_size));
+        END IF;
+    ELSE
+        PERFORM postbox._topic(s.target_topic);
+    END IF;
+END
+$$;
+
 SELECT postbox._secure();
 
 INSERT INTO postbox.schema_version (version) VALUES ('0.9.0');

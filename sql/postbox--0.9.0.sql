@@ -1324,8 +1324,8 @@ BEGIN
     SELECT postbox._entry_prefix(i, n) || coalesce(
                CASE WHEN jsonb_typeof(a) <> 'object'
                     THEN 'attributes must be a JSON object keyed by attribute name'
-                    WHEN (SELECT count(*) FROM jsonb_object_keys(a)) > 10
-                    THEN format('%s attributes; a message may have at most 10',
+                    WHEN (SELECT count(*) FROM jsonb_object_keys(a)) > 100
+                    THEN format('%s attributes; a message may have at most 100',
                                 (SELECT count(*) FROM jsonb_object_keys(a)))
                END,
                (SELECT postbox.attribute_problem(e.key, e.value)
@@ -1336,7 +1336,7 @@ BEGIN
     FROM unnest(attributes) WITH ORDINALITY AS t(a, i)
     WHERE a IS NOT NULL AND (
         jsonb_typeof(a) <> 'object'
-        OR (SELECT count(*) FROM jsonb_object_keys(a)) > 10
+        OR (SELECT count(*) FROM jsonb_object_keys(a)) > 100
         OR EXISTS (SELECT FROM jsonb_each(a) AS e WHERE postbox.attribute_problem(e.key, e.value) IS NOT NULL))
     LIMIT 1;
     RETURN problem;
@@ -7342,8 +7342,8 @@ BEGIN
         problem := coalesce(postbox._attributes_problem(ARRAY[s.attributes], 1), CASE
             WHEN s.attributes ? '_schedule' THEN
                 'attribute name ''_schedule'' is the server''s: it adds it to every fired message'
-            WHEN (SELECT count(*) FROM jsonb_object_keys(s.attributes)) > 9 THEN
-                format('%s attributes; a schedule''s message may have at most 9 (the server adds _schedule)',
+            WHEN (SELECT count(*) FROM jsonb_object_keys(s.attributes)) > 99 THEN
+                format('%s attributes; a schedule''s message may have at most 99 (the server adds _schedule)',
                        (SELECT count(*) FROM jsonb_object_keys(s.attributes)))
             END);
     END IF;

@@ -50,8 +50,8 @@ BEGIN
     SELECT postbox._entry_prefix(i, n) || coalesce(
                CASE WHEN jsonb_typeof(a) <> 'object'
                     THEN 'attributes must be a JSON object keyed by attribute name'
-                    WHEN (SELECT count(*) FROM jsonb_object_keys(a)) > 10
-                    THEN format('%s attributes; a message may have at most 10',
+                    WHEN (SELECT count(*) FROM jsonb_object_keys(a)) > 100
+                    THEN format('%s attributes; a message may have at most 100',
                                 (SELECT count(*) FROM jsonb_object_keys(a)))
                END,
                (SELECT postbox.attribute_problem(e.key, e.value)
@@ -62,7 +62,7 @@ BEGIN
     FROM unnest(attributes) WITH ORDINALITY AS t(a, i)
     WHERE a IS NOT NULL AND (
         jsonb_typeof(a) <> 'object'
-        OR (SELECT count(*) FROM jsonb_object_keys(a)) > 10
+        OR (SELECT count(*) FROM jsonb_object_keys(a)) > 100
         OR EXISTS (SELECT FROM jsonb_each(a) AS e WHERE postbox.attribute_problem(e.key, e.value) IS NOT NULL))
     LIMIT 1;
     RETURN problem;

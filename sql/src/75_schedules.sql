@@ -71,8 +71,8 @@ BEGIN
         problem := coalesce(postbox._attributes_problem(ARRAY[s.attributes], 1), CASE
             WHEN s.attributes ? '_schedule' THEN
                 'attribute name ''_schedule'' is the server''s: it adds it to every fired message'
-            WHEN (SELECT count(*) FROM jsonb_object_keys(s.attributes)) > 9 THEN
-                format('%s attributes; a schedule''s message may have at most 9 (the server adds _schedule)',
+            WHEN (SELECT count(*) FROM jsonb_object_keys(s.attributes)) > 99 THEN
+                format('%s attributes; a schedule''s message may have at most 99 (the server adds _schedule)',
                        (SELECT count(*) FROM jsonb_object_keys(s.attributes)))
             END);
     END IF;

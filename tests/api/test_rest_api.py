@@ -690,7 +690,7 @@ async def test_previews_store_nothing(http: aiohttp.ClientSession) -> None:
         ("GET", "/messages?wait=1234567890", None, ["9 digits"]),
         ("POST", "/messages", [], ["1"]),
         ("POST", "/messages", [{"message": i} for i in range(1001)], ["1001"]),
-        ("POST", "/messages", {"message": 1, "headers": {f"h{i}": i for i in range(11)}}, ["10"]),
+        ("POST", "/messages", {"message": 1, "headers": {f"h{i}": i for i in range(101)}}, ["100"]),
         ("DELETE", "/messages", {"ids": []}, ["1"]),
         ("DELETE", "/messages", {"ids": [1.5]}, ["ids"]),
         ("DELETE", "/messages", {"ids": [True]}, ["ids"]),

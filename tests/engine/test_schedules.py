@@ -222,10 +222,10 @@ def test_the_server_keeps_the_schedule_attribute_for_itself(schedules, queue, na
     )
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "'_schedule' is the server's" in error.details()
-    ten = attributes(*(f"a{i}" for i in range(10)))
-    error = error_of(create, schedules, name, queue, interval=seconds(60), attributes=ten)
+    hundred = attributes(*(f"a{i}" for i in range(100)))
+    error = error_of(create, schedules, name, queue, interval=seconds(60), attributes=hundred)
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "at most 9 (the server adds _schedule)" in error.details()
+    assert "at most 99 (the server adds _schedule)" in error.details()
 
 
 def test_update(schedules, queues, queue, name):

@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 TRACE_ATTRIBUTE = "traceparent"
 # The span attribute holding the request id of the call a span belongs to.
 REQUEST_ID_ATTRIBUTE = "postbox.request_id"
-MAX_ATTRIBUTES = 10
+MAX_ATTRIBUTES = 100  # postbox._attributes_problem's
 _EXPORTER_VARIABLES = (
     "OTEL_EXPORTER_OTLP_ENDPOINT",
     "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",

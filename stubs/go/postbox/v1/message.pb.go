@@ -434,7 +434,7 @@ type Message struct {
 	MessageId string `protobuf:"bytes,1,opt,name=message_id,json=messageId,proto3" json:"message_id,omitempty"`
 	// Output only. The payload as sent, up to the queue's `max_message_size`.
 	Body []byte `protobuf:"bytes,2,opt,name=body,proto3" json:"body,omitempty"`
-	// Output only. The attributes as sent (at most 10); keys are attribute names.
+	// Output only. The attributes as sent (at most 100); keys are attribute names.
 	Attributes map[string]*AttributeValue `protobuf:"bytes,3,rep,name=attributes,proto3" json:"attributes,omitempty" protobuf_key:"bytes,1,opt,name=key,proto3" protobuf_val:"bytes,2,opt,name=value,proto3"`
 	// Output only. When the send committed.
 	EnqueueTime *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=enqueue_time,json=enqueueTime,proto3" json:"enqueue_time,omitempty"`

@@ -90,7 +90,7 @@ type SendRequest struct {
 	// Optional. The payload; may be empty. Body and attributes together must fit
 	// the queue's `max_message_size`.
 	Body []byte `protobuf:"bytes,2,opt,name=body,proto3" json:"body,omitempty"`
-	// Optional. Up to 10 attributes. Names: 1-256 characters of
+	// Optional. Up to 100 attributes. Names: 1-256 characters of
 	// [A-Za-z0-9_.-], not starting with "AWS." or "Amazon." (any case), not
 	// starting or ending with "." and without "..".
 	Attributes map[string]*AttributeValue `protobuf:"bytes,3,rep,name=attributes,proto3" json:"attributes,omitempty" protobuf_key:"bytes,1,opt,name=key,proto3" protobuf_val:"bytes,2,opt,name=value,proto3"`

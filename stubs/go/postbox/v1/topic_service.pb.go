@@ -1797,7 +1797,7 @@ type PublishRequest struct {
 	// Optional. The payload; the size limits of the destination queues apply,
 	// and webhooks take at most 1 MiB (body and attributes).
 	Body []byte `protobuf:"bytes,3,opt,name=body,proto3" json:"body,omitempty"`
-	// Optional. Up to 10 attributes, with the rules of SendRequest.attributes.
+	// Optional. Up to 100 attributes, with the rules of SendRequest.attributes.
 	Attributes map[string]*AttributeValue `protobuf:"bytes,4,rep,name=attributes,proto3" json:"attributes,omitempty" protobuf_key:"bytes,1,opt,name=key,proto3" protobuf_val:"bytes,2,opt,name=value,proto3"`
 	// Optional. 1-128 printable ASCII characters: the message group in FIFO
 	// queues (which deliver a group in order); standard queues ignore it.

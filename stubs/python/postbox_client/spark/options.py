@@ -32,7 +32,7 @@ from pyspark.sql.types import (
 from postbox_client.spark.client import Connection, RetryPolicy
 
 MAX_BATCH = 1000
-MAX_ATTRIBUTES = 10
+MAX_ATTRIBUTES = 100
 _INTEGRAL = (ByteType, ShortType, IntegerType, LongType)
 _NUMBER = (*_INTEGRAL, FloatType, DoubleType, DecimalType)
 _STRING = (StringType, CharType, VarcharType)

@@ -153,7 +153,7 @@ export declare type Message = Message$1<"postbox.v1.Message"> & {
   body: Uint8Array;
 
   /**
-   * Output only. The attributes as sent (at most 10); keys are attribute names.
+   * Output only. The attributes as sent (at most 100); keys are attribute names.
    *
    * @generated from field: map<string, postbox.v1.AttributeValue> attributes = 3;
    */

@@ -35,7 +35,7 @@ export declare type SendRequest = Message<"postbox.v1.SendRequest"> & {
   body: Uint8Array;
 
   /**
-   * Optional. Up to 10 attributes. Names: 1-256 characters of
+   * Optional. Up to 100 attributes. Names: 1-256 characters of
    * [A-Za-z0-9_.-], not starting with "AWS." or "Amazon." (any case), not
    * starting or ending with "." and without "..".
    *

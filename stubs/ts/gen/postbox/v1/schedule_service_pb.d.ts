@@ -156,7 +156,7 @@ export declare type Schedule = Message<"postbox.v1.Schedule"> & {
 
   /**
    * Optional. Attributes of each fired message, with the rules of
-   * SendRequest.attributes, at most 9: each fired message also carries
+   * SendRequest.attributes, at most 99: each fired message also carries
    * _schedule (data_type String.json), the JSON object {"name",
    * "scheduled_for" (the due time, RFC 3339 UTC), "out_of_band" (true for
    * RunSchedule)}, a name the server keeps for itself.

@@ -861,7 +861,7 @@ export declare type PublishRequest = Message<"postbox.v1.PublishRequest"> & {
   body: Uint8Array;
 
   /**
-   * Optional. Up to 10 attributes, with the rules of SendRequest.attributes.
+   * Optional. Up to 100 attributes, with the rules of SendRequest.attributes.
    *
    * @generated from field: map<string, postbox.v1.AttributeValue> attributes = 4;
    */

@@ -58,6 +58,10 @@ _THROUGHPUT_LIMITS = {
     pb.FIFO_THROUGHPUT_LIMIT_PER_QUEUE: "per_queue",
     pb.FIFO_THROUGHPUT_LIMIT_PER_MESSAGE_GROUP_ID: "per_message_group_id",
 }
+_SCOPE_ENUMS = {word: value for value, word in _SCOPES.items() if word is not None}
+_THROUGHPUT_LIMIT_ENUMS = {
+    word: value for value, word in _THROUGHPUT_LIMITS.items() if word is not None
+}
 _TASK_STATES = {
     "running": pb.RedriveTask.STATE_RUNNING,
     "completed": pb.RedriveTask.STATE_COMPLETED,
@@ -223,10 +227,6 @@ def default_settings(max_message_size: int) -> dict[str, Any]:
     return queue_settings(pb.Queue(), list(SETTINGS), max_message_size)
 
 
-def _enum_of(words: Mapping[Any, str | None], word: str) -> Any:
-    return next(value for value, known in words.items() if known == word)
-
-
 def queue_resource(row: Row, *, with_payload_schema: bool = True) -> pb.Queue:
     """A row of postbox.queues (with its dead_letter_queue name) as an API Queue; its
     payload_schema (up to 256 KiB) only when asked for, as GetQueue does and a page of
@@ -244,8 +244,8 @@ def queue_resource(row: Row, *, with_payload_schema: bool = True) -> pb.Queue:
         receive_paused=row["receive_paused"],
         tags=json.loads(row["tags"]),
         access_policy=row["access_policy"],
-        deduplication_scope=_enum_of(_SCOPES, row["deduplication_scope"]),
-        fifo_throughput_limit=_enum_of(_THROUGHPUT_LIMITS, row["fifo_throughput_limit"]),
+        deduplication_scope=_SCOPE_ENUMS[row["deduplication_scope"]],
+        fifo_throughput_limit=_THROUGHPUT_LIMIT_ENUMS[row["fifo_throughput_limit"]],
         payload_schema=(
             payload_schemas.resource(row["payload_schema"]) if with_payload_schema else None
         ),

@@ -456,8 +456,10 @@ def sqs_client(
     access_key: str = "postbox-test",
     secret_key: str = "unchecked",
     verify: str | None = None,
+    region: str = SQS_REGION,
 ):
-    """A real boto3 SQS client for the shim, speaking JSON or the query protocol."""
+    """A real boto3 SQS client for the shim, speaking JSON or the query protocol, its
+    requests signed for `region`."""
     import boto3
     import botocore.session
     from botocore.config import Config
@@ -468,7 +470,7 @@ def sqs_client(
     client = boto3.Session(botocore_session=session).client(
         "sqs",
         endpoint_url=endpoint,
-        region_name=SQS_REGION,
+        region_name=region,
         aws_access_key_id=access_key,
         aws_secret_access_key=secret_key,
         verify=verify,  # a CA bundle for an HTTPS shim

@@ -28,13 +28,13 @@ from support import ROOT, SQS_ACCOUNT, SQS_REGION, SqsShimProcess, eventually, u
 AWS = Path(sys.executable).with_name("aws")
 
 
-def sns_client(endpoint: str):
+def sns_client(endpoint: str, region: str = SQS_REGION):
     import boto3
 
     return boto3.client(
         "sns",
         endpoint_url=endpoint,
-        region_name=SQS_REGION,
+        region_name=region,
         aws_access_key_id="postbox-test",
         aws_secret_access_key="unchecked",
         config=Config(retries={"max_attempts": 1, "mode": "standard"}),

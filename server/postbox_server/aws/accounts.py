@@ -5,6 +5,10 @@ A tenant's key sees its tenant's account id, the default tenant's keys the shim'
 kept per access key for a while, so that a request costs no extra call. A URL or ARN
 naming any other account is a missing resource: the actions compare it with the
 account of the settings they get.
+
+The settings carry the region the request is signed for, as AWS's answers name the
+region of the endpoint a request reached: a shim answers every region, and all of
+them see the caller's one set of queues and topics.
 """
 
 from __future__ import annotations
@@ -29,25 +33,27 @@ class CallerAccounts:
 
     def __init__(self, settings: ShimSettings) -> None:
         self._settings = settings
-        # access key ("" for the shim's own key) -> (settings, when they go stale)
-        self._known: dict[str, tuple[ShimSettings, float]] = {}
+        # (access key ("" for the shim's own key), region) -> (settings, when they go stale)
+        self._known: dict[tuple[str, str], tuple[ShimSettings, float]] = {}
 
-    async def settings_for(self, access_key: str, backend: Backend) -> ShimSettings:
-        """The settings for a request of this access key, whose calls `backend` makes;
-        the server's refusal of the caller as the AWS error to report."""
+    async def settings_for(
+        self, access_key: str, region: str | None, backend: Backend
+    ) -> ShimSettings:
+        """The settings for a request of this access key signed for this region (None:
+        the shim's), whose calls `backend` makes; the server's refusal of the caller as
+        the AWS error to report."""
         now = time.monotonic()
-        known = self._known.get(access_key)
+        key = (access_key, region or self._settings.region)
+        known = self._known.get(key)
         if known is not None and known[1] > now:
             return known[0]
         response = await backend.call(backend.access.GetCallerTenant, GetCallerTenantRequest())
         account_id = response.tenant.account_id or self._settings.account_id
-        settings = (
-            self._settings
-            if account_id == self._settings.account_id
-            else dataclasses.replace(self._settings, account_id=account_id)
-        )
-        self._known.pop(access_key, None)
+        settings = self._settings
+        if (account_id, key[1]) != (settings.account_id, settings.region):
+            settings = dataclasses.replace(settings, account_id=account_id, region=key[1])
+        self._known.pop(key, None)
         while len(self._known) >= MAX_CALLERS:
             del self._known[next(iter(self._known))]
-        self._known[access_key] = (settings, now + TTL_SECONDS)
+        self._known[key] = (settings, now + TTL_SECONDS)
         return settings

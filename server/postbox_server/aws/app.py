@@ -37,7 +37,7 @@ from postbox_server.aws.errors import (
 )
 from postbox_server.aws.protocol import ServiceProtocol
 from postbox_server.aws.settings import ShimSettings
-from postbox_server.aws.sigv4 import Verifier, signed_request
+from postbox_server.aws.sigv4 import Verifier, credential_region, signed_request
 from postbox_server.aws.sns.protocol import SnsJson, SnsQuery, is_sns, is_sns_json
 from postbox_server.aws.sqs.protocol import SqsJson, SqsQuery
 from postbox_server.config import is_loopback
@@ -175,8 +175,10 @@ async def _respond(request: web.Request) -> tuple[web.StreamResponse, str, Servi
             params=params,
             path=request.path,
             base_url=f"{request.scheme}://{request.host}",
-            # With the caller's account id: its tenant's (aws/accounts.py).
-            settings=await request.app[_ACCOUNTS].settings_for(access_key, backend),
+            # With the caller's account id (its tenant's) and region (aws/accounts.py).
+            settings=await request.app[_ACCOUNTS].settings_for(
+                access_key, credential_region(request.headers.get("Authorization", "")), backend
+            ),
             backend=backend,
         )
         result = await handler(call)

@@ -36,15 +36,21 @@ def is_foreign(arn: str, settings: ShimSettings) -> bool:
     return len(parts) == 6 and (parts[3], parts[4]) != (settings.region, settings.account_id)
 
 
-def queue_from_arn(arn: str, settings: ShimSettings, parameter: str) -> str:
-    """The queue an SQS ARN names; InvalidParameterValue if it is not one of ours."""
+def queue_from_arn(
+    arn: str, settings: ShimSettings, parameter: str, *, any_region: bool = False
+) -> str:
+    """The queue an SQS ARN names; InvalidParameterValue if it is not one of ours.
+
+    any_region: an ARN of another region than the request's names the caller's queue
+    of that name too (every region sees the same queues), as an SNS subscription may
+    deliver to a queue of another region; SQS's own references stay in their region."""
     parts = arn.split(":")
-    if len(parts) != 6 or parts[:3] != ["arn", "aws", "sqs"] or not parts[5]:
+    if len(parts) != 6 or parts[:3] != ["arn", "aws", "sqs"] or not (parts[3] and parts[5]):
         raise invalid_parameter(
             f"Value {quoted(arn)} for parameter {parameter} is invalid. "
             "Reason: not an SQS queue ARN."
         )
-    if parts[3] != settings.region or parts[4] != settings.account_id:
+    if (parts[3] != settings.region and not any_region) or parts[4] != settings.account_id:
         # Another region or account (another tenant's, or none): as a missing queue is,
         # so that nothing tells whether a queue of that name is there.
         raise of_another_account(queue_does_not_exist())

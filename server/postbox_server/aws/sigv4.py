@@ -44,6 +44,8 @@ _AUTHORIZATION = re.compile(
     r"SignedHeaders=(?P<signed>[^,\s]+)\s*,\s*Signature=(?P<signature>[0-9a-f]{64})\s*$"
 )
 _AMZ_DATE = "%Y%m%dT%H%M%SZ"
+# A region a request may name: it goes into the ARNs of its answers.
+_REGION = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,49}")
 _MISMATCH = (
     "The request signature we calculated does not match the signature you provided. "
     "Check your AWS Secret Access Key and signing method."
@@ -193,13 +195,30 @@ class Verifier:
             raise AwsError(SIGNATURE_DOES_NOT_MATCH, _MISMATCH) from None
 
 
-def credential_service(authorization: str) -> str | None:
-    """The service a SigV4 Authorization header is scoped to, or None when it has none."""
+def _scope(authorization: str) -> list[str] | None:
+    """The credential scope of a SigV4 Authorization header (access key, date, region,
+    service, terminator), or None when it has none."""
     match = _AUTHORIZATION.match(authorization)
     if match is None:
         return None
     scope = match["credential"].split("/")
-    return scope[3] if len(scope) == 5 else None
+    return scope if len(scope) == 5 else None
+
+
+def credential_service(authorization: str) -> str | None:
+    """The service a SigV4 Authorization header is scoped to, or None when it has none."""
+    scope = _scope(authorization)
+    return None if scope is None else scope[3]
+
+
+def credential_region(authorization: str) -> str | None:
+    """The region a SigV4 Authorization header is scoped to, or None when it has none
+    or one that could not be part of an ARN (AWS's regions, and names such as "local"
+    that clients of emulators give, are letters, digits and hyphens)."""
+    scope = _scope(authorization)
+    if scope is None or _REGION.fullmatch(scope[2]) is None:
+        return None
+    return scope[2]
 
 
 def _timestamp(amz_date: str) -> float:

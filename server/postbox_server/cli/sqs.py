@@ -83,7 +83,11 @@ def add_parser(verbs: Verbs) -> None:
         default=os.environ.get("POSTBOX_TARGET", ShimSettings.grpc_target),
         help="address of the postbox gRPC server (default: $POSTBOX_TARGET or %(default)s)",
     )
-    sqs.add_argument("--region", default=ShimSettings.region, help="region in queue ARNs")
+    sqs.add_argument(
+        "--region",
+        default=ShimSettings.region,
+        help="region of the ARNs in answers to unsigned requests (a signed request's name its own)",
+    )
     sqs.add_argument(
         "--account-id", default=ShimSettings.account_id, help="account in queue URLs and ARNs"
     )

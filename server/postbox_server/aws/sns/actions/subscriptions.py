@@ -268,7 +268,7 @@ def _subscribed_queue(call: Call, endpoint: str, topic: str) -> str:
     if not endpoint.startswith("arn:"):
         raise InvalidParameter("Invalid parameter: SQS endpoint ARN")
     try:
-        queue = queue_from_arn(endpoint, call.settings, "Endpoint")
+        queue = queue_from_arn(endpoint, call.settings, "Endpoint", any_region=True)
     except AwsError as error:
         if error.kind is not QUEUE_DOES_NOT_EXIST:
             raise

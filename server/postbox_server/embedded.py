@@ -52,29 +52,38 @@ def running_uri(data_dir: Path, database: str = DATABASE) -> str:
 # useradd if it is missing.
 _SYSTEM_USER = "embedded_postgres"
 _USERADD_USER_EXISTS = 9
+# Held while the user is looked up and made: in a directory only root writes to (only
+# root makes the user), so no other user can plant a link there.
+_USER_LOCK = "/var/run/postbox-embedded-user.lock"
 
 
 def _ensure_system_user() -> None:
-    """Creates the wheel's system user first, tolerating a concurrent creation: two
-    processes starting on a fresh machine at once (pytest-xdist workers, two servers)
-    both find it missing, and the wheel's own useradd then fails in one of them."""
+    """Creates the wheel's system user first, one process at a time: processes starting
+    on a fresh machine at once (pytest-xdist workers, two servers) all find it missing.
+    Left to race, the wheel's own useradd fails in all but one of them, and two
+    creations seen at once have given one process a uid that the other's creation then
+    replaced (initdb: "could not look up effective user ID")."""
     if sys.platform == "win32" or os.geteuid() != 0:
         return
+    import fcntl
     import pwd
 
-    try:
-        pwd.getpwnam(_SYSTEM_USER)
-        return
-    except KeyError:
-        pass
-    created = subprocess.run(
-        ["useradd", "-s", "/bin/bash", _SYSTEM_USER], capture_output=True, text=True
-    )
-    if created.returncode not in (0, _USERADD_USER_EXISTS):
-        raise RuntimeError(
-            f"could not create the system user {_SYSTEM_USER} that the embedded PostgreSQL "
-            f"runs as (useradd exited {created.returncode}): {created.stderr.strip()[:200]}"
+    with open(_USER_LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        try:
+            pwd.getpwnam(_SYSTEM_USER)
+            return
+        except KeyError:
+            pass
+        created = subprocess.run(
+            ["useradd", "-s", "/bin/bash", _SYSTEM_USER], capture_output=True, text=True
         )
+        if created.returncode not in (0, _USERADD_USER_EXISTS):
+            raise RuntimeError(
+                f"could not create the system user {_SYSTEM_USER} that the embedded "
+                f"PostgreSQL runs as (useradd exited {created.returncode}): "
+                f"{created.stderr.strip()[:200]}"
+            )
 
 
 class EmbeddedPostgres:

@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
+import pwd
 import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import grpc
 import psutil
+import pytest
 from postbox.v1 import message_service_pb2 as pb
 from postbox.v1 import message_service_pb2_grpc, queue_service_pb2_grpc
-from support import ServerProcess, create_queue, receive
+from support import ServerProcess, create_queue, eventually, receive
 
 
 class EmbeddedServerProcess(ServerProcess):
@@ -190,3 +194,62 @@ def test_the_watchdog_stops_a_postmaster_its_server_left_running():
         survivor.wait()
     assert done.returncode == 0
     assert f"stopped it (postmaster {survivor.pid})" in done.stderr
+
+
+_MAKE_USER = """
+import pwd, sys
+from postbox_server import embedded
+embedded._SYSTEM_USER, embedded._USER_LOCK = sys.argv[1], sys.argv[2]
+embedded._ensure_system_user()
+print(pwd.getpwnam(sys.argv[1]).pw_uid)
+"""
+
+
+def _waiting_on(path: Path) -> int:
+    """How many processes wait for a lock on this file (/proc/locks marks them "->")."""
+    inode = f":{path.stat().st_ino} "
+    return sum(
+        "->" in line for line in Path("/proc/locks").read_text().splitlines() if inode in line
+    )
+
+
+@pytest.mark.skipif(
+    sys.platform != "linux" or os.geteuid() != 0,
+    reason="only root makes the embedded PostgreSQL's system user (CI runs as root)",
+)
+def test_the_embedded_postgres_system_user_is_made_once_by_servers_starting_together(tmp_path):
+    """Two servers starting at once on a machine without the user both find it missing;
+    the lock lets one make it and the other find it made (a user of its own name here,
+    removed afterwards, so that no other test's embedded PostgreSQL loses its user)."""
+    user = f"pbtest{uuid.uuid4().hex[:10]}"
+    lock = tmp_path / "user.lock"
+    with lock.open("a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        starts = [
+            subprocess.Popen(
+                [sys.executable, "-c", _MAKE_USER, user, str(lock)],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for _ in range(2)
+        ]
+        try:
+            # Both at the lock, neither past it: the race, held open.
+            eventually(lambda: _waiting_on(lock) == 2, what="both starts waiting for the lock")
+            with pytest.raises(KeyError):
+                pwd.getpwnam(user)
+            fcntl.flock(held, fcntl.LOCK_UN)
+            outcomes = [start.communicate(timeout=60) for start in starts]
+        finally:
+            for start in starts:
+                start.kill()
+                start.wait()
+    try:
+        assert [start.returncode for start in starts] == [0, 0], outcomes
+        uid = pwd.getpwnam(user).pw_uid
+        assert [out.strip() for out, _ in outcomes] == [str(uid)] * 2
+        entries = Path("/etc/passwd").read_text().splitlines()
+        assert sum(line.startswith(f"{user}:") for line in entries) == 1
+    finally:
+        subprocess.run(["userdel", user], capture_output=True)

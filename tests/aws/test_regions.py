@@ -10,14 +10,25 @@ shim and server.
 from __future__ import annotations
 
 import json
+import urllib.request
+from collections.abc import Iterator
 
 import boto3
+import pytest
 from botocore import UNSIGNED
 from botocore.config import Config
-from support import SQS_ACCOUNT, SQS_REGION, sqs_client, unique_name
-from test_sns import _error, _receive, sns_client
+from support import SQS_ACCOUNT, SQS_REGION, SqsShimProcess, sqs_client, unique_name
+from test_sns import _Endpoint, _error, _receive, sns_client
 
 from postbox_server.aws.sigv4 import credential_region
+
+
+@pytest.fixture(scope="module")
+def loopback_webhooks_shim(server) -> Iterator[SqsShimProcess]:
+    """A shim whose confirmations may reach loopback endpoints."""
+    process = SqsShimProcess(server.target, "--webhook-allow-cidr", "127.0.0.0/8").start()
+    yield process
+    process.stop()
 
 
 def _queue_arn(sqs, url: str) -> str:
@@ -114,6 +125,35 @@ def test_a_topic_delivers_to_a_queue_named_by_its_arn_in_another_region(sqs_shim
     finally:
         sns.delete_topic(TopicArn=topic)
         sqs.delete_queue(QueueUrl=url)
+
+
+def test_the_urls_a_subscription_made_in_another_region_sends_work_unsigned(
+    loopback_webhooks_shim, request
+):
+    """An endpoint visits its SubscribeURL and UnsubscribeURL without signing: those
+    requests are in the region of the ARN they name, as AWS's are in their host's."""
+    sns = sns_client(loopback_webhooks_shim.endpoint, region="ap-southeast-2")
+    topic = sns.create_topic(Name=unique_name(request.node.name))["TopicArn"]
+    assert ":ap-southeast-2:" in topic
+    try:
+        with _Endpoint() as endpoint:
+            sns.subscribe(TopicArn=topic, Protocol="http", Endpoint=endpoint.url)
+            confirmation = endpoint.only("SubscriptionConfirmation")
+            assert confirmation["TopicArn"] == topic
+            with urllib.request.urlopen(confirmation["SubscribeURL"], timeout=10) as visit:
+                assert visit.status == 200
+            (listed,) = sns.list_subscriptions_by_topic(TopicArn=topic)["Subscriptions"]
+            assert listed["SubscriptionArn"].startswith(f"{topic}:")
+
+            sns.publish(TopicArn=topic, Message="hello")
+            notification = endpoint.only("Notification")
+            assert notification["TopicArn"] == topic
+            with urllib.request.urlopen(notification["UnsubscribeURL"], timeout=10) as visit:
+                assert visit.status == 200
+            listed = sns.list_subscriptions_by_topic(TopicArn=topic)["Subscriptions"]
+            assert not any(s["SubscriptionArn"].startswith(f"{topic}:") for s in listed)
+    finally:
+        sns.delete_topic(TopicArn=topic)
 
 
 def test_an_unsigned_request_is_answered_in_the_shims_region(sqs_shim, sqs_queue):

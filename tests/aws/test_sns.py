@@ -422,6 +422,11 @@ class _Endpoint:
     def of_type(self, kind: str) -> list[tuple[dict[str, str], bytes]]:
         return [p for p in self.posts if p[0].get("x-amz-sns-message-type") == kind]
 
+    def only(self, kind: str) -> dict[str, Any]:
+        """The one POST of this type, parsed, once it came."""
+        ((_, body),) = eventually(lambda: self.of_type(kind), what=f"the {kind} POST")
+        return json.loads(body)
+
 
 @pytest.fixture(scope="module")
 def webhook_shim(server) -> Iterator[SqsShimProcess]:

@@ -327,10 +327,7 @@ def test_http_confirmation_and_notifications_pass_the_validators(
     try:
         with _Endpoint() as endpoint:
             sns.subscribe(TopicArn=topic, Protocol="http", Endpoint=endpoint.url)
-            ((_, body),) = eventually(
-                lambda: endpoint.of_type("SubscriptionConfirmation"), what="the confirmation"
-            )
-            confirmation = json.loads(body)
+            confirmation = endpoint.only("SubscriptionConfirmation")
             _check([confirmation], version, signing_shim, authority, monkeypatch)
             subscription = sns.confirm_subscription(TopicArn=topic, Token=confirmation["Token"])
             sns.publish(TopicArn=topic, Message="to the webhook", Subject="s")

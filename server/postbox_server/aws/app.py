@@ -15,6 +15,8 @@ import logging
 import signal
 import time
 import uuid
+from collections.abc import Mapping
+from typing import Any
 
 import grpc
 from aiohttp import web
@@ -37,7 +39,7 @@ from postbox_server.aws.errors import (
 )
 from postbox_server.aws.protocol import ServiceProtocol
 from postbox_server.aws.settings import ShimSettings
-from postbox_server.aws.sigv4 import Verifier, credential_region, signed_request
+from postbox_server.aws.sigv4 import Verifier, credential_region, is_region, signed_request
 from postbox_server.aws.sns.protocol import SnsJson, SnsQuery, is_sns, is_sns_json
 from postbox_server.aws.sqs.protocol import SqsJson, SqsQuery
 from postbox_server.config import is_loopback
@@ -128,6 +130,21 @@ def _caller(
     return signed.forwarded_metadata(), signed.access_key
 
 
+def _region(request: web.Request, params: Mapping[str, Any]) -> str | None:
+    """The region a request is answered in: the one it is signed for. An unsigned
+    request (an endpoint visiting its SubscribeURL or UnsubscribeURL) is in the region of
+    the topic or subscription ARN it names, as AWS's such URLs are in their host's
+    region; else None, the shim's own."""
+    authorization = request.headers.get("Authorization")
+    if authorization is not None:
+        return credential_region(authorization)
+    for name in ("TopicArn", "SubscriptionArn"):
+        parts = str(params.get(name) or "").split(":")
+        if len(parts) >= 6 and parts[0] == "arn" and is_region(parts[3]):
+            return parts[3]
+    return None
+
+
 async def handle(request: web.Request) -> web.StreamResponse:
     started = time.perf_counter()
     response, outcome, protocol = await _respond(request)
@@ -177,7 +194,7 @@ async def _respond(request: web.Request) -> tuple[web.StreamResponse, str, Servi
             base_url=f"{request.scheme}://{request.host}",
             # With the caller's account id (its tenant's) and region (aws/accounts.py).
             settings=await request.app[_ACCOUNTS].settings_for(
-                access_key, credential_region(request.headers.get("Authorization", "")), backend
+                access_key, _region(request, params), backend
             ),
             backend=backend,
         )

@@ -23,8 +23,8 @@ class ShimSettings:
     tls: ServerTls | None = None
     # The channel to the server: None, plaintext.
     grpc_tls: TLS | None = None
-    # The region of the ARNs of requests that name none (unsigned ones); a signed
-    # request's answers name the region it is signed for (aws/accounts.py).
+    # The region of unsigned requests that name no ARN; a signed request is in the
+    # region it is signed for (aws/app.py, aws/accounts.py).
     region: str = "us-east-1"
     account_id: str = "000000000000"
     # Base of queue URLs, e.g. "https://sqs.example.com"; None: the Host of each request.

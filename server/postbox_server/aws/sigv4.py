@@ -213,12 +213,15 @@ def credential_service(authorization: str) -> str | None:
 
 def credential_region(authorization: str) -> str | None:
     """The region a SigV4 Authorization header is scoped to, or None when it has none
-    or one that could not be part of an ARN (AWS's regions, and names such as "local"
-    that clients of emulators give, are letters, digits and hyphens)."""
+    or one that could not be part of an ARN."""
     scope = _scope(authorization)
-    if scope is None or _REGION.fullmatch(scope[2]) is None:
-        return None
-    return scope[2]
+    return None if scope is None or not is_region(scope[2]) else scope[2]
+
+
+def is_region(text: str) -> bool:
+    """Whether a region name may go into an ARN: AWS's regions, and names such as
+    "local" that clients of emulators give, are letters, digits and hyphens."""
+    return _REGION.fullmatch(text) is not None
 
 
 def _timestamp(amz_date: str) -> float:

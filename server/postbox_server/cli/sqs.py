@@ -86,7 +86,8 @@ def add_parser(verbs: Verbs) -> None:
     sqs.add_argument(
         "--region",
         default=ShimSettings.region,
-        help="region of the ARNs in answers to unsigned requests (a signed request's name its own)",
+        help="region of unsigned requests naming no ARN (a signed one is in the region it is "
+        "signed for)",
     )
     sqs.add_argument(
         "--account-id", default=ShimSettings.account_id, help="account in queue URLs and ARNs"

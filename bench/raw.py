@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import tempfile
 from collections.abc import Awaitable, Callable, Sequence
@@ -135,12 +136,16 @@ async def insert_many(pool: asyncpg.Pool, bodies: Sequence[bytes]) -> int:
     return len(rows)
 
 
-def engine_send_batch(queue: str) -> Callable[[asyncpg.Pool, Sequence[bytes]], Awaitable[int]]:
-    """SendBatch's statement as the server runs it, straight on the engine's SQL API."""
+def engine_send_batch(
+    queue: str, *, request_ids: bool = False
+) -> Callable[[asyncpg.Pool, Sequence[bytes]], Awaitable[int]]:
+    """SendBatch's statement as the server runs it, straight on the engine's SQL API;
+    with request_ids, each batch named by a new request id, as the SDK's Producer's are."""
     statement = SERVER_QUERIES["send_batch"]
 
     async def insert(pool: asyncpg.Pool, bodies: Sequence[bytes]) -> int:
-        row = await pool.fetchrow(statement, queue, bodies, *NO_SEND_OPTIONS)
+        request_id = os.urandom(16).hex() if request_ids else None
+        row = await pool.fetchrow(statement, queue, bodies, *NO_SEND_OPTIONS[:-1], request_id)
         assert row is not None  # send_batch returns one row: the ids and the duplicates
         ids, _ = row
         return len(ids)

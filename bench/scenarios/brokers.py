@@ -69,6 +69,13 @@ UNARY = "postbox unary Send"
 NOT_IDEMPOTENT = "postbox Producer, idempotent=False"
 # The latency turn's floor: INSERT + NOTIFY, and a LISTENing consumer that claims (asyncpg).
 RAW_POSTGRES = "raw PostgreSQL"
+# The Producer's two floors, measured apart: the transport (the SDK's Producer against
+# bench.empty_server: gRPC, protobuf and the event loops, no database) and the engine
+# (SendBatch's statement alone, one batch at a time, as the Producer's batches go); and
+# the rate of a server that added nothing to them, their batch times added.
+TRANSPORT = "transport ceiling"
+ENGINE = "engine send_batch alone"
+FLOORS = "transport + engine"
 DURABILITY = {
     POSTBOX: "OK after PostgreSQL's commit (fsync {fsync}, synchronous_commit {sync})",
     RABBITMQ: "confirm once the persistent message is on disk (durable queue)",
@@ -514,6 +521,18 @@ class Postbox(Broker):
         finally:
             await self.client.delete_queue(queue)
 
+    async def producer_floors(self, seconds: float) -> tuple[float, float]:
+        """msgs/s of the Producer's transport ceiling and of the engine alone."""
+        bare = AsyncClient(self.ctx.empty().target)
+        async with bare, bare.producer("ceiling") as producer:
+            ceiling = await self._callers(seconds, lambda: producer.send(self.body), None)
+        queue = await self._queue("engine")
+        try:
+            engine = await engine_batches(self.ctx, queue, seconds, self.body)
+        finally:
+            await self.client.delete_queue(queue)
+        return ceiling.rate, engine
+
     async def consumes(self, total: int) -> Load:
         queue = await self._queue("consume")
         try:
@@ -609,6 +628,21 @@ class RawBatcher:
         finally:
             self.in_flight -= 1
             self._dispatch()
+
+
+async def engine_batches(ctx: Context, queue: str, seconds: float, body: bytes) -> float:
+    """msgs/s of SendBatch's statement alone: batches of CALLERS bodies, each with a
+    request id, one at a time over one session, as the Producer's batches reach it."""
+    send_batch = raw.engine_send_batch(queue, request_ids=True)
+    pool = await asyncpg.create_pool(ctx.db.url, min_size=1, max_size=1)
+    try:
+        await send_batch(pool, [body] * CALLERS)  # warm: the session's first statement
+        sent, started = 0, time.perf_counter()
+        while (elapsed := time.perf_counter() - started) < seconds:
+            sent += await send_batch(pool, [body] * CALLERS)
+        return sent / elapsed
+    finally:
+        await pool.close()
 
 
 async def raw_producer_sends(ctx: Context, seconds: float, body: bytes) -> Load:
@@ -775,6 +809,10 @@ async def brokers(ctx: Context) -> list[Row]:
             load = await postbox.producer_sends(turn, window, idempotent=False)
             producer.add(NOT_IDEMPOTENT, load.rate)
             producer.cpu.setdefault(NOT_IDEMPOTENT, []).append(window.per_message(load))
+            ceiling, engine = await postbox.producer_floors(turn)
+            producer.add(TRANSPORT, ceiling)
+            producer.add(ENGINE, engine)
+            producer.add(FLOORS, 1 / (1 / ceiling + 1 / engine))
             if JETSTREAM in sends.rounds:  # the Producer against JetStream's own publish
                 producer.add(JETSTREAM, sends.rounds[JETSTREAM][-1])
                 producer.cpu.setdefault(JETSTREAM, []).append(sends.cpu[JETSTREAM][-1])
@@ -812,13 +850,17 @@ async def brokers(ctx: Context) -> list[Row]:
         targets={JETSTREAM: (">= 1.0x", lambda ratio: ratio >= 1.0)},
         durability=durability,
     )
-    rows += _rows(
-        f"Producer, {CALLERS} callers, raw PostgreSQL",
-        "msgs/s",
-        producer,
-        [JETSTREAM] if JETSTREAM in names else [],
-        ours=RAW_POSTGRES,
-    )
+    # What bounds the Producer: raw PostgreSQL's batching producer; its floors apart, and
+    # what a server adding nothing to them would make, with the Producer beside that.
+    rows += _rows(f"Producer, {CALLERS} callers", "msgs/s", producer, [FLOORS])
+    for floor in (RAW_POSTGRES, TRANSPORT, ENGINE, FLOORS):
+        rows += _rows(
+            f"Producer, {CALLERS} callers, {floor}",
+            "msgs/s",
+            producer,
+            [JETSTREAM] if JETSTREAM in names else [],
+            ours=floor,
+        )
     rows += _rows(
         f"Producer, {CALLERS} callers, idempotent=False",
         "msgs/s",

@@ -42,6 +42,8 @@ async def test_stream_waits_for_the_consumer_before_claiming_more(aio_channel, q
     # (or for its patience of 1 s, which this look comes well inside).
     assert await in_flight(aio_channel, queue) == 20
 
+    loop = asyncio.get_running_loop()
+    deleting_at = loop.time()
     await stub.DeleteBatch(
         pb.DeleteBatchRequest(queue=queue, receipts=[m.receipt for m in first.messages])
     )
@@ -49,11 +51,12 @@ async def test_stream_waits_for_the_consumer_before_claiming_more(aio_channel, q
     assert await in_flight(aio_channel, queue) == 20
     await call.read()
 
-    # A consumer that never settles still gets a batch per second of patience.
-    loop = asyncio.get_running_loop()
-    waited_from = loop.time()
+    # A consumer that never settles still gets a batch per second of patience. The stream
+    # starts its second of patience once it has sent the batch the delete claimed, after
+    # `deleting_at` (one monotonic clock for both processes): however long the look
+    # above took, the next batch cannot come sooner (0.1 s spared for reading clocks).
     await call.read()
-    assert loop.time() - waited_from >= 0.5  # on the patience, not at once
+    assert loop.time() - deleting_at >= 0.9  # on the patience, not at once
     assert await in_flight(aio_channel, queue) == 30
     call.cancel()
 

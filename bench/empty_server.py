@@ -1,6 +1,6 @@
 """The transport ceiling: MessageService on postbox's grpc.aio stack with no database behind it.
 
-Send and SendBatch answer at once with made-up ids, so a client measured against
+Send, SendBatch and SendBatchStream answer at once with made-up ids, so a client measured against
 this server sees what gRPC, protobuf and the event loop cost on this machine.
 Receive and Delete(Batch) are there so the receiving and latency scenarios can run
 their own client code against the same ceiling:
@@ -88,6 +88,18 @@ class EmptyMessageService(message_service_pb2_grpc.MessageServiceServicer):
         self, request: pb.SendBatchRequest, context: grpc.aio.ServicerContext
     ) -> pb.SendBatchResponse:
         return pb.SendBatchResponse(message_ids=[str(i) for i in range(len(request.entries))])
+
+    async def SendBatchStream(
+        self,
+        requests: AsyncIterator[pb.SendBatchStreamRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[pb.SendBatchStreamResponse]:
+        await context.send_initial_metadata(())  # the SDK waits for it before writing
+        async for request in requests:
+            sent = await self.SendBatch(request.batch, context)
+            yield pb.SendBatchStreamResponse(
+                results=[pb.SendBatchStreamResult(tag=request.tag, sent=sent)]
+            )
 
     async def Receive(
         self, request: pb.ReceiveRequest, context: grpc.aio.ServicerContext

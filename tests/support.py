@@ -493,6 +493,25 @@ async def bodies_by_id(db, queue: str) -> dict[str, bytes]:
     return {str(row["id"]): row["body"] for row in rows}
 
 
+async def waiting_at_lock(db, statement: str = "postbox.send_batch") -> int:
+    """Sessions of db's database whose `statement` waits for a lock (one a test holds)."""
+    # Activity is a snapshot per transaction: clear it to see the waits now.
+    return await db.fetchval(
+        "SELECT count(*) FROM pg_stat_clear_snapshot(), pg_stat_activity "
+        "WHERE wait_event_type = 'Lock' AND query LIKE $1 AND datname = current_database()",
+        f"%{statement}%",
+    )
+
+
+async def until_waiting_at_lock(db, count: int, statement: str = "postbox.send_batch") -> None:
+    """Returns once `count` sessions' `statement` waits for a lock."""
+    # 30 s: the calls only need to cross loopback, but CI machines stall.
+    deadline = asyncio.get_running_loop().time() + 30
+    while (waiting := await waiting_at_lock(db, statement)) < count:
+        assert asyncio.get_running_loop().time() < deadline, f"{waiting} of {count} waiting"
+        await asyncio.sleep(0.01)
+
+
 async def under_load(
     db,
     server: ServerProcess,
@@ -512,12 +531,7 @@ async def under_load(
     assert server.metrics_port is not None
 
     async def groups_at_database() -> int:
-        # Activity is a snapshot per transaction: clear it to see the waits now.
-        return await db.fetchval(
-            "SELECT count(*) FROM pg_stat_clear_snapshot(), pg_stat_activity "
-            "WHERE wait_event_type = 'Lock' AND query LIKE $1 AND datname = current_database()",
-            f"%{statement}%",
-        )
+        return await waiting_at_lock(db, statement)
 
     held = db.transaction()
     await held.start()
@@ -548,6 +562,22 @@ async def under_load(
     finally:
         await held.rollback()
     return await outcomes
+
+
+def calls_started(server: ServerProcess, method: str) -> float:
+    """MessageService calls of `method` the server has started (its metrics)."""
+    assert server.metrics_port is not None
+    samples = scrape(server.metrics_port)
+    return sum(
+        metric(
+            samples,
+            "grpc_server_started_total",
+            grpc_type=kind,
+            grpc_method=method,
+            grpc_service="postbox.v1.MessageService",
+        )
+        for kind in ("unary", "bidi_stream")
+    )
 
 
 def assert_shared(sizes: list[int]) -> None:

@@ -67,6 +67,7 @@ NATS_URL = os.environ.get("POSTBOX_BENCH_NATS_URL", "nats://127.0.0.1:4222")
 POSTBOX, RABBITMQ, JETSTREAM = "postbox", "RabbitMQ", "JetStream"
 UNARY = "postbox unary Send"
 NOT_IDEMPOTENT = "postbox Producer, idempotent=False"
+UNARY_BATCHES = "postbox Producer, unary SendBatch"
 # The latency turn's floor: INSERT + NOTIFY, and a LISTENing consumer that claims (asyncpg).
 RAW_POSTGRES = "raw PostgreSQL"
 # The Producer's two floors, measured apart: the transport (the SDK's Producer against
@@ -512,14 +513,20 @@ class Postbox(Broker):
             await self.client.delete_queue(queue)
 
     async def producer_sends(
-        self, seconds: float, window: CpuParts, *, idempotent: bool = True
+        self, seconds: float, window: CpuParts, *, idempotent: bool = True, unary: bool = False
     ) -> Load:
+        """64 callers awaiting Producer.send; `unary`: its batches as unary SendBatch calls,
+        what the Producer sent before SendBatchStream."""
         queue = await self._queue("producer")
+        client = AsyncClient(self.served.target) if unary else self.client
+        client.batch_stream.supported = not unary
         try:
-            async with self.client.producer(queue, idempotent=idempotent) as producer:
+            async with client.producer(queue, idempotent=idempotent) as producer:
                 return await self._callers(seconds, lambda: producer.send(self.body), window)
         finally:
             await self.client.delete_queue(queue)
+            if unary:
+                await client.close()
 
     async def producer_floors(self, seconds: float) -> tuple[float, float]:
         """msgs/s of the Producer's transport ceiling and of the engine alone."""
@@ -804,6 +811,10 @@ async def brokers(ctx: Context) -> list[Row]:
             producer.cpu.setdefault(POSTBOX, []).append(window.per_message(load))
             load = await raw_producer_sends(ctx, turn, postbox.body)
             producer.add(RAW_POSTGRES, load.rate)
+            window = CpuParts(served)
+            load = await postbox.producer_sends(turn, window, unary=True)
+            producer.add(UNARY_BATCHES, load.rate)
+            producer.cpu.setdefault(UNARY_BATCHES, []).append(window.per_message(load))
             # Without a deduplication id per message, as JetStream's publishes are sent.
             window = CpuParts(served)
             load = await postbox.producer_sends(turn, window, idempotent=False)
@@ -850,6 +861,7 @@ async def brokers(ctx: Context) -> list[Row]:
         targets={JETSTREAM: (">= 1.0x", lambda ratio: ratio >= 1.0)},
         durability=durability,
     )
+    rows += _rows(f"Producer, {CALLERS} callers", "msgs/s", producer, [UNARY_BATCHES])
     # What bounds the Producer: raw PostgreSQL's batching producer; its floors apart, and
     # what a server adding nothing to them would make, with the Producer beside that.
     rows += _rows(f"Producer, {CALLERS} callers", "msgs/s", producer, [FLOORS])

@@ -226,6 +226,16 @@ BASELINES: dict[str, Baseline] = {
             "deduplication_id": fresh(),
         },
     },
+    "MessageService.SendBatchStream": lambda w: {
+        "tag": 1,
+        "batch": {
+            "queue": w.fifo_queue,
+            "entries": [
+                {"attributes": ATTRIBUTES, "message_group_id": "g", "deduplication_id": fresh()}
+            ],
+            "request_id": fresh(),
+        },
+    },
     "MessageService.CancelMessage": lambda w: {"queue": w.queue, "message_id": "999999999"},
     "QueueService.CreateQueue": lambda w: {
         "queue": {

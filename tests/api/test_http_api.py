@@ -185,6 +185,7 @@ async def test_every_rpc_answers_an_empty_request_as_grpc_does(
         assert status == 501, answer
         assert answer["code"] == "unimplemented"
         assert "HTTP/1.1" in answer["message"]
+        assert ", or use " in answer["message"]  # what to call instead
         return
     assert status < 500, answer
     request = message_factory.GetMessageClass(method.input_type)()

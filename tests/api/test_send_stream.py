@@ -19,25 +19,16 @@ from support import (
     ServerProcess,
     assert_shared,
     bodies_by_id,
+    calls_started,
     metric,
     scrape,
     under_load,
     unique_name,
+    until_waiting_at_lock,
 )
 
 from postbox_server.auth.rules import MAX_PARTS
-from postbox_server.services.send_stream import MAX_IN_PROGRESS
-
-_METHOD = {"grpc_service": "postbox.v1.MessageService"}
-
-
-def calls_started(server: ServerProcess, method: str) -> float:
-    assert server.metrics_port is not None
-    samples = scrape(server.metrics_port)
-    return sum(
-        metric(samples, "grpc_server_started_total", grpc_type=kind, grpc_method=method, **_METHOD)
-        for kind in ("unary", "bidi_stream")
-    )
+from postbox_server.services.send_stream import MAX_SENDS_IN_PROGRESS as MAX_IN_PROGRESS
 
 
 async def test_concurrent_sends_share_one_stream_and_commits_and_are_answered_after_them(
@@ -205,17 +196,7 @@ async def test_a_server_restart_fails_sends_in_flight_with_unavailable(
             await held.start()
             await db.execute("LOCK TABLE postbox.messages IN SHARE MODE")
             sends = [asyncio.ensure_future(client.send(queue, f"{i}".encode())) for i in range(20)]
-            # Wait until the sends' group waits at the database: then they are in flight.
-            for _ in range(3000):
-                waiting = await db.fetchval(
-                    "SELECT count(*) FROM pg_stat_clear_snapshot(), pg_stat_activity "
-                    "WHERE wait_event_type = 'Lock' AND query LIKE '%postbox.send_batch%' "
-                    "AND datname = current_database()"
-                )
-                if waiting:
-                    break
-                await asyncio.sleep(0.01)
-            assert waiting, "the sends never reached the database"
+            await until_waiting_at_lock(db, 1)  # the sends' group: they are in flight
             own_server.kill()  # the restart: the process dies with the sends in flight
             outcomes = await asyncio.gather(*sends, return_exceptions=True)
             await held.rollback()
@@ -257,16 +238,7 @@ async def test_a_broken_stream_retries_sends_with_a_deduplication_id_once_each(
                 asyncio.ensure_future(client.send(queue, body, deduplication_id=f"d{i}"))
                 for i, body in enumerate(bodies)
             ]
-            for _ in range(3000):
-                waiting = await db.fetchval(
-                    "SELECT count(*) FROM pg_stat_clear_snapshot(), pg_stat_activity "
-                    "WHERE wait_event_type = 'Lock' AND query LIKE '%postbox.send_batch%' "
-                    "AND datname = current_database()"
-                )
-                if waiting:
-                    break
-                await asyncio.sleep(0.01)
-            assert waiting, "the sends never reached the database"
+            await until_waiting_at_lock(db, 1)  # the sends' group: they are in flight
             own_server.kill()
             await held.rollback()  # the dead server's statement may now commit, or not
             await asyncio.to_thread(own_server.start)

@@ -638,6 +638,25 @@ def test_a_send_stream_refuses_a_send_alone_and_goes_on(
     assert answers[6].sent.message_id
     assert answers[5].error == answers[2].error
 
+    # A batch stream checks each batch alone: a refused one is answered, the others sent.
+    batches = [
+        message_service_pb2.SendBatchStreamRequest(
+            tag=tag,
+            batch=message_service_pb2.SendBatchRequest(
+                queue=queue, entries=[message_service_pb2.SendBatchEntry(body=b"x")]
+            ),
+        )
+        for tag, queue in ((1, "send-mine"), (2, "send-theirs"), (3, "send-mine"))
+    ]
+    responses = message_service_pb2_grpc.MessageServiceStub(auth_channel).SendBatchStream(
+        iter(batches), metadata=bearer(sender), timeout=20
+    )
+    answers = {result.tag: result for response in responses for result in response.results}
+    assert answers[1].sent.message_ids
+    assert answers[3].sent.message_ids
+    assert answers[2].error.code == grpc.StatusCode.PERMISSION_DENIED.value[0]
+    assert "'send-theirs'" in answers[2].error.message
+
 
 def test_listing_every_queues_messages_needs_read_on_every_queue(
     keys: Keys, auth_database: str, auth_channel: grpc.Channel

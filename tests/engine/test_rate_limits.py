@@ -306,3 +306,42 @@ def test_a_send_stream_over_the_limit_waits_rather_than_fails(
     # The first goes on the burst, the 5 others one every 1/rate s: 1 s at the least;
     # 0.1 s less for the clock's granularity, and no upper bound but the deadline.
     assert elapsed >= 5 / rate - 0.1
+
+
+def test_a_batch_stream_is_paced_by_its_messages(
+    limited_server: HttpServerProcess, admin: str
+) -> None:
+    rate = 5.0
+    secret = _create_key(
+        limited_server.target, admin, "limits-batches", sends_per_second=rate, send_burst=1
+    ).secret
+    with grpc.insecure_channel(limited_server.target) as channel:
+        queue_service_pb2_grpc.QueueServiceStub(channel).CreateQueue(
+            queue_service_pb2.CreateQueueRequest(
+                queue=queue_service_pb2.Queue(name="paced-batches")
+            ),
+            metadata=bearer(admin),
+        )
+        # Three batches of three: each message counts, not each batch.
+        requests = [
+            message_service_pb2.SendBatchStreamRequest(
+                tag=tag,
+                batch=message_service_pb2.SendBatchRequest(
+                    queue="paced-batches",
+                    entries=[message_service_pb2.SendBatchEntry(body=b"x")] * 3,
+                ),
+            )
+            for tag in range(3)
+        ]
+        started = time.monotonic()
+        responses = message_service_pb2_grpc.MessageServiceStub(channel).SendBatchStream(
+            iter(requests), metadata=bearer(secret), timeout=30
+        )
+        results = [result for response in responses for result in response.results]
+        elapsed = time.monotonic() - started
+    assert len(results) == 3
+    assert all(len(result.sent.message_ids) == 3 for result in results)
+    # The first batch goes on the full bucket and leaves it 2 in debt; each later one
+    # waits until a token is back (3/rate s): 6 messages after the first 3 take 1.2 s at
+    # the least (counted per batch, 0.4 s); 0.1 s less for the clock's granularity.
+    assert elapsed >= 6 / rate - 0.1

@@ -286,6 +286,22 @@ def test_sends_past_the_message_quota_store_nothing(world: World, channel: grpc.
     (result,) = [r for response in stream for r in response.results]
     assert result.error.code == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
     assert "max_messages is 3" in result.error.message
+    batches = messages.SendBatchStream(
+        iter(
+            [
+                message_service_pb2.SendBatchStreamRequest(
+                    tag=1,
+                    batch=message_service_pb2.SendBatchRequest(
+                        queue="orders", entries=[message_service_pb2.SendBatchEntry(body=b"4")]
+                    ),
+                )
+            ]
+        ),
+        metadata=tenant.metadata,
+    )
+    (result,) = [r for response in batches for r in response.results]
+    assert result.error.code == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
+    assert "max_messages is 3" in result.error.message
 
     request = urllib.request.Request(
         f"{world.server.base}/v1/queues/orders/messages",

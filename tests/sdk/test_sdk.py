@@ -10,7 +10,6 @@ import time
 import zipfile
 from datetime import timedelta
 
-import grpc
 import pytest
 from postbox.v1 import queue_service_pb2 as qpb
 from postbox_client import AsyncClient, Client, InvalidArgument, NotFound, Retry, Unavailable
@@ -148,20 +147,18 @@ async def test_a_producer_batch_retried_after_unavailable_duplicates_nothing(ser
     name = unique_name("sdk_retried")
     async with AsyncClient(server.target, retry=Retry(initial=0.01, maximum=0.01)) as client:
         await client.create_queue(name)
-        send_batch = client.messages.SendBatch
+        send_batch = client.batch_stream.send
         attempts: list[tuple[str, list[str]]] = []
 
-        async def answer_lost_once(request, **kwargs):
-            response = await send_batch(request, **kwargs)
+        async def answer_lost_once(request):
+            response = await send_batch(request)
             attempts.append((request.request_id, list(response.message_ids)))
             if len(attempts) == 1:
-                raise grpc.aio.AioRpcError(
-                    grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(),
-                    details="connection reset after the commit",
-                )  # fmt: skip
+                # What the batch stream's reader answers when the stream broke.
+                raise Unavailable("the SendBatchStream stream broke; send again")
             return response
 
-        client.messages.SendBatch = answer_lost_once
+        client.batch_stream.send = answer_lost_once
         async with client.producer(name) as producer:
             ids = await asyncio.gather(*(producer.send(f"m{i}") for i in range(10)))
     assert len(attempts) == 2
@@ -183,14 +180,14 @@ async def test_a_refused_message_fails_only_its_own_future(server, db):
     name = unique_name("sdk_refused")
     async with AsyncClient(server.target) as client:
         await client.create_queue(name)
-        send_batch = client.messages.SendBatch
+        send_batch = client.batch_stream.send
         request_ids: list[str] = []
 
-        def noting_request_ids(request, **kwargs):
+        def noting_request_ids(request):
             request_ids.append(request.request_id)
-            return send_batch(request, **kwargs)
+            return send_batch(request)
 
-        client.messages.SendBatch = noting_request_ids
+        client.batch_stream.send = noting_request_ids
         async with client.producer(name) as producer:
             futures = [
                 producer.send("ok 0"),

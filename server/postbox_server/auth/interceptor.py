@@ -275,7 +275,7 @@ class Authorize(WrapsEachMethod):
                         if key is not None:
                             # Over its key's or tenant's limit, the stream waits rather
                             # than ends.
-                            await limiter.pace(key.limited, method)
+                            await limiter.pace(key.limited, method, request)
                         if admits(request):
                             try:
                                 qualify_request(request, tenant)

@@ -54,11 +54,15 @@ RECEIVES = {
     f"{_PREFIX}StreamService/ReadStream",
     f"{_PREFIX}StreamService/ReadStreamRange",
 }
-# Streams whose every request counts (as one send or one receive).
-STREAMED = {
-    f"{_PREFIX}MessageService/SendStream": "send",
-    f"{_PREFIX}MessageService/StreamingReceive": "receive",
-    f"{_PREFIX}StreamService/StreamingReadStream": "receive",
+# Streams whose every request counts: as one send or receive, or a batch as its messages.
+STREAMED: dict[str, tuple[str, Any]] = {
+    f"{_PREFIX}MessageService/SendStream": ("send", lambda request: 1),
+    f"{_PREFIX}MessageService/SendBatchStream": (
+        "send",
+        lambda request: len(request.batch.entries),
+    ),
+    f"{_PREFIX}MessageService/StreamingReceive": ("receive", lambda request: 1),
+    f"{_PREFIX}StreamService/StreamingReadStream": ("receive", lambda request: 1),
 }
 # Not counted: the SQS/SNS shim asks it for the caller's account before serving the
 # caller's own request (cached per key), so counting it would charge every shim user one
@@ -222,11 +226,13 @@ class RateLimiter:
         elif method in RECEIVES:
             self.check(limited, "receive", 1)
 
-    async def pace(self, limited: Sequence[Limited], method: str) -> None:
+    async def pace(self, limited: Sequence[Limited], method: str, request: Any) -> None:
         """Waits until a stream's next request may go (StreamingReceive and the like)."""
-        kind = STREAMED.get(method)
-        if not limited or kind is None:
+        streamed = STREAMED.get(method)
+        if not limited or streamed is None:
             return
+        kind, count = streamed
+        cost = count(request) if hasattr(request, "DESCRIPTOR") else 1
         # No event to wait on: the buckets refill with time, and say how long.
-        while (short := self.shortfall(limited, kind, 1)) is not None:  # noqa: ASYNC110
+        while (short := self.shortfall(limited, kind, cost)) is not None:  # noqa: ASYNC110
             await asyncio.sleep(short.wait)

@@ -127,6 +127,7 @@ _MESSAGES = {
     "SendBatch": Rule("send", "queue"),
     # Each request names its queue: a refused one is answered alone, the stream goes on.
     "SendStream": Rule("send", "send.queue", per_request=True, more="more"),
+    "SendBatchStream": Rule("send", "batch.queue", per_request=True),
     "Receive": Rule("receive", "queue"),
     "StreamingReceive": Rule("receive", "queue"),
     "Delete": Rule("receive", "queue"),

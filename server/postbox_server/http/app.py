@@ -37,6 +37,12 @@ SNS_CERT_PATH = "/v1/cert"
 _JSON_ADVICE = "send the request message in proto3 JSON (field names as in the protos)"
 _PROTO_ADVICE = "send the request message in the protobuf binary format"
 _CLIENT_DEADLINE = "its Connect-Timeout-Ms"
+# What an HTTP caller of a bidirectional stream, which HTTP/1.1 cannot carry, calls instead.
+_UNARY_INSTEAD = {
+    "SendStream": "Send",
+    "SendBatchStream": "SendBatch",
+    "StreamingReceive": "Receive (long poll, or continuous mode with application/connect+json)",
+}
 
 
 def _error_response(
@@ -79,8 +85,7 @@ class ConnectHandler:
                 ConnectError(
                     grpc.StatusCode.UNIMPLEMENTED,
                     f"{procedure.method.name} streams both ways, which HTTP/1.1 cannot carry: "
-                    "call it over gRPC, or use Receive (long poll, or continuous mode with "
-                    "application/connect+json)",
+                    f"call it over gRPC, or use {_UNARY_INSTEAD[procedure.method.name]}",
                 )
             )
         content_type = request.content_type

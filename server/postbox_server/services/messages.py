@@ -32,7 +32,11 @@ from postbox_server.services.receive.claims import Claims
 from postbox_server.services.receive.polling import ReceiveCall
 from postbox_server.services.receive.prefetch import Prefetch
 from postbox_server.services.receive.streaming import StreamingReceive
-from postbox_server.services.send_stream import SendStreamCall
+from postbox_server.services.send_stream import (
+    MAX_BATCHES_IN_PROGRESS,
+    MAX_SENDS_IN_PROGRESS,
+    TaggedStreamCall,
+)
 from postbox_server.services.status import reports_errors
 from postbox_server.tenant_quotas import TenantQuotas
 
@@ -84,7 +88,10 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
         # At once, not with the first answer: the SDK writes its first send after it, so
         # that it learns of a server without this method before writing (send_stream.py).
         await context.send_initial_metadata(())
-        async for response in SendStreamCall(self._send).run(requests, self.hub.until_closed()):
+        call = TaggedStreamCall(
+            self._send, "send", pb.SendStreamResult, pb.SendStreamResponse, MAX_SENDS_IN_PROGRESS
+        )
+        async for response in call.run(requests, self.hub.until_closed()):
             yield response
 
     async def _send(self, request: pb.SendRequest) -> pb.SendResponse:
@@ -147,6 +154,28 @@ class MessageService(message_service_pb2_grpc.MessageServiceServicer):
     async def SendBatch(
         self, request: pb.SendBatchRequest, context: grpc.aio.ServicerContext
     ) -> pb.SendBatchResponse:
+        return await self._send_batch_request(request)
+
+    @reports_errors
+    async def SendBatchStream(
+        self,
+        requests: AsyncIterator[pb.SendBatchStreamRequest | Refused],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[pb.SendBatchStreamResponse]:
+        # At once, as SendStream's: the SDK waits for it before its first write.
+        await context.send_initial_metadata(())
+        call = TaggedStreamCall(
+            self._send_batch_request,
+            "batch",
+            pb.SendBatchStreamResult,
+            pb.SendBatchStreamResponse,
+            MAX_BATCHES_IN_PROGRESS,
+        )
+        async for response in call.run(requests, self.hub.until_closed()):
+            yield response
+
+    async def _send_batch_request(self, request: pb.SendBatchRequest) -> pb.SendBatchResponse:
+        """One batch, in one transaction; its ids once committed."""
         # With tracing on, every message takes the producer's context along.
         traced = tracing.enabled()
         plain = (

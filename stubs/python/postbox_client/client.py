@@ -15,7 +15,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import grpc
 from postbox.v1 import (
@@ -35,7 +35,7 @@ from postbox_client.errors import PostboxError, Unavailable, from_rpc_error
 from postbox_client.fields import Attributes, attribute_values, send_fields
 from postbox_client.operations import Operations, nack_request
 from postbox_client.producer import Producer, ProducerOptions
-from postbox_client.send_stream import SendStream
+from postbox_client.send_stream import TaggedStream
 from postbox_client.streams import BlockingStreamReader, StreamReader
 
 # Named here as well, where callers of earlier releases imported them from.
@@ -108,7 +108,8 @@ class AsyncClient:
         self.topics = topic_service_pb2_grpc.TopicServiceStub(self.channel)
         self.schedules = schedule_service_pb2_grpc.ScheduleServiceStub(self.channel)
         self.streams = stream_service_pb2_grpc.StreamServiceStub(self.channel)
-        self.send_stream = SendStream(self.messages, self.metadata)
+        self.send_stream = TaggedStream.of_sends(self.messages, self.metadata)
+        self.batch_stream = TaggedStream.of_batches(self.messages, self.metadata)
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -118,6 +119,7 @@ class AsyncClient:
 
     async def close(self) -> None:
         await self.send_stream.close()
+        await self.batch_stream.close()
         await self.channel.close()
 
     async def call(
@@ -189,14 +191,7 @@ class AsyncClient:
     async def _send(
         self, request: message_service_pb2.SendRequest, metadata: Metadata
     ) -> message_service_pb2.SendResponse:
-        if self.send_stream.supported:
-            try:
-                return await self.send_stream.send(request)
-            except PostboxError as error:
-                # The server has no SendStream, so it sent nothing: unary from now on.
-                if error.code != grpc.StatusCode.UNIMPLEMENTED:
-                    raise
-        return await self.messages.Send(request, metadata=metadata)
+        return await _over(self.send_stream, self.messages.Send, request, metadata)
 
     async def send_batch(
         self, queue: str, entries: Sequence[message_service_pb2.SendBatchEntry]
@@ -204,7 +199,15 @@ class AsyncClient:
         """Sends up to 1,000 entries at once; retried when every entry has a deduplication id."""
         request = message_service_pb2.SendBatchRequest(queue=queue, entries=entries)
         repeatable = all(entry.deduplication_id for entry in entries)
-        return await self.call(self.messages.SendBatch, request, repeatable=repeatable)
+        return await self.call(self.send_batch_request, request, repeatable=repeatable)
+
+    async def send_batch_request(
+        self, request: message_service_pb2.SendBatchRequest, metadata: Metadata
+    ) -> message_service_pb2.SendBatchResponse:
+        """One SendBatchRequest, as it is: over the client's SendBatchStream (see
+        postbox_client.send_stream), or as a unary SendBatch to a server without it. For
+        `call`, which adds retries and typed errors."""
+        return await _over(self.batch_stream, self.messages.SendBatch, request, metadata)
 
     async def receive(
         self,
@@ -414,3 +417,18 @@ class Client(Operations):
     def stream_reader(self, topic: str, group: str, **options: Any) -> BlockingStreamReader:
         """A blocking reader of a stream topic's consumer group (see postbox_client.streams)."""
         return BlockingStreamReader(self, topic, group, **options)
+
+
+async def _over(
+    stream: TaggedStream, unary: Callable[..., Awaitable[T]], request: Any, metadata: Metadata
+) -> T:
+    """The request's response over the stream, or by the unary call to a server that has
+    no such stream."""
+    if stream.supported:
+        try:
+            return cast(T, await stream.send(request))
+        except PostboxError as error:
+            # The server has no such stream, so it sent nothing: unary from now on.
+            if error.code != grpc.StatusCode.UNIMPLEMENTED:
+                raise
+    return await unary(request, metadata=metadata)

@@ -1,11 +1,13 @@
-"""A batching producer: many `send()` calls, few SendBatch calls.
+"""A batching producer: many `send()` calls, few batches.
 
 Every gRPC call costs CPU in client and server alike, so single sends from many callers
-are bounded by calls, not by the database. The producer sends at once while fewer
+are bounded by calls, not by the database. The producer's batches go as requests of the
+client's one SendBatchStream (postbox_client.send_stream; unary SendBatch calls to a
+server without it), each with SendBatch's outcome. The producer sends at once while fewer
 than `max_in_flight` batches are on their way (the sends of one turn of the event loop
 go together); otherwise what its callers send gathers until a batch comes back, for at
 most `linger` seconds, or until `max_entries` messages or `max_bytes` of bodies wait,
-and goes in one SendBatch. Each caller's future gets its own message id; a message
+and goes in one batch. Each caller's future gets its own message id; a message
 the server refuses (it names the entry) fails its own future, and the rest of the
 batch goes again without it.
 
@@ -76,7 +78,7 @@ class Producer:
         self.max_bytes = max_bytes
         self.linger = linger
         self.idempotent = idempotent
-        self.batches_sent = 0  # SendBatch calls made
+        self.batches_sent = 0  # batches sent (attempts refused for an entry count too)
         self._pending: list[tuple[Waiting, asyncio.Future[str]]] = []
         self._pending_bytes = 0
         self._timer: asyncio.TimerHandle | None = None
@@ -156,7 +158,7 @@ class Producer:
             while True:
                 try:
                     response = await client.call(
-                        client.messages.SendBatch, request, repeatable=repeatable
+                        client.send_batch_request, request, repeatable=repeatable
                     )
                     break
                 except InvalidArgument as error:

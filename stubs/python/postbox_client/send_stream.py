@@ -1,16 +1,19 @@
-"""Every `AsyncClient.send` of a client over one MessageService.SendStream.
+"""Every `AsyncClient.send` of a client over one MessageService.SendStream, and every
+batch (`send_batch`, the Producer's) over one SendBatchStream.
 
-A unary Send costs a gRPC call in client and server alike, and with many concurrent
-callers those calls, not the database, bound the rate. On the stream a send is part
-of a request message, with a tag: the sends that callers start while a write is under
-way go together in the next request. The server answers each tag once its message
-committed (sends that arrive together share a commit), or with that message's own error.
+A unary Send or SendBatch costs a gRPC call in client and server alike, and with many
+concurrent callers those calls, not the database, bound the rate. On a stream a send or
+a batch is part of a request message, with a tag: the sends that callers start while a
+write is under way go together in the next request (a batch goes alone). The server
+answers each tag once what it carries committed (sends that arrive together share a
+commit), or with its own error.
 
-The stream opens with the first send and opens again after it ends. When it breaks,
-the sends not yet answered fail with Unavailable: their messages may or may not have
-committed, as with a unary Send whose call broke. A caller that stops waiting (it is
-cancelled) leaves the stream and the other sends alone. A server without SendStream
-answers UNIMPLEMENTED, and the client sends unary calls from then on.
+A stream opens with the first request and opens again after it ends. When it breaks,
+the requests not yet answered fail with Unavailable: they may or may not have
+committed, as with a unary call that broke (a batch with a request id, or a send with a
+deduplication id, may go again). A caller that stops waiting (it is cancelled) leaves
+the stream and the other requests alone. A server without the method answers
+UNIMPLEMENTED, and the client makes unary calls from then on.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,26 +43,52 @@ _BROKEN = (
 # Most sends of one request (the server's limit: a SendStreamRequest and its `more`).
 MAX_SENDS = 1000
 
-Answer = asyncio.Future[message_service_pb2.SendResponse]
-# A send not written yet: its tag, its request, and the future its caller awaits.
-Ready = tuple[int, message_service_pb2.SendRequest, Answer]
+# The answer a caller awaits: a SendResponse, or a SendBatchResponse.
+Answer = asyncio.Future[Any]
+# A request not written yet: its tag, what it carries, and the future its caller awaits.
+Ready = tuple[int, Any, Answer]
 
 
 @dataclass
 class _Stream:
-    """One SendStream call and the sends written to it not answered yet, by tag."""
+    """One stream call and the requests written to it not answered yet, by tag."""
 
     call: Any
     waiting: dict[int, Answer] = field(default_factory=dict)
     accepted: bool = False  # the server sent its initial metadata
 
 
-class SendStream:
-    """Multiplexes sends over one stream of a channel's MessageService."""
+def _send_frame(ready: Sequence[Ready]) -> message_service_pb2.SendStreamRequest:
+    """A SendStream request: the first send, and the others in its `more`."""
+    (tag, first, _), more = ready[0], ready[1:]
+    frame = message_service_pb2.SendStreamRequest(tag=tag, send=first)
+    for tag, request, _ in more:
+        frame.more.add(tag=tag, send=request)
+    return frame
 
-    def __init__(self, messages: Any, metadata: Sequence[tuple[str, str]]) -> None:
+
+def _batch_frame(ready: Sequence[Ready]) -> message_service_pb2.SendBatchStreamRequest:
+    [(tag, batch, _)] = ready
+    return message_service_pb2.SendBatchStreamRequest(tag=tag, batch=batch)
+
+
+class TaggedStream:
+    """Multiplexes requests over one stream of a channel's MessageService: `method` is
+    SendStream or SendBatchStream; `frame` makes one request of up to `per_frame`."""
+
+    def __init__(
+        self,
+        messages: Any,
+        metadata: Sequence[tuple[str, str]],
+        method: str,
+        frame: Callable[[Sequence[Ready]], Any],
+        per_frame: int,
+    ) -> None:
         self._messages = messages
         self._metadata = metadata
+        self._method = method
+        self._frame = frame
+        self._per_frame = per_frame
         self._tags = itertools.count(1)
         self._stream: _Stream | None = None
         self._readers: set[asyncio.Task[None]] = set()
@@ -68,10 +97,17 @@ class SendStream:
         self._writer: asyncio.Future[None] | None = None
         self.supported = True  # False once the server answered UNIMPLEMENTED
 
-    async def send(
-        self, request: message_service_pb2.SendRequest
-    ) -> message_service_pb2.SendResponse:
-        """Sends one message; its SendResponse once committed, or its typed error."""
+    @classmethod
+    def of_sends(cls, messages: Any, metadata: Sequence[tuple[str, str]]) -> TaggedStream:
+        return cls(messages, metadata, "SendStream", _send_frame, MAX_SENDS)
+
+    @classmethod
+    def of_batches(cls, messages: Any, metadata: Sequence[tuple[str, str]]) -> TaggedStream:
+        return cls(messages, metadata, "SendBatchStream", _batch_frame, 1)
+
+    async def send(self, request: Any) -> Any:
+        """Sends one SendRequest or SendBatchRequest; its response once committed, or its
+        typed error."""
         answer: Answer = asyncio.get_running_loop().create_future()
         self._ready.append((next(self._tags), request, answer))
         if self._writer is None or self._writer.done():
@@ -86,8 +122,9 @@ class SendStream:
         async with self._writing:
             while self._ready:
                 # A caller that stopped waiting before its send was written: not sent.
-                ready = [send for send in self._ready[:MAX_SENDS] if not send[2].done()]
-                del self._ready[:MAX_SENDS]
+                taken = self._ready[: self._per_frame]
+                del self._ready[: self._per_frame]
+                ready = [send for send in taken if not send[2].done()]
                 try:
                     await self._write(ready)
                 except Exception as error:  # whatever it is, its callers must hear of it
@@ -99,14 +136,11 @@ class SendStream:
         if not ready:
             return
         if not self.supported:  # learnt while these sends waited to be written
-            error = PostboxError("the server has no SendStream", grpc.StatusCode.UNIMPLEMENTED)
+            error = PostboxError(f"the server has no {self._method}", grpc.StatusCode.UNIMPLEMENTED)
             for _, _, answer in ready:
                 answer.set_exception(error)
             return
-        (tag, first, _), more = ready[0], ready[1:]
-        frame = message_service_pb2.SendStreamRequest(tag=tag, send=first)
-        for tag, request, _ in more:
-            frame.more.add(tag=tag, send=request)
+        frame = self._frame(ready)
         stream = self._open()
         # Waiting before the write: the stream's reader fails them if the stream ends.
         for tag, _, answer in ready:
@@ -125,14 +159,17 @@ class SendStream:
 
     def _open(self) -> _Stream:
         if self._stream is None:
-            self._stream = _Stream(self._messages.SendStream(metadata=self._metadata))
+            call = getattr(self._messages, self._method)(metadata=self._metadata)
+            self._stream = _Stream(call)
             reader = asyncio.ensure_future(self._read(self._stream))
             self._readers.add(reader)
             reader.add_done_callback(self._readers.discard)
         return self._stream
 
     async def _read(self, stream: _Stream) -> None:
-        failure: PostboxError = Unavailable("the send stream ended before answering; send again")
+        failure: PostboxError = Unavailable(
+            f"the {self._method} stream ended before answering; send again"
+        )
         try:
             async for response in stream.call:
                 for result in response.results:
@@ -148,7 +185,7 @@ class SendStream:
             if failure.code == grpc.StatusCode.UNIMPLEMENTED:
                 self.supported = False
             elif failure.code in _BROKEN:
-                failure = Unavailable(f"the send stream broke ({failure}); send again")
+                failure = Unavailable(f"the {self._method} stream broke ({failure}); send again")
         finally:
             if self._stream is stream:
                 self._stream = None  # the next send opens a new stream

@@ -34,6 +34,20 @@ type MessageServiceClient interface {
 	// the others. If the stream breaks, requests not yet answered may or may not
 	// have committed, as a Send whose call broke.
 	SendStream(ctx context.Context, opts ...grpc.CallOption) (MessageService_SendStreamClient, error)
+	// Sends batches over one long-lived bidirectional stream, so that a batch
+	// costs a stream message rather than a call (the SDK's Producer sends its
+	// batches this way). Each request carries one batch, with the fields, limits
+	// and all-or-nothing outcome of SendBatch (its request_id included), and is
+	// answered, by a result with its tag, once the batch has committed, or with
+	// the error SendBatch would have failed with; answers may come in any order.
+	// One refused batch does not end the stream nor fail the others. At most 16
+	// batches of a stream are in progress at once: the server reads further
+	// requests as earlier batches are answered. A server shutting down answers
+	// the batches it has read and ends the stream with UNAVAILABLE; it has not
+	// read the others. If the stream breaks, batches not yet answered may or may
+	// not have committed, as a SendBatch whose call broke: send them again with
+	// the same request_id.
+	SendBatchStream(ctx context.Context, opts ...grpc.CallOption) (MessageService_SendBatchStreamClient, error)
 	// Claims messages and streams them in batches. In long-poll mode the stream
 	// ends after the first non-empty batch, or empty when the wait runs out. In
 	// continuous mode it keeps sending batches as messages become visible until
@@ -150,8 +164,39 @@ func (x *messageServiceSendStreamClient) Recv() (*SendStreamResponse, error) {
 	return m, nil
 }
 
+func (c *messageServiceClient) SendBatchStream(ctx context.Context, opts ...grpc.CallOption) (MessageService_SendBatchStreamClient, error) {
+	stream, err := c.cc.NewStream(ctx, &_MessageService_serviceDesc.Streams[1], "/postbox.v1.MessageService/SendBatchStream", opts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &messageServiceSendBatchStreamClient{stream}
+	return x, nil
+}
+
+type MessageService_SendBatchStreamClient interface {
+	Send(*SendBatchStreamRequest) error
+	Recv() (*SendBatchStreamResponse, error)
+	grpc.ClientStream
+}
+
+type messageServiceSendBatchStreamClient struct {
+	grpc.ClientStream
+}
+
+func (x *messageServiceSendBatchStreamClient) Send(m *SendBatchStreamRequest) error {
+	return x.ClientStream.SendMsg(m)
+}
+
+func (x *messageServiceSendBatchStreamClient) Recv() (*SendBatchStreamResponse, error) {
+	m := new(SendBatchStreamResponse)
+	if err := x.ClientStream.RecvMsg(m); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
 func (c *messageServiceClient) Receive(ctx context.Context, in *ReceiveRequest, opts ...grpc.CallOption) (MessageService_ReceiveClient, error) {
-	stream, err := c.cc.NewStream(ctx, &_MessageService_serviceDesc.Streams[1], "/postbox.v1.MessageService/Receive", opts...)
+	stream, err := c.cc.NewStream(ctx, &_MessageService_serviceDesc.Streams[2], "/postbox.v1.MessageService/Receive", opts...)
 	if err != nil {
 		return nil, err
 	}
@@ -183,7 +228,7 @@ func (x *messageServiceReceiveClient) Recv() (*ReceiveResponse, error) {
 }
 
 func (c *messageServiceClient) StreamingReceive(ctx context.Context, opts ...grpc.CallOption) (MessageService_StreamingReceiveClient, error) {
-	stream, err := c.cc.NewStream(ctx, &_MessageService_serviceDesc.Streams[2], "/postbox.v1.MessageService/StreamingReceive", opts...)
+	stream, err := c.cc.NewStream(ctx, &_MessageService_serviceDesc.Streams[3], "/postbox.v1.MessageService/StreamingReceive", opts...)
 	if err != nil {
 		return nil, err
 	}
@@ -324,6 +369,20 @@ type MessageServiceServer interface {
 	// the others. If the stream breaks, requests not yet answered may or may not
 	// have committed, as a Send whose call broke.
 	SendStream(MessageService_SendStreamServer) error
+	// Sends batches over one long-lived bidirectional stream, so that a batch
+	// costs a stream message rather than a call (the SDK's Producer sends its
+	// batches this way). Each request carries one batch, with the fields, limits
+	// and all-or-nothing outcome of SendBatch (its request_id included), and is
+	// answered, by a result with its tag, once the batch has committed, or with
+	// the error SendBatch would have failed with; answers may come in any order.
+	// One refused batch does not end the stream nor fail the others. At most 16
+	// batches of a stream are in progress at once: the server reads further
+	// requests as earlier batches are answered. A server shutting down answers
+	// the batches it has read and ends the stream with UNAVAILABLE; it has not
+	// read the others. If the stream breaks, batches not yet answered may or may
+	// not have committed, as a SendBatch whose call broke: send them again with
+	// the same request_id.
+	SendBatchStream(MessageService_SendBatchStreamServer) error
 	// Claims messages and streams them in batches. In long-poll mode the stream
 	// ends after the first non-empty batch, or empty when the wait runs out. In
 	// continuous mode it keeps sending batches as messages become visible until
@@ -396,6 +455,9 @@ func (UnimplementedMessageServiceServer) SendBatch(context.Context, *SendBatchRe
 }
 func (UnimplementedMessageServiceServer) SendStream(MessageService_SendStreamServer) error {
 	return status.Errorf(codes.Unimplemented, "method SendStream not implemented")
+}
+func (UnimplementedMessageServiceServer) SendBatchStream(MessageService_SendBatchStreamServer) error {
+	return status.Errorf(codes.Unimplemented, "method SendBatchStream not implemented")
 }
 func (UnimplementedMessageServiceServer) Receive(*ReceiveRequest, MessageService_ReceiveServer) error {
 	return status.Errorf(codes.Unimplemented, "method Receive not implemented")
@@ -502,6 +564,32 @@ func (x *messageServiceSendStreamServer) Send(m *SendStreamResponse) error {
 
 func (x *messageServiceSendStreamServer) Recv() (*SendStreamRequest, error) {
 	m := new(SendStreamRequest)
+	if err := x.ServerStream.RecvMsg(m); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+func _MessageService_SendBatchStream_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(MessageServiceServer).SendBatchStream(&messageServiceSendBatchStreamServer{stream})
+}
+
+type MessageService_SendBatchStreamServer interface {
+	Send(*SendBatchStreamResponse) error
+	Recv() (*SendBatchStreamRequest, error)
+	grpc.ServerStream
+}
+
+type messageServiceSendBatchStreamServer struct {
+	grpc.ServerStream
+}
+
+func (x *messageServiceSendBatchStreamServer) Send(m *SendBatchStreamResponse) error {
+	return x.ServerStream.SendMsg(m)
+}
+
+func (x *messageServiceSendBatchStreamServer) Recv() (*SendBatchStreamRequest, error) {
+	m := new(SendBatchStreamRequest)
 	if err := x.ServerStream.RecvMsg(m); err != nil {
 		return nil, err
 	}
@@ -792,6 +880,12 @@ var _MessageService_serviceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "SendStream",
 			Handler:       _MessageService_SendStream_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
+		},
+		{
+			StreamName:    "SendBatchStream",
+			Handler:       _MessageService_SendBatchStream_Handler,
 			ServerStreams: true,
 			ClientStreams: true,
 		},

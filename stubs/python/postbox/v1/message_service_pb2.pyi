@@ -154,6 +154,30 @@ class SendStreamResult(_message.Message):
     error: _status_pb2.Status
     def __init__(self, tag: _Optional[int] = ..., sent: _Optional[_Union[SendResponse, _Mapping]] = ..., error: _Optional[_Union[_status_pb2.Status, _Mapping]] = ...) -> None: ...
 
+class SendBatchStreamRequest(_message.Message):
+    __slots__ = ("tag", "batch")
+    TAG_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    tag: int
+    batch: SendBatchRequest
+    def __init__(self, tag: _Optional[int] = ..., batch: _Optional[_Union[SendBatchRequest, _Mapping]] = ...) -> None: ...
+
+class SendBatchStreamResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[SendBatchStreamResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[SendBatchStreamResult, _Mapping]]] = ...) -> None: ...
+
+class SendBatchStreamResult(_message.Message):
+    __slots__ = ("tag", "sent", "error")
+    TAG_FIELD_NUMBER: _ClassVar[int]
+    SENT_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    tag: int
+    sent: SendBatchResponse
+    error: _status_pb2.Status
+    def __init__(self, tag: _Optional[int] = ..., sent: _Optional[_Union[SendBatchResponse, _Mapping]] = ..., error: _Optional[_Union[_status_pb2.Status, _Mapping]] = ...) -> None: ...
+
 class ReceiveRequest(_message.Message):
     __slots__ = ("queue", "max_messages", "visibility_timeout", "wait_time", "mode", "max_total_messages", "idle_timeout", "consumer_id")
     QUEUE_FIELD_NUMBER: _ClassVar[int]

@@ -53,6 +53,11 @@ class MessageServiceStub:
                 request_serializer=postbox_dot_v1_dot_message__service__pb2.SendStreamRequest.SerializeToString,
                 response_deserializer=postbox_dot_v1_dot_message__service__pb2.SendStreamResponse.FromString,
                 _registered_method=True)
+        self.SendBatchStream = channel.stream_stream(
+                '/postbox.v1.MessageService/SendBatchStream',
+                request_serializer=postbox_dot_v1_dot_message__service__pb2.SendBatchStreamRequest.SerializeToString,
+                response_deserializer=postbox_dot_v1_dot_message__service__pb2.SendBatchStreamResponse.FromString,
+                _registered_method=True)
         self.Receive = channel.unary_stream(
                 '/postbox.v1.MessageService/Receive',
                 request_serializer=postbox_dot_v1_dot_message__service__pb2.ReceiveRequest.SerializeToString,
@@ -149,6 +154,25 @@ class MessageServiceServicer:
         requests it has read and ends the stream with UNAVAILABLE; it has not read
         the others. If the stream breaks, requests not yet answered may or may not
         have committed, as a Send whose call broke.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SendBatchStream(self, request_iterator, context):
+        """Sends batches over one long-lived bidirectional stream, so that a batch
+        costs a stream message rather than a call (the SDK's Producer sends its
+        batches this way). Each request carries one batch, with the fields, limits
+        and all-or-nothing outcome of SendBatch (its request_id included), and is
+        answered, by a result with its tag, once the batch has committed, or with
+        the error SendBatch would have failed with; answers may come in any order.
+        One refused batch does not end the stream nor fail the others. At most 16
+        batches of a stream are in progress at once: the server reads further
+        requests as earlier batches are answered. A server shutting down answers
+        the batches it has read and ends the stream with UNAVAILABLE; it has not
+        read the others. If the stream breaks, batches not yet answered may or may
+        not have committed, as a SendBatch whose call broke: send them again with
+        the same request_id.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -288,6 +312,11 @@ def add_MessageServiceServicer_to_server(servicer, server):
                     servicer.SendStream,
                     request_deserializer=postbox_dot_v1_dot_message__service__pb2.SendStreamRequest.FromString,
                     response_serializer=postbox_dot_v1_dot_message__service__pb2.SendStreamResponse.SerializeToString,
+            ),
+            'SendBatchStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.SendBatchStream,
+                    request_deserializer=postbox_dot_v1_dot_message__service__pb2.SendBatchStreamRequest.FromString,
+                    response_serializer=postbox_dot_v1_dot_message__service__pb2.SendBatchStreamResponse.SerializeToString,
             ),
             'Receive': grpc.unary_stream_rpc_method_handler(
                     servicer.Receive,
@@ -435,6 +464,33 @@ class MessageService:
             '/postbox.v1.MessageService/SendStream',
             postbox_dot_v1_dot_message__service__pb2.SendStreamRequest.SerializeToString,
             postbox_dot_v1_dot_message__service__pb2.SendStreamResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SendBatchStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/postbox.v1.MessageService/SendBatchStream',
+            postbox_dot_v1_dot_message__service__pb2.SendBatchStreamRequest.SerializeToString,
+            postbox_dot_v1_dot_message__service__pb2.SendBatchStreamResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -56,6 +56,21 @@ class MessageServiceStub:
     the others. If the stream breaks, requests not yet answered may or may not
     have committed, as a Send whose call broke.
     """
+    SendBatchStream: _grpc.StreamStreamMultiCallable[_message_service_pb2.SendBatchStreamRequest, _message_service_pb2.SendBatchStreamResponse]
+    """Sends batches over one long-lived bidirectional stream, so that a batch
+    costs a stream message rather than a call (the SDK's Producer sends its
+    batches this way). Each request carries one batch, with the fields, limits
+    and all-or-nothing outcome of SendBatch (its request_id included), and is
+    answered, by a result with its tag, once the batch has committed, or with
+    the error SendBatch would have failed with; answers may come in any order.
+    One refused batch does not end the stream nor fail the others. At most 16
+    batches of a stream are in progress at once: the server reads further
+    requests as earlier batches are answered. A server shutting down answers
+    the batches it has read and ends the stream with UNAVAILABLE; it has not
+    read the others. If the stream breaks, batches not yet answered may or may
+    not have committed, as a SendBatch whose call broke: send them again with
+    the same request_id.
+    """
     Receive: _grpc.UnaryStreamMultiCallable[_message_service_pb2.ReceiveRequest, _message_service_pb2.ReceiveResponse]
     """Claims messages and streams them in batches. In long-poll mode the stream
     ends after the first non-empty batch, or empty when the wait runs out. In
@@ -151,6 +166,21 @@ class MessageServiceAsyncStub(MessageServiceStub):
     requests it has read and ends the stream with UNAVAILABLE; it has not read
     the others. If the stream breaks, requests not yet answered may or may not
     have committed, as a Send whose call broke.
+    """
+    SendBatchStream: _aio.StreamStreamMultiCallable[_message_service_pb2.SendBatchStreamRequest, _message_service_pb2.SendBatchStreamResponse]  # type: ignore[assignment]
+    """Sends batches over one long-lived bidirectional stream, so that a batch
+    costs a stream message rather than a call (the SDK's Producer sends its
+    batches this way). Each request carries one batch, with the fields, limits
+    and all-or-nothing outcome of SendBatch (its request_id included), and is
+    answered, by a result with its tag, once the batch has committed, or with
+    the error SendBatch would have failed with; answers may come in any order.
+    One refused batch does not end the stream nor fail the others. At most 16
+    batches of a stream are in progress at once: the server reads further
+    requests as earlier batches are answered. A server shutting down answers
+    the batches it has read and ends the stream with UNAVAILABLE; it has not
+    read the others. If the stream breaks, batches not yet answered may or may
+    not have committed, as a SendBatch whose call broke: send them again with
+    the same request_id.
     """
     Receive: _aio.UnaryStreamMultiCallable[_message_service_pb2.ReceiveRequest, _message_service_pb2.ReceiveResponse]  # type: ignore[assignment]
     """Claims messages and streams them in batches. In long-poll mode the stream
@@ -262,6 +292,27 @@ class MessageServiceServicer(metaclass=_abc_1.ABCMeta):
         requests it has read and ends the stream with UNAVAILABLE; it has not read
         the others. If the stream breaks, requests not yet answered may or may not
         have committed, as a Send whose call broke.
+        """
+
+    @_abc_1.abstractmethod
+    def SendBatchStream(
+        self,
+        request_iterator: _MaybeAsyncIterator[_message_service_pb2.SendBatchStreamRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_message_service_pb2.SendBatchStreamResponse], _abc.AsyncIterator[_message_service_pb2.SendBatchStreamResponse]]:
+        """Sends batches over one long-lived bidirectional stream, so that a batch
+        costs a stream message rather than a call (the SDK's Producer sends its
+        batches this way). Each request carries one batch, with the fields, limits
+        and all-or-nothing outcome of SendBatch (its request_id included), and is
+        answered, by a result with its tag, once the batch has committed, or with
+        the error SendBatch would have failed with; answers may come in any order.
+        One refused batch does not end the stream nor fail the others. At most 16
+        batches of a stream are in progress at once: the server reads further
+        requests as earlier batches are answered. A server shutting down answers
+        the batches it has read and ends the stream with UNAVAILABLE; it has not
+        read the others. If the stream breaks, batches not yet answered may or may
+        not have committed, as a SendBatch whose call broke: send them again with
+        the same request_id.
         """
 
     @_abc_1.abstractmethod

@@ -500,6 +500,101 @@ export declare type SendStreamResult = Message<"postbox.v1.SendStreamResult"> & 
 export declare const SendStreamResultSchema: GenMessage<SendStreamResult>;
 
 /**
+ * One batch of a MessageService.SendBatchStream.
+ *
+ * @generated from message postbox.v1.SendBatchStreamRequest
+ */
+export declare type SendBatchStreamRequest = Message<"postbox.v1.SendBatchStreamRequest"> & {
+  /**
+   * Required. Chosen by the client to match this batch's answer: any value,
+   * unique among the stream's batches not yet answered.
+   *
+   * @generated from field: uint64 tag = 1;
+   */
+  tag: bigint;
+
+  /**
+   * Required. The batch, with the fields and limits of SendBatch.
+   *
+   * @generated from field: postbox.v1.SendBatchRequest batch = 2;
+   */
+  batch?: SendBatchRequest | undefined;
+};
+
+/**
+ * Describes the message postbox.v1.SendBatchStreamRequest.
+ * Use `create(SendBatchStreamRequestSchema)` to create a new message.
+ */
+export declare const SendBatchStreamRequestSchema: GenMessage<SendBatchStreamRequest>;
+
+/**
+ * Answers of a MessageService.SendBatchStream: the server answers the batches
+ * that finished together in one response.
+ *
+ * @generated from message postbox.v1.SendBatchStreamResponse
+ */
+export declare type SendBatchStreamResponse = Message<"postbox.v1.SendBatchStreamResponse"> & {
+  /**
+   * Output only. One or more answers, each to a batch not answered before.
+   *
+   * @generated from field: repeated postbox.v1.SendBatchStreamResult results = 1;
+   */
+  results: SendBatchStreamResult[];
+};
+
+/**
+ * Describes the message postbox.v1.SendBatchStreamResponse.
+ * Use `create(SendBatchStreamResponseSchema)` to create a new message.
+ */
+export declare const SendBatchStreamResponseSchema: GenMessage<SendBatchStreamResponse>;
+
+/**
+ * The answer to one batch of a SendBatchStreamRequest.
+ *
+ * @generated from message postbox.v1.SendBatchStreamResult
+ */
+export declare type SendBatchStreamResult = Message<"postbox.v1.SendBatchStreamResult"> & {
+  /**
+   * Output only. The tag of the batch answered.
+   *
+   * @generated from field: uint64 tag = 1;
+   */
+  tag: bigint;
+
+  /**
+   * Output only. Exactly one is set.
+   *
+   * @generated from oneof postbox.v1.SendBatchStreamResult.result
+   */
+  result: {
+    /**
+     * Output only. The committed batch, as SendBatch returns it.
+     *
+     * @generated from field: postbox.v1.SendBatchResponse sent = 2;
+     */
+    value: SendBatchResponse;
+    case: "sent";
+  } | {
+    /**
+     * Output only. Why the batch was not sent: the status and message SendBatch
+     * would have failed with (a google.rpc.Code value). Nothing of it was
+     * committed, except after UNAVAILABLE, which, as for SendBatch, may follow
+     * a commit whose outcome the server could not learn.
+     *
+     * @generated from field: google.rpc.Status error = 3;
+     */
+    value: Status;
+    case: "error";
+  } | { case: undefined; value?: undefined };
+};
+
+/**
+ * Describes the message postbox.v1.SendBatchStreamResult.
+ * Use `create(SendBatchStreamResultSchema)` to create a new message.
+ */
+export declare const SendBatchStreamResultSchema: GenMessage<SendBatchStreamResult>;
+
+/**
  * Request of MessageService.Receive.
  *
  * @generated from message postbox.v1.ReceiveRequest
@@ -1448,6 +1543,28 @@ export declare const MessageService: GenService<{
     methodKind: "bidi_streaming";
     input: typeof SendStreamRequestSchema;
     output: typeof SendStreamResponseSchema;
+  },
+  /**
+   * Sends batches over one long-lived bidirectional stream, so that a batch
+   * costs a stream message rather than a call (the SDK's Producer sends its
+   * batches this way). Each request carries one batch, with the fields, limits
+   * and all-or-nothing outcome of SendBatch (its request_id included), and is
+   * answered, by a result with its tag, once the batch has committed, or with
+   * the error SendBatch would have failed with; answers may come in any order.
+   * One refused batch does not end the stream nor fail the others. At most 16
+   * batches of a stream are in progress at once: the server reads further
+   * requests as earlier batches are answered. A server shutting down answers
+   * the batches it has read and ends the stream with UNAVAILABLE; it has not
+   * read the others. If the stream breaks, batches not yet answered may or may
+   * not have committed, as a SendBatch whose call broke: send them again with
+   * the same request_id.
+   *
+   * @generated from rpc postbox.v1.MessageService.SendBatchStream
+   */
+  sendBatchStream: {
+    methodKind: "bidi_streaming";
+    input: typeof SendBatchStreamRequestSchema;
+    output: typeof SendBatchStreamResponseSchema;
   },
   /**
    * Claims messages and streams them in batches. In long-poll mode the stream

@@ -24,7 +24,7 @@ from support import (
     waiting_at_lock,
 )
 
-from postbox_server.services.send_stream import MAX_BATCHES_IN_PROGRESS
+from postbox_server.services.send_stream import MAX_BATCHES_IN_PROGRESS, TaggedStreamCall
 
 INVALID = grpc.StatusCode.INVALID_ARGUMENT.value[0]
 
@@ -250,3 +250,32 @@ async def test_a_server_without_the_batch_stream_gets_unary_batches():
         )
     finally:
         await older.stop(None)
+
+
+async def test_an_unexpected_failure_is_answered_on_its_own_tag():
+    """A batch whose handling raised something not postbox's own is answered UNKNOWN with
+    the error's type only (as a unary call is), and the stream's other batches go on;
+    before, its caller waited for an answer until the stream ended."""
+
+    async def handle(batch: pb.SendBatchRequest) -> pb.SendBatchResponse:
+        if batch.queue == "breaks":
+            raise RuntimeError(f"secret detail of {batch.queue}")
+        return pb.SendBatchResponse(message_ids=["1"])
+
+    async def requests():
+        for tag, queue in ((1, "fine"), (2, "breaks"), (3, "fine")):
+            yield pb.SendBatchStreamRequest(tag=tag, batch=pb.SendBatchRequest(queue=queue))
+
+    call = TaggedStreamCall(
+        handle, "batch", pb.SendBatchStreamResult, pb.SendBatchStreamResponse, 16
+    )
+    never: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    results = {
+        result.tag: result
+        async for response in call.run(requests(), never)
+        for result in response.results
+    }
+    assert sorted(results) == [1, 2, 3]
+    assert list(results[1].sent.message_ids) == list(results[3].sent.message_ids) == ["1"]
+    assert results[2].error.code == grpc.StatusCode.UNKNOWN.value[0]
+    assert results[2].error.message == "Unexpected RuntimeError"

@@ -518,8 +518,10 @@ class Postbox(Broker):
         """64 callers awaiting Producer.send; `unary`: its batches as unary SendBatch calls,
         what the Producer sent before SendBatchStream."""
         queue = await self._queue("producer")
-        client = AsyncClient(self.served.target) if unary else self.client
-        client.batch_stream.supported = not unary
+        client = self.client
+        if unary:
+            client = AsyncClient(self.served.target)
+            client.batch_stream.supported = False  # as a server without the stream
         try:
             async with client.producer(queue, idempotent=idempotent) as producer:
                 return await self._callers(seconds, lambda: producer.send(self.body), window)

@@ -10,12 +10,20 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
+from postbox_server.db.engine import keep_session
 from postbox_server.db.migrate import migrate
 from postbox_server.embedded import EmbeddedPostgres
 
 # The raw side of the comparisons writes to a twin of postbox.messages (same
 # columns, indexes and identity), so both sides pay for the same heap and index.
 RAW_TABLE = "bench_raw.messages"
+
+
+async def pool_of(url: str, size: int) -> asyncpg.Pool:
+    """A pool of `size` sessions on `url`, configured as the server's own: released
+    sessions are not reset (asyncpg's default reset is one more round trip per call,
+    which would put the raw side of a comparison below what PostgreSQL allows)."""
+    return await asyncpg.create_pool(url, min_size=size, max_size=size, reset=keep_session)
 
 
 async def install(conn: asyncpg.Connection, apply_sql: list[Path]) -> None:
@@ -81,7 +89,7 @@ class BenchDatabase:
             shutil.rmtree(self._directory, ignore_errors=True)
 
     async def pool(self, size: int) -> asyncpg.Pool:
-        return await asyncpg.create_pool(self.url, min_size=size, max_size=size)
+        return await pool_of(self.url, size)
 
     async def reset_raw(self) -> None:
         conn = await asyncpg.connect(self.url)

@@ -22,6 +22,7 @@ import psutil
 from postbox.v1 import message_service_pb2 as pb
 
 from bench import raw
+from bench.database import pool_of
 from bench.load import Load, Paced, fixed_rate
 from bench.processes import Served, cpu_share, machine_cpu
 from bench.runner import Context, Row, message_stub, scenario
@@ -78,7 +79,7 @@ def _produce(
 
     async def run() -> Paced:
         if kind == "raw":
-            pool = await asyncpg.create_pool(address, min_size=4, max_size=4)
+            pool = await pool_of(address, 4)
             try:
                 return await fixed_rate(
                     lambda i: pool.execute(raw.INSERT_NOTIFY, _body(i, size)),

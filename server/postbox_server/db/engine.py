@@ -205,11 +205,12 @@ def _one(row: Record | None) -> Record:
     return row
 
 
-async def _keep_session(conn: asyncpg.Connection) -> None:
+async def keep_session(conn: asyncpg.Connection) -> None:
     """Returns a connection to the pool as it is. The engine leaves no session state
     behind (its locks are transaction locks, its settings are function settings), and
     asyncpg rolls back an open transaction anyway; its default reset would cost one more
-    round trip on every call."""
+    round trip on every call. The bench's raw PostgreSQL pools use it too, so that its
+    floors pay what the server pays."""
 
 
 # Seconds a call waits for a pooled connection by default (--pool-acquire-timeout).
@@ -261,7 +262,7 @@ class Engine:
                 min_size=min(2, pool_size),
                 max_size=pool_size,
                 server_settings=settings,
-                reset=_keep_session,
+                reset=keep_session,
                 statement_cache_size=0 if transaction_pooler else 100,
                 connect=hosts.connect,
             )

@@ -40,7 +40,6 @@ from postbox_client import AsyncClient
 
 from bench import raw
 from bench.cpu import DATABASE_PROCESSES, seconds_of
-from bench.database import pool_of
 from bench.load import Load, Paced, closed_loop, fixed_rate
 from bench.processes import Served
 from bench.runner import Context, Row, scenario
@@ -644,7 +643,7 @@ async def engine_batches(ctx: Context, queue: str, seconds: float, body: bytes) 
     """msgs/s of SendBatch's statement alone: batches of CALLERS bodies, each with a
     request id, one at a time over one session, as the Producer's batches reach it."""
     send_batch = raw.engine_send_batch(queue, request_ids=True)
-    pool = await pool_of(ctx.db.url, 1)
+    pool = await ctx.db.pool(1)
     try:
         await send_batch(pool, [body] * CALLERS)  # warm: the session's first statement
         sent, started = 0, time.perf_counter()
@@ -657,7 +656,7 @@ async def engine_batches(ctx: Context, queue: str, seconds: float, body: bytes) 
 
 async def raw_producer_sends(ctx: Context, seconds: float, body: bytes) -> Load:
     """64 callers awaiting RawBatcher.send: the Producer row's PostgreSQL floor."""
-    pool = await pool_of(ctx.db.url, 4)
+    pool = await ctx.db.pool(4)
     batcher = RawBatcher(pool)
     try:
         return await closed_loop(lambda: _one(batcher.send(body)), clients=CALLERS, seconds=seconds)
